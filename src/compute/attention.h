@@ -1,0 +1,33 @@
+/* attention.h — RoPE, the KV cache and grouped-query attention (float32). Internal.
+ * Layout as in llama.cpp for GGUF llama models (rope type "normal"): RoPE rotates adjacent pairs (x[2i], x[2i+1])
+ * of each head's first rope_dim dimensions by pos * theta^(-2i/rope_dim)... with i counted within the head. */
+#ifndef FLM_COMPUTE_ATTENTION_H
+#define FLM_COMPUTE_ATTENTION_H
+#include <stddef.h>
+#include <stdint.h>
+#include "flashlm.h"
+
+/* The KV cache: for each layer, n_ctx rows of kv_dim floats for keys and for values. */
+typedef struct flm_kv_cache {
+    uint32_t n_layers, n_ctx, kv_dim;
+    float *k, *v;
+} flm_kv_cache;
+
+/* Bytes the cache needs: 2 * n_layers * n_ctx * kv_dim * 4. */
+uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim);
+/* Errors: FLM_ERR_NOMEM. */
+flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, flm_error *err);
+void flm_kv_cache_free(flm_kv_cache *c);
+/* Row pointers for layer l, position pos. */
+float *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos);
+float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
+
+/* Rotate vec (n_heads heads of head_dim floats) in place for position pos. */
+void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta);
+
+/* out[n_heads*head_dim] = softmax(q·K^T / sqrt(head_dim)) V over positions 0..pos of layer l, with query head h
+ * reading KV head h / (n_heads / n_kv_heads). att is scratch of n_heads * n_ctx floats. */
+void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *q, uint32_t n_heads,
+                   uint32_t n_kv_heads, uint32_t head_dim, float *att, float *out, int n_threads);
+
+#endif

@@ -1,0 +1,315 @@
+/* kernels.c — L_compute: scalar reference kernels, type conversions, quantizers, matvec, rmsnorm, softmax, and the
+ * run-time choice of kernel table. See kernels.h. */
+#include "compute/kernels.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/kernels_impl.h"
+#include "format/types.h"
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Conversions
+ * ------------------------------------------------------------------------------------------------------------- */
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float flm_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    if (exp == 0) { /* zero or subnormal: mant * 2^-24, exact in float */
+        float v = (float)mant * 0x1p-24f;
+        return bits_f32(sign | f32_bits(v));
+    }
+    if (exp == 31) return bits_f32(sign | 0x7f800000u | (mant << 13)); /* inf, nan (payload kept) */
+    return bits_f32(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
+}
+
+uint16_t flm_f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) { /* inf, or nan: quiet it and keep the top payload bits (as vcvtps2ph does) */
+        if (ax == 0x7f800000u) return sign | 0x7c00;
+        return (uint16_t)(sign | 0x7e00 | ((ax >> 13) & 0x3ff));
+    }
+    if (ax >= 0x47800000u) return sign | 0x7c00; /* >= 65536: overflow to inf */
+    if (ax < 0x38800000u) {                      /* below 2^-14: a half subnormal (or zero) */
+        if (ax < 0x33000000u) return sign;       /* <= 2^-25 rounds to zero (2^-25 is a tie, even is 0) */
+        uint32_t e = ax >> 23;                   /* 102..112 */
+        uint32_t m = (ax & 0x7fffff) | 0x800000; /* value = m * 2^(e-150) = (m >> (126-e)) units of 2^-24 */
+        uint32_t shift = 126 - e;                /* 14..24 */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++; /* may carry into the smallest normal: still right */
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even (a carry may reach inf) */
+    uint32_t h = (ax - ((uint32_t)(127 - 15) << 23)) >> 13;
+    uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+float flm_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t flm_f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* nan: force quiet, stays nan */
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);                  /* round to nearest even */
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Scalar reference kernels
+ * ------------------------------------------------------------------------------------------------------------- */
+static float dot_f32(const void *row, const float *x, size_t n) {
+    const float *r = row;
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) sum += r[i] * x[i];
+    return sum;
+}
+
+static float dot_f16(const void *row, const float *x, size_t n) {
+    const uint16_t *r = row;
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) sum += flm_f16_to_f32(r[i]) * x[i];
+    return sum;
+}
+
+static float dot_bf16(const void *row, const float *x, size_t n) {
+    const uint16_t *r = row;
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) sum += flm_bf16_to_f32(r[i]) * x[i];
+    return sum;
+}
+
+/* Q8_0: sum over blocks of d * sum_j q[j]*x[j]. */
+static float dot_q8_0(const void *row, const float *x, size_t n) {
+    const flm_block_q8_0 *b = row;
+    float sum = 0.0f;
+    for (size_t i = 0; i < n / FLM_QK; i++, x += FLM_QK) {
+        float s = 0.0f;
+        for (int j = 0; j < FLM_QK; j++) s += (float)b[i].qs[j] * x[j];
+        sum += flm_f16_to_f32(b[i].d) * s;
+    }
+    return sum;
+}
+
+/* Q4_0: byte j holds element j (low nibble) and element j+16 (high nibble); value = d * (q - 8). */
+static float dot_q4_0(const void *row, const float *x, size_t n) {
+    const flm_block_q4_0 *b = row;
+    float sum = 0.0f;
+    for (size_t i = 0; i < n / FLM_QK; i++, x += FLM_QK) {
+        float s = 0.0f;
+        for (int j = 0; j < FLM_QK / 2; j++) {
+            s += (float)((b[i].qs[j] & 0x0f) - 8) * x[j];
+            s += (float)((b[i].qs[j] >> 4) - 8) * x[j + FLM_QK / 2];
+        }
+        sum += flm_f16_to_f32(b[i].d) * s;
+    }
+    return sum;
+}
+
+static void axpy_f32(const void *row, float a, float *y, size_t n) {
+    const float *r = row;
+    for (size_t i = 0; i < n; i++) y[i] += a * r[i];
+}
+
+static void axpy_f16(const void *row, float a, float *y, size_t n) {
+    const uint16_t *r = row;
+    for (size_t i = 0; i < n; i++) y[i] += a * flm_f16_to_f32(r[i]);
+}
+
+static void axpy_bf16(const void *row, float a, float *y, size_t n) {
+    const uint16_t *r = row;
+    for (size_t i = 0; i < n; i++) y[i] += a * flm_bf16_to_f32(r[i]);
+}
+
+static void axpy_q8_0(const void *row, float a, float *y, size_t n) {
+    const flm_block_q8_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        float ad = a * flm_f16_to_f32(b[i].d);
+        for (int j = 0; j < FLM_QK; j++) y[j] += ad * (float)b[i].qs[j];
+    }
+}
+
+static void axpy_q4_0(const void *row, float a, float *y, size_t n) {
+    const flm_block_q4_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        float ad = a * flm_f16_to_f32(b[i].d);
+        for (int j = 0; j < FLM_QK / 2; j++) {
+            y[j] += ad * (float)((b[i].qs[j] & 0x0f) - 8);
+            y[j + FLM_QK / 2] += ad * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void dequant_f32(const void *row, float *y, size_t n) { memcpy(y, row, n * sizeof(float)); }
+
+static void dequant_f16(const void *row, float *y, size_t n) {
+    const uint16_t *r = row;
+    for (size_t i = 0; i < n; i++) y[i] = flm_f16_to_f32(r[i]);
+}
+
+static void dequant_bf16(const void *row, float *y, size_t n) {
+    const uint16_t *r = row;
+    for (size_t i = 0; i < n; i++) y[i] = flm_bf16_to_f32(r[i]);
+}
+
+static void dequant_q8_0(const void *row, float *y, size_t n) {
+    const flm_block_q8_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        float d = flm_f16_to_f32(b[i].d);
+        for (int j = 0; j < FLM_QK; j++) y[j] = (float)b[i].qs[j] * d;
+    }
+}
+
+static void dequant_q4_0(const void *row, float *y, size_t n) {
+    const flm_block_q4_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        float d = flm_f16_to_f32(b[i].d);
+        for (int j = 0; j < FLM_QK / 2; j++) {
+            y[j] = (float)((b[i].qs[j] & 0x0f) - 8) * d;
+            y[j + FLM_QK / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static const flm_kernels scalar_kernels = {
+    .name = "scalar",
+    .dot = {[FLM_TYPE_F32] = dot_f32, [FLM_TYPE_F16] = dot_f16, [FLM_TYPE_BF16] = dot_bf16,
+            [FLM_TYPE_Q8_0] = dot_q8_0, [FLM_TYPE_Q4_0] = dot_q4_0},
+    .axpy = {[FLM_TYPE_F32] = axpy_f32, [FLM_TYPE_F16] = axpy_f16, [FLM_TYPE_BF16] = axpy_bf16,
+             [FLM_TYPE_Q8_0] = axpy_q8_0, [FLM_TYPE_Q4_0] = axpy_q4_0},
+    .dequant = {[FLM_TYPE_F32] = dequant_f32, [FLM_TYPE_F16] = dequant_f16, [FLM_TYPE_BF16] = dequant_bf16,
+                [FLM_TYPE_Q8_0] = dequant_q8_0, [FLM_TYPE_Q4_0] = dequant_q4_0},
+};
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Table selection
+ * ------------------------------------------------------------------------------------------------------------- */
+const flm_kernels *flm_kernels_scalar(void) { return &scalar_kernels; }
+
+const flm_kernels *flm_kernels_avx2(void) {
+#if defined(__x86_64__) && defined(FLM_HAVE_X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return flm_kernels_avx2_table();
+#endif
+    return NULL;
+}
+
+const flm_kernels *flm_kernels_best(void) {
+    /* Racing first callers all compute the same answer, so a relaxed atomic publish is enough. */
+    static const flm_kernels *_Atomic cached = NULL;
+    const flm_kernels *k = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (k) return k;
+    const char *env = getenv("FLM_KERNELS");
+    if (env && strcmp(env, "scalar") == 0) k = flm_kernels_scalar();
+    if (!k) k = flm_kernels_avx2();
+    if (!k) k = flm_kernels_scalar();
+    atomic_store_explicit(&cached, k, memory_order_relaxed);
+    return k;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Quantizers (ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref)
+ * ------------------------------------------------------------------------------------------------------------- */
+static void quantize_q8_0(const float *x, flm_block_q8_0 *y, size_t nb) {
+    for (size_t i = 0; i < nb; i++, x += FLM_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < FLM_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = flm_f32_to_f16(d);
+        for (int j = 0; j < FLM_QK; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+static void quantize_q4_0(const float *x, flm_block_q4_0 *y, size_t nb) {
+    for (size_t i = 0; i < nb; i++, x += FLM_QK) {
+        float amax = 0.0f, max = 0.0f; /* max: the signed value of largest magnitude (the first one on ties) */
+        for (int j = 0; j < FLM_QK; j++) {
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        const float d = max / -8.0f;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = flm_f32_to_f16(d);
+        for (int j = 0; j < FLM_QK / 2; j++) {
+            int q0 = (int8_t)(x[j] * id + 8.5f), q1 = (int8_t)(x[j + FLM_QK / 2] * id + 8.5f);
+            if (q0 > 15) q0 = 15;
+            if (q1 > 15) q1 = 15;
+            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+void flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n) {
+    switch (t) {
+    case FLM_TYPE_F32: memcpy(dst, x, n * sizeof(float)); break;
+    case FLM_TYPE_F16: for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = flm_f32_to_f16(x[i]); break;
+    case FLM_TYPE_BF16: for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = flm_f32_to_bf16(x[i]); break;
+    case FLM_TYPE_Q8_0: quantize_q8_0(x, dst, n / FLM_QK); break;
+    case FLM_TYPE_Q4_0: quantize_q4_0(x, dst, n / FLM_QK); break;
+    default: assert(!"flm_quantize_row: unsupported type"); break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * matvec, rmsnorm, softmax
+ * ------------------------------------------------------------------------------------------------------------- */
+/* Below this many weights a matvec runs serially: an OpenMP fork/join costs a few microseconds. */
+#define FLM_MATVEC_MIN_PARALLEL 32768
+
+void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
+                int n_threads) {
+    assert(t < FLM_N_TYPES && k->dot[t]);
+    const flm_dot_fn dot = k->dot[t];
+    const size_t stride = flm_row_bytes(t, n);
+    const uint8_t *w = W;
+    if (n_threads <= 1 || rows < 2 * (size_t)n_threads || rows * n < FLM_MATVEC_MIN_PARALLEL) {
+        for (size_t r = 0; r < rows; r++) y[r] = dot(w + r * stride, x, n);
+        return;
+    }
+    /* schedule(static) without a chunk size gives each thread one contiguous run of rows. */
+    const ptrdiff_t nr = (ptrdiff_t)rows;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (ptrdiff_t r = 0; r < nr; r++) y[r] = dot(w + (size_t)r * stride, x, n);
+}
+
+void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps) {
+    float ss = 0.0f;
+    for (size_t j = 0; j < n; j++) ss += x[j] * x[j];
+    ss /= (float)n;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (size_t j = 0; j < n; j++) out[j] = weight[j] * (ss * x[j]);
+}
+
+void flm_softmax(float *x, size_t n) {
+    if (n == 0) return;
+    float max = x[0];
+    for (size_t i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    for (size_t i = 0; i < n; i++) x[i] /= sum;
+}

@@ -1,0 +1,249 @@
+/* kernels_avx2.c — L_compute: AVX2 + FMA + F16C kernels (dot, axpy, dequant for every type). See kernels.h.
+ *
+ * Built with -mavx2 -mfma -mf16c (CMakeLists.txt); only called after kernels.c checked the CPU. x stays float32
+ * throughout: quantized rows are widened to float, never the other way round. Float rows take any n (a short tail
+ * goes through a zero-padded block); Q4_0/Q8_0 rows take n a multiple of 32. Several independent accumulators keep
+ * enough loads in flight that a long row streams at memory bandwidth. */
+#if defined(__x86_64__) && defined(FLM_HAVE_X86)
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "kernels_avx2.c must be compiled with -mavx2 -mfma -mf16c"
+#endif
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "compute/kernels_impl.h"
+#include "format/types.h"
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------------------------------------------- */
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256 load_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* 8 int8 at p, widened to float. */
+static inline __m256 load_i8x8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* The 32 values q-8 of a Q4_0 block as 32 int8: lo = elements 0..15, hi = elements 16..31. */
+static inline void unpack_q4(const uint8_t *qs, __m128i *lo, __m128i *hi) {
+    const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    *lo = _mm_sub_epi8(_mm_and_si128(b, m4), eight);
+    *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m4), eight);
+}
+
+static inline __m256 i8lo_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+static inline __m256 i8hi_to_ps(__m128i v) { return i8lo_to_ps(_mm_unpackhi_epi64(v, v)); }
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * dot
+ * ------------------------------------------------------------------------------------------------------------- */
+/* The float types share one shape: 4 accumulators over 32 elements, then 8 at a time, then a padded tail.
+ * LOAD8(i) yields the 8 row values starting at element i; TAIL_T is the row's element type. */
+#define DOT_FLOAT_BODY(TAIL_T, LOAD8, LOAD8_PTR)                                                                  \
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps(); \
+    size_t i = 0;                                                                                                 \
+    for (; i + 32 <= n; i += 32) {                                                                                \
+        a0 = _mm256_fmadd_ps(LOAD8(r + i), _mm256_loadu_ps(x + i), a0);                                           \
+        a1 = _mm256_fmadd_ps(LOAD8(r + i + 8), _mm256_loadu_ps(x + i + 8), a1);                                   \
+        a2 = _mm256_fmadd_ps(LOAD8(r + i + 16), _mm256_loadu_ps(x + i + 16), a2);                                 \
+        a3 = _mm256_fmadd_ps(LOAD8(r + i + 24), _mm256_loadu_ps(x + i + 24), a3);                                 \
+    }                                                                                                             \
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LOAD8(r + i), _mm256_loadu_ps(x + i), a0);                    \
+    if (i < n) {                                                                                                  \
+        TAIL_T rt[8] = {0};                                                                                       \
+        float xt[8] = {0};                                                                                        \
+        memcpy(rt, r + i, (n - i) * sizeof(TAIL_T));                                                              \
+        memcpy(xt, x + i, (n - i) * sizeof(float));                                                               \
+        a1 = _mm256_fmadd_ps(LOAD8_PTR(rt), _mm256_loadu_ps(xt), a1);                                             \
+    }                                                                                                             \
+    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+
+static float dot_f32(const void *row, const float *x, size_t n) {
+    const float *r = row;
+    DOT_FLOAT_BODY(float, _mm256_loadu_ps, _mm256_loadu_ps)
+}
+
+static float dot_f16(const void *row, const float *x, size_t n) {
+    const uint16_t *r = row;
+    DOT_FLOAT_BODY(uint16_t, load_f16x8, load_f16x8)
+}
+
+static float dot_bf16(const void *row, const float *x, size_t n) {
+    const uint16_t *r = row;
+    DOT_FLOAT_BODY(uint16_t, load_bf16x8, load_bf16x8)
+}
+
+/* Per block: p = sum_j q[j]*x[j] in 8 lanes, then acc += d*p. Even and odd blocks use separate accumulators so the
+ * acc dependency chain does not limit throughput. */
+static inline __m256 q8_block(const flm_block_q8_0 *b, const float *x) {
+    __m256 p0 = _mm256_mul_ps(load_i8x8(b->qs), _mm256_loadu_ps(x));
+    __m256 p1 = _mm256_mul_ps(load_i8x8(b->qs + 8), _mm256_loadu_ps(x + 8));
+    p0 = _mm256_fmadd_ps(load_i8x8(b->qs + 16), _mm256_loadu_ps(x + 16), p0);
+    p1 = _mm256_fmadd_ps(load_i8x8(b->qs + 24), _mm256_loadu_ps(x + 24), p1);
+    return _mm256_add_ps(p0, p1);
+}
+
+static float dot_q8_0(const void *row, const float *x, size_t n) {
+    const flm_block_q8_0 *b = row;
+    const size_t nb = n / FLM_QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), q8_block(&b[i], x + i * FLM_QK), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i + 1].d)), q8_block(&b[i + 1], x + (i + 1) * FLM_QK), acc1);
+    }
+    if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), q8_block(&b[i], x + i * FLM_QK), acc0);
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+static inline __m256 q4_block(const flm_block_q4_0 *b, const float *x) {
+    __m128i lo, hi;
+    unpack_q4(b->qs, &lo, &hi);
+    __m256 p0 = _mm256_mul_ps(i8lo_to_ps(lo), _mm256_loadu_ps(x));
+    __m256 p1 = _mm256_mul_ps(i8hi_to_ps(lo), _mm256_loadu_ps(x + 8));
+    p0 = _mm256_fmadd_ps(i8lo_to_ps(hi), _mm256_loadu_ps(x + 16), p0);
+    p1 = _mm256_fmadd_ps(i8hi_to_ps(hi), _mm256_loadu_ps(x + 24), p1);
+    return _mm256_add_ps(p0, p1);
+}
+
+static float dot_q4_0(const void *row, const float *x, size_t n) {
+    const flm_block_q4_0 *b = row;
+    const size_t nb = n / FLM_QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), q4_block(&b[i], x + i * FLM_QK), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i + 1].d)), q4_block(&b[i + 1], x + (i + 1) * FLM_QK), acc1);
+    }
+    if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), q4_block(&b[i], x + i * FLM_QK), acc0);
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * axpy: y += a*row (iterations are independent, so out-of-order execution overlaps them without unrolling)
+ * ------------------------------------------------------------------------------------------------------------- */
+static void axpy_f32(const void *row, float a, float *y, size_t n) {
+    const float *r = row;
+    const __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(r + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * r[i];
+}
+
+static void axpy_f16(const void *row, float a, float *y, size_t n) {
+    const uint16_t *r = row;
+    const __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16x8(r + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * _cvtsh_ss(r[i]);
+}
+
+static void axpy_bf16(const void *row, float a, float *y, size_t n) {
+    const uint16_t *r = row;
+    const __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_bf16x8(r + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)r[i] << 16;
+        float v;
+        memcpy(&v, &u, sizeof v);
+        y[i] += a * v;
+    }
+}
+
+static void axpy_q8_0(const void *row, float a, float *y, size_t n) {
+    const flm_block_q8_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        const __m256 ad = _mm256_set1_ps(a * _cvtsh_ss(b[i].d));
+        for (int j = 0; j < FLM_QK; j += 8)
+            _mm256_storeu_ps(y + j, _mm256_fmadd_ps(ad, load_i8x8(b[i].qs + j), _mm256_loadu_ps(y + j)));
+    }
+}
+
+static void axpy_q4_0(const void *row, float a, float *y, size_t n) {
+    const flm_block_q4_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        const __m256 ad = _mm256_set1_ps(a * _cvtsh_ss(b[i].d));
+        __m128i lo, hi;
+        unpack_q4(b[i].qs, &lo, &hi);
+        _mm256_storeu_ps(y, _mm256_fmadd_ps(ad, i8lo_to_ps(lo), _mm256_loadu_ps(y)));
+        _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(ad, i8hi_to_ps(lo), _mm256_loadu_ps(y + 8)));
+        _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(ad, i8lo_to_ps(hi), _mm256_loadu_ps(y + 16)));
+        _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(ad, i8hi_to_ps(hi), _mm256_loadu_ps(y + 24)));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * dequant: y = row (exact: every conversion here is exact, and q*d is one rounding as in the scalar code)
+ * ------------------------------------------------------------------------------------------------------------- */
+static void dequant_f32(const void *row, float *y, size_t n) { memcpy(y, row, n * sizeof(float)); }
+
+static void dequant_f16(const void *row, float *y, size_t n) {
+    const uint16_t *r = row;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16x8(r + i));
+    for (; i < n; i++) y[i] = _cvtsh_ss(r[i]);
+}
+
+static void dequant_bf16(const void *row, float *y, size_t n) {
+    const uint16_t *r = row;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_bf16x8(r + i));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)r[i] << 16;
+        memcpy(&y[i], &u, sizeof u);
+    }
+}
+
+static void dequant_q8_0(const void *row, float *y, size_t n) {
+    const flm_block_q8_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int j = 0; j < FLM_QK; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(load_i8x8(b[i].qs + j), d));
+    }
+}
+
+static void dequant_q4_0(const void *row, float *y, size_t n) {
+    const flm_block_q4_0 *b = row;
+    for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        __m128i lo, hi;
+        unpack_q4(b[i].qs, &lo, &hi);
+        _mm256_storeu_ps(y, _mm256_mul_ps(i8lo_to_ps(lo), d));
+        _mm256_storeu_ps(y + 8, _mm256_mul_ps(i8hi_to_ps(lo), d));
+        _mm256_storeu_ps(y + 16, _mm256_mul_ps(i8lo_to_ps(hi), d));
+        _mm256_storeu_ps(y + 24, _mm256_mul_ps(i8hi_to_ps(hi), d));
+    }
+}
+
+static const flm_kernels avx2_kernels = {
+    .name = "avx2",
+    .dot = {[FLM_TYPE_F32] = dot_f32, [FLM_TYPE_F16] = dot_f16, [FLM_TYPE_BF16] = dot_bf16,
+            [FLM_TYPE_Q8_0] = dot_q8_0, [FLM_TYPE_Q4_0] = dot_q4_0},
+    .axpy = {[FLM_TYPE_F32] = axpy_f32, [FLM_TYPE_F16] = axpy_f16, [FLM_TYPE_BF16] = axpy_bf16,
+             [FLM_TYPE_Q8_0] = axpy_q8_0, [FLM_TYPE_Q4_0] = axpy_q4_0},
+    .dequant = {[FLM_TYPE_F32] = dequant_f32, [FLM_TYPE_F16] = dequant_f16, [FLM_TYPE_BF16] = dequant_bf16,
+                [FLM_TYPE_Q8_0] = dequant_q8_0, [FLM_TYPE_Q4_0] = dequant_q4_0},
+};
+
+const flm_kernels *flm_kernels_avx2_table(void) { return &avx2_kernels; }
+
+#else
+typedef int flm_kernels_avx2_empty; /* ISO C wants at least one declaration in a translation unit */
+#endif

@@ -1,0 +1,216 @@
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/types.h"
+#include "util/error.h"
+
+uint64_t flm_weight_bytes(const flm_weight *w) { return (uint64_t)flm_row_bytes(w->type, w->n_in) * w->n_out; }
+
+flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err) {
+    const uint32_t lim = 1u << 20;
+    if (!hp->d_model || !hp->d_ffn || !hp->n_layers || !hp->n_heads || !hp->n_kv_heads || !hp->n_vocab ||
+        hp->d_model > lim || hp->d_ffn > lim || hp->n_layers > 4096 || hp->n_heads > 4096 || hp->n_vocab > (1u << 24))
+        return flm_fail(err, FLM_ERR_FORMAT,
+                        "%s: hyper-parameters out of range (d_model %u, d_ffn %u, n_layers %u, n_heads %u, "
+                        "n_kv_heads %u, n_vocab %u)", what, hp->d_model, hp->d_ffn, hp->n_layers, hp->n_heads,
+                        hp->n_kv_heads, hp->n_vocab);
+    if (hp->d_model % hp->n_heads || hp->n_heads % hp->n_kv_heads)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: d_model %u / n_heads %u / n_kv_heads %u do not divide evenly",
+                        what, hp->d_model, hp->n_heads, hp->n_kv_heads);
+    if (hp->head_dim * hp->n_heads != hp->d_model || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: rope dimension %u must be even and at most head_dim %u", what,
+                        hp->rope_dim, hp->head_dim);
+    if (!(hp->norm_eps > 0.0f && hp->norm_eps < 1.0f) || !(hp->rope_theta > 0.0f))
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: norm epsilon %g or RoPE base %g out of range", what,
+                        (double)hp->norm_eps, (double)hp->rope_theta);
+    return FLM_OK;
+}
+
+flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err) {
+    memset(hp, 0, sizeof *hp);
+    flm_status st;
+    if ((st = gguf_get_u32(f, "llama.embedding_length", true, &hp->d_model, err)) ||
+        (st = gguf_get_u32(f, "llama.feed_forward_length", true, &hp->d_ffn, err)) ||
+        (st = gguf_get_u32(f, "llama.block_count", true, &hp->n_layers, err)) ||
+        (st = gguf_get_u32(f, "llama.attention.head_count", true, &hp->n_heads, err)))
+        return st;
+    hp->n_kv_heads = hp->n_heads;
+    hp->n_ctx_train = 2048;
+    hp->norm_eps = 1e-5f;
+    hp->rope_theta = 10000.0f;
+    if ((st = gguf_get_u32(f, "llama.attention.head_count_kv", false, &hp->n_kv_heads, err)) ||
+        (st = gguf_get_u32(f, "llama.context_length", true, &hp->n_ctx_train, err)) ||
+        (st = gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", true, &hp->norm_eps, err)) ||
+        (st = gguf_get_f32(f, "llama.rope.freq_base", false, &hp->rope_theta, err)))
+        return st;
+    hp->head_dim = hp->n_heads ? hp->d_model / hp->n_heads : 0;
+    hp->rope_dim = hp->head_dim;
+    if ((st = gguf_get_u32(f, "llama.rope.dimension_count", false, &hp->rope_dim, err))) return st;
+    /* flashlm extension for synthetic ReLU models; standard llama files are SiLU */
+    char *act = NULL;
+    if ((st = gguf_get_str(f, "flashlm.ffn_activation", false, &act, err))) return st;
+    hp->act = FLM_ACT_SILU;
+    if (act) {
+        if (!strcmp(act, "relu")) hp->act = FLM_ACT_RELU;
+        else if (strcmp(act, "silu")) {
+            flm_status s = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: flashlm.ffn_activation '%s' is not silu or relu",
+                                    f->path, act);
+            free(act);
+            return s;
+        }
+        free(act);
+    }
+    hp->gated = true;
+    const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (!emb) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
+    if (emb->ne[1] > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has too many rows", f->path);
+    hp->n_vocab = (uint32_t)emb->ne[1];
+    return flm_hparams_check(hp, f->path, err);
+}
+
+flm_status flm_tokenizer_from_gguf(const gguf_file *f, flm_tokenizer **out, flm_error *err) {
+    flm_status st;
+    char *model = NULL;
+    if ((st = gguf_get_str(f, "tokenizer.ggml.model", true, &model, err))) return st;
+    bool ok = strcmp(model, "llama") == 0;
+    if (!ok) {
+        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%s' is not supported (only 'llama')",
+                      f->path, model);
+        free(model);
+        return st;
+    }
+    free(model);
+    const gguf_kv *tokens = NULL, *scores = NULL, *types = NULL;
+    if ((st = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tokens, err))) return st;
+    if ((st = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, false, &scores, err))) return st;
+    if ((st = gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, false, &types, err))) return st;
+    uint64_t n = tokens->arr_n;
+    if (n == 0 || n > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries",
+                                                  f->path, (unsigned long long)n);
+    if ((scores && scores->arr_n != n) || (types && types->arr_n != n))
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer scores/token_type length differs from %llu tokens",
+                        f->path, (unsigned long long)n);
+    uint32_t bos = 1, eos = 2;
+    if ((st = gguf_get_u32(f, "tokenizer.ggml.bos_token_id", false, &bos, err)) ||
+        (st = gguf_get_u32(f, "tokenizer.ggml.eos_token_id", false, &eos, err)))
+        return st;
+    const char **pieces = malloc(n * sizeof *pieces);
+    uint32_t *lens = malloc(n * sizeof *lens);
+    float *sc = scores ? malloc(n * sizeof *sc) : NULL;
+    int32_t *ty = types ? malloc(n * sizeof *ty) : NULL;
+    if (!pieces || !lens || (scores && !sc) || (types && !ty)) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the tokenizer", f->path);
+        goto done;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        if (tokens->arr_str[i].len > 1024) {
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: token %llu is %llu bytes long", f->path, (unsigned long long)i,
+                          (unsigned long long)tokens->arr_str[i].len);
+            goto done;
+        }
+        pieces[i] = tokens->arr_str[i].data;
+        lens[i] = (uint32_t)tokens->arr_str[i].len;
+        if (sc) memcpy(&sc[i], scores->arr_data + 4 * i, 4);
+        if (ty) memcpy(&ty[i], types->arr_data + 4 * i, 4);
+    }
+    st = flm_tokenizer_create((uint32_t)n, pieces, lens, sc, ty, bos < n ? (int32_t)bos : -1,
+                              eos < n ? (int32_t)eos : -1, true, out, err);
+    if (st && err) {
+        char tmp[FLM_ERROR_MSG_MAX];
+        snprintf(tmp, sizeof tmp, "%s: %s", f->path, err->msg);
+        memcpy(err->msg, tmp, sizeof tmp);
+    }
+done:
+    free(pieces);
+    free(lens);
+    free(sc);
+    free(ty);
+    return st;
+}
+
+/* Find a tensor and check its shape (n_in x n_out; n_out = 1 for vectors) and type. */
+static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint64_t n_out, bool f32_only,
+                       flm_weight *w, flm_error *err) {
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t) return flm_fail(err, FLM_ERR_FORMAT, "%s: required tensor '%s' is missing", f->path, name);
+    uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->ne[0] != n_in || rows != n_out)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor '%s' has shape [%llu, %llu], expected [%llu, %llu]", f->path,
+                        name, (unsigned long long)t->ne[0], (unsigned long long)rows, (unsigned long long)n_in,
+                        (unsigned long long)n_out);
+    if (f32_only && t->type != FLM_TYPE_F32)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: tensor '%s' must be f32, is %s", f->path, name,
+                        flm_type_name(t->type));
+    *w = (flm_weight){t->type, n_in, n_out, t->data};
+    return FLM_OK;
+}
+
+flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err) {
+    *out = NULL;
+    flm_model *m = calloc(1, sizeof *m);
+    if (!m) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    m->gguf = f;
+    flm_status st;
+    char *arch = NULL;
+    if ((st = gguf_get_str(f, "general.architecture", true, &arch, err))) goto fail;
+    if (strcmp(arch, "llama") != 0) {
+        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama)", f->path,
+                      arch);
+        free(arch);
+        goto fail;
+    }
+    snprintf(m->arch, sizeof m->arch, "%s", arch);
+    free(arch);
+    if ((st = flm_hparams_from_gguf(f, &m->hp, err))) goto fail;
+    const flm_hparams *hp = &m->hp;
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
+        (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
+        goto fail;
+    if (gguf_find_tensor(f, "output.weight")) {
+        if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) goto fail;
+    } else {
+        m->output = m->tok_embd; /* tied */
+    }
+    m->layers = calloc(hp->n_layers, sizeof *m->layers);
+    if (!m->layers) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto fail; }
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        flm_layer_weights *L = &m->layers[l];
+        char name[96];
+#define BIND(field, suffix, n_in, n_out, f32)                                                                    \
+    snprintf(name, sizeof name, "blk.%u." suffix ".weight", l);                                                  \
+    if ((st = bind(f, name, n_in, n_out, f32, &L->field, err))) goto fail;
+        BIND(attn_norm, "attn_norm", hp->d_model, 1, true)
+        BIND(wq, "attn_q", hp->d_model, q_dim, false)
+        BIND(wk, "attn_k", hp->d_model, kv_dim, false)
+        BIND(wv, "attn_v", hp->d_model, kv_dim, false)
+        BIND(wo, "attn_output", q_dim, hp->d_model, false)
+        BIND(ffn_norm, "ffn_norm", hp->d_model, 1, true)
+        BIND(ffn_up, "ffn_up", hp->d_model, hp->d_ffn, false)
+        BIND(ffn_gate, "ffn_gate", hp->d_model, hp->d_ffn, false)
+        BIND(ffn_down, "ffn_down", hp->d_ffn, hp->d_model, false)
+#undef BIND
+    }
+    if ((st = flm_tokenizer_from_gguf(f, &m->tok, err))) goto fail;
+    if (flm_tokenizer_n_vocab(m->tok) != hp->n_vocab) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer has %u tokens but token_embd.weight has %u rows", f->path,
+                      flm_tokenizer_n_vocab(m->tok), hp->n_vocab);
+        goto fail;
+    }
+    *out = m;
+    return FLM_OK;
+fail:
+    flm_model_free(m);
+    return st;
+}
+
+void flm_model_free(flm_model *m) {
+    if (!m) return;
+    flm_tokenizer_free(m->tok);
+    free(m->layers);
+    gguf_close(m->gguf);
+    free(m);
+}

@@ -1,0 +1,76 @@
+/* model.h — architectures as data: hyper-parameters and the weights of one model. Internal.
+ *
+ * A model is described by flm_hparams and one flm_weight per tensor. A weight is a matrix of n_out rows of n_in
+ * elements of one flm_type (GGUF layout: ne[0] = n_in is contiguous). Weights resident in memory have data != NULL;
+ * FFN weights of a flash (.flm) model live in the file and are brought in by the runtime. */
+#ifndef FLM_MODEL_MODEL_H
+#define FLM_MODEL_MODEL_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "flashlm.h"
+#include "format/gguf.h"
+#include "format/tokenizer.h"
+
+typedef enum flm_act { FLM_ACT_SILU = 0, FLM_ACT_RELU = 1 } flm_act;
+
+typedef struct flm_hparams {
+    uint32_t d_model;     /* llama.embedding_length */
+    uint32_t d_ffn;       /* llama.feed_forward_length */
+    uint32_t n_layers;    /* llama.block_count */
+    uint32_t n_heads;     /* llama.attention.head_count */
+    uint32_t n_kv_heads;  /* llama.attention.head_count_kv (default n_heads) */
+    uint32_t head_dim;    /* d_model / n_heads */
+    uint32_t n_vocab;     /* rows of token_embd.weight */
+    uint32_t n_ctx_train; /* llama.context_length */
+    uint32_t rope_dim;    /* llama.rope.dimension_count (default head_dim) */
+    float norm_eps;       /* llama.attention.layer_norm_rms_epsilon */
+    float rope_theta;     /* llama.rope.freq_base (default 10000) */
+    flm_act act;          /* FFN activation: SiLU for llama; ReLU for ReLU-fied / synthetic models */
+    bool gated;           /* FFN has a gate projection (SwiGLU / ReGLU) */
+} flm_hparams;
+
+typedef struct flm_weight {
+    uint32_t type;        /* flm_type */
+    uint64_t n_in;        /* row length (elements) */
+    uint64_t n_out;       /* rows */
+    const void *data;     /* NULL when not resident */
+} flm_weight;
+
+typedef struct flm_layer_weights {
+    flm_weight attn_norm, wq, wk, wv, wo; /* attention: norm [d_model], q [d_model -> n_heads*head_dim], ... */
+    flm_weight ffn_norm, ffn_up, ffn_gate, ffn_down; /* up/gate [d_model -> d_ffn], down [d_ffn -> d_model] */
+} flm_layer_weights;
+
+typedef struct flm_model {
+    char arch[32];             /* "llama" */
+    flm_hparams hp;
+    flm_weight tok_embd;       /* [n_vocab rows of d_model] */
+    flm_weight output_norm;    /* [d_model] f32 */
+    flm_weight output;         /* [n_vocab rows of d_model]; equals tok_embd when tied */
+    flm_layer_weights *layers; /* n_layers */
+    flm_tokenizer *tok;
+    gguf_file *gguf;           /* owner of the weight bytes when loaded from GGUF */
+} flm_model;
+
+/* Load a llama-architecture model from an open GGUF file (which the model then owns and closes).
+ * Reads hyper-parameters from the metadata, checks every tensor's presence, type and shape, builds the tokenizer.
+ * Errors: FLM_ERR_FORMAT (missing key/tensor, wrong shape — the message names the file, key or tensor),
+ * FLM_ERR_UNSUPPORTED (architecture or tokenizer model not supported), FLM_ERR_NOMEM. On error f is closed. */
+flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err);
+
+/* Read hyper-parameters of architecture "llama" from GGUF metadata (shared by the GGUF and .flm paths).
+ * n_vocab is taken from the token list. Errors: FLM_ERR_FORMAT naming the key. */
+flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err);
+/* Check hyper-parameters for consistency (nonzero, head_dim*n_heads == d_model, n_heads % n_kv_heads == 0, even
+ * rope_dim <= head_dim, sizes < 2^20). what names the source in messages. */
+flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err);
+
+/* The tokenizer from GGUF metadata (tokenizer.ggml.model = "llama"). */
+flm_status flm_tokenizer_from_gguf(const gguf_file *f, flm_tokenizer **out, flm_error *err);
+
+/* Bytes of a weight (rows * row bytes). */
+uint64_t flm_weight_bytes(const flm_weight *w);
+
+void flm_model_free(flm_model *m);
+
+#endif

@@ -1,0 +1,37 @@
+#include "util/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+flm_status flm_fail(flm_error *err, flm_status code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+void flm_error_clear(flm_error *err) {
+    if (err) {
+        err->code = FLM_OK;
+        err->msg[0] = '\0';
+    }
+}
+
+const char *flm_status_str(flm_status s) {
+    switch (s) {
+    case FLM_OK: return "ok";
+    case FLM_ERR_IO: return "I/O error";
+    case FLM_ERR_FORMAT: return "bad format";
+    case FLM_ERR_NOMEM: return "out of memory";
+    case FLM_ERR_UNSUPPORTED: return "unsupported";
+    case FLM_ERR_ARG: return "bad argument";
+    case FLM_ERR_BUDGET: return "memory budget too small";
+    case FLM_ERR_CHECKSUM: return "checksum mismatch";
+    }
+    return "unknown error";
+}

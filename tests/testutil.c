@@ -1,0 +1,70 @@
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *tu_shared(const char *rel) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", FLM_SHARED_DIR, rel);
+    return buf;
+}
+
+const char *tu_tmp(const char *tag, const char *suffix) {
+    static char ring[8][4096];
+    static int slot, counter;
+    char *p = ring[slot++ % 8];
+    snprintf(p, 4096, "%s/%s-%d-%d%s", FLM_TEST_TMPDIR, tag, (int)getpid(), counter++, suffix ? suffix : "");
+    return p;
+}
+
+uint8_t *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) fail_msg("short read on %s", path);
+    fclose(f);
+    buf[n] = 0;
+    *len = (size_t)n;
+    return buf;
+}
+
+void tu_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) fail_msg("cannot create %s", path);
+    if (len && fwrite(data, 1, len, f) != len) fail_msg("short write on %s", path);
+    fclose(f);
+}
+
+int tu_run_cli(const char *args, char **out) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s", FLM_CLI, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) fail_msg("popen failed");
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 2) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    if (out) *out = buf; else free(buf);
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    return -1;
+}
+
+uint64_t tu_rand_u64(uint64_t *s) {
+    uint64_t x = *s ? *s : 0x9E3779B97F4A7C15ull;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    return *s = x;
+}
+
+float tu_rand_f32(uint64_t *s) { return (float)((tu_rand_u64(s) >> 40) * (1.0 / (1 << 24)) * 2.0 - 1.0); }

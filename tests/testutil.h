@@ -1,0 +1,25 @@
+/* testutil.h — helpers shared by the cmocka tests. */
+#ifndef FLM_TESTUTIL_H
+#define FLM_TESTUTIL_H
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Path under ../shared (e.g. "models/stories260K/stories260K.gguf"); static buffer, valid until the next call. */
+const char *tu_shared(const char *rel);
+/* A fresh path under the test build's tmp dir, unique per call: "<tmp>/<tag>-<pid>-<n><suffix>". Static ring. */
+const char *tu_tmp(const char *tag, const char *suffix);
+/* Read a whole file into malloc'd memory; *len gets its size. Fails the test on error. */
+uint8_t *tu_read_file(const char *path, size_t *len);
+/* Write len bytes to path (overwrites). Fails the test on error. */
+void tu_write_file(const char *path, const void *data, size_t len);
+/* Run the flashlm CLI with the given argument string through /bin/sh (append "2>&1" to capture stderr); capture stdout (malloc'd, NUL-ended)
+ * into *out when non-NULL; return the exit status (or -1 when killed by a signal). */
+int tu_run_cli(const char *args, char **out);
+/* Simple deterministic RNG for tests. */
+uint64_t tu_rand_u64(uint64_t *state);
+float tu_rand_f32(uint64_t *state); /* uniform in [-1, 1) */
+
+#endif

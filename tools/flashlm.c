@@ -1,0 +1,252 @@
+/* flashlm — the command-line tool: run, inspect (and, as they land, convert, bench, ...).
+ * Flags follow llama.cpp's names (-m -p -n -t -c --temp --top-k --top-p --seed). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "flashlm.h"
+#include "format/gguf.h"
+#include "format/types.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int die(const char *fmt, const char *a) {
+    fprintf(stderr, "flashlm: ");
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+/* strict number parsing: the whole string must be a number in range */
+static bool parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+static bool parse_float(const char *s, float lo, float hi, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+/* ---- run ------------------------------------------------------------------------------------------------------ */
+
+static const char *RUN_HELP =
+    "usage: flashlm run -m MODEL [options]\n"
+    "\n"
+    "Generate text from a prompt.\n"
+    "\n"
+    "  -m, --model PATH     model file (.gguf)\n"
+    "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
+    "  -n, --n-predict N    tokens to generate (default 128; stops early at EOS)\n"
+    "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
+    "  -t, --threads N      compute threads (default: all CPUs)\n"
+    "      --temp T         temperature; 0 = greedy (default 0.8)\n"
+    "      --top-k K        top-k sampling; 0 = off (default 40)\n"
+    "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
+    "      --seed S         RNG seed (default 42)\n"
+    "  -h, --help           this help\n"
+    "\n"
+    "The text goes to stdout as it is generated; speeds go to stderr.\n";
+
+static int cmd_run(int argc, char **argv) {
+    const char *model = NULL, *prompt = "";
+    long n_predict = 128, v;
+    flm_params params;
+    flm_params_default(&params);
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDVAL() do { if (!val) return die("option %s needs a value (see flashlm run --help)", a); i++; } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(RUN_HELP, stdout); return 0; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            NEEDVAL(); if (!parse_long(val, 0, 1 << 24, &n_predict)) return die("bad -n value '%s'", val);
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            NEEDVAL(); if (!parse_long(val, 0, 1 << 20, &v)) return die("bad -c value '%s'", val);
+            params.n_ctx = (int)v;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            NEEDVAL(); if (!parse_long(val, 1, 1024, &v)) return die("bad -t value '%s'", val);
+            params.n_threads = (int)v;
+        } else if (!strcmp(a, "--temp")) {
+            NEEDVAL(); if (!parse_float(val, 0.0f, 100.0f, &sp.temp)) return die("bad --temp value '%s'", val);
+        } else if (!strcmp(a, "--top-k")) {
+            NEEDVAL(); if (!parse_long(val, 0, 1 << 24, &v)) return die("bad --top-k value '%s'", val);
+            sp.top_k = (int)v;
+        } else if (!strcmp(a, "--top-p")) {
+            NEEDVAL(); if (!parse_float(val, 0.0f, 1.0f, &sp.top_p)) return die("bad --top-p value '%s'", val);
+        } else if (!strcmp(a, "--seed")) {
+            NEEDVAL(); char *end; errno = 0; sp.seed = strtoull(val, &end, 10);
+            if (errno || *end || end == val) return die("bad --seed value '%s'", val);
+        } else return die("unknown option '%s' (see flashlm run --help)", a);
+#undef NEEDVAL
+    }
+    if (!model) return die("%s", "no model given: use -m MODEL (see flashlm run --help)");
+
+    flm_error err;
+    flm_ctx *ctx = NULL;
+    double t0 = now_ms();
+    if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    double t_load = now_ms() - t0;
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+
+    size_t cap = strlen(prompt) + 8;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
+    if (!ids || !smp) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
+    size_t n_prompt = flm_tokenize(ctx, prompt, true, ids, cap);
+    if (n_prompt == 0 || n_prompt > cap) { fprintf(stderr, "flashlm: cannot tokenize the prompt\n"); return 1; }
+    if (n_prompt + (size_t)n_predict > info.n_ctx) {
+        fprintf(stderr, "flashlm: prompt (%zu tokens) + -n %ld exceeds the context of %u tokens; raise -c\n",
+                n_prompt, n_predict, info.n_ctx);
+        return 1;
+    }
+    /* echo the prompt the way it decodes */
+    for (size_t i = 1; i < n_prompt; i++) {
+        size_t len;
+        const char *p = flm_token_piece(ctx, ids[i - 1], ids[i], &len);
+        fwrite(p, 1, len, stdout);
+    }
+    fflush(stdout);
+    int rc = 0;
+    double t_prompt = 0, t_gen = 0;
+    long n_gen = 0;
+    int32_t tok = ids[0];
+    const float *logits = NULL;
+    double t1 = now_ms();
+    for (size_t pos = 0;; pos++) {
+        if (flm_eval(ctx, tok, (int32_t)pos, &logits, &err)) {
+            fprintf(stderr, "\nflashlm: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        if (pos + 1 < n_prompt) { tok = ids[pos + 1]; continue; }
+        if (pos + 1 == n_prompt) { double t = now_ms(); t_prompt = t - t1; t1 = t; }
+        if (n_gen >= n_predict) break;
+        int32_t next = flm_sampler_sample(smp, logits);
+        n_gen++;
+        if (next == info.eos) break;
+        size_t len;
+        const char *p = flm_token_piece(ctx, tok, next, &len);
+        fwrite(p, 1, len, stdout);
+        fflush(stdout);
+        tok = next;
+        if (n_gen >= n_predict) break;
+    }
+    t_gen = now_ms() - t1;
+    printf("\n");
+    fflush(stdout);
+    fprintf(stderr, "\nflashlm: model %s (%s, %u layers, d_model %u, d_ffn %u), kernels %s, %d threads, load %.1f ms\n",
+            model, info.arch, info.n_layers, info.d_model, info.d_ffn, info.kernels, params.n_threads, t_load);
+    fprintf(stderr, "flashlm: prompt     %4zu tokens in %8.2f ms = %8.2f tokens/s\n", n_prompt, t_prompt,
+            t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
+    fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s\n", n_gen, t_gen,
+            t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
+    flm_sampler_free(smp);
+    free(ids);
+    flm_close(ctx);
+    return rc;
+}
+
+/* ---- inspect -------------------------------------------------------------------------------------------------- */
+
+static const char *INSPECT_HELP =
+    "usage: flashlm inspect MODEL\n"
+    "\n"
+    "Print a model file's architecture, hyper-parameters, metadata and tensors (type, shape, bytes).\n";
+
+static int cmd_inspect(int argc, char **argv) {
+    if (argc != 1 || !strcmp(argv[0], "-h") || !strcmp(argv[0], "--help")) {
+        fputs(INSPECT_HELP, argc == 1 ? stdout : stderr);
+        return argc == 1 ? 0 : 2;
+    }
+    flm_error err;
+    gguf_file *f = NULL;
+    if (gguf_open(argv[0], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    printf("file        %s\nformat      GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %" PRIu64
+           ", data at byte %" PRIu64 "\n", argv[0], f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset);
+    gguf_close(f);
+    flm_params p;
+    flm_params_default(&p);
+    p.n_ctx = 1;
+    flm_ctx *ctx = NULL;
+    if (flm_open(argv[0], &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    flm_model_info in;
+    flm_get_info(ctx, &in);
+    printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
+           "head_dim    %u\nn_vocab     %u\nn_ctx_train %u\nnorm_eps    %g\nrope_theta  %g\nbos/eos     %d / %d\n",
+           in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
+           in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
+    flm_close(ctx);
+    if (gguf_open(argv[0], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    printf("\nmetadata:\n");
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const gguf_kv *kv = &f->kv[i];
+        printf("  %-40s ", kv->key);
+        switch (kv->type) {
+        case GGUF_VT_STRING: printf("\"%.*s\"\n", (int)(kv->v.str.len > 60 ? 60 : kv->v.str.len), kv->v.str.data); break;
+        case GGUF_VT_ARRAY: printf("array[%" PRIu64 "]\n", kv->arr_n); break;
+        case GGUF_VT_FLOAT32: case GGUF_VT_FLOAT64: printf("%g\n", kv->v.f64); break;
+        case GGUF_VT_INT8: case GGUF_VT_INT16: case GGUF_VT_INT32: case GGUF_VT_INT64:
+            printf("%" PRId64 "\n", kv->v.i64); break;
+        default: printf("%" PRIu64 "\n", kv->v.u64);
+        }
+    }
+    printf("\ntensors:\n  %-32s %-6s %-24s %12s\n", "name", "type", "shape", "bytes");
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        char shape[64];
+        int o = snprintf(shape, sizeof shape, "[");
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
+        snprintf(shape + o, sizeof shape - (size_t)o, "]");
+        printf("  %-32s %-6s %-24s %12" PRIu64 "\n", t->name, flm_type_name(t->type), shape, t->nbytes);
+        total += t->nbytes;
+    }
+    printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
+    gguf_close(f);
+    return 0;
+}
+
+/* ---- main ----------------------------------------------------------------------------------------------------- */
+
+static const char *MAIN_HELP =
+    "usage: flashlm COMMAND [options]   (flashlm COMMAND --help for each)\n"
+    "\n"
+    "flashlm " FLM_VERSION_STRING " runs large language models whose weights stay on flash.\n"
+    "\n"
+    "commands:\n"
+    "  run        generate text from a prompt\n"
+    "  inspect    print a model's architecture, hyper-parameters and tensors\n"
+    "  version    print the version\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(MAIN_HELP, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
+    fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
+    return 2;
+}
