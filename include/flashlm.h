@@ -68,17 +68,48 @@ const char *flm_type_name(uint32_t type);
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct flm_ctx flm_ctx;
 
+/* How FFN weights reach memory (the paper's evaluation modes, Knowl 7). Only .flm files stream; a GGUF file always
+ * runs in FLM_MODE_RAM. */
+typedef enum flm_mode {
+    FLM_MODE_AUTO = 0,   /* ram when the whole model fits the budget (or there is none), else hybrid */
+    FLM_MODE_RAM = 1,    /* every weight loaded into memory once: the dense reference */
+    FLM_MODE_NAIVE = 2,  /* every layer's FFN read from flash again for every token */
+    FLM_MODE_HYBRID = 3, /* as many layers' FFN as the budget allows stay resident; the rest are read every token */
+} flm_mode;
+
+/* "auto", "ram", "naive", "hybrid"; NULL for an unknown value. */
+const char *flm_mode_name(flm_mode m);
+/* Parse a mode name; returns false when unknown. */
+bool flm_mode_parse(const char *s, flm_mode *out);
+
+/* Flash reader back ends. */
+typedef enum flm_io_kind { FLM_IO_KIND_AUTO = 0, FLM_IO_KIND_THREADS = 1, FLM_IO_KIND_URING = 2 } flm_io_kind;
+
 typedef struct flm_params {
-    int n_threads;   /* compute threads (-t); default: the number of online CPUs */
-    int n_ctx;       /* KV cache length in tokens (-c); 0 = min(model's context_length, 2048) */
+    int n_threads;      /* compute threads (-t); default: the number of online CPUs */
+    int n_ctx;          /* KV cache length in tokens (-c); 0 = min(model's context_length, 2048) */
+    flm_mode mode;      /* default FLM_MODE_AUTO */
+    uint64_t mem_bytes; /* memory budget in bytes (--mem); 0 = none. Resident weights + neuron storage + KV cache +
+                           scratch + reader buffers must fit (docs/ARCHITECTURE.md, "Memory budget") */
+    double mem_percent; /* alternatively, a budget as a percentage of the model's weight bytes (--mem 50%); used
+                           when mem_bytes is 0 and this is > 0 */
+    flm_io_kind io;     /* reader back end (--io); default auto: io_uring when available */
+    int io_threads;     /* reader threads (--io-threads); default 32 */
+    bool no_direct;     /* do not try O_DIRECT (testing only: measurements then depend on the page cache) */
 } flm_params;
 
 /* Fill p with the defaults above. */
 void flm_params_default(flm_params *p);
 
-/* Open a model file: a GGUF file (run with every weight in memory). Validates the file completely before use.
- * Errors: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_NOMEM, FLM_ERR_ARG (bad params); the message
- * names the file and the problem. */
+/* Parse a budget: "N" bytes, with an optional K/M/G/T suffix (powers of 1024), or "N%" of the model's weights.
+ * Returns false on a malformed value. */
+bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
+
+/* Open a model file: a GGUF file (run with every weight in memory) or a .flm flash layout (made by flashlm convert;
+ * FFN weights are streamed according to params->mode and the budget). Validates the file before use.
+ * Errors: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_NOMEM, FLM_ERR_ARG (bad params),
+ * FLM_ERR_CHECKSUM (corrupt .flm), FLM_ERR_BUDGET (the budget cannot hold the resident part: the message gives each
+ * part's size); the message names the file and the problem. */
 flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err);
 void flm_close(flm_ctx *ctx);
 
@@ -97,6 +128,47 @@ typedef struct flm_model_info {
     const char *kernels;              /* kernel table in use: "avx2", "scalar" */
 } flm_model_info;
 void flm_get_info(const flm_ctx *ctx, flm_model_info *info);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Statistics (the paper's cost model, Knowl 1: L = L_flash + L_memory + L_compute)
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct flm_token_stats {
+    double io_ms;        /* L_flash: waiting for weight reads */
+    double mem_ms;       /* L_memory: placing loaded weights (copies, cache bookkeeping) */
+    double compute_ms;   /* L_compute: everything else in the forward pass */
+    uint64_t bytes_read; /* bytes transferred from flash (incl. alignment and coalesced gaps) */
+    uint64_t n_reads;    /* device read requests */
+} flm_token_stats;
+
+#define FLM_STATS_HIST 24
+typedef struct flm_stats {
+    const char *mode;        /* the mode in effect: "ram", "naive", "hybrid" */
+    const char *io_backend;  /* "io_uring", "threads", or "none" (nothing streamed) */
+    bool direct_io;          /* reads bypass the page cache with O_DIRECT */
+    uint64_t n_tokens;       /* tokens evaluated */
+    flm_token_stats total;   /* sums over all tokens */
+    uint64_t read_hist[FLM_STATS_HIST]; /* read requests by size: bucket b counts [2^(b+9), 2^(b+10)) bytes */
+    uint64_t bytes_requested;           /* bytes the engine asked for (before alignment / coalescing) */
+    /* memory plan, bytes */
+    uint64_t mem_budget;     /* 0 = none */
+    uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map) */
+    uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer */
+    uint64_t mem_kv;         /* KV cache */
+    uint64_t mem_scratch;    /* activations and reader buffers */
+    uint64_t model_bytes;    /* all weights */
+    uint32_t n_layers, n_ffn_resident_layers;
+    uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
+} flm_stats;
+
+/* Totals so far. */
+void flm_get_stats(const flm_ctx *ctx, flm_stats *st);
+/* Statistics of the n-th evaluated token (0-based); false when n is out of range. */
+bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out);
+/* Clear the counters and the per-token record (e.g. between prompt and generation). */
+void flm_reset_stats(flm_ctx *ctx);
+/* Write the statistics (totals, histogram, memory plan, every token) as JSON to path.
+ * Errors: FLM_ERR_IO (the file cannot be written; nothing is left half-written). */
+flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Tokenizer (SentencePiece BPE from the model's metadata)

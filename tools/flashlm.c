@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "flashlm.h"
+#include "format/flm.h"
 #include "format/gguf.h"
 #include "format/types.h"
 
@@ -42,6 +44,41 @@ static bool parse_float(const char *s, float lo, float hi, float *out) {
     return true;
 }
 
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+/* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
+static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_token) {
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    uint64_t n = s.n_tokens - prompt->n_tokens; /* generation only */
+    fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
+            strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
+            s.mem_budget ? "" : "none");
+    if (s.mem_budget) fprintf(stderr, "%.2f MiB", mib(s.mem_budget));
+    fprintf(stderr, "; model %.2f MiB: resident %.2f MiB, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
+            "MiB, scratch %.2f MiB; peak RSS %.2f MiB\n", mib(s.model_bytes), mib(s.mem_resident), mib(s.mem_ffn),
+            s.n_ffn_resident_layers, s.n_layers, mib(s.mem_kv), mib(s.mem_scratch), mib(s.peak_rss));
+    if (per_token) {
+        fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads\n");
+        for (uint64_t i = 0; i < s.n_tokens; i++) {
+            flm_token_stats t;
+            if (!flm_get_token_stats(ctx, i, &t)) break;
+            fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu\n", (unsigned long long)i,
+                    i < prompt->n_tokens ? "p" : " ", t.io_ms, t.mem_ms, t.compute_ms,
+                    t.io_ms + t.mem_ms + t.compute_ms, (unsigned long long)t.bytes_read, (unsigned long long)t.n_reads);
+        }
+        fprintf(stderr, "  (p = prompt token)\n");
+    }
+    if (n == 0) return;
+    double io = (s.total.io_ms - prompt->total.io_ms) / n, mem = (s.total.mem_ms - prompt->total.mem_ms) / n,
+           cmp = (s.total.compute_ms - prompt->total.compute_ms) / n;
+    uint64_t bytes = s.total.bytes_read - prompt->total.bytes_read, reads = s.total.n_reads - prompt->total.n_reads;
+    double io_total = s.total.io_ms - prompt->total.io_ms;
+    fprintf(stderr, "flashlm: per generated token: flash I/O %.3f ms + memory %.3f ms + compute %.3f ms = %.3f ms; "
+            "%.2f MiB in %.1f reads; read throughput %.2f GB/s\n", io, mem, cmp, io + mem + cmp,
+            mib(bytes) / n, (double)reads / n, io_total > 0 ? (double)bytes / (io_total * 1e6) : 0.0);
+}
+
 /* ---- run ------------------------------------------------------------------------------------------------------ */
 
 static const char *RUN_HELP =
@@ -49,7 +86,8 @@ static const char *RUN_HELP =
     "\n"
     "Generate text from a prompt.\n"
     "\n"
-    "  -m, --model PATH     model file (.gguf)\n"
+    "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
+    "                       weights from flash)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at EOS)\n"
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
@@ -58,12 +96,25 @@ static const char *RUN_HELP =
     "      --top-k K        top-k sampling; 0 = off (default 40)\n"
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
     "      --seed S         RNG seed (default 42)\n"
+    "\n"
+    "flash (.flm models):\n"
+    "      --mem BYTES|N%   memory budget: bytes (K/M/G suffixes) or percent of the model's weight bytes;\n"
+    "                       resident weights + FFN storage + KV cache + scratch must fit (default: none)\n"
+    "      --mode MODE      auto | ram | naive | hybrid (default auto: ram if it fits, else hybrid)\n"
+    "                       naive: every layer's FFN read from flash for every token (the paper's baseline)\n"
+    "                       hybrid: as many layers as fit stay in memory, the rest are read every token\n"
+    "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
+    "      --io-threads N   reader threads (default 32)\n"
+    "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
+    "      --stats          print per-token statistics (flash I/O, memory, compute ms; bytes; reads)\n"
+    "      --stats-json F   write all statistics as JSON to F\n"
     "  -h, --help           this help\n"
     "\n"
     "The text goes to stdout as it is generated; speeds go to stderr.\n";
 
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = "";
+    const char *model = NULL, *prompt = "", *stats_json = NULL;
+    bool per_token = false;
     long n_predict = 128, v;
     flm_params params;
     flm_params_default(&params);
@@ -94,7 +145,24 @@ static int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--seed")) {
             NEEDVAL(); char *end; errno = 0; sp.seed = strtoull(val, &end, 10);
             if (errno || *end || end == val) return die("bad --seed value '%s'", val);
-        } else return die("unknown option '%s' (see flashlm run --help)", a);
+        } else if (!strcmp(a, "--mem")) {
+            NEEDVAL(); if (!flm_parse_mem(val, &params.mem_bytes, &params.mem_percent))
+                return die("bad --mem value '%s' (bytes with K/M/G suffix, or N%%)", val);
+        } else if (!strcmp(a, "--mode")) {
+            NEEDVAL(); if (!flm_mode_parse(val, &params.mode)) return die("bad --mode '%s' (auto|ram|naive|hybrid)", val);
+        } else if (!strcmp(a, "--io")) {
+            NEEDVAL();
+            if (!strcmp(val, "auto")) params.io = FLM_IO_KIND_AUTO;
+            else if (!strcmp(val, "uring")) params.io = FLM_IO_KIND_URING;
+            else if (!strcmp(val, "threads")) params.io = FLM_IO_KIND_THREADS;
+            else return die("bad --io '%s' (auto|uring|threads)", val);
+        } else if (!strcmp(a, "--io-threads")) {
+            NEEDVAL(); if (!parse_long(val, 1, 1024, &v)) return die("bad --io-threads value '%s'", val);
+            params.io_threads = (int)v;
+        } else if (!strcmp(a, "--no-direct")) { params.no_direct = true; }
+        else if (!strcmp(a, "--stats")) { per_token = true; }
+        else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
+        else return die("unknown option '%s' (see flashlm run --help)", a);
 #undef NEEDVAL
     }
     if (!model) return die("%s", "no model given: use -m MODEL (see flashlm run --help)");
@@ -127,6 +195,8 @@ static int cmd_run(int argc, char **argv) {
     fflush(stdout);
     int rc = 0;
     double t_prompt = 0, t_gen = 0;
+    flm_stats prompt_stats;
+    memset(&prompt_stats, 0, sizeof prompt_stats);
     long n_gen = 0;
     int32_t tok = ids[0];
     const float *logits = NULL;
@@ -138,7 +208,12 @@ static int cmd_run(int argc, char **argv) {
             break;
         }
         if (pos + 1 < n_prompt) { tok = ids[pos + 1]; continue; }
-        if (pos + 1 == n_prompt) { double t = now_ms(); t_prompt = t - t1; t1 = t; }
+        if (pos + 1 == n_prompt) {
+            double t = now_ms();
+            t_prompt = t - t1;
+            t1 = t;
+            flm_get_stats(ctx, &prompt_stats);
+        }
         if (n_gen >= n_predict) break;
         int32_t next = flm_sampler_sample(smp, logits);
         n_gen++;
@@ -159,6 +234,11 @@ static int cmd_run(int argc, char **argv) {
             t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
     fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s\n", n_gen, t_gen,
             t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
+    print_stats(ctx, &prompt_stats, per_token);
+    if (stats_json) {
+        if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
+        else fprintf(stderr, "flashlm: statistics written to %s\n", stats_json);
+    }
     flm_sampler_free(smp);
     free(ids);
     flm_close(ctx);
@@ -226,6 +306,65 @@ static int cmd_inspect(int argc, char **argv) {
     return 0;
 }
 
+/* ---- convert / verify ------------------------------------------------------------------------------------------ */
+
+static void progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    (void)user;
+    if (!isatty(2)) {
+        if (done == total) fprintf(stderr, "flashlm: %s: %llu/%llu done\n", what, (unsigned long long)done,
+                                   (unsigned long long)total);
+        return;
+    }
+    fprintf(stderr, "\rflashlm: %s: %llu/%llu (%3.0f%%)", what, (unsigned long long)done, (unsigned long long)total,
+            total ? 100.0 * (double)done / (double)total : 100.0);
+    if (done == total) fprintf(stderr, "\n");
+}
+
+static const char *CONVERT_HELP =
+    "usage: flashlm convert SRC.gguf OUT.flm\n"
+    "\n"
+    "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
+    "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
+    "regions with xxh64 checksums. Written to OUT.flm.tmp and renamed when complete; nothing is left on error.\n";
+
+static int cmd_convert(int argc, char **argv) {
+    if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(CONVERT_HELP, stdout); return 0; }
+    if (argc != 2) { fputs(CONVERT_HELP, stderr); return 2; }
+    flm_error err;
+    double t0 = now_ms();
+    if (flm_convert(argv[0], argv[1], progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    flm_file *f = NULL;
+    if (flm_file_open(argv[1], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    uint64_t ffn = 0;
+    for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
+    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
+            "records of %llu bytes)\n", argv[1], (now_ms() - t0) / 1e3, mib(f->file_size), mib(f->resident->size),
+            mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
+            f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
+    flm_file_close(f);
+    return 0;
+}
+
+static const char *VERIFY_HELP =
+    "usage: flashlm verify MODEL.flm\n"
+    "\n"
+    "Read every region of a .flm file and check its checksum.\n";
+
+static int cmd_verify(int argc, char **argv) {
+    if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(VERIFY_HELP, stdout); return 0; }
+    if (argc != 1) { fputs(VERIFY_HELP, stderr); return 2; }
+    flm_error err;
+    flm_file *f = NULL;
+    if (flm_file_open(argv[0], &f, &err) || flm_file_verify(f, progress, NULL, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        flm_file_close(f);
+        return 1;
+    }
+    printf("%s: OK (%u regions, %.2f MiB, all checksums match)\n", argv[0], f->n_regions, mib(f->file_size));
+    flm_file_close(f);
+    return 0;
+}
+
 /* ---- main ----------------------------------------------------------------------------------------------------- */
 
 static const char *MAIN_HELP =
@@ -234,7 +373,9 @@ static const char *MAIN_HELP =
     "flashlm " FLM_VERSION_STRING " runs large language models whose weights stay on flash.\n"
     "\n"
     "commands:\n"
-    "  run        generate text from a prompt\n"
+    "  run        generate text from a prompt (.gguf in memory, or .flm from flash)\n"
+    "  convert    write the flash layout (.flm) of a GGUF model\n"
+    "  verify     check every checksum of a .flm file\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
     "  version    print the version\n";
 
@@ -246,6 +387,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
+    if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
+    if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
     return 2;

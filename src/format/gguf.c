@@ -75,7 +75,7 @@ static char *dup_bytes(const char *s, size_t n) {
 static bool grow(void **arr, uint64_t *cap, uint64_t need, uint64_t max, size_t elem) {
     if (need <= *cap) return true;
     uint64_t n = *cap ? *cap : 16;
-    while (n < need) n *= 2;
+    while (n < need) n = n > max / 2 ? max : n * 2;
     if (n > max) n = max;
     if (n > SIZE_MAX / elem) return false;
     void *p = realloc(*arr, (size_t)n * elem);
@@ -90,9 +90,11 @@ static bool grow(void **arr, uint64_t *cap, uint64_t need, uint64_t max, size_t 
  * Reader
  * ------------------------------------------------------------------------------------------------------------- */
 
+typedef enum { MAP_BORROWED, MAP_MMAP, MAP_HEAP } map_kind;
+
 typedef struct gguf_file_impl {
-    gguf_file f;  /* first member: a gguf_file * is a gguf_file_impl * */
-    bool mapped;  /* map came from mmap (else from malloc) */
+    gguf_file f;       /* first member: a gguf_file * is a gguf_file_impl * */
+    map_kind kind;     /* who owns f.map */
 } gguf_file_impl;
 
 /* A bounds-checked cursor over the file. ctx names the item being parsed ("header", "kv 3 'general.name'"). */
@@ -179,11 +181,11 @@ static flm_status rd_scalar(rd *r, const char *field, uint32_t t, gguf_kv *kv) {
         kv->v.f64 = f;
     } else if (t == GGUF_VT_FLOAT64) {
         memcpy(&kv->v.f64, &u, sizeof u);
-    } else if (vt_is_signed(t)) {
-        uint64_t sign = (uint64_t)1 << (8 * n - 1); /* sign-extend portably */
-        kv->v.i64 = (int64_t)((u ^ sign) - sign);
-    } else {
-        if (t == GGUF_VT_BOOL && u > 1) return rd_fail(r, FLM_ERR_FORMAT, field, "bool value %llu is not 0 or 1", (ull)u);
+    } else if (vt_is_signed(t) && n < 8) { /* sign-extend without implementation-defined conversions */
+        kv->v.i64 = u >> (8 * n - 1) ? (int64_t)u - ((int64_t)1 << (8 * n)) : (int64_t)u;
+    } else { /* unsigned, bool, and i64 (the same bits through the union) */
+        if (t == GGUF_VT_BOOL && u > 1)
+            return rd_fail(r, FLM_ERR_FORMAT, field, "bool value %llu is not 0 or 1", (ull)u);
         kv->v.u64 = u;
     }
     return FLM_OK;
@@ -412,9 +414,10 @@ static flm_status load(gguf_file_impl *fi, const char *path, flm_error *err) {
         void *m = mmap(NULL, fi->f.size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m != MAP_FAILED) {
             fi->f.map = m;
-            fi->mapped = true;
+            fi->kind = MAP_MMAP;
         } else {
             uint8_t *buf = malloc(fi->f.size);
+            fi->kind = MAP_HEAP;
             size_t got = 0;
             if (!buf) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, fi->f.size);
             while (st == FLM_OK && got < fi->f.size) {
@@ -433,7 +436,8 @@ static flm_status load(gguf_file_impl *fi, const char *path, flm_error *err) {
     return st;
 }
 
-flm_status gguf_open(const char *path, gguf_file **out, flm_error *err) {
+/* Open from a file (data == NULL) or a borrowed buffer. */
+static flm_status open_common(const char *path, const void *data, size_t size, gguf_file **out, flm_error *err) {
     *out = NULL;
     flm_error_clear(err);
     gguf_file_impl *fi = calloc(1, sizeof *fi);
@@ -441,7 +445,9 @@ flm_status gguf_open(const char *path, gguf_file **out, flm_error *err) {
         free(fi);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     }
-    flm_status st = load(fi, path, err);
+    fi->f.map = data;
+    fi->f.size = size;
+    flm_status st = data ? FLM_OK : load(fi, path, err);
     if (st == FLM_OK) {
         rd r = {.p = fi->f.map, .size = fi->f.size, .path = path, .err = err};
         st = parse(&r, &fi->f);
@@ -454,6 +460,13 @@ flm_status gguf_open(const char *path, gguf_file **out, flm_error *err) {
     return FLM_OK;
 }
 
+flm_status gguf_open(const char *path, gguf_file **out, flm_error *err) { return open_common(path, NULL, 0, out, err); }
+
+flm_status gguf_open_buffer(const char *name, const void *data, size_t size, gguf_file **out, flm_error *err) {
+    static const uint8_t empty[1];
+    return open_common(name, data ? data : empty, data ? size : 0, out, err);
+}
+
 void gguf_close(gguf_file *f) {
     if (!f) return;
     gguf_file_impl *fi = (gguf_file_impl *)f;
@@ -464,9 +477,9 @@ void gguf_close(gguf_file *f) {
     for (uint64_t i = 0; f->tensors && i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->kv);
     free(f->tensors);
-    if (fi->mapped)
+    if (fi->kind == MAP_MMAP)
         munmap((void *)f->map, f->size);
-    else
+    else if (fi->kind == MAP_HEAP)
         free((void *)f->map);
     free(f->path);
     free(fi);
@@ -617,6 +630,7 @@ static flm_status w_abort(gguf_writer *w, flm_status st) {
 }
 
 static bool w_put(gguf_writer *w, const void *p, size_t n) {
+    if (n == 0) return true;
     if (!grow((void **)&w->kv, &w->kv_cap, w->kv_len + n, UINT64_MAX, 1)) return false;
     memcpy(w->kv + w->kv_len, p, n);
     w->kv_len += n;
@@ -629,16 +643,17 @@ static bool w_put_uint(gguf_writer *w, uint64_t v, size_t n) {
     return w_put(w, b, n);
 }
 
-static bool w_put_str(gguf_writer *w, const char *s) {
-    size_t n = strlen(s);
-    return w_put_uint(w, n, 8) && w_put(w, s, n);
-}
+static bool w_put_strn(gguf_writer *w, const char *s, size_t n) { return w_put_uint(w, n, 8) && w_put(w, s, n); }
+
+static bool w_put_str(gguf_writer *w, const char *s) { return w_put_strn(w, s, strlen(s)); }
 
 /* Validate the key and write it with the value type; the caller writes the value. */
 static flm_status w_key(gguf_writer *w, const char *key, uint32_t type) {
     if (!w) return FLM_ERR_ARG;
     if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "kv '%s' added after gguf_writer_begin()", key ? key : "");
     if (!key || !*key) return w_note(w, FLM_ERR_ARG, "kv %llu: empty key", (ull)w->n_kv);
+    if (strcmp(key, "general.alignment") == 0 && type != GGUF_VT_UINT32)
+        return w_note(w, FLM_ERR_ARG, "kv 'general.alignment': must be a u32 (and 32: the writer aligns to 32)");
     for (uint64_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->keys[i], key) == 0) return w_note(w, FLM_ERR_ARG, "kv '%s': duplicate key", key);
     if (!grow((void **)&w->keys, &w->keys_cap, w->n_kv + 1, UINT64_MAX, sizeof *w->keys) ||
@@ -668,6 +683,8 @@ flm_status gguf_writer_create(const char *path, gguf_writer **out, flm_error *er
 }
 
 flm_status gguf_writer_kv_u32(gguf_writer *w, const char *key, uint32_t v) {
+    if (w && key && strcmp(key, "general.alignment") == 0 && v != GGUF_DEFAULT_ALIGNMENT)
+        return w_note(w, FLM_ERR_ARG, "kv 'general.alignment': %u is not supported: the writer aligns to 32", v);
     flm_status st = w_key(w, key, GGUF_VT_UINT32);
     if (st == FLM_OK && !w_put_uint(w, v, 4)) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
     return st;
@@ -720,12 +737,46 @@ flm_status gguf_writer_kv_arr(gguf_writer *w, const char *key, uint32_t elem_typ
     return ok ? FLM_OK : w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
 }
 
+flm_status gguf_writer_kv_copy(gguf_writer *w, const gguf_kv *kv) {
+    if (!w) return FLM_ERR_ARG;
+    if (!kv || !kv->key) return w_note(w, FLM_ERR_ARG, "kv_copy: NULL kv");
+    if (strcmp(kv->key, "general.alignment") == 0) return FLM_OK;
+    bool arr = kv->type == GGUF_VT_ARRAY;
+    uint32_t t = arr ? kv->arr_type : kv->type;
+    size_t es = vt_size(t);
+    if (t != GGUF_VT_STRING && es == 0) return w_note(w, FLM_ERR_ARG, "kv '%s': bad value type %u", kv->key, t);
+    flm_status st = w_key(w, kv->key, kv->type);
+    if (st != FLM_OK) return st;
+    bool ok = true;
+    if (arr) {
+        ok = w_put_uint(w, t, 4) && w_put_uint(w, kv->arr_n, 8);
+        if (t == GGUF_VT_STRING)
+            for (uint64_t i = 0; ok && i < kv->arr_n; i++)
+                ok = w_put_strn(w, kv->arr_str[i].data, (size_t)kv->arr_str[i].len);
+        else if (ok)
+            ok = w_put(w, kv->arr_data, (size_t)(kv->arr_n * es)); /* already little-endian */
+    } else if (t == GGUF_VT_STRING) {
+        ok = w_put_strn(w, kv->v.str.data, (size_t)kv->v.str.len);
+    } else if (t == GGUF_VT_FLOAT32 || t == GGUF_VT_FLOAT64) {
+        float f = (float)kv->v.f64;
+        uint32_t u32;
+        uint64_t u64;
+        memcpy(&u32, &f, 4);
+        memcpy(&u64, &kv->v.f64, 8);
+        ok = t == GGUF_VT_FLOAT32 ? w_put_uint(w, u32, 4) : w_put_uint(w, u64, 8);
+    } else { /* integers and bool: two's complement bits of the widened value, truncated */
+        ok = w_put_uint(w, vt_is_signed(t) ? (uint64_t)kv->v.i64 : kv->v.u64, es);
+    }
+    return ok ? FLM_OK : w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", kv->key);
+}
+
 flm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                                   const uint64_t *ne) {
     if (!w) return FLM_ERR_ARG;
     if (!name || !*name) return w_note(w, FLM_ERR_ARG, "tensor %llu: empty name", (ull)w->n_t);
     if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "tensor '%s' added after gguf_writer_begin()", name);
-    if (!flm_type_supported(type)) return w_note(w, FLM_ERR_UNSUPPORTED, "tensor '%s': unsupported type %u", name, type);
+    if (!flm_type_supported(type))
+        return w_note(w, FLM_ERR_UNSUPPORTED, "tensor '%s': unsupported type %u", name, type);
     if (n_dims < 1 || n_dims > 4 || !ne)
         return w_note(w, FLM_ERR_ARG, "tensor '%s': %u dimensions (must be 1..4)", name, n_dims);
     wtensor t = {.type = type, .n_dims = n_dims, .ne = {1, 1, 1, 1}};

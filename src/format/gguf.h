@@ -64,6 +64,9 @@ typedef struct gguf_file {
  * duplicate names, data past the end), FLM_ERR_UNSUPPORTED (version other than 2/3, unknown tensor type),
  * FLM_ERR_NOMEM. */
 flm_status gguf_open(const char *path, gguf_file **out, flm_error *err);
+/* The same for a GGUF image already in memory (e.g. a region of another file). The buffer is borrowed: it must
+ * outlive the gguf_file, and gguf_close() does not free it. name stands for the path in f->path and in messages. */
+flm_status gguf_open_buffer(const char *name, const void *data, size_t size, gguf_file **out, flm_error *err);
 void gguf_close(gguf_file *f);
 
 /* Lookups; NULL when absent. */
@@ -92,6 +95,9 @@ flm_status gguf_writer_kv_f32(gguf_writer *w, const char *key, float v);
 flm_status gguf_writer_kv_str(gguf_writer *w, const char *key, const char *v);
 /* Arrays: elem_type UINT8..FLOAT64 except STRING/ARRAY take n raw elements from data; STRING takes n C strings. */
 flm_status gguf_writer_kv_arr(gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n);
+/* Copy a KV of a file read by gguf_open() (any type, arrays included) as is. general.alignment is skipped: the
+ * writer always aligns to 32. */
+flm_status gguf_writer_kv_copy(gguf_writer *w, const gguf_kv *kv);
 flm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                                   const uint64_t *ne);
 flm_status gguf_writer_begin(gguf_writer *w, flm_error *err);

@@ -26,6 +26,13 @@ static int cmp_sext(const void *pa, const void *pb) {
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
+static int cmp_op(const void *pa, const void *pb) {
+    const flm_read_op *a = pa, *b = pb;
+    if (a->offset != b->offset) return a->offset < b->offset ? -1 : 1;
+    if (a->length != b->length) return a->length < b->length ? -1 : 1;
+    return a->first_piece < b->first_piece ? -1 : a->first_piece > b->first_piece;
+}
+
 static bool is_aligned(const sext *e, uint64_t align) {
     return e->off % align == 0 && e->end % align == 0 && (uintptr_t)e->dst % align == 0;
 }
@@ -134,15 +141,8 @@ flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *co
         else s[m++] = u[i];
     }
 
-    /* Sweep the mergeable extents into groups, interleaving the lone ones so requests come out sorted. */
-    size_t i = 0, a = n_merge;
-    while (i < n_merge || a < ns) {
-        if (a < ns && (i >= n_merge || s[a].off < s[i].off)) {
-            flm_status st = emit_group(plan, &s[a], 1, align, max_request, err);
-            if (st != FLM_OK) return st;
-            a++;
-            continue;
-        }
+    /* Sweep the mergeable extents into groups. */
+    for (size_t i = 0; i < n_merge;) {
         size_t first = i;
         uint64_t g0 = align_down(s[i].off, align), g1 = align_up(s[i].end, align);
         for (i++; i < n_merge; i++) {
@@ -155,6 +155,12 @@ flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *co
         flm_status st = emit_group(plan, &s[first], i - first, align, max_request, err);
         if (st != FLM_OK) return st;
     }
+    /* The lone extents, then all requests in file order (groups and lone extents may interleave). */
+    for (size_t a = n_merge; a < ns; a++) {
+        flm_status st = emit_group(plan, &s[a], 1, align, max_request, err);
+        if (st != FLM_OK) return st;
+    }
+    if (n_alone) qsort(plan->ops, plan->n_ops, sizeof *plan->ops, cmp_op);
     return FLM_OK;
 }
 

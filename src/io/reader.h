@@ -134,12 +134,21 @@ void flm_reader_close(flm_reader *r);
 
 /* Test hook: fault injection, identical in both back ends. Counting from this call, device requests are numbered
  * 0, 1, 2, ...; request number after_n_requests fails once (later requests are not affected):
- *   FLM_FAULT_SHORT:  its first read returns half the bytes, every retry returns 0 (end of file) -> "short read"
- *   FLM_FAULT_EIO:    its first read fails with EIO -> FLM_ERR_IO "Input/output error"
- *   FLM_FAULT_EINVAL: its first read fails with EINVAL -> a direct reader falls back to buffered reads and
- *                     succeeds (a buffered reader reports FLM_ERR_IO "Invalid argument")
+ *   FLM_FAULT_SHORT:   its first read returns half the bytes, every retry returns 0 (end of file) -> "short read"
+ *   FLM_FAULT_EIO:     its first read fails with EIO -> FLM_ERR_IO "Input/output error"
+ *   FLM_FAULT_EINVAL:  its first read fails with EINVAL -> a direct reader falls back to buffered reads and
+ *                      succeeds (a buffered reader reports FLM_ERR_IO "Invalid argument")
+ *   FLM_FAULT_PARTIAL: its first read returns half the bytes, retries are real -> the read succeeds
+ *   FLM_FAULT_EINTR:   its first read fails with EINTR -> retried, the read succeeds
  * FLM_FAULT_NONE disarms. */
-enum { FLM_FAULT_NONE = 0, FLM_FAULT_SHORT = 1, FLM_FAULT_EIO = 2, FLM_FAULT_EINVAL = 3 };
+enum {
+    FLM_FAULT_NONE = 0,
+    FLM_FAULT_SHORT = 1,
+    FLM_FAULT_EIO = 2,
+    FLM_FAULT_EINVAL = 3,
+    FLM_FAULT_PARTIAL = 4,
+    FLM_FAULT_EINTR = 5,
+};
 void flm_reader_set_fault(flm_reader *r, int fault_kind, uint64_t after_n_requests);
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/flm.h"
 #include "format/types.h"
 #include "util/error.h"
 
@@ -148,63 +149,93 @@ static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint
     return FLM_OK;
 }
 
-flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err) {
-    *out = NULL;
-    flm_model *m = calloc(1, sizeof *m);
-    if (!m) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
-    m->gguf = f;
+/* Bind the llama tensors of f into m; FFN matrices only when !ffn_external. */
+static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
     flm_status st;
     char *arch = NULL;
-    if ((st = gguf_get_str(f, "general.architecture", true, &arch, err))) goto fail;
+    if ((st = gguf_get_str(f, "general.architecture", true, &arch, err))) return st;
     if (strcmp(arch, "llama") != 0) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama)", f->path,
                       arch);
         free(arch);
-        goto fail;
+        return st;
     }
     snprintf(m->arch, sizeof m->arch, "%s", arch);
     free(arch);
-    if ((st = flm_hparams_from_gguf(f, &m->hp, err))) goto fail;
+    if ((st = flm_hparams_from_gguf(f, &m->hp, err))) return st;
     const flm_hparams *hp = &m->hp;
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
         (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
-        goto fail;
+        return st;
     if (gguf_find_tensor(f, "output.weight")) {
-        if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) goto fail;
+        if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) return st;
     } else {
         m->output = m->tok_embd; /* tied */
     }
     m->layers = calloc(hp->n_layers, sizeof *m->layers);
-    if (!m->layers) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto fail; }
+    if (!m->layers) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         flm_layer_weights *L = &m->layers[l];
         char name[96];
 #define BIND(field, suffix, n_in, n_out, f32)                                                                    \
     snprintf(name, sizeof name, "blk.%u." suffix ".weight", l);                                                  \
-    if ((st = bind(f, name, n_in, n_out, f32, &L->field, err))) goto fail;
+    if ((st = bind(f, name, n_in, n_out, f32, &L->field, err))) return st;
         BIND(attn_norm, "attn_norm", hp->d_model, 1, true)
         BIND(wq, "attn_q", hp->d_model, q_dim, false)
         BIND(wk, "attn_k", hp->d_model, kv_dim, false)
         BIND(wv, "attn_v", hp->d_model, kv_dim, false)
         BIND(wo, "attn_output", q_dim, hp->d_model, false)
         BIND(ffn_norm, "ffn_norm", hp->d_model, 1, true)
-        BIND(ffn_up, "ffn_up", hp->d_model, hp->d_ffn, false)
-        BIND(ffn_gate, "ffn_gate", hp->d_model, hp->d_ffn, false)
-        BIND(ffn_down, "ffn_down", hp->d_ffn, hp->d_model, false)
+        if (!ffn_external) {
+            BIND(ffn_up, "ffn_up", hp->d_model, hp->d_ffn, false)
+            BIND(ffn_gate, "ffn_gate", hp->d_model, hp->d_ffn, false)
+            BIND(ffn_down, "ffn_down", hp->d_ffn, hp->d_model, false)
+        }
 #undef BIND
     }
-    if ((st = flm_tokenizer_from_gguf(f, &m->tok, err))) goto fail;
-    if (flm_tokenizer_n_vocab(m->tok) != hp->n_vocab) {
-        st = flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer has %u tokens but token_embd.weight has %u rows", f->path,
-                      flm_tokenizer_n_vocab(m->tok), hp->n_vocab);
-        goto fail;
-    }
+    if ((st = flm_tokenizer_from_gguf(f, &m->tok, err))) return st;
+    if (flm_tokenizer_n_vocab(m->tok) != hp->n_vocab)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer has %u tokens but token_embd.weight has %u rows", f->path,
+                        flm_tokenizer_n_vocab(m->tok), hp->n_vocab);
+    return FLM_OK;
+}
+
+flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err) {
+    *out = NULL;
+    flm_model *m = calloc(1, sizeof *m);
+    if (!m) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    m->gguf = f;
+    flm_status st = load_llama(f, false, m, err);
+    if (st) { flm_model_free(m); return st; }
     *out = m;
     return FLM_OK;
-fail:
-    flm_model_free(m);
-    return st;
+}
+
+flm_status flm_model_from_flm(const flm_file *f, flm_model **out, flm_error *err) {
+    *out = NULL;
+    flm_model *m = calloc(1, sizeof *m);
+    if (!m) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    flm_status st = load_llama(f->meta, true, m, err);
+    if (!st && f->n_layers != m->hp.n_layers)
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", f->path, f->n_layers, m->hp.n_layers);
+    for (uint32_t l = 0; !st && l < m->hp.n_layers; l++) {
+        const flm_region *r = f->ffn[l];
+        flm_layer_weights *L = &m->layers[l];
+        flm_bundle_layout b = flm_bundle_layout_of(m->hp.d_model, r->up_type, r->gate_type, r->down_type,
+                                                   m->hp.gated);
+        if (r->n_records != m->hp.d_ffn || b.record_bytes != r->record_bytes || b.up_bytes == 0 ||
+            b.down_bytes == 0 || (m->hp.gated && b.gate_bytes == 0))
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: %u records of %llu bytes do not match "
+                          "d_ffn %u, d_model %u and its types", f->path, l, r->n_records,
+                          (unsigned long long)r->record_bytes, m->hp.d_ffn, m->hp.d_model);
+        L->ffn_up = (flm_weight){r->up_type, m->hp.d_model, m->hp.d_ffn, NULL};
+        L->ffn_gate = (flm_weight){r->gate_type, m->hp.d_model, m->hp.d_ffn, NULL};
+        L->ffn_down = (flm_weight){r->down_type, m->hp.d_model, m->hp.d_ffn, NULL}; /* stored by columns */
+    }
+    if (st) { flm_model_free(m); return st; }
+    *out = m;
+    return FLM_OK;
 }
 
 void flm_model_free(flm_model *m) {

@@ -58,6 +58,13 @@ typedef struct flm_model {
  * FLM_ERR_UNSUPPORTED (architecture or tokenizer model not supported), FLM_ERR_NOMEM. On error f is closed. */
 flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err);
 
+/* Load a llama model from an open .flm file: resident weights and tokenizer from its resident region; FFN weights
+ * are described (type, shape) but not resident (data == NULL; ffn_down is stored by columns in the bundles).
+ * The model does not own f. Errors: as flm_model_from_gguf, plus FLM_ERR_FORMAT when the FFN regions do not match
+ * the hyper-parameters. */
+struct flm_file;
+flm_status flm_model_from_flm(const struct flm_file *f, flm_model **out, flm_error *err);
+
 /* Read hyper-parameters of architecture "llama" from GGUF metadata (shared by the GGUF and .flm paths).
  * n_vocab is taken from the token list. Errors: FLM_ERR_FORMAT naming the key. */
 flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err);

@@ -1,7 +1,11 @@
 /* context.c — opening a model into an flm_ctx; the public API's entry points. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
@@ -12,6 +16,58 @@ void flm_params_default(flm_params *p) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     p->n_threads = n > 0 ? (int)n : 1;
     p->n_ctx = 0;
+    p->mode = FLM_MODE_AUTO;
+    p->io = FLM_IO_KIND_AUTO;
+    p->io_threads = 32;
+}
+
+double flm_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid"};
+
+const char *flm_mode_name(flm_mode m) {
+    return (unsigned)m < sizeof MODE_NAMES / sizeof *MODE_NAMES ? MODE_NAMES[m] : NULL;
+}
+
+bool flm_mode_parse(const char *s, flm_mode *out) {
+    for (unsigned i = 0; i < sizeof MODE_NAMES / sizeof *MODE_NAMES; i++)
+        if (!strcmp(s, MODE_NAMES[i])) { *out = (flm_mode)i; return true; }
+    return false;
+}
+
+bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0) || !isfinite(v)) return false;
+    *bytes = 0;
+    *percent = 0;
+    if (!strcmp(end, "%")) {
+        if (v <= 0 || v > 100000) return false;
+        *percent = v;
+        return true;
+    }
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024; break;
+        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
+        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+        default: return false;
+        }
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) return false;
+    }
+    if (v * mul < 1 || v * mul > 9.0e18) return false;
+    *bytes = (uint64_t)(v * mul);
+    return true;
 }
 
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx) {
@@ -49,21 +105,42 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     *out = NULL;
     flm_params def;
     if (!p) { flm_params_default(&def); p = &def; }
-    if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0)
-        return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d", p->n_threads, p->n_ctx);
-    gguf_file *f = NULL;
-    flm_status st = gguf_open(path, &f, err);
-    if (st) return st;
+    if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0 || !flm_mode_name(p->mode) || p->mem_percent < 0)
+        return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d, mode %d", p->n_threads,
+                        p->n_ctx, (int)p->mode);
     flm_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    if (!ctx) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->params = *p;
-    if ((st = flm_model_from_gguf(f, &ctx->model, err))) { free(ctx); return st; }
+    flm_status st;
+    flm_file *ff = NULL;
+    if (flm_file_is_flm(path)) {
+        if ((st = flm_file_open(path, &ff, err)) || (st = flm_model_from_flm(ff, &ctx->model, err))) {
+            flm_file_close(ff);
+            free(ctx);
+            return st;
+        }
+        ctx->mem_resident = ff->resident->size;
+    } else {
+        if (p->mode == FLM_MODE_NAIVE || p->mode == FLM_MODE_HYBRID || p->mem_bytes || p->mem_percent > 0) {
+            free(ctx);
+            return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s / --mem need a .flm file; convert it first with "
+                            "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
+        }
+        gguf_file *f = NULL;
+        if ((st = gguf_open(path, &f, err))) { free(ctx); return st; }
+        if ((st = flm_model_from_gguf(f, &ctx->model, err))) { free(ctx); return st; }
+        ctx->mem_resident = f->size;
+    }
     const flm_hparams *hp = &ctx->model->hp;
     uint32_t n_ctx = (uint32_t)p->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048;
     if (n_ctx == 0) n_ctx = 512;
     ctx->params.n_ctx = (int)n_ctx;
     ctx->k = flm_kernels_best();
+    if (ff && (st = flm_flash_open(ctx, ff, err))) { /* plans the budget first: refuses before allocating */
+        flm_close(ctx);
+        return st;
+    }
     if ((st = flm_kv_cache_init(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, err)) ||
         (st = flm_scratch_init(&ctx->s, hp, n_ctx, err))) {
         flm_close(ctx);
@@ -75,9 +152,11 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
 
 void flm_close(flm_ctx *ctx) {
     if (!ctx) return;
+    flm_flash_close(ctx->flash);
     flm_scratch_free(&ctx->s);
     flm_kv_cache_free(&ctx->kv);
     flm_model_free(ctx->model);
+    free(ctx->tokens);
     free(ctx);
 }
 
@@ -90,8 +169,23 @@ flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logi
                         ctx->params.n_ctx);
     if (pos != 0 && pos != ctx->next_pos)
         return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or 0)", pos, ctx->next_pos);
-    flm_status st = flm_forward(ctx, token, pos, err);
+    flm_token_stats tok = {0};
+    double t0 = flm_now_ms();
+    flm_status st = flm_forward(ctx, token, pos, &tok, err);
     if (st) return st;
+    tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
+    if (ctx->n_tokens == ctx->cap_tokens) {
+        uint64_t cap = ctx->cap_tokens ? 2 * ctx->cap_tokens : 256;
+        flm_token_stats *t = realloc(ctx->tokens, cap * sizeof *t);
+        if (t) { ctx->tokens = t; ctx->cap_tokens = cap; }
+    }
+    if (ctx->n_tokens < ctx->cap_tokens) ctx->tokens[ctx->n_tokens] = tok;
+    ctx->n_tokens++;
+    ctx->total.io_ms += tok.io_ms;
+    ctx->total.mem_ms += tok.mem_ms;
+    ctx->total.compute_ms += tok.compute_ms;
+    ctx->total.bytes_read += tok.bytes_read;
+    ctx->total.n_reads += tok.n_reads;
     ctx->next_pos = pos + 1;
     *logits = ctx->s.logits;
     return FLM_OK;

@@ -23,7 +23,7 @@ void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight
     flm_matvec(k, down->type, down->data, hp->d_model, hp->d_ffn, hb, out, n_threads);
 }
 
-flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_error *err) {
+flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const flm_kernels *k = ctx->k;
@@ -51,11 +51,15 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_error *err)
         for (uint32_t i = 0; i < d; i++) s->x[i] += s->xb2[i];
         /* FFN */
         flm_rmsnorm(s->xb, s->x, L->ffn_norm.data, d, hp->norm_eps);
-        flm_ffn_dense(k, hp, &L->ffn_up, &L->ffn_gate, &L->ffn_down, s->xb, s->xb2, s->hb, s->hb2, nt);
+        if (ctx->flash) {
+            flm_status st = flm_flash_ffn(ctx, l, s->xb, s->xb2, tok, err);
+            if (st) return st;
+        } else {
+            flm_ffn_dense(k, hp, &L->ffn_up, &L->ffn_gate, &L->ffn_down, s->xb, s->xb2, s->hb, s->hb2, nt);
+        }
         for (uint32_t i = 0; i < d; i++) s->x[i] += s->xb2[i];
     }
     flm_rmsnorm(s->x, s->x, m->output_norm.data, d, hp->norm_eps);
     flm_matvec(k, m->output.type, m->output.data, hp->n_vocab, d, s->x, s->logits, nt);
-    (void)err;
     return FLM_OK;
 }

@@ -1,0 +1,31 @@
+/* ffn_bundle.h — the FFN computed from neuron bundles (row-column bundling, Knowl 4; the neuron cache's matrix,
+ * Knowl 5). Internal.
+ *
+ * A bundle is one FFN neuron j's weights stored together: up row j | gate row j (gated FFNs) | down column j, each
+ * d_model elements of its type (byte offsets in flm_bundle_desc). For n bundles at records + i * record_bytes:
+ *     h_i = act(gate_i · x) * (up_i · x)      (gated; act = SiLU or ReLU)
+ *     h_i = act(up_i · x)                      (not gated)
+ *     out = sum_i h_i * down_i                 (out has d_model floats)
+ * Neuron order does not matter (Knowl 5), so any subset of bundles in any order gives the FFN restricted to it. */
+#ifndef FLM_COMPUTE_FFN_BUNDLE_H
+#define FLM_COMPUTE_FFN_BUNDLE_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "compute/kernels.h"
+
+typedef struct flm_bundle_desc {
+    uint32_t d_model;
+    uint32_t up_type, gate_type, down_type;
+    uint64_t up_off, gate_off, down_off; /* byte offsets inside a record */
+    uint64_t record_bytes;
+    bool gated;
+    bool relu;                           /* activation: ReLU, else SiLU */
+} flm_bundle_desc;
+
+/* out[d_model] = FFN over the n bundles (see above). h receives the n activations h_i (may be used by callers for
+ * statistics). acc is scratch of n_threads * d_model floats. n_threads <= 1: serial. */
+void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, size_t n,
+                     const float *x, float *out, float *h, float *acc, int n_threads);
+
+#endif

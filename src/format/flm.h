@@ -1,0 +1,91 @@
+/* flm.h — the .flm flash layout: reader, writer (`flashlm convert`) and verifier. Internal.
+ * Specification: docs/FORMAT.md. Paper: row-column bundling (Knowl 4), resident attention/embeddings (Knowl 2).
+ *
+ *   [header]              magic, version, region table, checksum of the header; padded to a multiple of 4096
+ *   [RESIDENT region]     a complete GGUF v3 file: all metadata (hyper-parameters, tokenizer) and every tensor
+ *                         except the FFN up/gate/down matrices
+ *   [FFN region, layer 0] d_ffn records, one per neuron i: up row i | gate row i (gated FFNs) | down column i
+ *   ...                   (each region starts on a 4096-byte boundary; each has an xxh64 checksum)
+ *   [FFN region, layer L-1]
+ */
+#ifndef FLM_FORMAT_FLM_H
+#define FLM_FORMAT_FLM_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "flashlm.h"
+#include "format/gguf.h"
+
+#define FLM_FILE_MAGIC "FLASHLM\0"
+#define FLM_FILE_VERSION 1u
+#define FLM_ALIGN 4096u
+#define FLM_HEADER_FIXED 64u       /* fixed part of the header; the region table follows */
+#define FLM_REGION_ENTRY_BYTES 64u
+#define FLM_MAX_REGIONS 65536u
+
+typedef enum flm_region_kind { FLM_REGION_RESIDENT = 1, FLM_REGION_FFN = 2 } flm_region_kind;
+
+/* One region table entry (64 bytes on disk, little-endian, fields in this order). */
+typedef struct flm_region {
+    uint32_t kind;         /* flm_region_kind */
+    uint32_t layer;        /* FFN: layer index; RESIDENT: 0 */
+    uint64_t offset;       /* from the file start; a multiple of FLM_ALIGN */
+    uint64_t size;         /* payload bytes (the region is zero-padded to FLM_ALIGN after it) */
+    uint64_t checksum;     /* XXH64(payload, size, seed 0) */
+    uint32_t up_type;      /* FFN: flm_type of the up row, gate row, down column; 0 for RESIDENT */
+    uint32_t gate_type;
+    uint32_t down_type;
+    uint32_t n_records;    /* FFN: d_ffn */
+    uint64_t record_bytes; /* FFN: bytes of one neuron's bundle */
+} flm_region;
+
+/* Byte offsets of the parts inside one FFN record. */
+typedef struct flm_bundle_layout {
+    uint64_t up_off, up_bytes;
+    uint64_t gate_off, gate_bytes; /* gate_bytes 0 when the FFN is not gated */
+    uint64_t down_off, down_bytes;
+    uint64_t record_bytes;
+} flm_bundle_layout;
+
+/* Layout of a record for d_model-wide rows of the given types. */
+flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint32_t gate_type, uint32_t down_type,
+                                       bool gated);
+
+typedef struct flm_file {
+    char *path;
+    uint32_t version;
+    uint64_t file_size;
+    uint32_t header_bytes;
+    uint32_t n_regions;
+    flm_region *regions;
+    uint32_t n_layers;
+    const flm_region **ffn;   /* [n_layers]: the FFN region of each layer */
+    const flm_region *resident;
+    void *resident_data;      /* the RESIDENT payload, loaded and checksummed */
+    gguf_file *meta;          /* parsed from resident_data */
+} flm_file;
+
+/* Open a .flm file: read and check the header and region table (magic, version, every offset and size against the
+ * file size, alignment, no overlaps, one FFN region per layer), load the RESIDENT region into memory, verify its
+ * checksum and parse it as GGUF. FFN regions are not read (see flm_file_verify).
+ * Errors: FLM_ERR_IO, FLM_ERR_FORMAT (message names the file and field), FLM_ERR_UNSUPPORTED (version),
+ * FLM_ERR_CHECKSUM (resident region corrupt), FLM_ERR_NOMEM. */
+flm_status flm_file_open(const char *path, flm_file **out, flm_error *err);
+void flm_file_close(flm_file *f);
+
+/* true when the file starts with the .flm magic (false also when it cannot be read). */
+bool flm_file_is_flm(const char *path);
+
+/* Progress callback: done/total in bytes; what names the stage. */
+typedef void (*flm_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
+
+/* Re-read every region and check its checksum. Errors: FLM_ERR_CHECKSUM naming the region, FLM_ERR_IO. */
+flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *user, flm_error *err);
+
+/* Convert a GGUF model (llama architecture; F32/F16/BF16/Q8_0/Q4_0) into dst. Writes "<dst>.tmp", fsyncs and renames
+ * it onto dst only when complete; on any error removes the temporary file and leaves dst untouched.
+ * Down columns of Q8_0/Q4_0 matrices are re-quantized along d_model (blocks of 32 of the column), which changes their
+ * values slightly; float types are copied exactly.
+ * Errors: those of gguf_open and flm_model_from_gguf, FLM_ERR_IO (write), FLM_ERR_NOMEM. */
+flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err);
+
+#endif

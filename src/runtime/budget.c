@@ -1,0 +1,68 @@
+/* budget.c — planning memory under --mem (docs/ARCHITECTURE.md, "Memory budget"). */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "util/error.h"
+
+static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
+
+uint64_t flm_mem_plan_total(const flm_mem_plan *p) {
+    return p->resident + p->kv + p->scratch + p->reader + p->stream + p->ffn_resident;
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, int n_threads, flm_mode mode,
+                           uint64_t budget, flm_mem_plan *p, flm_error *err) {
+    memset(p, 0, sizeof *p);
+    p->budget = budget;
+    p->resident = f->resident->size;
+    uint64_t ffn_total = 0, max_layer = 0;
+    for (uint32_t l = 0; l < f->n_layers; l++) {
+        uint64_t b = align4k(f->ffn[l]->size);
+        ffn_total += b;
+        if (b > max_layer) max_layer = b;
+    }
+    p->model_bytes = p->resident + ffn_total; /* FFN counted with its 4 KiB padding */
+    p->kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
+    /* activations, per-thread FFN accumulators, and the tokenizer's copies (~ pieces twice + hash + entries) */
+    p->scratch = flm_scratch_bytes(hp, n_ctx) + 4ull * (uint64_t)n_threads * hp->d_model + (uint64_t)hp->n_vocab * 96;
+    /* reader bounce buffers: 1/16 of the budget, between 64 KiB and 8 MiB (plus its queues, ~64 KiB) */
+    uint64_t bounce = budget ? budget / 16 : (8u << 20);
+    if (bounce < (64u << 10)) bounce = 64u << 10;
+    if (bounce > (8u << 20)) bounce = 8u << 20;
+    p->reader_bounce = (size_t)bounce;
+    p->reader = bounce + (64u << 10);
+    uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
+    uint64_t avail = budget > fixed ? budget - fixed : 0;
+    if (mode == FLM_MODE_AUTO) mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM : FLM_MODE_HYBRID;
+    p->mode = mode;
+    if (mode == FLM_MODE_RAM) {
+        p->n_resident_layers = f->n_layers;
+        p->ffn_resident = ffn_total;
+    } else if (mode == FLM_MODE_NAIVE) {
+        p->stream = max_layer;
+    } else { /* hybrid: the first layers that fit next to one streaming buffer */
+        p->stream = max_layer;
+        uint64_t used = 0;
+        uint32_t n = 0;
+        while (n < f->n_layers && used + align4k(f->ffn[n]->size) + (n + 1 < f->n_layers ? max_layer : 0) <= avail) {
+            used += align4k(f->ffn[n]->size);
+            n++;
+        }
+        p->n_resident_layers = n;
+        p->ffn_resident = used;
+        if (n == f->n_layers) p->stream = 0;
+    }
+    if (budget && flm_mem_plan_total(p) > budget) {
+        return flm_fail(err, FLM_ERR_BUDGET,
+                        "%s: a memory budget of %.2f MiB is too small for mode %s: resident weights %.2f MiB + KV cache "
+                        "%.2f MiB (-c %u) + scratch %.2f MiB + reader %.2f MiB + FFN %s %.2f MiB = %.2f MiB "
+                        "(the whole model is %.2f MiB)",
+                        f->path, mib(budget), flm_mode_name(mode), mib(p->resident), mib(p->kv), n_ctx, mib(p->scratch),
+                        mib(p->reader), mode == FLM_MODE_RAM ? "(all layers)" : "(one streamed layer)",
+                        mib(p->stream + p->ffn_resident), mib(flm_mem_plan_total(p)), mib(p->model_bytes));
+    }
+    return FLM_OK;
+}

@@ -1,0 +1,97 @@
+/* flash.c — FFN weights from a .flm file in the modes ram / naive / hybrid (Knowl 7's baselines). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "util/error.h"
+
+static void *alloc_aligned(uint64_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = FLM_ALIGN;
+    if (posix_memalign(&p, FLM_ALIGN, (size_t)((bytes + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN))) return NULL;
+    return p;
+}
+
+static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
+
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
+    const flm_hparams *hp = &ctx->model->hp;
+    const flm_params *pp = &ctx->params;
+    flm_flash *fl = calloc(1, sizeof *fl);
+    if (!fl) { flm_file_close(file); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    fl->file = file;
+    ctx->flash = fl;
+    uint64_t budget = pp->mem_bytes;
+    flm_status st;
+    if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, 0, &fl->plan, err))) return st;
+    if (!budget && pp->mem_percent > 0) budget = (uint64_t)((double)fl->plan.model_bytes * pp->mem_percent / 100.0);
+    if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, budget, &fl->plan, err)))
+        return st;
+    uint32_t L = hp->n_layers;
+    fl->desc = calloc(L, sizeof *fl->desc);
+    fl->layer_data = calloc(L, sizeof *fl->layer_data);
+    fl->acc = malloc((size_t)pp->n_threads * hp->d_model * sizeof(float));
+    if (!fl->desc || !fl->layer_data || !fl->acc) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < L; l++) {
+        const flm_region *r = file->ffn[l];
+        flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, r->up_type, r->gate_type, r->down_type, hp->gated);
+        fl->desc[l] = (flm_bundle_desc){hp->d_model, r->up_type, r->gate_type, r->down_type, b.up_off, b.gate_off,
+                                        b.down_off, b.record_bytes, hp->gated, hp->act == FLM_ACT_RELU};
+    }
+    flm_reader_opts ro;
+    flm_reader_opts_default(&ro);
+    ro.backend = pp->io == FLM_IO_KIND_URING ? FLM_IO_URING : pp->io == FLM_IO_KIND_THREADS ? FLM_IO_THREADS
+                                                                                             : FLM_IO_AUTO;
+    if (pp->io_threads > 0) ro.n_threads = pp->io_threads;
+    ro.direct = !pp->no_direct;
+    ro.bounce_bytes = fl->plan.reader_bounce;
+    if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
+    if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
+    /* resident layers: read once, through the same reader (counted in the load, not per token) */
+    for (uint32_t l = 0; l < fl->plan.n_resident_layers; l++) {
+        const flm_region *r = file->ffn[l];
+        if (!(fl->layer_data[l] = alloc_aligned(r->size)))
+            return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for layer %u", file->path,
+                            (unsigned long long)r->size, l);
+        flm_extent e = {r->offset, align4k(r->size), fl->layer_data[l]};
+        if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) return st;
+    }
+    if (fl->plan.stream && !(fl->stream_buf = alloc_aligned(fl->plan.stream)))
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate the %llu-byte layer buffer", file->path,
+                        (unsigned long long)fl->plan.stream);
+    return FLM_OK;
+}
+
+void flm_flash_close(flm_flash *fl) {
+    if (!fl) return;
+    flm_reader_close(fl->reader);
+    if (fl->layer_data && fl->file)
+        for (uint32_t l = 0; l < fl->file->n_layers; l++) free(fl->layer_data[l]);
+    free(fl->layer_data);
+    free(fl->stream_buf);
+    free(fl->desc);
+    free(fl->acc);
+    flm_file_close(fl->file);
+    free(fl);
+}
+
+flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
+                         flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_region *r = fl->file->ffn[l];
+    const uint8_t *records = fl->layer_data[l];
+    if (!records) {
+        /* the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
+        flm_extent e = {r->offset, align4k(r->size), fl->stream_buf};
+        flm_io_stats before = ctx->io;
+        double t0 = flm_now_ms();
+        flm_status st = flm_reader_read(fl->reader, &e, 1, &ctx->io, err);
+        tok->io_ms += flm_now_ms() - t0;
+        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+        tok->n_reads += ctx->io.n_requests - before.n_requests;
+        if (st) return st;
+        records = fl->stream_buf;
+    }
+    flm_ffn_bundles(ctx->k, &fl->desc[l], records, r->n_records, in, out, ctx->s.hb, fl->acc, ctx->params.n_threads);
+    return FLM_OK;
+}

@@ -1,0 +1,109 @@
+/* stats.c — per-token and total statistics (Knowl 1's L_flash / L_memory / L_compute), and their JSON form. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "runtime/runtime.h"
+#include "util/error.h"
+
+static uint64_t peak_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (uint64_t)ru.ru_maxrss * 1024; /* Linux: KiB */
+}
+
+void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
+    memset(st, 0, sizeof *st);
+    const flm_flash *fl = ctx->flash;
+    st->mode = fl ? flm_mode_name(fl->plan.mode) : "ram";
+    st->io_backend = fl && fl->reader && fl->plan.n_resident_layers < ctx->model->hp.n_layers
+                         ? flm_reader_backend_name(fl->reader) : "none";
+    st->direct_io = fl && fl->reader && flm_reader_is_direct(fl->reader);
+    st->n_tokens = ctx->n_tokens;
+    st->total = ctx->total;
+    for (int b = 0; b < FLM_STATS_HIST && b < FLM_IO_HIST_BUCKETS; b++) st->read_hist[b] = ctx->io.hist[b];
+    st->bytes_requested = ctx->io.bytes_requested;
+    const flm_hparams *hp = &ctx->model->hp;
+    st->n_layers = hp->n_layers;
+    st->mem_kv = flm_kv_cache_bytes(hp->n_layers, (uint32_t)ctx->params.n_ctx, hp->n_kv_heads * hp->head_dim);
+    if (fl) {
+        st->mem_budget = fl->plan.budget;
+        st->mem_resident = fl->plan.resident;
+        st->mem_ffn = fl->plan.ffn_resident + fl->plan.stream;
+        st->mem_scratch = fl->plan.scratch + fl->plan.reader;
+        st->model_bytes = fl->plan.model_bytes;
+        st->n_ffn_resident_layers = fl->plan.n_resident_layers;
+    } else {
+        st->mem_resident = ctx->mem_resident;
+        st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx);
+        st->model_bytes = ctx->mem_resident;
+        st->n_ffn_resident_layers = hp->n_layers;
+    }
+    st->peak_rss = peak_rss_bytes();
+}
+
+bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out) {
+    if (n >= ctx->n_tokens || n >= ctx->cap_tokens) return false;
+    *out = ctx->tokens[n];
+    return true;
+}
+
+void flm_reset_stats(flm_ctx *ctx) {
+    memset(&ctx->total, 0, sizeof ctx->total);
+    memset(&ctx->io, 0, sizeof ctx->io);
+    ctx->n_tokens = 0;
+}
+
+flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err) {
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 8);
+    if (!tmp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    snprintf(tmp, plen + 8, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        free(tmp);
+        return st;
+    }
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    double total_ms = s.total.io_ms + s.total.mem_ms + s.total.compute_ms;
+    fprintf(f, "{\n  \"mode\": \"%s\",\n  \"io_backend\": \"%s\",\n  \"direct_io\": %s,\n  \"n_tokens\": %" PRIu64
+            ",\n", s.mode, s.io_backend, s.direct_io ? "true" : "false", s.n_tokens);
+    fprintf(f, "  \"total\": {\"io_ms\": %.4f, \"mem_ms\": %.4f, \"compute_ms\": %.4f, \"total_ms\": %.4f, "
+            "\"bytes_read\": %" PRIu64 ", \"n_reads\": %" PRIu64 ", \"bytes_requested\": %" PRIu64
+            ", \"read_gbps\": %.4f},\n", s.total.io_ms, s.total.mem_ms, s.total.compute_ms, total_ms,
+            s.total.bytes_read, s.total.n_reads, s.bytes_requested,
+            s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0);
+    fprintf(f, "  \"read_size_hist\": {\"bucket_low_bytes\": [");
+    for (int b = 0; b < FLM_STATS_HIST; b++) fprintf(f, "%s%llu", b ? ", " : "", 512ull << b);
+    fprintf(f, "], \"count\": [");
+    for (int b = 0; b < FLM_STATS_HIST; b++) fprintf(f, "%s%" PRIu64, b ? ", " : "", s.read_hist[b]);
+    fprintf(f, "]},\n");
+    fprintf(f, "  \"memory\": {\"budget\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"ffn\": %" PRIu64 ", \"kv\": %" PRIu64
+            ", \"scratch\": %" PRIu64 ", \"model_bytes\": %" PRIu64 ", \"n_layers\": %u, \"ffn_resident_layers\": %u, "
+            "\"peak_rss\": %" PRIu64 "},\n", s.mem_budget, s.mem_resident, s.mem_ffn, s.mem_kv, s.mem_scratch,
+            s.model_bytes, s.n_layers, s.n_ffn_resident_layers, s.peak_rss);
+    fprintf(f, "  \"tokens\": [");
+    uint64_t n = ctx->n_tokens < ctx->cap_tokens ? ctx->n_tokens : ctx->cap_tokens;
+    for (uint64_t i = 0; i < n; i++) {
+        const flm_token_stats *t = &ctx->tokens[i];
+        fprintf(f, "%s\n    {\"io_ms\": %.4f, \"mem_ms\": %.4f, \"compute_ms\": %.4f, \"bytes_read\": %" PRIu64
+                ", \"n_reads\": %" PRIu64 "}", i ? "," : "", t->io_ms, t->mem_ms, t->compute_ms, t->bytes_read,
+                t->n_reads);
+    }
+    fprintf(f, "\n  ]\n}\n");
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0) bad = true;
+    if (bad || rename(tmp, path) != 0) {
+        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return st;
+    }
+    free(tmp);
+    return FLM_OK;
+}

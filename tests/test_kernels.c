@@ -1,0 +1,633 @@
+/* test_kernels.c — the compute kernels: SIMD against the scalar reference, conversions, quantizers, matvec,
+ * rmsnorm, softmax. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/kernels.h"
+#include "format/types.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TEST_HAVE_F16C_HW 1
+#endif
+
+static const uint32_t all_types[] = {FLM_TYPE_F32, FLM_TYPE_F16, FLM_TYPE_BF16, FLM_TYPE_Q8_0, FLM_TYPE_Q4_0};
+#define N_TYPES (sizeof all_types / sizeof all_types[0])
+
+static bool is_quant(uint32_t t) { return t == FLM_TYPE_Q8_0 || t == FLM_TYPE_Q4_0; }
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static bool f16_is_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+static bool bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0; }
+
+/* A random row of n elements of type t, placed at a deliberately misaligned address inside *base (free that).
+ * Float types hold converted uniform values; quantized types hold random scales and raw random quants, so every
+ * nibble and int8 value (including -128) occurs. */
+static void *rand_row(uint32_t t, size_t n, uint64_t *rng, void **base) {
+    size_t bytes = flm_row_bytes(t, n);
+    uint8_t *mem = malloc(bytes + 64);
+    assert_non_null(mem);
+    *base = mem;
+    uint8_t *row = mem + (t == FLM_TYPE_F32 ? 4 : 2); /* not 32-byte aligned */
+    if (is_quant(t)) {
+        for (size_t i = 0; i < bytes; i++) row[i] = (uint8_t)tu_rand_u64(rng);
+        size_t bb = flm_type_block_bytes(t);
+        for (size_t b = 0; b < n / FLM_QK; b++) {
+            uint16_t d = flm_f32_to_f16(tu_rand_f32(rng) * 0.05f);
+            memcpy(row + b * bb, &d, sizeof d); /* d is the first field of both block types */
+        }
+    } else {
+        float *tmp = malloc((n + 1) * sizeof(float));
+        assert_non_null(tmp);
+        for (size_t i = 0; i < n; i++) tmp[i] = tu_rand_f32(rng) * 2.0f;
+        flm_quantize_row(t, tmp, row, n);
+        free(tmp);
+    }
+    return row;
+}
+
+/* n random floats at a misaligned address (x + 1 of a fresh buffer stored in *base). */
+static float *rand_vec(size_t n, uint64_t *rng, float scale, void **base) {
+    float *mem = malloc((n + 2) * sizeof(float));
+    assert_non_null(mem);
+    *base = mem;
+    for (size_t i = 0; i < n; i++) mem[i + 1] = tu_rand_f32(rng) * scale;
+    return mem + 1;
+}
+
+static const size_t float_lens[] = {0, 1, 7, 8, 32, 33, 64, 96, 160, 172, 257, 4096 + 32};
+static const size_t quant_lens[] = {32, 64, 96, 160, 4096 + 32};
+
+static void lens_for(uint32_t t, const size_t **lens, size_t *count) {
+    if (is_quant(t)) {
+        *lens = quant_lens;
+        *count = sizeof quant_lens / sizeof quant_lens[0];
+    } else {
+        *lens = float_lens;
+        *count = sizeof float_lens / sizeof float_lens[0];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Tables
+ * ------------------------------------------------------------------------------------------------------------- */
+static void test_tables(void **state) {
+    (void)state;
+    const flm_kernels *s = flm_kernels_scalar(), *b = flm_kernels_best(), *a = flm_kernels_avx2();
+    assert_non_null(s);
+    assert_non_null(b);
+    assert_string_equal(s->name, "scalar");
+    assert_ptr_equal(b, flm_kernels_best()); /* cached */
+    const char *env = getenv("FLM_KERNELS");
+    if (env && strcmp(env, "scalar") == 0) assert_ptr_equal(b, s);
+    else if (a) assert_ptr_equal(b, a);
+    else assert_ptr_equal(b, s);
+    if (a) assert_string_equal(a->name, "avx2");
+    else print_message("avx2 kernels unavailable on this build/CPU\n");
+    const flm_kernels *tabs[2] = {s, a};
+    for (int k = 0; k < 2; k++) {
+        if (!tabs[k]) continue;
+        for (size_t i = 0; i < N_TYPES; i++) {
+            assert_non_null(tabs[k]->dot[all_types[i]]);
+            assert_non_null(tabs[k]->axpy[all_types[i]]);
+            assert_non_null(tabs[k]->dequant[all_types[i]]);
+        }
+        assert_null(tabs[k]->dot[3]); /* Q4_1: unsupported */
+        assert_null(tabs[k]->dot[29]); /* unsupported */
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * SIMD against scalar
+ * ------------------------------------------------------------------------------------------------------------- */
+static void test_simd_vs_scalar(void **state) {
+    (void)state;
+    const flm_kernels *s = flm_kernels_scalar(), *a = flm_kernels_avx2();
+    if (!a) {
+        print_message("skipped: avx2 kernels unavailable on this build/CPU\n");
+        skip();
+    }
+    uint64_t rng = 12345;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t t = all_types[ti];
+        const size_t *lens;
+        size_t nl;
+        lens_for(t, &lens, &nl);
+        for (size_t li = 0; li < nl; li++) {
+            size_t n = lens[li];
+            for (int rep = 0; rep < 3; rep++) {
+                void *rb, *xb, *yb;
+                const void *row = rand_row(t, n, &rng, &rb);
+                const float *x = rand_vec(n, &rng, 1.0f, &xb);
+                float *deq_s = malloc((n + 1) * sizeof(float)), *deq_a = malloc((n + 1) * sizeof(float));
+                assert_non_null(deq_s);
+                assert_non_null(deq_a);
+
+                /* dequant: every conversion is exact, so the two must agree bit for bit */
+                s->dequant[t](row, deq_s, n);
+                a->dequant[t](row, deq_a, n);
+                if (n && memcmp(deq_s, deq_a, n * sizeof(float)) != 0)
+                    fail_msg("dequant %s n=%zu: avx2 differs from scalar", flm_type_name(t), n);
+
+                /* dot: within float rounding of sum |row_i * x_i|; both near a double-precision reference */
+                double scale = 0.0, ref = 0.0;
+                for (size_t i = 0; i < n; i++) {
+                    scale += fabs((double)deq_s[i] * x[i]);
+                    ref += (double)deq_s[i] * x[i];
+                }
+                float ds = s->dot[t](row, x, n), da = a->dot[t](row, x, n);
+                double tol = 1e-5 * scale + 1e-30;
+                if (fabs((double)ds - da) > tol || fabs(ds - ref) > tol || fabs(da - ref) > tol)
+                    fail_msg("dot %s n=%zu: scalar %.9g avx2 %.9g double %.9g (tol %.3g)", flm_type_name(t), n, ds,
+                             da, ref, tol);
+
+                /* axpy: one rounding apart (fma vs mul+add) per element */
+                float *y0 = rand_vec(n, &rng, 3.0f, &yb);
+                float *ys = malloc((n + 1) * sizeof(float)), *ya = malloc((n + 1) * sizeof(float));
+                assert_non_null(ys);
+                assert_non_null(ya);
+                memcpy(ys, y0, n * sizeof(float));
+                memcpy(ya, y0, n * sizeof(float));
+                float alpha = tu_rand_f32(&rng) * 4.0f;
+                s->axpy[t](row, alpha, ys, n);
+                a->axpy[t](row, alpha, ya, n);
+                for (size_t i = 0; i < n; i++) {
+                    double want = (double)y0[i] + (double)alpha * deq_s[i];
+                    double etol = 1e-6 * (fabs(y0[i]) + fabs((double)alpha * deq_s[i])) + 1e-30;
+                    if (fabs((double)ys[i] - ya[i]) > etol || fabs(ya[i] - want) > etol)
+                        fail_msg("axpy %s n=%zu i=%zu: scalar %.9g avx2 %.9g want %.9g", flm_type_name(t), n, i, ys[i],
+                                 ya[i], want);
+                }
+                free(ys);
+                free(ya);
+                free(yb);
+                free(deq_s);
+                free(deq_a);
+                free(rb);
+                free(xb);
+            }
+        }
+    }
+}
+
+/* Every f16 bit pattern through both dequant tables (the scalar bit-twiddling against F16C). */
+static void test_f16_dequant_all_patterns(void **state) {
+    (void)state;
+    const flm_kernels *s = flm_kernels_scalar(), *a = flm_kernels_avx2();
+    uint16_t *h = malloc(65536 * sizeof *h);
+    float *fs = malloc(65536 * sizeof *fs), *fa = malloc(65536 * sizeof *fa);
+    assert_non_null(h);
+    assert_non_null(fs);
+    assert_non_null(fa);
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    s->dequant[FLM_TYPE_F16](h, fs, 65536);
+    for (uint32_t i = 0; i < 65536; i++) assert_true(f32_bits(fs[i]) == f32_bits(flm_f16_to_f32((uint16_t)i)));
+    if (a) {
+        a->dequant[FLM_TYPE_F16](h, fa, 65536);
+        for (uint32_t i = 0; i < 65536; i++) {
+            if (f16_is_nan((uint16_t)i)) assert_true(isnan(fs[i]) && isnan(fa[i]));
+            else if (f32_bits(fs[i]) != f32_bits(fa[i])) fail_msg("f16 %04x: scalar %g avx2 %g", i, fs[i], fa[i]);
+        }
+    }
+    free(h);
+    free(fs);
+    free(fa);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Conversions
+ * ------------------------------------------------------------------------------------------------------------- */
+static void test_f16_specials(void **state) {
+    (void)state;
+    static const struct { float f; uint16_t h; } cases[] = {
+        {0.0f, 0x0000},
+        {-0.0f, 0x8000},
+        {1.0f, 0x3c00},
+        {-2.0f, 0xc000},
+        {65504.0f, 0x7bff},          /* largest half */
+        {65519.99f, 0x7bff},         /* just below the tie */
+        {65520.0f, 0x7c00},          /* tie between 65504 and 65536: 0x7bff is odd, rounds up to inf */
+        {1e5f, 0x7c00},              /* overflow */
+        {-1e5f, 0xfc00},
+        {0x1p-14f, 0x0400},          /* smallest normal, 6.1035e-5 */
+        {6.1e-5f, 0x03ff},           /* just below: the largest subnormal */
+        {0x1p-24f, 0x0001},          /* smallest subnormal, 5.96e-8 */
+        {5.96e-8f, 0x0001},
+        {0x1p-25f, 0x0000},          /* tie between 0 and 2^-24: to even, 0 */
+        {0x1.000002p-25f, 0x0001},   /* just above that tie */
+        {0x1.8p-24f, 0x0002},        /* 1.5 units: tie, to even 2 */
+        {0x1.4p-23f, 0x0002},        /* 2.5 units: tie, to even 2 */
+        {1e-8f, 0x0000},
+        {-1e-8f, 0x8000},
+        {1.0f / 3.0f, 0x3555},
+        {1.00048828125f, 0x3c00},    /* 1 + 2^-11: tie, to even 1.0 */
+        {1.00146484375f, 0x3c02},    /* 1 + 3*2^-11: tie, to even */
+        {INFINITY, 0x7c00},
+        {-INFINITY, 0xfc00},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint16_t h = flm_f32_to_f16(cases[i].f);
+        if (h != cases[i].h) fail_msg("f32_to_f16(%a) = %04x, want %04x", (double)cases[i].f, h, cases[i].h);
+    }
+    assert_true(flm_f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(flm_f16_to_f32(0x0001) == 0x1p-24f);
+    assert_true(flm_f16_to_f32(0x03ff) == 1023 * 0x1p-24f);
+    assert_true(flm_f16_to_f32(0x3555) == 0.333251953125f);
+    assert_true(f32_bits(flm_f16_to_f32(0x8000)) == 0x80000000u);
+    assert_true(isinf(flm_f16_to_f32(0x7c00)) && flm_f16_to_f32(0x7c00) > 0);
+    assert_true(isinf(flm_f16_to_f32(0xfc00)) && flm_f16_to_f32(0xfc00) < 0);
+    assert_true(f16_is_nan(flm_f32_to_f16(NAN)));
+    assert_true(f16_is_nan(flm_f32_to_f16(-NAN)));
+    assert_true(f16_is_nan(flm_f32_to_f16(bits_f32(0x7f800001u)))); /* nan with only low payload bits */
+    assert_true(isnan(flm_f16_to_f32(0x7e00)));
+    assert_true(isnan(flm_f16_to_f32(0x7c01)));
+}
+
+static void test_f16_all_round_trip(void **state) {
+    (void)state;
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t h = (uint16_t)i;
+        float f = flm_f16_to_f32(h);
+        uint16_t back = flm_f32_to_f16(f);
+        if (f16_is_nan(h)) {
+            assert_true(isnan(f));
+            assert_true(f16_is_nan(back));
+        } else if (back != h) {
+            fail_msg("f16 %04x -> %a -> %04x", h, (double)f, back);
+        }
+    }
+    /* Ties and their neighbours: the midpoint of two adjacent finite halves rounds to the even one. */
+    for (uint32_t i = 0; i < 0x7bff; i++) {
+        float lo = flm_f16_to_f32((uint16_t)i), hi = flm_f16_to_f32((uint16_t)(i + 1));
+        float mid = (lo + hi) * 0.5f; /* exact: 12 significant bits */
+        uint16_t even = (i & 1) ? (uint16_t)(i + 1) : (uint16_t)i;
+        assert_true(flm_f32_to_f16(mid) == even);
+        assert_true(flm_f32_to_f16(-mid) == (uint16_t)(even | 0x8000));
+        assert_true(flm_f32_to_f16(nextafterf(mid, 0.0f)) == i);
+        assert_true(flm_f32_to_f16(nextafterf(mid, INFINITY)) == i + 1);
+    }
+}
+
+#ifdef TEST_HAVE_F16C_HW
+__attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f) {
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* flm_f32_to_f16 against vcvtps2ph on a million float bit patterns spread over the whole range (nan included). */
+static void test_f16_vs_hardware(void **state) {
+    (void)state;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("f16c")) {
+        print_message("skipped: no F16C\n");
+        skip();
+    }
+    uint64_t rng = 99;
+    for (uint64_t k = 0; k < (1u << 20); k++) {
+        uint32_t u = (k & 1) ? (uint32_t)tu_rand_u64(&rng) : (uint32_t)(k * 4093u);
+        float f = bits_f32(u);
+        uint16_t mine = flm_f32_to_f16(f), hw = hw_f32_to_f16(f);
+        if (mine != hw) fail_msg("f32_to_f16(%08x): %04x, hardware %04x", u, mine, hw);
+    }
+}
+#endif
+
+static void test_bf16(void **state) {
+    (void)state;
+    static const struct { uint32_t f; uint16_t h; } cases[] = {
+        {0x00000000u, 0x0000}, /* 0 */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x3f800000u, 0x3f80}, /* 1 */
+        {0x3eaaaaabu, 0x3eab}, /* 1/3 rounds up */
+        {0x3f808000u, 0x3f80}, /* tie, even stays */
+        {0x3f818000u, 0x3f82}, /* tie, odd rounds up */
+        {0x3f807fffu, 0x3f80}, /* below tie */
+        {0x3f808001u, 0x3f81}, /* above tie */
+        {0x7f800000u, 0x7f80}, /* inf */
+        {0xff800000u, 0xff80}, /* -inf */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to inf */
+        {0x00000001u, 0x0000}, /* smallest subnormal rounds to 0 */
+        {0x00008000u, 0x0000}, /* tie at zero */
+        {0x00018000u, 0x0002}, /* subnormal tie, odd rounds up */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint16_t h = flm_f32_to_bf16(bits_f32(cases[i].f));
+        if (h != cases[i].h) fail_msg("f32_to_bf16(%08x) = %04x, want %04x", cases[i].f, h, cases[i].h);
+    }
+    assert_true(bf16_is_nan(flm_f32_to_bf16(NAN)));
+    assert_true(bf16_is_nan(flm_f32_to_bf16(bits_f32(0x7f800001u)))); /* would round to inf without the nan case */
+    assert_true(bf16_is_nan(flm_f32_to_bf16(bits_f32(0xffffffffu)))); /* would carry past the sign */
+    assert_true(flm_bf16_to_f32(0x3f80) == 1.0f);
+    assert_true(flm_bf16_to_f32(0xc040) == -3.0f);
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t h = (uint16_t)i;
+        float f = flm_bf16_to_f32(h);
+        uint16_t back = flm_f32_to_bf16(f);
+        if (bf16_is_nan(h)) {
+            assert_true(isnan(f));
+            assert_true(bf16_is_nan(back));
+        } else if (back != h) {
+            fail_msg("bf16 %04x -> %a -> %04x", h, (double)f, back);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Quantizers
+ * ------------------------------------------------------------------------------------------------------------- */
+/* Random blocks with varied scales, and a few special ones (all zero, a single spike, all equal). */
+static void fill_quant_input(float *x, size_t n, uint64_t *rng) {
+    for (size_t b = 0; b < n / FLM_QK; b++) {
+        float *xb = x + b * FLM_QK;
+        float scale = powf(10.0f, (float)(b % 9) - 4.0f); /* 1e-4 .. 1e4 */
+        for (int j = 0; j < FLM_QK; j++) xb[j] = tu_rand_f32(rng) * scale;
+        switch (b % 13) {
+        case 3: memset(xb, 0, FLM_QK * sizeof(float)); break;
+        case 5: memset(xb, 0, FLM_QK * sizeof(float)); xb[7] = -scale; break;
+        case 7: for (int j = 0; j < FLM_QK; j++) xb[j] = scale; break;
+        case 11: xb[2] = -2.0f * scale; xb[30] = 2.0f * scale; break; /* an exact opposite of the max: clamps */
+        default: break;
+        }
+    }
+}
+
+static void test_quantize_q8_0(void **state) {
+    (void)state;
+    uint64_t rng = 7;
+    const size_t n = 32 * 200;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    flm_block_q8_0 *q = malloc(flm_row_bytes(FLM_TYPE_Q8_0, n));
+    assert_true(x && y && q);
+    fill_quant_input(x, n, &rng);
+    flm_quantize_row(FLM_TYPE_Q8_0, x, q, n);
+    flm_kernels_scalar()->dequant[FLM_TYPE_Q8_0](q, y, n);
+    for (size_t b = 0; b < n / FLM_QK; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < FLM_QK; j++) amax = fmaxf(amax, fabsf(x[b * FLM_QK + j]));
+        float d = amax / 127.0f;
+        assert_true(q[b].d == flm_f32_to_f16(d));
+        double d16 = flm_f16_to_f32(q[b].d);
+        /* |x - q*d16| <= |x - q*d| + |q|*|d - d16| <= d/2 + 127*|d - d16| (plus float rounding of x/d) */
+        double bound = 0.5 * d * (1 + 1e-4) + 127 * fabs(d - d16) + 1e-30;
+        for (int j = 0; j < FLM_QK; j++) {
+            size_t i = b * FLM_QK + j;
+            assert_true(q[b].qs[j] >= -127);
+            if (fabs((double)x[i] - y[i]) > bound)
+                fail_msg("q8_0 block %zu elem %d: x %g -> %g, bound %g", b, j, x[i], y[i], bound);
+        }
+    }
+    /* a hand-made block: amax 127 gives d = 1, so q = roundf(x) (halves away from zero, as ggml) */
+    float hx[32] = {127.0f, -127.0f, 0.4f, -0.6f, 2.5f, -2.5f, 100.49f, -0.5f};
+    static const int8_t want[8] = {127, -127, 0, -1, 3, -3, 100, -1};
+    flm_block_q8_0 hb;
+    flm_quantize_row(FLM_TYPE_Q8_0, hx, &hb, 32);
+    assert_int_equal(hb.d, 0x3c00);
+    for (int j = 0; j < 32; j++) assert_int_equal(hb.qs[j], j < 8 ? want[j] : 0);
+    free(x);
+    free(y);
+    free(q);
+}
+
+static void test_quantize_q4_0(void **state) {
+    (void)state;
+    uint64_t rng = 8;
+    const size_t n = 32 * 200;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    flm_block_q4_0 *q = malloc(flm_row_bytes(FLM_TYPE_Q4_0, n));
+    assert_true(x && y && q);
+    fill_quant_input(x, n, &rng);
+    flm_quantize_row(FLM_TYPE_Q4_0, x, q, n);
+    flm_kernels_scalar()->dequant[FLM_TYPE_Q4_0](q, y, n);
+    for (size_t b = 0; b < n / FLM_QK; b++) {
+        const float *xb = x + b * FLM_QK;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < FLM_QK; j++)
+            if (amax < fabsf(xb[j])) amax = fabsf(xb[j]), max = xb[j];
+        float d = max / -8.0f;
+        assert_true(q[b].d == flm_f32_to_f16(d));
+        double d16 = flm_f16_to_f32(q[b].d), ad = fabs(d);
+        /* x/d lies in [-8, 8]; q = floor(x/d + 8.5) rounds to the nearest level, error <= |d|/2, except that
+         * x/d >= 7.5 (opposite sign to max, |x| >= 15/16 |max|) clamps to q = 15, error up to |d|. The stored d16
+         * adds |q - 8| * |d - d16| <= 8 |d - d16|. */
+        for (int j = 0; j < FLM_QK; j++) {
+            size_t i = b * FLM_QK + j;
+            bool clamped = d != 0 && (double)xb[j] / d > 7.5 - 1e-4;
+            double bound = (clamped ? ad : 0.5 * ad) * (1 + 1e-4) + 8 * fabs(d - d16) + 1e-30;
+            if (fabs((double)xb[j] - y[i]) > bound)
+                fail_msg("q4_0 block %zu elem %d: x %g -> %g, bound %g", b, j, xb[j], y[i], bound);
+        }
+    }
+    /* hand-made: max -8 (the first of the +-8 tie) gives d = 1, q = min(15, (int)(x + 8.5)) */
+    float hx[32] = {-8.0f, 8.0f, 0.0f, -0.5f, 0.49f, 0.5f, -7.6f};
+    hx[16] = 7.4f;
+    hx[17] = -3.0f;
+    hx[18] = 2.0f;
+    flm_block_q4_0 hb;
+    flm_quantize_row(FLM_TYPE_Q4_0, hx, &hb, 32);
+    assert_int_equal(hb.d, 0x3c00);
+    static const uint8_t want[7] = {0xf0, 0x5f, 0xa8, 0x88, 0x88, 0x89, 0x80}; /* low: elem j, high: elem j+16 */
+    for (int j = 0; j < 16; j++) assert_int_equal(hb.qs[j], j < 7 ? want[j] : 0x88);
+    /* a positive max gives a negative d */
+    float px[32] = {16.0f, 2.0f};
+    flm_quantize_row(FLM_TYPE_Q4_0, px, &hb, 32);
+    assert_true(flm_f16_to_f32(hb.d) == -2.0f);
+    assert_int_equal(hb.qs[0], 0x80); /* 16 -> q 0, i.e. (0-8)*-2 = 16 */
+    assert_int_equal(hb.qs[1], 0x87); /* 2 -> (int)(-1 + 8.5) = 7 */
+    free(x);
+    free(y);
+    free(q);
+}
+
+static void test_quantize_float_types(void **state) {
+    (void)state;
+    float x[5] = {1.0f, -0.0f, 1.0f / 3.0f, 65520.0f, 1e-30f};
+    uint16_t h[5];
+    float f[5];
+    flm_quantize_row(FLM_TYPE_F16, x, h, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i], flm_f32_to_f16(x[i]));
+    flm_quantize_row(FLM_TYPE_BF16, x, h, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i], flm_f32_to_bf16(x[i]));
+    flm_quantize_row(FLM_TYPE_F32, x, f, 5);
+    assert_memory_equal(f, x, sizeof x);
+}
+
+/* Known blocks through dequant and dot of both tables. */
+static void test_known_blocks(void **state) {
+    (void)state;
+    const flm_kernels *tabs[2] = {flm_kernels_scalar(), flm_kernels_avx2()};
+    flm_block_q4_0 b4;
+    b4.d = 0x3800; /* 0.5 */
+    for (int j = 0; j < 16; j++) b4.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    flm_block_q8_0 b8;
+    b8.d = 0x3400; /* 0.25 */
+    for (int j = 0; j < 32; j++) b8.qs[j] = (int8_t)(j * 8 - 128);
+    float ones[32], y[32];
+    for (int j = 0; j < 32; j++) ones[j] = 1.0f;
+    for (int k = 0; k < 2; k++) {
+        const flm_kernels *t = tabs[k];
+        if (!t) continue;
+        t->dequant[FLM_TYPE_Q4_0](&b4, y, 32);
+        double sum4 = 0;
+        for (int j = 0; j < 16; j++) {
+            assert_true(y[j] == 0.5f * (float)(j - 8));
+            assert_true(y[j + 16] == 0.5f * (float)(7 - j));
+            sum4 += y[j] + y[j + 16];
+        }
+        assert_true(t->dot[FLM_TYPE_Q4_0](&b4, ones, 32) == (float)sum4); /* -4: small integers, exact */
+        t->dequant[FLM_TYPE_Q8_0](&b8, y, 32);
+        double sum8 = 0;
+        for (int j = 0; j < 32; j++) {
+            assert_true(y[j] == 0.25f * (float)(j * 8 - 128));
+            sum8 += y[j];
+        }
+        assert_true(t->dot[FLM_TYPE_Q8_0](&b8, ones, 32) == (float)sum8);
+        for (int j = 0; j < 32; j++) y[j] = 1.0f;
+        t->axpy[FLM_TYPE_Q8_0](&b8, 2.0f, y, 32);
+        for (int j = 0; j < 32; j++) assert_true(y[j] == 1.0f + 0.5f * (float)(j * 8 - 128));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * matvec, rmsnorm, softmax
+ * ------------------------------------------------------------------------------------------------------------- */
+static void test_matvec(void **state) {
+    (void)state;
+    const flm_kernels *tabs[3] = {flm_kernels_scalar(), flm_kernels_avx2(), flm_kernels_best()};
+    static const size_t rows_list[] = {1, 2, 3, 5, 17, 257, 1031};
+    static const int threads[] = {0, 1, 2, 3, 4};
+    uint64_t rng = 42;
+    for (int k = 0; k < 3; k++) {
+        if (!tabs[k]) continue;
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            uint32_t t = all_types[ti];
+            size_t n = is_quant(t) ? ((k & 1) ? 256 : 64) : ((k & 1) ? 256 : 33);
+            size_t stride = flm_row_bytes(t, n);
+            for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
+                size_t rows = rows_list[ri];
+                void *wb, *xb;
+                uint8_t *W = malloc(rows * stride);
+                assert_non_null(W);
+                for (size_t r = 0; r < rows; r++) {
+                    void *one = rand_row(t, n, &rng, &wb);
+                    memcpy(W + r * stride, one, stride);
+                    free(wb);
+                }
+                float *x = rand_vec(n, &rng, 1.0f, &xb);
+                float *want = malloc(rows * sizeof(float)), *got = malloc(rows * sizeof(float));
+                assert_true(want && got);
+                for (size_t r = 0; r < rows; r++) want[r] = tabs[k]->dot[t](W + r * stride, x, n);
+                for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++) {
+                    for (size_t r = 0; r < rows; r++) got[r] = NAN;
+                    flm_matvec(tabs[k], t, W, rows, n, x, got, threads[th]);
+                    if (memcmp(want, got, rows * sizeof(float)) != 0)
+                        fail_msg("matvec %s %s rows=%zu n=%zu threads=%d differs from per-row dot", tabs[k]->name,
+                                 flm_type_name(t), rows, n, threads[th]);
+                }
+                free(want);
+                free(got);
+                free(W);
+                free(xb);
+            }
+        }
+    }
+}
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    static const size_t lens[] = {1, 7, 64, 288, 4096};
+    uint64_t rng = 5;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        size_t n = lens[li];
+        void *xb, *wb;
+        float *x = rand_vec(n, &rng, 3.0f, &xb), *w = rand_vec(n, &rng, 2.0f, &wb);
+        float *out = malloc(n * sizeof(float));
+        assert_non_null(out);
+        const float eps = 1e-5f;
+        flm_rmsnorm(out, x, w, n, eps);
+        double ss = 0;
+        for (size_t j = 0; j < n; j++) ss += (double)x[j] * x[j];
+        double inv = 1.0 / sqrt(ss / (double)n + eps);
+        for (size_t j = 0; j < n; j++) {
+            double want = (double)w[j] * x[j] * inv;
+            if (fabs(out[j] - want) > 2e-5 * fabs(want) + 1e-30)
+                fail_msg("rmsnorm n=%zu j=%zu: %.9g want %.9g", n, j, out[j], want);
+        }
+        /* in place (out == x) is how the forward pass calls it */
+        float *x2 = malloc(n * sizeof(float));
+        assert_non_null(x2);
+        memcpy(x2, x, n * sizeof(float));
+        flm_rmsnorm(x2, x2, w, n, eps);
+        assert_memory_equal(x2, out, n * sizeof(float));
+        free(x2);
+        free(out);
+        free(xb);
+        free(wb);
+    }
+}
+
+static void test_softmax(void **state) {
+    (void)state;
+    static const size_t lens[] = {1, 2, 7, 100, 32000};
+    uint64_t rng = 6;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        size_t n = lens[li];
+        void *xb;
+        float *x = rand_vec(n, &rng, 10.0f, &xb);
+        double *want = malloc(n * sizeof(double));
+        assert_non_null(want);
+        double max = x[0], sum = 0;
+        for (size_t i = 1; i < n; i++) max = fmax(max, x[i]);
+        for (size_t i = 0; i < n; i++) sum += want[i] = exp(x[i] - max);
+        flm_softmax(x, n);
+        /* the float sum of n positive terms drifts by up to ~n*eps/2 relative; a few ulp per element besides */
+        double rtol = 1e-6 + 3e-9 * (double)n, total = 0;
+        for (size_t i = 0; i < n; i++) {
+            want[i] /= sum;
+            total += x[i];
+            if (fabs(x[i] - want[i]) > rtol * want[i] + 1e-12)
+                fail_msg("softmax n=%zu i=%zu: %.9g want %.9g", n, i, x[i], want[i]);
+        }
+        assert_true(fabs(total - 1.0) < rtol);
+        free(want);
+        free(xb);
+    }
+    float big[3] = {1000.0f, 1000.0f, -1000.0f}; /* stable: no overflow */
+    flm_softmax(big, 3);
+    assert_true(big[0] == 0.5f && big[1] == 0.5f && big[2] == 0.0f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_simd_vs_scalar),
+        cmocka_unit_test(test_f16_dequant_all_patterns),
+        cmocka_unit_test(test_f16_specials),
+        cmocka_unit_test(test_f16_all_round_trip),
+#ifdef TEST_HAVE_F16C_HW
+        cmocka_unit_test(test_f16_vs_hardware),
+#endif
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_quantize_q8_0),
+        cmocka_unit_test(test_quantize_q4_0),
+        cmocka_unit_test(test_quantize_float_types),
+        cmocka_unit_test(test_known_blocks),
+        cmocka_unit_test(test_matvec),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_softmax),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
