@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -539,7 +538,8 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
         r->opts.bounce_bytes = (size_t)bounce;
         r->bounce_cap = (size_t)bounce;
         r->bounce = aligned_alloc((size_t)r->align, r->bounce_cap);
-        if (!r->bounce) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %zu bounce bytes", path, r->bounce_cap);
+        if (!r->bounce)
+            st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %zu bounce bytes", path, r->bounce_cap);
     }
     if (st == FLM_OK) st = start_backend(r, err);
     if (st != FLM_OK) {

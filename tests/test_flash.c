@@ -1,0 +1,287 @@
+/* test_flash.c — the .flm flash layout and the modes: stories260K converted and run in ram / naive / hybrid gives the
+ * reference logits; budgets too small are refused with every part's size; corrupt files are caught by checksums. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashlm.h"
+#include "format/flm.h"
+#include "testutil.h"
+
+#define N_VOCAB 512
+static char flm_path[4096];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("stories", ".flm"));
+    flm_error err;
+    if (flm_convert(tu_shared("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
+        fprintf(stderr, "convert: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(flm_path);
+    return 0;
+}
+
+/* Run the 64 reference records through a context; return the max |logit - reference|. */
+static double max_logit_error(flm_ctx *ctx) {
+    size_t len;
+    uint8_t *ref = tu_read_file(tu_shared("reference/stories260K/expected_logits_prompt_once_upon_a_time_t0_n64.bin"),
+                                &len);
+    const size_t rec = 8 + 4 * N_VOCAB;
+    assert_int_equal(len, 64 * rec);
+    double worst = 0;
+    for (int r = 0; r < 64; r++) {
+        int32_t pos, tok;
+        memcpy(&pos, ref + r * rec, 4);
+        memcpy(&tok, ref + r * rec + 4, 4);
+        const float *logits;
+        flm_error err;
+        if (flm_eval(ctx, tok, pos, &logits, &err)) fail_msg("eval: %s", err.msg);
+        for (int i = 0; i < N_VOCAB; i++) {
+            float want;
+            memcpy(&want, ref + r * rec + 8 + 4 * i, 4);
+            double d = fabs((double)logits[i] - want);
+            if (d > worst) worst = d;
+        }
+    }
+    free(ref);
+    return worst;
+}
+
+static flm_ctx *open_flm(flm_mode mode, uint64_t mem, flm_status want, flm_error *err) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = 128;
+    p.mode = mode;
+    p.mem_bytes = mem;
+    flm_ctx *ctx = NULL;
+    flm_status st = flm_open(flm_path, &p, &ctx, err);
+    if (st != want) fail_msg("flm_open(mode %s, mem %llu): status %d (%s), want %d", flm_mode_name(mode),
+                             (unsigned long long)mem, st, err->msg, want);
+    return ctx;
+}
+
+static void test_every_mode_matches_reference(void **state) {
+    (void)state;
+    const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID, FLM_MODE_AUTO};
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+        flm_error err;
+        /* 1 MiB: less than the 1.02 MiB file; hybrid keeps some layers, auto picks hybrid */
+        uint64_t mem = modes[i] == FLM_MODE_RAM ? 0 : (1u << 20);
+        flm_ctx *ctx = open_flm(modes[i], mem, FLM_OK, &err);
+        double e = max_logit_error(ctx);
+        flm_stats s;
+        flm_get_stats(ctx, &s);
+        printf("mode %-6s -> %-6s: max |logit - reference| %.3g, %llu bytes read in %llu reads, %u/%u layers resident\n",
+               flm_mode_name(modes[i]), s.mode, e, (unsigned long long)s.total.bytes_read,
+               (unsigned long long)s.total.n_reads, s.n_ffn_resident_layers, s.n_layers);
+        assert_true(e <= 1e-4);
+        assert_int_equal(s.n_tokens, 64);
+        if (modes[i] == FLM_MODE_RAM) {
+            assert_int_equal(s.total.bytes_read, 0); /* nothing streamed after load */
+            assert_int_equal(s.n_ffn_resident_layers, 5);
+        } else {
+            /* naive streams all 5 layers every token; hybrid / auto keep some resident and stream the rest */
+            assert_true(s.total.bytes_read > 0);
+            if (modes[i] == FLM_MODE_NAIVE) assert_int_equal(s.n_ffn_resident_layers, 0);
+            else {
+                assert_string_equal(s.mode, "hybrid");
+                assert_true(s.n_ffn_resident_layers > 0 && s.n_ffn_resident_layers < 5);
+            }
+            /* per-token bytes: exactly the streamed layers' (4 KiB-aligned) regions */
+            flm_token_stats t;
+            assert_true(flm_get_token_stats(ctx, 10, &t));
+            flm_file *f = NULL;
+            assert_int_equal(flm_file_open(flm_path, &f, &err), FLM_OK);
+            uint64_t want = 0;
+            for (uint32_t l = s.n_ffn_resident_layers; l < f->n_layers; l++)
+                want += (f->ffn[l]->size + 4095) / 4096 * 4096;
+            flm_file_close(f);
+            assert_int_equal(t.bytes_read, want);
+            assert_int_equal(s.total.bytes_read, 64 * want);
+            assert_true(s.total.bytes_read == s.bytes_requested);
+            uint64_t hist = 0;
+            for (int b = 0; b < FLM_STATS_HIST; b++) hist += s.read_hist[b];
+            assert_int_equal(hist, s.total.n_reads);
+        }
+        flm_close(ctx);
+    }
+}
+
+static void test_budget_too_small_is_refused(void **state) {
+    (void)state;
+    flm_error err;
+    flm_ctx *ctx = open_flm(FLM_MODE_NAIVE, 300 * 1024, FLM_ERR_BUDGET, &err);
+    assert_null(ctx);
+    /* the message names the file and gives each part's size */
+    assert_non_null(strstr(err.msg, flm_path));
+    assert_non_null(strstr(err.msg, "resident weights"));
+    assert_non_null(strstr(err.msg, "KV cache"));
+    assert_non_null(strstr(err.msg, "scratch"));
+    /* ram mode needs the whole model: refused at 1 MiB */
+    ctx = open_flm(FLM_MODE_RAM, 1u << 20, FLM_ERR_BUDGET, &err);
+    assert_null(ctx);
+    /* the CLI exits non-zero with that message */
+    char args[8192], *out = NULL;
+    snprintf(args, sizeof args, "run -m '%s' -n 4 -c 128 --mem 300K --mode naive 2>&1", flm_path);
+    assert_int_not_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "too small"));
+    free(out);
+}
+
+static void test_gguf_rejects_flash_options(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.mode = FLM_MODE_NAIVE;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "convert"));
+}
+
+/* ---- corrupt files --------------------------------------------------------------------------------------------- */
+
+static void write_variant(const char *path, const uint8_t *data, size_t len) { tu_write_file(path, data, len); }
+
+static void test_corrupt_files(void **state) {
+    (void)state;
+    size_t len;
+    uint8_t *orig = tu_read_file(flm_path, &len);
+    flm_file *f = NULL;
+    flm_error err;
+    assert_int_equal(flm_file_open(flm_path, &f, &err), FLM_OK);
+    assert_int_equal(flm_file_verify(f, NULL, NULL, &err), FLM_OK);
+    uint32_t n_regions = f->n_regions;
+    flm_region regions[16];
+    assert_true(n_regions <= 16);
+    memcpy(regions, f->regions, n_regions * sizeof *regions);
+    uint32_t header_bytes = f->header_bytes;
+    flm_file_close(f);
+    const char *bad = tu_tmp("corrupt", ".flm");
+    uint8_t *buf = malloc(len);
+
+    /* a flipped byte in the header's region table */
+    memcpy(buf, orig, len);
+    buf[FLM_HEADER_FIXED + 20] ^= 0x40;
+    write_variant(bad, buf, len);
+    assert_int_equal(flm_file_open(bad, &f, &err), FLM_ERR_CHECKSUM);
+    assert_non_null(strstr(err.msg, "header"));
+    assert_non_null(strstr(err.msg, bad));
+    (void)header_bytes;
+
+    /* a flipped byte in each region: the resident one fails at open, FFN ones at verify (naming the layer) */
+    for (uint32_t i = 0; i < n_regions; i++) {
+        memcpy(buf, orig, len);
+        buf[regions[i].offset + regions[i].size / 2] ^= 0x01;
+        write_variant(bad, buf, len);
+        flm_status st = flm_file_open(bad, &f, &err);
+        if (regions[i].kind == FLM_REGION_RESIDENT) {
+            assert_int_equal(st, FLM_ERR_CHECKSUM);
+            assert_non_null(strstr(err.msg, "resident"));
+        } else {
+            assert_int_equal(st, FLM_OK);
+            assert_int_equal(flm_file_verify(f, NULL, NULL, &err), FLM_ERR_CHECKSUM);
+            char want[64];
+            snprintf(want, sizeof want, "layer %u", regions[i].layer);
+            assert_non_null(strstr(err.msg, want));
+            flm_file_close(f);
+        }
+        /* the CLI's verify exits non-zero */
+        char args[8192], *out = NULL;
+        snprintf(args, sizeof args, "verify '%s' 2>&1", bad);
+        assert_int_equal(tu_run_cli(args, &out), 1);
+        assert_non_null(strstr(out, "checksum"));
+        free(out);
+    }
+
+    /* truncated at several points */
+    size_t cuts[] = {0, 7, 63, 64, 4095, 4096, (size_t)regions[1].offset + 10, len - 4096, len - 1};
+    for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+        write_variant(bad, orig, cuts[c]);
+        flm_status st = flm_file_open(bad, &f, &err);
+        if (st == FLM_OK) fail_msg("truncated at %zu: opened", cuts[c]);
+        assert_non_null(strstr(err.msg, bad));
+    }
+
+    /* wrong version, wrong magic */
+    memcpy(buf, orig, len);
+    buf[8] = 99;
+    write_variant(bad, buf, len);
+    assert_int_equal(flm_file_open(bad, &f, &err), FLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "version"));
+    memcpy(buf, orig, len);
+    buf[0] = 'X';
+    write_variant(bad, buf, len);
+    assert_int_equal(flm_file_open(bad, &f, &err), FLM_ERR_FORMAT);
+
+    /* and the CLI runs none of them: clear error, non-zero exit */
+    char args[8192], *out = NULL;
+    snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", bad);
+    assert_int_not_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, bad));
+    free(out);
+    remove(bad);
+    free(buf);
+    free(orig);
+}
+
+static void test_convert_bad_source_leaves_nothing(void **state) {
+    (void)state;
+    const char *src = tu_tmp("bad", ".gguf"), *dst = tu_tmp("bad", ".flm");
+    size_t len;
+    uint8_t *g = tu_read_file(tu_shared("models/stories260K/stories260K.gguf"), &len);
+    tu_write_file(src, g, len / 2); /* truncated source */
+    free(g);
+    flm_error err;
+    assert_int_not_equal(flm_convert(src, dst, NULL, NULL, &err), FLM_OK);
+    assert_non_null(strstr(err.msg, src));
+    FILE *f = fopen(dst, "rb");
+    assert_null(f);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    assert_null(fopen(tmp, "rb"));
+    remove(src);
+}
+
+static void test_stats_json(void **state) {
+    (void)state;
+    const char *json = tu_tmp("stats", ".json");
+    char args[8192], *out = NULL;
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 8 --temp 0 -c 128 --mem 1M --mode naive "
+             "--stats-json '%s' 2>&1", flm_path, json);
+    int rc = tu_run_cli(args, &out);
+    if (rc) fail_msg("run failed: %s", out);
+    free(out);
+    size_t n;
+    char *j = (char *)tu_read_file(json, &n);
+    assert_non_null(strstr(j, "\"mode\": \"naive\""));
+    assert_non_null(strstr(j, "\"io_ms\""));
+    assert_non_null(strstr(j, "\"peak_rss\""));
+    /* 5 prompt tokens + 8 generated, minus the last generated one which is never fed back = 12 evaluations */
+    const char *p = strstr(j, "\"n_tokens\": ");
+    assert_non_null(p);
+    assert_int_equal(atoi(p + 12), 12);
+    free(j);
+    remove(json);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_mode_matches_reference),
+        cmocka_unit_test(test_budget_too_small_is_refused),
+        cmocka_unit_test(test_gguf_rejects_flash_options),
+        cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_convert_bad_source_leaves_nothing),
+        cmocka_unit_test(test_stats_json),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
