@@ -14,9 +14,13 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: generation on the default model.
+FLM = $(BUILD)/$(basename $(notdir $(MODEL))).flm
+
+# The main job: convert the default model to the flash layout, then generate through the flash path under a memory
+# budget below the model's size, printing per-token statistics (flash I/O / memory / compute ms, bytes, reads).
 run: build
-	./$(BUILD)/flashlm run -m $(MODEL) -p "$(PROMPT)" -n 128
+	./$(BUILD)/flashlm convert $(MODEL) $(FLM)
+	./$(BUILD)/flashlm run -m $(FLM) -p "$(PROMPT)" -n 48 -c 128 --mem 80% --stats
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -28,12 +28,14 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     p->kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
     /* activations, per-thread FFN accumulators, and the tokenizer's copies (~ pieces twice + hash + entries) */
     p->scratch = flm_scratch_bytes(hp, n_ctx) + 4ull * (uint64_t)n_threads * hp->d_model + (uint64_t)hp->n_vocab * 96;
-    /* reader bounce buffers: 1/16 of the budget, between 64 KiB and 8 MiB (plus its queues, ~64 KiB) */
+    /* reader bounce buffers: 1/16 of the budget, between 32 KiB and 8 MiB, plus its plan arrays and ring (~32 KiB;
+     * flm_flash_open replaces the estimate with flm_reader_memory() once the reader exists) */
     uint64_t bounce = budget ? budget / 16 : (8u << 20);
-    if (bounce < (64u << 10)) bounce = 64u << 10;
+    if (bounce < (32u << 10)) bounce = 32u << 10;
     if (bounce > (8u << 20)) bounce = 8u << 20;
+    bounce = bounce / FLM_ALIGN * FLM_ALIGN;
     p->reader_bounce = (size_t)bounce;
-    p->reader = bounce + (64u << 10);
+    p->reader = bounce + (32u << 10);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     uint64_t avail = budget > fixed ? budget - fixed : 0;
     if (mode == FLM_MODE_AUTO) mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM : FLM_MODE_HYBRID;

@@ -47,6 +47,14 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     ro.bounce_bytes = fl->plan.reader_bounce;
     if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
     if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
+    uint64_t reader_mem = flm_reader_memory(fl->reader);
+    if (reader_mem > fl->plan.reader) { /* the estimate was short: account the real figure */
+        fl->plan.reader = reader_mem;
+        if (budget && flm_mem_plan_total(&fl->plan) > budget)
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %llu bytes is too small: the reader needs "
+                            "%llu bytes next to the %llu planned", file->path, (unsigned long long)budget,
+                            (unsigned long long)reader_mem, (unsigned long long)flm_mem_plan_total(&fl->plan));
+    }
     /* resident layers: read once, through the same reader (counted in the load, not per token) */
     for (uint32_t l = 0; l < fl->plan.n_resident_layers; l++) {
         const flm_region *r = file->ffn[l];
