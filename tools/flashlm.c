@@ -12,39 +12,7 @@
 #include "format/flm.h"
 #include "format/gguf.h"
 #include "format/types.h"
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int die(const char *fmt, const char *a) {
-    fprintf(stderr, "flashlm: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n");
-    return 2;
-}
-
-/* strict number parsing: the whole string must be a number in range */
-static bool parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-static bool parse_float(const char *s, float lo, float hi, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
-}
-
-static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+#include "cli.h"
 
 /* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
 static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_token) {
@@ -54,10 +22,10 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
             s.mem_budget ? "" : "none");
-    if (s.mem_budget) fprintf(stderr, "%.2f MiB", mib(s.mem_budget));
+    if (s.mem_budget) fprintf(stderr, "%.2f MiB", cli_mib(s.mem_budget));
     fprintf(stderr, "; model %.2f MiB: resident %.2f MiB, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
-            "MiB, scratch %.2f MiB; peak RSS %.2f MiB\n", mib(s.model_bytes), mib(s.mem_resident), mib(s.mem_ffn),
-            s.n_ffn_resident_layers, s.n_layers, mib(s.mem_kv), mib(s.mem_scratch), mib(s.peak_rss));
+            "MiB, scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes), cli_mib(s.mem_resident), cli_mib(s.mem_ffn),
+            s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads\n");
         for (uint64_t i = 0; i < s.n_tokens; i++) {
@@ -76,7 +44,7 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     double io_total = s.total.io_ms - prompt->total.io_ms;
     fprintf(stderr, "flashlm: per generated token: flash I/O %.3f ms + memory %.3f ms + compute %.3f ms = %.3f ms; "
             "%.2f MiB in %.1f reads; read throughput %.2f GB/s\n", io, mem, cmp, io + mem + cmp,
-            mib(bytes) / n, (double)reads / n, io_total > 0 ? (double)bytes / (io_total * 1e6) : 0.0);
+            cli_mib(bytes) / n, (double)reads / n, io_total > 0 ? (double)bytes / (io_total * 1e6) : 0.0);
 }
 
 /* ---- run ------------------------------------------------------------------------------------------------------ */
@@ -123,55 +91,55 @@ static int cmd_run(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDVAL() do { if (!val) return die("option %s needs a value (see flashlm run --help)", a); i++; } while (0)
+#define NEEDVAL() do { if (!val) return cli_die("option %s needs a value (see flashlm run --help)", a); i++; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(RUN_HELP, stdout); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            NEEDVAL(); if (!parse_long(val, 0, 1 << 24, &n_predict)) return die("bad -n value '%s'", val);
+            NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 24, &n_predict)) return cli_die("bad -n value '%s'", val);
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            NEEDVAL(); if (!parse_long(val, 0, 1 << 20, &v)) return die("bad -c value '%s'", val);
+            NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 20, &v)) return cli_die("bad -c value '%s'", val);
             params.n_ctx = (int)v;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            NEEDVAL(); if (!parse_long(val, 1, 1024, &v)) return die("bad -t value '%s'", val);
+            NEEDVAL(); if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad -t value '%s'", val);
             params.n_threads = (int)v;
         } else if (!strcmp(a, "--temp")) {
-            NEEDVAL(); if (!parse_float(val, 0.0f, 100.0f, &sp.temp)) return die("bad --temp value '%s'", val);
+            NEEDVAL(); if (!cli_parse_float(val, 0.0f, 100.0f, &sp.temp)) return cli_die("bad --temp value '%s'", val);
         } else if (!strcmp(a, "--top-k")) {
-            NEEDVAL(); if (!parse_long(val, 0, 1 << 24, &v)) return die("bad --top-k value '%s'", val);
+            NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 24, &v)) return cli_die("bad --top-k value '%s'", val);
             sp.top_k = (int)v;
         } else if (!strcmp(a, "--top-p")) {
-            NEEDVAL(); if (!parse_float(val, 0.0f, 1.0f, &sp.top_p)) return die("bad --top-p value '%s'", val);
+            NEEDVAL(); if (!cli_parse_float(val, 0.0f, 1.0f, &sp.top_p)) return cli_die("bad --top-p value '%s'", val);
         } else if (!strcmp(a, "--seed")) {
             NEEDVAL(); char *end; errno = 0; sp.seed = strtoull(val, &end, 10);
-            if (errno || *end || end == val) return die("bad --seed value '%s'", val);
+            if (errno || *end || end == val) return cli_die("bad --seed value '%s'", val);
         } else if (!strcmp(a, "--mem")) {
             NEEDVAL(); if (!flm_parse_mem(val, &params.mem_bytes, &params.mem_percent))
-                return die("bad --mem value '%s' (bytes with K/M/G suffix, or N%%)", val);
+                return cli_die("bad --mem value '%s' (bytes with K/M/G suffix, or N%%)", val);
         } else if (!strcmp(a, "--mode")) {
-            NEEDVAL(); if (!flm_mode_parse(val, &params.mode)) return die("bad --mode '%s' (auto|ram|naive|hybrid)", val);
+            NEEDVAL(); if (!flm_mode_parse(val, &params.mode)) return cli_die("bad --mode '%s' (auto|ram|naive|hybrid)", val);
         } else if (!strcmp(a, "--io")) {
             NEEDVAL();
             if (!strcmp(val, "auto")) params.io = FLM_IO_KIND_AUTO;
             else if (!strcmp(val, "uring")) params.io = FLM_IO_KIND_URING;
             else if (!strcmp(val, "threads")) params.io = FLM_IO_KIND_THREADS;
-            else return die("bad --io '%s' (auto|uring|threads)", val);
+            else return cli_die("bad --io '%s' (auto|uring|threads)", val);
         } else if (!strcmp(a, "--io-threads")) {
-            NEEDVAL(); if (!parse_long(val, 1, 1024, &v)) return die("bad --io-threads value '%s'", val);
+            NEEDVAL(); if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad --io-threads value '%s'", val);
             params.io_threads = (int)v;
         } else if (!strcmp(a, "--no-direct")) { params.no_direct = true; }
         else if (!strcmp(a, "--stats")) { per_token = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
-        else return die("unknown option '%s' (see flashlm run --help)", a);
+        else return cli_die("unknown option '%s' (see flashlm run --help)", a);
 #undef NEEDVAL
     }
-    if (!model) return die("%s", "no model given: use -m MODEL (see flashlm run --help)");
+    if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
 
     flm_error err;
     flm_ctx *ctx = NULL;
-    double t0 = now_ms();
+    double t0 = cli_now_ms();
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    double t_load = now_ms() - t0;
+    double t_load = cli_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
 
@@ -200,7 +168,7 @@ static int cmd_run(int argc, char **argv) {
     long n_gen = 0;
     int32_t tok = ids[0];
     const float *logits = NULL;
-    double t1 = now_ms();
+    double t1 = cli_now_ms();
     for (size_t pos = 0;; pos++) {
         if (flm_eval(ctx, tok, (int32_t)pos, &logits, &err)) {
             fprintf(stderr, "\nflashlm: %s\n", err.msg);
@@ -209,7 +177,7 @@ static int cmd_run(int argc, char **argv) {
         }
         if (pos + 1 < n_prompt) { tok = ids[pos + 1]; continue; }
         if (pos + 1 == n_prompt) {
-            double t = now_ms();
+            double t = cli_now_ms();
             t_prompt = t - t1;
             t1 = t;
             flm_get_stats(ctx, &prompt_stats);
@@ -225,7 +193,7 @@ static int cmd_run(int argc, char **argv) {
         tok = next;
         if (n_gen >= n_predict) break;
     }
-    t_gen = now_ms() - t1;
+    t_gen = cli_now_ms() - t1;
     printf("\n");
     fflush(stdout);
     fprintf(stderr, "\nflashlm: model %s (%s, %u layers, d_model %u, d_ffn %u), kernels %s, %d threads, load %.1f ms\n",
@@ -308,18 +276,6 @@ static int cmd_inspect(int argc, char **argv) {
 
 /* ---- convert / verify ------------------------------------------------------------------------------------------ */
 
-static void progress(void *user, const char *what, uint64_t done, uint64_t total) {
-    (void)user;
-    if (!isatty(2)) {
-        if (done == total) fprintf(stderr, "flashlm: %s: %llu/%llu done\n", what, (unsigned long long)done,
-                                   (unsigned long long)total);
-        return;
-    }
-    fprintf(stderr, "\rflashlm: %s: %llu/%llu (%3.0f%%)", what, (unsigned long long)done, (unsigned long long)total,
-            total ? 100.0 * (double)done / (double)total : 100.0);
-    if (done == total) fprintf(stderr, "\n");
-}
-
 static const char *CONVERT_HELP =
     "usage: flashlm convert SRC.gguf OUT.flm\n"
     "\n"
@@ -331,15 +287,15 @@ static int cmd_convert(int argc, char **argv) {
     if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(CONVERT_HELP, stdout); return 0; }
     if (argc != 2) { fputs(CONVERT_HELP, stderr); return 2; }
     flm_error err;
-    double t0 = now_ms();
-    if (flm_convert(argv[0], argv[1], progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    double t0 = cli_now_ms();
+    if (flm_convert(argv[0], argv[1], cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     flm_file *f = NULL;
     if (flm_file_open(argv[1], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     uint64_t ffn = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
     fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes)\n", argv[1], (now_ms() - t0) / 1e3, mib(f->file_size), mib(f->resident->size),
-            mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
+            "records of %llu bytes)\n", argv[1], (cli_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
+            cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
             f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
     flm_file_close(f);
     return 0;
@@ -355,12 +311,12 @@ static int cmd_verify(int argc, char **argv) {
     if (argc != 1) { fputs(VERIFY_HELP, stderr); return 2; }
     flm_error err;
     flm_file *f = NULL;
-    if (flm_file_open(argv[0], &f, &err) || flm_file_verify(f, progress, NULL, &err)) {
+    if (flm_file_open(argv[0], &f, &err) || flm_file_verify(f, cli_progress, NULL, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         flm_file_close(f);
         return 1;
     }
-    printf("%s: OK (%u regions, %.2f MiB, all checksums match)\n", argv[0], f->n_regions, mib(f->file_size));
+    printf("%s: OK (%u regions, %.2f MiB, all checksums match)\n", argv[0], f->n_regions, cli_mib(f->file_size));
     flm_file_close(f);
     return 0;
 }
@@ -376,6 +332,7 @@ static const char *MAIN_HELP =
     "  run        generate text from a prompt (.gguf in memory, or .flm from flash)\n"
     "  convert    write the flash layout (.flm) of a GGUF model\n"
     "  verify     check every checksum of a .flm file\n"
+    "  bench      measure per-token latency of several modes side by side (the paper's tables)\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
     "  version    print the version\n";
 
@@ -388,6 +345,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);

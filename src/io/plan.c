@@ -90,7 +90,7 @@ static flm_status emit_group(flm_read_plan *plan, sext *m, size_t nm, uint64_t a
             }
             op->n_pieces = plan->n_pieces - op->first_piece;
             op->need = need_end - o0;
-            if (op->n_pieces == 0) continue; /* cannot happen for non-empty members; keep the plan honest */
+            if (op->n_pieces == 0) continue; /* the piece fell inside a merged gap: nothing to read */
         }
         plan->bytes += op->length;
         plan->n_ops++;

@@ -21,7 +21,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     st->mode = fl ? flm_mode_name(fl->plan.mode) : "ram";
     st->io_backend = fl && fl->reader && fl->plan.n_resident_layers < ctx->model->hp.n_layers
                          ? flm_reader_backend_name(fl->reader) : "none";
-    st->direct_io = fl && fl->reader && flm_reader_is_direct(fl->reader);
+    st->direct_io = strcmp(st->io_backend, "none") != 0 && flm_reader_is_direct(fl->reader);
     st->n_tokens = ctx->n_tokens;
     st->total = ctx->total;
     for (int b = 0; b < FLM_STATS_HIST && b < FLM_IO_HIST_BUCKETS; b++) st->read_hist[b] = ctx->io.hist[b];

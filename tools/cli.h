@@ -1,0 +1,22 @@
+/* cli.h — shared pieces of the flashlm command-line tool (tools/). */
+#ifndef FLM_TOOLS_CLI_H
+#define FLM_TOOLS_CLI_H
+#include <stdbool.h>
+#include <stdint.h>
+
+double cli_now_ms(void);
+double cli_mib(uint64_t bytes);
+/* Print "flashlm: <fmt with a>" to stderr; returns 2 (usage error exit status). */
+int cli_die(const char *fmt, const char *a);
+/* Whole-string numbers in [lo, hi]. */
+bool cli_parse_long(const char *s, long lo, long hi, long *out);
+bool cli_parse_float(const char *s, float lo, float hi, float *out);
+/* Progress on stderr: a \r-updated line on a terminal, one line at the end otherwise (flm_progress_fn). */
+void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
+/* true when argv[0] is -h or --help */
+bool cli_is_help(int argc, char **argv);
+
+int cmd_bench(int argc, char **argv);
+int flm_cmd_synth(int argc, char **argv);
+
+#endif
