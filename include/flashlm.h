@@ -181,6 +181,25 @@ size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t 
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * Perplexity (teacher-forced, as llama.cpp's perplexity tool computes it)
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct flm_ppl_result {
+    double ppl;          /* exp(mean negative log-likelihood) */
+    double nll;          /* mean negative log-likelihood, nats per token */
+    double nll_stderr;   /* its standard error */
+    uint64_t n_scored;   /* tokens scored */
+    int n_chunks;        /* chunks evaluated */
+} flm_ppl_result;
+
+/* Tokenize text, cut it into chunks of n_chunk tokens (the first of each replaced by BOS), evaluate each chunk from
+ * position 0 and score the predictions of its second half (tokens n_chunk/2 .. n_chunk-1), as llama.cpp does.
+ * max_chunks > 0 limits the chunks. progress (may be NULL) is called after each chunk with the running perplexity.
+ * Errors: FLM_ERR_ARG (n_chunk < 4 or > the context; text shorter than one chunk), errors of flm_eval. */
+flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
+                          void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
+                          flm_ppl_result *out, flm_error *err);
+
+/* ---------------------------------------------------------------------------------------------------------------
  * Sampling
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct flm_sampler flm_sampler;

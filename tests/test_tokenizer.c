@@ -41,7 +41,8 @@ static ref_tok load_tok512(void) {
         memcpy(&t.scores[i], b + o, 4);
         memcpy(&n, b + o + 4, 4);
         o += 8;
-        assert_true(n >= 0 && o + (size_t)n <= len);
+        if (n < 0 || n > 64 || o + (size_t)n > len) fail_msg("tok512.bin: bad token length %d", n);
+        n &= 0x7f;
         t.vocab[i] = calloc((size_t)n + 1, 1);
         memcpy(t.vocab[i], b + o, (size_t)n);
         o += (size_t)n;

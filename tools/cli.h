@@ -16,7 +16,15 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 /* true when argv[0] is -h or --help */
 bool cli_is_help(int argc, char **argv);
 
+struct flm_params;
+/* Parse one of the options every model-running command shares (-t -c --mem --mode --io --io-threads --no-direct) at
+ * argv[*i]; advances *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. */
+int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
+/* Help lines for those options. */
+extern const char *CLI_MODEL_OPTS_HELP;
+
 int cmd_bench(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 int flm_cmd_synth(int argc, char **argv);
 
 #endif

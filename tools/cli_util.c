@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "flashlm.h"
 
 double cli_now_ms(void) {
     struct timespec ts;
@@ -54,4 +55,50 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
 
 bool cli_is_help(int argc, char **argv) {
     return argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
+}
+
+const char *CLI_MODEL_OPTS_HELP =
+    "  -t, --threads N      compute threads (default: all CPUs)\n"
+    "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
+    "      --mem BYTES|N%   memory budget (.flm): bytes (K/M/G suffixes) or percent of the model's weight bytes;\n"
+    "                       resident weights + FFN storage + KV cache + scratch must fit (default: none)\n"
+    "      --mode MODE      auto | ram | naive | hybrid (default auto: ram if it fits, else hybrid)\n"
+    "                       naive: every layer's FFN read from flash for every token (the paper's baseline)\n"
+    "                       hybrid: as many layers as fit stay in memory, the rest are read every token\n"
+    "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
+    "      --io-threads N   reader threads (default 32)\n"
+    "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n";
+
+int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long v;
+    bool takes = !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "-c") || !strcmp(a, "--ctx-size") ||
+                 !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads");
+    if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
+    if (!takes) return 0;
+    if (!val) { cli_die("option %s needs a value", a); return -1; }
+    (*i)++;
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad -t value '%s' (1..1024)", val); return -1; }
+        p->n_threads = (int)v;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+        if (!cli_parse_long(val, 0, 1 << 20, &v)) { cli_die("bad -c value '%s'", val); return -1; }
+        p->n_ctx = (int)v;
+    } else if (!strcmp(a, "--mem")) {
+        if (!flm_parse_mem(val, &p->mem_bytes, &p->mem_percent)) {
+            cli_die("bad --mem value '%s' (bytes with an optional K/M/G suffix, or N%%)", val);
+            return -1;
+        }
+    } else if (!strcmp(a, "--mode")) {
+        if (!flm_mode_parse(val, &p->mode)) { cli_die("bad --mode '%s' (auto|ram|naive|hybrid)", val); return -1; }
+    } else if (!strcmp(a, "--io")) {
+        if (!strcmp(val, "auto")) p->io = FLM_IO_KIND_AUTO;
+        else if (!strcmp(val, "uring")) p->io = FLM_IO_KIND_URING;
+        else if (!strcmp(val, "threads")) p->io = FLM_IO_KIND_THREADS;
+        else { cli_die("bad --io '%s' (auto|uring|threads)", val); return -1; }
+    } else { /* --io-threads */
+        if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad --io-threads value '%s'", val); return -1; }
+        p->io_threads = (int)v;
+    }
+    return 1;
 }

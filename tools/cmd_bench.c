@@ -202,11 +202,8 @@ static const char *BENCH_HELP =
     "      --prompt-tokens N   prompt length (default 16)\n"
     "      --gen-tokens N      generated tokens (default 32)\n"
     "      --text FILE         take the prompt from this text (default: deterministic token ids)\n"
-    "  -t, --threads N         compute threads\n"
-    "  -c, --ctx-size N        context (default prompt + generated tokens)\n"
-    "      --io KIND           auto | uring | threads\n"
-    "      --io-threads N      reader threads (default 32)\n"
-    "      --json FILE         also write the results as JSON\n";
+    "      --json FILE         also write the results as JSON\n"
+    "  (-c defaults to prompt + generated tokens; --mode is set per run by --modes)\n";
 
 int cmd_bench(int argc, char **argv) {
     bench_opts o = {0};
@@ -218,9 +215,12 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDVAL() do { if (!val) return cli_die("option %s needs a value (see flashlm bench --help)", a); i++; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(BENCH_HELP, stdout); return 0; }
+        if (!strcmp(a, "--mem")) { NEEDVAL(); mem = val; continue; }
+        int used = cli_parse_model_opt(argc, argv, &i, &o.params);
+        if (used < 0) return 2;
+        if (used) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { printf("%s%s", BENCH_HELP, CLI_MODEL_OPTS_HELP); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); o.model = val; }
-        else if (!strcmp(a, "--mem")) { NEEDVAL(); mem = val; }
         else if (!strcmp(a, "--modes")) { NEEDVAL(); modes = val; }
         else if (!strcmp(a, "--text")) { NEEDVAL(); o.text = val; }
         else if (!strcmp(a, "--json")) { NEEDVAL(); o.json = val; }
@@ -230,21 +230,6 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--gen-tokens")) {
             NEEDVAL(); if (!cli_parse_long(val, 2, 1 << 20, &v)) return cli_die("bad --gen-tokens '%s' (>= 2)", val);
             o.gen_tokens = (int)v;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            NEEDVAL(); if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad -t '%s'", val);
-            o.params.n_threads = (int)v;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            NEEDVAL(); if (!cli_parse_long(val, 1, 1 << 20, &v)) return cli_die("bad -c '%s'", val);
-            o.params.n_ctx = (int)v;
-        } else if (!strcmp(a, "--io")) {
-            NEEDVAL();
-            if (!strcmp(val, "auto")) o.params.io = FLM_IO_KIND_AUTO;
-            else if (!strcmp(val, "uring")) o.params.io = FLM_IO_KIND_URING;
-            else if (!strcmp(val, "threads")) o.params.io = FLM_IO_KIND_THREADS;
-            else return cli_die("bad --io '%s' (auto|uring|threads)", val);
-        } else if (!strcmp(a, "--io-threads")) {
-            NEEDVAL(); if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad --io-threads '%s'", val);
-            o.params.io_threads = (int)v;
         } else return cli_die("unknown option '%s' (see flashlm bench --help)", a);
 #undef NEEDVAL
     }

@@ -58,27 +58,14 @@ static const char *RUN_HELP =
     "                       weights from flash)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at EOS)\n"
-    "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
-    "  -t, --threads N      compute threads (default: all CPUs)\n"
     "      --temp T         temperature; 0 = greedy (default 0.8)\n"
     "      --top-k K        top-k sampling; 0 = off (default 40)\n"
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
     "      --seed S         RNG seed (default 42)\n"
-    "\n"
-    "flash (.flm models):\n"
-    "      --mem BYTES|N%   memory budget: bytes (K/M/G suffixes) or percent of the model's weight bytes;\n"
-    "                       resident weights + FFN storage + KV cache + scratch must fit (default: none)\n"
-    "      --mode MODE      auto | ram | naive | hybrid (default auto: ram if it fits, else hybrid)\n"
-    "                       naive: every layer's FFN read from flash for every token (the paper's baseline)\n"
-    "                       hybrid: as many layers as fit stay in memory, the rest are read every token\n"
-    "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
-    "      --io-threads N   reader threads (default 32)\n"
-    "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
     "      --stats          print per-token statistics (flash I/O, memory, compute ms; bytes; reads)\n"
     "      --stats-json F   write all statistics as JSON to F\n"
-    "  -h, --help           this help\n"
-    "\n"
-    "The text goes to stdout as it is generated; speeds go to stderr.\n";
+    "  -h, --help           this help\n";
+static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *stats_json = NULL;
@@ -92,17 +79,17 @@ static int cmd_run(int argc, char **argv) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDVAL() do { if (!val) return cli_die("option %s needs a value (see flashlm run --help)", a); i++; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(RUN_HELP, stdout); return 0; }
+        int used = cli_parse_model_opt(argc, argv, &i, &params);
+        if (used < 0) return 2;
+        if (used) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s%s%s", RUN_HELP, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
+            return 0;
+        }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 24, &n_predict)) return cli_die("bad -n value '%s'", val);
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 20, &v)) return cli_die("bad -c value '%s'", val);
-            params.n_ctx = (int)v;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            NEEDVAL(); if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad -t value '%s'", val);
-            params.n_threads = (int)v;
         } else if (!strcmp(a, "--temp")) {
             NEEDVAL(); if (!cli_parse_float(val, 0.0f, 100.0f, &sp.temp)) return cli_die("bad --temp value '%s'", val);
         } else if (!strcmp(a, "--top-k")) {
@@ -113,21 +100,7 @@ static int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--seed")) {
             NEEDVAL(); char *end; errno = 0; sp.seed = strtoull(val, &end, 10);
             if (errno || *end || end == val) return cli_die("bad --seed value '%s'", val);
-        } else if (!strcmp(a, "--mem")) {
-            NEEDVAL(); if (!flm_parse_mem(val, &params.mem_bytes, &params.mem_percent))
-                return cli_die("bad --mem value '%s' (bytes with K/M/G suffix, or N%%)", val);
-        } else if (!strcmp(a, "--mode")) {
-            NEEDVAL(); if (!flm_mode_parse(val, &params.mode)) return cli_die("bad --mode '%s' (auto|ram|naive|hybrid)", val);
-        } else if (!strcmp(a, "--io")) {
-            NEEDVAL();
-            if (!strcmp(val, "auto")) params.io = FLM_IO_KIND_AUTO;
-            else if (!strcmp(val, "uring")) params.io = FLM_IO_KIND_URING;
-            else if (!strcmp(val, "threads")) params.io = FLM_IO_KIND_THREADS;
-            else return cli_die("bad --io '%s' (auto|uring|threads)", val);
-        } else if (!strcmp(a, "--io-threads")) {
-            NEEDVAL(); if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad --io-threads value '%s'", val);
-            params.io_threads = (int)v;
-        } else if (!strcmp(a, "--no-direct")) { params.no_direct = true; }
+        }
         else if (!strcmp(a, "--stats")) { per_token = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
         else return cli_die("unknown option '%s' (see flashlm run --help)", a);
@@ -332,6 +305,7 @@ static const char *MAIN_HELP =
     "  run        generate text from a prompt (.gguf in memory, or .flm from flash)\n"
     "  convert    write the flash layout (.flm) of a GGUF model\n"
     "  verify     check every checksum of a .flm file\n"
+    "  perplexity teacher-forced perplexity of a text (compare modes on the same text)\n"
     "  bench      measure per-token latency of several modes side by side (the paper's tables)\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
     "  version    print the version\n";
@@ -346,6 +320,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);

@@ -159,7 +159,7 @@ static flm_status rd_str(rd *r, const char *field, gguf_str *s) {
 
 /* A key or tensor name: non-empty, no NUL bytes; copied to *out. */
 static flm_status rd_name(rd *r, const char *field, char **out) {
-    gguf_str s;
+    gguf_str s = {0, NULL};
     flm_status st = rd_str(r, field, &s);
     if (st != FLM_OK) return st;
     if (s.len == 0) return rd_fail(r, FLM_ERR_FORMAT, field, "empty");
@@ -517,7 +517,7 @@ flm_status gguf_get_u32(const gguf_file *f, const char *key, bool required, uint
     flm_status st = lookup(f, key, required, &kv, err);
     if (st != FLM_OK || !kv) return st;
     if (!vt_is_int(kv->type)) return type_error(f, kv, "an integer", err);
-    uint64_t v;
+    uint64_t v = 0;
     if (!kv_uint(kv, &v) || v > UINT32_MAX) {
         if (vt_is_signed(kv->type))
             return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s': value %lld does not fit in u32", f->path, key,
@@ -639,6 +639,7 @@ static bool w_put(gguf_writer *w, const void *p, size_t n) {
 
 static bool w_put_uint(gguf_writer *w, uint64_t v, size_t n) {
     uint8_t b[8];
+    if (n > sizeof b) return false;
     put_le(b, v, n);
     return w_put(w, b, n);
 }

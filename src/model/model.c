@@ -120,9 +120,9 @@ flm_status flm_tokenizer_from_gguf(const gguf_file *f, flm_tokenizer **out, flm_
     st = flm_tokenizer_create((uint32_t)n, pieces, lens, sc, ty, bos < n ? (int32_t)bos : -1,
                               eos < n ? (int32_t)eos : -1, true, out, err);
     if (st && err) {
-        char tmp[FLM_ERROR_MSG_MAX];
+        char tmp[2 * FLM_ERROR_MSG_MAX];
         snprintf(tmp, sizeof tmp, "%s: %s", f->path, err->msg);
-        memcpy(err->msg, tmp, sizeof tmp);
+        snprintf(err->msg, sizeof err->msg, "%.*s", (int)sizeof err->msg - 1, tmp);
     }
 done:
     free(pieces);

@@ -1,0 +1,60 @@
+/* perplexity.c — teacher-forced perplexity over chunks (llama.cpp's `perplexity` method). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "util/error.h"
+
+flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
+                          void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
+                          flm_ppl_result *out, flm_error *err) {
+    memset(out, 0, sizeof *out);
+    if (n_chunk < 4 || n_chunk > ctx->params.n_ctx)
+        return flm_fail(err, FLM_ERR_ARG, "perplexity: chunk of %d tokens must be in [4, context %d]", n_chunk,
+                        ctx->params.n_ctx);
+    size_t cap = strlen(text) + 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return flm_fail(err, FLM_ERR_NOMEM, "perplexity: out of memory");
+    size_t n = flm_tokenize(ctx, text, true, ids, cap);
+    int n_chunks = (int)(n / (size_t)n_chunk);
+    if (max_chunks > 0 && n_chunks > max_chunks) n_chunks = max_chunks;
+    if (n_chunks < 1) {
+        free(ids);
+        return flm_fail(err, FLM_ERR_ARG, "perplexity: the text has %zu tokens, fewer than one chunk of %d", n,
+                        n_chunk);
+    }
+    const uint32_t n_vocab = ctx->model->hp.n_vocab;
+    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
+    double sum = 0, sum2 = 0;
+    uint64_t count = 0;
+    flm_status st = FLM_OK;
+    for (int c = 0; c < n_chunks && !st; c++) {
+        const int32_t *chunk = ids + (size_t)c * n_chunk;
+        int first = n_chunk / 2;
+        for (int pos = 0; pos < n_chunk - 1; pos++) {
+            int32_t tok = pos == 0 && bos >= 0 ? bos : chunk[pos];
+            const float *logits;
+            if ((st = flm_eval(ctx, tok, pos, &logits, err))) break;
+            if (pos + 1 < first) continue;
+            float mx = logits[0];
+            for (uint32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+            double z = 0;
+            for (uint32_t i = 0; i < n_vocab; i++) z += exp((double)logits[i] - mx);
+            double nll = -((double)logits[chunk[pos + 1]] - mx - log(z));
+            sum += nll;
+            sum2 += nll * nll;
+            count++;
+        }
+        if (!st && progress) progress(user, c + 1, n_chunks, exp(sum / (double)count));
+        out->n_chunks = c + 1;
+    }
+    free(ids);
+    if (st) return st;
+    out->n_scored = count;
+    out->nll = sum / (double)count;
+    double var = sum2 / (double)count - out->nll * out->nll;
+    out->nll_stderr = count > 1 && var > 0 ? sqrt(var / (double)(count - 1)) : 0;
+    out->ppl = exp(out->nll);
+    return FLM_OK;
+}
