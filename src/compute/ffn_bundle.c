@@ -10,26 +10,32 @@
 static float act_fn(bool relu, float v) { return relu ? (v > 0.0f ? v : 0.0f) : v / (1.0f + expf(-v)); }
 
 /* bundles [i0, i1) into acc (d_model floats, overwritten) */
-static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, size_t i0, size_t i1,
-                      const float *x, float *h, float *acc) {
+static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
+                      size_t i0, size_t i1, const float *x, float *h, float *acc) {
     flm_dot_fn dot_up = k->dot[b->up_type], dot_gate = b->gated ? k->dot[b->gate_type] : NULL;
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, b->d_model * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
-        const uint8_t *rec = records + i * b->record_bytes;
-        float u = dot_up(rec + b->up_off, x, b->d_model);
-        float v = b->gated ? act_fn(b->relu, dot_gate(rec + b->gate_off, x, b->d_model)) * u : act_fn(b->relu, u);
+        const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
+        float v;
+        if (b->gated) {
+            float g = act_fn(b->relu, dot_gate(rec + b->gate_off, x, b->d_model));
+            v = fabsf(g) > b->threshold || (b->threshold == 0.0f) ? g * dot_up(rec + b->up_off, x, b->d_model) : 0.0f;
+        } else {
+            float a = act_fn(b->relu, dot_up(rec + b->up_off, x, b->d_model));
+            v = fabsf(a) > b->threshold || (b->threshold == 0.0f) ? a : 0.0f;
+        }
         h[i] = v;
         if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
     }
 }
 
-void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, size_t n,
-                     const float *x, float *out, float *h, float *acc, int n_threads) {
+void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
+                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads) {
     int nt = n_threads;
     if (nt < 1 || n < 64) nt = 1;
     if (nt == 1) {
-        ffn_range(k, b, records, 0, n, x, h, out);
+        ffn_range(k, b, records, rows, 0, n, x, h, out);
         return;
     }
     #pragma omp parallel num_threads(nt)
@@ -40,7 +46,7 @@ void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8
         int t = 0, T = 1;
 #endif
         size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
-        ffn_range(k, b, records, i0, i1, x, h, acc + (size_t)t * b->d_model);
+        ffn_range(k, b, records, rows, i0, i1, x, h, acc + (size_t)t * b->d_model);
         #pragma omp barrier
         /* reduce: each thread sums a slice of d_model over all partial accumulators */
         size_t d = b->d_model, j0 = d * (size_t)t / (size_t)T, j1 = d * (size_t)(t + 1) / (size_t)T;

@@ -21,11 +21,14 @@ typedef struct flm_bundle_desc {
     uint64_t record_bytes;
     bool gated;
     bool relu;                           /* activation: ReLU, else SiLU */
+    float threshold;                     /* CATS-style sparsification of SiLU: a neuron whose |act(gate . x)| is at
+                                            most threshold contributes nothing (0 = exact FFN) */
 } flm_bundle_desc;
 
-/* out[d_model] = FFN over the n bundles (see above). h receives the n activations h_i (may be used by callers for
- * statistics). acc is scratch of n_threads * d_model floats. n_threads <= 1: serial. */
-void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, size_t n,
-                     const float *x, float *out, float *h, float *acc, int n_threads);
+/* out[d_model] = FFN over n bundles (see above): bundle i is records + rows[i] * record_bytes, or
+ * records + i * record_bytes when rows is NULL. h receives the n activations h_i (0 for neurons below the threshold).
+ * acc is scratch of n_threads * d_model floats. n_threads <= 1: serial. */
+void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
+                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads);
 
 #endif

@@ -76,7 +76,7 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
     uint32_t n_layers = 0;
     for (uint32_t i = 0; i < f->n_regions; i++) {
         const flm_region *r = &f->regions[i];
-        if (r->kind != FLM_REGION_RESIDENT && r->kind != FLM_REGION_FFN)
+        if (r->kind != FLM_REGION_RESIDENT && r->kind != FLM_REGION_FFN && r->kind != FLM_REGION_PREDICTOR)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: unknown kind %u", path, i, r->kind);
         if (r->offset % FLM_ALIGN || r->offset < f->header_bytes)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: offset %llu is not 4096-aligned after the header",
@@ -93,6 +93,9 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
         if (r->kind == FLM_REGION_RESIDENT) {
             if (f->resident) return flm_fail(err, FLM_ERR_FORMAT, "%s: more than one resident region", path);
             f->resident = r;
+        } else if (r->kind == FLM_REGION_PREDICTOR) {
+            if (f->predictor) return flm_fail(err, FLM_ERR_FORMAT, "%s: more than one predictor region", path);
+            f->predictor = r;
         } else {
             if (r->layer != n_layers)
                 return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: FFN layer %u out of order (expected %u)", path,
@@ -154,8 +157,11 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
                       "appended to)", path, (unsigned long long)f->file_size, (unsigned long long)stored_size);
         goto done;
     }
+    /* the header has room for its regions, and at most one spare entry (kept by convert for the predictor) */
     if (f->n_regions < 2 || f->n_regions > FLM_MAX_REGIONS ||
-        f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)f->n_regions * FLM_REGION_ENTRY_BYTES, FLM_ALIGN) ||
+        (f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)f->n_regions * FLM_REGION_ENTRY_BYTES, FLM_ALIGN) &&
+         f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)(f->n_regions + 1) * FLM_REGION_ENTRY_BYTES,
+                                     FLM_ALIGN)) ||
         f->header_bytes > f->file_size) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: %u regions / header size %u are inconsistent", path,
                       f->n_regions, f->header_bytes);
@@ -283,6 +289,32 @@ static flm_status out_pad(out_file *o, flm_error *err) {
     return st;
 }
 
+/* Serialize the header (fixed part + region table + checksum) into hdr[0, header_bytes), zeroed beforehand. */
+static void build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *regions, uint32_t n_regions,
+                         uint64_t file_size) {
+    memset(hdr, 0, header_bytes);
+    memcpy(hdr, FLM_FILE_MAGIC, 8);
+    put_u32(hdr + 8, FLM_FILE_VERSION);
+    put_u32(hdr + 12, n_regions);
+    put_u64(hdr + 16, file_size);
+    put_u32(hdr + 32, header_bytes);
+    for (uint32_t i = 0; i < n_regions; i++) {
+        uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
+        const flm_region *r = &regions[i];
+        put_u32(e, r->kind);
+        put_u32(e + 4, r->layer);
+        put_u64(e + 8, r->offset);
+        put_u64(e + 16, r->size);
+        put_u64(e + 24, r->checksum);
+        put_u32(e + 32, r->up_type);
+        put_u32(e + 36, r->gate_type);
+        put_u32(e + 40, r->down_type);
+        put_u32(e + 44, r->n_records);
+        put_u64(e + 48, r->record_bytes);
+    }
+    put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
+}
+
 static bool is_ffn_tensor(const char *name) {
     const char *p = strrchr(name, '.');
     if (!p || strcmp(p, ".weight") != 0 || strncmp(name, "blk.", 4) != 0) return false;
@@ -401,7 +433,8 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     char *tmp = malloc(plen + 16), *res_tmp = malloc(plen + 32);
     uint32_t n_regions = 1 + hp->n_layers;
     flm_region *regions = calloc(n_regions, sizeof *regions);
-    uint32_t header_bytes = (uint32_t)align_up(FLM_HEADER_FIXED + (uint64_t)n_regions * FLM_REGION_ENTRY_BYTES,
+    /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
+    uint32_t header_bytes = (uint32_t)align_up(FLM_HEADER_FIXED + (uint64_t)(n_regions + 1) * FLM_REGION_ENTRY_BYTES,
                                                FLM_ALIGN);
     uint8_t *hdr = calloc(header_bytes, 1);
     size_t max_rec = 0;
@@ -441,26 +474,7 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     }
     if (progress) progress(user, "FFN layers", hp->n_layers, hp->n_layers);
     /* the header, now that every region is known */
-    memcpy(hdr, FLM_FILE_MAGIC, 8);
-    put_u32(hdr + 8, FLM_FILE_VERSION);
-    put_u32(hdr + 12, n_regions);
-    put_u64(hdr + 16, o.pos);
-    put_u32(hdr + 32, header_bytes);
-    for (uint32_t i = 0; i < n_regions; i++) {
-        uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
-        const flm_region *r = &regions[i];
-        put_u32(e, r->kind);
-        put_u32(e + 4, r->layer);
-        put_u64(e + 8, r->offset);
-        put_u64(e + 16, r->size);
-        put_u64(e + 24, r->checksum);
-        put_u32(e + 32, r->up_type);
-        put_u32(e + 36, r->gate_type);
-        put_u32(e + 40, r->down_type);
-        put_u32(e + 44, r->n_records);
-        put_u64(e + 48, r->record_bytes);
-    }
-    put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
+    build_header(hdr, header_bytes, regions, n_regions, o.pos);
     if (fseek(o.fp, 0, SEEK_SET) != 0 || fwrite(hdr, 1, header_bytes, o.fp) != header_bytes ||
         fflush(o.fp) != 0 || fsync(fileno(o.fp)) != 0) {
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the header: %s", tmp, strerror(errno));
@@ -480,5 +494,90 @@ done:
     free(downT);
     free(chunk);
     flm_model_free(m);
+    return st;
+}
+
+flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err) {
+    *out = NULL;
+    if (r->size > SIZE_MAX - 1) return flm_fail(err, FLM_ERR_NOMEM, "%s: region too large", f->path);
+    void *buf = malloc(r->size ? (size_t)r->size : 1);
+    if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes", f->path,
+                              (unsigned long long)r->size);
+    int fd = open(f->path, O_RDONLY);
+    if (fd < 0) { free(buf); return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno)); }
+    flm_status st = pread_all(fd, buf, (size_t)r->size, r->offset, f->path, "region", err);
+    close(fd);
+    if (!st && XXH64(buf, (size_t)r->size, 0) != r->checksum)
+        st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: region of kind %u: checksum mismatch (the file is corrupt)", f->path,
+                      r->kind);
+    if (st) { free(buf); return st; }
+    *out = buf;
+    return FLM_OK;
+}
+
+flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err) {
+    flm_file *f = NULL;
+    flm_status st = flm_file_open(path, &f, err);
+    if (st) return st;
+    /* keep every region but the one being replaced; they stay where they are */
+    flm_region *regions = calloc(f->n_regions + 1, sizeof *regions);
+    uint8_t *hdr = calloc(f->header_bytes, 1);
+    char *tmp = malloc(strlen(path) + 8);
+    int in = -1, out = -1;
+    if (!regions || !hdr || !tmp) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
+    sprintf(tmp, "%s.tmp", path);
+    uint32_t n = 0;
+    uint64_t end = f->header_bytes;
+    for (uint32_t i = 0; i < f->n_regions; i++) {
+        if (f->regions[i].kind == kind) continue;
+        regions[n++] = f->regions[i];
+        uint64_t e = align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
+        if (e > end) end = e;
+    }
+    if (FLM_HEADER_FIXED + (uint64_t)(n + 1) * FLM_REGION_ENTRY_BYTES > f->header_bytes) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: the header has no room for another region; convert the model again",
+                      path);
+        goto done;
+    }
+    regions[n] = (flm_region){.kind = kind, .offset = end, .size = size, .checksum = XXH64(payload, size, 0)};
+    uint64_t file_size = align_up(end + size, FLM_ALIGN);
+    build_header(hdr, f->header_bytes, regions, n + 1, file_size);
+    if ((in = open(path, O_RDONLY)) < 0 || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", in < 0 ? path : tmp, strerror(errno));
+        goto done;
+    }
+    /* copy [header_bytes, end) — the kept regions — then write the new region and the header */
+    uint64_t off = f->header_bytes;
+    while (off < end) {
+        loff_t a = (loff_t)off, b = (loff_t)off;
+        ssize_t k = copy_file_range(in, &a, out, &b, (size_t)(end - off < (1u << 30) ? end - off : (1u << 30)), 0);
+        if (k < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+            uint8_t buf[1 << 16]; /* fallback: plain copy */
+            size_t m = (size_t)(end - off < sizeof buf ? end - off : sizeof buf);
+            if ((st = pread_all(in, buf, m, off, path, "copy", err))) goto done;
+            if (pwrite(out, buf, m, (off_t)off) != (ssize_t)m) { k = -1; }
+            else k = (ssize_t)m;
+        }
+        if (k <= 0) { st = flm_fail(err, FLM_ERR_IO, "%s: copy failed: %s", tmp, strerror(errno)); goto done; }
+        off += (uint64_t)k;
+    }
+    static const uint8_t zeros[FLM_ALIGN];
+    if (pwrite(out, payload, (size_t)size, (off_t)end) != (ssize_t)size ||
+        pwrite(out, zeros, (size_t)(file_size - end - size), (off_t)(end + size)) != (ssize_t)(file_size - end - size) ||
+        pwrite(out, hdr, f->header_bytes, 0) != (ssize_t)f->header_bytes || fsync(out) != 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+        goto done;
+    }
+    if (close(out) != 0) { out = -1; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
+    out = -1;
+    if (rename(tmp, path) != 0) st = flm_fail(err, FLM_ERR_IO, "%s: rename failed: %s", tmp, strerror(errno));
+done:
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    if (st && tmp) remove(tmp);
+    free(tmp);
+    free(hdr);
+    free(regions);
+    flm_file_close(f);
     return st;
 }

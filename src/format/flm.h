@@ -22,7 +22,11 @@
 #define FLM_REGION_ENTRY_BYTES 64u
 #define FLM_MAX_REGIONS 65536u
 
-typedef enum flm_region_kind { FLM_REGION_RESIDENT = 1, FLM_REGION_FFN = 2 } flm_region_kind;
+typedef enum flm_region_kind {
+    FLM_REGION_RESIDENT = 1,  /* a GGUF file: metadata, tokenizer, every non-FFN tensor */
+    FLM_REGION_FFN = 2,       /* one layer's neuron bundles */
+    FLM_REGION_PREDICTOR = 3, /* activation rules and predictors of every layer (written by flashlm calibrate) */
+} flm_region_kind;
 
 /* One region table entry (64 bytes on disk, little-endian, fields in this order). */
 typedef struct flm_region {
@@ -60,6 +64,7 @@ typedef struct flm_file {
     uint32_t n_layers;
     const flm_region **ffn;   /* [n_layers]: the FFN region of each layer */
     const flm_region *resident;
+    const flm_region *predictor; /* NULL until the model is calibrated */
     void *resident_data;      /* the RESIDENT payload, loaded and checksummed */
     gguf_file *meta;          /* parsed from resident_data */
 } flm_file;
@@ -80,6 +85,16 @@ typedef void (*flm_progress_fn)(void *user, const char *what, uint64_t done, uin
 
 /* Re-read every region and check its checksum. Errors: FLM_ERR_CHECKSUM naming the region, FLM_ERR_IO. */
 flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *user, flm_error *err);
+
+/* Read a whole region's payload into memory and check its checksum. *out is malloc'd (caller frees).
+ * Errors: FLM_ERR_IO, FLM_ERR_CHECKSUM, FLM_ERR_NOMEM. */
+flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err);
+
+/* Add, or replace, the file's single region of `kind` (FLM_REGION_PREDICTOR) with payload[0, size): writes
+ * "<path>.tmp" holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
+ * onto path, so the file is valid and checksummed at every moment. Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has
+ * no room for another region: convert again), errors of flm_file_open. */
+flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
 
 /* Convert a GGUF model (llama architecture; F32/F16/BF16/Q8_0/Q4_0) into dst. Writes "<dst>.tmp", fsyncs and renames
  * it onto dst only when complete; on any error removes the temporary file and leaves dst untouched.

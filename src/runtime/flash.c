@@ -36,7 +36,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
         const flm_region *r = file->ffn[l];
         flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, r->up_type, r->gate_type, r->down_type, hp->gated);
         fl->desc[l] = (flm_bundle_desc){hp->d_model, r->up_type, r->gate_type, r->down_type, b.up_off, b.gate_off,
-                                        b.down_off, b.record_bytes, hp->gated, hp->act == FLM_ACT_RELU};
+                                        b.down_off, b.record_bytes, hp->gated, hp->act == FLM_ACT_RELU, 0.0f};
     }
     flm_reader_opts ro;
     flm_reader_opts_default(&ro);
@@ -100,6 +100,7 @@ flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, 
         if (st) return st;
         records = fl->stream_buf;
     }
-    flm_ffn_bundles(ctx->k, &fl->desc[l], records, r->n_records, in, out, ctx->s.hb, fl->acc, ctx->params.n_threads);
+    flm_ffn_bundles(ctx->k, &fl->desc[l], records, NULL, r->n_records, in, out, ctx->s.hb, fl->acc,
+                    ctx->params.n_threads);
     return FLM_OK;
 }
