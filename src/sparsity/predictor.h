@@ -1,0 +1,181 @@
+/* predictor.h — the low-rank activation predictor (paper Knowl 2, accuracy notes in Knowl 10). Internal.
+ *
+ * One predictor per FFN layer. Given the FFN input x (d_model floats: the RMSNorm-ed vector the FFN sees, i.e. the
+ * output of that layer's attention block after the FFN norm), it guesses which of the layer's d_ffn intermediate
+ * neurons will be active, so only those neurons' bundles are read from flash (Knowl 2, 4):
+ *
+ *     h = A x           A: rank x d_model     (R^N -> R^r)
+ *     z = B h + c       B: d_ffn x rank, c: d_ffn   (R^r -> R^M)
+ *     neuron i predicted active  <=>  z_i > threshold
+ *
+ * With threshold 0 this is the paper's sigmoid(z_i) > 0.5; a negative threshold trades precision (more neurons
+ * read) for recall (fewer missed ones), a positive one the reverse. Knowl 10: rank and threshold are model- and
+ * layer-dependent (OPT 6.7B used rank 128 in the first 28 layers and 1024 in the last 4, ~5% false negatives and
+ * ~7% false positives), so each predictor carries its own rank and threshold.
+ *
+ * All matrices are float32, row-major. Training (flm_predictor_train) is plain C + BLAS/LAPACK on the CPU:
+ * an optional truncated-SVD initialisation from the layer's gate (or up) projection, a bias initialisation that
+ * matches each neuron's active fraction, then mini-batch Adam on a balanced binary cross-entropy.
+ *
+ * Threading: predict and eval call BLAS (OpenBLAS), which may use its own thread pool; train sets OpenBLAS's thread
+ * count to opts.n_threads for its duration (and restores it) and uses OpenMP for its element-wise loops. A
+ * predictor is read-only during predict, so several threads may predict with the same predictor concurrently, each
+ * with its own scratch. */
+#ifndef FLM_SPARSITY_PREDICTOR_H
+#define FLM_SPARSITY_PREDICTOR_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "flashlm.h"
+
+/* Upper limits accepted by init and deserialize (far above any real model: d_ffn is 53248 for Llama 3 405B). */
+#define FLM_PREDICTOR_MAX_DIM (1u << 20)
+
+typedef struct flm_predictor {
+    uint32_t d_model; /* N: length of x */
+    uint32_t d_ffn;   /* M: number of FFN intermediate neurons */
+    uint32_t rank;    /* r: 1 <= r <= min(d_model, d_ffn) */
+    float threshold;  /* logit threshold (default 0): neuron i is predicted active when z_i > threshold */
+    float *A;         /* rank x d_model, row-major (malloc'd, owned) */
+    float *B;         /* d_ffn x rank, row-major (owned) */
+    float *c;         /* d_ffn bias, in logit units (owned) */
+} flm_predictor;
+
+/* Allocate a predictor of the given shape with A, B, c and threshold zero (it then predicts nothing active).
+ * Errors: FLM_ERR_ARG (a dimension is 0 or above FLM_PREDICTOR_MAX_DIM, rank > min(d_model, d_ffn)),
+ * FLM_ERR_NOMEM. On error *p is zeroed (flm_predictor_free on it is a no-op). */
+flm_status flm_predictor_init(flm_predictor *p, uint32_t d_model, uint32_t d_ffn, uint32_t rank, flm_error *err);
+
+/* Free A, B, c and zero *p. Accepts NULL and a zeroed predictor. */
+void flm_predictor_free(flm_predictor *p);
+
+/* Floats of scratch that flm_predictor_predict needs: rank + d_ffn. */
+static inline size_t flm_predictor_scratch_floats(const flm_predictor *p) {
+    return (size_t)p->rank + (size_t)p->d_ffn;
+}
+
+/* Predict the active neurons for one input x (d_model floats). Writes the ids of the neurons with z_i > threshold
+ * into ids (capacity d_ffn) in increasing order and returns their count. scratch holds
+ * flm_predictor_scratch_floats(p) floats; on return scratch[rank .. rank + d_ffn) holds the logits z (bias
+ * included), scratch[0 .. rank) the hidden vector h = A x. Cost: rank * (d_model + d_ffn) multiply-adds. */
+size_t flm_predictor_predict(const flm_predictor *p, const float *x, uint32_t *ids, float *scratch);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Training
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* How the binary cross-entropy weights the (rare) active neurons against the inactive ones. With weight w on a
+ * positive term, the loss is minimised by predicting "active" when P(active | x) > 1 / (1 + w): w = n_neg / n_pos
+ * makes both classes count equally in total, which is what keeps a predictor from learning "nothing fires" when
+ * only a few percent of neurons do (Knowl 2: "balanced positive/negative training loss"). */
+typedef enum flm_predictor_balance {
+    FLM_PRED_BALANCE_LAYER = 0,  /* default: one weight w = n_neg / n_pos over the whole layer (training split) */
+    FLM_PRED_BALANCE_NEURON = 1, /* per neuron: w_i = n_neg_i / n_pos_i, capped at max_pos_weight (1 when the
+                                    neuron never fires in the training split) */
+    FLM_PRED_BALANCE_NONE = 2,   /* plain BCE (w = 1): for comparison */
+} flm_predictor_balance;
+
+typedef struct flm_predictor_train_opts {
+    int epochs;             /* passes over the training split (default 6); 0 = initialise only, no Adam steps */
+    float lr;               /* Adam step size, relative: A and B move by about lr * (RMS of their initial entries)
+                               per step, c by about lr * (std of the initial logits) (default 0.02). This makes one
+                               setting work whatever the scale of W and x. */
+    int batch;              /* samples per Adam step (default 64) */
+    float holdout;          /* fraction of the n samples held out for the returned metrics, in [0, 1) (default 0.2);
+                               0 = none (metrics are then computed on the training samples) */
+    uint64_t seed;          /* split, shuffling and random initialisation (default 1) */
+    const float *init_W;    /* optional d_ffn x d_model row-major matrix (the layer's gate projection, or the up
+                               projection of a non-gated FFN) whose truncated SVD W ~ U_r S_r V_r^T initialises
+                               B = U_r S_r^{1/2}, A = S_r^{1/2} V_r^T; NULL = random initialisation */
+    flm_predictor_balance balance; /* default FLM_PRED_BALANCE_LAYER */
+    float max_pos_weight;   /* cap for FLM_PRED_BALANCE_NEURON weights (default 100) */
+    float target_recall;    /* in (0, 1]: after training, set the threshold to the largest value whose recall on
+                               the held-out split (the training split when there is none) is >= target_recall;
+                               0 (default) = keep threshold 0 */
+    bool warm_start;        /* start from p's current A, B, c instead of initialising them (init_W then unused) */
+    int n_threads;          /* BLAS and OpenMP threads; 0 (default) = leave the libraries' defaults */
+    void (*progress)(void *user, const char *what, uint64_t done, uint64_t total); /* optional: called with "init"
+                               (0 of 1, 1 of 1) and "epoch" (done of epochs) after each epoch */
+    void *user;
+} flm_predictor_train_opts;
+
+/* Fill o with the defaults above. */
+void flm_predictor_train_opts_default(flm_predictor_train_opts *o);
+
+/* Quality of a predictor on a data set. Counts are over all (sample, neuron) pairs ("micro" averages). */
+typedef struct flm_predictor_metrics {
+    double recall;           /* TP / (TP + FN): share of truly active neurons that were predicted (1 if none are) */
+    double precision;        /* TP / (TP + FP): share of predicted neurons that were active (1 if none predicted) */
+    double active_frac_true; /* (TP + FN) / (n * d_ffn) */
+    double active_frac_pred; /* (TP + FP) / (n * d_ffn): the share of FFN weights that would be read */
+    uint64_t n_train;        /* samples trained on (flm_predictor_eval: 0) */
+    uint64_t n_holdout;      /* samples the metrics were computed on */
+    double loss;             /* layer-balanced BCE (positives weighted by n_neg / n_pos of the evaluated data),
+                                divided by the total weight: 0.693 is a coin flip; uses the threshold-free z */
+} flm_predictor_metrics;
+
+/* Train p (already flm_predictor_init'ed: its d_model, d_ffn and rank are used) to predict Y from X.
+ *   X: n x d_model floats, row-major: FFN inputs (the RMSNorm-ed vectors the FFN sees).
+ *   Y: n x d_ffn bytes, row-major: 1 when the neuron was active for that input (e.g. gate_i . x > 0 for a ReLU
+ *      FFN), 0 when not; any non-zero byte counts as 1.
+ *   o: options (NULL = defaults). m: optional, receives the metrics on the held-out split.
+ * Samples are split at random (seed) into training and held-out sets. Unless o->warm_start, A and B are initialised
+ * from init_W's truncated SVD (or at random), rescaled so the initial logits have standard deviation 4, and each
+ * c_i is set so that neuron i's predicted active fraction on the training split equals its true one. Then
+ * o->epochs passes of mini-batch Adam (beta1 0.9, beta2 0.999, eps 1e-8, cosine-decayed step) minimise the
+ * balanced BCE (see flm_predictor_balance). p->threshold is left at 0 unless o->target_recall > 0.
+ * Errors: FLM_ERR_ARG (p not initialised, NULL data, n too small for the split, a bad option), FLM_ERR_NOMEM,
+ * FLM_ERR_UNSUPPORTED (the eigensolver failed on init_W, e.g. it holds NaN). On error p's weights are unspecified
+ * but valid to free. */
+flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *Y, size_t n,
+                               const flm_predictor_train_opts *o, flm_predictor_metrics *m, flm_error *err);
+
+/* Metrics of p on n samples (X, Y as for train); m->n_train = 0, m->n_holdout = n. Uses BLAS' thread defaults.
+ * Returns FLM_ERR_NOMEM (m zeroed) when its scratch cannot be allocated, else FLM_OK. */
+flm_status flm_predictor_eval(const flm_predictor *p, const float *X, const uint8_t *Y, size_t n,
+                              flm_predictor_metrics *m, flm_error *err);
+
+/* Set p->threshold to the largest logit threshold whose recall on (X, Y) is at least target_recall (0 < target
+ * <= 1), i.e. the value just below the floor((1 - target) * P)-th smallest positive logit (P = active pairs).
+ * With no active pair in the data the threshold is left unchanged. Errors: FLM_ERR_ARG, FLM_ERR_NOMEM. */
+flm_status flm_predictor_calibrate(flm_predictor *p, const float *X, const uint8_t *Y, size_t n, double target_recall,
+                                   flm_error *err);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Serialization (one record per layer in the .flm file's predictor region; records can be concatenated)
+ *
+ *   offset  type                   field
+ *   0       u8[4]                  magic "FPRD"
+ *   4       u32                    version = 1
+ *   8       u32                    d_model
+ *   12      u32                    d_ffn
+ *   16      u32                    rank
+ *   20      f32                    threshold
+ *   24      u32[2]                 reserved, zero
+ *   32      f32[rank * d_model]    A, row-major
+ *           f32[d_ffn * rank]      B, row-major
+ *           f32[d_ffn]             c
+ * All fields little-endian (IEEE-754 bit patterns for floats). Size: 32 + 4 * (rank * (d_model + d_ffn) + d_ffn),
+ * a multiple of 4.
+ * ------------------------------------------------------------------------------------------------------------- */
+#define FLM_PREDICTOR_MAGIC "FPRD"
+#define FLM_PREDICTOR_VERSION 1u
+#define FLM_PREDICTOR_HEADER_BYTES 32u
+
+/* Bytes flm_predictor_serialize writes for p. */
+size_t flm_predictor_serialized_bytes(const flm_predictor *p);
+
+/* Write p to dst (flm_predictor_serialized_bytes(p) bytes; any alignment). */
+void flm_predictor_serialize(const flm_predictor *p, uint8_t *dst);
+
+/* Read one record from src[0 .. len) into *p (overwritten, not freed first: pass a zeroed or freed predictor) and
+ * set *consumed (when non-NULL) to its size, so a region holding several layers' records can be walked. Every
+ * field is checked against len before it is trusted: magic, reserved fields, dimensions (non-zero, at most
+ * FLM_PREDICTOR_MAX_DIM, 1 <= rank <= min(d_model, d_ffn)), the record size (computed in 64 bits) against len, and
+ * every float (threshold, A, B, c) finite. Errors: FLM_ERR_FORMAT (the message names what, the field and the
+ * values), FLM_ERR_UNSUPPORTED (a version other than 1), FLM_ERR_NOMEM, FLM_ERR_ARG (NULL p or src with len > 0).
+ * On error *p is zeroed. */
+flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_t len, size_t *consumed,
+                                     const char *what, flm_error *err);
+
+#endif

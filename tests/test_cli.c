@@ -1,0 +1,126 @@
+/* test_cli.c — the command line as a user meets it: help, bad options, bad files, a missing required key. Each
+ * failure must be a clear message naming the file and a non-zero exit, never a crash. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/gguf.h"
+#include "testutil.h"
+
+#define MODEL "models/stories260K/stories260K.gguf"
+
+static void expect(const char *args, int want_rc, const char *want_text) {
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc != want_rc) fail_msg("flashlm %s: exit %d, want %d; output:\n%s", args, rc, want_rc, out);
+    if (want_text && !strstr(out, want_text)) fail_msg("flashlm %s: output lacks '%s':\n%s", args, want_text, out);
+    free(out);
+}
+
+static void test_help(void **state) {
+    (void)state;
+    const char *cmds[] = {"run", "convert", "verify", "inspect", "bench", "perplexity"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "%s --help 2>&1", cmds[i]);
+        expect(args, 0, "usage: flashlm");
+    }
+    expect("--help 2>&1", 0, "commands:");
+    expect("2>&1", 2, "usage:");
+    expect("frobnicate 2>&1", 2, "unknown command");
+}
+
+static void test_bad_options(void **state) {
+    (void)state;
+    char args[4096];
+    snprintf(args, sizeof args, "run -m '%s' --bogus 2>&1", tu_shared(MODEL));
+    expect(args, 2, "unknown option");
+    snprintf(args, sizeof args, "run -m '%s' -n abc 2>&1", tu_shared(MODEL));
+    expect(args, 2, "bad -n");
+    snprintf(args, sizeof args, "run -m '%s' -t 0 2>&1", tu_shared(MODEL));
+    expect(args, 2, "bad -t");
+    snprintf(args, sizeof args, "run -m '%s' --temp -1 2>&1", tu_shared(MODEL));
+    expect(args, 2, "bad --temp");
+    snprintf(args, sizeof args, "run -m '%s' --mem 12Q 2>&1", tu_shared(MODEL));
+    expect(args, 2, "bad --mem");
+    snprintf(args, sizeof args, "run -m '%s' -p 'x' 2>&1 -n", tu_shared(MODEL));
+    expect(args, 2, "needs a value");
+    expect("run 2>&1", 2, "no model");
+    /* a prompt longer than the context */
+    snprintf(args, sizeof args, "run -m '%s' -c 8 -n 20 -p 'Once upon a time' 2>&1", tu_shared(MODEL));
+    expect(args, 1, "context");
+}
+
+static void test_bad_files(void **state) {
+    (void)state;
+    size_t len;
+    uint8_t *g = tu_read_file(tu_shared(MODEL), &len);
+    const char *bad = tu_tmp("cli-bad", ".gguf");
+    char args[4096];
+    /* missing file */
+    expect("run -m /nonexistent/model.gguf 2>&1", 1, "/nonexistent/model.gguf");
+    /* truncated, wrong magic: named, non-zero, for run and inspect and convert */
+    tu_write_file(bad, g, len / 3);
+    snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", bad);
+    expect(args, 1, bad);
+    snprintf(args, sizeof args, "inspect '%s' 2>&1", bad);
+    expect(args, 1, bad);
+    snprintf(args, sizeof args, "convert '%s' '%s.flm' 2>&1", bad, bad);
+    expect(args, 1, bad);
+    g[0] = 'X';
+    tu_write_file(bad, g, len);
+    snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", bad);
+    expect(args, 1, "magic");
+    remove(bad);
+    free(g);
+}
+
+/* A copy of the model without one required key: the message names the key. */
+static void test_missing_required_key(void **state) {
+    (void)state;
+    const char *drop[] = {"llama.block_count", "llama.embedding_length", "tokenizer.ggml.tokens",
+                          "general.architecture"};
+    flm_error err;
+    gguf_file *src = NULL;
+    assert_int_equal(gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    for (size_t d = 0; d < sizeof drop / sizeof *drop; d++) {
+        const char *out = tu_tmp("nokey", ".gguf");
+        gguf_writer *w = NULL;
+        assert_int_equal(gguf_writer_create(out, &w, &err), FLM_OK);
+        for (uint64_t i = 0; i < src->n_kv; i++)
+            if (strcmp(src->kv[i].key, drop[d])) assert_int_equal(gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+        for (uint64_t i = 0; i < src->n_tensors; i++) {
+            const gguf_tensor *t = &src->tensors[i];
+            assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+        }
+        assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+        for (uint64_t i = 0; i < src->n_tensors; i++)
+            assert_int_equal(gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+        assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
+        gguf_writer_free(w);
+        char args[4096];
+        snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", out);
+        expect(args, 1, drop[d]);
+        remove(out);
+    }
+    gguf_close(src);
+}
+
+static void test_inspect(void **state) {
+    (void)state;
+    char args[4096];
+    snprintf(args, sizeof args, "inspect '%s'", tu_shared(MODEL));
+    expect(args, 0, "blk.4.ffn_down.weight");
+    expect(args, 0, "n_kv_heads  4");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_missing_required_key),
+        cmocka_unit_test(test_inspect),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
