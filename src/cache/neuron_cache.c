@@ -2,6 +2,7 @@
  * docs/CACHE.md. */
 #include "cache/neuron_cache.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,7 +235,7 @@ flm_status flm_ncache_step(flm_ncache *c, const uint32_t *ids, uint32_t n, flm_n
     if (c->ring_count == c->window) drop_oldest(c, &s);
 
     /* 3. Early eviction, oldest first, until S_t's missing neurons fit. With an empty window rows_used + missing
-     *    = n <= capacity, so the loop ends with ring_count >= 0. */
+     *    = n <= capacity, so the loop always ends with a fit (the ring_count test is only a guard). */
     while (c->rows_used + missing > c->capacity && c->ring_count > 0) {
         drop_oldest(c, &s);
         s.n_evicted_tokens++;

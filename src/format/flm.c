@@ -452,6 +452,7 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst);
         goto done;
     }
+    XXH64_reset(o.h, 0); /* a fresh state is uninitialised */
     snprintf(tmp, plen + 16, "%s.tmp", dst);
     snprintf(res_tmp, plen + 32, "%s.resident.tmp", dst);
     o.path = tmp;

@@ -1,0 +1,943 @@
+/* synth.c — `flashlm synth`: synthetic llama GGUF files with realistic FFN activation statistics. See synth.h and
+ * docs/SYNTH.md (the construction, the numbers it was checked against).
+ *
+ * Outline of flm_synth_write:
+ *   metadata + vocabulary -> tensor infos -> for each tensor, in file order: generate its rows (OpenMP over rows,
+ *   each row from its own counter-based RNG stream, so the bytes do not depend on the thread count), quantize them
+ *   into one tensor buffer, run the calibration tokens through it, write it.
+ * The calibration pass is a batched replica of the llama forward pass (the engine's kernels, RMSNorm, RoPE and
+ * attention) over `calib_tokens` tokens. It sees each tensor right after it is made, so the scale of attn_output and
+ * ffn_down and the gate biases can be chosen from the activations the real model will produce. The same replica
+ * measures finished files (flm_synth_measure). */
+#include "model/synth.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compute/attention.h"
+#include "compute/kernels.h"
+#include "format/gguf.h"
+#include "format/tokenizer.h"
+#include "format/types.h"
+#include "util/error.h"
+
+#define SYNTH_MAX_VOCAB (1u << 20)
+#define SYNTH_N_SPECIAL 259u /* <unk>, <s>, </s>, 256 byte tokens */
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Parameters
+ * ------------------------------------------------------------------------------------------------------------- */
+void flm_synth_params_default(flm_synth_params *p) {
+    memset(p, 0, sizeof *p);
+    p->d_model = 2048;
+    p->d_ffn = 5632;
+    p->n_layers = 28;
+    p->n_heads = 32;
+    p->n_kv_heads = 32;
+    p->n_vocab = 32000;
+    p->n_ctx = 2048;
+    p->type = FLM_TYPE_F16;
+    p->act = FLM_ACT_RELU;
+    p->active = 0.05;
+    p->rank = 64;
+    p->noise = 0.1;
+    p->decay = 0.5;
+    p->tail = 2.0;
+    p->calib_tokens = 64;
+    p->seed = 1;
+    p->norm_eps = 1e-5f;
+    p->rope_theta = 10000.0f;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    p->n_threads = n > 0 ? (int)n : 1;
+}
+
+flm_status flm_synth_check(const flm_synth_params *p, flm_error *err) {
+    if (!p) return flm_fail(err, FLM_ERR_ARG, "synth: no parameters");
+#define BAD(...) return flm_fail(err, FLM_ERR_ARG, "synth: " __VA_ARGS__)
+    if (p->d_model < 2 || p->d_model > (1u << 20)) BAD("d_model %u is out of range (2..1048576)", p->d_model);
+    if (p->d_ffn < 1 || p->d_ffn > (1u << 20)) BAD("d_ffn %u is out of range (1..1048576)", p->d_ffn);
+    if (p->n_layers < 1 || p->n_layers > 4096) BAD("the number of layers %u is out of range (1..4096)", p->n_layers);
+    if (p->n_heads < 1 || p->n_heads > 4096) BAD("the number of heads %u is out of range (1..4096)", p->n_heads);
+    if (p->d_model % p->n_heads) BAD("d_model %u is not a multiple of the number of heads %u", p->d_model, p->n_heads);
+    if ((p->d_model / p->n_heads) % 2)
+        BAD("head dimension d_model/heads = %u/%u = %u must be even (RoPE rotates pairs)", p->d_model, p->n_heads,
+            p->d_model / p->n_heads);
+    if (p->n_kv_heads < 1 || p->n_heads % p->n_kv_heads)
+        BAD("kv-heads %u must be at least 1 and divide heads %u", p->n_kv_heads, p->n_heads);
+    if (p->n_vocab < SYNTH_N_SPECIAL || p->n_vocab > SYNTH_MAX_VOCAB)
+        BAD("vocab %u is out of range (%u..%u: <unk>, <s>, </s> and the 256 byte tokens come first)", p->n_vocab,
+            SYNTH_N_SPECIAL, SYNTH_MAX_VOCAB);
+    if (p->n_ctx < 1 || p->n_ctx > (1u << 24)) BAD("context length %u is out of range (1..16777216)", p->n_ctx);
+    const char *tn = flm_type_name(p->type);
+    if (!tn) BAD("tensor type %u is not supported (f32, f16, bf16, q8_0, q4_0)", p->type);
+    size_t be = flm_type_block_elems(p->type);
+    if (p->d_model % be || p->d_ffn % be)
+        BAD("type %s stores rows in blocks of %zu: d_model %u and d_ffn %u must both be multiples of %zu", tn, be,
+            p->d_model, p->d_ffn, be);
+    if (p->act != FLM_ACT_RELU && p->act != FLM_ACT_SILU) BAD("activation %d is not relu or silu", (int)p->act);
+    if (!(p->active > 0.0 && p->active <= 0.9)) BAD("active fraction %g is out of range (0, 0.9]", p->active);
+    uint32_t max_rank = p->d_model - 1 < p->d_ffn ? p->d_model - 1 : p->d_ffn;
+    if (p->rank > max_rank) BAD("rank %u exceeds min(d_model - 1, d_ffn) = %u", p->rank, max_rank);
+    if (!(p->noise >= 0.0 && p->noise <= 1.0)) BAD("noise %g is out of range [0, 1]", p->noise);
+    if (!(p->decay >= 0.0 && p->decay <= 4.0)) BAD("spectrum decay %g is out of range [0, 4]", p->decay);
+    if (!(p->tail > 0.0 && p->tail <= 8.0)) BAD("tail exponent %g is out of range (0, 8]", p->tail);
+    if (p->calib_tokens < 8 || p->calib_tokens > 1024)
+        BAD("calibration tokens %u is out of range (8..1024)", p->calib_tokens);
+    if (!(p->norm_eps > 0.0f && p->norm_eps < 1.0f)) BAD("norm epsilon %g is out of range (0, 1)", (double)p->norm_eps);
+    if (!(p->rope_theta > 0.0f && isfinite(p->rope_theta))) BAD("RoPE base %g must be positive", (double)p->rope_theta);
+    if (p->n_threads < 1 || p->n_threads > 1024) BAD("threads %d is out of range (1..1024)", p->n_threads);
+#undef BAD
+    return FLM_OK;
+}
+
+/* Tensor data bytes of each kind (no padding). */
+static uint64_t mat_bytes(uint32_t type, uint64_t rows, uint64_t n) { return (uint64_t)flm_row_bytes(type, n) * rows; }
+
+uint64_t flm_synth_tensor_bytes(const flm_synth_params *p) {
+    if (flm_synth_check(p, NULL) != FLM_OK) return 0;
+    uint64_t d = p->d_model, f = p->d_ffn, hd = d / p->n_heads, kv = hd * p->n_kv_heads;
+    uint64_t layer = 2 * 4 * d + mat_bytes(p->type, d, d) * 2 + mat_bytes(p->type, kv, d) * 2 +
+                     mat_bytes(p->type, f, d) * 2 + mat_bytes(p->type, d, f);
+    return 2 * mat_bytes(p->type, p->n_vocab, d) + 4 * d + layer * p->n_layers;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Random numbers: counter-based streams. Every row of every tensor has its own stream, keyed by (seed, stream kind,
+ * layer, row), so the output does not depend on the number of threads or the order rows are made in.
+ * ------------------------------------------------------------------------------------------------------------- */
+enum {
+    RNG_EMBD = 1, RNG_Q, RNG_K, RNG_V, RNG_O, RNG_GATE, RNG_GATE_V, RNG_UP, RNG_UP_V, RNG_DOWN, RNG_OUTPUT,
+    RNG_PERM, RNG_CALIB, RNG_MEASURE,
+};
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finalizer */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rng_stream(uint64_t seed, uint32_t kind, uint32_t layer, uint64_t row) {
+    uint64_t s = mix64(seed + 0x9E3779B97F4A7C15ull);
+    s = mix64(s ^ ((uint64_t)kind << 32 | layer));
+    return mix64(s ^ row * 0xD1B54A32D192ED03ull);
+}
+
+static inline uint64_t rng_next(uint64_t *s) { return mix64(*s += 0x9E3779B97F4A7C15ull); } /* splitmix64 */
+
+/* Uniform in [0, 1). */
+static inline double rng_unif(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1p-53; }
+
+/* Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall, n = 4), centred and scaled to unit
+ * variance. Bounded by +-3.46; its kurtosis is 2.7 instead of 3. One 64-bit draw per sample: ~1 ns. */
+static inline float rng_normal(uint64_t *s) {
+    uint64_t r = rng_next(s);
+    int32_t sum = (int32_t)(r & 0xffff) + (int32_t)((r >> 16) & 0xffff) + (int32_t)((r >> 32) & 0xffff) +
+                  (int32_t)(r >> 48);
+    return ((float)sum - 131070.0f) * (float)(1.0 / 37837.22679); /* sd of the sum: sqrt((65536^2 - 1) / 3) */
+}
+
+/* Inverse of the standard normal CDF (Acklam's rational approximation, relative error < 1.2e-9). p in (0, 1). */
+static double norm_ppf(double p) {
+    static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+                               1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
+    static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
+                               6.680131188771972e+01, -1.328068155288572e+01};
+    static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+                               -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00};
+    static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+                               3.754408661907416e+00};
+    if (p <= 0.0) return -40.0;
+    if (p >= 1.0) return 40.0;
+    if (p < 0.02425) {
+        double q = sqrt(-2 * log(p));
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+               ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+    }
+    if (p > 1 - 0.02425) return -norm_ppf(1 - p);
+    double q = p - 0.5, r = q * q;
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+           (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The frequency curve
+ * ------------------------------------------------------------------------------------------------------------- */
+static double curve_mean(double p_max, double tail, double u0, uint32_t n) {
+    double s = 0;
+    for (uint32_t k = 0; k < n; k++) s += pow(1.0 + ((k + 0.5) / n) / u0, -tail);
+    return p_max * s / n;
+}
+
+bool flm_synth_frequencies(double active, double tail, uint32_t n, double *out) {
+    if (!(active > 0.0 && active <= 0.9) || !(tail > 0.0) || n == 0) return false;
+    double p_max = 0.5 + active / 2;
+    /* the mean grows monotonically with u0 from 0 (u0 -> 0) to p_max (u0 -> inf): bisect on log u0 */
+    double lo = -30, hi = 30;
+    for (int it = 0; it < 100; it++) {
+        double mid = 0.5 * (lo + hi);
+        if (curve_mean(p_max, tail, exp(mid), n) < active) lo = mid; else hi = mid;
+    }
+    double u0 = exp(0.5 * (lo + hi));
+    for (uint32_t k = 0; k < n; k++) {
+        double v = p_max * pow(1.0 + ((k + 0.5) / n) / u0, -tail);
+        out[k] = v < 1e-7 ? 1e-7 : v;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The batched forward replica (calibration during generation; measurement of finished files)
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct fwd {
+    const flm_kernels *k;
+    uint32_t T;                       /* tokens, at positions 0..T-1 */
+    uint32_t d, d_ffn, n_heads, n_kv_heads, head_dim, q_dim, kv_dim, rope_dim;
+    float eps, theta;
+    flm_act act;
+    int nt;
+    float *x;     /* [T][d] residual stream */
+    float *xn;    /* [T][d] normed input of the current block */
+    float *q;     /* [T][q_dim] */
+    float *att;   /* [T][q_dim] attention output (input of attn_output) */
+    float *o;     /* [T][d] block output */
+    float *g;     /* [T][d_ffn] gate pre-activations */
+    float *h;     /* [T][d_ffn] up, then act(gate) * up */
+    float *score; /* [nt][n_heads * T] attention scores */
+    flm_kv_cache kv; /* one layer: n_ctx = T */
+} fwd;
+
+static void fwd_free(fwd *f) {
+    free(f->x); free(f->xn); free(f->q); free(f->att); free(f->o); free(f->g); free(f->h); free(f->score);
+    flm_kv_cache_free(&f->kv);
+    memset(f, 0, sizeof *f);
+}
+
+static flm_status fwd_init(fwd *f, const flm_hparams *hp, uint32_t T, int nt, flm_error *err) {
+    memset(f, 0, sizeof *f);
+    f->k = flm_kernels_best();
+    f->T = T;
+    f->d = hp->d_model;
+    f->d_ffn = hp->d_ffn;
+    f->n_heads = hp->n_heads;
+    f->n_kv_heads = hp->n_kv_heads;
+    f->head_dim = hp->head_dim;
+    f->q_dim = hp->n_heads * hp->head_dim;
+    f->kv_dim = hp->n_kv_heads * hp->head_dim;
+    f->rope_dim = hp->rope_dim;
+    f->eps = hp->norm_eps;
+    f->theta = hp->rope_theta;
+    f->act = hp->act;
+    f->nt = nt < 1 ? 1 : nt;
+    size_t xd = f->q_dim > f->d ? f->q_dim : f->d;
+    f->x = calloc((size_t)T * f->d, sizeof(float));
+    f->xn = calloc((size_t)T * xd, sizeof(float));
+    f->q = calloc((size_t)T * f->q_dim, sizeof(float));
+    f->att = calloc((size_t)T * f->q_dim, sizeof(float));
+    f->o = calloc((size_t)T * f->d, sizeof(float));
+    f->g = calloc((size_t)T * f->d_ffn, sizeof(float));
+    f->h = calloc((size_t)T * f->d_ffn, sizeof(float));
+    f->score = calloc((size_t)f->nt * f->n_heads * T, sizeof(float));
+    if (!f->x || !f->xn || !f->q || !f->att || !f->o || !f->g || !f->h || !f->score ||
+        flm_kv_cache_init(&f->kv, 1, T, f->kv_dim, err) != FLM_OK) {
+        fwd_free(f);
+        return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory for %u calibration tokens", T);
+    }
+    return FLM_OK;
+}
+
+/* Y[t][r] = dot(W row r, X[t]) for t < T, r < rows: W is rows x n of type, X is [T][n]. The engine's dot kernel on
+ * the stored rows (as flm_matvec), so every value is the one flm_eval computes. */
+static void fwd_mm(const fwd *f, uint32_t type, const void *W, size_t rows, size_t n, const float *X, float *Y) {
+    const flm_dot_fn dot = f->k->dot[type];
+    const size_t stride = flm_row_bytes(type, n);
+    const uint8_t *w = W;
+    const uint32_t T = f->T;
+    const ptrdiff_t nr = (ptrdiff_t)rows;
+#pragma omp parallel for num_threads(f->nt) schedule(static)
+    for (ptrdiff_t r = 0; r < nr; r++) {
+        const uint8_t *row = w + (size_t)r * stride;
+        for (uint32_t t = 0; t < T; t++) Y[(size_t)t * rows + (size_t)r] = dot(row, X + (size_t)t * n, n);
+    }
+}
+
+/* x[t] = row tokens[t] of the embedding. */
+static void fwd_embed(fwd *f, uint32_t type, const void *E, const int32_t *tokens) {
+    size_t stride = flm_row_bytes(type, f->d);
+    for (uint32_t t = 0; t < f->T; t++)
+        f->k->dequant[type]((const uint8_t *)E + (size_t)tokens[t] * stride, f->x + (size_t)t * f->d, f->d);
+}
+
+/* xn[t] = rmsnorm(x[t]) * w */
+static void fwd_norm(fwd *f, const float *w) {
+    for (uint32_t t = 0; t < f->T; t++)
+        flm_rmsnorm(f->xn + (size_t)t * f->d, f->x + (size_t)t * f->d, w, f->d, f->eps);
+}
+
+/* After q (f->q) and k, v (in the cache) are computed: RoPE, then causal attention into f->att. */
+static void fwd_attend(fwd *f) {
+    for (uint32_t t = 0; t < f->T; t++) {
+        flm_rope(f->q + (size_t)t * f->q_dim, f->n_heads, f->head_dim, f->rope_dim, t, f->theta);
+        flm_rope(flm_kv_key(&f->kv, 0, t), f->n_kv_heads, f->head_dim, f->rope_dim, t, f->theta);
+    }
+    const ptrdiff_t T = (ptrdiff_t)f->T;
+#pragma omp parallel for num_threads(f->nt) schedule(dynamic, 1)
+    for (ptrdiff_t t = 0; t < T; t++) {
+        float *score = f->score + (size_t)omp_get_thread_num() * f->n_heads * f->T;
+        flm_attention(&f->kv, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
+                      score, f->att + (size_t)t * f->q_dim, 1);
+    }
+}
+
+static void fwd_add(fwd *f) {
+    for (size_t i = 0; i < (size_t)f->T * f->d; i++) f->x[i] += f->o[i];
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); } /* as runtime/forward.c */
+
+/* h = act(g) * h (h holds up . x), as flm_ffn_dense. */
+static void fwd_glu(fwd *f) {
+    for (size_t i = 0; i < (size_t)f->T * f->d_ffn; i++) {
+        float g = f->g[i];
+        f->h[i] = (f->act == FLM_ACT_RELU ? (g > 0.0f ? g : 0.0f) : silu(g)) * f->h[i];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Vocabulary: <unk>, <s>, </s>, <0x00>..<0xFF>, then pieces made like BPE merges: single characters, then every
+ * piece of length k extended by one lower-case letter (in English letter-frequency order), breadth first, so every
+ * piece of two or more characters is the merge of a shorter piece and a letter (the tokenizer can reach it).
+ * ------------------------------------------------------------------------------------------------------------- */
+#define PIECE_MAX 24
+
+typedef struct vocab {
+    uint32_t n;
+    char (*text)[PIECE_MAX]; /* NUL-terminated */
+    const char **ptr;
+    float *score;
+    int32_t *type;
+} vocab;
+
+static void vocab_free(vocab *v) {
+    free(v->text); free(v->ptr); free(v->score); free(v->type);
+    memset(v, 0, sizeof *v);
+}
+
+static bool vocab_build(vocab *v, uint32_t n) {
+    static const char letters[] = "etaoinshrdlcumwfgypbvkjxqz";
+    static const char upper[] = "ETAOINSHRDLCUMWFGYPBVKJXQZ";
+    static const char other[] = "0123456789.,!?'\"-:;()";
+    memset(v, 0, sizeof *v);
+    v->n = n;
+    v->text = calloc(n, sizeof *v->text);
+    v->ptr = calloc(n, sizeof *v->ptr);
+    v->score = calloc(n, sizeof *v->score);
+    v->type = calloc(n, sizeof *v->type);
+    if (!v->text || !v->ptr || !v->score || !v->type) { vocab_free(v); return false; }
+    snprintf(v->text[0], PIECE_MAX, "<unk>");
+    snprintf(v->text[1], PIECE_MAX, "<s>");
+    snprintf(v->text[2], PIECE_MAX, "</s>");
+    v->type[0] = FLM_TOK_UNKNOWN;
+    v->type[1] = v->type[2] = FLM_TOK_CONTROL;
+    for (uint32_t b = 0; b < 256; b++) {
+        snprintf(v->text[3 + b], PIECE_MAX, "<0x%02X>", b);
+        v->type[3 + b] = FLM_TOK_BYTE;
+    }
+    uint32_t i = SYNTH_N_SPECIAL;
+    /* level 1: single characters; "expandable" ones (U+2581 and letters) come first */
+    const uint32_t first = i;
+#define ADD(s) do { if (i < n) snprintf(v->text[i++], PIECE_MAX, "%s", (s)); } while (0)
+    ADD("\xe2\x96\x81");
+    for (const char *c = letters; *c; c++) { char s[2] = {*c, 0}; ADD(s); }
+    for (const char *c = upper; *c; c++) { char s[2] = {*c, 0}; ADD(s); }
+    uint32_t level_begin = first, level_end = i; /* pieces to extend */
+    for (const char *c = other; *c; c++) { char s[2] = {*c, 0}; ADD(s); }
+    /* further levels: parent + letter, breadth first */
+    while (i < n) {
+        uint32_t next_begin = i;
+        for (uint32_t p = level_begin; p < level_end && i < n; p++) {
+            size_t len = strlen(v->text[p]);
+            if (len + 2 > PIECE_MAX) continue;
+            for (const char *c = letters; *c && i < n; c++) {
+                memcpy(v->text[i], v->text[p], len);
+                v->text[i][len] = *c;
+                v->text[i][len + 1] = 0;
+                i++;
+            }
+        }
+        level_begin = next_begin;
+        level_end = i;
+        if (level_end == level_begin) break; /* cannot happen for n <= SYNTH_MAX_VOCAB */
+    }
+#undef ADD
+    for (uint32_t j = 0; j < n; j++) {
+        v->ptr[j] = v->text[j];
+        if (j >= first) {
+            v->type[j] = FLM_TOK_NORMAL;
+            v->score[j] = -(float)(j - first); /* earlier (shorter, more frequent) pieces merge first */
+        }
+    }
+    return i == n;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Row generators. Each fills one row of n floats from its RNG stream; gen_tensor quantizes them into the tensor
+ * buffer, in parallel over rows.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef void (*row_fn)(const void *ctx, uint64_t row, uint64_t *rng, float *out, size_t n);
+
+/* N(0, sd^2) entries; column 0 set to col0 (when set_col0); row 0 all zero (when zero_row0). */
+typedef struct normal_spec {
+    float sd;
+    bool set_col0;
+    float col0;
+    bool zero_row0;
+} normal_spec;
+
+static void row_normal(const void *ctx, uint64_t row, uint64_t *rng, float *out, size_t n) {
+    const normal_spec *s = ctx;
+    if (s->zero_row0 && row == 0) {
+        memset(out, 0, n * sizeof *out);
+        return;
+    }
+    for (size_t j = 0; j < n; j++) out[j] = s->sd * rng_normal(rng);
+    if (s->set_col0) out[0] = s->col0;
+}
+
+/* Low rank plus noise: out = sum_k z_k V[k] + noise, z_k ~ N(0, 1), V = [rank][n] (rows already scaled by the
+ * spectrum; column 0 of V is zero), noise ~ N(0, noise_sd^2) on columns 1..n-1. Column 0 is the bias weight:
+ * 0 without ppf, else  |row| * sig * ppf[row] - row . mvec  (|row| over columns 1..n-1; see docs/SYNTH.md). */
+typedef struct lowrank_spec {
+    const flm_kernels *k;
+    const float *V;
+    uint32_t rank;
+    float noise_sd;
+    const double *ppf;   /* [rows] Phi^-1(p_i), or NULL */
+    double sig;          /* calibration: sigma_c / (w0 * B) */
+    const float *mvec;   /* calibration: m / (w0 * B), [n] with mvec[0] = 0; NULL = no mean correction */
+} lowrank_spec;
+
+static void row_lowrank(const void *ctx, uint64_t row, uint64_t *rng, float *out, size_t n) {
+    const lowrank_spec *s = ctx;
+    out[0] = 0.0f;
+    for (size_t j = 1; j < n; j++) out[j] = s->noise_sd * rng_normal(rng);
+    for (uint32_t r = 0; r < s->rank; r++) s->k->axpy[FLM_TYPE_F32](s->V + (size_t)r * n, rng_normal(rng), out, n);
+    out[0] = 0.0f;
+    if (!s->ppf) return;
+    double ss = 0, gm = 0;
+    for (size_t j = 1; j < n; j++) ss += (double)out[j] * out[j];
+    if (s->mvec)
+        for (size_t j = 1; j < n; j++) gm += (double)out[j] * s->mvec[j];
+    out[0] = (float)(sqrt(ss) * s->sig * s->ppf[row] - gm);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The generator
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct synth {
+    const flm_synth_params *p;
+    gguf_writer *w;
+    const flm_kernels *k;
+    int nt;
+    uint8_t *buf;          /* the current tensor, stored type */
+    float **rowbuf;        /* [nt][max(d_model, d_ffn)] */
+    float *vec;            /* a norm vector [d_model] */
+    float *V;              /* [rank][d_model] */
+    double *freq;          /* [d_ffn] sorted target frequencies */
+    double *ppf;           /* [d_ffn] Phi^-1(p_i) of this layer's neurons */
+    uint32_t *perm;        /* [d_ffn] */
+    float *mvec;           /* [d_model] */
+    int32_t *tokens;       /* [T] calibration tokens */
+    fwd f;
+    flm_progress_fn progress;
+    void *user;
+    uint64_t done, total;
+} synth;
+
+/* Fill S->buf with rows x n of type from fn, in parallel. */
+static void gen_tensor(synth *S, uint32_t type, uint64_t rows, uint64_t n, row_fn fn, const void *ctx, uint32_t kind,
+                       uint32_t layer) {
+    const size_t stride = flm_row_bytes(type, n);
+    const ptrdiff_t nr = (ptrdiff_t)rows;
+    uint8_t *buf = S->buf;
+    float **rowbuf = S->rowbuf;
+    uint64_t seed = S->p->seed;
+#pragma omp parallel num_threads(S->nt)
+    {
+        float *tmp = rowbuf[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 64)
+        for (ptrdiff_t r = 0; r < nr; r++) {
+            uint64_t rng = rng_stream(seed, kind, layer, (uint64_t)r);
+            fn(ctx, (uint64_t)r, &rng, tmp, n);
+            flm_quantize_row(type, tmp, buf + (size_t)r * stride, n);
+        }
+    }
+}
+
+static flm_status write_buf(synth *S, const void *data, uint64_t nbytes, flm_error *err) {
+    flm_status st = gguf_writer_write_tensor(S->w, data, nbytes, err);
+    if (st) return st;
+    S->done += nbytes;
+    if (S->progress) S->progress(S->user, "synth", S->done, S->total);
+    return FLM_OK;
+}
+
+/* Write an F32 norm vector: weight w0 on dimension 0, 1 elsewhere. */
+static flm_status write_norm(synth *S, float w0, flm_error *err) {
+    uint32_t d = S->p->d_model;
+    for (uint32_t j = 0; j < d; j++) S->vec[j] = 1.0f;
+    S->vec[0] = w0;
+    return write_buf(S, S->vec, (uint64_t)d * 4, err);
+}
+
+/* Mean over the calibration tokens of sum_{j >= 1} v[t][j]^2, v = [T][n]. */
+static double mean_energy(const float *v, uint32_t T, size_t n, size_t from) {
+    double s = 0;
+    for (uint32_t t = 0; t < T; t++)
+        for (size_t j = from; j < n; j++) s += (double)v[(size_t)t * n + j] * v[(size_t)t * n + j];
+    return s / T;
+}
+
+static flm_status check_finite(const float *v, size_t n, const char *what, uint32_t layer, flm_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return flm_fail(err, FLM_ERR_FORMAT, "synth: calibration: non-finite %s in layer %u", what, layer);
+    return FLM_OK;
+}
+
+/* The spectrum-scaled shared basis of one layer's gate or up rows: V[k] ~ N(0, s_k^2 c^2 / n) on columns 1..n-1,
+ * s_k = (k+1)^-decay, c^2 = (1 - noise) / sum s_k^2, so that a row's low-rank part has energy (1 - noise) on average
+ * (and the whole row energy 1: entries of standard deviation ~ 1/sqrt(d_model)). */
+static void make_basis(synth *S, uint32_t kind, uint32_t layer, double noise) {
+    const flm_synth_params *p = S->p;
+    size_t n = p->d_model;
+    double sum = 0;
+    for (uint32_t k = 0; k < p->rank; k++) sum += pow(k + 1.0, -2.0 * p->decay);
+    for (uint32_t k = 0; k < p->rank; k++) {
+        uint64_t rng = rng_stream(p->seed, kind, layer, k);
+        float sd = (float)(pow(k + 1.0, -p->decay) * sqrt((1.0 - noise) / sum) / sqrt((double)n));
+        float *v = S->V + (size_t)k * n;
+        v[0] = 0.0f;
+        for (size_t j = 1; j < n; j++) v[j] = sd * rng_normal(&rng);
+    }
+}
+
+static void add_kvs(synth *S, const vocab *v) {
+    const flm_synth_params *p = S->p;
+    gguf_writer *w = S->w;
+    uint32_t ftype = 0;
+    switch (p->type) {
+    case FLM_TYPE_F32: ftype = 0; break;   /* LLAMA_FTYPE_ALL_F32 */
+    case FLM_TYPE_F16: ftype = 1; break;   /* LLAMA_FTYPE_MOSTLY_F16 */
+    case FLM_TYPE_Q4_0: ftype = 2; break;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
+    case FLM_TYPE_Q8_0: ftype = 7; break;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
+    case FLM_TYPE_BF16: ftype = 32; break; /* LLAMA_FTYPE_MOSTLY_BF16 */
+    }
+    char name[128], desc[512];
+    snprintf(name, sizeof name, "flashlm-synth d%u-f%u-l%u-%s-%s", p->d_model, p->d_ffn, p->n_layers,
+             flm_type_name(p->type), p->act == FLM_ACT_RELU ? "relu" : "silu");
+    snprintf(desc, sizeof desc,
+             "Synthetic model written by flashlm synth: RANDOM weights, the text it produces is meaningless. It "
+             "measures the system (I/O, memory, kernels), not model quality. FFN activation statistics: active %g, "
+             "rank %u, noise %g, decay %g, tail %g, calibration tokens %u, seed %llu.",
+             p->active, p->rank, p->rank ? p->noise : 1.0, p->decay, p->tail, p->calib_tokens,
+             (unsigned long long)p->seed);
+    gguf_writer_kv_str(w, "general.architecture", "llama");
+    gguf_writer_kv_str(w, "general.name", name);
+    gguf_writer_kv_str(w, "general.description", desc);
+    gguf_writer_kv_u32(w, "general.file_type", ftype);
+    gguf_writer_kv_u32(w, "general.quantization_version", 2);
+    gguf_writer_kv_u32(w, "llama.context_length", p->n_ctx);
+    gguf_writer_kv_u32(w, "llama.embedding_length", p->d_model);
+    gguf_writer_kv_u32(w, "llama.block_count", p->n_layers);
+    gguf_writer_kv_u32(w, "llama.feed_forward_length", p->d_ffn);
+    gguf_writer_kv_u32(w, "llama.attention.head_count", p->n_heads);
+    gguf_writer_kv_u32(w, "llama.attention.head_count_kv", p->n_kv_heads);
+    gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", p->norm_eps);
+    gguf_writer_kv_f32(w, "llama.rope.freq_base", p->rope_theta);
+    gguf_writer_kv_u32(w, "llama.rope.dimension_count", p->d_model / p->n_heads);
+    gguf_writer_kv_u32(w, "llama.vocab_size", p->n_vocab);
+    if (p->act == FLM_ACT_RELU) gguf_writer_kv_str(w, "flashlm.ffn_activation", "relu");
+    gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama");
+    gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, v->ptr, v->n);
+    gguf_writer_kv_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v->score, v->n);
+    gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, v->type, v->n);
+    gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+}
+
+static void add_tensors(synth *S) {
+    const flm_synth_params *p = S->p;
+    uint64_t d = p->d_model, f = p->d_ffn, kv = (uint64_t)(d / p->n_heads) * p->n_kv_heads;
+    char name[96];
+#define T2(nm, n_in, n_out) do { uint64_t ne[2] = {(n_in), (n_out)}; \
+        gguf_writer_add_tensor(S->w, nm, p->type, 2, ne); } while (0)
+#define T1(nm, n) do { uint64_t ne[1] = {(n)}; gguf_writer_add_tensor(S->w, nm, FLM_TYPE_F32, 1, ne); } while (0)
+    T2("token_embd.weight", d, p->n_vocab);
+    for (uint32_t l = 0; l < p->n_layers; l++) {
+        snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l); T1(name, d);
+        snprintf(name, sizeof name, "blk.%u.attn_q.weight", l); T2(name, d, d);
+        snprintf(name, sizeof name, "blk.%u.attn_k.weight", l); T2(name, d, kv);
+        snprintf(name, sizeof name, "blk.%u.attn_v.weight", l); T2(name, d, kv);
+        snprintf(name, sizeof name, "blk.%u.attn_output.weight", l); T2(name, d, d);
+        snprintf(name, sizeof name, "blk.%u.ffn_norm.weight", l); T1(name, d);
+        snprintf(name, sizeof name, "blk.%u.ffn_gate.weight", l); T2(name, d, f);
+        snprintf(name, sizeof name, "blk.%u.ffn_up.weight", l); T2(name, d, f);
+        snprintf(name, sizeof name, "blk.%u.ffn_down.weight", l); T2(name, f, d);
+    }
+    T1("output_norm.weight", d);
+    T2("output.weight", d, p->n_vocab);
+#undef T1
+#undef T2
+}
+
+/* Scales of the construction (docs/SYNTH.md). */
+#define SYNTH_BIAS_SD 4.0f  /* embedding dimension 0 (the bias channel) = 4 sd: the absmax of every Q8_0/Q4_0 block 0 */
+#define SYNTH_QK_GAIN 2.0f  /* q and k rows have sd 1.5/sqrt(d): attention scores of sd ~2.25 (peaked, not uniform) */
+
+/* One layer: the nine tensors in file order, each followed by its calibration step. */
+static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
+    const flm_synth_params *p = S->p;
+    fwd *f = &S->f;
+    const uint32_t type = p->type, d = p->d_model, nf = p->d_ffn, T = f->T;
+    const size_t stride_d = flm_row_bytes(type, d), stride_f = flm_row_bytes(type, nf);
+    const double eta = 1.0 / p->n_layers; /* each block adds eta * e0 to the residual energy */
+    const double sd_w = 1.0 / sqrt((double)d);
+    flm_status st;
+
+    /* attention: norm ignores the bias channel (weight 0 on dimension 0) */
+    if ((st = write_norm(S, 0.0f, err))) return st;
+    fwd_norm(f, S->vec);
+    normal_spec qk = {.sd = (float)(SYNTH_QK_GAIN * sd_w)}, vs = {.sd = (float)sd_w};
+    gen_tensor(S, type, f->q_dim, d, row_normal, &qk, RNG_Q, l);
+    fwd_mm(f, type, S->buf, f->q_dim, d, f->xn, f->q);
+    if ((st = write_buf(S, S->buf, stride_d * f->q_dim, err))) return st;
+    gen_tensor(S, type, f->kv_dim, d, row_normal, &qk, RNG_K, l);
+    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->kv.k);
+    if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err))) return st;
+    gen_tensor(S, type, f->kv_dim, d, row_normal, &vs, RNG_V, l);
+    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->kv.v);
+    if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err))) return st;
+    fwd_attend(f);
+    /* attn_output: row 0 zero (the bias channel passes the residual untouched); scaled to add eta * e0 */
+    double ea = mean_energy(f->att, T, f->q_dim, 0);
+    normal_spec os = {.sd = (float)sqrt(eta * e0 / ((d - 1) * (ea > 1e-30 ? ea : 1e-30))), .zero_row0 = true};
+    gen_tensor(S, type, d, f->q_dim, row_normal, &os, RNG_O, l);
+    fwd_mm(f, type, S->buf, d, f->q_dim, f->att, f->o);
+    fwd_add(f);
+    if ((st = write_buf(S, S->buf, (uint64_t)flm_row_bytes(type, f->q_dim) * d, err))) return st;
+    if ((st = check_finite(f->x, (size_t)T * d, "attention output", l, err))) return st;
+
+    /* FFN input statistics of the residual r = x[1..d-1] over the calibration tokens:
+     * s_r^2 = E|r|^2/(d-1), mean m (shrunk towards 0 by its sampling noise), sigma_c^2 = s_r^2 - |m|^2/(d-1). */
+    double sr2 = mean_energy(f->x, T, d, 1) / (d - 1);
+    double m2 = 0;
+    for (uint32_t j = 1; j < d; j++) {
+        double s = 0;
+        for (uint32_t t = 0; t < T; t++) s += f->x[(size_t)t * d + j];
+        S->mvec[j] = (float)(s / T);
+        m2 += (s / T) * (s / T);
+    }
+    double noise_m2 = (sr2 * (d - 1) - m2) / (T > 1 ? T - 1 : 1); /* expected |m_hat - m|^2 */
+    double shrink = m2 > 0 ? 1.0 - noise_m2 / m2 : 0.0;
+    if (shrink < 0) shrink = 0;
+    double sc2 = sr2 - shrink * m2 / (d - 1); /* James-Stein: |m|^2 ~ m2 - noise_m2 */
+    if (sc2 < 1e-3 * sr2) sc2 = 1e-3 * sr2;
+    /* ffn_norm: dimension 0 weight w0 makes the normed bias channel ~ sqrt(d-1) * s_r / rms ~ sqrt(d) */
+    const float B = SYNTH_BIAS_SD * (float)sd_w;
+    double w0 = sqrt((double)(d - 1) * sr2) / B;
+    double wb = w0 * B;
+    S->mvec[0] = 0.0f;
+    for (uint32_t j = 1; j < d; j++) S->mvec[j] = (float)(S->mvec[j] * shrink / wb);
+    if ((st = write_norm(S, (float)w0, err))) return st;
+    fwd_norm(f, S->vec);
+
+    /* gate: low rank + noise; bias weight on dimension 0 sets P(gate_i . x > 0) = p_i */
+    double noise = p->rank ? p->noise : 1.0;
+    uint64_t prng = rng_stream(p->seed, RNG_PERM, l, 0);
+    for (uint32_t i = 0; i < nf; i++) S->perm[i] = i;
+    for (uint32_t i = nf; i > 1; i--) { /* Fisher-Yates */
+        uint32_t j = (uint32_t)(rng_unif(&prng) * i);
+        uint32_t t = S->perm[i - 1]; S->perm[i - 1] = S->perm[j]; S->perm[j] = t;
+    }
+    for (uint32_t i = 0; i < nf; i++) S->ppf[i] = norm_ppf(S->freq[S->perm[i]]);
+    make_basis(S, RNG_GATE_V, l, noise);
+    lowrank_spec gs = {.k = S->k, .V = S->V, .rank = p->rank, .noise_sd = (float)sqrt(noise / d), .ppf = S->ppf,
+                       .sig = sqrt(sc2) / wb, .mvec = S->mvec};
+    gen_tensor(S, type, nf, d, row_lowrank, &gs, RNG_GATE, l);
+    fwd_mm(f, type, S->buf, nf, d, f->xn, f->g);
+    if ((st = write_buf(S, S->buf, stride_d * nf, err))) return st;
+    /* up: low rank + noise, no bias */
+    make_basis(S, RNG_UP_V, l, noise);
+    lowrank_spec us = {.k = S->k, .V = S->V, .rank = p->rank, .noise_sd = (float)sqrt(noise / d)};
+    gen_tensor(S, type, nf, d, row_lowrank, &us, RNG_UP, l);
+    fwd_mm(f, type, S->buf, nf, d, f->xn, f->h);
+    if ((st = write_buf(S, S->buf, stride_d * nf, err))) return st;
+    fwd_glu(f);
+    if ((st = check_finite(f->h, (size_t)T * nf, "FFN activation", l, err))) return st;
+    /* down: row 0 zero; scaled to add eta * e0 */
+    double eh = mean_energy(f->h, T, nf, 0);
+    normal_spec ds = {.sd = (float)sqrt(eta * e0 / ((d - 1) * (eh > 1e-30 ? eh : 1e-30))), .zero_row0 = true};
+    gen_tensor(S, type, d, nf, row_normal, &ds, RNG_DOWN, l);
+    fwd_mm(f, type, S->buf, d, nf, f->h, f->o);
+    fwd_add(f);
+    if ((st = write_buf(S, S->buf, stride_f * d, err))) return st;
+    return check_finite(f->x, (size_t)T * d, "FFN output", l, err);
+}
+
+static void synth_free(synth *S) {
+    gguf_writer_free(S->w);
+    free(S->buf);
+    if (S->rowbuf)
+        for (int i = 0; i < S->nt; i++) free(S->rowbuf[i]);
+    free(S->rowbuf);
+    free(S->vec); free(S->V); free(S->freq); free(S->ppf); free(S->perm); free(S->mvec); free(S->tokens);
+    fwd_free(&S->f);
+}
+
+flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_progress_fn progress, void *user,
+                           flm_error *err) {
+    flm_status st = flm_synth_check(p, err);
+    if (st) return st;
+    if (!path || !*path) return flm_fail(err, FLM_ERR_ARG, "synth: no output path");
+    synth S = {.p = p, .k = flm_kernels_best(), .nt = p->n_threads, .progress = progress, .user = user};
+    S.total = flm_synth_tensor_bytes(p);
+    const uint32_t d = p->d_model, nf = p->d_ffn, T = p->calib_tokens;
+    uint64_t max_tensor = mat_bytes(p->type, p->n_vocab, d);
+    uint64_t ffn_tensor = mat_bytes(p->type, nf, d);
+    if (ffn_tensor > max_tensor) max_tensor = ffn_tensor;
+    if (mat_bytes(p->type, d, d) > max_tensor) max_tensor = mat_bytes(p->type, d, d);
+    size_t rowlen = d > nf ? d : nf;
+    vocab v = {0};
+    flm_hparams hp = {.d_model = d, .d_ffn = nf, .n_layers = p->n_layers, .n_heads = p->n_heads,
+                      .n_kv_heads = p->n_kv_heads, .head_dim = d / p->n_heads, .n_vocab = p->n_vocab,
+                      .n_ctx_train = p->n_ctx, .rope_dim = d / p->n_heads, .norm_eps = p->norm_eps,
+                      .rope_theta = p->rope_theta, .act = p->act, .gated = true};
+    if (max_tensor > SIZE_MAX / 2 || !(S.buf = malloc((size_t)max_tensor)) ||
+        !(S.rowbuf = calloc((size_t)S.nt, sizeof *S.rowbuf)) || !(S.vec = malloc(d * sizeof(float))) ||
+        !(S.V = calloc((size_t)(p->rank ? p->rank : 1) * d, sizeof(float))) ||
+        !(S.freq = malloc(nf * sizeof(double))) || !(S.ppf = malloc(nf * sizeof(double))) ||
+        !(S.perm = malloc(nf * sizeof(uint32_t))) || !(S.mvec = calloc(d, sizeof(float))) ||
+        !(S.tokens = malloc(T * sizeof(int32_t)))) {
+        synth_free(&S);
+        return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory (the largest tensor is %llu bytes)",
+                        (unsigned long long)max_tensor);
+    }
+    for (int i = 0; i < S.nt; i++)
+        if (!(S.rowbuf[i] = malloc(rowlen * sizeof(float)))) {
+            synth_free(&S);
+            return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory");
+        }
+    if ((st = fwd_init(&S.f, &hp, T, S.nt, err))) { synth_free(&S); return st; }
+    if (!vocab_build(&v, p->n_vocab)) {
+        synth_free(&S);
+        return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory for the vocabulary");
+    }
+    flm_synth_frequencies(p->active, p->tail, nf, S.freq);
+    /* calibration tokens: BOS, then random non-special ids */
+    uint64_t crng = rng_stream(p->seed, RNG_CALIB, 0, 0);
+    S.tokens[0] = 1;
+    for (uint32_t t = 1; t < T; t++) S.tokens[t] = 3 + (int32_t)(rng_unif(&crng) * (p->n_vocab - 3));
+
+    if ((st = gguf_writer_create(path, &S.w, err))) { vocab_free(&v); synth_free(&S); return st; }
+    add_kvs(&S, &v);
+    add_tensors(&S);
+    st = gguf_writer_begin(S.w, err);
+    vocab_free(&v);
+    if (st) { synth_free(&S); return st; }
+    if (S.progress) S.progress(S.user, "synth", 0, S.total);
+
+    /* token embeddings: N(0, 1/d) with the bias channel B on dimension 0 */
+    const double sd_w = 1.0 / sqrt((double)d);
+    normal_spec es = {.sd = (float)sd_w, .set_col0 = true, .col0 = SYNTH_BIAS_SD * (float)sd_w};
+    gen_tensor(&S, p->type, p->n_vocab, d, row_normal, &es, RNG_EMBD, 0);
+    fwd_embed(&S.f, p->type, S.buf, S.tokens);
+    double e0 = mean_energy(S.f.x, T, d, 1);
+    if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err))) { synth_free(&S); return st; }
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        if ((st = synth_layer(&S, l, e0, err))) { synth_free(&S); return st; }
+    /* output: the norm ignores the bias channel; classifier N(0, 1/d) */
+    normal_spec out = {.sd = (float)sd_w};
+    if ((st = write_norm(&S, 0.0f, err))) { synth_free(&S); return st; }
+    gen_tensor(&S, p->type, p->n_vocab, d, row_normal, &out, RNG_OUTPUT, 0);
+    if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err)) ||
+        (st = gguf_writer_finish(S.w, err))) {
+        synth_free(&S);
+        return st;
+    }
+    synth_free(&S);
+    return FLM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Measurement
+ * ------------------------------------------------------------------------------------------------------------- */
+void flm_synth_activity_free(flm_synth_activity *a) {
+    if (!a) return;
+    free(a->counts); free(a->layer_active); free(a->layer_hot_share); free(a->layer_rare); free(a->layer_reuse);
+    memset(a, 0, sizeof *a);
+}
+
+static int cmp_u32_desc(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Per-layer summaries from the counts. */
+static flm_status summarize(flm_synth_activity *a) {
+    uint32_t nf = a->d_ffn, T = a->n_tokens;
+    uint32_t *sorted = malloc(nf * sizeof *sorted);
+    if (!sorted) return FLM_ERR_NOMEM;
+    uint32_t hot = nf / 10 ? nf / 10 : 1;
+    for (uint32_t l = 0; l < a->n_layers; l++) {
+        const uint32_t *c = a->counts + (size_t)l * nf;
+        memcpy(sorted, c, nf * sizeof *sorted);
+        qsort(sorted, nf, sizeof *sorted, cmp_u32_desc);
+        uint64_t total = 0, top = 0, rare = 0;
+        for (uint32_t i = 0; i < nf; i++) {
+            total += sorted[i];
+            if (i < hot) top += sorted[i];
+            if ((double)sorted[i] <= 0.01 * T) rare++;
+        }
+        a->layer_active[l] = (double)total / ((double)nf * T);
+        a->layer_hot_share[l] = total ? (double)top / (double)total : 0.0;
+        a->layer_rare[l] = (double)rare / nf;
+        a->mean_active += a->layer_active[l] / a->n_layers;
+        a->mean_hot_share += a->layer_hot_share[l] / a->n_layers;
+        a->mean_rare += a->layer_rare[l] / a->n_layers;
+        a->mean_reuse += a->layer_reuse[l] / a->n_layers;
+    }
+    free(sorted);
+    return FLM_OK;
+}
+
+/* Compare the replica's logits [T][n_vocab] with flm_eval on the same tokens. */
+static flm_status engine_diff(const char *path, const int32_t *tokens, uint32_t T, const float *logits,
+                              uint32_t n_vocab, int nt, double *out, bool *finite, flm_error *err) {
+    flm_params prm;
+    flm_params_default(&prm);
+    prm.n_threads = nt;
+    prm.n_ctx = (int)T;
+    prm.mode = FLM_MODE_RAM;
+    flm_ctx *ctx = NULL;
+    flm_status st = flm_open(path, &prm, &ctx, err);
+    if (st) return st;
+    double worst = 0;
+    for (uint32_t t = 0; t < T && st == FLM_OK; t++) {
+        const float *lg = NULL;
+        if ((st = flm_eval(ctx, tokens[t], (int32_t)t, &lg, err))) break;
+        double mx = 1, md = 0;
+        for (uint32_t i = 0; i < n_vocab; i++) {
+            if (!isfinite(lg[i])) *finite = false;
+            double a = fabs(lg[i]), dd = fabs((double)lg[i] - logits[(size_t)t * n_vocab + i]);
+            if (a > mx) mx = a;
+            if (dd > md || dd != dd) md = dd;
+        }
+        if (md / mx > worst || md != md) worst = md / mx;
+    }
+    flm_close(ctx);
+    *out = worst;
+    return st;
+}
+
+flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed, int n_threads, bool check_engine,
+                             flm_synth_activity *out, flm_error *err) {
+    memset(out, 0, sizeof *out);
+    if (n_tokens < 1 || n_tokens > 4096)
+        return flm_fail(err, FLM_ERR_ARG, "synth measure: %u tokens is out of range (1..4096)", n_tokens);
+    if (n_threads < 1) n_threads = 1;
+    gguf_file *gf = NULL;
+    flm_model *m = NULL;
+    flm_status st;
+    if ((st = gguf_open(path, &gf, err)) || (st = flm_model_from_gguf(gf, &m, err))) return st;
+    const flm_hparams *hp = &m->hp;
+    const uint32_t T = n_tokens, nf = hp->d_ffn, d = hp->d_model, L = hp->n_layers;
+    fwd f;
+    int32_t *tokens = malloc(T * sizeof *tokens);
+    float *logits = check_engine ? malloc((size_t)T * hp->n_vocab * sizeof(float)) : NULL;
+    uint8_t *prev = malloc(nf), *cur = malloc(nf);
+    flm_synth_activity *a = out;
+    a->n_layers = L;
+    a->d_ffn = nf;
+    a->n_tokens = T;
+    a->max_logit_diff = -1;
+    a->finite = true;
+    a->counts = calloc((size_t)L * nf, sizeof *a->counts);
+    a->layer_active = calloc(L, sizeof(double));
+    a->layer_hot_share = calloc(L, sizeof(double));
+    a->layer_rare = calloc(L, sizeof(double));
+    a->layer_reuse = calloc(L, sizeof(double));
+    if (!tokens || (check_engine && !logits) || !prev || !cur || !a->counts || !a->layer_active ||
+        !a->layer_hot_share || !a->layer_rare || !a->layer_reuse) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "synth measure: out of memory");
+        goto done;
+    }
+    if ((st = fwd_init(&f, hp, T, n_threads, err))) goto done;
+    int32_t bos = flm_tokenizer_bos(m->tok);
+    uint64_t rng = rng_stream(seed, RNG_MEASURE, 0, 0);
+    for (uint32_t t = 0; t < T; t++) {
+        int32_t lo = hp->n_vocab > SYNTH_N_SPECIAL ? 3 : 0;
+        tokens[t] = lo + (int32_t)(rng_unif(&rng) * (hp->n_vocab - (uint32_t)lo));
+    }
+    if (bos >= 0) tokens[0] = bos;
+    fwd_embed(&f, m->tok_embd.type, m->tok_embd.data, tokens);
+    for (uint32_t l = 0; l < L; l++) {
+        const flm_layer_weights *W = &m->layers[l];
+        fwd_norm(&f, W->attn_norm.data);
+        fwd_mm(&f, W->wq.type, W->wq.data, f.q_dim, d, f.xn, f.q);
+        fwd_mm(&f, W->wk.type, W->wk.data, f.kv_dim, d, f.xn, f.kv.k);
+        fwd_mm(&f, W->wv.type, W->wv.data, f.kv_dim, d, f.xn, f.kv.v);
+        fwd_attend(&f);
+        fwd_mm(&f, W->wo.type, W->wo.data, d, f.q_dim, f.att, f.o);
+        fwd_add(&f);
+        fwd_norm(&f, W->ffn_norm.data);
+        fwd_mm(&f, W->ffn_gate.type, W->ffn_gate.data, nf, d, f.xn, f.g);
+        fwd_mm(&f, W->ffn_up.type, W->ffn_up.data, nf, d, f.xn, f.h);
+        uint32_t *c = a->counts + (size_t)l * nf;
+        uint64_t act_prev = 0, both = 0;
+        for (uint32_t t = 0; t < T; t++) {
+            const float *g = f.g + (size_t)t * nf;
+            for (uint32_t i = 0; i < nf; i++) {
+                if (!isfinite(g[i])) a->finite = false;
+                cur[i] = g[i] > 0.0f;
+                c[i] += cur[i];
+                if (t > 0 && cur[i]) {
+                    act_prev++;
+                    both += prev[i];
+                }
+            }
+            memcpy(prev, cur, nf);
+        }
+        a->layer_reuse[l] = act_prev ? (double)both / (double)act_prev : 0.0;
+        fwd_glu(&f);
+        fwd_mm(&f, W->ffn_down.type, W->ffn_down.data, d, nf, f.h, f.o);
+        fwd_add(&f);
+    }
+    for (size_t i = 0; i < (size_t)T * d; i++)
+        if (!isfinite(f.x[i])) a->finite = false;
+    if (check_engine) {
+        fwd_norm(&f, m->output_norm.data);
+        fwd_mm(&f, m->output.type, m->output.data, hp->n_vocab, d, f.xn, logits);
+        uint32_t n_vocab = hp->n_vocab;
+        fwd_free(&f);
+        flm_model_free(m); /* the engine maps its own copy */
+        m = NULL;
+        if ((st = engine_diff(path, tokens, T, logits, n_vocab, n_threads, &a->max_logit_diff, &a->finite, err)))
+            goto done;
+    } else {
+        fwd_free(&f);
+    }
+    if (summarize(a) != FLM_OK) st = flm_fail(err, FLM_ERR_NOMEM, "synth measure: out of memory");
+done:
+    flm_model_free(m);
+    free(tokens);
+    free(logits);
+    free(prev);
+    free(cur);
+    if (st) flm_synth_activity_free(out);
+    return st;
+}
