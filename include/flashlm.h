@@ -75,9 +75,12 @@ typedef enum flm_mode {
     FLM_MODE_RAM = 1,    /* every weight loaded into memory once: the dense reference */
     FLM_MODE_NAIVE = 2,  /* every layer's FFN read from flash again for every token */
     FLM_MODE_HYBRID = 3, /* as many layers' FFN as the budget allows stay resident; the rest are read every token */
+    FLM_MODE_SPARSE = 4, /* the paper's method (needs `flashlm calibrate`): a predictor picks each token's active
+                            neurons; a sliding window of recent tokens' neurons stays in a per-layer neuron cache;
+                            only the missing bundles are read */
 } flm_mode;
 
-/* "auto", "ram", "naive", "hybrid"; NULL for an unknown value. */
+/* "auto", "ram", "naive", "hybrid", "sparse"; NULL for an unknown value. */
 const char *flm_mode_name(flm_mode m);
 /* Parse a mode name; returns false when unknown. */
 bool flm_mode_parse(const char *s, flm_mode *out);
@@ -96,6 +99,12 @@ typedef struct flm_params {
     flm_io_kind io;     /* reader back end (--io); default auto: io_uring when available */
     int io_threads;     /* reader threads (--io-threads); default 32 */
     bool no_direct;     /* do not try O_DIRECT (testing only: measurements then depend on the page cache) */
+    /* sparse mode (and its ablations, Knowl 8) */
+    int window;         /* k, tokens whose active neurons stay cached (--window); 0 = chosen from the budget */
+    bool no_window;     /* --no-window: cache only the current token's neurons (k = 1) */
+    bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
+    bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
+    bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
 } flm_params;
 
 /* Fill p with the defaults above. */
@@ -138,6 +147,13 @@ typedef struct flm_token_stats {
     double compute_ms;   /* L_compute: everything else in the forward pass */
     uint64_t bytes_read; /* bytes transferred from flash (incl. alignment and coalesced gaps) */
     uint64_t n_reads;    /* device read requests */
+    /* sparse mode, summed over layers */
+    uint64_t n_predicted;   /* neurons predicted active */
+    uint64_t n_loaded;      /* neurons read from flash (not in the window) */
+    uint64_t n_reused;      /* neurons already cached */
+    uint64_t rows_used;     /* neuron-cache rows in use after the token */
+    uint64_t n_true;        /* --verify-predictor: truly active neurons */
+    uint64_t n_true_pos;    /* --verify-predictor: truly active and predicted */
 } flm_token_stats;
 
 #define FLM_STATS_HIST 24
@@ -157,6 +173,8 @@ typedef struct flm_stats {
     uint64_t mem_scratch;    /* activations and reader buffers */
     uint64_t model_bytes;    /* all weights */
     uint32_t n_layers, n_ffn_resident_layers;
+    uint32_t window;         /* sparse: k */
+    uint64_t cache_rows;     /* sparse: neuron-cache capacity summed over layers */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
 } flm_stats;
 

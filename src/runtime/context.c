@@ -27,7 +27,7 @@ double flm_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid"};
+static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid", "sparse"};
 
 const char *flm_mode_name(flm_mode m) {
     return (unsigned)m < sizeof MODE_NAMES / sizeof *MODE_NAMES ? MODE_NAMES[m] : NULL;
@@ -121,9 +121,9 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         }
         ctx->mem_resident = ff->resident->size;
     } else {
-        if (p->mode == FLM_MODE_NAIVE || p->mode == FLM_MODE_HYBRID || p->mem_bytes || p->mem_percent > 0) {
+        if (p->mode != FLM_MODE_AUTO && p->mode != FLM_MODE_RAM) {
             free(ctx);
-            return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s / --mem need a .flm file; convert it first with "
+            return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s needs a .flm file; convert it first with "
                             "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
         }
         gguf_file *f = NULL;

@@ -334,8 +334,8 @@ static flm_status svd_init(flm_predictor *p, const float *W, uint64_t *rng, flm_
     const size_t N = p->d_model, M = p->d_ffn, r = p->rank;
     const bool gram_n = N <= M;        /* G = W^T W (N x N), eigenvectors v_k; else G = W W^T (M x M), u_k */
     const size_t s = gram_n ? N : M;   /* Gram size, >= r */
-    float *G = xmalloc_floats(s * s), *ev = xmalloc_floats(s), *Zv = xmalloc_floats(s * r);
-    float *V = xmalloc_floats(s * r), *sig = xmalloc_floats(r);
+    float *G = xmalloc_floats(s * s), *ev = calloc(s, sizeof(float)), *Zv = xmalloc_floats(s * r);
+    float *V = xmalloc_floats(s * r), *sig = calloc(r ? r : 1, sizeof(float));
     lapack_int *isuppz = malloc(2 * s * sizeof(lapack_int));
     flm_status st = FLM_OK;
     if (!G || !ev || !Zv || !V || !sig || !isuppz) {
