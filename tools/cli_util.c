@@ -62,9 +62,17 @@ const char *CLI_MODEL_OPTS_HELP =
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
     "      --mem BYTES|N%   memory budget (.flm): bytes (K/M/G suffixes) or percent of the model's weight bytes;\n"
     "                       resident weights + FFN storage + KV cache + scratch must fit (default: none)\n"
-    "      --mode MODE      auto | ram | naive | hybrid (default auto: ram if it fits, else hybrid)\n"
+    "      --mode MODE      auto | ram | naive | hybrid | sparse (default auto: ram if the model fits, else\n"
+    "                       sparse when it is calibrated, else hybrid)\n"
     "                       naive: every layer's FFN read from flash for every token (the paper's baseline)\n"
     "                       hybrid: as many layers as fit stay in memory, the rest are read every token\n"
+    "                       sparse: predictor + sliding window + neuron cache (needs flashlm calibrate)\n"
+    "      --window K       sparse: tokens whose neurons stay cached (default: the most the budget allows)\n"
+    "      --no-window      sparse ablation: read every predicted neuron every token\n"
+    "      --no-bundle      sparse ablation: read up, gate and down parts as separate requests\n"
+    "      --no-predictor   sparse ablation: use the true active set (an oracle; loads all gate rows, outside\n"
+    "                       the budget)\n"
+    "      --verify-predictor  also compute the true active set and report recall and precision\n"
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n";
@@ -73,8 +81,13 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     long v;
     bool takes = !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "-c") || !strcmp(a, "--ctx-size") ||
-                 !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads");
+                 !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads") ||
+                 !strcmp(a, "--window");
     if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
+    if (!strcmp(a, "--no-window")) { p->no_window = true; return 1; }
+    if (!strcmp(a, "--no-bundle")) { p->no_bundle = true; return 1; }
+    if (!strcmp(a, "--no-predictor")) { p->no_predictor = true; return 1; }
+    if (!strcmp(a, "--verify-predictor")) { p->verify_predictor = true; return 1; }
     if (!takes) return 0;
     if (!val) { cli_die("option %s needs a value", a); return -1; }
     (*i)++;
@@ -90,12 +103,18 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
             return -1;
         }
     } else if (!strcmp(a, "--mode")) {
-        if (!flm_mode_parse(val, &p->mode)) { cli_die("bad --mode '%s' (auto|ram|naive|hybrid)", val); return -1; }
+        if (!flm_mode_parse(val, &p->mode)) {
+            cli_die("bad --mode '%s' (auto|ram|naive|hybrid|sparse)", val);
+            return -1;
+        }
     } else if (!strcmp(a, "--io")) {
         if (!strcmp(val, "auto")) p->io = FLM_IO_KIND_AUTO;
         else if (!strcmp(val, "uring")) p->io = FLM_IO_KIND_URING;
         else if (!strcmp(val, "threads")) p->io = FLM_IO_KIND_THREADS;
         else { cli_die("bad --io '%s' (auto|uring|threads)", val); return -1; }
+    } else if (!strcmp(a, "--window")) {
+        if (!cli_parse_long(val, 1, 4096, &v)) { cli_die("bad --window value '%s' (1..4096)", val); return -1; }
+        p->window = (int)v;
     } else { /* --io-threads */
         if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad --io-threads value '%s'", val); return -1; }
         p->io_threads = (int)v;

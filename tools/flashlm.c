@@ -27,13 +27,15 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
             "MiB, scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes), cli_mib(s.mem_resident), cli_mib(s.mem_ffn),
             s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
     if (per_token) {
-        fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads\n");
+        fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
+                "read  reused\n");
         for (uint64_t i = 0; i < s.n_tokens; i++) {
             flm_token_stats t;
             if (!flm_get_token_stats(ctx, i, &t)) break;
-            fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu\n", (unsigned long long)i,
-                    i < prompt->n_tokens ? "p" : " ", t.io_ms, t.mem_ms, t.compute_ms,
-                    t.io_ms + t.mem_ms + t.compute_ms, (unsigned long long)t.bytes_read, (unsigned long long)t.n_reads);
+            fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu %10llu %5llu %7llu\n",
+                    (unsigned long long)i, i < prompt->n_tokens ? "p" : " ", t.io_ms, t.mem_ms, t.compute_ms,
+                    t.io_ms + t.mem_ms + t.compute_ms, (unsigned long long)t.bytes_read, (unsigned long long)t.n_reads,
+                    (unsigned long long)t.n_predicted, (unsigned long long)t.n_loaded, (unsigned long long)t.n_reused);
         }
         fprintf(stderr, "  (p = prompt token)\n");
     }
@@ -42,6 +44,18 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
            cmp = (s.total.compute_ms - prompt->total.compute_ms) / n;
     uint64_t bytes = s.total.bytes_read - prompt->total.bytes_read, reads = s.total.n_reads - prompt->total.n_reads;
     double io_total = s.total.io_ms - prompt->total.io_ms;
+    if (!strcmp(s.mode, "sparse")) {
+        double pred = (double)(s.total.n_predicted - prompt->total.n_predicted) / n;
+        double loaded = (double)(s.total.n_loaded - prompt->total.n_loaded) / n;
+        double reused = (double)(s.total.n_reused - prompt->total.n_reused) / n;
+        fprintf(stderr, "flashlm: sparse: window %u tokens, neuron cache %llu rows (%llu in use); per token: %.1f neurons "
+                "predicted, %.1f read, %.1f reused from the window", s.window, (unsigned long long)s.cache_rows,
+                (unsigned long long)s.total.rows_used, pred, loaded, reused);
+        if (s.total.n_true)
+            fprintf(stderr, "; predictor recall %.3f, precision %.3f", (double)s.total.n_true_pos / s.total.n_true,
+                    s.total.n_predicted ? (double)s.total.n_true_pos / s.total.n_predicted : 1.0);
+        fprintf(stderr, "\n");
+    }
     fprintf(stderr, "flashlm: per generated token: flash I/O %.3f ms + memory %.3f ms + compute %.3f ms = %.3f ms; "
             "%.2f MiB in %.1f reads; read throughput %.2f GB/s\n", io, mem, cmp, io + mem + cmp,
             cli_mib(bytes) / n, (double)reads / n, io_total > 0 ? (double)bytes / (io_total * 1e6) : 0.0);
@@ -305,6 +319,7 @@ static const char *MAIN_HELP =
     "  run        generate text from a prompt (.gguf in memory, or .flm from flash)\n"
     "  convert    write the flash layout (.flm) of a GGUF model\n"
     "  verify     check every checksum of a .flm file\n"
+    "  calibrate  train the activation predictors of a .flm model on text (enables --mode sparse)\n"
     "  perplexity teacher-forced perplexity of a text (compare modes on the same text)\n"
     "  bench      measure per-token latency of several modes side by side (the paper's tables)\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
@@ -321,6 +336,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 2, argv + 2);
+    if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);

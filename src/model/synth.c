@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,11 @@
 #include "format/tokenizer.h"
 #include "format/types.h"
 #include "util/error.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SYNTH_HAVE_F16C 1
+#endif
 
 #define SYNTH_MAX_VOCAB (1u << 20)
 #define SYNTH_N_SPECIAL 259u /* <unk>, <s>, </s>, 256 byte tokens */
@@ -442,9 +448,17 @@ typedef struct synth {
     gguf_writer *w;
     const flm_kernels *k;
     int nt;
-    uint8_t *buf;          /* the current tensor, stored type */
+    uint8_t *buf;          /* the tensor being made, stored type */
+    uint8_t *spare;        /* the other tensor buffer: the one being written, or free */
+    float *vec, *vec2;     /* norm vectors [d_model], alternating the same way */
+    /* the write in flight (one at a time, in file order): a thread running gguf_writer_write_tensor */
+    pthread_t writer;
+    bool writing;
+    const void *w_data;
+    uint64_t w_nbytes;
+    flm_status w_st;
+    flm_error w_err;
     float **rowbuf;        /* [nt][max(d_model, d_ffn)] */
-    float *vec;            /* a norm vector [d_model] */
     float *V;              /* [rank][d_model] */
     double *freq;          /* [d_ffn] sorted target frequencies */
     double *ppf;           /* [d_ffn] Phi^-1(p_i) of this layer's neurons */
@@ -457,6 +471,37 @@ typedef struct synth {
     uint64_t done, total;
 } synth;
 
+/* Store a float row as type. F16 goes through F16C when the CPU has it (8 values per instruction; rounding to nearest
+ * even, as flm_f32_to_f16, so the bytes are the same); everything else through flm_quantize_row. */
+#ifdef SYNTH_HAVE_F16C
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const float *x, uint16_t *y, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = flm_f32_to_f16(x[i]);
+}
+#endif
+
+static void store_row(uint32_t type, const float *x, void *dst, size_t n, bool f16c) {
+#ifdef SYNTH_HAVE_F16C
+    if (type == FLM_TYPE_F16 && f16c) {
+        f32_to_f16_f16c(x, dst, n);
+        return;
+    }
+#endif
+    (void)f16c;
+    flm_quantize_row(type, x, dst, n);
+}
+
+static bool have_f16c(void) {
+#ifdef SYNTH_HAVE_F16C
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
 /* Fill S->buf with rows x n of type from fn, in parallel. */
 static void gen_tensor(synth *S, uint32_t type, uint64_t rows, uint64_t n, row_fn fn, const void *ctx, uint32_t kind,
                        uint32_t layer) {
@@ -465,6 +510,7 @@ static void gen_tensor(synth *S, uint32_t type, uint64_t rows, uint64_t n, row_f
     uint8_t *buf = S->buf;
     float **rowbuf = S->rowbuf;
     uint64_t seed = S->p->seed;
+    bool f16c = have_f16c();
 #pragma omp parallel num_threads(S->nt)
     {
         float *tmp = rowbuf[omp_get_thread_num()];
@@ -472,20 +518,55 @@ static void gen_tensor(synth *S, uint32_t type, uint64_t rows, uint64_t n, row_f
         for (ptrdiff_t r = 0; r < nr; r++) {
             uint64_t rng = rng_stream(seed, kind, layer, (uint64_t)r);
             fn(ctx, (uint64_t)r, &rng, tmp, n);
-            flm_quantize_row(type, tmp, buf + (size_t)r * stride, n);
+            store_row(type, tmp, buf + (size_t)r * stride, n, f16c);
         }
     }
 }
 
+static void *writer_main(void *arg) {
+    synth *S = arg;
+    S->w_st = gguf_writer_write_tensor(S->w, S->w_data, S->w_nbytes, &S->w_err);
+    return NULL;
+}
+
+/* Wait for the write in flight, if any; its status (and message into err). */
+static flm_status wait_write(synth *S, flm_error *err) {
+    if (!S->writing) return FLM_OK;
+    pthread_join(S->writer, NULL);
+    S->writing = false;
+    if (S->w_st && err) *err = S->w_err;
+    return S->w_st;
+}
+
+/* Write the next tensor in file order from data (S->buf or S->vec) in the background, after the previous write has
+ * finished, and hand the caller the other buffer: generation of the next tensor overlaps the write of this one. */
 static flm_status write_buf(synth *S, const void *data, uint64_t nbytes, flm_error *err) {
-    flm_status st = gguf_writer_write_tensor(S->w, data, nbytes, err);
+    flm_status st = wait_write(S, err);
     if (st) return st;
+    if (S->progress && S->done) S->progress(S->user, "synth", S->done, S->total);
+    S->w_data = data;
+    S->w_nbytes = nbytes;
+    S->w_st = FLM_OK;
+    if (pthread_create(&S->writer, NULL, writer_main, S) != 0) {
+        writer_main(S); /* no thread: write it here */
+        if (S->w_st) {
+            if (err) *err = S->w_err;
+            return S->w_st;
+        }
+    } else {
+        S->writing = true;
+    }
     S->done += nbytes;
-    if (S->progress) S->progress(S->user, "synth", S->done, S->total);
+    if (data == S->buf) {
+        uint8_t *t = S->buf; S->buf = S->spare; S->spare = t;
+    } else if (data == S->vec) {
+        float *t = S->vec; S->vec = S->vec2; S->vec2 = t;
+    }
     return FLM_OK;
 }
 
-/* Write an F32 norm vector: weight w0 on dimension 0, 1 elsewhere. */
+/* Write an F32 norm vector: weight w0 on dimension 0, 1 elsewhere. Leaves a copy in S->vec2 (the buffer being
+ * written), for the calibration pass. */
 static flm_status write_norm(synth *S, float w0, flm_error *err) {
     uint32_t d = S->p->d_model;
     for (uint32_t j = 0; j < d; j++) S->vec[j] = 1.0f;
@@ -611,7 +692,7 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
 
     /* attention: norm ignores the bias channel (weight 0 on dimension 0) */
     if ((st = write_norm(S, 0.0f, err))) return st;
-    fwd_norm(f, S->vec);
+    fwd_norm(f, S->vec2);
     normal_spec qk = {.sd = (float)(SYNTH_QK_GAIN * sd_w)}, vs = {.sd = (float)sd_w};
     gen_tensor(S, type, f->q_dim, d, row_normal, &qk, RNG_Q, l);
     fwd_mm(f, type, S->buf, f->q_dim, d, f->xn, f->q);
@@ -654,7 +735,7 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     S->mvec[0] = 0.0f;
     for (uint32_t j = 1; j < d; j++) S->mvec[j] = (float)(S->mvec[j] * shrink / wb);
     if ((st = write_norm(S, (float)w0, err))) return st;
-    fwd_norm(f, S->vec);
+    fwd_norm(f, S->vec2);
 
     /* gate: low rank + noise; bias weight on dimension 0 sets P(gate_i . x > 0) = p_i */
     double noise = p->rank ? p->noise : 1.0;
@@ -690,8 +771,11 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
 }
 
 static void synth_free(synth *S) {
+    wait_write(S, NULL);
     gguf_writer_free(S->w);
     free(S->buf);
+    free(S->spare);
+    free(S->vec2);
     if (S->rowbuf)
         for (int i = 0; i < S->nt; i++) free(S->rowbuf[i]);
     free(S->rowbuf);
@@ -718,6 +802,7 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
                       .n_ctx_train = p->n_ctx, .rope_dim = d / p->n_heads, .norm_eps = p->norm_eps,
                       .rope_theta = p->rope_theta, .act = p->act, .gated = true};
     if (max_tensor > SIZE_MAX / 2 || !(S.buf = malloc((size_t)max_tensor)) ||
+        !(S.spare = malloc((size_t)max_tensor)) || !(S.vec2 = malloc(d * sizeof(float))) ||
         !(S.rowbuf = calloc((size_t)S.nt, sizeof *S.rowbuf)) || !(S.vec = malloc(d * sizeof(float))) ||
         !(S.V = calloc((size_t)(p->rank ? p->rank : 1) * d, sizeof(float))) ||
         !(S.freq = malloc(nf * sizeof(double))) || !(S.ppf = malloc(nf * sizeof(double))) ||
@@ -764,11 +849,12 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     normal_spec out = {.sd = (float)sd_w};
     if ((st = write_norm(&S, 0.0f, err))) { synth_free(&S); return st; }
     gen_tensor(&S, p->type, p->n_vocab, d, row_normal, &out, RNG_OUTPUT, 0);
-    if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err)) ||
+    if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err)) || (st = wait_write(&S, err)) ||
         (st = gguf_writer_finish(S.w, err))) {
         synth_free(&S);
         return st;
     }
+    if (S.progress) S.progress(S.user, "synth", S.total, S.total);
     synth_free(&S);
     return FLM_OK;
 }

@@ -8,7 +8,7 @@
 static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
 
 uint64_t flm_mem_plan_total(const flm_mem_plan *p) {
-    return p->resident + p->kv + p->scratch + p->reader + p->stream + p->ffn_resident;
+    return p->resident + p->kv + p->scratch + p->reader + p->stream + p->ffn_resident + p->predictors + p->cache;
 }
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -38,8 +38,27 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     p->reader = bounce + (32u << 10);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     uint64_t avail = budget > fixed ? budget - fixed : 0;
-    if (mode == FLM_MODE_AUTO) mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM : FLM_MODE_HYBRID;
+    if (mode == FLM_MODE_AUTO)
+        mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM
+               : f->predictor                         ? FLM_MODE_SPARSE
+                                                      : FLM_MODE_HYBRID;
     p->mode = mode;
+    if (mode == FLM_MODE_SPARSE) {
+        if (!f->predictor)
+            return flm_fail(err, FLM_ERR_ARG, "%s: --mode sparse needs predictors: run `flashlm calibrate %s --text "
+                            "FILE` first", f->path, f->path);
+        p->predictors = f->predictor->size;
+        uint64_t used = fixed + p->predictors;
+        p->cache = budget > used ? budget - used : 0;
+        if (!budget) p->cache = ffn_total + (uint64_t)f->n_layers * (16u << 10); /* no budget: room for every neuron */
+        if (budget && p->cache == 0)
+            return flm_fail(err, FLM_ERR_BUDGET,
+                            "%s: a memory budget of %.2f MiB leaves nothing for the neuron cache: resident weights "
+                            "%.2f MiB + KV cache %.2f MiB (-c %u) + scratch %.2f MiB + reader %.2f MiB + predictors "
+                            "%.2f MiB = %.2f MiB", f->path, mib(budget), mib(p->resident), mib(p->kv), n_ctx,
+                            mib(p->scratch), mib(p->reader), mib(p->predictors), mib(used));
+        return FLM_OK; /* runtime/sparse.c sizes the caches from p->cache and checks them */
+    }
     if (mode == FLM_MODE_RAM) {
         p->n_resident_layers = f->n_layers;
         p->ffn_resident = ffn_total;

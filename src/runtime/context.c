@@ -186,6 +186,12 @@ flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logi
     ctx->total.compute_ms += tok.compute_ms;
     ctx->total.bytes_read += tok.bytes_read;
     ctx->total.n_reads += tok.n_reads;
+    ctx->total.n_predicted += tok.n_predicted;
+    ctx->total.n_loaded += tok.n_loaded;
+    ctx->total.n_reused += tok.n_reused;
+    ctx->total.rows_used = tok.rows_used; /* a level, not a sum: the latest */
+    ctx->total.n_true += tok.n_true;
+    ctx->total.n_true_pos += tok.n_true_pos;
     ctx->next_pos = pos + 1;
     *logits = ctx->s.logits;
     return FLM_OK;

@@ -55,6 +55,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
                             "%llu bytes next to the %llu planned", file->path, (unsigned long long)budget,
                             (unsigned long long)reader_mem, (unsigned long long)flm_mem_plan_total(&fl->plan));
     }
+    if (fl->plan.mode == FLM_MODE_SPARSE) return flm_sparse_open(ctx, err);
     /* resident layers: read once, through the same reader (counted in the load, not per token) */
     for (uint32_t l = 0; l < fl->plan.n_resident_layers; l++) {
         const flm_region *r = file->ffn[l];
@@ -72,6 +73,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
 
 void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
+    flm_sparse_close(fl->sparse);
     flm_reader_close(fl->reader);
     if (fl->layer_data && fl->file)
         for (uint32_t l = 0; l < fl->file->n_layers; l++) free(fl->layer_data[l]);
@@ -86,6 +88,7 @@ void flm_flash_close(flm_flash *fl) {
 flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
                          flm_error *err) {
     flm_flash *fl = ctx->flash;
+    if (fl->sparse) return flm_sparse_ffn(ctx, l, in, out, tok, err);
     const flm_region *r = fl->file->ffn[l];
     const uint8_t *records = fl->layer_data[l];
     if (!records) {

@@ -51,6 +51,7 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         for (uint32_t i = 0; i < d; i++) s->x[i] += s->xb2[i];
         /* FFN */
         flm_rmsnorm(s->xb, s->x, L->ffn_norm.data, d, hp->norm_eps);
+        if (ctx->ffn_tap) ctx->ffn_tap(ctx->tap_user, l, s->xb);
         if (ctx->flash) {
             flm_status st = flm_flash_ffn(ctx, l, s->xb, s->xb2, tok, err);
             if (st) return st;

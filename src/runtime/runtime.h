@@ -30,6 +30,8 @@ typedef struct flm_mem_plan {
     uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues */
     uint64_t stream;              /* the buffer one streamed layer is read into (0 when nothing streams) */
     uint64_t ffn_resident;        /* FFN bytes of the layers kept in memory */
+    uint64_t predictors;          /* sparse: the predictor region held in memory */
+    uint64_t cache;               /* sparse: what is left for the neuron caches (all layers) */
     uint32_t n_resident_layers;   /* layers whose FFN stays in memory: the first n */
     size_t reader_bounce;         /* bounce_bytes to give the reader */
 } flm_mem_plan;
@@ -40,6 +42,15 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
 /* Sum of everything the plan holds. */
 uint64_t flm_mem_plan_total(const flm_mem_plan *p);
 
+/* Sparse mode state (runtime/sparse.c). */
+typedef struct flm_sparse flm_sparse;
+flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err);
+void flm_sparse_close(flm_sparse *sp);
+flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok, flm_error *err);
+uint32_t flm_sparse_window(const flm_sparse *sp);
+uint64_t flm_sparse_cache_rows(const flm_sparse *sp);
+uint64_t flm_sparse_dropped(const flm_sparse *sp);
+
 /* The flash side of a context opened from a .flm file. */
 typedef struct flm_flash {
     flm_file *file;
@@ -49,6 +60,7 @@ typedef struct flm_flash {
     uint8_t **layer_data;     /* [n_layers]: the layer's FFN records in memory, or NULL when streamed */
     uint8_t *stream_buf;      /* one layer's records, aligned for O_DIRECT */
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
+    flm_sparse *sparse;       /* sparse mode */
 } flm_flash;
 
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err); /* takes ownership of file */
@@ -71,6 +83,9 @@ struct flm_ctx {
     flm_token_stats *tokens; /* per token */
     uint64_t n_tokens, cap_tokens;
     flm_io_stats io;         /* reader counters since the last reset */
+    /* calibration: called with each layer's FFN input (d_model floats) before the FFN runs */
+    void (*ffn_tap)(void *user, uint32_t layer, const float *x);
+    void *tap_user;
 };
 
 double flm_now_ms(void);

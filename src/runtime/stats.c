@@ -19,7 +19,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     memset(st, 0, sizeof *st);
     const flm_flash *fl = ctx->flash;
     st->mode = fl ? flm_mode_name(fl->plan.mode) : "ram";
-    st->io_backend = fl && fl->reader && fl->plan.n_resident_layers < ctx->model->hp.n_layers
+    st->io_backend = fl && fl->reader && (fl->sparse || fl->plan.n_resident_layers < ctx->model->hp.n_layers)
                          ? flm_reader_backend_name(fl->reader) : "none";
     st->direct_io = strcmp(st->io_backend, "none") != 0 && flm_reader_is_direct(fl->reader);
     st->n_tokens = ctx->n_tokens;
@@ -36,6 +36,9 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->mem_scratch = fl->plan.scratch + fl->plan.reader;
         st->model_bytes = fl->plan.model_bytes;
         st->n_ffn_resident_layers = fl->plan.n_resident_layers;
+        st->window = flm_sparse_window(fl->sparse);
+        st->cache_rows = flm_sparse_cache_rows(fl->sparse);
+        if (fl->sparse) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
     } else {
         st->mem_resident = ctx->mem_resident;
         st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx);
@@ -78,6 +81,10 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
             ", \"read_gbps\": %.4f},\n", s.total.io_ms, s.total.mem_ms, s.total.compute_ms, total_ms,
             s.total.bytes_read, s.total.n_reads, s.bytes_requested,
             s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0);
+    fprintf(f, "  \"sparse\": {\"window\": %u, \"cache_rows\": %" PRIu64 ", \"n_predicted\": %" PRIu64
+            ", \"n_loaded\": %" PRIu64 ", \"n_reused\": %" PRIu64 ", \"n_true\": %" PRIu64 ", \"n_true_pos\": %" PRIu64
+            "},\n", s.window, s.cache_rows, s.total.n_predicted, s.total.n_loaded, s.total.n_reused, s.total.n_true,
+            s.total.n_true_pos);
     fprintf(f, "  \"read_size_hist\": {\"bucket_low_bytes\": [");
     for (int b = 0; b < FLM_STATS_HIST; b++) fprintf(f, "%s%llu", b ? ", " : "", 512ull << b);
     fprintf(f, "], \"count\": [");
@@ -92,8 +99,9 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
     for (uint64_t i = 0; i < n; i++) {
         const flm_token_stats *t = &ctx->tokens[i];
         fprintf(f, "%s\n    {\"io_ms\": %.4f, \"mem_ms\": %.4f, \"compute_ms\": %.4f, \"bytes_read\": %" PRIu64
-                ", \"n_reads\": %" PRIu64 "}", i ? "," : "", t->io_ms, t->mem_ms, t->compute_ms, t->bytes_read,
-                t->n_reads);
+                ", \"n_reads\": %" PRIu64 ", \"n_predicted\": %" PRIu64 ", \"n_loaded\": %" PRIu64 ", \"n_reused\": %"
+                PRIu64 ", \"rows_used\": %" PRIu64 "}", i ? "," : "", t->io_ms, t->mem_ms, t->compute_ms,
+                t->bytes_read, t->n_reads, t->n_predicted, t->n_loaded, t->n_reused, t->rows_used);
     }
     fprintf(f, "\n  ]\n}\n");
     bool bad = ferror(f) != 0;

@@ -192,7 +192,7 @@ static void forward_block(const flm_predictor *p, const float *X, const size_t *
  * Evaluation and calibration (on rows selected by idx, or all n rows when idx is NULL)
  * ------------------------------------------------------------------------------------------------------------- */
 static flm_status eval_rows(const flm_predictor *p, const float *X, const uint8_t *Y, const size_t *idx, size_t n,
-                            int nt, flm_predictor_metrics *m, flm_error *err) {
+                            flm_predictor_metrics *m, flm_error *err) {
     memset(m, 0, sizeof *m);
     const size_t N = p->d_model, M = p->d_ffn, r = p->rank;
     m->n_holdout = n;
@@ -220,7 +220,6 @@ static flm_status eval_rows(const flm_predictor *p, const float *X, const uint8_
     for (size_t k0 = 0; k0 < n; k0 += blk) {
         size_t nb = n - k0 < blk ? n - k0 : blk;
         forward_block(p, X, idx, k0, nb, xb, H, Z);
-#pragma omp parallel for num_threads(nt) reduction(+ : tp, fp, loss) schedule(static)
         for (size_t k = 0; k < nb; k++) {
             const uint8_t *y = Y + row_of(idx, k0 + k) * M;
             const float *z = Z + k * M;
@@ -255,7 +254,7 @@ flm_status flm_predictor_eval(const flm_predictor *p, const float *X, const uint
         if (m) memset(m, 0, sizeof *m);
         return flm_fail(err, FLM_ERR_ARG, "predictor eval: NULL or uninitialised argument");
     }
-    return eval_rows(p, X, Y, NULL, n, omp_get_max_threads(), m, err);
+    return eval_rows(p, X, Y, NULL, n, m, err);
 }
 
 static flm_status calibrate_rows(flm_predictor *p, const float *X, const uint8_t *Y, const size_t *idx, size_t n,
@@ -515,9 +514,8 @@ static double rms_of(const float *a, size_t n) {
 }
 
 /* One Adam step on n parameters (bias-corrected step size lr_t). */
-static void adam_step(float *w, const float *g, float *m1, float *m2, size_t n, float lr_t, int nt) {
+static void adam_step(float *w, const float *g, float *m1, float *m2, size_t n, float lr_t) {
     const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
-#pragma omp parallel for num_threads(nt) schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i];
         float a = m1[i] = b1 * m1[i] + (1.0f - b1) * gi;
@@ -649,7 +647,6 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
             forward_block(p, X, tr, k0, b, xb, H, Z); /* xb: the batch rows, H = Xb A^T, Z = H B^T */
             /* G = dL/dZ for L = (1/b) sum_{k,i} [w_i y log sigmoid(z) + (1 - y) log(1 - sigmoid(z))] (negated) */
             const float inv_b = 1.0f / (float)b;
-#pragma omp parallel for num_threads(nt) schedule(static)
             for (size_t k = 0; k < b; k++) {
                 const uint8_t *y = Y + tr[k0 + k] * M;
                 float *g = Z + k * M;
@@ -659,12 +656,9 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
                 }
             }
             /* dc = column sums of G; dB = G^T H (M x r); GB = G B (b x r); dA = GB^T Xb (r x N) */
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (size_t i = 0; i < M; i++) {
-                float s = 0;
-                for (size_t k = 0; k < b; k++) s += Z[k * M + i];
-                gc[i] = s;
-            }
+            memset(gc, 0, M * sizeof(float));
+            for (size_t k = 0; k < b; k++)
+                for (size_t i = 0; i < M; i++) gc[i] += Z[k * M + i];
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)r, (int)b, 1.0f, Z, (int)M, H, (int)r,
                         0.0f, gB, (int)r);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)r, (int)M, 1.0f, Z, (int)M, p->B,
@@ -676,9 +670,9 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
             double frac = total_steps > 1 ? (double)(step - 1) / (double)(total_steps - 1) : 0.0;
             double decay = 0.1 + 0.45 * (1.0 + cos(M_PI * frac));
             double corr = sqrt(1.0 - pow(0.999, (double)step)) / (1.0 - pow(0.9, (double)step));
-            adam_step(p->A, gA, m1, m2, nA, (float)(lrA * decay * corr), nt);
-            adam_step(p->B, gB, m1 + nA, m2 + nA, nB, (float)(lrB * decay * corr), nt);
-            adam_step(p->c, gc, m1 + nA + nB, m2 + nA + nB, M, (float)(lrc * decay * corr), nt);
+            adam_step(p->A, gA, m1, m2, nA, (float)(lrA * decay * corr));
+            adam_step(p->B, gB, m1 + nA, m2 + nA, nB, (float)(lrB * decay * corr));
+            adam_step(p->c, gc, m1 + nA + nB, m2 + nA + nB, M, (float)(lrc * decay * corr));
         }
         report(o, "epoch", (uint64_t)ep + 1, (uint64_t)o->epochs);
     }
@@ -691,7 +685,7 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
     const size_t mn = n_hold ? n_hold : n_tr;
     if (o->target_recall > 0 && (st = calibrate_rows(p, X, Y, mrows, mn, o->target_recall, err)) != FLM_OK) goto done;
     if (m) {
-        if ((st = eval_rows(p, X, Y, mrows, mn, nt, m, err)) != FLM_OK) goto done;
+        if ((st = eval_rows(p, X, Y, mrows, mn, m, err)) != FLM_OK) goto done;
         m->n_train = n_tr;
         m->n_holdout = n_hold;
     }

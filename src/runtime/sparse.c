@@ -1,0 +1,251 @@
+/* sparse.c — the paper's method (Knowls 2-5): per layer, a predictor picks the token's active neurons; a neuron cache
+ * holds the neurons of the last k tokens (the window) in a preallocated matrix; only the neurons not cached are read,
+ * one bundle per neuron, through the coalescing reader; the FFN is computed over the rows of the predicted set. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/neuron_cache.h"
+#include "format/types.h"
+#include "runtime/runtime.h"
+#include "sparsity/sparsity.h"
+#include "util/error.h"
+
+struct flm_sparse {
+    flm_sparsity sp;          /* rules, thresholds, predictors (the PREDICTOR region) */
+    flm_ncache **cache;       /* [n_layers] */
+    flm_bundle_desc *desc;    /* [n_layers]: desc with the layer's CATS threshold */
+    uint32_t window;          /* k */
+    uint64_t cache_rows;      /* capacity summed over layers */
+    uint32_t *ids;            /* [d_ffn] predicted set */
+    uint32_t *true_ids;       /* [d_ffn] true set (oracle / verify) */
+    float *pscratch;          /* predictor scratch */
+    float *z;                 /* [d_ffn] true activations (oracle / verify) */
+    flm_extent *ext;          /* [3 * d_ffn] */
+    uint8_t **gate;           /* [n_layers]: every neuron's gate (or up) row, for oracle / verify; NULL otherwise */
+    uint64_t dropped;         /* neurons dropped because a set exceeded the cache (reported, never silent) */
+};
+
+uint32_t flm_sparse_window(const flm_sparse *sp) { return sp ? sp->window : 0; }
+uint64_t flm_sparse_cache_rows(const flm_sparse *sp) { return sp ? sp->cache_rows : 0; }
+uint64_t flm_sparse_dropped(const flm_sparse *sp) { return sp ? sp->dropped : 0; }
+
+void flm_sparse_close(flm_sparse *sp) {
+    if (!sp) return;
+    for (uint32_t l = 0; l < sp->sp.n_layers; l++) {
+        if (sp->cache) flm_ncache_free(sp->cache[l]);
+        if (sp->gate) free(sp->gate[l]);
+    }
+    flm_sparsity_free(&sp->sp);
+    free(sp->cache);
+    free(sp->gate);
+    free(sp->desc);
+    free(sp->ids);
+    free(sp->true_ids);
+    free(sp->pscratch);
+    free(sp->z);
+    free(sp->ext);
+    free(sp);
+}
+
+/* Load every neuron's gate (or up) row: the true active set needs all of them (analysis modes only; this memory is
+ * outside the budget and reported as such). */
+static flm_status load_gates(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_hparams *hp = &ctx->model->hp;
+    uint64_t biggest = 0;
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if (fl->file->ffn[l]->size > biggest) biggest = fl->file->ffn[l]->size;
+    void *buf = NULL;
+    if (posix_memalign(&buf, FLM_ALIGN, (biggest + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN))
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    sp->gate = calloc(hp->n_layers, sizeof *sp->gate);
+    flm_status st = sp->gate ? FLM_OK : flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < hp->n_layers && !st; l++) {
+        const flm_region *r = fl->file->ffn[l];
+        const flm_bundle_desc *b = &sp->desc[l];
+        uint32_t t = b->gated ? b->gate_type : b->up_type;
+        uint64_t off = b->gated ? b->gate_off : b->up_off, rb = flm_row_bytes(t, hp->d_model);
+        flm_extent e = {r->offset, (r->size + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN, buf};
+        if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) break;
+        if (!(sp->gate[l] = malloc(rb * hp->d_ffn))) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
+        for (uint32_t i = 0; i < hp->d_ffn; i++)
+            memcpy(sp->gate[l] + i * rb, (const uint8_t *)buf + i * b->record_bytes + off, rb);
+    }
+    free(buf);
+    return st;
+}
+
+flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_hparams *hp = &ctx->model->hp;
+    const flm_params *pp = &ctx->params;
+    uint32_t L = hp->n_layers, F = hp->d_ffn;
+    flm_sparse *sp = calloc(1, sizeof *sp);
+    if (!sp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    fl->sparse = sp;
+    void *region = NULL;
+    flm_status st = flm_file_read_region(fl->file, fl->file->predictor, &region, err);
+    if (st) return st;
+    st = flm_sparsity_deserialize(region, fl->file->predictor->size, fl->file->path, &sp->sp, err);
+    free(region);
+    if (st) return st;
+    if (sp->sp.n_layers != L)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region has %u layers, the model %u", fl->file->path,
+                        sp->sp.n_layers, L);
+    for (uint32_t l = 0; l < L; l++) {
+        const flm_predictor *p = &sp->sp.layers[l].pred;
+        if (p->d_model != hp->d_model || p->d_ffn != F)
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor of layer %u is %u -> %u, the model %u -> %u",
+                            fl->file->path, l, p->d_model, p->d_ffn, hp->d_model, F);
+    }
+    uint32_t max_rank = 0;
+    for (uint32_t l = 0; l < L; l++) max_rank = sp->sp.layers[l].pred.rank > max_rank ? sp->sp.layers[l].pred.rank : max_rank;
+    sp->cache = calloc(L, sizeof *sp->cache);
+    sp->desc = calloc(L, sizeof *sp->desc);
+    sp->ids = malloc(F * sizeof *sp->ids);
+    sp->true_ids = malloc(F * sizeof *sp->true_ids);
+    sp->pscratch = malloc(((size_t)max_rank + F) * sizeof(float));
+    sp->z = malloc(F * sizeof(float));
+    sp->ext = malloc(3 * (size_t)F * sizeof *sp->ext);
+    if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->ext)
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < L; l++) {
+        sp->desc[l] = fl->desc[l];
+        sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
+    }
+    /* the window and the caches: the largest k (<= 16) whose expected union of predicted sets fits every layer's
+     * share of the cache budget with 10% to spare; --window / --no-window override */
+    uint64_t per_layer = fl->plan.cache / L;
+    uint32_t k_lo = 1, k_hi = FLM_AGG_K;
+    if (pp->no_window) k_lo = k_hi = 1;
+    else if (pp->window > 0) k_lo = k_hi = (uint32_t)pp->window;
+    uint32_t k = k_lo;
+    for (uint32_t kk = k_hi; kk >= k_lo && kk >= 1; kk--) {
+        bool fits = true;
+        for (uint32_t l = 0; l < L && fits; l++) {
+            uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, kk, 0);
+            uint32_t agg = kk <= FLM_AGG_K ? kk : FLM_AGG_K;
+            fits = (double)cap >= 1.1 * sp->sp.layers[l].s_agg[agg - 1] * F;
+        }
+        if (fits) { k = kk; break; }
+        if (kk == k_lo) k = k_lo;
+    }
+    sp->window = k;
+    for (uint32_t l = 0; l < L; l++) {
+        uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, k, 0);
+        double need = 1.5 * sp->sp.layers[l].s_agg[0] * F; /* one token's predicted set, with margin */
+        if (need > F) need = F;
+        if (cap < need || cap == 0)
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: the memory budget leaves %.2f MiB per layer for the neuron "
+                            "cache: %u rows of %llu bytes, but layer %u predicts about %.0f active neurons per token; "
+                            "raise --mem", fl->file->path, (double)per_layer / 1048576.0, cap,
+                            (unsigned long long)fl->desc[l].record_bytes, l, sp->sp.layers[l].s_agg[0] * F);
+        if ((st = flm_ncache_create(F, fl->desc[l].record_bytes, cap, k, 0, &sp->cache[l], err))) return st;
+        sp->cache_rows += cap;
+    }
+    if (pp->no_predictor || pp->verify_predictor) return load_gates(ctx, sp, err);
+    return FLM_OK;
+}
+
+/* The true active set of layer l for input x (oracle): the rule of the predictor region applied to the real gate. */
+static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *x, uint32_t *ids) {
+    const flm_bundle_desc *b = &sp->desc[l];
+    const flm_layer_sparsity *S = &sp->sp.layers[l];
+    uint32_t t = b->gated ? b->gate_type : b->up_type, n = 0, F = ctx->model->hp.d_ffn;
+    size_t rb = flm_row_bytes(t, b->d_model);
+    for (uint32_t i = 0; i < F; i++) {
+        float g = ctx->k->dot[t](sp->gate[l] + i * rb, x, b->d_model);
+        bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(g / (1.0f + expf(-g))) > S->threshold;
+        if (on) ids[n++] = i;
+    }
+    return n;
+}
+
+static int cmp_desc_logit(const void *a, const void *b, void *z) {
+    float x = ((const float *)z)[*(const uint32_t *)a], y = ((const float *)z)[*(const uint32_t *)b];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
+                          flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    flm_sparse *sp = fl->sparse;
+    const flm_params *pp = &ctx->params;
+    const flm_layer_sparsity *S = &sp->sp.layers[l];
+    uint32_t n;
+    /* 1. which neurons (compute) */
+    if (pp->no_predictor) {
+        n = true_set(ctx, sp, l, in, sp->ids);
+    } else {
+        n = (uint32_t)flm_predictor_predict(&S->pred, in, sp->ids, sp->pscratch);
+        if (pp->verify_predictor) {
+            uint32_t nt = true_set(ctx, sp, l, in, sp->true_ids), tp = 0;
+            for (uint32_t i = 0, j = 0; i < nt && j < n;) { /* both sorted */
+                if (sp->true_ids[i] == sp->ids[j]) { tp++; i++; j++; }
+                else if (sp->true_ids[i] < sp->ids[j]) i++;
+                else j++;
+            }
+            tok->n_true += nt;
+            tok->n_true_pos += tp;
+        }
+    }
+    uint32_t cap = flm_ncache_capacity(sp->cache[l]);
+    if (n > cap) { /* keep the most confident; counted and reported at the end, never silent */
+        if (!pp->no_predictor) {
+            const float *z = sp->pscratch + S->pred.rank;
+            qsort_r(sp->ids, n, sizeof *sp->ids, cmp_desc_logit, (void *)z);
+        }
+        sp->dropped += n - cap;
+        n = cap;
+        qsort(sp->ids, n, sizeof *sp->ids, cmp_u32);
+    }
+    /* 2. the window (memory management) */
+    double t0 = flm_now_ms();
+    if (pp->no_window) flm_ncache_reset(sp->cache[l]); /* predictor-only loading: nothing reused */
+    flm_ncache_stats cs;
+    const uint32_t *load_ids, *rows;
+    uint8_t *const *load_rows;
+    flm_status st = flm_ncache_step(sp->cache[l], sp->ids, n, &cs, &load_ids, &load_rows, &rows, err);
+    double t1 = flm_now_ms();
+    tok->mem_ms += t1 - t0;
+    if (st) return st;
+    /* 3. read the missing bundles (flash I/O) */
+    const flm_region *r = fl->file->ffn[l];
+    const flm_bundle_desc *b = &sp->desc[l];
+    if (cs.n_loaded) {
+        flm_io_stats before = ctx->io;
+        if (!pp->no_bundle) {
+            for (uint32_t j = 0; j < cs.n_loaded; j++)
+                sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
+                                          load_rows[j]};
+            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+        } else { /* ablation: up, gate and down parts as separate requests, one matrix after the other */
+            uint64_t part_off[3] = {b->up_off, b->gate_off, b->down_off};
+            uint64_t part_len[3] = {b->gate_off - b->up_off, b->down_off - b->gate_off, b->record_bytes - b->down_off};
+            for (int q = 0; q < 3 && !st; q++) {
+                if (!part_len[q]) continue;
+                for (uint32_t j = 0; j < cs.n_loaded; j++)
+                    sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes + part_off[q],
+                                              part_len[q], load_rows[j] + part_off[q]};
+                st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+            }
+        }
+        tok->io_ms += flm_now_ms() - t1;
+        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+        tok->n_reads += ctx->io.n_requests - before.n_requests;
+        if (st) return st;
+    }
+    tok->n_predicted += n;
+    tok->n_loaded += cs.n_loaded;
+    tok->n_reused += cs.n_reused;
+    tok->rows_used += cs.rows_used;
+    /* 4. the FFN over the predicted set's rows (compute) */
+    flm_ffn_bundles(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, n, in, out, ctx->s.hb, fl->acc, pp->n_threads);
+    return FLM_OK;
+}
