@@ -1,4 +1,5 @@
 /* flash.c — FFN weights from a .flm file in the modes ram / naive / hybrid (Knowl 7's baselines). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +56,17 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
                             "%llu bytes next to the %llu planned", file->path, (unsigned long long)budget,
                             (unsigned long long)reader_mem, (unsigned long long)flm_mem_plan_total(&fl->plan));
     }
-    if (fl->plan.mode == FLM_MODE_SPARSE) return flm_sparse_open(ctx, err);
+    if (fl->plan.mode == FLM_MODE_SPARSE) {
+        st = flm_sparse_open(ctx, err);
+        if (st != FLM_ERR_BUDGET || pp->mode != FLM_MODE_AUTO) return st;
+        /* auto: the neuron cache does not fit; the layer-streaming mode may */
+        fprintf(stderr, "flashlm: %s; running hybrid instead\n", err ? err->msg : "the neuron cache does not fit");
+        flm_sparse_close(fl->sparse);
+        fl->sparse = NULL;
+        if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, FLM_MODE_HYBRID, budget, &fl->plan,
+                                  err)))
+            return st;
+    }
     /* resident layers: read once, through the same reader (counted in the load, not per token) */
     for (uint32_t l = 0; l < fl->plan.n_resident_layers; l++) {
         const flm_region *r = file->ffn[l];

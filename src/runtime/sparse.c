@@ -127,7 +127,8 @@ flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err) {
         for (uint32_t l = 0; l < L && fits; l++) {
             uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, kk, 0);
             uint32_t agg = kk <= FLM_AGG_K ? kk : FLM_AGG_K;
-            fits = (double)cap >= 1.1 * sp->sp.layers[l].s_agg[agg - 1] * F;
+            double need = 1.1 * sp->sp.layers[l].s_agg[agg - 1] * F;
+            fits = cap >= F || (double)cap >= need; /* a cache holding every neuron fits any window */
         }
         if (fits) { k = kk; break; }
         if (kk == k_lo) k = k_lo;

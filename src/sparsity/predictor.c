@@ -505,6 +505,7 @@ void flm_predictor_train_opts_default(flm_predictor_train_opts *o) {
     o->seed = 1;
     o->balance = FLM_PRED_BALANCE_LAYER;
     o->max_pos_weight = 100.0f;
+    o->select_best = true;
 }
 
 static double rms_of(const float *a, size_t n) {
@@ -522,6 +523,22 @@ static void adam_step(float *w, const float *g, float *m1, float *m2, size_t n, 
         float v = m2[i] = b2 * m2[i] + (1.0f - b2) * gi * gi;
         w[i] -= lr_t * a / (sqrtf(v) + eps);
     }
+}
+
+/* Held-out loss of p; when it is below *best_loss, copy A | B | c into best and update *best_loss. */
+static flm_status keep_if_better(const flm_predictor *p, const float *X, const uint8_t *Y, const size_t *hold,
+                                 size_t n_hold, float *best, double *best_loss, flm_error *err) {
+    flm_predictor_metrics hm;
+    flm_status st = eval_rows(p, X, Y, hold, n_hold, &hm, err);
+    if (st != FLM_OK) return st;
+    if (hm.loss < *best_loss) {
+        const size_t nA = (size_t)p->rank * p->d_model, nB = (size_t)p->d_ffn * p->rank;
+        *best_loss = hm.loss;
+        memcpy(best, p->A, nA * sizeof(float));
+        memcpy(best + nA, p->B, nB * sizeof(float));
+        memcpy(best + nA + nB, p->c, p->d_ffn * sizeof(float));
+    }
+    return FLM_OK;
 }
 
 static void report(const flm_predictor_train_opts *o, const char *what, uint64_t done, uint64_t total) {
@@ -573,7 +590,9 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
     float *GB = xmalloc_floats(bmax * r);
     const size_t nA = r * N, nB = M * r, nP = nA + nB + M;
     float *grad = xmalloc_floats(nP), *m1 = calloc(nP, sizeof(float)), *m2 = calloc(nP, sizeof(float));
-    if (!perm || !pos || !wpos || !xb || !H || !Z || !GB || !grad || !m1 || !m2) {
+    const bool select = o->select_best && n_hold > 0 && o->epochs > 0;
+    float *best = select ? xmalloc_floats(nP) : NULL;
+    if (!perm || !pos || !wpos || !xb || !H || !Z || !GB || !grad || !m1 || !m2 || (select && !best)) {
         st = flm_fail(err, FLM_ERR_NOMEM, "predictor train: cannot allocate training state (%zu parameters)", nP);
         goto done;
     }
@@ -636,6 +655,10 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
     const uint64_t total_steps = (uint64_t)o->epochs * steps_per_epoch;
     float *gA = grad, *gB = grad + nA, *gc = grad + nA + nB;
     uint64_t step = 0;
+    /* best-epoch selection: the weights (initial ones included) with the lowest held-out loss */
+    double best_loss = INFINITY;
+    int best_ep = 0;
+    if (select && (st = keep_if_better(p, X, Y, hold, n_hold, best, &best_loss, err)) != FLM_OK) goto done;
     for (int ep = 0; ep < o->epochs; ep++) {
         for (size_t i = n_tr - 1; i > 0; i--) { /* reshuffle the training rows each epoch */
             size_t j = rng_below(&rng, i + 1), t = tr[i];
@@ -674,7 +697,17 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
             adam_step(p->B, gB, m1 + nA, m2 + nA, nB, (float)(lrB * decay * corr));
             adam_step(p->c, gc, m1 + nA + nB, m2 + nA + nB, M, (float)(lrc * decay * corr));
         }
+        if (select) {
+            double before = best_loss;
+            if ((st = keep_if_better(p, X, Y, hold, n_hold, best, &best_loss, err)) != FLM_OK) goto done;
+            if (best_loss < before) best_ep = ep + 1;
+        }
         report(o, "epoch", (uint64_t)ep + 1, (uint64_t)o->epochs);
+    }
+    if (select && best_ep != o->epochs) { /* restore the best */
+        memcpy(p->A, best, nA * sizeof(float));
+        memcpy(p->B, best + nA, nB * sizeof(float));
+        memcpy(p->c, best + nA + nB, M * sizeof(float));
     }
     if (!all_finite(p->A, nA) || !all_finite(p->B, nB) || !all_finite(p->c, M)) {
         st = flm_fail(err, FLM_ERR_ARG, "predictor train: training diverged (non-finite weights); lower lr (%g)",
@@ -701,6 +734,7 @@ done:
     free(grad);
     free(m1);
     free(m2);
+    free(best);
     return st;
 }
 

@@ -93,6 +93,10 @@ typedef struct flm_predictor_train_opts {
                                the held-out split (the training split when there is none) is >= target_recall;
                                0 (default) = keep threshold 0 */
     bool warm_start;        /* start from p's current A, B, c instead of initialising them (init_W then unused) */
+    bool select_best;       /* keep the weights (after an epoch, or the initial ones) with the lowest held-out loss
+                               instead of the last epoch's: early stopping against over-fitting, which a few thousand
+                               samples allow (default true; needs holdout > 0). The returned metrics are then
+                               computed on the split that chose the epoch, so they are slightly optimistic. */
     int n_threads;          /* BLAS and OpenMP threads; 0 (default) = leave the libraries' defaults */
     void (*progress)(void *user, const char *what, uint64_t done, uint64_t total); /* optional: called with "init"
                                (0 of 1, 1 of 1) and "epoch" (done of epochs) after each epoch */

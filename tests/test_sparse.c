@@ -1,0 +1,193 @@
+/* test_sparse.c — the sparse FFN against the dense one, and the full method on stories260K: calibrated on the first
+ * part of tinystories_sample.txt, its perplexity on the held-out rest stays within a stated bound of the dense
+ * perplexity, and it reads far fewer bytes per token than naive. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/ffn_bundle.h"
+#include "compute/kernels.h"
+#include "flashlm.h"
+#include "format/flm.h"
+#include "sparsity/calibrate.h"
+#include "sparsity/sparsity.h"
+#include "testutil.h"
+
+/* ---- the bundle FFN on random ReLU data: subsets and orders ------------------------------------------------- */
+
+static void test_sparse_ffn_equals_dense(void **state) {
+    (void)state;
+    const uint32_t d = 96, F = 300;
+    const flm_kernels *k = flm_kernels_best();
+    uint32_t types[] = {FLM_TYPE_F32, FLM_TYPE_F16, FLM_TYPE_Q8_0};
+    uint64_t rng = 7;
+    for (size_t ti = 0; ti < 3; ti++) {
+        uint32_t t = types[ti];
+        size_t rb = (size_t)(t == FLM_TYPE_F32 ? 4 * d : t == FLM_TYPE_F16 ? 2 * d : d / 32 * 34);
+        flm_bundle_desc b = {d, t, t, t, 0, rb, 2 * rb, 3 * rb, true, true, 0.0f};
+        uint8_t *rec = malloc(F * b.record_bytes);
+        float *row = malloc(d * sizeof(float)), *x = malloc(d * sizeof(float));
+        for (uint32_t i = 0; i < F; i++)
+            for (int part = 0; part < 3; part++) {
+                for (uint32_t j = 0; j < d; j++) row[j] = tu_rand_f32(&rng) * 0.2f;
+                flm_quantize_row(t, row, rec + i * b.record_bytes + part * rb, d);
+            }
+        for (uint32_t j = 0; j < d; j++) x[j] = tu_rand_f32(&rng);
+        float *dense = calloc(d, 4), *sub = calloc(d, 4), *h = calloc(F, 4), *acc = calloc(2 * d, 4);
+        flm_ffn_bundles(k, &b, rec, NULL, F, x, dense, h, acc, 1);
+        /* the full set through a row list in natural order: exactly the same bits */
+        uint32_t *rows = malloc(F * sizeof *rows);
+        for (uint32_t i = 0; i < F; i++) rows[i] = i;
+        flm_ffn_bundles(k, &b, rec, rows, F, x, sub, h, acc, 1);
+        assert_memory_equal(dense, sub, d * sizeof(float));
+        /* the oracle set (neurons with relu(gate . x) > 0), shuffled: equal to float rounding */
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < F; i++)
+            if (k->dot[t](rec + i * b.record_bytes + b.gate_off, x, d) > 0.0f) rows[n++] = i;
+        assert_true(n > 0 && n < F);
+        for (uint32_t i = n - 1; i > 0; i--) {
+            uint32_t j = (uint32_t)(tu_rand_u64(&rng) % (i + 1)), tmp = rows[i];
+            rows[i] = rows[j];
+            rows[j] = tmp;
+        }
+        flm_ffn_bundles(k, &b, rec, rows, n, x, sub, h, acc, 2);
+        for (uint32_t j = 0; j < d; j++) assert_true(fabsf(dense[j] - sub[j]) <= 1e-5f * (1.0f + fabsf(dense[j])));
+        /* and a set missing an active neuron differs: the check above can fail */
+        flm_ffn_bundles(k, &b, rec, rows + 1, n - 1, x, sub, h, acc, 1);
+        double diff = 0;
+        for (uint32_t j = 0; j < d; j++) diff += fabs((double)dense[j] - sub[j]);
+        assert_true(diff > 1e-4);
+        free(rec); free(row); free(x); free(dense); free(sub); free(h); free(acc); free(rows);
+    }
+}
+
+/* ---- stories260K: calibrate on the first part of the sample, evaluate on the rest ----------------------------- */
+
+static char flm_path[4096], eval_path[4096];
+static char *calib_text;
+
+static int setup(void **state) {
+    (void)state;
+    size_t len;
+    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    /* split at a story boundary about 60% in: calibration text / held-out text */
+    char *cut = strstr(text + len * 6 / 10, "<|endoftext|>");
+    if (!cut) return -1;
+    *cut = 0;
+    calib_text = text;
+    snprintf(eval_path, sizeof eval_path, "%s", tu_tmp("heldout", ".txt"));
+    const char *rest = cut + strlen("<|endoftext|>");
+    tu_write_file(eval_path, rest, strlen(rest));
+    snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("stories-sparse", ".flm"));
+    flm_error err;
+    if (flm_convert(tu_shared("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) return -1;
+    flm_calib_opts o;
+    flm_calib_opts_default(&o);
+    o.text = calib_text;
+    o.sparsity = 0.2f;
+    o.chunk = 64;
+    flm_sparsity rep;
+    if (flm_calibrate(flm_path, &o, &rep, &err)) { fprintf(stderr, "calibrate: %s\n", err.msg); return -1; }
+    for (uint32_t l = 0; l < rep.n_layers; l++)
+        printf("layer %u: threshold %.4f, true active %.3f, predicted %.3f, recall %.3f, precision %.3f\n", l,
+               (double)rep.layers[l].threshold, rep.layers[l].active_frac, rep.layers[l].pred_frac,
+               rep.layers[l].recall, rep.layers[l].precision);
+    flm_sparsity_free(&rep);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(flm_path);
+    remove(eval_path);
+    free(calib_text);
+    return 0;
+}
+
+static double ppl_of(flm_mode mode, bool oracle, uint64_t *bytes_per_token) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    p.mode = mode;
+    p.no_predictor = oracle;
+    p.window = 2; /* a short window: without a budget the whole (tiny) FFN would stay cached and nothing be read */
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open %s: %s", flm_mode_name(mode), err.msg);
+    size_t len;
+    char *text = (char *)tu_read_file(eval_path, &len);
+    flm_ppl_result r;
+    if (flm_perplexity(ctx, text, 64, 0, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    if (bytes_per_token) *bytes_per_token = s.n_tokens ? s.total.bytes_read / s.n_tokens : 0;
+    printf("mode %-6s%s: perplexity %.4f over %llu held-out tokens; %llu bytes read per token\n", s.mode,
+           oracle ? " (oracle)" : "", r.ppl, (unsigned long long)r.n_scored,
+           (unsigned long long)(s.n_tokens ? s.total.bytes_read / s.n_tokens : 0));
+    free(text);
+    flm_close(ctx);
+    return r.ppl;
+}
+
+static void test_sparse_quality_and_bytes(void **state) {
+    (void)state;
+    uint64_t b_naive = 0, b_sparse = 0;
+    double dense = ppl_of(FLM_MODE_RAM, false, NULL);
+    double naive = ppl_of(FLM_MODE_NAIVE, false, &b_naive);
+    double oracle = ppl_of(FLM_MODE_SPARSE, true, NULL);
+    double sparse = ppl_of(FLM_MODE_SPARSE, false, &b_sparse);
+    assert_true(fabs(naive - dense) < 1e-6 * dense); /* naive is exact */
+    /* Stated bounds. Measured: dense 4.67 on the held-out stories, oracle set (20% CATS sparsity) 4.77 (+2.3%),
+     * predictor 5.25 (+12%): stories260K (d_model 64) is small and dense, so its predictor is weak (precision 0.8). */
+    assert_true(oracle <= dense * 1.06);
+    assert_true(sparse <= dense * 1.15);
+    assert_true(sparse >= dense * 0.95); /* not suspiciously better either */
+    /* bytes per token well below naive's: the window reuses most neurons */
+    assert_true(b_sparse * 4 < b_naive);
+}
+
+/* An uncalibrated .flm says how to calibrate; auto picks sparse under a budget when calibrated. */
+static void test_uncalibrated_and_auto(void **state) {
+    (void)state;
+    const char *plain = tu_tmp("plain", ".flm");
+    flm_error err;
+    assert_int_equal(flm_convert(tu_shared("models/stories260K/stories260K.gguf"), plain, NULL, NULL, &err), FLM_OK);
+    flm_params p;
+    flm_params_default(&p);
+    p.n_ctx = 64;
+    p.mode = FLM_MODE_SPARSE;
+    flm_ctx *ctx = NULL;
+    assert_int_not_equal(flm_open(plain, &p, &ctx, &err), FLM_OK);
+    assert_non_null(strstr(err.msg, "flashlm calibrate"));
+    remove(plain);
+    /* stories260K is too small and too dense for the neuron cache to fit below its own size (its predictors and one
+     * token's 80% active set cost more than the FFN saved): auto then falls back to hybrid, and says so */
+    p.mode = FLM_MODE_AUTO;
+    p.mem_bytes = 1000 * 1024; /* below the 1.02 MiB model */
+    assert_int_equal(flm_open(flm_path, &p, &ctx, &err), FLM_OK);
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    assert_string_equal(s.mode, "hybrid");
+    flm_close(ctx);
+    /* with room, auto picks ram; asked for explicitly, sparse runs with its statistics */
+    p.mem_bytes = 0;
+    p.mode = FLM_MODE_SPARSE;
+    assert_int_equal(flm_open(flm_path, &p, &ctx, &err), FLM_OK);
+    const float *logits;
+    assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK);
+    flm_get_stats(ctx, &s);
+    assert_string_equal(s.mode, "sparse");
+    assert_true(s.total.n_predicted > 0 && s.total.n_loaded == s.total.n_predicted); /* first token: all read */
+    flm_close(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sparse_ffn_equals_dense),
+        cmocka_unit_test(test_sparse_quality_and_bytes),
+        cmocka_unit_test(test_uncalibrated_and_auto),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
