@@ -15,12 +15,16 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 FLM = $(BUILD)/$(basename $(notdir $(MODEL))).flm
+TEXT ?= ../shared/text/tinystories_sample.txt
 
-# The main job: convert the default model to the flash layout, then generate through the flash path under a memory
-# budget below the model's size, printing per-token statistics (flash I/O / memory / compute ms, bytes, reads).
+# The main job, the paper's method end to end on the default model: convert it to the flash layout, calibrate its
+# predictors, generate with --mode sparse printing per-token statistics (flash I/O / memory / compute ms, neurons
+# predicted / read / reused), then measure naive, hybrid and sparse side by side.
 run: build
 	./$(BUILD)/flashlm convert $(MODEL) $(FLM)
-	./$(BUILD)/flashlm run -m $(FLM) -p "$(PROMPT)" -n 48 -c 128 --mem 80% --stats
+	./$(BUILD)/flashlm calibrate $(FLM) --text $(TEXT) --sparsity 0.2 --chunk 64
+	./$(BUILD)/flashlm run -m $(FLM) -p "$(PROMPT)" -n 48 -c 128 --mode sparse --window 2 --stats
+	./$(BUILD)/flashlm bench -m $(FLM) --modes ram,naive,predictor-only,sparse --window 2 --mem 0 --gen-tokens 32
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

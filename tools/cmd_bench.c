@@ -198,7 +198,9 @@ static const char *BENCH_HELP =
     "\n"
     "  -m, --model PATH        .flm (all modes) or .gguf (ram only)\n"
     "      --mem BYTES|N%      memory budget for the streaming modes (default 50%)\n"
-    "      --modes LIST        comma-separated modes (default ram,naive,hybrid; ram is skipped if it does not fit)\n"
+    "      --modes LIST        comma-separated, from ram, naive, hybrid, sparse and the ablations predictor-only\n"
+    "                          (sparse without window and bundling), sparse-nobundle, sparse-oracle (true active\n"
+    "                          sets) (default ram,naive,hybrid,sparse; a mode that does not fit is skipped)\n"
     "      --prompt-tokens N   prompt length (default 16)\n"
     "      --gen-tokens N      generated tokens (default 32)\n"
     "      --text FILE         take the prompt from this text (default: deterministic token ids)\n"
@@ -210,7 +212,7 @@ int cmd_bench(int argc, char **argv) {
     flm_params_default(&o.params);
     o.prompt_tokens = 16;
     o.gen_tokens = 32;
-    const char *modes = "ram,naive,hybrid", *mem = "50%";
+    const char *modes = "ram,naive,hybrid,sparse", *mem = "50%";
     long v;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -240,15 +242,22 @@ int cmd_bench(int argc, char **argv) {
     double mem_pct;
     if (!flm_parse_mem(mem, &mem_bytes, &mem_pct)) return cli_die("bad --mem '%s'", mem);
 
-    bench_result res[8];
-    const char *names[8];
+    bench_result res[16];
+    const char *names[16];
     int n = 0;
-    char list[256];
+    char list[512];
     snprintf(list, sizeof list, "%s", modes);
-    for (char *tok = strtok(list, ","); tok && n < 8; tok = strtok(NULL, ",")) {
+    for (char *tok = strtok(list, ","); tok && n < 16; tok = strtok(NULL, ",")) {
         flm_mode m;
-        if (!flm_mode_parse(tok, &m)) return cli_die("unknown mode '%s' in --modes", tok);
         bench_opts oo = o;
+        /* the ablation rows of the paper's Table 1 are sparse runs with one part taken away */
+        if (!strcmp(tok, "predictor-only") || !strcmp(tok, "sparse-nowindow")) {
+            m = FLM_MODE_SPARSE; oo.params.no_window = true; oo.params.no_bundle = true;
+        } else if (!strcmp(tok, "sparse-nobundle")) {
+            m = FLM_MODE_SPARSE; oo.params.no_bundle = true;
+        } else if (!strcmp(tok, "sparse-oracle")) {
+            m = FLM_MODE_SPARSE; oo.params.no_predictor = true;
+        } else if (!flm_mode_parse(tok, &m)) return cli_die("unknown mode '%s' in --modes", tok);
         if (m != FLM_MODE_RAM) { oo.params.mem_bytes = mem_bytes; oo.params.mem_percent = mem_pct; }
         fprintf(stderr, "flashlm bench: %s ...\n", tok);
         run_in_child(&oo, m, &res[n]);
@@ -258,8 +267,8 @@ int cmd_bench(int argc, char **argv) {
     }
     const bench_result *naive = NULL, *ram = NULL;
     for (int i = 0; i < n; i++) {
-        if (res[i].ok && !strcmp(res[i].mode, "naive")) naive = &res[i];
-        if (res[i].ok && !strcmp(res[i].mode, "ram")) ram = &res[i];
+        if (res[i].ok && !strcmp(names[i], "naive")) naive = &res[i];
+        if (res[i].ok && !strcmp(names[i], "ram")) ram = &res[i];
     }
     printf("\n%s: %d prompt tokens, %d generated; medians over decoding tokens after the first (p10-p90 of total)\n\n",
            o.model, o.prompt_tokens, o.gen_tokens);
@@ -268,7 +277,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
         if (!r->ok) { printf("| %s | skipped: %.80s |||||||||\n", names[i], r->err); continue; }
-        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f-%.2f | %.2f | %.2f | %s%.2fx | %s%.2fx |\n", r->mode, r->io_med,
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f-%.2f | %.2f | %.2f | %s%.2fx | %s%.2fx |\n", names[i], r->io_med,
                r->mem_med, r->cmp_med, r->tot_med, r->tot_p10, r->tot_p90, r->tot_med > 0 ? 1e3 / r->tot_med : 0,
                r->first_ms, naive ? "" : "n/a ", naive && r->tot_med > 0 ? naive->tot_med / r->tot_med : 0,
                ram ? "" : "n/a ", ram && r->tot_med > 0 ? ram->tot_med / r->tot_med : 0);
@@ -280,7 +289,7 @@ int cmd_bench(int argc, char **argv) {
         if (!r->ok) continue;
         char budget[32] = "none";
         if (r->budget) snprintf(budget, sizeof budget, "%.1f", cli_mib(r->budget));
-        printf("| %s | %.0f (%.2f MiB) | %.1f | %.2f | %s%s | %u/%u | %.1f | %s |\n", r->mode, r->bytes_per_tok,
+        printf("| %s | %.0f (%.2f MiB) | %.1f | %.2f | %s%s | %u/%u | %.1f | %s |\n", names[i], r->bytes_per_tok,
                cli_mib((uint64_t)r->bytes_per_tok), r->reads_per_tok, r->gbps, r->backend,
                strcmp(r->backend, "none") ? (r->direct ? " O_DIRECT" : " buffered") : "", r->res_layers, r->n_layers,
                cli_mib(r->peak_rss), budget);

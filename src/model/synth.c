@@ -383,7 +383,7 @@ static bool vocab_build(vocab *v, uint32_t n) {
         v->ptr[j] = v->text[j];
         if (j >= first) {
             v->type[j] = FLM_TOK_NORMAL;
-            v->score[j] = -(float)(j - first); /* earlier (shorter, more frequent) pieces merge first */
+            v->score[j] = (float)first - (float)j; /* earlier (shorter, more frequent) pieces merge first */
         }
     }
     return i == n;

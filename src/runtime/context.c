@@ -65,6 +65,7 @@ bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
         if (*end == 'B' || *end == 'b') end++;
         if (*end) return false;
     }
+    if (v == 0) return true; /* 0: no budget */
     if (v * mul < 1 || v * mul > 9.0e18) return false;
     *bytes = (uint64_t)(v * mul);
     return true;
