@@ -7,6 +7,7 @@
 #include "sparsity/predictor.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <lapacke.h>
 #include <math.h>
 #include <omp.h>
@@ -559,7 +560,8 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
     if (!X || !Y) return flm_fail(err, FLM_ERR_ARG, "predictor train: NULL X or Y");
     if (o->epochs < 0 || o->batch < 1 || !(o->holdout >= 0.0f && o->holdout < 1.0f) ||
         (o->epochs > 0 && !(o->lr > 0.0f && isfinite(o->lr))) || (unsigned)o->balance > FLM_PRED_BALANCE_NONE ||
-        !(o->max_pos_weight >= 1.0f) || !(o->target_recall >= 0.0f && o->target_recall <= 1.0f) || o->n_threads < 0)
+        (o->balance == FLM_PRED_BALANCE_NEURON && !(o->max_pos_weight >= 1.0f)) ||
+        !(o->target_recall >= 0.0f && o->target_recall <= 1.0f) || o->n_threads < 0)
         return flm_fail(err, FLM_ERR_ARG, "predictor train: bad options (epochs %d, batch %d, lr %g, holdout %g, "
                         "balance %d, max_pos_weight %g, target_recall %g, n_threads %d)", o->epochs, o->batch,
                         (double)o->lr, (double)o->holdout, (int)o->balance, (double)o->max_pos_weight,
@@ -567,6 +569,8 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
     const size_t N = p->d_model, M = p->d_ffn, r = p->rank;
     const size_t n_hold = (size_t)floor((double)o->holdout * (double)n);
     const size_t n_tr = n - n_hold;
+    if (n > (size_t)INT_MAX)
+        return flm_fail(err, FLM_ERR_ARG, "predictor train: %zu samples, at most %d supported", n, INT_MAX);
     if (n < 2 || n_tr < 2)
         return flm_fail(err, FLM_ERR_ARG, "predictor train: %zu samples (%zu held out) leave fewer than 2 to train on",
                         n, n_hold);
@@ -668,7 +672,9 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
         for (size_t k0 = 0; k0 < n_tr; k0 += bmax) {
             const size_t b = n_tr - k0 < bmax ? n_tr - k0 : bmax;
             forward_block(p, X, tr, k0, b, xb, H, Z); /* xb: the batch rows, H = Xb A^T, Z = H B^T */
-            /* G = dL/dZ for L = (1/b) sum_{k,i} [w_i y log sigmoid(z) + (1 - y) log(1 - sigmoid(z))] (negated) */
+            /* G = dL/dz, in place of Z, for the balanced BCE
+             *   L = -(1/b) sum_{k,i} [w_i y log sigmoid(z) + (1 - y) log(1 - sigmoid(z))]:
+             *   dL/dz = (w_i y (sigmoid(z) - 1) + (1 - y) sigmoid(z)) / b */
             const float inv_b = 1.0f / (float)b;
             for (size_t k = 0; k < b; k++) {
                 const uint8_t *y = Y + tr[k0 + k] * M;
@@ -820,7 +826,11 @@ flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_
     }
     const uint8_t *s = src + FLM_PREDICTOR_HEADER_BYTES;
     const size_t na = (size_t)r * N, nb = (size_t)M * r;
-    struct { const char *name; float *dst; size_t count; } parts[3] = {{"A", p->A, na}, {"B", p->B, nb}, {"c", p->c, M}};
+    struct {
+        const char *name;
+        float *dst;
+        size_t count;
+    } parts[3] = {{"A", p->A, na}, {"B", p->B, nb}, {"c", p->c, M}};
     for (int q = 0; q < 3; q++) {
         size_t bad = read_floats(parts[q].dst, s, parts[q].count);
         if (bad != parts[q].count) {
