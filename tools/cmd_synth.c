@@ -37,7 +37,8 @@ static const char *SYNTH_HELP =
     "activation statistics:\n"
     "      --act A          relu | silu (default relu)\n"
     "      --active F       mean fraction of FFN neurons active per token, (0, 0.9] (default 0.05)\n"
-    "      --rank R         rank of the low-rank part of gate/up rows; 0 = none (default 64)\n"
+    "      --rank R         rank of the low-rank part of gate/up rows; 0 = none (default 64, or less when\n"
+    "                       --d-model or --d-ffn is smaller)\n"
     "      --noise F        share of a gate/up row's energy outside the low-rank part, [0, 1] (default 0.1)\n"
     "      --decay F        singular values of the low-rank part fall like k^-F (default 0.5)\n"
     "      --tail S         power-law exponent of the sorted neuron frequencies (default 2)\n"
@@ -84,14 +85,17 @@ static int bad_value(const char *opt, const char *val) {
 }
 
 static void print_activity(const flm_synth_activity *a, double target) {
-    printf("measured on %u random tokens (neuron active: gate . x > 0); target mean active fraction %.4f\n",
+    printf("measured on %u random tokens (a neuron is active when gate . x > 0); target mean active fraction %.4f\n"
+           "  active: mean fraction of active neurons; token-sd, token-max: over tokens; hot-10%%: share of all\n"
+           "  activations made by the 10%% most active neurons; rare: neurons active on <= 1%% of the tokens;\n"
+           "  reuse-4: share of a token's active neurons also active on one of the 4 previous tokens\n\n",
            a->n_tokens, target);
-    printf("  layer   active   hot-10%% share   rare (<=1%% of tokens)   reuse (prev token)\n");
+    printf("  layer   active  token-sd  token-max  hot-10%%    rare  reuse-4\n");
     for (uint32_t l = 0; l < a->n_layers; l++)
-        printf("  %5u   %.4f   %13.3f   %21.3f   %18.3f\n", l, a->layer_active[l], a->layer_hot_share[l],
-               a->layer_rare[l], a->layer_reuse[l]);
-    printf("  mean    %.4f   %13.3f   %21.3f   %18.3f\n", a->mean_active, a->mean_hot_share, a->mean_rare,
-           a->mean_reuse);
+        printf("  %5u   %.4f    %.4f     %.4f    %.3f   %.3f    %.3f\n", l, a->layer_active[l], a->layer_token_sd[l],
+               a->layer_token_max[l], a->layer_hot_share[l], a->layer_rare[l], a->layer_reuse[l]);
+    printf("  mean    %.4f                         %.3f   %.3f    %.3f\n", a->mean_active, a->mean_hot_share,
+           a->mean_rare, a->mean_reuse);
     printf("  logits: %s; max relative difference from flm_eval %.3g\n", a->finite ? "all finite" : "NOT FINITE",
            a->max_logit_diff);
 }
@@ -101,7 +105,7 @@ int flm_cmd_synth(int argc, char **argv) {
     flm_synth_params p;
     flm_synth_params_default(&p);
     const char *out = NULL;
-    bool kv_set = false;
+    bool kv_set = false, rank_set = false;
     uint32_t check = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -130,7 +134,7 @@ int flm_cmd_synth(int argc, char **argv) {
             else if (!strcmp(val, "silu")) p.act = FLM_ACT_SILU;
             else return cli_die("bad --act '%s' (relu|silu)", val);
         } else if (!strcmp(a, "--active")) DBL(p.active);
-        else if (!strcmp(a, "--rank")) U32(p.rank);
+        else if (!strcmp(a, "--rank")) { U32(p.rank); rank_set = true; }
         else if (!strcmp(a, "--noise")) DBL(p.noise);
         else if (!strcmp(a, "--decay")) DBL(p.decay);
         else if (!strcmp(a, "--tail")) DBL(p.tail);
@@ -155,6 +159,10 @@ int flm_cmd_synth(int argc, char **argv) {
     }
     if (!out) return cli_die("%s", "no output file given: flashlm synth OUT.gguf [options] (see --help)");
     if (!kv_set) p.n_kv_heads = p.n_heads;
+    if (!rank_set) { /* the default rank shrinks to fit small shapes */
+        if (p.d_model >= 1 && p.rank > p.d_model - 1) p.rank = p.d_model - 1;
+        if (p.rank > p.d_ffn) p.rank = p.d_ffn;
+    }
 
     flm_error err;
     if (flm_synth_check(&p, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 2; }

@@ -4,7 +4,8 @@
  * Outline of flm_synth_write:
  *   metadata + vocabulary -> tensor infos -> for each tensor, in file order: generate its rows (OpenMP over rows,
  *   each row from its own counter-based RNG stream, so the bytes do not depend on the thread count), quantize them
- *   into one tensor buffer, run the calibration tokens through it, write it.
+ *   into a tensor buffer, run the calibration tokens through it, hand it to a background thread that writes it
+ *   (while the next tensor is made in the other buffer).
  * The calibration pass is a batched replica of the llama forward pass (the engine's kernels, RMSNorm, RoPE and
  * attention) over `calib_tokens` tokens. It sees each tensor right after it is made, so the scale of attn_output and
  * ffn_down and the gate biases can be chosen from the activations the real model will produce. The same replica
@@ -395,11 +396,14 @@ static bool vocab_build(vocab *v, uint32_t n) {
  * ------------------------------------------------------------------------------------------------------------- */
 typedef void (*row_fn)(const void *ctx, uint64_t row, uint64_t *rng, float *out, size_t n);
 
-/* N(0, sd^2) entries; column 0 set to col0 (when set_col0); row 0 all zero (when zero_row0). */
+/* N(0, sd^2) entries (sd: row_sd[row] when given); column 0 set to row_col0[row] when given, else to col0 when
+ * set_col0; row 0 all zero when zero_row0. */
 typedef struct normal_spec {
     float sd;
+    const float *row_sd;
     bool set_col0;
     float col0;
+    const float *row_col0;
     bool zero_row0;
 } normal_spec;
 
@@ -409,8 +413,10 @@ static void row_normal(const void *ctx, uint64_t row, uint64_t *rng, float *out,
         memset(out, 0, n * sizeof *out);
         return;
     }
-    for (size_t j = 0; j < n; j++) out[j] = s->sd * rng_normal(rng);
-    if (s->set_col0) out[0] = s->col0;
+    float sd = s->row_sd ? s->row_sd[row] : s->sd;
+    for (size_t j = 0; j < n; j++) out[j] = sd * rng_normal(rng);
+    if (s->row_col0) out[0] = s->row_col0[row];
+    else if (s->set_col0) out[0] = s->col0;
 }
 
 /* Low rank plus noise: out = sum_k z_k V[k] + noise, z_k ~ N(0, 1), V = [rank][n] (rows already scaled by the
@@ -464,6 +470,8 @@ typedef struct synth {
     double *ppf;           /* [d_ffn] Phi^-1(p_i) of this layer's neurons */
     uint32_t *perm;        /* [d_ffn] */
     float *mvec;           /* [d_model] */
+    float *q_sd, *q_c0;    /* [d_model] per-row sd and column-0 weight of attn_q (positional heads) */
+    float *k_sd, *k_c0;    /* [d_model] the same for attn_k */
     int32_t *tokens;       /* [T] calibration tokens */
     fwd f;
     flm_progress_fn progress;
@@ -677,8 +685,41 @@ static void add_tensors(synth *S) {
 }
 
 /* Scales of the construction (docs/SYNTH.md). */
-#define SYNTH_BIAS_SD 4.0f  /* embedding dimension 0 (the bias channel) = 4 sd: the absmax of every Q8_0/Q4_0 block 0 */
-#define SYNTH_QK_GAIN 2.0f  /* q and k rows have sd 1.5/sqrt(d): attention scores of sd ~2.25 (peaked, not uniform) */
+#define SYNTH_BIAS_SD 4.0f     /* embedding dim 0 (the bias channel) = 4 sd: the absmax of every Q8_0/Q4_0 block 0 */
+#define SYNTH_QK_GAIN 2.0f     /* content heads: q, k rows of sd 2/sqrt(d): scores of sd ~4 (peaked, not uniform) */
+#define SYNTH_QK_GAIN_POS 0.5f /* positional heads: a small content part (scores of sd ~0.25) */
+
+/* Head roles. With two or more KV heads, every odd KV head (and the query heads reading it) is positional: q and k
+ * get a constant part from the bias channel whose RoPE phases make the score depend on the distance alone,
+ * beta * sum_j cos((t - s - delta) theta_j): a local window of the last 1..4 tokens (delta 0) or a previous-token
+ * head (delta 1). The others are content heads: random q, k. Positional heads carry context from token to token, so
+ * nearby tokens share part of their FFN input and of their active neurons (what windowing exploits, Knowl 3). */
+static void head_roles(synth *S, uint32_t head_dim, float xa) {
+    const flm_synth_params *p = S->p;
+    static const float betas[] = {0.4f, 0.7f, 1.0f, 1.6f};
+    const double sd_w = 1.0 / sqrt((double)p->d_model);
+    const uint32_t group = p->n_heads / p->n_kv_heads;
+    for (uint32_t g = 0; g < p->n_kv_heads; g++) {
+        bool pos = p->n_kv_heads >= 2 && g % 2 == 1;
+        uint32_t m = g / 2;
+        float beta = betas[m % 4], delta = (float)((m + m / 4) % 2);
+        float a = sqrtf(beta * sqrtf((float)head_dim)) / xa; /* |q_j| = |k_j| = a * xa: a^2 xa^2 / sqrt(hd) = beta */
+        for (uint32_t j = 0; j < head_dim; j++) {
+            size_t r = (size_t)g * head_dim + j;
+            S->k_sd[r] = (float)((pos ? SYNTH_QK_GAIN_POS : SYNTH_QK_GAIN) * sd_w);
+            S->k_c0[r] = 0.0f;
+            if (pos) {
+                float freq = 1.0f / powf(p->rope_theta, (float)(j & ~1u) / (float)head_dim); /* as flm_rope */
+                S->k_c0[r] = a * (j % 2 ? sinf(delta * freq) : cosf(delta * freq));
+            }
+            for (uint32_t h = g * group; h < (g + 1) * group; h++) {
+                size_t q = (size_t)h * head_dim + j;
+                S->q_sd[q] = S->k_sd[r];
+                S->q_c0[q] = pos && j % 2 == 0 ? a : 0.0f;
+            }
+        }
+    }
+}
 
 /* One layer: the nine tensors in file order, each followed by its calibration step. */
 static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
@@ -688,16 +729,22 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     const size_t stride_d = flm_row_bytes(type, d), stride_f = flm_row_bytes(type, nf);
     const double eta = 1.0 / p->n_layers; /* each block adds eta * e0 to the residual energy */
     const double sd_w = 1.0 / sqrt((double)d);
+    const float B = SYNTH_BIAS_SD * (float)sd_w;
     flm_status st;
 
-    /* attention: norm ignores the bias channel (weight 0 on dimension 0) */
-    if ((st = write_norm(S, 0.0f, err))) return st;
+    /* attention: the norm's weight on the bias channel makes it ~ sqrt(d) after RMSNorm, as for the FFN below */
+    double sr2a = mean_energy(f->x, T, d, 1) / (d - 1);
+    if ((st = write_norm(S, (float)(sqrt((d - 1) * sr2a) / B), err))) return st;
     fwd_norm(f, S->vec2);
-    normal_spec qk = {.sd = (float)(SYNTH_QK_GAIN * sd_w)}, vs = {.sd = (float)sd_w};
-    gen_tensor(S, type, f->q_dim, d, row_normal, &qk, RNG_Q, l);
+    double xa = 0;
+    for (uint32_t t = 0; t < T; t++) xa += f->xn[(size_t)t * d] / T;
+    head_roles(S, f->head_dim, (float)xa);
+    normal_spec qs = {.row_sd = S->q_sd, .row_col0 = S->q_c0}, ks = {.row_sd = S->k_sd, .row_col0 = S->k_c0};
+    normal_spec vs = {.sd = (float)sd_w, .set_col0 = true, .col0 = 0.0f};
+    gen_tensor(S, type, f->q_dim, d, row_normal, &qs, RNG_Q, l);
     fwd_mm(f, type, S->buf, f->q_dim, d, f->xn, f->q);
     if ((st = write_buf(S, S->buf, stride_d * f->q_dim, err))) return st;
-    gen_tensor(S, type, f->kv_dim, d, row_normal, &qk, RNG_K, l);
+    gen_tensor(S, type, f->kv_dim, d, row_normal, &ks, RNG_K, l);
     fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->kv.k);
     if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err))) return st;
     gen_tensor(S, type, f->kv_dim, d, row_normal, &vs, RNG_V, l);
@@ -729,7 +776,6 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     double sc2 = sr2 - shrink * m2 / (d - 1); /* James-Stein: |m|^2 ~ m2 - noise_m2 */
     if (sc2 < 1e-3 * sr2) sc2 = 1e-3 * sr2;
     /* ffn_norm: dimension 0 weight w0 makes the normed bias channel ~ sqrt(d-1) * s_r / rms ~ sqrt(d) */
-    const float B = SYNTH_BIAS_SD * (float)sd_w;
     double w0 = sqrt((double)(d - 1) * sr2) / B;
     double wb = w0 * B;
     S->mvec[0] = 0.0f;
@@ -779,6 +825,7 @@ static void synth_free(synth *S) {
     if (S->rowbuf)
         for (int i = 0; i < S->nt; i++) free(S->rowbuf[i]);
     free(S->rowbuf);
+    free(S->q_sd); free(S->q_c0); free(S->k_sd); free(S->k_c0);
     free(S->vec); free(S->V); free(S->freq); free(S->ppf); free(S->perm); free(S->mvec); free(S->tokens);
     fwd_free(&S->f);
 }
@@ -807,6 +854,8 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
         !(S.V = calloc((size_t)(p->rank ? p->rank : 1) * d, sizeof(float))) ||
         !(S.freq = malloc(nf * sizeof(double))) || !(S.ppf = malloc(nf * sizeof(double))) ||
         !(S.perm = malloc(nf * sizeof(uint32_t))) || !(S.mvec = calloc(d, sizeof(float))) ||
+        !(S.q_sd = malloc(d * sizeof(float))) || !(S.q_c0 = malloc(d * sizeof(float))) ||
+        !(S.k_sd = malloc(d * sizeof(float))) || !(S.k_c0 = malloc(d * sizeof(float))) ||
         !(S.tokens = malloc(T * sizeof(int32_t)))) {
         synth_free(&S);
         return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory (the largest tensor is %llu bytes)",
@@ -865,6 +914,7 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
 void flm_synth_activity_free(flm_synth_activity *a) {
     if (!a) return;
     free(a->counts); free(a->layer_active); free(a->layer_hot_share); free(a->layer_rare); free(a->layer_reuse);
+    free(a->layer_token_sd); free(a->layer_token_max);
     memset(a, 0, sizeof *a);
 }
 
@@ -945,7 +995,7 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     fwd f;
     int32_t *tokens = malloc(T * sizeof *tokens);
     float *logits = check_engine ? malloc((size_t)T * hp->n_vocab * sizeof(float)) : NULL;
-    uint8_t *prev = malloc(nf), *cur = malloc(nf);
+    int32_t *last = malloc(nf * sizeof *last); /* the last token each neuron fired on */
     flm_synth_activity *a = out;
     a->n_layers = L;
     a->d_ffn = nf;
@@ -957,8 +1007,10 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     a->layer_hot_share = calloc(L, sizeof(double));
     a->layer_rare = calloc(L, sizeof(double));
     a->layer_reuse = calloc(L, sizeof(double));
-    if (!tokens || (check_engine && !logits) || !prev || !cur || !a->counts || !a->layer_active ||
-        !a->layer_hot_share || !a->layer_rare || !a->layer_reuse) {
+    a->layer_token_sd = calloc(L, sizeof(double));
+    a->layer_token_max = calloc(L, sizeof(double));
+    if (!tokens || (check_engine && !logits) || !last || !a->counts || !a->layer_active ||
+        !a->layer_hot_share || !a->layer_rare || !a->layer_reuse || !a->layer_token_sd || !a->layer_token_max) {
         st = flm_fail(err, FLM_ERR_NOMEM, "synth measure: out of memory");
         goto done;
     }
@@ -984,21 +1036,30 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
         fwd_mm(&f, W->ffn_gate.type, W->ffn_gate.data, nf, d, f.xn, f.g);
         fwd_mm(&f, W->ffn_up.type, W->ffn_up.data, nf, d, f.xn, f.h);
         uint32_t *c = a->counts + (size_t)l * nf;
-        uint64_t act_prev = 0, both = 0;
+        uint64_t act_later = 0, reused = 0;
+        double s1 = 0, s2 = 0;
+        for (uint32_t i = 0; i < nf; i++) last[i] = INT32_MIN / 2;
         for (uint32_t t = 0; t < T; t++) {
             const float *g = f.g + (size_t)t * nf;
+            uint32_t n_act = 0;
             for (uint32_t i = 0; i < nf; i++) {
                 if (!isfinite(g[i])) a->finite = false;
-                cur[i] = g[i] > 0.0f;
-                c[i] += cur[i];
-                if (t > 0 && cur[i]) {
-                    act_prev++;
-                    both += prev[i];
+                if (!(g[i] > 0.0f)) continue;
+                c[i]++;
+                n_act++;
+                if (t >= FLM_SYNTH_WINDOW) {
+                    act_later++;
+                    reused += (int32_t)t - last[i] <= FLM_SYNTH_WINDOW;
                 }
+                last[i] = (int32_t)t;
             }
-            memcpy(prev, cur, nf);
+            double fr = (double)n_act / nf;
+            s1 += fr;
+            s2 += fr * fr;
+            if (fr > a->layer_token_max[l]) a->layer_token_max[l] = fr;
         }
-        a->layer_reuse[l] = act_prev ? (double)both / (double)act_prev : 0.0;
+        a->layer_reuse[l] = act_later ? (double)reused / (double)act_later : 0.0;
+        a->layer_token_sd[l] = T > 1 ? sqrt(fmax(0.0, (s2 - s1 * s1 / T) / (T - 1))) : 0.0;
         fwd_glu(&f);
         fwd_mm(&f, W->ffn_down.type, W->ffn_down.data, d, nf, f.h, f.o);
         fwd_add(&f);
@@ -1022,8 +1083,7 @@ done:
     flm_model_free(m);
     free(tokens);
     free(logits);
-    free(prev);
-    free(cur);
+    free(last);
     if (st) flm_synth_activity_free(out);
     return st;
 }

@@ -60,10 +60,11 @@ flm_status flm_synth_check(const flm_synth_params *p, flm_error *err);
  * 0 when the parameters are invalid. */
 uint64_t flm_synth_tensor_bytes(const flm_synth_params *p);
 
-/* Write the model to path: "<path>.tmp" is written tensor by tensor (at most one tensor in memory: the largest is the
- * embedding or output matrix, n_vocab x d_model of p->type), fsynced and renamed onto path. progress (may be NULL)
- * gets ("synth", bytes of tensor data written, total) after each tensor. On any error nothing is left behind (no
- * path, no temporary) and an existing file at path is untouched.
+/* Write the model to path: "<path>.tmp" is written tensor by tensor through the streaming gguf_writer (one tensor is
+ * generated while the previous one is written in the background: at most two tensor buffers in memory, each the size
+ * of the largest tensor, the n_vocab x d_model embedding of p->type: ~270 MB for the default), fsynced and renamed
+ * onto path. progress (may be NULL) gets ("synth", bytes of tensor data written, total) as tensors complete. On any
+ * error nothing is left behind (no path, no temporary) and an existing file at path is untouched.
  * Errors: FLM_ERR_ARG (bad parameters, as flm_synth_check), FLM_ERR_IO (cannot write), FLM_ERR_NOMEM,
  * FLM_ERR_FORMAT (the calibration pass met a non-finite value: should not happen; please report). */
 flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_progress_fn progress, void *user,
@@ -74,6 +75,9 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
  * active. out holds n values in (0, 1). Returns false when active is outside (0, 0.9] or tail <= 0. */
 bool flm_synth_frequencies(double active, double tail, uint32_t n, double *out);
 
+/* The window of flm_synth_activity.layer_reuse: the paper's OPT 6.7B setting of four recent tokens (Knowl 3). */
+#define FLM_SYNTH_WINDOW 4
+
 /* Measured activation statistics of a model (flm_synth_measure). A neuron is active for a token when its gate
  * pre-activation gate_i . rmsnorm(x) is > 0 (ReLU: relu(gate) > 0; SiLU: silu(gate) > 0). */
 typedef struct flm_synth_activity {
@@ -82,8 +86,10 @@ typedef struct flm_synth_activity {
     double *layer_active;    /* [n_layers]: mean fraction of active neurons */
     double *layer_hot_share; /* [n_layers]: share of all activations that the 10% most frequently active neurons make */
     double *layer_rare;      /* [n_layers]: fraction of neurons active on at most 1% of the tokens */
-    double *layer_reuse;     /* [n_layers]: fraction of a token's active neurons that were active for the previous
-                                token too (what windowing can reuse, Knowl 3) */
+    double *layer_reuse;     /* [n_layers]: fraction of a token's active neurons that were active on at least one of
+                                the FLM_SYNTH_WINDOW previous tokens (what windowing can reuse, Knowl 3) */
+    double *layer_token_sd;  /* [n_layers]: standard deviation over tokens of a token's fraction of active neurons */
+    double *layer_token_max; /* [n_layers]: the largest fraction of active neurons of any token */
     double mean_active, mean_hot_share, mean_rare, mean_reuse; /* averages over layers */
     double max_logit_diff;   /* max |logit - engine logit| / max(1, max |engine logit|) against flm_eval on the same
                                 tokens; -1 when not checked */
