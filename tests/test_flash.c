@@ -146,6 +146,15 @@ static void test_gguf_rejects_flash_options(void **state) {
     flm_error err;
     assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "convert"));
+    /* a budget a GGUF (all weights in memory) cannot keep is refused, not ignored */
+    p.mode = FLM_MODE_AUTO;
+    p.mem_percent = 50;
+    assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_BUDGET);
+    assert_non_null(strstr(err.msg, "convert"));
+    p.mem_percent = 0;
+    p.mem_bytes = 64u << 20; /* enough */
+    assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_OK);
+    flm_close(ctx);
 }
 
 /* ---- corrupt files --------------------------------------------------------------------------------------------- */

@@ -138,6 +138,21 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     if (n_ctx == 0) n_ctx = 512;
     ctx->params.n_ctx = (int)n_ctx;
     ctx->k = flm_kernels_best();
+    if (!ff && (p->mem_bytes || p->mem_percent > 0)) {
+        /* a GGUF runs with every weight mapped: the budget must hold the whole file */
+        uint64_t budget = p->mem_bytes ? p->mem_bytes : (uint64_t)((double)ctx->mem_resident * p->mem_percent / 100.0);
+        uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
+        uint64_t need = ctx->mem_resident + kv + flm_scratch_bytes(hp, n_ctx);
+        if (need > budget) {
+            st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %.2f MiB cannot hold this GGUF model in memory "
+                          "(weights %.2f MiB + KV cache %.2f MiB + scratch %.2f MiB); to stream its FFN weights, "
+                          "convert it: `flashlm convert %s OUT.flm`", path, budget / 1048576.0,
+                          ctx->mem_resident / 1048576.0, kv / 1048576.0, flm_scratch_bytes(hp, n_ctx) / 1048576.0,
+                          path);
+            flm_close(ctx);
+            return st;
+        }
+    }
     if (ff && (st = flm_flash_open(ctx, ff, err))) { /* plans the budget first: refuses before allocating */
         flm_close(ctx);
         return st;
