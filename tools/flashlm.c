@@ -321,6 +321,7 @@ static const char *MAIN_HELP =
     "  verify     check every checksum of a .flm file\n"
     "  calibrate  train the activation predictors of a .flm model on text (enables --mode sparse)\n"
     "  perplexity teacher-forced perplexity of a text (compare modes on the same text)\n"
+    "  probe-disk measure the disk holding a model (random/sequential reads) and fit the I/O cost model\n"
     "  bench      measure per-token latency of several modes side by side (the paper's tables)\n"
     "  synth      write a synthetic Llama-shaped GGUF of any size, for benchmarks (meaningless text)\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
@@ -338,6 +339,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "probe-disk")) return cmd_probe(argc - 2, argv + 2);
     if (!strcmp(cmd, "synth")) return flm_cmd_synth(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }

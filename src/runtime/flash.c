@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/probe.h"
 #include "runtime/runtime.h"
 #include "util/error.h"
 
@@ -50,6 +51,9 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
      * parallelism: 80 us / 16 = 5 us, with 2 GB/s merges gaps below 10 KB (docs/IO.md). */
     ro.cost.latency_us = 5.0;
     ro.cost.bandwidth_gbps = 2.0;
+    flm_error perr; /* `flashlm probe-disk`'s measured fit replaces the defaults when present */
+    if (flm_probe_load_cost(file->path, &ro.cost, &perr) == FLM_ERR_FORMAT)
+        fprintf(stderr, "flashlm: %s; using the default I/O cost model\n", perr.msg);
     ro.bounce_bytes = fl->plan.reader_bounce;
     if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
     if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
