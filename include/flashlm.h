@@ -175,6 +175,8 @@ typedef struct flm_stats {
     uint32_t n_layers, n_ffn_resident_layers;
     uint32_t window;         /* sparse: k */
     uint64_t cache_rows;     /* sparse: neuron-cache capacity summed over layers */
+    uint64_t n_dropped;      /* sparse: predicted neurons not computed because a token's set exceeded a layer's cache
+                                (the least confident ones; 0 unless the budget is very tight) */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
 } flm_stats;
 

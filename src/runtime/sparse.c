@@ -140,7 +140,7 @@ flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err) {
     openblas_set_num_threads(1);
     for (uint32_t l = 0; l < L; l++) {
         uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, k, 0);
-        double need = 1.5 * sp->sp.layers[l].s_agg[0] * F; /* one token's predicted set, with margin */
+        double need = 1.05 * sp->sp.layers[l].s_agg[0] * F; /* a mean token's predicted set, 5% margin */
         if (need > F) need = F;
         if (cap < need || cap == 0)
             return flm_fail(err, FLM_ERR_BUDGET, "%s: the memory budget leaves %.2f MiB per layer for the neuron "
