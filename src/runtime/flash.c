@@ -29,6 +29,10 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     if (!budget && pp->mem_percent > 0) budget = (uint64_t)((double)fl->plan.model_bytes * pp->mem_percent / 100.0);
     if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, budget, &fl->plan, err)))
         return st;
+    if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID && !file->predictor)
+        fprintf(stderr, "flashlm: %s does not fit the budget and is not calibrated, so it runs hybrid (whole layers "
+                "streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE\n", file->path,
+                file->path);
     uint32_t L = hp->n_layers;
     fl->desc = calloc(L, sizeof *fl->desc);
     fl->layer_data = calloc(L, sizeof *fl->layer_data);
