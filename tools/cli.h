@@ -13,6 +13,8 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_parse_float(const char *s, float lo, float hi, float *out);
 /* Progress on stderr: a \r-updated line on a terminal, one line at the end otherwise (flm_progress_fn). */
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
+/* A whole text file, NUL-terminated (malloc'd), or NULL after printing why. */
+char *cli_read_text(const char *path);
 /* true when argv[0] is -h or --help */
 bool cli_is_help(int argc, char **argv);
 

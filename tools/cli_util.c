@@ -121,3 +121,24 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     }
     return 1;
 }
+
+char *cli_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *text = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        text = malloc((size_t)n + 1);
+    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "flashlm: cannot read text file '%s'\n", path);
+        free(text);
+        text = NULL;
+    } else {
+        text[n] = 0;
+    }
+    fclose(f);
+    return text;
+}

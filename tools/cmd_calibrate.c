@@ -71,19 +71,8 @@ int cmd_calibrate(int argc, char **argv) {
         } else return cli_die("unknown option '%s' (see flashlm calibrate --help)", a);
     }
     if (!model || !text) return cli_die("%s", "need MODEL.flm and --text FILE (see flashlm calibrate --help)");
-    FILE *fp = fopen(text, "rb");
-    if (!fp) return cli_die("cannot open text file '%s'", text), 1;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-        fclose(fp);
-        free(buf);
-        return cli_die("cannot read text file '%s'", text), 1;
-    }
-    fclose(fp);
-    buf[n] = 0;
+    char *buf = cli_read_text(text);
+    if (!buf) return 1;
     o.text = buf;
     o.progress = cli_progress;
     flm_error err;

@@ -44,19 +44,8 @@ int cmd_perplexity(int argc, char **argv) {
         } else return cli_die("unknown option '%s' (see flashlm perplexity --help)", a);
     }
     if (!model || !file) return cli_die("%s", "need -m MODEL and -f TEXT (see flashlm perplexity --help)");
-    FILE *f = fopen(file, "rb");
-    if (!f) return cli_die("cannot open text file '%s'", file), 1;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        free(text);
-        return cli_die("cannot read text file '%s'", file), 1;
-    }
-    fclose(f);
-    text[n] = 0;
+    char *text = cli_read_text(file);
+    if (!text) return 1;
     int chunk = p.n_ctx;
     flm_error err;
     flm_ctx *ctx = NULL;
