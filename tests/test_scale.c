@@ -16,6 +16,14 @@
 
 #define ALLOWANCE (16.0 * 1024 * 1024) /* docs/ARCHITECTURE.md, "Memory budget" */
 
+/* Under AddressSanitizer the process carries shadow memory and a quarantine the engine does not allocate: peak RSS
+ * then says nothing about the budget, so those assertions only run in normal builds. */
+#ifdef FLM_SANITIZED_BUILD
+#define RSS_CHECKED 0
+#else
+#define RSS_CHECKED 1
+#endif
+
 static char gguf[4096], flm[4096];
 
 static int setup(void **state) {
@@ -86,10 +94,11 @@ static void test_peak_rss_within_budget(void **state) {
         printf("%-24s peak RSS %.1f MiB, budget %.1f MiB (+%.0f MiB allowance); ram mode: %.1f MiB\n", modes[i],
                rss / 1048576, model_budget / 1048576, ALLOWANCE / 1048576, ram_rss / 1048576);
         assert_true(model_budget > 0);
-        assert_true(rss <= model_budget + ALLOWANCE);
+        if (RSS_CHECKED) assert_true(rss <= model_budget + ALLOWANCE);
     }
     /* the check can fail: everything in memory does not fit that budget + allowance */
-    assert_true(ram_rss > model_budget + ALLOWANCE);
+    if (RSS_CHECKED) assert_true(ram_rss > model_budget + ALLOWANCE);
+    else printf("sanitizer build: peak RSS includes shadow memory, not checked\n");
 }
 
 static void test_relu_predictor_and_sparse(void **state) {
@@ -128,7 +137,7 @@ static void test_relu_predictor_and_sparse(void **state) {
     /* measured: 5.7 MiB vs 48 MiB per token at this budget (the window holds 1-2 tokens: the resident attention
      * weights take a large share of 50% in this small model) */
     assert_true(b_sparse * 5 < b_naive);
-    assert_true(rss <= budget + ALLOWANCE);
+    if (RSS_CHECKED) assert_true(rss <= budget + ALLOWANCE);
 }
 
 int main(void) {
