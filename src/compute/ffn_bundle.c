@@ -17,14 +17,12 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     memset(acc, 0, b->d_model * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
         const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
-        float v;
-        if (b->gated) {
-            float g = act_fn(b->relu, dot_gate(rec + b->gate_off, x, b->d_model));
-            v = fabsf(g) > b->threshold || (b->threshold == 0.0f) ? g * dot_up(rec + b->up_off, x, b->d_model) : 0.0f;
-        } else {
-            float a = act_fn(b->relu, dot_up(rec + b->up_off, x, b->d_model));
-            v = fabsf(a) > b->threshold || (b->threshold == 0.0f) ? a : 0.0f;
-        }
+        /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
+        float a = act_fn(b->relu, b->gated ? dot_gate(rec + b->gate_off, x, b->d_model) : dot_up(rec + b->up_off, x,
+                                                                                                   b->d_model));
+        float v = 0.0f;
+        if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) /* inactive ReLU neurons: no up row */
+            v = b->gated ? a * dot_up(rec + b->up_off, x, b->d_model) : a;
         h[i] = v;
         if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
     }
