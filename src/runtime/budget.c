@@ -14,9 +14,8 @@ uint64_t flm_mem_plan_total(const flm_mem_plan *p) {
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, int n_threads, flm_mode mode,
-                           uint64_t budget, flm_mem_plan *p, flm_error *err) {
+                           uint64_t budget, double percent, flm_mem_plan *p, flm_error *err) {
     memset(p, 0, sizeof *p);
-    p->budget = budget;
     p->resident = f->resident->size;
     uint64_t ffn_total = 0, max_layer = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) {
@@ -25,6 +24,8 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
         if (b > max_layer) max_layer = b;
     }
     p->model_bytes = p->resident + ffn_total; /* FFN counted with its 4 KiB padding */
+    if (!budget && percent > 0) budget = (uint64_t)((double)p->model_bytes * percent / 100.0);
+    p->budget = budget;
     p->kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
     /* activations, per-thread FFN accumulators, and the tokenizer's copies (~ pieces twice + hash + entries) */
     p->scratch = flm_scratch_bytes(hp, n_ctx) + 4ull * (uint64_t)n_threads * hp->d_model + (uint64_t)hp->n_vocab * 96;

@@ -23,12 +23,11 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     if (!fl) { flm_file_close(file); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
     fl->file = file;
     ctx->flash = fl;
-    uint64_t budget = pp->mem_bytes;
     flm_status st;
-    if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, 0, &fl->plan, err))) return st;
-    if (!budget && pp->mem_percent > 0) budget = (uint64_t)((double)fl->plan.model_bytes * pp->mem_percent / 100.0);
-    if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, budget, &fl->plan, err)))
+    if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, pp->mem_bytes, pp->mem_percent,
+                              &fl->plan, err)))
         return st;
+    uint64_t budget = fl->plan.budget;
     if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID && !file->predictor)
         fprintf(stderr, "flashlm: %s does not fit the budget and is not calibrated, so it runs hybrid (whole layers "
                 "streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE\n", file->path,
@@ -76,8 +75,8 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
         fprintf(stderr, "flashlm: %s; running hybrid instead\n", err ? err->msg : "the neuron cache does not fit");
         flm_sparse_close(fl->sparse);
         fl->sparse = NULL;
-        if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, FLM_MODE_HYBRID, budget, &fl->plan,
-                                  err)))
+        if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, FLM_MODE_HYBRID, budget, 0,
+                                  &fl->plan, err)))
             return st;
     }
     /* resident layers: read once, through the same reader (counted in the load, not per token) */

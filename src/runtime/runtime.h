@@ -36,9 +36,10 @@ typedef struct flm_mem_plan {
     size_t reader_bounce;         /* bounce_bytes to give the reader */
 } flm_mem_plan;
 
-/* Plan memory for a .flm model. Errors: FLM_ERR_BUDGET, with every part's size in the message. */
+/* Plan memory for a .flm model under a budget of budget bytes, or, when that is 0, percent % of the model's weight
+ * bytes (both 0: no budget). Errors: FLM_ERR_BUDGET, with every part's size in the message. */
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, int n_threads, flm_mode mode,
-                           uint64_t budget, flm_mem_plan *plan, flm_error *err);
+                           uint64_t budget, double percent, flm_mem_plan *plan, flm_error *err);
 /* Sum of everything the plan holds. */
 uint64_t flm_mem_plan_total(const flm_mem_plan *p);
 
