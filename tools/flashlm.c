@@ -28,16 +28,29 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
             s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
-                "read  reused\n");
+                "read  reused  cache rows\n");
         for (uint64_t i = 0; i < s.n_tokens; i++) {
             flm_token_stats t;
             if (!flm_get_token_stats(ctx, i, &t)) break;
-            fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu %10llu %5llu %7llu\n",
+            fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu %10llu %5llu %7llu %11llu\n",
                     (unsigned long long)i, i < prompt->n_tokens ? "p" : " ", t.io_ms, t.mem_ms, t.compute_ms,
                     t.io_ms + t.mem_ms + t.compute_ms, (unsigned long long)t.bytes_read, (unsigned long long)t.n_reads,
-                    (unsigned long long)t.n_predicted, (unsigned long long)t.n_loaded, (unsigned long long)t.n_reused);
+                    (unsigned long long)t.n_predicted, (unsigned long long)t.n_loaded, (unsigned long long)t.n_reused,
+                    (unsigned long long)t.rows_used);
         }
         fprintf(stderr, "  (p = prompt token)\n");
+    }
+    if (s.total.n_reads) { /* request sizes, all tokens: the histogram of flm_stats.read_hist */
+        fprintf(stderr, "flashlm: read requests by size (all tokens):");
+        for (int b = 0; b < FLM_STATS_HIST; b++) {
+            if (!s.read_hist[b]) continue;
+            uint64_t lo = 512ull << b;
+            if (lo >= (1u << 20)) fprintf(stderr, " %llu-%llu MiB x%llu", (unsigned long long)(lo >> 20),
+                                          (unsigned long long)(lo >> 19), (unsigned long long)s.read_hist[b]);
+            else fprintf(stderr, " %llu-%llu KiB x%llu", (unsigned long long)(lo >> 10),
+                         (unsigned long long)(lo >> 9), (unsigned long long)s.read_hist[b]);
+        }
+        fprintf(stderr, "\n");
     }
     if (n == 0) return;
     double io = (s.total.io_ms - prompt->total.io_ms) / n, mem = (s.total.mem_ms - prompt->total.mem_ms) / n,
