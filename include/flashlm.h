@@ -196,6 +196,9 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
 /* Encode UTF-8 text into at most cap ids, with BOS first when add_bos. Returns how many ids the whole text needs
  * (when more than cap, only cap were written). */
 size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t *ids, size_t cap);
+/* Encode the whole text into a malloc'd array (caller frees) of *n ids, BOS first when add_bos; NULL when out of
+ * memory. */
+int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n);
 /* Bytes that token id decodes to, given the previous token (a leading space after BOS is dropped); not
  * NUL-terminated, *len bytes, valid while ctx lives. */
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);

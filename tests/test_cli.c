@@ -114,6 +114,30 @@ static void test_inspect(void **state) {
     expect(args, 0, "n_kv_heads  4");
 }
 
+/* A byte-level vocabulary turns one input byte into up to three tokens (' ' -> U+2581 -> 3 byte tokens): every
+ * command that tokenizes text must size its buffers by the encoding, not by the text. */
+static void test_byte_vocab_tokenizing(void **state) {
+    (void)state;
+    const char *model = tu_tmp("bytevocab", ".gguf"), *flm = tu_tmp("bytevocab", ".flm"), *text = tu_tmp("words", ".txt");
+    char args[8192];
+    snprintf(args, sizeof args, "synth '%s' --d-model 64 --d-ffn 128 --layers 1 --heads 2 --vocab 259 2>&1", model);
+    expect(args, 0, NULL);
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", model, flm);
+    expect(args, 0, NULL);
+    char words[1200] = "";
+    for (int i = 0; i < 200; i++) strcat(words, "a b ");
+    tu_write_file(text, words, strlen(words));
+    snprintf(args, sizeof args, "run -m '%s' -p 'a b c d e f g h i j k l m n o p' -n 2 -c 128 2>&1", model);
+    expect(args, 0, NULL);
+    snprintf(args, sizeof args, "perplexity -m '%s' -f '%s' -c 16 2>&1", model, text);
+    expect(args, 0, "perplexity");
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --chunk 16 --tokens 256 2>&1", flm, text);
+    expect(args, 0, "calibrated");
+    remove(model);
+    remove(flm);
+    remove(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help),
@@ -121,6 +145,7 @@ int main(void) {
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_missing_required_key),
         cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_byte_vocab_tokenizing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

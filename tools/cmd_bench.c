@@ -178,11 +178,13 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
             size_t n = fread(buf, 1, (1 << 16) - 1, f);
             fclose(f);
             buf[n] = 0;
-            int32_t *tmp = calloc(n + 8, sizeof *tmp);
-            size_t got = flm_tokenize(ctx, buf, true, tmp, n + 8);
-            have = (int)(got < (size_t)n_prompt ? got : (size_t)n_prompt);
-            memcpy(ids, tmp, (size_t)have * sizeof *ids);
-            free(tmp);
+            size_t got = 0;
+            int32_t *tmp = flm_tokenize_all(ctx, buf, true, &got);
+            if (tmp) {
+                have = (int)(got < (size_t)n_prompt ? got : (size_t)n_prompt);
+                memcpy(ids, tmp, (size_t)have * sizeof *ids);
+                free(tmp);
+            }
             free(buf);
         }
     }
@@ -955,6 +957,7 @@ int cmd_bench(int argc, char **argv) {
     if (o.n_sweep_win && o.params.no_window)
         return cli_die("%s", "--sweep window contradicts --no-window (a window of 1 is --sweep window=1)");
     if (access(o.model, R_OK) != 0) return cli_die("cannot read model '%s'", o.model), 1;
+    if (o.text && access(o.text, R_OK) != 0) return cli_die("cannot read text file '%s'", o.text), 1;
     if (!o.params.n_ctx) o.params.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
 
     bench_run runs[BENCH_MAX_MODES], mruns[BENCH_MAX_MODES];

@@ -146,12 +146,11 @@ static int cmd_run(int argc, char **argv) {
     flm_model_info info;
     flm_get_info(ctx, &info);
 
-    size_t cap = strlen(prompt) + 8;
-    int32_t *ids = malloc(cap * sizeof *ids);
+    size_t n_prompt = 0;
+    int32_t *ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     if (!ids || !smp) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
-    size_t n_prompt = flm_tokenize(ctx, prompt, true, ids, cap);
-    if (n_prompt == 0 || n_prompt > cap) { fprintf(stderr, "flashlm: cannot tokenize the prompt\n"); return 1; }
+    if (n_prompt == 0) { fprintf(stderr, "flashlm: cannot tokenize the prompt\n"); return 1; }
     if (n_prompt + (size_t)n_predict > info.n_ctx) {
         fprintf(stderr, "flashlm: prompt (%zu tokens) + -n %ld exceeds the context of %u tokens; raise -c\n",
                 n_prompt, n_predict, info.n_ctx);

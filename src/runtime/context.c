@@ -236,6 +236,21 @@ size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t 
     return flm_tokenizer_encode(ctx->model->tok, text, add_bos, ids, cap);
 }
 
+int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n) {
+    size_t cap = strlen(text) + 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return NULL;
+    size_t need = flm_tokenize(ctx, text, add_bos, ids, cap);
+    if (need > cap) { /* byte fallback can give several tokens per byte */
+        int32_t *more = realloc(ids, need * sizeof *ids);
+        if (!more) { free(ids); return NULL; }
+        ids = more;
+        flm_tokenize(ctx, text, add_bos, ids, need);
+    }
+    *n = need;
+    return ids;
+}
+
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len) {
     return flm_tokenizer_piece(ctx->model->tok, prev, id, len);
 }

@@ -13,10 +13,9 @@ flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_c
     if (n_chunk < 4 || n_chunk > ctx->params.n_ctx)
         return flm_fail(err, FLM_ERR_ARG, "perplexity: chunk of %d tokens must be in [4, context %d]", n_chunk,
                         ctx->params.n_ctx);
-    size_t cap = strlen(text) + 16;
-    int32_t *ids = malloc(cap * sizeof *ids);
+    size_t n = 0;
+    int32_t *ids = flm_tokenize_all(ctx, text, true, &n);
     if (!ids) return flm_fail(err, FLM_ERR_NOMEM, "perplexity: out of memory");
-    size_t n = flm_tokenize(ctx, text, true, ids, cap);
     int n_chunks = (int)(n / (size_t)n_chunk);
     if (max_chunks > 0 && n_chunks > max_chunks) n_chunks = max_chunks;
     if (n_chunks < 1) {

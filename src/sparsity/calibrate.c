@@ -96,10 +96,9 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     if (!ctx->flash) { st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path); goto done; }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
     /* 1. record the FFN inputs of every layer on the text */
-    size_t cap = strlen(o->text) + 16;
-    ids = malloc(cap * sizeof *ids);
+    size_t n_tok = 0;
+    ids = flm_tokenize_all(ctx, o->text, true, &n_tok);
     if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-    size_t n_tok = flm_tokenize(ctx, o->text, true, ids, cap);
     uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
     n -= n % o->chunk; /* whole chunks */
     if (n < 64) {
