@@ -21,7 +21,7 @@ TEXT ?= ../shared/text/tinystories_sample.txt
 # predictors, generate with --mode sparse printing per-token statistics (flash I/O / memory / compute ms, neurons
 # predicted / read / reused), then measure naive, hybrid and sparse side by side.
 run: build
-	./$(BUILD)/flashlm convert $(MODEL) $(FLM)
+	./$(BUILD)/flashlm convert $(MODEL) $(FLM) --force
 	./$(BUILD)/flashlm calibrate $(FLM) --text $(TEXT) --sparsity 0.2 --chunk 64
 	./$(BUILD)/flashlm run -m $(FLM) -p "$(PROMPT)" -n 48 -c 128 --mode sparse --window 2 --stats
 	./$(BUILD)/flashlm bench -m $(FLM) --modes ram,naive,predictor-only,sparse --window 2 --mem 0 --gen-tokens 32

@@ -15,6 +15,10 @@ bool cli_parse_float(const char *s, float lo, float hi, float *out);
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 /* A whole text file, NUL-terminated (malloc'd), or NULL after printing why. */
 char *cli_read_text(const char *path);
+/* Remove path (a temporary output) if SIGINT/SIGTERM/SIGHUP arrives, then die of the signal. */
+void cli_remove_on_signal(const char *path);
+/* false (after saying so) when path exists and force is not set. */
+bool cli_may_write(const char *path, bool force);
 /* true when argv[0] is -h or --help */
 bool cli_is_help(int argc, char **argv);
 

@@ -1,4 +1,6 @@
 #include <errno.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,4 +143,28 @@ char *cli_read_text(const char *path) {
     }
     fclose(f);
     return text;
+}
+
+/* The one piece of process-wide state in the CLI: the temporary file to remove if the user interrupts a long write
+ * (the library removes it on every error it sees; a signal it cannot see). */
+static char cleanup_path[4096];
+
+static void on_signal(int sig) {
+    if (cleanup_path[0]) unlink(cleanup_path);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void cli_remove_on_signal(const char *path) {
+    snprintf(cleanup_path, sizeof cleanup_path, "%s", path ? path : "");
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+}
+
+bool cli_may_write(const char *path, bool force) {
+    struct stat st;
+    if (force || stat(path, &st) != 0) return true;
+    fprintf(stderr, "flashlm: %s already exists; use --force to replace it\n", path);
+    return false;
 }

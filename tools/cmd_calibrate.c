@@ -75,6 +75,9 @@ int cmd_calibrate(int argc, char **argv) {
     if (!buf) return 1;
     o.text = buf;
     o.progress = cli_progress;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", model);
+    cli_remove_on_signal(tmp);
     flm_error err;
     flm_sparsity rep;
     double t0 = cli_now_ms();

@@ -46,6 +46,7 @@ static const char *SYNTH_HELP =
     "      --seed S         random seed: the same options give the same file (default 1)\n"
     "other:\n"
     "  -t, --threads N      threads (default: all CPUs; does not change the file)\n"
+    "  -f, --force          replace OUT.gguf if it exists\n"
     "      --check N        after writing, run N random tokens through the model and print the measured active\n"
     "                       fraction, hot-neuron share and rare neurons per layer (default 0: no check)\n"
     "  -h, --help           this help\n"
@@ -105,7 +106,7 @@ int flm_cmd_synth(int argc, char **argv) {
     flm_synth_params p;
     flm_synth_params_default(&p);
     const char *out = NULL;
-    bool kv_set = false, rank_set = false;
+    bool kv_set = false, rank_set = false, force = false;
     uint32_t check = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -118,6 +119,7 @@ int flm_cmd_synth(int argc, char **argv) {
 #define DBL(field) do { NEEDVAL(); if (!parse_double(val, -1e300, 1e300, &(field))) return bad_value(a, val); } \
     while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(SYNTH_HELP, stdout); return 0; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--force")) force = true;
         else if (!strcmp(a, "--d-model")) U32(p.d_model);
         else if (!strcmp(a, "--d-ffn")) U32(p.d_ffn);
         else if (!strcmp(a, "--layers")) U32(p.n_layers);
@@ -172,7 +174,12 @@ int flm_cmd_synth(int argc, char **argv) {
             p.d_model, p.d_ffn, p.n_layers, p.n_heads, p.n_kv_heads, p.n_vocab, flm_type_name(p.type),
             p.act == FLM_ACT_RELU ? "relu" : "silu", p.active, p.rank, p.seed, cli_mib(bytes));
     double t0 = cli_now_ms();
+    if (!cli_may_write(out, force)) return 1;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    cli_remove_on_signal(tmp);
     if (flm_synth_write(out, &p, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    cli_remove_on_signal(NULL);
     double s = (cli_now_ms() - t0) / 1e3;
     fprintf(stderr, "flashlm: wrote %s in %.1f s (%.0f MiB/s)\n", out, s, s > 0 ? cli_mib(bytes) / s : 0.0);
     if (check) {

@@ -279,24 +279,40 @@ static int cmd_inspect(int argc, char **argv) {
 /* ---- convert / verify ------------------------------------------------------------------------------------------ */
 
 static const char *CONVERT_HELP =
-    "usage: flashlm convert SRC.gguf OUT.flm\n"
+    "usage: flashlm convert SRC.gguf OUT.flm [--force]\n"
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
-    "regions with xxh64 checksums. Written to OUT.flm.tmp and renamed when complete; nothing is left on error.\n";
+    "regions with xxh64 checksums. Written to OUT.flm.tmp and renamed when complete; nothing is left on error.\n"
+    "An existing OUT.flm is only replaced with -f/--force.\n";
 
 static int cmd_convert(int argc, char **argv) {
-    if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(CONVERT_HELP, stdout); return 0; }
-    if (argc != 2) { fputs(CONVERT_HELP, stderr); return 2; }
+    if (cli_is_help(argc, argv)) { fputs(CONVERT_HELP, stdout); return 0; }
+    const char *paths[2] = {NULL, NULL};
+    bool force = false;
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--force")) force = true;
+        else if (argv[i][0] == '-' && argv[i][1]) return cli_die("unknown option '%s' (see flashlm convert --help)", argv[i]);
+        else if (np < 2) paths[np++] = argv[i];
+        else { fputs(CONVERT_HELP, stderr); return 2; }
+    }
+    if (np != 2) { fputs(CONVERT_HELP, stderr); return 2; }
+    const char *src = paths[0], *dst = paths[1];
+    if (!cli_may_write(dst, force)) return 1;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    cli_remove_on_signal(tmp);
     flm_error err;
     double t0 = cli_now_ms();
-    if (flm_convert(argv[0], argv[1], cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (flm_convert(src, dst, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    cli_remove_on_signal(NULL);
     flm_file *f = NULL;
-    if (flm_file_open(argv[1], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (flm_file_open(dst, &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     uint64_t ffn = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
     fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes)\n", argv[1], (cli_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
+            "records of %llu bytes)\n", dst, (cli_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
             cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
             f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
     flm_file_close(f);

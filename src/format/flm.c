@@ -14,6 +14,7 @@
 #include "format/types.h"
 #include "model/model.h"
 #include "util/error.h"
+#include "util/files.h"
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -418,7 +419,9 @@ static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, f
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
     gguf_file *g = NULL;
     flm_model *m = NULL;
-    flm_status st = gguf_open(src, &g, err);
+    flm_status st = flm_check_output(dst, src, err);
+    if (st) return st;
+    st = gguf_open(src, &g, err);
     if (st) return st;
     if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
     const flm_hparams *hp = &m->hp;

@@ -15,6 +15,7 @@
 
 #include "format/types.h"
 #include "util/error.h"
+#include "util/files.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MIN_KV_BYTES 14     /* key length (8) + a 1-byte key + value type (4) + a 1-byte value */
@@ -666,6 +667,8 @@ static flm_status w_key(gguf_writer *w, const char *key, uint32_t type) {
 
 flm_status gguf_writer_create(const char *path, gguf_writer **out, flm_error *err) {
     *out = NULL;
+    flm_status chk = flm_check_output(path, NULL, err);
+    if (chk) return chk;
     gguf_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
     if (!w || !(w->path = dup_bytes(path, n)) || !(w->tmp = malloc(n + 5))) {

@@ -1,0 +1,10 @@
+/* files.h — checks before writing an output file. Internal. */
+#ifndef FLM_UTIL_FILES_H
+#define FLM_UTIL_FILES_H
+#include "flashlm.h"
+
+/* Refuse an output path that exists and is not a regular file (a device, a directory, a FIFO: replacing it by rename
+ * would be destructive) or that is the same file as src (src may be NULL). FLM_ERR_ARG with a message naming dst. */
+flm_status flm_check_output(const char *dst, const char *src, flm_error *err);
+
+#endif
