@@ -138,6 +138,35 @@ static void test_byte_vocab_tokenizing(void **state) {
     remove(text);
 }
 
+/* Outputs: never a device or the input itself; an existing file only with --force; nothing half-written. */
+static void test_output_safety(void **state) {
+    (void)state;
+    char args[8192];
+    const char *copy = tu_tmp("src", ".gguf"), *out = tu_tmp("out", ".flm");
+    size_t len;
+    uint8_t *g = tu_read_file(tu_shared(MODEL), &len);
+    tu_write_file(copy, g, len);
+    snprintf(args, sizeof args, "convert '%s' /dev/null --force 2>&1", copy);
+    expect(args, 1, "not a regular file");
+    snprintf(args, sizeof args, "convert '%s' '%s' --force 2>&1", copy, copy);
+    expect(args, 1, "the output is the input");
+    size_t len2;
+    uint8_t *g2 = tu_read_file(copy, &len2); /* the source is untouched */
+    assert_int_equal(len2, len);
+    assert_memory_equal(g, g2, len);
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", copy, out);
+    expect(args, 0, "wrote");
+    expect(args, 1, "use --force");
+    snprintf(args, sizeof args, "convert '%s' '%s' --force 2>&1", copy, out);
+    expect(args, 0, "wrote");
+    snprintf(args, sizeof args, "synth /dev/null --d-model 64 --d-ffn 128 --layers 1 --heads 2 --vocab 300 2>&1");
+    expect(args, 1, "not a regular file");
+    remove(copy);
+    remove(out);
+    free(g);
+    free(g2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help),
@@ -146,6 +175,7 @@ int main(void) {
         cmocka_unit_test(test_missing_required_key),
         cmocka_unit_test(test_inspect),
         cmocka_unit_test(test_byte_vocab_tokenizing),
+        cmocka_unit_test(test_output_safety),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
