@@ -159,7 +159,7 @@ static void test_output_safety(void **state) {
     expect(args, 1, "use --force");
     snprintf(args, sizeof args, "convert '%s' '%s' --force 2>&1", copy, out);
     expect(args, 0, "wrote");
-    snprintf(args, sizeof args, "synth /dev/null --d-model 64 --d-ffn 128 --layers 1 --heads 2 --vocab 300 2>&1");
+    snprintf(args, sizeof args, "synth /dev/null --force --d-model 64 --d-ffn 128 --layers 1 --heads 2 --vocab 300 2>&1");
     expect(args, 1, "not a regular file");
     remove(copy);
     remove(out);
