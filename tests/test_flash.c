@@ -203,6 +203,14 @@ static void test_corrupt_files(void **state) {
             snprintf(want, sizeof want, "layer %u", regions[i].layer);
             assert_non_null(strstr(err.msg, want));
             flm_file_close(f);
+            /* ram mode reads every FFN region at open: it checks them too */
+            flm_params p;
+            flm_params_default(&p);
+            p.n_ctx = 16;
+            p.mode = FLM_MODE_RAM;
+            flm_ctx *ctx = NULL;
+            assert_int_equal(flm_open(bad, &p, &ctx, &err), FLM_ERR_CHECKSUM);
+            assert_non_null(strstr(err.msg, want));
         }
         /* the CLI's verify exits non-zero */
         char args[8192], *out = NULL;

@@ -61,6 +61,8 @@ static flm_status pread_all(int fd, void *buf, size_t n, uint64_t off, const cha
     return FLM_OK;
 }
 
+bool flm_region_checksum_ok(const flm_region *r, const void *data) { return XXH64(data, r->size, 0) == r->checksum; }
+
 bool flm_file_is_flm(const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return false;
@@ -71,6 +73,14 @@ bool flm_file_is_flm(const char *path) {
 }
 
 /* ---- reading ------------------------------------------------------------------------------------------------- */
+
+/* "resident region", "FFN region of layer 3", "predictor region" */
+static void region_name(const flm_region *r, char *out, size_t n) {
+    if (r->kind == FLM_REGION_RESIDENT) snprintf(out, n, "resident region");
+    else if (r->kind == FLM_REGION_FFN) snprintf(out, n, "FFN region of layer %u", r->layer);
+    else if (r->kind == FLM_REGION_PREDICTOR) snprintf(out, n, "predictor region");
+    else snprintf(out, n, "region of kind %u", r->kind);
+}
 
 static flm_status check_regions(flm_file *f, flm_error *err) {
     const char *path = f->path;
@@ -240,8 +250,7 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
     for (uint32_t i = 0; i < f->n_regions && !st; i++) {
         const flm_region *r = &f->regions[i];
         char what[64];
-        if (r->kind == FLM_REGION_RESIDENT) snprintf(what, sizeof what, "resident region");
-        else snprintf(what, sizeof what, "FFN region of layer %u", r->layer);
+        region_name(r, what, sizeof what);
         XXH64_reset(h, 0);
         for (uint64_t o = 0; o < r->size && !st; o += chunk) {
             size_t n = (size_t)(r->size - o < chunk ? r->size - o : chunk);
@@ -509,11 +518,12 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
                               (unsigned long long)r->size);
     int fd = open(f->path, O_RDONLY);
     if (fd < 0) { free(buf); return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno)); }
-    flm_status st = pread_all(fd, buf, (size_t)r->size, r->offset, f->path, "region", err);
+    char what[64];
+    region_name(r, what, sizeof what);
+    flm_status st = pread_all(fd, buf, (size_t)r->size, r->offset, f->path, what, err);
     close(fd);
     if (!st && XXH64(buf, (size_t)r->size, 0) != r->checksum)
-        st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: region of kind %u: checksum mismatch (the file is corrupt)", f->path,
-                      r->kind);
+        st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s: checksum mismatch (the file is corrupt)", f->path, what);
     if (st) { free(buf); return st; }
     *out = buf;
     return FLM_OK;

@@ -77,6 +77,9 @@ typedef struct flm_file {
 flm_status flm_file_open(const char *path, flm_file **out, flm_error *err);
 void flm_file_close(flm_file *f);
 
+/* true when data (the region's payload, r->size bytes) matches the region's checksum. */
+bool flm_region_checksum_ok(const flm_region *r, const void *data);
+
 /* true when the file starts with the .flm magic (false also when it cannot be read). */
 bool flm_file_is_flm(const char *path);
 

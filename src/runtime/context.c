@@ -128,7 +128,17 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
                             "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
         }
         gguf_file *f = NULL;
-        if ((st = gguf_open(path, &f, err))) { free(ctx); return st; }
+        if ((st = gguf_open(path, &f, err))) {
+            FILE *fp = fopen(path, "rb");
+            char magic[4] = {0};
+            bool is_gguf = fp && fread(magic, 1, 4, fp) == 4 && !memcmp(magic, "GGUF", 4);
+            if (fp) fclose(fp);
+            if (fp && !is_gguf) /* neither magic: say so rather than blame the GGUF header */
+                st = flm_fail(err, FLM_ERR_FORMAT, "%s: not a model file: neither a .flm (magic \"FLASHLM\") nor a "
+                              "GGUF (magic \"GGUF\") file", path);
+            free(ctx);
+            return st;
+        }
         if ((st = flm_model_from_gguf(f, &ctx->model, err))) { free(ctx); return st; }
         ctx->mem_resident = f->size;
     }

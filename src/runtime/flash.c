@@ -87,6 +87,9 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
                             (unsigned long long)r->size, l);
         flm_extent e = {r->offset, align4k(r->size), fl->layer_data[l]};
         if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) return st;
+        if (!flm_region_checksum_ok(r, fl->layer_data[l])) /* read whole anyway: checking costs ~1% of the read */
+            return flm_fail(err, FLM_ERR_CHECKSUM, "%s: FFN region of layer %u: checksum mismatch (the file is corrupt)",
+                            file->path, l);
     }
     if (fl->plan.stream && !(fl->stream_buf = alloc_aligned(fl->plan.stream)))
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate the %llu-byte layer buffer", file->path,
