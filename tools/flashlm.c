@@ -228,16 +228,44 @@ static int cmd_inspect(int argc, char **argv) {
         return argc == 1 ? 0 : 2;
     }
     flm_error err;
-    gguf_file *f = NULL;
-    if (gguf_open(argv[0], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    printf("file        %s\nformat      GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %" PRIu64
-           ", data at byte %" PRIu64 "\n", argv[0], f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset);
-    gguf_close(f);
+    gguf_file *g = NULL;
+    flm_file *ff = NULL;
+    const gguf_file *f;
+    if (flm_file_is_flm(argv[0])) {
+        if (flm_file_open(argv[0], &ff, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        f = ff->meta;
+        printf("file        %s\nformat      .flm v%u, %.2f MiB, %u regions (%s)\n", argv[0], ff->version,
+               cli_mib(ff->file_size), ff->n_regions, ff->predictor ? "calibrated" : "not calibrated");
+        printf("\nregions:\n  %-8s %6s %14s %14s %-6s %-6s %-6s %9s %12s\n", "kind", "layer", "offset", "bytes", "up",
+               "gate", "down", "records", "record bytes");
+        for (uint32_t i = 0; i < ff->n_regions; i++) {
+            const flm_region *r = &ff->regions[i];
+            const char *kind = r->kind == FLM_REGION_RESIDENT ? "resident" : r->kind == FLM_REGION_FFN ? "ffn" : "predict";
+            printf("  %-8s %6u %14llu %14llu %-6s %-6s %-6s %9u %12llu\n", kind, r->layer,
+                   (unsigned long long)r->offset, (unsigned long long)r->size,
+                   r->kind == FLM_REGION_FFN ? flm_type_name(r->up_type) : "-",
+                   r->kind == FLM_REGION_FFN ? flm_type_name(r->gate_type) : "-",
+                   r->kind == FLM_REGION_FFN ? flm_type_name(r->down_type) : "-", r->n_records,
+                   (unsigned long long)r->record_bytes);
+        }
+        printf("\nresident region: ");
+    } else {
+        if (gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        f = g;
+        printf("file        %s\n", argv[0]);
+    }
+    printf("format      GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %" PRIu64
+           ", data at byte %" PRIu64 "\n", f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset);
     flm_params p;
     flm_params_default(&p);
     p.n_ctx = 1;
     flm_ctx *ctx = NULL;
-    if (flm_open(argv[0], &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (flm_open(argv[0], &p, &ctx, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        gguf_close(g);
+        flm_file_close(ff);
+        return 1;
+    }
     flm_model_info in;
     flm_get_info(ctx, &in);
     printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
@@ -245,7 +273,6 @@ static int cmd_inspect(int argc, char **argv) {
            in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
            in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
     flm_close(ctx);
-    if (gguf_open(argv[0], &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     printf("\nmetadata:\n");
     for (uint64_t i = 0; i < f->n_kv; i++) {
         const gguf_kv *kv = &f->kv[i];
@@ -272,7 +299,8 @@ static int cmd_inspect(int argc, char **argv) {
         total += t->nbytes;
     }
     printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
-    gguf_close(f);
+    gguf_close(g);
+    flm_file_close(ff);
     return 0;
 }
 

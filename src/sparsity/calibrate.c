@@ -2,6 +2,8 @@
 #include "sparsity/calibrate.h"
 
 #include <cblas.h>
+#include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +80,15 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     if (!o) { flm_calib_opts_default(&def); o = &def; }
     if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->sparsity >= 0.0f && o->sparsity < 1.0f))
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= sparsity < 1)");
+    /* the result is written next to the model: find out now, not after minutes of work */
+    {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *t = fopen(tmp, "wb");
+        if (!t) return flm_fail(err, FLM_ERR_IO, "%s: cannot write next to the model: %s", tmp, strerror(errno));
+        fclose(t);
+        remove(tmp);
+    }
     flm_params p;
     flm_params_default(&p);
     p.mode = FLM_MODE_RAM;
