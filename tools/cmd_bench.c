@@ -468,7 +468,7 @@ static void print_main_tables(const bench_opts *o, const bench_run *runs, const 
            "| vs naive | vs ram |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
-        if (!r->ok) { printf("| %s | skipped: %.80s |||||||||\n", runs[i].label, r->err); continue; }
+        if (!r->ok) { printf("| %s | skipped: %s |||||||||\n", runs[i].label, r->err); continue; }
         char vs[2][32] = {"n/a", "n/a"}; /* speed-ups against naive and ram, when they ran */
         if (naive && r->tot_med > 0) snprintf(vs[0], sizeof vs[0], "%.2fx", naive->tot_med / r->tot_med);
         if (ram && r->tot_med > 0) snprintf(vs[1], sizeof vs[1], "%.2fx", ram->tot_med / r->tot_med);
@@ -526,7 +526,7 @@ static void print_window_sweep(const bench_opts *o, const bench_result *res, con
         double e = expected_loaded(c, k);
         char exp_s[32] = "n/a";
         if (isfinite(e)) snprintf(exp_s, sizeof exp_s, "%.1f", e);
-        if (!r->ok) { printf("| %d | skipped: %.80s |||||| %s |\n", k, r->err, exp_s); continue; }
+        if (!r->ok) { printf("| %d | skipped: %s |||||| %s |\n", k, r->err, exp_s); continue; }
         printf("| %d | %.2f | %.2f | %.0f (%.3f MiB) | %.1f | %.1f | %.1f | %s |\n", k, r->tot_med, r->io_med,
                r->bytes_per_tok, cli_mib((uint64_t)r->bytes_per_tok), r->pred_per_tok, r->loaded_per_tok,
                r->reused_per_tok, exp_s);
@@ -918,7 +918,7 @@ static const char *BENCH_HELP =
     "                          tokens), the machine, the model, the flags\n"
     "      --svg DIR           also write figures: latency_breakdown.svg, latency_over_time.svg, and with the sweeps\n"
     "                          memory_latency.svg, window.svg\n"
-    "  (-c defaults to prompt + generated tokens; --mode is set per run by --modes)\n";
+    "\nshared options (here -c defaults to prompt + generated tokens, --mem to 50%, and --mode is set per run by\n--modes):\n";
 
 int cmd_bench(int argc, char **argv) {
     bench_opts o = {0};

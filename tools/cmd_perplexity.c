@@ -16,7 +16,7 @@ static const char *PPL_HELP =
     "  -m, --model PATH     .gguf or .flm\n"
     "  -f, --file TEXT      text file\n"
     "      --chunks N       evaluate at most N chunks (default: all)\n"
-    "  (-c is the chunk length; default 128)\n";
+    "\nshared options (here -c is the chunk length and defaults to 128):\n";
 
 static void progress(void *user, int chunk, int n_chunks, double ppl) {
     (void)user;

@@ -113,7 +113,7 @@ static int cmd_run(int argc, char **argv) {
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s%s", RUN_HELP, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
+            printf("%s\nshared options:\n%s%s", RUN_HELP, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
