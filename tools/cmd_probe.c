@@ -144,16 +144,16 @@ int cmd_probe(int argc, char **argv) {
             char *end;
             errno = 0;
             double s = strtod(val, &end);
-            if (errno || end == val || *end || !(s >= 0 && s <= 86400))
-                return cli_die("bad --seconds value '%s' (0 .. 86400)", val);
+            if (errno || end == val || *end || !(s >= 1 && s <= 86400))
+                return cli_die("bad --seconds value '%s' (1 .. 86400)", val);
             o.seconds = s;
             i++;
         } else if (!strcmp(a, "--size")) {
             if (!val) return cli_die("option %s needs a value (see flashlm probe-disk --help)", a);
             uint64_t bytes = 0;
             double pct = 0;
-            if (!flm_parse_mem(val, &bytes, &pct) || pct > 0 || bytes == 0)
-                return cli_die("bad --size value '%s' (bytes with an optional K/M/G suffix)", val);
+            if (!flm_parse_mem(val, &bytes, &pct) || pct > 0 || bytes < FLM_PROBE_MIN_FILE)
+                return cli_die("bad --size value '%s' (bytes with an optional K/M/G suffix, at least 16M)", val);
             o.size = bytes;
             i++;
         } else if (a[0] == '-' && a[1]) {
@@ -169,6 +169,17 @@ int cmd_probe(int argc, char **argv) {
     if (stat(path, &sb) != 0) {
         fprintf(stderr, "flashlm: %s: %s\n", path, strerror(errno));
         return 1;
+    }
+    if (out) { /* find out now that the result can be saved, not after a minute of measuring */
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", out);
+        FILE *t = fopen(tmp, "wb");
+        if (!t) {
+            fprintf(stderr, "flashlm: %s: cannot write the result: %s\n", out, strerror(errno));
+            return 1;
+        }
+        fclose(t);
+        remove(tmp);
     }
     char *out_path = NULL;
     if (out) {
