@@ -144,8 +144,8 @@ int cmd_probe(int argc, char **argv) {
             char *end;
             errno = 0;
             double s = strtod(val, &end);
-            if (errno || end == val || *end || !(s >= 1 && s <= 86400))
-                return cli_die("bad --seconds value '%s' (1 .. 86400)", val);
+            if (errno || end == val || *end || !(s > 0 && s <= 86400))
+                return cli_die("bad --seconds value '%s' (more than 0, at most 86400)", val);
             o.seconds = s;
             i++;
         } else if (!strcmp(a, "--size")) {
