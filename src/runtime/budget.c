@@ -1,4 +1,5 @@
 /* budget.c — planning memory under --mem (docs/ARCHITECTURE.md, "Memory budget"). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,6 +40,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     p->reader = bounce + (32u << 10);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     uint64_t avail = budget > fixed ? budget - fixed : 0;
+    bool chosen = mode == FLM_MODE_AUTO; /* auto may fall back from sparse to hybrid below */
     if (mode == FLM_MODE_AUTO)
         mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM
                : f->predictor                         ? FLM_MODE_SPARSE
@@ -48,16 +50,27 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
         if (!f->predictor)
             return flm_fail(err, FLM_ERR_ARG, "%s: --mode sparse needs predictors: run `flashlm calibrate %s --text "
                             "FILE` first", f->path, f->path);
-        p->predictors = f->predictor->size;
+        /* held at half precision (runtime/sparse.c): about half the stored f32 region, plus the f32 biases */
+        p->predictors = f->predictor->size / 2 + 2ull * hp->d_ffn * f->n_layers + FLM_ALIGN;
         uint64_t used = fixed + p->predictors;
         p->cache = budget > used ? budget - used : 0;
         if (!budget) p->cache = ffn_total + (uint64_t)f->n_layers * (16u << 10); /* no budget: room for every neuron */
+        bool fits = !budget || (p->cache > 0 && 2 * f->predictor->size <= p->cache + p->predictors);
+        if (!fits && chosen) /* auto: the layer-streaming mode may still fit */
+            return flm_budget_plan(f, hp, n_ctx, n_threads, FLM_MODE_HYBRID, budget, 0, p, err);
         if (budget && p->cache == 0)
             return flm_fail(err, FLM_ERR_BUDGET,
                             "%s: a memory budget of %.2f MiB leaves nothing for the neuron cache: resident weights "
                             "%.2f MiB + KV cache %.2f MiB (-c %u) + scratch %.2f MiB + reader %.2f MiB + predictors "
                             "%.2f MiB = %.2f MiB", f->path, mib(budget), mib(p->resident), mib(p->kv), n_ctx,
                             mib(p->scratch), mib(p->reader), mib(p->predictors), mib(used));
+        /* at open the stored (f32) region is read and parsed before it is halved and before any cache exists: that
+         * transient 2 x region must fit in what the predictors and caches will hold afterwards */
+        if (budget && 2 * f->predictor->size > p->cache + p->predictors)
+            return flm_fail(err, FLM_ERR_BUDGET,
+                            "%s: a memory budget of %.2f MiB leaves %.2f MiB for predictors and neuron caches, less than "
+                            "the %.2f MiB needed to load the predictors; raise --mem", f->path, mib(budget),
+                            mib(p->cache + p->predictors), mib(2 * f->predictor->size));
         return FLM_OK; /* runtime/sparse.c sizes the caches from p->cache and checks them */
     }
     if (mode == FLM_MODE_RAM) {
