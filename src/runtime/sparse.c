@@ -37,9 +37,11 @@ uint64_t flm_sparse_dropped(const flm_sparse *sp) { return sp ? sp->dropped : 0;
 
 void flm_sparse_close(flm_sparse *sp) {
     if (!sp) return;
-    for (uint32_t l = 0; l < sp->sp.n_layers; l++) {
+    for (uint32_t l = 0; l < sp->sp.n_layers; l++) { /* before flm_sparsity_free, which clears n_layers */
         if (sp->cache) flm_ncache_free(sp->cache[l]);
         if (sp->gate) free(sp->gate[l]);
+        if (sp->A16) free(sp->A16[l]);
+        if (sp->B16) free(sp->B16[l]);
     }
     flm_sparsity_free(&sp->sp);
     free(sp->cache);
@@ -48,10 +50,6 @@ void flm_sparse_close(flm_sparse *sp) {
     free(sp->ids);
     free(sp->true_ids);
     free(sp->pscratch);
-    for (uint32_t l = 0; l < sp->sp.n_layers; l++) {
-        if (sp->A16) free(sp->A16[l]);
-        if (sp->B16) free(sp->B16[l]);
-    }
     free(sp->A16);
     free(sp->B16);
     free(sp->z);
