@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "compute/kernels.h"
-#include "format/types.h"
+#include "core/types.h"
 
 static double now_s(void) {
     struct timespec ts;

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "format/gguf.h"
-#include "format/types.h"
+#include "core/types.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
 #define MAXN 64

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "compute/kernels.h"
-#include "format/types.h"
+#include "core/types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

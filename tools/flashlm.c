@@ -11,7 +11,7 @@
 #include "flashlm.h"
 #include "format/flm.h"
 #include "format/gguf.h"
-#include "format/types.h"
+#include "core/types.h"
 #include "cli.h"
 
 /* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 struct flm_ncache {
     uint32_t d_ffn;

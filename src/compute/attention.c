@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "compute/kernels.h"
-#include "util/error.h"
+#include "core/error.h"
 
 uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim) {
     return 2ull * n_layers * n_ctx * kv_dim * sizeof(float);

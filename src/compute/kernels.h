@@ -1,7 +1,7 @@
 /* kernels.h — L_compute: the numeric kernels, a scalar reference and SIMD variants chosen at run time. Internal.
  *
  * Rows are stored as in GGUF: a row of n elements of type t is flm_row_bytes(t, n) bytes (Q4_0/Q8_0 in blocks of 32,
- * layouts in format/types.h). Vectors x, y are float32. All functions take n as the element count; for Q4_0/Q8_0
+ * layouts in core/types.h). Vectors x, y are float32. All functions take n as the element count; for Q4_0/Q8_0
  * n must be a multiple of 32 (callers check shapes at load time). The SIMD variants must agree with the scalar
  * reference to float rounding (tests/test_kernels.c checks it on random inputs of awkward lengths). */
 #ifndef FLM_COMPUTE_KERNELS_H

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "compute/kernels_impl.h"
-#include "format/types.h"
+#include "core/types.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Helpers

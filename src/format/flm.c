@@ -11,10 +11,10 @@
 #include <xxhash.h>
 
 #include "compute/kernels.h"
-#include "format/types.h"
+#include "core/types.h"
 #include "model/model.h"
-#include "util/error.h"
-#include "util/files.h"
+#include "core/error.h"
+#include "core/files.h"
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 

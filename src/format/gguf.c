@@ -13,9 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "format/types.h"
-#include "util/error.h"
-#include "util/files.h"
+#include "core/types.h"
+#include "core/error.h"
+#include "core/files.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MIN_KV_BYTES 14     /* key length (8) + a 1-byte key + value type (4) + a 1-byte value */

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 typedef struct {
     char *text;     /* vocabulary string, NUL-terminated */

@@ -40,4 +40,10 @@ uint32_t flm_tokenizer_n_vocab(const flm_tokenizer *t);
 int32_t flm_tokenizer_bos(const flm_tokenizer *t);
 int32_t flm_tokenizer_eos(const flm_tokenizer *t);
 
+/* The tokenizer described by GGUF metadata (tokenizer.ggml.model = "llama"; tokens, scores, token_type, BOS/EOS
+ * ids). Errors: FLM_ERR_FORMAT naming the file and key, FLM_ERR_UNSUPPORTED (another tokenizer model),
+ * FLM_ERR_NOMEM. (src/format/tokenizer_gguf.c) */
+struct gguf_file;
+flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **out, flm_error *err);
+
 #endif

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 #define FLM_PLAN_MAX_END (UINT64_C(1) << 62)
 

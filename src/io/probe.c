@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 #define KiB ((uint64_t)1 << 10)
 #define MiB ((uint64_t)1 << 20)

@@ -15,7 +15,7 @@
 #include <liburing.h>
 #endif
 
-#include "util/error.h"
+#include "core/error.h"
 
 #define DEFAULT_THREADS 32
 #define DEFAULT_QUEUE_DEPTH 64

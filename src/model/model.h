@@ -72,8 +72,6 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
  * rope_dim <= head_dim, sizes < 2^20). what names the source in messages. */
 flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err);
 
-/* The tokenizer from GGUF metadata (tokenizer.ggml.model = "llama"). */
-flm_status flm_tokenizer_from_gguf(const gguf_file *f, flm_tokenizer **out, flm_error *err);
 
 /* Bytes of a weight (rows * row bytes). */
 uint64_t flm_weight_bytes(const flm_weight *w);

@@ -24,8 +24,8 @@
 #include "compute/kernels.h"
 #include "format/gguf.h"
 #include "format/tokenizer.h"
-#include "format/types.h"
-#include "util/error.h"
+#include "core/types.h"
+#include "core/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

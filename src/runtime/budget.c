@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "runtime/runtime.h"
-#include "util/error.h"
+#include "core/error.h"
 
 static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/runtime.h"
-#include "util/error.h"
+#include "core/error.h"
 
 void flm_params_default(flm_params *p) {
     memset(p, 0, sizeof *p);

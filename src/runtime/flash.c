@@ -5,7 +5,7 @@
 
 #include "io/probe.h"
 #include "runtime/runtime.h"
-#include "util/error.h"
+#include "core/error.h"
 
 static void *alloc_aligned(uint64_t bytes) {
     void *p = NULL;

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "format/types.h"
+#include "core/types.h"
 #include "runtime/runtime.h"
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }

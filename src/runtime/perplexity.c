@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "runtime/runtime.h"
-#include "util/error.h"
+#include "core/error.h"
 
 flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                           void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,

@@ -9,10 +9,10 @@
 #include <cblas.h>
 
 #include "cache/neuron_cache.h"
-#include "format/types.h"
+#include "core/types.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
-#include "util/error.h"
+#include "core/error.h"
 
 struct flm_sparse {
     flm_sparsity sp;          /* rules, thresholds, predictors (the PREDICTOR region) */

@@ -7,7 +7,7 @@
 #include <sys/resource.h>
 
 #include "runtime/runtime.h"
-#include "util/error.h"
+#include "core/error.h"
 
 static uint64_t peak_rss_bytes(void) {
     struct rusage ru;

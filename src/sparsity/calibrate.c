@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/types.h"
+#include "core/types.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
-#include "util/error.h"
+#include "core/error.h"
 
 void flm_calib_opts_default(flm_calib_opts *o) {
     memset(o, 0, sizeof *o);

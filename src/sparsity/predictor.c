@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 #define LOGIT_STD_INIT 4.0f /* initial logits are rescaled to this (pooled within-neuron) standard deviation */
 #define BIAS_MARGIN 1.0f    /* logit margin for neurons that never / always fire in the training split */

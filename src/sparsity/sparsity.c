@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 #define HDR_BYTES 32u
 #define LAYER_BYTES (32u + 4u * FLM_AGG_K)

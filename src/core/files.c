@@ -1,8 +1,8 @@
-#include "util/files.h"
+#include "core/files.h"
 
 #include <sys/stat.h>
 
-#include "util/error.h"
+#include "core/error.h"
 
 flm_status flm_check_output(const char *dst, const char *src, flm_error *err) {
     struct stat d, s;

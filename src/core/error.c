@@ -1,4 +1,4 @@
-#include "util/error.h"
+#include "core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* error.h — filling an flm_error. Internal. */
-#ifndef FLM_UTIL_ERROR_H
-#define FLM_UTIL_ERROR_H
+#ifndef FLM_CORE_ERROR_H
+#define FLM_CORE_ERROR_H
 #include "flashlm.h"
 
 /* Format a message into err (when non-NULL) and return code, so callers can write

@@ -1,6 +1,6 @@
 /* files.h — checks before writing an output file. Internal. */
-#ifndef FLM_UTIL_FILES_H
-#define FLM_UTIL_FILES_H
+#ifndef FLM_CORE_FILES_H
+#define FLM_CORE_FILES_H
 #include "flashlm.h"
 
 /* Refuse an output path that exists and is not a regular file (a device, a directory, a FIFO: replacing it by rename

@@ -1,7 +1,7 @@
 /* types.h — storage traits of the tensor types (GGUF's ggml_type layouts). Internal.
  * Source: ggml/src/ggml-common.h block definitions (QK4_0 = QK8_0 = 32). */
-#ifndef FLM_FORMAT_TYPES_H
-#define FLM_FORMAT_TYPES_H
+#ifndef FLM_CORE_TYPES_H
+#define FLM_CORE_TYPES_H
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

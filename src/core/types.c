@@ -1,4 +1,4 @@
-#include "format/types.h"
+#include "core/types.h"
 
 bool flm_type_supported(uint32_t type) { return flm_type_block_elems(type) != 0; }
 
