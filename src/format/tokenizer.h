@@ -40,6 +40,22 @@ uint32_t flm_tokenizer_n_vocab(const flm_tokenizer *t);
 int32_t flm_tokenizer_bos(const flm_tokenizer *t);
 int32_t flm_tokenizer_eos(const flm_tokenizer *t);
 
+/* ---- Added for real models (GPT-2 byte-level BPE, added/special tokens, chat). ---- */
+#define FLM_TOKENIZE_ADD_BOS 1u       /* BOS first (when the vocabulary has one) */
+#define FLM_TOKENIZE_PARSE_SPECIAL 2u /* control and user-defined tokens spelled out in the text ("<|im_start|>")
+                                         are matched whole before the tokenizer proper runs */
+/* Encode len bytes of text (need not be NUL-terminated) into at most cap ids. Returns the number of ids the full
+ * encoding needs (only the first cap are written), or SIZE_MAX when out of memory. */
+size_t flm_tokenizer_encode_ex(const flm_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t *ids,
+                               size_t cap);
+/* The id whose vocabulary string is exactly piece (e.g. "<|im_end|>"), or -1. */
+int32_t flm_tokenizer_find(const flm_tokenizer *t, const char *piece);
+/* true for the tokens that end a generation or a chat turn: EOS, EOT, and control tokens such as "<|im_end|>",
+ * "<|endoftext|>", "<end_of_turn>" (as llama.cpp's vocab marks end-of-generation tokens). */
+bool flm_tokenizer_is_eog(const flm_tokenizer *t, int32_t id);
+/* tokenizer.ggml.add_bos_token (default: true for "llama" vocabularies, false for "gpt2"). */
+bool flm_tokenizer_wants_bos(const flm_tokenizer *t);
+
 /* The tokenizer described by GGUF metadata (tokenizer.ggml.model = "llama"; tokens, scores, token_type, BOS/EOS
  * ids). Errors: FLM_ERR_FORMAT naming the file and key, FLM_ERR_UNSUPPORTED (another tokenizer model),
  * FLM_ERR_NOMEM. (src/format/tokenizer_gguf.c) */
