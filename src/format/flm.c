@@ -436,10 +436,16 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     const flm_hparams *hp = &m->hp;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         uint32_t t = m->layers[l].ffn_down.type;
-        if (flm_type_block_elems(t) > 1 && hp->d_model % FLM_QK)
+        size_t be = flm_type_block_elems(t);
+        if (be > 1 && hp->d_model % be)
             return flm_model_free(m),
                    flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection needs d_model (%u) to be a "
-                            "multiple of 32 to be stored by columns", src, l, flm_type_name(t), hp->d_model);
+                            "multiple of its block size %zu to be stored by columns", src, l, flm_type_name(t),
+                            hp->d_model, be);
+        if (!flm_type_traits_of(t)->has_quantizer) /* columns are re-quantized into the down type */
+            return flm_model_free(m),
+                   flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection cannot be stored by "
+                            "columns yet (flashlm has no %s quantizer)", src, l, flm_type_name(t), flm_type_name(t));
     }
     size_t plen = strlen(dst);
     char *tmp = malloc(plen + 16), *res_tmp = malloc(plen + 32);
