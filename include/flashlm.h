@@ -55,12 +55,23 @@ const char *flm_status_str(flm_status s);
 typedef enum flm_type {
     FLM_TYPE_F32 = 0,
     FLM_TYPE_F16 = 1,
-    FLM_TYPE_Q4_0 = 2,  /* blocks of 32: f16 scale d, 16 bytes of nibbles; x = d * (q - 8) */
-    FLM_TYPE_Q8_0 = 8,  /* blocks of 32: f16 scale d, 32 int8;            x = d * q       */
+    FLM_TYPE_Q4_0 = 2,  /* blocks of 32: f16 d, 16 bytes of nibbles;                 x = d * (q - 8)        */
+    FLM_TYPE_Q4_1 = 3,  /* blocks of 32: f16 d, f16 m, 16 bytes of nibbles;          x = d * q + m          */
+    FLM_TYPE_Q5_0 = 6,  /* blocks of 32: f16 d, 32 high bits, 16 bytes of nibbles;   x = d * (q - 16)       */
+    FLM_TYPE_Q5_1 = 7,  /* blocks of 32: f16 d, f16 m, 32 high bits, nibbles;        x = d * q + m          */
+    FLM_TYPE_Q8_0 = 8,  /* blocks of 32: f16 d, 32 int8;                             x = d * q              */
+    FLM_TYPE_Q8_1 = 9,  /* blocks of 32: f16 d, f16 s = d * sum(q), 32 int8 (activations only)             */
+    FLM_TYPE_Q2_K = 10, /* super-blocks of 256: 16 sub-blocks with 4-bit scale and min, 2-bit quants        */
+    FLM_TYPE_Q3_K = 11, /* super-blocks of 256: 16 sub-blocks with 6-bit scale, 3-bit quants                */
+    FLM_TYPE_Q4_K = 12, /* super-blocks of 256: 8 sub-blocks with 6-bit scale and min, 4-bit quants         */
+    FLM_TYPE_Q5_K = 13, /* super-blocks of 256: 8 sub-blocks with 6-bit scale and min, 5-bit quants         */
+    FLM_TYPE_Q6_K = 14, /* super-blocks of 256: 16 sub-blocks with int8 scale, 6-bit quants                 */
+    FLM_TYPE_Q8_K = 15, /* super-blocks of 256: f32 d, 256 int8, 16 int16 block sums (activations only)     */
     FLM_TYPE_BF16 = 30,
 } flm_type;
 
-/* Name of a type ("f32", "q8_0", ...), or NULL when the id is not one flashlm supports. */
+/* Name of a type as GGUF/ggml writes it ("f32", "q8_0", "q4_k", ...), or NULL when the id is not one flashlm
+ * knows. Activation-only types (q8_1, q8_k) have names too, but cannot be a tensor's type. */
 const char *flm_type_name(uint32_t type);
 
 /* ---------------------------------------------------------------------------------------------------------------
