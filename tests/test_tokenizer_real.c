@@ -278,13 +278,15 @@ static void test_special_tokens(void **state) {
     p = flm_tokenizer_piece(t, 2, 26352, &m); /* "▁Hello" */
     assert_int_equal(m, 6);
     assert_memory_equal(p, " Hello", 6);
-    /* byte fallback: a private-use character is not in the vocabulary */
-    n = flm_tokenizer_encode_ex(t, "\xee\x80\x80", 3, 0, ids, 32);
-    assert_int_equal(n, 3);
-    for (int i = 0; i < 3; i++) {
+    /* byte fallback: U+10000 (LINEAR B SYLLABLE B008 A) is not in the vocabulary: four byte tokens */
+    static const char *const byte_names[] = {"<0xF0>", "<0x90>", "<0x80>", "<0x80>"};
+    n = flm_tokenizer_encode_ex(t, "\xf0\x90\x80\x80", 4, 0, ids, 32);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < 4; i++) {
         p = flm_tokenizer_piece(t, -1, ids[i], &m);
         assert_int_equal(m, 1);
-        assert_int_equal((uint8_t)p[0], (uint8_t)"\xee\x80\x80"[i]);
+        assert_int_equal((uint8_t)p[0], (uint8_t)"\xf0\x90\x80\x80"[i]);
+        assert_string_equal(flm_tokenizer_vocab(t, ids[i]), byte_names[i]);
     }
     flm_tokenizer_free(t);
 
