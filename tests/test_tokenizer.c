@@ -192,6 +192,32 @@ static void test_control_tokens_decode_to_nothing(void **state) {
     assert_int_equal(n, 0);
 }
 
+/* flm_tokenize_ex: special tokens parsed only when asked; a space prefix after each special token (llama.cpp's SPM
+ * is_prev_special); only len bytes read; EOS ends generation, BOS does not. */
+static void test_tokenize_ex(void **state) {
+    (void)state;
+    int32_t ids[32], plain[32];
+    /* "<s>" as text: ordinary characters */
+    size_t n = flm_tokenize_ex(ctx, "<s>Once", 7, 0, ids, 32);
+    assert_true(n > 2);
+    assert_int_not_equal(ids[0], 1);
+    /* parsed: BOS, then "Once" with its space prefix, as at the start of a text */
+    n = flm_tokenize_ex(ctx, "<s>Once", 7, FLM_TOKENIZE_PARSE_SPECIAL, ids, 32);
+    size_t m = flm_tokenize_ex(ctx, "Once", 4, 0, plain, 32);
+    assert_int_equal(n, m + 1);
+    assert_int_equal(ids[0], 1);
+    assert_memory_equal(ids + 1, plain, m * sizeof *ids);
+    /* with the model's special tokens (stories260K: add_bos_token) */
+    n = flm_tokenize_ex(ctx, "Once upon a time, long ago", 16, FLM_TOKENIZE_ADD_SPECIAL, ids, 32);
+    int32_t want[] = {1, 403, 407, 261, 378};
+    assert_int_equal(n, 5);
+    assert_memory_equal(ids, want, sizeof want);
+    assert_true(flm_token_is_eog(ctx, 2));
+    assert_false(flm_token_is_eog(ctx, 1));
+    assert_false(flm_token_is_eog(ctx, 403));
+    assert_false(flm_token_is_eog(ctx, 1 << 20));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_known_ids),
@@ -200,6 +226,7 @@ int main(void) {
         cmocka_unit_test(test_byte_fallback),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_control_tokens_decode_to_nothing),
+        cmocka_unit_test(test_tokenize_ex),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
