@@ -16,20 +16,24 @@ static uint64_t hash_bytes(const char *s, size_t n) {
     return h ^ (h >> 29);
 }
 
-/* Slot of the string s[0..n), or of the empty slot where it would go. */
+/* Slot of the string s[0..n), or of the empty slot where it would go. A slot holds id+1 in its low 32 bits and the
+ * high 32 bits of the string's hash, compared before the string (most probes then touch no token text). */
 static uint32_t find_slot(const flm_tokenizer *t, const char *s, size_t n) {
     uint32_t mask = t->n_slots - 1;
-    for (uint32_t i = (uint32_t)hash_bytes(s, n) & mask;; i = (i + 1) & mask) {
-        uint32_t v = t->slots[i];
+    uint64_t h = hash_bytes(s, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
+        uint64_t v = t->slots[i];
         if (v == 0) return i;
-        const tok_entry *e = &t->tok[v - 1];
+        if ((uint32_t)(v >> 32) != tag) continue;
+        const tok_entry *e = &t->tok[(uint32_t)v - 1];
         if (e->len == n && memcmp(e->text, s, n) == 0) return i;
     }
 }
 
 int32_t flm_tok_lookup(const flm_tokenizer *t, const char *s, size_t n) {
-    uint32_t v = t->slots[find_slot(t, s, n)];
-    return v ? (int32_t)(v - 1) : -1;
+    uint64_t v = t->slots[find_slot(t, s, n)];
+    return v ? (int32_t)((uint32_t)v - 1) : -1;
 }
 
 static int hexval(char c) {
@@ -160,7 +164,8 @@ flm_status flm_tokenizer_create_spec(const flm_tokenizer_spec *sp, flm_tokenizer
         e->type = sp->types ? sp->types[i]
                             : (kind == FLM_TOKENIZER_SPM && parse_byte_token(e->text, n) >= 0 ? FLM_TOK_BYTE
                                                                                               : FLM_TOK_NORMAL);
-        t->slots[find_slot(t, e->text, n)] = i + 1; /* the last of repeated strings wins, as llama.cpp */
+        /* the last of repeated strings wins, as llama.cpp */
+        t->slots[find_slot(t, e->text, n)] = (hash_bytes(e->text, n) >> 32 << 32) | (i + 1);
     }
     /* end-of-generation tokens: by text (made CONTROL), then the ids the metadata names */
     for (size_t k = 0; k < sizeof EOG_TEXTS / sizeof *EOG_TEXTS; k++) {

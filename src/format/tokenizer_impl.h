@@ -41,7 +41,7 @@ struct flm_tokenizer {
     int kind;                 /* FLM_TOKENIZER_SPM or FLM_TOKENIZER_BPE */
     uint32_t n_vocab;
     tok_entry *tok;
-    uint32_t *slots;          /* open-addressing hash over tok[].text: id+1, 0 = empty */
+    uint64_t *slots;          /* open-addressing hash over tok[].text: hash tag << 32 | id+1, 0 = empty */
     uint32_t n_slots;         /* power of two */
     int32_t byte_id[256];     /* SPM: the token "<0xXX>"; BPE: the token of the byte's GPT-2 character; or -1 */
     int32_t bos, eos;
