@@ -37,8 +37,8 @@ static const char *model_path(const char *file) {
     return buf;
 }
 
-/* Open the model's tokenizer, or skip the test (fail under FLASHLM_REQUIRE_MODELS=1) when the file is absent. */
-static flm_tokenizer *open_tok(const char *file) {
+/* Skip the test (fail under FLASHLM_REQUIRE_MODELS=1) when the model file is absent. Call before allocating. */
+static void need_model(const char *file) {
     const char *path = model_path(file);
     FILE *fp = fopen(path, "rb");
     if (!fp) {
@@ -48,6 +48,13 @@ static flm_tokenizer *open_tok(const char *file) {
         skip();
     }
     fclose(fp);
+}
+
+/* Open the model's tokenizer (need_model first). */
+static flm_tokenizer *open_tok(const char *file) {
+    need_model(file);
+    const char *path = model_path(file);
+    FILE *fp;
     gguf_file *f = NULL;
     flm_tokenizer *t = NULL;
     flm_error err;
@@ -229,6 +236,8 @@ static void test_qwen15(void **state) { (void)state; check_reference(3); }
 /* End of generation, BOS, lookups, the flags llama.cpp's add_special gives. */
 static void test_special_tokens(void **state) {
     (void)state;
+    need_model(MODELS[0].file);
+    need_model(MODELS[2].file);
     flm_tokenizer *t = open_tok(MODELS[1].file); /* Qwen2.5 */
     int32_t im_end = flm_tokenizer_find(t, "<|im_end|>"), eot = flm_tokenizer_find(t, "<|endoftext|>");
     assert_int_equal(im_end, 151645);
@@ -412,6 +421,8 @@ static double now_s(void) {
 /* Tokenizing wiki.test.raw (as perplexity runs do): the time is printed; the text must decode back. */
 static void test_wiki_speed(void **state) {
     (void)state;
+    need_model(MODELS[1].file);
+    need_model(MODELS[2].file);
     char *text = read_text(tu_shared("text/wiki.test.raw"));
     size_t len = strlen(text);
     for (int k = 1; k <= 2; k++) { /* Qwen2.5 (byte-level BPE), Gemma 3 (SentencePiece, 262k vocabulary) */
