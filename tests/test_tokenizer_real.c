@@ -283,6 +283,11 @@ static void test_special_tokens(void **state) {
     assert_int_equal(n, 2);
     assert_int_equal(ids[0], 2);
     assert_string_equal(flm_tokenizer_vocab(t, ids[1]), "Hello");
+    /* user-defined runs of spaces: the longest first (31), then the rest (4) */
+    n = flm_tokenizer_encode_ex(t, "                                   ", 35, 0, ids, 32);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 167);
+    assert_int_equal(ids[1], 140);
     /* after BOS a leading space stays (no space prefix to undo) */
     p = flm_tokenizer_piece(t, 2, 26352, &m); /* "▁Hello" */
     assert_int_equal(m, 6);
@@ -374,6 +379,33 @@ static void test_gpt2_files(void **state) {
         free(got);
     }
     flm_tokenizer_free(t);
+    /* the other pre-tokenizers on the same vocabulary: how "12345 I'M" is cut */
+    static const struct { const char *pre; size_t cuts[8]; } PRE[] = {
+        {"qwen2", {1, 2, 3, 4, 5, 0}},            /* \p{N}: one digit a piece */
+        {"deepseek-r1-qwen", {1, 2, 3, 4, 5, 0}}, /* = qwen2 */
+        {"smollm", {1, 2, 3, 4, 5, 0}},           /* \p{N} first, then GPT-2's */
+        {"llama-bpe", {3, 5, 0}},                 /* \p{N}{1,3} */
+    };
+    for (size_t k = 0; k < sizeof PRE / sizeof *PRE; k++) {
+        sp.pre = PRE[k].pre;
+        if (flm_tokenizer_create_spec(&sp, &t, &err)) fail_msg("%s: %s", PRE[k].pre, err.msg);
+        size_t m = flm_tokenizer_encode_ex(t, "12345 I'M", 9, 0, ids, 64);
+        assert_true(m <= 64);
+        size_t at = 0, c = 0;
+        for (size_t i = 0; i < m && at < 5; i++) { /* every cut must be a token boundary */
+            size_t pl;
+            flm_tokenizer_piece(t, -1, ids[i], &pl);
+            at += pl;
+            if (at != PRE[k].cuts[c]) fail_msg("%s: token %zu ends at byte %zu, want %zu", PRE[k].pre, i, at,
+                                               PRE[k].cuts[c]);
+            c++;
+        }
+        assert_int_equal(PRE[k].cuts[c], 0);
+        char *back = decode(t, ids, m);
+        assert_string_equal(back, "12345 I'M");
+        free(back);
+        flm_tokenizer_free(t);
+    }
     /* an unknown pre-tokenizer is refused, naming it */
     sp.pre = "no-such-pre";
     assert_int_equal(flm_tokenizer_create_spec(&sp, &t, &err), FLM_ERR_UNSUPPORTED);

@@ -25,8 +25,9 @@ enum { FLM_TOK_NORMAL = 1, FLM_TOK_UNKNOWN = 2, FLM_TOK_CONTROL = 3, FLM_TOK_USE
 
 typedef struct flm_tokenizer flm_tokenizer;
 
-/* Build from n_vocab pieces (UTF-8, lengths given), scores and types (types may be NULL: byte tokens are then
- * recognised by their "<0xXX>" spelling). bos/eos are token ids or -1. Copies everything it needs.
+/* Build a SentencePiece ("llama") tokenizer from n_vocab pieces (UTF-8, lengths given), scores and types (types may
+ * be NULL: byte tokens are then recognised by their "<0xXX>" spelling). bos/eos are token ids or -1; BOS is wanted
+ * (add_bos_token true). Copies everything it needs. Same as flm_tokenizer_create_spec with model "llama".
  * Errors: FLM_ERR_FORMAT (n_vocab 0 or > 2^24, an id out of range, a piece with a NUL byte), FLM_ERR_NOMEM. */
 flm_status flm_tokenizer_create(uint32_t n_vocab, const char *const *pieces, const uint32_t *lens,
                                 const float *scores, const int32_t *types, int32_t bos, int32_t eos,
