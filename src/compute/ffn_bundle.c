@@ -7,7 +7,6 @@
 #include <omp.h>
 #endif
 
-static float act_fn(bool relu, float v) { return relu ? (v > 0.0f ? v : 0.0f) : v / (1.0f + expf(-v)); }
 
 /* bundles [i0, i1) into acc (d_model floats, overwritten) */
 static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
@@ -18,7 +17,7 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     for (size_t i = i0; i < i1; i++) {
         const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
         /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
-        float a = act_fn(b->relu, b->gated ? dot_gate(rec + b->gate_off, x, b->d_model) : dot_up(rec + b->up_off, x,
+        float a = flm_act_eval(b->act, b->gated ? dot_gate(rec + b->gate_off, x, b->d_model) : dot_up(rec + b->up_off, x,
                                                                                                    b->d_model));
         float v = 0.0f;
         if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) /* inactive ReLU neurons: no up row */
