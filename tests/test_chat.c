@@ -449,7 +449,8 @@ static void test_cli_chat_two_turns(void **state) {
              tu_shared(MODEL));
     char *single = cli(args, 0);
     assert_true(strlen(single) > 1);
-    if (strncmp(out, single, strlen(single))) fail_msg("chat's first reply [%s] differs from run --chat's [%s]", out, single);
+    if (strncmp(out, single, strlen(single)))
+        fail_msg("chat's first reply [%s] differs from run --chat's [%s]", out, single);
     free(single);
     free(out);
     /* the second turn continues the KV cache: it starts where the first turn's reply ended */

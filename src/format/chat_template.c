@@ -121,7 +121,7 @@ flm_status flm_chat_template_init(flm_chat_template *t, const char *name, const 
         return FLM_OK;
     }
     t->format = FLM_CHAT_CHATML;
-    t->origin = "default (the model has no chat template)";
+    t->origin = "the default: the model has no chat template";
     return FLM_OK;
 }
 

@@ -59,7 +59,7 @@ typedef struct flm_chat_template {
     flm_chat_format format;
     char *default_system;  /* malloc'd, or NULL: the system turn added when the conversation has none */
     const char *origin;    /* static: how the format was chosen: "--chat-template", "the model's template",
-                              "the architecture", "default (the model has no chat template)" */
+                              "the architecture", "the default: the model has no chat template" */
 } flm_chat_template;
 
 /* Choose the format: name (from --chat-template; may be NULL) wins; else the model's template source tmpl
