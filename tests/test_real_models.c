@@ -1,6 +1,7 @@
 /* test_real_models.c — real GGUF models (pulled by `flashlm pull`) against llama.cpp's outputs in
  * ../shared/reference/<model>/:
- *   - greedy continuation: the first N_GREEDY generated tokens decode to a prefix of llama.cpp's completion;
+ *   - greedy continuation: the first N_GREEDY generated tokens decode to a prefix of llama.cpp's completion, or
+ *     diverge from it only at a near-tie (the token continuing llama.cpp's text within NEAR_TIE logits of ours);
  *   - perplexity on wiki.test.raw (-c 512, llama.cpp's chunking) within 1% of llama.cpp's running value after the
  *     same number of chunks (a few chunks here, to keep the suite short; the closing note gives all 16).
  * A model that is not pulled is skipped, unless FLASHLM_REQUIRE_MODELS=1 (CI pulls them first). */
@@ -15,6 +16,7 @@
 #include "testutil.h"
 
 #define N_GREEDY 16
+#define NEAR_TIE 0.5f /* logits: how far apart two tokens may score and still count as a tie */
 
 typedef struct real_model {
     const char *name; /* flashlm pull name */
@@ -55,7 +57,7 @@ static void check_greedy(const real_model *rm) {
     snprintf(rel, sizeof rel, "reference/%s/greedy.jsonl", rm->ref);
     size_t len;
     char *data = (char *)tu_read_file(tu_shared(rel), &len);
-    int n_cases = 0;
+    int n_cases = 0, n_full = 0, n_near_ties = 0;
     for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
         assert_non_null(j);
@@ -72,26 +74,46 @@ static void check_greedy(const real_model *rm) {
             if (flm_eval(ctx, tok, i, &logits, &err)) fail_msg("eval: %s", err.msg);
         }
         char text[4096];
-        size_t tl = 0;
+        size_t tl = 0, cl = strlen(completion);
         for (int g = 0; g < N_GREEDY; g++) {
             int32_t next = argmax(logits, info.n_vocab);
             prev = tok;
             size_t n;
             const char *piece = flm_token_piece(ctx, prev, next, &n);
-            assert_true(tl + n < sizeof text);
+            if (tl + n > cl || memcmp(completion + tl, piece, n) != 0) {
+                /* Diverged from llama.cpp's text: accepted only at a near-tie, i.e. when the best token that does
+                 * continue llama.cpp's text scores within NEAR_TIE of our choice (its int8 dot products round
+                 * differently from ours). */
+                int32_t alt = -1;
+                for (uint32_t v = 0; v < info.n_vocab; v++) {
+                    size_t an;
+                    const char *ap = flm_token_piece(ctx, prev, (int32_t)v, &an);
+                    if (an == 0 || tl + an > cl || memcmp(completion + tl, ap, an) != 0) continue;
+                    if (alt < 0 || logits[v] > logits[alt]) alt = (int32_t)v;
+                }
+                float margin = alt < 0 ? INFINITY : logits[next] - logits[alt];
+                text[tl] = 0;
+                print_message("%s: prompt %d: diverges from llama.cpp after %d tokens at a margin of %.3f (token %d "
+                              "against %d)\n", rm->name, n_cases, g, (double)margin, next, alt);
+                if (!(margin < NEAR_TIE))
+                    fail_msg("%s: prompt %d: after [%s] flashlm picks token %d, %.3f above the best token that "
+                             "continues llama.cpp's [%s]", rm->name, n_cases, text, next, (double)margin, completion);
+                n_near_ties++;
+                break;
+            }
             memcpy(text + tl, piece, n);
             tl += n;
             tok = next;
+            if (g + 1 == N_GREEDY) { n_full++; break; }
             if (flm_eval(ctx, tok, n_prompt + g, &logits, &err)) fail_msg("eval: %s", err.msg);
         }
-        text[tl] = 0;
-        if (strncmp(completion, text, tl) != 0)
-            fail_msg("%s: prompt %d: flashlm's %d greedy tokens\n[%s]\nare not a prefix of llama.cpp's\n[%s]", rm->name,
-                     n_cases, N_GREEDY, text, completion);
         n_cases++;
         cJSON_Delete(j);
     }
+    print_message("%s: %d of %d prompts identical for %d tokens, %d diverge at a near-tie\n", rm->name, n_full,
+                  n_cases, N_GREEDY, n_near_ties);
     assert_true(n_cases >= 1);
+    assert_int_equal(n_full + n_near_ties, n_cases);
     free(data);
     flm_close(ctx);
 }
