@@ -267,7 +267,8 @@ size_t flm_act_bytes(uint32_t t, size_t n) {
 void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst) {
     const flm_type_traits *tt = flm_type_traits_of(t);
     assert(tt && tt->is_tensor);
-    flm_quantize_row(tt->vec_dot_type, x, dst, n);
+    if (tt->vec_dot_type == FLM_TYPE_F32) memcpy(dst, x, n * sizeof(float));
+    else flm_kernels_best()->act_quantize[tt->vec_dot_type](x, dst, n);
 }
 
 float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void *xq, size_t n) {

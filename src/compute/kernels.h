@@ -26,6 +26,7 @@ typedef float (*flm_dot_fn)(const void *row, const float *x, size_t n);         
 typedef void (*flm_axpy_fn)(const void *row, float a, float *y, size_t n);       /* y[i] += a*row[i]  */
 typedef void (*flm_dequant_fn)(const void *row, float *y, size_t n);             /* y[i]  = row[i]    */
 typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);      /* sum_i row[i]*xq[i] */
+typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);          /* dst = quantized x  */
 
 typedef struct flm_kernels {
     const char *name;                    /* "scalar", "avx2" */
@@ -33,6 +34,9 @@ typedef struct flm_kernels {
     flm_axpy_fn axpy[FLM_N_TYPES];
     flm_dequant_fn dequant[FLM_N_TYPES];
     flm_vec_dot_fn vec_dot[FLM_N_TYPES]; /* xq: x quantized by flm_act_quantize(t, ...) */
+    flm_from_float_fn act_quantize[FLM_N_TYPES]; /* indexed by activation type (q8_0, q8_1, q8_k): n floats
+                                                    (whole blocks) into blocks; every table's output is the same
+                                                    bytes (the scalar reference rounding, roundf) */
 } flm_kernels;
 
 /* The scalar reference table (always available). */
@@ -57,8 +61,8 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
 size_t flm_act_bytes(uint32_t t, size_t n);
 /* Quantizes x[n] for dot products with rows of weight type t into dst (flm_act_bytes(t, n) bytes): q8_0/q8_1 blocks
  * as ggml's quantize_row_q8_0_ref / quantize_row_q8_1_ref, q8_k blocks with d = max|x|/127 (float) and
- * q = roundf(x/d) plus the 16-element sums; a plain copy for float weight types. Deterministic, the same for every
- * kernel table. n must be a multiple of t's block size. */
+ * q = roundf(x/d) plus the 16-element sums; a plain copy for float weight types. Runs the best table's
+ * act_quantize (every table writes the same bytes). n must be a multiple of t's block size. */
 void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst);
 /* row (n elements of weight type t) · x, where xq = flm_act_quantize(t, x, n): k->vec_dot[t](row, xq, n). */
 float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void *xq, size_t n);

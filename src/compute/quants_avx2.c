@@ -471,7 +471,95 @@ DOT_VIA_DEQUANT(q4_k, deq_q4_k, 256, sizeof(flm_block_q4_k))
 DOT_VIA_DEQUANT(q5_k, deq_q5_k, 256, sizeof(flm_block_q5_k))
 DOT_VIA_DEQUANT(q6_k, deq_q6_k, 256, sizeof(flm_block_q6_k))
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Activation quantizers: the same bytes as quants.c's scalar ones (same amax, d, 1/d, x*id products; roundf's
+ * round-half-away-from-zero done exactly: trunc, then +-1 when the exact remainder is at least one half).
+ * ------------------------------------------------------------------------------------------------------------- */
+static inline __m256i round_away(__m256 v) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t)); /* exact */
+    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 step = _mm256_and_ps(up, _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign)));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+}
+
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* 32 floats at x times id, rounded, as 32 int8 in element order; *sum gets their sum when non-NULL. */
+static inline __m256i quant32(const float *x, __m256 id, int *sum) {
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id));
+    if (sum) {
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        *sum = _mm_cvtsi128_si32(s4);
+    }
+    /* packs interleave 128-bit lanes: dwords come out as a0 b0 c0 d0 a1 b1 c1 d1; put them back in order */
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline float amax_n(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    return hmax_ps(m);
+}
+
+static void aq_q8_0(const float *x, void *dst, size_t n) {
+    flm_block_q8_0 *y = dst;
+    for (size_t i = 0; i < n / 32; i++, x += 32) {
+        const float d = amax_n(x, 32) / 127.0f;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = flm_f32_to_f16(d);
+        _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), NULL));
+    }
+}
+
+static void aq_q8_1(const float *x, void *dst, size_t n) {
+    flm_block_q8_1 *y = dst;
+    for (size_t i = 0; i < n / 32; i++, x += 32) {
+        const float d = amax_n(x, 32) / 127.0f;
+        const float id = d ? 1.0f / d : 0.0f;
+        int sum;
+        _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), &sum));
+        y[i].d = flm_f32_to_f16(d);
+        y[i].s = flm_f32_to_f16((float)sum * d);
+    }
+}
+
+static void aq_q8_k(const float *x, void *dst, size_t n) {
+    flm_block_q8_k *y = dst;
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (size_t i = 0; i < n / 256; i++, x += 256) {
+        const float d = amax_n(x, 256) / 127.0f;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = d;
+        for (int c = 0; c < 8; c++) {
+            const __m256i q = quant32(x + 32 * c, _mm256_set1_ps(id), NULL);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * c), q);
+            /* lane k: elements 4k..4k+3; lanes 0-3 are group 2c, 4-7 group 2c+1 */
+            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+            __m128i h = _mm_hadd_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            h = _mm_hadd_epi32(h, h);
+            y[i].bsums[2 * c] = (int16_t)_mm_cvtsi128_si32(h);
+            y[i].bsums[2 * c + 1] = (int16_t)_mm_extract_epi32(h, 1);
+        }
+    }
+}
+
 void flm_quants_fill_avx2(flm_kernels *k) {
+    k->act_quantize[FLM_TYPE_Q8_0] = aq_q8_0;
+    k->act_quantize[FLM_TYPE_Q8_1] = aq_q8_1;
+    k->act_quantize[FLM_TYPE_Q8_K] = aq_q8_k;
     for (uint32_t t = 0; t < FLM_N_TYPES; t++) kdeq[t] = k->dequant[t];
     k->vec_dot[FLM_TYPE_Q4_0] = vdot_q4_0;
     k->vec_dot[FLM_TYPE_Q4_1] = vdot_q4_1;
