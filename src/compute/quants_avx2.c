@@ -519,7 +519,7 @@ static void aq_q8_0(const float *x, void *dst, size_t n) {
     for (size_t i = 0; i < n / 32; i++, x += 32) {
         const float d = amax_n(x, 32) / 127.0f;
         const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = flm_f32_to_f16(d);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
         _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), NULL));
     }
 }
@@ -531,8 +531,8 @@ static void aq_q8_1(const float *x, void *dst, size_t n) {
         const float id = d ? 1.0f / d : 0.0f;
         int sum;
         _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), &sum));
-        y[i].d = flm_f32_to_f16(d);
-        y[i].s = flm_f32_to_f16((float)sum * d);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
+        y[i].s = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
     }
 }
 
