@@ -517,6 +517,51 @@ static void test_matvec_all_types(void **state) {
     }
 }
 
+/* flm_matvec_multi: several matrices of mixed types against one x give what flm_matvec gives for each, bit for
+ * bit, for any thread count; also with an x too large for the stack buffer. */
+static void test_matvec_multi(void **state) {
+    (void)state;
+    uint64_t rng = 12;
+    static const uint32_t types[] = {FLM_TYPE_Q4_K, FLM_TYPE_Q5_0, FLM_TYPE_F16, FLM_TYPE_Q4_1, FLM_TYPE_Q8_0,
+                                     FLM_TYPE_Q6_K};
+    static const size_t rows[] = {67, 1, 130, 33, 2, 256};
+    static const size_t lens[] = {1536, 32768};
+    const flm_kernels *tabs[2] = {flm_kernels_scalar(), flm_kernels_avx2()};
+    for (size_t li = 0; li < 2; li++) {
+        const size_t n = lens[li];
+        float *x = rand_floats(n, &rng, 1.0f);
+        flm_matvec_job jobs[6];
+        float *want[6];
+        for (size_t j = 0; j < 6; j++) {
+            size_t r = li ? (rows[j] + 15) / 16 : rows[j];
+            jobs[j] = (flm_matvec_job){.type = types[j], .rows = r, .y = malloc(r * sizeof(float))};
+            jobs[j].W = rand_blocks(types[j], r * n / flm_type_block_elems(types[j]), &rng);
+            want[j] = malloc(r * sizeof(float));
+            assert_true(jobs[j].y && want[j]);
+        }
+        for (int k = 0; k < 2; k++) {
+            if (!tabs[k]) continue;
+            for (size_t j = 0; j < 6; j++) flm_matvec(tabs[k], types[j], jobs[j].W, jobs[j].rows, n, x, want[j], 1);
+            for (int th = 1; th <= 3; th++)
+                for (size_t nj = 1; nj <= 6; nj += 5) {
+                    for (size_t j = 0; j < nj; j++)
+                        for (size_t r = 0; r < jobs[j].rows; r++) jobs[j].y[r] = NAN;
+                    flm_matvec_multi(tabs[k], jobs, nj, n, x, th);
+                    for (size_t j = 0; j < nj; j++)
+                        if (memcmp(jobs[j].y, want[j], jobs[j].rows * sizeof(float)) != 0)
+                            fail_msg("matvec_multi (%s, %d threads, %zu jobs, n=%zu): job %zu (%s) differs from "
+                                     "flm_matvec", tabs[k]->name, th, nj, n, j, flm_type_name(types[j]));
+                }
+        }
+        for (size_t j = 0; j < 6; j++) {
+            free((void *)jobs[j].W);
+            free(jobs[j].y);
+            free(want[j]);
+        }
+        free(x);
+    }
+}
+
 /* axpy of every type: y += a * dequant(row), to float rounding, scalar and AVX2. */
 static void test_axpy_all_types(void **state) {
     (void)state;
@@ -611,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_act_quantize_simd),
         cmocka_unit_test(test_vec_dot),
         cmocka_unit_test(test_matvec_all_types),
+        cmocka_unit_test(test_matvec_multi),
         cmocka_unit_test(test_axpy_all_types),
         cmocka_unit_test(test_real_tensors),
     };

@@ -56,6 +56,21 @@ const flm_kernels *flm_kernels_avx2(void);
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads);
 
+/* One matrix of flm_matvec_multi: y[r] = dot(W row r, x) for r < rows, W of type `type`, rows of n elements. */
+typedef struct flm_matvec_job {
+    uint32_t type;
+    const void *W;
+    size_t rows;
+    float *y;
+} flm_matvec_job;
+#define FLM_MATVEC_MAX_JOBS 8
+
+/* Several matrices against the same x (attention q/k/v, FFN gate/up): x is quantized once per distinct
+ * vec_dot_type and all rows of all jobs are split over n_threads in ONE OpenMP region (one fork/join instead of
+ * n_jobs). Each y[r] equals flm_matvec's bit for bit. n_jobs <= FLM_MATVEC_MAX_JOBS; n as flm_matvec. */
+void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
+                      int n_threads);
+
 /* Bytes that n floats quantized for a dot with weight type t take (the row size of n elements of t's
  * vec_dot_type; n * 4 for float weight types); 0 when t is unsupported or n is not a multiple of the block size. */
 size_t flm_act_bytes(uint32_t t, size_t n);
