@@ -186,6 +186,25 @@ static inline __m256i scale_pair(__m128i s, int g) {
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, idx));
 }
 
+/* q4_k/q5_k packed scales -> 8 scales (*sc) and 8 mins (*mn), one byte each, in 32-bit word operations
+ * (the same unpacking as quants.c flm_q4k_scales; ggml-quants.c get_scale_min_k4). */
+static inline void q4k_scales8(const uint8_t s[12], uint64_t *sc, uint64_t *mn) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t sc_lo = u0 & 0x3f3f3f3f, mn_lo = u1 & 0x3f3f3f3f;
+    const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
+    const uint32_t mn_hi = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
+    *sc = (uint64_t)sc_lo | (uint64_t)sc_hi << 32;
+    *mn = (uint64_t)mn_lo | (uint64_t)mn_hi << 32;
+}
+
+/* int16 lane k of a vector holding 8 int16 in each 128-bit half, broadcast to all 16 lanes */
+static inline __m256i lane16(__m256i v, int k) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * k)));
+}
+
 /* q4_k: per super-block d*da * sum_j sc_j sum(q*qa) - dmin*da * sum_j m_j (bsums[2j] + bsums[2j+1]) */
 static float vdot_q4_k(const void *row, const void *xq, size_t n) {
     const flm_block_q4_k *w = row;
@@ -195,11 +214,12 @@ static float vdot_q4_k(const void *row, const void *xq, size_t n) {
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
     for (size_t i = 0; i < nb; i++) {
-        uint8_t sm[16];
-        flm_q4k_scales(w[i].scales, sm);
+        uint64_t sc8, mn8;
+        q4k_scales8(w[i].scales, &sc8, &mn8);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
         const float d = a[i].d * h2f(w[i].d), dmin = a[i].d * h2f(w[i].dmin);
         /* mins: 8 int16 mins times the 8 pair sums of bsums */
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
         const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
         const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs2)), acc_m);
@@ -209,8 +229,8 @@ static float vdot_q4_k(const void *row, const void *xq, size_t n) {
             const __m256i ql = _mm256_and_si256(q4, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             const __m256i yl = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j));
             const __m256i yh = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j + 32));
-            const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl), _mm256_set1_epi16(sm[2 * j]));
-            const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh), _mm256_set1_epi16(sm[2 * j + 1]));
+            const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl), lane16(sc16, 2 * j));
+            const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh), lane16(sc16, 2 * j + 1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -226,10 +246,12 @@ static float vdot_q5_k(const void *row, const void *xq, size_t n) {
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
     for (size_t i = 0; i < nb; i++) {
-        uint8_t sm[16];
-        flm_q4k_scales(w[i].scales, sm);
+        uint64_t sc8, mn8;
+        q4k_scales8(w[i].scales, &sc8, &mn8);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
         const float d = a[i].d * h2f(w[i].d), dmin = a[i].d * h2f(w[i].dmin);
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+        /* mins: 8 int16 mins times the 8 pair sums of bsums */
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
         const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
         const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs2)), acc_m);
@@ -244,8 +266,8 @@ static float vdot_q5_k(const void *row, const void *xq, size_t n) {
             const __m256i qh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hh);
             const __m256i yl = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j));
             const __m256i yh = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j + 32));
-            const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl), _mm256_set1_epi16(sm[2 * j]));
-            const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh), _mm256_set1_epi16(sm[2 * j + 1]));
+            const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl), lane16(sc16, 2 * j));
+            const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh), lane16(sc16, 2 * j + 1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
