@@ -327,6 +327,59 @@ static void test_act_quantize(void **state) {
     free(x);
 }
 
+/* Every table's activation quantizer writes the same bytes as the scalar reference, ties (x/d = k + 1/2) included:
+ * roundf rounds them away from zero. */
+static void test_act_quantize_simd(void **state) {
+    (void)state;
+    const flm_kernels *s = flm_kernels_scalar(), *a = flm_kernels_avx2();
+    if (!a) {
+        print_message("skipped: avx2 kernels unavailable on this build/CPU\n");
+        skip();
+    }
+    uint64_t rng = 77;
+    const size_t n = 4096;
+    float *x = rand_floats(n, &rng, 3.0f);
+    /* block 0: amax 127 makes d = 1, so these are exact ties and near-ties */
+    x[0] = 127.0f;
+    for (int j = 1; j < 32; j++) x[j] = (float)(j - 16) + (j & 1 ? 0.5f : -0.5f);
+    x[5] = 0.49999997f, x[6] = -0.49999997f, x[7] = -2.5f, x[8] = 2.5f;
+    for (size_t j = 256; j < 512; j++) x[j] = (float)((int)j % 21 - 10) * 0.5f; /* many ties in a q8_k block */
+    memset(x + 1024, 0, 256 * sizeof(float));
+    static const uint32_t at[] = {FLM_TYPE_Q8_0, FLM_TYPE_Q8_1, FLM_TYPE_Q8_K};
+    for (size_t i = 0; i < 3; i++) {
+        size_t bytes = flm_row_bytes(at[i], n);
+        uint8_t *qs = malloc(bytes), *qa = malloc(bytes), *qr = malloc(bytes);
+        assert_true(qs && qa && qr);
+        memset(qs, 0x5a, bytes);
+        memset(qa, 0xa5, bytes);
+        s->act_quantize[at[i]](x, qs, n);
+        a->act_quantize[at[i]](x, qa, n);
+        assert_true(flm_quantize_row(at[i], x, qr, n));
+        if (memcmp(qs, qa, bytes) != 0) {
+            size_t b = 0;
+            while (qs[b] == qa[b]) b++;
+            fail_msg("%s: avx2 act_quantize differs from scalar at byte %zu (%u vs %u)", flm_type_name(at[i]), b,
+                     qa[b], qs[b]);
+        }
+        assert_memory_equal(qs, qr, bytes); /* the table's quantizer is flm_quantize_row's */
+        if (at[i] == FLM_TYPE_Q8_0) { /* the ties went away from zero */
+            const flm_block_q8_0 *b = (const flm_block_q8_0 *)qs;
+            assert_int_equal(b[0].qs[0], 127);
+            assert_int_equal(b[0].qs[7], -3);
+            assert_int_equal(b[0].qs[8], 3);
+            assert_int_equal(b[0].qs[5], 0);
+            assert_int_equal(b[0].qs[6], 0);
+            assert_int_equal(b[0].qs[1], -15); /* -14.5 */
+            assert_int_equal(b[0].qs[3], -13); /* -12.5 */
+            assert_int_equal(b[0].qs[31], 16); /* 15.5 */
+        }
+        free(qs);
+        free(qa);
+        free(qr);
+    }
+    free(x);
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
  * (b) dot products: vec_dot (scalar, AVX2) against dequantize-then-dot, float-x dot, matvec
  * ------------------------------------------------------------------------------------------------------------- */
@@ -464,6 +517,51 @@ static void test_matvec_all_types(void **state) {
     }
 }
 
+/* flm_matvec_multi: several matrices of mixed types against one x give what flm_matvec gives for each, bit for
+ * bit, for any thread count; also with an x too large for the stack buffer. */
+static void test_matvec_multi(void **state) {
+    (void)state;
+    uint64_t rng = 12;
+    static const uint32_t types[] = {FLM_TYPE_Q4_K, FLM_TYPE_Q5_0, FLM_TYPE_F16, FLM_TYPE_Q4_1, FLM_TYPE_Q8_0,
+                                     FLM_TYPE_Q6_K};
+    static const size_t rows[] = {67, 1, 130, 33, 2, 256};
+    static const size_t lens[] = {1536, 32768};
+    const flm_kernels *tabs[2] = {flm_kernels_scalar(), flm_kernels_avx2()};
+    for (size_t li = 0; li < 2; li++) {
+        const size_t n = lens[li];
+        float *x = rand_floats(n, &rng, 1.0f);
+        flm_matvec_job jobs[6];
+        float *want[6];
+        for (size_t j = 0; j < 6; j++) {
+            size_t r = li ? (rows[j] + 15) / 16 : rows[j];
+            jobs[j] = (flm_matvec_job){.type = types[j], .rows = r, .y = malloc(r * sizeof(float))};
+            jobs[j].W = rand_blocks(types[j], r * n / flm_type_block_elems(types[j]), &rng);
+            want[j] = malloc(r * sizeof(float));
+            assert_true(jobs[j].y && want[j]);
+        }
+        for (int k = 0; k < 2; k++) {
+            if (!tabs[k]) continue;
+            for (size_t j = 0; j < 6; j++) flm_matvec(tabs[k], types[j], jobs[j].W, jobs[j].rows, n, x, want[j], 1);
+            for (int th = 1; th <= 3; th++)
+                for (size_t nj = 1; nj <= 6; nj += 5) {
+                    for (size_t j = 0; j < nj; j++)
+                        for (size_t r = 0; r < jobs[j].rows; r++) jobs[j].y[r] = NAN;
+                    flm_matvec_multi(tabs[k], jobs, nj, n, x, th);
+                    for (size_t j = 0; j < nj; j++)
+                        if (memcmp(jobs[j].y, want[j], jobs[j].rows * sizeof(float)) != 0)
+                            fail_msg("matvec_multi (%s, %d threads, %zu jobs, n=%zu): job %zu (%s) differs from "
+                                     "flm_matvec", tabs[k]->name, th, nj, n, j, flm_type_name(types[j]));
+                }
+        }
+        for (size_t j = 0; j < 6; j++) {
+            free((void *)jobs[j].W);
+            free(jobs[j].y);
+            free(want[j]);
+        }
+        free(x);
+    }
+}
+
 /* axpy of every type: y += a * dequant(row), to float rounding, scalar and AVX2. */
 static void test_axpy_all_types(void **state) {
     (void)state;
@@ -555,8 +653,10 @@ int main(void) {
         cmocka_unit_test(test_dequant_oracle),
         cmocka_unit_test(test_quantize_oracle),
         cmocka_unit_test(test_act_quantize),
+        cmocka_unit_test(test_act_quantize_simd),
         cmocka_unit_test(test_vec_dot),
         cmocka_unit_test(test_matvec_all_types),
+        cmocka_unit_test(test_matvec_multi),
         cmocka_unit_test(test_axpy_all_types),
         cmocka_unit_test(test_real_tensors),
     };

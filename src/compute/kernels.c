@@ -5,6 +5,9 @@
 #include <assert.h>
 #include <math.h>
 #include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,7 +270,8 @@ size_t flm_act_bytes(uint32_t t, size_t n) {
 void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst) {
     const flm_type_traits *tt = flm_type_traits_of(t);
     assert(tt && tt->is_tensor);
-    flm_quantize_row(tt->vec_dot_type, x, dst, n);
+    if (tt->vec_dot_type == FLM_TYPE_F32) memcpy(dst, x, n * sizeof(float));
+    else flm_kernels_best()->act_quantize[tt->vec_dot_type](x, dst, n);
 }
 
 float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void *xq, size_t n) {
@@ -315,6 +319,72 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     flm_act_quantize(t, x, n, xq);
     matvec_rows(k->vec_dot[t], W, stride, rows, n, xq, y, n_threads);
     if (xq != stack) free(xq);
+}
+
+void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
+                      int n_threads) {
+    /* x quantized once per distinct activation type (at most f32, q8_0, q8_1, q8_k) */
+    enum { MAX_ACT = 4 };
+    uint32_t act_type[MAX_ACT];
+    const void *act[MAX_ACT];
+    void *heap[MAX_ACT] = {0};
+    _Alignas(64) uint8_t stack[FLM_ACT_STACK_BYTES];
+    size_t n_act = 0, stack_used = 0, total = 0;
+    const void *job_x[FLM_MATVEC_MAX_JOBS];
+    flm_vec_dot_fn job_fn[FLM_MATVEC_MAX_JOBS];
+    size_t job_stride[FLM_MATVEC_MAX_JOBS];
+    assert(n_jobs <= FLM_MATVEC_MAX_JOBS);
+    bool fallback = false; /* no memory for a quantized x: every job runs flm_matvec (which copes) */
+    for (size_t j = 0; j < n_jobs && !fallback; j++) {
+        const flm_type_traits *tt = flm_type_traits_of(jobs[j].type);
+        assert(tt && tt->is_tensor && k->vec_dot[jobs[j].type]);
+        const uint32_t vt = tt->vec_dot_type;
+        size_t a = 0;
+        while (a < n_act && act_type[a] != vt) a++;
+        if (a == n_act) {
+            act_type[n_act++] = vt;
+            if (vt == FLM_TYPE_F32) {
+                act[a] = x;
+            } else {
+                size_t ab = (flm_act_bytes(jobs[j].type, n) + 63) & ~(size_t)63;
+                void *buf = stack_used + ab <= sizeof stack ? (void *)(stack + stack_used) : (heap[a] = malloc(ab));
+                if (!buf) fallback = true;
+                else {
+                    if (buf != heap[a]) stack_used += ab;
+                    flm_act_quantize(jobs[j].type, x, n, buf);
+                    act[a] = buf;
+                }
+            }
+        }
+        job_x[j] = act[a];
+        job_fn[j] = k->vec_dot[jobs[j].type];
+        job_stride[j] = flm_row_bytes(jobs[j].type, n);
+        total += jobs[j].rows;
+    }
+    if (fallback) {
+        for (size_t j = 0; j < n_jobs; j++) flm_matvec(k, jobs[j].type, jobs[j].W, jobs[j].rows, n, x, jobs[j].y, 1);
+    } else {
+        int nt = n_threads;
+        if (nt <= 1 || total < 2 * (size_t)nt || total * n < FLM_MATVEC_MIN_PARALLEL) nt = 1;
+        /* thread t takes the global rows [total*t/T, total*(t+1)/T) of the jobs laid end to end */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+#ifdef _OPENMP
+            const size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+#else
+            const size_t t = 0, T = 1;
+#endif
+            size_t r0 = total * t / T, r1 = total * (t + 1) / T, base = 0;
+            for (size_t j = 0; j < n_jobs && r0 < r1; base += jobs[j].rows, j++) {
+                const size_t end = base + jobs[j].rows;
+                if (r0 >= end) continue;
+                const uint8_t *w = jobs[j].W;
+                for (; r0 < end && r0 < r1; r0++)
+                    jobs[j].y[r0 - base] = job_fn[j](w + (r0 - base) * job_stride[j], job_x[j], n);
+            }
+        }
+    }
+    for (size_t a = 0; a < MAX_ACT; a++) free(heap[a]);
 }
 
 void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps) {

@@ -26,6 +26,7 @@ typedef float (*flm_dot_fn)(const void *row, const float *x, size_t n);         
 typedef void (*flm_axpy_fn)(const void *row, float a, float *y, size_t n);       /* y[i] += a*row[i]  */
 typedef void (*flm_dequant_fn)(const void *row, float *y, size_t n);             /* y[i]  = row[i]    */
 typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);      /* sum_i row[i]*xq[i] */
+typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);          /* dst = quantized x  */
 
 typedef struct flm_kernels {
     const char *name;                    /* "scalar", "avx2" */
@@ -33,6 +34,9 @@ typedef struct flm_kernels {
     flm_axpy_fn axpy[FLM_N_TYPES];
     flm_dequant_fn dequant[FLM_N_TYPES];
     flm_vec_dot_fn vec_dot[FLM_N_TYPES]; /* xq: x quantized by flm_act_quantize(t, ...) */
+    flm_from_float_fn act_quantize[FLM_N_TYPES]; /* indexed by activation type (q8_0, q8_1, q8_k): n floats
+                                                    (whole blocks) into blocks; every table's output is the same
+                                                    bytes (the scalar reference rounding, roundf) */
 } flm_kernels;
 
 /* The scalar reference table (always available). */
@@ -52,13 +56,28 @@ const flm_kernels *flm_kernels_avx2(void);
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads);
 
+/* One matrix of flm_matvec_multi: y[r] = dot(W row r, x) for r < rows, W of type `type`, rows of n elements. */
+typedef struct flm_matvec_job {
+    uint32_t type;
+    const void *W;
+    size_t rows;
+    float *y;
+} flm_matvec_job;
+#define FLM_MATVEC_MAX_JOBS 8
+
+/* Several matrices against the same x (attention q/k/v, FFN gate/up): x is quantized once per distinct
+ * vec_dot_type and all rows of all jobs are split over n_threads in ONE OpenMP region (one fork/join instead of
+ * n_jobs). Each y[r] equals flm_matvec's bit for bit. n_jobs <= FLM_MATVEC_MAX_JOBS; n as flm_matvec. */
+void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
+                      int n_threads);
+
 /* Bytes that n floats quantized for a dot with weight type t take (the row size of n elements of t's
  * vec_dot_type; n * 4 for float weight types); 0 when t is unsupported or n is not a multiple of the block size. */
 size_t flm_act_bytes(uint32_t t, size_t n);
 /* Quantizes x[n] for dot products with rows of weight type t into dst (flm_act_bytes(t, n) bytes): q8_0/q8_1 blocks
  * as ggml's quantize_row_q8_0_ref / quantize_row_q8_1_ref, q8_k blocks with d = max|x|/127 (float) and
- * q = roundf(x/d) plus the 16-element sums; a plain copy for float weight types. Deterministic, the same for every
- * kernel table. n must be a multiple of t's block size. */
+ * q = roundf(x/d) plus the 16-element sums; a plain copy for float weight types. Runs the best table's
+ * act_quantize (every table writes the same bytes). n must be a multiple of t's block size. */
 void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst);
 /* row (n elements of weight type t) · x, where xq = flm_act_quantize(t, x, n): k->vec_dot[t](row, xq, n). */
 float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void *xq, size_t n);

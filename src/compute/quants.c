@@ -537,7 +537,14 @@ FLOAT_VDOT(F32)
 FLOAT_VDOT(F16)
 FLOAT_VDOT(BF16)
 
+static void aq_q8_0(const float *x, void *dst, size_t n) { flm_quantize_q8_0(x, dst, n / 32); }
+static void aq_q8_1(const float *x, void *dst, size_t n) { flm_quantize_q8_1(x, dst, n / 32); }
+static void aq_q8_k(const float *x, void *dst, size_t n) { flm_quantize_q8_k(x, dst, n / 256); }
+
 void flm_quants_fill_scalar(flm_kernels *k) {
+    k->act_quantize[FLM_TYPE_Q8_0] = aq_q8_0;
+    k->act_quantize[FLM_TYPE_Q8_1] = aq_q8_1;
+    k->act_quantize[FLM_TYPE_Q8_K] = aq_q8_k;
 #define SET(ID, T)                                                                                                \
     do {                                                                                                          \
         k->dequant[ID] = dequant_##T;                                                                             \

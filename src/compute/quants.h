@@ -9,7 +9,7 @@
 #include "compute/kernels.h"
 
 /* Fills k's entries for the types quants.c implements in scalar code: dequant/dot/axpy of q4_1, q5_0, q5_1,
- * q2_k..q6_k, and vec_dot of every supported type. Leaves the other entries alone. */
+ * q2_k..q6_k, vec_dot of every supported type, act_quantize of q8_0/q8_1/q8_k. Leaves the other entries alone. */
 void flm_quants_fill_scalar(flm_kernels *k);
 
 /* Scalar quantizers into blocks (nb blocks from nb * block_elems floats). Rounding as ggml's *_ref functions. */
