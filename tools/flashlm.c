@@ -179,9 +179,10 @@ static int cmd_run(int argc, char **argv) {
         return 1;
     }
     /* echo the prompt the way it decodes (a chat reply stands alone) */
-    for (size_t i = 1; i < n_prompt && !chat; i++) {
+    for (size_t i = 0; i < n_prompt && !chat; i++) {
+        if (i == 0 && ids[0] == info.bos) continue; /* BOS prints nothing; without one the first token is text */
         size_t len;
-        const char *p = flm_token_piece(ctx, ids[i - 1], ids[i], &len);
+        const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
         fwrite(p, 1, len, stdout);
     }
     fflush(stdout);
