@@ -228,9 +228,9 @@ static int cmd_inspect(int argc, char **argv) {
         return argc == 1 ? 0 : 2;
     }
     flm_error err;
-    gguf_file *g = NULL;
+    flm_gguf_file *g = NULL;
     flm_file *ff = NULL;
-    const gguf_file *f;
+    const flm_gguf_file *f;
     if (flm_file_is_flm(argv[0])) {
         if (flm_file_open(argv[0], &ff, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         f = ff->meta;
@@ -250,7 +250,7 @@ static int cmd_inspect(int argc, char **argv) {
         }
         printf("\nresident region: ");
     } else {
-        if (gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        if (flm_gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         f = g;
         printf("file        %s\n", argv[0]);
     }
@@ -262,7 +262,7 @@ static int cmd_inspect(int argc, char **argv) {
     flm_ctx *ctx = NULL;
     if (flm_open(argv[0], &p, &ctx, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
-        gguf_close(g);
+        flm_gguf_close(g);
         flm_file_close(ff);
         return 1;
     }
@@ -275,7 +275,7 @@ static int cmd_inspect(int argc, char **argv) {
     flm_close(ctx);
     printf("\nmetadata:\n");
     for (uint64_t i = 0; i < f->n_kv; i++) {
-        const gguf_kv *kv = &f->kv[i];
+        const flm_gguf_kv *kv = &f->kv[i];
         printf("  %-40s ", kv->key);
         switch (kv->type) {
         case GGUF_VT_STRING: printf("\"%.*s\"\n", (int)(kv->v.str.len > 60 ? 60 : kv->v.str.len), kv->v.str.data); break;
@@ -289,7 +289,7 @@ static int cmd_inspect(int argc, char **argv) {
     printf("\ntensors:\n  %-32s %-6s %-24s %12s\n", "name", "type", "shape", "bytes");
     uint64_t total = 0;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
-        const gguf_tensor *t = &f->tensors[i];
+        const flm_gguf_tensor *t = &f->tensors[i];
         char shape[64];
         int o = snprintf(shape, sizeof shape, "[");
         for (uint32_t d = 0; d < t->n_dims; d++)
@@ -299,7 +299,7 @@ static int cmd_inspect(int argc, char **argv) {
         total += t->nbytes;
     }
     printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
-    gguf_close(g);
+    flm_gguf_close(g);
     flm_file_close(ff);
     return 0;
 }

@@ -218,7 +218,7 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
 #endif
     char name[4096];
     snprintf(name, sizeof name, "%s (resident region)", path);
-    if ((st = gguf_open_buffer(name, f->resident_data, res->size, &f->meta, err))) goto done;
+    if ((st = flm_gguf_open_buffer(name, f->resident_data, res->size, &f->meta, err))) goto done;
 done:
     if (fd >= 0) close(fd);
     free(hdr);
@@ -229,7 +229,7 @@ done:
 
 void flm_file_close(flm_file *f) {
     if (!f) return;
-    gguf_close(f->meta);
+    flm_gguf_close(f->meta);
     free(f->resident_data);
     free(f->regions);
     free(f->ffn);
@@ -337,41 +337,41 @@ static bool is_ffn_tensor(const char *name) {
 
 /* output.weight identical to token_embd.weight (a tied classifier stored twice, as converters often do): drop it,
  * the model then ties the two, as llama.cpp does when output.weight is absent. */
-static bool is_duplicate_output(const gguf_file *src, const gguf_tensor *t) {
+static bool is_duplicate_output(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     if (strcmp(t->name, "output.weight") != 0) return false;
-    const gguf_tensor *e = gguf_find_tensor(src, "token_embd.weight");
+    const flm_gguf_tensor *e = flm_gguf_find_tensor(src, "token_embd.weight");
     return e && e->type == t->type && e->nbytes == t->nbytes && e->ne[0] == t->ne[0] && e->ne[1] == t->ne[1] &&
            memcmp(e->data, t->data, t->nbytes) == 0;
 }
 
-static bool keep_resident(const gguf_file *src, const gguf_tensor *t) {
+static bool keep_resident(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     return !is_ffn_tensor(t->name) && !is_duplicate_output(src, t);
 }
 
 /* Write the resident GGUF (all KVs, non-FFN tensors) to tmp_path. */
-static flm_status write_resident_gguf(const gguf_file *src, const char *tmp_path, flm_error *err) {
-    gguf_writer *w = NULL;
-    flm_status st = gguf_writer_create(tmp_path, &w, err);
+static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_path, flm_error *err) {
+    flm_gguf_writer *w = NULL;
+    flm_status st = flm_gguf_writer_create(tmp_path, &w, err);
     if (st) return st;
-    for (uint64_t i = 0; i < src->n_kv && !st; i++) st = gguf_writer_kv_copy(w, &src->kv[i]);
+    for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
     for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
-        const gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t)) st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+        const flm_gguf_tensor *t = &src->tensors[i];
+        if (keep_resident(src, t)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
     }
     if (st) {
-        gguf_writer_free(w);
+        flm_gguf_writer_free(w);
         return flm_fail(err, st, "%s: cannot build the resident region", tmp_path);
     }
-    if ((st = gguf_writer_begin(w, err))) goto fail;
+    if ((st = flm_gguf_writer_begin(w, err))) goto fail;
     for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t) && (st = gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
+        const flm_gguf_tensor *t = &src->tensors[i];
+        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
     }
-    if ((st = gguf_writer_finish(w, err))) goto fail;
-    gguf_writer_free(w);
+    if ((st = flm_gguf_writer_finish(w, err))) goto fail;
+    flm_gguf_writer_free(w);
     return FLM_OK;
 fail:
-    gguf_writer_free(w);
+    flm_gguf_writer_free(w);
     return st;
 }
 
@@ -426,11 +426,11 @@ static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, f
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
-    gguf_file *g = NULL;
+    flm_gguf_file *g = NULL;
     flm_model *m = NULL;
     flm_status st = flm_check_output(dst, src, err);
     if (st) return st;
-    st = gguf_open(src, &g, err);
+    st = flm_gguf_open(src, &g, err);
     if (st) return st;
     if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
     const flm_hparams *hp = &m->hp;

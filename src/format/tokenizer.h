@@ -59,7 +59,7 @@ bool flm_tokenizer_wants_bos(const flm_tokenizer *t);
 /* The tokenizer described by GGUF metadata (tokenizer.ggml.model = "llama"; tokens, scores, token_type, BOS/EOS
  * ids). Errors: FLM_ERR_FORMAT naming the file and key, FLM_ERR_UNSUPPORTED (another tokenizer model),
  * FLM_ERR_NOMEM. (src/format/tokenizer_gguf.c) */
-struct gguf_file;
-flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **out, flm_error *err);
+struct flm_gguf_file;
+flm_status flm_tokenizer_from_gguf(const struct flm_gguf_file *f, flm_tokenizer **out, flm_error *err);
 
 #endif

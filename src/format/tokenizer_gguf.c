@@ -7,10 +7,10 @@
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 
-flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **out, flm_error *err) {
+flm_status flm_tokenizer_from_gguf(const struct flm_gguf_file *f, flm_tokenizer **out, flm_error *err) {
     flm_status st;
     char *model = NULL;
-    if ((st = gguf_get_str(f, "tokenizer.ggml.model", true, &model, err))) return st;
+    if ((st = flm_gguf_get_str(f, "tokenizer.ggml.model", true, &model, err))) return st;
     bool ok = strcmp(model, "llama") == 0;
     if (!ok) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%s' is not supported (only 'llama')",
@@ -19,10 +19,10 @@ flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **ou
         return st;
     }
     free(model);
-    const gguf_kv *tokens = NULL, *scores = NULL, *types = NULL;
-    if ((st = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tokens, err))) return st;
-    if ((st = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, false, &scores, err))) return st;
-    if ((st = gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, false, &types, err))) return st;
+    const flm_gguf_kv *tokens = NULL, *scores = NULL, *types = NULL;
+    if ((st = flm_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tokens, err))) return st;
+    if ((st = flm_gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, false, &scores, err))) return st;
+    if ((st = flm_gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, false, &types, err))) return st;
     uint64_t n = tokens->arr_n;
     if (n == 0 || n > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries",
                                                   f->path, (unsigned long long)n);
@@ -30,8 +30,8 @@ flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **ou
         return flm_fail(err, FLM_ERR_FORMAT, "%s: tokenizer scores/token_type length differs from %llu tokens",
                         f->path, (unsigned long long)n);
     uint32_t bos = 1, eos = 2;
-    if ((st = gguf_get_u32(f, "tokenizer.ggml.bos_token_id", false, &bos, err)) ||
-        (st = gguf_get_u32(f, "tokenizer.ggml.eos_token_id", false, &eos, err)))
+    if ((st = flm_gguf_get_u32(f, "tokenizer.ggml.bos_token_id", false, &bos, err)) ||
+        (st = flm_gguf_get_u32(f, "tokenizer.ggml.eos_token_id", false, &eos, err)))
         return st;
     const char **pieces = malloc(n * sizeof *pieces);
     uint32_t *lens = malloc(n * sizeof *lens);

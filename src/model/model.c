@@ -30,29 +30,29 @@ flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error 
     return FLM_OK;
 }
 
-flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err) {
+flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_error *err) {
     memset(hp, 0, sizeof *hp);
     flm_status st;
-    if ((st = gguf_get_u32(f, "llama.embedding_length", true, &hp->d_model, err)) ||
-        (st = gguf_get_u32(f, "llama.feed_forward_length", true, &hp->d_ffn, err)) ||
-        (st = gguf_get_u32(f, "llama.block_count", true, &hp->n_layers, err)) ||
-        (st = gguf_get_u32(f, "llama.attention.head_count", true, &hp->n_heads, err)))
+    if ((st = flm_gguf_get_u32(f, "llama.embedding_length", true, &hp->d_model, err)) ||
+        (st = flm_gguf_get_u32(f, "llama.feed_forward_length", true, &hp->d_ffn, err)) ||
+        (st = flm_gguf_get_u32(f, "llama.block_count", true, &hp->n_layers, err)) ||
+        (st = flm_gguf_get_u32(f, "llama.attention.head_count", true, &hp->n_heads, err)))
         return st;
     hp->n_kv_heads = hp->n_heads;
     hp->n_ctx_train = 2048;
     hp->norm_eps = 1e-5f;
     hp->rope_theta = 10000.0f;
-    if ((st = gguf_get_u32(f, "llama.attention.head_count_kv", false, &hp->n_kv_heads, err)) ||
-        (st = gguf_get_u32(f, "llama.context_length", true, &hp->n_ctx_train, err)) ||
-        (st = gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", true, &hp->norm_eps, err)) ||
-        (st = gguf_get_f32(f, "llama.rope.freq_base", false, &hp->rope_theta, err)))
+    if ((st = flm_gguf_get_u32(f, "llama.attention.head_count_kv", false, &hp->n_kv_heads, err)) ||
+        (st = flm_gguf_get_u32(f, "llama.context_length", true, &hp->n_ctx_train, err)) ||
+        (st = flm_gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", true, &hp->norm_eps, err)) ||
+        (st = flm_gguf_get_f32(f, "llama.rope.freq_base", false, &hp->rope_theta, err)))
         return st;
     hp->head_dim = hp->n_heads ? hp->d_model / hp->n_heads : 0;
     hp->rope_dim = hp->head_dim;
-    if ((st = gguf_get_u32(f, "llama.rope.dimension_count", false, &hp->rope_dim, err))) return st;
+    if ((st = flm_gguf_get_u32(f, "llama.rope.dimension_count", false, &hp->rope_dim, err))) return st;
     /* flashlm extension for synthetic ReLU models; standard llama files are SiLU */
     char *act = NULL;
-    if ((st = gguf_get_str(f, "flashlm.ffn_activation", false, &act, err))) return st;
+    if ((st = flm_gguf_get_str(f, "flashlm.ffn_activation", false, &act, err))) return st;
     hp->act = FLM_ACT_SILU;
     if (act) {
         if (!strcmp(act, "relu")) hp->act = FLM_ACT_RELU;
@@ -65,7 +65,7 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
         free(act);
     }
     hp->gated = true;
-    const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    const flm_gguf_tensor *emb = flm_gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
     if (emb->ne[1] > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has too many rows", f->path);
     hp->n_vocab = (uint32_t)emb->ne[1];
@@ -73,9 +73,9 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
 }
 
 /* Find a tensor and check its shape (n_in x n_out; n_out = 1 for vectors) and type. */
-static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint64_t n_out, bool f32_only,
+static flm_status bind(const flm_gguf_file *f, const char *name, uint64_t n_in, uint64_t n_out, bool f32_only,
                        flm_weight *w, flm_error *err) {
-    const gguf_tensor *t = gguf_find_tensor(f, name);
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(f, name);
     if (!t) return flm_fail(err, FLM_ERR_FORMAT, "%s: required tensor '%s' is missing", f->path, name);
     uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->ne[0] != n_in || rows != n_out)
@@ -90,10 +90,10 @@ static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint
 }
 
 /* Bind the llama tensors of f into m; FFN matrices only when !ffn_external. */
-static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
+static flm_status load_llama(const flm_gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
     flm_status st;
     char *arch = NULL;
-    if ((st = gguf_get_str(f, "general.architecture", true, &arch, err))) return st;
+    if ((st = flm_gguf_get_str(f, "general.architecture", true, &arch, err))) return st;
     if (strcmp(arch, "llama") != 0) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama)", f->path,
                       arch);
@@ -108,7 +108,7 @@ static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m
     if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
         (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
         return st;
-    if (gguf_find_tensor(f, "output.weight")) {
+    if (flm_gguf_find_tensor(f, "output.weight")) {
         if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) return st;
     } else {
         m->output = m->tok_embd; /* tied */
@@ -141,10 +141,10 @@ static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m
     return FLM_OK;
 }
 
-flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err) {
+flm_status flm_model_from_gguf(flm_gguf_file *f, flm_model **out, flm_error *err) {
     *out = NULL;
     flm_model *m = calloc(1, sizeof *m);
-    if (!m) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    if (!m) { flm_gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
     m->gguf = f;
     flm_status st = load_llama(f, false, m, err);
     if (st) { flm_model_free(m); return st; }
@@ -182,6 +182,6 @@ void flm_model_free(flm_model *m) {
     if (!m) return;
     flm_tokenizer_free(m->tok);
     free(m->layers);
-    gguf_close(m->gguf);
+    flm_gguf_close(m->gguf);
     free(m);
 }

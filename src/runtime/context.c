@@ -127,8 +127,8 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
             return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s needs a .flm file; convert it first with "
                             "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
         }
-        gguf_file *f = NULL;
-        if ((st = gguf_open(path, &f, err))) {
+        flm_gguf_file *f = NULL;
+        if ((st = flm_gguf_open(path, &f, err))) {
             FILE *fp = fopen(path, "rb");
             char magic[4] = {0};
             bool is_gguf = fp && fread(magic, 1, 4, fp) == 4 && !memcmp(magic, "GGUF", 4);
