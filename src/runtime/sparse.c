@@ -281,7 +281,10 @@ flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out,
         tok->io_ms += flm_now_ms() - t1;
         tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
         tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return st;
+        if (st) { /* the appended rows hold bytes never read: take the token's set back out of the window */
+            flm_ncache_unstep(sp->cache[l]);
+            return st;
+        }
     }
     tok->n_predicted += n;
     tok->n_loaded += cs.n_loaded;
