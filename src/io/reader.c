@@ -213,8 +213,9 @@ static flm_status exec_op(flm_reader *r, const flm_read_op *op, uint8_t *buf, ui
             }
             return read_error(r, op, e, err);
         }
-        *nread += (uint64_t)ret;
         if (at + (uint64_t)ret <= done) break; /* no progress: end of file */
+        /* count only the new bytes: an O_DIRECT retry re-reads [at, done) from the last aligned boundary */
+        *nread += at + (uint64_t)ret - done;
         done = at + (uint64_t)ret;
     }
     if (buffered) drop_cache(r, op->offset, done);
@@ -372,8 +373,8 @@ static flm_status run_uring(flm_reader *r, const flm_read_op *ops, uint8_t *cons
             if (res < 0) {
                 if (st == FLM_OK) st = read_error(r, op, -res, err);
             } else {
-                *nread += (uint64_t)res;
                 if (sl->at + (uint64_t)res > sl->done) { /* progress; otherwise end of file */
+                    *nread += sl->at + (uint64_t)res - sl->done; /* new bytes only (see exec_op) */
                     sl->done = sl->at + (uint64_t)res;
                     if (sl->done < op->need) { /* continue a partial read (bytes past `need` are padding) */
                         uring_prep(r, sl, op, bufs[sl->op]);

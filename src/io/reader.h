@@ -90,8 +90,10 @@ void flm_reader_opts_default(flm_reader_opts *o);
 /* Counters accumulated by flm_reader_read (it adds to them; zero the struct to start). */
 typedef struct flm_io_stats {
     uint64_t bytes_requested; /* sum of extent lengths asked for */
-    uint64_t bytes_read;      /* bytes the device transferred: includes alignment padding and coalesced gaps
-                                 (less than the planned request bytes only where an aligned request ran into EOF) */
+    uint64_t bytes_read;      /* bytes of the planned requests that arrived: includes alignment padding and
+                                 coalesced gaps, each byte counted once (an O_DIRECT retry of a partial read
+                                 re-reads from the last aligned boundary; those bytes are not counted again); less
+                                 than the planned request bytes only where an aligned request ran into EOF */
     uint64_t n_requests;      /* device requests planned (a retry of a partial read is not a new request) */
     uint64_t n_extents;       /* extents passed in (including zero-length ones) */
     uint64_t hist[FLM_IO_HIST_BUCKETS]; /* requests by planned size: bucket b counts sizes in [2^(b+9), 2^(b+10))
