@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "flashlm.h"
@@ -169,11 +170,58 @@ static void test_partial_read_counted_once(void **state) {
     remove(path);
 }
 
+/* Fault 4: a region was written with one pwrite(2), which Linux caps at 0x7ffff000 bytes (and which may return
+ * early or with EINTR): the write must be looped. The test binary interposes pwrite64 (the name pwrite has with
+ * _FILE_OFFSET_BITS=64; the library is linked statically into this program, so its calls come here): while armed,
+ * every call writes at most 1000 bytes, and every third call fails with EINTR first. */
+static int pwrite_chop; /* armed */
+static int pwrite_calls;
+ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off);
+ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off) {
+    if (pwrite_chop) {
+        if (++pwrite_calls % 3 == 0) {
+            errno = EINTR;
+            return -1;
+        }
+        if (n > 1000) n = 1000;
+    }
+    return (ssize_t)syscall(SYS_pwrite64, fd, buf, n, off);
+}
+
+static void test_region_write_is_looped(void **state) {
+    (void)state;
+    const char *path = tu_tmp("putregion", ".flm");
+    flm_error err;
+    assert_int_equal(flm_convert(tu_shared("models/stories260K/stories260K.gguf"), path, NULL, NULL, &err), FLM_OK);
+    const size_t size = 200001;
+    uint8_t *payload = malloc(size);
+    uint64_t rng = 9;
+    for (size_t i = 0; i < size; i++) payload[i] = (uint8_t)tu_rand_u64(&rng);
+    pwrite_chop = 1;
+    pwrite_calls = 0;
+    flm_status st = flm_file_put_region(path, FLM_REGION_PREDICTOR, payload, size, &err);
+    pwrite_chop = 0;
+    if (st) fail_msg("put_region with short writes: %s", err.msg);
+    assert_true(pwrite_calls > 200); /* the hook was in the path: 200 KB in chunks of 1000 bytes */
+    flm_file *f = NULL;
+    if (flm_file_open(path, &f, &err)) fail_msg("reopen: %s", err.msg); /* header and checksums valid */
+    assert_non_null(f->predictor);
+    assert_int_equal(f->predictor->size, size);
+    void *back = NULL;
+    assert_int_equal(flm_file_read_region(f, f->predictor, &back, &err), FLM_OK);
+    assert_memory_equal(back, payload, size);
+    free(back);
+    flm_file_close(f);
+    free(payload);
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sparse_retry_after_eio),
         cmocka_unit_test(test_sparse_retry_after_short_read),
         cmocka_unit_test(test_partial_read_counted_once),
+        cmocka_unit_test(test_region_write_is_looped),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

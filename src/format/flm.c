@@ -529,6 +529,25 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
     return FLM_OK;
 }
 
+/* Write n bytes at file offset off, looping: one pwrite(2) transfers at most 0x7ffff000 bytes on Linux and may return
+ * early (a full disk, a signal); EINTR is retried. Errors: FLM_ERR_IO naming path, what and the offset (a write
+ * that makes no progress reports ENOSPC). */
+static flm_status pwrite_all(int fd, const void *buf, uint64_t n, uint64_t off, const char *path, const char *what,
+                             flm_error *err) {
+    const uint8_t *p = buf;
+    while (n) {
+        size_t m = n > (UINT64_C(1) << 30) ? (size_t)1 << 30 : (size_t)n;
+        ssize_t w = pwrite(fd, p, m, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return flm_fail(err, FLM_ERR_IO, "%s: %s: write at byte %llu failed: %s", path, what,
+                                    (unsigned long long)off, strerror(w < 0 ? errno : ENOSPC));
+        p += w;
+        n -= (uint64_t)w;
+        off += (uint64_t)w;
+    }
+    return FLM_OK;
+}
+
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err) {
     flm_file *f = NULL;
     flm_status st = flm_file_open(path, &f, err);
@@ -569,17 +588,19 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
             uint8_t buf[1 << 16]; /* fallback: plain copy */
             size_t m = (size_t)(end - off < sizeof buf ? end - off : sizeof buf);
             if ((st = pread_all(in, buf, m, off, path, "copy", err))) goto done;
-            if (pwrite(out, buf, m, (off_t)off) != (ssize_t)m) { k = -1; }
-            else k = (ssize_t)m;
+            if ((st = pwrite_all(out, buf, m, off, tmp, "copy", err))) goto done;
+            k = (ssize_t)m;
         }
         if (k <= 0) { st = flm_fail(err, FLM_ERR_IO, "%s: copy failed: %s", tmp, strerror(errno)); goto done; }
         off += (uint64_t)k;
     }
     static const uint8_t zeros[FLM_ALIGN];
-    if (pwrite(out, payload, (size_t)size, (off_t)end) != (ssize_t)size ||
-        pwrite(out, zeros, (size_t)(file_size - end - size), (off_t)(end + size)) != (ssize_t)(file_size - end - size) ||
-        pwrite(out, hdr, f->header_bytes, 0) != (ssize_t)f->header_bytes || fsync(out) != 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if ((st = pwrite_all(out, payload, size, end, tmp, "region", err)) ||
+        (st = pwrite_all(out, zeros, file_size - end - size, end + size, tmp, "padding", err)) ||
+        (st = pwrite_all(out, hdr, f->header_bytes, 0, tmp, "header", err)))
+        goto done;
+    if (fsync(out) != 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
         goto done;
     }
     if (close(out) != 0) { out = -1; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
