@@ -178,15 +178,21 @@ typedef struct flm_stats {
     uint64_t n_dropped;      /* sparse: predicted neurons not computed because a token's set exceeded a layer's cache
                                 (the least confident ones; 0 unless the budget is very tight) */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
+    uint64_t n_tokens_kept;  /* per-token records held: those of tokens n_tokens - n_tokens_kept .. n_tokens - 1 */
 } flm_stats;
+
+/* Per-token statistics are kept for the last FLM_STATS_TOKENS tokens only, in a ring allocated once at open and
+ * counted in the memory budget (as scratch); the totals cover every token. */
+#define FLM_STATS_TOKENS 256
 
 /* Totals so far. */
 void flm_get_stats(const flm_ctx *ctx, flm_stats *st);
-/* Statistics of the n-th evaluated token (0-based); false when n is out of range. */
+/* Statistics of the n-th evaluated token since the last reset (0-based); false when n is not among the last
+ * FLM_STATS_TOKENS tokens (n < n_tokens - n_tokens_kept or n >= n_tokens). */
 bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out);
 /* Clear the counters and the per-token record (e.g. between prompt and generation). */
 void flm_reset_stats(flm_ctx *ctx);
-/* Write the statistics (totals, histogram, memory plan, every token) as JSON to path.
+/* Write the statistics (totals, histogram, memory plan, the kept tokens from "first_token" on) as JSON to path.
  * Errors: FLM_ERR_IO (the file cannot be written; nothing is left half-written). */
 flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err);
 

@@ -5,6 +5,7 @@
  *   - a region write is looped until every byte is written (fault 4). */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,12 +217,62 @@ static void test_region_write_is_looped(void **state) {
     remove(path);
 }
 
+/* Fault 5 (statistics): per-token records went into an array grown by realloc (a failed realloc dropped records
+ * silently, and the array grew without bound outside the memory budget). Now they go into a ring of the last
+ * FLM_STATS_TOKENS tokens allocated at open: evaluating many more tokens allocates nothing, the kept range reads
+ * back, older tokens are refused, and the totals still cover every token. */
+static void test_token_stats_bounded(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    p.mode = FLM_MODE_NAIVE; /* every token reads the same bytes: a value to check per record */
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    const float *logits;
+    const uint64_t n = FLM_STATS_TOKENS + FLM_STATS_TOKENS / 2 + 7;
+    size_t heap_before = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (i == 64) heap_before = mallinfo2().uordblks; /* after warm-up (first reads size the reader's plan) */
+        if (flm_eval(ctx, (int32_t)(1 + i % 100), (int32_t)(i % 64), &logits, &err)) fail_msg("eval: %s", err.msg);
+    }
+    size_t heap_after = mallinfo2().uordblks;
+    if (heap_after > heap_before)
+        fail_msg("the heap grew by %zu bytes over %llu tokens", heap_after - heap_before,
+                 (unsigned long long)(n - 64));
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    assert_int_equal(s.n_tokens, n);
+    assert_int_equal(s.n_tokens_kept, FLM_STATS_TOKENS);
+    uint64_t per_token = s.total.bytes_read / n;
+    assert_true(per_token > 0);
+    assert_int_equal(s.total.bytes_read, per_token * n); /* totals: every token */
+    flm_token_stats t;
+    assert_false(flm_get_token_stats(ctx, n - FLM_STATS_TOKENS - 1, &t));
+    assert_false(flm_get_token_stats(ctx, 0, &t));
+    assert_false(flm_get_token_stats(ctx, n, &t));
+    for (uint64_t i = n - FLM_STATS_TOKENS; i < n; i++) {
+        assert_true(flm_get_token_stats(ctx, i, &t));
+        assert_int_equal(t.bytes_read, per_token);
+    }
+    /* after a reset the ring starts over */
+    flm_reset_stats(ctx);
+    assert_false(flm_get_token_stats(ctx, 0, &t));
+    assert_int_equal(flm_eval(ctx, 5, 0, &logits, &err), FLM_OK);
+    assert_true(flm_get_token_stats(ctx, 0, &t));
+    assert_int_equal(t.bytes_read, per_token);
+    flm_close(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sparse_retry_after_eio),
         cmocka_unit_test(test_sparse_retry_after_short_read),
         cmocka_unit_test(test_partial_read_counted_once),
         cmocka_unit_test(test_region_write_is_looped),
+        cmocka_unit_test(test_token_stats_bounded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,7 +29,7 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
                 "read  reused  cache rows\n");
-        for (uint64_t i = 0; i < s.n_tokens; i++) {
+        for (uint64_t i = s.n_tokens - s.n_tokens_kept; i < s.n_tokens; i++) { /* the kept (last) tokens */
             flm_token_stats t;
             if (!flm_get_token_stats(ctx, i, &t)) break;
             fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu %10llu %5llu %7llu %11llu\n",

@@ -75,7 +75,7 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model;
     return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + (uint64_t)hp->n_heads * n_ctx +
-                hp->n_vocab);
+                hp->n_vocab) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_error *err) {
@@ -172,6 +172,10 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         flm_close(ctx);
         return st;
     }
+    if (!(ctx->tokens = calloc(FLM_STATS_TOKENS, sizeof *ctx->tokens))) { /* counted in flm_scratch_bytes */
+        flm_close(ctx);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the per-token statistics");
+    }
     *out = ctx;
     return FLM_OK;
 }
@@ -200,12 +204,7 @@ flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logi
     flm_status st = flm_forward(ctx, token, pos, &tok, err);
     if (st) return st;
     tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-    if (ctx->n_tokens == ctx->cap_tokens) {
-        uint64_t cap = ctx->cap_tokens ? 2 * ctx->cap_tokens : 256;
-        flm_token_stats *t = realloc(ctx->tokens, cap * sizeof *t);
-        if (t) { ctx->tokens = t; ctx->cap_tokens = cap; }
-    }
-    if (ctx->n_tokens < ctx->cap_tokens) ctx->tokens[ctx->n_tokens] = tok;
+    ctx->tokens[ctx->n_tokens % FLM_STATS_TOKENS] = tok; /* the ring: nothing grows */
     ctx->n_tokens++;
     ctx->total.io_ms += tok.io_ms;
     ctx->total.mem_ms += tok.mem_ms;

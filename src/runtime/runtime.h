@@ -81,8 +81,8 @@ struct flm_ctx {
     uint64_t mem_resident;   /* for stats: bytes of resident weights */
     /* statistics */
     flm_token_stats total;
-    flm_token_stats *tokens; /* per token */
-    uint64_t n_tokens, cap_tokens;
+    flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS */
+    uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
     /* calibration: called with each layer's FFN input (d_model floats) before the FFN runs */
     void (*ffn_tap)(void *user, uint32_t layer, const float *x);
