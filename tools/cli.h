@@ -26,6 +26,9 @@ struct flm_params;
 /* Parse one of the options every model-running command shares (-t -c --mem --mode --io --io-threads --no-direct) at
  * argv[*i]; advances *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. */
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
+/* What the library leaves to its caller: log messages go to stderr ("flashlm: <message>"), and the I/O cost model
+ * measured by `flashlm probe-disk` ("<model>.probe.json") is used when that file exists. Call before flm_open. */
+void cli_env_params(struct flm_params *p, const char *model);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;
 

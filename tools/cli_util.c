@@ -55,6 +55,20 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     if (done == total) fprintf(stderr, "\n");
 }
 
+static void log_to_stderr(void *user, flm_log_level level, const char *msg) {
+    (void)user;
+    fprintf(stderr, "flashlm: %s%s\n", level == FLM_LOG_ERROR ? "error: " : "", msg);
+}
+
+void cli_env_params(flm_params *p, const char *model) {
+    p->log = log_to_stderr;
+    p->log_user = NULL;
+    static char probe[4096];
+    struct stat sb;
+    if (model && snprintf(probe, sizeof probe, "%s.probe.json", model) < (int)sizeof probe && stat(probe, &sb) == 0)
+        p->io_cost_path = probe;
+}
+
 bool cli_is_help(int argc, char **argv) {
     return argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
 }

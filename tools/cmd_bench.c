@@ -150,6 +150,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     flm_error err;
     flm_params p = run->params;
     p.mode = run->mode;
+    cli_env_params(&p, o->model);
     if (flm_open(o->model, &p, &ctx, &err)) {
         snprintf(r->err, sizeof r->err, "%s", err.msg);
         return;

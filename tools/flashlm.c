@@ -141,6 +141,7 @@ static int cmd_run(int argc, char **argv) {
     flm_error err;
     flm_ctx *ctx = NULL;
     double t0 = cli_now_ms();
+    cli_env_params(&params, model);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     double t_load = cli_now_ms() - t0;
     flm_model_info info;
@@ -259,6 +260,7 @@ static int cmd_inspect(int argc, char **argv) {
     flm_params p;
     flm_params_default(&p);
     p.n_ctx = 1;
+    cli_env_params(&p, argv[0]);
     flm_ctx *ctx = NULL;
     if (flm_open(argv[0], &p, &ctx, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
@@ -401,7 +403,13 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "probe-disk")) return cmd_probe(argc - 2, argv + 2);
     if (!strcmp(cmd, "synth")) return flm_cmd_synth(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
-    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        const char *lib;
+        int num = flm_version(&lib);
+        printf("flashlm %s\n", FLM_VERSION_STRING);
+        if (num != FLM_VERSION_NUMBER) printf("(library %s)\n", lib);
+        return 0;
+    }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
     return 2;
 }

@@ -121,8 +121,8 @@ int flm_io_hist_bucket(uint64_t bytes) {
 
 static void note_fallback(flm_reader *r) {
     if (!atomic_exchange(&r->fallback_noted, true))
-        fprintf(stderr, "flashlm: %s: O_DIRECT not supported here (EINVAL); using buffered reads + "
-                        "POSIX_FADV_DONTNEED\n", r->path);
+        flm_log(r->opts.log, FLM_LOG_INFO, "%s: O_DIRECT not supported here (EINVAL); using buffered reads + "
+                "POSIX_FADV_DONTNEED", r->path);
 }
 
 /* A direct read failed with EINVAL: continue buffered. */
@@ -486,7 +486,7 @@ static flm_status start_backend(flm_reader *r, flm_error *err) {
         if (want == FLM_IO_URING)
             return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: io_uring_queue_init(%d) failed: %s", r->path, qd,
                             strerror(-e));
-        fprintf(stderr, "flashlm: io_uring unavailable (%s); using %d reader threads\n", strerror(-e),
+        flm_log(r->opts.log, FLM_LOG_INFO, "io_uring unavailable (%s); using %d reader threads", strerror(-e),
                 r->opts.n_threads);
 #else
         if (want == FLM_IO_URING)

@@ -112,6 +112,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     flm_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->params = *p;
+    ctx->log = (flm_logger){p->log, p->log_user};
     flm_status st;
     flm_file *ff = NULL;
     if (flm_file_is_flm(path)) {
@@ -176,8 +177,16 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the per-token statistics");
     }
+    ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     *out = ctx;
     return FLM_OK;
+}
+
+void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
+    if (!ctx) return;
+    ctx->log = (flm_logger){fn, user};
+    ctx->params.log = fn;
+    ctx->params.log_user = user;
 }
 
 void flm_close(flm_ctx *ctx) {

@@ -73,6 +73,7 @@ flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, 
 struct flm_ctx {
     flm_model *model;
     flm_params params;
+    flm_logger log;          /* params.log, replaced by flm_set_log_callback; the reader logs through it too */
     const flm_kernels *k;
     flm_kv_cache kv;
     flm_scratch s;
