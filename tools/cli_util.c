@@ -69,6 +69,11 @@ void cli_env_params(flm_params *p, const char *model) {
         p->io_cost_path = probe;
 }
 
+void cli_blas_single_thread(char **argv) {
+    if (getenv("OPENBLAS_NUM_THREADS") || setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+    execv("/proc/self/exe", argv); /* on failure (no /proc): go on with OpenBLAS's default */
+}
+
 bool cli_is_help(int argc, char **argv) {
     return argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
 }

@@ -389,6 +389,7 @@ static const char *MAIN_HELP =
     "  version    print the version\n";
 
 int main(int argc, char **argv) {
+    cli_blas_single_thread(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         fputs(MAIN_HELP, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
