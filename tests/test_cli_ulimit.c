@@ -28,6 +28,9 @@ static int run_limited(const char *args, char **out) {
 
 static void test_version_and_help_under_ulimit(void **state) {
     (void)state;
+#ifdef FLM_SANITIZED_BUILD
+    skip(); /* AddressSanitizer reserves terabytes of shadow address space: nothing starts under ulimit -v */
+#endif
     char *out;
     int rc = run_limited("version", &out);
     if (rc != 0) fail_msg("flashlm version under ulimit -v 180000: exit %d (124 = hung)\n%s", rc, out);
