@@ -41,7 +41,7 @@ static int setup(void **state) {
     o.sparsity = 0.2f;
     o.chunk = 64;
     o.max_tokens = 1024;
-    o.n_threads = 2;
+    o.n_threads = 1; /* a second OpenMP thread only waits under ctest -j load */
     flm_status st = flm_calibrate(flm_path, &o, NULL, &err);
     free(text);
     if (st) { fprintf(stderr, "calibrate: %s\n", err.msg); return -1; }
@@ -57,7 +57,7 @@ static int teardown(void **state) {
 static flm_ctx *open_sparse(void) {
     flm_params p;
     flm_params_default(&p);
-    p.n_threads = 2;
+    p.n_threads = 1;
     p.n_ctx = 64;
     p.mode = FLM_MODE_SPARSE;
     p.window = 2; /* a short window, so every token reads some neurons */
