@@ -168,3 +168,9 @@ bool cli_may_write(const char *path, bool force) {
     fprintf(stderr, "flashlm: %s already exists; use --force to replace it\n", path);
     return false;
 }
+
+const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap) {
+    struct stat st;
+    if (!arg || stat(arg, &st) == 0 || !flm_pull_is_known(arg)) return arg;
+    return flm_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
+}
