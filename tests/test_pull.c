@@ -489,6 +489,9 @@ static void test_unknown_name(void **state) {
     free(err);
     assert_int_equal(pull(&f, "--bogus", &out), 2);
     free(out);
+    assert_int_equal(pull(&f, "--help", &out), 0);
+    assert_non_null(strstr(out, "usage: flashlm pull NAME"));
+    free(out);
     /* no space: a model larger than any disk is refused before anything is downloaded */
     char spec[512];
     snprintf(spec, sizeof spec, "model huge-model 1000000000000000000 %064d Test-Licence\npart fakepkg-unk-part1 "
