@@ -55,12 +55,23 @@ const char *flm_status_str(flm_status s);
 typedef enum flm_type {
     FLM_TYPE_F32 = 0,
     FLM_TYPE_F16 = 1,
-    FLM_TYPE_Q4_0 = 2,  /* blocks of 32: f16 scale d, 16 bytes of nibbles; x = d * (q - 8) */
-    FLM_TYPE_Q8_0 = 8,  /* blocks of 32: f16 scale d, 32 int8;            x = d * q       */
+    FLM_TYPE_Q4_0 = 2,  /* blocks of 32: f16 d, 16 bytes of nibbles;                 x = d * (q - 8)        */
+    FLM_TYPE_Q4_1 = 3,  /* blocks of 32: f16 d, f16 m, 16 bytes of nibbles;          x = d * q + m          */
+    FLM_TYPE_Q5_0 = 6,  /* blocks of 32: f16 d, 32 high bits, 16 bytes of nibbles;   x = d * (q - 16)       */
+    FLM_TYPE_Q5_1 = 7,  /* blocks of 32: f16 d, f16 m, 32 high bits, nibbles;        x = d * q + m          */
+    FLM_TYPE_Q8_0 = 8,  /* blocks of 32: f16 d, 32 int8;                             x = d * q              */
+    FLM_TYPE_Q8_1 = 9,  /* blocks of 32: f16 d, f16 s = d * sum(q), 32 int8 (activations only)             */
+    FLM_TYPE_Q2_K = 10, /* super-blocks of 256: 16 sub-blocks with 4-bit scale and min, 2-bit quants        */
+    FLM_TYPE_Q3_K = 11, /* super-blocks of 256: 16 sub-blocks with 6-bit scale, 3-bit quants                */
+    FLM_TYPE_Q4_K = 12, /* super-blocks of 256: 8 sub-blocks with 6-bit scale and min, 4-bit quants         */
+    FLM_TYPE_Q5_K = 13, /* super-blocks of 256: 8 sub-blocks with 6-bit scale and min, 5-bit quants         */
+    FLM_TYPE_Q6_K = 14, /* super-blocks of 256: 16 sub-blocks with int8 scale, 6-bit quants                 */
+    FLM_TYPE_Q8_K = 15, /* super-blocks of 256: f32 d, 256 int8, 16 int16 block sums (activations only)     */
     FLM_TYPE_BF16 = 30,
 } flm_type;
 
-/* Name of a type ("f32", "q8_0", ...), or NULL when the id is not one flashlm supports. */
+/* Name of a type as GGUF/ggml writes it ("f32", "q8_0", "q4_k", ...), or NULL when the id is not one flashlm
+ * knows. Activation-only types (q8_1, q8_k) have names too, but cannot be a tensor's type. */
 const char *flm_type_name(uint32_t type);
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -191,17 +202,28 @@ void flm_reset_stats(flm_ctx *ctx);
 flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err);
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Tokenizer (SentencePiece BPE from the model's metadata)
+ * Tokenizer (SentencePiece BPE or GPT-2 byte-level BPE, from the model's metadata)
  * ------------------------------------------------------------------------------------------------------------- */
-/* Encode UTF-8 text into at most cap ids, with BOS first when add_bos. Returns how many ids the whole text needs
- * (when more than cap, only cap were written). */
+/* Encode UTF-8 text into at most cap ids, with BOS first when add_bos and the model adds one
+ * (tokenizer.ggml.add_bos_token; EOS last when add_bos and add_eos_token); special tokens are not parsed. Returns
+ * how many ids the whole text needs (when more than cap, only cap were written), or SIZE_MAX when out of memory. */
 size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t *ids, size_t cap);
-/* Encode the whole text into a malloc'd array (caller frees) of *n ids, BOS first when add_bos; NULL when out of
+/* Encode the whole text into a malloc'd array (caller frees) of *n ids, as flm_tokenize; NULL when out of
  * memory. */
 int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n);
 /* Bytes that token id decodes to, given the previous token (a leading space after BOS is dropped); not
  * NUL-terminated, *len bytes, valid while ctx lives. */
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);
+
+#define FLM_TOKENIZE_ADD_SPECIAL 1u   /* BOS / EOS as the model's tokenizer.ggml.add_bos_token / add_eos_token say
+                                         (llama.cpp's add_special) */
+#define FLM_TOKENIZE_PARSE_SPECIAL 2u /* control tokens spelled out in the text ("<|im_start|>", "<end_of_turn>")
+                                         become those tokens (llama.cpp's parse_special) */
+/* Encode len bytes of UTF-8 text (need not be NUL-terminated) into at most cap ids with FLM_TOKENIZE_* flags.
+ * Returns how many ids the whole text needs (only the first cap are written), or SIZE_MAX when out of memory. */
+size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap);
+/* true for the tokens that end a generation or a chat turn (EOS, EOT, "<|im_end|>", "<end_of_turn>", ...). */
+bool flm_token_is_eog(const flm_ctx *ctx, int32_t id);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Perplexity (teacher-forced, as llama.cpp's perplexity tool computes it)

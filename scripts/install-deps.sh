@@ -2,14 +2,21 @@
 # Install the Debian/Ubuntu packages flashlm builds against, if any is missing. Idempotent; uses sudo when not root.
 set -eu
 PKGS="build-essential cmake pkg-config libcmocka-dev libxxhash-dev liburing-dev libopenblas-dev liblapacke-dev
-      libcjson-dev libzip-dev libssl-dev"
+      libcjson-dev libpcre2-dev python3 python3-pip libzip-dev libssl-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
-echo "flashlm: installing build dependencies:$missing" >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+if [ -n "$missing" ]; then
+    echo "flashlm: installing build dependencies:$missing" >&2
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+# The test oracle (tests/oracle/dequant.py): the gguf Python package's NumPy dequantizers. pip refuses to touch a
+# Debian-managed Python (PEP 668) unless told to; try the polite way first.
+if ! python3 -c "import gguf, numpy" 2>/dev/null; then
+    echo "flashlm: installing the Python packages gguf and numpy (test oracle)" >&2
+    python3 -m pip install -q gguf numpy 2>/dev/null || python3 -m pip install -q --break-system-packages gguf numpy
+fi

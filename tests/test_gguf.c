@@ -630,7 +630,11 @@ static void test_bad_real(void **state) {
                       "not a multiple of the alignment 32");
     snprintf(msg, sizeof msg, "tensor %d 'blk.0.ffn_up.weight': type: tensor type 99 is not supported", up);
     expect_patch_fail("ttype", src, len, L.t_type_at[up], 99, 4, FLM_ERR_UNSUPPORTED, msg);
-    expect_patch_fail("ttype-q4_k", src, len, L.t_type_at[up], 12, 4, FLM_ERR_UNSUPPORTED, "type 12");
+    /* a known id that cannot be a tensor's type (q8_k: activations only) is named in the message */
+    expect_patch_fail("ttype-q8_k", src, len, L.t_type_at[up], FLM_TYPE_Q8_K, 4, FLM_ERR_UNSUPPORTED,
+                      "tensor type 15 (q8_k) is not supported");
+    expect_patch_fail("ttype-q4_k", src, len, L.t_type_at[up], FLM_TYPE_Q4_K, 4, FLM_ERR_FORMAT,
+                      "not a multiple of the q4_k block size 256");
     int down = find_tensor_idx(&L, "blk.0.ffn_down.weight"); /* ne[0] = 172: not a multiple of 32 */
     expect_patch_fail("block", src, len, L.t_type_at[down], FLM_TYPE_Q8_0, 4, FLM_ERR_FORMAT, "block size 32");
     expect_patch_fail("ndims0", src, len, L.t_ndims_at[up], 0, 4, FLM_ERR_FORMAT, "n_dims");

@@ -15,10 +15,25 @@
 #define TEST_HAVE_F16C_HW 1
 #endif
 
-static const uint32_t all_types[] = {FLM_TYPE_F32, FLM_TYPE_F16, FLM_TYPE_BF16, FLM_TYPE_Q8_0, FLM_TYPE_Q4_0};
+static const uint32_t all_types[] = {FLM_TYPE_F32,  FLM_TYPE_F16,  FLM_TYPE_BF16, FLM_TYPE_Q8_0, FLM_TYPE_Q4_0,
+                                     FLM_TYPE_Q4_1, FLM_TYPE_Q5_0, FLM_TYPE_Q5_1, FLM_TYPE_Q2_K, FLM_TYPE_Q3_K,
+                                     FLM_TYPE_Q4_K, FLM_TYPE_Q5_K, FLM_TYPE_Q6_K};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
-static bool is_quant(uint32_t t) { return t == FLM_TYPE_Q8_0 || t == FLM_TYPE_Q4_0; }
+static bool is_quant(uint32_t t) { return flm_type_traits_of(t)->is_quantized; }
+
+/* Byte offsets of a block's f16 scale fields (d, then m or dmin where the type has one; -1: none), from the
+ * layouts in core/types.h. */
+static void scale_offsets(uint32_t t, int off[2]) {
+    off[0] = 0, off[1] = -1;
+    switch (t) {
+    case FLM_TYPE_Q4_1: case FLM_TYPE_Q5_1: case FLM_TYPE_Q4_K: case FLM_TYPE_Q5_K: off[1] = 2; break;
+    case FLM_TYPE_Q2_K: off[0] = 80, off[1] = 82; break;
+    case FLM_TYPE_Q3_K: off[0] = 108; break;
+    case FLM_TYPE_Q6_K: off[0] = 208; break;
+    default: break;
+    }
+}
 
 static uint32_t f32_bits(float f) {
     uint32_t u;
@@ -47,9 +62,15 @@ static void *rand_row(uint32_t t, size_t n, uint64_t *rng, void **base) {
     if (is_quant(t)) {
         for (size_t i = 0; i < bytes; i++) row[i] = (uint8_t)tu_rand_u64(rng);
         size_t bb = flm_type_block_bytes(t);
-        for (size_t b = 0; b < n / FLM_QK; b++) {
+        int off[2];
+        scale_offsets(t, off);
+        for (size_t b = 0; b < n / flm_type_block_elems(t); b++) {
             uint16_t d = flm_f32_to_f16(tu_rand_f32(rng) * 0.05f);
-            memcpy(row + b * bb, &d, sizeof d); /* d is the first field of both block types */
+            memcpy(row + b * bb + off[0], &d, sizeof d); /* finite, sane scales; every other bit random */
+            if (off[1] >= 0) {
+                d = flm_f32_to_f16(tu_rand_f32(rng) * 0.05f);
+                memcpy(row + b * bb + off[1], &d, sizeof d);
+            }
         }
     } else {
         float *tmp = malloc((n + 1) * sizeof(float));
@@ -72,9 +93,13 @@ static float *rand_vec(size_t n, uint64_t *rng, float scale, void **base) {
 
 static const size_t float_lens[] = {0, 1, 7, 8, 32, 33, 64, 96, 160, 172, 257, 4096 + 32};
 static const size_t quant_lens[] = {32, 64, 96, 160, 4096 + 32};
+static const size_t kquant_lens[] = {256, 768, 4096 + 256};
 
 static void lens_for(uint32_t t, const size_t **lens, size_t *count) {
-    if (is_quant(t)) {
+    if (flm_type_block_elems(t) == 256) {
+        *lens = kquant_lens;
+        *count = sizeof kquant_lens / sizeof kquant_lens[0];
+    } else if (is_quant(t)) {
         *lens = quant_lens;
         *count = sizeof quant_lens / sizeof quant_lens[0];
     } else {
@@ -102,13 +127,21 @@ static void test_tables(void **state) {
     const flm_kernels *tabs[2] = {s, a};
     for (int k = 0; k < 2; k++) {
         if (!tabs[k]) continue;
-        for (size_t i = 0; i < N_TYPES; i++) {
-            assert_non_null(tabs[k]->dot[all_types[i]]);
-            assert_non_null(tabs[k]->axpy[all_types[i]]);
-            assert_non_null(tabs[k]->dequant[all_types[i]]);
+        for (size_t i = 0; i < N_TYPES; i++) assert_true(flm_type_supported(all_types[i]));
+        /* every supported type has every kernel (a SIMD table falls back to scalar, never NULL); unknown ids none */
+        for (uint32_t t = 0; t < FLM_N_TYPES; t++) {
+            if (flm_type_supported(t)) {
+                assert_non_null(tabs[k]->dot[t]);
+                assert_non_null(tabs[k]->axpy[t]);
+                assert_non_null(tabs[k]->dequant[t]);
+                assert_non_null(tabs[k]->vec_dot[t]);
+            } else if (!flm_type_traits_of(t)) {
+                assert_null(tabs[k]->dot[t]);
+                assert_null(tabs[k]->vec_dot[t]);
+            }
         }
-        assert_null(tabs[k]->dot[3]); /* Q4_1: unsupported */
-        assert_null(tabs[k]->dot[29]); /* unsupported */
+        assert_null(tabs[k]->dot[4]);  /* removed from ggml (q4_2) */
+        assert_null(tabs[k]->dot[29]); /* unknown */
     }
 }
 
@@ -515,6 +548,7 @@ static void test_matvec(void **state) {
         for (size_t ti = 0; ti < N_TYPES; ti++) {
             uint32_t t = all_types[ti];
             size_t n = is_quant(t) ? ((k & 1) ? 256 : 64) : ((k & 1) ? 256 : 33);
+            if (flm_type_block_elems(t) == 256) n = (k & 1) ? 512 : 256;
             size_t stride = flm_row_bytes(t, n);
             for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
                 size_t rows = rows_list[ri];
@@ -529,12 +563,17 @@ static void test_matvec(void **state) {
                 float *x = rand_vec(n, &rng, 1.0f, &xb);
                 float *want = malloc(rows * sizeof(float)), *got = malloc(rows * sizeof(float));
                 assert_true(want && got);
-                for (size_t r = 0; r < rows; r++) want[r] = tabs[k]->dot[t](W + r * stride, x, n);
+                /* matvec quantizes x once into the type's vec_dot_type, then runs vec_dot per row */
+                void *xq = malloc(flm_act_bytes(t, n) + 1);
+                assert_non_null(xq);
+                flm_act_quantize(t, x, n, xq);
+                for (size_t r = 0; r < rows; r++) want[r] = flm_vec_dot(tabs[k], t, W + r * stride, xq, n);
+                free(xq);
                 for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++) {
                     for (size_t r = 0; r < rows; r++) got[r] = NAN;
                     flm_matvec(tabs[k], t, W, rows, n, x, got, threads[th]);
                     if (memcmp(want, got, rows * sizeof(float)) != 0)
-                        fail_msg("matvec %s %s rows=%zu n=%zu threads=%d differs from per-row dot", tabs[k]->name,
+                        fail_msg("matvec %s %s rows=%zu n=%zu threads=%d differs from per-row vec_dot", tabs[k]->name,
                                  flm_type_name(t), rows, n, threads[th]);
                 }
                 free(want);

@@ -165,8 +165,11 @@ static void test_bad_params(void **state) {
     p.n_heads = p.n_kv_heads = 20; /* head_dim 13: odd */
     expect_bad(&p, "must be even");
     small_params(&p);
-    p.type = 3; /* Q4_1: not supported */
-    expect_bad(&p, "not supported");
+    p.type = FLM_TYPE_Q4_K; /* no quantizer: cannot be synthesized */
+    expect_bad(&p, "tensor type 12 (q4_k) cannot be synthesized");
+    small_params(&p);
+    p.type = 99; /* unknown */
+    expect_bad(&p, "tensor type 99 cannot be synthesized");
 
     /* an I/O error (the directory does not exist) also leaves nothing */
     small_params(&p);
@@ -558,7 +561,7 @@ static void test_cli(void **state) {
     remove(path);
 
     const char *bad[] = {"--d-model 100 --heads 3", "--type q4_0 --d-model 48 --heads 4 --rank 8", "--layers 0",
-                         "--act gelu", "--type q5_0", "--active 2", "--frobnicate"};
+                         "--act gelu", "--type q4_k", "--active 2", "--frobnicate"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "synth '%s' %s 2>&1", path, bad[i]);
         rc = tu_run_cli(args, &out);

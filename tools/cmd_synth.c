@@ -8,6 +8,8 @@
 
 #include "cli.h"
 #include "flashlm.h"
+#include "compute/kernels.h"
+#include "core/types.h"
 #include "model/synth.h"
 
 static const char *SYNTH_HELP =
@@ -32,8 +34,8 @@ static const char *SYNTH_HELP =
     "      --kv-heads N     key/value heads; must divide --heads (default: --heads)\n"
     "      --vocab N        vocabulary size, at least 259 (default 32000)\n"
     "      --ctx N          context length written to the metadata (default 2048)\n"
-    "      --type T         f16 | f32 | bf16 | q8_0 | q4_0 for every matrix; norms are f32 (default f16).\n"
-    "                       q8_0/q4_0 need --d-model and --d-ffn to be multiples of 32\n"
+    "      --type T         f16 | f32 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 for every matrix; norms are f32\n"
+    "                       (default f16). The q types need --d-model and --d-ffn to be multiples of 32\n"
     "activation statistics:\n"
     "      --act A          relu | silu (default relu)\n"
     "      --active F       mean fraction of FFN neurons active per token, (0, 0.9] (default 0.05)\n"
@@ -69,13 +71,15 @@ static bool parse_double(const char *s, double lo, double hi, double *out) {
     return true;
 }
 
+/* --type: a tensor type synth can write (one with a quantizer in the traits table), by its GGUF name. */
 static bool parse_type(const char *s, uint32_t *out) {
-    static const uint32_t types[] = {FLM_TYPE_F32, FLM_TYPE_F16, FLM_TYPE_BF16, FLM_TYPE_Q8_0, FLM_TYPE_Q4_0};
-    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
-        if (!strcmp(s, flm_type_name(types[i]))) {
-            *out = types[i];
+    for (uint32_t t = 0; t < FLM_N_TYPES; t++) {
+        const flm_type_traits *tt = flm_type_traits_of(t);
+        if (tt && tt->is_tensor && tt->has_quantizer && !strcmp(s, tt->name)) {
+            *out = t;
             return true;
         }
+    }
     return false;
 }
 
@@ -129,7 +133,7 @@ int flm_cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) U32(p.n_ctx);
         else if (!strcmp(a, "--type")) {
             NEEDVAL();
-            if (!parse_type(val, &p.type)) return cli_die("bad --type '%s' (f16|f32|bf16|q8_0|q4_0)", val);
+            if (!parse_type(val, &p.type)) return cli_die("bad --type '%s' (f16|f32|bf16|q8_0|q4_0|q4_1|q5_0|q5_1)", val);
         } else if (!strcmp(a, "--act")) {
             NEEDVAL();
             if (!strcmp(val, "relu")) p.act = FLM_ACT_RELU;

@@ -1,28 +1,57 @@
 #include "compute/ffn_bundle.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "core/types.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static float act_fn(bool relu, float v) { return relu ? (v > 0.0f ? v : 0.0f) : v / (1.0f + expf(-v)); }
+
+/* x prepared once per call for the dot products with one weight type (kernels.h: flm_act_quantize): xq is x itself
+ * for float weights, else x quantized into the type's vec_dot_type; NULL when its buffer could not be allocated,
+ * then the float-x dot is used instead. */
+typedef struct act_x {
+    const void *xq;
+    void *heap; /* to free */
+} act_x;
+
+#define ACT_STACK_BYTES 16384
+
+static void act_prepare(uint32_t t, const float *x, size_t n, uint8_t *stack, act_x *a) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    a->heap = NULL;
+    if (tt->vec_dot_type == FLM_TYPE_F32) {
+        a->xq = x;
+        return;
+    }
+    size_t ab = flm_act_bytes(t, n);
+    void *buf = ab <= ACT_STACK_BYTES ? (void *)stack : (a->heap = malloc(ab));
+    if (buf) flm_act_quantize(t, x, n, buf);
+    a->xq = buf;
+}
+
+static inline float row_dot(const flm_kernels *k, uint32_t t, const void *row, const act_x *a, const float *x,
+                            size_t n) {
+    return a->xq ? k->vec_dot[t](row, a->xq, n) : k->dot[t](row, x, n);
+}
 
 /* bundles [i0, i1) into acc (d_model floats, overwritten) */
 static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
-                      size_t i0, size_t i1, const float *x, float *h, float *acc) {
-    flm_dot_fn dot_up = k->dot[b->up_type], dot_gate = b->gated ? k->dot[b->gate_type] : NULL;
+                      size_t i0, size_t i1, const float *x, const act_x *xu, const act_x *xg, float *h, float *acc) {
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, b->d_model * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
         const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
         /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
-        float a = act_fn(b->relu, b->gated ? dot_gate(rec + b->gate_off, x, b->d_model) : dot_up(rec + b->up_off, x,
-                                                                                                   b->d_model));
+        float a = flm_act_eval(b->act, b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
+                                           : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model));
         float v = 0.0f;
         if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) /* inactive ReLU neurons: no up row */
-            v = b->gated ? a * dot_up(rec + b->up_off, x, b->d_model) : a;
+            v = b->gated ? a * row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) : a;
         h[i] = v;
         if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
     }
@@ -30,28 +59,38 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
 
 void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
                      size_t n, const float *x, float *out, float *h, float *acc, int n_threads) {
+    /* x quantized once for the up and gate rows (one buffer when both types share a vec_dot_type) */
+    _Alignas(64) uint8_t su[ACT_STACK_BYTES], sg[ACT_STACK_BYTES];
+    act_x xu, xg;
+    act_prepare(b->up_type, x, b->d_model, su, &xu);
+    xg = xu;
+    xg.heap = NULL;
+    if (b->gated && flm_type_traits_of(b->gate_type)->vec_dot_type != flm_type_traits_of(b->up_type)->vec_dot_type)
+        act_prepare(b->gate_type, x, b->d_model, sg, &xg);
     int nt = n_threads;
     if (nt < 1 || n < 64) nt = 1;
     if (nt == 1) {
-        ffn_range(k, b, records, rows, 0, n, x, h, out);
-        return;
-    }
-    #pragma omp parallel num_threads(nt)
-    {
+        ffn_range(k, b, records, rows, 0, n, x, &xu, &xg, h, out);
+    } else {
+        #pragma omp parallel num_threads(nt)
+        {
 #ifdef _OPENMP
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
+            int t = omp_get_thread_num(), T = omp_get_num_threads();
 #else
-        int t = 0, T = 1;
+            int t = 0, T = 1;
 #endif
-        size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
-        ffn_range(k, b, records, rows, i0, i1, x, h, acc + (size_t)t * b->d_model);
-        #pragma omp barrier
-        /* reduce: each thread sums a slice of d_model over all partial accumulators */
-        size_t d = b->d_model, j0 = d * (size_t)t / (size_t)T, j1 = d * (size_t)(t + 1) / (size_t)T;
-        for (size_t j = j0; j < j1; j++) {
-            float s = 0.0f;
-            for (int u = 0; u < T; u++) s += acc[(size_t)u * d + j];
-            out[j] = s;
+            size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
+            ffn_range(k, b, records, rows, i0, i1, x, &xu, &xg, h, acc + (size_t)t * b->d_model);
+            #pragma omp barrier
+            /* reduce: each thread sums a slice of d_model over all partial accumulators */
+            size_t d = b->d_model, j0 = d * (size_t)t / (size_t)T, j1 = d * (size_t)(t + 1) / (size_t)T;
+            for (size_t j = j0; j < j1; j++) {
+                float s = 0.0f;
+                for (int u = 0; u < T; u++) s += acc[(size_t)u * d + j];
+                out[j] = s;
+            }
         }
     }
+    free(xu.heap);
+    free(xg.heap);
 }

@@ -4,11 +4,13 @@
 
 #include <assert.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compute/kernels_impl.h"
+#include "compute/quants.h"
 #include "core/types.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -187,20 +189,29 @@ static void dequant_q4_0(const void *row, float *y, size_t n) {
     }
 }
 
-static const flm_kernels scalar_kernels = {
-    .name = "scalar",
-    .dot = {[FLM_TYPE_F32] = dot_f32, [FLM_TYPE_F16] = dot_f16, [FLM_TYPE_BF16] = dot_bf16,
-            [FLM_TYPE_Q8_0] = dot_q8_0, [FLM_TYPE_Q4_0] = dot_q4_0},
-    .axpy = {[FLM_TYPE_F32] = axpy_f32, [FLM_TYPE_F16] = axpy_f16, [FLM_TYPE_BF16] = axpy_bf16,
-             [FLM_TYPE_Q8_0] = axpy_q8_0, [FLM_TYPE_Q4_0] = axpy_q4_0},
-    .dequant = {[FLM_TYPE_F32] = dequant_f32, [FLM_TYPE_F16] = dequant_f16, [FLM_TYPE_BF16] = dequant_bf16,
-                [FLM_TYPE_Q8_0] = dequant_q8_0, [FLM_TYPE_Q4_0] = dequant_q4_0},
-};
+static flm_kernels scalar_kernels;
+static pthread_once_t scalar_once = PTHREAD_ONCE_INIT;
+
+static void scalar_init(void) {
+    flm_kernels *k = &scalar_kernels;
+    k->name = "scalar";
+    k->dot[FLM_TYPE_F32] = dot_f32, k->dot[FLM_TYPE_F16] = dot_f16, k->dot[FLM_TYPE_BF16] = dot_bf16;
+    k->dot[FLM_TYPE_Q8_0] = dot_q8_0, k->dot[FLM_TYPE_Q4_0] = dot_q4_0;
+    k->axpy[FLM_TYPE_F32] = axpy_f32, k->axpy[FLM_TYPE_F16] = axpy_f16, k->axpy[FLM_TYPE_BF16] = axpy_bf16;
+    k->axpy[FLM_TYPE_Q8_0] = axpy_q8_0, k->axpy[FLM_TYPE_Q4_0] = axpy_q4_0;
+    k->dequant[FLM_TYPE_F32] = dequant_f32, k->dequant[FLM_TYPE_F16] = dequant_f16;
+    k->dequant[FLM_TYPE_BF16] = dequant_bf16, k->dequant[FLM_TYPE_Q8_0] = dequant_q8_0;
+    k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
+    flm_quants_fill_scalar(k); /* the other quantized types, and vec_dot of all */
+}
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Table selection
  * ------------------------------------------------------------------------------------------------------------- */
-const flm_kernels *flm_kernels_scalar(void) { return &scalar_kernels; }
+const flm_kernels *flm_kernels_scalar(void) {
+    pthread_once(&scalar_once, scalar_init);
+    return &scalar_kernels;
+}
 
 const flm_kernels *flm_kernels_avx2(void) {
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
@@ -225,49 +236,42 @@ const flm_kernels *flm_kernels_best(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Quantizers (ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref)
+ * Quantizers
  * ------------------------------------------------------------------------------------------------------------- */
-static void quantize_q8_0(const float *x, flm_block_q8_0 *y, size_t nb) {
-    for (size_t i = 0; i < nb; i++, x += FLM_QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < FLM_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = flm_f32_to_f16(d);
-        for (int j = 0; j < FLM_QK; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
-    }
-}
-
-static void quantize_q4_0(const float *x, flm_block_q4_0 *y, size_t nb) {
-    for (size_t i = 0; i < nb; i++, x += FLM_QK) {
-        float amax = 0.0f, max = 0.0f; /* max: the signed value of largest magnitude (the first one on ties) */
-        for (int j = 0; j < FLM_QK; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        const float d = max / -8.0f;
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = flm_f32_to_f16(d);
-        for (int j = 0; j < FLM_QK / 2; j++) {
-            int q0 = (int8_t)(x[j] * id + 8.5f), q1 = (int8_t)(x[j + FLM_QK / 2] * id + 8.5f);
-            if (q0 > 15) q0 = 15;
-            if (q1 > 15) q1 = 15;
-            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-        }
-    }
-}
-
-void flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n) {
+bool flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    if (!tt || !tt->has_quantizer || n % tt->block_elems) return false;
+    const size_t nb = n / tt->block_elems;
     switch (t) {
     case FLM_TYPE_F32: memcpy(dst, x, n * sizeof(float)); break;
     case FLM_TYPE_F16: for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = flm_f32_to_f16(x[i]); break;
     case FLM_TYPE_BF16: for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = flm_f32_to_bf16(x[i]); break;
-    case FLM_TYPE_Q8_0: quantize_q8_0(x, dst, n / FLM_QK); break;
-    case FLM_TYPE_Q4_0: quantize_q4_0(x, dst, n / FLM_QK); break;
-    default: assert(!"flm_quantize_row: unsupported type"); break;
+    case FLM_TYPE_Q4_0: flm_quantize_q4_0(x, dst, nb); break;
+    case FLM_TYPE_Q4_1: flm_quantize_q4_1(x, dst, nb); break;
+    case FLM_TYPE_Q5_0: flm_quantize_q5_0(x, dst, nb); break;
+    case FLM_TYPE_Q5_1: flm_quantize_q5_1(x, dst, nb); break;
+    case FLM_TYPE_Q8_0: flm_quantize_q8_0(x, dst, nb); break;
+    case FLM_TYPE_Q8_1: flm_quantize_q8_1(x, dst, nb); break;
+    case FLM_TYPE_Q8_K: flm_quantize_q8_k(x, dst, nb); break;
+    default: return false; /* has_quantizer without a case: the table and this switch disagree */
     }
+    return true;
+}
+
+size_t flm_act_bytes(uint32_t t, size_t n) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    if (!tt || !tt->is_tensor || n % tt->block_elems) return 0;
+    return flm_row_bytes(tt->vec_dot_type, n);
+}
+
+void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    assert(tt && tt->is_tensor);
+    flm_quantize_row(tt->vec_dot_type, x, dst, n);
+}
+
+float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void *xq, size_t n) {
+    return k->vec_dot[t](row, xq, n);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -276,20 +280,41 @@ void flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n) {
 /* Below this many weights a matvec runs serially: an OpenMP fork/join costs a few microseconds. */
 #define FLM_MATVEC_MIN_PARALLEL 32768
 
-void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
-                int n_threads) {
-    assert(t < FLM_N_TYPES && k->dot[t]);
-    const flm_dot_fn dot = k->dot[t];
-    const size_t stride = flm_row_bytes(t, n);
-    const uint8_t *w = W;
+/* x quantized for the dot: up to this many bytes on the stack, more on the heap. */
+#define FLM_ACT_STACK_BYTES 16384
+
+/* rows r of W against xq through fn (a flm_vec_dot_fn, or a flm_dot_fn when xq is the float x). */
+static void matvec_rows(flm_vec_dot_fn fn, const uint8_t *w, size_t stride, size_t rows, size_t n, const void *xq,
+                        float *y, int n_threads) {
     if (n_threads <= 1 || rows < 2 * (size_t)n_threads || rows * n < FLM_MATVEC_MIN_PARALLEL) {
-        for (size_t r = 0; r < rows; r++) y[r] = dot(w + r * stride, x, n);
+        for (size_t r = 0; r < rows; r++) y[r] = fn(w + r * stride, xq, n);
         return;
     }
     /* schedule(static) without a chunk size gives each thread one contiguous run of rows. */
     const ptrdiff_t nr = (ptrdiff_t)rows;
 #pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (ptrdiff_t r = 0; r < nr; r++) y[r] = dot(w + (size_t)r * stride, x, n);
+    for (ptrdiff_t r = 0; r < nr; r++) y[r] = fn(w + (size_t)r * stride, xq, n);
+}
+
+void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
+                int n_threads) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    assert(tt && tt->is_tensor && t < FLM_N_TYPES && k->vec_dot[t]);
+    const size_t stride = flm_row_bytes(t, n);
+    if (tt->vec_dot_type == FLM_TYPE_F32) { /* float weights: x is used as it is */
+        matvec_rows(k->vec_dot[t], W, stride, rows, n, x, y, n_threads);
+        return;
+    }
+    const size_t ab = flm_act_bytes(t, n);
+    _Alignas(64) uint8_t stack[FLM_ACT_STACK_BYTES];
+    void *xq = ab <= sizeof stack ? stack : malloc(ab);
+    if (!xq) { /* no memory for the quantized x: the float-x kernels need none */
+        for (size_t r = 0; r < rows; r++) y[r] = k->dot[t]((const uint8_t *)W + r * stride, x, n);
+        return;
+    }
+    flm_act_quantize(t, x, n, xq);
+    matvec_rows(k->vec_dot[t], W, stride, rows, n, xq, y, n_threads);
+    if (xq != stack) free(xq);
 }
 
 void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps) {

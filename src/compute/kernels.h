@@ -1,11 +1,21 @@
 /* kernels.h — L_compute: the numeric kernels, a scalar reference and SIMD variants chosen at run time. Internal.
  *
- * Rows are stored as in GGUF: a row of n elements of type t is flm_row_bytes(t, n) bytes (Q4_0/Q8_0 in blocks of 32,
- * layouts in core/types.h). Vectors x, y are float32. All functions take n as the element count; for Q4_0/Q8_0
- * n must be a multiple of 32 (callers check shapes at load time). The SIMD variants must agree with the scalar
- * reference to float rounding (tests/test_kernels.c checks it on random inputs of awkward lengths). */
+ * Rows are stored as in GGUF: a row of n elements of type t is flm_row_bytes(t, n) bytes (blocks of 32 or 256,
+ * layouts and sizes in the traits table of core/types.h). Vectors x, y are float32. All functions take n as the
+ * element count; for a quantized type n must be a multiple of its block size (callers check shapes at load time).
+ *
+ * Two dot products exist for every tensor type t:
+ *   - dot[t](row, x, n): x is float32 (exact up to float rounding; used where x changes per row or is rarely hot);
+ *   - vec_dot[t](row, xq, n): x was first quantized once per matrix-vector product into the type's vec_dot_type
+ *     (q8_0 for q4_0/q5_0/q8_0, q8_1 for q4_1/q5_1, q8_k for the K-quants, float32 itself for f32/f16/bf16) by
+ *     flm_act_quantize, and the kernel works in int8 arithmetic as ggml's ggml_vec_dot_* do. Its error is the int8
+ *     rounding of x: about 1e-2 of |w|·|x| at worst, usually far less.
+ * The SIMD variants must agree with the scalar reference to float rounding (tests/test_kernels.c and
+ * tests/test_quants.c check it on random inputs). A kernel table always has every entry of every supported type:
+ * a SIMD table starts as a copy of the scalar one and overrides what it accelerates. */
 #ifndef FLM_COMPUTE_KERNELS_H
 #define FLM_COMPUTE_KERNELS_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "flashlm.h"
@@ -15,12 +25,14 @@
 typedef float (*flm_dot_fn)(const void *row, const float *x, size_t n);          /* sum_i row[i]*x[i] */
 typedef void (*flm_axpy_fn)(const void *row, float a, float *y, size_t n);       /* y[i] += a*row[i]  */
 typedef void (*flm_dequant_fn)(const void *row, float *y, size_t n);             /* y[i]  = row[i]    */
+typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);      /* sum_i row[i]*xq[i] */
 
 typedef struct flm_kernels {
     const char *name;                    /* "scalar", "avx2" */
     flm_dot_fn dot[FLM_N_TYPES];         /* indexed by flm_type; NULL for unsupported types */
     flm_axpy_fn axpy[FLM_N_TYPES];
     flm_dequant_fn dequant[FLM_N_TYPES];
+    flm_vec_dot_fn vec_dot[FLM_N_TYPES]; /* xq: x quantized by flm_act_quantize(t, ...) */
 } flm_kernels;
 
 /* The scalar reference table (always available). */
@@ -32,9 +44,24 @@ const flm_kernels *flm_kernels_best(void);
 const flm_kernels *flm_kernels_avx2(void);
 
 /* y[r] = dot(W row r, x) for r in [0, rows): W is rows x n of type t, row stride flm_row_bytes(t, n).
- * Splits rows over n_threads OpenMP threads (n_threads <= 1: serial). */
+ * x is quantized once into t's vec_dot_type (in a scratch buffer the caller never sees: a stack buffer up to 16 KiB,
+ * else the heap; if that allocation fails it falls back to the float-x dot[t], so it cannot fail), then each row
+ * goes through vec_dot[t] — ggml's ggml_compute_forward_mul_mat scheme. y[r] equals
+ * flm_vec_dot(k, t, row r, xq, n) bit for bit. Splits rows over n_threads OpenMP threads (n_threads <= 1: serial).
+ * n: any multiple of t's block size up to 2^30. */
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads);
+
+/* Bytes that n floats quantized for a dot with weight type t take (the row size of n elements of t's
+ * vec_dot_type; n * 4 for float weight types); 0 when t is unsupported or n is not a multiple of the block size. */
+size_t flm_act_bytes(uint32_t t, size_t n);
+/* Quantizes x[n] for dot products with rows of weight type t into dst (flm_act_bytes(t, n) bytes): q8_0/q8_1 blocks
+ * as ggml's quantize_row_q8_0_ref / quantize_row_q8_1_ref, q8_k blocks with d = max|x|/127 (float) and
+ * q = roundf(x/d) plus the 16-element sums; a plain copy for float weight types. Deterministic, the same for every
+ * kernel table. n must be a multiple of t's block size. */
+void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst);
+/* row (n elements of weight type t) · x, where xq = flm_act_quantize(t, x, n): k->vec_dot[t](row, xq, n). */
+float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void *xq, size_t n);
 
 /* Scalar conversions (IEEE half, bfloat16 with round-to-nearest-even). */
 float flm_f16_to_f32(uint16_t h);
@@ -43,8 +70,10 @@ float flm_bf16_to_f32(uint16_t h);
 uint16_t flm_f32_to_bf16(float f);
 
 /* Quantize / convert a float row of n elements into type t (same rounding as ggml's reference quantizers
- * quantize_row_q8_0_ref / quantize_row_q4_0_ref). dst holds flm_row_bytes(t, n) bytes. */
-void flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n);
+ * quantize_row_{q4_0,q4_1,q5_0,q5_1,q8_0,q8_1}_ref; q8_k as flm_act_quantize). dst holds flm_row_bytes(t, n)
+ * bytes. Returns false (writing nothing) for a type without a quantizer (traits has_quantizer false: the K-quants
+ * q2_k..q6_k) or an n that is not a multiple of the block size. */
+bool flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n);
 
 /* Small float32 ops used by the forward pass (scalar; they are not the bottleneck). */
 void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps); /* out = x/rms(x)*w */

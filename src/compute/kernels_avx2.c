@@ -11,9 +11,11 @@
 #endif
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "compute/kernels_impl.h"
+#include "compute/quants.h"
 #include "core/types.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -232,17 +234,34 @@ static void dequant_q4_0(const void *row, float *y, size_t n) {
     }
 }
 
-static const flm_kernels avx2_kernels = {
-    .name = "avx2",
-    .dot = {[FLM_TYPE_F32] = dot_f32, [FLM_TYPE_F16] = dot_f16, [FLM_TYPE_BF16] = dot_bf16,
-            [FLM_TYPE_Q8_0] = dot_q8_0, [FLM_TYPE_Q4_0] = dot_q4_0},
-    .axpy = {[FLM_TYPE_F32] = axpy_f32, [FLM_TYPE_F16] = axpy_f16, [FLM_TYPE_BF16] = axpy_bf16,
-             [FLM_TYPE_Q8_0] = axpy_q8_0, [FLM_TYPE_Q4_0] = axpy_q4_0},
-    .dequant = {[FLM_TYPE_F32] = dequant_f32, [FLM_TYPE_F16] = dequant_f16, [FLM_TYPE_BF16] = dequant_bf16,
-                [FLM_TYPE_Q8_0] = dequant_q8_0, [FLM_TYPE_Q4_0] = dequant_q4_0},
-};
+static float vdot_f32(const void *row, const void *xq, size_t n) { return dot_f32(row, xq, n); }
+static float vdot_f16(const void *row, const void *xq, size_t n) { return dot_f16(row, xq, n); }
+static float vdot_bf16(const void *row, const void *xq, size_t n) { return dot_bf16(row, xq, n); }
 
-const flm_kernels *flm_kernels_avx2_table(void) { return &avx2_kernels; }
+/* The AVX2 table starts as a copy of the scalar one (so a type without an AVX2 kernel falls back to scalar by
+ * construction, never to NULL), then overrides what this file and quants_avx2.c accelerate. */
+static flm_kernels avx2_kernels;
+static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
+
+static void avx2_init(void) {
+    flm_kernels *k = &avx2_kernels;
+    *k = *flm_kernels_scalar();
+    k->name = "avx2";
+    k->dot[FLM_TYPE_F32] = dot_f32, k->dot[FLM_TYPE_F16] = dot_f16, k->dot[FLM_TYPE_BF16] = dot_bf16;
+    k->dot[FLM_TYPE_Q8_0] = dot_q8_0, k->dot[FLM_TYPE_Q4_0] = dot_q4_0;
+    k->axpy[FLM_TYPE_F32] = axpy_f32, k->axpy[FLM_TYPE_F16] = axpy_f16, k->axpy[FLM_TYPE_BF16] = axpy_bf16;
+    k->axpy[FLM_TYPE_Q8_0] = axpy_q8_0, k->axpy[FLM_TYPE_Q4_0] = axpy_q4_0;
+    k->dequant[FLM_TYPE_F32] = dequant_f32, k->dequant[FLM_TYPE_F16] = dequant_f16;
+    k->dequant[FLM_TYPE_BF16] = dequant_bf16, k->dequant[FLM_TYPE_Q8_0] = dequant_q8_0;
+    k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
+    k->vec_dot[FLM_TYPE_F32] = vdot_f32, k->vec_dot[FLM_TYPE_F16] = vdot_f16, k->vec_dot[FLM_TYPE_BF16] = vdot_bf16;
+    flm_quants_fill_avx2(k);
+}
+
+const flm_kernels *flm_kernels_avx2_table(void) {
+    pthread_once(&avx2_once, avx2_init);
+    return &avx2_kernels;
+}
 
 #else
 typedef int flm_kernels_avx2_empty; /* ISO C wants at least one declaration in a translation unit */

@@ -259,9 +259,13 @@ static flm_status rd_tensor_info(rd *r, uint64_t i, gguf_tensor *t) {
     }
     if ((st = rd_u32(r, "type", &t->type)) != FLM_OK) return st;
     if ((st = rd_uint(r, "offset", 8, &t->offset)) != FLM_OK) return st;
-    if (!flm_type_supported(t->type))
-        return rd_fail(r, FLM_ERR_UNSUPPORTED, "type", "tensor type %u is not supported (supported: f32, f16, bf16, "
-                       "q4_0, q8_0)", t->type);
+    if (!flm_type_supported(t->type)) {
+        char list[160];
+        const char *nm = flm_type_name(t->type);
+        return rd_fail(r, FLM_ERR_UNSUPPORTED, "type", "tensor type %u%s%s%s is not supported (supported: %s)",
+                       t->type, nm ? " (" : "", nm ? nm : "", nm ? ")" : "",
+                       flm_type_supported_list(list, sizeof list));
+    }
     size_t be = flm_type_block_elems(t->type);
     if (t->ne[0] % be != 0)
         return rd_fail(r, FLM_ERR_FORMAT, "ne[0]", "%llu is not a multiple of the %s block size %zu", (ull)t->ne[0],
@@ -780,7 +784,9 @@ flm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t typ
     if (!name || !*name) return w_note(w, FLM_ERR_ARG, "tensor %llu: empty name", (ull)w->n_t);
     if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "tensor '%s' added after gguf_writer_begin()", name);
     if (!flm_type_supported(type))
-        return w_note(w, FLM_ERR_UNSUPPORTED, "tensor '%s': unsupported type %u", name, type);
+        return w_note(w, FLM_ERR_UNSUPPORTED, "tensor '%s': unsupported type %u%s%s%s", name, type,
+                      flm_type_name(type) ? " (" : "", flm_type_name(type) ? flm_type_name(type) : "",
+                      flm_type_name(type) ? ")" : "");
     if (n_dims < 1 || n_dims > 4 || !ne)
         return w_note(w, FLM_ERR_ARG, "tensor '%s': %u dimensions (must be 1..4)", name, n_dims);
     wtensor t = {.type = type, .n_dims = n_dims, .ne = {1, 1, 1, 1}};

@@ -79,8 +79,20 @@ flm_status flm_synth_check(const flm_synth_params *p, flm_error *err) {
         BAD("vocab %u is out of range (%u..%u: <unk>, <s>, </s> and the 256 byte tokens come first)", p->n_vocab,
             SYNTH_N_SPECIAL, SYNTH_MAX_VOCAB);
     if (p->n_ctx < 1 || p->n_ctx > (1u << 24)) BAD("context length %u is out of range (1..16777216)", p->n_ctx);
-    const char *tn = flm_type_name(p->type);
-    if (!tn) BAD("tensor type %u is not supported (f32, f16, bf16, q8_0, q4_0)", p->type);
+    const flm_type_traits *tt = flm_type_traits_of(p->type);
+    const char *tn = tt ? tt->name : NULL;
+    if (!tt || !tt->is_tensor || !tt->has_quantizer) {
+        char list[160];
+        size_t len = 0;
+        list[0] = '\0';
+        for (uint32_t t = 0; t < FLM_N_TYPES; t++) { /* the types synth can write: tensor types with a quantizer */
+            const flm_type_traits *u = flm_type_traits_of(t);
+            if (u && u->is_tensor && u->has_quantizer && len + 8 < sizeof list)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", u->name);
+        }
+        BAD("tensor type %u%s%s%s cannot be synthesized (types with a quantizer: %s)", p->type, tn ? " (" : "",
+            tn ? tn : "", tn ? ")" : "", list);
+    }
     size_t be = flm_type_block_elems(p->type);
     if (p->d_model % be || p->d_ffn % be)
         BAD("type %s stores rows in blocks of %zu: d_model %u and d_ffn %u must both be multiples of %zu", tn, be,
@@ -256,19 +268,31 @@ static flm_status fwd_init(fwd *f, const flm_hparams *hp, uint32_t T, int nt, fl
     return FLM_OK;
 }
 
-/* Y[t][r] = dot(W row r, X[t]) for t < T, r < rows: W is rows x n of type, X is [T][n]. The engine's dot kernel on
- * the stored rows (as flm_matvec), so every value is the one flm_eval computes. */
+/* Y[t][r] = dot(W row r, X[t]) for t < T, r < rows: W is rows x n of type, X is [T][n]. The engine's kernels on
+ * the stored rows as flm_matvec runs them (X[t] quantized once into the type's vec_dot_type, then vec_dot per row),
+ * so every value is the one flm_eval computes. */
 static void fwd_mm(const fwd *f, uint32_t type, const void *W, size_t rows, size_t n, const float *X, float *Y) {
-    const flm_dot_fn dot = f->k->dot[type];
     const size_t stride = flm_row_bytes(type, n);
     const uint8_t *w = W;
     const uint32_t T = f->T;
     const ptrdiff_t nr = (ptrdiff_t)rows;
+    const bool float_x = flm_type_traits_of(type)->vec_dot_type == FLM_TYPE_F32;
+    const size_t ab = float_x ? n * sizeof(float) : flm_act_bytes(type, n);
+    uint8_t *xq = float_x ? NULL : malloc((size_t)T * ab);
+    if (!float_x && xq)
+        for (uint32_t t = 0; t < T; t++) flm_act_quantize(type, X + (size_t)t * n, n, xq + (size_t)t * ab);
+    const uint8_t *xs = xq ? xq : (const uint8_t *)X; /* without memory for xq: the float-x dot */
+    const flm_vec_dot_fn vdot = f->k->vec_dot[type];
+    const flm_dot_fn dot = f->k->dot[type];
+    const bool use_vdot = float_x || xq;
 #pragma omp parallel for num_threads(f->nt) schedule(static)
     for (ptrdiff_t r = 0; r < nr; r++) {
         const uint8_t *row = w + (size_t)r * stride;
-        for (uint32_t t = 0; t < T; t++) Y[(size_t)t * rows + (size_t)r] = dot(row, X + (size_t)t * n, n);
+        for (uint32_t t = 0; t < T; t++)
+            Y[(size_t)t * rows + (size_t)r] = use_vdot ? vdot(row, xs + (size_t)t * ab, n)
+                                                       : dot(row, X + (size_t)t * n, n);
     }
+    free(xq);
 }
 
 /* x[t] = row tokens[t] of the embedding. */
@@ -287,15 +311,15 @@ static void fwd_norm(fwd *f, const float *w) {
 /* After q (f->q) and k, v (in the cache) are computed: RoPE, then causal attention into f->att. */
 static void fwd_attend(fwd *f) {
     for (uint32_t t = 0; t < f->T; t++) {
-        flm_rope(f->q + (size_t)t * f->q_dim, f->n_heads, f->head_dim, f->rope_dim, t, f->theta);
-        flm_rope(flm_kv_key(&f->kv, 0, t), f->n_kv_heads, f->head_dim, f->rope_dim, t, f->theta);
+        flm_rope(f->q + (size_t)t * f->q_dim, f->n_heads, f->head_dim, f->rope_dim, t, f->theta, false);
+        flm_rope(flm_kv_key(&f->kv, 0, t), f->n_kv_heads, f->head_dim, f->rope_dim, t, f->theta, false);
     }
     const ptrdiff_t T = (ptrdiff_t)f->T;
 #pragma omp parallel for num_threads(f->nt) schedule(dynamic, 1)
     for (ptrdiff_t t = 0; t < T; t++) {
         float *score = f->score + (size_t)omp_get_thread_num() * f->n_heads * f->T;
-        flm_attention(&f->kv, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
-                      score, f->att + (size_t)t * f->q_dim, 1);
+        flm_attention(&f->kv, 0, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
+                      1.0f / sqrtf((float)f->head_dim), score, f->att + (size_t)t * f->q_dim, 1);
     }
 }
 
@@ -622,6 +646,9 @@ static void add_kvs(synth *S, const vocab *v) {
     case FLM_TYPE_F32: ftype = 0; break;   /* LLAMA_FTYPE_ALL_F32 */
     case FLM_TYPE_F16: ftype = 1; break;   /* LLAMA_FTYPE_MOSTLY_F16 */
     case FLM_TYPE_Q4_0: ftype = 2; break;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
+    case FLM_TYPE_Q4_1: ftype = 3; break;  /* LLAMA_FTYPE_MOSTLY_Q4_1 */
+    case FLM_TYPE_Q5_0: ftype = 8; break;  /* LLAMA_FTYPE_MOSTLY_Q5_0 */
+    case FLM_TYPE_Q5_1: ftype = 9; break;  /* LLAMA_FTYPE_MOSTLY_Q5_1 */
     case FLM_TYPE_Q8_0: ftype = 7; break;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
     case FLM_TYPE_BF16: ftype = 32; break; /* LLAMA_FTYPE_MOSTLY_BF16 */
     }
@@ -847,7 +874,9 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     flm_hparams hp = {.d_model = d, .d_ffn = nf, .n_layers = p->n_layers, .n_heads = p->n_heads,
                       .n_kv_heads = p->n_kv_heads, .head_dim = d / p->n_heads, .n_vocab = p->n_vocab,
                       .n_ctx_train = p->n_ctx, .rope_dim = d / p->n_heads, .norm_eps = p->norm_eps,
-                      .rope_theta = p->rope_theta, .act = p->act, .gated = true};
+                      .rope_theta = p->rope_theta, .rope_theta_local = p->rope_theta, .act = p->act,
+                      .gated = true, .arch = flm_arch_find("llama"),
+                      .attn_scale = 1.0f / sqrtf((float)(d / p->n_heads))};
     if (max_tensor > SIZE_MAX / 2 || !(S.buf = malloc((size_t)max_tensor)) ||
         !(S.spare = malloc((size_t)max_tensor)) || !(S.vec2 = malloc(d * sizeof(float))) ||
         !(S.rowbuf = calloc((size_t)S.nt, sizeof *S.rowbuf)) || !(S.vec = malloc(d * sizeof(float))) ||

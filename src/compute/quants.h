@@ -1,0 +1,33 @@
+/* quants.h — L_compute: the quantized types' scalar reference kernels and quantizers (quants.c) and their AVX2
+ * versions (quants_avx2.c). Internal to src/compute/.
+ *
+ * Sources for every layout and formula: ggml/src/ggml-common.h (blocks), ggml-quants.c (dequantize_row_*,
+ * quantize_row_*_ref, ggml_vec_dot_*_q8_*), cross-checked against the gguf Python package's NumPy dequantizers
+ * (tests/test_quants.c). */
+#ifndef FLM_COMPUTE_QUANTS_H
+#define FLM_COMPUTE_QUANTS_H
+#include "compute/kernels.h"
+
+/* Fills k's entries for the types quants.c implements in scalar code: dequant/dot/axpy of q4_1, q5_0, q5_1,
+ * q2_k..q6_k, and vec_dot of every supported type. Leaves the other entries alone. */
+void flm_quants_fill_scalar(flm_kernels *k);
+
+/* Scalar quantizers into blocks (nb blocks from nb * block_elems floats). Rounding as ggml's *_ref functions. */
+void flm_quantize_q4_0(const float *x, void *dst, size_t nb);
+void flm_quantize_q4_1(const float *x, void *dst, size_t nb);
+void flm_quantize_q5_0(const float *x, void *dst, size_t nb);
+void flm_quantize_q5_1(const float *x, void *dst, size_t nb);
+void flm_quantize_q8_0(const float *x, void *dst, size_t nb);
+void flm_quantize_q8_1(const float *x, void *dst, size_t nb);
+void flm_quantize_q8_k(const float *x, void *dst, size_t nb);
+
+/* Unpacks the 8 6-bit scales (out[0..7]) and 8 6-bit mins (out[8..15]) of a Q4_K/Q5_K block's scales[12]
+ * (ggml-quants.c get_scale_min_k4, all at once). */
+void flm_q4k_scales(const uint8_t scales[12], uint8_t out[16]);
+
+#if defined(__x86_64__) && defined(FLM_HAVE_X86)
+/* Overrides k's entries with the AVX2+FMA+F16C kernels of quants_avx2.c (CPU support checked by the caller). */
+void flm_quants_fill_avx2(flm_kernels *k);
+#endif
+
+#endif
