@@ -335,3 +335,9 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     }
     return 0;
 }
+
+const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap) {
+    struct stat st;
+    if (!arg || stat(arg, &st) == 0 || !flm_pull_is_known(arg)) return arg;
+    return flm_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
+}
