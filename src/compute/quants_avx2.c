@@ -68,111 +68,94 @@ static inline __m256i dot_s8(__m256i x, __m256i y) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * vec_dot, 32-element blocks. Two accumulators over even/odd blocks hide the FMA latency.
+ * vec_dot, 32-element blocks. Four blocks at a time: their int32 lane sums are reduced to one vector of 4 block
+ * sums, and the 4 scale products are formed in one vector (4 f16 -> f32 conversions in one instruction), which
+ * halves the per-block scale work of a block-at-a-time loop.
  * ------------------------------------------------------------------------------------------------------------- */
+/* [sum(p0), sum(p1), sum(p2), sum(p3)] of four vectors of 8 int32, as floats */
+static inline __m128 sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+/* four f16 values (a, b, c, d) as floats */
+static inline __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
+}
+
+#define D4(p, i, f) f16x4(p[i].f, p[i + 1].f, p[i + 2].f, p[i + 3].f)
+
+/* The loop shared by the 32-element types: BLOCK(i) yields block i's 8 int32 lane products (__m256i). */
+#define VDOT32_LOOP(BLOCK)                                                                                        \
+    const size_t nb = n / 32;                                                                                     \
+    __m128 acc4 = _mm_setzero_ps();                                                                               \
+    size_t i = 0;                                                                                                 \
+    for (; i + 4 <= nb; i += 4) {                                                                                 \
+        const __m128 s4 = sum4_i32(BLOCK(i), BLOCK(i + 1), BLOCK(i + 2), BLOCK(i + 3));                           \
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(D4(w, i, d), D4(a, i, d)), s4, acc4);                                      \
+    }                                                                                                             \
+    float tail = 0.0f;                                                                                            \
+    for (; i < nb; i++) {                                                                                         \
+        const __m256i p = BLOCK(i);                                                                               \
+        __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));                     \
+        q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));                                                         \
+        q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));                                                         \
+        tail += h2f(w[i].d) * h2f(a[i].d) * (float)_mm_cvtsi128_si32(q);                                          \
+    }
+
+static inline __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
 static float vdot_q8_0(const void *row, const void *xq, size_t n) {
     const flm_block_q8_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = dot_s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        __m256i p1 = dot_s8(_mm256_loadu_si256((const __m256i *)w[i + 1].qs),
-                            _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++) {
-        __m256i p = dot_s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
-}
-
-static inline __m256i q4_0_block(const flm_block_q4_0 *w, const flm_block_q8_0 *a) {
-    const __m256i q = _mm256_sub_epi8(nibbles32(w->qs), _mm256_set1_epi8(8));
-    return dot_s8(q, _mm256_loadu_si256((const __m256i *)a->qs));
+#define B_Q8_0(k) dot_s8(ld256(w[k].qs), ld256(a[k].qs))
+    VDOT32_LOOP(B_Q8_0)
+    return hsum_ps128(acc4) + tail;
 }
 
 static float vdot_q4_0(const void *row, const void *xq, size_t n) {
     const flm_block_q4_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = q4_0_block(&w[i], &a[i]), p1 = q4_0_block(&w[i + 1], &a[i + 1]);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(q4_0_block(&w[i], &a[i])),
-                               acc0);
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    const __m256i eight = _mm256_set1_epi8(8);
+#define B_Q4_0(k) dot_s8(_mm256_sub_epi8(nibbles32(w[k].qs), eight), ld256(a[k].qs))
+    VDOT32_LOOP(B_Q4_0)
+    return hsum_ps128(acc4) + tail;
 }
 
 /* q4_1 . q8_1: d_w d_a sum(q * qa) + m_w s_a (s_a = d_a * sum(qa), precomputed by the activation quantizer) */
 static float vdot_q4_1(const void *row, const void *xq, size_t n) {
     const flm_block_q4_1 *w = row;
     const flm_block_q8_1 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float summs = 0.0f;
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = dot_us8(nibbles32(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        __m256i p1 = dot_us8(nibbles32(w[i + 1].qs), _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-        summs += h2f(w[i].m) * h2f(a[i].s) + h2f(w[i + 1].m) * h2f(a[i + 1].s);
-    }
-    for (; i < nb; i++) {
-        __m256i p = dot_us8(nibbles32(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
-        summs += h2f(w[i].m) * h2f(a[i].s);
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summs;
+#define B_Q4_1(k) dot_us8(nibbles32(w[k].qs), ld256(a[k].qs))
+    VDOT32_LOOP(B_Q4_1)
+    __m128 ms4 = _mm_setzero_ps();
+    size_t j = 0;
+    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), D4(a, j, s), ms4);
+    for (; j < nb; j++) tail += h2f(w[j].m) * h2f(a[j].s);
+    return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
 
 /* q5_0: q - 16 = nibble | (0xf0 where the fifth bit is clear), read as int8 */
-static inline __m256i q5_0_block(const flm_block_q5_0 *w, const flm_block_q8_0 *a) {
-    const __m256i hi = _mm256_andnot_si256(bits32(w->qh), _mm256_set1_epi8((char)0xf0));
-    const __m256i q = _mm256_or_si256(nibbles32(w->qs), hi);
-    return dot_s8(q, _mm256_loadu_si256((const __m256i *)a->qs));
-}
-
 static float vdot_q5_0(const void *row, const void *xq, size_t n) {
     const flm_block_q5_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = q5_0_block(&w[i], &a[i]), p1 = q5_0_block(&w[i + 1], &a[i + 1]);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(q5_0_block(&w[i], &a[i])),
-                               acc0);
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    const __m256i f0 = _mm256_set1_epi8((char)0xf0);
+#define B_Q5_0(k) dot_s8(_mm256_or_si256(nibbles32(w[k].qs), _mm256_andnot_si256(bits32(w[k].qh), f0)), ld256(a[k].qs))
+    VDOT32_LOOP(B_Q5_0)
+    return hsum_ps128(acc4) + tail;
 }
 
 static float vdot_q5_1(const void *row, const void *xq, size_t n) {
     const flm_block_q5_1 *w = row;
     const flm_block_q8_1 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (size_t i = 0; i < nb; i++) {
-        const __m256i hi = _mm256_and_si256(bits32(w[i].qh), _mm256_set1_epi8(0x10));
-        const __m256i q = _mm256_or_si256(nibbles32(w[i].qs), hi);
-        const __m256i p = dot_us8(q, _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p), acc);
-        summs += h2f(w[i].m) * h2f(a[i].s);
-    }
-    return hsum_ps(acc) + summs;
+    const __m256i x10 = _mm256_set1_epi8(0x10);
+#define B_Q5_1(k) dot_us8(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
+    VDOT32_LOOP(B_Q5_1)
+    __m128 ms4 = _mm_setzero_ps();
+    size_t j = 0;
+    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), D4(a, j, s), ms4);
+    for (; j < nb; j++) tail += h2f(w[j].m) * h2f(a[j].s);
+    return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
