@@ -1,6 +1,7 @@
 /* quants_avx2.c — L_compute: AVX2 + FMA + F16C kernels of the quantized types: vec_dot against activations
- * quantized once per matvec (int8 arithmetic, as ggml's ggml_vec_dot_*_q8_* on AVX2), and axpy/dequant of the
- * 32-element types. See quants.h. Built with -mavx2 -mfma -mf16c (CMakeLists.txt); only called after kernels.c
+ * quantized once per matvec (int8 arithmetic, as ggml's ggml_vec_dot_*_q8_* on AVX2) for every quantized type,
+ * the activation quantizers, dequant/axpy of q4_1, q5_0, q5_1, q4_k, q6_k, and float-x dot of all the quantized
+ * types of quants.c (through their dequantizers). See quants.h. Built with -mavx2 -mfma -mf16c (CMakeLists.txt); only called after kernels.c
  * checked the CPU. Types without a kernel here keep the scalar entries the table was copied from.
  *
  * The int8 products use _mm256_maddubs_epi16 (unsigned x signed bytes, pairs summed to int16), which saturates at
@@ -14,6 +15,7 @@
 #endif
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "compute/quants.h"
@@ -463,18 +465,68 @@ DOT_VIA_DEQUANT(q4_1, dequant_q4_1, 32, sizeof(flm_block_q4_1))
 DOT_VIA_DEQUANT(q5_0, dequant_q5_0, 32, sizeof(flm_block_q5_0))
 DOT_VIA_DEQUANT(q5_1, dequant_q5_1, 32, sizeof(flm_block_q5_1))
 
-/* K-quants: the table's (scalar) dequantizer of the same type, looked up once */
+/* 32 bytes q (unsigned, or signed when SIGNED) -> y[0..31] = dl * q - ml, elementwise, product then difference
+ * (the scalar code's two roundings; no fma). Covers two 16-element groups when dl/ml differ per half: dl0/ml0 for
+ * elements 0..15, dl1/ml1 for 16..31. */
+static inline void store_dq32(__m256i q, bool is_signed, float dl0, float ml0, float dl1, float ml1, float *y) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        const __m256i w = is_signed ? _mm256_cvtepi8_epi32(parts[k]) : _mm256_cvtepu8_epi32(parts[k]);
+        const __m256 dl = _mm256_set1_ps(k < 2 ? dl0 : dl1), ml = _mm256_set1_ps(k < 2 ? ml0 : ml1);
+        _mm256_storeu_ps(y + 8 * k, _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(w)), ml));
+    }
+}
+
+static void dequant_q4_k(const void *row, float *y, size_t n) {
+    const flm_block_q4_k *b = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (size_t i = 0; i < n / 256; i++, y += 256) {
+        uint64_t sc8, mn8;
+        q4k_scales8(b[i].scales, &sc8, &mn8);
+        const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = ld256(b[i].qs + 32 * j);
+            const int s0 = (int)(sc8 >> (16 * j)) & 0xff, s1 = (int)(sc8 >> (16 * j + 8)) & 0xff;
+            const int m0 = (int)(mn8 >> (16 * j)) & 0xff, m1 = (int)(mn8 >> (16 * j + 8)) & 0xff;
+            const float dl0 = d * (float)s0, ml0 = dmin * (float)m0, dl1 = d * (float)s1, ml1 = dmin * (float)m1;
+            store_dq32(_mm256_and_si256(q4, m4), false, dl0, ml0, dl0, ml0, y + 64 * j);
+            store_dq32(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), false, dl1, ml1, dl1, ml1, y + 64 * j + 32);
+        }
+    }
+}
+
+static void dequant_q6_k(const void *row, float *y, size_t n) {
+    const flm_block_q6_k *b = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+    for (size_t i = 0; i < n / 256; i++, y += 256) {
+        const float d = h2f(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = ld256(b[i].qh + 32 * h), l0 = ld256(b[i].ql + 64 * h), l1 = ld256(b[i].ql + 64 * h + 32);
+            const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int s = 0; s < 4; s++) {
+                const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2), 4);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[s], hi), k32);
+                const int g = 8 * h + 2 * s;
+                store_dq32(q, true, d * (float)b[i].scales[g], 0.0f, d * (float)b[i].scales[g + 1], 0.0f,
+                           y + 128 * h + 32 * s);
+            }
+        }
+    }
+}
+
+/* K-quants without an AVX2 dequantizer: the table's (scalar) one of the same type, looked up once */
 static flm_dequant_fn kdeq[FLM_N_TYPES];
 static void deq_q2_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q2_K](r, y, n); }
 static void deq_q3_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q3_K](r, y, n); }
-static void deq_q4_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q4_K](r, y, n); }
 static void deq_q5_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q5_K](r, y, n); }
-static void deq_q6_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q6_K](r, y, n); }
 DOT_VIA_DEQUANT(q2_k, deq_q2_k, 256, sizeof(flm_block_q2_k))
 DOT_VIA_DEQUANT(q3_k, deq_q3_k, 256, sizeof(flm_block_q3_k))
-DOT_VIA_DEQUANT(q4_k, deq_q4_k, 256, sizeof(flm_block_q4_k))
+DOT_VIA_DEQUANT(q4_k, dequant_q4_k, 256, sizeof(flm_block_q4_k))
 DOT_VIA_DEQUANT(q5_k, deq_q5_k, 256, sizeof(flm_block_q5_k))
-DOT_VIA_DEQUANT(q6_k, deq_q6_k, 256, sizeof(flm_block_q6_k))
+DOT_VIA_DEQUANT(q6_k, dequant_q6_k, 256, sizeof(flm_block_q6_k))
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Activation quantizers: the same bytes as quants.c's scalar ones (same amax, d, 1/d, x*id products; roundf's
@@ -561,6 +613,21 @@ static void aq_q8_k(const float *x, void *dst, size_t n) {
     }
 }
 
+/* y += a * row through the block dequantizer, 256 elements at a time (the K-quants' down columns) */
+#define AXPY_VIA_DEQUANT(T, DEQ, BB)                                                                              \
+    static void axpy_##T(const void *row, float a, float *y, size_t n) {                                          \
+        const uint8_t *r = row;                                                                                   \
+        _Alignas(32) float tmp[256];                                                                              \
+        const __m256 va = _mm256_set1_ps(a);                                                                      \
+        for (size_t i = 0; i < n; i += 256) {                                                                     \
+            DEQ(r + i / 256 * (BB), tmp, 256);                                                                    \
+            for (size_t j = 0; j < 256; j += 8)                                                                   \
+                _mm256_storeu_ps(y + i + j, _mm256_fmadd_ps(va, _mm256_load_ps(tmp + j), _mm256_loadu_ps(y + i + j))); \
+        }                                                                                                         \
+    }
+AXPY_VIA_DEQUANT(q4_k, dequant_q4_k, sizeof(flm_block_q4_k))
+AXPY_VIA_DEQUANT(q6_k, dequant_q6_k, sizeof(flm_block_q6_k))
+
 void flm_quants_fill_avx2(flm_kernels *k) {
     k->act_quantize[FLM_TYPE_Q8_0] = aq_q8_0;
     k->act_quantize[FLM_TYPE_Q8_1] = aq_q8_1;
@@ -581,9 +648,9 @@ void flm_quants_fill_avx2(flm_kernels *k) {
     k->dequant[FLM_TYPE_Q5_1] = dequant_q5_1, k->axpy[FLM_TYPE_Q5_1] = axpy_q5_1, k->dot[FLM_TYPE_Q5_1] = dot_q5_1;
     k->dot[FLM_TYPE_Q2_K] = dot_q2_k;
     k->dot[FLM_TYPE_Q3_K] = dot_q3_k;
-    k->dot[FLM_TYPE_Q4_K] = dot_q4_k;
+    k->dot[FLM_TYPE_Q4_K] = dot_q4_k, k->dequant[FLM_TYPE_Q4_K] = dequant_q4_k, k->axpy[FLM_TYPE_Q4_K] = axpy_q4_k;
     k->dot[FLM_TYPE_Q5_K] = dot_q5_k;
-    k->dot[FLM_TYPE_Q6_K] = dot_q6_k;
+    k->dot[FLM_TYPE_Q6_K] = dot_q6_k, k->dequant[FLM_TYPE_Q6_K] = dequant_q6_k, k->axpy[FLM_TYPE_Q6_K] = axpy_q6_k;
 }
 
 #else
