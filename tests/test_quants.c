@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/ffn_bundle.h"
 #include "compute/kernels.h"
 #include "core/types.h"
 #include "format/gguf.h"
@@ -562,6 +563,90 @@ static void test_matvec_multi(void **state) {
     }
 }
 
+/* The bundle FFN with quantized x (one quantization per call, per activation type): up/gate/down of mixed types,
+ * gated SiLU and ungated ReLU, against a double-precision FFN on the dequantized weights and the float x. */
+static void test_ffn_bundles_mixed(void **state) {
+    (void)state;
+    uint64_t rng = 21;
+    const uint32_t d = 512, n = 96;
+    static const uint32_t combos[][3] = {/* up, gate, down */
+                                         {FLM_TYPE_Q4_1, FLM_TYPE_Q5_0, FLM_TYPE_Q8_0},
+                                         {FLM_TYPE_Q4_K, FLM_TYPE_Q6_K, FLM_TYPE_Q4_K},
+                                         {FLM_TYPE_Q5_0, FLM_TYPE_Q5_0, FLM_TYPE_Q6_K},
+                                         {FLM_TYPE_F16, FLM_TYPE_Q4_0, FLM_TYPE_Q4_1}};
+    const flm_kernels *tabs[2] = {flm_kernels_scalar(), flm_kernels_avx2()};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++)
+        for (int gated = 0; gated < 2; gated++) {
+            flm_bundle_desc b = {.d_model = d, .up_type = combos[c][0], .gate_type = gated ? combos[c][1] : 0,
+                                 .down_type = combos[c][2], .gated = gated, .relu = !gated};
+            size_t ub = flm_row_bytes(b.up_type, d), gb = gated ? flm_row_bytes(b.gate_type, d) : 0,
+                   db = flm_row_bytes(b.down_type, d);
+            b.up_off = 0, b.gate_off = ub, b.down_off = ub + gb, b.record_bytes = ub + gb + db;
+            uint8_t *rec = malloc(n * b.record_bytes);
+            assert_non_null(rec);
+            for (uint32_t i = 0; i < n; i++) {
+                uint8_t *r = rec + i * b.record_bytes;
+                uint8_t *u = rand_blocks(b.up_type, d / flm_type_block_elems(b.up_type), &rng);
+                uint8_t *dn = rand_blocks(b.down_type, d / flm_type_block_elems(b.down_type), &rng);
+                memcpy(r + b.up_off, u, ub);
+                memcpy(r + b.down_off, dn, db);
+                free(u);
+                free(dn);
+                if (gated) {
+                    uint8_t *g = rand_blocks(b.gate_type, d / flm_type_block_elems(b.gate_type), &rng);
+                    memcpy(r + b.gate_off, g, gb);
+                    free(g);
+                }
+            }
+            float *x = rand_floats(d, &rng, 2.0f), *w = malloc(d * sizeof(float));
+            double *want = calloc(d, sizeof(double)), *mag = calloc(d, sizeof(double));
+            assert_true(w && want && mag);
+            for (uint32_t i = 0; i < n; i++) {
+                const uint8_t *r = rec + i * b.record_bytes;
+                double up = 0, g = 0, h;
+                tabs[0]->dequant[b.up_type](r + b.up_off, w, d);
+                for (uint32_t j = 0; j < d; j++) up += (double)w[j] * x[j];
+                if (gated) {
+                    tabs[0]->dequant[b.gate_type](r + b.gate_off, w, d);
+                    for (uint32_t j = 0; j < d; j++) g += (double)w[j] * x[j];
+                    h = g / (1.0 + exp(-g)) * up;
+                } else {
+                    h = up > 0 ? up : 0;
+                }
+                tabs[0]->dequant[b.down_type](r + b.down_off, w, d);
+                for (uint32_t j = 0; j < d; j++) want[j] += h * w[j], mag[j] += fabs(h * w[j]);
+            }
+            double scale = 0;
+            for (uint32_t j = 0; j < d; j++) scale = fmax(scale, mag[j]);
+            float *out = malloc(d * sizeof(float)), *out1 = malloc(d * sizeof(float)), *h = malloc(n * sizeof(float));
+            float *acc = malloc(3 * d * sizeof(float));
+            assert_true(out && out1 && h && acc);
+            for (int k = 0; k < 2; k++) {
+                if (!tabs[k]) continue;
+                for (int th = 1; th <= 3; th++) {
+                    flm_ffn_bundles(tabs[k], &b, rec, NULL, n, x, th == 1 ? out1 : out, h, acc, th);
+                    const float *o = th == 1 ? out1 : out;
+                    for (uint32_t j = 0; j < d; j++)
+                        /* int8 x: ~1e-2 of the magnitudes; float sums besides */
+                        if (!(fabs(o[j] - want[j]) <= 3e-2 * scale + 1e-6))
+                            fail_msg("ffn %s/%s/%s %s (%s, %d threads) out[%u]: %.9g, double %.9g (scale %.3g)",
+                                     flm_type_name(b.up_type), gated ? flm_type_name(b.gate_type) : "-",
+                                     flm_type_name(b.down_type), gated ? "silu" : "relu", tabs[k]->name, th, j, o[j],
+                                     want[j], scale);
+                }
+            }
+            free(rec);
+            free(x);
+            free(w);
+            free(want);
+            free(mag);
+            free(out);
+            free(out1);
+            free(h);
+            free(acc);
+        }
+}
+
 /* axpy of every type: y += a * dequant(row), to float rounding, scalar and AVX2. */
 static void test_axpy_all_types(void **state) {
     (void)state;
@@ -657,6 +742,7 @@ int main(void) {
         cmocka_unit_test(test_vec_dot),
         cmocka_unit_test(test_matvec_all_types),
         cmocka_unit_test(test_matvec_multi),
+        cmocka_unit_test(test_ffn_bundles_mixed),
         cmocka_unit_test(test_axpy_all_types),
         cmocka_unit_test(test_real_tensors),
     };
