@@ -202,17 +202,28 @@ void flm_reset_stats(flm_ctx *ctx);
 flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err);
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Tokenizer (SentencePiece BPE from the model's metadata)
+ * Tokenizer (SentencePiece BPE or GPT-2 byte-level BPE, from the model's metadata)
  * ------------------------------------------------------------------------------------------------------------- */
-/* Encode UTF-8 text into at most cap ids, with BOS first when add_bos. Returns how many ids the whole text needs
- * (when more than cap, only cap were written). */
+/* Encode UTF-8 text into at most cap ids, with BOS first when add_bos and the model adds one
+ * (tokenizer.ggml.add_bos_token; EOS last when add_bos and add_eos_token); special tokens are not parsed. Returns
+ * how many ids the whole text needs (when more than cap, only cap were written), or SIZE_MAX when out of memory. */
 size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t *ids, size_t cap);
-/* Encode the whole text into a malloc'd array (caller frees) of *n ids, BOS first when add_bos; NULL when out of
+/* Encode the whole text into a malloc'd array (caller frees) of *n ids, as flm_tokenize; NULL when out of
  * memory. */
 int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n);
 /* Bytes that token id decodes to, given the previous token (a leading space after BOS is dropped); not
  * NUL-terminated, *len bytes, valid while ctx lives. */
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);
+
+#define FLM_TOKENIZE_ADD_SPECIAL 1u   /* BOS / EOS as the model's tokenizer.ggml.add_bos_token / add_eos_token say
+                                         (llama.cpp's add_special) */
+#define FLM_TOKENIZE_PARSE_SPECIAL 2u /* control tokens spelled out in the text ("<|im_start|>", "<end_of_turn>")
+                                         become those tokens (llama.cpp's parse_special) */
+/* Encode len bytes of UTF-8 text (need not be NUL-terminated) into at most cap ids with FLM_TOKENIZE_* flags.
+ * Returns how many ids the whole text needs (only the first cap are written), or SIZE_MAX when out of memory. */
+size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap);
+/* true for the tokens that end a generation or a chat turn (EOS, EOT, "<|im_end|>", "<end_of_turn>", ...). */
+bool flm_token_is_eog(const flm_ctx *ctx, int32_t id);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Perplexity (teacher-forced, as llama.cpp's perplexity tool computes it)

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "flashlm.h"
 #include "testutil.h"
@@ -192,6 +194,69 @@ static void test_control_tokens_decode_to_nothing(void **state) {
     assert_int_equal(n, 0);
 }
 
+/* flm_tokenize_ex: special tokens parsed only when asked; a space prefix after each special token (llama.cpp's SPM
+ * is_prev_special); only len bytes read; EOS ends generation, BOS does not. */
+static void test_tokenize_ex(void **state) {
+    (void)state;
+    int32_t ids[32], plain[32];
+    /* "<s>" as text: ordinary characters */
+    size_t n = flm_tokenize_ex(ctx, "<s>Once", 7, 0, ids, 32);
+    assert_true(n > 2);
+    assert_int_not_equal(ids[0], 1);
+    /* parsed: BOS, then "Once" with its space prefix, as at the start of a text */
+    n = flm_tokenize_ex(ctx, "<s>Once", 7, FLM_TOKENIZE_PARSE_SPECIAL, ids, 32);
+    size_t m = flm_tokenize_ex(ctx, "Once", 4, 0, plain, 32);
+    assert_int_equal(n, m + 1);
+    assert_int_equal(ids[0], 1);
+    assert_memory_equal(ids + 1, plain, m * sizeof *ids);
+    /* with the model's special tokens (stories260K: add_bos_token) */
+    n = flm_tokenize_ex(ctx, "Once upon a time, long ago", 16, FLM_TOKENIZE_ADD_SPECIAL, ids, 32);
+    int32_t want[] = {1, 403, 407, 261, 378};
+    assert_int_equal(n, 5);
+    assert_memory_equal(ids, want, sizeof want);
+    assert_true(flm_token_is_eog(ctx, 2));
+    assert_false(flm_token_is_eog(ctx, 1));
+    assert_false(flm_token_is_eog(ctx, 403));
+    assert_false(flm_token_is_eog(ctx, 1 << 20));
+}
+
+/* Out of memory is reported as such (SIZE_MAX, NULL), not as an empty or short encoding: under an address-space limit
+ * a little above what the process maps now, a 16 MiB text (whose symbols need ~512 MiB) cannot be encoded.
+ * Skipped under sanitizers (their shadow memory needs the address space). */
+static void test_out_of_memory(void **state) {
+    (void)state;
+#ifdef FLM_SANITIZED_BUILD
+    skip();
+#else
+    size_t len = 16u << 20;
+    char *text = malloc(len + 1);
+    assert_non_null(text);
+    for (size_t i = 0; i < len; i++) text[i] = "ab "[i % 3];
+    text[len] = 0;
+    long pages = 0, page = sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%ld", &pages), 1);
+    fclose(f);
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)pages * (rlim_t)page + (64u << 20);
+    assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+    int32_t ids[8];
+    size_t n = flm_tokenize(ctx, text, true, ids, 8);
+    size_t n_all = 99;
+    int32_t *all = flm_tokenize_all(ctx, text, true, &n_all);
+    assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+    assert_true(n == SIZE_MAX);
+    assert_null(all);
+    /* with the limit gone the same text encodes */
+    n = flm_tokenize(ctx, text, true, ids, 8);
+    assert_true(n != SIZE_MAX && n > len / 4);
+    free(text);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_known_ids),
@@ -200,6 +265,8 @@ int main(void) {
         cmocka_unit_test(test_byte_fallback),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_control_tokens_decode_to_nothing),
+        cmocka_unit_test(test_tokenize_ex),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -68,3 +68,16 @@ uint64_t tu_rand_u64(uint64_t *s) {
 }
 
 float tu_rand_f32(uint64_t *s) { return (float)((tu_rand_u64(s) >> 40) * (1.0 / (1 << 24)) * 2.0 - 1.0); }
+
+const char *tu_model(const char *name) {
+    static char buf[4096];
+    const char *c = getenv("FLASHLM_CACHE"), *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (c && *c) snprintf(buf, sizeof buf, "%s/models/%s.gguf", c, name);
+    else if (x && *x) snprintf(buf, sizeof buf, "%s/flashlm/models/%s.gguf", x, name);
+    else snprintf(buf, sizeof buf, "%s/.cache/flashlm/models/%s.gguf", home ? home : "", name);
+    if (access(buf, R_OK) == 0) return buf;
+    const char *req = getenv("FLASHLM_REQUIRE_MODELS");
+    if (req && !strcmp(req, "1")) fail_msg("model %s is not pulled (%s): run `flashlm pull %s`", name, buf, name);
+    print_message("model %s is not pulled (%s): skipped\n", name, buf);
+    return NULL;
+}

@@ -22,4 +22,9 @@ int tu_run_cli(const char *args, char **out);
 uint64_t tu_rand_u64(uint64_t *state);
 float tu_rand_f32(uint64_t *state); /* uniform in [-1, 1) */
 
+/* The path of a real model pulled by `flashlm pull NAME` ($FLASHLM_CACHE, else $XDG_CACHE_HOME/flashlm, else
+ * ~/.cache/flashlm; then models/NAME.gguf), or NULL when it has not been pulled. When it is missing and
+ * FLASHLM_REQUIRE_MODELS=1 (CI) the test fails; otherwise the caller should skip(). Static buffer. */
+const char *tu_model(const char *name);
+
 #endif

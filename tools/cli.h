@@ -29,6 +29,63 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;
 
+/* ---- generation and chat, shared by run and chat ---------------------------------------------------------------- */
+#include <stddef.h>
+#include "flashlm.h"
+struct flm_tokenizer;
+struct gguf_file;
+struct flm_chat_template;
+
+/* A growable byte string, always NUL-terminated once something was added (p NULL before). */
+typedef struct cli_buf {
+    char *p;
+    size_t len, cap;
+} cli_buf;
+/* Append n bytes of s; false when out of memory (b is unchanged then). */
+bool cli_buf_add(cli_buf *b, const char *s, size_t n);
+void cli_buf_free(cli_buf *b);
+
+/* Parse one of the generation options run and chat share (-n --temp --top-k --top-p --seed) at argv[*i]; advances
+ * *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. */
+int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sampler_params *sp);
+/* Help lines for --temp --top-k --top-p --seed (-n is described by each command). */
+extern const char *CLI_SAMPLING_OPTS_HELP;
+
+/* The tokenizer and the GGUF metadata (the file's, or a .flm file's resident region) of an open context. */
+const struct flm_tokenizer *cli_tokenizer(const flm_ctx *ctx);
+const struct gguf_file *cli_metadata(const flm_ctx *ctx);
+/* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
+int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
+/* The chat format of the open model: name (--chat-template, may be NULL) or the model's tokenizer.chat_template or
+ * its architecture (flm_chat_template_init). Says on stderr which format was chosen and why. Returns 0, or 1 after
+ * printing the error. */
+int cli_chat_template(const flm_ctx *ctx, const char *name, struct flm_chat_template *t);
+
+/* A token stream through one context: tokens fed so far occupy positions [0, pos). */
+typedef struct cli_gen {
+    flm_ctx *ctx;
+    flm_sampler *smp;
+    const struct flm_tokenizer *tok;
+    uint32_t n_ctx;        /* the context's KV length */
+    int32_t pos;           /* next position */
+    int32_t last;          /* the last token fed (-1: none), the "previous" token for decoding pieces */
+    const float *logits;   /* the next-token logits after it */
+} cli_gen;
+/* Evaluate ids[0..n) at positions pos, pos+1, ... (restart with g->pos = 0). Returns 0, or 1 after printing the
+ * error (e.g. the context is full). */
+int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n);
+typedef struct cli_reply {
+    long n_gen;    /* tokens sampled (an end-of-generation token included) */
+    bool eog;      /* stopped at an end-of-generation token (flm_tokenizer_is_eog; it is not fed) */
+    bool ctx_full; /* stopped because the context had no room for the next token */
+} cli_reply;
+/* Sample up to n_predict tokens after g->logits, writing each one's text to stdout as it comes (and appending it
+ * to text when non-NULL); each printed token is fed back, except the n_predict-th when !feed_last. Stops at an
+ * end-of-generation token, after n_predict tokens, or when the context is full. Returns 0, or 1 after printing an
+ * evaluation error. */
+int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r);
+
+int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);

@@ -9,6 +9,10 @@
 
 #include "cli.h"
 #include "flashlm.h"
+#include "format/chat_template.h"
+#include "format/gguf.h"
+#include "format/tokenizer.h"
+#include "runtime/runtime.h"
 
 double cli_now_ms(void) {
     struct timespec ts;
@@ -167,4 +171,146 @@ bool cli_may_write(const char *path, bool force) {
     if (force || stat(path, &st) != 0) return true;
     fprintf(stderr, "flashlm: %s already exists; use --force to replace it\n", path);
     return false;
+}
+
+/* ---- generation and chat ---------------------------------------------------------------------------------------- */
+
+bool cli_buf_add(cli_buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) return false;
+        b->p = q;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return true;
+}
+
+void cli_buf_free(cli_buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+const char *CLI_SAMPLING_OPTS_HELP =
+    "      --temp T         temperature; 0 = greedy (default 0.8)\n"
+    "      --top-k K        top-k sampling; 0 = off (default 40)\n"
+    "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
+    "      --seed S         RNG seed (default 42)\n";
+
+int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sampler_params *sp) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long v;
+    if (strcmp(a, "-n") && strcmp(a, "--n-predict") && strcmp(a, "--temp") && strcmp(a, "--top-k") &&
+        strcmp(a, "--top-p") && strcmp(a, "--seed"))
+        return 0;
+    if (!val) { cli_die("option %s needs a value", a); return -1; }
+    (*i)++;
+    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+        if (!cli_parse_long(val, 0, 1 << 24, n_predict)) { cli_die("bad -n value '%s'", val); return -1; }
+    } else if (!strcmp(a, "--temp")) {
+        if (!cli_parse_float(val, 0.0f, 100.0f, &sp->temp)) { cli_die("bad --temp value '%s'", val); return -1; }
+    } else if (!strcmp(a, "--top-k")) {
+        if (!cli_parse_long(val, 0, 1 << 24, &v)) { cli_die("bad --top-k value '%s'", val); return -1; }
+        sp->top_k = (int)v;
+    } else if (!strcmp(a, "--top-p")) {
+        if (!cli_parse_float(val, 0.0f, 1.0f, &sp->top_p)) { cli_die("bad --top-p value '%s'", val); return -1; }
+    } else { /* --seed */
+        char *end;
+        errno = 0;
+        sp->seed = strtoull(val, &end, 10);
+        if (errno || *end || end == val) { cli_die("bad --seed value '%s'", val); return -1; }
+    }
+    return 1;
+}
+
+const struct flm_tokenizer *cli_tokenizer(const flm_ctx *ctx) { return ctx->model->tok; }
+
+const struct gguf_file *cli_metadata(const flm_ctx *ctx) {
+    if (ctx->model->gguf) return ctx->model->gguf;
+    return ctx->flash && ctx->flash->file ? ctx->flash->file->meta : NULL;
+}
+
+int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n) {
+    const flm_tokenizer *t = cli_tokenizer(ctx);
+    size_t cap = len + 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    size_t need = ids ? flm_tokenizer_encode_ex(t, text, len, flags, ids, cap) : SIZE_MAX;
+    if (need != SIZE_MAX && need > cap) { /* byte fallback can give several tokens per byte */
+        int32_t *more = realloc(ids, need * sizeof *ids);
+        if (more) {
+            ids = more;
+            need = flm_tokenizer_encode_ex(t, text, len, flags, ids, need);
+        } else {
+            need = SIZE_MAX;
+        }
+    }
+    if (need == SIZE_MAX) {
+        free(ids);
+        fprintf(stderr, "flashlm: out of memory tokenizing %zu bytes\n", len);
+        return NULL;
+    }
+    *n = need;
+    return ids;
+}
+
+int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat_template *t) {
+    const gguf_file *meta = cli_metadata(ctx);
+    const gguf_kv *kv = meta ? gguf_find_kv(meta, "tokenizer.chat_template") : NULL;
+    const char *src = NULL;
+    size_t src_len = 0;
+    if (kv && kv->type == GGUF_VT_STRING) {
+        src = kv->v.str.data;
+        src_len = (size_t)kv->v.str.len;
+    }
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    flm_error err;
+    if (flm_chat_template_init(t, name, src, src_len, info.arch, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        flm_chat_template_free(t);
+        return 1;
+    }
+    fprintf(stderr, "flashlm: chat format %s (%s)", flm_chat_format_name(t->format), t->origin);
+    if (t->default_system) fprintf(stderr, "; default system prompt \"%s\"", t->default_system);
+    fprintf(stderr, "\n");
+    return 0;
+}
+
+int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
+    flm_error err;
+    for (size_t i = 0; i < n; i++) {
+        if (flm_eval(g->ctx, ids[i], g->pos, &g->logits, &err)) {
+            fprintf(stderr, "\nflashlm: %s\n", err.msg);
+            return 1;
+        }
+        g->pos++;
+        g->last = ids[i];
+    }
+    return 0;
+}
+
+int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r) {
+    memset(r, 0, sizeof *r);
+    while (r->n_gen < n_predict && g->logits) {
+        int32_t next = flm_sampler_sample(g->smp, g->logits);
+        r->n_gen++;
+        if (flm_tokenizer_is_eog(g->tok, next)) { r->eog = true; break; }
+        size_t len;
+        const char *p = flm_token_piece(g->ctx, g->last, next, &len);
+        fwrite(p, 1, len, stdout);
+        fflush(stdout);
+        if (text && !cli_buf_add(text, p, len)) {
+            fprintf(stderr, "\nflashlm: out of memory\n");
+            return 1;
+        }
+        if (r->n_gen >= n_predict && !feed_last) break;
+        if ((uint32_t)g->pos >= g->n_ctx) { r->ctx_full = true; break; }
+        if (cli_gen_feed(g, &next, 1)) return 1;
+    }
+    return 0;
 }

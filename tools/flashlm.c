@@ -11,6 +11,8 @@
 #include "flashlm.h"
 #include "format/flm.h"
 #include "format/gguf.h"
+#include "format/chat_template.h"
+#include "format/tokenizer.h"
 #include "core/types.h"
 #include "cli.h"
 
@@ -87,20 +89,21 @@ static const char *RUN_HELP =
     "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
     "                       weights from flash)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
-    "  -n, --n-predict N    tokens to generate (default 128; stops early at EOS)\n"
-    "      --temp T         temperature; 0 = greedy (default 0.8)\n"
-    "      --top-k K        top-k sampling; 0 = off (default 40)\n"
-    "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
-    "      --seed S         RNG seed (default 42)\n"
+    "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token)\n";
+static const char *RUN_HELP_MORE =
+    "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
+    "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
+    "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_FORMAT_NAMES " (implies --chat)\n"
+    "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat)\n"
     "      --stats          print per-token statistics (flash I/O, memory, compute ms; bytes; reads)\n"
     "      --stats-json F   write all statistics as JSON to F\n"
     "  -h, --help           this help\n";
 static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = "", *stats_json = NULL;
-    bool per_token = false;
-    long n_predict = 128, v;
+    const char *model = NULL, *prompt = "", *stats_json = NULL, *chat_name = NULL, *system = NULL;
+    bool per_token = false, chat = false;
+    long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
     flm_sampler_params sp;
@@ -110,27 +113,25 @@ static int cmd_run(int argc, char **argv) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDVAL() do { if (!val) return cli_die("option %s needs a value (see flashlm run --help)", a); i++; } while (0)
         int used = cli_parse_model_opt(argc, argv, &i, &params);
+        if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nshared options:\n%s%s", RUN_HELP, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
+            printf("%s%s%s\nshared options:\n%s%s", RUN_HELP, CLI_SAMPLING_OPTS_HELP, RUN_HELP_MORE,
+                   CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 24, &n_predict)) return cli_die("bad -n value '%s'", val);
-        } else if (!strcmp(a, "--temp")) {
-            NEEDVAL(); if (!cli_parse_float(val, 0.0f, 100.0f, &sp.temp)) return cli_die("bad --temp value '%s'", val);
-        } else if (!strcmp(a, "--top-k")) {
-            NEEDVAL(); if (!cli_parse_long(val, 0, 1 << 24, &v)) return cli_die("bad --top-k value '%s'", val);
-            sp.top_k = (int)v;
-        } else if (!strcmp(a, "--top-p")) {
-            NEEDVAL(); if (!cli_parse_float(val, 0.0f, 1.0f, &sp.top_p)) return cli_die("bad --top-p value '%s'", val);
-        } else if (!strcmp(a, "--seed")) {
-            NEEDVAL(); char *end; errno = 0; sp.seed = strtoull(val, &end, 10);
-            if (errno || *end || end == val) return cli_die("bad --seed value '%s'", val);
+        else if (!strcmp(a, "--chat")) { chat = true; }
+        else if (!strcmp(a, "--chat-template")) {
+            NEEDVAL();
+            if (!flm_chat_format_parse(val))
+                return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_FORMAT_NAMES ")", val);
+            chat_name = val;
+            chat = true;
         }
+        else if (!strcmp(a, "--system")) { NEEDVAL(); system = val; chat = true; }
         else if (!strcmp(a, "--stats")) { per_token = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
         else return cli_die("unknown option '%s' (see flashlm run --help)", a);
@@ -147,7 +148,28 @@ static int cmd_run(int argc, char **argv) {
     flm_get_info(ctx, &info);
 
     size_t n_prompt = 0;
-    int32_t *ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
+    int32_t *ids = NULL;
+    if (chat) { /* the prompt as one user turn (after the system prompt) in the chat format */
+        flm_chat_template tmpl;
+        if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); return 1; }
+        flm_chat_msg msgs[2] = {{"system", system ? system : ""}, {"user", prompt}};
+        char *text = NULL;
+        size_t len = 0;
+        if (flm_chat_render(&tmpl, system ? msgs : msgs + 1, system ? 2 : 1, true, &text, &len, &err)) {
+            fprintf(stderr, "flashlm: %s\n", err.msg);
+            flm_chat_template_free(&tmpl);
+            flm_close(ctx);
+            return 1;
+        }
+        flm_chat_template_free(&tmpl);
+        const struct flm_tokenizer *tok = cli_tokenizer(ctx);
+        ids = cli_tokenize(ctx, text, len, FLM_TOKENIZE_PARSE_SPECIAL |
+                           (flm_tokenizer_wants_bos(tok) ? FLM_TOKENIZE_ADD_BOS : 0u), &n_prompt);
+        free(text);
+        if (!ids) { flm_close(ctx); return 1; }
+    } else {
+        ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
+    }
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     if (!ids || !smp) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
     if (n_prompt == 0) { fprintf(stderr, "flashlm: cannot tokenize the prompt\n"); return 1; }
@@ -156,10 +178,11 @@ static int cmd_run(int argc, char **argv) {
                 n_prompt, n_predict, info.n_ctx);
         return 1;
     }
-    /* echo the prompt the way it decodes */
-    for (size_t i = 1; i < n_prompt; i++) {
+    /* echo the prompt the way it decodes (a chat reply stands alone) */
+    for (size_t i = 0; i < n_prompt && !chat; i++) {
+        if (i == 0 && ids[0] == info.bos) continue; /* BOS prints nothing; without one the first token is text */
         size_t len;
-        const char *p = flm_token_piece(ctx, ids[i - 1], ids[i], &len);
+        const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
         fwrite(p, 1, len, stdout);
     }
     fflush(stdout);
@@ -167,34 +190,16 @@ static int cmd_run(int argc, char **argv) {
     double t_prompt = 0, t_gen = 0;
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
-    long n_gen = 0;
-    int32_t tok = ids[0];
-    const float *logits = NULL;
+    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = cli_tokenizer(ctx), .n_ctx = info.n_ctx, .last = -1};
+    cli_reply reply = {0};
     double t1 = cli_now_ms();
-    for (size_t pos = 0;; pos++) {
-        if (flm_eval(ctx, tok, (int32_t)pos, &logits, &err)) {
-            fprintf(stderr, "\nflashlm: %s\n", err.msg);
-            rc = 1;
-            break;
-        }
-        if (pos + 1 < n_prompt) { tok = ids[pos + 1]; continue; }
-        if (pos + 1 == n_prompt) {
-            double t = cli_now_ms();
-            t_prompt = t - t1;
-            t1 = t;
-            flm_get_stats(ctx, &prompt_stats);
-        }
-        if (n_gen >= n_predict) break;
-        int32_t next = flm_sampler_sample(smp, logits);
-        n_gen++;
-        if (next == info.eos) break;
-        size_t len;
-        const char *p = flm_token_piece(ctx, tok, next, &len);
-        fwrite(p, 1, len, stdout);
-        fflush(stdout);
-        tok = next;
-        if (n_gen >= n_predict) break;
-    }
+    if (cli_gen_feed(&gen, ids, n_prompt)) rc = 1;
+    double t = cli_now_ms();
+    t_prompt = t - t1;
+    t1 = t;
+    flm_get_stats(ctx, &prompt_stats);
+    if (!rc && cli_gen_reply(&gen, n_predict, false, NULL, &reply)) rc = 1;
+    long n_gen = reply.n_gen;
     t_gen = cli_now_ms() - t1;
     printf("\n");
     fflush(stdout);
@@ -376,6 +381,7 @@ static const char *MAIN_HELP =
     "\n"
     "commands:\n"
     "  run        generate text from a prompt (.gguf in memory, or .flm from flash)\n"
+    "  chat       a conversation with an instruction-tuned model in its chat template\n"
     "  convert    write the flash layout (.flm) of a GGUF model\n"
     "  verify     check every checksum of a .flm file\n"
     "  calibrate  train the activation predictors of a .flm model on text (enables --mode sparse)\n"
@@ -393,6 +399,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);

@@ -39,42 +39,44 @@ float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos) {
     return c->v + ((size_t)l * c->n_ctx + pos) * c->kv_dim;
 }
 
-void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta) {
-    for (uint32_t i = 0; i < rope_dim; i += 2) {
-        float freq = 1.0f / powf(theta, (float)i / (float)rope_dim);
+void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,
+              bool neox) {
+    const uint32_t half = rope_dim / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        float freq = 1.0f / powf(theta, (float)(2 * i) / (float)rope_dim);
         float val = (float)pos * freq;
         float fcr = cosf(val), fci = sinf(val);
+        uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         for (uint32_t h = 0; h < n_heads; h++) {
-            float *v = vec + (size_t)h * head_dim + i;
-            float v0 = v[0], v1 = v[1];
-            v[0] = v0 * fcr - v1 * fci;
-            v[1] = v0 * fci + v1 * fcr;
+            float *v = vec + (size_t)h * head_dim;
+            float v0 = v[a], v1 = v[b];
+            v[a] = v0 * fcr - v1 * fci;
+            v[b] = v0 * fci + v1 * fcr;
         }
     }
 }
 
-void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *q, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim, float *att, float *out, int n_threads) {
+void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,
+                   uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att, float *out, int n_threads) {
     uint32_t group = n_heads / n_kv_heads;
-    float scale = 1.0f / sqrtf((float)head_dim);
-    int nt = (n_threads > 1 && pos >= 64) ? n_threads : 1;
+    int nt = (n_threads > 1 && pos - first >= 64) ? n_threads : 1;
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int h = 0; h < (int)n_heads; h++) {
         const float *qh = q + (size_t)h * head_dim;
         float *a = att + (size_t)h * c->n_ctx;
         size_t koff = (size_t)(h / group) * head_dim;
-        for (uint32_t t = 0; t <= pos; t++) {
+        for (uint32_t t = first; t <= pos; t++) {
             const float *k = flm_kv_key(c, l, t) + koff;
             float s = 0.0f;
             for (uint32_t i = 0; i < head_dim; i++) s += qh[i] * k[i];
-            a[t] = s * scale;
+            a[t - first] = s * scale;
         }
-        flm_softmax(a, pos + 1);
+        flm_softmax(a, pos - first + 1);
         float *o = out + (size_t)h * head_dim;
         memset(o, 0, head_dim * sizeof(float));
-        for (uint32_t t = 0; t <= pos; t++) {
+        for (uint32_t t = first; t <= pos; t++) {
             const float *v = flm_kv_value(c, l, t) + koff;
-            float w = a[t];
+            float w = a[t - first];
             for (uint32_t i = 0; i < head_dim; i++) o[i] += w * v[i];
         }
     }

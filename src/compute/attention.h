@@ -1,8 +1,9 @@
 /* attention.h — RoPE, the KV cache and grouped-query attention (float32). Internal.
- * Layout as in llama.cpp for GGUF llama models (rope type "normal"): RoPE rotates adjacent pairs (x[2i], x[2i+1])
- * of each head's first rope_dim dimensions by pos * theta^(-2i/rope_dim)... with i counted within the head. */
+ * RoPE as in llama.cpp: rope type "normal" (llama) rotates adjacent pairs, "neox" (Qwen2, Gemma) rotates the two
+ * halves of each head's first rope_dim dimensions, each pair i by pos * theta^(-2i/rope_dim). */
 #ifndef FLM_COMPUTE_ATTENTION_H
 #define FLM_COMPUTE_ATTENTION_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "flashlm.h"
@@ -22,12 +23,16 @@ void flm_kv_cache_free(flm_kv_cache *c);
 float *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 
-/* Rotate vec (n_heads heads of head_dim floats) in place for position pos. */
-void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta);
+/* Rotate vec (n_heads heads of head_dim floats) in place for position pos: pair i of each head's first rope_dim
+ * dimensions turns by pos * theta^(-2i/rope_dim). neox = false: pairs are (x[2i], x[2i+1]) (llama, "normal");
+ * neox = true: pairs are (x[i], x[i + rope_dim/2]) (GPT-NeoX order: Qwen2, Gemma). */
+void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,
+              bool neox);
 
-/* out[n_heads*head_dim] = softmax(q·K^T / sqrt(head_dim)) V over positions 0..pos of layer l, with query head h
- * reading KV head h / (n_heads / n_kv_heads). att is scratch of n_heads * n_ctx floats. */
-void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *q, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim, float *att, float *out, int n_threads);
+/* out[n_heads*head_dim] = softmax(scale * q·K^T) V over positions first..pos of layer l (first = 0 for global
+ * attention; pos - n_swa + 1 for a sliding window of n_swa tokens), with query head h reading KV head
+ * h / (n_heads / n_kv_heads). att is scratch of n_heads * n_ctx floats. */
+void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,
+                   uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att, float *out, int n_threads);
 
 #endif

@@ -10,7 +10,6 @@
 #include <omp.h>
 #endif
 
-static float act_fn(bool relu, float v) { return relu ? (v > 0.0f ? v : 0.0f) : v / (1.0f + expf(-v)); }
 
 /* x prepared once per call for the dot products with one weight type (kernels.h: flm_act_quantize): xq is x itself
  * for float weights, else x quantized into the type's vec_dot_type; NULL when its buffer could not be allocated,
@@ -48,7 +47,7 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     for (size_t i = i0; i < i1; i++) {
         const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
         /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
-        float a = act_fn(b->relu, b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
+        float a = flm_act_eval(b->act, b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
                                            : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model));
         float v = 0.0f;
         if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) /* inactive ReLU neurons: no up row */

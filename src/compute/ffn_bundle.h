@@ -3,7 +3,7 @@
  *
  * A bundle is one FFN neuron j's weights stored together: up row j | gate row j (gated FFNs) | down column j, each
  * d_model elements of its type (byte offsets in flm_bundle_desc). For n bundles at records + i * record_bytes:
- *     h_i = act(gate_i · x) * (up_i · x)      (gated; act = SiLU or ReLU)
+ *     h_i = act(gate_i · x) * (up_i · x)      (gated; act = SiLU, ReLU or GELU)
  *     h_i = act(up_i · x)                      (not gated)
  *     out = sum_i h_i * down_i                 (out has d_model floats)
  * Neuron order does not matter (Knowl 5), so any subset of bundles in any order gives the FFN restricted to it. */
@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "compute/act.h"
 #include "compute/kernels.h"
 
 typedef struct flm_bundle_desc {
@@ -20,7 +21,7 @@ typedef struct flm_bundle_desc {
     uint64_t up_off, gate_off, down_off; /* byte offsets inside a record */
     uint64_t record_bytes;
     bool gated;
-    bool relu;                           /* activation: ReLU, else SiLU */
+    flm_act act;                         /* activation (compute/act.h) */
     float threshold;                     /* CATS-style sparsification of SiLU: a neuron whose |act(gate . x)| is at
                                             most threshold contributes nothing (0 = exact FFN) */
 } flm_bundle_desc;

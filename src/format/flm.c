@@ -325,6 +325,10 @@ static void build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *
     put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
 }
 
+uint32_t flm_down_column_type(uint32_t down_type) {
+    return flm_type_block_elems(down_type) > 1 ? FLM_TYPE_Q8_0 : down_type;
+}
+
 static bool is_ffn_tensor(const char *name) {
     const char *p = strrchr(name, '.');
     if (!p || strcmp(p, ".weight") != 0 || strncmp(name, "blk.", 4) != 0) return false;
@@ -394,7 +398,8 @@ static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, f
     const flm_layer_weights *L = &m->layers[l];
     const flm_kernels *k = flm_kernels_scalar();
     uint32_t d = hp->d_model, n_ffn = hp->d_ffn;
-    flm_bundle_layout b = flm_bundle_layout_of(d, L->ffn_up.type, L->ffn_gate.type, L->ffn_down.type, hp->gated);
+    const uint32_t col_type = flm_down_column_type(L->ffn_down.type);
+    flm_bundle_layout b = flm_bundle_layout_of(d, L->ffn_up.type, L->ffn_gate.type, col_type, hp->gated);
     /* down is d_model rows of d_ffn: transpose it into d_ffn rows of d_model floats */
     size_t down_row = flm_row_bytes(L->ffn_down.type, n_ffn);
     float *row = downT + (size_t)n_ffn * d; /* scratch of n_ffn floats after the transpose buffer */
@@ -403,7 +408,7 @@ static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, f
         for (uint32_t i = 0; i < n_ffn; i++) downT[(size_t)i * d + r_] = row[i];
     }
     *r = (flm_region){.kind = FLM_REGION_FFN, .layer = l, .offset = o->pos, .up_type = L->ffn_up.type,
-                      .gate_type = hp->gated ? L->ffn_gate.type : 0, .down_type = L->ffn_down.type,
+                      .gate_type = hp->gated ? L->ffn_gate.type : 0, .down_type = col_type,
                       .n_records = n_ffn, .record_bytes = b.record_bytes};
     XXH64_reset(o->h, 0);
     uint64_t start = o->pos;
@@ -415,7 +420,7 @@ static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, f
             memcpy(rec + b.up_off, (const uint8_t *)L->ffn_up.data + (size_t)i * b.up_bytes, b.up_bytes);
             if (b.gate_bytes)
                 memcpy(rec + b.gate_off, (const uint8_t *)L->ffn_gate.data + (size_t)i * b.gate_bytes, b.gate_bytes);
-            flm_quantize_row(L->ffn_down.type, downT + (size_t)i * d, rec + b.down_off, d);
+            flm_quantize_row(col_type, downT + (size_t)i * d, rec + b.down_off, d);
         }
         flm_status st = out_write(o, chunk, (size_t)n * b.record_bytes, err);
         if (st) return st;
@@ -435,17 +440,12 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
     const flm_hparams *hp = &m->hp;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        uint32_t t = m->layers[l].ffn_down.type;
-        size_t be = flm_type_block_elems(t);
-        if (be > 1 && hp->d_model % be)
+        uint32_t t = m->layers[l].ffn_down.type, ct = flm_down_column_type(t);
+        if (!flm_row_bytes(ct, hp->d_model))
             return flm_model_free(m),
-                   flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection needs d_model (%u) to be a "
-                            "multiple of its block size %zu to be stored by columns", src, l, flm_type_name(t),
-                            hp->d_model, be);
-        if (!flm_type_traits_of(t)->has_quantizer) /* columns are re-quantized into the down type */
-            return flm_model_free(m),
-                   flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection cannot be stored by "
-                            "columns yet (flashlm has no %s quantizer)", src, l, flm_type_name(t), flm_type_name(t));
+                   flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection is stored by columns as %s, "
+                            "which needs d_model (%u) to be a multiple of %zu", src, l, flm_type_name(t),
+                            flm_type_name(ct), hp->d_model, flm_type_block_elems(ct));
     }
     size_t plen = strlen(dst);
     char *tmp = malloc(plen + 16), *res_tmp = malloc(plen + 32);
@@ -458,8 +458,8 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     size_t max_rec = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const flm_layer_weights *L = &m->layers[l];
-        flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, L->ffn_up.type, L->ffn_gate.type, L->ffn_down.type,
-                                                   hp->gated);
+        flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, L->ffn_up.type, L->ffn_gate.type,
+                                                   flm_down_column_type(L->ffn_down.type), hp->gated);
         if (b.record_bytes > max_rec) max_rec = b.record_bytes;
     }
     size_t chunk_records = 256;

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,50 +14,90 @@ uint64_t flm_weight_bytes(const flm_weight *w) { return (uint64_t)flm_row_bytes(
 flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err) {
     const uint32_t lim = 1u << 20;
     if (!hp->d_model || !hp->d_ffn || !hp->n_layers || !hp->n_heads || !hp->n_kv_heads || !hp->n_vocab ||
-        hp->d_model > lim || hp->d_ffn > lim || hp->n_layers > 4096 || hp->n_heads > 4096 || hp->n_vocab > (1u << 24))
+        !hp->head_dim || hp->d_model > lim || hp->d_ffn > lim || hp->n_layers > 4096 || hp->n_heads > 4096 ||
+        hp->head_dim > 4096 || hp->n_vocab > (1u << 24))
         return flm_fail(err, FLM_ERR_FORMAT,
                         "%s: hyper-parameters out of range (d_model %u, d_ffn %u, n_layers %u, n_heads %u, "
-                        "n_kv_heads %u, n_vocab %u)", what, hp->d_model, hp->d_ffn, hp->n_layers, hp->n_heads,
-                        hp->n_kv_heads, hp->n_vocab);
-    if (hp->d_model % hp->n_heads || hp->n_heads % hp->n_kv_heads)
-        return flm_fail(err, FLM_ERR_FORMAT, "%s: d_model %u / n_heads %u / n_kv_heads %u do not divide evenly",
-                        what, hp->d_model, hp->n_heads, hp->n_kv_heads);
-    if (hp->head_dim * hp->n_heads != hp->d_model || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+                        "n_kv_heads %u, head_dim %u, n_vocab %u)", what, hp->d_model, hp->d_ffn, hp->n_layers,
+                        hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
+    if (hp->n_heads % hp->n_kv_heads)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: n_heads %u is not a multiple of n_kv_heads %u", what, hp->n_heads,
+                        hp->n_kv_heads);
+    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: rope dimension %u must be even and at most head_dim %u", what,
                         hp->rope_dim, hp->head_dim);
-    if (!(hp->norm_eps > 0.0f && hp->norm_eps < 1.0f) || !(hp->rope_theta > 0.0f))
+    if (!(hp->norm_eps > 0.0f && hp->norm_eps < 1.0f) || !(hp->rope_theta > 0.0f) || !(hp->rope_theta_local > 0.0f))
         return flm_fail(err, FLM_ERR_FORMAT, "%s: norm epsilon %g or RoPE base %g out of range", what,
                         (double)hp->norm_eps, (double)hp->rope_theta);
     return FLM_OK;
 }
 
+/* "<arch>.<suffix>" into buf */
+static const char *akey(char *buf, size_t cap, const flm_arch *a, const char *suffix) {
+    snprintf(buf, cap, "%s.%s", a->name, suffix);
+    return buf;
+}
+
+/* The architecture named by general.architecture, or an error naming it and the known ones. */
+static flm_status find_arch(const gguf_file *f, const flm_arch **out, flm_error *err) {
+    char *arch = NULL;
+    flm_status st = gguf_get_str(f, "general.architecture", true, &arch, err);
+    if (st) return st;
+    *out = flm_arch_find(arch);
+    if (!*out)
+        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)", f->path,
+                      arch, flm_arch_names());
+    free(arch);
+    return st;
+}
+
 flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err) {
     memset(hp, 0, sizeof *hp);
     flm_status st;
-    if ((st = gguf_get_u32(f, "llama.embedding_length", true, &hp->d_model, err)) ||
-        (st = gguf_get_u32(f, "llama.feed_forward_length", true, &hp->d_ffn, err)) ||
-        (st = gguf_get_u32(f, "llama.block_count", true, &hp->n_layers, err)) ||
-        (st = gguf_get_u32(f, "llama.attention.head_count", true, &hp->n_heads, err)))
+    const flm_arch *a = NULL;
+    if ((st = find_arch(f, &a, err))) return st;
+    hp->arch = a;
+    char k[128];
+#define KEY(s) akey(k, sizeof k, a, s)
+    if ((st = gguf_get_u32(f, KEY("embedding_length"), true, &hp->d_model, err)) ||
+        (st = gguf_get_u32(f, KEY("feed_forward_length"), true, &hp->d_ffn, err)) ||
+        (st = gguf_get_u32(f, KEY("block_count"), true, &hp->n_layers, err)) ||
+        (st = gguf_get_u32(f, KEY("attention.head_count"), true, &hp->n_heads, err)))
         return st;
     hp->n_kv_heads = hp->n_heads;
     hp->n_ctx_train = 2048;
     hp->norm_eps = 1e-5f;
     hp->rope_theta = 10000.0f;
-    if ((st = gguf_get_u32(f, "llama.attention.head_count_kv", false, &hp->n_kv_heads, err)) ||
-        (st = gguf_get_u32(f, "llama.context_length", true, &hp->n_ctx_train, err)) ||
-        (st = gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", true, &hp->norm_eps, err)) ||
-        (st = gguf_get_f32(f, "llama.rope.freq_base", false, &hp->rope_theta, err)))
-        return st;
     hp->head_dim = hp->n_heads ? hp->d_model / hp->n_heads : 0;
+    if ((st = gguf_get_u32(f, KEY("attention.head_count_kv"), false, &hp->n_kv_heads, err)) ||
+        (st = gguf_get_u32(f, KEY("context_length"), true, &hp->n_ctx_train, err)) ||
+        (st = gguf_get_f32(f, KEY("attention.layer_norm_rms_epsilon"), true, &hp->norm_eps, err)) ||
+        (st = gguf_get_f32(f, KEY("rope.freq_base"), false, &hp->rope_theta, err)) ||
+        (st = gguf_get_u32(f, KEY("attention.key_length"), false, &hp->head_dim, err)))
+        return st;
+    uint32_t v_dim = hp->head_dim;
+    if ((st = gguf_get_u32(f, KEY("attention.value_length"), false, &v_dim, err))) return st;
+    if (v_dim != hp->head_dim)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: %s.attention.value_length %u differs from key_length %u",
+                        f->path, a->name, v_dim, hp->head_dim);
     hp->rope_dim = hp->head_dim;
-    if ((st = gguf_get_u32(f, "llama.rope.dimension_count", false, &hp->rope_dim, err))) return st;
-    /* flashlm extension for synthetic ReLU models; standard llama files are SiLU */
+    if ((st = gguf_get_u32(f, KEY("rope.dimension_count"), false, &hp->rope_dim, err))) return st;
+    if (a->swa_period) {
+        if ((st = gguf_get_u32(f, KEY("attention.sliding_window"), true, &hp->n_swa, err))) return st;
+        if (hp->n_swa == 0)
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: %s is 0", f->path, KEY("attention.sliding_window"));
+    }
+#undef KEY
+    hp->rope_theta_local = a->rope_base_local > 0.0f ? a->rope_base_local : hp->rope_theta;
+    hp->attn_scale = hp->head_dim ? 1.0f / sqrtf((float)hp->head_dim) : 0.0f;
+    /* flashlm extension for synthetic ReLU models */
     char *act = NULL;
     if ((st = gguf_get_str(f, "flashlm.ffn_activation", false, &act, err))) return st;
-    hp->act = FLM_ACT_SILU;
+    hp->act = a->act;
     if (act) {
         if (!strcmp(act, "relu")) hp->act = FLM_ACT_RELU;
-        else if (strcmp(act, "silu")) {
+        else if (!strcmp(act, "silu")) hp->act = FLM_ACT_SILU;
+        else {
             flm_status s = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: flashlm.ffn_activation '%s' is not silu or relu",
                                     f->path, act);
             free(act);
@@ -89,21 +130,19 @@ static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint
     return FLM_OK;
 }
 
-/* Bind the llama tensors of f into m; FFN matrices only when !ffn_external. */
-static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
+/* Bind an optional f32 tensor: absent leaves w zeroed (data NULL). */
+static flm_status bind_opt(const gguf_file *f, const char *name, uint64_t n, flm_weight *w, flm_error *err) {
+    if (!gguf_find_tensor(f, name)) return FLM_OK;
+    return bind(f, name, n, 1, true, w, err);
+}
+
+/* Bind the tensors of f into m (names as in llama.cpp's GGUF files); FFN matrices only when !ffn_external. */
+static flm_status load_model(const gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
     flm_status st;
-    char *arch = NULL;
-    if ((st = gguf_get_str(f, "general.architecture", true, &arch, err))) return st;
-    if (strcmp(arch, "llama") != 0) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama)", f->path,
-                      arch);
-        free(arch);
-        return st;
-    }
-    snprintf(m->arch, sizeof m->arch, "%s", arch);
-    free(arch);
     if ((st = flm_hparams_from_gguf(f, &m->hp, err))) return st;
     const flm_hparams *hp = &m->hp;
+    const flm_arch *a = hp->arch;
+    snprintf(m->arch, sizeof m->arch, "%s", a->name);
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
         (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
@@ -121,6 +160,9 @@ static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m
 #define BIND(field, suffix, n_in, n_out, f32)                                                                    \
     snprintf(name, sizeof name, "blk.%u." suffix ".weight", l);                                                  \
     if ((st = bind(f, name, n_in, n_out, f32, &L->field, err))) return st;
+#define BIND_REQ(field, suffix, n)                                                                               \
+    snprintf(name, sizeof name, "blk.%u." suffix, l);                                                            \
+    if ((st = bind(f, name, n, 1, true, &L->field, err))) return st;
         BIND(attn_norm, "attn_norm", hp->d_model, 1, true)
         BIND(wq, "attn_q", hp->d_model, q_dim, false)
         BIND(wk, "attn_k", hp->d_model, kv_dim, false)
@@ -132,7 +174,30 @@ static flm_status load_llama(const gguf_file *f, bool ffn_external, flm_model *m
             BIND(ffn_gate, "ffn_gate", hp->d_model, hp->d_ffn, false)
             BIND(ffn_down, "ffn_down", hp->d_ffn, hp->d_model, false)
         }
+        if (a->flags & FLM_ARCH_QKV_BIAS) {
+            BIND_REQ(bq, "attn_q.bias", q_dim)
+            BIND_REQ(bk, "attn_k.bias", kv_dim)
+            BIND_REQ(bv, "attn_v.bias", kv_dim)
+        } else {
+            /* llama files may carry optional biases too */
+            snprintf(name, sizeof name, "blk.%u.attn_q.bias", l);
+            if ((st = bind_opt(f, name, q_dim, &L->bq, err))) return st;
+            snprintf(name, sizeof name, "blk.%u.attn_k.bias", l);
+            if ((st = bind_opt(f, name, kv_dim, &L->bk, err))) return st;
+            snprintf(name, sizeof name, "blk.%u.attn_v.bias", l);
+            if ((st = bind_opt(f, name, kv_dim, &L->bv, err))) return st;
+        }
+        if (a->flags & FLM_ARCH_QK_NORM) {
+            BIND_REQ(q_norm, "attn_q_norm.weight", hp->head_dim)
+            BIND_REQ(k_norm, "attn_k_norm.weight", hp->head_dim)
+        }
+        if (a->flags & FLM_ARCH_POST_NORMS) {
+            BIND_REQ(post_attn_norm, "post_attention_norm.weight", hp->d_model)
+            BIND_REQ(post_ffn_norm, "post_ffw_norm.weight", hp->d_model)
+        }
+        L->swa = a->swa_period && (l + 1) % a->swa_period != 0;
 #undef BIND
+#undef BIND_REQ
     }
     if ((st = flm_tokenizer_from_gguf(f, &m->tok, err))) return st;
     if (flm_tokenizer_n_vocab(m->tok) != hp->n_vocab)
@@ -146,7 +211,7 @@ flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err) {
     flm_model *m = calloc(1, sizeof *m);
     if (!m) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
     m->gguf = f;
-    flm_status st = load_llama(f, false, m, err);
+    flm_status st = load_model(f, false, m, err);
     if (st) { flm_model_free(m); return st; }
     *out = m;
     return FLM_OK;
@@ -156,7 +221,7 @@ flm_status flm_model_from_flm(const flm_file *f, flm_model **out, flm_error *err
     *out = NULL;
     flm_model *m = calloc(1, sizeof *m);
     if (!m) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    flm_status st = load_llama(f->meta, true, m, err);
+    flm_status st = load_model(f->meta, true, m, err);
     if (!st && f->n_layers != m->hp.n_layers)
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", f->path, f->n_layers, m->hp.n_layers);
     for (uint32_t l = 0; !st && l < m->hp.n_layers; l++) {

@@ -10,23 +10,27 @@
 #include "flashlm.h"
 #include "format/gguf.h"
 #include "format/tokenizer.h"
-
-typedef enum flm_act { FLM_ACT_SILU = 0, FLM_ACT_RELU = 1 } flm_act;
+#include "model/arch.h"
 
 typedef struct flm_hparams {
-    uint32_t d_model;     /* llama.embedding_length */
-    uint32_t d_ffn;       /* llama.feed_forward_length */
-    uint32_t n_layers;    /* llama.block_count */
-    uint32_t n_heads;     /* llama.attention.head_count */
-    uint32_t n_kv_heads;  /* llama.attention.head_count_kv (default n_heads) */
-    uint32_t head_dim;    /* d_model / n_heads */
+    const flm_arch *arch; /* the architecture's descriptor (never NULL once loaded) */
+    uint32_t d_model;     /* ARCH.embedding_length */
+    uint32_t d_ffn;       /* ARCH.feed_forward_length */
+    uint32_t n_layers;    /* ARCH.block_count */
+    uint32_t n_heads;     /* ARCH.attention.head_count */
+    uint32_t n_kv_heads;  /* ARCH.attention.head_count_kv (default n_heads) */
+    uint32_t head_dim;    /* ARCH.attention.key_length (default d_model / n_heads); q_dim = n_heads * head_dim may
+                             differ from d_model (Gemma 3: 4 x 256 against 640) */
     uint32_t n_vocab;     /* rows of token_embd.weight */
-    uint32_t n_ctx_train; /* llama.context_length */
-    uint32_t rope_dim;    /* llama.rope.dimension_count (default head_dim) */
-    float norm_eps;       /* llama.attention.layer_norm_rms_epsilon */
-    float rope_theta;     /* llama.rope.freq_base (default 10000) */
-    flm_act act;          /* FFN activation: SiLU for llama; ReLU for ReLU-fied / synthetic models */
-    bool gated;           /* FFN has a gate projection (SwiGLU / ReGLU) */
+    uint32_t n_ctx_train; /* ARCH.context_length */
+    uint32_t rope_dim;    /* ARCH.rope.dimension_count (default head_dim) */
+    uint32_t n_swa;       /* ARCH.attention.sliding_window, tokens; 0 when no layer uses local attention */
+    float norm_eps;       /* ARCH.attention.layer_norm_rms_epsilon */
+    float rope_theta;     /* ARCH.rope.freq_base (default 10000) */
+    float rope_theta_local; /* RoPE base of the sliding-window layers (the arch's; else rope_theta) */
+    float attn_scale;     /* attention logits scale, 1/sqrt(head_dim) */
+    flm_act act;          /* FFN activation: the arch's, or flashlm.ffn_activation (synthetic ReLU models) */
+    bool gated;           /* FFN has a gate projection (SwiGLU / ReGLU / GeGLU) */
 } flm_hparams;
 
 typedef struct flm_weight {
@@ -39,10 +43,15 @@ typedef struct flm_weight {
 typedef struct flm_layer_weights {
     flm_weight attn_norm, wq, wk, wv, wo; /* attention: norm [d_model], q [d_model -> n_heads*head_dim], ... */
     flm_weight ffn_norm, ffn_up, ffn_gate, ffn_down; /* up/gate [d_model -> d_ffn], down [d_ffn -> d_model] */
+    /* optional (data NULL when the architecture has none), all f32 */
+    flm_weight bq, bk, bv;                /* FLM_ARCH_QKV_BIAS: [q_dim], [kv_dim], [kv_dim] */
+    flm_weight q_norm, k_norm;            /* FLM_ARCH_QK_NORM: [head_dim] each */
+    flm_weight post_attn_norm, post_ffn_norm; /* FLM_ARCH_POST_NORMS: [d_model] each */
+    bool swa;                             /* this layer uses sliding-window attention over the last n_swa tokens */
 } flm_layer_weights;
 
 typedef struct flm_model {
-    char arch[32];             /* "llama" */
+    char arch[32];             /* general.architecture: "llama", "qwen2", "gemma3" */
     flm_hparams hp;
     flm_weight tok_embd;       /* [n_vocab rows of d_model] */
     flm_weight output_norm;    /* [d_model] f32 */
@@ -52,7 +61,7 @@ typedef struct flm_model {
     gguf_file *gguf;           /* owner of the weight bytes when loaded from GGUF */
 } flm_model;
 
-/* Load a llama-architecture model from an open GGUF file (which the model then owns and closes).
+/* Load a model of a known architecture (model/arch.h) from an open GGUF file (which the model then owns and closes).
  * Reads hyper-parameters from the metadata, checks every tensor's presence, type and shape, builds the tokenizer.
  * Errors: FLM_ERR_FORMAT (missing key/tensor, wrong shape — the message names the file, key or tensor),
  * FLM_ERR_UNSUPPORTED (architecture or tokenizer model not supported), FLM_ERR_NOMEM. On error f is closed. */
@@ -65,11 +74,11 @@ flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err);
 struct flm_file;
 flm_status flm_model_from_flm(const struct flm_file *f, flm_model **out, flm_error *err);
 
-/* Read hyper-parameters of architecture "llama" from GGUF metadata (shared by the GGUF and .flm paths).
+/* Read hyper-parameters from GGUF metadata (keys prefixed by general.architecture) (shared by the GGUF and .flm paths).
  * n_vocab is taken from the token list. Errors: FLM_ERR_FORMAT naming the key. */
 flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err);
-/* Check hyper-parameters for consistency (nonzero, head_dim*n_heads == d_model, n_heads % n_kv_heads == 0, even
- * rope_dim <= head_dim, sizes < 2^20). what names the source in messages. */
+/* Check hyper-parameters for consistency (nonzero, n_heads % n_kv_heads == 0, even rope_dim <= head_dim,
+ * sizes < 2^20). what names the source in messages. */
 flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err);
 
 

@@ -311,15 +311,15 @@ static void fwd_norm(fwd *f, const float *w) {
 /* After q (f->q) and k, v (in the cache) are computed: RoPE, then causal attention into f->att. */
 static void fwd_attend(fwd *f) {
     for (uint32_t t = 0; t < f->T; t++) {
-        flm_rope(f->q + (size_t)t * f->q_dim, f->n_heads, f->head_dim, f->rope_dim, t, f->theta);
-        flm_rope(flm_kv_key(&f->kv, 0, t), f->n_kv_heads, f->head_dim, f->rope_dim, t, f->theta);
+        flm_rope(f->q + (size_t)t * f->q_dim, f->n_heads, f->head_dim, f->rope_dim, t, f->theta, false);
+        flm_rope(flm_kv_key(&f->kv, 0, t), f->n_kv_heads, f->head_dim, f->rope_dim, t, f->theta, false);
     }
     const ptrdiff_t T = (ptrdiff_t)f->T;
 #pragma omp parallel for num_threads(f->nt) schedule(dynamic, 1)
     for (ptrdiff_t t = 0; t < T; t++) {
         float *score = f->score + (size_t)omp_get_thread_num() * f->n_heads * f->T;
-        flm_attention(&f->kv, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
-                      score, f->att + (size_t)t * f->q_dim, 1);
+        flm_attention(&f->kv, 0, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
+                      1.0f / sqrtf((float)f->head_dim), score, f->att + (size_t)t * f->q_dim, 1);
     }
 }
 
@@ -874,7 +874,9 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     flm_hparams hp = {.d_model = d, .d_ffn = nf, .n_layers = p->n_layers, .n_heads = p->n_heads,
                       .n_kv_heads = p->n_kv_heads, .head_dim = d / p->n_heads, .n_vocab = p->n_vocab,
                       .n_ctx_train = p->n_ctx, .rope_dim = d / p->n_heads, .norm_eps = p->norm_eps,
-                      .rope_theta = p->rope_theta, .act = p->act, .gated = true};
+                      .rope_theta = p->rope_theta, .rope_theta_local = p->rope_theta, .act = p->act,
+                      .gated = true, .arch = flm_arch_find("llama"),
+                      .attn_scale = 1.0f / sqrtf((float)(d / p->n_heads))};
     if (max_tensor > SIZE_MAX / 2 || !(S.buf = malloc((size_t)max_tensor)) ||
         !(S.spare = malloc((size_t)max_tensor)) || !(S.vec2 = malloc(d * sizeof(float))) ||
         !(S.rowbuf = calloc((size_t)S.nt, sizeof *S.rowbuf)) || !(S.vec = malloc(d * sizeof(float))) ||

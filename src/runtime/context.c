@@ -242,24 +242,42 @@ void flm_get_info(const flm_ctx *ctx, flm_model_info *info) {
     info->kernels = ctx->k->name;
 }
 
+/* add_bos: the model's special tokens as llama.cpp's add_special (BOS only when add_bos_token says so). */
+static unsigned legacy_flags(const flm_ctx *ctx, bool add_bos) {
+    return add_bos ? flm_tokenizer_special_flags(ctx->model->tok) : 0u;
+}
+
 size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t *ids, size_t cap) {
-    return flm_tokenizer_encode(ctx->model->tok, text, add_bos, ids, cap);
+    return flm_tokenizer_encode_ex(ctx->model->tok, text, strlen(text), legacy_flags(ctx, add_bos), ids, cap);
+}
+
+size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap) {
+    unsigned f = (flags & FLM_TOKENIZE_ADD_SPECIAL) ? flm_tokenizer_special_flags(ctx->model->tok) : 0u;
+    if (flags & FLM_TOKENIZE_PARSE_SPECIAL) f |= FLM_TOKENIZE_PARSE_SPECIAL;
+    return flm_tokenizer_encode_ex(ctx->model->tok, text, len, f, ids, cap);
 }
 
 int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n) {
-    size_t cap = strlen(text) + 16;
+    size_t len = strlen(text), cap = len + 16;
     int32_t *ids = malloc(cap * sizeof *ids);
     if (!ids) return NULL;
-    size_t need = flm_tokenize(ctx, text, add_bos, ids, cap);
+    unsigned flags = legacy_flags(ctx, add_bos);
+    size_t need = flm_tokenizer_encode_ex(ctx->model->tok, text, len, flags, ids, cap);
+    if (need == SIZE_MAX) { free(ids); return NULL; }
     if (need > cap) { /* byte fallback can give several tokens per byte */
         int32_t *more = realloc(ids, need * sizeof *ids);
         if (!more) { free(ids); return NULL; }
         ids = more;
-        flm_tokenize(ctx, text, add_bos, ids, need);
+        if (flm_tokenizer_encode_ex(ctx->model->tok, text, len, flags, ids, need) == SIZE_MAX) {
+            free(ids);
+            return NULL;
+        }
     }
     *n = need;
     return ids;
 }
+
+bool flm_token_is_eog(const flm_ctx *ctx, int32_t id) { return flm_tokenizer_is_eog(ctx->model->tok, id); }
 
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len) {
     return flm_tokenizer_piece(ctx->model->tok, prev, id, len);

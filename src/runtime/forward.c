@@ -1,26 +1,52 @@
-/* forward.c — the llama forward pass for one token (cf. llama2.c run.c `forward`). */
+/* forward.c — the forward pass for one token (cf. llama2.c run.c `forward`), driven by the architecture's
+ * descriptor (model/arch.h). Per layer, for the architectures known so far:
+ *
+ *   h   = rmsnorm(x) * attn_norm
+ *   q,k,v = Wq h (+bq), Wk h (+bk), Wv h (+bv)         biases: Qwen2
+ *   q,k = rmsnorm per head * q_norm, k_norm           Gemma 3
+ *   q,k = rope(q, k, pos)                              normal (llama) or NEOX order; local base on SWA layers
+ *   a   = Wo attention(q, K[first..pos], V[first..pos]) first = pos - n_swa + 1 on sliding-window layers
+ *   x  += post_attn_norm ? rmsnorm(a) * post_attn_norm : a
+ *   h   = rmsnorm(x) * ffn_norm
+ *   f   = down(act(gate h) * (up h))                   SiLU, ReLU or tanh-GELU; from memory or flash (the mode)
+ *   x  += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
+ *
+ * then logits = output rmsnorm(x) * output_norm. Gemma scales the embedding row by sqrt(d_model). */
 #include <math.h>
 #include <string.h>
 
 #include "core/types.h"
 #include "runtime/runtime.h"
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
 void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight *up, const flm_weight *gate,
                    const flm_weight *down, const float *in, float *out, float *hb, float *hb2, int n_threads) {
     flm_matvec(k, up->type, up->data, hp->d_ffn, hp->d_model, in, hb2, n_threads);
     if (hp->gated) {
         flm_matvec(k, gate->type, gate->data, hp->d_ffn, hp->d_model, in, hb, n_threads);
-        for (uint32_t i = 0; i < hp->d_ffn; i++) {
-            float g = hp->act == FLM_ACT_RELU ? (hb[i] > 0.0f ? hb[i] : 0.0f) : silu(hb[i]);
-            hb[i] = g * hb2[i];
-        }
+        for (uint32_t i = 0; i < hp->d_ffn; i++) hb[i] = flm_act_eval(hp->act, hb[i]) * hb2[i];
     } else {
-        for (uint32_t i = 0; i < hp->d_ffn; i++)
-            hb[i] = hp->act == FLM_ACT_RELU ? (hb2[i] > 0.0f ? hb2[i] : 0.0f) : silu(hb2[i]);
+        for (uint32_t i = 0; i < hp->d_ffn; i++) hb[i] = flm_act_eval(hp->act, hb2[i]);
     }
     flm_matvec(k, down->type, down->data, hp->d_model, hp->d_ffn, hb, out, n_threads);
+}
+
+static void add_bias(float *y, const flm_weight *b, uint32_t n) {
+    if (!b->data) return;
+    const float *v = b->data;
+    for (uint32_t i = 0; i < n; i++) y[i] += v[i];
+}
+
+/* RMSNorm of each of n_heads heads of head_dim floats, in place, with weight w[head_dim] (Gemma's q/k norms) */
+static void head_norm(float *v, const flm_weight *w, uint32_t n_heads, uint32_t head_dim, float eps) {
+    if (!w->data) return;
+    for (uint32_t h = 0; h < n_heads; h++) flm_rmsnorm(v + (size_t)h * head_dim, v + (size_t)h * head_dim, w->data,
+                                                       head_dim, eps);
+}
+
+/* x += norm ? rmsnorm(y) * norm : y */
+static void residual(float *x, float *y, const flm_weight *norm, uint32_t d, float eps) {
+    if (norm->data) flm_rmsnorm(y, y, norm->data, d, eps);
+    for (uint32_t i = 0; i < d; i++) x[i] += y[i];
 }
 
 flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err) {
@@ -29,11 +55,16 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
     const flm_kernels *k = ctx->k;
     flm_scratch *s = &ctx->s;
     int nt = ctx->params.n_threads;
+    const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
     uint32_t d = hp->d_model, q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
 
     /* token embedding: row `token` of token_embd */
     size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
     k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)token * row_bytes, s->x, d);
+    if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
+        const float sc = sqrtf((float)d);
+        for (uint32_t i = 0; i < d; i++) s->x[i] *= sc;
+    }
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const flm_layer_weights *L = &m->layers[l];
@@ -43,12 +74,19 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         flm_matvec(k, L->wq.type, L->wq.data, q_dim, d, s->xb, s->q, nt);
         flm_matvec(k, L->wk.type, L->wk.data, kv_dim, d, s->xb, kc, nt);
         flm_matvec(k, L->wv.type, L->wv.data, kv_dim, d, s->xb, vc, nt);
-        flm_rope(s->q, hp->n_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, hp->rope_theta);
-        flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, hp->rope_theta);
-        flm_attention(&ctx->kv, l, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim, s->att, s->xb,
-                      nt);
+        add_bias(s->q, &L->bq, q_dim);
+        add_bias(kc, &L->bk, kv_dim);
+        add_bias(vc, &L->bv, kv_dim);
+        head_norm(s->q, &L->q_norm, hp->n_heads, hp->head_dim, hp->norm_eps);
+        head_norm(kc, &L->k_norm, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
+        const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
+        flm_rope(s->q, hp->n_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
+        flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
+        uint32_t first = L->swa && (uint32_t)pos >= hp->n_swa ? (uint32_t)pos - hp->n_swa + 1 : 0;
+        flm_attention(&ctx->kv, l, first, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                      hp->attn_scale, s->att, s->xb, nt);
         flm_matvec(k, L->wo.type, L->wo.data, d, q_dim, s->xb, s->xb2, nt);
-        for (uint32_t i = 0; i < d; i++) s->x[i] += s->xb2[i];
+        residual(s->x, s->xb2, &L->post_attn_norm, d, hp->norm_eps);
         /* FFN */
         flm_rmsnorm(s->xb, s->x, L->ffn_norm.data, d, hp->norm_eps);
         if (ctx->ffn_tap) ctx->ffn_tap(ctx->tap_user, l, s->xb);
@@ -58,7 +96,7 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         } else {
             flm_ffn_dense(k, hp, &L->ffn_up, &L->ffn_gate, &L->ffn_down, s->xb, s->xb2, s->hb, s->hb2, nt);
         }
-        for (uint32_t i = 0; i < d; i++) s->x[i] += s->xb2[i];
+        residual(s->x, s->xb2, &L->post_ffn_norm, d, hp->norm_eps);
     }
     flm_rmsnorm(s->x, s->x, m->output_norm.data, d, hp->norm_eps);
     flm_matvec(k, m->output.type, m->output.data, hp->n_vocab, d, s->x, s->logits, nt);

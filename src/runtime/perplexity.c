@@ -14,7 +14,9 @@ flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_c
         return flm_fail(err, FLM_ERR_ARG, "perplexity: chunk of %d tokens must be in [4, context %d]", n_chunk,
                         ctx->params.n_ctx);
     size_t n = 0;
-    int32_t *ids = flm_tokenize_all(ctx, text, true, &n);
+    /* as llama.cpp: BOS first only when the model adds one (tokenizer.ggml.add_bos_token) */
+    const bool add_bos = flm_tokenizer_wants_bos(ctx->model->tok);
+    int32_t *ids = flm_tokenize_all(ctx, text, add_bos, &n);
     if (!ids) return flm_fail(err, FLM_ERR_NOMEM, "perplexity: out of memory");
     int n_chunks = (int)(n / (size_t)n_chunk);
     if (max_chunks > 0 && n_chunks > max_chunks) n_chunks = max_chunks;
@@ -24,7 +26,7 @@ flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_c
                         n_chunk);
     }
     const uint32_t n_vocab = ctx->model->hp.n_vocab;
-    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
+    int32_t bos = add_bos ? flm_tokenizer_bos(ctx->model->tok) : -1;
     double sum = 0, sum2 = 0;
     uint64_t count = 0;
     flm_status st = FLM_OK;
@@ -35,7 +37,7 @@ flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_c
             int32_t tok = pos == 0 && bos >= 0 ? bos : chunk[pos];
             const float *logits;
             if ((st = flm_eval(ctx, tok, pos, &logits, err))) break;
-            if (pos + 1 < first) continue;
+            if (pos < first) continue; /* llama.cpp scores logits first .. n_chunk-2 (n_chunk-1-first tokens) */
             float mx = logits[0];
             for (uint32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
             double z = 0;

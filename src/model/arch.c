@@ -1,0 +1,24 @@
+/* arch.c — the architecture descriptors (see arch.h). */
+#include "model/arch.h"
+
+#include <string.h>
+
+static const flm_arch archs[] = {
+    /* Llama 1/2/3, SmolLM2, TinyLlama, stories260K: SwiGLU, RoPE on adjacent pairs */
+    {.name = "llama", .flags = 0, .rope = FLM_ROPE_NORMAL, .act = FLM_ACT_SILU},
+    /* Qwen2 / Qwen2.5: llama plus biases on q, k, v and NEOX RoPE (llama.cpp LLM_ARCH_QWEN2) */
+    {.name = "qwen2", .flags = FLM_ARCH_QKV_BIAS, .rope = FLM_ROPE_NEOX, .act = FLM_ACT_SILU},
+    /* Gemma 3: GeGLU (tanh GELU), q/k RMSNorm, post-attention and post-FFN norms, embedding scaled by
+       sqrt(d_model), five sliding-window layers for every global one, local RoPE base 10000
+       (llama.cpp LLM_ARCH_GEMMA3; norm weights in GGUF already include Gemma's +1) */
+    {.name = "gemma3", .flags = FLM_ARCH_QK_NORM | FLM_ARCH_POST_NORMS | FLM_ARCH_EMBD_SCALE, .rope = FLM_ROPE_NEOX,
+     .act = FLM_ACT_GELU_TANH, .swa_period = 6, .rope_base_local = 10000.0f},
+};
+
+const flm_arch *flm_arch_find(const char *name) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (name && !strcmp(archs[i].name, name)) return &archs[i];
+    return NULL;
+}
+
+const char *flm_arch_names(void) { return "llama, qwen2, gemma3"; }

@@ -1,0 +1,613 @@
+/* test_chat.c — chat formats (src/format/chat_template.h) and the chat commands (flashlm chat, run --chat).
+ *
+ * Expected renderings were produced once with Python's jinja2 3.1.6, the way transformers renders chat templates
+ * (jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True), add_generation_prompt=True,
+ * bos_token="" since flashlm leaves the first BOS to the tokenizer), from: the tokenizer.chat_template strings of
+ * qwen2.5-coder-0.5b.gguf and smollm2-135m.gguf; Hugging Face's google/gemma-3-*-it template (the gemma-3-270m GGUF
+ * carries none); the Meta-Llama-3-8B-Instruct template; the Llama-2-7b-chat-hf template (bos_token "<s>", eos_token
+ * "</s>", the leading "<s>" removed). They are hard-coded below. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/chat_template.h"
+#include "format/gguf.h"
+#include "testutil.h"
+
+#define MODEL "models/stories260K/stories260K.gguf"
+
+/* The four conversations every format is rendered for (with the assistant opening). */
+#define N_CONVS 4
+static const flm_chat_msg CONV_USER[] = {{"user", "Hello!"}};
+static const flm_chat_msg CONV_SYS_USER[] = {{"system", "Be brief."}, {"user", "Hello!"}};
+static const flm_chat_msg CONV_MULTI[] = {{"system", "Be brief."}, {"user", " Hi there \n"},
+                                          {"assistant", "Hello. How can I help?"}, {"user", "Say \"yes\"."}};
+static const flm_chat_msg CONV_MULTI_NOSYS[] = {{"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+static const flm_chat_msg *const CONVS[N_CONVS] = {CONV_USER, CONV_SYS_USER, CONV_MULTI, CONV_MULTI_NOSYS};
+static const size_t CONV_LEN[N_CONVS] = {1, 2, 4, 3};
+
+static const char QWEN_SYSTEM[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+static const char SMOLLM_SYSTEM[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+static const char *const EXPECT_QWEN[N_CONVS] = {
+    /* user */
+    "<|im_start|>system\n"
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hello!<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    /* sys_user */
+    "<|im_start|>system\n"
+    "Be brief.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hello!<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    /* multi */
+    "<|im_start|>system\n"
+    "Be brief.<|im_end|>\n"
+    "<|im_start|>user\n"
+    " Hi there \n"
+    "<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "Hello. How can I help?<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Say \"yes\".<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    /* multi_nosys */
+    "<|im_start|>system\n"
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hi<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "Hello.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Bye<|im_end|>\n"
+    "<|im_start|>assistant\n",
+};
+static const char *const EXPECT_SMOLLM[N_CONVS] = {
+    /* user */
+    "<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hello!<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    /* sys_user */
+    "<|im_start|>system\n"
+    "Be brief.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hello!<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    /* multi */
+    "<|im_start|>system\n"
+    "Be brief.<|im_end|>\n"
+    "<|im_start|>user\n"
+    " Hi there \n"
+    "<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "Hello. How can I help?<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Say \"yes\".<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    /* multi_nosys */
+    "<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hi<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "Hello.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Bye<|im_end|>\n"
+    "<|im_start|>assistant\n",
+};
+static const char *const EXPECT_GEMMA3[N_CONVS] = {
+    /* user */
+    "<start_of_turn>user\n"
+    "Hello!<end_of_turn>\n"
+    "<start_of_turn>model\n",
+    /* sys_user */
+    "<start_of_turn>user\n"
+    "Be brief.\n"
+    "\n"
+    "Hello!<end_of_turn>\n"
+    "<start_of_turn>model\n",
+    /* multi */
+    "<start_of_turn>user\n"
+    "Be brief.\n"
+    "\n"
+    "Hi there<end_of_turn>\n"
+    "<start_of_turn>model\n"
+    "Hello. How can I help?<end_of_turn>\n"
+    "<start_of_turn>user\n"
+    "Say \"yes\".<end_of_turn>\n"
+    "<start_of_turn>model\n",
+    /* multi_nosys */
+    "<start_of_turn>user\n"
+    "Hi<end_of_turn>\n"
+    "<start_of_turn>model\n"
+    "Hello.<end_of_turn>\n"
+    "<start_of_turn>user\n"
+    "Bye<end_of_turn>\n"
+    "<start_of_turn>model\n",
+};
+static const char *const EXPECT_LLAMA3[N_CONVS] = {
+    /* user */
+    "<|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Hello!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n",
+    /* sys_user */
+    "<|start_header_id|>system<|end_header_id|>\n"
+    "\n"
+    "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Hello!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n",
+    /* multi */
+    "<|start_header_id|>system<|end_header_id|>\n"
+    "\n"
+    "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Hi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n"
+    "Hello. How can I help?<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Say \"yes\".<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n",
+    /* multi_nosys */
+    "<|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Hi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n"
+    "Hello.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Bye<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n",
+};
+static const char *const EXPECT_LLAMA2[N_CONVS] = {
+    /* user */
+    "[INST] Hello! [/INST]",
+    /* sys_user */
+    "[INST] <<SYS>>\n"
+    "Be brief.\n"
+    "<</SYS>>\n"
+    "\n"
+    "Hello! [/INST]",
+    /* multi */
+    "[INST] <<SYS>>\n"
+    "Be brief.\n"
+    "<</SYS>>\n"
+    "\n"
+    " Hi there [/INST] Hello. How can I help? </s><s>[INST] Say \"yes\". [/INST]",
+    /* multi_nosys */
+    "[INST] Hi [/INST] Hello. </s><s>[INST] Bye [/INST]",
+};
+
+/* Render every conversation with t and compare with want[]. */
+static void check_renders(const flm_chat_template *t, const char *const *want, const char *what) {
+    for (int c = 0; c < N_CONVS; c++) {
+        char *out = NULL;
+        size_t len = 0;
+        flm_error err;
+        assert_int_equal(flm_chat_render(t, CONVS[c], CONV_LEN[c], true, &out, &len, &err), FLM_OK);
+        if (strcmp(out, want[c])) fail_msg("%s, conversation %d:\n got [%s]\nwant [%s]", what, c, out, want[c]);
+        assert_int_equal(len, strlen(want[c]));
+        free(out);
+    }
+}
+
+static void test_format_names(void **state) {
+    (void)state;
+    const char *names[] = {"chatml", "gemma", "llama2", "llama3", "phi3", "zephyr"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        flm_chat_format f = flm_chat_format_parse(names[i]);
+        assert_int_not_equal(f, FLM_CHAT_UNKNOWN);
+        assert_string_equal(flm_chat_format_name(f), names[i]);
+        assert_non_null(strstr(FLM_CHAT_FORMAT_NAMES, names[i]));
+    }
+    assert_int_equal(flm_chat_format_parse("ChatML"), FLM_CHAT_UNKNOWN);
+    assert_int_equal(flm_chat_format_parse(""), FLM_CHAT_UNKNOWN);
+    assert_int_equal(flm_chat_format_parse(NULL), FLM_CHAT_UNKNOWN);
+    assert_string_equal(flm_chat_format_name((flm_chat_format)99), "unknown");
+    /* an unknown --chat-template name is an error naming the valid ones */
+    flm_chat_template t;
+    flm_error err;
+    assert_int_equal(flm_chat_template_init(&t, "vicuna", NULL, 0, "llama", &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "vicuna"));
+    assert_non_null(strstr(err.msg, "chatml, gemma, llama2, llama3"));
+    flm_chat_template_free(&t);
+}
+
+#define DETECT(s) flm_chat_detect((s), strlen(s))
+static void test_detect_inline(void **state) {
+    (void)state;
+    assert_int_equal(DETECT("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n'}}{% endfor %}"),
+                     FLM_CHAT_CHATML);
+    assert_int_equal(DETECT("{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"), FLM_CHAT_LLAMA2);
+    assert_int_equal(DETECT("{{'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'}}"),
+                     FLM_CHAT_LLAMA3);
+    assert_int_equal(DETECT("{{ '<start_of_turn>' + role + '\\n' }}"), FLM_CHAT_GEMMA);
+    assert_int_equal(DETECT("{{'<|' + message['role'] + '|>' + '\\n' + message['content'] + '<|end|>\\n'}}"
+                            "{{ '<|assistant|>\\n' }}"), FLM_CHAT_PHI3);
+    assert_int_equal(DETECT("{{ '<|user|>\\n' + message['content'] + '<|endoftext|>' }}"), FLM_CHAT_ZEPHYR);
+    /* chatml wins over markers elsewhere in the template (llama.cpp's order) */
+    assert_int_equal(DETECT("<start_of_turn> <|im_start|>"), FLM_CHAT_CHATML);
+    /* only one of llama3's two markers: not llama3 */
+    assert_int_equal(DETECT("<|start_header_id|>"), FLM_CHAT_UNKNOWN);
+    assert_int_equal(DETECT("{{ messages }}"), FLM_CHAT_UNKNOWN);
+    assert_int_equal(DETECT(""), FLM_CHAT_UNKNOWN);
+    assert_int_equal(flm_chat_detect(NULL, 0), FLM_CHAT_UNKNOWN);
+    /* the length bounds the search: a marker past len is not seen */
+    assert_int_equal(flm_chat_detect("xx<|im_start|>", 5), FLM_CHAT_UNKNOWN);
+    assert_int_equal(flm_chat_from_arch("gemma3"), FLM_CHAT_GEMMA);
+    assert_int_equal(flm_chat_from_arch("gemma2"), FLM_CHAT_GEMMA);
+    assert_int_equal(flm_chat_from_arch("llama"), FLM_CHAT_UNKNOWN);
+    assert_int_equal(flm_chat_from_arch("qwen2"), FLM_CHAT_UNKNOWN);
+    assert_int_equal(flm_chat_from_arch(NULL), FLM_CHAT_UNKNOWN);
+}
+
+static void expect_system(const char *tmpl, const char *want) {
+    char *sys = (char *)"unset";
+    assert_int_equal(flm_chat_default_system(tmpl, strlen(tmpl), &sys), FLM_OK);
+    if (!want) {
+        if (sys) fail_msg("template [%s]: want no default system prompt, got [%s]", tmpl, sys);
+        return;
+    }
+    if (!sys || strcmp(sys, want)) fail_msg("template [%s]: default system [%s], want [%s]", tmpl, sys, want);
+    free(sys);
+}
+
+static void test_default_system_inline(void **state) {
+    (void)state;
+    /* an escaped newline inside a Jinja string literal, and a real one */
+    expect_system("{{- '<|im_start|>system\\nYou are X.<|im_end|>\\n' }}", "You are X.");
+    expect_system("{{ '<|im_start|>system\nYou are Y<|im_end|>\n' }}", "You are Y");
+    /* Jinja escapes inside the literal are decoded */
+    expect_system("{{ '<|im_start|>system\\nIt\\'s \\\"me\\\"\\tok<|im_end|>' }}", "It's \"me\"\tok");
+    /* expressions and the first-message branch are not default prompts */
+    expect_system("{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}", NULL);
+    expect_system("{{- '<|im_start|>system\\n' }}{{- messages[0]['content'] }}{{ '<|im_end|>' }}", NULL);
+    expect_system("{{ '<|im_start|>system\\n<|im_end|>' }}", NULL); /* empty */
+    expect_system("{{ '<|im_start|>user\\nHi<|im_end|>' }}", NULL);
+    expect_system("<|im_start|>system\\nno end", NULL);
+    expect_system("", NULL);
+    /* the first plain literal after expression ones is taken (Qwen's layout) */
+    expect_system("{{- '<|im_start|>system\\n' }}{% else %}{{- '<|im_start|>system\\n' + m + '<|im_end|>\\n' }}"
+                  "{% else %}{{- '<|im_start|>system\\nDefault.<|im_end|>\\n' }}", "Default.");
+}
+
+static void test_render_builtin(void **state) {
+    (void)state;
+    flm_chat_template t;
+    flm_error err;
+    assert_int_equal(flm_chat_template_init(&t, "gemma", NULL, 0, NULL, &err), FLM_OK);
+    assert_null(t.default_system);
+    check_renders(&t, EXPECT_GEMMA3, "gemma");
+    flm_chat_template_free(&t);
+    assert_int_equal(flm_chat_template_init(&t, "llama3", NULL, 0, NULL, &err), FLM_OK);
+    check_renders(&t, EXPECT_LLAMA3, "llama3");
+    flm_chat_template_free(&t);
+    assert_int_equal(flm_chat_template_init(&t, "llama2", NULL, 0, NULL, &err), FLM_OK);
+    check_renders(&t, EXPECT_LLAMA2, "llama2");
+    flm_chat_template_free(&t);
+    /* chatml with the defaults Qwen2.5's and SmolLM2's templates carry */
+    t = (flm_chat_template){.format = FLM_CHAT_CHATML, .default_system = (char *)QWEN_SYSTEM};
+    check_renders(&t, EXPECT_QWEN, "chatml (Qwen default)");
+    t.default_system = (char *)SMOLLM_SYSTEM;
+    check_renders(&t, EXPECT_SMOLLM, "chatml (SmolLM default)");
+    /* plain chatml: no default system turn */
+    assert_int_equal(flm_chat_template_init(&t, "chatml", NULL, 0, NULL, &err), FLM_OK);
+    char *out = NULL;
+    assert_int_equal(flm_chat_render(&t, CONV_USER, 1, true, &out, NULL, &err), FLM_OK);
+    assert_string_equal(out, "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    /* without the assistant opening; and the empty conversation */
+    assert_int_equal(flm_chat_render(&t, CONV_USER, 1, false, &out, NULL, &err), FLM_OK);
+    assert_string_equal(out, "<|im_start|>user\nHello!<|im_end|>\n");
+    free(out);
+    assert_int_equal(flm_chat_render(&t, NULL, 0, true, &out, NULL, &err), FLM_OK);
+    assert_string_equal(out, "<|im_start|>assistant\n");
+    free(out);
+    /* phi3 and zephyr as llama.cpp renders them */
+    t.format = FLM_CHAT_PHI3;
+    assert_int_equal(flm_chat_render(&t, CONV_SYS_USER, 2, true, &out, NULL, &err), FLM_OK);
+    assert_string_equal(out, "<|system|>\nBe brief.<|end|>\n<|user|>\nHello!<|end|>\n<|assistant|>\n");
+    free(out);
+    t.format = FLM_CHAT_ZEPHYR;
+    assert_int_equal(flm_chat_render(&t, CONV_USER, 1, true, &out, NULL, &err), FLM_OK);
+    assert_string_equal(out, "<|user|>\nHello!<|endoftext|>\n<|assistant|>\n");
+    free(out);
+    /* bad messages and formats are errors, not crashes */
+    flm_chat_msg bad[] = {{"user", NULL}};
+    assert_int_equal(flm_chat_render(&t, bad, 1, true, &out, NULL, &err), FLM_ERR_ARG);
+    assert_null(out);
+    assert_non_null(strstr(err.msg, "message 0"));
+    t.format = FLM_CHAT_UNKNOWN;
+    assert_int_equal(flm_chat_render(&t, CONV_USER, 1, true, &out, NULL, &err), FLM_ERR_ARG);
+    assert_null(out);
+    /* a template of no known family: an error that points at --chat-template */
+    const char *odd = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    assert_int_equal(flm_chat_template_init(&t, NULL, odd, strlen(odd), "llama", &err), FLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "--chat-template"));
+    flm_chat_template_free(&t);
+    /* no template: the architecture, else chatml */
+    assert_int_equal(flm_chat_template_init(&t, NULL, NULL, 0, "gemma3", &err), FLM_OK);
+    assert_int_equal(t.format, FLM_CHAT_GEMMA);
+    assert_string_equal(t.origin, "the architecture");
+    flm_chat_template_free(&t);
+    assert_int_equal(flm_chat_template_init(&t, NULL, NULL, 0, "llama", &err), FLM_OK);
+    assert_int_equal(t.format, FLM_CHAT_CHATML);
+    /* --chat-template wins over the model's template */
+    flm_chat_template_free(&t);
+    assert_int_equal(flm_chat_template_init(&t, "llama3", "<|im_start|>", 12, "gemma3", &err), FLM_OK);
+    assert_int_equal(t.format, FLM_CHAT_LLAMA3);
+    assert_null(t.default_system);
+    flm_chat_template_free(&t);
+}
+
+/* The real models: their templates detected, their default system prompts found, and flashlm's rendering equal to
+ * the Jinja one. Skipped when the files are absent, unless FLASHLM_REQUIRE_MODELS=1. */
+static const char *model_path(const char *name) {
+    static char path[4096];
+    const char *dir = getenv("FLASHLM_MODELS_DIR"), *home = getenv("HOME");
+    if (dir) snprintf(path, sizeof path, "%s/%s", dir, name);
+    else snprintf(path, sizeof path, "%s/.cache/flashlm/models/%s", home ? home : "", name);
+    FILE *f = fopen(path, "rb");
+    if (f) { fclose(f); return path; }
+    const char *req = getenv("FLASHLM_REQUIRE_MODELS");
+    if (req && !strcmp(req, "1")) fail_msg("model %s is missing (FLASHLM_REQUIRE_MODELS=1)", path);
+    return NULL;
+}
+
+static void test_real_templates(void **state) {
+    (void)state;
+    struct {
+        const char *file;
+        flm_chat_format format;
+        const char *origin, *system;
+        const char *const *want;
+    } cases[] = {
+        {"smollm2-135m.gguf", FLM_CHAT_CHATML, "the model's template", SMOLLM_SYSTEM, EXPECT_SMOLLM},
+        {"qwen2.5-coder-0.5b.gguf", FLM_CHAT_CHATML, "the model's template", QWEN_SYSTEM, EXPECT_QWEN},
+        {"qwen2.5-coder-1.5b.gguf", FLM_CHAT_CHATML, "the model's template", QWEN_SYSTEM, EXPECT_QWEN},
+        {"gemma-3-270m.gguf", FLM_CHAT_GEMMA, "the architecture", NULL, EXPECT_GEMMA3},
+    };
+    int n_found = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *path = model_path(cases[i].file);
+        if (!path) continue;
+        gguf_file *g = NULL;
+        flm_error err;
+        flm_status st = gguf_open(path, &g, &err);
+        if (st == FLM_ERR_UNSUPPORTED) { /* tensor types this build cannot read yet */
+            const char *req = getenv("FLASHLM_REQUIRE_MODELS");
+            if (req && !strcmp(req, "1")) fail_msg("%s (FLASHLM_REQUIRE_MODELS=1)", err.msg);
+            print_message("note: skipped: %s\n", err.msg);
+            continue;
+        }
+        assert_int_equal(st, FLM_OK);
+        n_found++;
+        const gguf_kv *kv = gguf_find_kv(g, "tokenizer.chat_template");
+        char *arch = NULL;
+        assert_int_equal(gguf_get_str(g, "general.architecture", true, &arch, &err), FLM_OK);
+        const char *src = kv && kv->type == GGUF_VT_STRING ? kv->v.str.data : NULL;
+        size_t src_len = src ? (size_t)kv->v.str.len : 0;
+        if (src) assert_int_equal(flm_chat_detect(src, src_len), cases[i].format);
+        flm_chat_template t;
+        assert_int_equal(flm_chat_template_init(&t, NULL, src, src_len, arch, &err), FLM_OK);
+        assert_int_equal(t.format, cases[i].format);
+        assert_string_equal(t.origin, cases[i].origin);
+        if (cases[i].system) assert_string_equal(t.default_system, cases[i].system);
+        else assert_null(t.default_system);
+        check_renders(&t, cases[i].want, cases[i].file);
+        flm_chat_template_free(&t);
+        free(arch);
+        gguf_close(g);
+    }
+    if (!n_found) skip();
+}
+
+/* ---- the command line ----------------------------------------------------------------------------------------- */
+
+/* Run flashlm with args; fail unless it exits with want_rc; return its output (malloc'd). */
+static char *cli(const char *args, int want_rc) {
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc != want_rc) fail_msg("flashlm %s: exit %d, want %d; output:\n%s", args, rc, want_rc, out);
+    return out;
+}
+
+static const char *write_input(const char *text) {
+    const char *path = tu_tmp("chat-in", ".txt");
+    tu_write_file(path, text, strlen(text));
+    return path;
+}
+
+/* The position numbers of "turn N: prompt tokens at positions [a, b) ... the cache holds c tokens". */
+static void turn_positions(const char *out, int turn, int *a, int *b, int *c) {
+    char key[64];
+    snprintf(key, sizeof key, "turn %d: prompt tokens at positions [", turn);
+    const char *p = strstr(out, key);
+    if (!p) fail_msg("no '%s' in:\n%s", key, out);
+    if (sscanf(p + strlen(key), "%d, %d)", a, b) != 2) fail_msg("cannot parse '%s'", p);
+    const char *h = strstr(p, "the cache holds ");
+    if (!h || sscanf(h + 16, "%d", c) != 1) fail_msg("no cache size after '%s'", key);
+}
+
+static void test_cli_chat_two_turns(void **state) {
+    (void)state;
+    const char *in = write_input("Hello there\nTell me a story\n");
+    char args[8192];
+    /* stdout only: two replies, one per line */
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 < '%s' 2>/dev/null",
+             tu_shared(MODEL), in);
+    char *out = cli(args, 0);
+    int lines = 0;
+    for (const char *p = out; *p; p++) lines += *p == '\n';
+    if (lines < 2) fail_msg("want two replies, got:\n%s", out);
+    /* the first reply is what run --chat gives for the same single turn */
+    snprintf(args, sizeof args, "run -m '%s' --chat-template chatml -p 'Hello there' -n 8 --temp 0 2>/dev/null",
+             tu_shared(MODEL));
+    char *single = cli(args, 0);
+    assert_true(strlen(single) > 1);
+    if (strncmp(out, single, strlen(single)))
+        fail_msg("chat's first reply [%s] differs from run --chat's [%s]", out, single);
+    free(single);
+    free(out);
+    /* the second turn continues the KV cache: it starts where the first turn's reply ended */
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 -v < '%s' 2>&1",
+             tu_shared(MODEL), in);
+    out = cli(args, 0);
+    assert_non_null(strstr(out, "chat format chatml (--chat-template)"));
+    assert_non_null(strstr(out, "2 replies"));
+    int a1, b1, c1, a2, b2, c2;
+    turn_positions(out, 1, &a1, &b1, &c1);
+    turn_positions(out, 2, &a2, &b2, &c2);
+    assert_int_equal(a1, 0);
+    assert_true(b1 > 10);       /* the rendered first turn */
+    assert_true(c1 > b1);       /* + the reply */
+    assert_int_equal(a2, c1);   /* only the new turn is evaluated */
+    assert_true(b2 > a2 + 10);
+    free(out);
+    /* /reset starts again at position 0; /exit ends (the line after it is never read) */
+    remove(in);
+    in = write_input("Hello there\n/reset\nHello there\n/exit\nnot read\n");
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 -v < '%s' 2>&1",
+             tu_shared(MODEL), in);
+    out = cli(args, 0);
+    turn_positions(out, 2, &a2, &b2, &c2);
+    assert_int_equal(a2, 0);
+    assert_int_equal(b2, b1);
+    assert_non_null(strstr(out, "new conversation"));
+    assert_non_null(strstr(out, "2 replies"));
+    assert_null(strstr(out, "turn 3"));
+    free(out);
+    remove(in);
+}
+
+static void test_cli_chat_context_full(void **state) {
+    (void)state;
+    const char *in = write_input("Hello there\nTell me a story\n");
+    char args[8192];
+    /* room for the first turn and a few reply tokens only: the reply is cut, the next turn refused, exit 1 */
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 -v -c 50 < '%s' 2>&1",
+             tu_shared(MODEL), in);
+    char *out = cli(args, 1);
+    assert_non_null(strstr(out, "the context (50 tokens) is full"));
+    assert_non_null(strstr(out, "1 replies"));
+    free(out);
+    /* a turn that cannot fit at all */
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -c 16 < '%s' 2>&1", tu_shared(MODEL), in);
+    out = cli(args, 1);
+    assert_non_null(strstr(out, "raise -c"));
+    free(out);
+    remove(in);
+}
+
+static void test_cli_errors(void **state) {
+    (void)state;
+    char args[8192];
+    const char *cmds[] = {"chat", "run"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s -m '%s' --chat-template nope 2>&1 </dev/null", cmds[i], tu_shared(MODEL));
+        char *out = cli(args, 2);
+        assert_non_null(strstr(out, "'nope'"));
+        assert_non_null(strstr(out, "chatml, gemma, llama2, llama3"));
+        free(out);
+    }
+    char *out = cli("chat --help", 0);
+    assert_non_null(strstr(out, "usage: flashlm chat"));
+    assert_non_null(strstr(out, "--system"));
+    free(out);
+    out = cli("run --help", 0);
+    assert_non_null(strstr(out, "--chat-template"));
+    free(out);
+    out = cli("chat 2>&1 </dev/null", 2);
+    assert_non_null(strstr(out, "no model"));
+    free(out);
+    snprintf(args, sizeof args, "chat -m '%s' --bogus 2>&1 </dev/null", tu_shared(MODEL));
+    out = cli(args, 2);
+    assert_non_null(strstr(out, "unknown option"));
+    free(out);
+    out = cli("chat -m /nonexistent/model.gguf 2>&1 </dev/null", 1);
+    assert_non_null(strstr(out, "/nonexistent/model.gguf"));
+    free(out);
+}
+
+/* A model file carrying a chat template: detection from tokenizer.chat_template through the CLI, for .gguf and
+ * .flm files; and one whose template is of no known family. */
+static const char *with_template(const char *tmpl) {
+    flm_error err;
+    gguf_file *src = NULL;
+    assert_int_equal(gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    const char *out = tu_tmp("chat-tmpl", ".gguf");
+    gguf_writer *w = NULL;
+    assert_int_equal(gguf_writer_create(out, &w, &err), FLM_OK);
+    for (uint64_t i = 0; i < src->n_kv; i++) assert_int_equal(gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+    assert_int_equal(gguf_writer_kv_str(w, "tokenizer.chat_template", tmpl), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const gguf_tensor *t = &src->tensors[i];
+        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+    }
+    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++)
+        assert_int_equal(gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+    assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
+    gguf_writer_free(w);
+    gguf_close(src);
+    return out;
+}
+
+static void test_cli_model_template(void **state) {
+    (void)state;
+    const char *smol = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                       "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                       "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+                       "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+                       "{{ '<|im_start|>assistant\n' }}{% endif %}";
+    char *model = strdup(with_template(smol));
+    const char *flm = tu_tmp("chat-tmpl", ".flm");
+    const char *in = write_input("Hi\n");
+    char args[8192];
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", model, flm);
+    free(cli(args, 0));
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "chat -m '%s' -n 4 --temp 0 < '%s' 2>&1", i ? flm : model, in);
+        char *out = cli(args, 0);
+        assert_non_null(strstr(out, "chat format chatml (the model's template)"));
+        assert_non_null(strstr(out, SMOLLM_SYSTEM));
+        assert_non_null(strstr(out, "1 replies"));
+        free(out);
+    }
+    /* --system replaces the template's default */
+    snprintf(args, sizeof args, "run -m '%s' --system 'Be brief.' -p Hi -n 4 --temp 0 2>&1", model);
+    free(cli(args, 0));
+    remove(model);
+    remove(flm);
+    free(model);
+    /* a template of no known family */
+    model = strdup(with_template("{% for m in messages %}{{ m.content }}{% endfor %}"));
+    snprintf(args, sizeof args, "chat -m '%s' < '%s' 2>&1", model, in);
+    char *out = cli(args, 1);
+    assert_non_null(strstr(out, "--chat-template"));
+    free(out);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 2 < '%s' 2>&1", model, in);
+    free(cli(args, 0));
+    remove(model);
+    free(model);
+    remove(in);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_format_names),
+        cmocka_unit_test(test_detect_inline),
+        cmocka_unit_test(test_default_system_inline),
+        cmocka_unit_test(test_render_builtin),
+        cmocka_unit_test(test_real_templates),
+        cmocka_unit_test(test_cli_chat_two_turns),
+        cmocka_unit_test(test_cli_chat_context_full),
+        cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_cli_model_template),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

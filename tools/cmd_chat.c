@@ -1,0 +1,247 @@
+/* cmd_chat.c — `flashlm chat`: a conversation with an instruction-tuned model, as llama.cpp's conversation mode.
+ *
+ * Each stdin line is one user turn. The conversation is rendered whole with the model's chat template
+ * (src/format/chat_template.h); the KV cache keeps everything already evaluated, so each turn only evaluates the
+ * text after what the cache holds: the rendered conversation must begin with exactly the text evaluated so far (the
+ * earlier rendering plus the reply as it was printed). Where a template rewrites history (e.g. Gemma trims a reply
+ * that ended in whitespace) it does not, and the whole conversation is evaluated again from position 0. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "flashlm.h"
+#include "format/chat_template.h"
+#include "format/tokenizer.h"
+
+static const char *CHAT_HELP =
+    "usage: flashlm chat -m MODEL [options]\n"
+    "\n"
+    "Hold a conversation with an instruction-tuned model. Each line read from stdin is one user turn (a prompt\n"
+    "\"> \" goes to stderr when stdin is a terminal); each reply is streamed to stdout and ends at the model's\n"
+    "end-of-turn token or after -n tokens. The KV cache carries over between turns: only a turn's new tokens are\n"
+    "evaluated. End with /exit or end of input (Ctrl-D); /reset starts a new conversation. When the context is\n"
+    "full, turns are refused until /reset (the exit status is then 1).\n"
+    "\n"
+    "  -m, --model PATH     model file: .gguf or .flm (as for flashlm run)\n"
+    "  -n, --n-predict N    at most N tokens per reply (default 512)\n";
+static const char *CHAT_HELP_MORE =
+    "      --system TEXT    system prompt (default: the template's own, e.g. Qwen2.5's and SmolLM2's; none for\n"
+    "                       Gemma and Llama)\n"
+    "      --chat-template NAME  chat format instead of the one detected from the model's tokenizer.chat_template\n"
+    "                       (or its architecture): " FLM_CHAT_FORMAT_NAMES "\n"
+    "  -v, --verbose        after each reply, say on stderr which positions the turn evaluated\n"
+    "  -h, --help           this help\n";
+
+typedef struct {
+    flm_chat_msg *m;
+    size_t n, cap;
+} msg_list;
+
+static bool msgs_push(msg_list *l, const char *role, const char *content, size_t len) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        flm_chat_msg *m = realloc(l->m, cap * sizeof *m);
+        if (!m) return false;
+        l->m = m;
+        l->cap = cap;
+    }
+    char *c = malloc(len + 1);
+    if (!c) return false;
+    memcpy(c, content, len);
+    c[len] = 0;
+    l->m[l->n].role = role; /* a static string */
+    l->m[l->n].content = c;
+    l->n++;
+    return true;
+}
+
+static void msgs_truncate(msg_list *l, size_t n) {
+    while (l->n > n) free((char *)l->m[--l->n].content);
+}
+
+/* Read one line (without its newline or a trailing \r) into *line (malloc'd by getline); false at EOF. */
+static bool read_line(char **line, size_t *cap, size_t *len) {
+    ssize_t n = getline(line, cap, stdin);
+    if (n < 0) return false;
+    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = 0;
+    *len = (size_t)n;
+    return true;
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *model = NULL, *chat_name = NULL, *system = NULL;
+    bool verbose = false;
+    long n_predict = 512;
+    flm_params params;
+    flm_params_default(&params);
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = cli_parse_model_opt(argc, argv, &i, &params);
+        if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
+        if (used < 0) return 2;
+        if (used) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s%s%s\nshared options:\n%s", CHAT_HELP, CLI_SAMPLING_OPTS_HELP, CHAT_HELP_MORE,
+                   CLI_MODEL_OPTS_HELP);
+            return 0;
+        }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system") ||
+                     !strcmp(a, "--chat-template");
+        if (!takes) return cli_die("unknown option '%s' (see flashlm chat --help)", a);
+        if (!val) return cli_die("option %s needs a value (see flashlm chat --help)", a);
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = val;
+        else if (!strcmp(a, "--system")) system = val;
+        else {
+            if (!flm_chat_format_parse(val))
+                return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_FORMAT_NAMES ")", val);
+            chat_name = val;
+        }
+    }
+    if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
+
+    flm_error err;
+    flm_ctx *ctx = NULL;
+    if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",
+            model, info.arch, info.n_layers, info.d_model, info.n_ctx, info.kernels, params.n_threads);
+    flm_chat_template tmpl;
+    if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); return 1; }
+    flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
+    if (!smp) {
+        fprintf(stderr, "flashlm: out of memory\n");
+        flm_chat_template_free(&tmpl);
+        flm_close(ctx);
+        return 1;
+    }
+    const struct flm_tokenizer *tok = cli_tokenizer(ctx);
+    bool tty = isatty(0);
+    if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
+
+    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = tok, .n_ctx = info.n_ctx, .last = -1};
+    msg_list msgs = {0};
+    cli_buf done = {0}; /* the text the KV cache holds: prompt renderings and replies, in order */
+    char *line = NULL;
+    size_t line_cap = 0, line_len;
+    int rc = 0, n_turns = 0;
+    bool full = false;    /* the context ran out: only /reset or /exit are accepted */
+    bool refused = false; /* a turn got no reply for want of context: exit status 1 */
+    uint64_t n_prompt_tok = 0, n_gen_tok = 0;
+    double ms_prompt = 0, ms_gen = 0;
+    if (system && !msgs_push(&msgs, "system", system, strlen(system))) goto oom;
+
+    for (;;) {
+        if (tty) { fprintf(stderr, "> "); fflush(stderr); }
+        if (!read_line(&line, &line_cap, &line_len)) break;
+        if (!strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/reset")) {
+            msgs_truncate(&msgs, system ? 1 : 0);
+            done.len = 0;
+            gen.pos = 0;
+            gen.last = -1;
+            gen.logits = NULL;
+            full = false;
+            fprintf(stderr, "flashlm: new conversation\n");
+            continue;
+        }
+        if (line_len == 0) continue;
+        if (full) {
+            refused = true;
+            fprintf(stderr, "flashlm: the context (%u tokens) is full: /reset starts a new conversation, /exit ends "
+                    "(or raise -c)\n", info.n_ctx);
+            continue;
+        }
+        size_t n_before = msgs.n;
+        if (!msgs_push(&msgs, "user", line, line_len)) goto oom;
+        char *text = NULL;
+        size_t text_len = 0;
+        if (flm_chat_render(&tmpl, msgs.m, msgs.n, true, &text, &text_len, &err)) {
+            fprintf(stderr, "flashlm: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        /* evaluate only what follows the text already in the cache; start over when the rendering rewrote it */
+        size_t from = 0;
+        if (gen.pos > 0 && done.len <= text_len && !memcmp(text, done.p, done.len)) {
+            from = done.len;
+        } else if (gen.pos > 0) {
+            fprintf(stderr, "flashlm: the template rewrote earlier turns: evaluating the conversation again\n");
+            gen.pos = 0;
+            gen.last = -1;
+            done.len = 0;
+        }
+        unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL;
+        if (gen.pos == 0 && flm_tokenizer_wants_bos(tok)) flags |= FLM_TOKENIZE_ADD_BOS;
+        size_t n_ids = 0;
+        int32_t *ids = cli_tokenize(ctx, text + from, text_len - from, flags, &n_ids);
+        if (!ids) { free(text); rc = 1; break; }
+        if ((uint64_t)gen.pos + n_ids >= info.n_ctx) {
+            if (gen.pos == 0)
+                fprintf(stderr, "flashlm: this turn (%zu tokens) and its reply do not fit the context of %u tokens; "
+                        "raise -c\n", n_ids, info.n_ctx);
+            else
+                fprintf(stderr, "flashlm: the context (%u tokens) is full: this turn needs %zu more tokens after %d; "
+                        "/reset starts a new conversation, /exit ends (or raise -c)\n", info.n_ctx, n_ids, gen.pos);
+            msgs_truncate(&msgs, n_before);
+            free(ids);
+            free(text);
+            full = gen.pos > 0;
+            refused = true;
+            continue;
+        }
+        double t0 = cli_now_ms();
+        int32_t pos0 = gen.pos;
+        int bad = cli_gen_feed(&gen, ids, n_ids);
+        free(ids);
+        if (!bad && !cli_buf_add(&done, text + from, text_len - from)) bad = -1;
+        free(text);
+        if (bad) { if (bad < 0) goto oom; rc = 1; break; }
+        double t1 = cli_now_ms();
+        n_prompt_tok += n_ids;
+        ms_prompt += t1 - t0;
+        size_t reply_from = done.len;
+        cli_reply r;
+        if (cli_gen_reply(&gen, n_predict, true, &done, &r)) { rc = 1; break; }
+        ms_gen += cli_now_ms() - t1;
+        n_gen_tok += (uint64_t)r.n_gen;
+        n_turns++;
+        printf("\n");
+        fflush(stdout);
+        if (verbose)
+            fprintf(stderr, "flashlm: turn %d: prompt tokens at positions [%d, %d), reply of %ld tokens%s; the "
+                    "cache holds %d tokens\n", n_turns, pos0, pos0 + (int32_t)n_ids, r.n_gen,
+                    r.eog ? " (ended by the model)" : "", gen.pos);
+        if (!msgs_push(&msgs, "assistant", done.p + reply_from, done.len - reply_from)) goto oom;
+        if (r.ctx_full) {
+            full = true;
+            fprintf(stderr, "flashlm: the context (%u tokens) is full: the reply was cut; /reset starts a new "
+                    "conversation, /exit ends (or raise -c)\n", info.n_ctx);
+        }
+    }
+    if (0) {
+oom:
+        fprintf(stderr, "flashlm: out of memory\n");
+        rc = 1;
+    }
+    fprintf(stderr, "flashlm: %d replies; prompt %llu tokens in %.2f ms = %.2f tokens/s; generation %llu tokens in "
+            "%.2f ms = %.2f tokens/s\n", n_turns, (unsigned long long)n_prompt_tok, ms_prompt,
+            ms_prompt > 0 ? n_prompt_tok * 1e3 / ms_prompt : 0.0, (unsigned long long)n_gen_tok, ms_gen,
+            ms_gen > 0 ? n_gen_tok * 1e3 / ms_gen : 0.0);
+    if (refused && !rc) rc = 1;
+    free(line);
+    msgs_truncate(&msgs, 0);
+    free(msgs.m);
+    cli_buf_free(&done);
+    flm_sampler_free(smp);
+    flm_chat_template_free(&tmpl);
+    flm_close(ctx);
+    return rc;
+}
