@@ -578,7 +578,8 @@ static void test_ffn_bundles_mixed(void **state) {
     for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++)
         for (int gated = 0; gated < 2; gated++) {
             flm_bundle_desc b = {.d_model = d, .up_type = combos[c][0], .gate_type = gated ? combos[c][1] : 0,
-                                 .down_type = combos[c][2], .gated = gated, .relu = !gated};
+                                 .down_type = combos[c][2], .gated = gated,
+                                 .act = gated ? FLM_ACT_SILU : FLM_ACT_RELU};
             size_t ub = flm_row_bytes(b.up_type, d), gb = gated ? flm_row_bytes(b.gate_type, d) : 0,
                    db = flm_row_bytes(b.down_type, d);
             b.up_off = 0, b.gate_off = ub, b.down_off = ub + gb, b.record_bytes = ub + gb + db;
