@@ -24,7 +24,25 @@
 extern "C" {
 #endif
 
+/* FLM_API marks the public API. The library is built with -fvisibility=hidden and libflashlm.a is one relocatable
+ * object in which every other symbol is local, so only these names reach a program that links it. */
+#if defined(__GNUC__)
+#define FLM_API __attribute__((visibility("default")))
+#else
+#define FLM_API
+#endif
+
+/* Version: the number is MAJOR * 10000 + MINOR * 100 + PATCH, for compile-time checks such as
+ * #if FLM_VERSION_NUMBER >= 200 (0.2.0). flm_version() gives the library's own at run time. */
+#define FLM_VERSION_MAJOR 0
+#define FLM_VERSION_MINOR 1
+#define FLM_VERSION_PATCH 0
+#define FLM_VERSION_NUMBER (FLM_VERSION_MAJOR * 10000 + FLM_VERSION_MINOR * 100 + FLM_VERSION_PATCH)
 #define FLM_VERSION_STRING "0.1.0"
+
+/* The version of the linked library: FLM_VERSION_NUMBER as it was when the library was built; *str (may be NULL)
+ * gets FLM_VERSION_STRING. A program built against other headers can compare the two. */
+FLM_API int flm_version(const char **str);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Errors
@@ -47,7 +65,7 @@ typedef struct flm_error {
 } flm_error;
 
 /* A short, static name for a status code ("I/O error", "bad format", ...). */
-const char *flm_status_str(flm_status s);
+FLM_API const char *flm_status_str(flm_status s);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Tensor types (the numeric ids are GGUF's ggml_type ids, so they can be stored as-is)
@@ -72,7 +90,7 @@ typedef enum flm_type {
 
 /* Name of a type as GGUF/ggml writes it ("f32", "q8_0", "q4_k", ...), or NULL when the id is not one flashlm
  * knows. Activation-only types (q8_1, q8_k) have names too, but cannot be a tensor's type. */
-const char *flm_type_name(uint32_t type);
+FLM_API const char *flm_type_name(uint32_t type);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Opening a model and running it
@@ -92,12 +110,28 @@ typedef enum flm_mode {
 } flm_mode;
 
 /* "auto", "ram", "naive", "hybrid", "sparse"; NULL for an unknown value. */
-const char *flm_mode_name(flm_mode m);
+FLM_API const char *flm_mode_name(flm_mode m);
 /* Parse a mode name; returns false when unknown. */
-bool flm_mode_parse(const char *s, flm_mode *out);
+FLM_API bool flm_mode_parse(const char *s, flm_mode *out);
 
 /* Flash reader back ends. */
 typedef enum flm_io_kind { FLM_IO_KIND_AUTO = 0, FLM_IO_KIND_THREADS = 1, FLM_IO_KIND_URING = 2 } flm_io_kind;
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Log messages
+ *
+ * The library never writes to stdout or stderr. What it has to say beyond an flm_error (a fallback it took, a file it
+ * could not use) goes to a log callback: one line per call, without a trailing newline, valid only during the call.
+ * With no callback (the default) messages are dropped. The CLI installs one that prints to stderr. The callback may
+ * be called from one of the library's reader threads (at most one call at a time per context).
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef enum flm_log_level {
+    FLM_LOG_ERROR = 0, /* something failed and the library could not go on as asked */
+    FLM_LOG_WARN = 1,  /* the library went on differently than asked (e.g. hybrid instead of sparse) */
+    FLM_LOG_INFO = 2,  /* a choice the user may want to know about (e.g. buffered reads: no O_DIRECT here) */
+    FLM_LOG_DEBUG = 3,
+} flm_log_level;
+typedef void (*flm_log_fn)(void *user, flm_log_level level, const char *msg);
 
 typedef struct flm_params {
     int n_threads;      /* compute threads (-t); default: the number of online CPUs */
@@ -116,27 +150,36 @@ typedef struct flm_params {
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
+    /* the library's surroundings: nothing is implicit */
+    flm_log_fn log;        /* log callback for messages while opening and running (NULL: dropped); see above */
+    void *log_user;        /* passed to log */
+    const char *io_cost_path; /* a `flashlm probe-disk` result (JSON) whose fitted I/O cost model the reader uses;
+                                 NULL: the default model. Nothing is read unless named here (the CLI passes
+                                 "<model>.probe.json" when that file exists). A file that cannot be used is logged
+                                 (FLM_LOG_WARN) and the default model is used. */
 } flm_params;
 
 /* Fill p with the defaults above. */
-void flm_params_default(flm_params *p);
+FLM_API void flm_params_default(flm_params *p);
 
 /* Parse a budget: "N" bytes, with an optional K/M/G/T suffix (powers of 1024), or "N%" of the model's weights;
  * "0" means no budget. Returns false on a malformed value. */
-bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
+FLM_API bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
 
 /* Open a model file: a GGUF file (run with every weight in memory) or a .flm flash layout (made by flashlm convert;
  * FFN weights are streamed according to params->mode and the budget). Validates the file before use.
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_NOMEM, FLM_ERR_ARG (bad params),
  * FLM_ERR_CHECKSUM (corrupt .flm), FLM_ERR_BUDGET (the budget cannot hold the resident part: the message gives each
  * part's size); the message names the file and the problem. */
-flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err);
-void flm_close(flm_ctx *ctx);
+FLM_API flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err);
+FLM_API void flm_close(flm_ctx *ctx);
+/* Replace the context's log callback (initially params->log); fn NULL drops messages from now on. */
+FLM_API void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user);
 
 /* Run one token at position pos (0-based; positions must be fed in order 0, 1, 2, ... or restart at 0) through the
  * model and point *logits at the n_vocab next-token logits (valid until the next call).
  * Errors: FLM_ERR_ARG (token out of range, pos >= n_ctx or out of order), FLM_ERR_IO (a weight read failed). */
-flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
+FLM_API flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
 
 /* Model facts. */
 typedef struct flm_model_info {
@@ -147,7 +190,7 @@ typedef struct flm_model_info {
     int32_t bos, eos;                 /* token ids, -1 when absent */
     const char *kernels;              /* kernel table in use: "avx2", "scalar" */
 } flm_model_info;
-void flm_get_info(const flm_ctx *ctx, flm_model_info *info);
+FLM_API void flm_get_info(const flm_ctx *ctx, flm_model_info *info);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Statistics (the paper's cost model, Knowl 1: L = L_flash + L_memory + L_compute)
@@ -189,17 +232,23 @@ typedef struct flm_stats {
     uint64_t n_dropped;      /* sparse: predicted neurons not computed because a token's set exceeded a layer's cache
                                 (the least confident ones; 0 unless the budget is very tight) */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
+    uint64_t n_tokens_kept;  /* per-token records held: those of tokens n_tokens - n_tokens_kept .. n_tokens - 1 */
 } flm_stats;
 
+/* Per-token statistics are kept for the last FLM_STATS_TOKENS tokens only, in a ring allocated once at open and
+ * counted in the memory budget (as scratch); the totals cover every token. */
+#define FLM_STATS_TOKENS 256
+
 /* Totals so far. */
-void flm_get_stats(const flm_ctx *ctx, flm_stats *st);
-/* Statistics of the n-th evaluated token (0-based); false when n is out of range. */
-bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out);
+FLM_API void flm_get_stats(const flm_ctx *ctx, flm_stats *st);
+/* Statistics of the n-th evaluated token since the last reset (0-based); false when n is not among the last
+ * FLM_STATS_TOKENS tokens (n < n_tokens - n_tokens_kept or n >= n_tokens). */
+FLM_API bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out);
 /* Clear the counters and the per-token record (e.g. between prompt and generation). */
-void flm_reset_stats(flm_ctx *ctx);
-/* Write the statistics (totals, histogram, memory plan, every token) as JSON to path.
+FLM_API void flm_reset_stats(flm_ctx *ctx);
+/* Write the statistics (totals, histogram, memory plan, the kept tokens from "first_token" on) as JSON to path.
  * Errors: FLM_ERR_IO (the file cannot be written; nothing is left half-written). */
-flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err);
+FLM_API flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Tokenizer (SentencePiece BPE or GPT-2 byte-level BPE, from the model's metadata)
@@ -207,13 +256,13 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
 /* Encode UTF-8 text into at most cap ids, with BOS first when add_bos and the model adds one
  * (tokenizer.ggml.add_bos_token; EOS last when add_bos and add_eos_token); special tokens are not parsed. Returns
  * how many ids the whole text needs (when more than cap, only cap were written), or SIZE_MAX when out of memory. */
-size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t *ids, size_t cap);
+FLM_API size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t *ids, size_t cap);
 /* Encode the whole text into a malloc'd array (caller frees) of *n ids, as flm_tokenize; NULL when out of
  * memory. */
-int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n);
+FLM_API int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n);
 /* Bytes that token id decodes to, given the previous token (a leading space after BOS is dropped); not
  * NUL-terminated, *len bytes, valid while ctx lives. */
-const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);
+FLM_API const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);
 
 #define FLM_TOKENIZE_ADD_SPECIAL 1u   /* BOS / EOS as the model's tokenizer.ggml.add_bos_token / add_eos_token say
                                          (llama.cpp's add_special) */
@@ -221,9 +270,9 @@ const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t
                                          become those tokens (llama.cpp's parse_special) */
 /* Encode len bytes of UTF-8 text (need not be NUL-terminated) into at most cap ids with FLM_TOKENIZE_* flags.
  * Returns how many ids the whole text needs (only the first cap are written), or SIZE_MAX when out of memory. */
-size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap);
+FLM_API size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap);
 /* true for the tokens that end a generation or a chat turn (EOS, EOT, "<|im_end|>", "<end_of_turn>", ...). */
-bool flm_token_is_eog(const flm_ctx *ctx, int32_t id);
+FLM_API bool flm_token_is_eog(const flm_ctx *ctx, int32_t id);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Perplexity (teacher-forced, as llama.cpp's perplexity tool computes it)
@@ -240,7 +289,7 @@ typedef struct flm_ppl_result {
  * position 0 and score the predictions of its second half (tokens n_chunk/2 .. n_chunk-1), as llama.cpp does.
  * max_chunks > 0 limits the chunks. progress (may be NULL) is called after each chunk with the running perplexity.
  * Errors: FLM_ERR_ARG (n_chunk < 4 or > the context; text shorter than one chunk), errors of flm_eval. */
-flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
+FLM_API flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                           void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
                           flm_ppl_result *out, flm_error *err);
 
@@ -254,12 +303,12 @@ typedef struct flm_sampler_params {
     float top_p;    /* nucleus: keep the smallest set with probability >= top_p; >= 1 = all */
     uint64_t seed;  /* RNG seed (xorshift64*); the same seed gives the same text */
 } flm_sampler_params;
-void flm_sampler_params_default(flm_sampler_params *p); /* temp 0.8, top_k 40, top_p 0.95, seed 42 */
+FLM_API void flm_sampler_params_default(flm_sampler_params *p); /* temp 0.8, top_k 40, top_p 0.95, seed 42 */
 /* NULL on allocation failure or n_vocab == 0. */
-flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab);
+FLM_API flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab);
 /* Pick the next token from n_vocab logits (not modified). */
-int32_t flm_sampler_sample(flm_sampler *s, const float *logits);
-void flm_sampler_free(flm_sampler *s);
+FLM_API int32_t flm_sampler_sample(flm_sampler *s, const float *logits);
+FLM_API void flm_sampler_free(flm_sampler *s);
 
 #ifdef __cplusplus
 }

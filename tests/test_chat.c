@@ -375,9 +375,9 @@ static void test_real_templates(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *path = model_path(cases[i].file);
         if (!path) continue;
-        gguf_file *g = NULL;
+        flm_gguf_file *g = NULL;
         flm_error err;
-        flm_status st = gguf_open(path, &g, &err);
+        flm_status st = flm_gguf_open(path, &g, &err);
         if (st == FLM_ERR_UNSUPPORTED) { /* tensor types this build cannot read yet */
             const char *req = getenv("FLASHLM_REQUIRE_MODELS");
             if (req && !strcmp(req, "1")) fail_msg("%s (FLASHLM_REQUIRE_MODELS=1)", err.msg);
@@ -386,9 +386,9 @@ static void test_real_templates(void **state) {
         }
         assert_int_equal(st, FLM_OK);
         n_found++;
-        const gguf_kv *kv = gguf_find_kv(g, "tokenizer.chat_template");
+        const flm_gguf_kv *kv = flm_gguf_find_kv(g, "tokenizer.chat_template");
         char *arch = NULL;
-        assert_int_equal(gguf_get_str(g, "general.architecture", true, &arch, &err), FLM_OK);
+        assert_int_equal(flm_gguf_get_str(g, "general.architecture", true, &arch, &err), FLM_OK);
         const char *src = kv && kv->type == GGUF_VT_STRING ? kv->v.str.data : NULL;
         size_t src_len = src ? (size_t)kv->v.str.len : 0;
         if (src) assert_int_equal(flm_chat_detect(src, src_len), cases[i].format);
@@ -401,7 +401,7 @@ static void test_real_templates(void **state) {
         check_renders(&t, cases[i].want, cases[i].file);
         flm_chat_template_free(&t);
         free(arch);
-        gguf_close(g);
+        flm_gguf_close(g);
     }
     if (!n_found) skip();
 }
@@ -537,23 +537,23 @@ static void test_cli_errors(void **state) {
  * .flm files; and one whose template is of no known family. */
 static const char *with_template(const char *tmpl) {
     flm_error err;
-    gguf_file *src = NULL;
-    assert_int_equal(gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    flm_gguf_file *src = NULL;
+    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
     const char *out = tu_tmp("chat-tmpl", ".gguf");
-    gguf_writer *w = NULL;
-    assert_int_equal(gguf_writer_create(out, &w, &err), FLM_OK);
-    for (uint64_t i = 0; i < src->n_kv; i++) assert_int_equal(gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
-    assert_int_equal(gguf_writer_kv_str(w, "tokenizer.chat_template", tmpl), FLM_OK);
+    flm_gguf_writer *w = NULL;
+    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    for (uint64_t i = 0; i < src->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_str(w, "tokenizer.chat_template", tmpl), FLM_OK);
     for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const gguf_tensor *t = &src->tensors[i];
-        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+        const flm_gguf_tensor *t = &src->tensors[i];
+        assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
     }
-    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
     for (uint64_t i = 0; i < src->n_tensors; i++)
-        assert_int_equal(gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
-    assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
-    gguf_writer_free(w);
-    gguf_close(src);
+        assert_int_equal(flm_gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_close(src);
     return out;
 }
 

@@ -81,29 +81,29 @@ static void test_missing_required_key(void **state) {
     const char *drop[] = {"llama.block_count", "llama.embedding_length", "tokenizer.ggml.tokens",
                           "general.architecture"};
     flm_error err;
-    gguf_file *src = NULL;
-    assert_int_equal(gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    flm_gguf_file *src = NULL;
+    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
     for (size_t d = 0; d < sizeof drop / sizeof *drop; d++) {
         const char *out = tu_tmp("nokey", ".gguf");
-        gguf_writer *w = NULL;
-        assert_int_equal(gguf_writer_create(out, &w, &err), FLM_OK);
+        flm_gguf_writer *w = NULL;
+        assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
         for (uint64_t i = 0; i < src->n_kv; i++)
-            if (strcmp(src->kv[i].key, drop[d])) assert_int_equal(gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+            if (strcmp(src->kv[i].key, drop[d])) assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
         for (uint64_t i = 0; i < src->n_tensors; i++) {
-            const gguf_tensor *t = &src->tensors[i];
-            assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+            const flm_gguf_tensor *t = &src->tensors[i];
+            assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
         }
-        assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+        assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
         for (uint64_t i = 0; i < src->n_tensors; i++)
-            assert_int_equal(gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
-        assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
-        gguf_writer_free(w);
+            assert_int_equal(flm_gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+        assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+        flm_gguf_writer_free(w);
         char args[4096];
         snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", out);
         expect(args, 1, drop[d]);
         remove(out);
     }
-    gguf_close(src);
+    flm_gguf_close(src);
 }
 
 static void test_inspect(void **state) {

@@ -116,15 +116,15 @@ static int find_kv_idx(const layout *L, const char *key) {
  * Helpers
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* Write data to a fresh tmp file and check that gguf_open fails with want, a message naming the file and containing
+/* Write data to a fresh tmp file and check that flm_gguf_open fails with want, a message naming the file and containing
  * needle (when non-NULL). */
 static void expect_fail(const char *tag, const uint8_t *data, size_t len, flm_status want, const char *needle) {
     char path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp(tag, ".gguf"));
     tu_write_file(path, data, len);
-    gguf_file dummy, *f = &dummy; /* must be reset to NULL */
+    flm_gguf_file dummy, *f = &dummy; /* must be reset to NULL */
     flm_error err = {0};
-    flm_status st = gguf_open(path, &f, &err);
+    flm_status st = flm_gguf_open(path, &f, &err);
     print_message("    %-18s %s\n", tag, err.msg);
     if (st != want) fail_msg("%s: status %d, want %d: %s", tag, st, want, err.msg);
     assert_null(f);
@@ -156,11 +156,11 @@ static void expect_patch_fail(const char *tag, const uint8_t *src, size_t len, s
     free(d);
 }
 
-static gguf_file *open_ok(const char *path) {
-    gguf_file *f = NULL;
+static flm_gguf_file *open_ok(const char *path) {
+    flm_gguf_file *f = NULL;
     flm_error err = {0};
-    flm_status st = gguf_open(path, &f, &err);
-    if (st != FLM_OK) fail_msg("gguf_open(%s): %s", path, err.msg);
+    flm_status st = flm_gguf_open(path, &f, &err);
+    if (st != FLM_OK) fail_msg("flm_gguf_open(%s): %s", path, err.msg);
     assert_non_null(f);
     return f;
 }
@@ -177,7 +177,7 @@ static void test_real_model(void **state) {
     static layout L;
     walk(bytes, len, &L);
 
-    gguf_file *f = open_ok(path);
+    flm_gguf_file *f = open_ok(path);
     flm_error err = {0};
     assert_int_equal(f->version, 3);
     assert_int_equal(f->n_tensors, 48);
@@ -188,7 +188,7 @@ static void test_real_model(void **state) {
     assert_string_equal(f->path, path);
 
     char *arch = NULL;
-    assert_int_equal(gguf_get_str(f, "general.architecture", true, &arch, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_str(f, "general.architecture", true, &arch, &err), FLM_OK);
     assert_string_equal(arch, "llama");
     free(arch);
     struct { const char *key; uint32_t want; } u32s[] = {
@@ -198,56 +198,56 @@ static void test_real_model(void **state) {
     };
     for (size_t i = 0; i < sizeof u32s / sizeof u32s[0]; i++) {
         uint32_t v = 0;
-        assert_int_equal(gguf_get_u32(f, u32s[i].key, true, &v, &err), FLM_OK);
+        assert_int_equal(flm_gguf_get_u32(f, u32s[i].key, true, &v, &err), FLM_OK);
         assert_int_equal(v, u32s[i].want);
     }
     float eps = 0;
-    assert_int_equal(gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", true, &eps, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", true, &eps, &err), FLM_OK);
     assert_true(eps > 0.99e-5f && eps < 1.01e-5f);
     float fl = 0;
-    assert_int_equal(gguf_get_f32(f, "llama.block_count", true, &fl, &err), FLM_OK); /* integers accepted */
+    assert_int_equal(flm_gguf_get_f32(f, "llama.block_count", true, &fl, &err), FLM_OK); /* integers accepted */
     assert_true(fl == 5.0f);
 
-    const gguf_kv *tok = NULL;
-    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tok, &err), FLM_OK);
+    const flm_gguf_kv *tok = NULL;
+    assert_int_equal(flm_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tok, &err), FLM_OK);
     assert_int_equal(tok->arr_n, 512);
     assert_non_null(tok->arr_str);
     assert_int_equal(tok->arr_str[0].len, 5);
     assert_memory_equal(tok->arr_str[0].data, "<unk>", 5);
     assert_memory_equal(tok->arr_str[1].data, "<s>", 3);
-    const gguf_kv *scores = NULL;
-    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, true, &scores, &err), FLM_OK);
+    const flm_gguf_kv *scores = NULL;
+    assert_int_equal(flm_gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, true, &scores, &err), FLM_OK);
     assert_int_equal(scores->arr_n, 512);
     assert_true(scores->arr_data > f->map && scores->arr_data + 4 * 512 <= f->map + f->size);
 
     /* absent keys: optional leaves *out alone, required names the key */
     uint32_t keep = 12345;
-    assert_int_equal(gguf_get_u32(f, "llama.nonexistent", false, &keep, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_u32(f, "llama.nonexistent", false, &keep, &err), FLM_OK);
     assert_int_equal(keep, 12345);
-    assert_int_equal(gguf_get_u32(f, "llama.nonexistent", true, &keep, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_u32(f, "llama.nonexistent", true, &keep, &err), FLM_ERR_FORMAT);
     assert_int_equal(err.code, FLM_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "llama.nonexistent"));
     assert_non_null(strstr(err.msg, path));
     assert_int_equal(keep, 12345);
-    static const gguf_kv sentinel;
-    const gguf_kv *none = &sentinel;
-    assert_int_equal(gguf_get_arr(f, "nope", GGUF_VT_UINT8, false, &none, &err), FLM_OK);
+    static const flm_gguf_kv sentinel;
+    const flm_gguf_kv *none = &sentinel;
+    assert_int_equal(flm_gguf_get_arr(f, "nope", GGUF_VT_UINT8, false, &none, &err), FLM_OK);
     assert_ptr_equal(none, &sentinel);
 
     /* type mismatches */
-    assert_int_equal(gguf_get_u32(f, "general.architecture", true, &keep, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_u32(f, "general.architecture", true, &keep, &err), FLM_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "general.architecture"));
-    assert_int_equal(gguf_get_u32(f, "llama.attention.layer_norm_rms_epsilon", true, &keep, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_u32(f, "llama.attention.layer_norm_rms_epsilon", true, &keep, &err), FLM_ERR_FORMAT);
     char *s = NULL;
-    assert_int_equal(gguf_get_str(f, "llama.block_count", true, &s, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_str(f, "llama.block_count", true, &s, &err), FLM_ERR_FORMAT);
     assert_null(s);
-    assert_int_equal(gguf_get_f32(f, "tokenizer.ggml.tokens", true, &fl, &err), FLM_ERR_FORMAT);
-    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_FLOAT32, true, &tok, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_f32(f, "tokenizer.ggml.tokens", true, &fl, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_FLOAT32, true, &tok, &err), FLM_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "array of string"));
-    assert_int_equal(gguf_get_arr(f, "llama.block_count", GGUF_VT_UINT32, true, &tok, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_arr(f, "llama.block_count", GGUF_VT_UINT32, true, &tok, &err), FLM_ERR_FORMAT);
 
     /* tensors: every one matches the walker and the file bytes */
-    const gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
+    const flm_gguf_tensor *te = flm_gguf_find_tensor(f, "token_embd.weight");
     assert_non_null(te);
     assert_int_equal(te->n_dims, 2);
     assert_int_equal(te->ne[0], 64);
@@ -258,11 +258,11 @@ static void test_real_model(void **state) {
     assert_int_equal(te->n_elements, 64 * 512);
     assert_int_equal(te->nbytes, 64 * 512 * 4);
     assert_true(te->data >= f->map + f->data_offset && te->data + te->nbytes <= f->map + f->size);
-    assert_null(gguf_find_tensor(f, "nope"));
-    assert_non_null(gguf_find_kv(f, "general.name"));
-    assert_null(gguf_find_kv(f, "general.nam"));
+    assert_null(flm_gguf_find_tensor(f, "nope"));
+    assert_non_null(flm_gguf_find_kv(f, "general.name"));
+    assert_null(flm_gguf_find_kv(f, "general.nam"));
     for (uint64_t i = 0; i < f->n_tensors; i++) {
-        const gguf_tensor *t = &f->tensors[i];
+        const flm_gguf_tensor *t = &f->tensors[i];
         assert_string_equal(t->name, L.t_name[i]);
         assert_int_equal(t->type, L.t_type[i]);
         assert_int_equal(t->offset, L.t_off[i]);
@@ -271,8 +271,8 @@ static void test_real_model(void **state) {
         assert_ptr_equal(t->data, f->map + f->data_offset + t->offset);
         assert_memory_equal(t->data, bytes + L.data_off + L.t_off[i], (size_t)t->nbytes);
     }
-    gguf_close(f);
-    gguf_close(NULL);
+    flm_gguf_close(f);
+    flm_gguf_close(NULL);
     free(bytes);
 }
 
@@ -282,31 +282,31 @@ static void test_buffer_and_copy(void **state) {
     (void)state;
     size_t len;
     uint8_t *bytes = tu_read_file(tu_shared(MODEL), &len);
-    gguf_file *f = NULL;
+    flm_gguf_file *f = NULL;
     flm_error err = {0};
-    assert_int_equal(gguf_open_buffer("model (in memory)", bytes, len, &f, &err), FLM_OK);
+    assert_int_equal(flm_gguf_open_buffer("model (in memory)", bytes, len, &f, &err), FLM_OK);
     assert_ptr_equal(f->map, bytes);
     assert_int_equal(f->n_tensors, 48);
     assert_string_equal(f->path, "model (in memory)");
-    const gguf_tensor *t = gguf_find_tensor(f, "output.weight");
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(f, "output.weight");
     assert_non_null(t);
     assert_true(t->data > bytes && t->data + t->nbytes <= bytes + len);
 
     char path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp("copy", ".gguf"));
-    gguf_writer *w = NULL;
-    assert_int_equal(gguf_writer_create(path, &w, &err), FLM_OK);
-    for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
+    flm_gguf_writer *w = NULL;
+    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         t = &f->tensors[i];
-        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+        assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
     }
-    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
     for (uint64_t i = 0; i < f->n_tensors; i++)
-        assert_int_equal(gguf_writer_write_tensor(w, f->tensors[i].data, f->tensors[i].nbytes, &err), FLM_OK);
-    assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
-    gguf_writer_free(w);
-    gguf_close(f); /* the borrowed buffer stays ours */
+        assert_int_equal(flm_gguf_writer_write_tensor(w, f->tensors[i].data, f->tensors[i].nbytes, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_close(f); /* the borrowed buffer stays ours */
     size_t clen;
     uint8_t *copy_bytes = tu_read_file(path, &clen);
     assert_int_equal(clen, len);
@@ -315,10 +315,10 @@ static void test_buffer_and_copy(void **state) {
     unlink(path);
 
     f = NULL;
-    assert_int_equal(gguf_open_buffer("model (in memory)", bytes, len - 1, &f, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_open_buffer("model (in memory)", bytes, len - 1, &f, &err), FLM_ERR_FORMAT);
     assert_null(f);
     assert_non_null(strstr(err.msg, "model (in memory): tensor 47"));
-    assert_int_equal(gguf_open_buffer("nothing", NULL, 0, &f, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_open_buffer("nothing", NULL, 0, &f, &err), FLM_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "nothing: header: magic: truncated"));
     free(bytes);
 }
@@ -357,15 +357,15 @@ static const char *const a_str[] = {"", "hello", "wörld", "<0x0A>"};
 
 /* Write the round-trip file; data[i] gets the random tensor bytes (caller frees). */
 static void write_sample(const char *path, uint8_t *data[N_WT]) {
-    gguf_writer *w = NULL;
+    flm_gguf_writer *w = NULL;
     flm_error err = {0};
-    assert_int_equal(gguf_writer_create(path, &w, &err), FLM_OK);
-    assert_int_equal(gguf_writer_kv_str(w, "general.architecture", "llama"), FLM_OK);
-    assert_int_equal(gguf_writer_kv_u32(w, "llama.block_count", 3), FLM_OK);
-    assert_int_equal(gguf_writer_kv_u32(w, "general.alignment", 32), FLM_OK);
-    assert_int_equal(gguf_writer_kv_f32(w, "llama.eps", 1e-6f), FLM_OK);
-    assert_int_equal(gguf_writer_kv_str(w, "general.empty", ""), FLM_OK);
-#define ARR(key, vt, a) assert_int_equal(gguf_writer_kv_arr(w, key, vt, a, sizeof a / sizeof a[0]), FLM_OK)
+    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_str(w, "general.architecture", "llama"), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_u32(w, "llama.block_count", 3), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_u32(w, "general.alignment", 32), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_f32(w, "llama.eps", 1e-6f), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_str(w, "general.empty", ""), FLM_OK);
+#define ARR(key, vt, a) assert_int_equal(flm_gguf_writer_kv_arr(w, key, vt, a, sizeof a / sizeof a[0]), FLM_OK)
     ARR("a.u8", GGUF_VT_UINT8, a_u8);
     ARR("a.i8", GGUF_VT_INT8, a_i8);
     ARR("a.u16", GGUF_VT_UINT16, a_u16);
@@ -379,26 +379,26 @@ static void write_sample(const char *path, uint8_t *data[N_WT]) {
     ARR("a.bool", GGUF_VT_BOOL, a_bool);
     ARR("a.str", GGUF_VT_STRING, a_str);
 #undef ARR
-    assert_int_equal(gguf_writer_kv_arr(w, "a.empty", GGUF_VT_INT32, NULL, 0), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_arr(w, "a.empty", GGUF_VT_INT32, NULL, 0), FLM_OK);
     for (int i = 0; i < N_WT; i++)
-        assert_int_equal(gguf_writer_add_tensor(w, wt[i].name, wt[i].type, wt[i].n_dims, wt[i].ne), FLM_OK);
-    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+        assert_int_equal(flm_gguf_writer_add_tensor(w, wt[i].name, wt[i].type, wt[i].n_dims, wt[i].ne), FLM_OK);
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
     uint64_t rng = 0x1234567;
     for (int i = 0; i < N_WT; i++) {
         size_t n = (size_t)wt_nbytes(i);
         data[i] = malloc(n);
         assert_non_null(data[i]);
         for (size_t k = 0; k < n; k++) data[i][k] = (uint8_t)tu_rand_u64(&rng);
-        if (gguf_writer_write_tensor(w, data[i], n, &err) != FLM_OK) fail_msg("%s", err.msg);
+        if (flm_gguf_writer_write_tensor(w, data[i], n, &err) != FLM_OK) fail_msg("%s", err.msg);
     }
-    if (gguf_writer_finish(w, &err) != FLM_OK) fail_msg("%s", err.msg);
-    gguf_writer_free(w);
+    if (flm_gguf_writer_finish(w, &err) != FLM_OK) fail_msg("%s", err.msg);
+    flm_gguf_writer_free(w);
 }
 
-static const gguf_kv *arr(gguf_file *f, const char *key, uint32_t vt, uint64_t n) {
-    const gguf_kv *kv = NULL;
+static const flm_gguf_kv *arr(flm_gguf_file *f, const char *key, uint32_t vt, uint64_t n) {
+    const flm_gguf_kv *kv = NULL;
     flm_error err = {0};
-    if (gguf_get_arr(f, key, vt, true, &kv, &err) != FLM_OK) fail_msg("%s", err.msg);
+    if (flm_gguf_get_arr(f, key, vt, true, &kv, &err) != FLM_OK) fail_msg("%s", err.msg);
     assert_int_equal(kv->arr_n, n);
     return kv;
 }
@@ -412,7 +412,7 @@ static void test_writer_round_trip(void **state) {
     write_sample(path, data);
     assert_int_not_equal(access(tmp, F_OK), 0); /* renamed away */
 
-    gguf_file *f = open_ok(path);
+    flm_gguf_file *f = open_ok(path);
     flm_error err = {0};
     assert_int_equal(f->version, 3);
     assert_int_equal(f->n_kv, 18);
@@ -420,17 +420,17 @@ static void test_writer_round_trip(void **state) {
     assert_int_equal(f->alignment, 32);
     assert_int_equal(f->size % 32, 0);
     char *s = NULL;
-    assert_int_equal(gguf_get_str(f, "general.architecture", true, &s, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_str(f, "general.architecture", true, &s, &err), FLM_OK);
     assert_string_equal(s, "llama");
     free(s);
-    assert_int_equal(gguf_get_str(f, "general.empty", true, &s, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_str(f, "general.empty", true, &s, &err), FLM_OK);
     assert_string_equal(s, "");
     free(s);
     uint32_t u = 0;
-    assert_int_equal(gguf_get_u32(f, "llama.block_count", true, &u, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_u32(f, "llama.block_count", true, &u, &err), FLM_OK);
     assert_int_equal(u, 3);
     float fv = 0;
-    assert_int_equal(gguf_get_f32(f, "llama.eps", true, &fv, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_f32(f, "llama.eps", true, &fv, &err), FLM_OK);
     assert_true(fv == 1e-6f);
 
 #define CHECK_ARR(key, vt, a) assert_memory_equal(arr(f, key, vt, sizeof a / sizeof a[0])->arr_data, a, sizeof a)
@@ -446,7 +446,7 @@ static void test_writer_round_trip(void **state) {
     CHECK_ARR("a.f64", GGUF_VT_FLOAT64, a_f64);
     CHECK_ARR("a.bool", GGUF_VT_BOOL, a_bool);
 #undef CHECK_ARR
-    const gguf_kv *sa = arr(f, "a.str", GGUF_VT_STRING, 4);
+    const flm_gguf_kv *sa = arr(f, "a.str", GGUF_VT_STRING, 4);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(sa->arr_str[i].len, strlen(a_str[i]));
         assert_memory_equal(sa->arr_str[i].data, a_str[i], strlen(a_str[i]));
@@ -454,7 +454,7 @@ static void test_writer_round_trip(void **state) {
     arr(f, "a.empty", GGUF_VT_INT32, 0);
 
     for (int i = 0; i < N_WT; i++) {
-        const gguf_tensor *t = gguf_find_tensor(f, wt[i].name);
+        const flm_gguf_tensor *t = flm_gguf_find_tensor(f, wt[i].name);
         assert_non_null(t);
         assert_ptr_equal(t, &f->tensors[i]); /* order kept */
         assert_int_equal(t->type, wt[i].type);
@@ -465,7 +465,7 @@ static void test_writer_round_trip(void **state) {
         assert_memory_equal(t->data, data[i], (size_t)t->nbytes);
         free(data[i]);
     }
-    gguf_close(f);
+    flm_gguf_close(f);
 
     /* the independent walker agrees with the reader on the layout */
     size_t len;
@@ -482,18 +482,18 @@ static void test_writer_empty(void **state) {
     (void)state;
     char path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp("empty", ".gguf"));
-    gguf_writer *w = NULL;
+    flm_gguf_writer *w = NULL;
     flm_error err = {0};
-    assert_int_equal(gguf_writer_create(path, &w, &err), FLM_OK);
-    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
-    assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
-    gguf_writer_free(w);
-    gguf_file *f = open_ok(path);
+    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_file *f = open_ok(path);
     assert_int_equal(f->n_kv, 0);
     assert_int_equal(f->n_tensors, 0);
-    assert_null(gguf_find_kv(f, "x"));
-    assert_null(gguf_find_tensor(f, "x"));
-    gguf_close(f);
+    assert_null(flm_gguf_find_kv(f, "x"));
+    assert_null(flm_gguf_find_tensor(f, "x"));
+    flm_gguf_close(f);
     unlink(path);
 }
 
@@ -510,32 +510,32 @@ static void test_writer_errors(void **state) {
         char path[4096], tmp[4200];
         snprintf(path, sizeof path, "%s", tu_tmp("werr", ".gguf"));
         snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        gguf_writer *w = NULL;
+        flm_gguf_writer *w = NULL;
         flm_error err = {0};
-        assert_int_equal(gguf_writer_create(path, &w, &err), FLM_OK);
+        assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
         assert_int_equal(access(tmp, F_OK), 0);
-        gguf_writer_kv_u32(w, "k", 1);
-        gguf_writer_add_tensor(w, "t", FLM_TYPE_F32, 2, ne);
+        flm_gguf_writer_kv_u32(w, "k", 1);
+        flm_gguf_writer_add_tensor(w, "t", FLM_TYPE_F32, 2, ne);
         flm_status want = FLM_ERR_ARG, st = FLM_OK;
         switch (m) {
-        case M_TYPE: st = gguf_writer_add_tensor(w, "u", 99, 2, ne), want = FLM_ERR_UNSUPPORTED; break;
-        case M_BLOCK: st = gguf_writer_add_tensor(w, "u", FLM_TYPE_Q8_0, 1, ne_bad); break;
-        case M_DUP_KEY: st = gguf_writer_kv_str(w, "k", "x"); break;
-        case M_DUP_TENSOR: st = gguf_writer_add_tensor(w, "t", FLM_TYPE_F16, 2, ne); break;
-        case M_BOOL: st = gguf_writer_kv_arr(w, "b", GGUF_VT_BOOL, two, 1); break;
-        case M_ALIGN: st = gguf_writer_kv_u32(w, "general.alignment", 64); break;
+        case M_TYPE: st = flm_gguf_writer_add_tensor(w, "u", 99, 2, ne), want = FLM_ERR_UNSUPPORTED; break;
+        case M_BLOCK: st = flm_gguf_writer_add_tensor(w, "u", FLM_TYPE_Q8_0, 1, ne_bad); break;
+        case M_DUP_KEY: st = flm_gguf_writer_kv_str(w, "k", "x"); break;
+        case M_DUP_TENSOR: st = flm_gguf_writer_add_tensor(w, "t", FLM_TYPE_F16, 2, ne); break;
+        case M_BOOL: st = flm_gguf_writer_kv_arr(w, "b", GGUF_VT_BOOL, two, 1); break;
+        case M_ALIGN: st = flm_gguf_writer_kv_u32(w, "general.alignment", 64); break;
         default: break;
         }
         if (m >= M_TYPE && m <= M_ALIGN) {
             assert_int_equal(st, want);
-            st = gguf_writer_begin(w, &err); /* the deferred error surfaces here */
+            st = flm_gguf_writer_begin(w, &err); /* the deferred error surfaces here */
         } else if (m != M_FREE) {
-            assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
+            assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
             if (m == M_NBYTES) {
-                st = gguf_writer_write_tensor(w, buf, 255, &err);
+                st = flm_gguf_writer_write_tensor(w, buf, 255, &err);
             } else {
-                if (m == M_EXTRA) assert_int_equal(gguf_writer_write_tensor(w, buf, 256, &err), FLM_OK);
-                st = m == M_EXTRA ? gguf_writer_write_tensor(w, buf, 256, &err) : gguf_writer_finish(w, &err);
+                if (m == M_EXTRA) assert_int_equal(flm_gguf_writer_write_tensor(w, buf, 256, &err), FLM_OK);
+                st = m == M_EXTRA ? flm_gguf_writer_write_tensor(w, buf, 256, &err) : flm_gguf_writer_finish(w, &err);
             }
         }
         if (m != M_FREE) {
@@ -544,18 +544,18 @@ static void test_writer_errors(void **state) {
             assert_int_equal(err.code, want);
             assert_non_null(strstr(err.msg, path));
             assert_int_not_equal(access(tmp, F_OK), 0);
-            assert_int_not_equal(gguf_writer_finish(w, &err), FLM_OK); /* stays failed */
+            assert_int_not_equal(flm_gguf_writer_finish(w, &err), FLM_OK); /* stays failed */
         }
-        gguf_writer_free(w);
+        flm_gguf_writer_free(w);
         assert_int_not_equal(access(tmp, F_OK), 0);
         assert_int_not_equal(access(path, F_OK), 0);
     }
-    gguf_writer *w = NULL;
+    flm_gguf_writer *w = NULL;
     flm_error err = {0};
-    assert_int_equal(gguf_writer_create("/nonexistent-dir/x.gguf", &w, &err), FLM_ERR_IO);
+    assert_int_equal(flm_gguf_writer_create("/nonexistent-dir/x.gguf", &w, &err), FLM_ERR_IO);
     assert_null(w);
     assert_non_null(strstr(err.msg, "/nonexistent-dir/x.gguf"));
-    gguf_writer_free(NULL);
+    flm_gguf_writer_free(NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -664,20 +664,20 @@ static void test_bad_real(void **state) {
         char path[4096];
         snprintf(path, sizeof path, "%s", tu_tmp("v2", ".gguf"));
         tu_write_file(path, d, len);
-        gguf_file *f = open_ok(path);
+        flm_gguf_file *f = open_ok(path);
         assert_int_equal(f->version, 2);
-        gguf_close(f);
+        flm_gguf_close(f);
         unlink(path);
         free(d);
     }
 
     /* not a file */
-    gguf_file *f = NULL;
+    flm_gguf_file *f = NULL;
     flm_error err = {0};
-    assert_int_equal(gguf_open("/nonexistent/m.gguf", &f, &err), FLM_ERR_IO);
+    assert_int_equal(flm_gguf_open("/nonexistent/m.gguf", &f, &err), FLM_ERR_IO);
     assert_null(f);
     assert_non_null(strstr(err.msg, "/nonexistent/m.gguf"));
-    assert_int_equal(gguf_open(FLM_TEST_TMPDIR, &f, &err), FLM_ERR_IO);
+    assert_int_equal(flm_gguf_open(FLM_TEST_TMPDIR, &f, &err), FLM_ERR_IO);
     assert_non_null(strstr(err.msg, FLM_TEST_TMPDIR));
     free(src);
 }
@@ -737,16 +737,16 @@ static void test_fuzz(void **state) {
         }
         if (tu_rand_u64(&rng) % 8 == 0) n = (size_t)(tu_rand_u64(&rng) % len);
         tu_write_file(path, d, n);
-        gguf_file *f = NULL;
+        flm_gguf_file *f = NULL;
         flm_error err = {0};
-        flm_status st = gguf_open(path, &f, &err);
+        flm_status st = flm_gguf_open(path, &f, &err);
         if (st == FLM_OK) {
             ok++;
             for (uint64_t i = 0; i < f->n_tensors; i++) {
-                const gguf_tensor *t = &f->tensors[i];
+                const flm_gguf_tensor *t = &f->tensors[i];
                 assert_true(t->data >= f->map && t->nbytes <= f->size && t->data + t->nbytes <= f->map + f->size);
             }
-            gguf_close(f);
+            flm_gguf_close(f);
         } else {
             bad++;
             assert_null(f);
@@ -801,13 +801,13 @@ static void test_getters(void **state) {
     char path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp("getters", ".gguf"));
     tu_write_file(path, b.d, b.n);
-    gguf_file *f = open_ok(path);
+    flm_gguf_file *f = open_ok(path);
     flm_error err = {0};
     assert_int_equal(f->version, 2);
-    assert_int_equal(gguf_find_kv(f, "i8")->v.i64, -1);
-    assert_int_equal(gguf_find_kv(f, "i16")->v.i64, -300);
-    assert_int_equal(gguf_find_kv(f, "i64")->v.i64, -5);
-    assert_int_equal(gguf_find_kv(f, "bool")->v.u64, 1);
+    assert_int_equal(flm_gguf_find_kv(f, "i8")->v.i64, -1);
+    assert_int_equal(flm_gguf_find_kv(f, "i16")->v.i64, -300);
+    assert_int_equal(flm_gguf_find_kv(f, "i64")->v.i64, -5);
+    assert_int_equal(flm_gguf_find_kv(f, "bool")->v.u64, 1);
     struct { const char *key; flm_status st; uint32_t u; float fl; } c[] = {
         {"i8", FLM_ERR_FORMAT, 0, -1.0f},      {"i16", FLM_ERR_FORMAT, 0, -300.0f}, {"i32", FLM_OK, 70000, 70000.0f},
         {"i64", FLM_ERR_FORMAT, 0, -5.0f},     {"u8", FLM_OK, 200, 200.0f},         {"u16", FLM_OK, 60000, 60000.0f},
@@ -817,38 +817,38 @@ static void test_getters(void **state) {
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         uint32_t u = 0;
         float fl = 0;
-        assert_int_equal(gguf_get_u32(f, c[i].key, true, &u, &err), c[i].st);
+        assert_int_equal(flm_gguf_get_u32(f, c[i].key, true, &u, &err), c[i].st);
         if (c[i].st == FLM_OK) assert_int_equal(u, c[i].u);
         else assert_non_null(strstr(err.msg, c[i].key));
-        assert_int_equal(gguf_get_f32(f, c[i].key, true, &fl, &err), FLM_OK);
+        assert_int_equal(flm_gguf_get_f32(f, c[i].key, true, &fl, &err), FLM_OK);
         assert_true(fl == c[i].fl);
     }
-    /* gguf_writer_kv_copy keeps every type and value */
+    /* flm_gguf_writer_kv_copy keeps every type and value */
     char path2[4096];
     snprintf(path2, sizeof path2, "%s", tu_tmp("kvcopy", ".gguf"));
-    gguf_writer *w = NULL;
-    assert_int_equal(gguf_writer_create(path2, &w, &err), FLM_OK);
-    for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
-    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
-    assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
-    gguf_writer_free(w);
-    gguf_file *g = open_ok(path2);
+    flm_gguf_writer *w = NULL;
+    assert_int_equal(flm_gguf_writer_create(path2, &w, &err), FLM_OK);
+    for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_file *g = open_ok(path2);
     assert_int_equal(g->n_kv, f->n_kv);
     for (uint64_t i = 0; i < f->n_kv; i++) {
         assert_string_equal(g->kv[i].key, f->kv[i].key);
         assert_int_equal(g->kv[i].type, f->kv[i].type);
         assert_int_equal(g->kv[i].v.u64, f->kv[i].v.u64); /* same bits: integers widened the same, floats as f64 */
     }
-    gguf_close(g);
+    flm_gguf_close(g);
     unlink(path2);
 
     float fl = 0;
-    assert_int_equal(gguf_get_f32(f, "f64big", true, &fl, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_f32(f, "f64big", true, &fl, &err), FLM_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "does not fit in f32"));
-    assert_int_equal(gguf_get_f32(f, "bool", true, &fl, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_gguf_get_f32(f, "bool", true, &fl, &err), FLM_ERR_FORMAT);
     uint32_t u = 0;
-    assert_int_equal(gguf_get_u32(f, "bool", true, &u, &err), FLM_ERR_FORMAT);
-    gguf_close(f);
+    assert_int_equal(flm_gguf_get_u32(f, "bool", true, &u, &err), FLM_ERR_FORMAT);
+    flm_gguf_close(f);
     unlink(path);
 }
 

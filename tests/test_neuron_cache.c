@@ -321,6 +321,36 @@ static void test_capacity_eviction(void **state) {
     flm_ncache_free(c);
 }
 
+/* A step whose reads failed is undone: the neurons it appended are no longer cached (their rows were never filled),
+ * those of the earlier sets stay, and the next step with the same set loads exactly the missing ones again. */
+static void test_unstep_after_failed_read(void **state) {
+    (void)state;
+    flm_ncache *c;
+    flm_error err;
+    assert_int_equal(flm_ncache_create(64, 40, 16, 3, 0, &c, &err), FLM_OK);
+    assert_false(flm_ncache_unstep(c)); /* empty window: nothing to undo */
+    flm_ncache_stats st;
+    const uint32_t a[] = {1, 5, 9}, b[] = {5, 9, 20, 30};
+    assert_int_equal(step_and_load(c, a, 3, &st, NULL), FLM_OK);
+    /* b's step: 20 and 30 are appended, but their reads "fail": rows left unfilled */
+    const uint32_t *load_ids, *rows;
+    uint8_t *const *load_rows;
+    assert_int_equal(flm_ncache_step(c, b, 4, &st, &load_ids, &load_rows, &rows, &err), FLM_OK);
+    assert_int_equal(st.n_loaded, 2);
+    assert_true(flm_ncache_unstep(c));
+    check_cache(c); /* consistent, and every occupied row holds its neuron's bytes */
+    assert_cached(c, a, 3, true);
+    assert_cached(c, (const uint32_t[]){20, 30}, 2, false);
+    assert_int_equal(flm_ncache_window_tokens(c), 1);
+    assert_int_equal(flm_ncache_refcount(c, 5), 1);
+    /* the retry reads 20 and 30 again */
+    assert_int_equal(step_and_load(c, b, 4, &st, NULL), FLM_OK);
+    assert_int_equal(st.n_loaded, 2);
+    assert_int_equal(st.n_reused, 2);
+    check_cache(c);
+    flm_ncache_free(c);
+}
+
 static void test_bad_arguments(void **state) {
     (void)state;
     flm_ncache *c;
@@ -518,6 +548,7 @@ int main(void) {
         cmocka_unit_test(test_random_against_reference),
         cmocka_unit_test(test_window_reduces_loads),
         cmocka_unit_test(test_capacity_eviction),
+        cmocka_unit_test(test_unstep_after_failed_read),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_window_one),
         cmocka_unit_test(test_sizes),

@@ -701,12 +701,12 @@ static void test_real_tensors(void **state) {
             continue;
         }
         fclose(fp);
-        gguf_file *g = NULL;
+        flm_gguf_file *g = NULL;
         flm_error err;
-        if (gguf_open(path, &g, &err) != FLM_OK) fail_msg("%s", err.msg);
+        if (flm_gguf_open(path, &g, &err) != FLM_OK) fail_msg("%s", err.msg);
         opened++;
         for (uint64_t ti = 0; ti < g->n_tensors; ti++) {
-            const gguf_tensor *t = &g->tensors[ti];
+            const flm_gguf_tensor *t = &g->tensors[ti];
             if (t->type >= FLM_N_TYPES || seen[t->type]) continue;
             seen[t->type] = true;
             /* a slice of rows from the middle of the tensor, about 256 KiB at most */
@@ -725,7 +725,7 @@ static void test_real_tensors(void **state) {
             free(x);
             print_message("%s: %s ok\n", what, flm_type_name(t->type));
         }
-        gguf_close(g);
+        flm_gguf_close(g);
     }
     if (!opened) {
         print_message("skipped: no model under ~/.cache/flashlm/models/\n");

@@ -26,7 +26,7 @@ typedef struct real_model {
 } real_model;
 
 static const real_model SMOLLM2 = {"smollm2-135m", "smollm2-135m-instruct-q4_1", 3};
-static const real_model QWEN05 = {"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct", 1};
+static const real_model QWEN05 = {"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct", 2};
 static const real_model GEMMA3 = {"gemma-3-270m", "gemma-3-270m-q4_k_m", 1};
 
 static flm_ctx *open_ctx(const char *path, int n_ctx) {

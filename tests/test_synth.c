@@ -192,22 +192,22 @@ static const char *STANDARD_KEYS[] = {
     "tokenizer.ggml.unknown_token_id",
 };
 
-static uint32_t get_u32(const gguf_file *f, const char *key) {
+static uint32_t get_u32(const flm_gguf_file *f, const char *key) {
     uint32_t v = 0;
     flm_error err;
-    if (gguf_get_u32(f, key, true, &v, &err)) fail_msg("%s", err.msg);
+    if (flm_gguf_get_u32(f, key, true, &v, &err)) fail_msg("%s", err.msg);
     return v;
 }
 
 /* Check keys, vocabulary and tensors of a file written with p. */
 static void check_file(const char *path, const flm_synth_params *p) {
-    gguf_file *f = NULL;
+    flm_gguf_file *f = NULL;
     flm_error err;
-    if (gguf_open(path, &f, &err)) fail_msg("%s", err.msg);
+    if (flm_gguf_open(path, &f, &err)) fail_msg("%s", err.msg);
     /* every key is a standard one, plus flashlm.ffn_activation exactly for ReLU */
     const size_t n_std = sizeof STANDARD_KEYS / sizeof *STANDARD_KEYS;
     for (size_t i = 0; i < n_std; i++)
-        if (!gguf_find_kv(f, STANDARD_KEYS[i])) fail_msg("%s: key %s is missing", path, STANDARD_KEYS[i]);
+        if (!flm_gguf_find_kv(f, STANDARD_KEYS[i])) fail_msg("%s: key %s is missing", path, STANDARD_KEYS[i]);
     for (uint64_t i = 0; i < f->n_kv; i++) {
         bool std = false;
         for (size_t j = 0; j < n_std; j++) std |= !strcmp(f->kv[i].key, STANDARD_KEYS[j]);
@@ -217,15 +217,15 @@ static void check_file(const char *path, const flm_synth_params *p) {
     assert_int_equal(f->n_kv, n_std + (p->act == FLM_ACT_RELU));
     if (p->act == FLM_ACT_RELU) {
         char *act = NULL;
-        assert_int_equal(gguf_get_str(f, "flashlm.ffn_activation", true, &act, &err), FLM_OK);
+        assert_int_equal(flm_gguf_get_str(f, "flashlm.ffn_activation", true, &act, &err), FLM_OK);
         assert_string_equal(act, "relu");
         free(act);
     }
     char *s = NULL;
-    assert_int_equal(gguf_get_str(f, "general.architecture", true, &s, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_str(f, "general.architecture", true, &s, &err), FLM_OK);
     assert_string_equal(s, "llama");
     free(s);
-    assert_int_equal(gguf_get_str(f, "tokenizer.ggml.model", true, &s, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_str(f, "tokenizer.ggml.model", true, &s, &err), FLM_OK);
     assert_string_equal(s, "llama");
     free(s);
     assert_int_equal(get_u32(f, "llama.embedding_length"), p->d_model);
@@ -242,10 +242,10 @@ static void check_file(const char *path, const flm_synth_params *p) {
     assert_int_equal(get_u32(f, "general.file_type"), ftypes[p->type]);
 
     /* vocabulary */
-    const gguf_kv *tok = NULL, *ty = NULL, *sc = NULL;
-    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tok, &err), FLM_OK);
-    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, true, &ty, &err), FLM_OK);
-    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, true, &sc, &err), FLM_OK);
+    const flm_gguf_kv *tok = NULL, *ty = NULL, *sc = NULL;
+    assert_int_equal(flm_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tok, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, true, &ty, &err), FLM_OK);
+    assert_int_equal(flm_gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, true, &sc, &err), FLM_OK);
     assert_int_equal(tok->arr_n, p->n_vocab);
     assert_int_equal(ty->arr_n, p->n_vocab);
     assert_int_equal(sc->arr_n, p->n_vocab);
@@ -286,7 +286,7 @@ static void check_file(const char *path, const flm_synth_params *p) {
     assert_int_equal(f->n_tensors, 1 + 9 * p->n_layers + 2);
     uint64_t kv_dim = (uint64_t)(p->d_model / p->n_heads) * p->n_kv_heads;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
-        const gguf_tensor *t = &f->tensors[i];
+        const flm_gguf_tensor *t = &f->tensors[i];
         bool norm = strstr(t->name, "_norm.weight") != NULL;
         assert_int_equal(t->type, norm ? FLM_TYPE_F32 : p->type);
         assert_int_equal(t->n_dims, norm ? 1 : 2);
@@ -298,10 +298,10 @@ static void check_file(const char *path, const flm_synth_params *p) {
             assert_int_equal(t->ne[0], p->d_model);
         }
     }
-    assert_non_null(gguf_find_tensor(f, "token_embd.weight"));
-    assert_non_null(gguf_find_tensor(f, "output.weight"));
-    assert_non_null(gguf_find_tensor(f, "output_norm.weight"));
-    gguf_close(f);
+    assert_non_null(flm_gguf_find_tensor(f, "token_embd.weight"));
+    assert_non_null(flm_gguf_find_tensor(f, "output.weight"));
+    assert_non_null(flm_gguf_find_tensor(f, "output_norm.weight"));
+    flm_gguf_close(f);
 }
 
 /* Open with the engine, run n tokens (BOS, then ids from a fixed RNG; positions 0..n-1), check every logit is
@@ -449,10 +449,10 @@ static int cmp_desc(const void *x, const void *y) {
 
 /* Sorted eigenvalues of G^T G for layer 0's ffn_gate (columns 1..d-1: column 0 is the bias channel). */
 static void gate_spectrum(const char *path, double *ev, int *n_out) {
-    gguf_file *f = NULL;
+    flm_gguf_file *f = NULL;
     flm_error err;
-    if (gguf_open(path, &f, &err)) fail_msg("%s", err.msg);
-    const gguf_tensor *t = gguf_find_tensor(f, "blk.0.ffn_gate.weight");
+    if (flm_gguf_open(path, &f, &err)) fail_msg("%s", err.msg);
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(f, "blk.0.ffn_gate.weight");
     assert_non_null(t);
     assert_int_equal(t->type, FLM_TYPE_F32);
     int d = (int)t->ne[0], rows = (int)t->ne[1], n = d - 1;
@@ -470,7 +470,7 @@ static void gate_spectrum(const char *path, double *ev, int *n_out) {
     qsort(ev, (size_t)n, sizeof *ev, cmp_desc);
     *n_out = n;
     free(a);
-    gguf_close(f);
+    flm_gguf_close(f);
 }
 
 static void test_spectrum(void **state) {

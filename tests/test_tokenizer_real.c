@@ -55,12 +55,12 @@ static flm_tokenizer *open_tok(const char *file) {
     need_model(file);
     const char *path = model_path(file);
     FILE *fp;
-    gguf_file *f = NULL;
+    flm_gguf_file *f = NULL;
     flm_tokenizer *t = NULL;
     flm_error err;
     void *map = MAP_FAILED;
     size_t size = 0;
-    flm_status st = gguf_open(path, &f, &err);
+    flm_status st = flm_gguf_open(path, &f, &err);
     if (st == FLM_ERR_UNSUPPORTED) {
         /* a tensor type this build cannot read yet: the metadata alone, from a private copy of the mapping whose
          * header says there are no tensors */
@@ -72,11 +72,11 @@ static flm_tokenizer *open_tok(const char *file) {
         fclose(fp);
         assert_true(map != MAP_FAILED && size > 24);
         memset((char *)map + 8, 0, 8); /* u64 tensor_count */
-        st = gguf_open_buffer(path, map, size, &f, &err);
+        st = flm_gguf_open_buffer(path, map, size, &f, &err);
     }
     if (st) fail_msg("%s", err.msg);
     if (flm_tokenizer_from_gguf(f, &t, &err)) fail_msg("%s", err.msg);
-    gguf_close(f);
+    flm_gguf_close(f);
     if (map != MAP_FAILED) munmap(map, size);
     return t;
 }
@@ -424,23 +424,23 @@ static void test_gpt2_files(void **state) {
 static void test_unknown_model(void **state) {
     (void)state;
     const char *path = tu_tmp("tok-bert", ".gguf");
-    gguf_writer *w = NULL;
+    flm_gguf_writer *w = NULL;
     flm_error err;
-    assert_int_equal(gguf_writer_create(path, &w, &err), FLM_OK);
-    assert_int_equal(gguf_writer_kv_str(w, "tokenizer.ggml.model", "bert"), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_str(w, "tokenizer.ggml.model", "bert"), FLM_OK);
     const char *toks[] = {"a", "b"};
-    assert_int_equal(gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, toks, 2), FLM_OK);
-    assert_int_equal(gguf_writer_begin(w, &err), FLM_OK);
-    assert_int_equal(gguf_writer_finish(w, &err), FLM_OK);
-    gguf_writer_free(w);
-    gguf_file *f = NULL;
-    assert_int_equal(gguf_open(path, &f, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, toks, 2), FLM_OK);
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_file *f = NULL;
+    assert_int_equal(flm_gguf_open(path, &f, &err), FLM_OK);
     flm_tokenizer *t = (flm_tokenizer *)&err; /* must be reset to NULL */
     assert_int_equal(flm_tokenizer_from_gguf(f, &t, &err), FLM_ERR_UNSUPPORTED);
     assert_null(t);
     assert_non_null(strstr(err.msg, "bert"));
     assert_non_null(strstr(err.msg, path));
-    gguf_close(f);
+    flm_gguf_close(f);
     remove(path);
 }
 

@@ -26,6 +26,14 @@ struct flm_params;
 /* Parse one of the options every model-running command shares (-t -c --mem --mode --io --io-threads --no-direct) at
  * argv[*i]; advances *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. */
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
+/* What the library leaves to its caller: log messages go to stderr ("flashlm: <message>"), and the I/O cost model
+ * measured by `flashlm probe-disk` ("<model>.probe.json") is used when that file exists. Call before flm_open. */
+void cli_env_params(struct flm_params *p, const char *model);
+/* OpenBLAS starts its worker threads before main (reading OPENBLAS_NUM_THREADS); only calibrate's training uses
+ * BLAS, and raises the count itself. Unless the user set the variable, set it to 1 and execute the program again
+ * (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they spin retrying an allocation and
+ * exit hangs joining them). Returns only when it did not re-execute. */
+void cli_blas_single_thread(char **argv);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;
 
@@ -33,7 +41,7 @@ extern const char *CLI_MODEL_OPTS_HELP;
 #include <stddef.h>
 #include "flashlm.h"
 struct flm_tokenizer;
-struct gguf_file;
+struct flm_gguf_file;
 struct flm_chat_template;
 
 /* A growable byte string, always NUL-terminated once something was added (p NULL before). */
@@ -53,7 +61,7 @@ extern const char *CLI_SAMPLING_OPTS_HELP;
 
 /* The tokenizer and the GGUF metadata (the file's, or a .flm file's resident region) of an open context. */
 const struct flm_tokenizer *cli_tokenizer(const flm_ctx *ctx);
-const struct gguf_file *cli_metadata(const flm_ctx *ctx);
+const struct flm_gguf_file *cli_metadata(const flm_ctx *ctx);
 /* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
 /* The chat format of the open model: name (--chat-template, may be NULL) or the model's tokenizer.chat_template or

@@ -59,6 +59,25 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     if (done == total) fprintf(stderr, "\n");
 }
 
+static void log_to_stderr(void *user, flm_log_level level, const char *msg) {
+    (void)user;
+    fprintf(stderr, "flashlm: %s%s\n", level == FLM_LOG_ERROR ? "error: " : "", msg);
+}
+
+void cli_env_params(flm_params *p, const char *model) {
+    p->log = log_to_stderr;
+    p->log_user = NULL;
+    static char probe[4096];
+    struct stat sb;
+    if (model && snprintf(probe, sizeof probe, "%s.probe.json", model) < (int)sizeof probe && stat(probe, &sb) == 0)
+        p->io_cost_path = probe;
+}
+
+void cli_blas_single_thread(char **argv) {
+    if (getenv("OPENBLAS_NUM_THREADS") || setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+    execv("/proc/self/exe", argv); /* on failure (no /proc): go on with OpenBLAS's default */
+}
+
 bool cli_is_help(int argc, char **argv) {
     return argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
 }
@@ -230,7 +249,7 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
 
 const struct flm_tokenizer *cli_tokenizer(const flm_ctx *ctx) { return ctx->model->tok; }
 
-const struct gguf_file *cli_metadata(const flm_ctx *ctx) {
+const struct flm_gguf_file *cli_metadata(const flm_ctx *ctx) {
     if (ctx->model->gguf) return ctx->model->gguf;
     return ctx->flash && ctx->flash->file ? ctx->flash->file->meta : NULL;
 }
@@ -259,8 +278,8 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
 }
 
 int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat_template *t) {
-    const gguf_file *meta = cli_metadata(ctx);
-    const gguf_kv *kv = meta ? gguf_find_kv(meta, "tokenizer.chat_template") : NULL;
+    const flm_gguf_file *meta = cli_metadata(ctx);
+    const flm_gguf_kv *kv = meta ? flm_gguf_find_kv(meta, "tokenizer.chat_template") : NULL;
     const char *src = NULL;
     size_t src_len = 0;
     if (kv && kv->type == GGUF_VT_STRING) {

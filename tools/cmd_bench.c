@@ -150,6 +150,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     flm_error err;
     flm_params p = run->params;
     p.mode = run->mode;
+    cli_env_params(&p, o->model);
     if (flm_open(o->model, &p, &ctx, &err)) {
         snprintf(r->err, sizeof r->err, "%s", err.msg);
         return;
@@ -947,7 +948,9 @@ int cmd_bench(int argc, char **argv) {
             NEEDVAL(); if (!cli_parse_long(val, 1, 1 << 20, &v)) return cli_die("bad --prompt-tokens '%s'", val);
             o.prompt_tokens = (int)v;
         } else if (!strcmp(a, "--gen-tokens")) {
-            NEEDVAL(); if (!cli_parse_long(val, 2, 1 << 20, &v)) return cli_die("bad --gen-tokens '%s' (>= 2)", val);
+            NEEDVAL(); /* each generated token's statistics are read back: the context keeps the last FLM_STATS_TOKENS */
+            if (!cli_parse_long(val, 2, FLM_STATS_TOKENS, &v))
+                return cli_die("bad --gen-tokens '%s' (2..256, the per-token statistics a context keeps)", val);
             o.gen_tokens = (int)v;
         } else return cli_die("unknown option '%s' (see flashlm bench --help)", a);
 #undef NEEDVAL

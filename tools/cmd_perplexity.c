@@ -49,6 +49,7 @@ int cmd_perplexity(int argc, char **argv) {
     int chunk = p.n_ctx;
     flm_error err;
     flm_ctx *ctx = NULL;
+    cli_env_params(&p, model);
     if (flm_open(model, &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); free(text); return 1; }
     flm_ppl_result r;
     double t0 = cli_now_ms();

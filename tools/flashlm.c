@@ -31,7 +31,7 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
                 "read  reused  cache rows\n");
-        for (uint64_t i = 0; i < s.n_tokens; i++) {
+        for (uint64_t i = s.n_tokens - s.n_tokens_kept; i < s.n_tokens; i++) { /* the kept (last) tokens */
             flm_token_stats t;
             if (!flm_get_token_stats(ctx, i, &t)) break;
             fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu %10llu %5llu %7llu %11llu\n",
@@ -142,6 +142,7 @@ static int cmd_run(int argc, char **argv) {
     flm_error err;
     flm_ctx *ctx = NULL;
     double t0 = cli_now_ms();
+    cli_env_params(&params, model);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     double t_load = cli_now_ms() - t0;
     flm_model_info info;
@@ -233,9 +234,9 @@ static int cmd_inspect(int argc, char **argv) {
         return argc == 1 ? 0 : 2;
     }
     flm_error err;
-    gguf_file *g = NULL;
+    flm_gguf_file *g = NULL;
     flm_file *ff = NULL;
-    const gguf_file *f;
+    const flm_gguf_file *f;
     if (flm_file_is_flm(argv[0])) {
         if (flm_file_open(argv[0], &ff, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         f = ff->meta;
@@ -255,7 +256,7 @@ static int cmd_inspect(int argc, char **argv) {
         }
         printf("\nresident region: ");
     } else {
-        if (gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        if (flm_gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         f = g;
         printf("file        %s\n", argv[0]);
     }
@@ -264,10 +265,11 @@ static int cmd_inspect(int argc, char **argv) {
     flm_params p;
     flm_params_default(&p);
     p.n_ctx = 1;
+    cli_env_params(&p, argv[0]);
     flm_ctx *ctx = NULL;
     if (flm_open(argv[0], &p, &ctx, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
-        gguf_close(g);
+        flm_gguf_close(g);
         flm_file_close(ff);
         return 1;
     }
@@ -280,7 +282,7 @@ static int cmd_inspect(int argc, char **argv) {
     flm_close(ctx);
     printf("\nmetadata:\n");
     for (uint64_t i = 0; i < f->n_kv; i++) {
-        const gguf_kv *kv = &f->kv[i];
+        const flm_gguf_kv *kv = &f->kv[i];
         printf("  %-40s ", kv->key);
         switch (kv->type) {
         case GGUF_VT_STRING: printf("\"%.*s\"\n", (int)(kv->v.str.len > 60 ? 60 : kv->v.str.len), kv->v.str.data); break;
@@ -294,7 +296,7 @@ static int cmd_inspect(int argc, char **argv) {
     printf("\ntensors:\n  %-32s %-6s %-24s %12s\n", "name", "type", "shape", "bytes");
     uint64_t total = 0;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
-        const gguf_tensor *t = &f->tensors[i];
+        const flm_gguf_tensor *t = &f->tensors[i];
         char shape[64];
         int o = snprintf(shape, sizeof shape, "[");
         for (uint32_t d = 0; d < t->n_dims; d++)
@@ -304,7 +306,7 @@ static int cmd_inspect(int argc, char **argv) {
         total += t->nbytes;
     }
     printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
-    gguf_close(g);
+    flm_gguf_close(g);
     flm_file_close(ff);
     return 0;
 }
@@ -393,6 +395,7 @@ static const char *MAIN_HELP =
     "  version    print the version\n";
 
 int main(int argc, char **argv) {
+    cli_blas_single_thread(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         fputs(MAIN_HELP, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -408,7 +411,13 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "probe-disk")) return cmd_probe(argc - 2, argv + 2);
     if (!strcmp(cmd, "synth")) return flm_cmd_synth(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
-    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("flashlm %s\n", FLM_VERSION_STRING); return 0; }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        const char *lib;
+        int num = flm_version(&lib);
+        printf("flashlm %s\n", FLM_VERSION_STRING);
+        if (num != FLM_VERSION_NUMBER) printf("(library %s)\n", lib);
+        return 0;
+    }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
     return 2;
 }

@@ -273,6 +273,19 @@ flm_status flm_ncache_step(flm_ncache *c, const uint32_t *ids, uint32_t n, flm_n
     return FLM_OK;
 }
 
+bool flm_ncache_unstep(flm_ncache *c) {
+    if (!c || c->ring_count == 0) return false;
+    uint32_t slot = (uint32_t)(((uint64_t)c->ring_head + c->ring_count - 1) % c->window);
+    const uint32_t *set = c->ring_ids + (size_t)slot * c->slot;
+    flm_ncache_stats s = {0};
+    /* Newest first in reverse id order: the appended rows are the last ones, so most deletions move nothing. */
+    for (uint32_t j = c->ring_n[slot]; j-- > 0;)
+        if (--c->refcnt[set[j]] == 0) delete_neuron(c, set[j], &s);
+    c->ring_n[slot] = 0;
+    c->ring_count--;
+    return true;
+}
+
 void flm_ncache_reset(flm_ncache *c) {
     if (!c) return;
     /* Every neuron with a count > 0 is cached, so clearing the cached ones clears all metadata. */

@@ -113,6 +113,14 @@ flm_status flm_ncache_step(flm_ncache *c, const uint32_t *ids, uint32_t n, flm_n
                            const uint32_t **load_ids, uint8_t *const **load_rows, const uint32_t **rows,
                            flm_error *err);
 
+/* Undo the loads of the last step after its reads failed: its set S_t leaves the window as the newest set (every
+ * neuron of S_t gets refcount - 1; those reaching 0, among them every neuron the step appended, are deleted), so no
+ * row whose bytes were never read stays marked as cached. Neurons the step evicted to make room are not restored
+ * (they were correct and are read again when needed). The invariant holds afterwards; a retry of the same token
+ * reads every neuron of S_t that is not cached. Returns false (and does nothing) when the window is empty.
+ * O(|S_t|) plus one memcpy of record_bytes per moved row. */
+bool flm_ncache_unstep(flm_ncache *c);
+
 /* Empty the cache and the window (a new sequence). O(rows_used); rows keep their bytes but are unoccupied. */
 void flm_ncache_reset(flm_ncache *c);
 

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include "flashlm.h"
 
+#define FLM_ATT_MAX_HEAD_DIM 1024
+
 /* The KV cache: for each layer, n_ctx rows of kv_dim floats for keys and for values. */
 typedef struct flm_kv_cache {
     uint32_t n_layers, n_ctx, kv_dim;
@@ -29,7 +31,9 @@ float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,
               bool neox);
 
-/* out[n_heads*head_dim] = softmax(scale * q·K^T) V over positions first..pos of layer l (first = 0 for global
+/* out[n_heads*head_dim] = softmax(scale * q·K^T) V, with q and the softmax weights rounded to f16 as llama.cpp's CPU
+ * path rounds them against its f16 KV cache (the forward pass stores f16-rounded K and V), so that greedy outputs
+ * agree with llama.cpp's wherever the top two logits are not a near-tie; over positions first..pos of layer l (first = 0 for global
  * attention; pos - n_swa + 1 for a sliding window of n_swa tokens), with query head h reading KV head
  * h / (n_heads / n_kv_heads). att is scratch of n_heads * n_ctx floats. */
 void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,

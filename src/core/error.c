@@ -15,6 +15,21 @@ flm_status flm_fail(flm_error *err, flm_status code, const char *fmt, ...) {
     return code;
 }
 
+void flm_log(const flm_logger *lg, flm_log_level level, const char *fmt, ...) {
+    if (!lg || !lg->fn) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    lg->fn(lg->user, level, msg);
+}
+
+int flm_version(const char **str) {
+    if (str) *str = FLM_VERSION_STRING;
+    return FLM_VERSION_NUMBER;
+}
+
 void flm_error_clear(flm_error *err) {
     if (err) {
         err->code = FLM_OK;

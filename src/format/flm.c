@@ -218,7 +218,7 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
 #endif
     char name[4096];
     snprintf(name, sizeof name, "%s (resident region)", path);
-    if ((st = gguf_open_buffer(name, f->resident_data, res->size, &f->meta, err))) goto done;
+    if ((st = flm_gguf_open_buffer(name, f->resident_data, res->size, &f->meta, err))) goto done;
 done:
     if (fd >= 0) close(fd);
     free(hdr);
@@ -229,7 +229,7 @@ done:
 
 void flm_file_close(flm_file *f) {
     if (!f) return;
-    gguf_close(f->meta);
+    flm_gguf_close(f->meta);
     free(f->resident_data);
     free(f->regions);
     free(f->ffn);
@@ -341,41 +341,41 @@ static bool is_ffn_tensor(const char *name) {
 
 /* output.weight identical to token_embd.weight (a tied classifier stored twice, as converters often do): drop it,
  * the model then ties the two, as llama.cpp does when output.weight is absent. */
-static bool is_duplicate_output(const gguf_file *src, const gguf_tensor *t) {
+static bool is_duplicate_output(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     if (strcmp(t->name, "output.weight") != 0) return false;
-    const gguf_tensor *e = gguf_find_tensor(src, "token_embd.weight");
+    const flm_gguf_tensor *e = flm_gguf_find_tensor(src, "token_embd.weight");
     return e && e->type == t->type && e->nbytes == t->nbytes && e->ne[0] == t->ne[0] && e->ne[1] == t->ne[1] &&
            memcmp(e->data, t->data, t->nbytes) == 0;
 }
 
-static bool keep_resident(const gguf_file *src, const gguf_tensor *t) {
+static bool keep_resident(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     return !is_ffn_tensor(t->name) && !is_duplicate_output(src, t);
 }
 
 /* Write the resident GGUF (all KVs, non-FFN tensors) to tmp_path. */
-static flm_status write_resident_gguf(const gguf_file *src, const char *tmp_path, flm_error *err) {
-    gguf_writer *w = NULL;
-    flm_status st = gguf_writer_create(tmp_path, &w, err);
+static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_path, flm_error *err) {
+    flm_gguf_writer *w = NULL;
+    flm_status st = flm_gguf_writer_create(tmp_path, &w, err);
     if (st) return st;
-    for (uint64_t i = 0; i < src->n_kv && !st; i++) st = gguf_writer_kv_copy(w, &src->kv[i]);
+    for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
     for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
-        const gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t)) st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+        const flm_gguf_tensor *t = &src->tensors[i];
+        if (keep_resident(src, t)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
     }
     if (st) {
-        gguf_writer_free(w);
+        flm_gguf_writer_free(w);
         return flm_fail(err, st, "%s: cannot build the resident region", tmp_path);
     }
-    if ((st = gguf_writer_begin(w, err))) goto fail;
+    if ((st = flm_gguf_writer_begin(w, err))) goto fail;
     for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t) && (st = gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
+        const flm_gguf_tensor *t = &src->tensors[i];
+        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
     }
-    if ((st = gguf_writer_finish(w, err))) goto fail;
-    gguf_writer_free(w);
+    if ((st = flm_gguf_writer_finish(w, err))) goto fail;
+    flm_gguf_writer_free(w);
     return FLM_OK;
 fail:
-    gguf_writer_free(w);
+    flm_gguf_writer_free(w);
     return st;
 }
 
@@ -431,11 +431,11 @@ static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, f
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
-    gguf_file *g = NULL;
+    flm_gguf_file *g = NULL;
     flm_model *m = NULL;
     flm_status st = flm_check_output(dst, src, err);
     if (st) return st;
-    st = gguf_open(src, &g, err);
+    st = flm_gguf_open(src, &g, err);
     if (st) return st;
     if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
     const flm_hparams *hp = &m->hp;
@@ -535,6 +535,25 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
     return FLM_OK;
 }
 
+/* Write n bytes at file offset off, looping: one pwrite(2) transfers at most 0x7ffff000 bytes on Linux and may return
+ * early (a full disk, a signal); EINTR is retried. Errors: FLM_ERR_IO naming path, what and the offset (a write
+ * that makes no progress reports ENOSPC). */
+static flm_status pwrite_all(int fd, const void *buf, uint64_t n, uint64_t off, const char *path, const char *what,
+                             flm_error *err) {
+    const uint8_t *p = buf;
+    while (n) {
+        size_t m = n > (UINT64_C(1) << 30) ? (size_t)1 << 30 : (size_t)n;
+        ssize_t w = pwrite(fd, p, m, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return flm_fail(err, FLM_ERR_IO, "%s: %s: write at byte %llu failed: %s", path, what,
+                                    (unsigned long long)off, strerror(w < 0 ? errno : ENOSPC));
+        p += w;
+        n -= (uint64_t)w;
+        off += (uint64_t)w;
+    }
+    return FLM_OK;
+}
+
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err) {
     flm_file *f = NULL;
     flm_status st = flm_file_open(path, &f, err);
@@ -575,17 +594,19 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
             uint8_t buf[1 << 16]; /* fallback: plain copy */
             size_t m = (size_t)(end - off < sizeof buf ? end - off : sizeof buf);
             if ((st = pread_all(in, buf, m, off, path, "copy", err))) goto done;
-            if (pwrite(out, buf, m, (off_t)off) != (ssize_t)m) { k = -1; }
-            else k = (ssize_t)m;
+            if ((st = pwrite_all(out, buf, m, off, tmp, "copy", err))) goto done;
+            k = (ssize_t)m;
         }
         if (k <= 0) { st = flm_fail(err, FLM_ERR_IO, "%s: copy failed: %s", tmp, strerror(errno)); goto done; }
         off += (uint64_t)k;
     }
     static const uint8_t zeros[FLM_ALIGN];
-    if (pwrite(out, payload, (size_t)size, (off_t)end) != (ssize_t)size ||
-        pwrite(out, zeros, (size_t)(file_size - end - size), (off_t)(end + size)) != (ssize_t)(file_size - end - size) ||
-        pwrite(out, hdr, f->header_bytes, 0) != (ssize_t)f->header_bytes || fsync(out) != 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if ((st = pwrite_all(out, payload, size, end, tmp, "region", err)) ||
+        (st = pwrite_all(out, zeros, file_size - end - size, end + size, tmp, "padding", err)) ||
+        (st = pwrite_all(out, hdr, f->header_bytes, 0, tmp, "header", err)))
+        goto done;
+    if (fsync(out) != 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
         goto done;
     }
     if (close(out) != 0) { out = -1; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }

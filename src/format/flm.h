@@ -66,7 +66,7 @@ typedef struct flm_file {
     const flm_region *resident;
     const flm_region *predictor; /* NULL until the model is calibrated */
     void *resident_data;      /* the RESIDENT payload, loaded and checksummed */
-    gguf_file *meta;          /* parsed from resident_data */
+    flm_gguf_file *meta;          /* parsed from resident_data */
 } flm_file;
 
 /* Open a .flm file: read and check the header and region table (magic, version, every offset and size against the
@@ -111,7 +111,7 @@ uint32_t flm_down_column_type(uint32_t down_type);
  * it onto dst only when complete; on any error removes the temporary file and leaves dst untouched.
  * Down columns of quantized matrices are re-quantized along d_model (flm_down_column_type), which changes their
  * values slightly; float types are copied exactly.
- * Errors: those of gguf_open and flm_model_from_gguf, FLM_ERR_IO (write), FLM_ERR_NOMEM. */
+ * Errors: those of flm_gguf_open and flm_model_from_gguf, FLM_ERR_IO (write), FLM_ERR_NOMEM. */
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err);
 
 #endif

@@ -93,10 +93,10 @@ static bool grow(void **arr, uint64_t *cap, uint64_t need, uint64_t max, size_t 
 
 typedef enum { MAP_BORROWED, MAP_MMAP, MAP_HEAP } map_kind;
 
-typedef struct gguf_file_impl {
-    gguf_file f;       /* first member: a gguf_file * is a gguf_file_impl * */
+typedef struct flm_gguf_file_impl {
+    flm_gguf_file f;       /* first member: a flm_gguf_file * is a flm_gguf_file_impl * */
     map_kind kind;     /* who owns f.map */
-} gguf_file_impl;
+} flm_gguf_file_impl;
 
 /* A bounds-checked cursor over the file. ctx names the item being parsed ("header", "kv 3 'general.name'"). */
 typedef struct rd {
@@ -145,7 +145,7 @@ static flm_status rd_u32(rd *r, const char *field, uint32_t *v) {
     return st;
 }
 
-static flm_status rd_str(rd *r, const char *field, gguf_str *s) {
+static flm_status rd_str(rd *r, const char *field, flm_gguf_str *s) {
     uint64_t len;
     flm_status st = rd_uint(r, field, 8, &len);
     if (st != FLM_OK) return st;
@@ -160,7 +160,7 @@ static flm_status rd_str(rd *r, const char *field, gguf_str *s) {
 
 /* A key or tensor name: non-empty, no NUL bytes; copied to *out. */
 static flm_status rd_name(rd *r, const char *field, char **out) {
-    gguf_str s = {0, NULL};
+    flm_gguf_str s = {0, NULL};
     flm_status st = rd_str(r, field, &s);
     if (st != FLM_OK) return st;
     if (s.len == 0) return rd_fail(r, FLM_ERR_FORMAT, field, "empty");
@@ -170,7 +170,7 @@ static flm_status rd_name(rd *r, const char *field, char **out) {
 }
 
 /* One fixed-size scalar of type t into kv->v. */
-static flm_status rd_scalar(rd *r, const char *field, uint32_t t, gguf_kv *kv) {
+static flm_status rd_scalar(rd *r, const char *field, uint32_t t, flm_gguf_kv *kv) {
     size_t n = vt_size(t);
     uint64_t u;
     flm_status st = rd_uint(r, field, n, &u);
@@ -192,7 +192,7 @@ static flm_status rd_scalar(rd *r, const char *field, uint32_t t, gguf_kv *kv) {
     return FLM_OK;
 }
 
-static flm_status rd_array(rd *r, gguf_kv *kv) {
+static flm_status rd_array(rd *r, flm_gguf_kv *kv) {
     flm_status st = rd_u32(r, "array element type", &kv->arr_type);
     if (st != FLM_OK) return st;
     uint32_t et = kv->arr_type;
@@ -224,7 +224,7 @@ static flm_status rd_array(rd *r, gguf_kv *kv) {
     return FLM_OK;
 }
 
-static flm_status rd_kv(rd *r, uint64_t i, gguf_kv *kv) {
+static flm_status rd_kv(rd *r, uint64_t i, flm_gguf_kv *kv) {
     snprintf(r->ctx, sizeof r->ctx, "kv %llu", (ull)i);
     flm_status st = rd_name(r, "key", &kv->key);
     if (st != FLM_OK) return st;
@@ -237,7 +237,7 @@ static flm_status rd_kv(rd *r, uint64_t i, gguf_kv *kv) {
 }
 
 /* Tensor info, without the data range (which needs the data section offset). */
-static flm_status rd_tensor_info(rd *r, uint64_t i, gguf_tensor *t) {
+static flm_status rd_tensor_info(rd *r, uint64_t i, flm_gguf_tensor *t) {
     snprintf(r->ctx, sizeof r->ctx, "tensor %llu", (ull)i);
     flm_status st = rd_name(r, "name", &t->name);
     if (st != FLM_OK) return st;
@@ -279,7 +279,7 @@ static flm_status rd_tensor_info(rd *r, uint64_t i, gguf_tensor *t) {
 }
 
 /* Data range of tensor i against the data section at data_off. */
-static flm_status check_tensor_data(rd *r, uint64_t i, gguf_tensor *t, uint64_t data_off, uint64_t align) {
+static flm_status check_tensor_data(rd *r, uint64_t i, flm_gguf_tensor *t, uint64_t data_off, uint64_t align) {
     snprintf(r->ctx, sizeof r->ctx, "tensor %llu '%.100s'", (ull)i, t->name);
     if (t->offset % align != 0)
         return rd_fail(r, FLM_ERR_FORMAT, "offset", "%llu is not a multiple of the alignment %llu", (ull)t->offset,
@@ -296,15 +296,15 @@ static flm_status check_tensor_data(rd *r, uint64_t i, gguf_tensor *t, uint64_t 
 }
 
 static int cmp_tensor_name(const void *a, const void *b) {
-    return strcmp((*(const gguf_tensor *const *)a)->name, (*(const gguf_tensor *const *)b)->name);
+    return strcmp((*(const flm_gguf_tensor *const *)a)->name, (*(const flm_gguf_tensor *const *)b)->name);
 }
 
 static int cmp_kv_key(const void *a, const void *b) {
-    return strcmp((*(const gguf_kv *const *)a)->key, (*(const gguf_kv *const *)b)->key);
+    return strcmp((*(const flm_gguf_kv *const *)a)->key, (*(const flm_gguf_kv *const *)b)->key);
 }
 
 /* Refuse duplicate keys and tensor names: sort pointers, compare neighbours (O(n log n)). */
-static flm_status check_duplicates(rd *r, gguf_file *f) {
+static flm_status check_duplicates(rd *r, flm_gguf_file *f) {
     uint64_t n = f->n_kv > f->n_tensors ? f->n_kv : f->n_tensors;
     if (n < 2) return FLM_OK;
     const void **p = malloc((size_t)n * sizeof *p);
@@ -313,7 +313,7 @@ static flm_status check_duplicates(rd *r, gguf_file *f) {
     for (uint64_t i = 0; i < f->n_kv; i++) p[i] = &f->kv[i];
     qsort(p, (size_t)f->n_kv, sizeof *p, cmp_kv_key);
     for (uint64_t i = 1; i < f->n_kv && st == FLM_OK; i++) {
-        const gguf_kv *a = p[i - 1], *b = p[i];
+        const flm_gguf_kv *a = p[i - 1], *b = p[i];
         if (strcmp(a->key, b->key) == 0)
             st = flm_fail(r->err, FLM_ERR_FORMAT, "%s: kv %llu and kv %llu: duplicate key '%.100s'", r->path,
                           (ull)((a < b ? a : b) - f->kv), (ull)((a < b ? b : a) - f->kv), a->key);
@@ -321,7 +321,7 @@ static flm_status check_duplicates(rd *r, gguf_file *f) {
     for (uint64_t i = 0; i < f->n_tensors && st == FLM_OK; i++) p[i] = &f->tensors[i];
     if (st == FLM_OK) qsort(p, (size_t)f->n_tensors, sizeof *p, cmp_tensor_name);
     for (uint64_t i = 1; i < f->n_tensors && st == FLM_OK; i++) {
-        const gguf_tensor *a = p[i - 1], *b = p[i];
+        const flm_gguf_tensor *a = p[i - 1], *b = p[i];
         if (strcmp(a->name, b->name) == 0)
             st = flm_fail(r->err, FLM_ERR_FORMAT, "%s: tensor %llu and tensor %llu: duplicate name '%.100s'", r->path,
                           (ull)((a < b ? a : b) - f->tensors), (ull)((a < b ? b : a) - f->tensors), a->name);
@@ -331,14 +331,14 @@ static flm_status check_duplicates(rd *r, gguf_file *f) {
 }
 
 /* Integer value of kv as uint64 when it is a non-negative integer. */
-static bool kv_uint(const gguf_kv *kv, uint64_t *out) {
+static bool kv_uint(const flm_gguf_kv *kv, uint64_t *out) {
     if (!vt_is_int(kv->type)) return false;
     if (vt_is_signed(kv->type) && kv->v.i64 < 0) return false;
     *out = kv->v.u64; /* non-negative: same bits in both union members */
     return true;
 }
 
-static flm_status parse(rd *r, gguf_file *f) {
+static flm_status parse(rd *r, flm_gguf_file *f) {
     flm_status st;
     uint64_t v;
     snprintf(r->ctx, sizeof r->ctx, "header");
@@ -363,7 +363,7 @@ static flm_status parse(rd *r, gguf_file *f) {
                        (ull)f->n_kv, (ull)r->size);
 
     /* Arrays grow as items parse, so a forged count never allocates more than the bytes actually present.
-     * n_kv / n_tensors count the entries allocated so far (zeroed, possibly half-parsed) for gguf_close(). */
+     * n_kv / n_tensors count the entries allocated so far (zeroed, possibly half-parsed) for flm_gguf_close(). */
     uint64_t n_kv = f->n_kv, n_tensors = f->n_tensors, cap = 0;
     f->n_kv = f->n_tensors = 0;
     for (uint64_t i = 0; i < n_kv; i++) {
@@ -382,7 +382,7 @@ static flm_status parse(rd *r, gguf_file *f) {
     if ((st = check_duplicates(r, f)) != FLM_OK) return st;
 
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
-    const gguf_kv *al = gguf_find_kv(f, "general.alignment");
+    const flm_gguf_kv *al = flm_gguf_find_kv(f, "general.alignment");
     if (al) {
         if (!kv_uint(al, &v))
             return flm_fail(r->err, FLM_ERR_FORMAT, "%s: kv 'general.alignment': expected an unsigned integer, found "
@@ -404,7 +404,7 @@ static flm_status parse(rd *r, gguf_file *f) {
 }
 
 /* Map path read-only (or read it into memory when mmap fails). */
-static flm_status load(gguf_file_impl *fi, const char *path, flm_error *err) {
+static flm_status load(flm_gguf_file_impl *fi, const char *path, flm_error *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
@@ -442,10 +442,10 @@ static flm_status load(gguf_file_impl *fi, const char *path, flm_error *err) {
 }
 
 /* Open from a file (data == NULL) or a borrowed buffer. */
-static flm_status open_common(const char *path, const void *data, size_t size, gguf_file **out, flm_error *err) {
+static flm_status open_common(const char *path, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
     *out = NULL;
     flm_error_clear(err);
-    gguf_file_impl *fi = calloc(1, sizeof *fi);
+    flm_gguf_file_impl *fi = calloc(1, sizeof *fi);
     if (!fi || !(fi->f.path = dup_bytes(path, strlen(path)))) {
         free(fi);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
@@ -458,23 +458,23 @@ static flm_status open_common(const char *path, const void *data, size_t size, g
         st = parse(&r, &fi->f);
     }
     if (st != FLM_OK) {
-        gguf_close(&fi->f);
+        flm_gguf_close(&fi->f);
         return st;
     }
     *out = &fi->f;
     return FLM_OK;
 }
 
-flm_status gguf_open(const char *path, gguf_file **out, flm_error *err) { return open_common(path, NULL, 0, out, err); }
+flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) { return open_common(path, NULL, 0, out, err); }
 
-flm_status gguf_open_buffer(const char *name, const void *data, size_t size, gguf_file **out, flm_error *err) {
+flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
     static const uint8_t empty[1];
     return open_common(name, data ? data : empty, data ? size : 0, out, err);
 }
 
-void gguf_close(gguf_file *f) {
+void flm_gguf_close(flm_gguf_file *f) {
     if (!f) return;
-    gguf_file_impl *fi = (gguf_file_impl *)f;
+    flm_gguf_file_impl *fi = (flm_gguf_file_impl *)f;
     for (uint64_t i = 0; f->kv && i < f->n_kv; i++) {
         free(f->kv[i].key);
         free(f->kv[i].arr_str);
@@ -490,26 +490,26 @@ void gguf_close(gguf_file *f) {
     free(fi);
 }
 
-const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key) {
+const flm_gguf_kv *flm_gguf_find_kv(const flm_gguf_file *f, const char *key) {
     for (uint64_t i = 0; f->kv && i < f->n_kv; i++)
         if (strcmp(f->kv[i].key, key) == 0) return &f->kv[i];
     return NULL;
 }
 
-const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
+const flm_gguf_tensor *flm_gguf_find_tensor(const flm_gguf_file *f, const char *name) {
     for (uint64_t i = 0; f->tensors && i < f->n_tensors; i++)
         if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
     return NULL;
 }
 
 /* Find key; sets *kv (NULL when absent) and returns FLM_ERR_FORMAT when absent and required. */
-static flm_status lookup(const gguf_file *f, const char *key, bool required, const gguf_kv **kv, flm_error *err) {
-    *kv = gguf_find_kv(f, key);
+static flm_status lookup(const flm_gguf_file *f, const char *key, bool required, const flm_gguf_kv **kv, flm_error *err) {
+    *kv = flm_gguf_find_kv(f, key);
     if (!*kv && required) return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s': required key is missing", f->path, key);
     return FLM_OK;
 }
 
-static flm_status type_error(const gguf_file *f, const gguf_kv *kv, const char *want, flm_error *err) {
+static flm_status type_error(const flm_gguf_file *f, const flm_gguf_kv *kv, const char *want, flm_error *err) {
     if (kv->type == GGUF_VT_ARRAY)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s': expected %s, found an array of %s", f->path, kv->key, want,
                         vt_name(kv->arr_type));
@@ -517,8 +517,8 @@ static flm_status type_error(const gguf_file *f, const gguf_kv *kv, const char *
                     vt_name(kv->type));
 }
 
-flm_status gguf_get_u32(const gguf_file *f, const char *key, bool required, uint32_t *out, flm_error *err) {
-    const gguf_kv *kv;
+flm_status flm_gguf_get_u32(const flm_gguf_file *f, const char *key, bool required, uint32_t *out, flm_error *err) {
+    const flm_gguf_kv *kv;
     flm_status st = lookup(f, key, required, &kv, err);
     if (st != FLM_OK || !kv) return st;
     if (!vt_is_int(kv->type)) return type_error(f, kv, "an integer", err);
@@ -533,8 +533,8 @@ flm_status gguf_get_u32(const gguf_file *f, const char *key, bool required, uint
     return FLM_OK;
 }
 
-flm_status gguf_get_f32(const gguf_file *f, const char *key, bool required, float *out, flm_error *err) {
-    const gguf_kv *kv;
+flm_status flm_gguf_get_f32(const flm_gguf_file *f, const char *key, bool required, float *out, flm_error *err) {
+    const flm_gguf_kv *kv;
     flm_status st = lookup(f, key, required, &kv, err);
     if (st != FLM_OK || !kv) return st;
     double d;
@@ -552,8 +552,8 @@ flm_status gguf_get_f32(const gguf_file *f, const char *key, bool required, floa
     return FLM_OK;
 }
 
-flm_status gguf_get_str(const gguf_file *f, const char *key, bool required, char **out, flm_error *err) {
-    const gguf_kv *kv;
+flm_status flm_gguf_get_str(const flm_gguf_file *f, const char *key, bool required, char **out, flm_error *err) {
+    const flm_gguf_kv *kv;
     flm_status st = lookup(f, key, required, &kv, err);
     if (st != FLM_OK || !kv) return st;
     if (kv->type != GGUF_VT_STRING) return type_error(f, kv, "a string", err);
@@ -563,9 +563,9 @@ flm_status gguf_get_str(const gguf_file *f, const char *key, bool required, char
     return FLM_OK;
 }
 
-flm_status gguf_get_arr(const gguf_file *f, const char *key, uint32_t elem_type, bool required,
-                        const gguf_kv **out, flm_error *err) {
-    const gguf_kv *kv;
+flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t elem_type, bool required,
+                        const flm_gguf_kv **out, flm_error *err) {
+    const flm_gguf_kv *kv;
     flm_status st = lookup(f, key, required, &kv, err);
     if (st != FLM_OK || !kv) return st;
     if (kv->type != GGUF_VT_ARRAY || kv->arr_type != elem_type) {
@@ -589,7 +589,7 @@ typedef struct wtensor {
     uint64_t ne[4], nbytes, offset;
 } wtensor;
 
-struct gguf_writer {
+struct flm_gguf_writer {
     char *path, *tmp;
     FILE *fp;
     int state;
@@ -604,14 +604,14 @@ struct gguf_writer {
     uint64_t pos;           /* bytes written to the file */
 };
 
-static flm_status w_note(gguf_writer *w, flm_status st, const char *fmt, ...)
+static flm_status w_note(flm_gguf_writer *w, flm_status st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
 /* Remember the first adder error (reported by begin()) and return st. */
-static flm_status w_note(gguf_writer *w, flm_status st, const char *fmt, ...) {
+static flm_status w_note(flm_gguf_writer *w, flm_status st, const char *fmt, ...) {
     if (w->err.code == FLM_OK) {
         int n = snprintf(w->err.msg, sizeof w->err.msg, "%s: ", w->path);
         va_list ap;
@@ -624,7 +624,7 @@ static flm_status w_note(gguf_writer *w, flm_status st, const char *fmt, ...) {
 }
 
 /* Close and remove the temporary file; the writer is then failed. Returns st. */
-static flm_status w_abort(gguf_writer *w, flm_status st) {
+static flm_status w_abort(flm_gguf_writer *w, flm_status st) {
     if (w->fp) {
         fclose(w->fp);
         w->fp = NULL;
@@ -634,7 +634,7 @@ static flm_status w_abort(gguf_writer *w, flm_status st) {
     return st;
 }
 
-static bool w_put(gguf_writer *w, const void *p, size_t n) {
+static bool w_put(flm_gguf_writer *w, const void *p, size_t n) {
     if (n == 0) return true;
     if (!grow((void **)&w->kv, &w->kv_cap, w->kv_len + n, UINT64_MAX, 1)) return false;
     memcpy(w->kv + w->kv_len, p, n);
@@ -642,21 +642,21 @@ static bool w_put(gguf_writer *w, const void *p, size_t n) {
     return true;
 }
 
-static bool w_put_uint(gguf_writer *w, uint64_t v, size_t n) {
+static bool w_put_uint(flm_gguf_writer *w, uint64_t v, size_t n) {
     uint8_t b[8];
     if (n > sizeof b) return false;
     put_le(b, v, n);
     return w_put(w, b, n);
 }
 
-static bool w_put_strn(gguf_writer *w, const char *s, size_t n) { return w_put_uint(w, n, 8) && w_put(w, s, n); }
+static bool w_put_strn(flm_gguf_writer *w, const char *s, size_t n) { return w_put_uint(w, n, 8) && w_put(w, s, n); }
 
-static bool w_put_str(gguf_writer *w, const char *s) { return w_put_strn(w, s, strlen(s)); }
+static bool w_put_str(flm_gguf_writer *w, const char *s) { return w_put_strn(w, s, strlen(s)); }
 
 /* Validate the key and write it with the value type; the caller writes the value. */
-static flm_status w_key(gguf_writer *w, const char *key, uint32_t type) {
+static flm_status w_key(flm_gguf_writer *w, const char *key, uint32_t type) {
     if (!w) return FLM_ERR_ARG;
-    if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "kv '%s' added after gguf_writer_begin()", key ? key : "");
+    if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "kv '%s' added after flm_gguf_writer_begin()", key ? key : "");
     if (!key || !*key) return w_note(w, FLM_ERR_ARG, "kv %llu: empty key", (ull)w->n_kv);
     if (strcmp(key, "general.alignment") == 0 && type != GGUF_VT_UINT32)
         return w_note(w, FLM_ERR_ARG, "kv 'general.alignment': must be a u32 (and 32: the writer aligns to 32)");
@@ -669,28 +669,28 @@ static flm_status w_key(gguf_writer *w, const char *key, uint32_t type) {
     return FLM_OK;
 }
 
-flm_status gguf_writer_create(const char *path, gguf_writer **out, flm_error *err) {
+flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err) {
     *out = NULL;
     flm_status chk = flm_check_output(path, NULL, err);
     if (chk) return chk;
-    gguf_writer *w = calloc(1, sizeof *w);
+    flm_gguf_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
     if (!w || !(w->path = dup_bytes(path, n)) || !(w->tmp = malloc(n + 5))) {
-        gguf_writer_free(w);
+        flm_gguf_writer_free(w);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     }
     memcpy(w->tmp, path, n);
     memcpy(w->tmp + n, ".tmp", 5);
     if (!(w->fp = fopen(w->tmp, "wb"))) {
         flm_status st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
-        gguf_writer_free(w);
+        flm_gguf_writer_free(w);
         return st;
     }
     *out = w;
     return FLM_OK;
 }
 
-flm_status gguf_writer_kv_u32(gguf_writer *w, const char *key, uint32_t v) {
+flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t v) {
     if (w && key && strcmp(key, "general.alignment") == 0 && v != GGUF_DEFAULT_ALIGNMENT)
         return w_note(w, FLM_ERR_ARG, "kv 'general.alignment': %u is not supported: the writer aligns to 32", v);
     flm_status st = w_key(w, key, GGUF_VT_UINT32);
@@ -698,7 +698,7 @@ flm_status gguf_writer_kv_u32(gguf_writer *w, const char *key, uint32_t v) {
     return st;
 }
 
-flm_status gguf_writer_kv_f32(gguf_writer *w, const char *key, float v) {
+flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v) {
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     flm_status st = w_key(w, key, GGUF_VT_FLOAT32);
@@ -706,13 +706,13 @@ flm_status gguf_writer_kv_f32(gguf_writer *w, const char *key, float v) {
     return st;
 }
 
-flm_status gguf_writer_kv_str(gguf_writer *w, const char *key, const char *v) {
+flm_status flm_gguf_writer_kv_str(flm_gguf_writer *w, const char *key, const char *v) {
     flm_status st = w_key(w, key, GGUF_VT_STRING);
     if (st == FLM_OK && !w_put_str(w, v ? v : "")) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
     return st;
 }
 
-flm_status gguf_writer_kv_arr(gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n) {
+flm_status flm_gguf_writer_kv_arr(flm_gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n) {
     if (!w) return FLM_ERR_ARG;
     const char *k = key ? key : "";
     size_t es = vt_size(elem_type);
@@ -745,7 +745,7 @@ flm_status gguf_writer_kv_arr(gguf_writer *w, const char *key, uint32_t elem_typ
     return ok ? FLM_OK : w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
 }
 
-flm_status gguf_writer_kv_copy(gguf_writer *w, const gguf_kv *kv) {
+flm_status flm_gguf_writer_kv_copy(flm_gguf_writer *w, const flm_gguf_kv *kv) {
     if (!w) return FLM_ERR_ARG;
     if (!kv || !kv->key) return w_note(w, FLM_ERR_ARG, "kv_copy: NULL kv");
     if (strcmp(kv->key, "general.alignment") == 0) return FLM_OK;
@@ -778,11 +778,11 @@ flm_status gguf_writer_kv_copy(gguf_writer *w, const gguf_kv *kv) {
     return ok ? FLM_OK : w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", kv->key);
 }
 
-flm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+flm_status flm_gguf_writer_add_tensor(flm_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                                   const uint64_t *ne) {
     if (!w) return FLM_ERR_ARG;
     if (!name || !*name) return w_note(w, FLM_ERR_ARG, "tensor %llu: empty name", (ull)w->n_t);
-    if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "tensor '%s' added after gguf_writer_begin()", name);
+    if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "tensor '%s' added after flm_gguf_writer_begin()", name);
     if (!flm_type_supported(type))
         return w_note(w, FLM_ERR_UNSUPPORTED, "tensor '%s': unsupported type %u%s%s%s", name, type,
                       flm_type_name(type) ? " (" : "", flm_type_name(type) ? flm_type_name(type) : "",
@@ -811,7 +811,7 @@ flm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t typ
 }
 
 /* Write n bytes to the file (data, or zeros when p is NULL). */
-static flm_status w_write(gguf_writer *w, const void *p, uint64_t n, flm_error *err) {
+static flm_status w_write(flm_gguf_writer *w, const void *p, uint64_t n, flm_error *err) {
     static const uint8_t zeros[GGUF_DEFAULT_ALIGNMENT];
     if (p ? fwrite(p, 1, (size_t)n, w->fp) != n : fwrite(zeros, 1, (size_t)n, w->fp) != n)
         return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno)));
@@ -819,13 +819,13 @@ static flm_status w_write(gguf_writer *w, const void *p, uint64_t n, flm_error *
     return FLM_OK;
 }
 
-static flm_status w_pad(gguf_writer *w, flm_error *err) {
+static flm_status w_pad(flm_gguf_writer *w, flm_error *err) {
     uint64_t pad = (GGUF_DEFAULT_ALIGNMENT - w->pos % GGUF_DEFAULT_ALIGNMENT) % GGUF_DEFAULT_ALIGNMENT;
     return pad ? w_write(w, NULL, pad, err) : FLM_OK;
 }
 
-flm_status gguf_writer_begin(gguf_writer *w, flm_error *err) {
-    if (!w) return flm_fail(err, FLM_ERR_ARG, "gguf_writer_begin: NULL writer");
+flm_status flm_gguf_writer_begin(flm_gguf_writer *w, flm_error *err) {
+    if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_begin: NULL writer");
     if (w->err.code != FLM_OK) {
         if (err) *err = w->err;
         return w_abort(w, w->err.code);
@@ -859,8 +859,8 @@ flm_status gguf_writer_begin(gguf_writer *w, flm_error *err) {
     return st;
 }
 
-flm_status gguf_writer_write_tensor(gguf_writer *w, const void *data, uint64_t nbytes, flm_error *err) {
-    if (!w) return flm_fail(err, FLM_ERR_ARG, "gguf_writer_write_tensor: NULL writer");
+flm_status flm_gguf_writer_write_tensor(flm_gguf_writer *w, const void *data, uint64_t nbytes, flm_error *err) {
+    if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_write_tensor: NULL writer");
     if (w->state != W_BEGUN)
         return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: write_tensor outside begin..finish", w->path));
     if (w->next >= w->n_t)
@@ -888,8 +888,8 @@ static void fsync_dir(const char *path) {
     free(dir);
 }
 
-flm_status gguf_writer_finish(gguf_writer *w, flm_error *err) {
-    if (!w) return flm_fail(err, FLM_ERR_ARG, "gguf_writer_finish: NULL writer");
+flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err) {
+    if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_finish: NULL writer");
     if (w->state != W_BEGUN) return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: finish without begin", w->path));
     if (w->next != w->n_t)
         return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: only %llu of %llu tensors written", w->path, (ull)w->next,
@@ -912,7 +912,7 @@ flm_status gguf_writer_finish(gguf_writer *w, flm_error *err) {
     return FLM_OK;
 }
 
-void gguf_writer_free(gguf_writer *w) {
+void flm_gguf_writer_free(flm_gguf_writer *w) {
     if (!w) return;
     if (w->state != W_DONE) w_abort(w, FLM_OK);
     for (uint64_t i = 0; i < w->n_kv; i++) free(w->keys[i]);

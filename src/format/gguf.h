@@ -4,7 +4,7 @@
  * (default 32); then tensor data, each tensor at data_offset + its offset).
  *
  * The reader maps the file read-only and checks every count, length, offset, shape and type against the file size,
- * overflow-safely, before it trusts it. On any problem gguf_open() returns an error whose message names the file,
+ * overflow-safely, before it trusts it. On any problem flm_gguf_open() returns an error whose message names the file,
  * the field and the problem (e.g. "model.gguf: tensor 3 'blk.0.attn_q.weight': data [1024, 5024) runs past the end
  * of the file (4096 bytes)"). Nothing is read out of bounds. */
 #ifndef FLM_FORMAT_GGUF_H
@@ -14,28 +14,28 @@
 #include <stdint.h>
 #include "flashlm.h"
 
-typedef enum gguf_vtype {
+typedef enum flm_gguf_vtype {
     GGUF_VT_UINT8 = 0, GGUF_VT_INT8 = 1, GGUF_VT_UINT16 = 2, GGUF_VT_INT16 = 3, GGUF_VT_UINT32 = 4,
     GGUF_VT_INT32 = 5, GGUF_VT_FLOAT32 = 6, GGUF_VT_BOOL = 7, GGUF_VT_STRING = 8, GGUF_VT_ARRAY = 9,
     GGUF_VT_UINT64 = 10, GGUF_VT_INT64 = 11, GGUF_VT_FLOAT64 = 12,
-} gguf_vtype;
+} flm_gguf_vtype;
 
 /* A string inside the mapped file: not NUL-terminated. */
-typedef struct gguf_str { uint64_t len; const char *data; } gguf_str;
+typedef struct flm_gguf_str { uint64_t len; const char *data; } flm_gguf_str;
 
-typedef struct gguf_kv {
+typedef struct flm_gguf_kv {
     char *key;                 /* NUL-terminated copy of the key */
-    uint32_t type;             /* gguf_vtype */
+    uint32_t type;             /* flm_gguf_vtype */
     /* scalar values (type != ARRAY): integers widened, floats as double, bools 0/1, strings by reference */
-    union { uint64_t u64; int64_t i64; double f64; gguf_str str; } v;
+    union { uint64_t u64; int64_t i64; double f64; flm_gguf_str str; } v;
     /* arrays (type == ARRAY) */
-    uint32_t arr_type;         /* element gguf_vtype (never ARRAY: nested arrays are refused) */
+    uint32_t arr_type;         /* element flm_gguf_vtype (never ARRAY: nested arrays are refused) */
     uint64_t arr_n;            /* number of elements */
     const uint8_t *arr_data;   /* non-string arrays: raw little-endian elements inside the map */
-    gguf_str *arr_str;         /* string arrays: arr_n parsed strings (allocated) */
-} gguf_kv;
+    flm_gguf_str *arr_str;         /* string arrays: arr_n parsed strings (allocated) */
+} flm_gguf_kv;
 
-typedef struct gguf_tensor {
+typedef struct flm_gguf_tensor {
     char *name;                /* NUL-terminated copy */
     uint32_t n_dims;           /* 1..4 */
     uint64_t ne[4];            /* ne[0] is the row length (contiguous dimension); unused dims are 1 */
@@ -44,66 +44,66 @@ typedef struct gguf_tensor {
     uint64_t n_elements;
     uint64_t nbytes;
     const uint8_t *data;       /* inside the map */
-} gguf_tensor;
+} flm_gguf_tensor;
 
-typedef struct gguf_file {
+typedef struct flm_gguf_file {
     char *path;
     const uint8_t *map;        /* whole file, read-only */
     size_t size;               /* file size in bytes */
     uint32_t version;          /* 2 or 3 */
     uint64_t n_kv;
-    gguf_kv *kv;
+    flm_gguf_kv *kv;
     uint64_t n_tensors;
-    gguf_tensor *tensors;
+    flm_gguf_tensor *tensors;
     uint64_t alignment;        /* general.alignment or 32 */
     uint64_t data_offset;      /* start of the tensor data section, in bytes from the file start */
-} gguf_file;
+} flm_gguf_file;
 
-/* Open and validate a GGUF file. On success *out owns the mapping; free with gguf_close().
+/* Open and validate a GGUF file. On success *out owns the mapping; free with flm_gguf_close().
  * Errors: FLM_ERR_IO (cannot open/map), FLM_ERR_FORMAT (malformed: bad magic, counts, lengths, offsets, shapes,
  * duplicate names, data past the end), FLM_ERR_UNSUPPORTED (version other than 2/3, unknown tensor type),
  * FLM_ERR_NOMEM. */
-flm_status gguf_open(const char *path, gguf_file **out, flm_error *err);
+flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err);
 /* The same for a GGUF image already in memory (e.g. a region of another file). The buffer is borrowed: it must
- * outlive the gguf_file, and gguf_close() does not free it. name stands for the path in f->path and in messages. */
-flm_status gguf_open_buffer(const char *name, const void *data, size_t size, gguf_file **out, flm_error *err);
-void gguf_close(gguf_file *f);
+ * outlive the flm_gguf_file, and flm_gguf_close() does not free it. name stands for the path in f->path and in messages. */
+flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err);
+void flm_gguf_close(flm_gguf_file *f);
 
 /* Lookups; NULL when absent. */
-const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);
-const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
+const flm_gguf_kv *flm_gguf_find_kv(const flm_gguf_file *f, const char *key);
+const flm_gguf_tensor *flm_gguf_find_tensor(const flm_gguf_file *f, const char *name);
 
 /* Typed getters. When the key is absent: return FLM_ERR_FORMAT naming the file and key if required, else leave
  * *out untouched and return FLM_OK. Integer getters accept any integer type whose value fits; the float getter
  * accepts FLOAT32/FLOAT64 and integers. Type mismatches and out-of-range values are FLM_ERR_FORMAT. */
-flm_status gguf_get_u32(const gguf_file *f, const char *key, bool required, uint32_t *out, flm_error *err);
-flm_status gguf_get_f32(const gguf_file *f, const char *key, bool required, float *out, flm_error *err);
+flm_status flm_gguf_get_u32(const flm_gguf_file *f, const char *key, bool required, uint32_t *out, flm_error *err);
+flm_status flm_gguf_get_f32(const flm_gguf_file *f, const char *key, bool required, float *out, flm_error *err);
 /* *out is a NUL-terminated malloc'd copy (caller frees). */
-flm_status gguf_get_str(const gguf_file *f, const char *key, bool required, char **out, flm_error *err);
+flm_status flm_gguf_get_str(const flm_gguf_file *f, const char *key, bool required, char **out, flm_error *err);
 /* A required array of the given element type; *out points at the kv (arr_n, arr_data / arr_str). */
-flm_status gguf_get_arr(const gguf_file *f, const char *key, uint32_t elem_type, bool required,
-                        const gguf_kv **out, flm_error *err);
+flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t elem_type, bool required,
+                        const flm_gguf_kv **out, flm_error *err);
 
 /* --- Writer (for `flashlm synth` and tests): builds a GGUF v3 file in two passes. ---------------------------------
- * Add all KVs and tensor infos first, then write the header with gguf_writer_begin(), then stream each tensor's data
- * in the order added with gguf_writer_write_tensor() (exactly nbytes each), then gguf_writer_finish(), which pads,
+ * Add all KVs and tensor infos first, then write the header with flm_gguf_writer_begin(), then stream each tensor's data
+ * in the order added with flm_gguf_writer_write_tensor() (exactly nbytes each), then flm_gguf_writer_finish(), which pads,
  * fsyncs and renames the temporary file "<path>.tmp" onto path. On any error the temporary file is removed. */
-typedef struct gguf_writer gguf_writer;
-flm_status gguf_writer_create(const char *path, gguf_writer **out, flm_error *err);
-flm_status gguf_writer_kv_u32(gguf_writer *w, const char *key, uint32_t v);
-flm_status gguf_writer_kv_f32(gguf_writer *w, const char *key, float v);
-flm_status gguf_writer_kv_str(gguf_writer *w, const char *key, const char *v);
+typedef struct flm_gguf_writer flm_gguf_writer;
+flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err);
+flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t v);
+flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v);
+flm_status flm_gguf_writer_kv_str(flm_gguf_writer *w, const char *key, const char *v);
 /* Arrays: elem_type UINT8..FLOAT64 except STRING/ARRAY take n raw elements from data; STRING takes n C strings. */
-flm_status gguf_writer_kv_arr(gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n);
-/* Copy a KV of a file read by gguf_open() (any type, arrays included) as is. general.alignment is skipped: the
+flm_status flm_gguf_writer_kv_arr(flm_gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n);
+/* Copy a KV of a file read by flm_gguf_open() (any type, arrays included) as is. general.alignment is skipped: the
  * writer always aligns to 32. */
-flm_status gguf_writer_kv_copy(gguf_writer *w, const gguf_kv *kv);
-flm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+flm_status flm_gguf_writer_kv_copy(flm_gguf_writer *w, const flm_gguf_kv *kv);
+flm_status flm_gguf_writer_add_tensor(flm_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                                   const uint64_t *ne);
-flm_status gguf_writer_begin(gguf_writer *w, flm_error *err);
-flm_status gguf_writer_write_tensor(gguf_writer *w, const void *data, uint64_t nbytes, flm_error *err);
-flm_status gguf_writer_finish(gguf_writer *w, flm_error *err);
+flm_status flm_gguf_writer_begin(flm_gguf_writer *w, flm_error *err);
+flm_status flm_gguf_writer_write_tensor(flm_gguf_writer *w, const void *data, uint64_t nbytes, flm_error *err);
+flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err);
 /* Abandon: remove the temporary file and free. Safe after finish (then only frees). */
-void gguf_writer_free(gguf_writer *w);
+void flm_gguf_writer_free(flm_gguf_writer *w);
 
 #endif

@@ -100,7 +100,7 @@ flm_status flm_tokenizer_create_spec(const flm_tokenizer_spec *spec, flm_tokeniz
  * merges, pre, special ids, add_bos_token/add_eos_token/add_space_prefix). Errors: FLM_ERR_FORMAT naming the file
  * and key, FLM_ERR_UNSUPPORTED (another tokenizer model or pre-tokenizer: the message names the file and the
  * string), FLM_ERR_NOMEM. (src/format/tokenizer_gguf.c) */
-struct gguf_file;
-flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **out, flm_error *err);
+struct flm_gguf_file;
+flm_status flm_tokenizer_from_gguf(const struct flm_gguf_file *f, flm_tokenizer **out, flm_error *err);
 
 #endif

@@ -12,8 +12,8 @@
 #define MAX_PIECE 65536 /* bytes in one token or merge string */
 
 /* An optional boolean key: *out = 0/1, or left at -1 when absent. FLM_ERR_FORMAT when it is not a bool. */
-static flm_status get_bool(const gguf_file *f, const char *key, int *out, flm_error *err) {
-    const gguf_kv *kv = gguf_find_kv(f, key);
+static flm_status get_bool(const flm_gguf_file *f, const char *key, int *out, flm_error *err) {
+    const flm_gguf_kv *kv = flm_gguf_find_kv(f, key);
     if (!kv) return FLM_OK;
     if (kv->type != GGUF_VT_BOOL)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s': expected a bool", f->path, key);
@@ -22,16 +22,16 @@ static flm_status get_bool(const gguf_file *f, const char *key, int *out, flm_er
 }
 
 /* An optional token id key: *out = the id, or -1 when absent or (as llama.cpp warns and ignores) >= n_vocab. */
-static flm_status get_id(const gguf_file *f, const char *key, uint64_t n_vocab, int32_t *out, flm_error *err) {
+static flm_status get_id(const flm_gguf_file *f, const char *key, uint64_t n_vocab, int32_t *out, flm_error *err) {
     uint32_t v = UINT32_MAX;
-    flm_status st = gguf_get_u32(f, key, false, &v, err);
+    flm_status st = flm_gguf_get_u32(f, key, false, &v, err);
     if (st) return st;
     if (v < n_vocab) *out = (int32_t)v;
     return FLM_OK;
 }
 
 /* Point pieces/lens at a string array's entries, checking each length. */
-static flm_status string_array(const gguf_file *f, const char *key, const gguf_kv *kv, const char **pieces,
+static flm_status string_array(const flm_gguf_file *f, const char *key, const flm_gguf_kv *kv, const char **pieces,
                                uint32_t *lens, flm_error *err) {
     for (uint64_t i = 0; i < kv->arr_n; i++) {
         if (kv->arr_str[i].len > MAX_PIECE)
@@ -43,7 +43,7 @@ static flm_status string_array(const gguf_file *f, const char *key, const gguf_k
     return FLM_OK;
 }
 
-flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **out, flm_error *err) {
+flm_status flm_tokenizer_from_gguf(const struct flm_gguf_file *f, flm_tokenizer **out, flm_error *err) {
     *out = NULL;
     flm_status st;
     char *model = NULL, *pre = NULL;
@@ -51,19 +51,19 @@ flm_status flm_tokenizer_from_gguf(const struct gguf_file *f, flm_tokenizer **ou
     uint32_t *lens = NULL, *merge_lens = NULL;
     float *sc = NULL;
     int32_t *ty = NULL;
-    if ((st = gguf_get_str(f, "tokenizer.ggml.model", true, &model, err))) return st;
+    if ((st = flm_gguf_get_str(f, "tokenizer.ggml.model", true, &model, err))) return st;
     bool bpe = strcmp(model, "gpt2") == 0;
     if (!bpe && strcmp(model, "llama") != 0) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED,
                       "%s: tokenizer.ggml.model '%s' is not supported (only 'llama' and 'gpt2')", f->path, model);
         goto done;
     }
-    if ((st = gguf_get_str(f, "tokenizer.ggml.pre", false, &pre, err))) goto done;
-    const gguf_kv *tokens = NULL, *scores = NULL, *types = NULL, *mkv = NULL;
-    if ((st = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tokens, err)) ||
-        (st = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, false, &scores, err)) ||
-        (st = gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, false, &types, err)) ||
-        (st = gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_VT_STRING, bpe, &mkv, err)))
+    if ((st = flm_gguf_get_str(f, "tokenizer.ggml.pre", false, &pre, err))) goto done;
+    const flm_gguf_kv *tokens = NULL, *scores = NULL, *types = NULL, *mkv = NULL;
+    if ((st = flm_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING, true, &tokens, err)) ||
+        (st = flm_gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, false, &scores, err)) ||
+        (st = flm_gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32, false, &types, err)) ||
+        (st = flm_gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_VT_STRING, bpe, &mkv, err)))
         goto done;
     uint64_t n = tokens->arr_n;
     if (n == 0 || n > (1u << 24)) {

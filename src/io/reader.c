@@ -121,8 +121,8 @@ int flm_io_hist_bucket(uint64_t bytes) {
 
 static void note_fallback(flm_reader *r) {
     if (!atomic_exchange(&r->fallback_noted, true))
-        fprintf(stderr, "flashlm: %s: O_DIRECT not supported here (EINVAL); using buffered reads + "
-                        "POSIX_FADV_DONTNEED\n", r->path);
+        flm_log(r->opts.log, FLM_LOG_INFO, "%s: O_DIRECT not supported here (EINVAL); using buffered reads + "
+                "POSIX_FADV_DONTNEED", r->path);
 }
 
 /* A direct read failed with EINVAL: continue buffered. */
@@ -213,8 +213,9 @@ static flm_status exec_op(flm_reader *r, const flm_read_op *op, uint8_t *buf, ui
             }
             return read_error(r, op, e, err);
         }
-        *nread += (uint64_t)ret;
         if (at + (uint64_t)ret <= done) break; /* no progress: end of file */
+        /* count only the new bytes: an O_DIRECT retry re-reads [at, done) from the last aligned boundary */
+        *nread += at + (uint64_t)ret - done;
         done = at + (uint64_t)ret;
     }
     if (buffered) drop_cache(r, op->offset, done);
@@ -372,8 +373,8 @@ static flm_status run_uring(flm_reader *r, const flm_read_op *ops, uint8_t *cons
             if (res < 0) {
                 if (st == FLM_OK) st = read_error(r, op, -res, err);
             } else {
-                *nread += (uint64_t)res;
                 if (sl->at + (uint64_t)res > sl->done) { /* progress; otherwise end of file */
+                    *nread += sl->at + (uint64_t)res - sl->done; /* new bytes only (see exec_op) */
                     sl->done = sl->at + (uint64_t)res;
                     if (sl->done < op->need) { /* continue a partial read (bytes past `need` are padding) */
                         uring_prep(r, sl, op, bufs[sl->op]);
@@ -485,7 +486,7 @@ static flm_status start_backend(flm_reader *r, flm_error *err) {
         if (want == FLM_IO_URING)
             return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: io_uring_queue_init(%d) failed: %s", r->path, qd,
                             strerror(-e));
-        fprintf(stderr, "flashlm: io_uring unavailable (%s); using %d reader threads\n", strerror(-e),
+        flm_log(r->opts.log, FLM_LOG_INFO, "io_uring unavailable (%s); using %d reader threads", strerror(-e),
                 r->opts.n_threads);
 #else
         if (want == FLM_IO_URING)

@@ -30,7 +30,7 @@
  *
  * O_DIRECT: the file is opened with O_DIRECT when opts.direct is set. The alignment is the file system's direct-I/O
  * alignment (statx STATX_DIOALIGN) rounded up to at least 4096 bytes. When the open or a direct read fails with
- * EINVAL (file systems without direct I/O), the reader logs one line to stderr and falls back to buffered reads
+ * EINVAL (file systems without direct I/O), the reader logs one line (FLM_LOG_INFO, to opts.log) and falls back to buffered reads
  * followed by posix_fadvise(POSIX_FADV_DONTNEED) on the pages just read, so the page cache does not serve
  * weights for free on the next token (readahead is disabled with POSIX_FADV_RANDOM). On systems without O_DIRECT
  * the reader is always buffered (macOS: F_NOCACHE when available).
@@ -48,6 +48,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "flashlm.h"
+#include "core/error.h"
 
 /* One piece the caller wants: file bytes [offset, offset + length) are copied to dst[0 .. length).
  * Nothing needs to be aligned. length 0 is allowed (ignored, dst may be NULL). Extents may overlap each other and
@@ -81,6 +82,8 @@ typedef struct flm_reader_opts {
                                at most bounce_bytes and 1 GiB; 0 means default */
     size_t bounce_bytes;    /* bytes of aligned scratch memory the reader may hold for unaligned extents; the reader
                                processes large lists in batches that fit; default 8 MiB; 0 means default */
+    const flm_logger *log;  /* where the fallback notes go (may be called from a reader thread); it must outlive
+                               the reader; NULL (default): dropped */
 } flm_reader_opts;
 
 /* Fill o with the defaults documented above. */
@@ -90,8 +93,10 @@ void flm_reader_opts_default(flm_reader_opts *o);
 /* Counters accumulated by flm_reader_read (it adds to them; zero the struct to start). */
 typedef struct flm_io_stats {
     uint64_t bytes_requested; /* sum of extent lengths asked for */
-    uint64_t bytes_read;      /* bytes the device transferred: includes alignment padding and coalesced gaps
-                                 (less than the planned request bytes only where an aligned request ran into EOF) */
+    uint64_t bytes_read;      /* bytes of the planned requests that arrived: includes alignment padding and
+                                 coalesced gaps, each byte counted once (an O_DIRECT retry of a partial read
+                                 re-reads from the last aligned boundary; those bytes are not counted again); less
+                                 than the planned request bytes only where an aligned request ran into EOF */
     uint64_t n_requests;      /* device requests planned (a retry of a partial read is not a new request) */
     uint64_t n_extents;       /* extents passed in (including zero-length ones) */
     uint64_t hist[FLM_IO_HIST_BUCKETS]; /* requests by planned size: bucket b counts sizes in [2^(b+9), 2^(b+10))
@@ -109,7 +114,7 @@ typedef struct flm_reader flm_reader;
 /* Open path for reading with the given options (NULL = defaults) and start the back end.
  * Errors: FLM_ERR_IO (open/fstat failed: strerror), FLM_ERR_NOMEM, FLM_ERR_UNSUPPORTED (backend FLM_IO_URING asked
  * for but not built in or refused by the kernel), FLM_ERR_ARG (NULL path/out), FLM_ERR_IO (thread creation).
- * FLM_IO_AUTO falls back to threads with a one-line note on stderr when io_uring_queue_init fails. */
+ * FLM_IO_AUTO falls back to threads with a one-line note (FLM_LOG_INFO) when io_uring_queue_init fails. */
 flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_reader **out, flm_error *err);
 
 /* Read n extents (any order, overlapping allowed) and return when all have arrived or on the first error.

@@ -39,9 +39,9 @@ static const char *akey(char *buf, size_t cap, const flm_arch *a, const char *su
 }
 
 /* The architecture named by general.architecture, or an error naming it and the known ones. */
-static flm_status find_arch(const gguf_file *f, const flm_arch **out, flm_error *err) {
+static flm_status find_arch(const flm_gguf_file *f, const flm_arch **out, flm_error *err) {
     char *arch = NULL;
-    flm_status st = gguf_get_str(f, "general.architecture", true, &arch, err);
+    flm_status st = flm_gguf_get_str(f, "general.architecture", true, &arch, err);
     if (st) return st;
     *out = flm_arch_find(arch);
     if (!*out)
@@ -51,7 +51,7 @@ static flm_status find_arch(const gguf_file *f, const flm_arch **out, flm_error 
     return st;
 }
 
-flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err) {
+flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_error *err) {
     memset(hp, 0, sizeof *hp);
     flm_status st;
     const flm_arch *a = NULL;
@@ -59,31 +59,31 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
     hp->arch = a;
     char k[128];
 #define KEY(s) akey(k, sizeof k, a, s)
-    if ((st = gguf_get_u32(f, KEY("embedding_length"), true, &hp->d_model, err)) ||
-        (st = gguf_get_u32(f, KEY("feed_forward_length"), true, &hp->d_ffn, err)) ||
-        (st = gguf_get_u32(f, KEY("block_count"), true, &hp->n_layers, err)) ||
-        (st = gguf_get_u32(f, KEY("attention.head_count"), true, &hp->n_heads, err)))
+    if ((st = flm_gguf_get_u32(f, KEY("embedding_length"), true, &hp->d_model, err)) ||
+        (st = flm_gguf_get_u32(f, KEY("feed_forward_length"), true, &hp->d_ffn, err)) ||
+        (st = flm_gguf_get_u32(f, KEY("block_count"), true, &hp->n_layers, err)) ||
+        (st = flm_gguf_get_u32(f, KEY("attention.head_count"), true, &hp->n_heads, err)))
         return st;
     hp->n_kv_heads = hp->n_heads;
     hp->n_ctx_train = 2048;
     hp->norm_eps = 1e-5f;
     hp->rope_theta = 10000.0f;
     hp->head_dim = hp->n_heads ? hp->d_model / hp->n_heads : 0;
-    if ((st = gguf_get_u32(f, KEY("attention.head_count_kv"), false, &hp->n_kv_heads, err)) ||
-        (st = gguf_get_u32(f, KEY("context_length"), true, &hp->n_ctx_train, err)) ||
-        (st = gguf_get_f32(f, KEY("attention.layer_norm_rms_epsilon"), true, &hp->norm_eps, err)) ||
-        (st = gguf_get_f32(f, KEY("rope.freq_base"), false, &hp->rope_theta, err)) ||
-        (st = gguf_get_u32(f, KEY("attention.key_length"), false, &hp->head_dim, err)))
+    if ((st = flm_gguf_get_u32(f, KEY("attention.head_count_kv"), false, &hp->n_kv_heads, err)) ||
+        (st = flm_gguf_get_u32(f, KEY("context_length"), true, &hp->n_ctx_train, err)) ||
+        (st = flm_gguf_get_f32(f, KEY("attention.layer_norm_rms_epsilon"), true, &hp->norm_eps, err)) ||
+        (st = flm_gguf_get_f32(f, KEY("rope.freq_base"), false, &hp->rope_theta, err)) ||
+        (st = flm_gguf_get_u32(f, KEY("attention.key_length"), false, &hp->head_dim, err)))
         return st;
     uint32_t v_dim = hp->head_dim;
-    if ((st = gguf_get_u32(f, KEY("attention.value_length"), false, &v_dim, err))) return st;
+    if ((st = flm_gguf_get_u32(f, KEY("attention.value_length"), false, &v_dim, err))) return st;
     if (v_dim != hp->head_dim)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: %s.attention.value_length %u differs from key_length %u",
                         f->path, a->name, v_dim, hp->head_dim);
     hp->rope_dim = hp->head_dim;
-    if ((st = gguf_get_u32(f, KEY("rope.dimension_count"), false, &hp->rope_dim, err))) return st;
+    if ((st = flm_gguf_get_u32(f, KEY("rope.dimension_count"), false, &hp->rope_dim, err))) return st;
     if (a->swa_period) {
-        if ((st = gguf_get_u32(f, KEY("attention.sliding_window"), true, &hp->n_swa, err))) return st;
+        if ((st = flm_gguf_get_u32(f, KEY("attention.sliding_window"), true, &hp->n_swa, err))) return st;
         if (hp->n_swa == 0)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: %s is 0", f->path, KEY("attention.sliding_window"));
     }
@@ -92,7 +92,7 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
     hp->attn_scale = hp->head_dim ? 1.0f / sqrtf((float)hp->head_dim) : 0.0f;
     /* flashlm extension for synthetic ReLU models */
     char *act = NULL;
-    if ((st = gguf_get_str(f, "flashlm.ffn_activation", false, &act, err))) return st;
+    if ((st = flm_gguf_get_str(f, "flashlm.ffn_activation", false, &act, err))) return st;
     hp->act = a->act;
     if (act) {
         if (!strcmp(act, "relu")) hp->act = FLM_ACT_RELU;
@@ -106,7 +106,7 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
         free(act);
     }
     hp->gated = true;
-    const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    const flm_gguf_tensor *emb = flm_gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
     if (emb->ne[1] > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has too many rows", f->path);
     hp->n_vocab = (uint32_t)emb->ne[1];
@@ -114,9 +114,9 @@ flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error 
 }
 
 /* Find a tensor and check its shape (n_in x n_out; n_out = 1 for vectors) and type. */
-static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint64_t n_out, bool f32_only,
+static flm_status bind(const flm_gguf_file *f, const char *name, uint64_t n_in, uint64_t n_out, bool f32_only,
                        flm_weight *w, flm_error *err) {
-    const gguf_tensor *t = gguf_find_tensor(f, name);
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(f, name);
     if (!t) return flm_fail(err, FLM_ERR_FORMAT, "%s: required tensor '%s' is missing", f->path, name);
     uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->ne[0] != n_in || rows != n_out)
@@ -131,13 +131,13 @@ static flm_status bind(const gguf_file *f, const char *name, uint64_t n_in, uint
 }
 
 /* Bind an optional f32 tensor: absent leaves w zeroed (data NULL). */
-static flm_status bind_opt(const gguf_file *f, const char *name, uint64_t n, flm_weight *w, flm_error *err) {
-    if (!gguf_find_tensor(f, name)) return FLM_OK;
+static flm_status bind_opt(const flm_gguf_file *f, const char *name, uint64_t n, flm_weight *w, flm_error *err) {
+    if (!flm_gguf_find_tensor(f, name)) return FLM_OK;
     return bind(f, name, n, 1, true, w, err);
 }
 
 /* Bind the tensors of f into m (names as in llama.cpp's GGUF files); FFN matrices only when !ffn_external. */
-static flm_status load_model(const gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
+static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
     flm_status st;
     if ((st = flm_hparams_from_gguf(f, &m->hp, err))) return st;
     const flm_hparams *hp = &m->hp;
@@ -147,7 +147,7 @@ static flm_status load_model(const gguf_file *f, bool ffn_external, flm_model *m
     if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
         (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
         return st;
-    if (gguf_find_tensor(f, "output.weight")) {
+    if (flm_gguf_find_tensor(f, "output.weight")) {
         if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) return st;
     } else {
         m->output = m->tok_embd; /* tied */
@@ -206,10 +206,10 @@ static flm_status load_model(const gguf_file *f, bool ffn_external, flm_model *m
     return FLM_OK;
 }
 
-flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err) {
+flm_status flm_model_from_gguf(flm_gguf_file *f, flm_model **out, flm_error *err) {
     *out = NULL;
     flm_model *m = calloc(1, sizeof *m);
-    if (!m) { gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    if (!m) { flm_gguf_close(f); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
     m->gguf = f;
     flm_status st = load_model(f, false, m, err);
     if (st) { flm_model_free(m); return st; }
@@ -247,6 +247,6 @@ void flm_model_free(flm_model *m) {
     if (!m) return;
     flm_tokenizer_free(m->tok);
     free(m->layers);
-    gguf_close(m->gguf);
+    flm_gguf_close(m->gguf);
     free(m);
 }

@@ -58,14 +58,14 @@ typedef struct flm_model {
     flm_weight output;         /* [n_vocab rows of d_model]; equals tok_embd when tied */
     flm_layer_weights *layers; /* n_layers */
     flm_tokenizer *tok;
-    gguf_file *gguf;           /* owner of the weight bytes when loaded from GGUF */
+    flm_gguf_file *gguf;           /* owner of the weight bytes when loaded from GGUF */
 } flm_model;
 
 /* Load a model of a known architecture (model/arch.h) from an open GGUF file (which the model then owns and closes).
  * Reads hyper-parameters from the metadata, checks every tensor's presence, type and shape, builds the tokenizer.
  * Errors: FLM_ERR_FORMAT (missing key/tensor, wrong shape — the message names the file, key or tensor),
  * FLM_ERR_UNSUPPORTED (architecture or tokenizer model not supported), FLM_ERR_NOMEM. On error f is closed. */
-flm_status flm_model_from_gguf(gguf_file *f, flm_model **out, flm_error *err);
+flm_status flm_model_from_gguf(flm_gguf_file *f, flm_model **out, flm_error *err);
 
 /* Load a llama model from an open .flm file: resident weights and tokenizer from its resident region; FFN weights
  * are described (type, shape) but not resident (data == NULL; ffn_down is stored by columns in the bundles).
@@ -76,7 +76,7 @@ flm_status flm_model_from_flm(const struct flm_file *f, flm_model **out, flm_err
 
 /* Read hyper-parameters from GGUF metadata (keys prefixed by general.architecture) (shared by the GGUF and .flm paths).
  * n_vocab is taken from the token list. Errors: FLM_ERR_FORMAT naming the key. */
-flm_status flm_hparams_from_gguf(const gguf_file *f, flm_hparams *hp, flm_error *err);
+flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_error *err);
 /* Check hyper-parameters for consistency (nonzero, n_heads % n_kv_heads == 0, even rope_dim <= head_dim,
  * sizes < 2^20). what names the source in messages. */
 flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err);

@@ -475,13 +475,13 @@ static void row_lowrank(const void *ctx, uint64_t row, uint64_t *rng, float *out
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct synth {
     const flm_synth_params *p;
-    gguf_writer *w;
+    flm_gguf_writer *w;
     const flm_kernels *k;
     int nt;
     uint8_t *buf;          /* the tensor being made, stored type */
     uint8_t *spare;        /* the other tensor buffer: the one being written, or free */
     float *vec, *vec2;     /* norm vectors [d_model], alternating the same way */
-    /* the write in flight (one at a time, in file order): a thread running gguf_writer_write_tensor */
+    /* the write in flight (one at a time, in file order): a thread running flm_gguf_writer_write_tensor */
     pthread_t writer;
     bool writing;
     const void *w_data;
@@ -557,7 +557,7 @@ static void gen_tensor(synth *S, uint32_t type, uint64_t rows, uint64_t n, row_f
 
 static void *writer_main(void *arg) {
     synth *S = arg;
-    S->w_st = gguf_writer_write_tensor(S->w, S->w_data, S->w_nbytes, &S->w_err);
+    S->w_st = flm_gguf_writer_write_tensor(S->w, S->w_data, S->w_nbytes, &S->w_err);
     return NULL;
 }
 
@@ -640,7 +640,7 @@ static void make_basis(synth *S, uint32_t kind, uint32_t layer, double noise) {
 
 static void add_kvs(synth *S, const vocab *v) {
     const flm_synth_params *p = S->p;
-    gguf_writer *w = S->w;
+    flm_gguf_writer *w = S->w;
     uint32_t ftype = 0;
     switch (p->type) {
     case FLM_TYPE_F32: ftype = 0; break;   /* LLAMA_FTYPE_ALL_F32 */
@@ -661,29 +661,29 @@ static void add_kvs(synth *S, const vocab *v) {
              "rank %u, noise %g, decay %g, tail %g, calibration tokens %u, seed %llu.",
              p->active, p->rank, p->rank ? p->noise : 1.0, p->decay, p->tail, p->calib_tokens,
              (unsigned long long)p->seed);
-    gguf_writer_kv_str(w, "general.architecture", "llama");
-    gguf_writer_kv_str(w, "general.name", name);
-    gguf_writer_kv_str(w, "general.description", desc);
-    gguf_writer_kv_u32(w, "general.file_type", ftype);
-    gguf_writer_kv_u32(w, "general.quantization_version", 2);
-    gguf_writer_kv_u32(w, "llama.context_length", p->n_ctx);
-    gguf_writer_kv_u32(w, "llama.embedding_length", p->d_model);
-    gguf_writer_kv_u32(w, "llama.block_count", p->n_layers);
-    gguf_writer_kv_u32(w, "llama.feed_forward_length", p->d_ffn);
-    gguf_writer_kv_u32(w, "llama.attention.head_count", p->n_heads);
-    gguf_writer_kv_u32(w, "llama.attention.head_count_kv", p->n_kv_heads);
-    gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", p->norm_eps);
-    gguf_writer_kv_f32(w, "llama.rope.freq_base", p->rope_theta);
-    gguf_writer_kv_u32(w, "llama.rope.dimension_count", p->d_model / p->n_heads);
-    gguf_writer_kv_u32(w, "llama.vocab_size", p->n_vocab);
-    if (p->act == FLM_ACT_RELU) gguf_writer_kv_str(w, "flashlm.ffn_activation", "relu");
-    gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama");
-    gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, v->ptr, v->n);
-    gguf_writer_kv_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v->score, v->n);
-    gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, v->type, v->n);
-    gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", 1);
-    gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
-    gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    flm_gguf_writer_kv_str(w, "general.architecture", "llama");
+    flm_gguf_writer_kv_str(w, "general.name", name);
+    flm_gguf_writer_kv_str(w, "general.description", desc);
+    flm_gguf_writer_kv_u32(w, "general.file_type", ftype);
+    flm_gguf_writer_kv_u32(w, "general.quantization_version", 2);
+    flm_gguf_writer_kv_u32(w, "llama.context_length", p->n_ctx);
+    flm_gguf_writer_kv_u32(w, "llama.embedding_length", p->d_model);
+    flm_gguf_writer_kv_u32(w, "llama.block_count", p->n_layers);
+    flm_gguf_writer_kv_u32(w, "llama.feed_forward_length", p->d_ffn);
+    flm_gguf_writer_kv_u32(w, "llama.attention.head_count", p->n_heads);
+    flm_gguf_writer_kv_u32(w, "llama.attention.head_count_kv", p->n_kv_heads);
+    flm_gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", p->norm_eps);
+    flm_gguf_writer_kv_f32(w, "llama.rope.freq_base", p->rope_theta);
+    flm_gguf_writer_kv_u32(w, "llama.rope.dimension_count", p->d_model / p->n_heads);
+    flm_gguf_writer_kv_u32(w, "llama.vocab_size", p->n_vocab);
+    if (p->act == FLM_ACT_RELU) flm_gguf_writer_kv_str(w, "flashlm.ffn_activation", "relu");
+    flm_gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama");
+    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, v->ptr, v->n);
+    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v->score, v->n);
+    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, v->type, v->n);
+    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0);
 }
 
 static void add_tensors(synth *S) {
@@ -691,8 +691,8 @@ static void add_tensors(synth *S) {
     uint64_t d = p->d_model, f = p->d_ffn, kv = (uint64_t)(d / p->n_heads) * p->n_kv_heads;
     char name[96];
 #define T2(nm, n_in, n_out) do { uint64_t ne[2] = {(n_in), (n_out)}; \
-        gguf_writer_add_tensor(S->w, nm, p->type, 2, ne); } while (0)
-#define T1(nm, n) do { uint64_t ne[1] = {(n)}; gguf_writer_add_tensor(S->w, nm, FLM_TYPE_F32, 1, ne); } while (0)
+        flm_gguf_writer_add_tensor(S->w, nm, p->type, 2, ne); } while (0)
+#define T1(nm, n) do { uint64_t ne[1] = {(n)}; flm_gguf_writer_add_tensor(S->w, nm, FLM_TYPE_F32, 1, ne); } while (0)
     T2("token_embd.weight", d, p->n_vocab);
     for (uint32_t l = 0; l < p->n_layers; l++) {
         snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l); T1(name, d);
@@ -845,7 +845,7 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
 
 static void synth_free(synth *S) {
     wait_write(S, NULL);
-    gguf_writer_free(S->w);
+    flm_gguf_writer_free(S->w);
     free(S->buf);
     free(S->spare);
     free(S->vec2);
@@ -906,10 +906,10 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     S.tokens[0] = 1;
     for (uint32_t t = 1; t < T; t++) S.tokens[t] = 3 + (int32_t)(rng_unif(&crng) * (p->n_vocab - 3));
 
-    if ((st = gguf_writer_create(path, &S.w, err))) { vocab_free(&v); synth_free(&S); return st; }
+    if ((st = flm_gguf_writer_create(path, &S.w, err))) { vocab_free(&v); synth_free(&S); return st; }
     add_kvs(&S, &v);
     add_tensors(&S);
-    st = gguf_writer_begin(S.w, err);
+    st = flm_gguf_writer_begin(S.w, err);
     vocab_free(&v);
     if (st) { synth_free(&S); return st; }
     if (S.progress) S.progress(S.user, "synth", 0, S.total);
@@ -928,7 +928,7 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     if ((st = write_norm(&S, 0.0f, err))) { synth_free(&S); return st; }
     gen_tensor(&S, p->type, p->n_vocab, d, row_normal, &out, RNG_OUTPUT, 0);
     if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err)) || (st = wait_write(&S, err)) ||
-        (st = gguf_writer_finish(S.w, err))) {
+        (st = flm_gguf_writer_finish(S.w, err))) {
         synth_free(&S);
         return st;
     }
@@ -1015,10 +1015,10 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     if (n_tokens < 1 || n_tokens > 4096)
         return flm_fail(err, FLM_ERR_ARG, "synth measure: %u tokens is out of range (1..4096)", n_tokens);
     if (n_threads < 1) n_threads = 1;
-    gguf_file *gf = NULL;
+    flm_gguf_file *gf = NULL;
     flm_model *m = NULL;
     flm_status st;
-    if ((st = gguf_open(path, &gf, err)) || (st = flm_model_from_gguf(gf, &m, err))) return st;
+    if ((st = flm_gguf_open(path, &gf, err)) || (st = flm_model_from_gguf(gf, &m, err))) return st;
     const flm_hparams *hp = &m->hp;
     const uint32_t T = n_tokens, nf = hp->d_ffn, d = hp->d_model, L = hp->n_layers;
     fwd f;

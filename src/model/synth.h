@@ -60,7 +60,7 @@ flm_status flm_synth_check(const flm_synth_params *p, flm_error *err);
  * 0 when the parameters are invalid. */
 uint64_t flm_synth_tensor_bytes(const flm_synth_params *p);
 
-/* Write the model to path: "<path>.tmp" is written tensor by tensor through the streaming gguf_writer (one tensor is
+/* Write the model to path: "<path>.tmp" is written tensor by tensor through the streaming flm_gguf_writer (one tensor is
  * generated while the previous one is written in the background: at most two tensor buffers in memory, each the size
  * of the largest tensor, the n_vocab x d_model embedding of p->type: ~270 MB for the default), fsynced and renamed
  * onto path. progress (may be NULL) gets ("synth", bytes of tensor data written, total) as tensors complete. On any
@@ -101,7 +101,7 @@ typedef struct flm_synth_activity {
  * and count, per layer and neuron, the tokens on which the neuron fired. When check_engine, the same tokens are also
  * run through flm_open/flm_eval and the replica's logits are compared with the engine's (max_logit_diff), which shows
  * the counts are what the engine computes. Works on any llama GGUF, not only synthetic ones.
- * Errors: those of gguf_open, flm_model_from_gguf and flm_open; FLM_ERR_ARG (n_tokens outside 1..4096);
+ * Errors: those of flm_gguf_open, flm_model_from_gguf and flm_open; FLM_ERR_ARG (n_tokens outside 1..4096);
  * FLM_ERR_NOMEM. On error *out is zeroed. Free with flm_synth_activity_free. */
 flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed, int n_threads, bool check_engine,
                              flm_synth_activity *out, flm_error *err);

@@ -75,7 +75,7 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model;
     return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + (uint64_t)hp->n_heads * n_ctx +
-                hp->n_vocab);
+                hp->n_vocab) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_error *err) {
@@ -112,6 +112,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     flm_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->params = *p;
+    ctx->log = (flm_logger){p->log, p->log_user};
     flm_status st;
     flm_file *ff = NULL;
     if (flm_file_is_flm(path)) {
@@ -127,8 +128,8 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
             return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s needs a .flm file; convert it first with "
                             "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
         }
-        gguf_file *f = NULL;
-        if ((st = gguf_open(path, &f, err))) {
+        flm_gguf_file *f = NULL;
+        if ((st = flm_gguf_open(path, &f, err))) {
             FILE *fp = fopen(path, "rb");
             char magic[4] = {0};
             bool is_gguf = fp && fread(magic, 1, 4, fp) == 4 && !memcmp(magic, "GGUF", 4);
@@ -172,8 +173,20 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         flm_close(ctx);
         return st;
     }
+    if (!(ctx->tokens = calloc(FLM_STATS_TOKENS, sizeof *ctx->tokens))) { /* counted in flm_scratch_bytes */
+        flm_close(ctx);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the per-token statistics");
+    }
+    ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     *out = ctx;
     return FLM_OK;
+}
+
+void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
+    if (!ctx) return;
+    ctx->log = (flm_logger){fn, user};
+    ctx->params.log = fn;
+    ctx->params.log_user = user;
 }
 
 void flm_close(flm_ctx *ctx) {
@@ -200,12 +213,7 @@ flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logi
     flm_status st = flm_forward(ctx, token, pos, &tok, err);
     if (st) return st;
     tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-    if (ctx->n_tokens == ctx->cap_tokens) {
-        uint64_t cap = ctx->cap_tokens ? 2 * ctx->cap_tokens : 256;
-        flm_token_stats *t = realloc(ctx->tokens, cap * sizeof *t);
-        if (t) { ctx->tokens = t; ctx->cap_tokens = cap; }
-    }
-    if (ctx->n_tokens < ctx->cap_tokens) ctx->tokens[ctx->n_tokens] = tok;
+    ctx->tokens[ctx->n_tokens % FLM_STATS_TOKENS] = tok; /* the ring: nothing grows */
     ctx->n_tokens++;
     ctx->total.io_ms += tok.io_ms;
     ctx->total.mem_ms += tok.mem_ms;

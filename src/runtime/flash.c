@@ -29,9 +29,9 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
         return st;
     uint64_t budget = fl->plan.budget;
     if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID && !file->predictor)
-        fprintf(stderr, "flashlm: %s does not fit the budget and is not calibrated, so it runs hybrid (whole layers "
-                "streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE\n", file->path,
-                file->path);
+        flm_log(&ctx->log, FLM_LOG_WARN, "%s does not fit the budget and is not calibrated, so it runs hybrid (whole "
+                "layers streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE",
+                file->path, file->path);
     uint32_t L = hp->n_layers;
     fl->desc = calloc(L, sizeof *fl->desc);
     fl->layer_data = calloc(L, sizeof *fl->layer_data);
@@ -54,9 +54,10 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
      * parallelism: 80 us / 16 = 5 us, with 2 GB/s merges gaps below 10 KB (docs/IO.md). */
     ro.cost.latency_us = 5.0;
     ro.cost.bandwidth_gbps = 2.0;
-    flm_error perr; /* `flashlm probe-disk`'s measured fit replaces the defaults when present */
-    if (flm_probe_load_cost(file->path, &ro.cost, &perr) == FLM_ERR_FORMAT)
-        fprintf(stderr, "flashlm: %s; using the default I/O cost model\n", perr.msg);
+    flm_error perr; /* `flashlm probe-disk`'s measured fit replaces the defaults when the caller names one */
+    if (pp->io_cost_path && flm_probe_load_cost_file(pp->io_cost_path, &ro.cost, &perr))
+        flm_log(&ctx->log, FLM_LOG_WARN, "%s; using the default I/O cost model", perr.msg);
+    ro.log = &ctx->log;
     ro.bounce_bytes = fl->plan.reader_bounce;
     if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
     if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
@@ -72,7 +73,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
         st = flm_sparse_open(ctx, err);
         if (st != FLM_ERR_BUDGET || pp->mode != FLM_MODE_AUTO) return st;
         /* auto: the neuron cache does not fit; the layer-streaming mode may */
-        fprintf(stderr, "flashlm: %s; running hybrid instead\n", err ? err->msg : "the neuron cache does not fit");
+        flm_log(&ctx->log, FLM_LOG_WARN, "%s; running hybrid instead", err ? err->msg : "the neuron cache does not fit");
         flm_sparse_close(fl->sparse);
         fl->sparse = NULL;
         if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, FLM_MODE_HYBRID, budget, 0,

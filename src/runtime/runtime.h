@@ -73,6 +73,7 @@ flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, 
 struct flm_ctx {
     flm_model *model;
     flm_params params;
+    flm_logger log;          /* params.log, replaced by flm_set_log_callback; the reader logs through it too */
     const flm_kernels *k;
     flm_kv_cache kv;
     flm_scratch s;
@@ -81,8 +82,8 @@ struct flm_ctx {
     uint64_t mem_resident;   /* for stats: bytes of resident weights */
     /* statistics */
     flm_token_stats total;
-    flm_token_stats *tokens; /* per token */
-    uint64_t n_tokens, cap_tokens;
+    flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS */
+    uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
     /* calibration: called with each layer's FFN input (d_model floats) before the FFN runs */
     void (*ffn_tap)(void *user, uint32_t layer, const float *x);

@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "cache/neuron_cache.h"
 #include "core/types.h"
 #include "runtime/runtime.h"
@@ -158,8 +156,6 @@ flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err) {
             if (need <= 1.5 * have) { k = kk; break; }
         }
     sp->window = k;
-    /* the per-token predictor products are small: BLAS' own thread pool would only fight the OpenMP threads */
-    openblas_set_num_threads(1);
     for (uint32_t l = 0; l < L; l++) {
         uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, k, 0);
         double need = 1.05 * sp->sp.layers[l].s_agg[0] * F; /* a mean token's predicted set, 5% margin */
@@ -281,7 +277,10 @@ flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out,
         tok->io_ms += flm_now_ms() - t1;
         tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
         tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return st;
+        if (st) { /* the appended rows hold bytes never read: take the token's set back out of the window */
+            flm_ncache_unstep(sp->cache[l]);
+            return st;
+        }
     }
     tok->n_predicted += n;
     tok->n_loaded += cs.n_loaded;

@@ -47,11 +47,12 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->n_ffn_resident_layers = hp->n_layers;
     }
     st->peak_rss = peak_rss_bytes();
+    st->n_tokens_kept = ctx->n_tokens < FLM_STATS_TOKENS ? ctx->n_tokens : FLM_STATS_TOKENS;
 }
 
 bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out) {
-    if (n >= ctx->n_tokens || n >= ctx->cap_tokens) return false;
-    *out = ctx->tokens[n];
+    if (n >= ctx->n_tokens || ctx->n_tokens - n > FLM_STATS_TOKENS) return false;
+    *out = ctx->tokens[n % FLM_STATS_TOKENS];
     return true;
 }
 
@@ -95,10 +96,10 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
             ", \"scratch\": %" PRIu64 ", \"model_bytes\": %" PRIu64 ", \"n_layers\": %u, \"ffn_resident_layers\": %u, "
             "\"peak_rss\": %" PRIu64 "},\n", s.mem_budget, s.mem_resident, s.mem_ffn, s.mem_kv, s.mem_scratch,
             s.model_bytes, s.n_layers, s.n_ffn_resident_layers, s.peak_rss);
-    fprintf(f, "  \"tokens\": [");
-    uint64_t n = ctx->n_tokens < ctx->cap_tokens ? ctx->n_tokens : ctx->cap_tokens;
-    for (uint64_t i = 0; i < n; i++) {
-        const flm_token_stats *t = &ctx->tokens[i];
+    uint64_t first = s.n_tokens - s.n_tokens_kept;
+    fprintf(f, "  \"first_token\": %" PRIu64 ",\n  \"tokens\": [", first); /* the ring keeps the last ones */
+    for (uint64_t i = 0; i < s.n_tokens_kept; i++) {
+        const flm_token_stats *t = &ctx->tokens[(first + i) % FLM_STATS_TOKENS];
         fprintf(f, "%s\n    {\"io_ms\": %.4f, \"mem_ms\": %.4f, \"compute_ms\": %.4f, \"bytes_read\": %" PRIu64
                 ", \"n_reads\": %" PRIu64 ", \"n_predicted\": %" PRIu64 ", \"n_loaded\": %" PRIu64 ", \"n_reused\": %"
                 PRIu64 ", \"rows_used\": %" PRIu64 "}", i ? "," : "", t->io_ms, t->mem_ms, t->compute_ms,

@@ -1,0 +1,153 @@
+/* test_public_api.c — the library as a user links it: this program includes flashlm.h only and links libflashlm.a,
+ * the public archive (issue 8, "A library surface"). It checks the version, that internal names stay inside the
+ * library (a user may define functions with the same names), and that messages reach the log callback and never
+ * stderr, with nothing read implicitly next to the model. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "flashlm.h"
+#include "testutil.h"
+
+/* Names the library uses internally. Were they global in libflashlm.a, linking this program would fail with
+ * "multiple definition" (the archive is one object, pulled in for flm_open). flm_gguf_find_tensor collided with ggml's
+ * function of that name before the internal names got their flm_ prefix; these are the prefixed ones. */
+int flm_gguf_find_tensor(void);
+int flm_gguf_find_tensor(void) { return 42; }
+int flm_reader_open(void);
+int flm_reader_open(void) { return 7; }
+int flm_log(void);
+int flm_log(void) { return 5; }
+
+static void test_version(void **state) {
+    (void)state;
+    const char *s = NULL;
+    assert_int_equal(flm_version(&s), FLM_VERSION_NUMBER);
+    assert_string_equal(s, FLM_VERSION_STRING);
+    assert_int_equal(flm_version(NULL), FLM_VERSION_NUMBER);
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", FLM_VERSION_MAJOR, FLM_VERSION_MINOR, FLM_VERSION_PATCH);
+    assert_string_equal(want, FLM_VERSION_STRING);
+    assert_int_equal(FLM_VERSION_NUMBER, FLM_VERSION_MAJOR * 10000 + FLM_VERSION_MINOR * 100 + FLM_VERSION_PATCH);
+}
+
+static void test_names_stay_inside(void **state) {
+    (void)state;
+    assert_int_equal(flm_gguf_find_tensor(), 42); /* ours, not the library's */
+    assert_int_equal(flm_reader_open(), 7);
+    assert_int_equal(flm_log(), 5);
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 16;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    const float *logits;
+    assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK); /* the library uses its own internals */
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    assert_int_equal(info.n_vocab, 512);
+    flm_close(ctx);
+}
+
+typedef struct {
+    int n, n_warn;
+    char all[4096];
+} log_seen;
+
+static void collect(void *user, flm_log_level level, const char *msg) {
+    log_seen *s = user;
+    s->n++;
+    s->n_warn += level == FLM_LOG_WARN;
+    assert_null(strchr(msg, '\n')); /* one line, no newline */
+    strncat(s->all, msg, sizeof s->all - strlen(s->all) - 2);
+    strcat(s->all, "|");
+}
+
+/* Open a .flm with stderr redirected into a file; return what went to stderr (malloc'd). */
+static char *open_quietly(const char *path, flm_params *p, flm_ctx **ctx, flm_status *st, flm_error *err) {
+    const char *cap = tu_tmp("stderr", ".txt");
+    fflush(stderr);
+    int saved = dup(2), fd = open(cap, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    *st = flm_open(path, p, ctx, err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n;
+    char *text = (char *)tu_read_file(cap, &n);
+    remove(cap);
+    return text;
+}
+
+static void test_log_callback_not_stderr(void **state) {
+    (void)state;
+    char flm[4096], args[8192];
+    snprintf(flm, sizeof flm, "%s", tu_tmp("public", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_shared("models/stories260K/stories260K.gguf"), flm);
+    assert_int_equal(tu_run_cli(args, NULL), 0);
+    /* a probe file next to the model that cannot be used: the library must not read it unless asked */
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s.probe.json", flm);
+    tu_write_file(probe, "not json", 8);
+
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    p.mem_bytes = 1000 * 1024; /* below the 1.02 MiB model; uncalibrated: auto runs hybrid and says so */
+    log_seen seen = {0};
+    p.log = collect;
+    p.log_user = &seen;
+    flm_ctx *ctx = NULL;
+    flm_status st;
+    flm_error err;
+    char *out = open_quietly(flm, &p, &ctx, &st, &err);
+    if (st) fail_msg("open: %s", err.msg);
+    assert_string_equal(out, ""); /* nothing on stderr */
+    free(out);
+    assert_non_null(strstr(seen.all, "not calibrated, so it runs hybrid"));
+    assert_null(strstr(seen.all, "probe")); /* the file next to the model was not read */
+    assert_true(seen.n_warn >= 1);
+    flm_close(ctx);
+
+    /* named explicitly, the unusable file is reported through the callback, and the open still succeeds */
+    memset(&seen, 0, sizeof seen);
+    p.io_cost_path = probe;
+    out = open_quietly(flm, &p, &ctx, &st, &err);
+    if (st) fail_msg("open with io_cost_path: %s", err.msg);
+    assert_string_equal(out, "");
+    free(out);
+    assert_non_null(strstr(seen.all, probe));
+    assert_non_null(strstr(seen.all, "using the default I/O cost model"));
+    /* replaced after open: later messages go to the new callback (here: none) */
+    flm_set_log_callback(ctx, NULL, NULL);
+    const float *logits;
+    assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK);
+    flm_close(ctx);
+
+    /* no callback at all: still nothing on stderr */
+    p.log = NULL;
+    out = open_quietly(flm, &p, &ctx, &st, &err);
+    assert_int_equal(st, FLM_OK);
+    assert_string_equal(out, "");
+    free(out);
+    flm_close(ctx);
+    remove(probe);
+    remove(flm);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_version),
+        cmocka_unit_test(test_names_stay_inside),
+        cmocka_unit_test(test_log_callback_not_stderr),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
