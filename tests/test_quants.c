@@ -182,7 +182,9 @@ static void test_traits(void **state) {
         assert_non_null(vt);
         assert_true(vt->has_quantizer);
         assert_int_equal(vt->block_elems, want[i].be == 1 ? 1 : want[i].be);
-        assert_int_equal(flm_act_bytes(want[i].t, 4096), flm_row_bytes(want[i].vdt, 4096));
+        /* the q8_0 / q8_1 blocks are followed by their scales as float32 (d; and s for q8_1) */
+        size_t tail = want[i].vdt == FLM_TYPE_Q8_0 ? 4096 / 32 * 4 : want[i].vdt == FLM_TYPE_Q8_1 ? 4096 / 32 * 8 : 0;
+        assert_int_equal(flm_act_bytes(want[i].t, 4096), flm_row_bytes(want[i].vdt, 4096) + tail);
     }
     /* activation-only types: known by name and size, not loadable as tensors */
     assert_string_equal(flm_type_name(FLM_TYPE_Q8_1), "q8_1");
@@ -348,7 +350,10 @@ static void test_act_quantize_simd(void **state) {
     memset(x + 1024, 0, 256 * sizeof(float));
     static const uint32_t at[] = {FLM_TYPE_Q8_0, FLM_TYPE_Q8_1, FLM_TYPE_Q8_K};
     for (size_t i = 0; i < 3; i++) {
-        size_t bytes = flm_row_bytes(at[i], n);
+        /* the whole activation buffer (blocks, then the float scales of q8_0/q8_1), via a weight type using it */
+        static const uint32_t wt[] = {FLM_TYPE_Q4_0, FLM_TYPE_Q4_1, FLM_TYPE_Q4_K};
+        size_t bytes = flm_act_bytes(wt[i], n), rbytes = flm_row_bytes(at[i], n);
+        assert_true(bytes >= rbytes);
         uint8_t *qs = malloc(bytes), *qa = malloc(bytes), *qr = malloc(bytes);
         assert_true(qs && qa && qr);
         memset(qs, 0x5a, bytes);
@@ -362,7 +367,22 @@ static void test_act_quantize_simd(void **state) {
             fail_msg("%s: avx2 act_quantize differs from scalar at byte %zu (%u vs %u)", flm_type_name(at[i]), b,
                      qa[b], qs[b]);
         }
-        assert_memory_equal(qs, qr, bytes); /* the table's quantizer is flm_quantize_row's */
+        assert_memory_equal(qs, qr, rbytes); /* the table's quantizer writes flm_quantize_row's blocks */
+        if (at[i] != FLM_TYPE_Q8_K) { /* then the scales as float32 */
+            const size_t nb = n / 32, bb = flm_type_block_bytes(at[i]);
+            for (size_t b = 0; b < nb; b++) {
+                uint16_t d, sv;
+                float df, sf;
+                memcpy(&d, qs + b * bb, 2);
+                memcpy(&df, qs + rbytes + 4 * b, 4);
+                assert_true(df == flm_f16_to_f32(d));
+                if (at[i] == FLM_TYPE_Q8_1) {
+                    memcpy(&sv, qs + b * bb + 2, 2);
+                    memcpy(&sf, qs + rbytes + 4 * (nb + b), 4);
+                    assert_true(sf == flm_f16_to_f32(sv));
+                }
+            }
+        }
         if (at[i] == FLM_TYPE_Q8_0) { /* the ties went away from zero */
             const flm_block_q8_0 *b = (const flm_block_q8_0 *)qs;
             assert_int_equal(b[0].qs[0], 127);

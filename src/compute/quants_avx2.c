@@ -80,6 +80,14 @@ static inline __m128 sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 
+/* The same for four vectors of 16 int16 pair sums (maddubs results), when adding four of them cannot overflow
+ * int16 (|pair sum| <= 8191; the callers state their bound): two int16 levels (phaddw), then int32. */
+static inline __m128 sum4_i16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+    const __m256i w = _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
+
 /* four f16 values (a, b, c, d) as floats */
 static inline __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
     return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
@@ -87,75 +95,101 @@ static inline __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
 
 #define D4(p, i, f) f16x4(p[i].f, p[i + 1].f, p[i + 2].f, p[i + 3].f)
 
-/* The loop shared by the 32-element types: BLOCK(i) yields block i's 8 int32 lane products (__m256i). */
-#define VDOT32_LOOP(BLOCK)                                                                                        \
+/* four floats at an unaligned byte address */
+static inline __m128 ld4f(const uint8_t *p) { return _mm_castsi128_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* sum of the 8 int32 lanes of p */
+static inline int hsum_i32(__m256i p) {
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+    return _mm_cvtsi128_si32(q);
+}
+
+/* The loop shared by the 32-element types. PAIRS(i) yields block i's maddubs pair sums (16 int16); SUM4 reduces
+ * four of them (sum4_i16 when 8 pair sums fit int16, else the int32 path through dot lanes). ad: the activation
+ * scales as float32 (the buffer's tail). Leaves acc4 (4 partial sums) and tail (the last nb % 4 blocks). */
+#define VDOT32_LOOP(PAIRS, SUM4)                                                                                  \
     const size_t nb = n / 32;                                                                                     \
+    const uint8_t *ad = FLM_ACT_TAIL(xq, nb, *a);                                                                 \
     __m128 acc4 = _mm_setzero_ps();                                                                               \
     size_t i = 0;                                                                                                 \
     for (; i + 4 <= nb; i += 4) {                                                                                 \
-        const __m128 s4 = sum4_i32(BLOCK(i), BLOCK(i + 1), BLOCK(i + 2), BLOCK(i + 3));                           \
-        acc4 = _mm_fmadd_ps(_mm_mul_ps(D4(w, i, d), D4(a, i, d)), s4, acc4);                                      \
+        const __m128 s4 = SUM4(PAIRS(i), PAIRS(i + 1), PAIRS(i + 2), PAIRS(i + 3));                               \
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(D4(w, i, d), ld4f(ad + 4 * i)), s4, acc4);                                 \
     }                                                                                                             \
     float tail = 0.0f;                                                                                            \
-    for (; i < nb; i++) {                                                                                         \
-        const __m256i p = BLOCK(i);                                                                               \
-        __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));                     \
-        q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));                                                         \
-        q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));                                                         \
-        tail += h2f(w[i].d) * h2f(a[i].d) * (float)_mm_cvtsi128_si32(q);                                          \
-    }
+    for (; i < nb; i++)                                                                                           \
+        tail += h2f(w[i].d) * h2f(a[i].d) *                                                                       \
+                (float)hsum_i32(_mm256_madd_epi16(PAIRS(i), _mm256_set1_epi16(1)));
+
+/* int32 reduction of pair sums: the lanes are madd'ed first (for q8_0, whose pair sums reach 2 * 127 * 127) */
+#define SUM4_I32(p0, p1, p2, p3)                                                                                  \
+    sum4_i32(_mm256_madd_epi16(p0, ones16), _mm256_madd_epi16(p1, ones16), _mm256_madd_epi16(p2, ones16),       \
+             _mm256_madd_epi16(p3, ones16))
 
 static inline __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* maddubs of signed x and y: |x| times y with x's sign */
+static inline __m256i pairs_s8(__m256i x, __m256i y) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
 
 static float vdot_q8_0(const void *row, const void *xq, size_t n) {
     const flm_block_q8_0 *w = row;
     const flm_block_q8_0 *a = xq;
-#define B_Q8_0(k) dot_s8(ld256(w[k].qs), ld256(a[k].qs))
-    VDOT32_LOOP(B_Q8_0)
+    const __m256i ones16 = _mm256_set1_epi16(1);
+#define P_Q8_0(k) pairs_s8(ld256(w[k].qs), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q8_0, SUM4_I32)
     return hsum_ps128(acc4) + tail;
 }
 
+/* q4_0: |q - 8| <= 8, pair sums <= 2 * 8 * 127 = 2032 */
 static float vdot_q4_0(const void *row, const void *xq, size_t n) {
     const flm_block_q4_0 *w = row;
     const flm_block_q8_0 *a = xq;
     const __m256i eight = _mm256_set1_epi8(8);
-#define B_Q4_0(k) dot_s8(_mm256_sub_epi8(nibbles32(w[k].qs), eight), ld256(a[k].qs))
-    VDOT32_LOOP(B_Q4_0)
+#define P_Q4_0(k) pairs_s8(_mm256_sub_epi8(nibbles32(w[k].qs), eight), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q4_0, sum4_i16)
     return hsum_ps128(acc4) + tail;
 }
 
-/* q4_1 . q8_1: d_w d_a sum(q * qa) + m_w s_a (s_a = d_a * sum(qa), precomputed by the activation quantizer) */
+/* q4_1 . q8_1: d_w d_a sum(q * qa) + m_w s_a (s_a = d_a * sum(qa), precomputed by the activation quantizer);
+ * q <= 15, pair sums <= 2 * 15 * 127 = 3810 */
 static float vdot_q4_1(const void *row, const void *xq, size_t n) {
     const flm_block_q4_1 *w = row;
     const flm_block_q8_1 *a = xq;
-#define B_Q4_1(k) dot_us8(nibbles32(w[k].qs), ld256(a[k].qs))
-    VDOT32_LOOP(B_Q4_1)
+#define P_Q4_1(k) _mm256_maddubs_epi16(nibbles32(w[k].qs), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q4_1, sum4_i16)
+    const uint8_t *as = ad + 4 * nb; /* the s values follow the d values */
     __m128 ms4 = _mm_setzero_ps();
     size_t j = 0;
-    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), D4(a, j, s), ms4);
+    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), ld4f(as + 4 * j), ms4);
     for (; j < nb; j++) tail += h2f(w[j].m) * h2f(a[j].s);
     return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
 
-/* q5_0: q - 16 = nibble | (0xf0 where the fifth bit is clear), read as int8 */
+/* q5_0: q - 16 = nibble | (0xf0 where the fifth bit is clear), read as int8; |q - 16| <= 16, pair sums <= 4064 */
 static float vdot_q5_0(const void *row, const void *xq, size_t n) {
     const flm_block_q5_0 *w = row;
     const flm_block_q8_0 *a = xq;
     const __m256i f0 = _mm256_set1_epi8((char)0xf0);
-#define B_Q5_0(k) dot_s8(_mm256_or_si256(nibbles32(w[k].qs), _mm256_andnot_si256(bits32(w[k].qh), f0)), ld256(a[k].qs))
-    VDOT32_LOOP(B_Q5_0)
+#define P_Q5_0(k) pairs_s8(_mm256_or_si256(nibbles32(w[k].qs), _mm256_andnot_si256(bits32(w[k].qh), f0)), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q5_0, sum4_i16)
     return hsum_ps128(acc4) + tail;
 }
 
+/* q5_1: q <= 31, pair sums <= 2 * 31 * 127 = 7874: eight of them overflow int16, so the int32 path */
 static float vdot_q5_1(const void *row, const void *xq, size_t n) {
     const flm_block_q5_1 *w = row;
     const flm_block_q8_1 *a = xq;
-    const __m256i x10 = _mm256_set1_epi8(0x10);
-#define B_Q5_1(k) dot_us8(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
-    VDOT32_LOOP(B_Q5_1)
+    const __m256i x10 = _mm256_set1_epi8(0x10), ones16 = _mm256_set1_epi16(1);
+#define P_Q5_1(k) _mm256_maddubs_epi16(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q5_1, SUM4_I32)
+    const uint8_t *as = ad + 4 * nb;
     __m128 ms4 = _mm_setzero_ps();
     size_t j = 0;
-    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), D4(a, j, s), ms4);
+    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), ld4f(as + 4 * j), ms4);
     for (; j < nb; j++) tail += h2f(w[j].m) * h2f(a[j].s);
     return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
@@ -571,25 +605,35 @@ static inline float amax_n(const float *x, int n) {
     return hmax_ps(m);
 }
 
+/* 32-element activation buffers: the blocks, then their scales as float32 (kernels.h flm_act_bytes) */
 static void aq_q8_0(const float *x, void *dst, size_t n) {
     flm_block_q8_0 *y = dst;
-    for (size_t i = 0; i < n / 32; i++, x += 32) {
+    const size_t nb = n / 32;
+    uint8_t *tail = (uint8_t *)dst + nb * sizeof *y;
+    for (size_t i = 0; i < nb; i++, x += 32) {
         const float d = amax_n(x, 32) / 127.0f;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
+        const float df = _cvtsh_ss(y[i].d);
+        memcpy(tail + 4 * i, &df, 4);
         _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), NULL));
     }
 }
 
 static void aq_q8_1(const float *x, void *dst, size_t n) {
     flm_block_q8_1 *y = dst;
-    for (size_t i = 0; i < n / 32; i++, x += 32) {
+    const size_t nb = n / 32;
+    uint8_t *tail = (uint8_t *)dst + nb * sizeof *y;
+    for (size_t i = 0; i < nb; i++, x += 32) {
         const float d = amax_n(x, 32) / 127.0f;
         const float id = d ? 1.0f / d : 0.0f;
         int sum;
         _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), &sum));
         y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
         y[i].s = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+        const float df = _cvtsh_ss(y[i].d), sf = _cvtsh_ss(y[i].s);
+        memcpy(tail + 4 * i, &df, 4);
+        memcpy(tail + 4 * (nb + i), &sf, 4);
     }
 }
 
