@@ -41,8 +41,10 @@ static inline float hsum_ps128(__m128 s) {
 
 /* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (elements 16..31). */
 static inline __m256i nibbles32(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    /* both 128-bit halves hold the 16 bytes; the upper half's 64-bit lanes shift right by 4, so each byte's low
+     * nibble there is the high nibble of the same byte (the bits shifted in from the next byte are masked off) */
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i v = _mm256_srlv_epi64(b, _mm256_set_epi64x(4, 4, 0, 0));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
