@@ -183,7 +183,7 @@ static void test_traits(void **state) {
         assert_true(vt->has_quantizer);
         assert_int_equal(vt->block_elems, want[i].be == 1 ? 1 : want[i].be);
         /* the q8_0 / q8_1 blocks are followed by their scales as float32 (d; and s for q8_1) */
-        size_t tail = want[i].vdt == FLM_TYPE_Q8_0 ? 4096 / 32 * 4 : want[i].vdt == FLM_TYPE_Q8_1 ? 4096 / 32 * 8 : 0;
+        size_t tail = want[i].vdt == FLM_TYPE_Q8_0 || want[i].vdt == FLM_TYPE_Q8_1 ? 4096 / 32 * 8 : 0;
         assert_int_equal(flm_act_bytes(want[i].t, 4096), flm_row_bytes(want[i].vdt, 4096) + tail);
     }
     /* activation-only types: known by name and size, not loadable as tensors */
@@ -376,10 +376,15 @@ static void test_act_quantize_simd(void **state) {
                 memcpy(&d, qs + b * bb, 2);
                 memcpy(&df, qs + rbytes + 4 * b, 4);
                 assert_true(df == flm_f16_to_f32(d));
-                if (at[i] == FLM_TYPE_Q8_1) {
+                if (at[i] == FLM_TYPE_Q8_1) { /* then s */
                     memcpy(&sv, qs + b * bb + 2, 2);
                     memcpy(&sf, qs + rbytes + 4 * (nb + b), 4);
                     assert_true(sf == flm_f16_to_f32(sv));
+                } else { /* then sum(qs) */
+                    int32_t sum = 0, got;
+                    for (int j = 0; j < 32; j++) sum += (int8_t)qs[b * bb + 2 + j];
+                    memcpy(&got, qs + rbytes + 4 * (nb + b), 4);
+                    assert_int_equal(got, sum);
                 }
             }
         }

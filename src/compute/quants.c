@@ -545,7 +545,10 @@ static void aq_q8_0(const float *x, void *dst, size_t n) {
     uint8_t *tail = (uint8_t *)dst + nb * sizeof *b;
     for (size_t i = 0; i < nb; i++) {
         float d = h2f(b[i].d);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += b[i].qs[j];
         memcpy(tail + i * sizeof d, &d, sizeof d);
+        memcpy(tail + (nb + i) * sizeof sum, &sum, sizeof sum);
     }
 }
 

@@ -76,18 +76,18 @@ static inline __m256i dot_s8(__m256i x, __m256i y) {
  * sums, and the 4 scale products are formed in one vector (4 f16 -> f32 conversions in one instruction), which
  * halves the per-block scale work of a block-at-a-time loop.
  * ------------------------------------------------------------------------------------------------------------- */
-/* [sum(p0), sum(p1), sum(p2), sum(p3)] of four vectors of 8 int32, as floats */
-static inline __m128 sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+/* [sum(p0), sum(p1), sum(p2), sum(p3)] of four vectors of 8 int32 */
+static inline __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-    return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
 /* The same for four vectors of 16 int16 pair sums (maddubs results), when adding four of them cannot overflow
  * int16 (|pair sum| <= 8191; the callers state their bound): two int16 levels (phaddw), then int32. */
-static inline __m128 sum4_i16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+static inline __m128i sum4_i16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
     const __m256i w = _mm256_madd_epi16(h, _mm256_set1_epi16(1));
-    return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    return _mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
 }
 
 /* four f16 values (a, b, c, d) as floats */
@@ -97,8 +97,14 @@ static inline __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
 
 #define D4(p, i, f) f16x4(p[i].f, p[i + 1].f, p[i + 2].f, p[i + 3].f)
 
-/* four floats at an unaligned byte address */
+/* four floats / int32 at an unaligned byte address */
 static inline __m128 ld4f(const uint8_t *p) { return _mm_castsi128_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m128i ld4i(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+static inline int32_t ld1i(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 /* sum of the 8 int32 lanes of p */
 static inline int hsum_i32(__m256i p) {
@@ -109,21 +115,26 @@ static inline int hsum_i32(__m256i p) {
 }
 
 /* The loop shared by the 32-element types. PAIRS(i) yields block i's maddubs pair sums (16 int16); SUM4 reduces
- * four of them (sum4_i16 when 8 pair sums fit int16, else the int32 path through dot lanes). ad: the activation
- * scales as float32 (the buffer's tail). Leaves acc4 (4 partial sums) and tail (the last nb % 4 blocks). */
-#define VDOT32_LOOP(PAIRS, SUM4)                                                                                  \
+ * four of them to 4 int32 (sum4_i16 when four pair sums fit int16, else through int32 lanes); ADJ4(s4, i) and
+ * ADJ1(i) correct the integer sums of blocks i..i+3 / block i for an offset taken out of the weights (q4_0, q5_0:
+ * their unsigned values are dotted, and the offset times the activations' block sums subtracted, exactly). ad: the
+ * activation scales as float32 (the buffer's tail). Leaves acc4 (4 partial sums) and tail (the last nb % 4). */
+#define VDOT32_LOOP(PAIRS, SUM4, ADJ4, ADJ1)                                                                      \
     const size_t nb = n / 32;                                                                                     \
     const uint8_t *ad = FLM_ACT_TAIL(xq, nb, *a);                                                                 \
     __m128 acc4 = _mm_setzero_ps();                                                                               \
     size_t i = 0;                                                                                                 \
     for (; i + 4 <= nb; i += 4) {                                                                                 \
-        const __m128 s4 = SUM4(PAIRS(i), PAIRS(i + 1), PAIRS(i + 2), PAIRS(i + 3));                               \
-        acc4 = _mm_fmadd_ps(_mm_mul_ps(D4(w, i, d), ld4f(ad + 4 * i)), s4, acc4);                                 \
+        const __m128i s4 = ADJ4(SUM4(PAIRS(i), PAIRS(i + 1), PAIRS(i + 2), PAIRS(i + 3)), i);                    \
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(D4(w, i, d), ld4f(ad + 4 * i)), _mm_cvtepi32_ps(s4), acc4);               \
     }                                                                                                             \
     float tail = 0.0f;                                                                                            \
     for (; i < nb; i++)                                                                                           \
         tail += h2f(w[i].d) * h2f(a[i].d) *                                                                       \
-                (float)hsum_i32(_mm256_madd_epi16(PAIRS(i), _mm256_set1_epi16(1)));
+                (float)(hsum_i32(_mm256_madd_epi16(PAIRS(i), _mm256_set1_epi16(1))) + ADJ1(i));
+
+#define NO_ADJ4(s4, i) (s4)
+#define NO_ADJ1(i) 0
 
 /* int32 reduction of pair sums: the lanes are madd'ed first (for q8_0, whose pair sums reach 2 * 127 * 127) */
 #define SUM4_I32(p0, p1, p2, p3)                                                                                  \
@@ -142,17 +153,20 @@ static float vdot_q8_0(const void *row, const void *xq, size_t n) {
     const flm_block_q8_0 *a = xq;
     const __m256i ones16 = _mm256_set1_epi16(1);
 #define P_Q8_0(k) pairs_s8(ld256(w[k].qs), ld256(a[k].qs))
-    VDOT32_LOOP(P_Q8_0, SUM4_I32)
+    VDOT32_LOOP(P_Q8_0, SUM4_I32, NO_ADJ4, NO_ADJ1)
     return hsum_ps128(acc4) + tail;
 }
 
-/* q4_0: |q - 8| <= 8, pair sums <= 2 * 8 * 127 = 2032 */
+/* q4_0: sum((q - 8) qa) = sum(q qa) - 8 sum(qa), the block sums of qa from the activation buffer's tail (after the
+ * float scales). q <= 15: pair sums <= 2 * 15 * 127 = 3810 */
 static float vdot_q4_0(const void *row, const void *xq, size_t n) {
     const flm_block_q4_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const __m256i eight = _mm256_set1_epi8(8);
-#define P_Q4_0(k) pairs_s8(_mm256_sub_epi8(nibbles32(w[k].qs), eight), ld256(a[k].qs))
-    VDOT32_LOOP(P_Q4_0, sum4_i16)
+    const uint8_t *asum = FLM_ACT_TAIL(xq, n / 32, *a) + 4 * (n / 32);
+#define P_Q4_0(k) _mm256_maddubs_epi16(nibbles32(w[k].qs), ld256(a[k].qs))
+#define ADJ4_Q4_0(s4, k) _mm_sub_epi32(s4, _mm_slli_epi32(ld4i(asum + 4 * (k)), 3))
+#define ADJ1_Q4_0(k) (-8 * ld1i(asum + 4 * (k)))
+    VDOT32_LOOP(P_Q4_0, sum4_i16, ADJ4_Q4_0, ADJ1_Q4_0)
     return hsum_ps128(acc4) + tail;
 }
 
@@ -162,7 +176,7 @@ static float vdot_q4_1(const void *row, const void *xq, size_t n) {
     const flm_block_q4_1 *w = row;
     const flm_block_q8_1 *a = xq;
 #define P_Q4_1(k) _mm256_maddubs_epi16(nibbles32(w[k].qs), ld256(a[k].qs))
-    VDOT32_LOOP(P_Q4_1, sum4_i16)
+    VDOT32_LOOP(P_Q4_1, sum4_i16, NO_ADJ4, NO_ADJ1)
     const uint8_t *as = ad + 4 * nb; /* the s values follow the d values */
     __m128 ms4 = _mm_setzero_ps();
     size_t j = 0;
@@ -171,23 +185,27 @@ static float vdot_q4_1(const void *row, const void *xq, size_t n) {
     return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
 
-/* q5_0: q - 16 = nibble | (0xf0 where the fifth bit is clear), read as int8; |q - 16| <= 16, pair sums <= 4064 */
+/* q5_0: sum((q - 16) qa) = sum(q qa) - 16 sum(qa) with q = nibble | fifth bit << 4 <= 31: pair sums <= 7874,
+ * four of them 31496 < 32768 */
 static float vdot_q5_0(const void *row, const void *xq, size_t n) {
     const flm_block_q5_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const __m256i f0 = _mm256_set1_epi8((char)0xf0);
-#define P_Q5_0(k) pairs_s8(_mm256_or_si256(nibbles32(w[k].qs), _mm256_andnot_si256(bits32(w[k].qh), f0)), ld256(a[k].qs))
-    VDOT32_LOOP(P_Q5_0, sum4_i16)
+    const __m256i x10 = _mm256_set1_epi8(0x10);
+    const uint8_t *asum = FLM_ACT_TAIL(xq, n / 32, *a) + 4 * (n / 32);
+#define P_Q5_0(k) _mm256_maddubs_epi16(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
+#define ADJ4_Q5_0(s4, k) _mm_sub_epi32(s4, _mm_slli_epi32(ld4i(asum + 4 * (k)), 4))
+#define ADJ1_Q5_0(k) (-16 * ld1i(asum + 4 * (k)))
+    VDOT32_LOOP(P_Q5_0, sum4_i16, ADJ4_Q5_0, ADJ1_Q5_0)
     return hsum_ps128(acc4) + tail;
 }
 
-/* q5_1: q <= 31, pair sums <= 2 * 31 * 127 = 7874: eight of them overflow int16, so the int32 path */
+/* q5_1: q <= 31, pair sums <= 7874, four of them 31496 < 32768 */
 static float vdot_q5_1(const void *row, const void *xq, size_t n) {
     const flm_block_q5_1 *w = row;
     const flm_block_q8_1 *a = xq;
-    const __m256i x10 = _mm256_set1_epi8(0x10), ones16 = _mm256_set1_epi16(1);
+    const __m256i x10 = _mm256_set1_epi8(0x10);
 #define P_Q5_1(k) _mm256_maddubs_epi16(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
-    VDOT32_LOOP(P_Q5_1, SUM4_I32)
+    VDOT32_LOOP(P_Q5_1, sum4_i16, NO_ADJ4, NO_ADJ1)
     const uint8_t *as = ad + 4 * nb;
     __m128 ms4 = _mm_setzero_ps();
     size_t j = 0;
@@ -618,7 +636,9 @@ static void aq_q8_0(const float *x, void *dst, size_t n) {
         y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
         const float df = _cvtsh_ss(y[i].d);
         memcpy(tail + 4 * i, &df, 4);
-        _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), NULL));
+        int32_t sum;
+        _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), &sum));
+        memcpy(tail + 4 * (nb + i), &sum, 4);
     }
 }
 
