@@ -2,7 +2,7 @@
 # Install the Debian/Ubuntu packages flashlm builds against, if any is missing. Idempotent; uses sudo when not root.
 set -eu
 PKGS="build-essential cmake pkg-config libcmocka-dev libxxhash-dev liburing-dev libopenblas-dev liblapacke-dev
-      libcjson-dev libpcre2-dev python3 python3-pip"
+      libcjson-dev libpcre2-dev python3 python3-pip libzip-dev libssl-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -58,6 +58,7 @@ static double max_logit_error(flm_ctx *ctx) {
 static flm_ctx *open_flm(flm_mode mode, uint64_t mem, flm_status want, flm_error *err) {
     flm_params p;
     flm_params_default(&p);
+    p.kv_f32 = true; /* llama2.c computes attention in f32 */
     p.n_threads = 2;
     p.n_ctx = 128;
     p.mode = mode;
@@ -141,6 +142,7 @@ static void test_gguf_rejects_flash_options(void **state) {
     (void)state;
     flm_params p;
     flm_params_default(&p);
+    p.kv_f32 = true; /* llama2.c computes attention in f32 */
     p.mode = FLM_MODE_NAIVE;
     flm_ctx *ctx = NULL;
     flm_error err;
@@ -206,6 +208,7 @@ static void test_corrupt_files(void **state) {
             /* ram mode reads every FFN region at open: it checks them too */
             flm_params p;
             flm_params_default(&p);
+    p.kv_f32 = true; /* llama2.c computes attention in f32 */
             p.n_ctx = 16;
             p.mode = FLM_MODE_RAM;
             flm_ctx *ctx = NULL;

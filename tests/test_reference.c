@@ -49,6 +49,7 @@ static char *generate(flm_ctx *ctx, const char *prompt, int steps) {
 static flm_ctx *open_model(void) {
     flm_params p;
     flm_params_default(&p);
+    p.kv_f32 = true; /* llama2.c computes attention in f32 */
     p.n_threads = 2;
     flm_ctx *ctx = NULL;
     flm_error err;

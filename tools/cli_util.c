@@ -100,7 +100,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --verify-predictor  also compute the true active set and report recall and precision\n"
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
-    "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n";
+    "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
+    "      --kv-f32         f32 keys, values and attention weights (default: rounded to f16, as llama.cpp)\n";
 
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -109,6 +110,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
                  !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads") ||
                  !strcmp(a, "--window");
     if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
+    if (!strcmp(a, "--kv-f32")) { p->kv_f32 = true; return 1; }
     if (!strcmp(a, "--no-window")) { p->no_window = true; return 1; }
     if (!strcmp(a, "--no-bundle")) { p->no_bundle = true; return 1; }
     if (!strcmp(a, "--no-predictor")) { p->no_predictor = true; return 1; }
@@ -332,4 +334,10 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
         if (cli_gen_feed(g, &next, 1)) return 1;
     }
     return 0;
+}
+
+const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap) {
+    struct stat st;
+    if (!arg || stat(arg, &st) == 0 || !flm_pull_is_known(arg)) return arg;
+    return flm_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
 }

@@ -956,6 +956,8 @@ int cmd_bench(int argc, char **argv) {
 #undef NEEDVAL
     }
     if (!o.model) return cli_die("%s", "no model given: use -m MODEL (see flashlm bench --help)");
+    char model_buf[4096];
+    o.model = flm_cli_resolve_model(o.model, model_buf, sizeof model_buf);
     if (!flm_parse_mem(o.mem, &o.mem_bytes, &o.mem_pct)) return cli_die("bad --mem '%s'", o.mem);
     if (o.n_sweep_win && o.params.no_window)
         return cli_die("%s", "--sweep window contradicts --no-window (a window of 1 is --sweep window=1)");

@@ -71,6 +71,8 @@ int cmd_calibrate(int argc, char **argv) {
         } else return cli_die("unknown option '%s' (see flashlm calibrate --help)", a);
     }
     if (!model || !text) return cli_die("%s", "need MODEL.flm and --text FILE (see flashlm calibrate --help)");
+    char model_buf[4096];
+    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
     char *buf = cli_read_text(text);
     if (!buf) return 1;
     o.text = buf;

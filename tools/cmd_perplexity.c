@@ -44,6 +44,8 @@ int cmd_perplexity(int argc, char **argv) {
         } else return cli_die("unknown option '%s' (see flashlm perplexity --help)", a);
     }
     if (!model || !file) return cli_die("%s", "need -m MODEL and -f TEXT (see flashlm perplexity --help)");
+    char model_buf[4096];
+    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
     char *text = cli_read_text(file);
     if (!text) return 1;
     int chunk = p.n_ctx;

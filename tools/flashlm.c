@@ -87,7 +87,7 @@ static const char *RUN_HELP =
     "Generate text from a prompt.\n"
     "\n"
     "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
-    "                       weights from flash)\n"
+    "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token)\n";
 static const char *RUN_HELP_MORE =
@@ -138,6 +138,8 @@ static int cmd_run(int argc, char **argv) {
 #undef NEEDVAL
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
+    char model_buf[4096];
+    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
 
     flm_error err;
     flm_ctx *ctx = NULL;
@@ -233,6 +235,8 @@ static int cmd_inspect(int argc, char **argv) {
         fputs(INSPECT_HELP, argc == 1 ? stdout : stderr);
         return argc == 1 ? 0 : 2;
     }
+    char model_buf[4096];
+    argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
     flm_error err;
     flm_gguf_file *g = NULL;
     flm_file *ff = NULL;
@@ -333,7 +337,8 @@ static int cmd_convert(int argc, char **argv) {
         else { fputs(CONVERT_HELP, stderr); return 2; }
     }
     if (np != 2) { fputs(CONVERT_HELP, stderr); return 2; }
-    const char *src = paths[0], *dst = paths[1];
+    char model_buf[4096];
+    const char *src = flm_cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
     if (!cli_may_write(dst, force)) return 1;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", dst);
@@ -362,6 +367,8 @@ static const char *VERIFY_HELP =
 static int cmd_verify(int argc, char **argv) {
     if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(VERIFY_HELP, stdout); return 0; }
     if (argc != 1) { fputs(VERIFY_HELP, stderr); return 2; }
+    char model_buf[4096];
+    argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
     flm_error err;
     flm_file *f = NULL;
     if (flm_file_open(argv[0], &f, &err) || flm_file_verify(f, cli_progress, NULL, &err)) {
@@ -392,6 +399,7 @@ static const char *MAIN_HELP =
     "  bench      measure per-token latency of several modes side by side (the paper's tables)\n"
     "  synth      write a synthetic Llama-shaped GGUF of any size, for benchmarks (meaningless text)\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
+    "  pull       download a model by name (flashlm pull --list); any MODEL argument also takes a NAME\n"
     "  version    print the version\n";
 
 int main(int argc, char **argv) {
@@ -411,6 +419,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "probe-disk")) return cmd_probe(argc - 2, argv + 2);
     if (!strcmp(cmd, "synth")) return flm_cmd_synth(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
+    if (!strcmp(cmd, "pull")) return cmd_pull(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         const char *lib;
         int num = flm_version(&lib);

@@ -57,13 +57,14 @@ void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim
 }
 
 void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att, float *out, int n_threads) {
+                   uint32_t n_kv_heads, uint32_t head_dim, float scale, bool f16, float *att, float *out, int n_threads) {
     uint32_t group = n_heads / n_kv_heads;
     int nt = (n_threads > 1 && pos - first >= 64) ? n_threads : 1;
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int h = 0; h < (int)n_heads; h++) {
         float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
-        for (uint32_t i = 0; i < head_dim; i++) qh[i] = flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i]));
+        for (uint32_t i = 0; i < head_dim; i++)
+            qh[i] = f16 ? flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i])) : q[(size_t)h * head_dim + i];
         float *a = att + (size_t)h * c->n_ctx;
         size_t koff = (size_t)(h / group) * head_dim;
         for (uint32_t t = first; t <= pos; t++) {
@@ -73,7 +74,7 @@ void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t p
             a[t - first] = s * scale;
         }
         flm_softmax(a, pos - first + 1);
-        for (uint32_t t = 0; t <= pos - first; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
+        for (uint32_t t = 0; f16 && t <= pos - first; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
         float *o = out + (size_t)h * head_dim;
         memset(o, 0, head_dim * sizeof(float));
         for (uint32_t t = first; t <= pos; t++) {

@@ -31,12 +31,12 @@ float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,
               bool neox);
 
-/* out[n_heads*head_dim] = softmax(scale * q·K^T) V, with q and the softmax weights rounded to f16 as llama.cpp's CPU
- * path rounds them against its f16 KV cache (the forward pass stores f16-rounded K and V), so that greedy outputs
- * agree with llama.cpp's wherever the top two logits are not a near-tie; over positions first..pos of layer l (first = 0 for global
+/* out[n_heads*head_dim] = softmax(scale * q·K^T) V; with f16, q and the softmax weights are rounded to f16 as
+ * llama.cpp's CPU path rounds them against its f16 KV cache (the forward pass then stores f16-rounded K and V), so
+ * that greedy outputs agree with llama.cpp's wherever the top two logits are not a near-tie; over positions first..pos of layer l (first = 0 for global
  * attention; pos - n_swa + 1 for a sliding window of n_swa tokens), with query head h reading KV head
  * h / (n_heads / n_kv_heads). att is scratch of n_heads * n_ctx floats. */
 void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att, float *out, int n_threads);
+                   uint32_t n_kv_heads, uint32_t head_dim, float scale, bool f16, float *att, float *out, int n_threads);
 
 #endif

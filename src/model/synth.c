@@ -319,7 +319,7 @@ static void fwd_attend(fwd *f) {
     for (ptrdiff_t t = 0; t < T; t++) {
         float *score = f->score + (size_t)omp_get_thread_num() * f->n_heads * f->T;
         flm_attention(&f->kv, 0, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
-                      1.0f / sqrtf((float)f->head_dim), score, f->att + (size_t)t * f->q_dim, 1);
+                      1.0f / sqrtf((float)f->head_dim), false, score, f->att + (size_t)t * f->q_dim, 1);
     }
 }
 
@@ -985,6 +985,7 @@ static flm_status engine_diff(const char *path, const int32_t *tokens, uint32_t 
                               uint32_t n_vocab, int nt, double *out, bool *finite, flm_error *err) {
     flm_params prm;
     flm_params_default(&prm);
+    prm.kv_f32 = true; /* the check forward pass here is f32 throughout */
     prm.n_threads = nt;
     prm.n_ctx = (int)T;
     prm.mode = FLM_MODE_RAM;

@@ -82,13 +82,13 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
         flm_rope(s->q, hp->n_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
         flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
-        for (uint32_t i = 0; i < kv_dim; i++) { /* the KV cache holds f16 values, as llama.cpp's does */
+        for (uint32_t i = 0; !ctx->params.kv_f32 && i < kv_dim; i++) { /* f16 values, as llama.cpp's KV cache */
             kc[i] = flm_f16_to_f32(flm_f32_to_f16(kc[i]));
             vc[i] = flm_f16_to_f32(flm_f32_to_f16(vc[i]));
         }
         uint32_t first = L->swa && (uint32_t)pos >= hp->n_swa ? (uint32_t)pos - hp->n_swa + 1 : 0;
         flm_attention(&ctx->kv, l, first, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim,
-                      hp->attn_scale, s->att, s->xb, nt);
+                      hp->attn_scale, !ctx->params.kv_f32, s->att, s->xb, nt);
         flm_matvec(k, L->wo.type, L->wo.data, d, q_dim, s->xb, s->xb2, nt);
         residual(s->x, s->xb2, &L->post_attn_norm, d, hp->norm_eps);
         /* FFN */

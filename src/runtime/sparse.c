@@ -158,13 +158,14 @@ flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->window = k;
     for (uint32_t l = 0; l < L; l++) {
         uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, k, 0);
+        if (!fl->plan.budget) cap = F; /* no budget: every neuron fits */
         double need = 1.05 * sp->sp.layers[l].s_agg[0] * F; /* a mean token's predicted set, 5% margin */
         if (need > F) need = F;
         if (cap < need || cap == 0)
             return flm_fail(err, FLM_ERR_BUDGET, "%s: the memory budget leaves %.2f MiB per layer for the neuron "
-                            "cache: %u rows of %llu bytes, but layer %u predicts about %.0f active neurons per token; "
-                            "raise --mem", fl->file->path, (double)per_layer / 1048576.0, cap,
-                            (unsigned long long)fl->desc[l].record_bytes, l, sp->sp.layers[l].s_agg[0] * F);
+                            "cache: %u rows of %llu bytes, but layer %u predicts about %.0f active neurons per token and needs "
+                            "%.0f rows (5%% margin); raise --mem", fl->file->path, (double)per_layer / 1048576.0, cap,
+                            (unsigned long long)fl->desc[l].record_bytes, l, sp->sp.layers[l].s_agg[0] * F, need);
         if ((st = flm_ncache_create(F, fl->desc[l].record_bytes, cap, k, 0, &sp->cache[l], err))) return st;
         sp->cache_rows += cap;
     }
