@@ -72,9 +72,11 @@ static inline __m256i dot_s8(__m256i x, __m256i y) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * vec_dot, 32-element blocks. Four blocks at a time: their int32 lane sums are reduced to one vector of 4 block
- * sums, and the 4 scale products are formed in one vector (4 f16 -> f32 conversions in one instruction), which
- * halves the per-block scale work of a block-at-a-time loop.
+ * vec_dot, 32-element blocks. Four blocks at a time: their maddubs pair sums are reduced to one vector of 4 block
+ * sums (in int16 while that cannot overflow), and the 4 scale products are formed in one vector: the 4 weight
+ * scales in one f16 -> f32 conversion, the 4 activation scales in one load from the activation buffer's float
+ * tail (kernels.h flm_act_bytes). q4_0 and q5_0 dot their unsigned values and subtract offset * sum(qa) (also in
+ * the tail) from the exact integer sums, which spares the sign trick signed x signed needs.
  * ------------------------------------------------------------------------------------------------------------- */
 /* [sum(p0), sum(p1), sum(p2), sum(p3)] of four vectors of 8 int32 */
 static inline __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
