@@ -106,6 +106,38 @@ static void test_missing_required_key(void **state) {
     flm_gguf_close(src);
 }
 
+/* A copy of the model whose general.architecture is one flashlm does not know: the message names it and the ones
+ * flashlm runs. */
+static void test_unknown_architecture(void **state) {
+    (void)state;
+    flm_error err;
+    flm_gguf_file *src = NULL;
+    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    const char *out = tu_tmp("mamba", ".gguf");
+    flm_gguf_writer *w = NULL;
+    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_kv_str(w, "general.architecture", "mamba"), FLM_OK);
+    for (uint64_t i = 0; i < src->n_kv; i++)
+        if (strcmp(src->kv[i].key, "general.architecture"))
+            assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const flm_gguf_tensor *t = &src->tensors[i];
+        assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+    }
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++)
+        assert_int_equal(flm_gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_close(src);
+    char args[4096];
+    snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", out);
+    expect(args, 1, "architecture 'mamba' is not supported (supported: llama, qwen2, gemma3)");
+    snprintf(args, sizeof args, "convert '%s' '%s.flm' 2>&1", out, out);
+    expect(args, 1, "'mamba'");
+    remove(out);
+}
+
 static void test_inspect(void **state) {
     (void)state;
     char args[4096];
@@ -174,6 +206,7 @@ int main(void) {
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_missing_required_key),
         cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_unknown_architecture),
         cmocka_unit_test(test_byte_vocab_tokenizing),
         cmocka_unit_test(test_output_safety),
     };
