@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
 
 static const char *CAL_HELP =

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
 #include "format/gguf.h"
 #include "format/chat_template.h"

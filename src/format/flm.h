@@ -1,4 +1,5 @@
-/* flm.h — the .flm flash layout: reader, writer (`flashlm convert`) and verifier. Internal.
+/* flm.h — the .flm flash layout: reader, verifier and region replacement. Internal. The writer of whole files from
+ * GGUF (`flashlm convert`) is convert/convert.h; its building blocks are format/flm_write.h.
  * Specification: docs/FORMAT.md. Paper: row-column bundling (Knowl 4), resident attention/embeddings (Knowl 2).
  *
  *   [header]              magic, version, region table, checksum of the header; padded to a multiple of 4096
@@ -98,20 +99,5 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
  * onto path, so the file is valid and checksummed at every moment. Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has
  * no room for another region: convert again), errors of flm_file_open. */
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
-
-/* The type a down projection of type down_type is stored in, by columns, in the bundles: float types as they are
- * (exact); every quantized type as q8_0 along d_model. A quantized down matrix's blocks run along d_ffn, so a
- * neuron's column cannot be cut out of them; it is dequantized and requantized along d_model. q8_0 is chosen
- * because its error (1/254 of a block's largest magnitude) is far below that of the 4-6-bit source formats, so the
- * re-laid column adds almost nothing (measured: docs/FORMAT.md), and because its 32-element blocks fit every
- * d_model of the models we run (576, 640, 896: not multiples of the K-quants' 256). */
-uint32_t flm_down_column_type(uint32_t down_type);
-
-/* Convert a GGUF model (any architecture and tensor type flm_model_from_gguf accepts) into dst. Writes "<dst>.tmp", fsyncs and renames
- * it onto dst only when complete; on any error removes the temporary file and leaves dst untouched.
- * Down columns of quantized matrices are re-quantized along d_model (flm_down_column_type), which changes their
- * values slightly; float types are copied exactly.
- * Errors: those of flm_gguf_open and flm_model_from_gguf, FLM_ERR_IO (write), FLM_ERR_NOMEM. */
-flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err);
 
 #endif

@@ -1,5 +1,5 @@
 /* calibrate.c — record, decide the activation rule, train predictors, store them (docs/SPARSITY.md). */
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 
 #include <cblas.h>
 #include <errno.h>
