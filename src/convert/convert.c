@@ -100,7 +100,7 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
         for (uint32_t i = 0; i < n_ffn; i++) downT[(size_t)i * d + r_] = row[i];
     }
     *r = (flm_region){.kind = FLM_REGION_FFN, .layer = l, .offset = o->pos, .up_type = L->ffn_up.type,
-                      .gate_type = hp->gated ? L->ffn_gate.type : 0, .down_type = col_type,
+                      .gate_type = hp->gated ? L->ffn_gate.type : FLM_GATE_NONE, .down_type = col_type,
                       .n_records = n_ffn, .record_bytes = b.record_bytes};
     XXH64_reset(o->h, 0);
     uint64_t start = o->pos;

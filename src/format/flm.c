@@ -37,7 +37,7 @@ flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint3
     b.up_off = 0;
     b.up_bytes = flm_row_bytes(up_type, d_model);
     b.gate_off = b.up_bytes;
-    b.gate_bytes = gated ? flm_row_bytes(gate_type, d_model) : 0;
+    b.gate_bytes = gated && gate_type != FLM_GATE_NONE ? flm_row_bytes(gate_type, d_model) : 0;
     b.down_off = b.gate_off + b.gate_bytes;
     b.down_bytes = flm_row_bytes(down_type, d_model);
     b.record_bytes = b.down_off + b.down_bytes;
@@ -113,7 +113,7 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
                                 i, r->layer, n_layers);
             n_layers++;
             if (!flm_type_supported(r->up_type) || !flm_type_supported(r->down_type) ||
-                (r->gate_type && !flm_type_supported(r->gate_type)))
+                (r->gate_type != FLM_GATE_NONE && !flm_type_supported(r->gate_type)))
                 return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: FFN region of layer %u: unsupported tensor type",
                                 path, r->layer);
             if (r->n_records == 0 || r->record_bytes == 0 || r->record_bytes > (1ull << 32) ||

@@ -22,6 +22,8 @@
 #define FLM_HEADER_FIXED 64u       /* fixed part of the header; the region table follows */
 #define FLM_REGION_ENTRY_BYTES 64u
 #define FLM_MAX_REGIONS 65536u
+/* gate_type of an FFN region whose FFN has no gate projection (0 is FLM_TYPE_F32, a real gate type). */
+#define FLM_GATE_NONE 0xFFFFFFFFu
 
 typedef enum flm_region_kind {
     FLM_REGION_RESIDENT = 1,  /* a GGUF file: metadata, tokenizer, every non-FFN tensor */
@@ -37,7 +39,7 @@ typedef struct flm_region {
     uint64_t size;         /* payload bytes (the region is zero-padded to FLM_ALIGN after it) */
     uint64_t checksum;     /* XXH64(payload, size, seed 0) */
     uint32_t up_type;      /* FFN: flm_type of the up row, gate row, down column; 0 for RESIDENT */
-    uint32_t gate_type;
+    uint32_t gate_type;    /* FLM_GATE_NONE when the FFN has no gate (plain FFN: down(act(up x))) */
     uint32_t down_type;
     uint32_t n_records;    /* FFN: d_ffn */
     uint64_t record_bytes; /* FFN: bytes of one neuron's bundle */
@@ -51,7 +53,8 @@ typedef struct flm_bundle_layout {
     uint64_t record_bytes;
 } flm_bundle_layout;
 
-/* Layout of a record for d_model-wide rows of the given types. */
+/* Layout of a record for d_model-wide rows of the given types; gated false (or gate_type FLM_GATE_NONE): no gate row,
+ * gate_bytes 0. */
 flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint32_t gate_type, uint32_t down_type,
                                        bool gated);
 
