@@ -12,6 +12,7 @@
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
+#include "compute/act.h"
 
 void flm_calib_opts_default(flm_calib_opts *o) {
     memset(o, 0, sizeof *o);
@@ -32,8 +33,6 @@ static void tap(void *user, uint32_t layer, const float *x) {
     tap_data *t = user;
     memcpy(t->X[layer] + (size_t)t->cur * t->d_model, x, t->d_model * sizeof(float));
 }
-
-static float silu(float v) { return v / (1.0f + expf(-v)); }
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -172,7 +171,7 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
             for (size_t j = 0; j < nf; j++) active += (Y[j] = Z[j] > 0.0f);
         } else {
             S->rule = FLM_RULE_CATS;
-            for (size_t j = 0; j < nf; j++) mag[j] = fabsf(silu(Z[j]));
+            for (size_t j = 0; j < nf; j++) mag[j] = fabsf(flm_act_eval(FLM_ACT_SILU, Z[j]));
             float *sorted = Z; /* Z is not needed any more */
             memcpy(sorted, mag, nf * sizeof(float));
             size_t q = (size_t)((double)o->sparsity * (double)(nf - 1));

@@ -12,10 +12,9 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/types.h"
+#include "core/util.h"
 #include "format/flm_write.h"
 #include "model/model.h"
-
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 uint32_t flm_down_column_type(uint32_t down_type) {
     return flm_type_block_elems(down_type) > 1 ? FLM_TYPE_Q8_0 : down_type;
@@ -144,7 +143,7 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     uint32_t n_regions = 1 + hp->n_layers;
     flm_region *regions = calloc(n_regions, sizeof *regions);
     /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
-    uint32_t header_bytes = (uint32_t)align_up(FLM_HEADER_FIXED + (uint64_t)(n_regions + 1) * FLM_REGION_ENTRY_BYTES,
+    uint32_t header_bytes = (uint32_t)flm_align_up(FLM_HEADER_FIXED + (uint64_t)(n_regions + 1) * FLM_REGION_ENTRY_BYTES,
                                                FLM_ALIGN);
     uint8_t *hdr = calloc(header_bytes, 1);
     size_t max_rec = 0;

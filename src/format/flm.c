@@ -15,21 +15,7 @@
 #include "core/types.h"
 #include "core/error.h"
 #include "core/files.h"
-
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
+#include "core/util.h"
 
 flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint32_t gate_type, uint32_t down_type,
                                        bool gated) {
@@ -154,15 +140,15 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: bad magic (not a .flm file)", path);
         goto done;
     }
-    f->version = get_u32(fixed + 8);
+    f->version = flm_get_u32(fixed + 8);
     if (f->version != FLM_FILE_VERSION) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: header: version %u is not supported (this flashlm reads %u); "
                       "convert the model again", path, f->version, FLM_FILE_VERSION);
         goto done;
     }
-    f->n_regions = get_u32(fixed + 12);
-    uint64_t stored_size = get_u64(fixed + 16), header_sum = get_u64(fixed + 24);
-    f->header_bytes = get_u32(fixed + 32);
+    f->n_regions = flm_get_u32(fixed + 12);
+    uint64_t stored_size = flm_get_u64(fixed + 16), header_sum = flm_get_u64(fixed + 24);
+    f->header_bytes = flm_get_u32(fixed + 32);
     if (stored_size != f->file_size) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: file is %llu bytes but the header says %llu (truncated or "
                       "appended to)", path, (unsigned long long)f->file_size, (unsigned long long)stored_size);
@@ -170,8 +156,8 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
     }
     /* the header has room for its regions, and at most one spare entry (kept by convert for the predictor) */
     if (f->n_regions < 2 || f->n_regions > FLM_MAX_REGIONS ||
-        (f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)f->n_regions * FLM_REGION_ENTRY_BYTES, FLM_ALIGN) &&
-         f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)(f->n_regions + 1) * FLM_REGION_ENTRY_BYTES,
+        (f->header_bytes != flm_align_up(FLM_HEADER_FIXED + (uint64_t)f->n_regions * FLM_REGION_ENTRY_BYTES, FLM_ALIGN) &&
+         f->header_bytes != flm_align_up(FLM_HEADER_FIXED + (uint64_t)(f->n_regions + 1) * FLM_REGION_ENTRY_BYTES,
                                      FLM_ALIGN)) ||
         f->header_bytes > f->file_size) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: %u regions / header size %u are inconsistent", path,
@@ -189,16 +175,16 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
     for (uint32_t i = 0; i < f->n_regions; i++) {
         const uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
         flm_region *r = &f->regions[i];
-        r->kind = get_u32(e);
-        r->layer = get_u32(e + 4);
-        r->offset = get_u64(e + 8);
-        r->size = get_u64(e + 16);
-        r->checksum = get_u64(e + 24);
-        r->up_type = get_u32(e + 32);
-        r->gate_type = get_u32(e + 36);
-        r->down_type = get_u32(e + 40);
-        r->n_records = get_u32(e + 44);
-        r->record_bytes = get_u64(e + 48);
+        r->kind = flm_get_u32(e);
+        r->layer = flm_get_u32(e + 4);
+        r->offset = flm_get_u64(e + 8);
+        r->size = flm_get_u64(e + 16);
+        r->checksum = flm_get_u64(e + 24);
+        r->up_type = flm_get_u32(e + 32);
+        r->gate_type = flm_get_u32(e + 36);
+        r->down_type = flm_get_u32(e + 40);
+        r->n_records = flm_get_u32(e + 44);
+        r->record_bytes = flm_get_u64(e + 48);
     }
     if ((st = check_regions(f, err))) goto done;
     /* the resident region: into memory, checksummed, parsed as GGUF */
@@ -284,7 +270,7 @@ flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *er
 
 flm_status flm_out_pad(flm_out_file *o, flm_error *err) {
     static const uint8_t zeros[FLM_ALIGN];
-    uint64_t pad = align_up(o->pos, FLM_ALIGN) - o->pos;
+    uint64_t pad = flm_align_up(o->pos, FLM_ALIGN) - o->pos;
     XXH64_state_t *h = o->h;
     o->h = NULL; /* padding is not part of any checksum */
     flm_status st = flm_out_write(o, zeros, (size_t)pad, err);
@@ -296,25 +282,25 @@ void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *reg
                          uint64_t file_size) {
     memset(hdr, 0, header_bytes);
     memcpy(hdr, FLM_FILE_MAGIC, 8);
-    put_u32(hdr + 8, FLM_FILE_VERSION);
-    put_u32(hdr + 12, n_regions);
-    put_u64(hdr + 16, file_size);
-    put_u32(hdr + 32, header_bytes);
+    flm_put_u32(hdr + 8, FLM_FILE_VERSION);
+    flm_put_u32(hdr + 12, n_regions);
+    flm_put_u64(hdr + 16, file_size);
+    flm_put_u32(hdr + 32, header_bytes);
     for (uint32_t i = 0; i < n_regions; i++) {
         uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
         const flm_region *r = &regions[i];
-        put_u32(e, r->kind);
-        put_u32(e + 4, r->layer);
-        put_u64(e + 8, r->offset);
-        put_u64(e + 16, r->size);
-        put_u64(e + 24, r->checksum);
-        put_u32(e + 32, r->up_type);
-        put_u32(e + 36, r->gate_type);
-        put_u32(e + 40, r->down_type);
-        put_u32(e + 44, r->n_records);
-        put_u64(e + 48, r->record_bytes);
+        flm_put_u32(e, r->kind);
+        flm_put_u32(e + 4, r->layer);
+        flm_put_u64(e + 8, r->offset);
+        flm_put_u64(e + 16, r->size);
+        flm_put_u64(e + 24, r->checksum);
+        flm_put_u32(e + 32, r->up_type);
+        flm_put_u32(e + 36, r->gate_type);
+        flm_put_u32(e + 40, r->down_type);
+        flm_put_u32(e + 44, r->n_records);
+        flm_put_u64(e + 48, r->record_bytes);
     }
-    put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
+    flm_put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
 }
 
 flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err) {
@@ -371,7 +357,7 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
     for (uint32_t i = 0; i < f->n_regions; i++) {
         if (f->regions[i].kind == kind) continue;
         regions[n++] = f->regions[i];
-        uint64_t e = align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
+        uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
         if (e > end) end = e;
     }
     if (FLM_HEADER_FIXED + (uint64_t)(n + 1) * FLM_REGION_ENTRY_BYTES > f->header_bytes) {
@@ -380,7 +366,7 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
         goto done;
     }
     regions[n] = (flm_region){.kind = kind, .offset = end, .size = size, .checksum = XXH64(payload, size, 0)};
-    uint64_t file_size = align_up(end + size, FLM_ALIGN);
+    uint64_t file_size = flm_align_up(end + size, FLM_ALIGN);
     flm_build_header(hdr, f->header_bytes, regions, n + 1, file_size);
     if ((in = open(path, O_RDONLY)) < 0 || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", in < 0 ? path : tmp, strerror(errno));

@@ -5,8 +5,8 @@
 
 #include "runtime/runtime.h"
 #include "core/error.h"
+#include "core/util.h"
 
-static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
 
 uint64_t flm_mem_plan_total(const flm_mem_plan *p) {
     return p->resident + p->kv + p->scratch + p->reader + p->stream + p->ffn_resident + p->predictors + p->cache;
@@ -20,7 +20,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     p->resident = f->resident->size;
     uint64_t ffn_total = 0, max_layer = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) {
-        uint64_t b = align4k(f->ffn[l]->size);
+        uint64_t b = flm_align_up(f->ffn[l]->size, FLM_ALIGN);
         ffn_total += b;
         if (b > max_layer) max_layer = b;
     }
@@ -82,8 +82,8 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
         p->stream = max_layer;
         uint64_t used = 0;
         uint32_t n = 0;
-        while (n < f->n_layers && used + align4k(f->ffn[n]->size) + (n + 1 < f->n_layers ? max_layer : 0) <= avail) {
-            used += align4k(f->ffn[n]->size);
+        while (n < f->n_layers && used + flm_align_up(f->ffn[n]->size, FLM_ALIGN) + (n + 1 < f->n_layers ? max_layer : 0) <= avail) {
+            used += flm_align_up(f->ffn[n]->size, FLM_ALIGN);
             n++;
         }
         p->n_resident_layers = n;

@@ -10,6 +10,7 @@
 
 #include "runtime/runtime.h"
 #include "core/error.h"
+#include "core/util.h"
 
 void flm_params_default(flm_params *p) {
     memset(p, 0, sizeof *p);
@@ -19,12 +20,6 @@ void flm_params_default(flm_params *p) {
     p->mode = FLM_MODE_AUTO;
     p->io = FLM_IO_KIND_AUTO;
     p->io_threads = 32;
-}
-
-double flm_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid", "sparse"};

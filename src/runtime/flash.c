@@ -6,6 +6,7 @@
 #include "io/probe.h"
 #include "runtime/runtime.h"
 #include "core/error.h"
+#include "core/util.h"
 
 static void *alloc_aligned(uint64_t bytes) {
     void *p = NULL;
@@ -14,7 +15,6 @@ static void *alloc_aligned(uint64_t bytes) {
     return p;
 }
 
-static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
 
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
@@ -86,7 +86,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
         if (!(fl->layer_data[l] = alloc_aligned(r->size)))
             return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for layer %u", file->path,
                             (unsigned long long)r->size, l);
-        flm_extent e = {r->offset, align4k(r->size), fl->layer_data[l]};
+        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), fl->layer_data[l]};
         if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) return st;
         if (!flm_region_checksum_ok(r, fl->layer_data[l])) /* read whole anyway: checking costs ~1% of the read */
             return flm_fail(err, FLM_ERR_CHECKSUM, "%s: FFN region of layer %u: checksum mismatch (the file is corrupt)",
@@ -120,7 +120,7 @@ flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, 
     const uint8_t *records = fl->layer_data[l];
     if (!records) {
         /* the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
-        flm_extent e = {r->offset, align4k(r->size), fl->stream_buf};
+        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), fl->stream_buf};
         flm_io_stats before = ctx->io;
         double t0 = flm_now_ms();
         flm_status st = flm_reader_read(fl->reader, &e, 1, &ctx->io, err);

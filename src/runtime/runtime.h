@@ -8,6 +8,7 @@
 #include "format/flm.h"
 #include "io/reader.h"
 #include "model/model.h"
+#include "core/util.h"
 
 /* Scratch activations of one token (llama2.c's RunState, without the KV cache). */
 typedef struct flm_scratch {
@@ -89,8 +90,6 @@ struct flm_ctx {
     void (*ffn_tap)(void *user, uint32_t layer, const float *x);
     void *tap_user;
 };
-
-double flm_now_ms(void);
 
 /* Bytes of scratch for these hyper-parameters and context length. */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx);

@@ -8,9 +8,11 @@
 
 #include "cache/neuron_cache.h"
 #include "core/types.h"
+#include "core/util.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
+#include "compute/act.h"
 
 struct flm_sparse {
     flm_sparsity sp;          /* rules, thresholds, predictors (the PREDICTOR region) */
@@ -181,7 +183,7 @@ static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *
     size_t rb = flm_row_bytes(t, b->d_model);
     for (uint32_t i = 0; i < F; i++) {
         float g = ctx->k->dot[t](sp->gate[l] + i * rb, x, b->d_model);
-        bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(g / (1.0f + expf(-g))) > S->threshold;
+        bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(flm_act_eval(FLM_ACT_SILU, g)) > S->threshold;
         if (on) ids[n++] = i;
     }
     return n;
