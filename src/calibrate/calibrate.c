@@ -103,7 +103,11 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     float *W = NULL, *Z = NULL, *mag = NULL;
     uint8_t *Y = NULL, *region = NULL;
     const flm_hparams *hp = &ctx->model->hp;
-    if (!ctx->flash) { st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path); goto done; }
+    const flm_bundle_desc *b0 = NULL;
+    if (!flm_ffn_resident_records(ctx, 0, &b0)) { /* a GGUF has no bundles */
+        st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
+        goto done;
+    }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
     /* 1. record the FFN inputs of every layer on the text */
     size_t n_tok = 0;
@@ -125,8 +129,7 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
             st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs", n, L);
             goto done;
         }
-    ctx->ffn_tap = tap;
-    ctx->tap_user = &td;
+    flm_set_ffn_tap(ctx, tap, &td);
     int32_t bos = flm_tokenizer_bos(ctx->model->tok);
     for (uint32_t t = 0; t < n; t++) {
         uint32_t pos = t % o->chunk;
@@ -136,7 +139,7 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
         if ((st = flm_eval(ctx, tok, (int32_t)pos, &logits, err))) goto done;
         if (o->progress && (t + 1) % o->chunk == 0) o->progress(o->user, "recording tokens", t + 1, n);
     }
-    ctx->ffn_tap = NULL;
+    flm_set_ffn_tap(ctx, NULL, NULL);
     /* 2. per layer: activations, rule, predictor, aggregation statistics */
     sp.n_layers = L;
     sp.target_sparsity = hp->act == FLM_ACT_RELU ? 0.0f : o->sparsity;
@@ -154,8 +157,9 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     if (rank_last > maxr) rank_last = maxr;
     for (uint32_t l = 0; l < L; l++) {
         flm_layer_sparsity *S = &sp.layers[l];
-        const flm_bundle_desc *b = &ctx->flash->desc[l];
-        const uint8_t *rec = ctx->flash->layer_data[l];
+        const flm_bundle_desc *b = NULL;
+        const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
+        if (!rec) { st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u's FFN is not in memory", path, l); goto done; }
         uint32_t wt = b->gated ? b->gate_type : b->up_type;
         uint64_t woff = b->gated ? b->gate_off : b->up_off;
         for (uint32_t i = 0; i < F; i++)

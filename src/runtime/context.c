@@ -137,6 +137,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         }
         if ((st = flm_model_from_gguf(f, &ctx->model, err))) { free(ctx); return st; }
         ctx->mem_resident = f->size;
+        ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
     }
     const flm_hparams *hp = &ctx->model->hp;
     uint32_t n_ctx = (uint32_t)p->n_ctx;
@@ -177,6 +178,11 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     return FLM_OK;
 }
 
+void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user) {
+    ctx->ffn_tap = fn;
+    ctx->tap_user = fn ? user : NULL;
+}
+
 void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
     if (!ctx) return;
     ctx->log = (flm_logger){fn, user};
@@ -186,6 +192,7 @@ void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
 
 void flm_close(flm_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->ffn) ctx->ffn->close(ctx);
     flm_flash_close(ctx->flash);
     flm_scratch_free(&ctx->s);
     flm_kv_cache_free(&ctx->kv);
