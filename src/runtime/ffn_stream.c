@@ -37,14 +37,15 @@ static flm_status hybrid_plan(const flm_file *f, const flm_hparams *hp, uint32_t
     return FLM_OK;
 }
 
-/* state: the layer buffer (plan.stream bytes, aligned for O_DIRECT), or NULL when every layer is resident */
+/* state: the layer buffer (plan.stream bytes, aligned for O_DIRECT, carved from fl->ffn_mem after the resident
+ * layers), or NULL when every layer is resident */
 static flm_status stream_open(flm_ctx *ctx, flm_error *err) {
     flm_flash *fl = ctx->flash;
     flm_status st = flm_flash_load_layers(ctx, fl->plan.n_resident_layers, err);
     if (st) return st;
-    if (fl->plan.stream && !(ctx->ffn_state = flm_alloc_aligned(fl->plan.stream)))
-        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate the %llu-byte layer buffer", fl->file->path,
-                        (unsigned long long)fl->plan.stream);
+    if (fl->plan.stream && !(ctx->ffn_state = flm_arena_alloc(&fl->ffn_mem, fl->plan.stream, FLM_ALIGN)))
+        return flm_fail(err, FLM_ERR_BUDGET, "%s: the %llu-byte layer buffer exceeds the FFN storage planned",
+                        fl->file->path, (unsigned long long)fl->plan.stream);
     return FLM_OK;
 }
 
@@ -69,10 +70,7 @@ static flm_status stream_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     return FLM_OK;
 }
 
-static void stream_close(flm_ctx *ctx) {
-    free(ctx->ffn_state);
-    ctx->ffn_state = NULL;
-}
+static void stream_close(flm_ctx *ctx) { ctx->ffn_state = NULL; } /* the buffer is part of ctx->flash->ffn_mem */
 
 const flm_ffn_source_ops flm_ffn_naive = {"naive", naive_plan, stream_open, stream_compute, stream_close};
 const flm_ffn_source_ops flm_ffn_hybrid = {"hybrid", hybrid_plan, stream_open, stream_compute, stream_close};

@@ -9,14 +9,6 @@
 #include "core/error.h"
 #include "core/util.h"
 
-void *flm_alloc_aligned(uint64_t bytes) {
-    void *p = NULL;
-    if (bytes == 0) bytes = FLM_ALIGN;
-    if (posix_memalign(&p, FLM_ALIGN, (size_t)flm_align_up(bytes, FLM_ALIGN))) return NULL;
-    return p;
-}
-
-
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
@@ -88,11 +80,16 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
 flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err) {
     flm_flash *fl = ctx->flash;
     const flm_file *file = fl->file;
+    uint64_t planned = fl->plan.ffn_resident + fl->plan.stream;
+    if (!fl->ffn_mem.base && planned && flm_arena_init(&fl->ffn_mem, planned))
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate the %llu bytes of FFN storage", file->path,
+                        (unsigned long long)planned);
     for (uint32_t l = 0; l < n; l++) {
         const flm_region *r = file->ffn[l];
-        if (!(fl->layer_data[l] = flm_alloc_aligned(r->size)))
-            return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for layer %u", file->path,
-                            (unsigned long long)r->size, l);
+        if (!(fl->layer_data[l] = flm_arena_alloc(&fl->ffn_mem, flm_align_up(r->size, FLM_ALIGN), FLM_ALIGN)))
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: layer %u's FFN region (%llu bytes) exceeds the %llu bytes "
+                            "planned for FFN storage", file->path, l, (unsigned long long)r->size,
+                            (unsigned long long)planned);
         flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), fl->layer_data[l]};
         flm_status st = flm_reader_read(fl->reader, &e, 1, NULL, err);
         if (st) return st;
@@ -112,8 +109,7 @@ void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const f
 void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
     flm_reader_close(fl->reader);
-    if (fl->layer_data && fl->file)
-        for (uint32_t l = 0; l < fl->file->n_layers; l++) free(fl->layer_data[l]);
+    flm_arena_free(&fl->ffn_mem); /* every layer_data[l] */
     free(fl->layer_data);
     free(fl->desc);
     free(fl->acc);

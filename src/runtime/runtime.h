@@ -5,6 +5,7 @@
 #include "compute/attention.h"
 #include "compute/kernels.h"
 #include "compute/ffn_bundle.h"
+#include "core/arena.h"
 #include "format/flm.h"
 #include "io/reader.h"
 #include "model/model.h"
@@ -63,6 +64,9 @@ typedef struct flm_flash {
     flm_mem_plan plan;
     flm_bundle_desc *desc;    /* [n_layers] */
     uint8_t **layer_data;     /* [n_layers]: the layer's FFN records in memory (ram, hybrid's first layers), or NULL */
+    flm_arena ffn_mem;        /* the FFN storage of ram / naive / hybrid, one block of plan.ffn_resident + plan.stream
+                                 bytes: the resident layers and the stream buffer are carved from it, so they cannot
+                                 outgrow the plan */
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
 } flm_flash;
 
@@ -70,13 +74,13 @@ typedef struct flm_flash {
  * sparse source whose caches do not fit falls back to hybrid. Errors: those of the plan and of the source's open. */
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err);
 void flm_flash_close(flm_flash *fl);
-/* Read the FFN regions of layers [0, n) into fl->layer_data (4 KiB-aligned, checksummed), through the reader; not
- * counted in the statistics (load time). Errors: FLM_ERR_NOMEM, FLM_ERR_IO, FLM_ERR_CHECKSUM naming the layer. */
+/* Allocate fl->ffn_mem (plan.ffn_resident + plan.stream bytes) when not yet done, then read the FFN regions of layers
+ * [0, n) into fl->layer_data carved from it (4 KiB-aligned, checksummed), through the reader; not counted in the
+ * statistics (load time). Errors: FLM_ERR_NOMEM, FLM_ERR_BUDGET (the regions exceed the plan: a planning bug),
+ * FLM_ERR_IO, FLM_ERR_CHECKSUM naming the layer. */
 flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err);
 /* The FFN of layer l from records in memory (n_records bundles). */
 void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out);
-/* posix_memalign'd to FLM_ALIGN, bytes rounded up to FLM_ALIGN (at least FLM_ALIGN); NULL when out of memory. */
-void *flm_alloc_aligned(uint64_t bytes);
 
 /* The FFN tap: called by the forward pass with each layer's FFN input x[d_model] (the normed residual), before the
  * FFN runs. `flashlm calibrate` records these inputs. */
