@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
 #include "model/synth.h"
 #include "testutil.h"

@@ -10,8 +10,9 @@
 #include <unistd.h>
 
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
 #include "testutil.h"
 

@@ -14,10 +14,11 @@
 #include <unistd.h>
 
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
 #include "io/reader.h"
 #include "runtime/runtime.h"
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
 #include "testutil.h"
 

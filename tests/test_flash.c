@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
 #include "testutil.h"
 

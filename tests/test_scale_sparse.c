@@ -1,7 +1,7 @@
 /* test_scale_sparse.c — on the synthetic ReLU model (scale_common.h) the predictor learns the synthetic activations
  * (recall stated below), and the sparse mode reads far less than naive within its budget. */
 #include "scale_common.h"
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
 
 /* Bytes naive mode reads per token: every layer's FFN region, 4 KiB-aligned (test_flash checks the engine reads

@@ -9,8 +9,9 @@
 #include "compute/ffn_bundle.h"
 #include "compute/kernels.h"
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
 #include "testutil.h"
 

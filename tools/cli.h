@@ -5,7 +5,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-double cli_now_ms(void);
 double cli_mib(uint64_t bytes);
 /* Print "flashlm: <fmt with a>" to stderr; returns 2 (usage error exit status). */
 int cli_die(const char *fmt, const char *a);
@@ -42,6 +41,7 @@ extern const char *CLI_MODEL_OPTS_HELP;
 /* ---- generation and chat, shared by run and chat ---------------------------------------------------------------- */
 #include <stddef.h>
 #include "flashlm.h"
+#include "core/util.h"
 struct flm_tokenizer;
 struct flm_gguf_file;
 struct flm_chat_template;

@@ -14,11 +14,6 @@
 #include "format/tokenizer.h"
 #include "runtime/runtime.h"
 
-double cli_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 double cli_mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 

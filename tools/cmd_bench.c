@@ -199,11 +199,11 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     sp.temp = 0;
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     const float *logits = NULL;
-    double t0 = cli_now_ms();
+    double t0 = flm_now_ms();
     int pos = 0;
     for (; pos < n_prompt; pos++)
         if (flm_eval(ctx, ids[pos], pos, &logits, &err)) goto fail;
-    r->prompt_ms = cli_now_ms() - t0;
+    r->prompt_ms = flm_now_ms() - t0;
     flm_reset_stats(ctx);
     int32_t tok = flm_sampler_sample(smp, logits);
     for (int i = 0; i < n_gen; i++, pos++) {

@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
 
 static const char *CAL_HELP =
@@ -82,14 +82,14 @@ int cmd_calibrate(int argc, char **argv) {
     cli_remove_on_signal(tmp);
     flm_error err;
     flm_sparsity rep;
-    double t0 = cli_now_ms();
+    double t0 = flm_now_ms();
     if (flm_calibrate(model, &o, &rep, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         free(buf);
         return 1;
     }
     free(buf);
-    printf("\n%s calibrated in %.1f s (%s)\n\n", model, (cli_now_ms() - t0) / 1e3,
+    printf("\n%s calibrated in %.1f s (%s)\n\n", model, (flm_now_ms() - t0) / 1e3,
            rep.layers[0].rule == FLM_RULE_RELU ? "ReLU: active = activation > 0"
                                                : "SiLU/CATS: active = |silu(gate.x)| > threshold");
     printf("| layer | rank | threshold | active (true) | predicted | recall | precision | s_agg(1) | s_agg(4) | "

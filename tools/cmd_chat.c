@@ -199,20 +199,20 @@ int cmd_chat(int argc, char **argv) {
             refused = true;
             continue;
         }
-        double t0 = cli_now_ms();
+        double t0 = flm_now_ms();
         int32_t pos0 = gen.pos;
         int bad = cli_gen_feed(&gen, ids, n_ids);
         free(ids);
         if (!bad && !cli_buf_add(&done, text + from, text_len - from)) bad = -1;
         free(text);
         if (bad) { if (bad < 0) goto oom; rc = 1; break; }
-        double t1 = cli_now_ms();
+        double t1 = flm_now_ms();
         n_prompt_tok += n_ids;
         ms_prompt += t1 - t0;
         size_t reply_from = done.len;
         cli_reply r;
         if (cli_gen_reply(&gen, n_predict, true, &done, &r)) { rc = 1; break; }
-        ms_gen += cli_now_ms() - t1;
+        ms_gen += flm_now_ms() - t1;
         n_gen_tok += (uint64_t)r.n_gen;
         n_turns++;
         printf("\n");

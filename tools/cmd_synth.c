@@ -177,14 +177,14 @@ int flm_cmd_synth(int argc, char **argv) {
             "rank %u, seed %" PRIu64 ": %.2f MiB of weights (random: the text it produces is meaningless)\n", out,
             p.d_model, p.d_ffn, p.n_layers, p.n_heads, p.n_kv_heads, p.n_vocab, flm_type_name(p.type),
             p.act == FLM_ACT_RELU ? "relu" : "silu", p.active, p.rank, p.seed, cli_mib(bytes));
-    double t0 = cli_now_ms();
+    double t0 = flm_now_ms();
     if (!cli_may_write(out, force)) return 1;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     cli_remove_on_signal(tmp);
     if (flm_synth_write(out, &p, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_remove_on_signal(NULL);
-    double s = (cli_now_ms() - t0) / 1e3;
+    double s = (flm_now_ms() - t0) / 1e3;
     fprintf(stderr, "flashlm: wrote %s in %.1f s (%.0f MiB/s)\n", out, s, s > 0 ? cli_mib(bytes) / s : 0.0);
     if (check) {
         flm_synth_activity act;

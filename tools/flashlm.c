@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "flashlm.h"
+#include "convert/convert.h"
 #include "format/flm.h"
 #include "format/gguf.h"
 #include "format/chat_template.h"
@@ -143,10 +144,10 @@ static int cmd_run(int argc, char **argv) {
 
     flm_error err;
     flm_ctx *ctx = NULL;
-    double t0 = cli_now_ms();
+    double t0 = flm_now_ms();
     cli_env_params(&params, model);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    double t_load = cli_now_ms() - t0;
+    double t_load = flm_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
 
@@ -195,15 +196,15 @@ static int cmd_run(int argc, char **argv) {
     memset(&prompt_stats, 0, sizeof prompt_stats);
     cli_gen gen = {.ctx = ctx, .smp = smp, .tok = cli_tokenizer(ctx), .n_ctx = info.n_ctx, .last = -1};
     cli_reply reply = {0};
-    double t1 = cli_now_ms();
+    double t1 = flm_now_ms();
     if (cli_gen_feed(&gen, ids, n_prompt)) rc = 1;
-    double t = cli_now_ms();
+    double t = flm_now_ms();
     t_prompt = t - t1;
     t1 = t;
     flm_get_stats(ctx, &prompt_stats);
     if (!rc && cli_gen_reply(&gen, n_predict, false, NULL, &reply)) rc = 1;
     long n_gen = reply.n_gen;
-    t_gen = cli_now_ms() - t1;
+    t_gen = flm_now_ms() - t1;
     printf("\n");
     fflush(stdout);
     fprintf(stderr, "\nflashlm: model %s (%s, %u layers, d_model %u, d_ffn %u), kernels %s, %d threads, load %.1f ms\n",
@@ -344,7 +345,7 @@ static int cmd_convert(int argc, char **argv) {
     snprintf(tmp, sizeof tmp, "%s.tmp", dst);
     cli_remove_on_signal(tmp);
     flm_error err;
-    double t0 = cli_now_ms();
+    double t0 = flm_now_ms();
     if (flm_convert(src, dst, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_remove_on_signal(NULL);
     flm_file *f = NULL;
@@ -352,7 +353,7 @@ static int cmd_convert(int argc, char **argv) {
     uint64_t ffn = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
     fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes)\n", dst, (cli_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
+            "records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
             cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
             f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
     flm_file_close(f);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/util.h"
 
 struct flm_ncache {
     uint32_t d_ffn;
@@ -62,7 +63,7 @@ static bool plan_sizes(uint32_t d_ffn, uint64_t record_bytes, uint32_t capacity,
     z->slot = z->max_set < z->capacity ? z->max_set : z->capacity;
 
     if (record_bytes > (UINT64_MAX - FLM_NCACHE_ALIGN) / z->capacity) return false;
-    z->matrix_bytes = (z->capacity * record_bytes + FLM_NCACHE_ALIGN - 1) / FLM_NCACHE_ALIGN * FLM_NCACHE_ALIGN;
+    z->matrix_bytes = flm_align_up(z->capacity * record_bytes, FLM_NCACHE_ALIGN);
 
     /* The metadata block: the pointer array first (8-byte alignment), then 4-byte arrays. Every term below is at
      * most 16 * 2^32 except the ring, which is checked. */

@@ -1,5 +1,7 @@
-/* flm.c — the .flm flash layout (docs/FORMAT.md): open/validate, verify, convert from GGUF. */
+/* flm.c — the .flm flash layout (docs/FORMAT.md): open/validate, verify, the header writer, region replacement.
+ * Converting a GGUF model into this layout is convert/convert.c. */
 #include "format/flm.h"
+#include "format/flm_write.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,26 +12,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "compute/kernels.h"
 #include "core/types.h"
-#include "model/model.h"
 #include "core/error.h"
 #include "core/files.h"
-
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
+#include "core/util.h"
 
 flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint32_t gate_type, uint32_t down_type,
                                        bool gated) {
@@ -37,7 +23,7 @@ flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint3
     b.up_off = 0;
     b.up_bytes = flm_row_bytes(up_type, d_model);
     b.gate_off = b.up_bytes;
-    b.gate_bytes = gated ? flm_row_bytes(gate_type, d_model) : 0;
+    b.gate_bytes = gated && gate_type != FLM_GATE_NONE ? flm_row_bytes(gate_type, d_model) : 0;
     b.down_off = b.gate_off + b.gate_bytes;
     b.down_bytes = flm_row_bytes(down_type, d_model);
     b.record_bytes = b.down_off + b.down_bytes;
@@ -113,7 +99,7 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
                                 i, r->layer, n_layers);
             n_layers++;
             if (!flm_type_supported(r->up_type) || !flm_type_supported(r->down_type) ||
-                (r->gate_type && !flm_type_supported(r->gate_type)))
+                (r->gate_type != FLM_GATE_NONE && !flm_type_supported(r->gate_type)))
                 return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: FFN region of layer %u: unsupported tensor type",
                                 path, r->layer);
             if (r->n_records == 0 || r->record_bytes == 0 || r->record_bytes > (1ull << 32) ||
@@ -154,15 +140,15 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: bad magic (not a .flm file)", path);
         goto done;
     }
-    f->version = get_u32(fixed + 8);
+    f->version = flm_get_u32(fixed + 8);
     if (f->version != FLM_FILE_VERSION) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: header: version %u is not supported (this flashlm reads %u); "
                       "convert the model again", path, f->version, FLM_FILE_VERSION);
         goto done;
     }
-    f->n_regions = get_u32(fixed + 12);
-    uint64_t stored_size = get_u64(fixed + 16), header_sum = get_u64(fixed + 24);
-    f->header_bytes = get_u32(fixed + 32);
+    f->n_regions = flm_get_u32(fixed + 12);
+    uint64_t stored_size = flm_get_u64(fixed + 16), header_sum = flm_get_u64(fixed + 24);
+    f->header_bytes = flm_get_u32(fixed + 32);
     if (stored_size != f->file_size) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: file is %llu bytes but the header says %llu (truncated or "
                       "appended to)", path, (unsigned long long)f->file_size, (unsigned long long)stored_size);
@@ -170,8 +156,8 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
     }
     /* the header has room for its regions, and at most one spare entry (kept by convert for the predictor) */
     if (f->n_regions < 2 || f->n_regions > FLM_MAX_REGIONS ||
-        (f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)f->n_regions * FLM_REGION_ENTRY_BYTES, FLM_ALIGN) &&
-         f->header_bytes != align_up(FLM_HEADER_FIXED + (uint64_t)(f->n_regions + 1) * FLM_REGION_ENTRY_BYTES,
+        (f->header_bytes != flm_align_up(FLM_HEADER_FIXED + (uint64_t)f->n_regions * FLM_REGION_ENTRY_BYTES, FLM_ALIGN) &&
+         f->header_bytes != flm_align_up(FLM_HEADER_FIXED + (uint64_t)(f->n_regions + 1) * FLM_REGION_ENTRY_BYTES,
                                      FLM_ALIGN)) ||
         f->header_bytes > f->file_size) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: %u regions / header size %u are inconsistent", path,
@@ -189,16 +175,16 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
     for (uint32_t i = 0; i < f->n_regions; i++) {
         const uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
         flm_region *r = &f->regions[i];
-        r->kind = get_u32(e);
-        r->layer = get_u32(e + 4);
-        r->offset = get_u64(e + 8);
-        r->size = get_u64(e + 16);
-        r->checksum = get_u64(e + 24);
-        r->up_type = get_u32(e + 32);
-        r->gate_type = get_u32(e + 36);
-        r->down_type = get_u32(e + 40);
-        r->n_records = get_u32(e + 44);
-        r->record_bytes = get_u64(e + 48);
+        r->kind = flm_get_u32(e);
+        r->layer = flm_get_u32(e + 4);
+        r->offset = flm_get_u64(e + 8);
+        r->size = flm_get_u64(e + 16);
+        r->checksum = flm_get_u64(e + 24);
+        r->up_type = flm_get_u32(e + 32);
+        r->gate_type = flm_get_u32(e + 36);
+        r->down_type = flm_get_u32(e + 40);
+        r->n_records = flm_get_u32(e + 44);
+        r->record_bytes = flm_get_u64(e + 48);
     }
     if ((st = check_regions(f, err))) goto done;
     /* the resident region: into memory, checksummed, parsed as GGUF */
@@ -274,14 +260,7 @@ done:
 
 /* ---- writing ------------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    FILE *fp;
-    const char *path;
-    uint64_t pos;
-    XXH64_state_t *h;
-} out_file;
-
-static flm_status out_write(out_file *o, const void *p, size_t n, flm_error *err) {
+flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *err) {
     if (n && fwrite(p, 1, n, o->fp) != n)
         return flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", o->path, strerror(errno));
     if (o->h) XXH64_update(o->h, p, n);
@@ -289,231 +268,39 @@ static flm_status out_write(out_file *o, const void *p, size_t n, flm_error *err
     return FLM_OK;
 }
 
-static flm_status out_pad(out_file *o, flm_error *err) {
+flm_status flm_out_pad(flm_out_file *o, flm_error *err) {
     static const uint8_t zeros[FLM_ALIGN];
-    uint64_t pad = align_up(o->pos, FLM_ALIGN) - o->pos;
+    uint64_t pad = flm_align_up(o->pos, FLM_ALIGN) - o->pos;
     XXH64_state_t *h = o->h;
     o->h = NULL; /* padding is not part of any checksum */
-    flm_status st = out_write(o, zeros, (size_t)pad, err);
+    flm_status st = flm_out_write(o, zeros, (size_t)pad, err);
     o->h = h;
     return st;
 }
 
-/* Serialize the header (fixed part + region table + checksum) into hdr[0, header_bytes), zeroed beforehand. */
-static void build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *regions, uint32_t n_regions,
+void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *regions, uint32_t n_regions,
                          uint64_t file_size) {
     memset(hdr, 0, header_bytes);
     memcpy(hdr, FLM_FILE_MAGIC, 8);
-    put_u32(hdr + 8, FLM_FILE_VERSION);
-    put_u32(hdr + 12, n_regions);
-    put_u64(hdr + 16, file_size);
-    put_u32(hdr + 32, header_bytes);
+    flm_put_u32(hdr + 8, FLM_FILE_VERSION);
+    flm_put_u32(hdr + 12, n_regions);
+    flm_put_u64(hdr + 16, file_size);
+    flm_put_u32(hdr + 32, header_bytes);
     for (uint32_t i = 0; i < n_regions; i++) {
         uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
         const flm_region *r = &regions[i];
-        put_u32(e, r->kind);
-        put_u32(e + 4, r->layer);
-        put_u64(e + 8, r->offset);
-        put_u64(e + 16, r->size);
-        put_u64(e + 24, r->checksum);
-        put_u32(e + 32, r->up_type);
-        put_u32(e + 36, r->gate_type);
-        put_u32(e + 40, r->down_type);
-        put_u32(e + 44, r->n_records);
-        put_u64(e + 48, r->record_bytes);
+        flm_put_u32(e, r->kind);
+        flm_put_u32(e + 4, r->layer);
+        flm_put_u64(e + 8, r->offset);
+        flm_put_u64(e + 16, r->size);
+        flm_put_u64(e + 24, r->checksum);
+        flm_put_u32(e + 32, r->up_type);
+        flm_put_u32(e + 36, r->gate_type);
+        flm_put_u32(e + 40, r->down_type);
+        flm_put_u32(e + 44, r->n_records);
+        flm_put_u64(e + 48, r->record_bytes);
     }
-    put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
-}
-
-uint32_t flm_down_column_type(uint32_t down_type) {
-    return flm_type_block_elems(down_type) > 1 ? FLM_TYPE_Q8_0 : down_type;
-}
-
-static bool is_ffn_tensor(const char *name) {
-    const char *p = strrchr(name, '.');
-    if (!p || strcmp(p, ".weight") != 0 || strncmp(name, "blk.", 4) != 0) return false;
-    const char *q = strchr(name + 4, '.');
-    if (!q) return false;
-    size_t n = (size_t)(p - q - 1);
-    return (n == 6 && !strncmp(q + 1, "ffn_up", 6)) || (n == 8 && !strncmp(q + 1, "ffn_gate", 8)) ||
-           (n == 8 && !strncmp(q + 1, "ffn_down", 8));
-}
-
-/* output.weight identical to token_embd.weight (a tied classifier stored twice, as converters often do): drop it,
- * the model then ties the two, as llama.cpp does when output.weight is absent. */
-static bool is_duplicate_output(const flm_gguf_file *src, const flm_gguf_tensor *t) {
-    if (strcmp(t->name, "output.weight") != 0) return false;
-    const flm_gguf_tensor *e = flm_gguf_find_tensor(src, "token_embd.weight");
-    return e && e->type == t->type && e->nbytes == t->nbytes && e->ne[0] == t->ne[0] && e->ne[1] == t->ne[1] &&
-           memcmp(e->data, t->data, t->nbytes) == 0;
-}
-
-static bool keep_resident(const flm_gguf_file *src, const flm_gguf_tensor *t) {
-    return !is_ffn_tensor(t->name) && !is_duplicate_output(src, t);
-}
-
-/* Write the resident GGUF (all KVs, non-FFN tensors) to tmp_path. */
-static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_path, flm_error *err) {
-    flm_gguf_writer *w = NULL;
-    flm_status st = flm_gguf_writer_create(tmp_path, &w, err);
-    if (st) return st;
-    for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
-    for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
-        const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
-    }
-    if (st) {
-        flm_gguf_writer_free(w);
-        return flm_fail(err, st, "%s: cannot build the resident region", tmp_path);
-    }
-    if ((st = flm_gguf_writer_begin(w, err))) goto fail;
-    for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
-    }
-    if ((st = flm_gguf_writer_finish(w, err))) goto fail;
-    flm_gguf_writer_free(w);
-    return FLM_OK;
-fail:
-    flm_gguf_writer_free(w);
-    return st;
-}
-
-static flm_status copy_file_into(out_file *o, const char *path, flm_error *err) {
-    FILE *in = fopen(path, "rb");
-    if (!in) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    uint8_t buf[1 << 16];
-    size_t n;
-    flm_status st = FLM_OK;
-    while (!st && (n = fread(buf, 1, sizeof buf, in)) > 0) st = out_write(o, buf, n, err);
-    if (!st && ferror(in)) st = flm_fail(err, FLM_ERR_IO, "%s: read failed", path);
-    fclose(in);
-    return st;
-}
-
-/* Write the FFN region of one layer: d_ffn bundles (up row | gate row | down column). */
-static flm_status write_ffn_layer(out_file *o, const flm_model *m, uint32_t l, flm_region *r, float *downT,
-                                  uint8_t *chunk, size_t chunk_records, flm_error *err) {
-    const flm_hparams *hp = &m->hp;
-    const flm_layer_weights *L = &m->layers[l];
-    const flm_kernels *k = flm_kernels_scalar();
-    uint32_t d = hp->d_model, n_ffn = hp->d_ffn;
-    const uint32_t col_type = flm_down_column_type(L->ffn_down.type);
-    flm_bundle_layout b = flm_bundle_layout_of(d, L->ffn_up.type, L->ffn_gate.type, col_type, hp->gated);
-    /* down is d_model rows of d_ffn: transpose it into d_ffn rows of d_model floats */
-    size_t down_row = flm_row_bytes(L->ffn_down.type, n_ffn);
-    float *row = downT + (size_t)n_ffn * d; /* scratch of n_ffn floats after the transpose buffer */
-    for (uint32_t r_ = 0; r_ < d; r_++) {
-        k->dequant[L->ffn_down.type]((const uint8_t *)L->ffn_down.data + (size_t)r_ * down_row, row, n_ffn);
-        for (uint32_t i = 0; i < n_ffn; i++) downT[(size_t)i * d + r_] = row[i];
-    }
-    *r = (flm_region){.kind = FLM_REGION_FFN, .layer = l, .offset = o->pos, .up_type = L->ffn_up.type,
-                      .gate_type = hp->gated ? L->ffn_gate.type : 0, .down_type = col_type,
-                      .n_records = n_ffn, .record_bytes = b.record_bytes};
-    XXH64_reset(o->h, 0);
-    uint64_t start = o->pos;
-    for (uint32_t i0 = 0; i0 < n_ffn; i0 += (uint32_t)chunk_records) {
-        uint32_t n = n_ffn - i0 < chunk_records ? n_ffn - i0 : (uint32_t)chunk_records;
-        for (uint32_t j = 0; j < n; j++) {
-            uint32_t i = i0 + j;
-            uint8_t *rec = chunk + (size_t)j * b.record_bytes;
-            memcpy(rec + b.up_off, (const uint8_t *)L->ffn_up.data + (size_t)i * b.up_bytes, b.up_bytes);
-            if (b.gate_bytes)
-                memcpy(rec + b.gate_off, (const uint8_t *)L->ffn_gate.data + (size_t)i * b.gate_bytes, b.gate_bytes);
-            flm_quantize_row(col_type, downT + (size_t)i * d, rec + b.down_off, d);
-        }
-        flm_status st = out_write(o, chunk, (size_t)n * b.record_bytes, err);
-        if (st) return st;
-    }
-    r->size = o->pos - start;
-    r->checksum = XXH64_digest(o->h);
-    return out_pad(o, err);
-}
-
-flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
-    flm_gguf_file *g = NULL;
-    flm_model *m = NULL;
-    flm_status st = flm_check_output(dst, src, err);
-    if (st) return st;
-    st = flm_gguf_open(src, &g, err);
-    if (st) return st;
-    if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
-    const flm_hparams *hp = &m->hp;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        uint32_t t = m->layers[l].ffn_down.type, ct = flm_down_column_type(t);
-        if (!flm_row_bytes(ct, hp->d_model))
-            return flm_model_free(m),
-                   flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection is stored by columns as %s, "
-                            "which needs d_model (%u) to be a multiple of %zu", src, l, flm_type_name(t),
-                            flm_type_name(ct), hp->d_model, flm_type_block_elems(ct));
-    }
-    size_t plen = strlen(dst);
-    char *tmp = malloc(plen + 16), *res_tmp = malloc(plen + 32);
-    uint32_t n_regions = 1 + hp->n_layers;
-    flm_region *regions = calloc(n_regions, sizeof *regions);
-    /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
-    uint32_t header_bytes = (uint32_t)align_up(FLM_HEADER_FIXED + (uint64_t)(n_regions + 1) * FLM_REGION_ENTRY_BYTES,
-                                               FLM_ALIGN);
-    uint8_t *hdr = calloc(header_bytes, 1);
-    size_t max_rec = 0;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const flm_layer_weights *L = &m->layers[l];
-        flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, L->ffn_up.type, L->ffn_gate.type,
-                                                   flm_down_column_type(L->ffn_down.type), hp->gated);
-        if (b.record_bytes > max_rec) max_rec = b.record_bytes;
-    }
-    size_t chunk_records = 256;
-    float *downT = malloc(((size_t)hp->d_ffn * hp->d_model + hp->d_ffn) * sizeof(float));
-    uint8_t *chunk = malloc(chunk_records * max_rec);
-    out_file o = {NULL, dst, 0, XXH64_createState()};
-    if (!tmp || !res_tmp || !regions || !hdr || !downT || !chunk || !o.h) {
-        st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst);
-        goto done;
-    }
-    XXH64_reset(o.h, 0); /* a fresh state is uninitialised */
-    snprintf(tmp, plen + 16, "%s.tmp", dst);
-    snprintf(res_tmp, plen + 32, "%s.resident.tmp", dst);
-    o.path = tmp;
-    if (!(o.fp = fopen(tmp, "wb"))) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); goto done; }
-    /* header placeholder, then the resident region */
-    if ((st = out_write(&o, hdr, header_bytes, err))) goto done;
-    if (progress) progress(user, "resident", 0, 1);
-    if ((st = write_resident_gguf(m->gguf, res_tmp, err))) goto done;
-    regions[0] = (flm_region){.kind = FLM_REGION_RESIDENT, .offset = o.pos};
-    XXH64_reset(o.h, 0);
-    st = copy_file_into(&o, res_tmp, err);
-    remove(res_tmp);
-    if (st) goto done;
-    regions[0].size = o.pos - regions[0].offset;
-    regions[0].checksum = XXH64_digest(o.h);
-    if ((st = out_pad(&o, err))) goto done;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        if (progress) progress(user, "FFN layers", l, hp->n_layers);
-        if ((st = write_ffn_layer(&o, m, l, &regions[1 + l], downT, chunk, chunk_records, err))) goto done;
-    }
-    if (progress) progress(user, "FFN layers", hp->n_layers, hp->n_layers);
-    /* the header, now that every region is known */
-    build_header(hdr, header_bytes, regions, n_regions, o.pos);
-    if (fseek(o.fp, 0, SEEK_SET) != 0 || fwrite(hdr, 1, header_bytes, o.fp) != header_bytes ||
-        fflush(o.fp) != 0 || fsync(fileno(o.fp)) != 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the header: %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (fclose(o.fp) != 0) { o.fp = NULL; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
-    o.fp = NULL;
-    if (rename(tmp, dst) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", tmp, dst, strerror(errno)); goto done; }
-done:
-    if (o.fp) fclose(o.fp);
-    if (st && tmp) remove(tmp);
-    XXH64_freeState(o.h);
-    free(tmp);
-    free(res_tmp);
-    free(regions);
-    free(hdr);
-    free(downT);
-    free(chunk);
-    flm_model_free(m);
-    return st;
+    flm_put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
 }
 
 flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err) {
@@ -570,7 +357,7 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
     for (uint32_t i = 0; i < f->n_regions; i++) {
         if (f->regions[i].kind == kind) continue;
         regions[n++] = f->regions[i];
-        uint64_t e = align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
+        uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
         if (e > end) end = e;
     }
     if (FLM_HEADER_FIXED + (uint64_t)(n + 1) * FLM_REGION_ENTRY_BYTES > f->header_bytes) {
@@ -579,8 +366,8 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
         goto done;
     }
     regions[n] = (flm_region){.kind = kind, .offset = end, .size = size, .checksum = XXH64(payload, size, 0)};
-    uint64_t file_size = align_up(end + size, FLM_ALIGN);
-    build_header(hdr, f->header_bytes, regions, n + 1, file_size);
+    uint64_t file_size = flm_align_up(end + size, FLM_ALIGN);
+    flm_build_header(hdr, f->header_bytes, regions, n + 1, file_size);
     if ((in = open(path, O_RDONLY)) < 0 || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", in < 0 ? path : tmp, strerror(errno));
         goto done;

@@ -1,4 +1,5 @@
-/* flm.h — the .flm flash layout: reader, writer (`flashlm convert`) and verifier. Internal.
+/* flm.h — the .flm flash layout: reader, verifier and region replacement. Internal. The writer of whole files from
+ * GGUF (`flashlm convert`) is convert/convert.h; its building blocks are format/flm_write.h.
  * Specification: docs/FORMAT.md. Paper: row-column bundling (Knowl 4), resident attention/embeddings (Knowl 2).
  *
  *   [header]              magic, version, region table, checksum of the header; padded to a multiple of 4096
@@ -21,6 +22,8 @@
 #define FLM_HEADER_FIXED 64u       /* fixed part of the header; the region table follows */
 #define FLM_REGION_ENTRY_BYTES 64u
 #define FLM_MAX_REGIONS 65536u
+/* gate_type of an FFN region whose FFN has no gate projection (0 is FLM_TYPE_F32, a real gate type). */
+#define FLM_GATE_NONE 0xFFFFFFFFu
 
 typedef enum flm_region_kind {
     FLM_REGION_RESIDENT = 1,  /* a GGUF file: metadata, tokenizer, every non-FFN tensor */
@@ -36,7 +39,7 @@ typedef struct flm_region {
     uint64_t size;         /* payload bytes (the region is zero-padded to FLM_ALIGN after it) */
     uint64_t checksum;     /* XXH64(payload, size, seed 0) */
     uint32_t up_type;      /* FFN: flm_type of the up row, gate row, down column; 0 for RESIDENT */
-    uint32_t gate_type;
+    uint32_t gate_type;    /* FLM_GATE_NONE when the FFN has no gate (plain FFN: down(act(up x))) */
     uint32_t down_type;
     uint32_t n_records;    /* FFN: d_ffn */
     uint64_t record_bytes; /* FFN: bytes of one neuron's bundle */
@@ -50,7 +53,8 @@ typedef struct flm_bundle_layout {
     uint64_t record_bytes;
 } flm_bundle_layout;
 
-/* Layout of a record for d_model-wide rows of the given types. */
+/* Layout of a record for d_model-wide rows of the given types; gated false (or gate_type FLM_GATE_NONE): no gate row,
+ * gate_bytes 0. */
 flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint32_t gate_type, uint32_t down_type,
                                        bool gated);
 
@@ -98,20 +102,5 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
  * onto path, so the file is valid and checksummed at every moment. Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has
  * no room for another region: convert again), errors of flm_file_open. */
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
-
-/* The type a down projection of type down_type is stored in, by columns, in the bundles: float types as they are
- * (exact); every quantized type as q8_0 along d_model. A quantized down matrix's blocks run along d_ffn, so a
- * neuron's column cannot be cut out of them; it is dequantized and requantized along d_model. q8_0 is chosen
- * because its error (1/254 of a block's largest magnitude) is far below that of the 4-6-bit source formats, so the
- * re-laid column adds almost nothing (measured: docs/FORMAT.md), and because its 32-element blocks fit every
- * d_model of the models we run (576, 640, 896: not multiples of the K-quants' 256). */
-uint32_t flm_down_column_type(uint32_t down_type);
-
-/* Convert a GGUF model (any architecture and tensor type flm_model_from_gguf accepts) into dst. Writes "<dst>.tmp", fsyncs and renames
- * it onto dst only when complete; on any error removes the temporary file and leaves dst untouched.
- * Down columns of quantized matrices are re-quantized along d_model (flm_down_column_type), which changes their
- * values slightly; float types are copied exactly.
- * Errors: those of flm_gguf_open and flm_model_from_gguf, FLM_ERR_IO (write), FLM_ERR_NOMEM. */
-flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err);
 
 #endif

@@ -16,6 +16,7 @@
 #include "core/types.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/util.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MIN_KV_BYTES 14     /* key length (8) + a 1-byte key + value type (4) + a 1-byte value */
@@ -392,7 +393,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
                             r->path, (ull)v);
         f->alignment = v;
     }
-    f->data_offset = (r->pos + f->alignment - 1) / f->alignment * f->alignment;
+    f->data_offset = flm_align_up(r->pos, f->alignment);
     if (f->n_tensors > 0 && f->data_offset > r->size) {
         snprintf(r->ctx, sizeof r->ctx, "data section");
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "starts at %llu, past the end of the file (%llu bytes)",
@@ -844,7 +845,7 @@ flm_status flm_gguf_writer_begin(flm_gguf_writer *w, flm_error *err) {
         uint8_t b[8 + 4 + 8 * 4 + 4 + 8];
         size_t len = strlen(t->name), k;
         t->offset = off;
-        off += (t->nbytes + GGUF_DEFAULT_ALIGNMENT - 1) / GGUF_DEFAULT_ALIGNMENT * GGUF_DEFAULT_ALIGNMENT;
+        off += flm_align_up(t->nbytes, GGUF_DEFAULT_ALIGNMENT);
         put_le(b, len, 8);
         if ((st = w_write(w, b, 8, err)) != FLM_OK || (st = w_write(w, t->name, len, err)) != FLM_OK) break;
         put_le(b, t->n_dims, 4);

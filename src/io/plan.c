@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/util.h"
 
 #define FLM_PLAN_MAX_END (UINT64_C(1) << 62)
 
@@ -16,8 +17,6 @@ typedef struct sext {
     uint64_t pmax; /* max end over the group members up to and including this one (filled per group) */
 } sext;
 
-static uint64_t align_down(uint64_t x, uint64_t a) { return x & ~(a - 1); }
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
 
 static int cmp_sext(const void *pa, const void *pb) {
     const sext *a = pa, *b = pb;
@@ -56,15 +55,15 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
 /* Emit the requests for one group: members m[0..nm) sorted by offset, spanning aligned [g0, g1). */
 static flm_status emit_group(flm_read_plan *plan, sext *m, size_t nm, uint64_t align, uint64_t max_request,
                              flm_error *err) {
-    uint64_t g0 = align_down(m[0].off, align), g1 = 0;
+    uint64_t g0 = flm_align_down(m[0].off, align), g1 = 0;
     for (size_t i = 0; i < nm; i++) {
         if (m[i].end > g1) g1 = m[i].end;
         m[i].pmax = g1;
     }
-    g1 = align_up(g1, align);
+    g1 = flm_align_up(g1, align);
     uint64_t span = g1 - g0;
     uint64_t k = (span + max_request - 1) / max_request;    /* fewest requests of <= max_request */
-    uint64_t piece = align_up((span + k - 1) / k, align);   /* balanced, <= max_request */
+    uint64_t piece = flm_align_up((span + k - 1) / k, align);   /* balanced, <= max_request */
     bool zero_copy = nm == 1 && is_aligned(&m[0], align);
 
     size_t lo = 0; /* members before lo end at or before the current request: skip them */
@@ -106,7 +105,7 @@ flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *co
     if (align == 0 || (align & (align - 1)) != 0)
         return flm_fail(err, FLM_ERR_ARG, "read plan: alignment %llu is not a power of two",
                         (unsigned long long)align);
-    max_request = align_down(max_request, align);
+    max_request = flm_align_down(max_request, align);
     if (max_request == 0)
         return flm_fail(err, FLM_ERR_ARG, "read plan: max_request is smaller than the alignment %llu",
                         (unsigned long long)align);
@@ -144,9 +143,9 @@ flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *co
     /* Sweep the mergeable extents into groups. */
     for (size_t i = 0; i < n_merge;) {
         size_t first = i;
-        uint64_t g0 = align_down(s[i].off, align), g1 = align_up(s[i].end, align);
+        uint64_t g0 = flm_align_down(s[i].off, align), g1 = flm_align_up(s[i].end, align);
         for (i++; i < n_merge; i++) {
-            uint64_t a0 = align_down(s[i].off, align), a1 = align_up(s[i].end, align);
+            uint64_t a0 = flm_align_down(s[i].off, align), a1 = flm_align_up(s[i].end, align);
             uint64_t merged_end = a1 > g1 ? a1 : g1;
             bool merge = a0 <= g1 || ((double)(a0 - g1) < gap_limit && merged_end - g0 <= max_request);
             if (!merge) break;

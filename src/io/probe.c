@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/util.h"
 
 #define KiB ((uint64_t)1 << 10)
 #define MiB ((uint64_t)1 << 20)
@@ -32,13 +33,7 @@
 static const uint64_t DEFAULT_SIZES[] = {4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB};
 static const int DEFAULT_DEPTHS[] = {1, 4, 16, 32, 64};
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+static double now_s(void) { return flm_now_ms() * 1e-3; }
 
 /* splitmix64: offsets and test-file contents. */
 static uint64_t rng_next(uint64_t *s) {
@@ -94,7 +89,7 @@ static flm_status normalise_opts(flm_probe_opts *o, const flm_probe_opts *in, fl
     if (o->cell_bytes == 0) o->cell_bytes = d.cell_bytes;
     if (o->dst_bytes == 0) o->dst_bytes = d.dst_bytes;
     if (o->dst_bytes < FLM_PROBE_SEQ_BYTES) o->dst_bytes = FLM_PROBE_SEQ_BYTES;
-    o->dst_bytes = align_up(o->dst_bytes, DST_ALIGN);
+    o->dst_bytes = flm_align_up(o->dst_bytes, DST_ALIGN);
     if (o->seed == 0) o->seed = d.seed;
     return FLM_OK;
 }
@@ -223,7 +218,7 @@ static flm_status plan_cells(const flm_probe_opts *o, flm_probe_result *r, flm_e
  * extents touch even after alignment. Sequential: consecutive extents from *pos, wrapping at the end of the file. */
 static void fill_batch(const flm_probe_cell *c, uint64_t file_bytes, uint64_t align, uint8_t *dst, flm_extent *ext,
                        size_t n, uint64_t *rng, uint64_t *pos) {
-    uint64_t s = c->request_bytes, g = align_up(s, align);
+    uint64_t s = c->request_bytes, g = flm_align_up(s, align);
     if (c->sequential) {
         for (size_t i = 0; i < n; i++) {
             if (*pos + s > file_bytes) *pos = 0;
@@ -242,7 +237,7 @@ static void fill_batch(const flm_probe_cell *c, uint64_t file_bytes, uint64_t al
 /* Extents per call for cell c: BATCH_PER_IN_FLIGHT x in flight (at least MIN_BATCH), as far as the destination
  * memory and the file allow. 0 when the file cannot hold one extent. */
 static size_t batch_size(const flm_probe_cell *c, const flm_probe_opts *o, uint64_t file_bytes, uint64_t align) {
-    uint64_t g = align_up(c->request_bytes, align);
+    uint64_t g = flm_align_up(c->request_bytes, align);
     if (file_bytes < g) return 0;
     uint64_t n = (uint64_t)c->in_flight * (c->sequential ? 1 : BATCH_PER_IN_FLIGHT);
     if (!c->sequential && n < MIN_BATCH) n = MIN_BATCH;

@@ -16,6 +16,7 @@
 #endif
 
 #include "core/error.h"
+#include "core/util.h"
 
 #define DEFAULT_THREADS 32
 #define DEFAULT_QUEUE_DEPTH 64
@@ -84,14 +85,6 @@ struct flm_reader {
 #endif
 };
 
-static uint64_t align_down(uint64_t x, uint64_t a) { return x & ~(a - 1); }
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
 void flm_reader_opts_default(flm_reader_opts *o) {
     if (!o) return;
@@ -154,7 +147,7 @@ static uint64_t fault_truncate(int fault, const flm_read_op *op, uint64_t got) {
 static void drop_cache(flm_reader *r, uint64_t off, uint64_t len) {
 #if defined(POSIX_FADV_DONTNEED)
     if (len == 0) return;
-    uint64_t a = align_down(off, r->align), b = align_up(off + len, r->align);
+    uint64_t a = flm_align_down(off, r->align), b = flm_align_up(off + len, r->align);
     (void)posix_fadvise(r->fd_buf, (off_t)a, (off_t)(b - a), POSIX_FADV_DONTNEED);
 #else
     (void)r; (void)off; (void)len;
@@ -190,7 +183,7 @@ static flm_status exec_op(flm_reader *r, const flm_read_op *op, uint8_t *buf, ui
     while (done < op->need) {
         bool direct = atomic_load(&r->direct);
         /* O_DIRECT needs aligned offsets: after a partial read, re-read from the last aligned boundary. */
-        uint64_t at = direct ? align_down(done, r->align) : done;
+        uint64_t at = direct ? flm_align_down(done, r->align) : done;
         int fd = direct ? r->fd_direct : r->fd_buf;
         buffered |= !direct;
         ssize_t ret;
@@ -320,7 +313,7 @@ static flm_status start_threads(flm_reader *r, int n, flm_error *err) {
 static void uring_prep(flm_reader *r, uslot *sl, const flm_read_op *op, uint8_t *buf) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring); /* never NULL: one SQE per slot at most */
     bool direct = atomic_load(&r->direct);
-    sl->at = direct ? align_down(sl->done, r->align) : sl->done;
+    sl->at = direct ? flm_align_down(sl->done, r->align) : sl->done;
     sl->was_direct = direct;
     sl->buffered |= !direct;
     io_uring_prep_read(sqe, direct ? r->fd_direct : r->fd_buf, buf + sl->at, (unsigned)(op->length - sl->at),
@@ -528,12 +521,12 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
     if (st == FLM_OK) st = open_files(r, r->opts.direct, err);
     if (st == FLM_OK) {
         /* Bounce memory holds at least one request; requests are no larger than the bounce memory. */
-        uint64_t bounce = align_down(r->opts.bounce_bytes, r->align);
+        uint64_t bounce = flm_align_down(r->opts.bounce_bytes, r->align);
         if (bounce < r->align) bounce = r->align;
         uint64_t mr = r->opts.max_request;
         if (mr > MAX_REQUEST_CAP) mr = MAX_REQUEST_CAP;
         if (mr > bounce) mr = bounce;
-        mr = align_down(mr, r->align);
+        mr = flm_align_down(mr, r->align);
         if (mr < r->align) mr = r->align;
         r->opts.max_request = mr;
         r->opts.bounce_bytes = (size_t)bounce;
@@ -553,7 +546,7 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
 
 flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
     if (!r || (n && !ext)) return flm_fail(err, FLM_ERR_ARG, "flm_reader_read: NULL reader or extent list");
-    double t0 = now_ms();
+    double t0 = flm_now_ms();
     uint64_t plan_align = atomic_load(&r->direct) ? r->align : 1; /* buffered reads need no alignment */
     flm_status st = flm_plan_reads(ext, n, &r->opts.cost, plan_align, r->opts.max_request, &r->plan, err);
     if (st == FLM_OK && r->plan.n_ops > r->bufs_cap) {
@@ -575,7 +568,7 @@ flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_i
                 r->bufs[j] = ops[j].dst;
                 continue;
             }
-            size_t sz = (size_t)align_up(ops[j].length, r->align);
+            size_t sz = (size_t)flm_align_up(ops[j].length, r->align);
             if (j > i && used + sz > r->bounce_cap) break; /* one request always fits: length <= max_request <= cap */
             r->bufs[j] = r->bounce + used;
             used += sz;
@@ -593,7 +586,7 @@ flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_i
         stats->bytes_read += nread;
         stats->n_requests += n_ops;
         for (size_t i = 0; i < n_ops; i++) stats->hist[flm_io_hist_bucket(ops[i].length)]++;
-        stats->ms += now_ms() - t0;
+        stats->ms += flm_now_ms() - t0;
     }
     return st;
 }

@@ -105,7 +105,9 @@ flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_er
         }
         free(act);
     }
-    hp->gated = true;
+    /* gated: the FFN has a gate projection. A GGUF holding FFN tensors says so by blk.0.ffn_gate.weight; a .flm's
+     * resident GGUF holds none, and flm_model_from_flm takes it from the FFN regions' gate_type instead. */
+    hp->gated = flm_gguf_find_tensor(f, "blk.0.ffn_gate.weight") || !flm_gguf_find_tensor(f, "blk.0.ffn_up.weight");
     const flm_gguf_tensor *emb = flm_gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
     if (emb->ne[1] > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has too many rows", f->path);
@@ -171,7 +173,13 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
         BIND(ffn_norm, "ffn_norm", hp->d_model, 1, true)
         if (!ffn_external) {
             BIND(ffn_up, "ffn_up", hp->d_model, hp->d_ffn, false)
-            BIND(ffn_gate, "ffn_gate", hp->d_model, hp->d_ffn, false)
+            snprintf(name, sizeof name, "blk.%u.ffn_gate.weight", l);
+            if (hp->gated) {
+                BIND(ffn_gate, "ffn_gate", hp->d_model, hp->d_ffn, false)
+            } else if (flm_gguf_find_tensor(f, name)) {
+                return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor '%s' present but layer 0 has no FFN gate", f->path,
+                                name);
+            }
             BIND(ffn_down, "ffn_down", hp->d_ffn, hp->d_model, false)
         }
         if (a->flags & FLM_ARCH_QKV_BIAS) {
@@ -224,6 +232,7 @@ flm_status flm_model_from_flm(const flm_file *f, flm_model **out, flm_error *err
     flm_status st = load_model(f->meta, true, m, err);
     if (!st && f->n_layers != m->hp.n_layers)
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", f->path, f->n_layers, m->hp.n_layers);
+    if (!st) m->hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE; /* every layer must agree: checked below */
     for (uint32_t l = 0; !st && l < m->hp.n_layers; l++) {
         const flm_region *r = f->ffn[l];
         flm_layer_weights *L = &m->layers[l];
@@ -234,8 +243,11 @@ flm_status flm_model_from_flm(const flm_file *f, flm_model **out, flm_error *err
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: %u records of %llu bytes do not match "
                           "d_ffn %u, d_model %u and its types", f->path, l, r->n_records,
                           (unsigned long long)r->record_bytes, m->hp.d_ffn, m->hp.d_model);
+        if (!st && m->hp.gated != (r->gate_type != FLM_GATE_NONE))
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u is %s but layer 0's is %s", f->path, l,
+                          m->hp.gated ? "ungated" : "gated", m->hp.gated ? "gated" : "ungated");
         L->ffn_up = (flm_weight){r->up_type, m->hp.d_model, m->hp.d_ffn, NULL};
-        L->ffn_gate = (flm_weight){r->gate_type, m->hp.d_model, m->hp.d_ffn, NULL};
+        L->ffn_gate = m->hp.gated ? (flm_weight){r->gate_type, m->hp.d_model, m->hp.d_ffn, NULL} : (flm_weight){0};
         L->ffn_down = (flm_weight){r->down_type, m->hp.d_model, m->hp.d_ffn, NULL}; /* stored by columns */
     }
     if (st) { flm_model_free(m); return st; }

@@ -26,6 +26,7 @@
 #include "format/tokenizer.h"
 #include "core/types.h"
 #include "core/error.h"
+#include "compute/act.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -327,13 +328,11 @@ static void fwd_add(fwd *f) {
     for (size_t i = 0; i < (size_t)f->T * f->d; i++) f->x[i] += f->o[i];
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); } /* as runtime/forward.c */
-
 /* h = act(g) * h (h holds up . x), as flm_ffn_dense. */
 static void fwd_glu(fwd *f) {
     for (size_t i = 0; i < (size_t)f->T * f->d_ffn; i++) {
         float g = f->g[i];
-        f->h[i] = (f->act == FLM_ACT_RELU ? (g > 0.0f ? g : 0.0f) : silu(g)) * f->h[i];
+        f->h[i] = flm_act_eval(f->act, g) * f->h[i];
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "runtime/runtime.h"
 #include "core/error.h"
+#include "core/util.h"
 
 void flm_params_default(flm_params *p) {
     memset(p, 0, sizeof *p);
@@ -19,12 +20,6 @@ void flm_params_default(flm_params *p) {
     p->mode = FLM_MODE_AUTO;
     p->io = FLM_IO_KIND_AUTO;
     p->io_threads = 32;
-}
-
-double flm_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid", "sparse"};
@@ -142,6 +137,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         }
         if ((st = flm_model_from_gguf(f, &ctx->model, err))) { free(ctx); return st; }
         ctx->mem_resident = f->size;
+        ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
     }
     const flm_hparams *hp = &ctx->model->hp;
     uint32_t n_ctx = (uint32_t)p->n_ctx;
@@ -182,6 +178,11 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     return FLM_OK;
 }
 
+void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user) {
+    ctx->ffn_tap = fn;
+    ctx->tap_user = fn ? user : NULL;
+}
+
 void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
     if (!ctx) return;
     ctx->log = (flm_logger){fn, user};
@@ -191,6 +192,7 @@ void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
 
 void flm_close(flm_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->ffn) ctx->ffn->close(ctx);
     flm_flash_close(ctx->flash);
     flm_scratch_free(&ctx->s);
     flm_kv_cache_free(&ctx->kv);

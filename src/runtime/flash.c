@@ -1,4 +1,5 @@
-/* flash.c — FFN weights from a .flm file in the modes ram / naive / hybrid (Knowl 7's baselines). */
+/* flash.c — what every FFN source of a .flm file shares: the plan, the bundle descriptors, the reader, resident
+ * layers; opening the mode's source (runtime/ffn_source.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,15 +7,7 @@
 #include "io/probe.h"
 #include "runtime/runtime.h"
 #include "core/error.h"
-
-static void *alloc_aligned(uint64_t bytes) {
-    void *p = NULL;
-    if (bytes == 0) bytes = FLM_ALIGN;
-    if (posix_memalign(&p, FLM_ALIGN, (size_t)((bytes + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN))) return NULL;
-    return p;
-}
-
-static uint64_t align4k(uint64_t x) { return (x + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN; }
+#include "core/util.h"
 
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
@@ -69,68 +62,64 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
                             "%llu bytes next to the %llu planned", file->path, (unsigned long long)budget,
                             (unsigned long long)reader_mem, (unsigned long long)flm_mem_plan_total(&fl->plan));
     }
-    if (fl->plan.mode == FLM_MODE_SPARSE) {
-        st = flm_sparse_open(ctx, err);
-        if (st != FLM_ERR_BUDGET || pp->mode != FLM_MODE_AUTO) return st;
+    ctx->ffn = flm_ffn_source_of(fl->plan.mode);
+    st = ctx->ffn->open(ctx, err);
+    if (st == FLM_ERR_BUDGET && fl->plan.mode == FLM_MODE_SPARSE && pp->mode == FLM_MODE_AUTO) {
         /* auto: the neuron cache does not fit; the layer-streaming mode may */
         flm_log(&ctx->log, FLM_LOG_WARN, "%s; running hybrid instead", err ? err->msg : "the neuron cache does not fit");
-        flm_sparse_close(fl->sparse);
-        fl->sparse = NULL;
+        ctx->ffn->close(ctx);
         if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, FLM_MODE_HYBRID, budget, 0,
                                   &fl->plan, err)))
             return st;
+        ctx->ffn = flm_ffn_source_of(fl->plan.mode);
+        st = ctx->ffn->open(ctx, err);
     }
-    /* resident layers: read once, through the same reader (counted in the load, not per token) */
-    for (uint32_t l = 0; l < fl->plan.n_resident_layers; l++) {
+    return st;
+}
+
+flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_file *file = fl->file;
+    uint64_t planned = fl->plan.ffn_resident + fl->plan.stream;
+    if (!fl->ffn_mem.base && planned && flm_arena_init(&fl->ffn_mem, planned))
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate the %llu bytes of FFN storage", file->path,
+                        (unsigned long long)planned);
+    for (uint32_t l = 0; l < n; l++) {
         const flm_region *r = file->ffn[l];
-        if (!(fl->layer_data[l] = alloc_aligned(r->size)))
-            return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for layer %u", file->path,
-                            (unsigned long long)r->size, l);
-        flm_extent e = {r->offset, align4k(r->size), fl->layer_data[l]};
-        if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) return st;
+        if (!(fl->layer_data[l] = flm_arena_alloc(&fl->ffn_mem, flm_align_up(r->size, FLM_ALIGN), FLM_ALIGN)))
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: layer %u's FFN region (%llu bytes) exceeds the %llu bytes "
+                            "planned for FFN storage", file->path, l, (unsigned long long)r->size,
+                            (unsigned long long)planned);
+        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), fl->layer_data[l]};
+        flm_status st = flm_reader_read(fl->reader, &e, 1, NULL, err);
+        if (st) return st;
         if (!flm_region_checksum_ok(r, fl->layer_data[l])) /* read whole anyway: checking costs ~1% of the read */
             return flm_fail(err, FLM_ERR_CHECKSUM, "%s: FFN region of layer %u: checksum mismatch (the file is corrupt)",
                             file->path, l);
     }
-    if (fl->plan.stream && !(fl->stream_buf = alloc_aligned(fl->plan.stream)))
-        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate the %llu-byte layer buffer", file->path,
-                        (unsigned long long)fl->plan.stream);
     return FLM_OK;
+}
+
+void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out) {
+    flm_flash *fl = ctx->flash;
+    flm_ffn_bundles(ctx->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, in, out, ctx->s.hb, fl->acc,
+                    ctx->params.n_threads);
 }
 
 void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
-    flm_sparse_close(fl->sparse);
     flm_reader_close(fl->reader);
-    if (fl->layer_data && fl->file)
-        for (uint32_t l = 0; l < fl->file->n_layers; l++) free(fl->layer_data[l]);
+    flm_arena_free(&fl->ffn_mem); /* every layer_data[l] */
     free(fl->layer_data);
-    free(fl->stream_buf);
     free(fl->desc);
     free(fl->acc);
     flm_file_close(fl->file);
     free(fl);
 }
 
-flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                         flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    if (fl->sparse) return flm_sparse_ffn(ctx, l, in, out, tok, err);
-    const flm_region *r = fl->file->ffn[l];
-    const uint8_t *records = fl->layer_data[l];
-    if (!records) {
-        /* the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
-        flm_extent e = {r->offset, align4k(r->size), fl->stream_buf};
-        flm_io_stats before = ctx->io;
-        double t0 = flm_now_ms();
-        flm_status st = flm_reader_read(fl->reader, &e, 1, &ctx->io, err);
-        tok->io_ms += flm_now_ms() - t0;
-        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-        tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return st;
-        records = fl->stream_buf;
-    }
-    flm_ffn_bundles(ctx->k, &fl->desc[l], records, NULL, r->n_records, in, out, ctx->s.hb, fl->acc,
-                    ctx->params.n_threads);
-    return FLM_OK;
+const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const flm_bundle_desc **desc) {
+    const flm_flash *fl = ctx->flash;
+    if (!fl || l >= fl->file->n_layers) return NULL;
+    *desc = &fl->desc[l];
+    return fl->layer_data[l];
 }

@@ -8,7 +8,8 @@
  *   a   = Wo attention(q, K[first..pos], V[first..pos]) first = pos - n_swa + 1 on sliding-window layers
  *   x  += post_attn_norm ? rmsnorm(a) * post_attn_norm : a
  *   h   = rmsnorm(x) * ffn_norm
- *   f   = down(act(gate h) * (up h))                   SiLU, ReLU or tanh-GELU; from memory or flash (the mode)
+ *   f   = down(act(gate h) * (up h))                   SiLU, ReLU or tanh-GELU; by the mode's FFN source
+ *                                                      (runtime/ffn_source.h: memory, flash, neuron cache)
  *   x  += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
  *
  * then logits = output rmsnorm(x) * output_norm. Gemma scales the embedding row by sqrt(d_model). */
@@ -17,18 +18,6 @@
 
 #include "core/types.h"
 #include "runtime/runtime.h"
-
-void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight *up, const flm_weight *gate,
-                   const flm_weight *down, const float *in, float *out, float *hb, float *hb2, int n_threads) {
-    flm_matvec(k, up->type, up->data, hp->d_ffn, hp->d_model, in, hb2, n_threads);
-    if (hp->gated) {
-        flm_matvec(k, gate->type, gate->data, hp->d_ffn, hp->d_model, in, hb, n_threads);
-        for (uint32_t i = 0; i < hp->d_ffn; i++) hb[i] = flm_act_eval(hp->act, hb[i]) * hb2[i];
-    } else {
-        for (uint32_t i = 0; i < hp->d_ffn; i++) hb[i] = flm_act_eval(hp->act, hb2[i]);
-    }
-    flm_matvec(k, down->type, down->data, hp->d_model, hp->d_ffn, hb, out, n_threads);
-}
 
 static void add_bias(float *y, const flm_weight *b, uint32_t n) {
     if (!b->data) return;
@@ -94,12 +83,8 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         /* FFN */
         flm_rmsnorm(s->xb, s->x, L->ffn_norm.data, d, hp->norm_eps);
         if (ctx->ffn_tap) ctx->ffn_tap(ctx->tap_user, l, s->xb);
-        if (ctx->flash) {
-            flm_status st = flm_flash_ffn(ctx, l, s->xb, s->xb2, tok, err);
-            if (st) return st;
-        } else {
-            flm_ffn_dense(k, hp, &L->ffn_up, &L->ffn_gate, &L->ffn_down, s->xb, s->xb2, s->hb, s->hb2, nt);
-        }
+        flm_status st = ctx->ffn->compute(ctx, l, s->xb, s->xb2, tok, err); /* the mode's source (ffn_source.h) */
+        if (st) return st;
         residual(s->x, s->xb2, &L->post_ffn_norm, d, hp->norm_eps);
     }
     flm_rmsnorm(s->x, s->x, m->output_norm.data, d, hp->norm_eps);

@@ -5,9 +5,12 @@
 #include "compute/attention.h"
 #include "compute/kernels.h"
 #include "compute/ffn_bundle.h"
+#include "core/arena.h"
 #include "format/flm.h"
 #include "io/reader.h"
 #include "model/model.h"
+#include "runtime/ffn_source.h"
+#include "core/util.h"
 
 /* Scratch activations of one token (llama2.c's RunState, without the KV cache). */
 typedef struct flm_scratch {
@@ -37,38 +40,51 @@ typedef struct flm_mem_plan {
 } flm_mem_plan;
 
 /* Plan memory for a .flm model under a budget of budget bytes, or, when that is 0, percent % of the model's weight
- * bytes (both 0: no budget). Errors: FLM_ERR_BUDGET, with every part's size in the message. */
+ * bytes (both 0: no budget): the fixed parts here, the FFN part by the mode's source (flm_ffn_source_ops.plan).
+ * Errors: FLM_ERR_BUDGET, with every part's size in the message. */
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, int n_threads, flm_mode mode,
                            uint64_t budget, double percent, flm_mem_plan *plan, flm_error *err);
 /* Sum of everything the plan holds. */
 uint64_t flm_mem_plan_total(const flm_mem_plan *p);
+/* b bytes in MiB (for messages). */
+double flm_mib(uint64_t b);
+/* Bytes of all FFN regions of f and of the largest one, each rounded up to FLM_ALIGN (as they lie in the file). */
+void flm_ffn_region_bytes(const flm_file *f, uint64_t *total, uint64_t *largest);
 
-/* Sparse mode state (runtime/sparse.c). */
+/* Sparse mode state (runtime/sparse.c, the source flm_ffn_sparse); these accept NULL (not sparse) and give 0. */
 typedef struct flm_sparse flm_sparse;
-flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err);
-void flm_sparse_close(flm_sparse *sp);
-flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok, flm_error *err);
 uint32_t flm_sparse_window(const flm_sparse *sp);
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp);
 uint64_t flm_sparse_dropped(const flm_sparse *sp);
 
-/* The flash side of a context opened from a .flm file. */
+/* The flash side of a context opened from a .flm file: what every FFN source of a .flm file shares. */
 typedef struct flm_flash {
     flm_file *file;
     flm_reader *reader;       /* NULL when nothing streams after load */
     flm_mem_plan plan;
     flm_bundle_desc *desc;    /* [n_layers] */
-    uint8_t **layer_data;     /* [n_layers]: the layer's FFN records in memory, or NULL when streamed */
-    uint8_t *stream_buf;      /* one layer's records, aligned for O_DIRECT */
+    uint8_t **layer_data;     /* [n_layers]: the layer's FFN records in memory (ram, hybrid's first layers), or NULL */
+    flm_arena ffn_mem;        /* the FFN storage of ram / naive / hybrid, one block of plan.ffn_resident + plan.stream
+                                 bytes: the resident layers and the stream buffer are carved from it, so they cannot
+                                 outgrow the plan */
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
-    flm_sparse *sparse;       /* sparse mode */
 } flm_flash;
 
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err); /* takes ownership of file */
+/* Plan the budget, open the reader and the mode's FFN source (ctx->ffn); takes ownership of file. In auto mode a
+ * sparse source whose caches do not fit falls back to hybrid. Errors: those of the plan and of the source's open. */
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err);
 void flm_flash_close(flm_flash *fl);
-/* The FFN of layer l on in -> out, reading its records when they are not resident; times go into tok. */
-flm_status flm_flash_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                         flm_error *err);
+/* Allocate fl->ffn_mem (plan.ffn_resident + plan.stream bytes) when not yet done, then read the FFN regions of layers
+ * [0, n) into fl->layer_data carved from it (4 KiB-aligned, checksummed), through the reader; not counted in the
+ * statistics (load time). Errors: FLM_ERR_NOMEM, FLM_ERR_BUDGET (the regions exceed the plan: a planning bug),
+ * FLM_ERR_IO, FLM_ERR_CHECKSUM naming the layer. */
+flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err);
+/* The FFN of layer l from records in memory (n_records bundles). */
+void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out);
+
+/* The FFN tap: called by the forward pass with each layer's FFN input x[d_model] (the normed residual), before the
+ * FFN runs. `flashlm calibrate` records these inputs. */
+typedef void (*flm_ffn_tap_fn)(void *user, uint32_t layer, const float *x);
 
 struct flm_ctx {
     flm_model *model;
@@ -79,26 +95,33 @@ struct flm_ctx {
     flm_scratch s;
     int32_t next_pos;        /* the position flm_eval expects next (or 0 to restart) */
     flm_flash *flash;        /* NULL for GGUF (everything in memory) */
+    const flm_ffn_source_ops *ffn; /* where the FFN weights come from: chosen once at open */
+    void *ffn_state;         /* the source's own state (stream buffer, sparse caches...), freed by ffn->close */
     uint64_t mem_resident;   /* for stats: bytes of resident weights */
     /* statistics */
     flm_token_stats total;
     flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS */
     uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
-    /* calibration: called with each layer's FFN input (d_model floats) before the FFN runs */
-    void (*ffn_tap)(void *user, uint32_t layer, const float *x);
+    flm_ffn_tap_fn ffn_tap;  /* NULL, or set by flm_set_ffn_tap */
     void *tap_user;
 };
 
-double flm_now_ms(void);
+/* Install (fn non-NULL) or remove (fn NULL) the FFN tap of ctx. */
+void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user);
+/* Layer l's FFN records when all of them are in memory (ram mode; the first layers in hybrid), else NULL; *desc
+ * gets the layer's bundle layout. d_ffn records of desc->record_bytes each. */
+const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const flm_bundle_desc **desc);
+/* The sparse source's state when ctx runs sparse, else NULL. */
+const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
 /* Bytes of scratch for these hyper-parameters and context length. */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx);
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_error *err);
 void flm_scratch_free(flm_scratch *s);
 
-/* Dense FFN of one layer on in[d_model] -> out[d_model], weights resident: out = down(act(gate in) * (up in)).
- * hb/hb2 are [d_ffn] scratch. */
+/* Dense FFN of one layer on in[d_model] -> out[d_model], weights resident: out = down(act(gate in) * (up in)), or
+ * down(act(up in)) when not gated. hb/hb2 are [d_ffn] scratch. (runtime/ffn_ram.c: the mapped source.) */
 void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight *up, const flm_weight *gate,
                    const flm_weight *down, const float *in, float *out, float *hb, float *hb2, int n_threads);
 

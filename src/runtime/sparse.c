@@ -8,9 +8,11 @@
 
 #include "cache/neuron_cache.h"
 #include "core/types.h"
+#include "core/util.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
+#include "compute/act.h"
 
 struct flm_sparse {
     flm_sparsity sp;          /* rules, thresholds, predictors (the PREDICTOR region) */
@@ -33,7 +35,7 @@ uint32_t flm_sparse_window(const flm_sparse *sp) { return sp ? sp->window : 0; }
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp) { return sp ? sp->cache_rows : 0; }
 uint64_t flm_sparse_dropped(const flm_sparse *sp) { return sp ? sp->dropped : 0; }
 
-void flm_sparse_close(flm_sparse *sp) {
+static void sparse_free(flm_sparse *sp) {
     if (!sp) return;
     for (uint32_t l = 0; l < sp->sp.n_layers; l++) { /* before flm_sparsity_free, which clears n_layers */
         if (sp->cache) flm_ncache_free(sp->cache[l]);
@@ -64,7 +66,7 @@ static flm_status load_gates(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
     for (uint32_t l = 0; l < hp->n_layers; l++)
         if (fl->file->ffn[l]->size > biggest) biggest = fl->file->ffn[l]->size;
     void *buf = NULL;
-    if (posix_memalign(&buf, FLM_ALIGN, (biggest + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN))
+    if (posix_memalign(&buf, FLM_ALIGN, flm_align_up(biggest, FLM_ALIGN)))
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     sp->gate = calloc(hp->n_layers, sizeof *sp->gate);
     flm_status st = sp->gate ? FLM_OK : flm_fail(err, FLM_ERR_NOMEM, "out of memory");
@@ -73,7 +75,7 @@ static flm_status load_gates(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
         const flm_bundle_desc *b = &sp->desc[l];
         uint32_t t = b->gated ? b->gate_type : b->up_type;
         uint64_t off = b->gated ? b->gate_off : b->up_off, rb = flm_row_bytes(t, hp->d_model);
-        flm_extent e = {r->offset, (r->size + FLM_ALIGN - 1) / FLM_ALIGN * FLM_ALIGN, buf};
+        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), buf};
         if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) break;
         if (!(sp->gate[l] = malloc(rb * hp->d_ffn))) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
         for (uint32_t i = 0; i < hp->d_ffn; i++)
@@ -83,14 +85,50 @@ static flm_status load_gates(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
     return st;
 }
 
-flm_status flm_sparse_open(flm_ctx *ctx, flm_error *err) {
+/* The FFN part of the plan: the predictors, held at half precision, and what is left of the budget for the neuron
+ * caches (split over the layers at open). */
+static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
+                              flm_error *err) {
+    if (!f->predictor)
+        return flm_fail(err, FLM_ERR_ARG, "%s: --mode sparse needs predictors: run `flashlm calibrate %s --text "
+                        "FILE` first", f->path, f->path);
+    uint64_t budget = p->budget, ffn_total, max_layer;
+    flm_ffn_region_bytes(f, &ffn_total, &max_layer);
+    uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
+    /* held at half precision (sparse_open): about half the stored f32 region, plus the f32 biases */
+    p->predictors = f->predictor->size / 2 + 2ull * hp->d_ffn * f->n_layers + FLM_ALIGN;
+    uint64_t used = fixed + p->predictors;
+    p->cache = budget > used ? budget - used : 0;
+    if (!budget) p->cache = ffn_total + (uint64_t)f->n_layers * (16u << 10); /* no budget: room for every neuron */
+    if (budget && p->cache == 0)
+        return flm_fail(err, FLM_ERR_BUDGET,
+                        "%s: a memory budget of %.2f MiB leaves nothing for the neuron cache: resident weights "
+                        "%.2f MiB + KV cache %.2f MiB (-c %u) + scratch %.2f MiB + reader %.2f MiB + predictors "
+                        "%.2f MiB = %.2f MiB", f->path, flm_mib(budget), flm_mib(p->resident), flm_mib(p->kv), n_ctx,
+                        flm_mib(p->scratch), flm_mib(p->reader), flm_mib(p->predictors), flm_mib(used));
+    /* at open the stored (f32) region is read and parsed before it is halved and before any cache exists: that
+     * transient 2 x region must fit in what the predictors and caches will hold afterwards */
+    if (budget && 2 * f->predictor->size > p->cache + p->predictors)
+        return flm_fail(err, FLM_ERR_BUDGET,
+                        "%s: a memory budget of %.2f MiB leaves %.2f MiB for predictors and neuron caches, less than "
+                        "the %.2f MiB needed to load the predictors; raise --mem", f->path, flm_mib(budget),
+                        flm_mib(p->cache + p->predictors), flm_mib(2 * f->predictor->size));
+    return FLM_OK;
+}
+
+static void sparse_close(flm_ctx *ctx) {
+    sparse_free(ctx->ffn_state);
+    ctx->ffn_state = NULL;
+}
+
+static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     flm_flash *fl = ctx->flash;
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     uint32_t L = hp->n_layers, F = hp->d_ffn;
     flm_sparse *sp = calloc(1, sizeof *sp);
     if (!sp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    fl->sparse = sp;
+    ctx->ffn_state = sp;
     void *region = NULL;
     flm_status st = flm_file_read_region(fl->file, fl->file->predictor, &region, err);
     if (st) return st;
@@ -181,7 +219,7 @@ static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *
     size_t rb = flm_row_bytes(t, b->d_model);
     for (uint32_t i = 0; i < F; i++) {
         float g = ctx->k->dot[t](sp->gate[l] + i * rb, x, b->d_model);
-        bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(g / (1.0f + expf(-g))) > S->threshold;
+        bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(flm_act_eval(FLM_ACT_SILU, g)) > S->threshold;
         if (on) ids[n++] = i;
     }
     return n;
@@ -211,10 +249,10 @@ static int cmp_u32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                          flm_error *err) {
+static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
+                                 flm_error *err) {
     flm_flash *fl = ctx->flash;
-    flm_sparse *sp = fl->sparse;
+    flm_sparse *sp = ctx->ffn_state;
     const flm_params *pp = &ctx->params;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n;
@@ -290,4 +328,10 @@ flm_status flm_sparse_ffn(flm_ctx *ctx, uint32_t l, const float *in, float *out,
     /* 4. the FFN over the predicted set's rows (compute) */
     flm_ffn_bundles(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, n, in, out, ctx->s.hb, fl->acc, pp->n_threads);
     return FLM_OK;
+}
+
+const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close};
+
+const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx) {
+    return ctx->ffn == &flm_ffn_sparse ? ctx->ffn_state : NULL;
 }

@@ -19,7 +19,8 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     memset(st, 0, sizeof *st);
     const flm_flash *fl = ctx->flash;
     st->mode = fl ? flm_mode_name(fl->plan.mode) : "ram";
-    st->io_backend = fl && fl->reader && (fl->sparse || fl->plan.n_resident_layers < ctx->model->hp.n_layers)
+    const flm_sparse *sp = flm_ctx_sparse(ctx);
+    st->io_backend = fl && fl->reader && (sp || fl->plan.n_resident_layers < ctx->model->hp.n_layers)
                          ? flm_reader_backend_name(fl->reader) : "none";
     st->direct_io = strcmp(st->io_backend, "none") != 0 && flm_reader_is_direct(fl->reader);
     st->n_tokens = ctx->n_tokens;
@@ -36,10 +37,10 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->mem_scratch = fl->plan.scratch + fl->plan.reader;
         st->model_bytes = fl->plan.model_bytes;
         st->n_ffn_resident_layers = fl->plan.n_resident_layers;
-        st->window = flm_sparse_window(fl->sparse);
-        st->cache_rows = flm_sparse_cache_rows(fl->sparse);
-        st->n_dropped = flm_sparse_dropped(fl->sparse);
-        if (fl->sparse) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
+        st->window = flm_sparse_window(sp);
+        st->cache_rows = flm_sparse_cache_rows(sp);
+        st->n_dropped = flm_sparse_dropped(sp);
+        if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
     } else {
         st->mem_resident = ctx->mem_resident;
         st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/util.h"
 
 #define LOGIT_STD_INIT 4.0f /* initial logits are rescaled to this (pooled within-neuron) standard deviation */
 #define BIAS_MARGIN 1.0f    /* logit margin for neurons that never / always fire in the training split */
@@ -41,30 +42,6 @@ static float rng_normal(uint64_t *s) { /* Box-Muller; one of the pair is discard
 static size_t rng_below(uint64_t *s, size_t n) { return (size_t)(rng_next(s) % (uint64_t)n); }
 
 static void *xmalloc_floats(size_t count) { return malloc((count ? count : 1) * sizeof(float)); }
-
-static void put_u32(uint8_t *d, uint32_t v) {
-    d[0] = (uint8_t)v;
-    d[1] = (uint8_t)(v >> 8);
-    d[2] = (uint8_t)(v >> 16);
-    d[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get_u32(const uint8_t *s) {
-    return (uint32_t)s[0] | ((uint32_t)s[1] << 8) | ((uint32_t)s[2] << 16) | ((uint32_t)s[3] << 24);
-}
-
-static void put_f32(uint8_t *d, float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    put_u32(d, u);
-}
-
-static float get_f32(const uint8_t *s) {
-    uint32_t u = get_u32(s);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* log(1 + e^z), stable for all z. */
 static inline double softplus(double z) { return (z > 0 ? z : 0) + log1p(exp(-fabs(z))); }
@@ -757,24 +734,24 @@ size_t flm_predictor_serialized_bytes(const flm_predictor *p) {
 
 void flm_predictor_serialize(const flm_predictor *p, uint8_t *dst) {
     memcpy(dst, FLM_PREDICTOR_MAGIC, 4);
-    put_u32(dst + 4, FLM_PREDICTOR_VERSION);
-    put_u32(dst + 8, p->d_model);
-    put_u32(dst + 12, p->d_ffn);
-    put_u32(dst + 16, p->rank);
-    put_f32(dst + 20, p->threshold);
-    put_u32(dst + 24, 0);
-    put_u32(dst + 28, 0);
+    flm_put_u32(dst + 4, FLM_PREDICTOR_VERSION);
+    flm_put_u32(dst + 8, p->d_model);
+    flm_put_u32(dst + 12, p->d_ffn);
+    flm_put_u32(dst + 16, p->rank);
+    flm_put_f32(dst + 20, p->threshold);
+    flm_put_u32(dst + 24, 0);
+    flm_put_u32(dst + 28, 0);
     uint8_t *d = dst + FLM_PREDICTOR_HEADER_BYTES;
     const size_t na = (size_t)p->rank * p->d_model, nb = (size_t)p->d_ffn * p->rank;
-    for (size_t i = 0; i < na; i++, d += 4) put_f32(d, p->A[i]);
-    for (size_t i = 0; i < nb; i++, d += 4) put_f32(d, p->B[i]);
-    for (size_t i = 0; i < p->d_ffn; i++, d += 4) put_f32(d, p->c[i]);
+    for (size_t i = 0; i < na; i++, d += 4) flm_put_f32(d, p->A[i]);
+    for (size_t i = 0; i < nb; i++, d += 4) flm_put_f32(d, p->B[i]);
+    for (size_t i = 0; i < p->d_ffn; i++, d += 4) flm_put_f32(d, p->c[i]);
 }
 
 /* Read count floats from s into dst; the index of the first non-finite one, or count when all are finite. */
 static size_t read_floats(float *dst, const uint8_t *s, size_t count) {
     for (size_t i = 0; i < count; i++, s += 4) {
-        dst[i] = get_f32(s);
+        dst[i] = flm_get_f32(s);
         if (!isfinite(dst[i])) return i;
     }
     return count;
@@ -793,13 +770,13 @@ flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_
     if (memcmp(src, FLM_PREDICTOR_MAGIC, 4) != 0)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: bad predictor magic %02x %02x %02x %02x (expected \"FPRD\")", what,
                         src[0], src[1], src[2], src[3]);
-    uint32_t version = get_u32(src + 4);
+    uint32_t version = flm_get_u32(src + 4);
     if (version != FLM_PREDICTOR_VERSION)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: predictor version %u (this build reads version %u)", what,
                         version, FLM_PREDICTOR_VERSION);
-    uint32_t N = get_u32(src + 8), M = get_u32(src + 12), r = get_u32(src + 16);
-    float thr = get_f32(src + 20);
-    uint32_t res0 = get_u32(src + 24), res1 = get_u32(src + 28);
+    uint32_t N = flm_get_u32(src + 8), M = flm_get_u32(src + 12), r = flm_get_u32(src + 16);
+    float thr = flm_get_f32(src + 20);
+    uint32_t res0 = flm_get_u32(src + 24), res1 = flm_get_u32(src + 28);
     if (res0 || res1)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor reserved fields are not zero (0x%08x 0x%08x)", what, res0,
                         res1);

@@ -6,14 +6,11 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/util.h"
 
 #define HDR_BYTES 32u
 #define LAYER_BYTES (32u + 4u * FLM_AGG_K)
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-static void putf(uint8_t *p, float f) { uint32_t v; memcpy(&v, &f, 4); put32(p, v); }
-static float getf(const uint8_t *p) { uint32_t v = get32(p); float f; memcpy(&f, &v, 4); return f; }
 
 flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *len, flm_error *err) {
     size_t n = HDR_BYTES;
@@ -21,20 +18,20 @@ flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *
     uint8_t *b = calloc(1, n);
     if (!b) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the predictor region");
     memcpy(b, "FSPR", 4);
-    put32(b + 4, 1);
-    put32(b + 8, s->n_layers);
-    putf(b + 12, s->target_sparsity);
-    put32(b + 16, FLM_AGG_K);
+    flm_put_u32(b + 4, 1);
+    flm_put_u32(b + 8, s->n_layers);
+    flm_put_f32(b + 12, s->target_sparsity);
+    flm_put_u32(b + 16, FLM_AGG_K);
     size_t o = HDR_BYTES;
     for (uint32_t l = 0; l < s->n_layers; l++) {
         const flm_layer_sparsity *L = &s->layers[l];
-        put32(b + o, L->rule);
-        putf(b + o + 4, L->threshold);
-        putf(b + o + 8, L->active_frac);
-        putf(b + o + 12, L->recall);
-        putf(b + o + 16, L->precision);
-        putf(b + o + 20, L->pred_frac);
-        for (int k = 0; k < FLM_AGG_K; k++) putf(b + o + 32 + 4 * k, L->s_agg[k]);
+        flm_put_u32(b + o, L->rule);
+        flm_put_f32(b + o + 4, L->threshold);
+        flm_put_f32(b + o + 8, L->active_frac);
+        flm_put_f32(b + o + 12, L->recall);
+        flm_put_f32(b + o + 16, L->precision);
+        flm_put_f32(b + o + 20, L->pred_frac);
+        for (int k = 0; k < FLM_AGG_K; k++) flm_put_f32(b + o + 32 + 4 * k, L->s_agg[k]);
         o += LAYER_BYTES;
         flm_predictor_serialize(&L->pred, b + o);
         o += flm_predictor_serialized_bytes(&L->pred);
@@ -51,17 +48,17 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
     memset(s, 0, sizeof *s);
     if (len < HDR_BYTES || memcmp(buf, "FSPR", 4) != 0)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: bad magic or too short (%zu bytes)", what, len);
-    if (get32(buf + 4) != 1)
+    if (flm_get_u32(buf + 4) != 1)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: predictor region: version %u not supported", what,
-                        get32(buf + 4));
-    uint32_t n_layers = get32(buf + 8);
-    if (n_layers == 0 || n_layers > 4096 || get32(buf + 16) != FLM_AGG_K || !frac_ok(getf(buf + 12)))
+                        flm_get_u32(buf + 4));
+    uint32_t n_layers = flm_get_u32(buf + 8);
+    if (n_layers == 0 || n_layers > 4096 || flm_get_u32(buf + 16) != FLM_AGG_K || !frac_ok(flm_get_f32(buf + 12)))
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: %u layers / %u aggregation points are invalid",
-                        what, n_layers, get32(buf + 16));
+                        what, n_layers, flm_get_u32(buf + 16));
     s->layers = calloc(n_layers, sizeof *s->layers);
     if (!s->layers) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", what);
     s->n_layers = n_layers;
-    s->target_sparsity = getf(buf + 12);
+    s->target_sparsity = flm_get_f32(buf + 12);
     size_t o = HDR_BYTES;
     flm_status st = FLM_OK;
     for (uint32_t l = 0; l < n_layers && !st; l++) {
@@ -71,17 +68,17 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
             break;
         }
         const uint8_t *p = buf + o;
-        L->rule = get32(p);
-        L->threshold = getf(p + 4);
-        L->active_frac = getf(p + 8);
-        L->recall = getf(p + 12);
-        L->precision = getf(p + 16);
-        L->pred_frac = getf(p + 20);
+        L->rule = flm_get_u32(p);
+        L->threshold = flm_get_f32(p + 4);
+        L->active_frac = flm_get_f32(p + 8);
+        L->recall = flm_get_f32(p + 12);
+        L->precision = flm_get_f32(p + 16);
+        L->pred_frac = flm_get_f32(p + 20);
         bool ok = (L->rule == FLM_RULE_RELU || L->rule == FLM_RULE_CATS) && isfinite(L->threshold) &&
                   L->threshold >= 0 && frac_ok(L->active_frac) && frac_ok(L->recall) && frac_ok(L->precision) &&
                   frac_ok(L->pred_frac);
         for (int k = 0; k < FLM_AGG_K; k++) {
-            L->s_agg[k] = getf(p + 32 + 4 * k);
+            L->s_agg[k] = flm_get_f32(p + 32 + 4 * k);
             ok = ok && frac_ok(L->s_agg[k]);
         }
         if (!ok) {

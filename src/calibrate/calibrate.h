@@ -1,7 +1,7 @@
 /* calibrate.h — `flashlm calibrate`: record FFN inputs and true active sets on text, fix each layer's activation
  * rule, train one low-rank predictor per layer, and store everything in the .flm file (Knowl 2, 3, 10). Internal. */
-#ifndef FLM_SPARSITY_CALIBRATE_H
-#define FLM_SPARSITY_CALIBRATE_H
+#ifndef FLM_CALIBRATE_CALIBRATE_H
+#define FLM_CALIBRATE_CALIBRATE_H
 #include <stdint.h>
 #include "flashlm.h"
 #include "format/flm.h"

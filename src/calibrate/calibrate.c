@@ -1,5 +1,5 @@
 /* calibrate.c — record, decide the activation rule, train predictors, store them (docs/SPARSITY.md). */
-#include "sparsity/calibrate.h"
+#include "calibrate/calibrate.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -12,6 +12,7 @@
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
+#include "compute/act.h"
 
 void flm_calib_opts_default(flm_calib_opts *o) {
     memset(o, 0, sizeof *o);
@@ -32,8 +33,6 @@ static void tap(void *user, uint32_t layer, const float *x) {
     tap_data *t = user;
     memcpy(t->X[layer] + (size_t)t->cur * t->d_model, x, t->d_model * sizeof(float));
 }
-
-static float silu(float v) { return v / (1.0f + expf(-v)); }
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -104,7 +103,11 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     float *W = NULL, *Z = NULL, *mag = NULL;
     uint8_t *Y = NULL, *region = NULL;
     const flm_hparams *hp = &ctx->model->hp;
-    if (!ctx->flash) { st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path); goto done; }
+    const flm_bundle_desc *b0 = NULL;
+    if (!flm_ffn_resident_records(ctx, 0, &b0)) { /* a GGUF has no bundles */
+        st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
+        goto done;
+    }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
     /* 1. record the FFN inputs of every layer on the text */
     size_t n_tok = 0;
@@ -126,8 +129,7 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
             st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs", n, L);
             goto done;
         }
-    ctx->ffn_tap = tap;
-    ctx->tap_user = &td;
+    flm_set_ffn_tap(ctx, tap, &td);
     int32_t bos = flm_tokenizer_bos(ctx->model->tok);
     for (uint32_t t = 0; t < n; t++) {
         uint32_t pos = t % o->chunk;
@@ -137,7 +139,7 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
         if ((st = flm_eval(ctx, tok, (int32_t)pos, &logits, err))) goto done;
         if (o->progress && (t + 1) % o->chunk == 0) o->progress(o->user, "recording tokens", t + 1, n);
     }
-    ctx->ffn_tap = NULL;
+    flm_set_ffn_tap(ctx, NULL, NULL);
     /* 2. per layer: activations, rule, predictor, aggregation statistics */
     sp.n_layers = L;
     sp.target_sparsity = hp->act == FLM_ACT_RELU ? 0.0f : o->sparsity;
@@ -155,8 +157,9 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     if (rank_last > maxr) rank_last = maxr;
     for (uint32_t l = 0; l < L; l++) {
         flm_layer_sparsity *S = &sp.layers[l];
-        const flm_bundle_desc *b = &ctx->flash->desc[l];
-        const uint8_t *rec = ctx->flash->layer_data[l];
+        const flm_bundle_desc *b = NULL;
+        const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
+        if (!rec) { st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u's FFN is not in memory", path, l); goto done; }
         uint32_t wt = b->gated ? b->gate_type : b->up_type;
         uint64_t woff = b->gated ? b->gate_off : b->up_off;
         for (uint32_t i = 0; i < F; i++)
@@ -172,7 +175,7 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
             for (size_t j = 0; j < nf; j++) active += (Y[j] = Z[j] > 0.0f);
         } else {
             S->rule = FLM_RULE_CATS;
-            for (size_t j = 0; j < nf; j++) mag[j] = fabsf(silu(Z[j]));
+            for (size_t j = 0; j < nf; j++) mag[j] = fabsf(flm_act_eval(FLM_ACT_SILU, Z[j]));
             float *sorted = Z; /* Z is not needed any more */
             memcpy(sorted, mag, nf * sizeof(float));
             size_t q = (size_t)((double)o->sparsity * (double)(nf - 1));

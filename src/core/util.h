@@ -1,0 +1,39 @@
+/* util.h — small helpers every layer uses, defined once: alignment, little-endian byte order, a monotonic clock.
+ * Internal. */
+#ifndef FLM_CORE_UTIL_H
+#define FLM_CORE_UTIL_H
+#include <stdint.h>
+#include <string.h>
+
+/* x rounded up / down to a multiple of a (a > 0; any a, not only powers of two). x + a - 1 must not overflow. */
+static inline uint64_t flm_align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+static inline uint64_t flm_align_down(uint64_t x, uint64_t a) { return x / a * a; }
+
+/* Little-endian stores and loads at p (any alignment): the byte order of GGUF, .flm and its regions. */
+static inline void flm_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void flm_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t flm_get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t flm_get_u64(const uint8_t *p) { return flm_get_u32(p) | (uint64_t)flm_get_u32(p + 4) << 32; }
+/* IEEE-754 binary32, stored as its bit pattern (little-endian). */
+static inline void flm_put_f32(uint8_t *p, float f) {
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    flm_put_u32(p, v);
+}
+static inline float flm_get_f32(const uint8_t *p) {
+    uint32_t v = flm_get_u32(p);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+/* Milliseconds on CLOCK_MONOTONIC (an arbitrary origin: only differences mean anything). */
+double flm_now_ms(void);
+
+#endif
