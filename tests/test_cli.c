@@ -75,35 +75,57 @@ static void test_bad_files(void **state) {
     free(g);
 }
 
+/* Write a copy of stories260K to out without the key `drop` (NULL: none), adding the string KV set_key = set_val
+ * first when set_key is not NULL. */
+static void write_model_copy(const char *out, const char *drop, const char *set_key, const char *set_val) {
+    flm_error err;
+    flm_gguf_file *src = NULL;
+    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    flm_gguf_writer *w = NULL;
+    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    if (set_key) assert_int_equal(flm_gguf_writer_kv_str(w, set_key, set_val), FLM_OK);
+    for (uint64_t i = 0; i < src->n_kv; i++)
+        if ((!drop || strcmp(src->kv[i].key, drop)) && (!set_key || strcmp(src->kv[i].key, set_key)))
+            assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const flm_gguf_tensor *t = &src->tensors[i];
+        assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+    }
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++)
+        assert_int_equal(flm_gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_close(src);
+}
+
 /* A copy of the model without one required key: the message names the key. */
 static void test_missing_required_key(void **state) {
     (void)state;
     const char *drop[] = {"llama.block_count", "llama.embedding_length", "tokenizer.ggml.tokens",
                           "general.architecture"};
-    flm_error err;
-    flm_gguf_file *src = NULL;
-    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
     for (size_t d = 0; d < sizeof drop / sizeof *drop; d++) {
         const char *out = tu_tmp("nokey", ".gguf");
-        flm_gguf_writer *w = NULL;
-        assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
-        for (uint64_t i = 0; i < src->n_kv; i++)
-            if (strcmp(src->kv[i].key, drop[d])) assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
-        for (uint64_t i = 0; i < src->n_tensors; i++) {
-            const flm_gguf_tensor *t = &src->tensors[i];
-            assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
-        }
-        assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
-        for (uint64_t i = 0; i < src->n_tensors; i++)
-            assert_int_equal(flm_gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
-        assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
-        flm_gguf_writer_free(w);
+        write_model_copy(out, drop[d], NULL, NULL);
         char args[4096];
         snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", out);
         expect(args, 1, drop[d]);
         remove(out);
     }
-    flm_gguf_close(src);
+}
+
+/* A copy of the model whose general.architecture is one flashlm does not know: the message names it and the ones
+ * flashlm runs. */
+static void test_unknown_architecture(void **state) {
+    (void)state;
+    const char *out = tu_tmp("mamba", ".gguf");
+    write_model_copy(out, NULL, "general.architecture", "mamba");
+    char args[4096];
+    snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", out);
+    expect(args, 1, "architecture 'mamba' is not supported (supported: llama, qwen2, gemma3)");
+    snprintf(args, sizeof args, "convert '%s' '%s.flm' 2>&1", out, out);
+    expect(args, 1, "'mamba'");
+    remove(out);
 }
 
 static void test_inspect(void **state) {
@@ -174,6 +196,7 @@ int main(void) {
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_missing_required_key),
         cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_unknown_architecture),
         cmocka_unit_test(test_byte_vocab_tokenizing),
         cmocka_unit_test(test_output_safety),
     };

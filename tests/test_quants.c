@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/ffn_bundle.h"
 #include "compute/kernels.h"
 #include "core/types.h"
 #include "format/gguf.h"
@@ -181,7 +182,9 @@ static void test_traits(void **state) {
         assert_non_null(vt);
         assert_true(vt->has_quantizer);
         assert_int_equal(vt->block_elems, want[i].be == 1 ? 1 : want[i].be);
-        assert_int_equal(flm_act_bytes(want[i].t, 4096), flm_row_bytes(want[i].vdt, 4096));
+        /* the q8_0 / q8_1 blocks are followed by their scales as float32 (d; and s for q8_1) */
+        size_t tail = want[i].vdt == FLM_TYPE_Q8_0 || want[i].vdt == FLM_TYPE_Q8_1 ? 4096 / 32 * 8 : 0;
+        assert_int_equal(flm_act_bytes(want[i].t, 4096), flm_row_bytes(want[i].vdt, 4096) + tail);
     }
     /* activation-only types: known by name and size, not loadable as tensors */
     assert_string_equal(flm_type_name(FLM_TYPE_Q8_1), "q8_1");
@@ -347,7 +350,10 @@ static void test_act_quantize_simd(void **state) {
     memset(x + 1024, 0, 256 * sizeof(float));
     static const uint32_t at[] = {FLM_TYPE_Q8_0, FLM_TYPE_Q8_1, FLM_TYPE_Q8_K};
     for (size_t i = 0; i < 3; i++) {
-        size_t bytes = flm_row_bytes(at[i], n);
+        /* the whole activation buffer (blocks, then the float scales of q8_0/q8_1), via a weight type using it */
+        static const uint32_t wt[] = {FLM_TYPE_Q4_0, FLM_TYPE_Q4_1, FLM_TYPE_Q4_K};
+        size_t bytes = flm_act_bytes(wt[i], n), rbytes = flm_row_bytes(at[i], n);
+        assert_true(bytes >= rbytes);
         uint8_t *qs = malloc(bytes), *qa = malloc(bytes), *qr = malloc(bytes);
         assert_true(qs && qa && qr);
         memset(qs, 0x5a, bytes);
@@ -361,7 +367,27 @@ static void test_act_quantize_simd(void **state) {
             fail_msg("%s: avx2 act_quantize differs from scalar at byte %zu (%u vs %u)", flm_type_name(at[i]), b,
                      qa[b], qs[b]);
         }
-        assert_memory_equal(qs, qr, bytes); /* the table's quantizer is flm_quantize_row's */
+        assert_memory_equal(qs, qr, rbytes); /* the table's quantizer writes flm_quantize_row's blocks */
+        if (at[i] != FLM_TYPE_Q8_K) { /* then the scales as float32 */
+            const size_t nb = n / 32, bb = flm_type_block_bytes(at[i]);
+            for (size_t b = 0; b < nb; b++) {
+                uint16_t d, sv;
+                float df, sf;
+                memcpy(&d, qs + b * bb, 2);
+                memcpy(&df, qs + rbytes + 4 * b, 4);
+                assert_true(df == flm_f16_to_f32(d));
+                if (at[i] == FLM_TYPE_Q8_1) { /* then s */
+                    memcpy(&sv, qs + b * bb + 2, 2);
+                    memcpy(&sf, qs + rbytes + 4 * (nb + b), 4);
+                    assert_true(sf == flm_f16_to_f32(sv));
+                } else { /* then sum(qs) */
+                    int32_t sum = 0, got;
+                    for (int j = 0; j < 32; j++) sum += (int8_t)qs[b * bb + 2 + j];
+                    memcpy(&got, qs + rbytes + 4 * (nb + b), 4);
+                    assert_int_equal(got, sum);
+                }
+            }
+        }
         if (at[i] == FLM_TYPE_Q8_0) { /* the ties went away from zero */
             const flm_block_q8_0 *b = (const flm_block_q8_0 *)qs;
             assert_int_equal(b[0].qs[0], 127);
@@ -562,6 +588,91 @@ static void test_matvec_multi(void **state) {
     }
 }
 
+/* The bundle FFN with quantized x (one quantization per call, per activation type): up/gate/down of mixed types,
+ * gated SiLU and ungated ReLU, against a double-precision FFN on the dequantized weights and the float x. */
+static void test_ffn_bundles_mixed(void **state) {
+    (void)state;
+    uint64_t rng = 21;
+    const uint32_t d = 512, n = 96;
+    static const uint32_t combos[][3] = {/* up, gate, down */
+                                         {FLM_TYPE_Q4_1, FLM_TYPE_Q5_0, FLM_TYPE_Q8_0},
+                                         {FLM_TYPE_Q4_K, FLM_TYPE_Q6_K, FLM_TYPE_Q4_K},
+                                         {FLM_TYPE_Q5_0, FLM_TYPE_Q5_0, FLM_TYPE_Q6_K},
+                                         {FLM_TYPE_F16, FLM_TYPE_Q4_0, FLM_TYPE_Q4_1}};
+    const flm_kernels *tabs[2] = {flm_kernels_scalar(), flm_kernels_avx2()};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++)
+        for (int gated = 0; gated < 2; gated++) {
+            flm_bundle_desc b = {.d_model = d, .up_type = combos[c][0], .gate_type = gated ? combos[c][1] : 0,
+                                 .down_type = combos[c][2], .gated = gated,
+                                 .act = gated ? FLM_ACT_SILU : FLM_ACT_RELU};
+            size_t ub = flm_row_bytes(b.up_type, d), gb = gated ? flm_row_bytes(b.gate_type, d) : 0,
+                   db = flm_row_bytes(b.down_type, d);
+            b.up_off = 0, b.gate_off = ub, b.down_off = ub + gb, b.record_bytes = ub + gb + db;
+            uint8_t *rec = malloc(n * b.record_bytes);
+            assert_non_null(rec);
+            for (uint32_t i = 0; i < n; i++) {
+                uint8_t *r = rec + i * b.record_bytes;
+                uint8_t *u = rand_blocks(b.up_type, d / flm_type_block_elems(b.up_type), &rng);
+                uint8_t *dn = rand_blocks(b.down_type, d / flm_type_block_elems(b.down_type), &rng);
+                memcpy(r + b.up_off, u, ub);
+                memcpy(r + b.down_off, dn, db);
+                free(u);
+                free(dn);
+                if (gated) {
+                    uint8_t *g = rand_blocks(b.gate_type, d / flm_type_block_elems(b.gate_type), &rng);
+                    memcpy(r + b.gate_off, g, gb);
+                    free(g);
+                }
+            }
+            float *x = rand_floats(d, &rng, 2.0f), *w = malloc(d * sizeof(float));
+            double *want = calloc(d, sizeof(double)), *mag = calloc(d, sizeof(double));
+            assert_true(w && want && mag);
+            for (uint32_t i = 0; i < n; i++) {
+                const uint8_t *r = rec + i * b.record_bytes;
+                double up = 0, g = 0, h;
+                tabs[0]->dequant[b.up_type](r + b.up_off, w, d);
+                for (uint32_t j = 0; j < d; j++) up += (double)w[j] * x[j];
+                if (gated) {
+                    tabs[0]->dequant[b.gate_type](r + b.gate_off, w, d);
+                    for (uint32_t j = 0; j < d; j++) g += (double)w[j] * x[j];
+                    h = g / (1.0 + exp(-g)) * up;
+                } else {
+                    h = up > 0 ? up : 0;
+                }
+                tabs[0]->dequant[b.down_type](r + b.down_off, w, d);
+                for (uint32_t j = 0; j < d; j++) want[j] += h * w[j], mag[j] += fabs(h * w[j]);
+            }
+            double scale = 0;
+            for (uint32_t j = 0; j < d; j++) scale = fmax(scale, mag[j]);
+            float *out = malloc(d * sizeof(float)), *out1 = malloc(d * sizeof(float)), *h = malloc(n * sizeof(float));
+            float *acc = malloc(3 * d * sizeof(float));
+            assert_true(out && out1 && h && acc);
+            for (int k = 0; k < 2; k++) {
+                if (!tabs[k]) continue;
+                for (int th = 1; th <= 3; th++) {
+                    flm_ffn_bundles(tabs[k], &b, rec, NULL, n, x, th == 1 ? out1 : out, h, acc, th);
+                    const float *o = th == 1 ? out1 : out;
+                    for (uint32_t j = 0; j < d; j++)
+                        /* int8 x: ~1e-2 of the magnitudes; float sums besides */
+                        if (!(fabs(o[j] - want[j]) <= 3e-2 * scale + 1e-6))
+                            fail_msg("ffn %s/%s/%s %s (%s, %d threads) out[%u]: %.9g, double %.9g (scale %.3g)",
+                                     flm_type_name(b.up_type), gated ? flm_type_name(b.gate_type) : "-",
+                                     flm_type_name(b.down_type), gated ? "silu" : "relu", tabs[k]->name, th, j, o[j],
+                                     want[j], scale);
+                }
+            }
+            free(rec);
+            free(x);
+            free(w);
+            free(want);
+            free(mag);
+            free(out);
+            free(out1);
+            free(h);
+            free(acc);
+        }
+}
+
 /* axpy of every type: y += a * dequant(row), to float rounding, scalar and AVX2. */
 static void test_axpy_all_types(void **state) {
     (void)state;
@@ -657,6 +768,7 @@ int main(void) {
         cmocka_unit_test(test_vec_dot),
         cmocka_unit_test(test_matvec_all_types),
         cmocka_unit_test(test_matvec_multi),
+        cmocka_unit_test(test_ffn_bundles_mixed),
         cmocka_unit_test(test_axpy_all_types),
         cmocka_unit_test(test_real_tensors),
     };

@@ -28,6 +28,13 @@ typedef struct real_model {
 static const real_model SMOLLM2 = {"smollm2-135m", "smollm2-135m-instruct-q4_1", 3};
 static const real_model QWEN05 = {"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct", 2};
 static const real_model GEMMA3 = {"gemma-3-270m", "gemma-3-270m-q4_k_m", 1};
+static const real_model QWEN15 = {"qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m", 1};
+
+/* Qwen2.5-Coder-1.5B takes minutes here: checked when FLASHLM_TEST_LARGE=1 (the closing notes quote it). */
+static bool large_tests(void) {
+    const char *v = getenv("FLASHLM_TEST_LARGE");
+    return v && !strcmp(v, "1");
+}
 
 static flm_ctx *open_ctx(const char *path, int n_ctx) {
     flm_params p;
@@ -180,6 +187,11 @@ static void test_smollm2_perplexity(void **state) { (void)state; HEAVY(check_per
 static void test_qwen05_greedy(void **state) { (void)state; HEAVY(check_greedy(&QWEN05)); }
 static void test_qwen05_perplexity(void **state) { (void)state; HEAVY(check_perplexity(&QWEN05)); }
 static void test_gemma3_greedy(void **state) { (void)state; HEAVY(check_greedy(&GEMMA3)); }
+static void test_qwen15_greedy(void **state) {
+    (void)state;
+    if (!large_tests()) { skip(); return; }
+    check_greedy(&QWEN15);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -188,6 +200,7 @@ int main(void) {
         cmocka_unit_test(test_qwen05_greedy),
         cmocka_unit_test(test_qwen05_perplexity),
         cmocka_unit_test(test_gemma3_greedy),
+        cmocka_unit_test(test_qwen15_greedy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

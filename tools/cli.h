@@ -32,7 +32,8 @@ void cli_env_params(struct flm_params *p, const char *model);
 /* OpenBLAS starts its worker threads before main (reading OPENBLAS_NUM_THREADS); only calibrate's training uses
  * BLAS, and raises the count itself. Unless the user set the variable, set it to 1 and execute the program again
  * (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they spin retrying an allocation and
- * exit hangs joining them). Returns only when it did not re-execute. */
+ * exit hangs joining them). Likewise GOMP_SPINCOUNT=10000 unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (a
+ * short spin at OpenMP barriers: see cli_util.c). Returns only when it did not re-execute. */
 void cli_blas_single_thread(char **argv);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;

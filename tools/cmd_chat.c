@@ -105,6 +105,8 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
+    char model_buf[4096];
+    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf); /* a pulled model's name */
 
     flm_error err;
     flm_ctx *ctx = NULL;

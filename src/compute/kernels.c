@@ -264,7 +264,12 @@ bool flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n) {
 size_t flm_act_bytes(uint32_t t, size_t n) {
     const flm_type_traits *tt = flm_type_traits_of(t);
     if (!tt || !tt->is_tensor || n % tt->block_elems) return 0;
-    return flm_row_bytes(tt->vec_dot_type, n);
+    /* q8_0 / q8_1 blocks, then per block d as float32, and q8_0's sum(qs) as int32 / q8_1's s as float32
+     * (quants.h FLM_ACT_TAIL) */
+    const size_t rb = flm_row_bytes(tt->vec_dot_type, n);
+    if (tt->vec_dot_type == FLM_TYPE_Q8_0) return rb + n / 32 * 2 * sizeof(float);
+    if (tt->vec_dot_type == FLM_TYPE_Q8_1) return rb + n / 32 * 2 * sizeof(float);
+    return rb;
 }
 
 void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst) {

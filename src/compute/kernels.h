@@ -71,11 +71,14 @@ typedef struct flm_matvec_job {
 void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
                       int n_threads);
 
-/* Bytes that n floats quantized for a dot with weight type t take (the row size of n elements of t's
- * vec_dot_type; n * 4 for float weight types); 0 when t is unsupported or n is not a multiple of the block size. */
+/* Bytes that n floats quantized for a dot with weight type t take: the row of n elements of t's vec_dot_type
+ * (n * 4 for float weight types), followed for q8_0 / q8_1 by one float32 d per block (the f16 d converted), then
+ * one int32 sum(qs) per block (q8_0) or one float32 s per block (q8_1): the SIMD kernels load four at a time
+ * instead of converting per block, and q4_0/q5_0 dot their unsigned values and subtract offset * sum(qs);
+ * 0 when t is unsupported or n is not a multiple of the block size. */
 size_t flm_act_bytes(uint32_t t, size_t n);
 /* Quantizes x[n] for dot products with rows of weight type t into dst (flm_act_bytes(t, n) bytes): q8_0/q8_1 blocks
- * as ggml's quantize_row_q8_0_ref / quantize_row_q8_1_ref, q8_k blocks with d = max|x|/127 (float) and
+ * as ggml's quantize_row_q8_0_ref / quantize_row_q8_1_ref (then their float32 scales), q8_k blocks with d = max|x|/127 (float) and
  * q = roundf(x/d) plus the 16-element sums; a plain copy for float weight types. Runs the best table's
  * act_quantize (every table writes the same bytes). n must be a multiple of t's block size. */
 void flm_act_quantize(uint32_t t, const float *x, size_t n, void *dst);

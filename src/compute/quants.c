@@ -537,8 +537,32 @@ FLOAT_VDOT(F32)
 FLOAT_VDOT(F16)
 FLOAT_VDOT(BF16)
 
-static void aq_q8_0(const float *x, void *dst, size_t n) { flm_quantize_q8_0(x, dst, n / 32); }
-static void aq_q8_1(const float *x, void *dst, size_t n) { flm_quantize_q8_1(x, dst, n / 32); }
+/* The activation buffers of the 32-element types: blocks, then the float scales (kernels.h flm_act_bytes). */
+static void aq_q8_0(const float *x, void *dst, size_t n) {
+    const size_t nb = n / 32;
+    flm_quantize_q8_0(x, dst, nb);
+    const flm_block_q8_0 *b = dst;
+    uint8_t *tail = (uint8_t *)dst + nb * sizeof *b;
+    for (size_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += b[i].qs[j];
+        memcpy(tail + i * sizeof d, &d, sizeof d);
+        memcpy(tail + (nb + i) * sizeof sum, &sum, sizeof sum);
+    }
+}
+
+static void aq_q8_1(const float *x, void *dst, size_t n) {
+    const size_t nb = n / 32;
+    flm_quantize_q8_1(x, dst, nb);
+    const flm_block_q8_1 *b = dst;
+    uint8_t *tail = (uint8_t *)dst + nb * sizeof *b;
+    for (size_t i = 0; i < nb; i++) {
+        float d = h2f(b[i].d), s = h2f(b[i].s);
+        memcpy(tail + i * sizeof d, &d, sizeof d);
+        memcpy(tail + (nb + i) * sizeof s, &s, sizeof s);
+    }
+}
 static void aq_q8_k(const float *x, void *dst, size_t n) { flm_quantize_q8_k(x, dst, n / 256); }
 
 void flm_quants_fill_scalar(flm_kernels *k) {

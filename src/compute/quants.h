@@ -21,6 +21,11 @@ void flm_quantize_q8_0(const float *x, void *dst, size_t nb);
 void flm_quantize_q8_1(const float *x, void *dst, size_t nb);
 void flm_quantize_q8_k(const float *x, void *dst, size_t nb);
 
+/* The tail after nb q8_0 / q8_1 activation blocks at xq (see kernels.h flm_act_bytes): nb float32 d (the blocks'
+ * f16 d converted), then nb int32 sum(qs) (q8_0) or nb float32 s (q8_1, the f16 s converted). May be unaligned:
+ * read with memcpy or unaligned loads. */
+#define FLM_ACT_TAIL(xq, nb, block_type) ((const uint8_t *)(xq) + (size_t)(nb) * sizeof(block_type))
+
 /* Unpacks the 8 6-bit scales (out[0..7]) and 8 6-bit mins (out[8..15]) of a Q4_K/Q5_K block's scales[12]
  * (ggml-quants.c get_scale_min_k4, all at once). */
 void flm_q4k_scales(const uint8_t scales[12], uint8_t out[16]);

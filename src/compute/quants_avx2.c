@@ -1,6 +1,7 @@
 /* quants_avx2.c — L_compute: AVX2 + FMA + F16C kernels of the quantized types: vec_dot against activations
- * quantized once per matvec (int8 arithmetic, as ggml's ggml_vec_dot_*_q8_* on AVX2), and axpy/dequant of the
- * 32-element types. See quants.h. Built with -mavx2 -mfma -mf16c (CMakeLists.txt); only called after kernels.c
+ * quantized once per matvec (int8 arithmetic, as ggml's ggml_vec_dot_*_q8_* on AVX2) for every quantized type,
+ * the activation quantizers, dequant/axpy of q4_1, q5_0, q5_1, q4_k, q6_k, and float-x dot of all the quantized
+ * types of quants.c (through their dequantizers). See quants.h. Built with -mavx2 -mfma -mf16c (CMakeLists.txt); only called after kernels.c
  * checked the CPU. Types without a kernel here keep the scalar entries the table was copied from.
  *
  * The int8 products use _mm256_maddubs_epi16 (unsigned x signed bytes, pairs summed to int16), which saturates at
@@ -14,6 +15,7 @@
 #endif
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "compute/quants.h"
@@ -39,8 +41,10 @@ static inline float hsum_ps128(__m128 s) {
 
 /* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (elements 16..31). */
 static inline __m256i nibbles32(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    /* both 128-bit halves hold the 16 bytes; the upper half's 64-bit lanes shift right by 4, so each byte's low
+     * nibble there is the high nibble of the same byte (the bits shifted in from the next byte are masked off) */
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i v = _mm256_srlv_epi64(b, _mm256_set_epi64x(4, 4, 0, 0));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
@@ -68,111 +72,148 @@ static inline __m256i dot_s8(__m256i x, __m256i y) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * vec_dot, 32-element blocks. Two accumulators over even/odd blocks hide the FMA latency.
+ * vec_dot, 32-element blocks. Four blocks at a time: their maddubs pair sums are reduced to one vector of 4 block
+ * sums (in int16 while that cannot overflow), and the 4 scale products are formed in one vector: the 4 weight
+ * scales in one f16 -> f32 conversion, the 4 activation scales in one load from the activation buffer's float
+ * tail (kernels.h flm_act_bytes). q4_0 and q5_0 dot their unsigned values and subtract offset * sum(qa) (also in
+ * the tail) from the exact integer sums, which spares the sign trick signed x signed needs.
  * ------------------------------------------------------------------------------------------------------------- */
+/* [sum(p0), sum(p1), sum(p2), sum(p3)] of four vectors of 8 int32 */
+static inline __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The same for four vectors of 16 int16 pair sums (maddubs results), when adding four of them cannot overflow
+ * int16 (|pair sum| <= 8191; the callers state their bound): two int16 levels (phaddw), then int32. */
+static inline __m128i sum4_i16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+    const __m256i w = _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    return _mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+
+/* four f16 values (a, b, c, d) as floats */
+static inline __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
+}
+
+#define D4(p, i, f) f16x4(p[i].f, p[i + 1].f, p[i + 2].f, p[i + 3].f)
+
+/* four floats / int32 at an unaligned byte address */
+static inline __m128 ld4f(const uint8_t *p) { return _mm_castsi128_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m128i ld4i(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+static inline int32_t ld1i(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* sum of the 8 int32 lanes of p */
+static inline int hsum_i32(__m256i p) {
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+    return _mm_cvtsi128_si32(q);
+}
+
+/* The loop shared by the 32-element types. PAIRS(i) yields block i's maddubs pair sums (16 int16); SUM4 reduces
+ * four of them to 4 int32 (sum4_i16 when four pair sums fit int16, else through int32 lanes); ADJ4(s4, i) and
+ * ADJ1(i) correct the integer sums of blocks i..i+3 / block i for an offset taken out of the weights (q4_0, q5_0:
+ * their unsigned values are dotted, and the offset times the activations' block sums subtracted, exactly). ad: the
+ * activation scales as float32 (the buffer's tail). Leaves acc4 (4 partial sums) and tail (the last nb % 4). */
+#define VDOT32_LOOP(PAIRS, SUM4, ADJ4, ADJ1)                                                                      \
+    const size_t nb = n / 32;                                                                                     \
+    const uint8_t *ad = FLM_ACT_TAIL(xq, nb, *a);                                                                 \
+    __m128 acc4 = _mm_setzero_ps();                                                                               \
+    size_t i = 0;                                                                                                 \
+    for (; i + 4 <= nb; i += 4) {                                                                                 \
+        const __m128i s4 = ADJ4(SUM4(PAIRS(i), PAIRS(i + 1), PAIRS(i + 2), PAIRS(i + 3)), i);                    \
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(D4(w, i, d), ld4f(ad + 4 * i)), _mm_cvtepi32_ps(s4), acc4);               \
+    }                                                                                                             \
+    float tail = 0.0f;                                                                                            \
+    for (; i < nb; i++)                                                                                           \
+        tail += h2f(w[i].d) * h2f(a[i].d) *                                                                       \
+                (float)(hsum_i32(_mm256_madd_epi16(PAIRS(i), _mm256_set1_epi16(1))) + ADJ1(i));
+
+#define NO_ADJ4(s4, i) (s4)
+#define NO_ADJ1(i) 0
+
+/* int32 reduction of pair sums: the lanes are madd'ed first (for q8_0, whose pair sums reach 2 * 127 * 127) */
+#define SUM4_I32(p0, p1, p2, p3)                                                                                  \
+    sum4_i32(_mm256_madd_epi16(p0, ones16), _mm256_madd_epi16(p1, ones16), _mm256_madd_epi16(p2, ones16),       \
+             _mm256_madd_epi16(p3, ones16))
+
+static inline __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* maddubs of signed x and y: |x| times y with x's sign */
+static inline __m256i pairs_s8(__m256i x, __m256i y) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
 static float vdot_q8_0(const void *row, const void *xq, size_t n) {
     const flm_block_q8_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = dot_s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        __m256i p1 = dot_s8(_mm256_loadu_si256((const __m256i *)w[i + 1].qs),
-                            _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++) {
-        __m256i p = dot_s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    const __m256i ones16 = _mm256_set1_epi16(1);
+#define P_Q8_0(k) pairs_s8(ld256(w[k].qs), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q8_0, SUM4_I32, NO_ADJ4, NO_ADJ1)
+    return hsum_ps128(acc4) + tail;
 }
 
-static inline __m256i q4_0_block(const flm_block_q4_0 *w, const flm_block_q8_0 *a) {
-    const __m256i q = _mm256_sub_epi8(nibbles32(w->qs), _mm256_set1_epi8(8));
-    return dot_s8(q, _mm256_loadu_si256((const __m256i *)a->qs));
-}
-
+/* q4_0: sum((q - 8) qa) = sum(q qa) - 8 sum(qa), the block sums of qa from the activation buffer's tail (after the
+ * float scales). q <= 15: pair sums <= 2 * 15 * 127 = 3810 */
 static float vdot_q4_0(const void *row, const void *xq, size_t n) {
     const flm_block_q4_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = q4_0_block(&w[i], &a[i]), p1 = q4_0_block(&w[i + 1], &a[i + 1]);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(q4_0_block(&w[i], &a[i])),
-                               acc0);
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    const uint8_t *asum = FLM_ACT_TAIL(xq, n / 32, *a) + 4 * (n / 32);
+#define P_Q4_0(k) _mm256_maddubs_epi16(nibbles32(w[k].qs), ld256(a[k].qs))
+#define ADJ4_Q4_0(s4, k) _mm_sub_epi32(s4, _mm_slli_epi32(ld4i(asum + 4 * (k)), 3))
+#define ADJ1_Q4_0(k) (-8 * ld1i(asum + 4 * (k)))
+    VDOT32_LOOP(P_Q4_0, sum4_i16, ADJ4_Q4_0, ADJ1_Q4_0)
+    return hsum_ps128(acc4) + tail;
 }
 
-/* q4_1 . q8_1: d_w d_a sum(q * qa) + m_w s_a (s_a = d_a * sum(qa), precomputed by the activation quantizer) */
+/* q4_1 . q8_1: d_w d_a sum(q * qa) + m_w s_a (s_a = d_a * sum(qa), precomputed by the activation quantizer);
+ * q <= 15, pair sums <= 2 * 15 * 127 = 3810 */
 static float vdot_q4_1(const void *row, const void *xq, size_t n) {
     const flm_block_q4_1 *w = row;
     const flm_block_q8_1 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float summs = 0.0f;
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = dot_us8(nibbles32(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        __m256i p1 = dot_us8(nibbles32(w[i + 1].qs), _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-        summs += h2f(w[i].m) * h2f(a[i].s) + h2f(w[i + 1].m) * h2f(a[i + 1].s);
-    }
-    for (; i < nb; i++) {
-        __m256i p = dot_us8(nibbles32(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
-        summs += h2f(w[i].m) * h2f(a[i].s);
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) + summs;
+#define P_Q4_1(k) _mm256_maddubs_epi16(nibbles32(w[k].qs), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q4_1, sum4_i16, NO_ADJ4, NO_ADJ1)
+    const uint8_t *as = ad + 4 * nb; /* the s values follow the d values */
+    __m128 ms4 = _mm_setzero_ps();
+    size_t j = 0;
+    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), ld4f(as + 4 * j), ms4);
+    for (; j < nb; j++) tail += h2f(w[j].m) * h2f(a[j].s);
+    return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
 
-/* q5_0: q - 16 = nibble | (0xf0 where the fifth bit is clear), read as int8 */
-static inline __m256i q5_0_block(const flm_block_q5_0 *w, const flm_block_q8_0 *a) {
-    const __m256i hi = _mm256_andnot_si256(bits32(w->qh), _mm256_set1_epi8((char)0xf0));
-    const __m256i q = _mm256_or_si256(nibbles32(w->qs), hi);
-    return dot_s8(q, _mm256_loadu_si256((const __m256i *)a->qs));
-}
-
+/* q5_0: sum((q - 16) qa) = sum(q qa) - 16 sum(qa) with q = nibble | fifth bit << 4 <= 31: pair sums <= 7874,
+ * four of them 31496 < 32768 */
 static float vdot_q5_0(const void *row, const void *xq, size_t n) {
     const flm_block_q5_0 *w = row;
     const flm_block_q8_0 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i p0 = q5_0_block(&w[i], &a[i]), p1 = q5_0_block(&w[i + 1], &a[i + 1]);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(q5_0_block(&w[i], &a[i])),
-                               acc0);
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    const __m256i x10 = _mm256_set1_epi8(0x10);
+    const uint8_t *asum = FLM_ACT_TAIL(xq, n / 32, *a) + 4 * (n / 32);
+#define P_Q5_0(k) _mm256_maddubs_epi16(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
+#define ADJ4_Q5_0(s4, k) _mm_sub_epi32(s4, _mm_slli_epi32(ld4i(asum + 4 * (k)), 4))
+#define ADJ1_Q5_0(k) (-16 * ld1i(asum + 4 * (k)))
+    VDOT32_LOOP(P_Q5_0, sum4_i16, ADJ4_Q5_0, ADJ1_Q5_0)
+    return hsum_ps128(acc4) + tail;
 }
 
+/* q5_1: q <= 31, pair sums <= 7874, four of them 31496 < 32768 */
 static float vdot_q5_1(const void *row, const void *xq, size_t n) {
     const flm_block_q5_1 *w = row;
     const flm_block_q8_1 *a = xq;
-    const size_t nb = n / 32;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (size_t i = 0; i < nb; i++) {
-        const __m256i hi = _mm256_and_si256(bits32(w[i].qh), _mm256_set1_epi8(0x10));
-        const __m256i q = _mm256_or_si256(nibbles32(w[i].qs), hi);
-        const __m256i p = dot_us8(q, _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), _mm256_cvtepi32_ps(p), acc);
-        summs += h2f(w[i].m) * h2f(a[i].s);
-    }
-    return hsum_ps(acc) + summs;
+    const __m256i x10 = _mm256_set1_epi8(0x10);
+#define P_Q5_1(k) _mm256_maddubs_epi16(_mm256_or_si256(nibbles32(w[k].qs), _mm256_and_si256(bits32(w[k].qh), x10)), ld256(a[k].qs))
+    VDOT32_LOOP(P_Q5_1, sum4_i16, NO_ADJ4, NO_ADJ1)
+    const uint8_t *as = ad + 4 * nb;
+    __m128 ms4 = _mm_setzero_ps();
+    size_t j = 0;
+    for (; j + 4 <= nb; j += 4) ms4 = _mm_fmadd_ps(D4(w, j, m), ld4f(as + 4 * j), ms4);
+    for (; j < nb; j++) tail += h2f(w[j].m) * h2f(a[j].s);
+    return hsum_ps128(_mm_add_ps(acc4, ms4)) + tail;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -480,18 +521,68 @@ DOT_VIA_DEQUANT(q4_1, dequant_q4_1, 32, sizeof(flm_block_q4_1))
 DOT_VIA_DEQUANT(q5_0, dequant_q5_0, 32, sizeof(flm_block_q5_0))
 DOT_VIA_DEQUANT(q5_1, dequant_q5_1, 32, sizeof(flm_block_q5_1))
 
-/* K-quants: the table's (scalar) dequantizer of the same type, looked up once */
+/* 32 bytes q (unsigned, or signed when SIGNED) -> y[0..31] = dl * q - ml, elementwise, product then difference
+ * (the scalar code's two roundings; no fma). Covers two 16-element groups when dl/ml differ per half: dl0/ml0 for
+ * elements 0..15, dl1/ml1 for 16..31. */
+static inline void store_dq32(__m256i q, bool is_signed, float dl0, float ml0, float dl1, float ml1, float *y) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        const __m256i w = is_signed ? _mm256_cvtepi8_epi32(parts[k]) : _mm256_cvtepu8_epi32(parts[k]);
+        const __m256 dl = _mm256_set1_ps(k < 2 ? dl0 : dl1), ml = _mm256_set1_ps(k < 2 ? ml0 : ml1);
+        _mm256_storeu_ps(y + 8 * k, _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(w)), ml));
+    }
+}
+
+static void dequant_q4_k(const void *row, float *y, size_t n) {
+    const flm_block_q4_k *b = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (size_t i = 0; i < n / 256; i++, y += 256) {
+        uint64_t sc8, mn8;
+        q4k_scales8(b[i].scales, &sc8, &mn8);
+        const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = ld256(b[i].qs + 32 * j);
+            const int s0 = (int)(sc8 >> (16 * j)) & 0xff, s1 = (int)(sc8 >> (16 * j + 8)) & 0xff;
+            const int m0 = (int)(mn8 >> (16 * j)) & 0xff, m1 = (int)(mn8 >> (16 * j + 8)) & 0xff;
+            const float dl0 = d * (float)s0, ml0 = dmin * (float)m0, dl1 = d * (float)s1, ml1 = dmin * (float)m1;
+            store_dq32(_mm256_and_si256(q4, m4), false, dl0, ml0, dl0, ml0, y + 64 * j);
+            store_dq32(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), false, dl1, ml1, dl1, ml1, y + 64 * j + 32);
+        }
+    }
+}
+
+static void dequant_q6_k(const void *row, float *y, size_t n) {
+    const flm_block_q6_k *b = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+    for (size_t i = 0; i < n / 256; i++, y += 256) {
+        const float d = h2f(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = ld256(b[i].qh + 32 * h), l0 = ld256(b[i].ql + 64 * h), l1 = ld256(b[i].ql + 64 * h + 32);
+            const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int s = 0; s < 4; s++) {
+                const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2), 4);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[s], hi), k32);
+                const int g = 8 * h + 2 * s;
+                store_dq32(q, true, d * (float)b[i].scales[g], 0.0f, d * (float)b[i].scales[g + 1], 0.0f,
+                           y + 128 * h + 32 * s);
+            }
+        }
+    }
+}
+
+/* K-quants without an AVX2 dequantizer: the table's (scalar) one of the same type, looked up once */
 static flm_dequant_fn kdeq[FLM_N_TYPES];
 static void deq_q2_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q2_K](r, y, n); }
 static void deq_q3_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q3_K](r, y, n); }
-static void deq_q4_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q4_K](r, y, n); }
 static void deq_q5_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q5_K](r, y, n); }
-static void deq_q6_k(const void *r, float *y, size_t n) { kdeq[FLM_TYPE_Q6_K](r, y, n); }
 DOT_VIA_DEQUANT(q2_k, deq_q2_k, 256, sizeof(flm_block_q2_k))
 DOT_VIA_DEQUANT(q3_k, deq_q3_k, 256, sizeof(flm_block_q3_k))
-DOT_VIA_DEQUANT(q4_k, deq_q4_k, 256, sizeof(flm_block_q4_k))
+DOT_VIA_DEQUANT(q4_k, dequant_q4_k, 256, sizeof(flm_block_q4_k))
 DOT_VIA_DEQUANT(q5_k, deq_q5_k, 256, sizeof(flm_block_q5_k))
-DOT_VIA_DEQUANT(q6_k, deq_q6_k, 256, sizeof(flm_block_q6_k))
+DOT_VIA_DEQUANT(q6_k, dequant_q6_k, 256, sizeof(flm_block_q6_k))
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Activation quantizers: the same bytes as quants.c's scalar ones (same amax, d, 1/d, x*id products; roundf's
@@ -536,25 +627,37 @@ static inline float amax_n(const float *x, int n) {
     return hmax_ps(m);
 }
 
+/* 32-element activation buffers: the blocks, then their scales as float32 (kernels.h flm_act_bytes) */
 static void aq_q8_0(const float *x, void *dst, size_t n) {
     flm_block_q8_0 *y = dst;
-    for (size_t i = 0; i < n / 32; i++, x += 32) {
+    const size_t nb = n / 32;
+    uint8_t *tail = (uint8_t *)dst + nb * sizeof *y;
+    for (size_t i = 0; i < nb; i++, x += 32) {
         const float d = amax_n(x, 32) / 127.0f;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
-        _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), NULL));
+        const float df = _cvtsh_ss(y[i].d);
+        memcpy(tail + 4 * i, &df, 4);
+        int32_t sum;
+        _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), &sum));
+        memcpy(tail + 4 * (nb + i), &sum, 4);
     }
 }
 
 static void aq_q8_1(const float *x, void *dst, size_t n) {
     flm_block_q8_1 *y = dst;
-    for (size_t i = 0; i < n / 32; i++, x += 32) {
+    const size_t nb = n / 32;
+    uint8_t *tail = (uint8_t *)dst + nb * sizeof *y;
+    for (size_t i = 0; i < nb; i++, x += 32) {
         const float d = amax_n(x, 32) / 127.0f;
         const float id = d ? 1.0f / d : 0.0f;
         int sum;
         _mm256_storeu_si256((__m256i *)y[i].qs, quant32(x, _mm256_set1_ps(id), &sum));
         y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* = flm_f32_to_f16 (test_kernels) */
         y[i].s = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+        const float df = _cvtsh_ss(y[i].d), sf = _cvtsh_ss(y[i].s);
+        memcpy(tail + 4 * i, &df, 4);
+        memcpy(tail + 4 * (nb + i), &sf, 4);
     }
 }
 
@@ -578,6 +681,21 @@ static void aq_q8_k(const float *x, void *dst, size_t n) {
     }
 }
 
+/* y += a * row through the block dequantizer, 256 elements at a time (the K-quants' down columns) */
+#define AXPY_VIA_DEQUANT(T, DEQ, BB)                                                                              \
+    static void axpy_##T(const void *row, float a, float *y, size_t n) {                                          \
+        const uint8_t *r = row;                                                                                   \
+        _Alignas(32) float tmp[256];                                                                              \
+        const __m256 va = _mm256_set1_ps(a);                                                                      \
+        for (size_t i = 0; i < n; i += 256) {                                                                     \
+            DEQ(r + i / 256 * (BB), tmp, 256);                                                                    \
+            for (size_t j = 0; j < 256; j += 8)                                                                   \
+                _mm256_storeu_ps(y + i + j, _mm256_fmadd_ps(va, _mm256_load_ps(tmp + j), _mm256_loadu_ps(y + i + j))); \
+        }                                                                                                         \
+    }
+AXPY_VIA_DEQUANT(q4_k, dequant_q4_k, sizeof(flm_block_q4_k))
+AXPY_VIA_DEQUANT(q6_k, dequant_q6_k, sizeof(flm_block_q6_k))
+
 void flm_quants_fill_avx2(flm_kernels *k) {
     k->act_quantize[FLM_TYPE_Q8_0] = aq_q8_0;
     k->act_quantize[FLM_TYPE_Q8_1] = aq_q8_1;
@@ -598,9 +716,9 @@ void flm_quants_fill_avx2(flm_kernels *k) {
     k->dequant[FLM_TYPE_Q5_1] = dequant_q5_1, k->axpy[FLM_TYPE_Q5_1] = axpy_q5_1, k->dot[FLM_TYPE_Q5_1] = dot_q5_1;
     k->dot[FLM_TYPE_Q2_K] = dot_q2_k;
     k->dot[FLM_TYPE_Q3_K] = dot_q3_k;
-    k->dot[FLM_TYPE_Q4_K] = dot_q4_k;
+    k->dot[FLM_TYPE_Q4_K] = dot_q4_k, k->dequant[FLM_TYPE_Q4_K] = dequant_q4_k, k->axpy[FLM_TYPE_Q4_K] = axpy_q4_k;
     k->dot[FLM_TYPE_Q5_K] = dot_q5_k;
-    k->dot[FLM_TYPE_Q6_K] = dot_q6_k;
+    k->dot[FLM_TYPE_Q6_K] = dot_q6_k, k->dequant[FLM_TYPE_Q6_K] = dequant_q6_k, k->axpy[FLM_TYPE_Q6_K] = axpy_q6_k;
 }
 
 #else
