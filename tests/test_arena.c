@@ -63,6 +63,13 @@ static void test_ffn_storage_is_the_plan(void **state) {
         if (modes[i] == FLM_MODE_HYBRID) {
             assert_true(fl->plan.n_resident_layers > 0 && fl->plan.n_resident_layers < 5);
         }
+        /* the KV cache, activations and statistics ring: one block, the KV cache at its start */
+        uint64_t kv = flm_kv_cache_bytes(5, 32, ctx->model->hp.n_kv_heads * ctx->model->hp.head_dim);
+        assert_ptr_equal((uint8_t *)ctx->kv.k, ctx->mem.base);
+        assert_ptr_equal((uint8_t *)ctx->kv.v, ctx->mem.base + kv / 2);
+        assert_true(ctx->mem.used >= kv + flm_scratch_bytes(&ctx->model->hp, 32));
+        assert_true(ctx->mem.used <= ctx->mem.size);
+        assert_true((uint8_t *)ctx->tokens + FLM_STATS_TOKENS * sizeof *ctx->tokens <= ctx->mem.base + ctx->mem.used);
         const float *logits;
         assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK);
         flm_close(ctx);

@@ -16,6 +16,7 @@ flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx,
     c->n_layers = n_layers;
     c->n_ctx = n_ctx;
     c->kv_dim = kv_dim;
+    c->owned = true;
     c->k = calloc(n, sizeof(float));
     c->v = calloc(n, sizeof(float));
     if (!c->k || !c->v) {
@@ -26,9 +27,16 @@ flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx,
     return FLM_OK;
 }
 
+void flm_kv_cache_init_in(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, void *mem) {
+    size_t n = (size_t)n_layers * n_ctx * kv_dim;
+    *c = (flm_kv_cache){n_layers, n_ctx, kv_dim, (float *)mem, (float *)mem + n, false};
+}
+
 void flm_kv_cache_free(flm_kv_cache *c) {
-    free(c->k);
-    free(c->v);
+    if (c->owned) {
+        free(c->k);
+        free(c->v);
+    }
     c->k = c->v = NULL;
 }
 

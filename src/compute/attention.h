@@ -14,12 +14,16 @@
 typedef struct flm_kv_cache {
     uint32_t n_layers, n_ctx, kv_dim;
     float *k, *v;
+    bool owned; /* k and v were allocated by flm_kv_cache_init (flm_kv_cache_free frees them) */
 } flm_kv_cache;
 
 /* Bytes the cache needs: 2 * n_layers * n_ctx * kv_dim * 4. */
 uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim);
 /* Errors: FLM_ERR_NOMEM. */
 flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, flm_error *err);
+/* The same cache in caller memory: mem holds flm_kv_cache_bytes() zeroed bytes, float-aligned, and outlives c
+ * (flm_kv_cache_free then frees nothing). */
+void flm_kv_cache_init_in(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, void *mem);
 void flm_kv_cache_free(flm_kv_cache *c);
 /* Row pointers for layer l, position pos. */
 float *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos);

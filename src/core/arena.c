@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/util.h"
 
@@ -11,8 +12,8 @@ int flm_arena_init(flm_arena *a, uint64_t size) {
     if (size == 0) return 0;
     uint64_t bytes = flm_align_up(size, FLM_ARENA_ALIGN);
     if (bytes > SIZE_MAX) return -1;
-    void *p = NULL;
-    if (posix_memalign(&p, FLM_ARENA_ALIGN, (size_t)bytes)) return -1;
+    void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return -1;
     a->base = p;
     a->size = bytes;
     return 0;
@@ -27,6 +28,6 @@ void *flm_arena_alloc(flm_arena *a, uint64_t bytes, uint64_t align) {
 }
 
 void flm_arena_free(flm_arena *a) {
-    free(a->base);
+    if (a->base) munmap(a->base, (size_t)a->size);
     memset(a, 0, sizeof *a);
 }

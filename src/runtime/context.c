@@ -73,29 +73,28 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx) {
                 hp->n_vocab) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
-flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_error *err) {
+flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_arena *a, flm_error *err) {
     size_t q_dim = (size_t)hp->n_heads * hp->head_dim;
     size_t xb = q_dim > hp->d_model ? q_dim : hp->d_model;
     memset(s, 0, sizeof *s);
-    s->x = calloc(hp->d_model, sizeof(float));
-    s->xb = calloc(xb, sizeof(float));
-    s->xb2 = calloc(hp->d_model, sizeof(float));
-    s->hb = calloc(hp->d_ffn, sizeof(float));
-    s->hb2 = calloc(hp->d_ffn, sizeof(float));
-    s->q = calloc(q_dim, sizeof(float));
-    s->att = calloc((size_t)hp->n_heads * n_ctx, sizeof(float));
-    s->logits = calloc(hp->n_vocab, sizeof(float));
+#define CARVE(n) flm_arena_alloc(a, (uint64_t)(n) * sizeof(float), FLM_CARVE_ALIGN)
+    s->x = CARVE(hp->d_model);
+    s->xb = CARVE(xb);
+    s->xb2 = CARVE(hp->d_model);
+    s->hb = CARVE(hp->d_ffn);
+    s->hb2 = CARVE(hp->d_ffn);
+    s->q = CARVE(q_dim);
+    s->att = CARVE((size_t)hp->n_heads * n_ctx);
+    s->logits = CARVE(hp->n_vocab);
+#undef CARVE
     if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->att || !s->logits) {
         flm_scratch_free(s);
-        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for activations");
+        return flm_fail(err, FLM_ERR_BUDGET, "the activations exceed the memory planned for them");
     }
     return FLM_OK;
 }
 
-void flm_scratch_free(flm_scratch *s) {
-    free(s->x); free(s->xb); free(s->xb2); free(s->hb); free(s->hb2); free(s->q); free(s->att); free(s->logits);
-    memset(s, 0, sizeof *s);
-}
+void flm_scratch_free(flm_scratch *s) { memset(s, 0, sizeof *s); } /* the arrays belong to the arena */
 
 flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err) {
     *out = NULL;
@@ -164,14 +163,21 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         flm_close(ctx);
         return st;
     }
-    if ((st = flm_kv_cache_init(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, err)) ||
-        (st = flm_scratch_init(&ctx->s, hp, n_ctx, err))) {
+    /* KV cache, activations and the per-token statistics ring: one block of the planned size, carved */
+    uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
+    uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
+    if (flm_arena_init(&ctx->mem, mem)) {
         flm_close(ctx);
-        return st;
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the KV cache and activations", path,
+                        (unsigned long long)mem);
     }
-    if (!(ctx->tokens = calloc(FLM_STATS_TOKENS, sizeof *ctx->tokens))) { /* counted in flm_scratch_bytes */
+    void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
+    if (kv_mem) flm_kv_cache_init_in(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_mem);
+    if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, &ctx->mem, err)) ||
+        !(ctx->tokens = flm_arena_alloc(&ctx->mem, FLM_STATS_TOKENS * sizeof *ctx->tokens, FLM_CARVE_ALIGN))) {
         flm_close(ctx);
-        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the per-token statistics");
+        return flm_fail(err, FLM_ERR_BUDGET, "%s: the KV cache and activations exceed the %llu bytes planned", path,
+                        (unsigned long long)mem);
     }
     ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     *out = ctx;
@@ -196,8 +202,8 @@ void flm_close(flm_ctx *ctx) {
     flm_flash_close(ctx->flash);
     flm_scratch_free(&ctx->s);
     flm_kv_cache_free(&ctx->kv);
+    flm_arena_free(&ctx->mem); /* the KV cache, the activations, the statistics ring */
     flm_model_free(ctx->model);
-    free(ctx->tokens);
     free(ctx);
 }
 

@@ -100,7 +100,8 @@ struct flm_ctx {
     uint64_t mem_resident;   /* for stats: bytes of resident weights */
     /* statistics */
     flm_token_stats total;
-    flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS */
+    flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS (in mem) */
+    flm_arena mem;           /* one block: the KV cache, the activations (s) and the statistics ring, carved */
     uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
     flm_ffn_tap_fn ffn_tap;  /* NULL, or set by flm_set_ffn_tap */
@@ -115,9 +116,15 @@ const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const fl
 /* The sparse source's state when ctx runs sparse, else NULL. */
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
+/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 8 activation arrays, the
+ * statistics ring): the arena holds their bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
+#define FLM_CARVE_ALIGN 64u
+#define FLM_CTX_CARVES 10u
+
 /* Bytes of scratch for these hyper-parameters and context length. */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx);
-flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_error *err);
+/* Carve the activations from a (FLM_CARVE_ALIGN-aligned arrays, zero). Errors: FLM_ERR_BUDGET (a is too small). */
+flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_arena *a, flm_error *err);
 void flm_scratch_free(flm_scratch *s);
 
 /* Dense FFN of one layer on in[d_model] -> out[d_model], weights resident: out = down(act(gate in) * (up in)), or
