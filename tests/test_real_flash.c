@@ -161,7 +161,7 @@ static void test_sparse(void **state) {
     memcpy(held, book + 100000, 40000);
     held[40000] = 0;
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "calibrate '%s' --text '%s' --tokens 384 --chunk 128 --epochs 3 --sparsity 0.1 --rank 32 --rank-last 32 -t 2 2>&1",
+    snprintf(cmd, sizeof cmd, "calibrate '%s' --text '%s' --tokens 256 --chunk 128 --epochs 2 --sparsity 0.1 --rank 32 --rank-last 32 -t 2 2>&1",
              flm_path, calib);
     char *out = NULL;
     int rc = tu_run_cli(cmd, &out);
