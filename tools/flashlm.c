@@ -319,20 +319,30 @@ static int cmd_inspect(int argc, char **argv) {
 /* ---- convert / verify ------------------------------------------------------------------------------------------ */
 
 static const char *CONVERT_HELP =
-    "usage: flashlm convert SRC.gguf OUT.flm [--force]\n"
+    "usage: flashlm convert SRC.gguf OUT.flm [--force] [--down-type q8_0|f16|f32]\n"
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
     "regions with xxh64 checksums. Written to OUT.flm.tmp and renamed when complete; nothing is left on error.\n"
-    "An existing OUT.flm is only replaced with -f/--force.\n";
+    "An existing OUT.flm is only replaced with -f/--force.\n"
+    "A quantized down projection is re-laid by columns as q8_0 (docs/FORMAT.md); --down-type f16 stores them\n"
+    "near-exactly at about twice the bytes (to measure what q8_0 costs).\n";
 
 static int cmd_convert(int argc, char **argv) {
     if (cli_is_help(argc, argv)) { fputs(CONVERT_HELP, stdout); return 0; }
     const char *paths[2] = {NULL, NULL};
     bool force = false;
     int np = 0;
+    uint32_t down_as = FLM_TYPE_Q8_0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--force")) force = true;
+        else if (!strcmp(argv[i], "--down-type")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "q8_0")) down_as = FLM_TYPE_Q8_0;
+            else if (!strcmp(v, "f16")) down_as = FLM_TYPE_F16;
+            else if (!strcmp(v, "f32")) down_as = FLM_TYPE_F32;
+            else return cli_die("bad --down-type '%s' (q8_0, f16 or f32)", v);
+        }
         else if (argv[i][0] == '-' && argv[i][1]) return cli_die("unknown option '%s' (see flashlm convert --help)", argv[i]);
         else if (np < 2) paths[np++] = argv[i];
         else { fputs(CONVERT_HELP, stderr); return 2; }
@@ -346,7 +356,7 @@ static int cmd_convert(int argc, char **argv) {
     cli_remove_on_signal(tmp);
     flm_error err;
     double t0 = flm_now_ms();
-    if (flm_convert(src, dst, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (flm_convert_ex(src, dst, down_as, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_remove_on_signal(NULL);
     flm_file *f = NULL;
     if (flm_file_open(dst, &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }

@@ -16,8 +16,8 @@
 #include "format/flm_write.h"
 #include "model/model.h"
 
-uint32_t flm_down_column_type(uint32_t down_type) {
-    return flm_type_block_elems(down_type) > 1 ? FLM_TYPE_Q8_0 : down_type;
+uint32_t flm_down_column_type(uint32_t down_type, uint32_t quantized_as) {
+    return flm_type_block_elems(down_type) > 1 ? quantized_as : down_type;
 }
 
 static bool is_ffn_tensor(const char *name) {
@@ -84,12 +84,12 @@ static flm_status copy_file_into(flm_out_file *o, const char *path, flm_error *e
 
 /* Write the FFN region of one layer: d_ffn bundles (up row | gate row | down column). */
 static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t l, flm_region *r, float *downT,
-                                  uint8_t *chunk, size_t chunk_records, flm_error *err) {
+                                  uint8_t *chunk, size_t chunk_records, uint32_t down_as, flm_error *err) {
     const flm_hparams *hp = &m->hp;
     const flm_layer_weights *L = &m->layers[l];
     const flm_kernels *k = flm_kernels_scalar();
     uint32_t d = hp->d_model, n_ffn = hp->d_ffn;
-    const uint32_t col_type = flm_down_column_type(L->ffn_down.type);
+    const uint32_t col_type = flm_down_column_type(L->ffn_down.type, down_as);
     flm_bundle_layout b = flm_bundle_layout_of(d, L->ffn_up.type, L->ffn_gate.type, col_type, hp->gated);
     /* down is d_model rows of d_ffn: transpose it into d_ffn rows of d_model floats */
     size_t down_row = flm_row_bytes(L->ffn_down.type, n_ffn);
@@ -122,6 +122,14 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
+    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, progress, user, err);
+}
+
+flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, flm_progress_fn progress, void *user,
+                          flm_error *err) {
+    if (down_as != FLM_TYPE_Q8_0 && down_as != FLM_TYPE_F16 && down_as != FLM_TYPE_F32)
+        return flm_fail(err, FLM_ERR_ARG, "convert: down columns can be stored as q8_0, f16 or f32, not %s",
+                        flm_type_name(down_as) ? flm_type_name(down_as) : "that type");
     flm_gguf_file *g = NULL;
     flm_model *m = NULL;
     flm_status st = flm_check_output(dst, src, err);
@@ -131,7 +139,7 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
     const flm_hparams *hp = &m->hp;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        uint32_t t = m->layers[l].ffn_down.type, ct = flm_down_column_type(t);
+        uint32_t t = m->layers[l].ffn_down.type, ct = flm_down_column_type(t, down_as);
         if (!flm_row_bytes(ct, hp->d_model))
             return flm_model_free(m),
                    flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection is stored by columns as %s, "
@@ -150,7 +158,7 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const flm_layer_weights *L = &m->layers[l];
         flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, L->ffn_up.type, L->ffn_gate.type,
-                                                   flm_down_column_type(L->ffn_down.type), hp->gated);
+                                                   flm_down_column_type(L->ffn_down.type, down_as), hp->gated);
         if (b.record_bytes > max_rec) max_rec = b.record_bytes;
     }
     size_t chunk_records = 256;
@@ -180,7 +188,7 @@ flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progres
     if ((st = flm_out_pad(&o, err))) goto done;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         if (progress) progress(user, "FFN layers", l, hp->n_layers);
-        if ((st = write_ffn_layer(&o, m, l, &regions[1 + l], downT, chunk, chunk_records, err))) goto done;
+        if ((st = write_ffn_layer(&o, m, l, &regions[1 + l], downT, chunk, chunk_records, down_as, err))) goto done;
     }
     if (progress) progress(user, "FFN layers", hp->n_layers, hp->n_layers);
     /* the header, now that every region is known */

@@ -13,7 +13,7 @@
  * because its error (1/254 of a block's largest magnitude) is far below that of the 4-6-bit source formats, so the
  * re-laid column adds almost nothing (measured: docs/FORMAT.md), and because its 32-element blocks fit every
  * d_model of the models we run (576, 640, 896: not multiples of the K-quants' 256). */
-uint32_t flm_down_column_type(uint32_t down_type);
+uint32_t flm_down_column_type(uint32_t down_type, uint32_t quantized_as);
 
 /* Convert a GGUF model (any architecture and tensor type flm_model_from_gguf accepts) into dst. Writes "<dst>.tmp", fsyncs and renames
  * it onto dst only when complete; on any error removes the temporary file and leaves dst untouched.
@@ -21,5 +21,10 @@ uint32_t flm_down_column_type(uint32_t down_type);
  * values slightly; float types are copied exactly.
  * Errors: those of flm_gguf_open and flm_model_from_gguf, FLM_ERR_IO (write), FLM_ERR_NOMEM. */
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err);
+/* flm_convert with the type quantized down columns are stored in (quantized_as of flm_down_column_type): q8_0 (the
+ * default), f16 (a near-exact copy of 4-6-bit source values at 2 bytes per element) or f32.
+ * Errors: those of flm_convert, FLM_ERR_ARG for another type. */
+flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, flm_progress_fn progress, void *user,
+                          flm_error *err);
 
 #endif
