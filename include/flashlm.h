@@ -150,6 +150,8 @@ typedef struct flm_params {
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
+    float sparse_level; /* --sparse-level: the stored operating point (eps, the share of each layer's FFN output
+                           energy left out; `flashlm calibrate` lists them) to run at; 0 = calibrate's default */
     bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): round them to
                            f16 as llama.cpp's f16 KV cache does, so outputs agree with llama.cpp's */
     /* the library's surroundings: nothing is implicit */
@@ -231,8 +233,8 @@ typedef struct flm_stats {
     uint32_t n_layers, n_ffn_resident_layers;
     uint32_t window;         /* sparse: k */
     uint64_t cache_rows;     /* sparse: neuron-cache capacity summed over layers */
-    uint64_t n_dropped;      /* sparse: predicted neurons not computed because a token's set exceeded a layer's cache
-                                (the least confident ones; 0 unless the budget is very tight) */
+    uint64_t n_streamed;     /* sparse: predicted neurons that did not fit a layer's neuron cache (its set was larger):
+                                read into a small stream buffer, computed and discarded (0 unless the budget is tight) */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
     uint64_t n_tokens_kept;  /* per-token records held: those of tokens n_tokens - n_tokens_kept .. n_tokens - 1 */
 } flm_stats;

@@ -67,9 +67,9 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
         fprintf(stderr, "flashlm: sparse: window %u tokens, neuron cache %llu rows (%llu in use); per token: %.1f neurons "
                 "predicted, %.1f read, %.1f reused from the window", s.window, (unsigned long long)s.cache_rows,
                 (unsigned long long)s.total.rows_used, pred, loaded, reused);
-        if (s.n_dropped)
-            fprintf(stderr, "; %llu predicted neurons DROPPED (a set exceeded the cache: raise --mem)",
-                    (unsigned long long)s.n_dropped);
+        if (s.n_streamed)
+            fprintf(stderr, "; %.1f neurons per token streamed past the cache (sets larger than the cache: more --mem "
+                    "reads less)", (double)s.n_streamed / n);
         if (s.total.n_true)
             fprintf(stderr, "; predictor recall %.3f, precision %.3f", (double)s.total.n_true_pos / s.total.n_true,
                     s.total.n_predicted ? (double)s.total.n_true_pos / s.total.n_predicted : 1.0);

@@ -184,6 +184,17 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     return FLM_OK;
 }
 
+flm_status flm_set_ffn_select(flm_ctx *ctx, flm_ffn_select_fn fn, void *user, bool need_h, flm_error *err) {
+    if (fn && ctx->ffn != &flm_ffn_ram)
+        return flm_fail(err, FLM_ERR_ARG, "the FFN select hook needs a .flm opened in ram mode");
+    if (fn && !ctx->select_ids && !(ctx->select_ids = malloc(ctx->model->hp.d_ffn * sizeof(uint32_t))))
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    ctx->ffn_select = fn;
+    ctx->select_user = fn ? user : NULL;
+    ctx->select_need_h = fn && need_h;
+    return FLM_OK;
+}
+
 void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user) {
     ctx->ffn_tap = fn;
     ctx->tap_user = fn ? user : NULL;
@@ -204,6 +215,7 @@ void flm_close(flm_ctx *ctx) {
     flm_kv_cache_free(&ctx->kv);
     flm_arena_free(&ctx->mem); /* the KV cache, the activations, the statistics ring */
     flm_model_free(ctx->model);
+    free(ctx->select_ids);
     free(ctx);
 }
 

@@ -39,6 +39,7 @@ static void residual(float *x, float *y, const flm_weight *norm, uint32_t d, flo
 }
 
 flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err) {
+    ctx->cur_pos = pos;
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const flm_kernels *k = ctx->k;

@@ -55,7 +55,7 @@ void flm_ffn_region_bytes(const flm_file *f, uint64_t *total, uint64_t *largest)
 typedef struct flm_sparse flm_sparse;
 uint32_t flm_sparse_window(const flm_sparse *sp);
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp);
-uint64_t flm_sparse_dropped(const flm_sparse *sp);
+uint64_t flm_sparse_streamed(const flm_sparse *sp);
 
 /* The flash side of a context opened from a .flm file: what every FFN source of a .flm file shares. */
 typedef struct flm_flash {
@@ -86,6 +86,13 @@ void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const f
  * FFN runs. `flashlm calibrate` records these inputs. */
 typedef void (*flm_ffn_tap_fn)(void *user, uint32_t layer, const float *x);
 
+/* The FFN select hook (analysis: calibrate's held-out check of its operating points, oracle studies). In ram mode
+ * (.flm), layer l's FFN is restricted to the neurons fn picks: fn gets the FFN input x[d_model] and, when the hook
+ * was installed with need_h, every neuron's activation h[d_ffn] (h_i = act(gate_i . x) * (up_i . x), computed over
+ * all neurons first; NULL otherwise), writes the chosen neuron ids (any order, no repeats) into ids[d_ffn] and
+ * returns their count; the FFN output is then computed over those neurons alone. */
+typedef uint32_t (*flm_ffn_select_fn)(void *user, uint32_t layer, const float *x, const float *h, uint32_t *ids);
+
 struct flm_ctx {
     flm_model *model;
     flm_params params;
@@ -94,6 +101,7 @@ struct flm_ctx {
     flm_kv_cache kv;
     flm_scratch s;
     int32_t next_pos;        /* the position flm_eval expects next (or 0 to restart) */
+    int32_t cur_pos;         /* the position being evaluated (set by flm_forward) */
     flm_flash *flash;        /* NULL for GGUF (everything in memory) */
     const flm_ffn_source_ops *ffn; /* where the FFN weights come from: chosen once at open */
     void *ffn_state;         /* the source's own state (stream buffer, sparse caches...), freed by ffn->close */
@@ -106,10 +114,17 @@ struct flm_ctx {
     flm_io_stats io;         /* reader counters since the last reset */
     flm_ffn_tap_fn ffn_tap;  /* NULL, or set by flm_set_ffn_tap */
     void *tap_user;
+    flm_ffn_select_fn ffn_select; /* NULL, or set by flm_set_ffn_select (ram mode only) */
+    void *select_user;
+    bool select_need_h;
+    uint32_t *select_ids;    /* [d_ffn], allocated by flm_set_ffn_select */
 };
 
 /* Install (fn non-NULL) or remove (fn NULL) the FFN tap of ctx. */
 void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user);
+/* Install (fn non-NULL) or remove (fn NULL) the FFN select hook (see flm_ffn_select_fn). Errors: FLM_ERR_ARG (ctx
+ * does not run a .flm in ram mode), FLM_ERR_NOMEM. */
+flm_status flm_set_ffn_select(flm_ctx *ctx, flm_ffn_select_fn fn, void *user, bool need_h, flm_error *err);
 /* Layer l's FFN records when all of them are in memory (ram mode; the first layers in hybrid), else NULL; *desc
  * gets the layer's bundle layout. d_ffn records of desc->record_bytes each. */
 const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const flm_bundle_desc **desc);

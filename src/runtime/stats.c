@@ -39,7 +39,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->n_ffn_resident_layers = fl->plan.n_resident_layers;
         st->window = flm_sparse_window(sp);
         st->cache_rows = flm_sparse_cache_rows(sp);
-        st->n_dropped = flm_sparse_dropped(sp);
+        st->n_streamed = flm_sparse_streamed(sp);
         if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
     } else {
         st->mem_resident = ctx->mem_resident;
@@ -86,8 +86,8 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
             s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0);
     fprintf(f, "  \"sparse\": {\"window\": %u, \"cache_rows\": %" PRIu64 ", \"n_predicted\": %" PRIu64
             ", \"n_loaded\": %" PRIu64 ", \"n_reused\": %" PRIu64 ", \"n_true\": %" PRIu64 ", \"n_true_pos\": %" PRIu64
-            ", \"n_dropped\": %" PRIu64 "},\n", s.window, s.cache_rows, s.total.n_predicted, s.total.n_loaded,
-            s.total.n_reused, s.total.n_true, s.total.n_true_pos, s.n_dropped);
+            ", \"n_streamed\": %" PRIu64 "},\n", s.window, s.cache_rows, s.total.n_predicted, s.total.n_loaded,
+            s.total.n_reused, s.total.n_true, s.total.n_true_pos, s.n_streamed);
     fprintf(f, "  \"read_size_hist\": {\"bucket_low_bytes\": [");
     for (int b = 0; b < FLM_STATS_HIST; b++) fprintf(f, "%s%llu", b ? ", " : "", 512ull << b);
     fprintf(f, "], \"count\": [");
