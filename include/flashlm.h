@@ -223,7 +223,8 @@ typedef struct flm_stats {
     uint64_t bytes_requested;           /* bytes the engine asked for (before alignment / coalescing) */
     /* memory plan, bytes */
     uint64_t mem_budget;     /* 0 = none */
-    uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map) */
+    uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map),
+                                less the token embedding when it stays on flash (mem_embd_flash) */
     uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer */
     uint64_t mem_kv;         /* KV cache */
     uint64_t mem_scratch;    /* activations and reader buffers */
@@ -235,6 +236,10 @@ typedef struct flm_stats {
                                 (the least confident ones; 0 unless the budget is very tight) */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
     uint64_t n_tokens_kept;  /* per-token records held: those of tokens n_tokens - n_tokens_kept .. n_tokens - 1 */
+    uint64_t mem_embd_flash; /* bytes of the token embedding left on flash, not in memory (a .flm run naive, hybrid
+                                or sparse whose classifier is not tied to it: one row is read per token); else 0 */
+    const char *kv_type;     /* KV cache element type: "f16" (default) or "f32" (--kv-f32) */
+    uint32_t n_ctx;          /* KV cache length, tokens */
 } flm_stats;
 
 /* Per-token statistics are kept for the last FLM_STATS_TOKENS tokens only, in a ring allocated once at open and

@@ -54,10 +54,14 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     if (done == total) fprintf(stderr, "\n");
 }
 
+static int verbose_marker; /* log_user points here when debug messages are wanted */
+
 static void log_to_stderr(void *user, flm_log_level level, const char *msg) {
-    (void)user;
+    if (level == FLM_LOG_DEBUG && user != &verbose_marker) return;
     fprintf(stderr, "flashlm: %s%s\n", level == FLM_LOG_ERROR ? "error: " : "", msg);
 }
+
+void cli_log_verbose(flm_params *p, bool on) { p->log_user = on ? &verbose_marker : NULL; }
 
 void cli_env_params(flm_params *p, const char *model) {
     p->log = log_to_stderr;
