@@ -150,8 +150,9 @@ typedef struct flm_params {
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
-    bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): round them to
-                           f16 as llama.cpp's f16 KV cache does, so outputs agree with llama.cpp's */
+    bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and
+                           values as f16 (half the memory) and round q and the attention weights to f16, as
+                           llama.cpp's f16 KV cache does, so outputs agree with llama.cpp's */
     /* the library's surroundings: nothing is implicit */
     flm_log_fn log;        /* log callback for messages while opening and running (NULL: dropped); see above */
     void *log_user;        /* passed to log */

@@ -107,7 +107,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
-    "      --kv-f32         f32 keys, values and attention weights (default: rounded to f16, as llama.cpp)\n";
+    "      --kv-f32         f32 keys, values and attention weights (default: an f16 KV cache, half the memory,\n"
+    "                       as llama.cpp's)\n";
 
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
