@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "flashlm.h"
+#include "calibrate/calibrate.h"
 #include "convert/convert.h"
 #include "core/types.h"
 #include "format/flm.h"
@@ -334,6 +335,54 @@ static void test_tied_stays_in_memory(void **state) {
     flm_close(ctx);
 }
 
+/* Calibrating (flm_file_put_region rewrites the header) keeps the head; sparse mode leaves the embedding on flash and
+ * gives the same logits as on the unsplit copy, where it stays in memory. */
+static void test_sparse_calibrated(void **state) {
+    (void)state;
+    const char *cal = tu_tmp("embd-cal", ".flm"), *cal_old = tu_tmp("embd-cal-old", ".flm");
+    size_t len;
+    uint8_t *bytes = tu_read_file(flm_path, &len);
+    tu_write_file(cal, bytes, len);
+    free(bytes);
+    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    if (len > 20000) text[20000] = 0;
+    flm_calib_opts o;
+    flm_calib_opts_default(&o);
+    o.text = text;
+    o.sparsity = 0.2f;
+    o.chunk = 64;
+    o.max_tokens = 512;
+    o.n_threads = 1;
+    flm_error err;
+    if (flm_calibrate(cal, &o, NULL, &err)) fail_msg("calibrate: %s", err.msg);
+    free(text);
+    flm_file *f = NULL;
+    assert_int_equal(flm_file_open(cal, &f, &err), FLM_OK);
+    assert_non_null(f->predictor);
+    assert_true(f->resident->head_bytes > 0);
+    assert_int_equal(flm_file_verify(f, NULL, NULL, &err), FLM_OK);
+    flm_file_close(f);
+    write_unsplit_copy(cal, cal_old);
+    flm_ctx *a = open_mode(cal, FLM_MODE_SPARSE, 0, FLM_OK, &err);
+    flm_ctx *b = open_mode(cal_old, FLM_MODE_SPARSE, 0, FLM_OK, &err);
+    assert_int_equal(a->flash->plan.embd, FLM_EMBD_FLASH);
+    assert_int_equal(b->flash->plan.embd, FLM_EMBD_UNSPLIT);
+    float *la = run_tokens(a, N_TOK), *lb = run_tokens(b, N_TOK);
+    assert_memory_equal(la, lb, (size_t)N_TOK * N_VOCAB * sizeof(float));
+    flm_stats sa, sb;
+    flm_get_stats(a, &sa);
+    flm_get_stats(b, &sb);
+    assert_int_equal(sa.mem_embd_flash, flm_file_tail_bytes(a->flash->file));
+    assert_int_equal(sa.mem_resident + sa.mem_embd_flash, sb.mem_resident);
+    assert_true(sa.total.bytes_read > sb.total.bytes_read); /* the rows */
+    free(la);
+    free(lb);
+    flm_close(a);
+    flm_close(b);
+    remove(cal);
+    remove(cal_old);
+}
+
 /* flashlm run --stats (or -v) prints the plan at open, one line per part; without them it does not. */
 static void test_cli_plan(void **state) {
     (void)state;
@@ -365,6 +414,7 @@ int main(void) {
         cmocka_unit_test(test_read_error),
         cmocka_unit_test(test_corruption),
         cmocka_unit_test(test_tied_stays_in_memory),
+        cmocka_unit_test(test_sparse_calibrated),
         cmocka_unit_test(test_cli_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

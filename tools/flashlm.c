@@ -27,10 +27,11 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
             s.mem_budget ? "" : "none");
     if (s.mem_budget) fprintf(stderr, "%.2f MiB", cli_mib(s.mem_budget));
     char embd[64] = "";
-    if (s.mem_embd_flash) snprintf(embd, sizeof embd, " (token embedding %.2f MiB on flash)", cli_mib(s.mem_embd_flash));
+    if (s.mem_embd_flash)
+        snprintf(embd, sizeof embd, " (token embedding %.2f MiB on flash)", cli_mib(s.mem_embd_flash));
     fprintf(stderr, "; model %.2f MiB: resident %.2f MiB%s, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
-            "MiB (%s, %u tokens), scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes), cli_mib(s.mem_resident),
-            embd, cli_mib(s.mem_ffn), s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), s.kv_type, s.n_ctx,
+            "MiB (%s, %u tokens), scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes),
+            cli_mib(s.mem_resident), embd, cli_mib(s.mem_ffn), s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), s.kv_type, s.n_ctx,
             cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
@@ -267,6 +268,10 @@ static int cmd_inspect(int argc, char **argv) {
                    r->kind == FLM_REGION_FFN ? flm_type_name(r->down_type) : "-", r->n_records,
                    (unsigned long long)r->record_bytes);
         }
+        if (ff->resident->head_bytes)
+            printf("  (resident: head %llu bytes, then the token embedding's data, %llu bytes, which the streaming "
+                   "modes leave on flash unless tied)\n", (unsigned long long)ff->resident->head_bytes,
+                   (unsigned long long)flm_file_tail_bytes(ff));
         printf("\nresident region: ");
     } else {
         if (flm_gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
@@ -370,9 +375,9 @@ static int cmd_convert(int argc, char **argv) {
     if (flm_file_open(dst, &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     uint64_t ffn = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
-    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
-            cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
+    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, token embedding last: %.2f MiB; FFN "
+            "%.2f MiB in %u layers of %u records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3,
+            cli_mib(f->file_size), cli_mib(f->resident->size), cli_mib(flm_file_tail_bytes(f)), cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
             f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
     flm_file_close(f);
     return 0;

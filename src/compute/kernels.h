@@ -31,9 +31,9 @@ typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);         
  * elements apart, of which the first d are the head's:
  *   scores: out[t] = (sum_{i<d} q[i] * K[t][i]) * scale, t < n
  *   values: out[i] = sum_{t<n} w[t] * V[t][i], i < d (out is overwritten)
- * Each sum is taken in order (i = 0, 1, ... for scores; t = 0, 1, ... for values) in float, every product rounded before
- * it is added (no fused multiply-add): every table gives exactly the scalar loops' bits, and the same bits as those
- * loops over an f32 cache holding the same (f16-rounded) values. */
+ * Each sum is taken in order (i = 0, 1, ... for scores; t = 0, 1, ... for values) in float, every product rounded
+ * before it is added (no fused multiply-add): every table gives exactly the scalar loops' bits, and the same bits as
+ * those loops over an f32 cache holding the same (f16-rounded) values. */
 typedef void (*flm_attn_scores_fn)(const float *q, const uint16_t *K, size_t stride, size_t n, size_t d, float scale,
                                    float *out);
 typedef void (*flm_attn_values_fn)(const float *w, const uint16_t *V, size_t stride, size_t n, size_t d, float *out);

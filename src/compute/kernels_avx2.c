@@ -305,7 +305,8 @@ static void attn_values_f16(const float *w, const uint16_t *V, size_t stride, si
     }
     for (; i + 8 <= d; i += 8) {
         __m256 a = _mm256_setzero_ps();
-        for (size_t t = 0; t < n; t++) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[t]), load_f16x8(V + t * stride + i)));
+        for (size_t t = 0; t < n; t++)
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[t]), load_f16x8(V + t * stride + i)));
         _mm256_storeu_ps(out + i, a);
     }
     for (; i < d; i++) {

@@ -27,7 +27,7 @@ typedef struct flm_scratch {
 
 /* Where the token embedding (token_embd.weight) lives, as the plan decided. */
 typedef enum flm_embd_place {
-    FLM_EMBD_MEMORY = 0, /* in memory, part of `resident`: the mode keeps everything it can (ram; hybrid when all fits) */
+    FLM_EMBD_MEMORY = 0, /* in memory, part of `resident`: the mode keeps it (ram; hybrid when everything fits) */
     FLM_EMBD_FLASH,      /* in the file: one row read per token (naive, hybrid, sparse; the file has a split head) */
     FLM_EMBD_TIED,       /* in memory: it is also the classifier (output tied to token_embd) */
     FLM_EMBD_UNSPLIT,    /* in memory: the file was converted before the embedding was placed last (convert again) */
