@@ -73,10 +73,14 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     }
 }
 
+static int verbose_marker; /* log_user points here when debug messages are wanted */
+
 static void log_to_stderr(void *user, flm_log_level level, const char *msg) {
-    (void)user;
+    if (level == FLM_LOG_DEBUG && user != &verbose_marker) return;
     fprintf(stderr, "flashlm: %s%s\n", level == FLM_LOG_ERROR ? "error: " : "", msg);
 }
+
+void cli_log_verbose(flm_params *p, bool on) { p->log_user = on ? &verbose_marker : NULL; }
 
 void cli_env_params(flm_params *p, const char *model) {
     p->log = log_to_stderr;
@@ -124,7 +128,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
-    "      --kv-f32         f32 keys, values and attention weights (default: rounded to f16, as llama.cpp)\n";
+    "      --kv-f32         f32 keys, values and attention weights (default: an f16 KV cache, half the memory,\n"
+    "                       as llama.cpp's)\n";
 
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;

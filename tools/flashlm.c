@@ -26,9 +26,13 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
             s.mem_budget ? "" : "none");
     if (s.mem_budget) fprintf(stderr, "%.2f MiB", cli_mib(s.mem_budget));
-    fprintf(stderr, "; model %.2f MiB: resident %.2f MiB, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
-            "MiB, scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes), cli_mib(s.mem_resident), cli_mib(s.mem_ffn),
-            s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
+    char embd[64] = "";
+    if (s.mem_embd_flash)
+        snprintf(embd, sizeof embd, " (token embedding %.2f MiB on flash)", cli_mib(s.mem_embd_flash));
+    fprintf(stderr, "; model %.2f MiB: resident %.2f MiB%s, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
+            "MiB (%s, %u tokens), scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes),
+            cli_mib(s.mem_resident), embd, cli_mib(s.mem_ffn), s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), s.kv_type, s.n_ctx,
+            cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
                 "read  reused  cache rows\n");
@@ -96,14 +100,17 @@ static const char *RUN_HELP_MORE =
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_FORMAT_NAMES " (implies --chat)\n"
     "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat)\n"
-    "      --stats          print per-token statistics (flash I/O, memory, compute ms; bytes; reads)\n"
+    "      --stats          print the memory plan at open (one line per part: resident weights, token\n"
+    "                       embedding, KV cache, scratch, reader, FFN storage) and per-token statistics (flash\n"
+    "                       I/O, memory, compute ms; bytes; reads)\n"
+    "  -v, --verbose        print the library's debug messages (the memory plan at open)\n"
     "      --stats-json F   write all statistics as JSON to F\n"
     "  -h, --help           this help\n";
 static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *stats_json = NULL, *chat_name = NULL, *system = NULL;
-    bool per_token = false, chat = false;
+    bool per_token = false, chat = false, verbose = false;
     long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
@@ -134,6 +141,7 @@ static int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--system")) { NEEDVAL(); system = val; chat = true; }
         else if (!strcmp(a, "--stats")) { per_token = true; }
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
         else return cli_die("unknown option '%s' (see flashlm run --help)", a);
 #undef NEEDVAL
@@ -146,6 +154,7 @@ static int cmd_run(int argc, char **argv) {
     flm_ctx *ctx = NULL;
     double t0 = flm_now_ms();
     cli_env_params(&params, model);
+    cli_log_verbose(&params, per_token || verbose);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     double t_load = flm_now_ms() - t0;
     flm_model_info info;
@@ -259,6 +268,10 @@ static int cmd_inspect(int argc, char **argv) {
                    r->kind == FLM_REGION_FFN ? flm_type_name(r->down_type) : "-", r->n_records,
                    (unsigned long long)r->record_bytes);
         }
+        if (ff->resident->head_bytes)
+            printf("  (resident: head %llu bytes, then the token embedding's data, %llu bytes, which the streaming "
+                   "modes leave on flash unless tied)\n", (unsigned long long)ff->resident->head_bytes,
+                   (unsigned long long)flm_file_tail_bytes(ff));
         printf("\nresident region: ");
     } else {
         if (flm_gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
@@ -362,9 +375,9 @@ static int cmd_convert(int argc, char **argv) {
     if (flm_file_open(dst, &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     uint64_t ffn = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
-    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
-            cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
+    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, token embedding last: %.2f MiB; FFN "
+            "%.2f MiB in %u layers of %u records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3,
+            cli_mib(f->file_size), cli_mib(f->resident->size), cli_mib(flm_file_tail_bytes(f)), cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
             f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
     flm_file_close(f);
     return 0;

@@ -43,31 +43,60 @@ static bool keep_resident(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     return !is_ffn_tensor(t->name) && !is_duplicate_output(src, t);
 }
 
-/* Write the resident GGUF (all KVs, non-FFN tensors) to tmp_path. */
+/* Position of tensor i of src in the resident GGUF's order: every kept tensor in the source's order, then
+ * token_embd.weight last, so that its data ends the region and streaming modes can leave it in the file
+ * (docs/FORMAT.md, "The token embedding"). pass 0 gives the others, pass 1 the embedding. */
+static bool in_pass(const flm_gguf_file *src, const flm_gguf_tensor *t, int pass) {
+    return keep_resident(src, t) && (strcmp(t->name, "token_embd.weight") == 0) == (pass == 1);
+}
+
+/* Write the resident GGUF (all KVs, non-FFN tensors, token_embd.weight's data last) to tmp_path. */
 static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_path, flm_error *err) {
     flm_gguf_writer *w = NULL;
     flm_status st = flm_gguf_writer_create(tmp_path, &w, err);
     if (st) return st;
     for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
-    for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
-        const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
+            const flm_gguf_tensor *t = &src->tensors[i];
+            if (in_pass(src, t, pass)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+        }
     if (st) {
         flm_gguf_writer_free(w);
         return flm_fail(err, st, "%s: cannot build the resident region", tmp_path);
     }
     if ((st = flm_gguf_writer_begin(w, err))) goto fail;
-    for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t i = 0; i < src->n_tensors; i++) {
+            const flm_gguf_tensor *t = &src->tensors[i];
+            if (in_pass(src, t, pass) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
+        }
     if ((st = flm_gguf_writer_finish(w, err))) goto fail;
     flm_gguf_writer_free(w);
     return FLM_OK;
 fail:
     flm_gguf_writer_free(w);
     return st;
+}
+
+/* The head of the resident GGUF at path (docs/FORMAT.md): *head_bytes = where token_embd.weight's data starts when
+ * it is the last tensor's data, with *head_sum the XXH64 of the bytes before it; 0 and 0 otherwise. */
+static flm_status resident_head(const char *path, uint64_t *head_bytes, uint64_t *head_sum, flm_error *err) {
+    *head_bytes = *head_sum = 0;
+    flm_gguf_file *g = NULL;
+    flm_status st = flm_gguf_open(path, &g, err);
+    if (st) return st;
+    const flm_gguf_tensor *e = flm_gguf_find_tensor(g, "token_embd.weight");
+    uint64_t start = e ? g->data_offset + e->offset : 0;
+    bool last = e != NULL;
+    for (uint64_t i = 0; last && i < g->n_tensors; i++)
+        if (&g->tensors[i] != e && g->data_offset + g->tensors[i].offset + g->tensors[i].nbytes > start) last = false;
+    if (last && start > 0) {
+        *head_bytes = start;
+        *head_sum = XXH64(g->map, (size_t)start, 0);
+    }
+    flm_gguf_close(g);
+    return FLM_OK;
 }
 
 static flm_status copy_file_into(flm_out_file *o, const char *path, flm_error *err) {
@@ -179,6 +208,10 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     if (progress) progress(user, "resident", 0, 1);
     if ((st = write_resident_gguf(m->gguf, res_tmp, err))) goto done;
     regions[0] = (flm_region){.kind = FLM_REGION_RESIDENT, .offset = o.pos};
+    if ((st = resident_head(res_tmp, &regions[0].head_bytes, &regions[0].head_checksum, err))) {
+        remove(res_tmp);
+        goto done;
+    }
     XXH64_reset(o.h, 0);
     st = copy_file_into(&o, res_tmp, err);
     remove(res_tmp);

@@ -103,6 +103,8 @@ typedef struct flm_gguf_file_impl {
 typedef struct rd {
     const uint8_t *p;
     uint64_t size, pos;
+    uint64_t total;   /* bytes of the whole image: tensor data is checked against this; bytes [size, total) are not
+                         in memory (flm_gguf_open_buffer_partial), so tensors there get data NULL */
     const char *path;
     flm_error *err;
     char ctx[160];
@@ -287,12 +289,12 @@ static flm_status check_tensor_data(rd *r, uint64_t i, flm_gguf_tensor *t, uint6
                        (ull)align);
     if (t->offset > UINT64_MAX - data_off || t->nbytes > UINT64_MAX - data_off - t->offset)
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "data at offset %llu + %llu (%llu bytes) runs past the end of the file "
-                       "(%llu bytes)", (ull)data_off, (ull)t->offset, (ull)t->nbytes, (ull)r->size);
+                       "(%llu bytes)", (ull)data_off, (ull)t->offset, (ull)t->nbytes, (ull)r->total);
     uint64_t start = data_off + t->offset, end = start + t->nbytes;
-    if (end > r->size)
+    if (end > r->total)
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "data [%llu, %llu) runs past the end of the file (%llu bytes)",
-                       (ull)start, (ull)end, (ull)r->size);
-    t->data = r->p + start;
+                       (ull)start, (ull)end, (ull)r->total);
+    t->data = end <= r->size ? r->p + start : NULL; /* NULL: not (wholly) in memory */
     return FLM_OK;
 }
 
@@ -394,10 +396,10 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
         f->alignment = v;
     }
     f->data_offset = flm_align_up(r->pos, f->alignment);
-    if (f->n_tensors > 0 && f->data_offset > r->size) {
+    if (f->n_tensors > 0 && f->data_offset > r->total) {
         snprintf(r->ctx, sizeof r->ctx, "data section");
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "starts at %llu, past the end of the file (%llu bytes)",
-                       (ull)f->data_offset, (ull)r->size);
+                       (ull)f->data_offset, (ull)r->total);
     }
     for (uint64_t i = 0; i < f->n_tensors; i++)
         if ((st = check_tensor_data(r, i, &f->tensors[i], f->data_offset, f->alignment)) != FLM_OK) return st;
@@ -442,8 +444,9 @@ static flm_status load(flm_gguf_file_impl *fi, const char *path, flm_error *err)
     return st;
 }
 
-/* Open from a file (data == NULL) or a borrowed buffer. */
-static flm_status open_common(const char *path, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
+/* Open from a file (data == NULL) or a borrowed buffer holding the first size bytes of an image of total bytes. */
+static flm_status open_common(const char *path, const void *data, size_t size, uint64_t total, flm_gguf_file **out,
+                              flm_error *err) {
     *out = NULL;
     flm_error_clear(err);
     flm_gguf_file_impl *fi = calloc(1, sizeof *fi);
@@ -455,7 +458,7 @@ static flm_status open_common(const char *path, const void *data, size_t size, f
     fi->f.size = size;
     flm_status st = data ? FLM_OK : load(fi, path, err);
     if (st == FLM_OK) {
-        rd r = {.p = fi->f.map, .size = fi->f.size, .path = path, .err = err};
+        rd r = {.p = fi->f.map, .size = fi->f.size, .total = data ? total : fi->f.size, .path = path, .err = err};
         st = parse(&r, &fi->f);
     }
     if (st != FLM_OK) {
@@ -466,11 +469,21 @@ static flm_status open_common(const char *path, const void *data, size_t size, f
     return FLM_OK;
 }
 
-flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) { return open_common(path, NULL, 0, out, err); }
+flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) {
+    return open_common(path, NULL, 0, 0, out, err);
+}
 
 flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
     static const uint8_t empty[1];
-    return open_common(name, data ? data : empty, data ? size : 0, out, err);
+    return open_common(name, data ? data : empty, data ? size : 0, data ? size : 0, out, err);
+}
+
+flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, uint64_t total,
+                                        flm_gguf_file **out, flm_error *err) {
+    static const uint8_t empty[1];
+    if (size > total) return flm_fail(err, FLM_ERR_ARG, "%s: %zu bytes in memory of a %llu-byte image", name, size,
+                                      (ull)total);
+    return open_common(name, data ? data : empty, data ? size : 0, total, out, err);
 }
 
 void flm_gguf_close(flm_gguf_file *f) {

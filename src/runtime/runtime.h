@@ -20,17 +20,32 @@ typedef struct flm_scratch {
     float *hb;     /* FFN hidden [d_ffn] */
     float *hb2;    /* FFN hidden (up) [d_ffn] */
     float *q;      /* [q_dim] */
+    float *k, *v;  /* [kv_dim] this token's key and value, before they are stored in the KV cache */
     float *att;    /* [n_heads * n_ctx] */
     float *logits; /* [n_vocab] */
 } flm_scratch;
+
+/* Where the token embedding (token_embd.weight) lives, as the plan decided. */
+typedef enum flm_embd_place {
+    FLM_EMBD_MEMORY = 0, /* in memory, part of `resident`: the mode keeps it (ram; hybrid when everything fits) */
+    FLM_EMBD_FLASH,      /* in the file: one row read per token (naive, hybrid, sparse; the file has a split head) */
+    FLM_EMBD_TIED,       /* in memory: it is also the classifier (output tied to token_embd) */
+    FLM_EMBD_UNSPLIT,    /* in memory: the file was converted before the embedding was placed last (convert again) */
+} flm_embd_place;
 
 /* The memory plan: what the budget has to hold (bytes), decided once at open (runtime/budget.c). */
 typedef struct flm_mem_plan {
     flm_mode mode;                /* the mode chosen (never AUTO) */
     uint64_t budget;              /* 0 = none */
     uint64_t model_bytes;         /* resident region + all FFN regions */
-    uint64_t resident;            /* resident weights (and metadata) held in memory */
+    uint64_t resident;            /* resident weights (and metadata) held in memory: the resident region, less the
+                                     token embedding when that stays in the file */
+    flm_embd_place embd;          /* where the token embedding lives */
+    uint64_t embd_bytes;          /* its bytes in the file (the resident region's tail; 0 when the file is not split) */
+    uint64_t embd_row;            /* FLM_EMBD_FLASH: bytes of one row (the buffer a row is read into, in scratch) */
     uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues */
+    uint32_t n_ctx;               /* KV cache length, tokens */
+    uint32_t kv_elem_bytes;       /* FLM_KV_F16 or FLM_KV_F32 */
     uint64_t stream;              /* the buffer one streamed layer is read into (0 when nothing streams) */
     uint64_t ffn_resident;        /* FFN bytes of the layers kept in memory */
     uint64_t predictors;          /* sparse: the predictor region held in memory */
@@ -39,11 +54,30 @@ typedef struct flm_mem_plan {
     size_t reader_bounce;         /* bounce_bytes to give the reader */
 } flm_mem_plan;
 
-/* Plan memory for a .flm model under a budget of budget bytes, or, when that is 0, percent % of the model's weight
- * bytes (both 0: no budget): the fixed parts here, the FFN part by the mode's source (flm_ffn_source_ops.plan).
- * Errors: FLM_ERR_BUDGET, with every part's size in the message. */
-flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, int n_threads, flm_mode mode,
-                           uint64_t budget, double percent, flm_mem_plan *plan, flm_error *err);
+/* What to plan for (runtime/budget.c). */
+typedef struct flm_plan_request {
+    uint32_t n_ctx;         /* KV cache length, tokens */
+    int n_threads;          /* compute threads (per-thread FFN accumulators) */
+    flm_mode mode;          /* AUTO: chosen by the plan */
+    uint64_t budget;        /* bytes; 0: percent % of the model's weight bytes; both 0: no budget */
+    double percent;
+    uint32_t kv_elem_bytes; /* FLM_KV_F16 or FLM_KV_F32 */
+    flm_embd_place embd;    /* FLM_EMBD_FLASH: the token embedding may stay in the file (its bytes are
+                               flm_file_tail_bytes; the plan decides); else why it is in memory */
+    uint64_t embd_row;      /* bytes of one embedding row */
+} flm_plan_request;
+
+/* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the
+ * file in naive, sparse and hybrid — hybrid keeps it when every layer and it fit — when the request allows), the FFN
+ * part by the mode's source (flm_ffn_source_ops.plan). Errors: FLM_ERR_BUDGET, with every part's size in the
+ * message. */
+flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *plan,
+                           flm_error *err);
+/* Log the plan through log, one line per part (resident weights, token embedding, KV cache, scratch, reader, FFN
+ * storage, total), at level. */
+void flm_mem_plan_log(const flm_mem_plan *p, const flm_hparams *hp, const flm_logger *log, flm_log_level level);
+/* Bytes per KV cache element for these parameters: FLM_KV_F32 with --kv-f32, else FLM_KV_F16. */
+uint32_t flm_kv_elem_bytes(const flm_params *p);
 /* Sum of everything the plan holds. */
 uint64_t flm_mem_plan_total(const flm_mem_plan *p);
 /* b bytes in MiB (for messages). */
@@ -68,6 +102,8 @@ typedef struct flm_flash {
                                  bytes: the resident layers and the stream buffer are carved from it, so they cannot
                                  outgrow the plan */
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
+    uint64_t embd_offset;     /* FLM_EMBD_FLASH: file offset of the token embedding's row 0 */
+    void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
 } flm_flash;
 
 /* Plan the budget, open the reader and the mode's FFN source (ctx->ffn); takes ownership of file. In auto mode a
@@ -79,6 +115,10 @@ void flm_flash_close(flm_flash *fl);
  * statistics (load time). Errors: FLM_ERR_NOMEM, FLM_ERR_BUDGET (the regions exceed the plan: a planning bug),
  * FLM_ERR_IO, FLM_ERR_CHECKSUM naming the layer. */
 flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err);
+/* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH), dequantized into
+ * out[d_model]. The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
+ * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */
+flm_status flm_flash_embedding(flm_ctx *ctx, int32_t token, float *out, flm_token_stats *tok, flm_error *err);
 /* The FFN of layer l from records in memory (n_records bundles). */
 void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out);
 
@@ -131,10 +171,10 @@ const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const fl
 /* The sparse source's state when ctx runs sparse, else NULL. */
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
-/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 8 activation arrays, the
+/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 10 activation arrays, the
  * statistics ring): the arena holds their bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
 #define FLM_CARVE_ALIGN 64u
-#define FLM_CTX_CARVES 10u
+#define FLM_CTX_CARVES 12u
 
 /* Bytes of scratch for these hyper-parameters and context length. */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx);
