@@ -150,6 +150,57 @@ static void test_sparse_quality_and_bytes(void **state) {
     assert_true(b_sparse * 4 < b_naive);
 }
 
+/* A set larger than the neuron cache is streamed, never dropped: under budgets that shrink the cache below a
+ * token's set, sparse computes the same neurons as without a budget (same perplexity to rounding), reading more. */
+static double sparse_ppl_budget(uint64_t mem, flm_status *open_st, uint64_t *streamed, uint64_t *cache_rows) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    p.mode = FLM_MODE_SPARSE;
+    p.window = 1;
+    p.mem_bytes = mem;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    *open_st = flm_open(flm_path, &p, &ctx, &err);
+    if (*open_st) return 0;
+    size_t len;
+    char *text = (char *)tu_read_file(eval_path, &len);
+    flm_ppl_result r;
+    if (flm_perplexity(ctx, text, 64, 2, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    *streamed = s.n_streamed;
+    *cache_rows = s.cache_rows;
+    assert_true(s.peak_rss > 0);
+    free(text);
+    flm_close(ctx);
+    return r.ppl;
+}
+
+static void test_sparse_streams_past_small_cache(void **state) {
+    (void)state;
+    flm_status st;
+    uint64_t streamed = 0, rows = 0, min_rows = UINT64_MAX, max_streamed = 0;
+    double ref = sparse_ppl_budget(0, &st, &streamed, &rows);
+    assert_int_equal(st, FLM_OK);
+    assert_int_equal(streamed, 0);
+    int runs = 0;
+    for (uint64_t mem = 4u << 20; mem >= (256u << 10); mem -= 64u << 10) {
+        double ppl = sparse_ppl_budget(mem, &st, &streamed, &rows);
+        if (st == FLM_ERR_BUDGET) break; /* no room for the predictors and one neuron per layer */
+        assert_int_equal(st, FLM_OK);
+        runs++;
+        assert_true(fabs(ppl - ref) <= 1e-4 * ref);
+        if (rows < min_rows) { min_rows = rows; max_streamed = streamed; }
+    }
+    printf("streaming: %d budgets ran; the smallest cache (%llu rows over all layers) streamed %llu neurons; "
+           "perplexity %.5f as without a budget\n", runs, (unsigned long long)min_rows,
+           (unsigned long long)max_streamed, ref);
+    assert_true(runs > 0);
+    assert_true(max_streamed > 0); /* the smallest caches were below a token's set */
+}
+
 /* An uncalibrated .flm says how to calibrate; auto picks sparse under a budget when calibrated. */
 static void test_uncalibrated_and_auto(void **state) {
     (void)state;
@@ -189,6 +240,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sparse_ffn_equals_dense),
         cmocka_unit_test(test_sparse_quality_and_bytes),
+        cmocka_unit_test(test_sparse_streams_past_small_cache),
         cmocka_unit_test(test_uncalibrated_and_auto),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

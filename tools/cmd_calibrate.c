@@ -29,6 +29,8 @@ static const char *CAL_HELP =
     "      --max-loss P     default level: the most aggressive one whose held-out perplexity is within P of dense\n"
     "                       (default 0.015, i.e. +1.5%)\n"
     "      --eval-tokens N  held-out tokens for that check (default 512)\n"
+    "      --levels-only    keep the stored predictors; only choose the default level again on the end of\n"
+    "                       --text (with --max-loss, --eval-tokens)\n"
     "      --curve          measure every level, with the predictor and with the true active sets (oracle)\n"
     "      --level EPS      make EPS the default level instead of measuring (0 < EPS < 1, e.g. 0.02)\n"
     "      --train-level EPS  the level whose active sets the predictors learn (default 0.02)\n"
@@ -41,6 +43,7 @@ int cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *text = NULL;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
+    bool levels_only = false;
     long v;
     float f;
     for (int i = 0; i < argc; i++) {
@@ -51,6 +54,7 @@ int cmd_calibrate(int argc, char **argv) {
             continue;
         }
         if (!strcmp(a, "--curve")) { o.curve = true; continue; }
+        if (!strcmp(a, "--levels-only")) { levels_only = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm calibrate --help)", a);
         i++;
         if (!strcmp(a, "--text")) text = val;
@@ -102,7 +106,7 @@ int cmd_calibrate(int argc, char **argv) {
     flm_error err;
     flm_sparsity rep;
     double t0 = flm_now_ms();
-    if (flm_calibrate(model, &o, &rep, &err)) {
+    if ((levels_only ? flm_calibrate_levels : flm_calibrate)(model, &o, &rep, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         free(buf);
         return 1;

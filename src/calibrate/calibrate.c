@@ -550,3 +550,102 @@ done:
     else flm_sparsity_free(&sp);
     return st;
 }
+
+flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+    flm_calib_opts dflt;
+    if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
+    if (!o->text || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
+        return flm_fail(err, FLM_ERR_ARG, "calibrate --levels-only: bad options (chunk >= 16, 0 < max_loss < 1)");
+    flm_params p;
+    flm_params_default(&p);
+    p.mode = FLM_MODE_RAM;
+    p.n_ctx = (int)o->chunk;
+    if (o->n_threads > 0) p.n_threads = o->n_threads;
+    flm_ctx *ctx = NULL;
+    flm_status st = flm_open(path, &p, &ctx, err);
+    if (st) return st;
+    flm_sparsity sp = {0};
+    int32_t *ids = NULL;
+    float *scratch = NULL, *ref = NULL;
+    uint8_t *region = NULL;
+    void *stored = NULL;
+    const flm_hparams *hp = &ctx->model->hp;
+    const flm_file *f = ctx->flash ? ctx->flash->file : NULL;
+    if (!f || !f->predictor) {
+        st = flm_fail(err, FLM_ERR_ARG, "%s: not calibrated: run `flashlm calibrate %s --text FILE` first", path, path);
+        goto done;
+    }
+    if ((st = flm_file_read_region(f, f->predictor, &stored, err)) ||
+        (st = flm_sparsity_deserialize(stored, f->predictor->size, path, &sp, err)))
+        goto done;
+    if (sp.n_layers != hp->n_layers || sp.layers[0].rule == FLM_RULE_RELU || sp.n_levels < 2) {
+        st = flm_fail(err, FLM_ERR_ARG, "%s: its calibration has one level: nothing to choose", path);
+        goto done;
+    }
+    uint32_t max_rank = 0;
+    for (uint32_t l = 0; l < sp.n_layers; l++) { /* f32 copies for BLAS */
+        flm_predictor *q = &sp.layers[l].pred;
+        size_t na = (size_t)q->rank * q->d_model, nb = (size_t)q->d_ffn * q->rank;
+        max_rank = q->rank > max_rank ? q->rank : max_rank;
+        if (q->A) continue;
+        if (!(q->A = malloc(na * sizeof(float))) || !(q->B = malloc(nb * sizeof(float)))) {
+            st = flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (size_t i = 0; i < na; i++) q->A[i] = flm_f16_to_f32(q->A16[i]);
+        for (size_t i = 0; i < nb; i++) q->B[i] = flm_f16_to_f32(q->B16[i]);
+    }
+    size_t n_tok = 0;
+    ids = flm_tokenize_all(ctx, o->text, true, &n_tok);
+    if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto done; }
+    uint32_t n_eval = (uint32_t)(o->eval_tokens < n_tok ? o->eval_tokens : n_tok);
+    n_eval -= n_eval % o->chunk;
+    if (n_eval < 2 * o->chunk) {
+        st = flm_fail(err, FLM_ERR_ARG, "calibrate --levels-only: the text gives %zu tokens, at least %u are needed",
+                      n_tok, 2 * o->chunk);
+        goto done;
+    }
+    const int32_t *eval_ids = ids + (n_tok - n_eval);
+    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
+    scratch = malloc(((size_t)max_rank + hp->d_ffn) * sizeof(float));
+    ref = malloc((size_t)n_eval * hp->n_vocab * sizeof(float));
+    if (!scratch || !ref) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory for the held-out check"); goto done; }
+    for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++) sp.level_loss[k] = sp.level_dnll[k] = NAN;
+    uint64_t done_tok = 0, total = (uint64_t)n_eval * (sp.n_levels + 1);
+    double dense;
+    if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &dense, NULL, NULL, err)))
+        goto done;
+    sim_data sd = {&sp, 0, scratch, 0, NULL};
+    if ((st = flm_set_ffn_select(ctx, sim_select, &sd, false, err))) goto done;
+    uint32_t def = 0;
+    for (uint32_t k = 0; k < sp.n_levels; k++) {
+        sd.level = k;
+        double nll, kl;
+        if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &nll, &kl, &sd, err)))
+            goto done;
+        sp.level_loss[k] = (float)(exp(kl) - 1.0);
+        sp.level_dnll[k] = (float)(exp(nll - dense) - 1.0);
+        if (sp.level_loss[k] <= o->max_loss) def = k;
+        else if (!o->curve) break;
+    }
+    flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
+    if (o->progress) o->progress(o->user, "checking levels", total, total);
+    sp.default_level = def;
+    sp.target_sparsity = sp.level_eps[def];
+    flm_sparsity_use_level(&sp, def); /* s_agg stays the calibration's (measured at its default level) */
+    size_t len = 0;
+    if ((st = flm_sparsity_serialize(&sp, &region, &len, err))) goto done;
+    flm_close(ctx);
+    ctx = NULL;
+    st = flm_file_put_region(path, FLM_REGION_PREDICTOR, region, len, err);
+done:
+    if (ctx) flm_close(ctx);
+    free(ids);
+    free(scratch);
+    free(ref);
+    free(region);
+    free(stored);
+    if (!st && report) *report = sp;
+    else flm_sparsity_free(&sp);
+    return st;
+}

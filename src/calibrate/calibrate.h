@@ -43,4 +43,12 @@ uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);
 struct flm_sparsity;
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, flm_error *err);
 
+/* Choose the default level of an already calibrated .flm again, on new text, without recording or training: the
+ * held-out check above on the last eval_tokens tokens of o->text, against o->max_loss (o->curve: every level). The
+ * stored predictors, thresholds and s_agg are kept (s_agg stays the one measured at the old default level).
+ * Errors: FLM_ERR_ARG (not calibrated, a single-level (ReLU) calibration, text shorter than 2 chunks), those of
+ * flm_open and flm_file_put_region, FLM_ERR_NOMEM. */
+flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, struct flm_sparsity *report,
+                                flm_error *err);
+
 #endif
