@@ -10,6 +10,7 @@
 
 #include "sparsity/predictor.h"
 #include "compute/kernels.h"
+#include "sparsity/sparsity.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * A synthetic ReLU FFN layer: W (M x N) = U diag(s) V^T (rank K, s_k = 4 / (1 + k)) + noise; per-neuron bias
@@ -564,8 +565,67 @@ static void test_serialize(void **state) {
     flm_predictor_free(&b);
 }
 
+/* The predictor region, version 2: levels round-trip, a level can be chosen, every truncation is refused. */
+static void test_sparsity_region(void **state) {
+    (void)state;
+    uint64_t rs = 9;
+    flm_sparsity a = {0}, b;
+    flm_error err;
+    a.n_layers = 2;
+    a.n_levels = 3;
+    a.default_level = 1;
+    a.target_sparsity = 0.01f;
+    float eps[3] = {0.001f, 0.01f, 0.1f};
+    a.layers = calloc(2, sizeof *a.layers);
+    for (uint32_t k = 0; k < 3; k++) {
+        a.level_eps[k] = eps[k];
+        a.level_loss[k] = k == 2 ? NAN : 0.01f * (float)k;
+    }
+    for (uint32_t l = 0; l < 2; l++) {
+        flm_layer_sparsity *L = &a.layers[l];
+        L->rule = FLM_RULE_CONTRIB;
+        assert_int_equal(flm_predictor_init(&L->pred, 8, 12, 3, &err), FLM_OK);
+        fill_random(&L->pred, &rs);
+        for (uint32_t k = 0; k < 3; k++)
+            L->levels[k] = (flm_level){0.01f * (float)(k + 1), (float)k - 1.0f, 0.9f - 0.2f * (float)k,
+                                       0.95f - 0.1f * (float)k, 0.99f, 0.9f, 0.5f};
+        for (int k = 0; k < FLM_AGG_K; k++) L->s_agg[k] = 0.5f;
+    }
+    flm_sparsity_use_level(&a, 1);
+    assert_true(a.layers[1].pred.threshold == 0.0f && a.layers[1].threshold == 0.02f);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(flm_sparsity_serialize(&a, &buf, &len, &err), FLM_OK);
+    assert_int_equal(flm_sparsity_deserialize(buf, len, "r.flm", &b, &err), FLM_OK);
+    assert_int_equal(b.n_levels, 3);
+    assert_int_equal(b.default_level, 1);
+    assert_true(isnan(b.level_loss[2]) && b.level_loss[1] == 0.01f);
+    assert_int_equal(flm_sparsity_find_level(&b, 0.1f), 2);
+    assert_int_equal(flm_sparsity_find_level(&b, 0.05f), -1);
+    assert_memory_equal(&a.layers[1].levels[2], &b.layers[1].levels[2], sizeof(flm_level));
+    flm_sparsity_use_level(&b, 2);
+    assert_true(b.layers[0].pred.threshold == 1.0f && b.layers[0].pred_frac == 0.75f);
+    flm_sparsity_free(&b);
+    for (size_t n = 0; n < len; n += 7) {
+        flm_status st = flm_sparsity_deserialize(buf, n, "r.flm", &b, &err);
+        assert_int_not_equal(st, FLM_OK);
+        assert_non_null(strstr(err.msg, "r.flm"));
+    }
+    uint8_t *t = malloc(len);
+    memcpy(t, buf, len);
+    put32(t + 20, FLM_MAX_LEVELS + 1); /* too many levels */
+    assert_int_equal(flm_sparsity_deserialize(t, len, "r.flm", &b, &err), FLM_ERR_FORMAT);
+    memcpy(t, buf, len);
+    put32(t + 24, 3); /* default level out of range */
+    assert_int_equal(flm_sparsity_deserialize(t, len, "r.flm", &b, &err), FLM_ERR_FORMAT);
+    free(t);
+    free(buf);
+    flm_sparsity_free(&a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sparsity_region),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_predict_naive),
         cmocka_unit_test(test_serialize),
