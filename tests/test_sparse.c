@@ -1,7 +1,10 @@
 /* test_sparse.c — the sparse FFN against the dense one, and the full method on stories260K: calibrated on the first
  * part of tinystories_sample.txt, its perplexity on the held-out rest stays within a stated bound of the dense
  * perplexity, and it reads far fewer bytes per token than naive. */
+#include <fcntl.h>
 #include <math.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +204,31 @@ static void test_sparse_streams_past_small_cache(void **state) {
     assert_true(max_streamed > 0); /* the smallest caches were below a token's set */
 }
 
+/* Two calibrations of one file: the second is refused at once while the first holds the file (issue 12 #4). */
+static void test_calibrate_lock(void **state) {
+    (void)state;
+    int fd = open(flm_path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0); /* as a running calibrate holds it */
+    flm_calib_opts o;
+    flm_calib_opts_default(&o);
+    o.text = calib_text;
+    o.chunk = 64;
+    o.level = 0.01f;
+    flm_error err;
+    assert_int_equal(flm_calibrate(flm_path, &o, NULL, &err), FLM_ERR_IO);
+    assert_non_null(strstr(err.msg, "another `flashlm calibrate`"));
+    assert_non_null(strstr(err.msg, flm_path));
+    close(fd); /* released: the file is still the calibrated one and opens sparse */
+    flm_params p;
+    flm_params_default(&p);
+    p.n_ctx = 64;
+    p.mode = FLM_MODE_SPARSE;
+    flm_ctx *ctx = NULL;
+    assert_int_equal(flm_open(flm_path, &p, &ctx, &err), FLM_OK);
+    flm_close(ctx);
+}
+
 /* An uncalibrated .flm says how to calibrate; auto picks sparse under a budget when calibrated. */
 static void test_uncalibrated_and_auto(void **state) {
     (void)state;
@@ -241,6 +269,7 @@ int main(void) {
         cmocka_unit_test(test_sparse_ffn_equals_dense),
         cmocka_unit_test(test_sparse_quality_and_bytes),
         cmocka_unit_test(test_sparse_streams_past_small_cache),
+        cmocka_unit_test(test_calibrate_lock),
         cmocka_unit_test(test_uncalibrated_and_auto),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

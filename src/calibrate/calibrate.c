@@ -4,6 +4,9 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,7 +339,46 @@ static flm_status calibrate_layer(flm_ctx *ctx, const flm_calib_opts *o, uint32_
     return FLM_OK;
 }
 
+/* One calibration of a file at a time: an exclusive advisory lock on the .flm, held until its region is replaced
+ * (two runs would both write PATH.tmp and the one reporting success might not be the one in the file). Returns the
+ * locked descriptor, or -1 with *st set. */
+static int lock_model(const char *path, flm_status *st, flm_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        *st = flm_fail(err, FLM_ERR_IO, "%s: another `flashlm calibrate` is writing this file (%s); wait for it to "
+                       "finish", path, errno == EWOULDBLOCK ? "it holds the lock" : strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err);
+static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err);
+
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+    flm_status st = FLM_OK;
+    int fd = lock_model(path, &st, err);
+    if (fd < 0) return st;
+    st = calibrate_locked(path, o, report, err);
+    close(fd); /* releases the lock */
+    return st;
+}
+
+flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+    flm_status st = FLM_OK;
+    int fd = lock_model(path, &st, err);
+    if (fd < 0) return st;
+    st = levels_locked(path, o, report, err);
+    close(fd);
+    return st;
+}
+
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
     if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
@@ -551,7 +593,7 @@ done:
     return st;
 }
 
-flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
     if (!o->text || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))

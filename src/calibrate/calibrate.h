@@ -38,8 +38,10 @@ uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);
 /* Calibrate the .flm file at path in place (atomically: see flm_file_put_region). Prints nothing; per-layer results
  * and the levels (with their measured held-out loss) are in the stored region (read them back with
  * flm_sparsity_deserialize) and returned in *report when non-NULL (at the default level).
+ * One calibration of a file at a time: an exclusive advisory lock (flock) on path is held throughout; a second run
+ * fails at once with FLM_ERR_IO ("another `flashlm calibrate` is writing this file").
  * Errors: those of flm_open / flm_file_put_region, FLM_ERR_ARG (bad options; text too short: fewer than 64 tokens
- * to record), FLM_ERR_NOMEM. */
+ * to record), FLM_ERR_IO (locked, or cannot be opened), FLM_ERR_NOMEM. */
 struct flm_sparsity;
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, flm_error *err);
 
