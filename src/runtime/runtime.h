@@ -90,6 +90,9 @@ typedef struct flm_sparse flm_sparse;
 uint32_t flm_sparse_window(const flm_sparse *sp);
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp);
 uint64_t flm_sparse_streamed(const flm_sparse *sp);
+/* Bytes of FFN weights the predictors flag per token at the level in use (sum over layers of the calibrated
+ * predicted share times the layer's region): what sparse would read per token with no reuse. */
+double flm_sparse_expected_bytes(const flm_sparse *sp, const flm_file *f);
 
 /* The flash side of a context opened from a .flm file: what every FFN source of a .flm file shares. */
 typedef struct flm_flash {
