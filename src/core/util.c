@@ -1,10 +1,22 @@
-/* util.c — the monotonic clock of core/util.h. */
+/* util.c — the monotonic clock and the CPU feature test of core/util.h. */
 #include "core/util.h"
 
 #include <time.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 double flm_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+bool flm_cpu_has_f16c(void) {
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0; /* CPUID leaf 1: ECX bit 29 is F16C, bit 28 AVX */
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && (c & (1u << 28));
+#else
+    return false;
+#endif
 }

@@ -2,6 +2,7 @@
  * Internal. */
 #ifndef FLM_CORE_UTIL_H
 #define FLM_CORE_UTIL_H
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -35,5 +36,7 @@ static inline float flm_get_f32(const uint8_t *p) {
 
 /* Milliseconds on CLOCK_MONOTONIC (an arbitrary origin: only differences mean anything). */
 double flm_now_ms(void);
+/* true when the CPU has AVX and F16C (CPUID; GCC's and clang's __builtin_cpu_supports do not agree on "f16c"). */
+bool flm_cpu_has_f16c(void);
 
 #endif
