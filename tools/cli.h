@@ -30,11 +30,18 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
  * measured by `flashlm probe-disk` ("<model>.probe.json") is used when that file exists. Call before flm_open. */
 void cli_env_params(struct flm_params *p, const char *model);
 /* OpenBLAS starts its worker threads before main (reading OPENBLAS_NUM_THREADS); only calibrate's training uses
- * BLAS, and raises the count itself. Unless the user set the variable, set it to 1 and execute the program again
- * (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they spin retrying an allocation and
- * exit hangs joining them). Likewise GOMP_SPINCOUNT=10000 unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (a
+ * BLAS threads, and raises the count itself. Unless the variable is already 1, set it to 1 (a user's other value
+ * too) and execute the program again (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they
+ * spin retrying an allocation and exit hangs joining them). Likewise GOMP_SPINCOUNT=10000 unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (a
  * short spin at OpenMP barriers: see cli_util.c). Returns only when it did not re-execute. */
 void cli_blas_single_thread(char **argv);
+/* Under an address-space limit (ulimit -v) only: make sure OpenBLAS's 128 MiB work buffer fits, and have OpenBLAS
+ * take it now (it keeps it), so a later BLAS call cannot spin forever retrying the allocation (OpenBLAS does).
+ * Returns 0, or 1 after printing why `who` ("calibrate", "the sparse mode's predictor") cannot run. */
+int cli_blas_reserve(const char *who);
+/* cli_blas_reserve for an open context when its mode is sparse (the only mode that calls BLAS). */
+struct flm_ctx;
+int cli_blas_reserve_for(const struct flm_ctx *ctx);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;
 

@@ -1,5 +1,8 @@
+#include <cblas.h>
 #include <errno.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "runtime/runtime.h"
+#include "core/util.h"
 
 
 double cli_mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -70,7 +74,12 @@ void cli_env_params(flm_params *p, const char *model) {
 
 void cli_blas_single_thread(char **argv) {
     bool again = false;
-    if (!getenv("OPENBLAS_NUM_THREADS") && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0) again = true;
+    /* Always 1, whatever the environment says: OpenBLAS starts OPENBLAS_NUM_THREADS - 1 workers before main, and
+     * under an address-space limit (ulimit -v) a worker that cannot get its buffer retries forever, so exit hung
+     * joining it (issue 12). Nothing here gains from BLAS threads: the sparse predictor runs single-threaded best,
+     * and calibrate's training raises the count to -t itself for the call (flm_predictor_train). */
+    const char *blas = getenv("OPENBLAS_NUM_THREADS");
+    if ((!blas || strcmp(blas, "1") != 0) && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0) again = true;
     /* OpenMP threads that wait at a barrier spin for ~300000 iterations by default (libgomp): on a machine whose
      * cores are shared with other work, a spinning thread holds the core the straggler needs, and a 2-thread decode
      * fell from 64 to 4 tokens/s under load (SmolLM2, this project's VM). A short spin keeps the fast hand-off on
@@ -78,6 +87,37 @@ void cli_blas_single_thread(char **argv) {
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "10000", 1) == 0)
         again = true;
     if (again) execv("/proc/self/exe", argv); /* on failure (no /proc): go on with the defaults */
+}
+
+int cli_blas_reserve(const char *who) {
+    static bool done;
+    if (done || !flm_address_space_limited()) return 0;
+    /* OpenBLAS maps a 128 MiB work buffer per thread on first use and, when the mapping fails, retries forever:
+     * check that it (and some room after it) fits now, then make OpenBLAS take its buffer, which it keeps. */
+    const size_t need = (size_t)144 << 20;
+    void *p = mmap(NULL, need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        struct rlimit rl;
+        getrlimit(RLIMIT_AS, &rl);
+        fprintf(stderr, "flashlm: %s uses OpenBLAS, whose 128 MiB work buffer does not fit under this process's "
+                "address-space limit (ulimit -v %llu KiB); raise the limit%s\n", who,
+                (unsigned long long)(rl.rlim_cur / 1024), strstr(who, "sparse") ? " or use --mode hybrid" : "");
+        return 1;
+    }
+    munmap(p, need);
+    const int n = 128; /* large enough to take OpenBLAS's buffered path, not its small-matrix one */
+    float *a = calloc((size_t)3 * n * n, sizeof *a);
+    if (!a) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, a + n * n, n, 0.0f, a + 2 * n * n, n);
+    free(a);
+    done = true;
+    return 0;
+}
+
+int cli_blas_reserve_for(const flm_ctx *ctx) {
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    return strcmp(s.mode, "sparse") ? 0 : cli_blas_reserve("the sparse mode's predictor");
 }
 
 bool cli_is_help(int argc, char **argv) {

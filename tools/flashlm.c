@@ -147,6 +147,7 @@ static int cmd_run(int argc, char **argv) {
     double t0 = flm_now_ms();
     cli_env_params(&params, model);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (cli_blas_reserve_for(ctx)) { flm_close(ctx); return 1; }
     double t_load = flm_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);

@@ -1,6 +1,7 @@
 /* util.c — the monotonic clock and the CPU feature test of core/util.h. */
 #include "core/util.h"
 
+#include <sys/resource.h>
 #include <time.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -19,4 +20,9 @@ bool flm_cpu_has_f16c(void) {
 #else
     return false;
 #endif
+}
+
+bool flm_address_space_limited(void) {
+    struct rlimit rl;
+    return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
 }

@@ -38,5 +38,8 @@ static inline float flm_get_f32(const uint8_t *p) {
 double flm_now_ms(void);
 /* true when the CPU has AVX and F16C (CPUID; GCC's and clang's __builtin_cpu_supports do not agree on "f16c"). */
 bool flm_cpu_has_f16c(void);
+/* true when the process runs under an address-space limit (RLIMIT_AS, `ulimit -v`). OpenBLAS worker threads that
+ * cannot map their buffer there retry forever, so BLAS threads are not raised then. */
+bool flm_address_space_limited(void);
 
 #endif
