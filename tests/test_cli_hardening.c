@@ -1,0 +1,129 @@
+/* test_cli_hardening.c — issue 12 as a user meets it: corrupt weights, interrupted writes, limits. Every case ends
+ * in a clear message and a non-zero exit (or works), never a crash, a hang, garbage with exit 0 or a file left
+ * behind. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "format/flm.h"
+#include "format/gguf.h"
+#include "testutil.h"
+
+#define STORIES "models/stories260K/stories260K.gguf"
+#define TEXT "text/tinystories_sample.txt"
+
+/* Run the CLI with args (stderr joined); fail unless it exits want_rc and its output holds want_text. Returns the
+ * output (malloc'd). */
+static char *expect_out(const char *args, int want_rc, const char *want_text) {
+    char *out = NULL;
+    char full[8300];
+    snprintf(full, sizeof full, "%s 2>&1", args);
+    int rc = tu_run_cli(full, &out);
+    if (rc != want_rc) fail_msg("flashlm %s: exit %d, want %d; output:\n%s", args, rc, want_rc, out);
+    if (want_text && !strstr(out, want_text)) fail_msg("flashlm %s: output lacks '%s':\n%s", args, want_text, out);
+    return out;
+}
+
+static void expect(const char *args, int want_rc, const char *want_text) { free(expect_out(args, want_rc, want_text)); }
+
+/* A tiny synthetic model of 3 layers: path.gguf and its conversion path.flm (calibrated when asked). */
+static void tiny_model(const char *gguf, const char *flm, bool calibrate) {
+    char args[8192];
+    snprintf(args, sizeof args, "synth '%s' --d-model 32 --d-ffn 64 --layers 3 --heads 2 --vocab 259 --type q8_0 "
+             "--calib 8 -f", gguf);
+    expect(args, 0, NULL);
+    snprintf(args, sizeof args, "convert '%s' '%s' --force", gguf, flm);
+    expect(args, 0, "wrote");
+    if (calibrate) {
+        snprintf(args, sizeof args, "calibrate '%s' --text '%s'", flm, tu_shared(TEXT));
+        expect(args, 0, "calibrated");
+    }
+}
+
+/* Write byte b at offset off of every record of layer l's FFN region (every = false: the first record only). */
+static void poke_ffn(const char *flm, uint32_t l, uint64_t off, uint8_t b, bool every) {
+    flm_file *f = NULL;
+    flm_error err;
+    assert_int_equal(flm_file_open(flm, &f, &err), FLM_OK);
+    const flm_region *r = f->ffn[l];
+    uint64_t base = r->offset, rb = r->record_bytes, n = every ? r->n_records : 1;
+    flm_file_close(f);
+    FILE *fp = fopen(flm, "r+b");
+    assert_non_null(fp);
+    for (uint64_t i = 0; i < n; i++) {
+        assert_int_equal(fseek(fp, (long)(base + i * rb + off), SEEK_SET), 0);
+        assert_int_equal(fputc(b, fp), b);
+    }
+    fclose(fp);
+}
+
+/* Issue 12 #2: a NaN weight (byte 0x7e at offset 1: the high byte of a q8_0 block's f16 scale) in a streamed FFN
+ * region went through to empty tokens, "$$$$" or a perplexity of nan, with exit 0. Now every mode stops at the
+ * token with the file, the region and `flashlm verify`. */
+static void test_nonfinite_weights(void **state) {
+    (void)state;
+    const char *g = tu_tmp("nan", ".gguf"), *f = tu_tmp("nan", ".flm");
+    tiny_model(g, f, true);
+    char args[8192], want[4200];
+    /* the budget at which hybrid keeps exactly layer 0 resident (-c 64 -t 2): the smallest that does */
+    char hybrid1[64] = "";
+    for (int kib = 100; kib <= 1024 && !hybrid1[0]; kib += 2) {
+        char *out = NULL;
+        snprintf(args, sizeof args, "run -m '%s' --mode hybrid --mem %dK -c 64 -t 2 -p hi -n 1 --stats 2>&1", f, kib);
+        tu_run_cli(args, &out);
+        if (strstr(out, "(1 of 3 layers resident)"))
+            snprintf(hybrid1, sizeof hybrid1, "hybrid --mem %dK -c 64 -t 2", kib);
+        free(out);
+    }
+    assert_true(hybrid1[0]);
+    snprintf(want, sizeof want, "%s: data corrupt in the FFN region of layer 1", f);
+    poke_ffn(f, 1, 1, 0x7e, true);
+    /* hybrid: without a budget every layer streams; with hybrid1 layer 0 stays resident, 1 and 2 stream */
+    const char *modes[] = {"naive", "hybrid", hybrid1, "sparse"};
+    for (int m = 0; m < 4; m++)
+        for (int t = 0; t < 2; t++) {
+            snprintf(args, sizeof args, "run -m '%s' --mode %s -p 'Once upon a time' -n 8 --temp %s", f, modes[m],
+                     t ? "0.8" : "0");
+            char *out = expect_out(args, 1, want);
+            assert_non_null(strstr(out, "flashlm verify"));
+            free(out);
+        }
+    snprintf(args, sizeof args, "perplexity -m '%s' --mode naive -f '%s' -c 32 --chunks 1", f, tu_shared(TEXT));
+    expect(args, 1, want);
+    /* ram mode reads the region whole at open and checks its checksum */
+    snprintf(args, sizeof args, "run -m '%s' --mode ram -p hi -n 2", f);
+    expect(args, 1, "FFN region of layer 1: checksum mismatch");
+    /* verify names it too */
+    snprintf(args, sizeof args, "verify '%s'", f);
+    expect(args, 1, "FFN region of layer 1: checksum mismatch");
+
+    /* a GGUF (never checksummed): a NaN in an f32 FFN weight of stories260K */
+    size_t len;
+    uint8_t *bytes = tu_read_file(tu_shared(STORIES), &len);
+    flm_gguf_file *gf = NULL;
+    flm_error err;
+    assert_int_equal(flm_gguf_open_buffer("stories", bytes, len, &gf, &err), FLM_OK);
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(gf, "blk.1.ffn_down.weight");
+    assert_non_null(t);
+    const float nan = NAN;
+    memcpy(bytes + (t->data - (const uint8_t *)bytes), &nan, sizeof nan);
+    flm_gguf_close(gf);
+    const char *bad = tu_tmp("nan-stories", ".gguf");
+    tu_write_file(bad, bytes, len);
+    free(bytes);
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 8 --temp 0", bad);
+    snprintf(want, sizeof want, "%s: the FFN output of layer 1 is not finite", bad);
+    expect(args, 1, want);
+    remove(bad);
+    remove(g);
+    remove(f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nonfinite_weights),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
