@@ -15,7 +15,11 @@ bool cli_parse_float(const char *s, float lo, float hi, float *out);
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 /* A whole text file, NUL-terminated (malloc'd), or NULL after printing why. */
 char *cli_read_text(const char *path);
-/* Remove path (a temporary output) if SIGINT/SIGTERM/SIGHUP arrives, then die of the signal. */
+/* Temporary outputs to remove if SIGINT/SIGTERM/SIGHUP arrives (then the process dies of the signal): register each
+ * before it is created, clear them once renamed. At most 4. */
+void cli_temp_register(const char *path);
+void cli_temp_clear(void);
+/* cli_temp_clear, then cli_temp_register(path) unless path is NULL. */
 void cli_remove_on_signal(const char *path);
 /* false (after saying so) when path exists and force is not set. */
 bool cli_may_write(const char *path, bool force);

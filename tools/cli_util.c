@@ -212,21 +212,41 @@ char *cli_read_text(const char *path) {
     return text;
 }
 
-/* The one piece of process-wide state in the CLI: the temporary file to remove if the user interrupts a long write
- * (the library removes it on every error it sees; a signal it cannot see). */
-static char cleanup_path[4096];
+/* The one piece of process-wide state in the CLI: the temporary files to remove if the user interrupts a long write
+ * (the library removes them on every error it sees; a signal it cannot see). Written before the count is raised,
+ * so the handler only ever reads complete paths; it calls only async-signal-safe functions (unlink, signal,
+ * raise). */
+#define CLI_TEMP_MAX 4
+static char temp_paths[CLI_TEMP_MAX][4096];
+static volatile sig_atomic_t temp_count;
 
 static void on_signal(int sig) {
-    if (cleanup_path[0]) unlink(cleanup_path);
+    for (int i = 0; i < temp_count; i++) unlink(temp_paths[i]);
     signal(sig, SIG_DFL);
     raise(sig);
 }
 
-void cli_remove_on_signal(const char *path) {
-    snprintf(cleanup_path, sizeof cleanup_path, "%s", path ? path : "");
+static void arm_signals(void) {
+    static bool armed;
+    if (armed) return;
+    armed = true;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
+}
+
+void cli_temp_register(const char *path) {
+    arm_signals();
+    if (temp_count >= CLI_TEMP_MAX || !path) return;
+    snprintf(temp_paths[temp_count], sizeof temp_paths[0], "%s", path);
+    temp_count = temp_count + 1;
+}
+
+void cli_temp_clear(void) { temp_count = 0; }
+
+void cli_remove_on_signal(const char *path) {
+    cli_temp_clear();
+    if (path) cli_temp_register(path);
 }
 
 bool cli_may_write(const char *path, bool force) {

@@ -324,7 +324,8 @@ static const char *CONVERT_HELP =
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
-    "regions with xxh64 checksums. Written to OUT.flm.tmp and renamed when complete; nothing is left on error.\n"
+    "regions with xxh64 checksums, each byte written once. Written to OUT.flm.tmp and renamed when complete;\n"
+    "nothing is left on an error or an interrupt (SIGINT, SIGTERM, SIGHUP). Prints the MB/s written and read.\n"
     "An existing OUT.flm is only replaced with -f/--force.\n"
     "A quantized down projection is re-laid by columns as q8_0 (docs/FORMAT.md); --down-type f16 stores them\n"
     "near-exactly at about twice the bytes (to measure what q8_0 costs).\n";
@@ -353,21 +354,18 @@ static int cmd_convert(int argc, char **argv) {
     const char *src = flm_cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
     if (!cli_may_write(dst, force)) return 1;
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
-    cli_remove_on_signal(tmp);
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst); /* the only file convert writes besides dst */
+    cli_temp_register(tmp);
     flm_error err;
-    double t0 = flm_now_ms();
-    if (flm_convert_ex(src, dst, down_as, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    cli_remove_on_signal(NULL);
-    flm_file *f = NULL;
-    if (flm_file_open(dst, &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    uint64_t ffn = 0;
-    for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
+    flm_convert_info ci;
+    if (flm_convert_ex(src, dst, down_as, cli_progress, NULL, &ci, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    cli_temp_clear();
+    /* the summary comes from what was written: nothing is read back */
+    double s = ci.seconds > 0 ? ci.seconds : 1e-9;
     fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3, cli_mib(f->file_size), cli_mib(f->resident->size),
-            cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
-            f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
-    flm_file_close(f);
+            "records of %llu bytes); %.0f MB/s written, %.0f MB/s of GGUF read\n", dst, ci.seconds,
+            cli_mib(ci.file_bytes), cli_mib(ci.resident_bytes), cli_mib(ci.ffn_bytes), ci.n_layers, ci.n_records,
+            (unsigned long long)ci.record_bytes, (double)ci.file_bytes / s / 1e6, (double)ci.src_bytes / s / 1e6);
     return 0;
 }
 

@@ -43,10 +43,15 @@ static bool keep_resident(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     return !is_ffn_tensor(t->name) && !is_duplicate_output(src, t);
 }
 
-/* Write the resident GGUF (all KVs, non-FFN tensors) to tmp_path. */
-static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_path, flm_error *err) {
+static flm_status out_write(void *user, const void *p, size_t n, flm_error *err) {
+    return flm_out_write(user, p, n, err);
+}
+
+/* Write the resident GGUF (all KVs, non-FFN tensors) straight into o, the .flm being written (once: no temporary
+ * file of its own, nothing read back). */
+static flm_status write_resident_gguf(const flm_gguf_file *src, flm_out_file *o, flm_error *err) {
     flm_gguf_writer *w = NULL;
-    flm_status st = flm_gguf_writer_create(tmp_path, &w, err);
+    flm_status st = flm_gguf_writer_create_stream(o->path, out_write, o, &w, err);
     if (st) return st;
     for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
     for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
@@ -55,30 +60,16 @@ static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_
     }
     if (st) {
         flm_gguf_writer_free(w);
-        return flm_fail(err, st, "%s: cannot build the resident region", tmp_path);
+        return flm_fail(err, st, "%s: cannot build the resident region", o->path);
     }
-    if ((st = flm_gguf_writer_begin(w, err))) goto fail;
+    if ((st = flm_gguf_writer_begin(w, err))) goto done;
     for (uint64_t i = 0; i < src->n_tensors; i++) {
         const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
+        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto done;
     }
-    if ((st = flm_gguf_writer_finish(w, err))) goto fail;
+    st = flm_gguf_writer_finish(w, err);
+done:
     flm_gguf_writer_free(w);
-    return FLM_OK;
-fail:
-    flm_gguf_writer_free(w);
-    return st;
-}
-
-static flm_status copy_file_into(flm_out_file *o, const char *path, flm_error *err) {
-    FILE *in = fopen(path, "rb");
-    if (!in) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    uint8_t buf[1 << 16];
-    size_t n;
-    flm_status st = FLM_OK;
-    while (!st && (n = fread(buf, 1, sizeof buf, in)) > 0) st = flm_out_write(o, buf, n, err);
-    if (!st && ferror(in)) st = flm_fail(err, FLM_ERR_IO, "%s: read failed", path);
-    fclose(in);
     return st;
 }
 
@@ -122,11 +113,13 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
-    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, progress, user, err);
+    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, progress, user, NULL, err);
 }
 
 flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, flm_progress_fn progress, void *user,
-                          flm_error *err) {
+                          flm_convert_info *info, flm_error *err) {
+    if (info) memset(info, 0, sizeof *info);
+    const double t0 = flm_now_ms();
     if (down_as != FLM_TYPE_Q8_0 && down_as != FLM_TYPE_F16 && down_as != FLM_TYPE_F32)
         return flm_fail(err, FLM_ERR_ARG, "convert: down columns can be stored as q8_0, f16 or f32, not %s",
                         flm_type_name(down_as) ? flm_type_name(down_as) : "that type");
@@ -147,7 +140,7 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
                             flm_type_name(ct), hp->d_model, flm_type_block_elems(ct));
     }
     size_t plen = strlen(dst);
-    char *tmp = malloc(plen + 16), *res_tmp = malloc(plen + 32);
+    char *tmp = malloc(plen + 16);
     uint32_t n_regions = 1 + hp->n_layers;
     flm_region *regions = calloc(n_regions, sizeof *regions);
     /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
@@ -165,24 +158,20 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     float *downT = malloc(((size_t)hp->d_ffn * hp->d_model + hp->d_ffn) * sizeof(float));
     uint8_t *chunk = malloc(chunk_records * max_rec);
     flm_out_file o = {NULL, dst, 0, XXH64_createState()};
-    if (!tmp || !res_tmp || !regions || !hdr || !downT || !chunk || !o.h) {
+    if (!tmp || !regions || !hdr || !downT || !chunk || !o.h) {
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst);
         goto done;
     }
     XXH64_reset(o.h, 0); /* a fresh state is uninitialised */
     snprintf(tmp, plen + 16, "%s.tmp", dst);
-    snprintf(res_tmp, plen + 32, "%s.resident.tmp", dst);
     o.path = tmp;
     if (!(o.fp = fopen(tmp, "wb"))) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); goto done; }
     /* header placeholder, then the resident region */
     if ((st = flm_out_write(&o, hdr, header_bytes, err))) goto done;
     if (progress) progress(user, "resident", 0, 1);
-    if ((st = write_resident_gguf(m->gguf, res_tmp, err))) goto done;
     regions[0] = (flm_region){.kind = FLM_REGION_RESIDENT, .offset = o.pos};
     XXH64_reset(o.h, 0);
-    st = copy_file_into(&o, res_tmp, err);
-    remove(res_tmp);
-    if (st) goto done;
+    if ((st = write_resident_gguf(m->gguf, &o, err))) goto done;
     regions[0].size = o.pos - regions[0].offset;
     regions[0].checksum = XXH64_digest(o.h);
     if ((st = flm_out_pad(&o, err))) goto done;
@@ -201,12 +190,21 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     if (fclose(o.fp) != 0) { o.fp = NULL; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
     o.fp = NULL;
     if (rename(tmp, dst) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", tmp, dst, strerror(errno)); goto done; }
+    if (info) { /* what was written, without reading it back */
+        info->file_bytes = o.pos;
+        info->src_bytes = m->gguf->size;
+        info->resident_bytes = regions[0].size;
+        for (uint32_t l = 0; l < hp->n_layers; l++) info->ffn_bytes += regions[1 + l].size;
+        info->n_layers = hp->n_layers;
+        info->n_records = hp->n_layers ? regions[1].n_records : 0;
+        info->record_bytes = hp->n_layers ? regions[1].record_bytes : 0;
+        info->seconds = (flm_now_ms() - t0) / 1e3;
+    }
 done:
     if (o.fp) fclose(o.fp);
     if (st && tmp) remove(tmp);
     XXH64_freeState(o.h);
     free(tmp);
-    free(res_tmp);
     free(regions);
     free(hdr);
     free(downT);

@@ -593,6 +593,8 @@ typedef struct wtensor {
 struct flm_gguf_writer {
     char *path, *tmp;
     FILE *fp;
+    flm_gguf_write_fn write; /* stream writer: every byte goes to write(user, ...); fp and tmp stay NULL */
+    void *user;
     int state;
     flm_error err;          /* first error of the kv/tensor adders, reported by begin() */
     uint8_t *kv;            /* serialized KVs */
@@ -687,6 +689,21 @@ flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_e
         flm_gguf_writer_free(w);
         return st;
     }
+    *out = w;
+    return FLM_OK;
+}
+
+flm_status flm_gguf_writer_create_stream(const char *name, flm_gguf_write_fn write, void *user, flm_gguf_writer **out,
+                                         flm_error *err) {
+    *out = NULL;
+    if (!name || !write) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_create_stream: NULL name or write");
+    flm_gguf_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->path = dup_bytes(name, strlen(name)))) {
+        free(w);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", name);
+    }
+    w->write = write;
+    w->user = user;
     *out = w;
     return FLM_OK;
 }
@@ -814,6 +831,12 @@ flm_status flm_gguf_writer_add_tensor(flm_gguf_writer *w, const char *name, uint
 /* Write n bytes to the file (data, or zeros when p is NULL). */
 static flm_status w_write(flm_gguf_writer *w, const void *p, uint64_t n, flm_error *err) {
     static const uint8_t zeros[GGUF_DEFAULT_ALIGNMENT];
+    if (w->write) {
+        flm_status st = w->write(w->user, p ? p : zeros, (size_t)n, err);
+        if (st) return w_abort(w, st);
+        w->pos += n;
+        return FLM_OK;
+    }
     if (p ? fwrite(p, 1, (size_t)n, w->fp) != n : fwrite(zeros, 1, (size_t)n, w->fp) != n)
         return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno)));
     w->pos += n;
@@ -897,6 +920,10 @@ flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err) {
                                    (ull)w->n_t));
     flm_status st = w_pad(w, err);
     if (st != FLM_OK) return st;
+    if (w->write) {
+        w->state = W_DONE;
+        return FLM_OK;
+    }
     if (fflush(w->fp) != 0 || fsync(fileno(w->fp)) != 0)
         return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: flush failed: %s", w->tmp, strerror(errno)));
     int rc = fclose(w->fp);

@@ -90,6 +90,12 @@ flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t el
  * fsyncs and renames the temporary file "<path>.tmp" onto path. On any error the temporary file is removed. */
 typedef struct flm_gguf_writer flm_gguf_writer;
 flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err);
+/* A writer that hands every byte to write(user, bytes, n) instead of a file of its own (e.g. straight into a region of
+ * a .flm file being written): no temporary file, no fsync or rename; finish() only pads. name stands for the file in
+ * messages. write returns FLM_OK or an error (it fills err itself: the writer passes the err of the call). */
+typedef flm_status (*flm_gguf_write_fn)(void *user, const void *bytes, size_t n, flm_error *err);
+flm_status flm_gguf_writer_create_stream(const char *name, flm_gguf_write_fn write, void *user, flm_gguf_writer **out,
+                                         flm_error *err);
 flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t v);
 flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v);
 flm_status flm_gguf_writer_kv_str(flm_gguf_writer *w, const char *key, const char *v);
