@@ -233,10 +233,16 @@ typedef struct flm_stats {
     uint64_t cache_rows;     /* sparse: neuron-cache capacity summed over layers */
     uint64_t n_dropped;      /* sparse: predicted neurons not computed because a token's set exceeded a layer's cache
                                 (the least confident ones; 0 unless the budget is very tight) */
-    uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage) */
+    uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage); with a budget it stays
+                                within mem_budget + FLM_RSS_ALLOWANCE */
     uint64_t n_tokens_kept;  /* per-token records held: those of tokens n_tokens - n_tokens_kept .. n_tokens - 1 */
 } flm_stats;
 
+/* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,
+ * the C library's, OpenMP's and OpenBLAS's own allocations, thread stacks, allocator slack (docs/ARCHITECTURE.md,
+ * "Memory budget"). Peak RSS <= budget + FLM_RSS_ALLOWANCE at every model size (tests/test_scale_rss.c, and
+ * tests/test_cli_hardening.c measures it from outside the process). */
+#define FLM_RSS_ALLOWANCE (16ull << 20)
 /* Per-token statistics are kept for the last FLM_STATS_TOKENS tokens only, in a ring allocated once at open and
  * counted in the memory budget (as scratch); the totals cover every token. */
 #define FLM_STATS_TOKENS 256

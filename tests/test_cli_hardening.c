@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "format/flm.h"
@@ -171,11 +173,92 @@ static void test_convert_summary(void **state) {
     remove(out);
 }
 
+/* Run `flashlm args` (output discarded) and measure its peak RSS from outside: wait4's rusage (KiB -> bytes) of the
+ * child, which covers the CLI's re-exec of itself too. Returns the exit status. */
+static int run_rss(const char *args, uint64_t *peak) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", FLM_CLI, args);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    struct rusage ru;
+    assert_int_equal(wait4(pid, &st, 0, &ru), pid);
+    *peak = (uint64_t)ru.ru_maxrss * 1024;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Issue 12 #5: peak RSS above --mem by 3-6 MiB on small models, the allowance nowhere printed. The allowance is
+ * FLM_RSS_ALLOWANCE (16 MiB, docs/ARCHITECTURE.md); `--stats` prints peak RSS against budget + allowance; and
+ * here, measured from outside the process at the tightest budget each model and mode opens with, it holds at every
+ * size: a 0.05 MiB synthetic model, stories260K (1 MiB), and SmolLM2 (105 MiB) when pulled. */
+static void test_rss_within_budget_and_allowance(void **state) {
+    (void)state;
+    const char *g = tu_tmp("rss", ".gguf"), *tiny = tu_tmp("rss", ".flm"), *st = tu_tmp("rss-stories", ".flm");
+    tiny_model(g, tiny, true);
+    char args[8192];
+    snprintf(args, sizeof args, "convert '%s' '%s' --force", tu_shared(STORIES), st);
+    expect(args, 0, "wrote");
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 512 --chunk 64", st, tu_shared(TEXT));
+    expect(args, 0, "calibrated");
+    const char *smol_src = tu_model("smollm2-135m"), *smol = tu_tmp("rss-smollm2", ".flm");
+    if (smol_src) {
+        snprintf(args, sizeof args, "convert '%s' '%s' --force", smol_src, smol);
+        expect(args, 0, "wrote");
+    }
+    const char *models[] = {tiny, st, smol_src ? smol : NULL};
+    const char *modes[] = {"naive", "hybrid", "sparse"};
+    for (int mi = 0; mi < 3; mi++) {
+        if (!models[mi]) continue;
+        for (int k = 0; k < 3; k++) {
+            if (mi == 2 && k == 2) continue; /* SmolLM2 is not calibrated here (minutes) */
+            /* the tightest budget that opens (within 1/64): doubling from 64 KiB, then bisection */
+            uint64_t lo = 0, hi = 64 << 10, budget, peak = 0, hi_peak = 0;
+            for (;;) {
+                snprintf(args, sizeof args, "run -m '%s' --mode %s --mem %llu -c 256 -t 2 -p 'Once upon' -n 8 "
+                         "--temp 0", models[mi], modes[k], (unsigned long long)hi);
+                if (run_rss(args, &hi_peak) == 0) break;
+                lo = hi;
+                hi *= 2;
+                assert_true(hi < (4ull << 30));
+            }
+            while (hi - lo > hi / 64) {
+                budget = lo + (hi - lo) / 2;
+                snprintf(args, sizeof args, "run -m '%s' --mode %s --mem %llu -c 256 -t 2 -p 'Once upon' -n 8 "
+                         "--temp 0", models[mi], modes[k], (unsigned long long)budget);
+                if (run_rss(args, &peak) == 0) { hi = budget; hi_peak = peak; }
+                else lo = budget;
+            }
+            budget = hi;
+            peak = hi_peak;
+            print_message("%s %s: budget %.2f MiB, peak RSS %.2f MiB (+%.2f MiB; allowance %llu MiB)\n", models[mi],
+                          modes[k], budget / 1048576.0, peak / 1048576.0, ((double)peak - (double)budget) / 1048576.0,
+                          FLM_RSS_ALLOWANCE >> 20);
+#ifndef FLM_SANITIZED_BUILD /* shadow memory is not the engine's */
+            if (peak > budget + FLM_RSS_ALLOWANCE)
+                fail_msg("%s --mode %s --mem %llu: peak RSS %llu bytes exceeds budget + allowance", models[mi],
+                         modes[k], (unsigned long long)budget, (unsigned long long)peak);
+#endif
+        }
+    }
+    /* and --stats says so in the same units */
+    snprintf(args, sizeof args, "run -m '%s' --mode naive --mem 8M -c 256 -p hi -n 4 --stats", st);
+    expect(args, 0, "allowance for the process itself is 16 MiB");
+    remove(g);
+    remove(tiny);
+    remove(st);
+    remove(smol);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nonfinite_weights),
         cmocka_unit_test(test_interrupted_convert),
         cmocka_unit_test(test_convert_summary),
+        cmocka_unit_test(test_rss_within_budget_and_allowance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 #include "format/chat_template.h"
 #include "format/tokenizer.h"
 #include "core/types.h"
+#include "core/util.h"
 #include "cli.h"
 
 /* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
@@ -24,11 +25,21 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     uint64_t n = s.n_tokens - prompt->n_tokens; /* generation only */
     fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
-            s.mem_budget ? "" : "none");
-    if (s.mem_budget) fprintf(stderr, "%.2f MiB", cli_mib(s.mem_budget));
+            s.mem_budget ? flm_size(s.mem_budget).s : "none");
     fprintf(stderr, "; model %.2f MiB: resident %.2f MiB, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
-            "MiB, scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes), cli_mib(s.mem_resident), cli_mib(s.mem_ffn),
+            "MiB, scratch %.2f MiB; peak RSS %.2f MiB", cli_mib(s.model_bytes), cli_mib(s.mem_resident), cli_mib(s.mem_ffn),
             s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
+    /* the promise, in the same units: budget + the fixed allowance for the process itself (FLM_RSS_ALLOWANCE) */
+    if (s.mem_budget && s.peak_rss <= s.mem_budget)
+        fprintf(stderr, " (within the budget)\n");
+    else if (s.mem_budget && s.peak_rss <= s.mem_budget + FLM_RSS_ALLOWANCE)
+        fprintf(stderr, " = budget + %.2f MiB (the allowance for the process itself is %llu MiB)\n",
+                cli_mib(s.peak_rss - s.mem_budget), FLM_RSS_ALLOWANCE >> 20);
+    else if (s.mem_budget)
+        fprintf(stderr, " = budget + %.2f MiB: MORE than the %llu MiB allowance (please report this)\n",
+                cli_mib(s.peak_rss - s.mem_budget), FLM_RSS_ALLOWANCE >> 20);
+    else
+        fprintf(stderr, "\n");
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
                 "read  reused  cache rows\n");

@@ -1,6 +1,7 @@
 /* util.c — the monotonic clock and the CPU feature test of core/util.h. */
 #include "core/util.h"
 
+#include <stdio.h>
 #include <sys/resource.h>
 #include <time.h>
 #if defined(__x86_64__)
@@ -25,4 +26,13 @@ bool flm_cpu_has_f16c(void) {
 bool flm_address_space_limited(void) {
     struct rlimit rl;
     return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+}
+
+flm_size_str flm_size(uint64_t b) {
+    flm_size_str r;
+    if (b < 1024) snprintf(r.s, sizeof r.s, "%llu bytes", (unsigned long long)b);
+    else if (b < (1ull << 20)) snprintf(r.s, sizeof r.s, "%.2f KiB", (double)b / 1024.0);
+    else if (b < (1ull << 30)) snprintf(r.s, sizeof r.s, "%.2f MiB", (double)b / 1048576.0);
+    else snprintf(r.s, sizeof r.s, "%.2f GiB", (double)b / 1073741824.0);
+    return r;
 }

@@ -41,5 +41,9 @@ bool flm_cpu_has_f16c(void);
 /* true when the process runs under an address-space limit (RLIMIT_AS, `ulimit -v`). OpenBLAS worker threads that
  * cannot map their buffer there retry forever, so BLAS threads are not raised then. */
 bool flm_address_space_limited(void);
+/* A byte count for people: "512 bytes", "1.00 KiB", "26.52 MiB", "3.10 GiB" (so a 1K budget does not print as
+ * "0.00 MiB"). Use the member of the returned value in the same expression: printf("%s", flm_size(n).s). */
+typedef struct flm_size_str { char s[32]; } flm_size_str;
+flm_size_str flm_size(uint64_t bytes);
 
 #endif

@@ -58,10 +58,10 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     if (st || mode == FLM_MODE_SPARSE) return st; /* runtime/sparse.c sizes the caches from p->cache and checks them */
     if (budget && flm_mem_plan_total(p) > budget) {
         return flm_fail(err, FLM_ERR_BUDGET,
-                        "%s: a memory budget of %.2f MiB is too small for mode %s: resident weights %.2f MiB + KV cache "
+                        "%s: a memory budget of %s is too small for mode %s: resident weights %.2f MiB + KV cache "
                         "%.2f MiB (-c %u) + scratch %.2f MiB + reader %.2f MiB + FFN %s %.2f MiB = %.2f MiB "
                         "(the whole model is %.2f MiB)",
-                        f->path, flm_mib(budget), flm_mode_name(mode), flm_mib(p->resident), flm_mib(p->kv), n_ctx, flm_mib(p->scratch),
+                        f->path, flm_size(budget).s, flm_mode_name(mode), flm_mib(p->resident), flm_mib(p->kv), n_ctx, flm_mib(p->scratch),
                         flm_mib(p->reader), mode == FLM_MODE_RAM ? "(all layers)" : "(one streamed layer)",
                         flm_mib(p->stream + p->ffn_resident), flm_mib(flm_mem_plan_total(p)), flm_mib(p->model_bytes));
     }
