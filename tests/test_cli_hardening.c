@@ -253,12 +253,119 @@ static void test_rss_within_budget_and_allowance(void **state) {
     remove(smol);
 }
 
+/* A copy of stories260K whose tokenizer.ggml.token_type is `type` for every token. */
+static void write_vocab_typed(const char *out, int32_t type) {
+    flm_error err;
+    flm_gguf_file *src = NULL;
+    assert_int_equal(flm_gguf_open(tu_shared(STORIES), &src, &err), FLM_OK);
+    flm_gguf_writer *w = NULL;
+    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    const flm_gguf_kv *tt = flm_gguf_find_kv(src, "tokenizer.ggml.token_type");
+    assert_non_null(tt);
+    int32_t *types = malloc(tt->arr_n * sizeof *types);
+    for (uint64_t i = 0; i < tt->arr_n; i++) types[i] = type;
+    assert_int_equal(flm_gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, types, tt->arr_n), FLM_OK);
+    free(types);
+    for (uint64_t i = 0; i < src->n_kv; i++)
+        if (strcmp(src->kv[i].key, "tokenizer.ggml.token_type"))
+            assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const flm_gguf_tensor *t = &src->tensors[i];
+        assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
+    }
+    assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
+    for (uint64_t i = 0; i < src->n_tensors; i++)
+        assert_int_equal(flm_gguf_writer_write_tensor(w, src->tensors[i].data, src->tensors[i].nbytes, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
+    flm_gguf_writer_free(w);
+    flm_gguf_close(src);
+}
+
+/* Issue 12 #8: the small things a new user met. */
+static void test_user_papercuts(void **state) {
+    (void)state;
+    char args[8192];
+    /* a vocabulary of control / unknown / unused tokens only printed nothing and exited 0 */
+    const int32_t kinds[] = {3, 2, 5};
+    for (int k = 0; k < 3; k++) {
+        const char *v = tu_tmp("ctrlvocab", ".gguf");
+        write_vocab_typed(v, kinds[k]);
+        snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 8", v);
+        expect(args, 1, "none of the 512 tokens decodes to text");
+        remove(v);
+    }
+    /* inspect shows what it can read of a damaged file, then names the problem (exit 1) */
+    size_t len;
+    uint8_t *g = tu_read_file(tu_shared(STORIES), &len);
+    const char *cut = tu_tmp("cut", ".gguf");
+    tu_write_file(cut, g, 20000);
+    snprintf(args, sizeof args, "inspect '%s'", cut);
+    char *out = expect_out(args, 1, "tokenizer.ggml.bos_token_id");
+    assert_non_null(strstr(out, "blk.4.ffn_down.weight"));
+    assert_non_null(strstr(out, "runs past the end of the file"));
+    free(out);
+    tu_write_file(cut, g, 3000); /* inside the first key's array: the header is all there is */
+    snprintf(args, sizeof args, "inspect '%s'", cut);
+    expect(args, 1, "kv 0 'tokenizer.ggml.tokens'");
+    free(g);
+    /* a file that parses but cannot be run: its contents, and why */
+    write_vocab_typed(cut, 3);
+    snprintf(args, sizeof args, "inspect '%s'", cut);
+    out = expect_out(args, 1, "cannot be run");
+    assert_non_null(strstr(out, "general.architecture"));
+    assert_non_null(strstr(out, "blk.0.attn_q.weight"));
+    free(out);
+    remove(cut);
+    /* type names, never "(null)" */
+    const char *tg = tu_tmp("types", ".gguf"), *tf = tu_tmp("types", ".flm");
+    tiny_model(tg, tf, false);
+    snprintf(args, sizeof args, "inspect '%s'", tf);
+    out = expect_out(args, 0, "q8_0");
+    assert_null(strstr(out, "(null)"));
+    free(out);
+    /* --mem: 0 documented; 1K printed as 1 KiB, not 0.00 MiB */
+    expect("run --help", 0, "0 = no budget");
+    snprintf(args, sizeof args, "run -m '%s' --mem 1K -p hi -n 2", tf);
+    expect(args, 1, "a memory budget of 1.00 KiB is too small");
+    snprintf(args, sizeof args, "run -m '%s' --mem 1K -p hi -n 2", tu_shared(STORIES));
+    expect(args, 1, "a memory budget of 1.00 KiB cannot hold");
+    remove(tg);
+    remove(tf);
+    /* run -f FILE: a prompt of any length, from a file or standard input */
+    const char *pf = tu_tmp("prompt", ".txt");
+    tu_write_file(pf, "Once upon a time", 16);
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 12 --temp 0 2>/dev/null", tu_shared(STORIES));
+    char *want = NULL;
+    assert_int_equal(tu_run_cli(args, &want), 0);
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 12 --temp 0 2>/dev/null", tu_shared(STORIES), pf);
+    out = NULL;
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_string_equal(out, want);
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -f - -n 12 --temp 0 2>/dev/null < '%s'", tu_shared(STORIES), pf);
+    out = NULL;
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_string_equal(out, want);
+    free(out);
+    free(want);
+    char *big = malloc(400001);
+    for (int i = 0; i < 400000; i++) big[i] = "Once upon a time "[i % 17];
+    tu_write_file(pf, big, 400000); /* beyond what one argument may hold */
+    free(big);
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 2", tu_shared(STORIES), pf);
+    expect(args, 1, "exceeds the context");
+    snprintf(args, sizeof args, "run -m '%s' -f /nonexistent/prompt.txt -n 2", tu_shared(STORIES));
+    expect(args, 1, "/nonexistent/prompt.txt");
+    remove(pf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nonfinite_weights),
         cmocka_unit_test(test_interrupted_convert),
         cmocka_unit_test(test_convert_summary),
         cmocka_unit_test(test_rss_within_budget_and_allowance),
+        cmocka_unit_test(test_user_papercuts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

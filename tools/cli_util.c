@@ -127,8 +127,9 @@ bool cli_is_help(int argc, char **argv) {
 const char *CLI_MODEL_OPTS_HELP =
     "  -t, --threads N      compute threads (default: all CPUs)\n"
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
-    "      --mem BYTES|N%   memory budget (.flm): bytes (K/M/G suffixes) or percent of the model's weight bytes;\n"
-    "                       resident weights + FFN storage + KV cache + scratch must fit (default: none)\n"
+    "      --mem BYTES|N%   memory budget: bytes (K/M/G/T suffixes: powers of 1024) or percent of the model's\n"
+    "                       weight bytes; resident weights + FFN storage + KV cache + scratch must fit, and peak\n"
+    "                       RSS stays within it + 16 MiB for the process itself. 0 = no budget (the default)\n"
     "      --mode MODE      auto | ram | naive | hybrid | sparse (default auto: ram if the model fits, else\n"
     "                       sparse when it is calibrated, else hybrid)\n"
     "                       naive: every layer's FFN read from flash for every token (the paper's baseline)\n"
@@ -192,23 +193,33 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
 }
 
 char *cli_read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
+    bool in = !strcmp(path, "-");
+    FILE *f = in ? stdin : fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", path, strerror(errno));
         return NULL;
     }
-    char *text = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
-        text = malloc((size_t)n + 1);
-    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "flashlm: cannot read text file '%s'\n", path);
+    /* read to the end in growing chunks: a pipe or standard input has no size to ask for */
+    size_t cap = 1 << 16, len = 0, n;
+    char *text = malloc(cap + 1);
+    while (text && (n = fread(text + len, 1, cap - len, f)) > 0) {
+        len += n;
+        if (len == cap) {
+            char *more = cap <= SIZE_MAX / 4 ? realloc(text, 2 * cap + 1) : NULL;
+            if (!more) { free(text); text = NULL; break; }
+            text = more;
+            cap *= 2;
+        }
+    }
+    if (!text || ferror(f)) {
+        fprintf(stderr, "flashlm: cannot read text file '%s'%s\n", in ? "(standard input)" : path,
+                text ? "" : ": out of memory");
         free(text);
         text = NULL;
     } else {
-        text[n] = 0;
+        text[len] = 0;
     }
-    fclose(f);
+    if (!in) fclose(f);
     return text;
 }
 

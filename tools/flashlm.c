@@ -101,6 +101,7 @@ static const char *RUN_HELP =
     "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
+    "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token)\n";
 static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
@@ -112,8 +113,12 @@ static const char *RUN_HELP_MORE =
     "  -h, --help           this help\n";
 static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
+static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
+                          const char *system, long n_predict, bool per_token, const char *stats_json,
+                          flm_params *params_in, const flm_sampler_params *sp_in);
+
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = "", *stats_json = NULL, *chat_name = NULL, *system = NULL;
+    const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
     bool per_token = false, chat = false;
     long n_predict = 128;
     flm_params params;
@@ -134,7 +139,8 @@ static int cmd_run(int argc, char **argv) {
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; }
         else if (!strcmp(a, "--chat")) { chat = true; }
         else if (!strcmp(a, "--chat-template")) {
             NEEDVAL();
@@ -150,6 +156,21 @@ static int cmd_run(int argc, char **argv) {
 #undef NEEDVAL
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
+    char *prompt_buf = NULL; /* -f: the prompt's text, any length (an argument is limited by ARG_MAX) */
+    if (prompt_file) {
+        if (!(prompt_buf = cli_read_text(prompt_file))) return 1;
+        prompt = prompt_buf;
+    }
+    int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, stats_json, &params, &sp);
+    free(prompt_buf);
+    return rc;
+}
+
+static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
+                          const char *system, long n_predict, bool per_token, const char *stats_json,
+                          flm_params *params_in, const flm_sampler_params *sp_in) {
+    flm_params params = *params_in;
+    flm_sampler_params sp = *sp_in;
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
 
@@ -241,7 +262,17 @@ static int cmd_run(int argc, char **argv) {
 static const char *INSPECT_HELP =
     "usage: flashlm inspect MODEL\n"
     "\n"
-    "Print a model file's architecture, hyper-parameters, metadata and tensors (type, shape, bytes).\n";
+    "Print a model file's architecture, hyper-parameters, metadata and tensors (type, shape, bytes). A file with a\n"
+    "problem is shown as far as it can be read, then the problem is named (exit status 1).\n";
+
+/* A tensor type's name, or what the id is when it has none. */
+static const char *type_str(uint32_t type, char *buf, size_t cap) {
+    const char *n = flm_type_name(type);
+    if (n) return n;
+    if (type == FLM_GATE_NONE) return "none";
+    snprintf(buf, cap, "type %u?", type);
+    return buf;
+}
 
 static int cmd_inspect(int argc, char **argv) {
     if (argc != 1 || !strcmp(argv[0], "-h") || !strcmp(argv[0], "--help")) {
@@ -250,10 +281,11 @@ static int cmd_inspect(int argc, char **argv) {
     }
     char model_buf[4096];
     argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
-    flm_error err;
+    flm_error err, parse_err = {FLM_OK, ""};
     flm_gguf_file *g = NULL;
     flm_file *ff = NULL;
     const flm_gguf_file *f;
+    int rc = 0;
     if (flm_file_is_flm(argv[0])) {
         if (flm_file_open(argv[0], &ff, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         f = ff->meta;
@@ -264,39 +296,44 @@ static int cmd_inspect(int argc, char **argv) {
         for (uint32_t i = 0; i < ff->n_regions; i++) {
             const flm_region *r = &ff->regions[i];
             const char *kind = r->kind == FLM_REGION_RESIDENT ? "resident" : r->kind == FLM_REGION_FFN ? "ffn" : "predict";
+            char b1[24], b2[24], b3[24];
+            bool ffn = r->kind == FLM_REGION_FFN;
             printf("  %-8s %6u %14llu %14llu %-6s %-6s %-6s %9u %12llu\n", kind, r->layer,
                    (unsigned long long)r->offset, (unsigned long long)r->size,
-                   r->kind == FLM_REGION_FFN ? flm_type_name(r->up_type) : "-",
-                   r->kind == FLM_REGION_FFN ? flm_type_name(r->gate_type) : "-",
-                   r->kind == FLM_REGION_FFN ? flm_type_name(r->down_type) : "-", r->n_records,
-                   (unsigned long long)r->record_bytes);
+                   ffn ? type_str(r->up_type, b1, sizeof b1) : "-", ffn ? type_str(r->gate_type, b2, sizeof b2) : "-",
+                   ffn ? type_str(r->down_type, b3, sizeof b3) : "-", r->n_records, (unsigned long long)r->record_bytes);
         }
         printf("\nresident region: ");
     } else {
-        if (flm_gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        /* a damaged GGUF is shown as far as it parses: the entries before the problem, then the problem */
+        flm_status st = flm_gguf_open_partial(argv[0], &g, &parse_err);
+        if (!g) { fprintf(stderr, "flashlm: %s\n", parse_err.msg); return 1; }
+        if (st) rc = 1;
         f = g;
         printf("file        %s\n", argv[0]);
     }
     printf("format      GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %" PRIu64
-           ", data at byte %" PRIu64 "\n", f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset);
-    flm_params p;
-    flm_params_default(&p);
-    p.n_ctx = 1;
-    cli_env_params(&p, argv[0]);
-    flm_ctx *ctx = NULL;
-    if (flm_open(argv[0], &p, &ctx, &err)) {
-        fprintf(stderr, "flashlm: %s\n", err.msg);
-        flm_gguf_close(g);
-        flm_file_close(ff);
-        return 1;
+           ", data at byte %" PRIu64 "%s\n", f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset,
+           parse_err.code ? " (as far as it could be read)" : "");
+    if (!parse_err.code) { /* the model as flashlm would run it: an unusable one is named, its contents still shown */
+        flm_params p;
+        flm_params_default(&p);
+        p.n_ctx = 1;
+        cli_env_params(&p, argv[0]);
+        flm_ctx *ctx = NULL;
+        if (flm_open(argv[0], &p, &ctx, &err)) {
+            printf("model       cannot be run: %s\n", err.msg);
+            rc = 1;
+        } else {
+            flm_model_info in;
+            flm_get_info(ctx, &in);
+            printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
+                   "head_dim    %u\nn_vocab     %u\nn_ctx_train %u\nnorm_eps    %g\nrope_theta  %g\nbos/eos     %d / %d\n",
+                   in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
+                   in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
+            flm_close(ctx);
+        }
     }
-    flm_model_info in;
-    flm_get_info(ctx, &in);
-    printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
-           "head_dim    %u\nn_vocab     %u\nn_ctx_train %u\nnorm_eps    %g\nrope_theta  %g\nbos/eos     %d / %d\n",
-           in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
-           in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
-    flm_close(ctx);
     printf("\nmetadata:\n");
     for (uint64_t i = 0; i < f->n_kv; i++) {
         const flm_gguf_kv *kv = &f->kv[i];
@@ -314,18 +351,19 @@ static int cmd_inspect(int argc, char **argv) {
     uint64_t total = 0;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const flm_gguf_tensor *t = &f->tensors[i];
-        char shape[64];
+        char shape[64], tb[24];
         int o = snprintf(shape, sizeof shape, "[");
-        for (uint32_t d = 0; d < t->n_dims; d++)
+        for (uint32_t d = 0; d < t->n_dims && o < (int)sizeof shape; d++)
             o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
-        snprintf(shape + o, sizeof shape - (size_t)o, "]");
-        printf("  %-32s %-6s %-24s %12" PRIu64 "\n", t->name, flm_type_name(t->type), shape, t->nbytes);
+        if (o < (int)sizeof shape) snprintf(shape + o, sizeof shape - (size_t)o, "]");
+        printf("  %-32s %-6s %-24s %12" PRIu64 "\n", t->name, type_str(t->type, tb, sizeof tb), shape, t->nbytes);
         total += t->nbytes;
     }
     printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
+    if (parse_err.code) fprintf(stderr, "flashlm: %s\n", parse_err.msg);
     flm_gguf_close(g);
     flm_file_close(ff);
-    return 0;
+    return rc;
 }
 
 /* ---- convert / verify ------------------------------------------------------------------------------------------ */

@@ -106,6 +106,7 @@ typedef struct rd {
     const char *path;
     flm_error *err;
     char ctx[160];
+    uint64_t kv_done, t_done; /* entries parsed completely (flm_gguf_open_partial keeps them) */
 } rd;
 
 static flm_status rd_fail(rd *r, flm_status code, const char *field, const char *fmt, ...)
@@ -372,6 +373,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
             return flm_fail(r->err, FLM_ERR_NOMEM, "%s: out of memory for %llu kvs", r->path, (ull)n_kv);
         f->n_kv = i + 1;
         if ((st = rd_kv(r, i, &f->kv[i])) != FLM_OK) return st;
+        r->kv_done = i + 1;
     }
     cap = 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
@@ -379,6 +381,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
             return flm_fail(r->err, FLM_ERR_NOMEM, "%s: out of memory for %llu tensors", r->path, (ull)n_tensors);
         f->n_tensors = i + 1;
         if ((st = rd_tensor_info(r, i, &f->tensors[i])) != FLM_OK) return st;
+        r->t_done = i + 1;
     }
     if ((st = check_duplicates(r, f)) != FLM_OK) return st;
 
@@ -442,8 +445,9 @@ static flm_status load(flm_gguf_file_impl *fi, const char *path, flm_error *err)
     return st;
 }
 
-/* Open from a file (data == NULL) or a borrowed buffer. */
-static flm_status open_common(const char *path, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
+/* Open from a file (data == NULL) or a borrowed buffer; partial: on a parse error keep the complete entries. */
+static flm_status open_common(const char *path, const void *data, size_t size, bool partial, flm_gguf_file **out,
+                              flm_error *err) {
     *out = NULL;
     flm_error_clear(err);
     flm_gguf_file_impl *fi = calloc(1, sizeof *fi);
@@ -454,9 +458,24 @@ static flm_status open_common(const char *path, const void *data, size_t size, f
     fi->f.map = data;
     fi->f.size = size;
     flm_status st = data ? FLM_OK : load(fi, path, err);
+    bool loaded = st == FLM_OK;
     if (st == FLM_OK) {
         rd r = {.p = fi->f.map, .size = fi->f.size, .path = path, .err = err};
         st = parse(&r, &fi->f);
+        if (st != FLM_OK && partial) { /* drop the entry that failed half-way, keep the others */
+            flm_gguf_file *f = &fi->f;
+            for (uint64_t i = r.kv_done; f->kv && i < f->n_kv; i++) {
+                free(f->kv[i].key);
+                free(f->kv[i].arr_str);
+            }
+            for (uint64_t i = r.t_done; f->tensors && i < f->n_tensors; i++) free(f->tensors[i].name);
+            f->n_kv = r.kv_done;
+            f->n_tensors = r.t_done;
+        }
+    }
+    if (st != FLM_OK && partial && loaded) {
+        *out = &fi->f;
+        return st;
     }
     if (st != FLM_OK) {
         flm_gguf_close(&fi->f);
@@ -466,11 +485,23 @@ static flm_status open_common(const char *path, const void *data, size_t size, f
     return FLM_OK;
 }
 
-flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) { return open_common(path, NULL, 0, out, err); }
+flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) {
+    return open_common(path, NULL, 0, false, out, err);
+}
+
+flm_status flm_gguf_open_partial(const char *path, flm_gguf_file **out, flm_error *err) {
+    return open_common(path, NULL, 0, true, out, err);
+}
 
 flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
     static const uint8_t empty[1];
-    return open_common(name, data ? data : empty, data ? size : 0, out, err);
+    return open_common(name, data ? data : empty, data ? size : 0, false, out, err);
+}
+
+flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, flm_gguf_file **out,
+                                        flm_error *err) {
+    static const uint8_t empty[1];
+    return open_common(name, data ? data : empty, data ? size : 0, true, out, err);
 }
 
 void flm_gguf_close(flm_gguf_file *f) {

@@ -67,6 +67,14 @@ flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err);
 /* The same for a GGUF image already in memory (e.g. a region of another file). The buffer is borrowed: it must
  * outlive the flm_gguf_file, and flm_gguf_close() does not free it. name stands for the path in f->path and in messages. */
 flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err);
+/* For showing a damaged file (flashlm inspect): like flm_gguf_open(_buffer), but when the file could be read and only
+ * parsing failed, *out still gets a file holding the metadata and tensor infos parsed completely before the
+ * problem (n_kv, n_tensors count them; a tensor whose data range was not checked has data NULL; alignment and
+ * data_offset may be 0), and the error is returned as well. Never use such a file for anything but display.
+ * When the file cannot be read at all *out is NULL. Free with flm_gguf_close(). */
+flm_status flm_gguf_open_partial(const char *path, flm_gguf_file **out, flm_error *err);
+flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, flm_gguf_file **out,
+                                        flm_error *err);
 void flm_gguf_close(flm_gguf_file *f);
 
 /* Lookups; NULL when absent. */

@@ -28,7 +28,25 @@ static void use_tokenizer(const flm_tokenizer *t) {
     (void)flm_tokenizer_find(t, "<|im_end|>");
 }
 
+/* What flashlm inspect shows of a damaged file: the complete entries before the problem. */
+static void partial(const uint8_t *data, size_t size) {
+    flm_gguf_file *f = NULL;
+    flm_error err;
+    flm_status st = flm_gguf_open_buffer_partial("fuzz.gguf", data, size, &f, &err);
+    fz_check(st == FLM_OK || err.msg[0], "an error without a message");
+    if (!f) return;
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const flm_gguf_kv *kv = &f->kv[i];
+        fz_check(kv->key && strlen(kv->key) > 0, "kv %llu without a key", (unsigned long long)i);
+        if (kv->type == GGUF_VT_ARRAY && kv->arr_type == GGUF_VT_STRING && kv->arr_n)
+            fz_check(kv->arr_str && kv->arr_str[kv->arr_n - 1].len <= size, "string array");
+    }
+    for (uint64_t i = 0; i < f->n_tensors; i++) fz_check(f->tensors[i].name != NULL, "tensor without a name");
+    flm_gguf_close(f);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    partial(data, size);
     flm_gguf_file *f = NULL;
     flm_error err;
     if (flm_gguf_open_buffer("fuzz.gguf", data, size, &f, &err) != FLM_OK) {
