@@ -359,6 +359,176 @@ static void test_user_papercuts(void **state) {
     remove(pf);
 }
 
+/* A header-only GGUF: general.architecture = llama and one tensor `name` of type `type` with n_dims dims ne. */
+static void write_header_only(const char *path, uint32_t type, uint32_t n_dims, const uint64_t *ne) {
+    uint8_t b[512];
+    size_t k = 0;
+#define PUT(v, n) do { uint64_t v_ = (v); for (int i_ = 0; i_ < (n); i_++) b[k++] = (uint8_t)(v_ >> (8 * i_)); } while (0)
+#define PUTS(str) do { PUT(strlen(str), 8); memcpy(b + k, str, strlen(str)); k += strlen(str); } while (0)
+    memcpy(b, "GGUF", 4);
+    k = 4;
+    PUT(3, 4);       /* version */
+    PUT(1, 8);       /* tensors */
+    PUT(1, 8);       /* kvs */
+    PUTS("general.architecture");
+    PUT(8, 4);       /* string */
+    PUTS("llama");
+    PUTS("blk.0.ffn_up.weight");
+    PUT(n_dims, 4);
+    for (uint32_t d = 0; d < n_dims; d++) PUT(ne[d], 8);
+    PUT(type, 4);
+    PUT(0, 8);       /* offset */
+    while (k % 32) b[k++] = 0;
+#undef PUT
+#undef PUTS
+    tu_write_file(path, b, k);
+}
+
+/* Run the CLI with LD_PRELOAD=the O_DIRECT-refusing shim; returns the exit status, output (stderr too when
+ * join_stderr, else stdout only) in *out. */
+static int run_nodirect(const char *args, bool join_stderr, char **out) {
+    char full[8300];
+    snprintf(full, sizeof full, "%s %s", args, join_stderr ? "2>&1" : "2>/dev/null");
+    char cmd[8800];
+    /* ASan builds: the shim is not the sanitizer runtime, which would insist on coming first */
+    snprintf(cmd, sizeof cmd, "env LD_PRELOAD='%s' ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 '%s' %s",
+             FLM_SHIM_NODIRECT, FLM_CLI, full);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) len += n;
+    buf[len] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static size_t count(const char *hay, const char *needle) {
+    size_t n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Step 3 of issue 12: limits answered clearly. */
+static void test_limits(void **state) {
+    (void)state;
+    char args[8192];
+    const char *st = tu_shared(STORIES);
+    /* a context longer than the model's (stories260K: 2048): it runs, and says what that means */
+    snprintf(args, sizeof args, "run -m '%s' -c 4096 -p 'Once upon a time' -n 4", st);
+    expect(args, 0, "-c 4096 is longer than the 2048 tokens the model was trained on");
+    snprintf(args, sizeof args, "run -m '%s' -c 2048 -p 'Once upon a time' -n 4", st);
+    char *out = expect_out(args, 0, NULL);
+    assert_null(strstr(out, "longer than"));
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -c 2000000 -p hi -n 4", st);
+    expect(args, 2, "bad -c");
+    /* -n 0: the prompt is evaluated, nothing generated, and it says so */
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 0", st);
+    expect(args, 0, "(-n 0: the prompt only)");
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n -1", st);
+    expect(args, 2, "bad -n");
+    /* absurd thread counts */
+    const char *bad_t[] = {"0", "-3", "100000", "1e3", "many"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(args, sizeof args, "run -m '%s' -t %s -p hi -n 2", st, bad_t[i]);
+        expect(args, 2, "bad -t value");
+    }
+    snprintf(args, sizeof args, "run -m '%s' -t 64 -p hi -n 2", st);
+    out = expect_out(args, 0, NULL);
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 64) assert_non_null(strstr(out, "-t 64 is more than the"));
+    free(out);
+    /* --mem values that overflow or are not numbers: refused before anything is opened, saying why */
+    const struct { const char *v, *why; } mem[] = {
+        {"99999999999999999999", "too large"}, {"17179869184G", "too large"}, {"16E", "unknown unit"},
+        {"1e30", "too large"}, {"-5", "negative"}, {"abc", "not a number"}, {"''", "not a number"},
+        {"0.5", "less than one byte"}, {"200000%", "a percentage must be"}, {"5X", "unknown unit"},
+    };
+    for (size_t i = 0; i < sizeof mem / sizeof *mem; i++) {
+        snprintf(args, sizeof args, "run -m '%s' --mem %s -p hi -n 2", st, mem[i].v);
+        out = expect_out(args, 2, "bad --mem value");
+        if (!strstr(out, mem[i].why)) fail_msg("--mem %s: no '%s' in:\n%s", mem[i].v, mem[i].why, out);
+        free(out);
+    }
+    snprintf(args, sizeof args, "run -m '%s' --mem 0 -p hi -n 2", st); /* 0 = no budget */
+    expect(args, 0, NULL);
+    /* a header-only GGUF claiming shapes whose byte sizes overflow 64-bit arithmetic */
+    const struct { uint32_t type, n_dims; uint64_t ne[4]; const char *want; } shapes[] = {
+        {0, 1, {1ull << 62}, "overflows"},                      /* f32: 2^64 bytes */
+        {0, 3, {1ull << 31, 1ull << 31, 4}, "overflows"},       /* 2^64 elements */
+        {0, 2, {32, 1ull << 58}, "overflows"},                  /* 128-byte rows, 2^58 of them */
+        {8, 2, {1ull << 40, 1ull << 30}, "overflows"},          /* q8_0 */
+        {12, 2, {256, 1ull << 40}, "runs past the end of the file"}, /* fits 64 bits, not the file */
+        {0, 4, {0xFFFFFFFFFFFFFFFFull, 1, 1, 1}, "overflows"},
+    };
+    const char *h = tu_tmp("hdr", ".gguf");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        write_header_only(h, shapes[i].type, shapes[i].n_dims, shapes[i].ne);
+        const char *cmds[] = {"run -m '%s' -p hi -n 2", "inspect '%s'", "convert '%s' '%s.flm' --force"};
+        for (int c = 0; c < 3; c++) {
+            snprintf(args, sizeof args, cmds[c], h, h);
+            out = expect_out(args, 1, shapes[i].want);
+            assert_non_null(strstr(out, "blk.0.ffn_up.weight"));
+            free(out);
+        }
+    }
+    remove(h);
+
+    /* a file system that refuses O_DIRECT: buffered reads, stated once, the same text */
+    const char *g = tu_tmp("lim", ".gguf"), *f = tu_tmp("lim", ".flm");
+    tiny_model(g, f, false);
+    const char *modes[] = {"naive", "hybrid"}, *ios[] = {"uring", "threads"};
+    for (int m = 0; m < 2; m++)
+        for (int io = 0; io < 2; io++) {
+            snprintf(args, sizeof args, "run -m '%s' --mode %s --io %s -p 'Once upon a time' -n 16 --temp 0 --stats", f,
+                     modes[m], ios[io]);
+            char *plain = expect_out(args, 0, "(O_DIRECT)");
+            char *nd = NULL;
+            int rc = run_nodirect(args, true, &nd);
+            if (rc != 0) fail_msg("%s under the O_DIRECT-refusing shim: exit %d\n%s", args, rc, nd);
+            if (count(nd, "O_DIRECT not supported here") != 1)
+                fail_msg("%s: the fallback is not stated exactly once:\n%s", args, nd);
+            assert_non_null(strstr(nd, "(buffered)"));
+            free(plain);
+            free(nd);
+            /* the same text */
+            char *t_plain = NULL, *t_nd = NULL;
+            char a2[8300];
+            snprintf(a2, sizeof a2, "%s 2>/dev/null", args);
+            assert_int_equal(tu_run_cli(a2, &t_plain), 0);
+            assert_int_equal(run_nodirect(args, false, &t_nd), 0);
+            assert_string_equal(t_plain, t_nd);
+            free(t_plain);
+            free(t_nd);
+        }
+
+    /* two processes reading one .flm at once: both work and agree with a run alone */
+    snprintf(args, sizeof args, "run -m '%s' --mode naive -p 'Once upon a time' -n 24 --temp 0 2>/dev/null", f);
+    char *alone = NULL;
+    assert_int_equal(tu_run_cli(args, &alone), 0);
+    const char *o1 = tu_tmp("two", ".txt"), *o2 = tu_tmp("two", ".txt");
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "('%s' run -m '%s' --mode naive -p 'Once upon a time' -n 24 --temp 0 > '%s' 2>/dev/null & "
+             "'%s' run -m '%s' --mode hybrid -p 'Once upon a time' -n 24 --temp 0 > '%s' 2>/dev/null & "
+             "'%s' verify '%s' >/dev/null 2>&1 & wait %%1 && wait %%2 && wait %%3)", FLM_CLI, f, o1, FLM_CLI, f, o2,
+             FLM_CLI, f);
+    assert_int_equal(system(cmd), 0);
+    size_t l1, l2;
+    uint8_t *t1 = tu_read_file(o1, &l1), *t2 = tu_read_file(o2, &l2);
+    assert_int_equal(l1, strlen(alone));
+    assert_memory_equal(t1, alone, l1);
+    assert_int_equal(l2, strlen(alone));
+    assert_memory_equal(t2, alone, l2);
+    free(t1);
+    free(t2);
+    free(alone);
+    remove(o1);
+    remove(o2);
+    remove(g);
+    remove(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nonfinite_weights),
@@ -366,6 +536,7 @@ int main(void) {
         cmocka_unit_test(test_convert_summary),
         cmocka_unit_test(test_rss_within_budget_and_allowance),
         cmocka_unit_test(test_user_papercuts),
+        cmocka_unit_test(test_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

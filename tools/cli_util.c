@@ -1,5 +1,6 @@
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -114,7 +115,14 @@ int cli_blas_reserve(const char *who) {
     return 0;
 }
 
-int cli_blas_reserve_for(const flm_ctx *ctx) {
+int cli_after_open(const flm_ctx *ctx) {
+    flm_model_info in;
+    flm_get_info(ctx, &in);
+    /* a context longer than the model was trained for: it runs (RoPE has no hard limit), but say so once */
+    if (in.n_ctx_train && in.n_ctx > in.n_ctx_train)
+        fprintf(stderr, "flashlm: warning: -c %u is longer than the %u tokens the model was trained on; positions "
+                "beyond %u are untrained and the text will likely degrade there\n", in.n_ctx, in.n_ctx_train,
+                in.n_ctx_train);
     flm_stats s;
     flm_get_stats(ctx, &s);
     return strcmp(s.mode, "sparse") ? 0 : cli_blas_reserve("the sparse mode's predictor");
@@ -146,6 +154,30 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
     "      --kv-f32         f32 keys, values and attention weights (default: rounded to f16, as llama.cpp)\n";
 
+/* Why flm_parse_mem refused s, in words. */
+static const char *cli_mem_problem(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || isnan(v)) return "not a number";
+    if (v < 0) return "negative";
+    if (errno == ERANGE || isinf(v)) return "too large";
+    if (!strcmp(end, "%")) return "a percentage must be above 0 and at most 100000";
+    double mul = 1;
+    if (*end) {
+        const char *u = strchr("kKmMgGtT", *end);
+        if (!u || !*end) return "unknown unit (K, M, G or T)";
+        mul = (double)(1ull << (10 * (1 + (int)(strchr("kmgt", (char)(*end | 0x20)) - "kmgt"))));
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) return "unknown unit (K, M, G or T)";
+    }
+    if (v * mul > 9.0e18) return "too large: it overflows 64-bit byte counts (at most about 8 EiB)";
+    if (v * mul < 1) return "less than one byte";
+    return "not understood";
+}
+
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     long v;
@@ -164,12 +196,17 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad -t value '%s' (1..1024)", val); return -1; }
         p->n_threads = (int)v;
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cpus > 0 && v > cpus)
+            fprintf(stderr, "flashlm: warning: -t %ld is more than the %ld CPUs here: the threads will take turns "
+                    "(slower, not faster)\n", v, cpus);
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!cli_parse_long(val, 0, 1 << 20, &v)) { cli_die("bad -c value '%s'", val); return -1; }
         p->n_ctx = (int)v;
     } else if (!strcmp(a, "--mem")) {
         if (!flm_parse_mem(val, &p->mem_bytes, &p->mem_percent)) {
-            cli_die("bad --mem value '%s' (bytes with an optional K/M/G suffix, or N%%)", val);
+            fprintf(stderr, "flashlm: bad --mem value '%s': %s (bytes with an optional K/M/G/T suffix, N%% of the "
+                    "model's weights, or 0 for no budget)\n", val, cli_mem_problem(val));
             return -1;
         }
     } else if (!strcmp(a, "--mode")) {

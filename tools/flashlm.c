@@ -179,7 +179,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t0 = flm_now_ms();
     cli_env_params(&params, model);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    if (cli_blas_reserve_for(ctx)) { flm_close(ctx); return 1; }
+    if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     double t_load = flm_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
@@ -244,8 +244,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             model, info.arch, info.n_layers, info.d_model, info.d_ffn, info.kernels, params.n_threads, t_load);
     fprintf(stderr, "flashlm: prompt     %4zu tokens in %8.2f ms = %8.2f tokens/s\n", n_prompt, t_prompt,
             t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
-    fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s\n", n_gen, t_gen,
-            t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
+    fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s%s\n", n_gen, t_gen,
+            t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0, n_predict == 0 ? " (-n 0: the prompt only)" : "");
     print_stats(ctx, &prompt_stats, per_token);
     if (stats_json) {
         if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
