@@ -59,14 +59,14 @@ static const char *const WORDS[] = {"he", "ll", "llo", "hello", "wor", "world", 
 static const char *const SPECIAL[] = {"<|user|>", "<|im_start|>", "<|im_end|>", NULL};
 
 static flm_tokenizer *builtin(bool bpe, const char *pre, bool space_prefix) {
-    static char store[512][16];
+    static char store[256][16], words[32][24], spaced[32][32];
     const char *pieces[600];
     uint32_t lens[600];
     int32_t types[600];
     float scores[600];
     const char *merges[64];
     uint32_t merge_lens[64];
-    static char mstore[64][24];
+    static char mstore[64][32];
     uint32_t n = 0, nm = 0;
     pieces[n] = "<unk>"; types[n] = FLM_TOK_UNKNOWN; n++;
     pieces[n] = "<s>"; types[n] = FLM_TOK_CONTROL; n++;
@@ -78,7 +78,7 @@ static flm_tokenizer *builtin(bool bpe, const char *pre, bool space_prefix) {
         types[n] = bpe ? FLM_TOK_NORMAL : FLM_TOK_BYTE;
     }
     for (int w = 0; WORDS[w]; w++) {
-        char *s = store[256 + 2 * w], *sp = store[257 + 2 * w];
+        char *s = words[w], *sp = spaced[w];
         size_t k = 0;
         for (const char *c = WORDS[w]; *c; c++) {
             if (bpe) k += gpt2_char((uint8_t)*c, s + k);
@@ -87,17 +87,17 @@ static flm_tokenizer *builtin(bool bpe, const char *pre, bool space_prefix) {
         s[k] = 0;
         pieces[n] = s; types[n] = FLM_TOK_NORMAL; n++;
         /* the word after a space: "Ġword" / "▁word" */
-        if (bpe) snprintf(sp, 16, "\xC4\xA0%s", s);
-        else snprintf(sp, 16, "\xE2\x96\x81%s", s);
+        if (bpe) snprintf(sp, sizeof spaced[w], "\xC4\xA0%s", s);
+        else snprintf(sp, sizeof spaced[w], "\xE2\x96\x81%s", s);
         pieces[n] = sp; types[n] = FLM_TOK_NORMAL; n++;
         if (bpe && strlen(s) >= 2 && nm < 60) { /* merge "a b" of the word's first character and the rest */
             size_t first = ((uint8_t)s[0] & 0xE0) == 0xC0 ? 2 : 1;
             if (first < strlen(s)) {
-                snprintf(mstore[nm], sizeof mstore[nm], "%.*s %s", (int)first, s, s + first);
+                snprintf(mstore[nm], sizeof mstore[nm], "%.*s %.20s", (int)first, s, s + first);
                 merges[nm] = mstore[nm];
                 merge_lens[nm] = (uint32_t)strlen(mstore[nm]);
                 nm++;
-                snprintf(mstore[nm], sizeof mstore[nm], "\xC4\xA0 %s", s);
+                snprintf(mstore[nm], sizeof mstore[nm], "\xC4\xA0 %.20s", s);
                 merges[nm] = mstore[nm];
                 merge_lens[nm] = (uint32_t)strlen(mstore[nm]);
                 nm++;

@@ -58,7 +58,7 @@ static void replay_path(const char *path) {
         snprintf(names[n++], len, "%s/%s", path, e->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof *names, by_name);
+    if (n) qsort(names, n, sizeof *names, by_name);
     for (size_t i = 0; i < n; i++) {
         if (stat(names[i], &sb) == 0 && S_ISREG(sb.st_mode)) replay_file(names[i]);
         free(names[i]);
