@@ -87,8 +87,8 @@ static flm_tokenizer *builtin(bool bpe, const char *pre, bool space_prefix) {
         s[k] = 0;
         pieces[n] = s; types[n] = FLM_TOK_NORMAL; n++;
         /* the word after a space: "Ġword" / "▁word" */
-        if (bpe) snprintf(sp, sizeof spaced[w], "\xC4\xA0%s", s);
-        else snprintf(sp, sizeof spaced[w], "\xE2\x96\x81%s", s);
+        if (bpe) snprintf(sp, sizeof spaced[w], "\xC4\xA0%.23s", s);
+        else snprintf(sp, sizeof spaced[w], "\xE2\x96\x81%.23s", s);
         pieces[n] = sp; types[n] = FLM_TOK_NORMAL; n++;
         if (bpe && strlen(s) >= 2 && nm < 60) { /* merge "a b" of the word's first character and the rest */
             size_t first = ((uint8_t)s[0] & 0xE0) == 0xC0 ? 2 : 1;
