@@ -208,11 +208,15 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     }
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
-    if (!ids || !smp) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
-    if (n_prompt == 0) { fprintf(stderr, "flashlm: cannot tokenize the prompt\n"); return 1; }
-    if (n_prompt + (size_t)n_predict > info.n_ctx) {
+    const char *refuse = !ids || !smp ? "out of memory" : n_prompt == 0 ? "cannot tokenize the prompt" : NULL;
+    if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
+    else if (n_prompt + (size_t)n_predict > info.n_ctx)
         fprintf(stderr, "flashlm: prompt (%zu tokens) + -n %ld exceeds the context of %u tokens; raise -c\n",
                 n_prompt, n_predict, info.n_ctx);
+    if (refuse || n_prompt + (size_t)n_predict > info.n_ctx) {
+        flm_sampler_free(smp);
+        free(ids);
+        flm_close(ctx);
         return 1;
     }
     /* echo the prompt the way it decodes (a chat reply stands alone) */
