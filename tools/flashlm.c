@@ -310,7 +310,7 @@ static int cmd_inspect(int argc, char **argv) {
         printf("\nresident region: ");
     } else {
         /* a damaged GGUF is shown as far as it parses: the entries before the problem, then the problem */
-        flm_status st = flm_gguf_open_partial(argv[0], &g, &parse_err);
+        flm_status st = flm_gguf_open_salvage(argv[0], &g, &parse_err);
         if (!g) { fprintf(stderr, "flashlm: %s\n", parse_err.msg); return 1; }
         if (st) rc = 1;
         f = g;

@@ -106,7 +106,7 @@ typedef struct rd {
     const char *path;
     flm_error *err;
     char ctx[160];
-    uint64_t kv_done, t_done; /* entries parsed completely (flm_gguf_open_partial keeps them) */
+    uint64_t kv_done, t_done; /* entries parsed completely (flm_gguf_open_salvage keeps them) */
 } rd;
 
 static flm_status rd_fail(rd *r, flm_status code, const char *field, const char *fmt, ...)
@@ -489,7 +489,7 @@ flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) 
     return open_common(path, NULL, 0, false, out, err);
 }
 
-flm_status flm_gguf_open_partial(const char *path, flm_gguf_file **out, flm_error *err) {
+flm_status flm_gguf_open_salvage(const char *path, flm_gguf_file **out, flm_error *err) {
     return open_common(path, NULL, 0, true, out, err);
 }
 
@@ -498,7 +498,7 @@ flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size,
     return open_common(name, data ? data : empty, data ? size : 0, false, out, err);
 }
 
-flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, flm_gguf_file **out,
+flm_status flm_gguf_open_buffer_salvage(const char *name, const void *data, size_t size, flm_gguf_file **out,
                                         flm_error *err) {
     static const uint8_t empty[1];
     return open_common(name, data ? data : empty, data ? size : 0, true, out, err);

@@ -72,8 +72,8 @@ flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size,
  * problem (n_kv, n_tensors count them; a tensor whose data range was not checked has data NULL; alignment and
  * data_offset may be 0), and the error is returned as well. Never use such a file for anything but display.
  * When the file cannot be read at all *out is NULL. Free with flm_gguf_close(). */
-flm_status flm_gguf_open_partial(const char *path, flm_gguf_file **out, flm_error *err);
-flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, flm_gguf_file **out,
+flm_status flm_gguf_open_salvage(const char *path, flm_gguf_file **out, flm_error *err);
+flm_status flm_gguf_open_buffer_salvage(const char *name, const void *data, size_t size, flm_gguf_file **out,
                                         flm_error *err);
 void flm_gguf_close(flm_gguf_file *f);
 

@@ -32,7 +32,7 @@ static void use_tokenizer(const flm_tokenizer *t) {
 static void partial(const uint8_t *data, size_t size) {
     flm_gguf_file *f = NULL;
     flm_error err;
-    flm_status st = flm_gguf_open_buffer_partial("fuzz.gguf", data, size, &f, &err);
+    flm_status st = flm_gguf_open_buffer_salvage("fuzz.gguf", data, size, &f, &err);
     fz_check(st == FLM_OK || err.msg[0], "an error without a message");
     if (!f) return;
     for (uint64_t i = 0; i < f->n_kv; i++) {
