@@ -150,8 +150,11 @@ typedef struct flm_params {
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
-    bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): round them to
-                           f16 as llama.cpp's f16 KV cache does, so outputs agree with llama.cpp's */
+    float sparse_level; /* --sparse-level: the stored operating point (eps, the share of each layer's FFN output
+                           energy left out; `flashlm calibrate` lists them) to run at; 0 = calibrate's default */
+    bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and
+                           values as f16 (half the memory) and round q and the attention weights to f16, as
+                           llama.cpp's f16 KV cache does, so outputs agree with llama.cpp's */
     /* the library's surroundings: nothing is implicit */
     flm_log_fn log;        /* log callback for messages while opening and running (NULL: dropped); see above */
     void *log_user;        /* passed to log */
@@ -223,7 +226,8 @@ typedef struct flm_stats {
     uint64_t bytes_requested;           /* bytes the engine asked for (before alignment / coalescing) */
     /* memory plan, bytes */
     uint64_t mem_budget;     /* 0 = none */
-    uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map) */
+    uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map),
+                                less the token embedding when it stays on flash (mem_embd_flash) */
     uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer */
     uint64_t mem_kv;         /* KV cache */
     uint64_t mem_scratch;    /* activations and reader buffers */
@@ -231,11 +235,15 @@ typedef struct flm_stats {
     uint32_t n_layers, n_ffn_resident_layers;
     uint32_t window;         /* sparse: k */
     uint64_t cache_rows;     /* sparse: neuron-cache capacity summed over layers */
-    uint64_t n_dropped;      /* sparse: predicted neurons not computed because a token's set exceeded a layer's cache
-                                (the least confident ones; 0 unless the budget is very tight) */
+    uint64_t n_streamed;     /* sparse: predicted neurons that did not fit a layer's neuron cache (its set was larger):
+                                read into a small stream buffer, computed and discarded (0 unless the budget is tight) */
     uint64_t peak_rss;       /* process peak resident set size so far, bytes (getrusage); with a budget it stays
                                 within mem_budget + FLM_RSS_ALLOWANCE */
     uint64_t n_tokens_kept;  /* per-token records held: those of tokens n_tokens - n_tokens_kept .. n_tokens - 1 */
+    uint64_t mem_embd_flash; /* bytes of the token embedding left on flash, not in memory (a .flm run naive, hybrid
+                                or sparse whose classifier is not tied to it: one row is read per token); else 0 */
+    const char *kv_type;     /* KV cache element type: "f16" (default) or "f32" (--kv-f32) */
+    uint32_t n_ctx;          /* KV cache length, tokens */
 } flm_stats;
 
 /* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,

@@ -35,7 +35,7 @@ static int setup(void **state) {
     flm_calib_opts o;
     flm_calib_opts_default(&o);
     o.text = text;
-    o.sparsity = 0.2f;
+    o.level = 0.02f;
     o.chunk = 64;
     o.max_tokens = 2048;
     flm_status st = flm_calibrate(flm_path, &o, NULL, &err);

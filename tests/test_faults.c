@@ -48,7 +48,7 @@ static int setup(void **state) {
     flm_calib_opts o;
     flm_calib_opts_default(&o);
     o.text = text;
-    o.sparsity = 0.2f;
+    o.level = 0.02f;
     o.chunk = 64;
     o.max_tokens = 1024;
     o.n_threads = 1; /* a second OpenMP thread only waits under ctest -j load */

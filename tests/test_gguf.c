@@ -320,6 +320,34 @@ static void test_buffer_and_copy(void **state) {
     assert_non_null(strstr(err.msg, "model (in memory): tensor 47"));
     assert_int_equal(flm_gguf_open_buffer("nothing", NULL, 0, &f, &err), FLM_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "nothing: header: magic: truncated"));
+
+    /* a prefix of the image: tensors wholly inside get their data, the others NULL; checked against the whole */
+    assert_int_equal(flm_gguf_open_buffer("model (in memory)", bytes, len, &f, &err), FLM_OK);
+    const flm_gguf_tensor *last = &f->tensors[0];
+    for (uint64_t i = 1; i < f->n_tensors; i++)
+        if (f->tensors[i].offset > last->offset) last = &f->tensors[i];
+    const size_t cut = (size_t)(f->data_offset + last->offset + 1), header = (size_t)f->data_offset;
+    char last_name[128];
+    snprintf(last_name, sizeof last_name, "%s", last->name);
+    flm_gguf_close(f);
+    assert_int_equal(flm_gguf_open_buffer_partial("prefix", bytes, cut, len, &f, &err), FLM_OK);
+    assert_int_equal(f->size, cut);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        t = &f->tensors[i];
+        if (!strcmp(t->name, last_name)) assert_null(t->data);
+        else assert_ptr_equal(t->data, bytes + f->data_offset + t->offset);
+    }
+    flm_gguf_close(f);
+    assert_int_equal(flm_gguf_open_buffer_partial("prefix", bytes, header, len, &f, &err), FLM_OK); /* no data */
+    for (uint64_t i = 0; i < f->n_tensors; i++) assert_null(f->tensors[i].data);
+    flm_gguf_close(f);
+    f = NULL;
+    assert_int_equal(flm_gguf_open_buffer_partial("prefix", bytes, 100, len, &f, &err), FLM_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "prefix: header: tensor count 48 is impossible")); /* the header must be there */
+    assert_int_equal(flm_gguf_open_buffer_partial("prefix", bytes, cut, len - 1, &f, &err), FLM_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "runs past the end of the file"));
+    assert_int_equal(flm_gguf_open_buffer_partial("prefix", bytes, cut, cut - 1, &f, &err), FLM_ERR_ARG);
+    assert_null(f);
     free(bytes);
 }
 

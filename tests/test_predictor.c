@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "sparsity/predictor.h"
+#include "compute/kernels.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * A synthetic ReLU FFN layer: W (M x N) = U diag(s) V^T (rank K, s_k = 4 / (1 + k)) + noise; per-neuron bias
@@ -426,7 +427,7 @@ static void test_eval_matches_predict(void **state) {
  * ------------------------------------------------------------------------------------------------------------- */
 static void fill_random(flm_predictor *p, uint64_t *s) {
     for (size_t i = 0; i < (size_t)p->rank * p->d_model; i++) p->A[i] = tu_rand_f32(s);
-    for (size_t i = 0; i < (size_t)p->d_ffn * p->rank; i++) p->B[i] = tu_rand_f32(s) * 1e-30f; /* subnormals too */
+    for (size_t i = 0; i < (size_t)p->d_ffn * p->rank; i++) p->B[i] = tu_rand_f32(s) * 1e-6f; /* f16 subnormals too */
     for (size_t i = 0; i < p->d_ffn; i++) p->c[i] = tu_rand_f32(s) * 1e30f;
     p->threshold = -1.25f;
 }
@@ -436,8 +437,11 @@ static void expect_same(const flm_predictor *a, const flm_predictor *b) {
     assert_int_equal(a->d_ffn, b->d_ffn);
     assert_int_equal(a->rank, b->rank);
     assert_memory_equal(&a->threshold, &b->threshold, sizeof(float));
-    assert_memory_equal(a->A, b->A, sizeof(float) * a->rank * a->d_model);
-    assert_memory_equal(a->B, b->B, sizeof(float) * a->d_ffn * a->rank);
+    /* version-2 records hold A and B at half precision: b (read back) has them as A16, B16 */
+    assert_null(b->A);
+    assert_null(b->B);
+    for (size_t i = 0; i < (size_t)a->rank * a->d_model; i++) assert_int_equal(b->A16[i], flm_f32_to_f16(a->A[i]));
+    for (size_t i = 0; i < (size_t)a->d_ffn * a->rank; i++) assert_int_equal(b->B16[i], flm_f32_to_f16(a->B[i]));
     assert_memory_equal(a->c, b->c, sizeof(float) * a->d_ffn);
 }
 
@@ -472,11 +476,12 @@ static void test_serialize(void **state) {
     fill_random(&b, &s);
     b.threshold = 0.5f;
     size_t na = flm_predictor_serialized_bytes(&a), nb = flm_predictor_serialized_bytes(&b);
-    assert_int_equal(na, 32 + 4 * (3 * (8 + 12) + 12));
+    assert_int_equal(na, 32 + 2 * (3 * (8 + 12)) + 4 * 12);
+    assert_int_equal(nb, 32 + 2 * (3 * (5 + 3)) + 4 * 3);
     uint8_t *buf = malloc(na + nb);
     flm_predictor_serialize(&a, buf);
     flm_predictor_serialize(&b, buf + na);
-    assert_memory_equal(buf, "FPRD\1\0\0\0\x08\0\0\0\x0c\0\0\0\x03\0\0\0", 20);
+    assert_memory_equal(buf, "FPRD\2\0\0\0\x08\0\0\0\x0c\0\0\0\x03\0\0\0", 20);
     /* two records back to back: walk them with consumed */
     size_t used = 0;
     assert_int_equal(flm_predictor_deserialize(&c, buf, na + nb, &used, "region", &err), FLM_OK);
@@ -486,7 +491,8 @@ static void test_serialize(void **state) {
     assert_int_equal(flm_predictor_deserialize(&c, buf + na, nb, &used, "region", &err), FLM_OK);
     assert_int_equal(used, nb);
     expect_same(&b, &c);
-    /* a predictor read back predicts the same ids */
+    /* a predictor read back (f16) predicts the same ids as the original rounded to f16 */
+    flm_predictor_round_f16(&b);
     float x[5] = {0.5f, -1, 2, 0.25f, -0.75f}, s1[8], s2[8];
     uint32_t i1[3], i2[3];
     size_t k1 = flm_predictor_predict(&b, x, i1, s1), k2 = flm_predictor_predict(&c, x, i2, s2);
@@ -507,7 +513,8 @@ static void test_serialize(void **state) {
         expect_code(t, na, code, label);                                                                              \
     } while (0)
     MUTATE(0, 0x44525046u ^ 1u, FLM_ERR_FORMAT, "magic");
-    MUTATE(4, 2, FLM_ERR_UNSUPPORTED, "version 2");
+    MUTATE(4, 3, FLM_ERR_UNSUPPORTED, "version 3");
+    MUTATE(4, 1, FLM_ERR_FORMAT, "version 1: its f32 record is longer than the buffer");
     MUTATE(4, 0, FLM_ERR_UNSUPPORTED, "version 0");
     MUTATE(8, 0, FLM_ERR_FORMAT, "d_model 0");
     MUTATE(12, 0, FLM_ERR_FORMAT, "d_ffn 0");
@@ -525,7 +532,9 @@ static void test_serialize(void **state) {
     MUTATE(32 + 4 * 24, 0x7fc00001u, FLM_ERR_FORMAT, "NaN in B");
     MUTATE(na - 4, 0xff800000u, FLM_ERR_FORMAT, "-inf in c");
     MUTATE(8, 9, FLM_ERR_FORMAT, "d_model 9: record longer than the buffer");
-    MUTATE(8, 7, FLM_OK, "d_model 7: a shorter record fits");
+    MUTATE(8, 6, FLM_OK, "d_model 6: a shorter record fits");
+    MUTATE(8, 7, FLM_ERR_FORMAT, "d_model 7: an odd number of halves needs a zero pad, here a B value");
+    MUTATE(32, 0x7c00u, FLM_ERR_FORMAT, "inf half in A");
     /* shapes whose size overflows 32 bits (and would overflow size_t on 32-bit hosts) are only length errors */
     memcpy(t, buf, na);
     put32(t + 8, FLM_PREDICTOR_MAX_DIM);

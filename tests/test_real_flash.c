@@ -151,7 +151,8 @@ static void test_every_dense_mode(void **state) {
 static void test_sparse(void **state) {
     (void)state;
     if (!flm_path) { skip(); return; }
-    /* calibrate on the first 2/3 of Pride and Prejudice's opening, evaluate on text after it */
+    /* calibrate on the opening of Pride and Prejudice (its default level checked on that text's end), evaluate on
+     * text after it */
     size_t len;
     char *book = (char *)tu_read_file(tu_shared("text/prideprejudice.txt"), &len);
     assert_true(len > 200000);
@@ -161,7 +162,7 @@ static void test_sparse(void **state) {
     memcpy(held, book + 100000, 40000);
     held[40000] = 0;
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "calibrate '%s' --text '%s' --tokens 256 --chunk 128 --epochs 2 --sparsity 0.1 --rank 32 --rank-last 32 -t 2 2>&1",
+    snprintf(cmd, sizeof cmd, "calibrate '%s' --text '%s' --tokens 1024 --chunk 128 --epochs 2 --eval-tokens 256 --rank 64 --rank-last 64 -t 2 2>&1",
              flm_path, calib);
     char *out = NULL;
     int rc = tu_run_cli(cmd, &out);
@@ -186,7 +187,8 @@ static void test_sparse(void **state) {
     }
     /* the FFN is 58.5 MiB: sparse reads far less than naive's whole FFN per token */
     assert_true(bytes[1] < 0.5 * 58.5 * 1048576.0);
-    assert_true(ppl[1] < 1.25 * ppl[0]);
+    /* the default level (chosen by calibrate's own held-out check) keeps quality: within 3% of dense here */
+    assert_true(ppl[1] < 1.03 * ppl[0]);
     /* the re-laid q8_0 down columns cost little against the GGUF (wiki, 3 chunks of 512: -0.02%; this short
      * text of 254 scored tokens: +0.6%) */
     assert_true(fabs(ppl[0] / ppl[2] - 1.0) < 0.01);

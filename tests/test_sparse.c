@@ -86,7 +86,6 @@ static int setup(void **state) {
     flm_calib_opts o;
     flm_calib_opts_default(&o);
     o.text = calib_text;
-    o.sparsity = 0.2f;
     o.chunk = 64;
     o.n_threads = 1; /* stories260K is tiny: a second OpenMP thread only waits for the first under ctest -j load */
     flm_sparsity rep;
@@ -141,11 +140,12 @@ static void test_sparse_quality_and_bytes(void **state) {
     double oracle = ppl_of(FLM_MODE_SPARSE, true, NULL);
     double sparse = ppl_of(FLM_MODE_SPARSE, false, &b_sparse);
     assert_true(fabs(naive - dense) < 1e-6 * dense); /* naive is exact */
-    /* Stated bounds. Measured: dense 4.67 on the held-out stories, oracle set (20% CATS sparsity) 4.77 (+2.3%),
-     * predictor 5.25 (+12%): stories260K (d_model 64) is small and dense, so its predictor is weak (precision 0.8). */
-    assert_true(oracle <= dense * 1.06);
-    assert_true(sparse <= dense * 1.15);
-    assert_true(sparse >= dense * 0.95); /* not suspiciously better either */
+    /* Stated bounds (issue: sparse within +3% of dense at the default calibration, on held-out text). Measured:
+     * dense 4.7142, oracle set 4.7369 (+0.5%), predictor 4.7787 (+1.4%), at the level calibrate chose by its own
+     * held-out check (--max-loss 1.5%). */
+    assert_true(oracle <= dense * 1.03);
+    assert_true(sparse <= dense * 1.03);
+    assert_true(sparse >= dense * 0.97); /* not suspiciously better either */
     /* bytes per token well below naive's: the window reuses most neurons */
     assert_true(b_sparse * 4 < b_naive);
 }

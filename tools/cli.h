@@ -33,6 +33,8 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
 /* What the library leaves to its caller: log messages go to stderr ("flashlm: <message>"), and the I/O cost model
  * measured by `flashlm probe-disk` ("<model>.probe.json") is used when that file exists. Call before flm_open. */
 void cli_env_params(struct flm_params *p, const char *model);
+/* After cli_env_params: also print the library's debug messages (on: the memory plan at open, one line per part). */
+void cli_log_verbose(struct flm_params *p, bool on);
 /* OpenBLAS starts its worker threads before main (reading OPENBLAS_NUM_THREADS); only calibrate's training uses
  * BLAS threads, and raises the count itself. Unless the variable is already 1, set it to 1 (a user's other value
  * too) and execute the program again (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they

@@ -47,22 +47,45 @@ bool cli_parse_float(const char *s, float lo, float hi, float *out) {
     return true;
 }
 
+/* Progress of long work on stderr. On a terminal: one line redrawn in place. Otherwise (a log, a pipe): a line every
+ * 5 s. Both give the rate's ETA, and each phase ends with a line giving its time. */
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     (void)user;
-    if (!isatty(2)) {
-        if (done == total)
-            fprintf(stderr, "flashlm: %s: %llu/%llu done\n", what, (unsigned long long)done, (unsigned long long)total);
+    static char phase[96];
+    static double t_start, t_last;
+    double now = flm_now_ms();
+    if (strncmp(phase, what, sizeof phase - 1) != 0) { /* a new phase */
+        snprintf(phase, sizeof phase, "%s", what);
+        t_start = now;
+        t_last = now;
+    }
+    double el = (now - t_start) / 1e3;
+    double eta = done && done < total ? el * (double)(total - done) / (double)done : 0;
+    double pct = total ? 100.0 * (double)done / (double)total : 100.0;
+    if (done >= total) {
+        fprintf(stderr, "%sflashlm: %s: %llu/%llu done in %.1f s\n", isatty(2) ? "\r\033[K" : "", what,
+                (unsigned long long)done, (unsigned long long)total, el);
+        phase[0] = 0;
         return;
     }
-    fprintf(stderr, "\rflashlm: %s: %llu/%llu (%3.0f%%)", what, (unsigned long long)done, (unsigned long long)total,
-            total ? 100.0 * (double)done / (double)total : 100.0);
-    if (done == total) fprintf(stderr, "\n");
+    if (isatty(2)) {
+        fprintf(stderr, "\r\033[Kflashlm: %s: %llu/%llu (%3.0f%%), %.0f s, ETA %.0f s", what,
+                (unsigned long long)done, (unsigned long long)total, pct, el, eta);
+    } else if (now - t_last >= 5000.0) {
+        fprintf(stderr, "flashlm: %s: %llu/%llu (%.0f%%), %.0f s, ETA %.0f s\n", what, (unsigned long long)done,
+                (unsigned long long)total, pct, el, eta);
+        t_last = now;
+    }
 }
 
+static int verbose_marker; /* log_user points here when debug messages are wanted */
+
 static void log_to_stderr(void *user, flm_log_level level, const char *msg) {
-    (void)user;
+    if (level == FLM_LOG_DEBUG && user != &verbose_marker) return;
     fprintf(stderr, "flashlm: %s%s\n", level == FLM_LOG_ERROR ? "error: " : "", msg);
 }
+
+void cli_log_verbose(flm_params *p, bool on) { p->log_user = on ? &verbose_marker : NULL; }
 
 void cli_env_params(flm_params *p, const char *model) {
     p->log = log_to_stderr;
@@ -144,6 +167,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "                       hybrid: as many layers as fit stay in memory, the rest are read every token\n"
     "                       sparse: predictor + sliding window + neuron cache (needs flashlm calibrate)\n"
     "      --window K       sparse: tokens whose neurons stay cached (default: the most the budget allows)\n"
+    "      --sparse-level EPS  sparse: run at this stored level instead of calibrate's default (the levels and\n"
+    "                       their measured quality are printed by calibrate)\n"
     "      --no-window      sparse ablation: read every predicted neuron every token\n"
     "      --no-bundle      sparse ablation: read up, gate and down parts as separate requests\n"
     "      --no-predictor   sparse ablation: use the true active set (an oracle; loads all gate rows, outside\n"
@@ -152,7 +177,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
-    "      --kv-f32         f32 keys, values and attention weights (default: rounded to f16, as llama.cpp)\n";
+    "      --kv-f32         f32 keys, values and attention weights (default: an f16 KV cache, half the memory,\n"
+    "                       as llama.cpp's)\n";
 
 /* Why flm_parse_mem refused s, in words. */
 static const char *cli_mem_problem(const char *s) {
@@ -183,7 +209,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     long v;
     bool takes = !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "-c") || !strcmp(a, "--ctx-size") ||
                  !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads") ||
-                 !strcmp(a, "--window");
+                 !strcmp(a, "--window") || !strcmp(a, "--sparse-level");
     if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
     if (!strcmp(a, "--kv-f32")) { p->kv_f32 = true; return 1; }
     if (!strcmp(a, "--no-window")) { p->no_window = true; return 1; }
@@ -219,6 +245,10 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
         else if (!strcmp(val, "uring")) p->io = FLM_IO_KIND_URING;
         else if (!strcmp(val, "threads")) p->io = FLM_IO_KIND_THREADS;
         else { cli_die("bad --io '%s' (auto|uring|threads)", val); return -1; }
+    } else if (!strcmp(a, "--sparse-level")) {
+        float f;
+        if (!cli_parse_float(val, 1e-6f, 0.99f, &f)) { cli_die("bad --sparse-level '%s' (0 .. 0.99)", val); return -1; }
+        p->sparse_level = f;
     } else if (!strcmp(a, "--window")) {
         if (!cli_parse_long(val, 1, 4096, &v)) { cli_die("bad --window value '%s' (1..4096)", val); return -1; }
         p->window = (int)v;

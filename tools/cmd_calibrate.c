@@ -1,4 +1,5 @@
 /* cmd_calibrate.c — `flashlm calibrate`: activation rules and predictors, stored into the .flm file. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,19 +12,27 @@
 static const char *CAL_HELP =
     "usage: flashlm calibrate MODEL.flm --text FILE [options]\n"
     "\n"
-    "Run the model densely on the text, record each layer's FFN input and its true active neurons, fix the activation\n"
-    "rule (ReLU FFNs: activation > 0; SiLU FFNs: |silu(gate . x)| above a per-layer threshold set for --sparsity),\n"
-    "train one low-rank predictor per layer (balanced loss, Adam, SVD init, a held-out split), and store predictors\n"
-    "and thresholds in the .flm file (a new checksummed region; the file is replaced atomically). Prints per-layer\n"
-    "recall and precision on the held-out tokens. Afterwards `flashlm run --mode sparse` uses them.\n"
+    "Run the model densely on the text and record each layer's FFN input. Fix each layer's activation rule: ReLU\n"
+    "FFNs: activation > 0. Gated SiLU/GELU FFNs (Llama, Qwen2, Gemma 3): a neuron counts when its contribution\n"
+    "|act(gate.x) * (up.x)| * ||down|| is above the layer's threshold, and a level eps sets each layer's threshold so\n"
+    "that the neurons below it carry eps of the layer's output energy. Train one low-rank predictor per layer\n"
+    "(balanced loss, Adam, SVD init), and set its threshold for every level on held-out tokens. Then measure held-out\n"
+    "perplexity at each level, in memory, and make the most aggressive level within --max-loss of dense the default.\n"
+    "Stores predictors, thresholds and levels in the .flm file (a checksummed region; the file is replaced\n"
+    "atomically). Afterwards `flashlm run --mode sparse` uses them (--sparse-level picks another stored level).\n"
     "\n"
-    "      --text FILE      calibration text (required)\n"
-    "      --tokens N       tokens to record (default 4096)\n"
+    "      --text FILE      calibration text (required); its last tokens are held out for the check\n"
+    "      --tokens N       tokens to record (default 4096): 80% train the predictors, 20% set their thresholds\n"
     "      --chunk N        tokens per sequence (default 128)\n"
     "      --rank R         predictor rank (default min(128, d_model/2)); the last quarter of layers gets 2R\n"
     "      --rank-last R    rank of the last quarter of layers\n"
-    "      --sparsity S     SiLU models: share of neurons the thresholds zero (default 0.5)\n"
-    "      --recall R       predictor threshold chosen for this held-out recall (default 0.95; 0 = logit 0)\n"
+    "      --max-loss P     default level: the most aggressive one whose held-out perplexity is within P of dense\n"
+    "                       (default 0.015, i.e. +1.5%)\n"
+    "      --eval-tokens N  held-out tokens for that check (default 512)\n"
+    "      --curve          measure every level, with the predictor and with the true active sets (oracle)\n"
+    "      --level EPS      make EPS the default level instead of measuring (0 < EPS < 1, e.g. 0.02)\n"
+    "      --train-level EPS  the level whose active sets the predictors learn (default 0.02)\n"
+    "      --recall R       ReLU FFNs: predictor threshold for this held-out recall (default 0.95)\n"
     "      --epochs N       training epochs (default 6)\n"
     "  -t, --threads N      threads\n";
 
@@ -41,6 +50,7 @@ int cmd_calibrate(int argc, char **argv) {
             model = a;
             continue;
         }
+        if (!strcmp(a, "--curve")) { o.curve = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm calibrate --help)", a);
         i++;
         if (!strcmp(a, "--text")) text = val;
@@ -56,9 +66,18 @@ int cmd_calibrate(int argc, char **argv) {
         } else if (!strcmp(a, "--rank-last")) {
             if (!cli_parse_long(val, 1, 1 << 16, &v)) return cli_die("bad --rank-last '%s'", val);
             o.rank_last = (uint32_t)v;
-        } else if (!strcmp(a, "--sparsity")) {
-            if (!cli_parse_float(val, 0.0f, 0.99f, &f)) return cli_die("bad --sparsity '%s' (0 .. 0.99)", val);
-            o.sparsity = f;
+        } else if (!strcmp(a, "--max-loss")) {
+            if (!cli_parse_float(val, 1e-6f, 0.99f, &f)) return cli_die("bad --max-loss '%s' (0 .. 0.99)", val);
+            o.max_loss = f;
+        } else if (!strcmp(a, "--eval-tokens")) {
+            if (!cli_parse_long(val, 0, 1 << 20, &v)) return cli_die("bad --eval-tokens '%s'", val);
+            o.eval_tokens = (uint32_t)v;
+        } else if (!strcmp(a, "--level")) {
+            if (!cli_parse_float(val, 1e-6f, 0.99f, &f)) return cli_die("bad --level '%s' (0 .. 0.99)", val);
+            o.level = f;
+        } else if (!strcmp(a, "--train-level")) {
+            if (!cli_parse_float(val, 1e-6f, 0.99f, &f)) return cli_die("bad --train-level '%s' (0 .. 0.99)", val);
+            o.train_eps = f;
         } else if (!strcmp(a, "--recall")) {
             if (!cli_parse_float(val, 0.0f, 1.0f, &f)) return cli_die("bad --recall '%s' (0 .. 1)", val);
             o.target_recall = f;
@@ -90,9 +109,32 @@ int cmd_calibrate(int argc, char **argv) {
         return 1;
     }
     free(buf);
+    bool relu = rep.layers[0].rule == FLM_RULE_RELU;
     printf("\n%s calibrated in %.1f s (%s)\n\n", model, (flm_now_ms() - t0) / 1e3,
-           rep.layers[0].rule == FLM_RULE_RELU ? "ReLU: active = activation > 0"
-                                               : "SiLU/CATS: active = |silu(gate.x)| > threshold");
+           relu ? "ReLU: active = activation > 0"
+                : "gated: active = |act(gate.x) (up.x)| ||down|| > the layer's threshold for the level");
+    if (!relu) {
+        printf("| level eps | oracle neurons | oracle perplexity | predicted neurons | energy kept | recall | "
+               "predictor perplexity |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (uint32_t k = 0; k < rep.n_levels; k++) {
+            double of = 0, pf = 0, kept = 0, rc = 0;
+            for (uint32_t l = 0; l < rep.n_layers; l++) {
+                of += rep.layers[l].levels[k].oracle_frac / rep.n_layers;
+                pf += rep.layers[l].levels[k].pred_frac / rep.n_layers;
+                kept += rep.layers[l].levels[k].kept / rep.n_layers;
+                rc += rep.layers[l].levels[k].recall / rep.n_layers;
+            }
+            char loss[48], oloss[48];
+            if (isnan(rep.level_loss[k])) snprintf(loss, sizeof loss, "not measured");
+            else snprintf(loss, sizeof loss, "%+.2f%%", 100.0 * rep.level_loss[k]);
+            if (isnan(rep.level_loss_oracle[k])) snprintf(oloss, sizeof oloss, "–");
+            else snprintf(oloss, sizeof oloss, "%+.2f%%", 100.0 * rep.level_loss_oracle[k]);
+            printf("| %g%s | %.1f%% | %s | %.1f%% | %.1f%% | %.3f | %s |\n", (double)rep.level_eps[k],
+                   k == rep.default_level ? " (default)" : "", 100 * of, oloss, 100 * pf, 100 * kept, rc, loss);
+        }
+        printf("\n(neurons: share of d_ffn per token, mean over layers; the predictor's on held-out recorded tokens;\n"
+               "perplexity: against dense on the held-out end of the text, --max-loss %g)\n\n", (double)o.max_loss);
+    }
     printf("| layer | rank | threshold | active (true) | predicted | recall | precision | s_agg(1) | s_agg(4) | "
            "s_agg(16) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (uint32_t l = 0; l < rep.n_layers; l++) {
@@ -101,7 +143,8 @@ int cmd_calibrate(int argc, char **argv) {
                (double)S->threshold, 100.0 * S->active_frac, 100.0 * S->pred_frac, S->recall, S->precision,
                100.0 * S->s_agg[0], 100.0 * S->s_agg[3], 100.0 * S->s_agg[15]);
     }
-    printf("\n(recall/precision on held-out tokens; s_agg(k): neurons predicted over k consecutive tokens)\n");
+    printf("\n(at the default level eps %g; recall/precision on held-out tokens; s_agg(k): neurons predicted over k\n"
+           "consecutive tokens)\n", (double)rep.level_eps[rep.default_level]);
     flm_sparsity_free(&rep);
     return 0;
 }

@@ -26,9 +26,13 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
             s.mem_budget ? flm_size(s.mem_budget).s : "none");
-    fprintf(stderr, "; model %.2f MiB: resident %.2f MiB, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
-            "MiB, scratch %.2f MiB; peak RSS %.2f MiB", cli_mib(s.model_bytes), cli_mib(s.mem_resident), cli_mib(s.mem_ffn),
-            s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
+    char embd[64] = "";
+    if (s.mem_embd_flash)
+        snprintf(embd, sizeof embd, " (token embedding %.2f MiB on flash)", cli_mib(s.mem_embd_flash));
+    fprintf(stderr, "; model %.2f MiB: resident %.2f MiB%s, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
+            "MiB (%s, %u tokens), scratch %.2f MiB; peak RSS %.2f MiB", cli_mib(s.model_bytes),
+            cli_mib(s.mem_resident), embd, cli_mib(s.mem_ffn), s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), s.kv_type, s.n_ctx,
+            cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
     /* the promise, in the same units: budget + the fixed allowance for the process itself (FLM_RSS_ALLOWANCE) */
     if (s.mem_budget && s.peak_rss <= s.mem_budget)
         fprintf(stderr, " (within the budget)\n");
@@ -78,9 +82,9 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
         fprintf(stderr, "flashlm: sparse: window %u tokens, neuron cache %llu rows (%llu in use); per token: %.1f neurons "
                 "predicted, %.1f read, %.1f reused from the window", s.window, (unsigned long long)s.cache_rows,
                 (unsigned long long)s.total.rows_used, pred, loaded, reused);
-        if (s.n_dropped)
-            fprintf(stderr, "; %llu predicted neurons DROPPED (a set exceeded the cache: raise --mem)",
-                    (unsigned long long)s.n_dropped);
+        if (s.n_streamed)
+            fprintf(stderr, "; %.1f neurons per token streamed past the cache (sets larger than the cache: more --mem "
+                    "reads less)", (double)s.n_streamed / n);
         if (s.total.n_true)
             fprintf(stderr, "; predictor recall %.3f, precision %.3f", (double)s.total.n_true_pos / s.total.n_true,
                     s.total.n_predicted ? (double)s.total.n_true_pos / s.total.n_predicted : 1.0);
@@ -108,18 +112,21 @@ static const char *RUN_HELP_MORE =
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_FORMAT_NAMES " (implies --chat)\n"
     "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat)\n"
-    "      --stats          print per-token statistics (flash I/O, memory, compute ms; bytes; reads)\n"
+    "      --stats          print the memory plan at open (one line per part: resident weights, token\n"
+    "                       embedding, KV cache, scratch, reader, FFN storage) and per-token statistics (flash\n"
+    "                       I/O, memory, compute ms; bytes; reads)\n"
+    "  -v, --verbose        print the library's debug messages (the memory plan at open)\n"
     "      --stats-json F   write all statistics as JSON to F\n"
     "  -h, --help           this help\n";
 static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
 static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
-                          const char *system, long n_predict, bool per_token, const char *stats_json,
+                          const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
                           flm_params *params_in, const flm_sampler_params *sp_in);
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
-    bool per_token = false, chat = false;
+    bool per_token = false, chat = false, verbose = false;
     long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
@@ -151,6 +158,7 @@ static int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--system")) { NEEDVAL(); system = val; chat = true; }
         else if (!strcmp(a, "--stats")) { per_token = true; }
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
         else return cli_die("unknown option '%s' (see flashlm run --help)", a);
 #undef NEEDVAL
@@ -161,13 +169,14 @@ static int cmd_run(int argc, char **argv) {
         if (!(prompt_buf = cli_read_text(prompt_file))) return 1;
         prompt = prompt_buf;
     }
-    int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, stats_json, &params, &sp);
+    int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
+                            &sp);
     free(prompt_buf);
     return rc;
 }
 
 static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
-                          const char *system, long n_predict, bool per_token, const char *stats_json,
+                          const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
                           flm_params *params_in, const flm_sampler_params *sp_in) {
     flm_params params = *params_in;
     flm_sampler_params sp = *sp_in;
@@ -178,6 +187,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     flm_ctx *ctx = NULL;
     double t0 = flm_now_ms();
     cli_env_params(&params, model);
+    cli_log_verbose(&params, per_token || verbose);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     double t_load = flm_now_ms() - t0;
@@ -307,6 +317,10 @@ static int cmd_inspect(int argc, char **argv) {
                    ffn ? type_str(r->up_type, b1, sizeof b1) : "-", ffn ? type_str(r->gate_type, b2, sizeof b2) : "-",
                    ffn ? type_str(r->down_type, b3, sizeof b3) : "-", r->n_records, (unsigned long long)r->record_bytes);
         }
+        if (ff->resident->head_bytes)
+            printf("  (resident: head %llu bytes, then the token embedding's data, %llu bytes, which the streaming "
+                   "modes leave on flash unless tied)\n", (unsigned long long)ff->resident->head_bytes,
+                   (unsigned long long)flm_file_tail_bytes(ff));
         printf("\nresident region: ");
     } else {
         /* a damaged GGUF is shown as far as it parses: the entries before the problem, then the problem */
@@ -415,10 +429,11 @@ static int cmd_convert(int argc, char **argv) {
     cli_temp_clear();
     /* the summary comes from what was written: nothing is read back */
     double s = ci.seconds > 0 ? ci.seconds : 1e-9;
-    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, FFN %.2f MiB in %u layers of %u "
-            "records of %llu bytes); %.0f MB/s written, %.0f MB/s of GGUF read\n", dst, ci.seconds,
-            cli_mib(ci.file_bytes), cli_mib(ci.resident_bytes), cli_mib(ci.ffn_bytes), ci.n_layers, ci.n_records,
-            (unsigned long long)ci.record_bytes, (double)ci.file_bytes / s / 1e6, (double)ci.src_bytes / s / 1e6);
+    fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, token embedding last: %.2f MiB; FFN "
+            "%.2f MiB in %u layers of %u records of %llu bytes); %.0f MB/s written, %.0f MB/s of GGUF read\n", dst,
+            ci.seconds, cli_mib(ci.file_bytes), cli_mib(ci.resident_bytes), cli_mib(ci.embd_bytes),
+            cli_mib(ci.ffn_bytes), ci.n_layers, ci.n_records, (unsigned long long)ci.record_bytes,
+            (double)ci.file_bytes / s / 1e6, (double)ci.src_bytes / s / 1e6);
     return 0;
 }
 

@@ -1,31 +1,44 @@
-/* calibrate.c — record, decide the activation rule, train predictors, store them (docs/SPARSITY.md). */
+/* calibrate.c — record, fix the rule and the levels, train predictors, choose the default level, store
+ * (docs/SPARSITY.md). */
 #include "calibrate/calibrate.h"
 
 #include <cblas.h>
 #include <errno.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/act.h"
+#include "core/error.h"
 #include "core/types.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
-#include "core/error.h"
-#include "compute/act.h"
+
+/* eps: the share of each layer's FFN output energy the oracle drops, ascending */
+static const float STD_LEVELS[] = {0.0002f, 0.0005f, 0.001f, 0.002f, 0.005f, 0.01f, 0.02f};
+#define N_STD_LEVELS (sizeof STD_LEVELS / sizeof STD_LEVELS[0])
+
+uint32_t flm_calib_standard_levels(float *eps, uint32_t cap) {
+    uint32_t n = 0;
+    for (; n < N_STD_LEVELS && n < cap; n++) eps[n] = STD_LEVELS[n];
+    return n;
+}
 
 void flm_calib_opts_default(flm_calib_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 4096;
     o->chunk = 128;
-    o->sparsity = 0.5f;
+    o->max_loss = 0.015f;
+    o->eval_tokens = 512;
+    o->train_eps = 0.002f;
     o->target_recall = 0.95f;
     o->epochs = 6;
     o->n_threads = 2;
 }
 
 typedef struct {
-    float **X;          /* [n_layers][max_tokens * d_model] */
+    float **X; /* [n_layers][max_tokens * d_model] */
     uint32_t d_model, cur;
 } tap_data;
 
@@ -34,9 +47,53 @@ static void tap(void *user, uint32_t layer, const float *x) {
     memcpy(t->X[layer] + (size_t)t->cur * t->d_model, x, t->d_model * sizeof(float));
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
+/* ---- histograms over float keys ---------------------------------------------------------------------------------
+ * A float's bit pattern, with the sign flipped for positives and all bits flipped for negatives, orders like the float;
+ * its top 16 bits make 65536 bins of about 1/128 relative width. Each bin sums a count and an energy. */
+#define HBINS 65536u
+typedef struct {
+    uint64_t cnt[HBINS];
+    double e[HBINS];
+    double total_e;
+    uint64_t total_n;
+} hist;
+
+static inline uint32_t fkey(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static inline float fkey_inv(uint32_t k) {
+    uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void hist_add(hist *h, float key, double e) {
+    uint32_t b = fkey(key) >> 16;
+    h->cnt[b]++;
+    h->e[b] += e;
+    h->total_e += e;
+    h->total_n++;
+}
+
+/* The lower edge t of the highest bin at which the values above it carry at least (1 - eps) of the energy, and the
+ * count and energy of the bins from it up; "x > t' for t' just below t" then selects them. */
+static float hist_cut(const hist *h, double eps, double *frac, double *kept) {
+    double need = (1.0 - eps) * h->total_e, acc = 0;
+    uint64_t n = 0;
+    uint32_t b = HBINS;
+    while (b > 0) {
+        b--;
+        acc += h->e[b];
+        n += h->cnt[b];
+        if (acc >= need && h->cnt[b]) break;
+    }
+    *frac = h->total_n ? (double)n / (double)h->total_n : 0;
+    *kept = h->total_e > 0 ? acc / h->total_e : 1;
+    if (*kept > 1) *kept = 1;
+    return nextafterf(fkey_inv(b << 16), -INFINITY);
 }
 
 /* mean over tokens of |union of the last k predicted sets| / d_ffn, for k = 1..FLM_AGG_K; sets restart per chunk */
@@ -55,14 +112,14 @@ static void aggregate(const flm_predictor *p, const float *X, uint32_t n, uint32
         size_t m = flm_predictor_predict(p, X + (size_t)t * p->d_model, ids, scratch);
         for (size_t j = 0; j < m; j++) last[ids[j]] = t;
         if (in_chunk + 1 < FLM_AGG_K) continue; /* only tokens with a full window behind them */
-        uint64_t hist[FLM_AGG_K] = {0};
+        uint64_t hist_age[FLM_AGG_K] = {0};
         for (uint32_t i = 0; i < d_ffn; i++) {
             int64_t age = (int64_t)t - last[i];
-            if (age >= 0 && age < FLM_AGG_K) hist[age]++;
+            if (age >= 0 && age < FLM_AGG_K) hist_age[age]++;
         }
         uint64_t acc = 0;
         for (int k = 0; k < FLM_AGG_K; k++) {
-            acc += hist[k];
+            acc += hist_age[k];
             sum[k] += (double)acc / d_ffn;
         }
         counted++;
@@ -74,11 +131,204 @@ done:
     free(scratch);
 }
 
+/* ---- the held-out check: perplexity with the predictors of one level, in memory ---------------------------------- */
+
+typedef struct {
+    flm_sparsity *sp;
+    uint32_t level;
+    float *scratch; /* predictor: max rank + d_ffn floats; oracle: d_ffn */
+    uint32_t pos;
+    float **dn;     /* [n_layers][d_ffn] down-column norms (the oracle) */
+} sim_data;
+
+/* the oracle: (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2 */
+static uint32_t sim_select_oracle(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+    (void)x;
+    sim_data *s = user;
+    uint32_t F = s->sp->layers[l].pred.d_ffn, n = 0;
+    double sum = 0;
+    for (uint32_t i = 0; i < F; i++) {
+        float c = h[i] * s->dn[l][i];
+        s->scratch[i] = c * c;
+        sum += s->scratch[i];
+    }
+    float tau = s->sp->layers[l].levels[s->level].tau, t2 = (float)((double)tau * tau * sum);
+    for (uint32_t i = 0; i < F; i++)
+        if (s->scratch[i] > t2) ids[n++] = i;
+    return n;
+}
+
+static uint32_t sim_select(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+    (void)h;
+    sim_data *s = user;
+    flm_predictor *p = &s->sp->layers[l].pred;
+    p->threshold = s->sp->layers[l].levels[s->level].pred_threshold;
+    if (s->pos == 0) { /* as the sparse source does: the first token of a sequence runs dense */ for (uint32_t i = 0; i < p->d_ffn; i++) ids[i] = i; return p->d_ffn; }
+    return (uint32_t)flm_predictor_predict(p, x, ids, s->scratch);
+}
+
+/* Mean negative log-likelihood of toks[0..n) (chunks of `chunk`, the first token of each replaced by BOS), every
+ * position after the first of its chunk scored. done/total drive the progress callback. */
+static flm_status eval_nll(flm_ctx *ctx, const int32_t *toks, uint32_t n, uint32_t chunk, int32_t bos,
+                           const flm_calib_opts *o, uint64_t *done, uint64_t total, double *nll, sim_data *sd,
+                           flm_error *err) {
+    double sum = 0;
+    uint64_t cnt = 0;
+    uint32_t V = ctx->model->hp.n_vocab;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = t % chunk;
+        const float *logits;
+        if (sd) sd->pos = pos;
+        flm_status st = flm_eval(ctx, pos == 0 && bos >= 0 ? bos : toks[t], (int32_t)pos, &logits, err);
+        if (st) return st;
+        if (pos + 1 < chunk && t + 1 < n) {
+            float mx = logits[0];
+            for (uint32_t v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+            double z = 0;
+            for (uint32_t v = 0; v < V; v++) z += exp((double)(logits[v] - mx));
+            sum += log(z) + mx - logits[toks[t + 1]];
+            cnt++;
+        }
+        if (o->progress && (++*done % 32 == 0 || *done == total)) o->progress(o->user, "checking levels", *done, total);
+    }
+    *nll = cnt ? sum / (double)cnt : 0;
+    return FLM_OK;
+}
+
+/* ---- per layer: rule, levels, predictor ------------------------------------------------------------------------- */
+
+typedef struct {
+    float *Wg, *Wu, *dn;   /* F x d gate (or up) rows, F x d up rows, F down-column norms (into dn_all[l]) */
+    float *Zg, *E;         /* n x F: gate pre-activations, then energies (h_i ||down_i||)^2 */
+    float *Zp, *Hp;        /* n_ho x F predictor logits, n_ho x max rank */
+    uint8_t *Y;            /* n_tr x F labels */
+    float *col;            /* d: one down column */
+    hist *h;
+} layer_work;
+
+static flm_status calibrate_layer(flm_ctx *ctx, const flm_calib_opts *o, uint32_t l, const float *X, uint32_t n,
+                                  uint32_t n_tr, flm_sparsity *sp, uint32_t train_level, uint32_t rank,
+                                  layer_work *w, flm_error *err) {
+    const flm_hparams *hp = &ctx->model->hp;
+    const uint32_t d = hp->d_model, F = hp->d_ffn, n_ho = n - n_tr;
+    flm_layer_sparsity *S = &sp->layers[l];
+    const flm_bundle_desc *b = NULL;
+    const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
+    if (!rec) return flm_fail(err, FLM_ERR_ARG, "layer %u's FFN is not in memory", l);
+    bool relu = hp->act == FLM_ACT_RELU;
+    uint32_t wt = b->gated ? b->gate_type : b->up_type;
+    uint64_t woff = b->gated ? b->gate_off : b->up_off;
+    for (uint32_t i = 0; i < F; i++) {
+        const uint8_t *r = rec + (size_t)i * b->record_bytes;
+        ctx->k->dequant[wt](r + woff, w->Wg + (size_t)i * d, d);
+        if (b->gated && !relu) ctx->k->dequant[b->up_type](r + b->up_off, w->Wu + (size_t)i * d, d);
+        ctx->k->dequant[b->down_type](r + b->down_off, w->col, d);
+        double s2 = 0;
+        for (uint32_t j = 0; j < d; j++) s2 += (double)w->col[j] * w->col[j];
+        w->dn[i] = (float)sqrt(s2);
+    }
+    /* Zg = X W^T: n x F pre-activations of the gate (or up) projection */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)d, 1.0f, X, (int)d, w->Wg, (int)d, 0.0f,
+                w->Zg, (int)F);
+    size_t nf = (size_t)n * F;
+    flm_predictor_train_opts to;
+    flm_predictor_train_opts_default(&to);
+    to.init_W = w->Wg;
+    to.epochs = o->epochs;
+    to.n_threads = o->n_threads;
+    flm_status st;
+    if (relu) { /* the exact rule: active when the activation is positive; one level */
+        S->rule = FLM_RULE_RELU;
+        uint64_t active = 0;
+        for (size_t j = 0; j < nf; j++) active += (w->Y[j] = w->Zg[j] > 0.0f);
+        if ((st = flm_predictor_init(&S->pred, d, F, rank, err))) return st;
+        to.target_recall = o->target_recall;
+        flm_predictor_metrics m;
+        if ((st = flm_predictor_train(&S->pred, X, w->Y, n, &to, &m, err))) return st;
+        flm_predictor_round_f16(&S->pred);
+        flm_level *v = &S->levels[0];
+        *v = (flm_level){0.0f, S->pred.threshold, (float)((double)active / (double)nf), (float)m.active_frac_pred,
+                         1.0f, (float)m.recall, (float)m.precision};
+        return FLM_OK;
+    }
+    /* E = (h_i ||down_i||)^2, h_i = act(g_i) * u_i (gated) or act(u_i), then as a share of the token's sum */
+    if (b->gated)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)d, 1.0f, X, (int)d, w->Wu, (int)d,
+                    0.0f, w->E, (int)F);
+    for (size_t j = 0; j < nf; j++) {
+        float a = flm_act_eval(hp->act, w->Zg[j]);
+        float h = b->gated ? a * w->E[j] : a;
+        float c = h * w->dn[j % F];
+        w->E[j] = c * c;
+    }
+    /* each token's energies as shares of its own total: a token with massive activations (the first of a sequence,
+     * often) would otherwise set every threshold (measured: SmolLM2 layer 11 kept one neuron) */
+    for (uint32_t t = 0; t < n; t++) {
+        float *e = w->E + (size_t)t * F;
+        double sum = 0;
+        for (uint32_t i = 0; i < F; i++) sum += e[i];
+        float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+        for (uint32_t i = 0; i < F; i++) e[i] *= inv;
+    }
+    S->rule = FLM_RULE_CONTRIB;
+    /* the oracle's tau per level, over all recorded tokens */
+    memset(w->h, 0, sizeof *w->h);
+    for (size_t j = 0; j < nf; j++) hist_add(w->h, w->E[j], w->E[j]);
+    for (uint32_t k = 0; k < sp->n_levels; k++) {
+        double frac, kept;
+        float t2 = hist_cut(w->h, sp->level_eps[k], &frac, &kept);
+        S->levels[k].tau = t2 > 0 ? sqrtf(t2) : 0.0f;
+        S->levels[k].oracle_frac = (float)frac;
+    }
+    /* labels of the training level on the first n_tr tokens; train */
+    float t2_train = S->levels[train_level].tau * S->levels[train_level].tau;
+    size_t ntf = (size_t)n_tr * F;
+    for (size_t j = 0; j < ntf; j++) w->Y[j] = w->E[j] > t2_train;
+    if ((st = flm_predictor_init(&S->pred, d, F, rank, err))) return st;
+    flm_predictor_metrics m;
+    if ((st = flm_predictor_train(&S->pred, X, w->Y, n_tr, &to, &m, err))) return st;
+    flm_predictor_round_f16(&S->pred);
+    /* held-out logits: Zp = (X_ho A^T) B^T + c */
+    const flm_predictor *p = &S->pred;
+    const float *Xho = X + (size_t)n_tr * d;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n_ho, (int)p->rank, (int)d, 1.0f, Xho, (int)d, p->A,
+                (int)d, 0.0f, w->Hp, (int)p->rank);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n_ho, (int)F, (int)p->rank, 1.0f, w->Hp, (int)p->rank,
+                p->B, (int)p->rank, 0.0f, w->Zp, (int)F);
+    size_t nhf = (size_t)n_ho * F;
+    const float *Eho = w->E + ntf;
+    memset(w->h, 0, sizeof *w->h);
+    for (size_t j = 0; j < nhf; j++) {
+        w->Zp[j] += p->c[j % F];
+        hist_add(w->h, w->Zp[j], Eho[j]);
+    }
+    for (uint32_t k = 0; k < sp->n_levels; k++) {
+        flm_level *v = &S->levels[k];
+        double frac, kept;
+        v->pred_threshold = hist_cut(w->h, sp->level_eps[k], &frac, &kept);
+        v->pred_frac = (float)frac;
+        v->kept = (float)kept;
+        uint64_t tp = 0, pos = 0, pred = 0;
+        float t2 = v->tau * v->tau;
+        for (size_t j = 0; j < nhf; j++) {
+            bool a = Eho[j] > t2, q = w->Zp[j] > v->pred_threshold;
+            pos += a;
+            pred += q;
+            tp += a && q;
+        }
+        v->recall = pos ? (float)((double)tp / (double)pos) : 1.0f;
+        v->precision = pred ? (float)((double)tp / (double)pred) : 1.0f;
+    }
+    return FLM_OK;
+}
+
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
-    flm_calib_opts def;
-    if (!o) { flm_calib_opts_default(&def); o = &def; }
-    if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->sparsity >= 0.0f && o->sparsity < 1.0f))
-        return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= sparsity < 1)");
+    flm_calib_opts dflt;
+    if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
+    if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
+        !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f))
+        return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
+                        "0 < max_loss < 1, 0 < train_eps < 1)");
     /* the result is written next to the model: find out now, not after minutes of work */
     {
         char tmp[4200];
@@ -100,8 +350,11 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
     tap_data td = {0};
     uint32_t n_x = 0; /* entries of td.X */
     int32_t *ids = NULL;
-    float *W = NULL, *Z = NULL, *mag = NULL;
-    uint8_t *Y = NULL, *region = NULL;
+    layer_work w = {0};
+    uint8_t *region = NULL;
+    float *sim_scratch = NULL;
+    float **dn_all = NULL;
+    uint32_t L_all = 0;
     const flm_hparams *hp = &ctx->model->hp;
     const flm_bundle_desc *b0 = NULL;
     if (!flm_ffn_resident_records(ctx, 0, &b0)) { /* a GGUF has no bundles */
@@ -109,17 +362,29 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
         goto done;
     }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
-    /* 1. record the FFN inputs of every layer on the text */
+    L_all = L;
+    bool relu = hp->act == FLM_ACT_RELU;
+    /* 0. tokens: the held-out check's from the end of the text, then those recorded */
     size_t n_tok = 0;
     ids = flm_tokenize_all(ctx, o->text, true, &n_tok);
     if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-    uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
+    uint32_t n_eval = 0;
+    if (!relu && o->level == 0.0f) {
+        size_t cap = n_tok / 4;
+        n_eval = (uint32_t)(o->eval_tokens < cap ? o->eval_tokens : cap);
+        n_eval -= n_eval % o->chunk;
+        if (n_eval < 2 * o->chunk) n_eval = 0; /* too short to measure: the training level is the default */
+    }
+    size_t avail = n_tok - n_eval;
+    uint32_t n = (uint32_t)(avail < o->max_tokens ? avail : o->max_tokens);
     n -= n % o->chunk; /* whole chunks */
     if (n < 64) {
         st = flm_fail(err, FLM_ERR_ARG, "calibrate: the text gives %zu tokens; at least %u are needed (chunks of %u)",
                       n_tok, o->chunk > 64 ? o->chunk : 64, o->chunk);
         goto done;
     }
+    const int32_t *eval_ids = ids + (n_tok - n_eval);
+    /* 1. record the FFN inputs of every layer on the text */
     td.d_model = d;
     td.X = calloc(L, sizeof *td.X);
     n_x = L;
@@ -137,70 +402,105 @@ flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity
         const float *logits;
         td.cur = t;
         if ((st = flm_eval(ctx, tok, (int32_t)pos, &logits, err))) goto done;
-        if (o->progress && (t + 1) % o->chunk == 0) o->progress(o->user, "recording tokens", t + 1, n);
+        if (o->progress && ((t + 1) % 16 == 0 || t + 1 == n)) o->progress(o->user, "recording tokens", t + 1, n);
     }
     flm_set_ffn_tap(ctx, NULL, NULL);
-    /* 2. per layer: activations, rule, predictor, aggregation statistics */
+    /* 2. the levels */
     sp.n_layers = L;
-    sp.target_sparsity = hp->act == FLM_ACT_RELU ? 0.0f : o->sparsity;
     sp.layers = calloc(L, sizeof *sp.layers);
-    W = malloc((size_t)F * d * sizeof(float));
-    Z = malloc((size_t)n * F * sizeof(float));
-    mag = malloc((size_t)n * F * sizeof(float));
-    Y = malloc((size_t)n * F);
-    if (!sp.layers || !W || !Z || !mag || !Y) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
+    if (!sp.layers) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
+    uint32_t train_level = 0;
+    if (relu) {
+        sp.n_levels = 1;
+        sp.level_eps[0] = 0.0f;
+    } else {
+        sp.n_levels = flm_calib_standard_levels(sp.level_eps, FLM_MAX_LEVELS);
+        float extra[2] = {o->train_eps, o->level};
+        for (int e = 0; e < 2; e++) { /* the training level and a forced one join the list, kept ascending */
+            if (extra[e] <= 0.0f || flm_sparsity_find_level(&sp, extra[e]) >= 0) continue;
+            if (sp.n_levels == FLM_MAX_LEVELS) sp.n_levels--; /* drop the most aggressive standard level */
+            uint32_t k = sp.n_levels;
+            while (k > 0 && sp.level_eps[k - 1] > extra[e]) { sp.level_eps[k] = sp.level_eps[k - 1]; k--; }
+            sp.level_eps[k] = extra[e];
+            sp.n_levels++;
+        }
+        train_level = (uint32_t)flm_sparsity_find_level(&sp, o->train_eps);
+    }
+    for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++) sp.level_loss[k] = sp.level_loss_oracle[k] = NAN;
+    /* 3. per layer: rule, levels, predictor */
     uint32_t rank = o->rank ? o->rank : (d / 2 < 128 ? d / 2 : 128);
     uint32_t maxr = d < F ? d : F;
     if (rank > maxr) rank = maxr;
     if (rank < 1) rank = 1;
     uint32_t rank_last = o->rank_last ? o->rank_last : 2 * rank;
     if (rank_last > maxr) rank_last = maxr;
+    uint32_t n_tr = relu ? n : n - (n / 5) / o->chunk * o->chunk; /* the last fifth (whole chunks) sets thresholds */
+    if (!relu && n_tr == n) n_tr = n - n / 5;
+    uint32_t n_ho = n - n_tr, max_rank = rank > rank_last ? rank : rank_last;
+    w.Wg = malloc((size_t)F * d * sizeof(float));
+    w.Wu = malloc((size_t)F * d * sizeof(float));
+    dn_all = calloc(L, sizeof *dn_all);
+    for (uint32_t l = 0; dn_all && l < L; l++)
+        if (!(dn_all[l] = malloc((size_t)F * sizeof(float)))) { free(w.Wg); w.Wg = NULL; }
+    w.col = malloc((size_t)d * sizeof(float));
+    w.Zg = malloc((size_t)n * F * sizeof(float));
+    w.E = malloc((size_t)n * F * sizeof(float));
+    w.Zp = malloc(((size_t)n_ho * F + 1) * sizeof(float));
+    w.Hp = malloc(((size_t)n_ho * max_rank + 1) * sizeof(float));
+    w.Y = malloc((size_t)n * F);
+    w.h = malloc(sizeof *w.h);
+    if (!dn_all || !w.Wg || !w.Wu || !w.col || !w.Zg || !w.E || !w.Zp || !w.Hp || !w.Y || !w.h) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for %u tokens x %u neurons", n, F);
+        goto done;
+    }
     for (uint32_t l = 0; l < L; l++) {
-        flm_layer_sparsity *S = &sp.layers[l];
-        const flm_bundle_desc *b = NULL;
-        const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
-        if (!rec) { st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u's FFN is not in memory", path, l); goto done; }
-        uint32_t wt = b->gated ? b->gate_type : b->up_type;
-        uint64_t woff = b->gated ? b->gate_off : b->up_off;
-        for (uint32_t i = 0; i < F; i++)
-            ctx->k->dequant[wt](rec + (size_t)i * b->record_bytes + woff, W + (size_t)i * d, d);
-        /* Z = X W^T: n x F pre-activations of the gate (or up) projection */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)d, 1.0f, td.X[l], (int)d, W, (int)d,
-                    0.0f, Z, (int)F);
-        size_t nf = (size_t)n * F;
-        uint64_t active = 0;
-        if (hp->act == FLM_ACT_RELU) {
-            S->rule = FLM_RULE_RELU;
-            S->threshold = 0.0f;
-            for (size_t j = 0; j < nf; j++) active += (Y[j] = Z[j] > 0.0f);
-        } else {
-            S->rule = FLM_RULE_CATS;
-            for (size_t j = 0; j < nf; j++) mag[j] = fabsf(flm_act_eval(FLM_ACT_SILU, Z[j]));
-            float *sorted = Z; /* Z is not needed any more */
-            memcpy(sorted, mag, nf * sizeof(float));
-            size_t q = (size_t)((double)o->sparsity * (double)(nf - 1));
-            qsort(sorted, nf, sizeof(float), cmp_float);
-            S->threshold = o->sparsity > 0.0f ? sorted[q] : 0.0f;
-            for (size_t j = 0; j < nf; j++) active += (Y[j] = mag[j] > S->threshold);
-        }
-        S->active_frac = (float)((double)active / (double)nf);
         uint32_t r = l >= L - (L + 3) / 4 ? rank_last : rank;
-        if ((st = flm_predictor_init(&S->pred, d, F, r, err))) goto done;
-        flm_predictor_train_opts to;
-        flm_predictor_train_opts_default(&to);
-        to.init_W = W;
-        to.epochs = o->epochs;
-        to.target_recall = o->target_recall;
-        to.n_threads = o->n_threads;
-        flm_predictor_metrics m;
-        if ((st = flm_predictor_train(&S->pred, td.X[l], Y, n, &to, &m, err))) goto done;
-        S->recall = (float)m.recall;
-        S->precision = (float)m.precision;
-        S->pred_frac = (float)m.active_frac_pred;
-        aggregate(&S->pred, td.X[l], n, o->chunk, S->s_agg);
+            w.dn = dn_all[l];
+        if ((st = calibrate_layer(ctx, o, l, td.X[l], n, n_tr, &sp, train_level, r, &w, err))) goto done;
         if (o->progress) o->progress(o->user, "training predictors", l + 1, L);
     }
-    /* 3. store */
+    /* 4. the default level: forced, measured on held-out text, or the training level */
+    uint32_t def = train_level;
+    if (o->level > 0.0f && !relu) def = (uint32_t)flm_sparsity_find_level(&sp, o->level);
+    if (n_eval) {
+        uint32_t scratch_floats = max_rank + F;
+        sim_scratch = malloc(scratch_floats * sizeof(float));
+        if (!sim_scratch) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
+        uint64_t done_tok = 0, total = (uint64_t)n_eval * (o->curve ? 2 * sp.n_levels + 1 : sp.n_levels + 1);
+        double dense;
+        if ((st = eval_nll(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, &dense, NULL, err))) goto done;
+        sim_data sd = {&sp, 0, sim_scratch, 0, dn_all};
+        def = 0;
+        for (int oracle = 0; oracle < (o->curve ? 2 : 1); oracle++) {
+            if ((st = flm_set_ffn_select(ctx, oracle ? sim_select_oracle : sim_select, &sd, oracle, err))) goto done;
+            for (uint32_t k = 0; k < sp.n_levels; k++) {
+                sd.level = k;
+                double nll;
+                if ((st = eval_nll(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, &nll, &sd, err)))
+                    goto done;
+                float loss = (float)(exp(nll - dense) - 1.0);
+                if (oracle) {
+                    sp.level_loss_oracle[k] = loss;
+                    continue;
+                }
+                sp.level_loss[k] = loss;
+                if (loss <= o->max_loss) def = k;
+                else if (!o->curve) break; /* losses grow with eps: the rest would fail too */
+            }
+        }
+        flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
+        if (o->progress) o->progress(o->user, "checking levels", total, total);
+    }
+    sp.default_level = def;
+    sp.target_sparsity = sp.level_eps[def];
+    flm_sparsity_use_level(&sp, def);
+    for (uint32_t l = 0; l < L; l++) {
+        uint32_t na = n < 1024 ? n : 1024; /* the union statistics, on the last tokens recorded */
+        na -= na % o->chunk;
+        if (na == 0) na = n;
+        aggregate(&sp.layers[l].pred, td.X[l] + (size_t)(n - na) * d, na, o->chunk, sp.layers[l].s_agg);
+    }
+    /* 5. store */
     size_t len = 0;
     if ((st = flm_sparsity_serialize(&sp, &region, &len, err))) goto done;
     flm_close(ctx); /* the file is replaced below */
@@ -211,11 +511,19 @@ done:
     for (uint32_t l = 0; td.X && l < n_x; l++) free(td.X[l]);
     free(td.X);
     free(ids);
-    free(W);
-    free(Z);
-    free(mag);
-    free(Y);
+    free(w.Wg);
+    free(w.Wu);
+    for (uint32_t l = 0; dn_all && l < L_all; l++) free(dn_all[l]);
+    free(dn_all);
+    free(w.col);
+    free(w.Zg);
+    free(w.E);
+    free(w.Zp);
+    free(w.Hp);
+    free(w.Y);
+    free(w.h);
     free(region);
+    free(sim_scratch);
     if (!st && report) *report = sp;
     else flm_sparsity_free(&sp);
     return st;

@@ -1,5 +1,6 @@
-/* calibrate.h — `flashlm calibrate`: record FFN inputs and true active sets on text, fix each layer's activation
- * rule, train one low-rank predictor per layer, and store everything in the .flm file (Knowl 2, 3, 10). Internal. */
+/* calibrate.h — `flashlm calibrate`: record FFN inputs on text, fix each layer's activation rule and its operating
+ * points (levels), train one low-rank predictor per layer, choose the default level by measuring held-out perplexity,
+ * and store everything in the .flm file (paper Knowl 2, 3, 10; docs/SPARSITY.md). Internal. */
 #ifndef FLM_CALIBRATE_CALIBRATE_H
 #define FLM_CALIBRATE_CALIBRATE_H
 #include <stdint.h>
@@ -8,23 +9,37 @@
 
 typedef struct flm_calib_opts {
     const char *text;        /* calibration text (UTF-8) */
-    uint32_t max_tokens;     /* tokens recorded (default 4096) */
+    uint32_t max_tokens;     /* tokens recorded (default 4096); 80% train the predictors, 20% set the thresholds */
     uint32_t chunk;          /* tokens per sequence (each starts at position 0 with BOS; default 128) */
     uint32_t rank;           /* predictor rank of most layers (default min(128, d_model / 2)) */
     uint32_t rank_last;      /* rank of the last quarter of layers (default 2 * rank, capped; Knowl 10) */
-    float sparsity;          /* SiLU (CATS): share of neurons zeroed by the thresholds (default 0.5) */
-    float target_recall;     /* predictor threshold set for this held-out recall (default 0.95; 0 = logit 0) */
+    float level;             /* gated non-ReLU FFNs: force the default level to this eps (share of each layer's
+                                output energy dropped by the oracle; added to the standard levels); 0 (default) =
+                                choose it by measuring held-out perplexity against max_loss */
+    float max_loss;          /* the default level is the most aggressive standard level whose held-out perplexity
+                                is at most (1 + max_loss) x the dense one (default 0.015) */
+    uint32_t eval_tokens;    /* held-out tokens (after the recorded ones) for that check (default 512; fewer when
+                                the text is short, at least 2 chunks) */
+    float train_eps;         /* the level whose active sets the predictor is trained to flag (default 0.02) */
+    bool curve;              /* measure every level, with the predictor and with the true active sets (the oracle),
+                                instead of stopping at the first level past max_loss */
+    float target_recall;     /* ReLU FFNs: predictor threshold set for this held-out recall (default 0.95) */
     int epochs;              /* default 6 */
     int n_threads;
-    flm_progress_fn progress;
+    flm_progress_fn progress; /* phases: "recording tokens", "training predictors", "checking levels" */
     void *user;
 } flm_calib_opts;
 
 void flm_calib_opts_default(flm_calib_opts *o);
 
+/* The standard levels (eps values) calibrate measures for gated non-ReLU FFNs, ascending; returns their count. */
+uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);
+
 /* Calibrate the .flm file at path in place (atomically: see flm_file_put_region). Prints nothing; per-layer results
- * are in the stored region (read them back with flm_sparsity_deserialize) and returned in *report when non-NULL.
- * Errors: those of flm_open / flm_file_put_region, FLM_ERR_ARG (text too short: fewer than 64 tokens). */
+ * and the levels (with their measured held-out loss) are in the stored region (read them back with
+ * flm_sparsity_deserialize) and returned in *report when non-NULL (at the default level).
+ * Errors: those of flm_open / flm_file_put_region, FLM_ERR_ARG (bad options; text too short: fewer than 64 tokens
+ * to record), FLM_ERR_NOMEM. */
 struct flm_sparsity;
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, flm_error *err);
 

@@ -7,29 +7,35 @@
 #include "compute/kernels.h"
 #include "core/error.h"
 
-uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim) {
-    return 2ull * n_layers * n_ctx * kv_dim * sizeof(float);
+uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes) {
+    return 2ull * n_layers * n_ctx * kv_dim * elem_bytes;
 }
 
-flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, flm_error *err) {
+flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes,
+                             flm_error *err) {
+    memset(c, 0, sizeof *c);
+    if (elem_bytes != FLM_KV_F16 && elem_bytes != FLM_KV_F32)
+        return flm_fail(err, FLM_ERR_ARG, "KV cache: %u bytes per element (2: f16, 4: f32)", elem_bytes);
     size_t n = (size_t)n_layers * n_ctx * kv_dim;
     c->n_layers = n_layers;
     c->n_ctx = n_ctx;
     c->kv_dim = kv_dim;
+    c->elem_bytes = elem_bytes;
     c->owned = true;
-    c->k = calloc(n, sizeof(float));
-    c->v = calloc(n, sizeof(float));
+    c->k = calloc(n, elem_bytes);
+    c->v = calloc(n, elem_bytes);
     if (!c->k || !c->v) {
         flm_kv_cache_free(c);
         return flm_fail(err, FLM_ERR_NOMEM, "KV cache: cannot allocate %llu bytes",
-                        (unsigned long long)flm_kv_cache_bytes(n_layers, n_ctx, kv_dim));
+                        (unsigned long long)flm_kv_cache_bytes(n_layers, n_ctx, kv_dim, elem_bytes));
     }
     return FLM_OK;
 }
 
-void flm_kv_cache_init_in(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, void *mem) {
+void flm_kv_cache_init_in(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes,
+                          void *mem) {
     size_t n = (size_t)n_layers * n_ctx * kv_dim;
-    *c = (flm_kv_cache){n_layers, n_ctx, kv_dim, (float *)mem, (float *)mem + n, false};
+    *c = (flm_kv_cache){n_layers, n_ctx, kv_dim, elem_bytes, mem, (uint8_t *)mem + n * elem_bytes, false};
 }
 
 void flm_kv_cache_free(flm_kv_cache *c) {
@@ -40,11 +46,25 @@ void flm_kv_cache_free(flm_kv_cache *c) {
     c->k = c->v = NULL;
 }
 
-float *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos) {
-    return c->k + ((size_t)l * c->n_ctx + pos) * c->kv_dim;
+void *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos) {
+    return (uint8_t *)c->k + ((size_t)l * c->n_ctx + pos) * c->kv_dim * c->elem_bytes;
 }
-float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos) {
-    return c->v + ((size_t)l * c->n_ctx + pos) * c->kv_dim;
+void *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos) {
+    return (uint8_t *)c->v + ((size_t)l * c->n_ctx + pos) * c->kv_dim * c->elem_bytes;
+}
+
+void flm_kv_store(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *k, const float *v) {
+    void *kr = flm_kv_key(c, l, pos), *vr = flm_kv_value(c, l, pos);
+    if (c->elem_bytes == FLM_KV_F32) {
+        memcpy(kr, k, c->kv_dim * sizeof(float));
+        memcpy(vr, v, c->kv_dim * sizeof(float));
+        return;
+    }
+    uint16_t *kh = kr, *vh = vr;
+    for (uint32_t i = 0; i < c->kv_dim; i++) {
+        kh[i] = flm_f32_to_f16(k[i]);
+        vh[i] = flm_f32_to_f16(v[i]);
+    }
 }
 
 void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,
@@ -64,29 +84,37 @@ void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim
     }
 }
 
-void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim, float scale, bool f16, float *att, float *out, int n_threads) {
-    uint32_t group = n_heads / n_kv_heads;
+void flm_attention(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos,
+                   const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
+                   float *out, int n_threads) {
+    const uint32_t group = n_heads / n_kv_heads, n = pos - first + 1;
+    const bool f16 = c->elem_bytes == FLM_KV_F16;
     int nt = (n_threads > 1 && pos - first >= 64) ? n_threads : 1;
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int h = 0; h < (int)n_heads; h++) {
-        float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
-        for (uint32_t i = 0; i < head_dim; i++)
-            qh[i] = f16 ? flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i])) : q[(size_t)h * head_dim + i];
         float *a = att + (size_t)h * c->n_ctx;
+        float *o = out + (size_t)h * head_dim;
         size_t koff = (size_t)(h / group) * head_dim;
+        if (f16) {
+            float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
+            for (uint32_t i = 0; i < head_dim; i++) qh[i] = flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i]));
+            k->attn_scores_f16(qh, (const uint16_t *)flm_kv_key(c, l, first) + koff, c->kv_dim, n, head_dim, scale, a);
+            flm_softmax(a, n);
+            for (uint32_t t = 0; t < n; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
+            k->attn_values_f16(a, (const uint16_t *)flm_kv_value(c, l, first) + koff, c->kv_dim, n, head_dim, o);
+            continue;
+        }
+        const float *qf = q + (size_t)h * head_dim;
         for (uint32_t t = first; t <= pos; t++) {
-            const float *k = flm_kv_key(c, l, t) + koff;
+            const float *kr = (const float *)flm_kv_key(c, l, t) + koff;
             float s = 0.0f;
-            for (uint32_t i = 0; i < head_dim; i++) s += qh[i] * k[i];
+            for (uint32_t i = 0; i < head_dim; i++) s += qf[i] * kr[i];
             a[t - first] = s * scale;
         }
-        flm_softmax(a, pos - first + 1);
-        for (uint32_t t = 0; f16 && t <= pos - first; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
-        float *o = out + (size_t)h * head_dim;
+        flm_softmax(a, n);
         memset(o, 0, head_dim * sizeof(float));
         for (uint32_t t = first; t <= pos; t++) {
-            const float *v = flm_kv_value(c, l, t) + koff;
+            const float *v = (const float *)flm_kv_value(c, l, t) + koff;
             float w = a[t - first];
             for (uint32_t i = 0; i < head_dim; i++) o[i] += w * v[i];
         }

@@ -1,4 +1,4 @@
-/* attention.h — RoPE, the KV cache and grouped-query attention (float32). Internal.
+/* attention.h — RoPE, the KV cache (f16 or f32) and grouped-query attention. Internal.
  * RoPE as in llama.cpp: rope type "normal" (llama) rotates adjacent pairs, "neox" (Qwen2, Gemma) rotates the two
  * halves of each head's first rope_dim dimensions, each pair i by pos * theta^(-2i/rope_dim). */
 #ifndef FLM_COMPUTE_ATTENTION_H
@@ -7,27 +7,39 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "flashlm.h"
+#include "compute/kernels.h"
 
 #define FLM_ATT_MAX_HEAD_DIM 1024
 
-/* The KV cache: for each layer, n_ctx rows of kv_dim floats for keys and for values. */
+/* Bytes per cached key or value element. */
+#define FLM_KV_F16 2u /* IEEE half (uint16_t), round to nearest even: llama.cpp's default KV cache type */
+#define FLM_KV_F32 4u /* float (--kv-f32) */
+
+/* The KV cache: for each layer, n_ctx rows of kv_dim keys and as many values, elem_bytes each (FLM_KV_F16: uint16_t
+ * halves; FLM_KV_F32: floats). Row (l, pos) starts at element (l * n_ctx + pos) * kv_dim of k (and of v). */
 typedef struct flm_kv_cache {
     uint32_t n_layers, n_ctx, kv_dim;
-    float *k, *v;
+    uint32_t elem_bytes; /* FLM_KV_F16 or FLM_KV_F32 */
+    void *k, *v;
     bool owned; /* k and v were allocated by flm_kv_cache_init (flm_kv_cache_free frees them) */
 } flm_kv_cache;
 
-/* Bytes the cache needs: 2 * n_layers * n_ctx * kv_dim * 4. */
-uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim);
-/* Errors: FLM_ERR_NOMEM. */
-flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, flm_error *err);
+/* Bytes the cache needs: 2 * n_layers * n_ctx * kv_dim * elem_bytes (elem_bytes FLM_KV_F16 or FLM_KV_F32). */
+uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes);
+/* A zeroed cache on the heap. Errors: FLM_ERR_NOMEM, FLM_ERR_ARG (elem_bytes neither 2 nor 4). */
+flm_status flm_kv_cache_init(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes,
+                             flm_error *err);
 /* The same cache in caller memory: mem holds flm_kv_cache_bytes() zeroed bytes, float-aligned, and outlives c
- * (flm_kv_cache_free then frees nothing). */
-void flm_kv_cache_init_in(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, void *mem);
+ * (flm_kv_cache_free then frees nothing). elem_bytes must be FLM_KV_F16 or FLM_KV_F32. */
+void flm_kv_cache_init_in(flm_kv_cache *c, uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes,
+                          void *mem);
 void flm_kv_cache_free(flm_kv_cache *c);
-/* Row pointers for layer l, position pos. */
-float *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos);
-float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
+/* Row pointers for layer l, position pos: kv_dim elements (uint16_t halves or floats, by c->elem_bytes). */
+void *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos);
+void *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
+/* Store k[kv_dim] and v[kv_dim] as row (l, pos): copied into an f32 cache; rounded to nearest even half in an f16
+ * cache (reading them back gives exactly flm_f16_to_f32(flm_f32_to_f16(x))). */
+void flm_kv_store(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *k, const float *v);
 
 /* Rotate vec (n_heads heads of head_dim floats) in place for position pos: pair i of each head's first rope_dim
  * dimensions turns by pos * theta^(-2i/rope_dim). neox = false: pairs are (x[2i], x[2i+1]) (llama, "normal");
@@ -35,12 +47,15 @@ float *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,
               bool neox);
 
-/* out[n_heads*head_dim] = softmax(scale * q·K^T) V; with f16, q and the softmax weights are rounded to f16 as
- * llama.cpp's CPU path rounds them against its f16 KV cache (the forward pass then stores f16-rounded K and V), so
- * that greedy outputs agree with llama.cpp's wherever the top two logits are not a near-tie; over positions first..pos of layer l (first = 0 for global
+/* out[n_heads*head_dim] = softmax(scale * q·K^T) V over positions first..pos of layer l (first = 0 for global
  * attention; pos - n_swa + 1 for a sliding window of n_swa tokens), with query head h reading KV head
- * h / (n_heads / n_kv_heads). att is scratch of n_heads * n_ctx floats. */
-void flm_attention(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim, float scale, bool f16, float *att, float *out, int n_threads);
+ * h / (n_heads / n_kv_heads). With an f16 cache, q and the softmax weights are rounded to f16 as llama.cpp's CPU
+ * path rounds them against its f16 KV cache, so that greedy outputs agree with llama.cpp's wherever the top two logits
+ * are not a near-tie; the f16 keys and values are converted on the fly by k's attn_scores_f16 / attn_values_f16,
+ * whose results equal the scalar loops' bit for bit. With an f32 cache (--kv-f32) everything stays f32.
+ * att is scratch of n_heads * n_ctx floats. head_dim <= FLM_ATT_MAX_HEAD_DIM. */
+void flm_attention(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos,
+                   const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
+                   float *out, int n_threads);
 
 #endif

@@ -193,6 +193,26 @@ static void dequant_q4_0(const void *row, float *y, size_t n) {
     }
 }
 
+/* The reference loops of flm_attn_scores_fn / flm_attn_values_fn (kernels.h): in order, product then sum. */
+static void attn_scores_f16(const float *q, const uint16_t *K, size_t stride, size_t n, size_t d, float scale,
+                            float *out) {
+    for (size_t t = 0; t < n; t++) {
+        const uint16_t *k = K + t * stride;
+        float s = 0.0f;
+        for (size_t i = 0; i < d; i++) s += q[i] * flm_f16_to_f32(k[i]);
+        out[t] = s * scale;
+    }
+}
+
+static void attn_values_f16(const float *w, const uint16_t *V, size_t stride, size_t n, size_t d, float *out) {
+    memset(out, 0, d * sizeof *out);
+    for (size_t t = 0; t < n; t++) {
+        const uint16_t *v = V + t * stride;
+        const float a = w[t];
+        for (size_t i = 0; i < d; i++) out[i] += a * flm_f16_to_f32(v[i]);
+    }
+}
+
 static flm_kernels scalar_kernels;
 static pthread_once_t scalar_once = PTHREAD_ONCE_INIT;
 
@@ -207,6 +227,7 @@ static void scalar_init(void) {
     k->dequant[FLM_TYPE_BF16] = dequant_bf16, k->dequant[FLM_TYPE_Q8_0] = dequant_q8_0;
     k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
     flm_quants_fill_scalar(k); /* the other quantized types, and vec_dot of all */
+    k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------

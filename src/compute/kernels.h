@@ -27,6 +27,16 @@ typedef void (*flm_axpy_fn)(const void *row, float a, float *y, size_t n);      
 typedef void (*flm_dequant_fn)(const void *row, float *y, size_t n);             /* y[i]  = row[i]    */
 typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);      /* sum_i row[i]*xq[i] */
 typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);          /* dst = quantized x  */
+/* Attention over an f16 KV cache, for one query head (compute/attention.c); K and V are n rows of halves, stride
+ * elements apart, of which the first d are the head's:
+ *   scores: out[t] = (sum_{i<d} q[i] * K[t][i]) * scale, t < n
+ *   values: out[i] = sum_{t<n} w[t] * V[t][i], i < d (out is overwritten)
+ * Each sum is taken in order (i = 0, 1, ... for scores; t = 0, 1, ... for values) in float, every product rounded
+ * before it is added (no fused multiply-add): every table gives exactly the scalar loops' bits, and the same bits as
+ * those loops over an f32 cache holding the same (f16-rounded) values. */
+typedef void (*flm_attn_scores_fn)(const float *q, const uint16_t *K, size_t stride, size_t n, size_t d, float scale,
+                                   float *out);
+typedef void (*flm_attn_values_fn)(const float *w, const uint16_t *V, size_t stride, size_t n, size_t d, float *out);
 
 typedef struct flm_kernels {
     const char *name;                    /* "scalar", "avx2" */
@@ -37,6 +47,8 @@ typedef struct flm_kernels {
     flm_from_float_fn act_quantize[FLM_N_TYPES]; /* indexed by activation type (q8_0, q8_1, q8_k): n floats
                                                     (whole blocks) into blocks; every table's output is the same
                                                     bytes (the scalar reference rounding, roundf) */
+    flm_attn_scores_fn attn_scores_f16;          /* attention over an f16 KV cache (above) */
+    flm_attn_values_fn attn_values_f16;
 } flm_kernels;
 
 /* The scalar reference table (always available). */

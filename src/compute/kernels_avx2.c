@@ -238,6 +238,84 @@ static float vdot_f32(const void *row, const void *xq, size_t n) { return dot_f3
 static float vdot_f16(const void *row, const void *xq, size_t n) { return dot_f16(row, xq, n); }
 static float vdot_bf16(const void *row, const void *xq, size_t n) { return dot_bf16(row, xq, n); }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Attention over an f16 KV cache (flm_attn_scores_fn / flm_attn_values_fn): the scalar loops' bits exactly. Products
+ * and sums stay separate instructions (mul, then add): the build compiles ISO C (-std=c11), where GCC does not
+ * contract them into FMAs, and tests/test_kernels.c compares the bits with the scalar table's.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* Scores 8 positions at a time, lane j summing position t+j in order of i like the scalar loop: an 8x8 transpose of
+ * halves turns the 8 rows' elements i..i+7 into 8 vectors "element i+c of each position". d % 8 != 0 or the last
+ * n % 8 positions: the scalar loop (F16C conversions are exact, as flm_f16_to_f32). */
+static void attn_scores_f16(const float *q, const uint16_t *K, size_t stride, size_t n, size_t d, float scale,
+                            float *out) {
+    size_t t = 0;
+    if (d % 8 == 0) {
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (; t + 8 <= n; t += 8) {
+            const uint16_t *k = K + t * stride;
+            __m256 acc = _mm256_setzero_ps();
+            for (size_t i = 0; i < d; i += 8) {
+                __m128i r[8], u[8], c[8];
+                for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(k + (size_t)j * stride + i));
+                for (int j = 0; j < 4; j++) { /* pairs of rows interleaved: a0 b0 a1 b1 ... */
+                    u[2 * j] = _mm_unpacklo_epi16(r[2 * j], r[2 * j + 1]);
+                    u[2 * j + 1] = _mm_unpackhi_epi16(r[2 * j], r[2 * j + 1]);
+                }
+                /* quads: a0 b0 c0 d0 a1 b1 c1 d1 (rows 0-3) and e0 f0 g0 h0 ... (rows 4-7) */
+                __m128i q0 = _mm_unpacklo_epi32(u[0], u[2]), q1 = _mm_unpackhi_epi32(u[0], u[2]);
+                __m128i q2 = _mm_unpacklo_epi32(u[1], u[3]), q3 = _mm_unpackhi_epi32(u[1], u[3]);
+                __m128i q4 = _mm_unpacklo_epi32(u[4], u[6]), q5 = _mm_unpackhi_epi32(u[4], u[6]);
+                __m128i q6 = _mm_unpacklo_epi32(u[5], u[7]), q7 = _mm_unpackhi_epi32(u[5], u[7]);
+                c[0] = _mm_unpacklo_epi64(q0, q4), c[1] = _mm_unpackhi_epi64(q0, q4);
+                c[2] = _mm_unpacklo_epi64(q1, q5), c[3] = _mm_unpackhi_epi64(q1, q5);
+                c[4] = _mm_unpacklo_epi64(q2, q6), c[5] = _mm_unpackhi_epi64(q2, q6);
+                c[6] = _mm_unpacklo_epi64(q3, q7), c[7] = _mm_unpackhi_epi64(q3, q7);
+                for (int j = 0; j < 8; j++) /* c[j]: element i+j of the 8 positions */
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[i + (size_t)j]), _mm256_cvtph_ps(c[j])));
+            }
+            _mm256_storeu_ps(out + t, _mm256_mul_ps(acc, vs));
+        }
+    }
+    for (; t < n; t++) {
+        const uint16_t *k = K + t * stride;
+        float s = 0.0f;
+        for (size_t i = 0; i < d; i++) s += q[i] * _cvtsh_ss(k[i]);
+        out[t] = s * scale;
+    }
+}
+
+/* Values 32 (then 8) elements at a time, each lane summing over positions in order like the scalar loop. */
+static void attn_values_f16(const float *w, const uint16_t *V, size_t stride, size_t n, size_t d, float *out) {
+    size_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (size_t t = 0; t < n; t++) {
+            const uint16_t *v = V + t * stride + i;
+            const __m256 wt = _mm256_set1_ps(w[t]);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(wt, load_f16x8(v)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(wt, load_f16x8(v + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(wt, load_f16x8(v + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(wt, load_f16x8(v + 24)));
+        }
+        _mm256_storeu_ps(out + i, a0);
+        _mm256_storeu_ps(out + i + 8, a1);
+        _mm256_storeu_ps(out + i + 16, a2);
+        _mm256_storeu_ps(out + i + 24, a3);
+    }
+    for (; i + 8 <= d; i += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (size_t t = 0; t < n; t++)
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[t]), load_f16x8(V + t * stride + i)));
+        _mm256_storeu_ps(out + i, a);
+    }
+    for (; i < d; i++) {
+        float a = 0.0f;
+        for (size_t t = 0; t < n; t++) a += w[t] * _cvtsh_ss(V[t * stride + i]);
+        out[i] = a;
+    }
+}
+
 /* The AVX2 table starts as a copy of the scalar one (so a type without an AVX2 kernel falls back to scalar by
  * construction, never to NULL), then overrides what this file and quants_avx2.c accelerate. */
 static flm_kernels avx2_kernels;
@@ -256,6 +334,7 @@ static void avx2_init(void) {
     k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
     k->vec_dot[FLM_TYPE_F32] = vdot_f32, k->vec_dot[FLM_TYPE_F16] = vdot_f16, k->vec_dot[FLM_TYPE_BF16] = vdot_bf16;
     flm_quants_fill_avx2(k);
+    k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
 }
 
 const flm_kernels *flm_kernels_avx2_table(void) {

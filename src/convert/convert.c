@@ -43,30 +43,53 @@ static bool keep_resident(const flm_gguf_file *src, const flm_gguf_tensor *t) {
     return !is_ffn_tensor(t->name) && !is_duplicate_output(src, t);
 }
 
+/* Position of tensor i of src in the resident GGUF's order: every kept tensor in the source's order, then
+ * token_embd.weight last, so that its data ends the region and streaming modes can leave it in the file
+ * (docs/FORMAT.md, "The token embedding"). pass 0 gives the others, pass 1 the embedding. */
+static bool in_pass(const flm_gguf_file *src, const flm_gguf_tensor *t, int pass) {
+    return keep_resident(src, t) && (strcmp(t->name, "token_embd.weight") == 0) == (pass == 1);
+}
+
 static flm_status out_write(void *user, const void *p, size_t n, flm_error *err) {
     return flm_out_write(user, p, n, err);
 }
 
-/* Write the resident GGUF (all KVs, non-FFN tensors) straight into o, the .flm being written (once: no temporary
- * file of its own, nothing read back). */
-static flm_status write_resident_gguf(const flm_gguf_file *src, flm_out_file *o, flm_error *err) {
+/* Write the resident GGUF (all KVs, non-FFN tensors, token_embd.weight's data last) straight into o, the .flm being
+ * written: once, no temporary file of its own, nothing read back. o->h is the region's checksum state (reset by the
+ * caller); *head_bytes / *head_sum get the head (docs/FORMAT.md): where token_embd.weight's data starts, and the
+ * XXH64 of the region's bytes before it (0 and 0 without an embedding). */
+static flm_status write_resident_gguf(const flm_gguf_file *src, flm_out_file *o, uint64_t *head_bytes,
+                                      uint64_t *head_sum, flm_error *err) {
+    *head_bytes = *head_sum = 0;
+    const uint64_t start = o->pos;
     flm_gguf_writer *w = NULL;
     flm_status st = flm_gguf_writer_create_stream(o->path, out_write, o, &w, err);
     if (st) return st;
     for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
-    for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
-        const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t i = 0; i < src->n_tensors && !st; i++) {
+            const flm_gguf_tensor *t = &src->tensors[i];
+            if (in_pass(src, t, pass)) st = flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+        }
     if (st) {
         flm_gguf_writer_free(w);
         return flm_fail(err, st, "%s: cannot build the resident region", o->path);
     }
     if ((st = flm_gguf_writer_begin(w, err))) goto done;
-    for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const flm_gguf_tensor *t = &src->tensors[i];
-        if (keep_resident(src, t) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto done;
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t i = 0; i < src->n_tensors; i++) {
+            const flm_gguf_tensor *t = &src->tensors[i];
+            if (!in_pass(src, t, pass)) continue;
+            if (pass == 1 && o->pos > start) { /* the embedding's data starts here: the head ends */
+                XXH64_state_t *h = XXH64_createState();
+                if (!h) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", o->path); goto done; }
+                XXH64_copyState(h, o->h);
+                *head_bytes = o->pos - start;
+                *head_sum = XXH64_digest(h);
+                XXH64_freeState(h);
+            }
+            if ((st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto done;
+        }
     st = flm_gguf_writer_finish(w, err);
 done:
     flm_gguf_writer_free(w);
@@ -171,7 +194,7 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     if (progress) progress(user, "resident", 0, 1);
     regions[0] = (flm_region){.kind = FLM_REGION_RESIDENT, .offset = o.pos};
     XXH64_reset(o.h, 0);
-    if ((st = write_resident_gguf(m->gguf, &o, err))) goto done;
+    if ((st = write_resident_gguf(m->gguf, &o, &regions[0].head_bytes, &regions[0].head_checksum, err))) goto done;
     regions[0].size = o.pos - regions[0].offset;
     regions[0].checksum = XXH64_digest(o.h);
     if ((st = flm_out_pad(&o, err))) goto done;
@@ -194,6 +217,7 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
         info->file_bytes = o.pos;
         info->src_bytes = m->gguf->size;
         info->resident_bytes = regions[0].size;
+        info->embd_bytes = regions[0].head_bytes ? regions[0].size - regions[0].head_bytes : 0;
         for (uint32_t l = 0; l < hp->n_layers; l++) info->ffn_bytes += regions[1 + l].size;
         info->n_layers = hp->n_layers;
         info->n_records = hp->n_layers ? regions[1].n_records : 0;

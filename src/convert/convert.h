@@ -26,6 +26,7 @@ typedef struct flm_convert_info {
     uint64_t file_bytes;      /* the .flm */
     uint64_t src_bytes;       /* the GGUF */
     uint64_t resident_bytes;  /* the resident region's payload */
+    uint64_t embd_bytes;      /* of which token_embd.weight's data, last (the tail: docs/FORMAT.md) */
     uint64_t ffn_bytes;       /* all FFN regions' payloads */
     uint32_t n_layers, n_records; /* FFN regions; records (neurons) per layer */
     uint64_t record_bytes;    /* bytes of one record of layer 0 */

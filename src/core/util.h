@@ -11,6 +11,11 @@ static inline uint64_t flm_align_up(uint64_t x, uint64_t a) { return (x + a - 1)
 static inline uint64_t flm_align_down(uint64_t x, uint64_t a) { return x / a * a; }
 
 /* Little-endian stores and loads at p (any alignment): the byte order of GGUF, .flm and its regions. */
+static inline void flm_put_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline uint16_t flm_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline void flm_put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }

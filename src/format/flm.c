@@ -89,6 +89,9 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
         }
         if (r->kind == FLM_REGION_RESIDENT) {
             if (f->resident) return flm_fail(err, FLM_ERR_FORMAT, "%s: more than one resident region", path);
+            if (r->head_bytes > r->size)
+                return flm_fail(err, FLM_ERR_FORMAT, "%s: resident region: head of %llu bytes exceeds its %llu bytes",
+                                path, (unsigned long long)r->head_bytes, (unsigned long long)r->size);
             f->resident = r;
         } else if (r->kind == FLM_REGION_PREDICTOR) {
             if (f->predictor) return flm_fail(err, FLM_ERR_FORMAT, "%s: more than one predictor region", path);
@@ -123,7 +126,30 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
     return FLM_OK;
 }
 
-flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
+/* Check the first n bytes of the resident payload (n = head_bytes, or the whole size) against the head's checksum
+ * (when the region has a head) and, when n is the whole payload, the region's: one pass over the bytes. */
+static flm_status check_resident(const flm_file *f, const uint8_t *data, uint64_t n, flm_error *err) {
+    const flm_region *r = f->resident;
+    XXH64_state_t *h = XXH64_createState();
+    if (!h) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
+    XXH64_reset(h, 0);
+    bool ok = true;
+    if (r->head_bytes) {
+        XXH64_update(h, data, (size_t)r->head_bytes);
+        ok = XXH64_digest(h) == r->head_checksum;
+    }
+    if (ok && n == r->size) {
+        XXH64_update(h, data + r->head_bytes, (size_t)(n - r->head_bytes));
+        ok = XXH64_digest(h) == r->checksum;
+    }
+    XXH64_freeState(h);
+    return ok ? FLM_OK : flm_fail(err, FLM_ERR_CHECKSUM, "%s: resident region%s: checksum mismatch (the file is "
+                                  "corrupt)", f->path, n < r->size ? " (head)" : "");
+}
+
+flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) { return flm_file_open_ex(path, 0, out, err); }
+
+flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, flm_error *err) {
     *out = NULL;
     flm_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) { free(f); return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); }
@@ -189,27 +215,43 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err) {
         r->gate_type = flm_get_u32(e + 36);
         r->down_type = flm_get_u32(e + 40);
         r->n_records = flm_get_u32(e + 44);
-        r->record_bytes = flm_get_u64(e + 48);
+        if (r->kind == FLM_REGION_RESIDENT) {
+            r->head_bytes = flm_get_u64(e + 48);
+            r->head_checksum = flm_get_u64(e + 56);
+        } else {
+            r->record_bytes = flm_get_u64(e + 48);
+        }
     }
     if ((st = check_regions(f, err))) goto done;
-    /* the resident region: into memory, checksummed, parsed as GGUF */
+    /* the resident region (or its head only: FLM_FILE_LAZY_TAIL): into memory, checksummed, parsed as GGUF */
     const flm_region *res = f->resident;
-    if (res->size > SIZE_MAX || !(f->resident_data = malloc(res->size ? res->size : 1))) {
+    bool lazy = (flags & FLM_FILE_LAZY_TAIL) && res->head_bytes > 0 && res->head_bytes < res->size;
+    uint64_t n = lazy ? res->head_bytes : res->size;
+    if (n > SIZE_MAX || !(f->resident_data = malloc(n ? (size_t)n : 1))) {
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the resident region", path,
-                      (unsigned long long)res->size);
+                      (unsigned long long)n);
         goto done;
     }
-    if ((st = pread_all(fd, f->resident_data, res->size, res->offset, path, "resident region", err))) goto done;
-    if (XXH64(f->resident_data, res->size, 0) != res->checksum) {
-        st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: resident region: checksum mismatch (the file is corrupt)", path);
-        goto done;
-    }
+    f->resident_loaded = n;
+    if ((st = pread_all(fd, f->resident_data, (size_t)n, res->offset, path, "resident region", err))) goto done;
+    if ((st = check_resident(f, f->resident_data, n, err))) goto done;
 #ifdef POSIX_FADV_DONTNEED
-    posix_fadvise(fd, (off_t)res->offset, (off_t)res->size, POSIX_FADV_DONTNEED);
+    posix_fadvise(fd, (off_t)res->offset, (off_t)n, POSIX_FADV_DONTNEED);
 #endif
     char name[4096];
     snprintf(name, sizeof name, "%s (resident region)", path);
-    if ((st = flm_gguf_open_buffer(name, f->resident_data, res->size, &f->meta, err))) goto done;
+    if ((st = flm_gguf_open_buffer_partial(name, f->resident_data, (size_t)n, res->size, &f->meta, err))) goto done;
+    for (uint64_t i = 0; i < f->meta->n_tensors; i++) { /* the tail holds the token embedding and nothing else */
+        const flm_gguf_tensor *t = &f->meta->tensors[i];
+        uint64_t start = f->meta->data_offset + t->offset;
+        if (!t->data && (strcmp(t->name, "token_embd.weight") != 0 || start < res->head_bytes)) {
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: resident region: tensor '%s' at bytes [%llu, %llu) lies %s the "
+                          "head of %llu bytes, where only token_embd.weight may", path, t->name,
+                          (unsigned long long)start, (unsigned long long)(start + t->nbytes),
+                          start < res->head_bytes ? "across" : "past", (unsigned long long)res->head_bytes);
+            goto done;
+        }
+    }
 done:
     if (fd >= 0) close(fd);
     free(hdr);
@@ -218,10 +260,58 @@ done:
     return st;
 }
 
+bool flm_file_tail_pending(const flm_file *f) { return f->resident_loaded < f->resident->size; }
+
+uint64_t flm_file_tail_bytes(const flm_file *f) {
+    const flm_region *r = f->resident;
+    return r->head_bytes ? r->size - r->head_bytes : 0;
+}
+
+flm_status flm_file_load_tail(flm_file *f, flm_error *err) {
+    if (!flm_file_tail_pending(f)) return FLM_OK;
+    const flm_region *r = f->resident;
+    uint64_t head = f->resident_loaded, n = r->size - head;
+    if (n > SIZE_MAX || !(f->tail_data = malloc((size_t)n)))
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the token embedding", f->path,
+                        (unsigned long long)n);
+    int fd = open(f->path, O_RDONLY);
+    flm_status st = fd < 0 ? flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno))
+                           : pread_all(fd, f->tail_data, (size_t)n, r->offset + head, f->path, "resident region", err);
+    XXH64_state_t *h = st ? NULL : XXH64_createState();
+    if (!st && !h) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
+    if (!st) {
+        XXH64_reset(h, 0);
+        XXH64_update(h, f->resident_data, (size_t)head);
+        XXH64_update(h, f->tail_data, (size_t)n);
+        if (XXH64_digest(h) != r->checksum)
+            st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: resident region: checksum mismatch (the file is corrupt)",
+                          f->path);
+    }
+    XXH64_freeState(h);
+    if (fd >= 0) {
+#ifdef POSIX_FADV_DONTNEED
+        posix_fadvise(fd, (off_t)(r->offset + head), (off_t)n, POSIX_FADV_DONTNEED);
+#endif
+        close(fd);
+    }
+    if (st) {
+        free(f->tail_data);
+        f->tail_data = NULL;
+        return st;
+    }
+    for (uint64_t i = 0; i < f->meta->n_tensors; i++) { /* checked at open: NULL ones lie wholly in the tail */
+        flm_gguf_tensor *t = &f->meta->tensors[i];
+        if (!t->data) t->data = (const uint8_t *)f->tail_data + (f->meta->data_offset + t->offset - head);
+    }
+    f->resident_loaded = r->size;
+    return FLM_OK;
+}
+
 void flm_file_close(flm_file *f) {
     if (!f) return;
     flm_gguf_close(f->meta);
     free(f->resident_data);
+    free(f->tail_data);
     free(f->regions);
     free(f->ffn);
     free(f->path);
@@ -243,13 +333,23 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
         char what[64];
         region_name(r, what, sizeof what);
         XXH64_reset(h, 0);
+        bool head_ok = true;
         for (uint64_t o = 0; o < r->size && !st; o += chunk) {
             size_t n = (size_t)(r->size - o < chunk ? r->size - o : chunk);
             if ((st = pread_all(fd, buf, n, r->offset + o, f->path, what, err))) break;
-            XXH64_update(h, buf, n);
+            if (r->head_bytes && o < r->head_bytes && o + n >= r->head_bytes) { /* the head ends in this chunk */
+                XXH64_update(h, buf, (size_t)(r->head_bytes - o));
+                head_ok = XXH64_digest(h) == r->head_checksum;
+                XXH64_update(h, buf + (r->head_bytes - o), n - (size_t)(r->head_bytes - o));
+            } else {
+                XXH64_update(h, buf, n);
+            }
             done_bytes += n;
             if (progress) progress(user, "verify", done_bytes, total);
         }
+        if (!st && !head_ok)
+            st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s (head): checksum mismatch (the file is corrupt)", f->path,
+                          what);
         if (!st && XXH64_digest(h) != r->checksum)
             st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s: checksum mismatch (the file is corrupt)", f->path, what);
 #ifdef POSIX_FADV_DONTNEED
@@ -303,7 +403,12 @@ void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *reg
         flm_put_u32(e + 36, r->gate_type);
         flm_put_u32(e + 40, r->down_type);
         flm_put_u32(e + 44, r->n_records);
-        flm_put_u64(e + 48, r->record_bytes);
+        if (r->kind == FLM_REGION_RESIDENT) {
+            flm_put_u64(e + 48, r->head_bytes);
+            flm_put_u64(e + 56, r->head_checksum);
+        } else {
+            flm_put_u64(e + 48, r->record_bytes);
+        }
     }
     flm_put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
 }

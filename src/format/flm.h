@@ -4,7 +4,8 @@
  *
  *   [header]              magic, version, region table, checksum of the header; padded to a multiple of 4096
  *   [RESIDENT region]     a complete GGUF v3 file: all metadata (hyper-parameters, tokenizer) and every tensor
- *                         except the FFN up/gate/down matrices
+ *                         except the FFN up/gate/down matrices; token_embd.weight's data last, after head_bytes, so
+ *                         streaming modes can leave it in the file and read one row per token
  *   [FFN region, layer 0] d_ffn records, one per neuron i: up row i | gate row i (gated FFNs) | down column i
  *   ...                   (each region starts on a 4096-byte boundary; each has an xxh64 checksum)
  *   [FFN region, layer L-1]
@@ -43,6 +44,12 @@ typedef struct flm_region {
     uint32_t down_type;
     uint32_t n_records;    /* FFN: d_ffn */
     uint64_t record_bytes; /* FFN: bytes of one neuron's bundle */
+    /* RESIDENT (on disk where FFN regions keep record_bytes and the reserved u64): 0 (files converted before the
+     * embedding was placed last), or the payload's bytes [0, head_bytes) — the GGUF header and every tensor's data
+     * but token_embd.weight's — and [head_bytes, size) the "tail": token_embd.weight's data and the GGUF's final
+     * padding. head_checksum is XXH64(payload[0, head_bytes), seed 0); checksum still covers the whole payload. */
+    uint64_t head_bytes;
+    uint64_t head_checksum;
 } flm_region;
 
 /* Byte offsets of the parts inside one FFN record. */
@@ -69,16 +76,37 @@ typedef struct flm_file {
     const flm_region **ffn;   /* [n_layers]: the FFN region of each layer */
     const flm_region *resident;
     const flm_region *predictor; /* NULL until the model is calibrated */
-    void *resident_data;      /* the RESIDENT payload, loaded and checksummed */
-    flm_gguf_file *meta;          /* parsed from resident_data */
+    void *resident_data;      /* the RESIDENT payload in memory, checksummed: all of it, or its head only (the first
+                                 resident->head_bytes bytes) while the tail is in the file (flm_file_tail_pending) */
+    void *tail_data;          /* the tail [head_bytes, size) when loaded apart from the head (flm_file_load_tail) */
+    uint64_t resident_loaded; /* bytes of the payload in memory: resident->size, or head_bytes while the tail waits */
+    flm_gguf_file *meta;      /* parsed from resident_data (+ tail_data); while the tail is pending, token_embd.weight
+                                 has data NULL */
 } flm_file;
+
+/* flm_file_open_ex flags */
+#define FLM_FILE_LAZY_TAIL 1u /* when the resident region has a head (head_bytes > 0), load and check only the head;
+                                 the token embedding stays in the file until flm_file_load_tail */
 
 /* Open a .flm file: read and check the header and region table (magic, version, every offset and size against the
  * file size, alignment, no overlaps, one FFN region per layer), load the RESIDENT region into memory, verify its
- * checksum and parse it as GGUF. FFN regions are not read (see flm_file_verify).
+ * checksum (and its head's) and parse it as GGUF. FFN regions are not read (see flm_file_verify).
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT (message names the file and field), FLM_ERR_UNSUPPORTED (version),
  * FLM_ERR_CHECKSUM (resident region corrupt), FLM_ERR_NOMEM. */
 flm_status flm_file_open(const char *path, flm_file **out, flm_error *err);
+/* flm_file_open with flags: FLM_FILE_LAZY_TAIL loads only the head of a split resident region (the head's checksum
+ * is checked; the whole region's is checked by flm_file_load_tail, or by flm_file_verify); a tensor other than
+ * token_embd.weight outside the head is FLM_ERR_FORMAT. Files without a head load whole, as flm_file_open. */
+flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, flm_error *err);
+/* true while the resident region's tail (the token embedding) is in the file only. */
+bool flm_file_tail_pending(const flm_file *f);
+/* Bytes of the resident region that FLM_FILE_LAZY_TAIL can leave in the file: size - head_bytes when the region is
+ * split, else 0. */
+uint64_t flm_file_tail_bytes(const flm_file *f);
+/* Read the pending tail into memory (size - head_bytes bytes, malloc'd), check the whole region's checksum and point
+ * the tensors lying there (token_embd.weight) at it. Nothing to do when no tail is pending. Errors: FLM_ERR_IO,
+ * FLM_ERR_NOMEM, FLM_ERR_CHECKSUM ("resident region: checksum mismatch"), naming the file. */
+flm_status flm_file_load_tail(flm_file *f, flm_error *err);
 void flm_file_close(flm_file *f);
 
 /* true when data (the region's payload, r->size bytes) matches the region's checksum. */
@@ -90,7 +118,8 @@ bool flm_file_is_flm(const char *path);
 /* Progress callback: done/total in bytes; what names the stage. */
 typedef void (*flm_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
 
-/* Re-read every region and check its checksum. Errors: FLM_ERR_CHECKSUM naming the region, FLM_ERR_IO. */
+/* Re-read every region and check its checksum (and the resident head's). Errors: FLM_ERR_CHECKSUM naming the region,
+ * FLM_ERR_IO. */
 flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *user, flm_error *err);
 
 /* Read a whole region's payload into memory and check its checksum. *out is malloc'd (caller frees).

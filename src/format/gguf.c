@@ -103,6 +103,8 @@ typedef struct flm_gguf_file_impl {
 typedef struct rd {
     const uint8_t *p;
     uint64_t size, pos;
+    uint64_t total;   /* bytes of the whole image: tensor data is checked against this; bytes [size, total) are not
+                         in memory (flm_gguf_open_buffer_partial), so tensors there get data NULL */
     const char *path;
     flm_error *err;
     char ctx[160];
@@ -288,12 +290,12 @@ static flm_status check_tensor_data(rd *r, uint64_t i, flm_gguf_tensor *t, uint6
                        (ull)align);
     if (t->offset > UINT64_MAX - data_off || t->nbytes > UINT64_MAX - data_off - t->offset)
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "data at offset %llu + %llu (%llu bytes) runs past the end of the file "
-                       "(%llu bytes)", (ull)data_off, (ull)t->offset, (ull)t->nbytes, (ull)r->size);
+                       "(%llu bytes)", (ull)data_off, (ull)t->offset, (ull)t->nbytes, (ull)r->total);
     uint64_t start = data_off + t->offset, end = start + t->nbytes;
-    if (end > r->size)
+    if (end > r->total)
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "data [%llu, %llu) runs past the end of the file (%llu bytes)",
-                       (ull)start, (ull)end, (ull)r->size);
-    t->data = r->p + start;
+                       (ull)start, (ull)end, (ull)r->total);
+    t->data = end <= r->size ? r->p + start : NULL; /* NULL: not (wholly) in memory */
     return FLM_OK;
 }
 
@@ -397,10 +399,10 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
         f->alignment = v;
     }
     f->data_offset = flm_align_up(r->pos, f->alignment);
-    if (f->n_tensors > 0 && f->data_offset > r->size) {
+    if (f->n_tensors > 0 && f->data_offset > r->total) {
         snprintf(r->ctx, sizeof r->ctx, "data section");
         return rd_fail(r, FLM_ERR_FORMAT, NULL, "starts at %llu, past the end of the file (%llu bytes)",
-                       (ull)f->data_offset, (ull)r->size);
+                       (ull)f->data_offset, (ull)r->total);
     }
     for (uint64_t i = 0; i < f->n_tensors; i++)
         if ((st = check_tensor_data(r, i, &f->tensors[i], f->data_offset, f->alignment)) != FLM_OK) return st;
@@ -445,8 +447,10 @@ static flm_status load(flm_gguf_file_impl *fi, const char *path, flm_error *err)
     return st;
 }
 
-/* Open from a file (data == NULL) or a borrowed buffer; partial: on a parse error keep the complete entries. */
-static flm_status open_common(const char *path, const void *data, size_t size, bool partial, flm_gguf_file **out,
+/* Open from a file (data == NULL) or a borrowed buffer holding the first size bytes of an image of total bytes;
+ * salvage: on a parse error keep the complete entries (flm_gguf_open_salvage). */
+static flm_status open_common(const char *path, const void *data, size_t size, uint64_t total, bool salvage,
+                              flm_gguf_file **out,
                               flm_error *err) {
     *out = NULL;
     flm_error_clear(err);
@@ -460,9 +464,9 @@ static flm_status open_common(const char *path, const void *data, size_t size, b
     flm_status st = data ? FLM_OK : load(fi, path, err);
     bool loaded = st == FLM_OK;
     if (st == FLM_OK) {
-        rd r = {.p = fi->f.map, .size = fi->f.size, .path = path, .err = err};
+        rd r = {.p = fi->f.map, .size = fi->f.size, .total = data ? total : fi->f.size, .path = path, .err = err};
         st = parse(&r, &fi->f);
-        if (st != FLM_OK && partial) { /* drop the entry that failed half-way, keep the others */
+        if (st != FLM_OK && salvage) { /* drop the entry that failed half-way, keep the others */
             flm_gguf_file *f = &fi->f;
             for (uint64_t i = r.kv_done; f->kv && i < f->n_kv; i++) {
                 free(f->kv[i].key);
@@ -473,7 +477,7 @@ static flm_status open_common(const char *path, const void *data, size_t size, b
             f->n_tensors = r.t_done;
         }
     }
-    if (st != FLM_OK && partial && loaded) {
+    if (st != FLM_OK && salvage && loaded) {
         *out = &fi->f;
         return st;
     }
@@ -486,22 +490,30 @@ static flm_status open_common(const char *path, const void *data, size_t size, b
 }
 
 flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) {
-    return open_common(path, NULL, 0, false, out, err);
+    return open_common(path, NULL, 0, 0, false, out, err);
 }
 
 flm_status flm_gguf_open_salvage(const char *path, flm_gguf_file **out, flm_error *err) {
-    return open_common(path, NULL, 0, true, out, err);
+    return open_common(path, NULL, 0, 0, true, out, err);
 }
 
 flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
     static const uint8_t empty[1];
-    return open_common(name, data ? data : empty, data ? size : 0, false, out, err);
+    return open_common(name, data ? data : empty, data ? size : 0, data ? size : 0, false, out, err);
 }
 
 flm_status flm_gguf_open_buffer_salvage(const char *name, const void *data, size_t size, flm_gguf_file **out,
                                         flm_error *err) {
     static const uint8_t empty[1];
-    return open_common(name, data ? data : empty, data ? size : 0, true, out, err);
+    return open_common(name, data ? data : empty, data ? size : 0, data ? size : 0, true, out, err);
+}
+
+flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, uint64_t total,
+                                        flm_gguf_file **out, flm_error *err) {
+    static const uint8_t empty[1];
+    if (size > total) return flm_fail(err, FLM_ERR_ARG, "%s: %zu bytes in memory of a %llu-byte image", name, size,
+                                      (ull)total);
+    return open_common(name, data ? data : empty, data ? size : 0, total, false, out, err);
 }
 
 void flm_gguf_close(flm_gguf_file *f) {

@@ -43,13 +43,13 @@ typedef struct flm_gguf_tensor {
     uint64_t offset;           /* relative to the data section, a multiple of the alignment */
     uint64_t n_elements;
     uint64_t nbytes;
-    const uint8_t *data;       /* inside the map */
+    const uint8_t *data;       /* inside the map; NULL when not in memory (flm_gguf_open_buffer_partial) */
 } flm_gguf_tensor;
 
 typedef struct flm_gguf_file {
     char *path;
     const uint8_t *map;        /* whole file, read-only */
-    size_t size;               /* file size in bytes */
+    size_t size;               /* file size in bytes (flm_gguf_open_buffer_partial: the bytes in memory) */
     uint32_t version;          /* 2 or 3 */
     uint64_t n_kv;
     flm_gguf_kv *kv;
@@ -75,6 +75,13 @@ flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size,
 flm_status flm_gguf_open_salvage(const char *path, flm_gguf_file **out, flm_error *err);
 flm_status flm_gguf_open_buffer_salvage(const char *name, const void *data, size_t size, flm_gguf_file **out,
                                         flm_error *err);
+/* The same for the first size bytes of a GGUF image of total bytes (total >= size), the rest not in memory: the
+ * header (metadata and tensor infos) must lie within the size bytes; tensor data ranges are checked against total,
+ * and a tensor whose data does not lie wholly within the size bytes gets data NULL (the caller may point it at its
+ * bytes once it has them). (.flm files leave the token embedding on flash this way: format/flm.h.)
+ * Errors: as flm_gguf_open_buffer (a header running past size is "truncated"); FLM_ERR_ARG when size > total. */
+flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, uint64_t total,
+                                        flm_gguf_file **out, flm_error *err);
 void flm_gguf_close(flm_gguf_file *f);
 
 /* Lookups; NULL when absent. */

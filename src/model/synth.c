@@ -263,7 +263,7 @@ static flm_status fwd_init(fwd *f, const flm_hparams *hp, uint32_t T, int nt, fl
     f->h = calloc((size_t)T * f->d_ffn, sizeof(float));
     f->score = calloc((size_t)f->nt * f->n_heads * T, sizeof(float));
     if (!f->x || !f->xn || !f->q || !f->att || !f->o || !f->g || !f->h || !f->score ||
-        flm_kv_cache_init(&f->kv, 1, T, f->kv_dim, err) != FLM_OK) {
+        flm_kv_cache_init(&f->kv, 1, T, f->kv_dim, FLM_KV_F32, err) != FLM_OK) {
         fwd_free(f);
         return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory for %u calibration tokens", T);
     }
@@ -320,8 +320,8 @@ static void fwd_attend(fwd *f) {
 #pragma omp parallel for num_threads(f->nt) schedule(dynamic, 1)
     for (ptrdiff_t t = 0; t < T; t++) {
         float *score = f->score + (size_t)omp_get_thread_num() * f->n_heads * f->T;
-        flm_attention(&f->kv, 0, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads, f->head_dim,
-                      1.0f / sqrtf((float)f->head_dim), false, score, f->att + (size_t)t * f->q_dim, 1);
+        flm_attention(f->k, &f->kv, 0, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads,
+                      f->head_dim, 1.0f / sqrtf((float)f->head_dim), score, f->att + (size_t)t * f->q_dim, 1);
     }
 }
 

@@ -68,9 +68,9 @@ bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
 
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model;
-    return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + (uint64_t)hp->n_heads * n_ctx +
-                hp->n_vocab) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
+    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim +
+                (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_arena *a, flm_error *err) {
@@ -84,10 +84,12 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
     s->hb = CARVE(hp->d_ffn);
     s->hb2 = CARVE(hp->d_ffn);
     s->q = CARVE(q_dim);
+    s->k = CARVE((size_t)hp->n_kv_heads * hp->head_dim);
+    s->v = CARVE((size_t)hp->n_kv_heads * hp->head_dim);
     s->att = CARVE((size_t)hp->n_heads * n_ctx);
     s->logits = CARVE(hp->n_vocab);
 #undef CARVE
-    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->att || !s->logits) {
+    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits) {
         flm_scratch_free(s);
         return flm_fail(err, FLM_ERR_BUDGET, "the activations exceed the memory planned for them");
     }
@@ -110,12 +112,17 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     flm_status st;
     flm_file *ff = NULL;
     if (flm_file_is_flm(path)) {
-        if ((st = flm_file_open(path, &ff, err)) || (st = flm_model_from_flm(ff, &ctx->model, err))) {
+        /* the resident region without its tail (the token embedding, when the converter placed it there): the plan
+         * decides whether it stays in the file (runtime/flash.c); ram mode and a tied classifier need it now */
+        if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) ||
+            ((p->mode == FLM_MODE_RAM || !flm_gguf_find_tensor(ff->meta, "output.weight")) &&
+             (st = flm_file_load_tail(ff, err))) ||
+            (st = flm_model_from_flm(ff, &ctx->model, err))) {
             flm_file_close(ff);
             free(ctx);
             return st;
         }
-        ctx->mem_resident = ff->resident->size;
+        ctx->mem_resident = ff->resident_loaded;
     } else {
         if (p->mode != FLM_MODE_AUTO && p->mode != FLM_MODE_RAM) {
             free(ctx);
@@ -147,7 +154,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     if (!ff && (p->mem_bytes || p->mem_percent > 0)) {
         /* a GGUF runs with every weight mapped: the budget must hold the whole file */
         uint64_t budget = p->mem_bytes ? p->mem_bytes : (uint64_t)((double)ctx->mem_resident * p->mem_percent / 100.0);
-        uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
+        uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, flm_kv_elem_bytes(p));
         uint64_t need = ctx->mem_resident + kv + flm_scratch_bytes(hp, n_ctx);
         if (need > budget) {
             st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold this GGUF model in memory "
@@ -163,8 +170,10 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         flm_close(ctx);
         return st;
     }
+    if (ff) ctx->mem_resident = ctx->flash->plan.resident;
     /* KV cache, activations and the per-token statistics ring: one block of the planned size, carved */
-    uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim);
+    const uint32_t kv_elem = flm_kv_elem_bytes(p);
+    uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
     uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
     if (flm_arena_init(&ctx->mem, mem)) {
         flm_close(ctx);
@@ -172,7 +181,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
                         (unsigned long long)mem);
     }
     void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
-    if (kv_mem) flm_kv_cache_init_in(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_mem);
+    if (kv_mem) flm_kv_cache_init_in(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
     if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, &ctx->mem, err)) ||
         !(ctx->tokens = flm_arena_alloc(&ctx->mem, FLM_STATS_TOKENS * sizeof *ctx->tokens, FLM_CARVE_ALIGN))) {
         flm_close(ctx);
@@ -181,6 +190,17 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     }
     ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     *out = ctx;
+    return FLM_OK;
+}
+
+flm_status flm_set_ffn_select(flm_ctx *ctx, flm_ffn_select_fn fn, void *user, bool need_h, flm_error *err) {
+    if (fn && ctx->ffn != &flm_ffn_ram)
+        return flm_fail(err, FLM_ERR_ARG, "the FFN select hook needs a .flm opened in ram mode");
+    if (fn && !ctx->select_ids && !(ctx->select_ids = malloc(ctx->model->hp.d_ffn * sizeof(uint32_t))))
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    ctx->ffn_select = fn;
+    ctx->select_user = fn ? user : NULL;
+    ctx->select_need_h = fn && need_h;
     return FLM_OK;
 }
 
@@ -204,6 +224,7 @@ void flm_close(flm_ctx *ctx) {
     flm_kv_cache_free(&ctx->kv);
     flm_arena_free(&ctx->mem); /* the KV cache, the activations, the statistics ring */
     flm_model_free(ctx->model);
+    free(ctx->select_ids);
     free(ctx);
 }
 

@@ -50,6 +50,17 @@ static flm_status ram_open(flm_ctx *ctx, flm_error *err) {
 
 static flm_status ram_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
                               flm_error *err) {
+    if (ctx->ffn_select) { /* analysis: the FFN over the neurons the hook picks */
+        const float *h = NULL;
+        if (ctx->select_need_h) {
+            flm_flash_bundles(ctx, l, ctx->flash->layer_data[l], in, out);
+            h = ctx->s.hb;
+        }
+        uint32_t n = ctx->ffn_select(ctx->select_user, l, in, h, ctx->select_ids);
+        flm_ffn_bundles(ctx->k, &ctx->flash->desc[l], ctx->flash->layer_data[l], ctx->select_ids, n, in, out,
+                        ctx->s.hb2, ctx->flash->acc, ctx->params.n_threads);
+        return FLM_OK;
+    }
     flm_flash_bundles(ctx, l, ctx->flash->layer_data[l], in, out);
     return FLM_OK;
 }

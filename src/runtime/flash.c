@@ -4,10 +4,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/types.h"
 #include "io/probe.h"
 #include "runtime/runtime.h"
 #include "core/error.h"
 #include "core/util.h"
+
+/* After a plan: hold the token embedding in memory when the plan keeps it there but it is still in the file (read
+ * the resident region's tail, checksummed), or prepare its row buffer when the plan leaves it there. */
+static flm_status place_embedding(flm_ctx *ctx, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    flm_file *file = fl->file;
+    flm_model *m = ctx->model;
+    if (fl->plan.embd != FLM_EMBD_FLASH) {
+        free(fl->embd_row);
+        fl->embd_row = NULL;
+        if (!flm_file_tail_pending(file)) return FLM_OK;
+        flm_status st = flm_file_load_tail(file, err);
+        if (st) return st;
+        m->tok_embd.data = flm_gguf_find_tensor(file->meta, "token_embd.weight")->data; /* the classifier is not tied:
+                                                                                          the tail is pending */
+        return FLM_OK;
+    }
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(file->meta, "token_embd.weight");
+    fl->embd_offset = file->resident->offset + file->meta->data_offset + t->offset;
+    if (!fl->embd_row && !(fl->embd_row = malloc(fl->plan.embd_row)))
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    return FLM_OK;
+}
 
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
@@ -17,9 +41,14 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     fl->file = file;
     ctx->flash = fl;
     flm_status st;
-    if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, pp->mode, pp->mem_bytes, pp->mem_percent,
-                              &fl->plan, err)))
-        return st;
+    const flm_weight *e = &ctx->model->tok_embd;
+    bool tied = !flm_gguf_find_tensor(file->meta, "output.weight");
+    flm_plan_request rq = {(uint32_t)pp->n_ctx, pp->n_threads, pp->mode, pp->mem_bytes, pp->mem_percent,
+                           flm_kv_elem_bytes(pp),
+                           flm_file_tail_pending(file) ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
+                           : flm_file_tail_bytes(file) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
+                           flm_row_bytes(e->type, e->n_in)};
+    if ((st = flm_budget_plan(file, hp, &rq, &fl->plan, err)) || (st = place_embedding(ctx, err))) return st;
     uint64_t budget = fl->plan.budget;
     if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID && !file->predictor)
         flm_log(&ctx->log, FLM_LOG_WARN, "%s does not fit the budget and is not calibrated, so it runs hybrid (whole "
@@ -68,13 +97,33 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
         /* auto: the neuron cache does not fit; the layer-streaming mode may */
         flm_log(&ctx->log, FLM_LOG_WARN, "%s; running hybrid instead", err ? err->msg : "the neuron cache does not fit");
         ctx->ffn->close(ctx);
-        if ((st = flm_budget_plan(file, hp, (uint32_t)pp->n_ctx, pp->n_threads, FLM_MODE_HYBRID, budget, 0,
-                                  &fl->plan, err)))
-            return st;
+        rq.mode = FLM_MODE_HYBRID;
+        rq.budget = budget;
+        rq.percent = 0;
+        if ((st = flm_budget_plan(file, hp, &rq, &fl->plan, err)) || (st = place_embedding(ctx, err))) return st;
         ctx->ffn = flm_ffn_source_of(fl->plan.mode);
         st = ctx->ffn->open(ctx, err);
     }
+    if (!st) flm_mem_plan_log(&fl->plan, hp, &ctx->log, FLM_LOG_DEBUG);
     return st;
+}
+
+flm_status flm_flash_embedding(flm_ctx *ctx, int32_t token, float *out, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_weight *e = &ctx->model->tok_embd;
+    if (!fl || !fl->embd_row) /* a planning bug: the embedding is neither in memory nor planned on flash */
+        return flm_fail(err, FLM_ERR_ARG, "the token embedding is not in memory");
+    uint64_t rb = fl->plan.embd_row;
+    flm_extent x = {fl->embd_offset + (uint64_t)token * rb, rb, fl->embd_row};
+    flm_io_stats before = ctx->io;
+    double t0 = flm_now_ms();
+    flm_status st = flm_reader_read(fl->reader, &x, 1, &ctx->io, err);
+    tok->io_ms += flm_now_ms() - t0;
+    tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+    tok->n_reads += ctx->io.n_requests - before.n_requests;
+    if (st) return st;
+    ctx->k->dequant[e->type](fl->embd_row, out, e->n_in);
+    return FLM_OK;
 }
 
 flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err) {
@@ -123,6 +172,7 @@ void flm_flash_close(flm_flash *fl) {
     free(fl->layer_data);
     free(fl->desc);
     free(fl->acc);
+    free(fl->embd_row);
     flm_file_close(fl->file);
     free(fl);
 }

@@ -79,6 +79,7 @@ static flm_status not_finite(const flm_ctx *ctx, const char *what, uint32_t l, f
 }
 
 flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err) {
+    ctx->cur_pos = pos;
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const flm_kernels *k = ctx->k;
@@ -87,9 +88,14 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
     const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
     uint32_t d = hp->d_model, q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
 
-    /* token embedding: row `token` of token_embd */
-    size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
-    k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)token * row_bytes, s->x, d);
+    /* token embedding: row `token` of token_embd, in memory or read from the file (the plan may leave it there) */
+    if (m->tok_embd.data) {
+        size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
+        k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)token * row_bytes, s->x, d);
+    } else {
+        flm_status st = flm_flash_embedding(ctx, token, s->x, tok, err); /* before anything changes: no half token */
+        if (st) return st;
+    }
     if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
         const float sc = sqrtf((float)d);
         for (uint32_t i = 0; i < d; i++) s->x[i] *= sc;
@@ -99,7 +105,7 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         const flm_layer_weights *L = &m->layers[l];
         /* attention */
         flm_rmsnorm(s->xb, s->x, L->attn_norm.data, d, hp->norm_eps);
-        float *kc = flm_kv_key(&ctx->kv, l, (uint32_t)pos), *vc = flm_kv_value(&ctx->kv, l, (uint32_t)pos);
+        float *kc = s->k, *vc = s->v; /* stored into the KV cache (f16 or f32) once complete */
         flm_matvec(k, L->wq.type, L->wq.data, q_dim, d, s->xb, s->q, nt);
         flm_matvec(k, L->wk.type, L->wk.data, kv_dim, d, s->xb, kc, nt);
         flm_matvec(k, L->wv.type, L->wv.data, kv_dim, d, s->xb, vc, nt);
@@ -111,13 +117,10 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
         flm_rope(s->q, hp->n_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
         flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
-        for (uint32_t i = 0; !ctx->params.kv_f32 && i < kv_dim; i++) { /* f16 values, as llama.cpp's KV cache */
-            kc[i] = flm_f16_to_f32(flm_f32_to_f16(kc[i]));
-            vc[i] = flm_f16_to_f32(flm_f32_to_f16(vc[i]));
-        }
+        flm_kv_store(&ctx->kv, l, (uint32_t)pos, kc, vc); /* f16 (rounded, as llama.cpp's KV cache) unless --kv-f32 */
         uint32_t first = L->swa && (uint32_t)pos >= hp->n_swa ? (uint32_t)pos - hp->n_swa + 1 : 0;
-        flm_attention(&ctx->kv, l, first, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim,
-                      hp->attn_scale, !ctx->params.kv_f32, s->att, s->xb, nt);
+        flm_attention(k, &ctx->kv, l, first, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                      hp->attn_scale, s->att, s->xb, nt);
         flm_matvec(k, L->wo.type, L->wo.data, d, q_dim, s->xb, s->xb2, nt);
         if (!all_finite(s->xb2, d)) return not_finite(ctx, "attention", l, err);
         residual(s->x, s->xb2, &L->post_attn_norm, d, hp->norm_eps);

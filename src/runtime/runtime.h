@@ -20,17 +20,32 @@ typedef struct flm_scratch {
     float *hb;     /* FFN hidden [d_ffn] */
     float *hb2;    /* FFN hidden (up) [d_ffn] */
     float *q;      /* [q_dim] */
+    float *k, *v;  /* [kv_dim] this token's key and value, before they are stored in the KV cache */
     float *att;    /* [n_heads * n_ctx] */
     float *logits; /* [n_vocab] */
 } flm_scratch;
+
+/* Where the token embedding (token_embd.weight) lives, as the plan decided. */
+typedef enum flm_embd_place {
+    FLM_EMBD_MEMORY = 0, /* in memory, part of `resident`: the mode keeps it (ram; hybrid when everything fits) */
+    FLM_EMBD_FLASH,      /* in the file: one row read per token (naive, hybrid, sparse; the file has a split head) */
+    FLM_EMBD_TIED,       /* in memory: it is also the classifier (output tied to token_embd) */
+    FLM_EMBD_UNSPLIT,    /* in memory: the file was converted before the embedding was placed last (convert again) */
+} flm_embd_place;
 
 /* The memory plan: what the budget has to hold (bytes), decided once at open (runtime/budget.c). */
 typedef struct flm_mem_plan {
     flm_mode mode;                /* the mode chosen (never AUTO) */
     uint64_t budget;              /* 0 = none */
     uint64_t model_bytes;         /* resident region + all FFN regions */
-    uint64_t resident;            /* resident weights (and metadata) held in memory */
+    uint64_t resident;            /* resident weights (and metadata) held in memory: the resident region, less the
+                                     token embedding when that stays in the file */
+    flm_embd_place embd;          /* where the token embedding lives */
+    uint64_t embd_bytes;          /* its bytes in the file (the resident region's tail; 0 when the file is not split) */
+    uint64_t embd_row;            /* FLM_EMBD_FLASH: bytes of one row (the buffer a row is read into, in scratch) */
     uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues */
+    uint32_t n_ctx;               /* KV cache length, tokens */
+    uint32_t kv_elem_bytes;       /* FLM_KV_F16 or FLM_KV_F32 */
     uint64_t stream;              /* the buffer one streamed layer is read into (0 when nothing streams) */
     uint64_t ffn_resident;        /* FFN bytes of the layers kept in memory */
     uint64_t predictors;          /* sparse: the predictor region held in memory */
@@ -39,11 +54,30 @@ typedef struct flm_mem_plan {
     size_t reader_bounce;         /* bounce_bytes to give the reader */
 } flm_mem_plan;
 
-/* Plan memory for a .flm model under a budget of budget bytes, or, when that is 0, percent % of the model's weight
- * bytes (both 0: no budget): the fixed parts here, the FFN part by the mode's source (flm_ffn_source_ops.plan).
- * Errors: FLM_ERR_BUDGET, with every part's size in the message. */
-flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, int n_threads, flm_mode mode,
-                           uint64_t budget, double percent, flm_mem_plan *plan, flm_error *err);
+/* What to plan for (runtime/budget.c). */
+typedef struct flm_plan_request {
+    uint32_t n_ctx;         /* KV cache length, tokens */
+    int n_threads;          /* compute threads (per-thread FFN accumulators) */
+    flm_mode mode;          /* AUTO: chosen by the plan */
+    uint64_t budget;        /* bytes; 0: percent % of the model's weight bytes; both 0: no budget */
+    double percent;
+    uint32_t kv_elem_bytes; /* FLM_KV_F16 or FLM_KV_F32 */
+    flm_embd_place embd;    /* FLM_EMBD_FLASH: the token embedding may stay in the file (its bytes are
+                               flm_file_tail_bytes; the plan decides); else why it is in memory */
+    uint64_t embd_row;      /* bytes of one embedding row */
+} flm_plan_request;
+
+/* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the
+ * file in naive, sparse and hybrid — hybrid keeps it when every layer and it fit — when the request allows), the FFN
+ * part by the mode's source (flm_ffn_source_ops.plan). Errors: FLM_ERR_BUDGET, with every part's size in the
+ * message. */
+flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *plan,
+                           flm_error *err);
+/* Log the plan through log, one line per part (resident weights, token embedding, KV cache, scratch, reader, FFN
+ * storage, total), at level. */
+void flm_mem_plan_log(const flm_mem_plan *p, const flm_hparams *hp, const flm_logger *log, flm_log_level level);
+/* Bytes per KV cache element for these parameters: FLM_KV_F32 with --kv-f32, else FLM_KV_F16. */
+uint32_t flm_kv_elem_bytes(const flm_params *p);
 /* Sum of everything the plan holds. */
 uint64_t flm_mem_plan_total(const flm_mem_plan *p);
 /* b bytes in MiB (for messages). */
@@ -55,7 +89,7 @@ void flm_ffn_region_bytes(const flm_file *f, uint64_t *total, uint64_t *largest)
 typedef struct flm_sparse flm_sparse;
 uint32_t flm_sparse_window(const flm_sparse *sp);
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp);
-uint64_t flm_sparse_dropped(const flm_sparse *sp);
+uint64_t flm_sparse_streamed(const flm_sparse *sp);
 
 /* The flash side of a context opened from a .flm file: what every FFN source of a .flm file shares. */
 typedef struct flm_flash {
@@ -68,6 +102,8 @@ typedef struct flm_flash {
                                  bytes: the resident layers and the stream buffer are carved from it, so they cannot
                                  outgrow the plan */
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
+    uint64_t embd_offset;     /* FLM_EMBD_FLASH: file offset of the token embedding's row 0 */
+    void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
 } flm_flash;
 
 /* Plan the budget, open the reader and the mode's FFN source (ctx->ffn); takes ownership of file. In auto mode a
@@ -82,12 +118,23 @@ flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err);
 /* A failed read of layer l's FFN region: err (the reader's "<path>: what happened") becomes "<path>: FFN region of
  * layer l: what happened", so every error names the file and the region. Returns st. */
 flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st, flm_error *err);
+/* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH), dequantized into
+ * out[d_model]. The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
+ * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */
+flm_status flm_flash_embedding(flm_ctx *ctx, int32_t token, float *out, flm_token_stats *tok, flm_error *err);
 /* The FFN of layer l from records in memory (n_records bundles). */
 void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out);
 
 /* The FFN tap: called by the forward pass with each layer's FFN input x[d_model] (the normed residual), before the
  * FFN runs. `flashlm calibrate` records these inputs. */
 typedef void (*flm_ffn_tap_fn)(void *user, uint32_t layer, const float *x);
+
+/* The FFN select hook (analysis: calibrate's held-out check of its operating points, oracle studies). In ram mode
+ * (.flm), layer l's FFN is restricted to the neurons fn picks: fn gets the FFN input x[d_model] and, when the hook
+ * was installed with need_h, every neuron's activation h[d_ffn] (h_i = act(gate_i . x) * (up_i . x), computed over
+ * all neurons first; NULL otherwise), writes the chosen neuron ids (any order, no repeats) into ids[d_ffn] and
+ * returns their count; the FFN output is then computed over those neurons alone. */
+typedef uint32_t (*flm_ffn_select_fn)(void *user, uint32_t layer, const float *x, const float *h, uint32_t *ids);
 
 struct flm_ctx {
     flm_model *model;
@@ -97,6 +144,7 @@ struct flm_ctx {
     flm_kv_cache kv;
     flm_scratch s;
     int32_t next_pos;        /* the position flm_eval expects next (or 0 to restart) */
+    int32_t cur_pos;         /* the position being evaluated (set by flm_forward) */
     flm_flash *flash;        /* NULL for GGUF (everything in memory) */
     const flm_ffn_source_ops *ffn; /* where the FFN weights come from: chosen once at open */
     void *ffn_state;         /* the source's own state (stream buffer, sparse caches...), freed by ffn->close */
@@ -109,20 +157,27 @@ struct flm_ctx {
     flm_io_stats io;         /* reader counters since the last reset */
     flm_ffn_tap_fn ffn_tap;  /* NULL, or set by flm_set_ffn_tap */
     void *tap_user;
+    flm_ffn_select_fn ffn_select; /* NULL, or set by flm_set_ffn_select (ram mode only) */
+    void *select_user;
+    bool select_need_h;
+    uint32_t *select_ids;    /* [d_ffn], allocated by flm_set_ffn_select */
 };
 
 /* Install (fn non-NULL) or remove (fn NULL) the FFN tap of ctx. */
 void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user);
+/* Install (fn non-NULL) or remove (fn NULL) the FFN select hook (see flm_ffn_select_fn). Errors: FLM_ERR_ARG (ctx
+ * does not run a .flm in ram mode), FLM_ERR_NOMEM. */
+flm_status flm_set_ffn_select(flm_ctx *ctx, flm_ffn_select_fn fn, void *user, bool need_h, flm_error *err);
 /* Layer l's FFN records when all of them are in memory (ram mode; the first layers in hybrid), else NULL; *desc
  * gets the layer's bundle layout. d_ffn records of desc->record_bytes each. */
 const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const flm_bundle_desc **desc);
 /* The sparse source's state when ctx runs sparse, else NULL. */
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
-/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 8 activation arrays, the
+/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 10 activation arrays, the
  * statistics ring): the arena holds their bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
 #define FLM_CARVE_ALIGN 64u
-#define FLM_CTX_CARVES 10u
+#define FLM_CTX_CARVES 12u
 
 /* Bytes of scratch for these hyper-parameters and context length. */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx);

@@ -25,27 +25,39 @@ struct flm_sparse {
     float *pscratch;          /* predictor scratch: h [max rank], then z [d_ffn] */
     uint16_t **A16, **B16;    /* [n_layers]: the predictors' A and B in f16 (half the memory of the stored f32;
                                  the f32 copies are freed after conversion; c and the threshold stay f32) */
-    float *z;                 /* [d_ffn] true activations (oracle / verify) */
+    float *z;                 /* [d_ffn] every neuron's h_i (oracle / verify) */
+    float *tmp_out;           /* [d_model] partial FFN output (streamed neurons; oracle) */
     flm_extent *ext;          /* [3 * d_ffn] */
-    uint8_t **gate;           /* [n_layers]: every neuron's gate (or up) row, for oracle / verify; NULL otherwise */
-    uint64_t dropped;         /* neurons dropped because a set exceeded the cache (reported, never silent) */
+    uint8_t **full;           /* [n_layers]: every neuron's record, for oracle / verify; NULL otherwise */
+    float **dn;               /* [n_layers]: every neuron's ||down_i||, for oracle / verify */
+    uint8_t *sbuf;            /* stream buffer: SPARSE_STREAM_ROWS records, for sets larger than the cache */
+    uint64_t streamed;        /* neurons streamed past the cache (reported) */
+    uint32_t level;           /* the level in use */
 };
+
+/* Records the stream buffer holds: neurons of a set larger than its layer's cache are read, computed and discarded
+ * this many at a time (256 records of 3360 bytes, Qwen2.5 1.5B: 840 KiB, read as one coalesced batch). */
+#define SPARSE_STREAM_ROWS 256u
 
 uint32_t flm_sparse_window(const flm_sparse *sp) { return sp ? sp->window : 0; }
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp) { return sp ? sp->cache_rows : 0; }
-uint64_t flm_sparse_dropped(const flm_sparse *sp) { return sp ? sp->dropped : 0; }
+uint64_t flm_sparse_streamed(const flm_sparse *sp) { return sp ? sp->streamed : 0; }
 
 static void sparse_free(flm_sparse *sp) {
     if (!sp) return;
     for (uint32_t l = 0; l < sp->sp.n_layers; l++) { /* before flm_sparsity_free, which clears n_layers */
         if (sp->cache) flm_ncache_free(sp->cache[l]);
-        if (sp->gate) free(sp->gate[l]);
+        if (sp->full) free(sp->full[l]);
+        if (sp->dn) free(sp->dn[l]);
         if (sp->A16) free(sp->A16[l]);
         if (sp->B16) free(sp->B16[l]);
     }
     flm_sparsity_free(&sp->sp);
     free(sp->cache);
-    free(sp->gate);
+    free(sp->full);
+    free(sp->dn);
+    free(sp->sbuf);
+    free(sp->tmp_out);
     free(sp->desc);
     free(sp->ids);
     free(sp->true_ids);
@@ -57,31 +69,33 @@ static void sparse_free(flm_sparse *sp) {
     free(sp);
 }
 
-/* Load every neuron's gate (or up) row: the true active set needs all of them (analysis modes only; this memory is
- * outside the budget and reported as such). */
-static flm_status load_gates(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
+/* Load every neuron's record and its down column's norm: the true active set needs all of them (analysis modes
+ * only; this memory is outside the budget and reported as such). */
+static flm_status load_full(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
     flm_flash *fl = ctx->flash;
     const flm_hparams *hp = &ctx->model->hp;
-    uint64_t biggest = 0;
-    for (uint32_t l = 0; l < hp->n_layers; l++)
-        if (fl->file->ffn[l]->size > biggest) biggest = fl->file->ffn[l]->size;
-    void *buf = NULL;
-    if (posix_memalign(&buf, FLM_ALIGN, flm_align_up(biggest, FLM_ALIGN)))
-        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    sp->gate = calloc(hp->n_layers, sizeof *sp->gate);
-    flm_status st = sp->gate ? FLM_OK : flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    sp->full = calloc(hp->n_layers, sizeof *sp->full);
+    sp->dn = calloc(hp->n_layers, sizeof *sp->dn);
+    float *col = malloc(hp->d_model * sizeof(float));
+    flm_status st = sp->full && sp->dn && col ? FLM_OK : flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layers && !st; l++) {
         const flm_region *r = fl->file->ffn[l];
         const flm_bundle_desc *b = &sp->desc[l];
-        uint32_t t = b->gated ? b->gate_type : b->up_type;
-        uint64_t off = b->gated ? b->gate_off : b->up_off, rb = flm_row_bytes(t, hp->d_model);
-        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), buf};
+        if (posix_memalign((void **)&sp->full[l], FLM_ALIGN, flm_align_up(r->size, FLM_ALIGN)) ||
+            !(sp->dn[l] = malloc(hp->d_ffn * sizeof(float)))) {
+            st = flm_fail(err, FLM_ERR_NOMEM, "out of memory for the oracle's copy of layer %u", l);
+            break;
+        }
+        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), sp->full[l]};
         if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) break;
-        if (!(sp->gate[l] = malloc(rb * hp->d_ffn))) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
-        for (uint32_t i = 0; i < hp->d_ffn; i++)
-            memcpy(sp->gate[l] + i * rb, (const uint8_t *)buf + i * b->record_bytes + off, rb);
+        for (uint32_t i = 0; i < hp->d_ffn; i++) {
+            ctx->k->dequant[b->down_type](sp->full[l] + i * b->record_bytes + b->down_off, col, hp->d_model);
+            double s2 = 0;
+            for (uint32_t j = 0; j < hp->d_model; j++) s2 += (double)col[j] * col[j];
+            sp->dn[l][i] = (float)sqrt(s2);
+        }
     }
-    free(buf);
+    free(col);
     return st;
 }
 
@@ -95,8 +109,16 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
     uint64_t budget = p->budget, ffn_total, max_layer;
     flm_ffn_region_bytes(f, &ffn_total, &max_layer);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
-    /* held at half precision (sparse_open): about half the stored f32 region, plus the f32 biases */
-    p->predictors = f->predictor->size / 2 + 2ull * hp->d_ffn * f->n_layers + FLM_ALIGN;
+    /* held at half precision (sparse_open), as version-2 regions store them (a version-1 region's f32 needs half) */
+    p->predictors = f->predictor->size + FLM_ALIGN;
+    /* the stream buffer for sets larger than a layer's cache */
+    uint64_t rec = 0;
+    for (uint32_t l = 0; l < f->n_layers; l++) {
+        uint64_t rb = f->ffn[l]->n_records ? f->ffn[l]->size / f->ffn[l]->n_records : 0;
+        rec = rb > rec ? rb : rec;
+    }
+    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN);
+    fixed += p->stream;
     uint64_t used = fixed + p->predictors;
     p->cache = budget > used ? budget - used : 0;
     if (!budget) p->cache = ffn_total + (uint64_t)f->n_layers * (16u << 10); /* no budget: room for every neuron */
@@ -104,10 +126,11 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
         return flm_fail(err, FLM_ERR_BUDGET,
                         "%s: a memory budget of %.2f MiB leaves nothing for the neuron cache: resident weights "
                         "%.2f MiB + KV cache %.2f MiB (-c %u) + scratch %.2f MiB + reader %.2f MiB + predictors "
-                        "%.2f MiB = %.2f MiB", f->path, flm_mib(budget), flm_mib(p->resident), flm_mib(p->kv), n_ctx,
-                        flm_mib(p->scratch), flm_mib(p->reader), flm_mib(p->predictors), flm_mib(used));
-    /* at open the stored (f32) region is read and parsed before it is halved and before any cache exists: that
-     * transient 2 x region must fit in what the predictors and caches will hold afterwards */
+                        "%.2f MiB + stream buffer %.2f MiB = %.2f MiB", f->path, flm_mib(budget), flm_mib(p->resident),
+                        flm_mib(p->kv), n_ctx, flm_mib(p->scratch), flm_mib(p->reader), flm_mib(p->predictors),
+                        flm_mib(p->stream), flm_mib(used));
+    /* at open the stored region is read and parsed (a second copy) before any cache exists: that transient
+     * 2 x region must fit in what the predictors and caches will hold afterwards */
     if (budget && 2 * f->predictor->size > p->cache + p->predictors)
         return flm_fail(err, FLM_ERR_BUDGET,
                         "%s: a memory budget of %.2f MiB leaves %.2f MiB for predictors and neuron caches, less than "
@@ -144,12 +167,33 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
             return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor of layer %u is %u -> %u, the model %u -> %u",
                             fl->file->path, l, p->d_model, p->d_ffn, hp->d_model, F);
     }
-    /* predictors at half precision: convert layer by layer, freeing each f32 copy as soon as it is converted */
+    /* the level: calibrate's default, or --sparse-level */
+    sp->level = sp->sp.default_level;
+    if (pp->sparse_level > 0.0f) {
+        int k = flm_sparsity_find_level(&sp->sp, pp->sparse_level);
+        if (k < 0) {
+            char list[256] = "";
+            for (uint32_t j = 0, o = 0; j < sp->sp.n_levels && o < sizeof list - 16; j++)
+                o += (uint32_t)snprintf(list + o, sizeof list - o, "%s%g", j ? ", " : "", (double)sp->sp.level_eps[j]);
+            return flm_fail(err, FLM_ERR_ARG, "%s: --sparse-level %g is not a calibrated level (levels: %s)",
+                            fl->file->path, (double)pp->sparse_level, list);
+        }
+        sp->level = (uint32_t)k;
+    }
+    flm_sparsity_use_level(&sp->sp, sp->level);
+    /* predictors at half precision: version-2 records load as f16; a version-1 record's f32 is converted layer by
+     * layer, each f32 copy freed as soon as it is converted */
     sp->A16 = calloc(L, sizeof *sp->A16);
     sp->B16 = calloc(L, sizeof *sp->B16);
     if (!sp->A16 || !sp->B16) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < L; l++) {
         flm_predictor *p = &sp->sp.layers[l].pred;
+        if (p->A16) { /* take them over */
+            sp->A16[l] = p->A16;
+            sp->B16[l] = p->B16;
+            p->A16 = p->B16 = NULL;
+            continue;
+        }
         size_t na = (size_t)p->rank * p->d_model, nb = (size_t)p->d_ffn * p->rank;
         if (!(sp->A16[l] = malloc(na * 2)) || !(sp->B16[l] = malloc(nb * 2)))
             return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the predictors");
@@ -167,10 +211,13 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->true_ids = malloc(F * sizeof *sp->true_ids);
     sp->pscratch = malloc(((size_t)max_rank + F) * sizeof(float));
     sp->z = malloc(F * sizeof(float));
+    sp->tmp_out = malloc(hp->d_model * sizeof(float));
     sp->ext = malloc(3 * (size_t)F * sizeof *sp->ext);
-    if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->ext)
+    if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, fl->plan.stream ? fl->plan.stream : FLM_ALIGN)) sp->sbuf = NULL;
+    if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->tmp_out || !sp->ext ||
+        !sp->sbuf)
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < L; l++) { /* every neuron read is computed exactly, except under a version-1 CATS rule */
         sp->desc[l] = fl->desc[l];
         sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
     }
@@ -194,31 +241,51 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
             if (need <= 1.5 * have) { k = kk; break; }
         }
     sp->window = k;
+    bool small_cache_logged = false;
     for (uint32_t l = 0; l < L; l++) {
         uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, k, 0);
         if (!fl->plan.budget) cap = F; /* no budget: every neuron fits */
-        double need = 1.05 * sp->sp.layers[l].s_agg[0] * F; /* a mean token's predicted set, 5% margin */
-        if (need > F) need = F;
-        if (cap < need || cap == 0)
+        if (cap == 0)
             return flm_fail(err, FLM_ERR_BUDGET, "%s: the memory budget leaves %.2f MiB per layer for the neuron "
-                            "cache: %u rows of %llu bytes, but layer %u predicts about %.0f active neurons per token and needs "
-                            "%.0f rows (5%% margin); raise --mem", fl->file->path, (double)per_layer / 1048576.0, cap,
-                            (unsigned long long)fl->desc[l].record_bytes, l, sp->sp.layers[l].s_agg[0] * F, need);
+                            "cache, less than one neuron (%llu bytes); raise --mem", fl->file->path,
+                            (double)per_layer / 1048576.0, (unsigned long long)fl->desc[l].record_bytes);
+        double mean = sp->sp.layers[l].s_agg[0] * F; /* a mean token's predicted set */
+        if (cap < mean && !small_cache_logged) {
+            flm_log(&ctx->log, FLM_LOG_WARN, "%s: the neuron cache holds %u neurons per layer, fewer than the %.0f "
+                    "layer %u predicts per token: the rest are streamed each token (slower; more --mem helps)",
+                    fl->file->path, cap, mean, l);
+            small_cache_logged = true;
+        }
         if ((st = flm_ncache_create(F, fl->desc[l].record_bytes, cap, k, 0, &sp->cache[l], err))) return st;
         sp->cache_rows += cap;
     }
-    if (pp->no_predictor || pp->verify_predictor) return load_gates(ctx, sp, err);
+    if (pp->no_predictor || pp->verify_predictor) return load_full(ctx, sp, err);
     return FLM_OK;
 }
 
-/* The true active set of layer l for input x (oracle): the rule of the predictor region applied to the real gate. */
+/* The true active set of layer l for input x (oracle): the level's rule applied to the layer's real weights. */
 static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *x, uint32_t *ids) {
     const flm_bundle_desc *b = &sp->desc[l];
     const flm_layer_sparsity *S = &sp->sp.layers[l];
-    uint32_t t = b->gated ? b->gate_type : b->up_type, n = 0, F = ctx->model->hp.d_ffn;
-    size_t rb = flm_row_bytes(t, b->d_model);
+    uint32_t n = 0, F = ctx->model->hp.d_ffn;
+    if (S->rule == FLM_RULE_CONTRIB) { /* (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2, every h_i computed */
+        flm_ffn_bundles(ctx->k, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, ctx->flash->acc,
+                        ctx->params.n_threads);
+        double sum = 0;
+        for (uint32_t i = 0; i < F; i++) {
+            float c = sp->z[i] * sp->dn[l][i];
+            sp->z[i] = c * c;
+            sum += sp->z[i];
+        }
+        float t2 = (float)(S->threshold * (double)S->threshold * sum);
+        for (uint32_t i = 0; i < F; i++)
+            if (sp->z[i] > t2) ids[n++] = i;
+        return n;
+    }
+    uint32_t t = b->gated ? b->gate_type : b->up_type;
+    uint64_t off = b->gated ? b->gate_off : b->up_off;
     for (uint32_t i = 0; i < F; i++) {
-        float g = ctx->k->dot[t](sp->gate[l] + i * rb, x, b->d_model);
+        float g = ctx->k->dot[t](sp->full[l] + i * b->record_bytes + off, x, b->d_model);
         bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(flm_act_eval(FLM_ACT_SILU, g)) > S->threshold;
         if (on) ids[n++] = i;
     }
@@ -256,8 +323,13 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     const flm_params *pp = &ctx->params;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n;
-    /* 1. which neurons (compute) */
-    if (pp->no_predictor) {
+    /* 1. which neurons (compute). The first token of a sequence runs dense: its FFN outputs carry the massive
+     * activations later tokens attend to (the attention sink), which predictors miss (measured on SmolLM2: held-out
+     * perplexity +1.3% with the predictor at the first token, +0.5% without, at 99.7% of neurons predicted). */
+    if (ctx->cur_pos == 0) {
+        n = ctx->model->hp.d_ffn;
+        for (uint32_t i = 0; i < n; i++) sp->ids[i] = i;
+    } else if (pp->no_predictor) {
         n = true_set(ctx, sp, l, in, sp->ids);
     } else {
         n = predict_f16(ctx, sp, l, in);
@@ -272,15 +344,15 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
             tok->n_true_pos += tp;
         }
     }
-    uint32_t cap = flm_ncache_capacity(sp->cache[l]);
-    if (n > cap) { /* keep the most confident; counted and reported at the end, never silent */
+    uint32_t cap = flm_ncache_capacity(sp->cache[l]), n_all = n;
+    if (n > cap) { /* the most confident go through the cache; the rest, ids[cap .. n_all), are streamed below */
         if (!pp->no_predictor) {
             const float *z = sp->pscratch + S->pred.rank;
             qsort_r(sp->ids, n, sizeof *sp->ids, cmp_desc_logit, (void *)z);
         }
-        sp->dropped += n - cap;
         n = cap;
         qsort(sp->ids, n, sizeof *sp->ids, cmp_u32);
+        qsort(sp->ids + n, n_all - n, sizeof *sp->ids, cmp_u32);
     }
     /* 2. the window (memory management) */
     double t0 = flm_now_ms();
@@ -321,12 +393,30 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
             return st;
         }
     }
-    tok->n_predicted += n;
+    tok->n_predicted += n_all;
     tok->n_loaded += cs.n_loaded;
     tok->n_reused += cs.n_reused;
     tok->rows_used += cs.rows_used;
     /* 4. the FFN over the predicted set's rows (compute) */
     flm_ffn_bundles(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, n, in, out, ctx->s.hb, fl->acc, pp->n_threads);
+    /* 5. a set larger than the cache: the rest read into the stream buffer, computed, discarded */
+    for (uint32_t j0 = n; j0 < n_all; j0 += SPARSE_STREAM_ROWS) {
+        uint32_t m = n_all - j0 < SPARSE_STREAM_ROWS ? n_all - j0 : SPARSE_STREAM_ROWS;
+        for (uint32_t j = 0; j < m; j++)
+            sp->ext[j] = (flm_extent){r->offset + (uint64_t)sp->ids[j0 + j] * b->record_bytes, b->record_bytes,
+                                      sp->sbuf + (size_t)j * b->record_bytes};
+        flm_io_stats before = ctx->io;
+        double t2 = flm_now_ms();
+        st = flm_reader_read(fl->reader, sp->ext, m, &ctx->io, err);
+        tok->io_ms += flm_now_ms() - t2;
+        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+        tok->n_reads += ctx->io.n_requests - before.n_requests;
+        if (st) return st; /* the cache holds only rows that were read */
+        flm_ffn_bundles(ctx->k, b, sp->sbuf, NULL, m, in, sp->tmp_out, ctx->s.hb, fl->acc, pp->n_threads);
+        for (uint32_t i = 0; i < b->d_model; i++) out[i] += sp->tmp_out[i];
+        tok->n_loaded += m;
+        sp->streamed += m;
+    }
     return FLM_OK;
 }
 

@@ -29,17 +29,21 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     st->bytes_requested = ctx->io.bytes_requested;
     const flm_hparams *hp = &ctx->model->hp;
     st->n_layers = hp->n_layers;
-    st->mem_kv = flm_kv_cache_bytes(hp->n_layers, (uint32_t)ctx->params.n_ctx, hp->n_kv_heads * hp->head_dim);
+    st->mem_kv = flm_kv_cache_bytes(hp->n_layers, (uint32_t)ctx->params.n_ctx, hp->n_kv_heads * hp->head_dim,
+                                    ctx->kv.elem_bytes);
+    st->kv_type = ctx->kv.elem_bytes == FLM_KV_F16 ? "f16" : "f32";
+    st->n_ctx = (uint32_t)ctx->params.n_ctx;
     if (fl) {
         st->mem_budget = fl->plan.budget;
         st->mem_resident = fl->plan.resident;
+        st->mem_embd_flash = fl->plan.embd == FLM_EMBD_FLASH ? fl->plan.embd_bytes : 0;
         st->mem_ffn = fl->plan.ffn_resident + fl->plan.stream;
         st->mem_scratch = fl->plan.scratch + fl->plan.reader;
         st->model_bytes = fl->plan.model_bytes;
         st->n_ffn_resident_layers = fl->plan.n_resident_layers;
         st->window = flm_sparse_window(sp);
         st->cache_rows = flm_sparse_cache_rows(sp);
-        st->n_dropped = flm_sparse_dropped(sp);
+        st->n_streamed = flm_sparse_streamed(sp);
         if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
     } else {
         st->mem_resident = ctx->mem_resident;
@@ -86,17 +90,18 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
             s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0);
     fprintf(f, "  \"sparse\": {\"window\": %u, \"cache_rows\": %" PRIu64 ", \"n_predicted\": %" PRIu64
             ", \"n_loaded\": %" PRIu64 ", \"n_reused\": %" PRIu64 ", \"n_true\": %" PRIu64 ", \"n_true_pos\": %" PRIu64
-            ", \"n_dropped\": %" PRIu64 "},\n", s.window, s.cache_rows, s.total.n_predicted, s.total.n_loaded,
-            s.total.n_reused, s.total.n_true, s.total.n_true_pos, s.n_dropped);
+            ", \"n_streamed\": %" PRIu64 "},\n", s.window, s.cache_rows, s.total.n_predicted, s.total.n_loaded,
+            s.total.n_reused, s.total.n_true, s.total.n_true_pos, s.n_streamed);
     fprintf(f, "  \"read_size_hist\": {\"bucket_low_bytes\": [");
     for (int b = 0; b < FLM_STATS_HIST; b++) fprintf(f, "%s%llu", b ? ", " : "", 512ull << b);
     fprintf(f, "], \"count\": [");
     for (int b = 0; b < FLM_STATS_HIST; b++) fprintf(f, "%s%" PRIu64, b ? ", " : "", s.read_hist[b]);
     fprintf(f, "]},\n");
-    fprintf(f, "  \"memory\": {\"budget\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"ffn\": %" PRIu64 ", \"kv\": %" PRIu64
-            ", \"scratch\": %" PRIu64 ", \"model_bytes\": %" PRIu64 ", \"n_layers\": %u, \"ffn_resident_layers\": %u, "
-            "\"peak_rss\": %" PRIu64 "},\n", s.mem_budget, s.mem_resident, s.mem_ffn, s.mem_kv, s.mem_scratch,
-            s.model_bytes, s.n_layers, s.n_ffn_resident_layers, s.peak_rss);
+    fprintf(f, "  \"memory\": {\"budget\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"embd_flash\": %" PRIu64
+            ", \"ffn\": %" PRIu64 ", \"kv\": %" PRIu64 ", \"kv_type\": \"%s\", \"n_ctx\": %u, \"scratch\": %" PRIu64
+            ", \"model_bytes\": %" PRIu64 ", \"n_layers\": %u, \"ffn_resident_layers\": %u, \"peak_rss\": %" PRIu64
+            "},\n", s.mem_budget, s.mem_resident, s.mem_embd_flash, s.mem_ffn, s.mem_kv, s.kv_type, s.n_ctx,
+            s.mem_scratch, s.model_bytes, s.n_layers, s.n_ffn_resident_layers, s.peak_rss);
     uint64_t first = s.n_tokens - s.n_tokens_kept;
     fprintf(f, "  \"first_token\": %" PRIu64 ",\n  \"tokens\": [", first); /* the ring keeps the last ones */
     for (uint64_t i = 0; i < s.n_tokens_kept; i++) {

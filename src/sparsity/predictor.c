@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/util.h"
+#include "compute/kernels.h"
 
 #define LOGIT_STD_INIT 4.0f /* initial logits are rescaled to this (pooled within-neuron) standard deviation */
 #define BIAS_MARGIN 1.0f    /* logit margin for neurons that never / always fire in the training split */
@@ -130,15 +131,32 @@ void flm_predictor_free(flm_predictor *p) {
     free(p->A);
     free(p->B);
     free(p->c);
+    free(p->A16);
+    free(p->B16);
     memset(p, 0, sizeof *p);
+}
+
+/* y[m] = W[m x k] v (W half precision, row-major) */
+static void gemv_f16(const uint16_t *W, size_t m, size_t k, const float *v, float *y, bool accumulate) {
+    for (size_t i = 0; i < m; i++) {
+        const uint16_t *w = W + i * k;
+        float s = 0.0f;
+        for (size_t j = 0; j < k; j++) s += flm_f16_to_f32(w[j]) * v[j];
+        y[i] = accumulate ? y[i] + s : s;
+    }
 }
 
 size_t flm_predictor_predict(const flm_predictor *p, const float *x, uint32_t *ids, float *scratch) {
     const uint32_t N = p->d_model, M = p->d_ffn, r = p->rank;
     float *h = scratch, *z = scratch + r;
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)r, (int)N, 1.0f, p->A, (int)N, x, 1, 0.0f, h, 1);
     memcpy(z, p->c, (size_t)M * sizeof(float));
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)M, (int)r, 1.0f, p->B, (int)r, h, 1, 1.0f, z, 1);
+    if (p->A) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)r, (int)N, 1.0f, p->A, (int)N, x, 1, 0.0f, h, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)M, (int)r, 1.0f, p->B, (int)r, h, 1, 1.0f, z, 1);
+    } else {
+        gemv_f16(p->A16, r, N, x, h, false);
+        gemv_f16(p->B16, M, r, h, z, true);
+    }
     const float t = p->threshold;
     size_t n = 0;
     for (uint32_t i = 0; i < M; i++) {
@@ -146,6 +164,12 @@ size_t flm_predictor_predict(const flm_predictor *p, const float *x, uint32_t *i
         n += z[i] > t; /* branch-free: the slot is overwritten when the neuron is not active */
     }
     return n;
+}
+
+void flm_predictor_round_f16(flm_predictor *p) {
+    size_t na = (size_t)p->rank * p->d_model, nb = (size_t)p->d_ffn * p->rank;
+    for (size_t i = 0; p->A && i < na; i++) p->A[i] = flm_f16_to_f32(flm_f32_to_f16(p->A[i]));
+    for (size_t i = 0; p->B && i < nb; i++) p->B[i] = flm_f16_to_f32(flm_f32_to_f16(p->B[i]));
 }
 
 /* Logits of nb samples (rows row_of(idx, k0 + k) of X, k < nb) without the bias: Z (nb x M) = (Xrows A^T) B^T.
@@ -726,12 +750,13 @@ done:
 /* ---------------------------------------------------------------------------------------------------------------
  * Serialization
  * ------------------------------------------------------------------------------------------------------------- */
-static uint64_t record_bytes(uint64_t N, uint64_t M, uint64_t r) { /* no overflow for dims <= 2^20 */
-    return FLM_PREDICTOR_HEADER_BYTES + 4 * (r * (N + M) + M);
+static uint64_t record_bytes(uint64_t N, uint64_t M, uint64_t r, uint32_t version) { /* no overflow: dims <= 2^20 */
+    if (version == 1) return FLM_PREDICTOR_HEADER_BYTES + 4 * (r * (N + M) + M);
+    return FLM_PREDICTOR_HEADER_BYTES + ((2 * r * (N + M) + 3) & ~(uint64_t)3) + 4 * M;
 }
 
 size_t flm_predictor_serialized_bytes(const flm_predictor *p) {
-    return (size_t)record_bytes(p->d_model, p->d_ffn, p->rank);
+    return (size_t)record_bytes(p->d_model, p->d_ffn, p->rank, FLM_PREDICTOR_VERSION);
 }
 
 void flm_predictor_serialize(const flm_predictor *p, uint8_t *dst) {
@@ -745,8 +770,9 @@ void flm_predictor_serialize(const flm_predictor *p, uint8_t *dst) {
     flm_put_u32(dst + 28, 0);
     uint8_t *d = dst + FLM_PREDICTOR_HEADER_BYTES;
     const size_t na = (size_t)p->rank * p->d_model, nb = (size_t)p->d_ffn * p->rank;
-    for (size_t i = 0; i < na; i++, d += 4) flm_put_f32(d, p->A[i]);
-    for (size_t i = 0; i < nb; i++, d += 4) flm_put_f32(d, p->B[i]);
+    for (size_t i = 0; i < na; i++, d += 2) flm_put_u16(d, p->A ? flm_f32_to_f16(p->A[i]) : p->A16[i]);
+    for (size_t i = 0; i < nb; i++, d += 2) flm_put_u16(d, p->B ? flm_f32_to_f16(p->B[i]) : p->B16[i]);
+    if ((na + nb) & 1) { flm_put_u16(d, 0); d += 2; }
     for (size_t i = 0; i < p->d_ffn; i++, d += 4) flm_put_f32(d, p->c[i]);
 }
 
@@ -755,6 +781,15 @@ static size_t read_floats(float *dst, const uint8_t *s, size_t count) {
     for (size_t i = 0; i < count; i++, s += 4) {
         dst[i] = flm_get_f32(s);
         if (!isfinite(dst[i])) return i;
+    }
+    return count;
+}
+
+/* Read count halves from s into dst; the index of the first infinite or NaN one (exponent all ones), or count. */
+static size_t read_halves(uint16_t *dst, const uint8_t *s, size_t count) {
+    for (size_t i = 0; i < count; i++, s += 2) {
+        dst[i] = flm_get_u16(s);
+        if ((dst[i] & 0x7c00u) == 0x7c00u) return i;
     }
     return count;
 }
@@ -773,9 +808,9 @@ flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_
         return flm_fail(err, FLM_ERR_FORMAT, "%s: bad predictor magic %02x %02x %02x %02x (expected \"FPRD\")", what,
                         src[0], src[1], src[2], src[3]);
     uint32_t version = flm_get_u32(src + 4);
-    if (version != FLM_PREDICTOR_VERSION)
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: predictor version %u (this build reads version %u)", what,
-                        version, FLM_PREDICTOR_VERSION);
+    if (version != 1 && version != 2)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: predictor version %u (this build reads versions 1 and 2)", what,
+                        version);
     uint32_t N = flm_get_u32(src + 8), M = flm_get_u32(src + 12), r = flm_get_u32(src + 16);
     float thr = flm_get_f32(src + 20);
     uint32_t res0 = flm_get_u32(src + 24), res1 = flm_get_u32(src + 28);
@@ -794,7 +829,7 @@ flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_
                         N, M);
     if (!isfinite(thr))
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor threshold is not finite", what);
-    uint64_t need = record_bytes(N, M, r);
+    uint64_t need = record_bytes(N, M, r, version);
     if (need > (uint64_t)len)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor record truncated: d_model %u, d_ffn %u, rank %u need %llu "
                         "bytes, %zu available", what, N, M, r, (unsigned long long)need, len);
@@ -805,18 +840,50 @@ flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_
     }
     const uint8_t *s = src + FLM_PREDICTOR_HEADER_BYTES;
     const size_t na = (size_t)r * N, nb = (size_t)M * r;
-    struct {
-        const char *name;
-        float *dst;
-        size_t count;
-    } parts[3] = {{"A", p->A, na}, {"B", p->B, nb}, {"c", p->c, M}};
-    for (int q = 0; q < 3; q++) {
-        size_t bad = read_floats(parts[q].dst, s, parts[q].count);
-        if (bad != parts[q].count) {
+    if (version == 2) { /* keep the halves as stored */
+        free(p->A);
+        free(p->B);
+        p->A = p->B = NULL;
+        p->A16 = malloc(na * 2);
+        p->B16 = malloc(nb * 2);
+        if (!p->A16 || !p->B16) {
             flm_predictor_free(p);
-            return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor %s[%zu] is not finite", what, parts[q].name, bad);
+            return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the predictor", what);
         }
-        s += parts[q].count * 4;
+        size_t bad = read_halves(p->A16, s, na);
+        const char *part = "A";
+        if (bad == na) {
+            bad = read_halves(p->B16, s + 2 * na, nb);
+            part = "B";
+        }
+        if (bad != (part[0] == 'A' ? na : nb)) {
+            flm_predictor_free(p);
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor %s[%zu] is not finite", what, part, bad);
+        }
+        s += (2 * (na + nb) + 3) & ~(size_t)3;
+        if ((na + nb) & 1 && flm_get_u16(s - 2) != 0) {
+            flm_predictor_free(p);
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor padding is not zero", what);
+        }
+        size_t badc = read_floats(p->c, s, M);
+        if (badc != M) {
+            flm_predictor_free(p);
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor c[%zu] is not finite", what, badc);
+        }
+    } else {
+        struct {
+            const char *name;
+            float *dst;
+            size_t count;
+        } parts[3] = {{"A", p->A, na}, {"B", p->B, nb}, {"c", p->c, M}};
+        for (int q = 0; q < 3; q++) {
+            size_t bad = read_floats(parts[q].dst, s, parts[q].count);
+            if (bad != parts[q].count) {
+                flm_predictor_free(p);
+                return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor %s[%zu] is not finite", what, parts[q].name, bad);
+            }
+            s += parts[q].count * 4;
+        }
     }
     p->threshold = thr;
     if (consumed) *consumed = (size_t)need;

@@ -41,9 +41,11 @@ typedef struct flm_predictor {
     uint32_t d_ffn;   /* M: number of FFN intermediate neurons */
     uint32_t rank;    /* r: 1 <= r <= min(d_model, d_ffn) */
     float threshold;  /* logit threshold (default 0): neuron i is predicted active when z_i > threshold */
-    float *A;         /* rank x d_model, row-major (malloc'd, owned) */
-    float *B;         /* d_ffn x rank, row-major (owned) */
+    float *A;         /* rank x d_model, row-major (malloc'd, owned); NULL when loaded at half precision (A16) */
+    float *B;         /* d_ffn x rank, row-major (owned); NULL when loaded at half precision (B16) */
     float *c;         /* d_ffn bias, in logit units (owned) */
+    uint16_t *A16;    /* the same matrices as IEEE half floats: set (and A, B NULL) by flm_predictor_deserialize, which */
+    uint16_t *B16;    /* reads them as stored (records are f16 since version 2); training and eval need A, B */
 } flm_predictor;
 
 /* Allocate a predictor of the given shape with A, B, c and threshold zero (it then predicts nothing active).
@@ -59,7 +61,7 @@ static inline size_t flm_predictor_scratch_floats(const flm_predictor *p) {
     return (size_t)p->rank + (size_t)p->d_ffn;
 }
 
-/* Predict the active neurons for one input x (d_model floats). Writes the ids of the neurons with z_i > threshold
+/* Predict the active neurons for one input x (d_model floats), with A, B (f32) or else A16, B16 (f16). Writes the ids of the neurons with z_i > threshold
  * into ids (capacity d_ffn) in increasing order and returns their count. scratch holds
  * flm_predictor_scratch_floats(p) floats; on return scratch[rank .. rank + d_ffn) holds the logits z (bias
  * included), scratch[0 .. rank) the hidden vector h = A x. Cost: rank * (d_model + d_ffn) multiply-adds. */
@@ -145,6 +147,10 @@ typedef struct flm_predictor_metrics {
 flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *Y, size_t n,
                                const flm_predictor_train_opts *o, flm_predictor_metrics *m, flm_error *err);
 
+/* Round A and B to half precision in place (the values a serialized record holds), so that what calibration measures
+ * with p is what a loaded predictor computes. */
+void flm_predictor_round_f16(flm_predictor *p);
+
 /* Metrics of p (with its threshold) on n samples (X, Y as for train); m->n_train = 0, m->n_holdout = n.
  * Errors (m zeroed): FLM_ERR_ARG (NULL or uninitialised argument), FLM_ERR_NOMEM (scratch: 256 samples' worth). */
 flm_status flm_predictor_eval(const flm_predictor *p, const float *X, const uint8_t *Y, size_t n,
@@ -163,34 +169,37 @@ flm_status flm_predictor_calibrate(flm_predictor *p, const float *X, const uint8
  *
  *   offset  type                   field
  *   0       u8[4]                  magic "FPRD"
- *   4       u32                    version = 1
+ *   4       u32                    version = 2 (1: A and B as f32, still read)
  *   8       u32                    d_model
  *   12      u32                    d_ffn
  *   16      u32                    rank
  *   20      f32                    threshold
  *   24      u32[2]                 reserved, zero
- *   32      f32[rank * d_model]    A, row-major
- *           f32[d_ffn * rank]      B, row-major
+ *   32      f16[rank * d_model]    A, row-major (version 1: f32)
+ *           f16[d_ffn * rank]      B, row-major (version 1: f32)
+ *           u16 pad, zero          only when rank * (d_model + d_ffn) is odd (version 2)
  *           f32[d_ffn]             c
- * All fields little-endian (IEEE-754 bit patterns for floats). Size: 32 + 4 * (rank * (d_model + d_ffn) + d_ffn),
- * a multiple of 4.
+ * All fields little-endian (IEEE-754 bit patterns for floats). Size (version 2): 32 + 2 * rank * (d_model + d_ffn),
+ * rounded up to a multiple of 4, + 4 * d_ffn. Half precision halves the region and the memory it is loaded into;
+ * logits move by about 1e-3 of their scale (measured in calibrate, which rounds before it chooses thresholds).
  * ------------------------------------------------------------------------------------------------------------- */
 #define FLM_PREDICTOR_MAGIC "FPRD"
-#define FLM_PREDICTOR_VERSION 1u
+#define FLM_PREDICTOR_VERSION 2u
 #define FLM_PREDICTOR_HEADER_BYTES 32u
 
 /* Bytes flm_predictor_serialize writes for p. */
 size_t flm_predictor_serialized_bytes(const flm_predictor *p);
 
-/* Write p to dst (flm_predictor_serialized_bytes(p) bytes; any alignment). */
+/* Write p (A, B or A16, B16) to dst as a version-2 record (flm_predictor_serialized_bytes(p) bytes; any alignment). */
 void flm_predictor_serialize(const flm_predictor *p, uint8_t *dst);
 
 /* Read one record from src[0 .. len) into *p (overwritten, not freed first: pass a zeroed or freed predictor) and
  * set *consumed (when non-NULL) to its size, so a region holding several layers' records can be walked. Every
  * field is checked against len before it is trusted: magic, reserved fields, dimensions (non-zero, at most
  * FLM_PREDICTOR_MAX_DIM, 1 <= rank <= min(d_model, d_ffn)), the record size (computed in 64 bits) against len, and
- * every float (threshold, A, B, c) finite. Errors: FLM_ERR_FORMAT (the message names what, the field and the
- * values), FLM_ERR_UNSUPPORTED (a version other than 1), FLM_ERR_NOMEM, FLM_ERR_ARG (NULL p or src with len > 0).
+ * every float (threshold, A, B, c) finite. Version 2 records load into A16, B16 (A, B stay NULL), version 1 into A, B.
+ * Errors: FLM_ERR_FORMAT (the message names what, the field and the values), FLM_ERR_UNSUPPORTED (a version other
+ * than 1 or 2), FLM_ERR_NOMEM, FLM_ERR_ARG (NULL p or src with len > 0).
  * On error *p is zeroed. */
 flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_t len, size_t *consumed,
                                      const char *what, flm_error *err);

@@ -1,17 +1,32 @@
 /* sparsity.h — what `flashlm calibrate` learns about a model, stored as the .flm file's PREDICTOR region. Internal.
  *
  * Which neurons count as active (docs/SPARSITY.md):
- *   FLM_RULE_RELU  ReLU FFNs (OPT, ReLU-fied Llama, synthetic --act relu): neuron i is active when its activation
- *                  act(gate_i . x) (gated) or act(up_i . x) is positive; the others contribute exactly 0.
- *   FLM_RULE_CATS  gated SiLU FFNs (Llama, stories260K): neuron i is active when |silu(gate_i . x)| exceeds a per-layer
- *                  threshold calibrated to a target sparsity (CATS, Lee et al. 2024); neurons below it are treated as
- *                  zero, in every mode that uses the predictor region (sparse), so sparse runs are an approximation
- *                  whose quality `flashlm perplexity` measures.
+ *   FLM_RULE_RELU     ReLU FFNs (OPT, ReLU-fied Llama, synthetic --act relu): neuron i is active when its activation
+ *                     act(gate_i . x) (gated) or act(up_i . x) is positive; the others contribute exactly 0.
+ *   FLM_RULE_CONTRIB  gated SiLU/GELU FFNs (Llama, Qwen2, Gemma 3, stories260K): neuron i is active when its
+ *                     contribution to the FFN output, e_i = (h_i ||down_i||)^2 with h_i = act(gate_i . x) * (up_i . x),
+ *                     is above tau^2 times the token's total sum_j e_j (the threshold is relative: a token with massive
+ *                     activations does not set it). A level is the share eps of the layer's output energy, each token's
+ *                     counted as 1 over the calibration tokens, that the neurons below tau carry (TEAL and
+ *                     CATS rank by |h_i| or |act(gate_i . x)|; weighing by the down column and choosing tau per
+ *                     layer by energy spends the budget where layers need it). The predictor is trained to flag the
+ *                     active neurons of one training level; for every level its logit threshold is then set so the
+ *                     predicted set keeps 1 - eps of the energy on held-out tokens. Every neuron that is read is
+ *                     computed exactly: a false positive costs I/O, never accuracy.
+ *   FLM_RULE_CATS     version-1 regions only: |silu(gate . x)| above a threshold (CATS, Lee et al. 2024); neurons
+ *                     below it are zeroed in the FFN.
  *
- * Region payload (little-endian):
- *   u8[4] "FSPR", u32 version = 1, u32 n_layers, f32 target_sparsity, u32 n_agg (= FLM_AGG_K), u32[3] reserved
- *   per layer: u32 rule, f32 threshold, f32 active_frac, f32 recall, f32 precision, f32 pred_frac, u32[2] reserved,
- *              f32 s_agg[n_agg], then one predictor record (sparsity/predictor.h)
+ * Region payload (little-endian), version 2:
+ *   u8[4] "FSPR", u32 version = 2, u32 n_layers, f32 eps of the default level, u32 n_agg (= FLM_AGG_K),
+ *   u32 n_levels (1..FLM_MAX_LEVELS), u32 default_level (< n_levels), u32 reserved = 0
+ *   per level: f32 eps, f32 loss (held-out perplexity ratio - 1 measured by calibrate; NaN when not measured)
+ *   per layer: u32 rule, f32 threshold, f32 active_frac, f32 recall, f32 precision, f32 pred_frac, u32[2] reserved
+ *              (these six at the default level), f32 s_agg[n_agg] (at the default level),
+ *              per level: f32 tau, f32 pred_threshold, f32 oracle_frac, f32 pred_frac, f32 kept, f32 recall,
+ *              f32 precision,
+ *              then one predictor record (sparsity/predictor.h; its threshold is the default level's)
+ * Version 1 (still read): header u8[4], u32 1, u32 n_layers, f32 target_sparsity, u32 n_agg, u32[3] reserved; per
+ * layer the six fields, reserved, s_agg, predictor (one level).
  */
 #ifndef FLM_SPARSITY_SPARSITY_H
 #define FLM_SPARSITY_SPARSITY_H
@@ -19,27 +34,53 @@
 #include "flashlm.h"
 #include "sparsity/predictor.h"
 
-#define FLM_AGG_K 16 /* s_agg(k) is recorded for k = 1 .. FLM_AGG_K */
+#define FLM_AGG_K 16     /* s_agg(k) is recorded for k = 1 .. FLM_AGG_K */
+#define FLM_MAX_LEVELS 8 /* operating points stored per region */
 
-typedef enum flm_rule { FLM_RULE_RELU = 0, FLM_RULE_CATS = 1 } flm_rule;
+typedef enum flm_rule { FLM_RULE_RELU = 0, FLM_RULE_CATS = 1, FLM_RULE_CONTRIB = 2 } flm_rule;
+
+/* One operating point of one layer. */
+typedef struct flm_level {
+    float tau;            /* CONTRIB: the oracle's relative threshold (e_i > tau^2 sum_j e_j; RELU: 0; CATS: on |silu|) */
+    float pred_threshold; /* the predictor's logit threshold at this level */
+    float oracle_frac;    /* share of neurons above tau on the calibration tokens */
+    float pred_frac;      /* share of neurons the predictor flags on held-out tokens */
+    float kept;           /* share of the output energy the predicted set keeps on held-out tokens */
+    float recall;         /* held-out: share of the neurons above tau that the predictor flags */
+    float precision;      /* held-out: share of the flagged neurons that are above tau */
+} flm_level;
 
 typedef struct flm_layer_sparsity {
     uint32_t rule;          /* flm_rule */
-    float threshold;        /* CATS: |silu(gate . x)| threshold; RELU: 0 */
-    float active_frac;      /* share of neurons truly active on the calibration tokens */
-    float recall;           /* predictor, held-out tokens: TP / (TP + FN) */
+    float threshold;        /* the default level's tau */
+    float active_frac;      /* share of neurons truly active on the calibration tokens (default level) */
+    float recall;           /* predictor, held-out tokens: TP / (TP + FN) (default level) */
     float precision;        /* TP / (TP + FP) */
     float pred_frac;        /* share of neurons predicted active (what is read without a window) */
     float s_agg[FLM_AGG_K]; /* s_agg(k): mean size of the union of the predicted sets of k consecutive tokens, as a
-                               share of d_ffn (Knowl 3), k = 1 .. FLM_AGG_K */
+                               share of d_ffn (Knowl 3), k = 1 .. FLM_AGG_K, at the default level */
+    flm_level levels[FLM_MAX_LEVELS];
     flm_predictor pred;
 } flm_layer_sparsity;
 
 typedef struct flm_sparsity {
     uint32_t n_layers;
-    float target_sparsity;  /* CATS: the share of neurons the thresholds zero on calibration text */
+    float target_sparsity;  /* version 2: eps of the default level; version 1: CATS share of neurons zeroed */
+    uint32_t n_levels;      /* 1 .. FLM_MAX_LEVELS */
+    uint32_t default_level; /* < n_levels */
+    float level_eps[FLM_MAX_LEVELS];  /* energy share dropped per layer by the oracle at each level (RELU: 0) */
+    float level_loss[FLM_MAX_LEVELS]; /* held-out perplexity ratio - 1 with the predictor, NaN = not measured */
+    float level_loss_oracle[FLM_MAX_LEVELS]; /* the same with the true active sets (calibrate --curve; not stored:
+                                                NaN when read back) */
     flm_layer_sparsity *layers;
 } flm_sparsity;
+
+/* Make level k the current one: each layer's threshold/pred_frac and its predictor's threshold take level k's
+ * values (s_agg stays the default level's). k < s->n_levels. */
+void flm_sparsity_use_level(flm_sparsity *s, uint32_t k);
+
+/* The level whose eps is eps (within 1e-6 relative), or -1. */
+int flm_sparsity_find_level(const flm_sparsity *s, float eps);
 
 /* Serialize into a malloc'd buffer (*out, *len). Errors: FLM_ERR_NOMEM. */
 flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *len, flm_error *err);
