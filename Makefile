@@ -33,7 +33,7 @@ run: build
 STORIES = ../shared/models/stories260K/stories260K.gguf
 run-sparse: build
 	./$(BUILD)/flashlm convert $(STORIES) $(BUILD)/stories260K.flm --force
-	./$(BUILD)/flashlm calibrate $(BUILD)/stories260K.flm --text ../shared/text/tinystories_sample.txt --sparsity 0.2 --chunk 64
+	./$(BUILD)/flashlm calibrate $(BUILD)/stories260K.flm --text ../shared/text/tinystories_sample.txt --chunk 64
 	./$(BUILD)/flashlm run -m $(BUILD)/stories260K.flm -p "Once upon a time" -n 48 -c 128 --mode sparse --window 2 --stats
 	./$(BUILD)/flashlm bench -m $(BUILD)/stories260K.flm --modes ram,naive,predictor-only,sparse --window 2 --mem 0 --gen-tokens 32
 

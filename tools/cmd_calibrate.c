@@ -114,8 +114,8 @@ int cmd_calibrate(int argc, char **argv) {
            relu ? "ReLU: active = activation > 0"
                 : "gated: active = |act(gate.x) (up.x)| ||down|| > the layer's threshold for the level");
     if (!relu) {
-        printf("| level eps | oracle neurons | oracle perplexity | predicted neurons | energy kept | recall | "
-               "predictor perplexity |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+        printf("| level eps | oracle neurons | oracle: perplexity cost (measured) | predicted neurons | energy kept | "
+               "recall | predictor: perplexity cost (measured) |\n|---:|---:|---:|---:|---:|---:|---:|\n");
         for (uint32_t k = 0; k < rep.n_levels; k++) {
             double of = 0, pf = 0, kept = 0, rc = 0;
             for (uint32_t l = 0; l < rep.n_layers; l++) {
@@ -124,16 +124,19 @@ int cmd_calibrate(int argc, char **argv) {
                 kept += rep.layers[l].levels[k].kept / rep.n_layers;
                 rc += rep.layers[l].levels[k].recall / rep.n_layers;
             }
-            char loss[48], oloss[48];
+            char loss[64], oloss[64];
             if (isnan(rep.level_loss[k])) snprintf(loss, sizeof loss, "not measured");
-            else snprintf(loss, sizeof loss, "%+.2f%%", 100.0 * rep.level_loss[k]);
+            else snprintf(loss, sizeof loss, "%+.2f%% (%+.2f%%)", 100.0 * rep.level_loss[k], 100.0 * rep.level_dnll[k]);
             if (isnan(rep.level_loss_oracle[k])) snprintf(oloss, sizeof oloss, "–");
-            else snprintf(oloss, sizeof oloss, "%+.2f%%", 100.0 * rep.level_loss_oracle[k]);
+            else snprintf(oloss, sizeof oloss, "%+.2f%% (%+.2f%%)", 100.0 * rep.level_loss_oracle[k],
+                          100.0 * rep.level_dnll_oracle[k]);
             printf("| %g%s | %.1f%% | %s | %.1f%% | %.1f%% | %.3f | %s |\n", (double)rep.level_eps[k],
                    k == rep.default_level ? " (default)" : "", 100 * of, oloss, 100 * pf, 100 * kept, rc, loss);
         }
-        printf("\n(neurons: share of d_ffn per token, mean over layers; the predictor's on held-out recorded tokens;\n"
-               "perplexity: against dense on the held-out end of the text, --max-loss %g)\n\n", (double)o.max_loss);
+        printf("\n(neurons: share of d_ffn per token, mean over layers; the predictor's on held-out recorded tokens.\n"
+               "perplexity cost on the held-out end of the text: exp(mean KL(dense || sparse)) - 1, which picks the\n"
+               "default against --max-loss %g; in brackets the perplexity ratio - 1 on the same tokens, noisier)\n\n",
+               (double)o.max_loss);
     }
     printf("| layer | rank | threshold | active (true) | predicted | recall | precision | s_agg(1) | s_agg(4) | "
            "s_agg(16) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -94,7 +94,8 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
     } else {
         s->level_loss[0] = NAN;
     }
-    for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++) s->level_loss_oracle[k] = NAN;
+    for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++)
+        s->level_loss_oracle[k] = s->level_dnll[k] = s->level_dnll_oracle[k] = NAN;
     s->layers = calloc(n_layers, sizeof *s->layers);
     if (!s->layers) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", what);
     s->n_layers = n_layers;

@@ -19,7 +19,8 @@
  * Region payload (little-endian), version 2:
  *   u8[4] "FSPR", u32 version = 2, u32 n_layers, f32 eps of the default level, u32 n_agg (= FLM_AGG_K),
  *   u32 n_levels (1..FLM_MAX_LEVELS), u32 default_level (< n_levels), u32 reserved = 0
- *   per level: f32 eps, f32 loss (held-out perplexity ratio - 1 measured by calibrate; NaN when not measured)
+ *   per level: f32 eps, f32 loss (held-out perplexity cost estimated by calibrate: exp(mean KL) - 1; NaN when
+ *              not measured)
  *   per layer: u32 rule, f32 threshold, f32 active_frac, f32 recall, f32 precision, f32 pred_frac, u32[2] reserved
  *              (these six at the default level), f32 s_agg[n_agg] (at the default level),
  *              per level: f32 tau, f32 pred_threshold, f32 oracle_frac, f32 pred_frac, f32 kept, f32 recall,
@@ -69,9 +70,12 @@ typedef struct flm_sparsity {
     uint32_t n_levels;      /* 1 .. FLM_MAX_LEVELS */
     uint32_t default_level; /* < n_levels */
     float level_eps[FLM_MAX_LEVELS];  /* energy share dropped per layer by the oracle at each level (RELU: 0) */
-    float level_loss[FLM_MAX_LEVELS]; /* held-out perplexity ratio - 1 with the predictor, NaN = not measured */
-    float level_loss_oracle[FLM_MAX_LEVELS]; /* the same with the true active sets (calibrate --curve; not stored:
-                                                NaN when read back) */
+    float level_loss[FLM_MAX_LEVELS]; /* held-out perplexity cost with the predictor, estimated as exp(mean KL(dense
+                                         || sparse)) - 1 over the held-out tokens; NaN = not measured */
+    /* not stored (NaN when read back): calibrate's report */
+    float level_loss_oracle[FLM_MAX_LEVELS]; /* the same with the true active sets (calibrate --curve) */
+    float level_dnll[FLM_MAX_LEVELS];        /* perplexity ratio - 1 measured on the same tokens (noisier) */
+    float level_dnll_oracle[FLM_MAX_LEVELS];
     flm_layer_sparsity *layers;
 } flm_sparsity;
 
