@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build run run-sparse test asan clean
+.PHONY: all deps build run run-sparse test asan fuzz clean
 all: build
 
 deps:
@@ -46,5 +46,15 @@ asan: deps
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# The libFuzzer targets (tests/fuzz/README.md): clang, ASan+UBSan, FUZZ_SECONDS each (default 60); fails on any
+# finding. FUZZ_TARGETS chooses some (gguf flm tokenizer chat probe sparsity).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: deps
+	@if ! command -v clang >/dev/null; then echo "flashlm: clang is not installed: no fuzzing (apt-get install clang)"; \
+	 else CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHLM_FUZZ=ON >/dev/null && \
+	 cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_targets flashlm-cli && \
+	 ./tests/fuzz/run.sh $(BUILD)-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS); fi
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

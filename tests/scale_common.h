@@ -13,7 +13,7 @@
 #include "model/synth.h"
 #include "testutil.h"
 
-#define ALLOWANCE (16.0 * 1024 * 1024) /* docs/ARCHITECTURE.md, "Memory budget" */
+#define ALLOWANCE ((double)FLM_RSS_ALLOWANCE) /* include/flashlm.h, docs/ARCHITECTURE.md "Memory budget" */
 
 /* Under AddressSanitizer the process carries shadow memory and a quarantine the engine does not allocate: peak RSS
  * then says nothing about the budget, so those assertions only run in normal builds. */

@@ -15,7 +15,11 @@ bool cli_parse_float(const char *s, float lo, float hi, float *out);
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 /* A whole text file, NUL-terminated (malloc'd), or NULL after printing why. */
 char *cli_read_text(const char *path);
-/* Remove path (a temporary output) if SIGINT/SIGTERM/SIGHUP arrives, then die of the signal. */
+/* Temporary outputs to remove if SIGINT/SIGTERM/SIGHUP arrives (then the process dies of the signal): register each
+ * before it is created, clear them once renamed. At most 4. */
+void cli_temp_register(const char *path);
+void cli_temp_clear(void);
+/* cli_temp_clear, then cli_temp_register(path) unless path is NULL. */
 void cli_remove_on_signal(const char *path);
 /* false (after saying so) when path exists and force is not set. */
 bool cli_may_write(const char *path, bool force);
@@ -32,11 +36,19 @@ void cli_env_params(struct flm_params *p, const char *model);
 /* After cli_env_params: also print the library's debug messages (on: the memory plan at open, one line per part). */
 void cli_log_verbose(struct flm_params *p, bool on);
 /* OpenBLAS starts its worker threads before main (reading OPENBLAS_NUM_THREADS); only calibrate's training uses
- * BLAS, and raises the count itself. Unless the user set the variable, set it to 1 and execute the program again
- * (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they spin retrying an allocation and
- * exit hangs joining them). Likewise GOMP_SPINCOUNT=10000 unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (a
+ * BLAS threads, and raises the count itself. Unless the variable is already 1, set it to 1 (a user's other value
+ * too) and execute the program again (argv as given to main), so no idle BLAS threads exist (under `ulimit -v` they
+ * spin retrying an allocation and exit hangs joining them). Likewise GOMP_SPINCOUNT=10000 unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (a
  * short spin at OpenMP barriers: see cli_util.c). Returns only when it did not re-execute. */
 void cli_blas_single_thread(char **argv);
+/* Under an address-space limit (ulimit -v) only: make sure OpenBLAS's 128 MiB work buffer fits, and have OpenBLAS
+ * take it now (it keeps it), so a later BLAS call cannot spin forever retrying the allocation (OpenBLAS does).
+ * Returns 0, or 1 after printing why `who` ("calibrate", "the sparse mode's predictor") cannot run. */
+int cli_blas_reserve(const char *who);
+/* After flm_open: warn when -c exceeds the model's training context; cli_blas_reserve when the mode is sparse (the only
+ * mode that calls BLAS). Returns 0, or 1 after printing why the context cannot be used. */
+struct flm_ctx;
+int cli_after_open(const struct flm_ctx *ctx);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;
 

@@ -1,5 +1,9 @@
+#include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +17,7 @@
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "runtime/runtime.h"
+#include "core/util.h"
 
 
 double cli_mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -93,7 +98,12 @@ void cli_env_params(flm_params *p, const char *model) {
 
 void cli_blas_single_thread(char **argv) {
     bool again = false;
-    if (!getenv("OPENBLAS_NUM_THREADS") && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0) again = true;
+    /* Always 1, whatever the environment says: OpenBLAS starts OPENBLAS_NUM_THREADS - 1 workers before main, and
+     * under an address-space limit (ulimit -v) a worker that cannot get its buffer retries forever, so exit hung
+     * joining it (issue 12). Nothing here gains from BLAS threads: the sparse predictor runs single-threaded best,
+     * and calibrate's training raises the count to -t itself for the call (flm_predictor_train). */
+    const char *blas = getenv("OPENBLAS_NUM_THREADS");
+    if ((!blas || strcmp(blas, "1") != 0) && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0) again = true;
     /* OpenMP threads that wait at a barrier spin for ~300000 iterations by default (libgomp): on a machine whose
      * cores are shared with other work, a spinning thread holds the core the straggler needs, and a 2-thread decode
      * fell from 64 to 4 tokens/s under load (SmolLM2, this project's VM). A short spin keeps the fast hand-off on
@@ -103,6 +113,44 @@ void cli_blas_single_thread(char **argv) {
     if (again) execv("/proc/self/exe", argv); /* on failure (no /proc): go on with the defaults */
 }
 
+int cli_blas_reserve(const char *who) {
+    static bool done;
+    if (done || !flm_address_space_limited()) return 0;
+    /* OpenBLAS maps a 128 MiB work buffer per thread on first use and, when the mapping fails, retries forever:
+     * check that it (and some room after it) fits now, then make OpenBLAS take its buffer, which it keeps. */
+    const size_t need = (size_t)144 << 20;
+    void *p = mmap(NULL, need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        struct rlimit rl;
+        getrlimit(RLIMIT_AS, &rl);
+        fprintf(stderr, "flashlm: %s uses OpenBLAS, whose 128 MiB work buffer does not fit under this process's "
+                "address-space limit (ulimit -v %llu KiB); raise the limit%s\n", who,
+                (unsigned long long)(rl.rlim_cur / 1024), strstr(who, "sparse") ? " or use --mode hybrid" : "");
+        return 1;
+    }
+    munmap(p, need);
+    const int n = 128; /* large enough to take OpenBLAS's buffered path, not its small-matrix one */
+    float *a = calloc((size_t)3 * n * n, sizeof *a);
+    if (!a) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, a + n * n, n, 0.0f, a + 2 * n * n, n);
+    free(a);
+    done = true;
+    return 0;
+}
+
+int cli_after_open(const flm_ctx *ctx) {
+    flm_model_info in;
+    flm_get_info(ctx, &in);
+    /* a context longer than the model was trained for: it runs (RoPE has no hard limit), but say so once */
+    if (in.n_ctx_train && in.n_ctx > in.n_ctx_train)
+        fprintf(stderr, "flashlm: warning: -c %u is longer than the %u tokens the model was trained on; positions "
+                "beyond %u are untrained and the text will likely degrade there\n", in.n_ctx, in.n_ctx_train,
+                in.n_ctx_train);
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    return strcmp(s.mode, "sparse") ? 0 : cli_blas_reserve("the sparse mode's predictor");
+}
+
 bool cli_is_help(int argc, char **argv) {
     return argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
 }
@@ -110,8 +158,9 @@ bool cli_is_help(int argc, char **argv) {
 const char *CLI_MODEL_OPTS_HELP =
     "  -t, --threads N      compute threads (default: all CPUs)\n"
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
-    "      --mem BYTES|N%   memory budget (.flm): bytes (K/M/G suffixes) or percent of the model's weight bytes;\n"
-    "                       resident weights + FFN storage + KV cache + scratch must fit (default: none)\n"
+    "      --mem BYTES|N%   memory budget: bytes (K/M/G/T suffixes: powers of 1024) or percent of the model's\n"
+    "                       weight bytes; resident weights + FFN storage + KV cache + scratch must fit, and peak\n"
+    "                       RSS stays within it + 16 MiB for the process itself. 0 = no budget (the default)\n"
     "      --mode MODE      auto | ram | naive | hybrid | sparse (default auto: ram if the model fits, else\n"
     "                       sparse when it is calibrated, else hybrid)\n"
     "                       naive: every layer's FFN read from flash for every token (the paper's baseline)\n"
@@ -131,6 +180,30 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --kv-f32         f32 keys, values and attention weights (default: an f16 KV cache, half the memory,\n"
     "                       as llama.cpp's)\n";
 
+/* Why flm_parse_mem refused s, in words. */
+static const char *cli_mem_problem(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || isnan(v)) return "not a number";
+    if (v < 0) return "negative";
+    if (errno == ERANGE || isinf(v)) return "too large";
+    if (!strcmp(end, "%")) return "a percentage must be above 0 and at most 100000";
+    double mul = 1;
+    if (*end) {
+        const char *u = strchr("kKmMgGtT", *end);
+        if (!u || !*end) return "unknown unit (K, M, G or T)";
+        mul = (double)(1ull << (10 * (1 + (int)(strchr("kmgt", (char)(*end | 0x20)) - "kmgt"))));
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) return "unknown unit (K, M, G or T)";
+    }
+    if (v * mul > 9.0e18) return "too large: it overflows 64-bit byte counts (at most about 8 EiB)";
+    if (v * mul < 1) return "less than one byte";
+    return "not understood";
+}
+
 int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     long v;
@@ -149,12 +222,17 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad -t value '%s' (1..1024)", val); return -1; }
         p->n_threads = (int)v;
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cpus > 0 && v > cpus)
+            fprintf(stderr, "flashlm: warning: -t %ld is more than the %ld CPUs here: the threads will take turns "
+                    "(slower, not faster)\n", v, cpus);
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!cli_parse_long(val, 0, 1 << 20, &v)) { cli_die("bad -c value '%s'", val); return -1; }
         p->n_ctx = (int)v;
     } else if (!strcmp(a, "--mem")) {
         if (!flm_parse_mem(val, &p->mem_bytes, &p->mem_percent)) {
-            cli_die("bad --mem value '%s' (bytes with an optional K/M/G suffix, or N%%)", val);
+            fprintf(stderr, "flashlm: bad --mem value '%s': %s (bytes with an optional K/M/G/T suffix, N%% of the "
+                    "model's weights, or 0 for no budget)\n", val, cli_mem_problem(val));
             return -1;
         }
     } else if (!strcmp(a, "--mode")) {
@@ -182,41 +260,71 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
 }
 
 char *cli_read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
+    bool in = !strcmp(path, "-");
+    FILE *f = in ? stdin : fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", path, strerror(errno));
         return NULL;
     }
-    char *text = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
-        text = malloc((size_t)n + 1);
-    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "flashlm: cannot read text file '%s'\n", path);
+    /* read to the end in growing chunks: a pipe or standard input has no size to ask for */
+    size_t cap = 1 << 16, len = 0, n;
+    char *text = malloc(cap + 1);
+    while (text && (n = fread(text + len, 1, cap - len, f)) > 0) {
+        len += n;
+        if (len == cap) {
+            char *more = cap <= SIZE_MAX / 4 ? realloc(text, 2 * cap + 1) : NULL;
+            if (!more) { free(text); text = NULL; break; }
+            text = more;
+            cap *= 2;
+        }
+    }
+    if (!text || ferror(f)) {
+        fprintf(stderr, "flashlm: cannot read text file '%s'%s\n", in ? "(standard input)" : path,
+                text ? "" : ": out of memory");
         free(text);
         text = NULL;
     } else {
-        text[n] = 0;
+        text[len] = 0;
     }
-    fclose(f);
+    if (!in) fclose(f);
     return text;
 }
 
-/* The one piece of process-wide state in the CLI: the temporary file to remove if the user interrupts a long write
- * (the library removes it on every error it sees; a signal it cannot see). */
-static char cleanup_path[4096];
+/* The one piece of process-wide state in the CLI: the temporary files to remove if the user interrupts a long write
+ * (the library removes them on every error it sees; a signal it cannot see). Written before the count is raised,
+ * so the handler only ever reads complete paths; it calls only async-signal-safe functions (unlink, signal,
+ * raise). */
+#define CLI_TEMP_MAX 4
+static char temp_paths[CLI_TEMP_MAX][4096];
+static volatile sig_atomic_t temp_count;
 
 static void on_signal(int sig) {
-    if (cleanup_path[0]) unlink(cleanup_path);
+    for (int i = 0; i < temp_count; i++) unlink(temp_paths[i]);
     signal(sig, SIG_DFL);
     raise(sig);
 }
 
-void cli_remove_on_signal(const char *path) {
-    snprintf(cleanup_path, sizeof cleanup_path, "%s", path ? path : "");
+static void arm_signals(void) {
+    static bool armed;
+    if (armed) return;
+    armed = true;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
+}
+
+void cli_temp_register(const char *path) {
+    arm_signals();
+    if (temp_count >= CLI_TEMP_MAX || !path) return;
+    snprintf(temp_paths[temp_count], sizeof temp_paths[0], "%s", path);
+    temp_count = temp_count + 1;
+}
+
+void cli_temp_clear(void) { temp_count = 0; }
+
+void cli_remove_on_signal(const char *path) {
+    cli_temp_clear();
+    if (path) cli_temp_register(path);
 }
 
 bool cli_may_write(const char *path, bool force) {

@@ -155,6 +155,11 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         snprintf(r->err, sizeof r->err, "%s", err.msg);
         return;
     }
+    if (cli_after_open(ctx)) {
+        snprintf(r->err, sizeof r->err, "OpenBLAS's work buffer does not fit under the address-space limit");
+        flm_close(ctx);
+        return;
+    }
     flm_model_info info;
     flm_get_info(ctx, &info);
     snprintf(r->arch, sizeof r->arch, "%s", info.arch ? info.arch : "");

@@ -96,6 +96,7 @@ int cmd_calibrate(int argc, char **argv) {
     if (!model || !text) return cli_die("%s", "need MODEL.flm and --text FILE (see flashlm calibrate --help)");
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    if (cli_blas_reserve("calibrate")) return 1;
     char *buf = cli_read_text(text);
     if (!buf) return 1;
     o.text = buf;

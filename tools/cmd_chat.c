@@ -111,6 +111,7 @@ int cmd_chat(int argc, char **argv) {
     flm_error err;
     flm_ctx *ctx = NULL;
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     flm_model_info info;
     flm_get_info(ctx, &info);
     fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",

@@ -53,6 +53,7 @@ int cmd_perplexity(int argc, char **argv) {
     flm_ctx *ctx = NULL;
     cli_env_params(&p, model);
     if (flm_open(model, &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); free(text); return 1; }
+    if (cli_after_open(ctx)) { flm_close(ctx); free(text); return 1; }
     flm_ppl_result r;
     double t0 = flm_now_ms();
     int rc = 0;

@@ -15,6 +15,7 @@
 #include "format/chat_template.h"
 #include "format/tokenizer.h"
 #include "core/types.h"
+#include "core/util.h"
 #include "cli.h"
 
 /* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
@@ -24,15 +25,25 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     uint64_t n = s.n_tokens - prompt->n_tokens; /* generation only */
     fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
-            s.mem_budget ? "" : "none");
-    if (s.mem_budget) fprintf(stderr, "%.2f MiB", cli_mib(s.mem_budget));
+            s.mem_budget ? flm_size(s.mem_budget).s : "none");
     char embd[64] = "";
     if (s.mem_embd_flash)
         snprintf(embd, sizeof embd, " (token embedding %.2f MiB on flash)", cli_mib(s.mem_embd_flash));
     fprintf(stderr, "; model %.2f MiB: resident %.2f MiB%s, FFN in memory %.2f MiB (%u of %u layers resident), KV %.2f "
-            "MiB (%s, %u tokens), scratch %.2f MiB; peak RSS %.2f MiB\n", cli_mib(s.model_bytes),
+            "MiB (%s, %u tokens), scratch %.2f MiB; peak RSS %.2f MiB", cli_mib(s.model_bytes),
             cli_mib(s.mem_resident), embd, cli_mib(s.mem_ffn), s.n_ffn_resident_layers, s.n_layers, cli_mib(s.mem_kv), s.kv_type, s.n_ctx,
             cli_mib(s.mem_scratch), cli_mib(s.peak_rss));
+    /* the promise, in the same units: budget + the fixed allowance for the process itself (FLM_RSS_ALLOWANCE) */
+    if (s.mem_budget && s.peak_rss <= s.mem_budget)
+        fprintf(stderr, " (within the budget)\n");
+    else if (s.mem_budget && s.peak_rss <= s.mem_budget + FLM_RSS_ALLOWANCE)
+        fprintf(stderr, " = budget + %.2f MiB (the allowance for the process itself is %llu MiB)\n",
+                cli_mib(s.peak_rss - s.mem_budget), FLM_RSS_ALLOWANCE >> 20);
+    else if (s.mem_budget)
+        fprintf(stderr, " = budget + %.2f MiB: MORE than the %llu MiB allowance (please report this)\n",
+                cli_mib(s.peak_rss - s.mem_budget), FLM_RSS_ALLOWANCE >> 20);
+    else
+        fprintf(stderr, "\n");
     if (per_token) {
         fprintf(stderr, "\n  token   flash I/O ms   memory ms   compute ms   total ms   bytes read   reads  predicted  "
                 "read  reused  cache rows\n");
@@ -94,6 +105,7 @@ static const char *RUN_HELP =
     "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
+    "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token)\n";
 static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
@@ -108,8 +120,12 @@ static const char *RUN_HELP_MORE =
     "  -h, --help           this help\n";
 static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
+static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
+                          const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
+                          flm_params *params_in, const flm_sampler_params *sp_in);
+
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = "", *stats_json = NULL, *chat_name = NULL, *system = NULL;
+    const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
     bool per_token = false, chat = false, verbose = false;
     long n_predict = 128;
     flm_params params;
@@ -130,7 +146,8 @@ static int cmd_run(int argc, char **argv) {
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; }
         else if (!strcmp(a, "--chat")) { chat = true; }
         else if (!strcmp(a, "--chat-template")) {
             NEEDVAL();
@@ -147,6 +164,22 @@ static int cmd_run(int argc, char **argv) {
 #undef NEEDVAL
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
+    char *prompt_buf = NULL; /* -f: the prompt's text, any length (an argument is limited by ARG_MAX) */
+    if (prompt_file) {
+        if (!(prompt_buf = cli_read_text(prompt_file))) return 1;
+        prompt = prompt_buf;
+    }
+    int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
+                            &sp);
+    free(prompt_buf);
+    return rc;
+}
+
+static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
+                          const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
+                          flm_params *params_in, const flm_sampler_params *sp_in) {
+    flm_params params = *params_in;
+    flm_sampler_params sp = *sp_in;
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
 
@@ -156,6 +189,7 @@ static int cmd_run(int argc, char **argv) {
     cli_env_params(&params, model);
     cli_log_verbose(&params, per_token || verbose);
     if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     double t_load = flm_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
@@ -184,11 +218,15 @@ static int cmd_run(int argc, char **argv) {
         ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     }
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
-    if (!ids || !smp) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
-    if (n_prompt == 0) { fprintf(stderr, "flashlm: cannot tokenize the prompt\n"); return 1; }
-    if (n_prompt + (size_t)n_predict > info.n_ctx) {
+    const char *refuse = !ids || !smp ? "out of memory" : n_prompt == 0 ? "cannot tokenize the prompt" : NULL;
+    if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
+    else if (n_prompt + (size_t)n_predict > info.n_ctx)
         fprintf(stderr, "flashlm: prompt (%zu tokens) + -n %ld exceeds the context of %u tokens; raise -c\n",
                 n_prompt, n_predict, info.n_ctx);
+    if (refuse || n_prompt + (size_t)n_predict > info.n_ctx) {
+        flm_sampler_free(smp);
+        free(ids);
+        flm_close(ctx);
         return 1;
     }
     /* echo the prompt the way it decodes (a chat reply stands alone) */
@@ -220,8 +258,8 @@ static int cmd_run(int argc, char **argv) {
             model, info.arch, info.n_layers, info.d_model, info.d_ffn, info.kernels, params.n_threads, t_load);
     fprintf(stderr, "flashlm: prompt     %4zu tokens in %8.2f ms = %8.2f tokens/s\n", n_prompt, t_prompt,
             t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
-    fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s\n", n_gen, t_gen,
-            t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
+    fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s%s\n", n_gen, t_gen,
+            t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0, n_predict == 0 ? " (-n 0: the prompt only)" : "");
     print_stats(ctx, &prompt_stats, per_token);
     if (stats_json) {
         if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
@@ -238,7 +276,17 @@ static int cmd_run(int argc, char **argv) {
 static const char *INSPECT_HELP =
     "usage: flashlm inspect MODEL\n"
     "\n"
-    "Print a model file's architecture, hyper-parameters, metadata and tensors (type, shape, bytes).\n";
+    "Print a model file's architecture, hyper-parameters, metadata and tensors (type, shape, bytes). A file with a\n"
+    "problem is shown as far as it can be read, then the problem is named (exit status 1).\n";
+
+/* A tensor type's name, or what the id is when it has none. */
+static const char *type_str(uint32_t type, char *buf, size_t cap) {
+    const char *n = flm_type_name(type);
+    if (n) return n;
+    if (type == FLM_GATE_NONE) return "none";
+    snprintf(buf, cap, "type %u?", type);
+    return buf;
+}
 
 static int cmd_inspect(int argc, char **argv) {
     if (argc != 1 || !strcmp(argv[0], "-h") || !strcmp(argv[0], "--help")) {
@@ -247,10 +295,11 @@ static int cmd_inspect(int argc, char **argv) {
     }
     char model_buf[4096];
     argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
-    flm_error err;
+    flm_error err, parse_err = {FLM_OK, ""};
     flm_gguf_file *g = NULL;
     flm_file *ff = NULL;
     const flm_gguf_file *f;
+    int rc = 0;
     if (flm_file_is_flm(argv[0])) {
         if (flm_file_open(argv[0], &ff, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         f = ff->meta;
@@ -261,12 +310,12 @@ static int cmd_inspect(int argc, char **argv) {
         for (uint32_t i = 0; i < ff->n_regions; i++) {
             const flm_region *r = &ff->regions[i];
             const char *kind = r->kind == FLM_REGION_RESIDENT ? "resident" : r->kind == FLM_REGION_FFN ? "ffn" : "predict";
+            char b1[24], b2[24], b3[24];
+            bool ffn = r->kind == FLM_REGION_FFN;
             printf("  %-8s %6u %14llu %14llu %-6s %-6s %-6s %9u %12llu\n", kind, r->layer,
                    (unsigned long long)r->offset, (unsigned long long)r->size,
-                   r->kind == FLM_REGION_FFN ? flm_type_name(r->up_type) : "-",
-                   r->kind == FLM_REGION_FFN ? flm_type_name(r->gate_type) : "-",
-                   r->kind == FLM_REGION_FFN ? flm_type_name(r->down_type) : "-", r->n_records,
-                   (unsigned long long)r->record_bytes);
+                   ffn ? type_str(r->up_type, b1, sizeof b1) : "-", ffn ? type_str(r->gate_type, b2, sizeof b2) : "-",
+                   ffn ? type_str(r->down_type, b3, sizeof b3) : "-", r->n_records, (unsigned long long)r->record_bytes);
         }
         if (ff->resident->head_bytes)
             printf("  (resident: head %llu bytes, then the token embedding's data, %llu bytes, which the streaming "
@@ -274,30 +323,35 @@ static int cmd_inspect(int argc, char **argv) {
                    (unsigned long long)flm_file_tail_bytes(ff));
         printf("\nresident region: ");
     } else {
-        if (flm_gguf_open(argv[0], &g, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        /* a damaged GGUF is shown as far as it parses: the entries before the problem, then the problem */
+        flm_status st = flm_gguf_open_salvage(argv[0], &g, &parse_err);
+        if (!g) { fprintf(stderr, "flashlm: %s\n", parse_err.msg); return 1; }
+        if (st) rc = 1;
         f = g;
         printf("file        %s\n", argv[0]);
     }
     printf("format      GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %" PRIu64
-           ", data at byte %" PRIu64 "\n", f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset);
-    flm_params p;
-    flm_params_default(&p);
-    p.n_ctx = 1;
-    cli_env_params(&p, argv[0]);
-    flm_ctx *ctx = NULL;
-    if (flm_open(argv[0], &p, &ctx, &err)) {
-        fprintf(stderr, "flashlm: %s\n", err.msg);
-        flm_gguf_close(g);
-        flm_file_close(ff);
-        return 1;
+           ", data at byte %" PRIu64 "%s\n", f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset,
+           parse_err.code ? " (as far as it could be read)" : "");
+    if (!parse_err.code) { /* the model as flashlm would run it: an unusable one is named, its contents still shown */
+        flm_params p;
+        flm_params_default(&p);
+        p.n_ctx = 1;
+        cli_env_params(&p, argv[0]);
+        flm_ctx *ctx = NULL;
+        if (flm_open(argv[0], &p, &ctx, &err)) {
+            printf("model       cannot be run: %s\n", err.msg);
+            rc = 1;
+        } else {
+            flm_model_info in;
+            flm_get_info(ctx, &in);
+            printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
+                   "head_dim    %u\nn_vocab     %u\nn_ctx_train %u\nnorm_eps    %g\nrope_theta  %g\nbos/eos     %d / %d\n",
+                   in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
+                   in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
+            flm_close(ctx);
+        }
     }
-    flm_model_info in;
-    flm_get_info(ctx, &in);
-    printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
-           "head_dim    %u\nn_vocab     %u\nn_ctx_train %u\nnorm_eps    %g\nrope_theta  %g\nbos/eos     %d / %d\n",
-           in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
-           in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
-    flm_close(ctx);
     printf("\nmetadata:\n");
     for (uint64_t i = 0; i < f->n_kv; i++) {
         const flm_gguf_kv *kv = &f->kv[i];
@@ -315,18 +369,19 @@ static int cmd_inspect(int argc, char **argv) {
     uint64_t total = 0;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const flm_gguf_tensor *t = &f->tensors[i];
-        char shape[64];
+        char shape[64], tb[24];
         int o = snprintf(shape, sizeof shape, "[");
-        for (uint32_t d = 0; d < t->n_dims; d++)
+        for (uint32_t d = 0; d < t->n_dims && o < (int)sizeof shape; d++)
             o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
-        snprintf(shape + o, sizeof shape - (size_t)o, "]");
-        printf("  %-32s %-6s %-24s %12" PRIu64 "\n", t->name, flm_type_name(t->type), shape, t->nbytes);
+        if (o < (int)sizeof shape) snprintf(shape + o, sizeof shape - (size_t)o, "]");
+        printf("  %-32s %-6s %-24s %12" PRIu64 "\n", t->name, type_str(t->type, tb, sizeof tb), shape, t->nbytes);
         total += t->nbytes;
     }
     printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
+    if (parse_err.code) fprintf(stderr, "flashlm: %s\n", parse_err.msg);
     flm_gguf_close(g);
     flm_file_close(ff);
-    return 0;
+    return rc;
 }
 
 /* ---- convert / verify ------------------------------------------------------------------------------------------ */
@@ -336,7 +391,8 @@ static const char *CONVERT_HELP =
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
-    "regions with xxh64 checksums. Written to OUT.flm.tmp and renamed when complete; nothing is left on error.\n"
+    "regions with xxh64 checksums, each byte written once. Written to OUT.flm.tmp and renamed when complete;\n"
+    "nothing is left on an error or an interrupt (SIGINT, SIGTERM, SIGHUP). Prints the MB/s written and read.\n"
     "An existing OUT.flm is only replaced with -f/--force.\n"
     "A quantized down projection is re-laid by columns as q8_0 (docs/FORMAT.md); --down-type f16 stores them\n"
     "near-exactly at about twice the bytes (to measure what q8_0 costs).\n";
@@ -365,21 +421,19 @@ static int cmd_convert(int argc, char **argv) {
     const char *src = flm_cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
     if (!cli_may_write(dst, force)) return 1;
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
-    cli_remove_on_signal(tmp);
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst); /* the only file convert writes besides dst */
+    cli_temp_register(tmp);
     flm_error err;
-    double t0 = flm_now_ms();
-    if (flm_convert_ex(src, dst, down_as, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    cli_remove_on_signal(NULL);
-    flm_file *f = NULL;
-    if (flm_file_open(dst, &f, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    uint64_t ffn = 0;
-    for (uint32_t l = 0; l < f->n_layers; l++) ffn += f->ffn[l]->size;
+    flm_convert_info ci;
+    if (flm_convert_ex(src, dst, down_as, cli_progress, NULL, &ci, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    cli_temp_clear();
+    /* the summary comes from what was written: nothing is read back */
+    double s = ci.seconds > 0 ? ci.seconds : 1e-9;
     fprintf(stderr, "flashlm: wrote %s in %.1f s: %.2f MiB (resident %.2f MiB, token embedding last: %.2f MiB; FFN "
-            "%.2f MiB in %u layers of %u records of %llu bytes)\n", dst, (flm_now_ms() - t0) / 1e3,
-            cli_mib(f->file_size), cli_mib(f->resident->size), cli_mib(flm_file_tail_bytes(f)), cli_mib(ffn), f->n_layers, f->n_layers ? f->ffn[0]->n_records : 0,
-            f->n_layers ? (unsigned long long)f->ffn[0]->record_bytes : 0ull);
-    flm_file_close(f);
+            "%.2f MiB in %u layers of %u records of %llu bytes); %.0f MB/s written, %.0f MB/s of GGUF read\n", dst,
+            ci.seconds, cli_mib(ci.file_bytes), cli_mib(ci.resident_bytes), cli_mib(ci.embd_bytes),
+            cli_mib(ci.ffn_bytes), ci.n_layers, ci.n_records, (unsigned long long)ci.record_bytes,
+            (double)ci.file_bytes / s / 1e6, (double)ci.src_bytes / s / 1e6);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "compute/kernels_impl.h"
 #include "compute/quants.h"
 #include "core/types.h"
+#include "core/util.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Conversions
@@ -240,7 +241,7 @@ const flm_kernels *flm_kernels_scalar(void) {
 const flm_kernels *flm_kernels_avx2(void) {
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && flm_cpu_has_f16c())
         return flm_kernels_avx2_table();
 #endif
     return NULL;

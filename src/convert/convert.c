@@ -50,10 +50,20 @@ static bool in_pass(const flm_gguf_file *src, const flm_gguf_tensor *t, int pass
     return keep_resident(src, t) && (strcmp(t->name, "token_embd.weight") == 0) == (pass == 1);
 }
 
-/* Write the resident GGUF (all KVs, non-FFN tensors, token_embd.weight's data last) to tmp_path. */
-static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_path, flm_error *err) {
+static flm_status out_write(void *user, const void *p, size_t n, flm_error *err) {
+    return flm_out_write(user, p, n, err);
+}
+
+/* Write the resident GGUF (all KVs, non-FFN tensors, token_embd.weight's data last) straight into o, the .flm being
+ * written: once, no temporary file of its own, nothing read back. o->h is the region's checksum state (reset by the
+ * caller); *head_bytes / *head_sum get the head (docs/FORMAT.md): where token_embd.weight's data starts, and the
+ * XXH64 of the region's bytes before it (0 and 0 without an embedding). */
+static flm_status write_resident_gguf(const flm_gguf_file *src, flm_out_file *o, uint64_t *head_bytes,
+                                      uint64_t *head_sum, flm_error *err) {
+    *head_bytes = *head_sum = 0;
+    const uint64_t start = o->pos;
     flm_gguf_writer *w = NULL;
-    flm_status st = flm_gguf_writer_create(tmp_path, &w, err);
+    flm_status st = flm_gguf_writer_create_stream(o->path, out_write, o, &w, err);
     if (st) return st;
     for (uint64_t i = 0; i < src->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &src->kv[i]);
     for (int pass = 0; pass < 2; pass++)
@@ -63,51 +73,26 @@ static flm_status write_resident_gguf(const flm_gguf_file *src, const char *tmp_
         }
     if (st) {
         flm_gguf_writer_free(w);
-        return flm_fail(err, st, "%s: cannot build the resident region", tmp_path);
+        return flm_fail(err, st, "%s: cannot build the resident region", o->path);
     }
-    if ((st = flm_gguf_writer_begin(w, err))) goto fail;
+    if ((st = flm_gguf_writer_begin(w, err))) goto done;
     for (int pass = 0; pass < 2; pass++)
         for (uint64_t i = 0; i < src->n_tensors; i++) {
             const flm_gguf_tensor *t = &src->tensors[i];
-            if (in_pass(src, t, pass) && (st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto fail;
+            if (!in_pass(src, t, pass)) continue;
+            if (pass == 1 && o->pos > start) { /* the embedding's data starts here: the head ends */
+                XXH64_state_t *h = XXH64_createState();
+                if (!h) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", o->path); goto done; }
+                XXH64_copyState(h, o->h);
+                *head_bytes = o->pos - start;
+                *head_sum = XXH64_digest(h);
+                XXH64_freeState(h);
+            }
+            if ((st = flm_gguf_writer_write_tensor(w, t->data, t->nbytes, err))) goto done;
         }
-    if ((st = flm_gguf_writer_finish(w, err))) goto fail;
+    st = flm_gguf_writer_finish(w, err);
+done:
     flm_gguf_writer_free(w);
-    return FLM_OK;
-fail:
-    flm_gguf_writer_free(w);
-    return st;
-}
-
-/* The head of the resident GGUF at path (docs/FORMAT.md): *head_bytes = where token_embd.weight's data starts when
- * it is the last tensor's data, with *head_sum the XXH64 of the bytes before it; 0 and 0 otherwise. */
-static flm_status resident_head(const char *path, uint64_t *head_bytes, uint64_t *head_sum, flm_error *err) {
-    *head_bytes = *head_sum = 0;
-    flm_gguf_file *g = NULL;
-    flm_status st = flm_gguf_open(path, &g, err);
-    if (st) return st;
-    const flm_gguf_tensor *e = flm_gguf_find_tensor(g, "token_embd.weight");
-    uint64_t start = e ? g->data_offset + e->offset : 0;
-    bool last = e != NULL;
-    for (uint64_t i = 0; last && i < g->n_tensors; i++)
-        if (&g->tensors[i] != e && g->data_offset + g->tensors[i].offset + g->tensors[i].nbytes > start) last = false;
-    if (last && start > 0) {
-        *head_bytes = start;
-        *head_sum = XXH64(g->map, (size_t)start, 0);
-    }
-    flm_gguf_close(g);
-    return FLM_OK;
-}
-
-static flm_status copy_file_into(flm_out_file *o, const char *path, flm_error *err) {
-    FILE *in = fopen(path, "rb");
-    if (!in) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    uint8_t buf[1 << 16];
-    size_t n;
-    flm_status st = FLM_OK;
-    while (!st && (n = fread(buf, 1, sizeof buf, in)) > 0) st = flm_out_write(o, buf, n, err);
-    if (!st && ferror(in)) st = flm_fail(err, FLM_ERR_IO, "%s: read failed", path);
-    fclose(in);
     return st;
 }
 
@@ -151,11 +136,13 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
-    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, progress, user, err);
+    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, progress, user, NULL, err);
 }
 
 flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, flm_progress_fn progress, void *user,
-                          flm_error *err) {
+                          flm_convert_info *info, flm_error *err) {
+    if (info) memset(info, 0, sizeof *info);
+    const double t0 = flm_now_ms();
     if (down_as != FLM_TYPE_Q8_0 && down_as != FLM_TYPE_F16 && down_as != FLM_TYPE_F32)
         return flm_fail(err, FLM_ERR_ARG, "convert: down columns can be stored as q8_0, f16 or f32, not %s",
                         flm_type_name(down_as) ? flm_type_name(down_as) : "that type");
@@ -176,7 +163,7 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
                             flm_type_name(ct), hp->d_model, flm_type_block_elems(ct));
     }
     size_t plen = strlen(dst);
-    char *tmp = malloc(plen + 16), *res_tmp = malloc(plen + 32);
+    char *tmp = malloc(plen + 16);
     uint32_t n_regions = 1 + hp->n_layers;
     flm_region *regions = calloc(n_regions, sizeof *regions);
     /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
@@ -194,28 +181,20 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     float *downT = malloc(((size_t)hp->d_ffn * hp->d_model + hp->d_ffn) * sizeof(float));
     uint8_t *chunk = malloc(chunk_records * max_rec);
     flm_out_file o = {NULL, dst, 0, XXH64_createState()};
-    if (!tmp || !res_tmp || !regions || !hdr || !downT || !chunk || !o.h) {
+    if (!tmp || !regions || !hdr || !downT || !chunk || !o.h) {
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst);
         goto done;
     }
     XXH64_reset(o.h, 0); /* a fresh state is uninitialised */
     snprintf(tmp, plen + 16, "%s.tmp", dst);
-    snprintf(res_tmp, plen + 32, "%s.resident.tmp", dst);
     o.path = tmp;
     if (!(o.fp = fopen(tmp, "wb"))) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); goto done; }
     /* header placeholder, then the resident region */
     if ((st = flm_out_write(&o, hdr, header_bytes, err))) goto done;
     if (progress) progress(user, "resident", 0, 1);
-    if ((st = write_resident_gguf(m->gguf, res_tmp, err))) goto done;
     regions[0] = (flm_region){.kind = FLM_REGION_RESIDENT, .offset = o.pos};
-    if ((st = resident_head(res_tmp, &regions[0].head_bytes, &regions[0].head_checksum, err))) {
-        remove(res_tmp);
-        goto done;
-    }
     XXH64_reset(o.h, 0);
-    st = copy_file_into(&o, res_tmp, err);
-    remove(res_tmp);
-    if (st) goto done;
+    if ((st = write_resident_gguf(m->gguf, &o, &regions[0].head_bytes, &regions[0].head_checksum, err))) goto done;
     regions[0].size = o.pos - regions[0].offset;
     regions[0].checksum = XXH64_digest(o.h);
     if ((st = flm_out_pad(&o, err))) goto done;
@@ -234,12 +213,22 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     if (fclose(o.fp) != 0) { o.fp = NULL; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
     o.fp = NULL;
     if (rename(tmp, dst) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", tmp, dst, strerror(errno)); goto done; }
+    if (info) { /* what was written, without reading it back */
+        info->file_bytes = o.pos;
+        info->src_bytes = m->gguf->size;
+        info->resident_bytes = regions[0].size;
+        info->embd_bytes = regions[0].head_bytes ? regions[0].size - regions[0].head_bytes : 0;
+        for (uint32_t l = 0; l < hp->n_layers; l++) info->ffn_bytes += regions[1 + l].size;
+        info->n_layers = hp->n_layers;
+        info->n_records = hp->n_layers ? regions[1].n_records : 0;
+        info->record_bytes = hp->n_layers ? regions[1].record_bytes : 0;
+        info->seconds = (flm_now_ms() - t0) / 1e3;
+    }
 done:
     if (o.fp) fclose(o.fp);
     if (st && tmp) remove(tmp);
     XXH64_freeState(o.h);
     free(tmp);
-    free(res_tmp);
     free(regions);
     free(hdr);
     free(downT);

@@ -1,10 +1,38 @@
-/* util.c — the monotonic clock of core/util.h. */
+/* util.c — the monotonic clock and the CPU feature test of core/util.h. */
 #include "core/util.h"
 
+#include <stdio.h>
+#include <sys/resource.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 double flm_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+bool flm_cpu_has_f16c(void) {
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0; /* CPUID leaf 1: ECX bit 29 is F16C, bit 28 AVX */
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && (c & (1u << 28));
+#else
+    return false;
+#endif
+}
+
+bool flm_address_space_limited(void) {
+    struct rlimit rl;
+    return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+}
+
+flm_size_str flm_size(uint64_t b) {
+    flm_size_str r;
+    if (b < 1024) snprintf(r.s, sizeof r.s, "%llu bytes", (unsigned long long)b);
+    else if (b < (1ull << 20)) snprintf(r.s, sizeof r.s, "%.2f KiB", (double)b / 1024.0);
+    else if (b < (1ull << 30)) snprintf(r.s, sizeof r.s, "%.2f MiB", (double)b / 1048576.0);
+    else snprintf(r.s, sizeof r.s, "%.2f GiB", (double)b / 1073741824.0);
+    return r;
 }

@@ -2,6 +2,7 @@
  * Internal. */
 #ifndef FLM_CORE_UTIL_H
 #define FLM_CORE_UTIL_H
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -40,5 +41,14 @@ static inline float flm_get_f32(const uint8_t *p) {
 
 /* Milliseconds on CLOCK_MONOTONIC (an arbitrary origin: only differences mean anything). */
 double flm_now_ms(void);
+/* true when the CPU has AVX and F16C (CPUID; GCC's and clang's __builtin_cpu_supports do not agree on "f16c"). */
+bool flm_cpu_has_f16c(void);
+/* true when the process runs under an address-space limit (RLIMIT_AS, `ulimit -v`). OpenBLAS worker threads that
+ * cannot map their buffer there retry forever, so BLAS threads are not raised then. */
+bool flm_address_space_limited(void);
+/* A byte count for people: "512 bytes", "1.00 KiB", "26.52 MiB", "3.10 GiB" (so a 1K budget does not print as
+ * "0.00 MiB"). Use the member of the returned value in the same expression: printf("%s", flm_size(n).s). */
+typedef struct flm_size_str { char s[32]; } flm_size_str;
+flm_size_str flm_size(uint64_t bytes);
 
 #endif

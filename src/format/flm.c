@@ -103,8 +103,13 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
             n_layers++;
             if (!flm_type_supported(r->up_type) || !flm_type_supported(r->down_type) ||
                 (r->gate_type != FLM_GATE_NONE && !flm_type_supported(r->gate_type)))
-                return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: FFN region of layer %u: unsupported tensor type",
-                                path, r->layer);
+                return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: FFN region of layer %u: unsupported tensor type (up %s, "
+                                "gate %s, down %s; types by GGUF id: %u, %u, %u)", path, r->layer,
+                                flm_type_name(r->up_type) ? flm_type_name(r->up_type) : "unknown",
+                                r->gate_type == FLM_GATE_NONE ? "none" : flm_type_name(r->gate_type)
+                                    ? flm_type_name(r->gate_type) : "unknown",
+                                flm_type_name(r->down_type) ? flm_type_name(r->down_type) : "unknown", r->up_type,
+                                r->gate_type, r->down_type);
             if (r->n_records == 0 || r->record_bytes == 0 || r->record_bytes > (1ull << 32) ||
                 (uint64_t)r->n_records * r->record_bytes != r->size)
                 return flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: %u records of %llu bytes do not "

@@ -108,6 +108,7 @@ typedef struct rd {
     const char *path;
     flm_error *err;
     char ctx[160];
+    uint64_t kv_done, t_done; /* entries parsed completely (flm_gguf_open_salvage keeps them) */
 } rd;
 
 static flm_status rd_fail(rd *r, flm_status code, const char *field, const char *fmt, ...)
@@ -374,6 +375,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
             return flm_fail(r->err, FLM_ERR_NOMEM, "%s: out of memory for %llu kvs", r->path, (ull)n_kv);
         f->n_kv = i + 1;
         if ((st = rd_kv(r, i, &f->kv[i])) != FLM_OK) return st;
+        r->kv_done = i + 1;
     }
     cap = 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
@@ -381,6 +383,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
             return flm_fail(r->err, FLM_ERR_NOMEM, "%s: out of memory for %llu tensors", r->path, (ull)n_tensors);
         f->n_tensors = i + 1;
         if ((st = rd_tensor_info(r, i, &f->tensors[i])) != FLM_OK) return st;
+        r->t_done = i + 1;
     }
     if ((st = check_duplicates(r, f)) != FLM_OK) return st;
 
@@ -444,8 +447,10 @@ static flm_status load(flm_gguf_file_impl *fi, const char *path, flm_error *err)
     return st;
 }
 
-/* Open from a file (data == NULL) or a borrowed buffer holding the first size bytes of an image of total bytes. */
-static flm_status open_common(const char *path, const void *data, size_t size, uint64_t total, flm_gguf_file **out,
+/* Open from a file (data == NULL) or a borrowed buffer holding the first size bytes of an image of total bytes;
+ * salvage: on a parse error keep the complete entries (flm_gguf_open_salvage). */
+static flm_status open_common(const char *path, const void *data, size_t size, uint64_t total, bool salvage,
+                              flm_gguf_file **out,
                               flm_error *err) {
     *out = NULL;
     flm_error_clear(err);
@@ -457,9 +462,24 @@ static flm_status open_common(const char *path, const void *data, size_t size, u
     fi->f.map = data;
     fi->f.size = size;
     flm_status st = data ? FLM_OK : load(fi, path, err);
+    bool loaded = st == FLM_OK;
     if (st == FLM_OK) {
         rd r = {.p = fi->f.map, .size = fi->f.size, .total = data ? total : fi->f.size, .path = path, .err = err};
         st = parse(&r, &fi->f);
+        if (st != FLM_OK && salvage) { /* drop the entry that failed half-way, keep the others */
+            flm_gguf_file *f = &fi->f;
+            for (uint64_t i = r.kv_done; f->kv && i < f->n_kv; i++) {
+                free(f->kv[i].key);
+                free(f->kv[i].arr_str);
+            }
+            for (uint64_t i = r.t_done; f->tensors && i < f->n_tensors; i++) free(f->tensors[i].name);
+            f->n_kv = r.kv_done;
+            f->n_tensors = r.t_done;
+        }
+    }
+    if (st != FLM_OK && salvage && loaded) {
+        *out = &fi->f;
+        return st;
     }
     if (st != FLM_OK) {
         flm_gguf_close(&fi->f);
@@ -470,12 +490,22 @@ static flm_status open_common(const char *path, const void *data, size_t size, u
 }
 
 flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err) {
-    return open_common(path, NULL, 0, 0, out, err);
+    return open_common(path, NULL, 0, 0, false, out, err);
+}
+
+flm_status flm_gguf_open_salvage(const char *path, flm_gguf_file **out, flm_error *err) {
+    return open_common(path, NULL, 0, 0, true, out, err);
 }
 
 flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err) {
     static const uint8_t empty[1];
-    return open_common(name, data ? data : empty, data ? size : 0, data ? size : 0, out, err);
+    return open_common(name, data ? data : empty, data ? size : 0, data ? size : 0, false, out, err);
+}
+
+flm_status flm_gguf_open_buffer_salvage(const char *name, const void *data, size_t size, flm_gguf_file **out,
+                                        flm_error *err) {
+    static const uint8_t empty[1];
+    return open_common(name, data ? data : empty, data ? size : 0, data ? size : 0, true, out, err);
 }
 
 flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size_t size, uint64_t total,
@@ -483,7 +513,7 @@ flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size
     static const uint8_t empty[1];
     if (size > total) return flm_fail(err, FLM_ERR_ARG, "%s: %zu bytes in memory of a %llu-byte image", name, size,
                                       (ull)total);
-    return open_common(name, data ? data : empty, data ? size : 0, total, out, err);
+    return open_common(name, data ? data : empty, data ? size : 0, total, false, out, err);
 }
 
 void flm_gguf_close(flm_gguf_file *f) {
@@ -606,6 +636,8 @@ typedef struct wtensor {
 struct flm_gguf_writer {
     char *path, *tmp;
     FILE *fp;
+    flm_gguf_write_fn write; /* stream writer: every byte goes to write(user, ...); fp and tmp stay NULL */
+    void *user;
     int state;
     flm_error err;          /* first error of the kv/tensor adders, reported by begin() */
     uint8_t *kv;            /* serialized KVs */
@@ -700,6 +732,21 @@ flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_e
         flm_gguf_writer_free(w);
         return st;
     }
+    *out = w;
+    return FLM_OK;
+}
+
+flm_status flm_gguf_writer_create_stream(const char *name, flm_gguf_write_fn write, void *user, flm_gguf_writer **out,
+                                         flm_error *err) {
+    *out = NULL;
+    if (!name || !write) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_create_stream: NULL name or write");
+    flm_gguf_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->path = dup_bytes(name, strlen(name)))) {
+        free(w);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", name);
+    }
+    w->write = write;
+    w->user = user;
     *out = w;
     return FLM_OK;
 }
@@ -827,6 +874,12 @@ flm_status flm_gguf_writer_add_tensor(flm_gguf_writer *w, const char *name, uint
 /* Write n bytes to the file (data, or zeros when p is NULL). */
 static flm_status w_write(flm_gguf_writer *w, const void *p, uint64_t n, flm_error *err) {
     static const uint8_t zeros[GGUF_DEFAULT_ALIGNMENT];
+    if (w->write) {
+        flm_status st = w->write(w->user, p ? p : zeros, (size_t)n, err);
+        if (st) return w_abort(w, st);
+        w->pos += n;
+        return FLM_OK;
+    }
     if (p ? fwrite(p, 1, (size_t)n, w->fp) != n : fwrite(zeros, 1, (size_t)n, w->fp) != n)
         return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno)));
     w->pos += n;
@@ -910,6 +963,10 @@ flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err) {
                                    (ull)w->n_t));
     flm_status st = w_pad(w, err);
     if (st != FLM_OK) return st;
+    if (w->write) {
+        w->state = W_DONE;
+        return FLM_OK;
+    }
     if (fflush(w->fp) != 0 || fsync(fileno(w->fp)) != 0)
         return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: flush failed: %s", w->tmp, strerror(errno)));
     int rc = fclose(w->fp);

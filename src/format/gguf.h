@@ -67,6 +67,14 @@ flm_status flm_gguf_open(const char *path, flm_gguf_file **out, flm_error *err);
 /* The same for a GGUF image already in memory (e.g. a region of another file). The buffer is borrowed: it must
  * outlive the flm_gguf_file, and flm_gguf_close() does not free it. name stands for the path in f->path and in messages. */
 flm_status flm_gguf_open_buffer(const char *name, const void *data, size_t size, flm_gguf_file **out, flm_error *err);
+/* For showing a damaged file (flashlm inspect): like flm_gguf_open(_buffer), but when the file could be read and only
+ * parsing failed, *out still gets a file holding the metadata and tensor infos parsed completely before the
+ * problem (n_kv, n_tensors count them; a tensor whose data range was not checked has data NULL; alignment and
+ * data_offset may be 0), and the error is returned as well. Never use such a file for anything but display.
+ * When the file cannot be read at all *out is NULL. Free with flm_gguf_close(). */
+flm_status flm_gguf_open_salvage(const char *path, flm_gguf_file **out, flm_error *err);
+flm_status flm_gguf_open_buffer_salvage(const char *name, const void *data, size_t size, flm_gguf_file **out,
+                                        flm_error *err);
 /* The same for the first size bytes of a GGUF image of total bytes (total >= size), the rest not in memory: the
  * header (metadata and tensor infos) must lie within the size bytes; tensor data ranges are checked against total,
  * and a tensor whose data does not lie wholly within the size bytes gets data NULL (the caller may point it at its
@@ -97,6 +105,12 @@ flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t el
  * fsyncs and renames the temporary file "<path>.tmp" onto path. On any error the temporary file is removed. */
 typedef struct flm_gguf_writer flm_gguf_writer;
 flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err);
+/* A writer that hands every byte to write(user, bytes, n) instead of a file of its own (e.g. straight into a region of
+ * a .flm file being written): no temporary file, no fsync or rename; finish() only pads. name stands for the file in
+ * messages. write returns FLM_OK or an error (it fills err itself: the writer passes the err of the call). */
+typedef flm_status (*flm_gguf_write_fn)(void *user, const void *bytes, size_t n, flm_error *err);
+flm_status flm_gguf_writer_create_stream(const char *name, flm_gguf_write_fn write, void *user, flm_gguf_writer **out,
+                                         flm_error *err);
 flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t v);
 flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v);
 flm_status flm_gguf_writer_kv_str(flm_gguf_writer *w, const char *key, const char *v);

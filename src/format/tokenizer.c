@@ -223,6 +223,15 @@ flm_status flm_tokenizer_create_spec(const flm_tokenizer_spec *sp, flm_tokenizer
     } else if ((st = flm_bpe_init(t, sp->pre, sp->n_merges, sp->merges, sp->merge_lens, err)) != FLM_OK) {
         goto fail;
     }
+    /* a vocabulary of only control, unknown and unused tokens decodes every token to nothing: generation would
+     * print an empty text and succeed (issue 12) */
+    bool any_text = false;
+    for (uint32_t i = 0; i < n_vocab && !any_text; i++) any_text = t->tok[i].dec_len > 0;
+    if (!any_text) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "tokenizer: none of the %u tokens decodes to text (every one is a control, "
+                      "unknown or unused token): the model could only ever print nothing", n_vocab);
+        goto fail;
+    }
     *out = t;
     return FLM_OK;
 nomem:

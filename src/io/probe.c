@@ -636,7 +636,22 @@ flm_status flm_probe_load_cost_file(const char *json_path, flm_io_cost *out, flm
         }
     }
     fclose(fp);
-    if (st == FLM_OK) buf[len] = '\0';
+    if (st == FLM_OK) st = flm_probe_parse_cost(json_path, buf, len, out, err);
+    free(buf);
+    return st;
+}
+
+flm_status flm_probe_parse_cost(const char *json_path, const char *text, size_t len, flm_io_cost *out,
+                                flm_error *err) {
+    if (!json_path || (!text && len) || !out) return flm_fail(err, FLM_ERR_ARG, "flm_probe_parse_cost: NULL argument");
+    if (len >= MAX_JSON_BYTES)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: probe file larger than %llu bytes", json_path,
+                        (unsigned long long)MAX_JSON_BYTES);
+    char *buf = malloc(len + 1); /* a terminating NUL: cJSON never reads past it, whatever the length says */
+    if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", json_path);
+    if (len) memcpy(buf, text, len);
+    flm_status st = FLM_OK;
+    buf[len] = '\0';
     if (st == FLM_OK && memchr(buf, '\0', len)) /* cJSON would skip it as white space; JSON text has none */
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: probe file contains a NUL byte (at %ld)", json_path,
                       (long)((const char *)memchr(buf, '\0', len) - buf));

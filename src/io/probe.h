@@ -156,6 +156,9 @@ char *flm_probe_json_path(const char *model_path);
  * bandwidth_gbps in (0, 1e4]; the message names the file and what is wrong), FLM_ERR_NOMEM, FLM_ERR_ARG.
  * *out is only written on success. */
 flm_status flm_probe_load_cost_file(const char *json_path, flm_io_cost *out, flm_error *err);
+/* The same for len bytes of probe JSON already in memory (text need not be NUL-terminated; name stands for the file
+ * in messages). Errors: FLM_ERR_FORMAT (also for more than 16 MiB or a NUL byte), FLM_ERR_NOMEM, FLM_ERR_ARG. */
+flm_status flm_probe_parse_cost(const char *name, const char *text, size_t len, flm_io_cost *out, flm_error *err);
 
 /* flm_probe_load_cost_file(flm_probe_json_path(model_path)): the cost measured for the disk holding the model. */
 flm_status flm_probe_load_cost(const char *model_path, flm_io_cost *out, flm_error *err);

@@ -25,6 +25,7 @@
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "core/types.h"
+#include "core/util.h"
 #include "core/error.h"
 #include "compute/act.h"
 
@@ -526,8 +527,7 @@ static void store_row(uint32_t type, const float *x, void *dst, size_t n, bool f
 
 static bool have_f16c(void) {
 #ifdef SYNTH_HAVE_F16C
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    return flm_cpu_has_f16c();
 #else
     return false;
 #endif

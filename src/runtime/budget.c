@@ -91,10 +91,10 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         if (p->embd == FLM_EMBD_FLASH)
             snprintf(embd, sizeof embd, " (token embedding %.2f MiB left on flash)", flm_mib(p->embd_bytes));
         return flm_fail(err, FLM_ERR_BUDGET,
-                        "%s: a memory budget of %.2f MiB is too small for mode %s: resident weights %.2f MiB%s + KV "
+                        "%s: a memory budget of %s is too small for mode %s: resident weights %.2f MiB%s + KV "
                         "cache %.2f MiB (-c %u, %s) + scratch %.2f MiB + reader %.2f MiB + FFN %s %.2f MiB = %.2f MiB "
                         "(the whole model is %.2f MiB)",
-                        f->path, flm_mib(budget), flm_mode_name(mode), flm_mib(p->resident), embd, flm_mib(p->kv),
+                        f->path, flm_size(budget).s, flm_mode_name(mode), flm_mib(p->resident), embd, flm_mib(p->kv),
                         rq->n_ctx, rq->kv_elem_bytes == FLM_KV_F16 ? "f16" : "f32", flm_mib(p->scratch),
                         flm_mib(p->reader), mode == FLM_MODE_RAM ? "(all layers)" : "(one streamed layer)",
                         flm_mib(p->stream + p->ffn_resident), flm_mib(flm_mem_plan_total(p)), flm_mib(p->model_bytes));

@@ -157,9 +157,9 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, flm_kv_elem_bytes(p));
         uint64_t need = ctx->mem_resident + kv + flm_scratch_bytes(hp, n_ctx);
         if (need > budget) {
-            st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %.2f MiB cannot hold this GGUF model in memory "
+            st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold this GGUF model in memory "
                           "(weights %.2f MiB + KV cache %.2f MiB + scratch %.2f MiB); to stream its FFN weights, "
-                          "convert it: `flashlm convert %s OUT.flm`", path, budget / 1048576.0,
+                          "convert it: `flashlm convert %s OUT.flm`", path, flm_size(budget).s,
                           ctx->mem_resident / 1048576.0, kv / 1048576.0, flm_scratch_bytes(hp, n_ctx) / 1048576.0,
                           path);
             flm_close(ctx);

@@ -63,7 +63,7 @@ static flm_status stream_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
         tok->io_ms += flm_now_ms() - t0;
         tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
         tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return st;
+        if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
         records = ctx->ffn_state;
     }
     flm_flash_bundles(ctx, l, records, in, out);

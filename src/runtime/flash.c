@@ -141,12 +141,22 @@ flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err) {
                             (unsigned long long)planned);
         flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), fl->layer_data[l]};
         flm_status st = flm_reader_read(fl->reader, &e, 1, NULL, err);
-        if (st) return st;
+        if (st) return flm_flash_region_error(fl, l, st, err);
         if (!flm_region_checksum_ok(r, fl->layer_data[l])) /* read whole anyway: checking costs ~1% of the read */
             return flm_fail(err, FLM_ERR_CHECKSUM, "%s: FFN region of layer %u: checksum mismatch (the file is corrupt)",
                             file->path, l);
     }
     return FLM_OK;
+}
+
+flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st, flm_error *err) {
+    if (!err) return st;
+    const char *path = fl->file->path, *what = err->msg;
+    size_t n = strlen(path);
+    if (!strncmp(what, path, n) && !strncmp(what + n, ": ", 2)) what += n + 2; /* the reader named the file */
+    char msg[FLM_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", what);
+    return flm_fail(err, st, "%s: FFN region of layer %u: %s", path, l, msg);
 }
 
 void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out) {

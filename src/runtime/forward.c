@@ -12,9 +12,18 @@
  *                                                      (runtime/ffn_source.h: memory, flash, neuron cache)
  *   x  += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
  *
- * then logits = output rmsnorm(x) * output_norm. Gemma scales the embedding row by sqrt(d_model). */
+ * then logits = output rmsnorm(x) * output_norm. Gemma scales the embedding row by sqrt(d_model).
+ *
+ * Corrupt weights: streamed FFN regions are not checksummed per token (flashlm verify does that), and a GGUF's
+ * weights never are, so a NaN or Inf weight would flow into the logits and the sampler would print garbage with exit
+ * 0. Each layer's attention and FFN outputs (d_model floats) and the logits are checked to be finite — one pass of
+ * integer compares, nothing next to the matrix products — and a non-finite one stops the token with an error naming
+ * the file, the layer and the region (FLM_ERR_CHECKSUM for .flm data, FLM_ERR_FORMAT for a GGUF's). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "core/error.h"
 
 #include "core/types.h"
 #include "runtime/runtime.h"
@@ -36,6 +45,37 @@ static void head_norm(float *v, const flm_weight *w, uint32_t n_heads, uint32_t 
 static void residual(float *x, float *y, const flm_weight *norm, uint32_t d, float eps) {
     if (norm->data) flm_rmsnorm(y, y, norm->data, d, eps);
     for (uint32_t i = 0; i < d; i++) x[i] += y[i];
+}
+
+/* true when none of v[0..n) is NaN or Inf (exponent bits all ones) */
+static bool all_finite(const float *v, uint32_t n) {
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad == 0;
+}
+
+/* The error for a non-finite output of `what` ("FFN", "attention", "output") in layer l (UINT32_MAX: none). */
+static flm_status not_finite(const flm_ctx *ctx, const char *what, uint32_t l, flm_error *err) {
+    const bool ffn = !strcmp(what, "FFN");
+    char layer[32] = "";
+    if (l != UINT32_MAX) snprintf(layer, sizeof layer, " of layer %u", l);
+    if (ctx->flash) { /* name the region as flashlm verify does */
+        const char *path = ctx->flash->file->path;
+        char region[64];
+        if (ffn) snprintf(region, sizeof region, "FFN region%s", layer);
+        else snprintf(region, sizeof region, "resident region (the %s%s)", what, layer);
+        bool streamed = ffn && !ctx->flash->layer_data[l]; /* read per token, never checksummed */
+        return flm_fail(err, FLM_ERR_CHECKSUM, "%s: data corrupt in the %s: its output is not finite (NaN or Inf); "
+                        "run `flashlm verify %s`%s", path, region, path,
+                        streamed ? "" : " (if it finds nothing, the weights were not finite before conversion)");
+    }
+    const char *path = ctx->model->gguf ? ctx->model->gguf->path : "model";
+    return flm_fail(err, FLM_ERR_FORMAT, "%s: the %s output%s is not finite (NaN or Inf): its weights hold "
+                    "non-finite values (the file is corrupt)", path, what, layer);
 }
 
 flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err) {
@@ -82,15 +122,18 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
         flm_attention(k, &ctx->kv, l, first, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim,
                       hp->attn_scale, s->att, s->xb, nt);
         flm_matvec(k, L->wo.type, L->wo.data, d, q_dim, s->xb, s->xb2, nt);
+        if (!all_finite(s->xb2, d)) return not_finite(ctx, "attention", l, err);
         residual(s->x, s->xb2, &L->post_attn_norm, d, hp->norm_eps);
         /* FFN */
         flm_rmsnorm(s->xb, s->x, L->ffn_norm.data, d, hp->norm_eps);
         if (ctx->ffn_tap) ctx->ffn_tap(ctx->tap_user, l, s->xb);
         flm_status st = ctx->ffn->compute(ctx, l, s->xb, s->xb2, tok, err); /* the mode's source (ffn_source.h) */
         if (st) return st;
+        if (!all_finite(s->xb2, d)) return not_finite(ctx, "FFN", l, err);
         residual(s->x, s->xb2, &L->post_ffn_norm, d, hp->norm_eps);
     }
     flm_rmsnorm(s->x, s->x, m->output_norm.data, d, hp->norm_eps);
     flm_matvec(k, m->output.type, m->output.data, hp->n_vocab, d, s->x, s->logits, nt);
+    if (!all_finite(s->logits, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
     return FLM_OK;
 }

@@ -118,6 +118,9 @@ void flm_flash_close(flm_flash *fl);
  * statistics (load time). Errors: FLM_ERR_NOMEM, FLM_ERR_BUDGET (the regions exceed the plan: a planning bug),
  * FLM_ERR_IO, FLM_ERR_CHECKSUM naming the layer. */
 flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err);
+/* A failed read of layer l's FFN region: err (the reader's "<path>: what happened") becomes "<path>: FFN region of
+ * layer l: what happened", so every error names the file and the region. Returns st. */
+flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st, flm_error *err);
 /* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH), dequantized into
  * out[d_model]. The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
  * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */

@@ -583,7 +583,9 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
 
     const int nt = o->n_threads > 0 ? o->n_threads : omp_get_max_threads();
     const int blas_prev = openblas_get_num_threads();
-    if (o->n_threads > 0) openblas_set_num_threads(o->n_threads);
+    /* not under `ulimit -v`: an OpenBLAS worker that cannot map its buffer retries forever (issue 12) */
+    const bool raise_blas = o->n_threads > 0 && !flm_address_space_limited();
+    if (raise_blas) openblas_set_num_threads(o->n_threads);
 
     flm_status st = FLM_OK;
     uint64_t rng = o->seed ^ 0x5851f42d4c957f2dull;
@@ -730,7 +732,7 @@ flm_status flm_predictor_train(flm_predictor *p, const float *X, const uint8_t *
         m->n_holdout = n_hold;
     }
 done:
-    if (o->n_threads > 0) openblas_set_num_threads(blas_prev);
+    if (raise_blas) openblas_set_num_threads(blas_prev);
     free(perm);
     free(pos);
     free(wpos);
