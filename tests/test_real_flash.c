@@ -162,8 +162,13 @@ static void test_sparse(void **state) {
     memcpy(held, book + 100000, 40000);
     held[40000] = 0;
     char cmd[8192];
+#ifdef FLM_SANITIZED_BUILD /* memory errors, not quality: a small calibration without the level check (ASan is ~10x) */
+    snprintf(cmd, sizeof cmd, "calibrate '%s' --text '%s' --tokens 256 --chunk 128 --epochs 1 --eval-tokens 0 --rank 32 --rank-last 32 -t 2 2>&1",
+             flm_path, calib);
+#else
     snprintf(cmd, sizeof cmd, "calibrate '%s' --text '%s' --tokens 1024 --chunk 128 --epochs 2 --eval-tokens 256 --rank 64 --rank-last 64 -t 2 2>&1",
              flm_path, calib);
+#endif
     char *out = NULL;
     int rc = tu_run_cli(cmd, &out);
     if (rc != 0) fail_msg("calibrate failed (%d): %s", rc, out);
@@ -187,8 +192,11 @@ static void test_sparse(void **state) {
     }
     /* the FFN is 58.5 MiB: sparse reads far less than naive's whole FFN per token */
     assert_true(bytes[1] < 0.5 * 58.5 * 1048576.0);
-    /* the default level (chosen by calibrate's own held-out check) keeps quality: within 3% of dense here */
+#ifndef FLM_SANITIZED_BUILD
+    /* the default level (chosen by calibrate's own held-out check) keeps quality: within 3% of dense here (measured
+     * 26.536 against 25.951, +2.3%) */
     assert_true(ppl[1] < 1.03 * ppl[0]);
+#endif
     /* the re-laid q8_0 down columns cost little against the GGUF (wiki, 3 chunks of 512: -0.02%; this short
      * text of 254 scored tokens: +0.6%) */
     assert_true(fabs(ppl[0] / ppl[2] - 1.0) < 0.01);
