@@ -212,6 +212,56 @@ static flm_status eval_pass(flm_ctx *ctx, const int32_t *toks, uint32_t n, uint3
     return FLM_OK;
 }
 
+/* The held-out check (docs/SPARSITY.md, "Choosing the default level"): a dense pass over eval_ids[0..n_eval), then
+ * one per level with its predictors (and, with o->curve and dn non-NULL, one per level with the true active sets).
+ * Fills sp's level_loss (exp(mean KL) - 1) and level_dnll (and their _oracle), and sets *def to the most
+ * aggressive level within o->max_loss (0 if none is). scratch: max rank + d_ffn floats. Stops at the first level
+ * past max_loss unless o->curve. Errors: those of flm_eval, FLM_ERR_NOMEM. */
+static flm_status check_levels(flm_ctx *ctx, flm_sparsity *sp, const int32_t *eval_ids, uint32_t n_eval, int32_t bos,
+                               const flm_calib_opts *o, float *scratch, float **dn, uint32_t *def, flm_error *err) {
+    int passes = o->curve && dn ? 2 : 1;
+    uint64_t done_tok = 0, total = (uint64_t)n_eval * ((uint64_t)passes * sp->n_levels + 1);
+    float *ref = malloc((size_t)n_eval * ctx->model->hp.n_vocab * sizeof(float));
+    if (!ref) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for the held-out check");
+    double dense;
+    flm_status st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &dense, NULL, NULL, err);
+    sim_data sd = {sp, 0, scratch, 0, dn};
+    *def = 0;
+    for (int oracle = 0; oracle < passes && !st; oracle++) {
+        if ((st = flm_set_ffn_select(ctx, oracle ? sim_select_oracle : sim_select, &sd, oracle, err))) break;
+        for (uint32_t k = 0; k < sp->n_levels; k++) {
+            sd.level = k;
+            double nll, kl;
+            if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &nll, &kl, &sd, err)))
+                break;
+            float loss = (float)(exp(kl) - 1.0), dnll = (float)(exp(nll - dense) - 1.0);
+            if (oracle) {
+                sp->level_loss_oracle[k] = loss;
+                sp->level_dnll_oracle[k] = dnll;
+                continue;
+            }
+            sp->level_loss[k] = loss;
+            sp->level_dnll[k] = dnll;
+            if (loss <= o->max_loss) *def = k;
+            else if (!o->curve) break; /* losses grow with eps: the rest would fail too */
+        }
+    }
+    flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
+    free(ref);
+    if (!st && o->progress) o->progress(o->user, "checking levels", total, total);
+    return st;
+}
+
+/* ctx for the checks: the .flm in ram mode, a context of one chunk. */
+static flm_status open_ram(const char *path, const flm_calib_opts *o, flm_ctx **ctx, flm_error *err) {
+    flm_params p;
+    flm_params_default(&p);
+    p.mode = FLM_MODE_RAM;
+    p.n_ctx = (int)o->chunk;
+    if (o->n_threads > 0) p.n_threads = o->n_threads;
+    return flm_open(path, &p, ctx, err);
+}
+
 /* ---- per layer: rule, levels, predictor ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -394,13 +444,8 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         fclose(t);
         remove(tmp);
     }
-    flm_params p;
-    flm_params_default(&p);
-    p.mode = FLM_MODE_RAM;
-    p.n_ctx = (int)o->chunk;
-    if (o->n_threads > 0) p.n_threads = o->n_threads;
     flm_ctx *ctx = NULL;
-    flm_status st = flm_open(path, &p, &ctx, err);
+    flm_status st = open_ram(path, o, &ctx, err);
     if (st) return st;
     flm_sparsity sp = {0};
     tap_data td = {0};
@@ -408,7 +453,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     int32_t *ids = NULL;
     layer_work w = {0};
     uint8_t *region = NULL;
-    float *sim_scratch = NULL, *ref = NULL;
+    float *sim_scratch = NULL;
     float **dn_all = NULL;
     uint32_t L_all = 0;
     const flm_hparams *hp = &ctx->model->hp;
@@ -523,36 +568,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         uint32_t scratch_floats = max_rank + F;
         sim_scratch = malloc(scratch_floats * sizeof(float));
         if (!sim_scratch) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-        uint64_t done_tok = 0, total = (uint64_t)n_eval * (o->curve ? 2 * sp.n_levels + 1 : sp.n_levels + 1);
-        double dense;
-        ref = malloc((size_t)n_eval * hp->n_vocab * sizeof(float));
-        if (!ref) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for the held-out check"); goto done; }
-        if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &dense, NULL, NULL, err)))
-            goto done;
-        sim_data sd = {&sp, 0, sim_scratch, 0, dn_all};
-        def = 0;
-        for (int oracle = 0; oracle < (o->curve ? 2 : 1); oracle++) {
-            if ((st = flm_set_ffn_select(ctx, oracle ? sim_select_oracle : sim_select, &sd, oracle, err))) goto done;
-            for (uint32_t k = 0; k < sp.n_levels; k++) {
-                sd.level = k;
-                double nll, kl;
-                if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &nll, &kl, &sd,
-                                    err)))
-                    goto done;
-                float loss = (float)(exp(kl) - 1.0); /* the estimate; the NLL difference goes to the report */
-                if (oracle) sp.level_dnll_oracle[k] = (float)(exp(nll - dense) - 1.0);
-                else sp.level_dnll[k] = (float)(exp(nll - dense) - 1.0);
-                if (oracle) {
-                    sp.level_loss_oracle[k] = loss;
-                    continue;
-                }
-                sp.level_loss[k] = loss;
-                if (loss <= o->max_loss) def = k;
-                else if (!o->curve) break; /* losses grow with eps: the rest would fail too */
-            }
-        }
-        flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
-        if (o->progress) o->progress(o->user, "checking levels", total, total);
+        if ((st = check_levels(ctx, &sp, eval_ids, n_eval, bos, o, sim_scratch, dn_all, &def, err))) goto done;
     }
     sp.default_level = def;
     sp.target_sparsity = sp.level_eps[def];
@@ -587,7 +603,6 @@ done:
     free(w.h);
     free(region);
     free(sim_scratch);
-    free(ref);
     if (!st && report) *report = sp;
     else flm_sparsity_free(&sp);
     return st;
@@ -598,17 +613,12 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
     if (!o->text || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
         return flm_fail(err, FLM_ERR_ARG, "calibrate --levels-only: bad options (chunk >= 16, 0 < max_loss < 1)");
-    flm_params p;
-    flm_params_default(&p);
-    p.mode = FLM_MODE_RAM;
-    p.n_ctx = (int)o->chunk;
-    if (o->n_threads > 0) p.n_threads = o->n_threads;
     flm_ctx *ctx = NULL;
-    flm_status st = flm_open(path, &p, &ctx, err);
+    flm_status st = open_ram(path, o, &ctx, err);
     if (st) return st;
     flm_sparsity sp = {0};
     int32_t *ids = NULL;
-    float *scratch = NULL, *ref = NULL;
+    float *scratch = NULL;
     uint8_t *region = NULL;
     void *stored = NULL;
     const flm_hparams *hp = &ctx->model->hp;
@@ -650,28 +660,10 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
     const int32_t *eval_ids = ids + (n_tok - n_eval);
     int32_t bos = flm_tokenizer_bos(ctx->model->tok);
     scratch = malloc(((size_t)max_rank + hp->d_ffn) * sizeof(float));
-    ref = malloc((size_t)n_eval * hp->n_vocab * sizeof(float));
-    if (!scratch || !ref) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory for the held-out check"); goto done; }
+    if (!scratch) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory for the held-out check"); goto done; }
     for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++) sp.level_loss[k] = sp.level_dnll[k] = NAN;
-    uint64_t done_tok = 0, total = (uint64_t)n_eval * (sp.n_levels + 1);
-    double dense;
-    if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &dense, NULL, NULL, err)))
-        goto done;
-    sim_data sd = {&sp, 0, scratch, 0, NULL};
-    if ((st = flm_set_ffn_select(ctx, sim_select, &sd, false, err))) goto done;
     uint32_t def = 0;
-    for (uint32_t k = 0; k < sp.n_levels; k++) {
-        sd.level = k;
-        double nll, kl;
-        if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &nll, &kl, &sd, err)))
-            goto done;
-        sp.level_loss[k] = (float)(exp(kl) - 1.0);
-        sp.level_dnll[k] = (float)(exp(nll - dense) - 1.0);
-        if (sp.level_loss[k] <= o->max_loss) def = k;
-        else if (!o->curve) break;
-    }
-    flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
-    if (o->progress) o->progress(o->user, "checking levels", total, total);
+    if ((st = check_levels(ctx, &sp, eval_ids, n_eval, bos, o, scratch, NULL, &def, err))) goto done;
     sp.default_level = def;
     sp.target_sparsity = sp.level_eps[def];
     flm_sparsity_use_level(&sp, def); /* s_agg stays the calibration's (measured at its default level) */
@@ -684,7 +676,6 @@ done:
     if (ctx) flm_close(ctx);
     free(ids);
     free(scratch);
-    free(ref);
     free(region);
     free(stored);
     if (!st && report) *report = sp;
