@@ -248,7 +248,8 @@ static flm_status check_levels(flm_ctx *ctx, flm_sparsity *sp, const int32_t *ev
     }
     flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
     free(ref);
-    if (!st && o->progress) o->progress(o->user, "checking levels", total, total);
+    if (!st && o->progress && done_tok < total) /* stopped early: the phase ends here */
+        o->progress(o->user, "checking levels", total, total);
     return st;
 }
 
