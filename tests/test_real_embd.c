@@ -21,17 +21,7 @@ static const char *flm_path; /* the converted model, made once in setup */
 
 static int setup(void **state) {
     (void)state;
-    const char *gguf = tu_model("qwen2.5-coder-0.5b");
-    if (!gguf) return 0;
-    static char path[4096];
-    snprintf(path, sizeof path, "%s", tu_tmp("qwen05", ".flm"));
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "convert '%s' '%s' 2>&1", gguf, path);
-    char *out = NULL;
-    int rc = tu_run_cli(cmd, &out);
-    if (rc != 0) fail_msg("convert failed (%d): %s", rc, out);
-    free(out);
-    flm_path = path;
+    flm_path = tu_convert_pulled("qwen2.5-coder-0.5b", "qwen05"); /* NULL: not pulled, the tests skip */
     return 0;
 }
 

@@ -52,17 +52,7 @@ static void run_steps(flm_ctx *ctx, const int32_t *prompt, size_t n_prompt, int3
 
 static int setup(void **state) {
     (void)state;
-    const char *gguf = tu_model("smollm2-135m");
-    if (!gguf) return 0;
-    static char path[4096];
-    snprintf(path, sizeof path, "%s", tu_tmp("smollm2", ".flm"));
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "convert '%s' '%s' 2>&1", gguf, path);
-    char *out = NULL;
-    int rc = tu_run_cli(cmd, &out);
-    if (rc != 0) fail_msg("convert failed (%d): %s", rc, out);
-    free(out);
-    flm_path = path;
+    flm_path = tu_convert_pulled("smollm2-135m", "smollm2"); /* NULL: not pulled, the tests skip */
     return 0;
 }
 

@@ -81,3 +81,17 @@ const char *tu_model(const char *name) {
     print_message("model %s is not pulled (%s): skipped\n", name, buf);
     return NULL;
 }
+
+const char *tu_convert_pulled(const char *name, const char *tag) {
+    const char *gguf = tu_model(name);
+    if (!gguf) return NULL;
+    static char path[4096];
+    snprintf(path, sizeof path, "%s", tu_tmp(tag, ".flm"));
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "convert '%s' '%s' 2>&1", gguf, path);
+    char *out = NULL;
+    int rc = tu_run_cli(cmd, &out);
+    if (rc != 0) fail_msg("convert of %s failed (%d): %s", name, rc, out);
+    free(out);
+    return path;
+}

@@ -18,6 +18,9 @@ void tu_write_file(const char *path, const void *data, size_t len);
 /* Run the flashlm CLI with the given argument string through /bin/sh (append "2>&1" to capture stderr); capture stdout (malloc'd, NUL-ended)
  * into *out when non-NULL; return the exit status (or -1 when killed by a signal). */
 int tu_run_cli(const char *args, char **out);
+/* Convert the pulled model `name` (tu_model) into a temporary .flm named after tag with `flashlm convert`; returns
+ * its path (valid until the next call), or NULL when the model is not pulled. A failed convert fails the test. */
+const char *tu_convert_pulled(const char *name, const char *tag);
 /* Simple deterministic RNG for tests. */
 uint64_t tu_rand_u64(uint64_t *state);
 float tu_rand_f32(uint64_t *state); /* uniform in [-1, 1) */
