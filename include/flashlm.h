@@ -35,10 +35,10 @@ extern "C" {
 /* Version: the number is MAJOR * 10000 + MINOR * 100 + PATCH, for compile-time checks such as
  * #if FLM_VERSION_NUMBER >= 200 (0.2.0). flm_version() gives the library's own at run time. */
 #define FLM_VERSION_MAJOR 0
-#define FLM_VERSION_MINOR 1
+#define FLM_VERSION_MINOR 2
 #define FLM_VERSION_PATCH 0
 #define FLM_VERSION_NUMBER (FLM_VERSION_MAJOR * 10000 + FLM_VERSION_MINOR * 100 + FLM_VERSION_PATCH)
-#define FLM_VERSION_STRING "0.1.0"
+#define FLM_VERSION_STRING "0.2.0"
 
 /* The version of the linked library: FLM_VERSION_NUMBER as it was when the library was built; *str (may be NULL)
  * gets FLM_VERSION_STRING. A program built against other headers can compare the two. */
@@ -136,6 +136,9 @@ typedef void (*flm_log_fn)(void *user, flm_log_level level, const char *msg);
 typedef struct flm_params {
     int n_threads;      /* compute threads (-t); default: the number of online CPUs */
     int n_ctx;          /* KV cache length in tokens (-c); 0 = min(model's context_length, 2048) */
+    int n_batch;        /* tokens one batched forward pass holds (-b): flm_eval_batch runs longer inputs in pieces
+                           of this many; 0 = 64; clamped to n_ctx. Its activations (about 4 * (3 d_model + q_dim +
+                           2 kv_dim + 2 d_ffn) bytes per token) are part of the memory plan */
     flm_mode mode;      /* default FLM_MODE_AUTO */
     uint64_t mem_bytes; /* memory budget in bytes (--mem); 0 = none. Resident weights + neuron storage + KV cache +
                            scratch + reader buffers must fit (docs/ARCHITECTURE.md, "Memory budget") */
@@ -181,10 +184,30 @@ FLM_API void flm_close(flm_ctx *ctx);
 /* Replace the context's log callback (initially params->log); fn NULL drops messages from now on. */
 FLM_API void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user);
 
-/* Run one token at position pos (0-based; positions must be fed in order 0, 1, 2, ... or restart at 0) through the
- * model and point *logits at the n_vocab next-token logits (valid until the next call).
- * Errors: FLM_ERR_ARG (token out of range, pos >= n_ctx or out of order), FLM_ERR_IO (a weight read failed). */
+/* Run one token at position pos (0-based) through the model and point *logits at the n_vocab next-token logits
+ * (valid until the next call). Positions are fed in order 0, 1, 2, ...; pos may also go back to any earlier
+ * position p (0 restarts): the context then forgets positions >= p (rejected draft tokens, a regenerated reply).
+ * Errors: FLM_ERR_ARG (token out of range, pos >= n_ctx, or pos past the next position), FLM_ERR_IO (a weight read
+ * failed), FLM_ERR_CHECKSUM (non-finite data). After an error the context holds positions < pos, as before the call:
+ * evaluating pos again is correct. */
 FLM_API flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
+
+/* Run n tokens at positions pos, pos + 1, ..., pos + n - 1 (pos as in flm_eval: the next position or an earlier
+ * one) in batched forward passes of up to n_batch tokens (flm_params.n_batch): each resident weight matrix is read
+ * once per batch, and a streamed FFN layer's weights once per batch for all its tokens (sparse: the union of the
+ * tokens' predicted neurons; each token is computed over its own set). The results equal n flm_eval calls (logits
+ * to float rounding). Used for prompts and for verifying draft tokens (speculative decoding).
+ *   logits_all: NULL, or the caller's n * n_vocab floats that receive every token's next-token logits (row i: after
+ *               tokens[0..i]);
+ *   logits:     NULL, or set to the last token's logits (inside logits_all, or the context's, valid until the next
+ *               call).
+ * Statistics: each token gets an equal share of its batch's I/O, memory and compute time and bytes.
+ * Errors: those of flm_eval, FLM_ERR_ARG (n == 0, tokens NULL, pos + n > n_ctx: nothing is run). After an error
+ * the context holds positions < pos (as before the call). */
+FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                                  const float **logits, flm_error *err);
+/* The next position flm_eval expects (tokens held in the context). */
+FLM_API int32_t flm_n_past(const flm_ctx *ctx);
 
 /* Model facts. */
 typedef struct flm_model_info {

@@ -90,6 +90,7 @@ static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, flm_sta
     flm_params_default(&p);
     p.n_threads = 1;
     p.n_ctx = 64;
+    p.n_batch = 4; /* fixed: the default shrinks with the budget, and test_budget needs the fixed parts fixed */
     p.mode = mode;
     p.mem_bytes = mem;
     flm_ctx *ctx = NULL;

@@ -158,6 +158,8 @@ bool cli_is_help(int argc, char **argv) {
 const char *CLI_MODEL_OPTS_HELP =
     "  -t, --threads N      compute threads (default: all CPUs)\n"
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
+    "  -b, --batch-size N   tokens per batched forward pass (prompts, draft verification; default 64): each\n"
+    "                       weight is read once per batch; its activations count in the memory budget\n"
     "      --mem BYTES|N%   memory budget: bytes (K/M/G/T suffixes: powers of 1024) or percent of the model's\n"
     "                       weight bytes; resident weights + FFN storage + KV cache + scratch must fit, and peak\n"
     "                       RSS stays within it + 16 MiB for the process itself. 0 = no budget (the default)\n"
@@ -208,6 +210,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     long v;
     bool takes = !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "-c") || !strcmp(a, "--ctx-size") ||
+                 !strcmp(a, "-b") || !strcmp(a, "--batch-size") ||
                  !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads") ||
                  !strcmp(a, "--window") || !strcmp(a, "--sparse-level");
     if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
@@ -229,6 +232,9 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!cli_parse_long(val, 0, 1 << 20, &v)) { cli_die("bad -c value '%s'", val); return -1; }
         p->n_ctx = (int)v;
+    } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+        if (!cli_parse_long(val, 1, 65536, &v)) { cli_die("bad -b value '%s' (1..65536)", val); return -1; }
+        p->n_batch = (int)v;
     } else if (!strcmp(a, "--mem")) {
         if (!flm_parse_mem(val, &p->mem_bytes, &p->mem_percent)) {
             fprintf(stderr, "flashlm: bad --mem value '%s': %s (bytes with an optional K/M/G/T suffix, N%% of the "
@@ -444,14 +450,13 @@ int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat_template *t
 
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
     flm_error err;
-    for (size_t i = 0; i < n; i++) {
-        if (flm_eval(g->ctx, ids[i], g->pos, &g->logits, &err)) {
-            fprintf(stderr, "\nflashlm: %s\n", err.msg);
-            return 1;
-        }
-        g->pos++;
-        g->last = ids[i];
+    if (n == 0) return 0;
+    if (flm_eval_batch(g->ctx, ids, (uint32_t)n, g->pos, NULL, &g->logits, &err)) { /* batches of -b tokens */
+        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        return 1;
     }
+    g->pos += (int32_t)n;
+    g->last = ids[n - 1];
     return 0;
 }
 

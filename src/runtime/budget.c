@@ -40,7 +40,12 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     p->kv_elem_bytes = rq->kv_elem_bytes;
     p->kv = flm_kv_cache_bytes(hp->n_layers, rq->n_ctx, hp->n_kv_heads * hp->head_dim, rq->kv_elem_bytes);
     /* activations, per-thread FFN accumulators, and the tokenizer's copies (~ pieces twice + hash + entries) */
-    p->scratch = flm_scratch_bytes(hp, rq->n_ctx) + 4ull * (uint64_t)rq->n_threads * hp->d_model +
+    {
+        flm_params bp = {.n_batch = (int)rq->n_batch, .n_threads = rq->n_threads};
+        p->n_batch = flm_batch_size(&bp, hp, rq->n_ctx, budget);
+    }
+    p->scratch = flm_scratch_bytes(hp, rq->n_ctx, p->n_batch) +
+                 4ull * (uint64_t)rq->n_threads * p->n_batch * hp->d_model +
                  (uint64_t)hp->n_vocab * 96;
     /* reader bounce buffers: 1/16 of the budget, between 32 KiB and 8 MiB, plus its plan arrays and ring (~32 KiB;
      * flm_flash_open replaces the estimate with flm_reader_memory() once the reader exists) */
@@ -131,8 +136,8 @@ void flm_mem_plan_log(const flm_mem_plan *p, const flm_hparams *hp, const flm_lo
     flm_log(log, level, "plan:   KV cache         %10.2f MiB  %s, %u tokens x %u layers x %u keys and values",
             flm_mib(p->kv), p->kv_elem_bytes == FLM_KV_F16 ? "f16" : "f32 (--kv-f32)", p->n_ctx, hp->n_layers,
             hp->n_kv_heads * hp->head_dim);
-    flm_log(log, level, "plan:   scratch          %10.2f MiB  activations, FFN accumulators, tokenizer, statistics",
-            flm_mib(p->scratch));
+    flm_log(log, level, "plan:   scratch          %10.2f MiB  activations (batches of %u tokens, -b), FFN accumulators, "
+            "tokenizer, statistics", flm_mib(p->scratch), p->n_batch);
     flm_log(log, level, "plan:   reader           %10.2f MiB  bounce buffers (%.2f MiB), request queues",
             flm_mib(p->reader), flm_mib(p->reader_bounce));
     if (p->mode == FLM_MODE_SPARSE) {

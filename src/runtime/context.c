@@ -66,14 +66,33 @@ bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
     return true;
 }
 
-uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx) {
+/* bytes of one batch token's activations (flm_scratch_bytes's batch rows) */
+static uint64_t batch_row_bytes(const flm_hparams *hp) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim +
-                (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
+    return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim);
 }
 
-flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_arena *a, flm_error *err) {
+uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget) {
+    uint32_t b = p->n_batch > 0 ? (uint32_t)p->n_batch : 64u;
+    if (p->n_batch <= 0 && budget) {
+        uint64_t per = batch_row_bytes(hp) + 4ull * (uint64_t)(p->n_threads > 0 ? p->n_threads : 1) * hp->d_model;
+        while (b > 1 && (uint64_t)b * per > budget / 64) b--;
+    }
+    if (b > n_ctx) b = n_ctx;
+    return b ? b : 1;
+}
+
+uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t one = (uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim; /* a token's rows */
+    uint64_t batch = n_batch > 1 ? (uint64_t)n_batch * batch_row_bytes(hp) : 0;
+    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + FLM_STATS_TOKENS * sizeof(flm_token_stats);
+}
+
+flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
+                            flm_error *err) {
     size_t q_dim = (size_t)hp->n_heads * hp->head_dim;
     size_t xb = q_dim > hp->d_model ? q_dim : hp->d_model;
     memset(s, 0, sizeof *s);
@@ -88,8 +107,23 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
     s->v = CARVE((size_t)hp->n_kv_heads * hp->head_dim);
     s->att = CARVE((size_t)hp->n_heads * n_ctx);
     s->logits = CARVE(hp->n_vocab);
+    bool batch_ok = true;
+    if (n_batch > 1) {
+        size_t kv_dim = (size_t)hp->n_kv_heads * hp->head_dim, B = n_batch;
+        s->n_batch = n_batch;
+        s->bx = CARVE(B * hp->d_model);
+        s->bxb = CARVE(B * xb);
+        s->bxb2 = CARVE(B * hp->d_model);
+        s->bq = CARVE(B * q_dim);
+        s->bk = CARVE(B * kv_dim);
+        s->bv = CARVE(B * kv_dim);
+        s->bh = CARVE(B * hp->d_ffn);
+        s->bh2 = CARVE(B * hp->d_ffn);
+        batch_ok = s->bx && s->bxb && s->bxb2 && s->bq && s->bk && s->bv && s->bh && s->bh2;
+    }
 #undef CARVE
-    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits) {
+    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
+        !batch_ok) {
         flm_scratch_free(s);
         return flm_fail(err, FLM_ERR_BUDGET, "the activations exceed the memory planned for them");
     }
@@ -102,9 +136,10 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     *out = NULL;
     flm_params def;
     if (!p) { flm_params_default(&def); p = &def; }
-    if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0 || !flm_mode_name(p->mode) || p->mem_percent < 0)
-        return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d, mode %d", p->n_threads,
-                        p->n_ctx, (int)p->mode);
+    if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0 || !flm_mode_name(p->mode) || p->mem_percent < 0 ||
+        p->n_batch < 0 || p->n_batch > 65536)
+        return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d, batch %d (0..65536), "
+                        "mode %d", p->n_threads, p->n_ctx, p->n_batch, (int)p->mode);
     flm_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->params = *p;
@@ -154,13 +189,15 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     if (!ff && (p->mem_bytes || p->mem_percent > 0)) {
         /* a GGUF runs with every weight mapped: the budget must hold the whole file */
         uint64_t budget = p->mem_bytes ? p->mem_bytes : (uint64_t)((double)ctx->mem_resident * p->mem_percent / 100.0);
+        ctx->params.n_batch = (int)flm_batch_size(p, hp, n_ctx, budget);
         uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, flm_kv_elem_bytes(p));
-        uint64_t need = ctx->mem_resident + kv + flm_scratch_bytes(hp, n_ctx);
+        uint64_t need = ctx->mem_resident + kv + flm_scratch_bytes(hp, n_ctx, (uint32_t)ctx->params.n_batch);
         if (need > budget) {
             st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold this GGUF model in memory "
                           "(weights %.2f MiB + KV cache %.2f MiB + scratch %.2f MiB); to stream its FFN weights, "
                           "convert it: `flashlm convert %s OUT.flm`", path, flm_size(budget).s,
-                          ctx->mem_resident / 1048576.0, kv / 1048576.0, flm_scratch_bytes(hp, n_ctx) / 1048576.0,
+                          ctx->mem_resident / 1048576.0, kv / 1048576.0,
+                          flm_scratch_bytes(hp, n_ctx, (uint32_t)ctx->params.n_batch) / 1048576.0,
                           path);
             flm_close(ctx);
             return st;
@@ -171,10 +208,13 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         return st;
     }
     if (ff) ctx->mem_resident = ctx->flash->plan.resident;
+    if (ff) ctx->params.n_batch = (int)ctx->flash->plan.n_batch;
+    else if (!(p->mem_bytes || p->mem_percent > 0)) ctx->params.n_batch = (int)flm_batch_size(p, hp, n_ctx, 0);
     /* KV cache, activations and the per-token statistics ring: one block of the planned size, carved */
     const uint32_t kv_elem = flm_kv_elem_bytes(p);
     uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
-    uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
+    const uint32_t n_batch = (uint32_t)ctx->params.n_batch;
+    uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
     if (flm_arena_init(&ctx->mem, mem)) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the KV cache and activations", path,
@@ -182,7 +222,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     }
     void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
     if (kv_mem) flm_kv_cache_init_in(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
-    if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, &ctx->mem, err)) ||
+    if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, n_batch, &ctx->mem, err)) ||
         !(ctx->tokens = flm_arena_alloc(&ctx->mem, FLM_STATS_TOKENS * sizeof *ctx->tokens, FLM_CARVE_ALIGN))) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_BUDGET, "%s: the KV cache and activations exceed the %llu bytes planned", path,
@@ -228,37 +268,90 @@ void flm_close(flm_ctx *ctx) {
     free(ctx);
 }
 
-flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
+/* Add one token's statistics to the ring and the totals. */
+static void record_token(flm_ctx *ctx, const flm_token_stats *tok) {
+    ctx->tokens[ctx->n_tokens % FLM_STATS_TOKENS] = *tok; /* the ring: nothing grows */
+    ctx->n_tokens++;
+    ctx->total.io_ms += tok->io_ms;
+    ctx->total.mem_ms += tok->mem_ms;
+    ctx->total.compute_ms += tok->compute_ms;
+    ctx->total.bytes_read += tok->bytes_read;
+    ctx->total.n_reads += tok->n_reads;
+    ctx->total.n_predicted += tok->n_predicted;
+    ctx->total.n_loaded += tok->n_loaded;
+    ctx->total.n_reused += tok->n_reused;
+    ctx->total.rows_used = tok->rows_used; /* a level, not a sum: the latest */
+    ctx->total.n_true += tok->n_true;
+    ctx->total.n_true_pos += tok->n_true_pos;
+}
+
+/* The checks flm_eval and flm_eval_batch share: n tokens from pos. */
+static flm_status check_tokens(const flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
-    if (token < 0 || (uint32_t)token >= hp->n_vocab)
-        return flm_fail(err, FLM_ERR_ARG, "token id %d out of range [0, %u)", token, hp->n_vocab);
-    if (pos < 0 || pos >= ctx->params.n_ctx)
-        return flm_fail(err, FLM_ERR_ARG, "position %d is outside the context of %d tokens (raise -c)", pos,
-                        ctx->params.n_ctx);
-    if (pos != 0 && pos != ctx->next_pos)
-        return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or 0)", pos, ctx->next_pos);
+    if (!tokens || n == 0) return flm_fail(err, FLM_ERR_ARG, "no tokens to evaluate");
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
+            return flm_fail(err, FLM_ERR_ARG, "token id %d out of range [0, %u)", tokens[i], hp->n_vocab);
+    if (pos < 0 || (int64_t)pos + n > ctx->params.n_ctx)
+        return flm_fail(err, FLM_ERR_ARG, "position%s %d%s is outside the context of %d tokens (raise -c)",
+                        n > 1 ? "s" : "", n > 1 ? pos : pos, n > 1 ? " onwards" : "", ctx->params.n_ctx);
+    if (pos > ctx->next_pos)
+        return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, ctx->next_pos);
+    return FLM_OK;
+}
+
+flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
+    flm_status st = check_tokens(ctx, &token, 1, pos, err);
+    if (st) return st;
+    ctx->next_pos = pos; /* positions >= pos are forgotten, whatever happens below */
     flm_token_stats tok = {0};
     double t0 = flm_now_ms();
-    flm_status st = flm_forward(ctx, token, pos, &tok, err);
-    if (st) return st;
+    if ((st = flm_forward(ctx, token, pos, &tok, err))) return st;
     tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-    ctx->tokens[ctx->n_tokens % FLM_STATS_TOKENS] = tok; /* the ring: nothing grows */
-    ctx->n_tokens++;
-    ctx->total.io_ms += tok.io_ms;
-    ctx->total.mem_ms += tok.mem_ms;
-    ctx->total.compute_ms += tok.compute_ms;
-    ctx->total.bytes_read += tok.bytes_read;
-    ctx->total.n_reads += tok.n_reads;
-    ctx->total.n_predicted += tok.n_predicted;
-    ctx->total.n_loaded += tok.n_loaded;
-    ctx->total.n_reused += tok.n_reused;
-    ctx->total.rows_used = tok.rows_used; /* a level, not a sum: the latest */
-    ctx->total.n_true += tok.n_true;
-    ctx->total.n_true_pos += tok.n_true_pos;
+    record_token(ctx, &tok);
     ctx->next_pos = pos + 1;
     *logits = ctx->s.logits;
     return FLM_OK;
 }
+
+flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                          const float **logits, flm_error *err) {
+    flm_status st = check_tokens(ctx, tokens, n, pos, err);
+    if (st) return st;
+    const int32_t pos0 = pos;
+    ctx->next_pos = pos;
+    const uint32_t V = ctx->model->hp.n_vocab, B = (uint32_t)ctx->params.n_batch;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t m = n - i < B ? n - i : B;
+        flm_token_stats tok = {0};
+        double t0 = flm_now_ms();
+        float *out = logits_all ? logits_all + (size_t)i * V : NULL;
+        if ((st = flm_forward_batch(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, err))) {
+            ctx->next_pos = pos0; /* the whole call is undone: the caller evaluates pos0 again */
+            return st;
+        }
+        tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
+        /* each token of the batch gets an equal share of it */
+        flm_token_stats share = tok;
+        share.io_ms /= m;
+        share.mem_ms /= m;
+        share.compute_ms /= m;
+        share.bytes_read /= m;
+        share.n_reads /= m;
+        share.n_predicted /= m;
+        share.n_loaded /= m;
+        share.n_reused /= m;
+        share.n_true /= m;
+        share.n_true_pos /= m;
+        for (uint32_t j = 0; j < m; j++) record_token(ctx, &share);
+        ctx->next_pos = pos0 + (int32_t)(i + m);
+        i += m;
+    }
+    if (logits) *logits = logits_all ? logits_all + (size_t)(n - 1) * V : ctx->s.logits;
+    return FLM_OK;
+}
+
+int32_t flm_n_past(const flm_ctx *ctx) { return ctx->next_pos; }
 
 void flm_get_info(const flm_ctx *ctx, flm_model_info *info) {
     const flm_hparams *hp = &ctx->model->hp;

@@ -43,7 +43,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     flm_status st;
     const flm_weight *e = &ctx->model->tok_embd;
     bool tied = !flm_gguf_find_tensor(file->meta, "output.weight");
-    flm_plan_request rq = {(uint32_t)pp->n_ctx, pp->n_threads, pp->mode, pp->mem_bytes, pp->mem_percent,
+    flm_plan_request rq = {(uint32_t)pp->n_ctx, (uint32_t)pp->n_batch, pp->n_threads, pp->mode, pp->mem_bytes, pp->mem_percent,
                            flm_kv_elem_bytes(pp),
                            flm_file_tail_pending(file) ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
                            : flm_file_tail_bytes(file) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
@@ -57,7 +57,8 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     uint32_t L = hp->n_layers;
     fl->desc = calloc(L, sizeof *fl->desc);
     fl->layer_data = calloc(L, sizeof *fl->layer_data);
-    fl->acc = malloc((size_t)pp->n_threads * hp->d_model * sizeof(float));
+    fl->acc = malloc((size_t)pp->n_threads * fl->plan.n_batch * hp->d_model *
+                     sizeof(float)); /* per thread, a row per token of a batch */
     if (!fl->desc || !fl->layer_data || !fl->acc) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < L; l++) {
         const flm_region *r = file->ffn[l];

@@ -137,3 +137,14 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
     if (!all_finite(s->logits, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
     return FLM_OK;
 }
+
+flm_status flm_forward_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                             flm_token_stats *tok, flm_error *err) {
+    const uint32_t V = ctx->model->hp.n_vocab;
+    for (uint32_t i = 0; i < n; i++) {
+        flm_status st = flm_forward(ctx, tokens[i], pos + (int32_t)i, tok, err);
+        if (st) return st;
+        if (logits_all) memcpy(logits_all + (size_t)i * V, ctx->s.logits, V * sizeof(float));
+    }
+    return FLM_OK;
+}

@@ -23,6 +23,12 @@ typedef struct flm_scratch {
     float *k, *v;  /* [kv_dim] this token's key and value, before they are stored in the KV cache */
     float *att;    /* [n_heads * n_ctx] */
     float *logits; /* [n_vocab] */
+    /* a batch of up to n_batch tokens (flm_forward_batch), token t's row at t * the row length; NULL when
+     * n_batch <= 1 (every token then runs alone) */
+    uint32_t n_batch;
+    float *bx, *bxb, *bxb2; /* [n_batch][d_model], [n_batch][max(d_model, q_dim)], [n_batch][d_model] */
+    float *bq, *bk, *bv;    /* [n_batch][q_dim], [n_batch][kv_dim] x 2 */
+    float *bh, *bh2;        /* [n_batch][d_ffn] x 2 */
 } flm_scratch;
 
 /* Where the token embedding (token_embd.weight) lives, as the plan decided. */
@@ -45,6 +51,7 @@ typedef struct flm_mem_plan {
     uint64_t embd_row;            /* FLM_EMBD_FLASH: bytes of one row (the buffer a row is read into, in scratch) */
     uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues */
     uint32_t n_ctx;               /* KV cache length, tokens */
+    uint32_t n_batch;             /* tokens per batched forward pass (their activations are in scratch) */
     uint32_t kv_elem_bytes;       /* FLM_KV_F16 or FLM_KV_F32 */
     uint64_t stream;              /* the buffer one streamed layer is read into (0 when nothing streams) */
     uint64_t ffn_resident;        /* FFN bytes of the layers kept in memory */
@@ -57,6 +64,7 @@ typedef struct flm_mem_plan {
 /* What to plan for (runtime/budget.c). */
 typedef struct flm_plan_request {
     uint32_t n_ctx;         /* KV cache length, tokens */
+    uint32_t n_batch;       /* flm_params.n_batch (0: chosen by the plan, flm_batch_size) */
     int n_threads;          /* compute threads (per-thread FFN accumulators) */
     flm_mode mode;          /* AUTO: chosen by the plan */
     uint64_t budget;        /* bytes; 0: percent % of the model's weight bytes; both 0: no budget */
@@ -177,15 +185,20 @@ const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const fl
 /* The sparse source's state when ctx runs sparse, else NULL. */
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
-/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 10 activation arrays, the
- * statistics ring): the arena holds their bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
+/* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 10 activation arrays, 8 batch
+ * arrays, the statistics ring): the arena holds their bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
 #define FLM_CARVE_ALIGN 64u
-#define FLM_CTX_CARVES 12u
+#define FLM_CTX_CARVES 20u
 
-/* Bytes of scratch for these hyper-parameters and context length. */
-uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx);
+/* Bytes of scratch for these hyper-parameters, context length and batch size (tokens; <= 1: no batch arrays). */
+uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch);
 /* Carve the activations from a (FLM_CARVE_ALIGN-aligned arrays, zero). Errors: FLM_ERR_BUDGET (a is too small). */
-flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, flm_arena *a, flm_error *err);
+flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
+                            flm_error *err);
+/* The batch size (tokens) for these parameters: params->n_batch when set, else 64, or under a budget (bytes; 0:
+ * none) fewer, so that the batch's activations and FFN accumulators take at most 1/64 of it; clamped to
+ * [1, n_ctx]. */
+uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget);
 void flm_scratch_free(flm_scratch *s);
 
 /* Dense FFN of one layer on in[d_model] -> out[d_model], weights resident: out = down(act(gate in) * (up in)), or
@@ -195,5 +208,11 @@ void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight
 
 /* One token through the model: fills ctx->s.logits; adds its I/O and memory-management times to tok. */
 flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err);
+/* n <= ctx->s.n_batch tokens at positions pos .. pos + n - 1 through the model in one pass (runtime/forward.c): the
+ * resident matrices as matrix-matrix products, the FFN by the source's compute_batch (or token by token). Fills
+ * logits_all[n][n_vocab] when non-NULL, else only the last token's logits in ctx->s.logits. tok gets the batch's
+ * totals. */
+flm_status flm_forward_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                             flm_token_stats *tok, flm_error *err);
 
 #endif

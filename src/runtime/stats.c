@@ -47,7 +47,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
     } else {
         st->mem_resident = ctx->mem_resident;
-        st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx);
+        st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx, (uint32_t)ctx->params.n_batch);
         st->model_bytes = ctx->mem_resident;
         st->n_ffn_resident_layers = hp->n_layers;
     }
