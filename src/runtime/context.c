@@ -293,8 +293,8 @@ static flm_status check_tokens(const flm_ctx *ctx, const int32_t *tokens, uint32
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
             return flm_fail(err, FLM_ERR_ARG, "token id %d out of range [0, %u)", tokens[i], hp->n_vocab);
     if (pos < 0 || (int64_t)pos + n > ctx->params.n_ctx)
-        return flm_fail(err, FLM_ERR_ARG, "position%s %d%s is outside the context of %d tokens (raise -c)",
-                        n > 1 ? "s" : "", n > 1 ? pos : pos, n > 1 ? " onwards" : "", ctx->params.n_ctx);
+        return flm_fail(err, FLM_ERR_ARG, "positions %d .. %lld are outside the context of %d tokens (raise -c)",
+                        pos, (long long)pos + n - 1, ctx->params.n_ctx);
     if (pos > ctx->next_pos)
         return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, ctx->next_pos);
     return FLM_OK;

@@ -31,6 +31,11 @@ struct flm_sparse {
     uint8_t **full;           /* [n_layers]: every neuron's record, for oracle / verify; NULL otherwise */
     float **dn;               /* [n_layers]: every neuron's ||down_i||, for oracle / verify */
     uint8_t *sbuf;            /* stream buffer: SPARSE_STREAM_ROWS records, for sets larger than the cache */
+    uint8_t *bmask;           /* a batch: [n_batch][d_ffn], token t uses neuron i (its predicted set) */
+    uint8_t *bmask_rows;      /* a batch: [n_batch][d_ffn], the same by position in the rows computed */
+    uint32_t *brows;          /* a batch: [d_ffn] rows (cache rows or stream buffer records) being computed */
+    float *bpart;             /* a batch: [n_batch][d_model] partial outputs (streamed neurons) */
+    uint32_t n_batch;
     uint64_t streamed;        /* neurons streamed past the cache (reported) */
     uint32_t level;           /* the level in use */
 };
@@ -57,6 +62,10 @@ static void sparse_free(flm_sparse *sp) {
     free(sp->full);
     free(sp->dn);
     free(sp->sbuf);
+    free(sp->bmask);
+    free(sp->bmask_rows);
+    free(sp->brows);
+    free(sp->bpart);
     free(sp->tmp_out);
     free(sp->desc);
     free(sp->ids);
@@ -99,6 +108,12 @@ static flm_status load_full(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
     return st;
 }
 
+/* A batch's masks, row list and partial outputs (sparse_compute_batch): 2 * n_batch * d_ffn + 4 * d_ffn +
+ * 4 * n_batch * d_model bytes; 0 without batches. */
+static uint64_t batch_bytes(const flm_hparams *hp, uint32_t n_batch) {
+    return n_batch > 1 ? 2ull * n_batch * hp->d_ffn + 4ull * hp->d_ffn + 4ull * n_batch * hp->d_model : 0;
+}
+
 /* The FFN part of the plan: the predictors, held at half precision, and what is left of the budget for the neuron
  * caches (split over the layers at open). */
 static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
@@ -117,7 +132,7 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
         uint64_t rb = f->ffn[l]->n_records ? f->ffn[l]->size / f->ffn[l]->n_records : 0;
         rec = rb > rec ? rb : rec;
     }
-    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN);
+    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN) + batch_bytes(hp, p->n_batch);
     fixed += p->stream;
     uint64_t used = fixed + p->predictors;
     p->cache = budget > used ? budget - used : 0;
@@ -227,7 +242,16 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->z = malloc(F * sizeof(float));
     sp->tmp_out = malloc(hp->d_model * sizeof(float));
     sp->ext = malloc(3 * (size_t)F * sizeof *sp->ext);
-    if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, fl->plan.stream ? fl->plan.stream : FLM_ALIGN)) sp->sbuf = NULL;
+    uint64_t sbuf_bytes = fl->plan.stream - batch_bytes(hp, fl->plan.n_batch);
+    if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, sbuf_bytes ? sbuf_bytes : FLM_ALIGN)) sp->sbuf = NULL;
+    if (fl->plan.n_batch > 1) {
+        sp->n_batch = fl->plan.n_batch;
+        sp->bmask = malloc((size_t)sp->n_batch * F);
+        sp->bmask_rows = malloc((size_t)sp->n_batch * F);
+        sp->brows = malloc(F * sizeof *sp->brows);
+        sp->bpart = malloc((size_t)sp->n_batch * hp->d_model * sizeof(float));
+        if (!sp->bmask || !sp->bmask_rows || !sp->brows || !sp->bpart) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    }
     if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->tmp_out || !sp->ext ||
         !sp->sbuf)
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
@@ -404,7 +428,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
         tok->n_reads += ctx->io.n_requests - before.n_requests;
         if (st) { /* the appended rows hold bytes never read: take the token's set back out of the window */
             flm_ncache_unstep(sp->cache[l]);
-            return st;
+            return flm_flash_region_error(fl, l, st, err);
         }
     }
     tok->n_predicted += n_all;
@@ -425,7 +449,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
         tok->io_ms += flm_now_ms() - t2;
         tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
         tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return st; /* the cache holds only rows that were read */
+        if (st) return flm_flash_region_error(fl, l, st, err); /* the cache holds only rows that were read */
         flm_ffn_bundles(ctx->k, b, sp->sbuf, NULL, m, in, sp->tmp_out, ctx->s.hb, fl->acc, pp->n_threads);
         for (uint32_t i = 0; i < b->d_model; i++) out[i] += sp->tmp_out[i];
         tok->n_loaded += m;
@@ -434,7 +458,147 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     return FLM_OK;
 }
 
-const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close};
+/* Read the records of neurons ids[0 .. m) (m <= SPARSE_STREAM_ROWS) of layer l into the stream buffer, record j at
+ * sbuf + j * record_bytes; the reader coalesces neighbours by its cost model. */
+static flm_status stream_read(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t m,
+                              flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_region *r = fl->file->ffn[l];
+    const uint64_t rb = sp->desc[l].record_bytes;
+    for (uint32_t j = 0; j < m; j++)
+        sp->ext[j] = (flm_extent){r->offset + (uint64_t)ids[j] * rb, rb, sp->sbuf + (size_t)j * rb};
+    flm_io_stats before = ctx->io;
+    double t0 = flm_now_ms();
+    flm_status st = flm_reader_read(fl->reader, sp->ext, m, &ctx->io, err);
+    tok->io_ms += flm_now_ms() - t0;
+    tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+    tok->n_reads += ctx->io.n_requests - before.n_requests;
+    return st ? flm_flash_region_error(fl, l, st, err) : FLM_OK;
+}
+
+/* A batch of n tokens (prompt chunks, draft verification): each token's predicted set (the first token of a
+ * sequence: every neuron), then the union U of the sets is read once and each token is computed over its own set.
+ *   |U| <= the layer's cache: U enters the window as one step (only the neurons not cached are read), and the
+ *     tokens are computed from the cache's rows.
+ *   |U| >  the cache (a long prompt's union nears the whole layer): the window is left as it is (decoding after the
+ *     prompt keeps it); the cached neurons of U are computed in place and the rest are read SPARSE_STREAM_ROWS at a
+ *     time into the stream buffer. The reader merges neighbouring records whose gap costs less to read than a
+ *     request (its cost model: the disk probe's latency x bandwidth, docs/IO.md), so a dense union is read as a few
+ *     large sequential requests, a sparse one neuron by neuron.
+ * The ablations (--no-window, --no-bundle, --no-predictor, --verify-predictor) run token by token. */
+static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
+                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    flm_sparse *sp = ctx->ffn_state;
+    const flm_params *pp = &ctx->params;
+    const int32_t pos0 = ctx->cur_pos;
+    const uint32_t F = ctx->model->hp.d_ffn, d = ctx->model->hp.d_model;
+    if (pp->no_window || pp->no_bundle || pp->no_predictor || pp->verify_predictor || n > sp->n_batch) {
+        for (uint32_t t = 0; t < n; t++) {
+            ctx->cur_pos = pos0 + (int32_t)t;
+            flm_status st = sparse_compute(ctx, l, in + t * in_stride, out + t * out_stride, tok, err);
+            if (st) return st;
+        }
+        ctx->cur_pos = pos0;
+        return FLM_OK;
+    }
+    /* 1. each token's set, and their union (compute) */
+    uint8_t *M = sp->bmask;
+    uint32_t nu = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        uint8_t *mt = M + (size_t)t * F;
+        if (pos0 + (int32_t)t == 0) { /* the first token of a sequence runs dense (sparse_compute) */
+            memset(mt, 1, F);
+            tok->n_predicted += F;
+            continue;
+        }
+        memset(mt, 0, F);
+        uint32_t np = predict_f16(ctx, sp, l, in + t * in_stride);
+        for (uint32_t j = 0; j < np; j++) mt[sp->ids[j]] = 1;
+        tok->n_predicted += np;
+    }
+    for (uint32_t i = 0; i < F; i++) {
+        uint8_t any = 0;
+        for (uint32_t t = 0; t < n; t++) any |= M[(size_t)t * F + i];
+        if (any) sp->ids[nu++] = i;
+    }
+    const flm_bundle_desc *b = &sp->desc[l];
+    uint8_t *R = sp->bmask_rows;
+    const uint32_t cap = flm_ncache_capacity(sp->cache[l]);
+    if (nu <= cap) {
+        /* 2. the union enters the window (memory management), 3. its missing neurons are read (flash I/O) */
+        double t0 = flm_now_ms();
+        flm_ncache_stats cs;
+        const uint32_t *load_ids, *rows;
+        uint8_t *const *load_rows;
+        flm_status st = flm_ncache_step(sp->cache[l], sp->ids, nu, &cs, &load_ids, &load_rows, &rows, err);
+        double t1 = flm_now_ms();
+        tok->mem_ms += t1 - t0;
+        if (st) return st;
+        if (cs.n_loaded) {
+            const flm_region *r = fl->file->ffn[l];
+            for (uint32_t j = 0; j < cs.n_loaded; j++)
+                sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
+                                          load_rows[j]};
+            flm_io_stats before = ctx->io;
+            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+            tok->io_ms += flm_now_ms() - t1;
+            tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+            tok->n_reads += ctx->io.n_requests - before.n_requests;
+            if (st) {
+                flm_ncache_unstep(sp->cache[l]);
+                return flm_flash_region_error(fl, l, st, err);
+            }
+        }
+        tok->n_loaded += cs.n_loaded;
+        tok->n_reused += cs.n_reused;
+        tok->rows_used += cs.rows_used;
+        /* 4. every token over its own set, from the cache's rows (compute) */
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
+        flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, nu, R, nu, n, in, in_stride, out,
+                              out_stride, fl->acc, pp->n_threads);
+        return FLM_OK;
+    }
+    /* larger than the cache: the cached part in place, the rest streamed (the window is kept for decoding) */
+    uint32_t nc = 0, ns = 0;
+    uint32_t *stream_ids = sp->true_ids; /* [d_ffn] scratch: the neurons to stream */
+    for (uint32_t j = 0; j < nu; j++) {
+        int32_t row = flm_ncache_row_of(sp->cache[l], sp->ids[j]);
+        if (row < 0) {
+            stream_ids[ns++] = sp->ids[j];
+            continue;
+        }
+        sp->brows[nc] = (uint32_t)row;
+        sp->ids[nc++] = sp->ids[j]; /* the cached ones, compacted in place (nc <= j) */
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        for (uint32_t j = 0; j < nc; j++) R[(size_t)t * nc + j] = M[(size_t)t * F + sp->ids[j]];
+        memset(out + t * out_stride, 0, d * sizeof(float));
+    }
+    if (nc)
+        flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), sp->brows, nc, R, nc, n, in, in_stride,
+                              out, out_stride, fl->acc, pp->n_threads);
+    tok->n_reused += nc;
+    float *part = sp->bpart; /* [n][d_model] partial outputs */
+    for (uint32_t j0 = 0; j0 < ns; j0 += SPARSE_STREAM_ROWS) {
+        uint32_t m = ns - j0 < SPARSE_STREAM_ROWS ? ns - j0 : SPARSE_STREAM_ROWS;
+        flm_status st = stream_read(ctx, sp, l, stream_ids + j0, m, tok, err);
+        if (st) return st;
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = M[(size_t)t * F + stream_ids[j0 + j]];
+        flm_ffn_bundles_batch(ctx->k, b, sp->sbuf, NULL, m, R, m, n, in, in_stride, part, d, fl->acc,
+                              pp->n_threads);
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t i = 0; i < d; i++) out[t * out_stride + i] += part[(size_t)t * d + i];
+        tok->n_loaded += m;
+        sp->streamed += m;
+    }
+    return FLM_OK;
+}
+
+const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close,
+                                           sparse_compute_batch};
 
 double flm_sparse_expected_bytes(const flm_sparse *sp, const flm_file *f) {
     double b = 0;
