@@ -267,6 +267,7 @@ typedef struct flm_stats {
                                 or sparse whose classifier is not tied to it: one row is read per token); else 0 */
     const char *kv_type;     /* KV cache element type: "f16" (default) or "f32" (--kv-f32) */
     uint32_t n_ctx;          /* KV cache length, tokens */
+    uint32_t n_batch;        /* tokens per batched forward pass (flm_eval_batch) */
 } flm_stats;
 
 /* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,
