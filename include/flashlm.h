@@ -328,6 +328,8 @@ typedef struct flm_ppl_result {
 /* Tokenize text, cut it into chunks of n_chunk tokens (the first of each replaced by BOS), evaluate each chunk from
  * position 0 and score the predictions of its second half (tokens n_chunk/2 .. n_chunk-1), as llama.cpp does.
  * max_chunks > 0 limits the chunks. progress (may be NULL) is called after each chunk with the running perplexity.
+ * Each chunk runs in batches (flm_eval_batch): its first half in one call, the scored half 16 tokens at a time with
+ * their logits kept (16 * n_vocab floats, allocated here, outside the memory plan).
  * Errors: FLM_ERR_ARG (n_chunk < 4 or > the context; text shorter than one chunk), errors of flm_eval. */
 FLM_API flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                           void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
