@@ -153,6 +153,10 @@ typedef struct flm_params {
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
+    bool window_keep_rejected; /* --window-keep-rejected: a batch of up to 16 tokens (draft verification) enters the
+                                  window as one set; by default, when the next evaluation goes back into it (draft
+                                  tokens rejected), the set is trimmed to the accepted tokens' neurons. This keeps
+                                  every token's neurons instead (the plain rule, for comparison) */
     float sparse_level; /* --sparse-level: the stored operating point (eps, the share of each layer's FFN output
                            energy left out; `flashlm calibrate` lists them) to run at; 0 = calibrate's default */
     bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and

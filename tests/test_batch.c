@@ -267,6 +267,51 @@ static void test_batch_bad_arguments(void **state) {
     flm_close(ctx);
 }
 
+/* speculative verification in sparse mode: a batch of 6 draft tokens, of which 2 are accepted (the next evaluation
+ * goes back to position 12). By default the window keeps only the accepted tokens' neurons; --window-keep-rejected
+ * keeps them all. The logits are the same either way (every neuron read is computed exactly). */
+static void test_sparse_window_after_rejection(void **state) {
+    (void)state;
+    const uint32_t V = n_vocab;
+    uint64_t rows[2];
+    float *lg[2];
+    for (int keep = 0; keep < 2; keep++) {
+        flm_params p;
+        flm_params_default(&p);
+        p.n_threads = 1;
+        p.n_ctx = 64;
+        p.mode = FLM_MODE_SPARSE;
+        p.window = 2;
+        p.n_batch = 16;
+        p.window_keep_rejected = keep;
+        flm_ctx *ctx;
+        flm_error err;
+        if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("%s", err.msg);
+        const float *l;
+        for (int t = 0; t < 10; t++)
+            if (flm_eval(ctx, toks[t], t, &l, &err)) fail_msg("%s", err.msg);
+        int32_t draft[6] = {toks[10], toks[11], 7, 8, 9, 10}; /* two right, four wrong */
+        if (flm_eval_batch(ctx, draft, 6, 10, NULL, &l, &err)) fail_msg("%s", err.msg);
+        lg[keep] = malloc(V * sizeof(float));
+        if (flm_eval(ctx, toks[12], 12, &l, &err)) fail_msg("%s", err.msg);
+        memcpy(lg[keep], l, V * sizeof(float));
+        flm_stats st;
+        flm_get_stats(ctx, &st);
+        rows[keep] = st.total.rows_used;
+        flm_close(ctx);
+    }
+    printf("neuron-cache rows after 2 of 6 drafts were accepted: %llu (accepted tokens only), %llu (all kept)\n",
+           (unsigned long long)rows[0], (unsigned long long)rows[1]);
+    assert_true(rows[0] < rows[1]);
+    assert_true(rel_diff(lg[1], lg[0], V) <= 1e-5);
+    run_cfg c = {flm_path, FLM_MODE_SPARSE, 0, false, 16}; /* the same tokens one at a time */
+    float *want = logits_single(&c, 13, V);
+    assert_true(rel_diff(want + 12 * (size_t)V, lg[0], V) <= 1e-4);
+    free(want);
+    free(lg[0]);
+    free(lg[1]);
+}
+
 /* a real quantized model (q4_1 FFN, q8_0 embedding): every type's batched dot product */
 static void test_batch_real_model(void **state) {
     (void)state;
@@ -305,6 +350,7 @@ int main(void) {
         cmocka_unit_test(test_batch_under_budgets),
         cmocka_unit_test(test_batch_reads_layers_once),
         cmocka_unit_test(test_batch_bad_arguments),
+        cmocka_unit_test(test_sparse_window_after_rejection),
         cmocka_unit_test(test_batch_real_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

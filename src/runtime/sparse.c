@@ -35,6 +35,13 @@ struct flm_sparse {
     uint8_t *bmask_rows;      /* a batch: [n_batch][d_ffn], the same by position in the rows computed */
     uint32_t *brows;          /* a batch: [d_ffn] rows (cache rows or stream buffer records) being computed */
     float *bpart;             /* a batch: [n_batch][d_model] partial outputs (streamed neurons) */
+    /* the last small batch per layer that entered the window as one set (draft verification): its first position,
+     * its tokens, and each token's set as a bitset of d_ffn bits; trimmed to the accepted tokens when the next
+     * evaluation goes back into it */
+    int32_t *pend_start;      /* [n_layers] */
+    uint32_t *pend_n;         /* [n_layers], 0: none */
+    uint64_t *pend_bits;      /* [n_layers][SPARSE_SPEC_TOKENS][words] */
+    uint32_t words;           /* 64-bit words per set: ceil(d_ffn / 64) */
     uint32_t n_batch;
     uint64_t streamed;        /* neurons streamed past the cache (reported) */
     uint32_t level;           /* the level in use */
@@ -43,6 +50,8 @@ struct flm_sparse {
 /* Records the stream buffer holds: neurons of a set larger than its layer's cache are read, computed and discarded
  * this many at a time (256 records of 3360 bytes, Qwen2.5 1.5B: 840 KiB, read as one coalesced batch). */
 #define SPARSE_STREAM_ROWS 256u
+/* Batches of at most this many tokens keep each token's set until the next evaluation (speculative verification). */
+#define SPARSE_SPEC_TOKENS 16u
 
 uint32_t flm_sparse_window(const flm_sparse *sp) { return sp ? sp->window : 0; }
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp) { return sp ? sp->cache_rows : 0; }
@@ -66,6 +75,9 @@ static void sparse_free(flm_sparse *sp) {
     free(sp->bmask_rows);
     free(sp->brows);
     free(sp->bpart);
+    free(sp->pend_start);
+    free(sp->pend_n);
+    free(sp->pend_bits);
     free(sp->tmp_out);
     free(sp->desc);
     free(sp->ids);
@@ -109,9 +121,13 @@ static flm_status load_full(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
 }
 
 /* A batch's masks, row list and partial outputs (sparse_compute_batch): 2 * n_batch * d_ffn + 4 * d_ffn +
- * 4 * n_batch * d_model bytes; 0 without batches. */
+ * 4 * n_batch * d_model bytes, and the sets of the last small batch per layer (n_layers * SPARSE_SPEC_TOKENS *
+ * d_ffn bits); 0 without batches. */
 static uint64_t batch_bytes(const flm_hparams *hp, uint32_t n_batch) {
-    return n_batch > 1 ? 2ull * n_batch * hp->d_ffn + 4ull * hp->d_ffn + 4ull * n_batch * hp->d_model : 0;
+    if (n_batch <= 1) return 0;
+    uint64_t words = (hp->d_ffn + 63u) / 64u;
+    return 2ull * n_batch * hp->d_ffn + 4ull * hp->d_ffn + 4ull * n_batch * hp->d_model +
+           (uint64_t)hp->n_layers * (SPARSE_SPEC_TOKENS * words * 8u + 8u);
 }
 
 /* The FFN part of the plan: the predictors, held at half precision, and what is left of the budget for the neuron
@@ -250,7 +266,13 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
         sp->bmask_rows = malloc((size_t)sp->n_batch * F);
         sp->brows = malloc(F * sizeof *sp->brows);
         sp->bpart = malloc((size_t)sp->n_batch * hp->d_model * sizeof(float));
-        if (!sp->bmask || !sp->bmask_rows || !sp->brows || !sp->bpart) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+        sp->words = (F + 63u) / 64u;
+        sp->pend_start = calloc(L, sizeof *sp->pend_start);
+        sp->pend_n = calloc(L, sizeof *sp->pend_n);
+        sp->pend_bits = malloc((size_t)L * SPARSE_SPEC_TOKENS * sp->words * sizeof *sp->pend_bits);
+        if (!sp->bmask || !sp->bmask_rows || !sp->brows || !sp->bpart || !sp->pend_start || !sp->pend_n ||
+            !sp->pend_bits)
+            return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     }
     if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->tmp_out || !sp->ext ||
         !sp->sbuf)
@@ -354,10 +376,35 @@ static int cmp_u32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The last small batch of layer l entered the window as one set (the union of its tokens' sets). When this
+ * evaluation starts inside it (its later tokens were rejected drafts), the set is trimmed to the accepted tokens'
+ * neurons; when it starts before it, the set leaves the window. */
+static flm_status settle(flm_ctx *ctx, flm_sparse *sp, uint32_t l, flm_error *err) {
+    if (!sp->pend_n || !sp->pend_n[l]) return FLM_OK;
+    const uint32_t n = sp->pend_n[l];
+    sp->pend_n[l] = 0;
+    const int32_t a = ctx->cur_pos - sp->pend_start[l]; /* tokens of the batch that stay */
+    if (a >= (int32_t)n) return FLM_OK;
+    if (a <= 0) {
+        flm_ncache_unstep(sp->cache[l]);
+        return FLM_OK;
+    }
+    const uint64_t *bits = sp->pend_bits + (size_t)l * SPARSE_SPEC_TOKENS * sp->words;
+    uint32_t k = 0;
+    for (uint32_t w = 0; w < sp->words; w++) {
+        uint64_t any = 0;
+        for (int32_t t = 0; t < a; t++) any |= bits[(size_t)t * sp->words + w];
+        for (; any; any &= any - 1) sp->true_ids[k++] = w * 64u + (uint32_t)__builtin_ctzll(any);
+    }
+    return flm_ncache_trim_newest(sp->cache[l], sp->true_ids, k, err);
+}
+
 static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
                                  flm_error *err) {
     flm_flash *fl = ctx->flash;
     flm_sparse *sp = ctx->ffn_state;
+    flm_status sst = settle(ctx, sp, l, err);
+    if (sst) return sst;
     const flm_params *pp = &ctx->params;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n;
@@ -493,6 +540,8 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
     const flm_params *pp = &ctx->params;
     const int32_t pos0 = ctx->cur_pos;
     const uint32_t F = ctx->model->hp.d_ffn, d = ctx->model->hp.d_model;
+    flm_status sst = settle(ctx, sp, l, err);
+    if (sst) return sst;
     if (pp->no_window || pp->no_bundle || pp->no_predictor || pp->verify_predictor || n > sp->n_batch) {
         for (uint32_t t = 0; t < n; t++) {
             ctx->cur_pos = pos0 + (int32_t)t;
@@ -553,6 +602,15 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
         tok->n_loaded += cs.n_loaded;
         tok->n_reused += cs.n_reused;
         tok->rows_used += cs.rows_used;
+        if (n <= SPARSE_SPEC_TOKENS && !pp->window_keep_rejected) { /* keep the tokens' sets (settle) */
+            uint64_t *bits = sp->pend_bits + (size_t)l * SPARSE_SPEC_TOKENS * sp->words;
+            memset(bits, 0, (size_t)n * sp->words * sizeof *bits);
+            for (uint32_t t = 0; t < n; t++)
+                for (uint32_t i = 0; i < F; i++)
+                    if (M[(size_t)t * F + i]) bits[(size_t)t * sp->words + i / 64] |= 1ull << (i % 64);
+            sp->pend_start[l] = pos0;
+            sp->pend_n[l] = n;
+        }
         /* 4. every token over its own set, from the cache's rows (compute) */
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
