@@ -41,13 +41,16 @@ void flm_calib_opts_default(flm_calib_opts *o) {
 }
 
 typedef struct {
-    float **X; /* [n_layers][max_tokens * d_model] */
-    uint32_t d_model, cur;
+    float **X;      /* [n_layers][max_tokens * d_model] */
+    uint32_t *next; /* [n_layers]: the row the layer's next input goes to (the forward pass calls the tap once per
+                       token and layer, tokens in order, also in batches) */
+    uint32_t d_model, max_tokens;
 } tap_data;
 
 static void tap(void *user, uint32_t layer, const float *x) {
     tap_data *t = user;
-    memcpy(t->X[layer] + (size_t)t->cur * t->d_model, x, t->d_model * sizeof(float));
+    if (t->next[layer] >= t->max_tokens) return; /* cannot happen: as many calls as tokens */
+    memcpy(t->X[layer] + (size_t)t->next[layer]++ * t->d_model, x, t->d_model * sizeof(float));
 }
 
 /* ---- histograms over float keys ---------------------------------------------------------------------------------
@@ -450,6 +453,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     if (st) return st;
     flm_sparsity sp = {0};
     tap_data td = {0};
+    int32_t *chunk_toks = NULL;
     uint32_t n_x = 0; /* entries of td.X */
     int32_t *ids = NULL;
     layer_work w = {0};
@@ -488,9 +492,11 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     const int32_t *eval_ids = ids + (n_tok - n_eval);
     /* 1. record the FFN inputs of every layer on the text */
     td.d_model = d;
+    td.max_tokens = n;
     td.X = calloc(L, sizeof *td.X);
+    td.next = calloc(L, sizeof *td.next);
     n_x = L;
-    if (!td.X) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
+    if (!td.X || !td.next) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
     for (uint32_t l = 0; l < L; l++)
         if (!(td.X[l] = malloc((size_t)n * d * sizeof(float)))) {
             st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs", n, L);
@@ -498,13 +504,22 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         }
     flm_set_ffn_tap(ctx, tap, &td);
     int32_t bos = flm_tokenizer_bos(ctx->model->tok);
-    for (uint32_t t = 0; t < n; t++) {
-        uint32_t pos = t % o->chunk;
-        int32_t tok = pos == 0 && bos >= 0 ? bos : ids[t];
-        const float *logits;
-        td.cur = t;
-        if ((st = flm_eval(ctx, tok, (int32_t)pos, &logits, err))) goto done;
-        if (o->progress && ((t + 1) % 16 == 0 || t + 1 == n)) o->progress(o->user, "recording tokens", t + 1, n);
+    /* chunk by chunk (the first token of each replaced by BOS), in batches of -b tokens */
+    if (!(chunk_toks = malloc((size_t)o->chunk * sizeof *chunk_toks))) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+        goto done;
+    }
+    for (uint32_t t = 0; t < n;) {
+        uint32_t m = n - t < o->chunk ? n - t : o->chunk, b = (uint32_t)ctx->params.n_batch;
+        memcpy(chunk_toks, ids + t, (size_t)m * sizeof *chunk_toks);
+        if (bos >= 0) chunk_toks[0] = bos;
+        for (uint32_t j = 0; j < m; j += b) {
+            const float *logits;
+            if ((st = flm_eval_batch(ctx, chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, NULL, &logits, err)))
+                goto done;
+            if (o->progress) o->progress(o->user, "recording tokens", t + (m - j < b ? m : j + b), n);
+        }
+        t += m;
     }
     flm_set_ffn_tap(ctx, NULL, NULL);
     /* 2. the levels */
@@ -590,6 +605,8 @@ done:
     if (ctx) flm_close(ctx);
     for (uint32_t l = 0; td.X && l < n_x; l++) free(td.X[l]);
     free(td.X);
+    free(td.next);
+    free(chunk_toks);
     free(ids);
     free(w.Wg);
     free(w.Wu);

@@ -138,16 +138,18 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
     return FLM_OK;
 }
 
-/* The batch's FFN of layer l: the source's compute_batch, or token by token (a source without one; the tap and the
- * select hook, which see one token at a time). in/out rows are xb / d_model floats apart. */
+/* The batch's FFN of layer l: the tap sees every token's input first (it only observes), then the source's
+ * compute_batch, or token by token (a source without one; the select hook, which chooses per token). in/out rows are
+ * xb / d_model floats apart. */
 static flm_status ffn_batch(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const float *in, size_t xb, float *out,
                             flm_token_stats *tok, flm_error *err) {
     const uint32_t d = ctx->model->hp.d_model;
-    if (ctx->ffn->compute_batch && !ctx->ffn_tap && !ctx->ffn_select)
+    if (ctx->ffn_tap)
+        for (uint32_t t = 0; t < n; t++) ctx->ffn_tap(ctx->tap_user, l, in + t * xb);
+    if (ctx->ffn->compute_batch && !ctx->ffn_select)
         return ctx->ffn->compute_batch(ctx, l, n, in, xb, out, d, tok, err);
     for (uint32_t t = 0; t < n; t++) {
         ctx->cur_pos = pos + (int32_t)t;
-        if (ctx->ffn_tap) ctx->ffn_tap(ctx->tap_user, l, in + t * xb);
         flm_status st = ctx->ffn->compute(ctx, l, in + t * xb, out + (size_t)t * d, tok, err);
         if (st) return st;
     }
