@@ -554,17 +554,27 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
     /* 1. each token's set, and their union (compute) */
     uint8_t *M = sp->bmask;
     uint32_t nu = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        uint8_t *mt = M + (size_t)t * F;
-        if (pos0 + (int32_t)t == 0) { /* the first token of a sequence runs dense (sparse_compute) */
-            memset(mt, 1, F);
-            tok->n_predicted += F;
-            continue;
+    { /* the predictors of all tokens as matrix-matrix products: H = A X [n][rank], Z = B H + c [n][d_ffn] */
+        const flm_predictor *p = &sp->sp.layers[l].pred;
+        float *H = ctx->s.bh2, *Z = ctx->s.bh; /* n_batch * d_ffn floats each, unused by the bundle kernels */
+        flm_matmat(ctx->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, in, in_stride, n, H, p->rank,
+                   pp->n_threads);
+        flm_matmat(ctx->k, FLM_TYPE_F16, sp->B16[l], F, p->rank, H, p->rank, n, Z, F, pp->n_threads);
+        for (uint32_t t = 0; t < n; t++) {
+            uint8_t *mt = M + (size_t)t * F;
+            if (pos0 + (int32_t)t == 0) { /* the first token of a sequence runs dense (sparse_compute) */
+                memset(mt, 1, F);
+                tok->n_predicted += F;
+                continue;
+            }
+            const float *z = Z + (size_t)t * F;
+            uint32_t np = 0;
+            for (uint32_t i = 0; i < F; i++) {
+                mt[i] = z[i] + p->c[i] > p->threshold;
+                np += mt[i];
+            }
+            tok->n_predicted += np;
         }
-        memset(mt, 0, F);
-        uint32_t np = predict_f16(ctx, sp, l, in + t * in_stride);
-        for (uint32_t j = 0; j < np; j++) mt[sp->ids[j]] = 1;
-        tok->n_predicted += np;
     }
     for (uint32_t i = 0; i < F; i++) {
         uint8_t any = 0;
