@@ -251,7 +251,8 @@ typedef struct flm_stats {
     uint64_t mem_budget;     /* 0 = none */
     uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map),
                                 less the token embedding when it stays on flash (mem_embd_flash) */
-    uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer */
+    uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer (sparse: predictors + neuron caches +
+                                its stream buffer) */
     uint64_t mem_kv;         /* KV cache */
     uint64_t mem_scratch;    /* activations and reader buffers */
     uint64_t model_bytes;    /* all weights */

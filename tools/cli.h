@@ -142,6 +142,7 @@ typedef struct cli_spec_session {
     uint64_t budget;         /* the whole --mem in bytes (a percentage: of the target's weights); 0: none */
     uint64_t draft_bytes;    /* the draft's plan: weights, FFN, KV cache, scratch */
     uint64_t buf_bytes;      /* the engine's buffers (cli_spec_buffer_bytes) */
+    uint64_t target_budget;  /* the budget the target was opened with (0: none) */
     uint64_t target_bytes;   /* the target's plan */
 } cli_spec_session;
 /* Before the target is opened (params as parsed; target: its resolved path): with --mem, resolve the budget in bytes;

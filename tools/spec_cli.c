@@ -97,6 +97,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     ss->verbose = verbose;
     if (!cli_spec_active(&ss->a)) return 0;
     if (resolve_budget(ss, target, params)) return 1;
+    ss->target_budget = ss->budget;
     if (!ss->a.draft) return 0;
     ss->draft_path = flm_cli_resolve_model(ss->a.draft, ss->draft_buf, sizeof ss->draft_buf);
     flm_params dp;
@@ -136,6 +137,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
         params->mem_bytes = ss->budget - take;
         params->mem_percent = 0;
     }
+    ss->target_budget = params->mem_bytes;
     if (verbose)
         fprintf(stderr, "flashlm: plan: draft %s (%s, ram): %.2f MiB (weights %.2f, KV cache %.2f, scratch %.2f) + "
                 "speculative decoding buffers %.2f MiB%s%s\n", ss->draft_path, di.arch, cli_mib(take),
@@ -179,7 +181,7 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
                         "budget of %s\n", cli_mib(ss->buf_bytes), flm_size(ss->budget - ss->buf_bytes).s);
             flm_close(*target);
             *target = NULL;
-            params->mem_bytes = ss->budget - ss->buf_bytes;
+            params->mem_bytes = ss->target_budget = ss->budget - ss->buf_bytes;
             params->mem_percent = 0;
             if (flm_open(target_path, params, target, &err)) {
                 fprintf(stderr, "flashlm: %s\n", err.msg);
@@ -223,7 +225,7 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
         uint64_t other = ss->draft_bytes + ss->buf_bytes;
         fprintf(stderr, "flashlm: speculative: budget %s = %s %.2f MiB + target %.2f MiB planned (of %s); peak RSS "
                 "%.2f MiB%s\n", flm_size(ss->budget).s, ss->draft ? "draft and buffers" : "n-gram buffers",
-                cli_mib(other), cli_mib(ss->target_bytes), flm_size(ss->budget - other).s, cli_mib(st.peak_rss),
+                cli_mib(other), cli_mib(ss->target_bytes), flm_size(ss->target_budget).s, cli_mib(st.peak_rss),
                 st.peak_rss <= ss->budget ? " (within the budget)"
                 : st.peak_rss <= ss->budget + FLM_RSS_ALLOWANCE ? " (within the budget + the 16 MiB allowance)"
                                                                  : " (MORE than the budget + the 16 MiB allowance)");
