@@ -307,6 +307,39 @@ static void test_probs_match_sample(void **state) {
     }
 }
 
+/* top-k over a large vocabulary with many ties: exactly the k largest logits, ties to the lower id (the order the
+ * sampler's full sort gave before it selected the k first). */
+static int by_logit_desc(const void *a, const void *b, void *ctx) {
+    const float *l = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (l[x] != l[y]) return l[x] < l[y] ? 1 : -1;
+    return x - y;
+}
+
+static void test_top_k_large_vocab(void **state) {
+    (void)state;
+    enum { V = 5000, K = 40 };
+    float *logits = malloc(V * sizeof *logits), *probs = malloc(V * sizeof *probs);
+    int32_t *ids = malloc(V * sizeof *ids);
+    uint64_t rng = 77;
+    for (int i = 0; i < V; i++) {
+        logits[i] = (float)(tu_rand_u64(&rng) % 60) / 8.0f; /* 60 levels: ties everywhere, also at the cut */
+        ids[i] = i;
+    }
+    qsort_r(ids, V, sizeof *ids, by_logit_desc, logits);
+    flm_sampler_params sp = {.temp = 0.9f, .top_k = K, .top_p = 1.0f, .seed = 5};
+    flm_sampler *s = flm_sampler_create(&sp, V);
+    flm_sampler_probs(s, logits, probs);
+    for (int r = 0; r < V; r++) {
+        if (r < K) assert_true(probs[ids[r]] > 0);
+        else assert_true(probs[ids[r]] == 0);
+    }
+    flm_sampler_free(s);
+    free(logits);
+    free(probs);
+    free(ids);
+}
+
 static void test_ngram_lookup(void **state) {
     (void)state;
     int32_t out[8];
@@ -721,6 +754,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_keeps_p),
         cmocka_unit_test(test_probs_match_sample),
+        cmocka_unit_test(test_top_k_large_vocab),
         cmocka_unit_test(test_ngram_lookup),
         cmocka_unit_test(test_greedy_draft_ram),
         cmocka_unit_test(test_greedy_draft_flash),
