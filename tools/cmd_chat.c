@@ -140,6 +140,7 @@ int cmd_chat(int argc, char **argv) {
         cli_spec_session_close(&ss);
         return 1;
     }
+    flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
     const struct flm_tokenizer *tok = cli_tokenizer(ctx);
     bool tty = isatty(0);
     if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");

@@ -246,6 +246,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         flm_close(ctx);
         return 1;
     }
+    flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
     /* echo the prompt the way it decodes (a chat reply stands alone) */
     for (size_t i = 0; i < n_prompt && !chat; i++) {
         if (i == 0 && ids[0] == info.bos) continue; /* BOS prints nothing; without one the first token is text */
