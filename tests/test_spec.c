@@ -396,6 +396,10 @@ static void check_greedy_draft(flm_mode mode, const char *target_path) {
         assert_int_equal(st.n_gen, (uint64_t)n);
         /* every pass evaluates the last token and the drafts */
         assert_int_equal(st.target_tokens, st.n_passes + st.n_drafted);
+        /* the draft re-evaluates at most the last accepted draft and the new token, then its proposals but the last:
+         * never the text again (the prompt, fed before generating, does not count) */
+        assert_true(st.draft_tokens <= st.n_steps * (uint64_t)(lambdas[l] + 1));
+        assert_true(st.draft_tokens >= st.n_steps);
         flm_stats ts;
         flm_get_stats(target, &ts);
         assert_int_equal(ts.n_tokens, (uint64_t)n_prompt + st.target_tokens);

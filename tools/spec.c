@@ -132,8 +132,10 @@ void cli_spec_rewind(cli_spec *s, int32_t n) {
 void cli_spec_get_stats(const cli_spec *s, cli_spec_stats *st) { *st = s->st; }
 
 /* Bring the draft model to hold seq[0..n) (n <= its context): evaluate from the first token it holds that differs
- * (at least the last one, so its logits are fresh) in one batched call; *logits gets the next-token logits. */
-static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, const float **logits, flm_error *err) {
+ * (at least the last one, so its logits are fresh) in one batched call; *logits gets the next-token logits. The
+ * tokens count in the statistics when count (generation, not a prompt). */
+static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, bool count, const float **logits,
+                             flm_error *err) {
     int32_t v = 0;
     while (v < s->n_dtok && v < n && s->dtok[v] == seq[v]) v++;
     if (v >= n) v = n - 1;
@@ -144,7 +146,7 @@ static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, const f
     }
     memcpy(s->dtok + v, seq + v, (size_t)(n - v) * sizeof *seq);
     s->n_dtok = n;
-    s->st.draft_tokens += (uint64_t)(n - v);
+    if (count) s->st.draft_tokens += (uint64_t)(n - v);
     return FLM_OK;
 }
 
@@ -162,9 +164,7 @@ flm_status cli_spec_feed(cli_spec *s, const int32_t *ids, size_t n, int32_t pos,
     s->n_hist = pos + (int32_t)n;
     if (s->draft && s->n_hist <= s->draft_n_ctx) { /* now rather than in the first step: the prompt's time */
         const float *dl;
-        double t0 = flm_now_ms();
-        st = draft_sync(s, s->hist, s->n_hist, &dl, err);
-        s->st.draft_ms += flm_now_ms() - t0;
+        st = draft_sync(s, s->hist, s->n_hist, false, &dl, err);
     }
     return st;
 }
@@ -178,7 +178,7 @@ static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, ui
     if ((int64_t)len + n - 1 > s->draft_n_ctx) n = (uint32_t)(s->draft_n_ctx - len + 1); /* d_n is not evaluated */
     double t0 = flm_now_ms();
     const float *logits;
-    flm_status st = draft_sync(s, seq, len, &logits, err);
+    flm_status st = draft_sync(s, seq, len, true, &logits, err);
     const size_t V = s->n_vocab;
     uint32_t i = 0;
     for (; !st && i < n; i++) {
