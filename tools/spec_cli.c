@@ -140,7 +140,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     ss->target_budget = params->mem_bytes;
     if (verbose)
         fprintf(stderr, "flashlm: plan: draft %s (%s, ram): %.2f MiB (weights %.2f, KV cache %.2f, scratch %.2f) + "
-                "speculative decoding buffers %.2f MiB%s%s\n", ss->draft_path, di.arch, cli_mib(take),
+                "speculative decoding buffers %.2f MiB%s%s\n", ss->draft_path, di.arch, cli_mib(ss->draft_bytes),
                 cli_mib(st.mem_resident + st.mem_ffn), cli_mib(st.mem_kv), cli_mib(st.mem_scratch),
                 cli_mib(ss->buf_bytes), ss->budget ? "; the target gets the rest of the budget: " : "",
                 ss->budget ? flm_size(params->mem_bytes).s : "");
