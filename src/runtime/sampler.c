@@ -81,9 +81,8 @@ static size_t argmax(const float *logits, size_t n) {
     return best;
 }
 
-/* Move the k first ids in cmp_desc order (most likely first, lower id on ties: a total order) to idx[0 .. k), in
- * any order, in O(n log k): a heap of the k best so far whose root is the worst of them. Speculative decoding asks
- * for a distribution per draft and per verified row, and a full sort of a 150k vocabulary costs ~15 ms. */
+/* Restore the heap h[0 .. k) below i: every parent comes after its children in cmp_desc order (the root is the
+ * worst). */
 static void heap_sift(int32_t *h, size_t k, size_t i, const float *prob) {
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, w = i; /* w: the worst (largest in cmp_desc) of i and its children */
@@ -95,6 +94,9 @@ static void heap_sift(int32_t *h, size_t k, size_t i, const float *prob) {
     }
 }
 
+/* Move the k first ids in cmp_desc order (most likely first, lower id on ties: a total order) to idx[0 .. k), in
+ * any order, in O(n log k): a heap of the k best so far whose root is the worst of them. Speculative decoding asks
+ * for a distribution per draft and per verified row, and a full sort of a 150k vocabulary costs ~15 ms. */
 static void select_top(int32_t *idx, size_t n, size_t k, const float *prob) {
     if (k == 0) return;
     for (size_t i = k / 2; i-- > 0;) heap_sift(idx, k, i, prob);
