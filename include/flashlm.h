@@ -255,7 +255,8 @@ typedef struct flm_stats {
     uint64_t mem_budget;     /* 0 = none */
     uint64_t mem_resident;   /* embeddings, attention, norms, output (the .flm resident region or the GGUF map),
                                 less the token embedding when it stays on flash (mem_embd_flash) */
-    uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer */
+    uint64_t mem_ffn;        /* FFN storage: resident layers + streaming buffer (sparse: predictors + neuron caches +
+                                its stream buffer) */
     uint64_t mem_kv;         /* KV cache */
     uint64_t mem_scratch;    /* activations and reader buffers */
     uint64_t model_bytes;    /* all weights */
@@ -354,6 +355,23 @@ FLM_API void flm_sampler_params_default(flm_sampler_params *p); /* temp 0.8, top
 FLM_API flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab);
 /* Pick the next token from n_vocab logits (not modified). */
 FLM_API int32_t flm_sampler_sample(flm_sampler *s, const float *logits);
+/* The distribution flm_sampler_sample draws from: probs (the caller's n_vocab floats) gets every token's probability
+ * after temperature, top-k and top-p — 0 for the tokens they leave out, the kept ones renormalized to sum to 1. With
+ * temp 0 (greedy): 1 for the argmax (the lowest id on ties), 0 elsewhere. Uses no random number. */
+FLM_API void flm_sampler_probs(flm_sampler *s, const float *logits, float *probs);
+/* Draw a token from probs (n_vocab non-negative weights; normalized here, so they need not sum to 1) with the
+ * sampler's RNG (one draw). Returns -1, drawing nothing, when no weight is positive or one is negative, NaN or
+ * infinite. */
+FLM_API int32_t flm_sampler_sample_probs(flm_sampler *s, const float *probs);
+/* Speculative decoding's acceptance rule (Leviathan et al. 2023, Chen et al. 2023). A draft proposed `token`, drawn
+ * from q; the target's distribution is p (both n_vocab probabilities as flm_sampler_probs gives them: p from the
+ * target's logits, q from the draft's). The token is accepted with probability min(1, p[token] / q[token]) (one
+ * draw of the sampler's RNG); when it is rejected, *out gets a token drawn from normalize(max(0, p - q)) (a second
+ * draw), so the token kept is distributed as p whatever q is. q NULL means a certain draft (q = 1 at token, 0
+ * elsewhere: a lookup in the text, not a model). Returns true when accepted (*out = token), false when rejected
+ * (*out = the replacement, never the rejected token while p has mass elsewhere; when max(0, p - q) has no mass
+ * through rounding, it is drawn from p). A token outside [0, n_vocab) is rejected the same way. */
+FLM_API bool flm_sampler_accept(flm_sampler *s, const float *p, const float *q, int32_t token, int32_t *out);
 FLM_API void flm_sampler_free(flm_sampler *s);
 
 #ifdef __cplusplus

@@ -85,6 +85,7 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
  * printing the error. */
 int cli_chat_template(const flm_ctx *ctx, const char *name, struct flm_chat_template *t);
 
+struct cli_spec;
 /* A token stream through one context: tokens fed so far occupy positions [0, pos). */
 typedef struct cli_gen {
     flm_ctx *ctx;
@@ -94,6 +95,7 @@ typedef struct cli_gen {
     int32_t pos;           /* next position */
     int32_t last;          /* the last token fed (-1: none), the "previous" token for decoding pieces */
     const float *logits;   /* the next-token logits after it */
+    struct cli_spec *spec; /* NULL, or speculative decoding over ctx (tools/spec.h): feeds and replies go through it */
 } cli_gen;
 /* Evaluate ids[0..n) at positions pos, pos+1, ... (restart with g->pos = 0). Returns 0, or 1 after printing the
  * error (e.g. the context is full). */
@@ -108,6 +110,57 @@ typedef struct cli_reply {
  * end-of-generation token, after n_predict tokens, or when the context is full. Returns 0, or 1 after printing an
  * evaluation error. */
 int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r);
+
+/* ---- speculative decoding on the command line (tools/spec_cli.c; the engine is tools/spec.h) ---- */
+typedef struct cli_spec_args {
+    const char *draft; /* --draft MODEL (a path or a pulled name), or NULL */
+    int n_draft;       /* --draft-n N (default 4) */
+    bool n_draft_set;
+    bool ngram;        /* --draft-ngram */
+} cli_spec_args;
+void cli_spec_args_default(cli_spec_args *a);
+/* Parse --draft, --draft-n or --draft-ngram at argv[*i] (advances *i past a value). Returns 1 when consumed, 0 when
+ * not one of them, -1 after printing an error. */
+int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a);
+/* After parsing: 0, or 2 after printing why the combination is refused (--draft with --draft-ngram; --draft-n
+ * alone). */
+int cli_spec_args_check(const cli_spec_args *a);
+/* true when --draft or --draft-ngram was given. */
+bool cli_spec_active(const cli_spec_args *a);
+/* Help lines for the three options. */
+extern const char *CLI_SPEC_OPTS_HELP;
+
+/* One command's speculative decoding: zero it, set .a, then cli_spec_open_draft before opening the target,
+ * cli_spec_begin after, cli_spec_print_stats at the end and cli_spec_session_close after closing the target. */
+typedef struct cli_spec_session {
+    cli_spec_args a;
+    char draft_buf[4096];
+    const char *draft_path;  /* the draft model's file (a pulled name resolved) */
+    flm_ctx *draft;          /* the draft model's context (ram mode), or NULL */
+    struct cli_spec *spec;   /* the engine, once begun: set it as cli_gen.spec */
+    bool verbose;            /* print the plan lines */
+    uint64_t budget;         /* the whole --mem in bytes (a percentage: of the target's weights); 0: none */
+    uint64_t draft_bytes;    /* the draft's plan: weights, FFN, KV cache, scratch */
+    uint64_t buf_bytes;      /* the engine's buffers (cli_spec_buffer_bytes) */
+    uint64_t target_budget;  /* the budget the target was opened with (0: none) */
+    uint64_t target_bytes;   /* the target's plan */
+} cli_spec_session;
+/* Before the target is opened (params as parsed; target: its resolved path): with --mem, resolve the budget in bytes;
+ * with --draft, open the draft (ram mode, the same -t -c and KV type) within the budget, take its plan and the
+ * buffers' bytes out of it and leave the target the rest (params->mem_bytes). verbose: print the draft's plan line.
+ * Returns 0, or 1 after printing why (naming the draft and the target when nothing is left for the target). */
+int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose);
+/* When flm_open refused the target with code: say what the draft took of the budget. */
+void cli_spec_target_refused(const cli_spec_session *ss, flm_status code);
+/* After the target is open: check that the draft shares its tokenizer (refused with both files named), take the
+ * --draft-ngram buffers out of the budget (opening the target again with less when its plan left too little:
+ * *target may change), create the engine (ss->spec) over smp. Returns 0, or 1 after printing why. */
+int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_path, flm_params *params,
+                   flm_sampler *smp);
+/* The speculative statistics on stderr: drafted, accepted, acceptance rate, target passes, tokens per pass, per
+ * generated token the target's ms, bytes read and neurons loaded (and the draft's), and the budget's split. */
+void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target);
+void cli_spec_session_close(cli_spec_session *ss);
 
 int cmd_chat(int argc, char **argv);
 /* ---- pull (tools/cmd_pull.c): models fetched by name ---- */

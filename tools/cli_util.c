@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "spec.h"
 #include "flashlm.h"
 #include "format/chat_template.h"
 #include "format/gguf.h"
@@ -454,7 +455,9 @@ int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat_template *t
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
     flm_error err;
     if (n == 0) return 0;
-    if (flm_eval_batch(g->ctx, ids, (uint32_t)n, g->pos, NULL, &g->logits, &err)) { /* batches of -b tokens */
+    flm_status st = g->spec ? cli_spec_feed(g->spec, ids, n, g->pos, &g->logits, &err) /* the draft follows */
+                            : flm_eval_batch(g->ctx, ids, (uint32_t)n, g->pos, NULL, &g->logits, &err); /* batches of -b */
+    if (st) {
         fprintf(stderr, "\nflashlm: %s\n", err.msg);
         return 1;
     }
@@ -463,17 +466,49 @@ int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
     return 0;
 }
 
+/* Print a generated token's text (and keep it in text when not NULL); false when out of memory. */
+typedef struct {
+    cli_gen *g;
+    cli_buf *text;
+} emit_to;
+
+static bool emit_token(void *user, int32_t prev, int32_t token) {
+    emit_to *e = user;
+    size_t len;
+    const char *p = flm_token_piece(e->g->ctx, prev, token, &len);
+    fwrite(p, 1, len, stdout);
+    fflush(stdout);
+    return !e->text || cli_buf_add(e->text, p, len);
+}
+
+/* cli_gen_reply through speculative decoding: the same stops, the same tokens when greedy. */
+static int gen_reply_spec(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r) {
+    emit_to e = {g, text};
+    cli_spec_result res;
+    flm_error err;
+    flm_status st = cli_spec_generate(g->spec, g->logits, n_predict, feed_last, emit_token, &e, &res, &err);
+    r->n_gen = res.n_gen;
+    r->eog = res.eog;
+    r->ctx_full = res.ctx_full;
+    g->pos = res.n_past;
+    g->last = res.last;
+    g->logits = res.logits;
+    if (st) {
+        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r) {
     memset(r, 0, sizeof *r);
+    if (g->spec) return gen_reply_spec(g, n_predict, feed_last, text, r);
+    emit_to e = {g, text};
     while (r->n_gen < n_predict && g->logits) {
         int32_t next = flm_sampler_sample(g->smp, g->logits);
         r->n_gen++;
         if (flm_tokenizer_is_eog(g->tok, next)) { r->eog = true; break; }
-        size_t len;
-        const char *p = flm_token_piece(g->ctx, g->last, next, &len);
-        fwrite(p, 1, len, stdout);
-        fflush(stdout);
-        if (text && !cli_buf_add(text, p, len)) {
+        if (!emit_token(&e, g->last, next)) {
             fprintf(stderr, "\nflashlm: out of memory\n");
             return 1;
         }

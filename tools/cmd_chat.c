@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "spec.h"
 #include "flashlm.h"
 #include "format/chat_template.h"
 #include "format/tokenizer.h"
@@ -78,16 +79,20 @@ int cmd_chat(int argc, char **argv) {
     flm_params_default(&params);
     flm_sampler_params sp;
     flm_sampler_params_default(&sp);
+    static cli_spec_session ss; /* speculative decoding (large: a path buffer) */
+    memset(&ss, 0, sizeof ss);
+    cli_spec_args_default(&ss.a);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int used = cli_parse_model_opt(argc, argv, &i, &params);
         if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
+        if (!used) used = cli_parse_spec_opt(argc, argv, &i, &ss.a);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s%s\nshared options:\n%s", CHAT_HELP, CLI_SAMPLING_OPTS_HELP, CHAT_HELP_MORE,
-                   CLI_MODEL_OPTS_HELP);
+            printf("%s%s%s%s\nshared options:\n%s", CHAT_HELP, CLI_SAMPLING_OPTS_HELP, CLI_SPEC_OPTS_HELP,
+                   CHAT_HELP_MORE, CLI_MODEL_OPTS_HELP);
             return 0;
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
@@ -105,31 +110,42 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
+    if (cli_spec_args_check(&ss.a)) return 2;
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf); /* a pulled model's name */
 
     flm_error err;
     flm_ctx *ctx = NULL;
-    if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-    if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
+    /* speculative decoding: the draft model first, inside the budget; the target gets what it leaves */
+    if (cli_spec_open_draft(&ss, model, &params, verbose)) { cli_spec_session_close(&ss); return 1; }
+    if (flm_open(model, &params, &ctx, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        cli_spec_target_refused(&ss, err.code);
+        cli_spec_session_close(&ss);
+        return 1;
+    }
+    if (cli_after_open(ctx)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
     flm_model_info info;
     flm_get_info(ctx, &info);
     fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",
             model, info.arch, info.n_layers, info.d_model, info.n_ctx, info.kernels, params.n_threads);
     flm_chat_template tmpl;
-    if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); return 1; }
+    if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
-    if (!smp) {
-        fprintf(stderr, "flashlm: out of memory\n");
+    if (!smp || cli_spec_begin(&ss, &ctx, model, &params, smp)) {
+        if (!smp) fprintf(stderr, "flashlm: out of memory\n");
+        flm_sampler_free(smp);
         flm_chat_template_free(&tmpl);
         flm_close(ctx);
+        cli_spec_session_close(&ss);
         return 1;
     }
+    flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
     const struct flm_tokenizer *tok = cli_tokenizer(ctx);
     bool tty = isatty(0);
     if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
 
-    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = tok, .n_ctx = info.n_ctx, .last = -1};
+    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = tok, .n_ctx = info.n_ctx, .last = -1, .spec = ss.spec};
     msg_list msgs = {0};
     cli_buf done = {0}; /* the text the KV cache holds: prompt renderings and replies, in order */
     char *line = NULL;
@@ -238,6 +254,7 @@ oom:
             "%.2f ms = %.2f tokens/s\n", n_turns, (unsigned long long)n_prompt_tok, ms_prompt,
             ms_prompt > 0 ? n_prompt_tok * 1e3 / ms_prompt : 0.0, (unsigned long long)n_gen_tok, ms_gen,
             ms_gen > 0 ? n_gen_tok * 1e3 / ms_gen : 0.0);
+    cli_spec_print_stats(&ss, ctx);
     if (refused && !rc) rc = 1;
     free(line);
     msgs_truncate(&msgs, 0);
@@ -246,5 +263,6 @@ oom:
     flm_sampler_free(smp);
     flm_chat_template_free(&tmpl);
     flm_close(ctx);
+    cli_spec_session_close(&ss); /* the draft model, after the target */
     return rc;
 }

@@ -17,9 +17,10 @@
 #include "core/types.h"
 #include "core/util.h"
 #include "cli.h"
+#include "spec.h"
 
 /* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
-static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_token) {
+static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_token, bool spec) {
     flm_stats s;
     flm_get_stats(ctx, &s);
     uint64_t n = s.n_tokens - prompt->n_tokens; /* generation only */
@@ -90,8 +91,10 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
                     s.total.n_predicted ? (double)s.total.n_true_pos / s.total.n_predicted : 1.0);
         fprintf(stderr, "\n");
     }
-    fprintf(stderr, "flashlm: per generated token: flash I/O %.3f ms + memory %.3f ms + compute %.3f ms = %.3f ms; "
-            "%.2f MiB in %.1f reads; read throughput %.2f GB/s\n", io, mem, cmp, io + mem + cmp,
+    /* with speculative decoding the target evaluates drafts it rejects too: per generated token is on its own line */
+    fprintf(stderr, "flashlm: per %s token: flash I/O %.3f ms + memory %.3f ms + compute %.3f ms = %.3f ms; "
+            "%.2f MiB in %.1f reads; read throughput %.2f GB/s\n", spec ? "target-evaluated" : "generated", io, mem,
+            cmp, io + mem + cmp,
             cli_mib(bytes) / n, (double)reads / n, io_total > 0 ? (double)bytes / (io_total * 1e6) : 0.0);
 }
 
@@ -122,7 +125,8 @@ static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated
 
 static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
                           const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
-                          flm_params *params_in, const flm_sampler_params *sp_in);
+                          flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa);
+static cli_spec_session run_spec; /* run's speculative decoding (large: a path buffer) */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
@@ -132,17 +136,20 @@ static int cmd_run(int argc, char **argv) {
     flm_params_default(&params);
     flm_sampler_params sp;
     flm_sampler_params_default(&sp);
+    cli_spec_args sa;
+    cli_spec_args_default(&sa);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDVAL() do { if (!val) return cli_die("option %s needs a value (see flashlm run --help)", a); i++; } while (0)
         int used = cli_parse_model_opt(argc, argv, &i, &params);
         if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
+        if (!used) used = cli_parse_spec_opt(argc, argv, &i, &sa);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s%s\nshared options:\n%s%s", RUN_HELP, CLI_SAMPLING_OPTS_HELP, RUN_HELP_MORE,
-                   CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
+            printf("%s%s%s%s\nshared options:\n%s%s", RUN_HELP, CLI_SAMPLING_OPTS_HELP, CLI_SPEC_OPTS_HELP,
+                   RUN_HELP_MORE, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
@@ -164,20 +171,22 @@ static int cmd_run(int argc, char **argv) {
 #undef NEEDVAL
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
+    if (cli_spec_args_check(&sa)) return 2;
     char *prompt_buf = NULL; /* -f: the prompt's text, any length (an argument is limited by ARG_MAX) */
     if (prompt_file) {
         if (!(prompt_buf = cli_read_text(prompt_file))) return 1;
         prompt = prompt_buf;
     }
     int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
-                            &sp);
+                            &sp, &sa);
+    cli_spec_session_close(&run_spec); /* the draft model, after the target */
     free(prompt_buf);
     return rc;
 }
 
 static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
                           const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
-                          flm_params *params_in, const flm_sampler_params *sp_in) {
+                          flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa) {
     flm_params params = *params_in;
     flm_sampler_params sp = *sp_in;
     char model_buf[4096];
@@ -188,7 +197,15 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t0 = flm_now_ms();
     cli_env_params(&params, model);
     cli_log_verbose(&params, per_token || verbose);
-    if (flm_open(model, &params, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    /* speculative decoding: the draft model first, inside the budget; the target gets what it leaves */
+    cli_spec_session *ss = &run_spec; /* closed by cmd_run, after the target */
+    ss->a = *sa;
+    if (cli_spec_open_draft(ss, model, &params, per_token || verbose)) return 1;
+    if (flm_open(model, &params, &ctx, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        cli_spec_target_refused(ss, err.code);
+        return 1;
+    }
     if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     double t_load = flm_now_ms() - t0;
     flm_model_info info;
@@ -223,12 +240,13 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     else if (n_prompt + (size_t)n_predict > info.n_ctx)
         fprintf(stderr, "flashlm: prompt (%zu tokens) + -n %ld exceeds the context of %u tokens; raise -c\n",
                 n_prompt, n_predict, info.n_ctx);
-    if (refuse || n_prompt + (size_t)n_predict > info.n_ctx) {
+    if (refuse || n_prompt + (size_t)n_predict > info.n_ctx || cli_spec_begin(ss, &ctx, model, &params, smp)) {
         flm_sampler_free(smp);
         free(ids);
         flm_close(ctx);
         return 1;
     }
+    flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
     /* echo the prompt the way it decodes (a chat reply stands alone) */
     for (size_t i = 0; i < n_prompt && !chat; i++) {
         if (i == 0 && ids[0] == info.bos) continue; /* BOS prints nothing; without one the first token is text */
@@ -241,7 +259,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t_prompt = 0, t_gen = 0;
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
-    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = cli_tokenizer(ctx), .n_ctx = info.n_ctx, .last = -1};
+    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = cli_tokenizer(ctx), .n_ctx = info.n_ctx, .last = -1,
+                   .spec = ss->spec};
     cli_reply reply = {0};
     double t1 = flm_now_ms();
     if (cli_gen_feed(&gen, ids, n_prompt)) rc = 1;
@@ -260,7 +279,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
     fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s%s\n", n_gen, t_gen,
             t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0, n_predict == 0 ? " (-n 0: the prompt only)" : "");
-    print_stats(ctx, &prompt_stats, per_token);
+    print_stats(ctx, &prompt_stats, per_token, ss->spec != NULL);
+    cli_spec_print_stats(ss, ctx);
     if (stats_json) {
         if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
         else fprintf(stderr, "flashlm: statistics written to %s\n", stats_json);

@@ -87,6 +87,8 @@ typedef struct flm_file {
 /* flm_file_open_ex flags */
 #define FLM_FILE_LAZY_TAIL 1u /* when the resident region has a head (head_bytes > 0), load and check only the head;
                                  the token embedding stays in the file until flm_file_load_tail */
+#define FLM_FILE_HEADER_ONLY 2u /* read and check the header and the region table only: nothing of the resident region
+                                   is loaded (resident_data and meta stay NULL); for sizes, e.g. the model's bytes */
 
 /* Open a .flm file: read and check the header and region table (magic, version, every offset and size against the
  * file size, alignment, no overlaps, one FFN region per layer), load the RESIDENT region into memory, verify its

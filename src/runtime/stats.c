@@ -44,7 +44,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->window = flm_sparse_window(sp);
         st->cache_rows = flm_sparse_cache_rows(sp);
         st->n_streamed = flm_sparse_streamed(sp);
-        if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors;
+        if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors + fl->plan.stream; /* + its stream buffer */
     } else {
         st->mem_resident = ctx->mem_resident;
         st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx, (uint32_t)ctx->params.n_batch);

@@ -1,0 +1,333 @@
+/* spec.c — speculative decoding (spec.h): drafting, one batched verification per step, the acceptance rule, and
+ * keeping the target's and the draft's contexts in step with the accepted text.
+ *
+ * A step, with the target holding hist[0..H) and `last` (decided, not yet evaluated) next:
+ *   1. the draft proposes d1..dN (a draft model from its own logits after hist + last, or the n-gram lookup);
+ *   2. the target evaluates [last, d1, ..., dN] at positions H .. H + N in one flm_eval_batch with every row's logits:
+ *      row i is the target's next-token distribution after d_i (row 0: after last);
+ *   3. d_i is accepted as long as flm_sampler_accept says so (greedy: while it is the target's argmax); the first
+ *      rejection gives the target's own token instead; when all are accepted, row N gives one more;
+ *   4. the target now holds hist + last + the accepted drafts; the rows after them are forgotten by the next step,
+ *      which evaluates from there (flm_eval_batch with an earlier pos rewinds). The draft model keeps a record of the
+ *      tokens it holds and re-evaluates from the first one that differs from the text (usually just the last
+ *      accepted draft and the new token). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec.h"
+#include "core/error.h"
+#include "format/tokenizer.h"
+#include "runtime/runtime.h"
+
+struct cli_spec {
+    flm_ctx *target, *draft;
+    flm_sampler *smp;
+    cli_spec_opts o;
+    uint32_t n_vocab;
+    int32_t n_ctx;       /* the target's context */
+    int32_t draft_n_ctx; /* the draft's context (0: no draft model) */
+    int32_t *hist;       /* [n_ctx + 1]: the tokens the target holds, then the step's `last` */
+    int32_t n_hist;
+    int32_t *dtok;       /* [draft_n_ctx]: the tokens the draft model holds */
+    int32_t n_dtok;
+    int32_t *batch;      /* [n_draft + 1]: last, d1 .. dN */
+    float *rows;         /* [(n_draft + 1) * n_vocab]: the target's logits for the batch */
+    float *q;            /* [n_draft * n_vocab]: the draft's distribution for each proposal (draft model only) */
+    float *p;            /* [n_vocab]: the target's distribution, one row at a time */
+    cli_spec_stats st;
+};
+
+uint64_t cli_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
+    uint64_t V = n_vocab, N = n_draft > 0 ? (uint64_t)n_draft : 0;
+    return 4 * ((N + 1) * V + (with_draft_model ? N * V : 0) + V) + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
+}
+
+void cli_spec_free(cli_spec *s) {
+    if (!s) return;
+    free(s->hist);
+    free(s->dtok);
+    free(s->batch);
+    free(s->rows);
+    free(s->q);
+    free(s->p);
+    free(s);
+}
+
+flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, const cli_spec_opts *o, cli_spec **out,
+                           flm_error *err) {
+    *out = NULL;
+    if (!target || !smp || !o) return flm_fail(err, FLM_ERR_ARG, "speculative decoding: no target or sampler");
+    if (o->n_draft < 1 || o->n_draft > CLI_SPEC_DRAFT_MAX)
+        return flm_fail(err, FLM_ERR_ARG, "speculative decoding: --draft-n %d is outside 1..%d", o->n_draft,
+                        CLI_SPEC_DRAFT_MAX);
+    if (!draft && !o->ngram)
+        return flm_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model or the n-gram lookup");
+    flm_model_info ti, di;
+    flm_get_info(target, &ti);
+    if (draft) {
+        flm_get_info(draft, &di);
+        if (di.n_vocab != ti.n_vocab)
+            return flm_fail(err, FLM_ERR_ARG, "speculative decoding: the draft has %u logits per token, the target %u",
+                            di.n_vocab, ti.n_vocab);
+    }
+    cli_spec *s = calloc(1, sizeof *s);
+    if (!s) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    s->target = target;
+    s->draft = draft;
+    s->smp = smp;
+    s->o = *o;
+    s->n_vocab = ti.n_vocab;
+    s->n_ctx = (int32_t)ti.n_ctx;
+    s->draft_n_ctx = draft ? (int32_t)di.n_ctx : 0;
+    const size_t V = ti.n_vocab, N = (size_t)o->n_draft;
+    s->hist = malloc(((size_t)s->n_ctx + 1) * sizeof *s->hist);
+    s->dtok = draft ? malloc((size_t)s->draft_n_ctx * sizeof *s->dtok) : NULL;
+    s->batch = malloc((N + 1) * sizeof *s->batch);
+    s->rows = malloc((N + 1) * V * sizeof *s->rows);
+    s->q = draft ? malloc(N * V * sizeof *s->q) : NULL;
+    s->p = malloc(V * sizeof *s->p);
+    if (!s->hist || (draft && (!s->dtok || !s->q)) || !s->batch || !s->rows || !s->p) {
+        cli_spec_free(s);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
+                        cli_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, o->n_draft, draft != NULL) / 1048576.0);
+    }
+    *out = s;
+    return FLM_OK;
+}
+
+flm_status cli_spec_check_vocab(const flm_ctx *target, const char *target_path, const flm_ctx *draft,
+                                const char *draft_path, flm_error *err) {
+#define NOT_SHARED "the draft model %s does not share the target model %s's tokenizer: "
+    flm_model_info ti, di;
+    flm_get_info(target, &ti);
+    flm_get_info(draft, &di);
+    const flm_tokenizer *tt = target->model->tok, *dt = draft->model->tok;
+    uint32_t tn = flm_tokenizer_n_vocab(tt), dn = flm_tokenizer_n_vocab(dt);
+    if (ti.n_vocab != di.n_vocab || tn != dn)
+        return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "its vocabulary has %u tokens (%u logits), the target's %u (%u "
+                        "logits)", draft_path, target_path, dn, di.n_vocab, tn, ti.n_vocab);
+    if (ti.bos != di.bos || ti.eos != di.eos)
+        return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "BOS/EOS are %d/%d in the draft, %d/%d in the target", draft_path,
+                        target_path, di.bos, di.eos, ti.bos, ti.eos);
+    for (uint32_t i = 0; i < tn; i++) {
+        const char *a = flm_tokenizer_vocab(tt, (int32_t)i), *b = flm_tokenizer_vocab(dt, (int32_t)i);
+        size_t la, lb;
+        const char *pa = flm_tokenizer_piece(tt, -1, (int32_t)i, &la), *pb = flm_tokenizer_piece(dt, -1, (int32_t)i, &lb);
+        bool eog_a = flm_tokenizer_is_eog(tt, (int32_t)i), eog_b = flm_tokenizer_is_eog(dt, (int32_t)i);
+        if (strcmp(a, b) != 0 || la != lb || memcmp(pa, pb, la) != 0 || eog_a != eog_b)
+            return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "token %u is \"%.40s\"%s in the draft, \"%.40s\"%s in the "
+                            "target", draft_path, target_path, i, b, eog_b ? " (end of generation)" : "", a,
+                            eog_a ? " (end of generation)" : "");
+    }
+    return FLM_OK;
+#undef NOT_SHARED
+}
+
+int32_t cli_spec_n_past(const cli_spec *s) { return s->n_hist; }
+
+void cli_spec_rewind(cli_spec *s, int32_t n) {
+    if (n >= 0 && n < s->n_hist) s->n_hist = n;
+}
+
+void cli_spec_get_stats(const cli_spec *s, cli_spec_stats *st) { *st = s->st; }
+
+/* Bring the draft model to hold seq[0..n) (n <= its context): evaluate from the first token it holds that differs
+ * (at least the last one, so its logits are fresh) in one batched call; *logits gets the next-token logits. The
+ * tokens count in the statistics when count (generation, not a prompt). */
+static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, bool count, const float **logits,
+                             flm_error *err) {
+    int32_t v = 0;
+    while (v < s->n_dtok && v < n && s->dtok[v] == seq[v]) v++;
+    if (v >= n) v = n - 1;
+    flm_status st = flm_eval_batch(s->draft, seq + v, (uint32_t)(n - v), v, NULL, logits, err);
+    if (st) {
+        s->n_dtok = v < s->n_dtok ? v : s->n_dtok; /* it holds positions < v, as before the call */
+        return st;
+    }
+    memcpy(s->dtok + v, seq + v, (size_t)(n - v) * sizeof *seq);
+    s->n_dtok = n;
+    if (count) s->st.draft_tokens += (uint64_t)(n - v);
+    return FLM_OK;
+}
+
+flm_status cli_spec_feed(cli_spec *s, const int32_t *ids, size_t n, int32_t pos, const float **logits,
+                         flm_error *err) {
+    if (pos < 0 || pos > s->n_hist)
+        return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, s->n_hist);
+    if (n == 0) return flm_eval_batch(s->target, ids, 0, pos, NULL, logits, err); /* its own error: no tokens */
+    flm_status st = flm_eval_batch(s->target, ids, (uint32_t)n, pos, NULL, logits, err);
+    if (st) {
+        s->n_hist = pos;
+        return st;
+    }
+    memcpy(s->hist + pos, ids, n * sizeof *ids); /* pos + n <= n_ctx: flm_eval_batch checked it */
+    s->n_hist = pos + (int32_t)n;
+    if (s->draft && s->n_hist <= s->draft_n_ctx) { /* now rather than in the first step: the prompt's time */
+        const float *dl;
+        st = draft_sync(s, s->hist, s->n_hist, false, &dl, err);
+    }
+    return st;
+}
+
+/* Propose up to n tokens after seq[0..len) into out with the draft model, their distributions into s->q (row i for
+ * out[i]); stops after an end-of-generation token. Returns how many (0 when the draft's context has no room). */
+static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
+                                uint32_t *n_out, flm_error *err) {
+    *n_out = 0;
+    if (len > s->draft_n_ctx) return FLM_OK;
+    if ((int64_t)len + n - 1 > s->draft_n_ctx) n = (uint32_t)(s->draft_n_ctx - len + 1); /* d_n is not evaluated */
+    double t0 = flm_now_ms();
+    const float *logits;
+    flm_status st = draft_sync(s, seq, len, true, &logits, err);
+    const size_t V = s->n_vocab;
+    uint32_t i = 0;
+    for (; !st && i < n; i++) {
+        float *q = s->q + i * V;
+        flm_sampler_probs(s->smp, logits, q);
+        int32_t d = flm_sampler_sample_probs(s->smp, q);
+        if (d < 0) break; /* no usable distribution (non-finite logits): propose nothing more */
+        out[i] = d;
+        if (i + 1 == n || flm_token_is_eog(s->draft, d)) { i++; break; }
+        st = flm_eval(s->draft, d, len + (int32_t)i, &logits, err);
+        if (!st) {
+            s->dtok[len + i] = d;
+            s->n_dtok = len + (int32_t)i + 1;
+            s->st.draft_tokens++;
+        }
+    }
+    s->st.draft_ms += flm_now_ms() - t0;
+    *n_out = st ? 0 : i;
+    return st;
+}
+
+uint32_t cli_spec_ngram_lookup(const int32_t *seq, size_t len, uint32_t max_n, int32_t *out, uint32_t cap) {
+    if (cap == 0) return 0;
+    for (uint32_t n = max_n; n >= 1; n--) {
+        if (len < (size_t)n + 1) continue;
+        const int32_t *tail = seq + len - n;
+        for (size_t j = len - n; j-- > 0;) { /* the most recent earlier occurrence first */
+            if (memcmp(seq + j, tail, n * sizeof *seq) != 0) continue;
+            size_t from = j + n, m = len - from < cap ? len - from : cap;
+            memcpy(out, seq + from, m * sizeof *seq);
+            return (uint32_t)m;
+        }
+    }
+    return 0;
+}
+
+/* One step with the target holding hist[0..n_hist) and `last` next (n_hist < n_ctx): propose, verify in one pass,
+ * accept. out[0..*m) gets the tokens decided (*m >= 1): the accepted drafts, then the target's own token; the target
+ * then holds hist + last + the accepted drafts (s->n_hist), and s->rows row j holds the logits after out[j - 1]
+ * (row 0: after last). max_new (>= 1) bounds *m. */
+static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+    const int32_t H = s->n_hist, L = H + 1;
+    const size_t V = s->n_vocab;
+    s->hist[H] = last;
+    long n = s->o.n_draft;
+    if (n > max_new - 1) n = max_new - 1;
+    if (n > s->n_ctx - L) n = s->n_ctx - L; /* the batch [last, d1..dn] ends at position H + n < n_ctx */
+    uint32_t nd = 0;
+    flm_status st = FLM_OK;
+    double t0 = flm_now_ms();
+    if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
+    else if (n > 0) nd = cli_spec_ngram_lookup(s->hist, (size_t)L, CLI_SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
+    if (st) return st;
+    if (!s->draft) s->st.draft_select_ms += flm_now_ms() - t0;
+    s->batch[0] = last;
+    if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
+    s->st.n_passes++;
+    s->st.n_steps++;
+    s->st.n_drafted += nd;
+    if (nd == 0) s->st.n_plain++;
+    t0 = flm_now_ms();
+    uint32_t k = 0;
+    for (; k < nd; k++) {
+        flm_sampler_probs(s->smp, s->rows + k * V, s->p);
+        int32_t t;
+        if (!flm_sampler_accept(s->smp, s->p, s->draft ? s->q + k * V : NULL, s->batch[1 + k], &t)) {
+            out[k] = t;
+            break;
+        }
+        out[k] = s->batch[1 + k];
+    }
+    if (k == nd) out[k] = flm_sampler_sample(s->smp, s->rows + k * V); /* all accepted: one more from the target */
+    s->st.draft_select_ms += flm_now_ms() - t0;
+    s->st.n_accepted += k;
+    memcpy(s->hist + L, s->batch + 1, k * sizeof *s->hist);
+    s->n_hist = L + (int32_t)k;
+    *m = k + 1;
+    return FLM_OK;
+}
+
+/* The target's counters, to charge a generation with its own share. */
+static void add_target_delta(cli_spec *s, const flm_stats *a, const flm_stats *b) {
+    s->st.target_tokens += b->n_tokens - a->n_tokens;
+    s->st.target_ms += (b->total.io_ms + b->total.mem_ms + b->total.compute_ms) -
+                       (a->total.io_ms + a->total.mem_ms + a->total.compute_ms);
+    s->st.bytes_read += b->total.bytes_read - a->total.bytes_read;
+    s->st.n_loaded += b->total.n_loaded - a->total.n_loaded;
+}
+
+flm_status cli_spec_generate(cli_spec *s, const float *logits, long n_predict, bool feed_last, cli_spec_emit_fn emit,
+                             void *user, cli_spec_result *r, flm_error *err) {
+    memset(r, 0, sizeof *r);
+    r->n_past = s->n_hist;
+    r->last = s->n_hist > 0 ? s->hist[s->n_hist - 1] : -1;
+    r->logits = logits;
+    if (!logits || n_predict <= 0) return FLM_OK;
+    flm_stats t_before, t_after;
+    flm_get_stats(s->target, &t_before);
+    const size_t V = s->n_vocab;
+    int32_t queue[CLI_SPEC_DRAFT_MAX + 1];
+    uint32_t m = 1;
+    queue[0] = flm_sampler_sample(s->smp, logits); /* the first token: from the logits we were given */
+    const float *row0 = logits;  /* logits before queue[0]; then s->rows (after a step) */
+    int32_t base = s->n_hist;    /* tokens the target holds before queue[0] */
+    flm_status st = FLM_OK;
+    int32_t held = base;
+    const float *row = row0;
+    for (;;) {
+        bool more = false;
+        for (uint32_t j = 0; j < m; j++) {
+            const int32_t tok = queue[j];
+            held = base + (int32_t)j;
+            row = j == 0 ? row0 : s->rows + j * V;
+            r->n_gen++;
+            s->st.n_gen++;
+            if (flm_token_is_eog(s->target, tok)) { r->eog = true; goto done; }
+            if (!emit(user, held > 0 ? s->hist[held - 1] : -1, tok)) {
+                st = flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            if (r->n_gen >= n_predict && !feed_last) goto done;
+            if (j + 1 < m) { /* an accepted draft: the target holds it already */
+                if (r->n_gen >= n_predict) { held++; row = s->rows + (j + 1) * V; goto done; }
+                continue;
+            }
+            if (held >= s->n_ctx) { r->ctx_full = true; goto done; }
+            s->n_hist = held;
+            if (r->n_gen >= n_predict) { /* feed_last: evaluate the last token, no drafts */
+                st = flm_eval_batch(s->target, &tok, 1, held, NULL, &row, err);
+                if (st) goto done;
+                s->hist[held] = tok;
+                held++;
+                s->st.n_passes++;
+                goto done;
+            }
+            if ((st = step(s, tok, n_predict - r->n_gen, queue, &m, err))) goto done;
+            base = held + 1;
+            row0 = s->rows;
+            more = true;
+            break;
+        }
+        if (!more) break;
+    }
+done:
+    if (!st || st == FLM_ERR_NOMEM) s->n_hist = held;
+    r->n_past = s->n_hist;
+    r->last = s->n_hist > 0 ? s->hist[s->n_hist - 1] : -1;
+    r->logits = st ? NULL : row;
+    flm_get_stats(s->target, &t_after);
+    add_target_delta(s, &t_before, &t_after);
+    return st;
+}
