@@ -178,7 +178,8 @@ FLM_API bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
  * FFN weights are streamed according to params->mode and the budget). Validates the file before use.
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_NOMEM, FLM_ERR_ARG (bad params),
  * FLM_ERR_CHECKSUM (corrupt .flm), FLM_ERR_BUDGET (the budget cannot hold the resident part: the message gives each
- * part's size); the message names the file and the problem. */
+ * part's size; a budget below the resident weights alone is refused before they are loaded, with their size);
+ * the message names the file and the problem. */
 FLM_API flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err);
 FLM_API void flm_close(flm_ctx *ctx);
 /* Replace the context's log callback (initially params->log); fn NULL drops messages from now on. */

@@ -223,6 +223,7 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
         }
     }
     if ((st = check_regions(f, err))) goto done;
+    if (flags & FLM_FILE_HEADER_ONLY) goto done;
     /* the resident region (or its head only: FLM_FILE_LAZY_TAIL): into memory, checksummed, parsed as GGUF */
     const flm_region *res = f->resident;
     bool lazy = (flags & FLM_FILE_LAZY_TAIL) && res->head_bytes > 0 && res->head_bytes < res->size;

@@ -87,6 +87,10 @@ typedef struct flm_file {
 /* flm_file_open_ex flags */
 #define FLM_FILE_LAZY_TAIL 1u /* when the resident region has a head (head_bytes > 0), load and check only the head;
                                  the token embedding stays in the file until flm_file_load_tail */
+#define FLM_FILE_HEADER_ONLY 2u /* read and check the header and region table only: nothing is loaded (resident_data
+                                   and meta stay NULL, resident_loaded 0); for sizes, e.g. to refuse a memory budget
+                                   before loading what it cannot hold. Such an f is only for its regions and
+                                   flm_file_close */
 
 /* Open a .flm file: read and check the header and region table (magic, version, every offset and size against the
  * file size, alignment, no overlaps, one FFN region per layer), load the RESIDENT region into memory, verify its
