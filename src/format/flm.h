@@ -132,8 +132,9 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
 
 /* Add, or replace, the file's single region of `kind` (FLM_REGION_PREDICTOR) with payload[0, size): writes
  * "<path>.tmp" holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
- * onto path, so the file is valid and checksummed at every moment. Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has
- * no room for another region: convert again), errors of flm_file_open. */
+ * onto path, so the file is valid and checksummed at every moment. Only the header is read into memory (the regions
+ * are copied file to file). Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has no room for another region: convert
+ * again), errors of flm_file_open_ex with FLM_FILE_HEADER_ONLY. */
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
 
 #endif
