@@ -368,6 +368,30 @@ static void test_shift_arguments(void **state) {
     flm_close(A);
 }
 
+/* Attention and the shift keep per-head scratch of FLM_ATT_MAX_HEAD_DIM (1024) on the stack: a model whose head_dim is
+ * above it (a GGUF may say up to 4096) is refused at open. Before, attention wrote past its q buffer: SIGSEGV. */
+static void test_head_dim_above_limit_refused(void **state) {
+    (void)state;
+    const char *path = tu_tmp("headdim", ".gguf");
+    char args[8192];
+    snprintf(args, sizeof args, "synth '%s' --d-model 1032 --heads 1 --layers 1 --d-ffn 64 --vocab 300 --rank 0 -t 1 "
+             "-f 2>&1", path);
+    char *out = NULL;
+    if (tu_run_cli(args, &out) != 0) fail_msg("synth: %s", out);
+    free(out);
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    assert_int_equal(flm_open(path, NULL, &ctx, &err), FLM_ERR_UNSUPPORTED);
+    assert_null(ctx);
+    assert_non_null(strstr(err.msg, "head_dim 1032 is above the 1024 flashlm supports"));
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 2>&1", path);
+    out = NULL;
+    assert_int_equal(tu_run_cli(args, &out), 1);
+    assert_non_null(strstr(out, "head_dim 1032"));
+    free(out);
+    remove(path);
+}
+
 /* ---- the CLI ---------------------------------------------------------------------------------------------------- */
 
 /* Run the CLI; fail unless it exits with want_rc. The output (malloc'd) is returned. (Not inlined: inlined, gcc's
@@ -498,6 +522,7 @@ int main(void) {
         cmocka_unit_test(test_shift_qwen_neox),
         cmocka_unit_test(test_shift_gemma_swa),
         cmocka_unit_test(test_shift_qwen_f32),
+        cmocka_unit_test(test_head_dim_above_limit_refused),
         cmocka_unit_test(test_cli_run_context_full),
         cmocka_unit_test(test_cli_run_shift_neox),
         cmocka_unit_test(test_cli_chat_context_shift),
