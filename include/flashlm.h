@@ -153,6 +153,10 @@ typedef struct flm_params {
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
+    bool window_keep_rejected; /* --window-keep-rejected: a batch of up to 16 tokens (draft verification) enters the
+                                  window as one set; by default, when the next evaluation goes back into it (draft
+                                  tokens rejected), the set is trimmed to the accepted tokens' neurons. This keeps
+                                  every token's neurons instead (the plain rule, for comparison) */
     float sparse_level; /* --sparse-level: the stored operating point (eps, the share of each layer's FFN output
                            energy left out; `flashlm calibrate` lists them) to run at; 0 = calibrate's default */
     bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and
@@ -286,6 +290,7 @@ typedef struct flm_stats {
                                 or sparse whose classifier is not tied to it: one row is read per token); else 0 */
     const char *kv_type;     /* KV cache element type: "f16" (default) or "f32" (--kv-f32) */
     uint32_t n_ctx;          /* KV cache length, tokens */
+    uint32_t n_batch;        /* tokens per batched forward pass (flm_eval_batch) */
 } flm_stats;
 
 /* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,
@@ -346,6 +351,8 @@ typedef struct flm_ppl_result {
 /* Tokenize text, cut it into chunks of n_chunk tokens (the first of each replaced by BOS), evaluate each chunk from
  * position 0 and score the predictions of its second half (tokens n_chunk/2 .. n_chunk-1), as llama.cpp does.
  * max_chunks > 0 limits the chunks. progress (may be NULL) is called after each chunk with the running perplexity.
+ * Each chunk runs in batches (flm_eval_batch): its first half in one call, the scored half 16 tokens at a time with
+ * their logits kept (16 * n_vocab floats, allocated here, outside the memory plan).
  * Errors: FLM_ERR_ARG (n_chunk < 4 or > the context; text shorter than one chunk), errors of flm_eval. */
 FLM_API flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                           void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,

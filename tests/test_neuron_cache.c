@@ -351,6 +351,44 @@ static void test_unstep_after_failed_read(void **state) {
     flm_ncache_free(c);
 }
 
+/* Speculative decoding: a batch's union entered the window as its newest set; trimming it to the accepted tokens'
+ * neurons drops the others (unless an older set holds them), keeps the bytes of every remaining row, and the window
+ * then ages as usual. */
+static void test_trim_newest(void **state) {
+    (void)state;
+    flm_ncache *c;
+    flm_error err;
+    assert_int_equal(flm_ncache_create(64, 40, 32, 2, 0, &c, &err), FLM_OK);
+    assert_int_equal(flm_ncache_trim_newest(c, NULL, 0, &err), FLM_ERR_ARG); /* nothing in the window */
+    flm_ncache_stats st;
+    const uint32_t a[] = {1, 5, 9}, u[] = {2, 5, 7, 9, 11, 40}, keep[] = {2, 9, 40};
+    assert_int_equal(step_and_load(c, a, 3, &st, NULL), FLM_OK);
+    assert_int_equal(step_and_load(c, u, 6, &st, NULL), FLM_OK);
+    /* not a subset, not ascending: refused, nothing changes */
+    assert_int_equal(flm_ncache_trim_newest(c, (const uint32_t[]){2, 3}, 2, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_ncache_trim_newest(c, (const uint32_t[]){9, 2}, 2, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_ncache_rows_used(c), 7);
+    assert_int_equal(flm_ncache_trim_newest(c, keep, 3, &err), FLM_OK);
+    check_cache(c);
+    assert_cached(c, (const uint32_t[]){1, 2, 5, 9, 40}, 5, true); /* 5 stays: the older set holds it */
+    assert_cached(c, (const uint32_t[]){7, 11}, 2, false);
+    assert_int_equal(flm_ncache_refcount(c, 5), 1);
+    assert_int_equal(flm_ncache_refcount(c, 9), 2);
+    assert_int_equal(flm_ncache_rows_used(c), 5);
+    /* the next token: a leaves the window (k = 2), the trimmed set stays */
+    assert_int_equal(step_and_load(c, (const uint32_t[]){40, 41}, 2, &st, NULL), FLM_OK);
+    check_cache(c);
+    assert_cached(c, (const uint32_t[]){2, 9, 40, 41}, 4, true);
+    assert_cached(c, (const uint32_t[]){1, 5}, 2, false);
+    assert_int_equal(st.n_reused, 1);
+    /* trimming to nothing empties the newest set */
+    assert_int_equal(flm_ncache_trim_newest(c, NULL, 0, &err), FLM_OK);
+    check_cache(c);
+    assert_cached(c, (const uint32_t[]){2, 9, 40}, 3, true);
+    assert_cached(c, (const uint32_t[]){41}, 1, false);
+    flm_ncache_free(c);
+}
+
 static void test_bad_arguments(void **state) {
     (void)state;
     flm_ncache *c;
@@ -549,6 +587,7 @@ int main(void) {
         cmocka_unit_test(test_window_reduces_loads),
         cmocka_unit_test(test_capacity_eviction),
         cmocka_unit_test(test_unstep_after_failed_read),
+        cmocka_unit_test(test_trim_newest),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_window_one),
         cmocka_unit_test(test_sizes),

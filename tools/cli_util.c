@@ -176,6 +176,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --no-predictor   sparse ablation: use the true active set (an oracle; loads all gate rows, outside\n"
     "                       the budget)\n"
     "      --verify-predictor  also compute the true active set and report recall and precision\n"
+    "      --window-keep-rejected  sparse: keep rejected draft tokens' neurons in the window (default: only the\n"
+    "                       accepted tokens' stay)\n"
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
@@ -219,6 +221,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     if (!strcmp(a, "--no-bundle")) { p->no_bundle = true; return 1; }
     if (!strcmp(a, "--no-predictor")) { p->no_predictor = true; return 1; }
     if (!strcmp(a, "--verify-predictor")) { p->verify_predictor = true; return 1; }
+    if (!strcmp(a, "--window-keep-rejected")) { p->window_keep_rejected = true; return 1; }
     if (!takes) return 0;
     if (!val) { cli_die("option %s needs a value", a); return -1; }
     (*i)++;

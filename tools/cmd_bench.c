@@ -37,6 +37,8 @@ typedef struct bench_result {
     int direct;
     int n_prompt, n_gen;                        /* n_gen: decoding tokens after the first (the statistics' base) */
     double prompt_ms, first_ms;                 /* the whole prompt; the first token after it */
+    uint64_t prompt_bytes;                      /* bytes read for the whole prompt */
+    int n_batch;                                /* the batch size the prompt ran with (-b, or @bN) */
     /* the median decoding token's split (the mean of the two middle tokens' splits when n_gen is even): the parts
      * add up to tot_med, which is the median of the per-token totals */
     double io_med, mem_med, cmp_med, tot_med;
@@ -205,10 +207,15 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     const float *logits = NULL;
     double t0 = flm_now_ms();
-    int pos = 0;
-    for (; pos < n_prompt; pos++)
-        if (flm_eval(ctx, ids[pos], pos, &logits, &err)) goto fail;
+    int pos = n_prompt;
+    if (n_prompt > 0 && flm_eval_batch(ctx, ids, (uint32_t)n_prompt, 0, NULL, &logits, &err)) goto fail;
     r->prompt_ms = flm_now_ms() - t0;
+    {
+        flm_stats ps;
+        flm_get_stats(ctx, &ps);
+        r->prompt_bytes = ps.total.bytes_read;
+        r->n_batch = (int)ps.n_batch;
+    }
     flm_reset_stats(ctx);
     int32_t tok = flm_sampler_sample(smp, logits);
     for (int i = 0; i < n_gen; i++, pos++) {
@@ -391,7 +398,18 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
         run->mode = FLM_MODE_SPARSE; run->params.no_bundle = true;
     } else if (!strcmp(name, "sparse-oracle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_predictor = true;
-    } else if (!flm_mode_parse(name, &run->mode)) return false;
+    } else {
+        char base[64];
+        const char *at = strstr(name, "@b");
+        snprintf(base, sizeof base, "%.*s", at ? (int)(at - name) : 63, name);
+        if (!flm_mode_parse(base, &run->mode)) return false;
+        if (at) { /* MODE@bN: the prompt in batches of N tokens (@b1: token by token) */
+            long b;
+            if (!cli_parse_long(at + 2, 1, 65536, &b)) return false;
+            run->params.n_batch = (int)b;
+            snprintf(run->label, sizeof run->label, "%s b=%ld", base, b);
+        }
+    }
     return true;
 }
 
@@ -481,6 +499,20 @@ static void print_main_tables(const bench_opts *o, const bench_run *runs, const 
         printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f-%.2f | %.2f | %.2f | %s | %s |\n", runs[i].label, r->io_med,
                r->mem_med, r->cmp_med, r->tot_med, r->tot_p10, r->tot_p90, r->tot_med > 0 ? 1e3 / r->tot_med : 0,
                r->first_ms, vs[0], vs[1]);
+    }
+    /* the prompt (prefill): its time is the time to first token */
+    printf("\n| mode | batch (-b) | prompt tokens | time to first token ms | prompt tokens/s | MiB read for the prompt "
+           "| vs token by token |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++) {
+        const bench_result *r = &res[i];
+        if (!r->ok) continue;
+        const bench_result *one = NULL; /* the same mode, token by token, in this run */
+        for (int j = 0; j < n; j++)
+            if (res[j].ok && res[j].n_batch == 1 && !strcmp(res[j].mode, r->mode)) one = &res[j];
+        char vs[32] = "n/a";
+        if (one && r->prompt_ms > 0) snprintf(vs, sizeof vs, "%.2fx", one->prompt_ms / r->prompt_ms);
+        printf("| %s | %d | %d | %.1f | %.2f | %.1f | %s |\n", runs[i].label, r->n_batch, r->n_prompt, r->prompt_ms,
+               r->prompt_ms > 0 ? r->n_prompt * 1e3 / r->prompt_ms : 0, cli_mib(r->prompt_bytes), vs);
     }
     printf("\n| mode | bytes read/token | reads/token | read throughput GB/s | reader | layers resident | peak RSS MiB "
            "| budget MiB |\n|---|---:|---:|---:|---|---:|---:|---:|\n");
@@ -603,6 +635,7 @@ static void json_result(FILE *f, const char *label, const bench_result *r, const
     json_num(f, r->prompt_ms);
     fprintf(f, ", \"first_token_ms\": ");
     json_num(f, r->first_ms);
+    fprintf(f, ", \"prompt_bytes\": %llu, \"n_batch\": %d", (unsigned long long)r->prompt_bytes, r->n_batch);
     const double med[4] = {r->io_med, r->mem_med, r->cmp_med, r->tot_med};
     const double mean[4] = {r->io_mean, r->mem_mean, r->cmp_mean, r->tot_mean};
     const char *part[4] = {"io_ms", "mem_ms", "compute_ms", "total_ms"};
@@ -912,8 +945,11 @@ static const char *BENCH_HELP =
     "      --mem BYTES|N%      memory budget for the streaming modes and the window sweep (default 50%)\n"
     "      --modes LIST        comma-separated, from ram, naive, hybrid, sparse and the ablations predictor-only\n"
     "                          (sparse without window and bundling), sparse-nobundle, sparse-oracle (true active\n"
-    "                          sets) (default ram,naive,hybrid,sparse; a mode that does not fit is skipped)\n"
-    "      --prompt-tokens N   prompt length (default 16)\n"
+    "                          sets) (default ram,naive,hybrid,sparse; a mode that does not fit is skipped);\n"
+    "                          MODE@bN runs the prompt in batches of N tokens (@b1: token by token), e.g.\n"
+    "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups\n"
+    "      --prompt-tokens N   prompt length (default 16); the prompt table reports its time (the time to first\n"
+    "                          token), tokens/s and bytes read, against the same mode token by token\n"
     "      --gen-tokens N      generated tokens (default 32)\n"
     "      --text FILE         take the prompt from this text (default: deterministic token ids)\n"
     "      --sweep mem=B1,B2,...     also run the modes of --modes (default naive,hybrid,sparse) at each budget:\n"

@@ -287,6 +287,30 @@ bool flm_ncache_unstep(flm_ncache *c) {
     return true;
 }
 
+flm_status flm_ncache_trim_newest(flm_ncache *c, const uint32_t *keep, uint32_t n, flm_error *err) {
+    if (!c || c->ring_count == 0) return flm_fail(err, FLM_ERR_ARG, "neuron cache: no set in the window to trim");
+    uint32_t slot = (uint32_t)(((uint64_t)c->ring_head + c->ring_count - 1) % c->window);
+    uint32_t *set = c->ring_ids + (size_t)slot * c->slot;
+    const uint32_t m = c->ring_n[slot];
+    if (n > 0 && !keep) return flm_fail(err, FLM_ERR_ARG, "neuron cache: keep is NULL with n = %u", n);
+    /* check first (both ascending): every kept id is in the set */
+    for (uint32_t i = 0, j = 0; i < n; i++) {
+        if (i > 0 && keep[i] <= keep[i - 1])
+            return flm_fail(err, FLM_ERR_ARG, "neuron cache: kept set not strictly ascending at index %u", i);
+        while (j < m && set[j] < keep[i]) j++;
+        if (j == m || set[j] != keep[i])
+            return flm_fail(err, FLM_ERR_ARG, "neuron cache: kept neuron %u is not in the newest set", keep[i]);
+    }
+    flm_ncache_stats s = {0};
+    for (uint32_t i = 0, j = 0; j < m; j++) {
+        if (i < n && keep[i] == set[j]) { i++; continue; }
+        if (--c->refcnt[set[j]] == 0) delete_neuron(c, set[j], &s);
+    }
+    if (n > 0) memmove(set, keep, (size_t)n * sizeof *set);
+    c->ring_n[slot] = n;
+    return FLM_OK;
+}
+
 void flm_ncache_reset(flm_ncache *c) {
     if (!c) return;
     /* Every neuron with a count > 0 is cached, so clearing the cached ones clears all metadata. */

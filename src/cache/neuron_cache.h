@@ -121,6 +121,13 @@ flm_status flm_ncache_step(flm_ncache *c, const uint32_t *ids, uint32_t n, flm_n
  * O(|S_t|) plus one memcpy of record_bytes per moved row. */
 bool flm_ncache_unstep(flm_ncache *c);
 
+/* Replace the newest set of the window by keep[0 .. n), a subset of it (strictly ascending): the neurons of the newest
+ * set that are not kept lose that set's count, and those whose count reaches 0 are deleted (swap-delete). Speculative
+ * decoding: a batch of draft tokens entered the window as one set, the union of their sets, and only the accepted
+ * tokens' neurons stay. Rows of kept neurons may move (as in any deletion). Errors: FLM_ERR_ARG (no set in the window,
+ * keep not ascending or not a subset of the newest set); the cache is unchanged then. */
+flm_status flm_ncache_trim_newest(flm_ncache *c, const uint32_t *keep, uint32_t n, flm_error *err);
+
 /* Empty the cache and the window (a new sequence). O(rows_used); rows keep their bytes but are unoccupied. */
 void flm_ncache_reset(flm_ncache *c);
 

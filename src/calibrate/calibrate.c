@@ -44,22 +44,26 @@ void flm_calib_opts_default(flm_calib_opts *o) {
  * (l * n + t) * d_model, written as the tap sees them and read back one layer at a time. */
 typedef struct {
     float **X;      /* [n_layers][n * d_model], or NULL when spilled */
+    uint32_t *next; /* [n_layers]: the row the layer's next input goes to (the forward pass calls the tap once per
+                       token and layer, tokens in order, also in batches) */
     int fd;         /* the spill file, or -1 */
     const char *spill_path;
-    uint32_t d_model, cur, n;
+    uint32_t d_model, n; /* n: tokens recorded (rows per layer) */
     int err_no;     /* the first failed write's errno (0: none) */
 } tap_data;
 
 static void tap(void *user, uint32_t layer, const float *x) {
     tap_data *t = user;
+    if (t->next[layer] >= t->n) return; /* cannot happen: as many calls as tokens */
+    const uint32_t row = t->next[layer]++;
     if (t->fd < 0) {
-        memcpy(t->X[layer] + (size_t)t->cur * t->d_model, x, t->d_model * sizeof(float));
+        memcpy(t->X[layer] + (size_t)row * t->d_model, x, t->d_model * sizeof(float));
         return;
     }
     if (t->err_no) return;
     const uint8_t *p = (const uint8_t *)x;
     size_t left = t->d_model * sizeof(float);
-    off_t off = (off_t)(((uint64_t)layer * t->n + t->cur) * left);
+    off_t off = (off_t)(((uint64_t)layer * t->n + row) * left);
     while (left) {
         ssize_t w = pwrite(t->fd, p, left, off);
         if (w < 0 && errno == EINTR) continue;
@@ -552,6 +556,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     if ((st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) return st;
     flm_sparsity sp = {0};
     tap_data td = {.fd = -1, .spill_path = spill};
+    int32_t *chunk_toks = NULL;
     uint32_t n_x = 0; /* entries of td.X */
     int32_t *ids = NULL;
     layer_work w = {0};
@@ -604,6 +609,10 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     /* 1. record the FFN inputs of every layer on the text */
     td.d_model = d;
     td.n = n;
+    if (!(td.next = calloc(L, sizeof *td.next))) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+        goto done;
+    }
     if (streaming) {
         td.fd = open(spill, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (td.fd < 0) {
@@ -623,17 +632,26 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     }
     flm_set_ffn_tap(ctx, tap, &td);
     int32_t bos = flm_tokenizer_bos(ctx->model->tok);
-    for (uint32_t t = 0; t < n; t++) {
-        uint32_t pos = t % o->chunk;
-        int32_t tok = pos == 0 && bos >= 0 ? bos : ids[t];
-        const float *logits;
-        td.cur = t;
-        if ((st = flm_eval(ctx, tok, (int32_t)pos, &logits, err))) goto done;
-        if (td.err_no) {
-            st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(td.err_no));
-            goto done;
+    /* chunk by chunk (the first token of each replaced by BOS), in batches of -b tokens */
+    if (!(chunk_toks = malloc((size_t)o->chunk * sizeof *chunk_toks))) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+        goto done;
+    }
+    for (uint32_t t = 0; t < n;) {
+        uint32_t m = n - t < o->chunk ? n - t : o->chunk, b = (uint32_t)ctx->params.n_batch;
+        memcpy(chunk_toks, ids + t, (size_t)m * sizeof *chunk_toks);
+        if (bos >= 0) chunk_toks[0] = bos;
+        for (uint32_t j = 0; j < m; j += b) {
+            const float *logits;
+            if ((st = flm_eval_batch(ctx, chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, NULL, &logits, err)))
+                goto done;
+            if (td.err_no) {
+                st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(td.err_no));
+                goto done;
+            }
+            if (o->progress) o->progress(o->user, "recording tokens", t + (m - j < b ? m : j + b), n);
         }
-        if (o->progress && ((t + 1) % 16 == 0 || t + 1 == n)) o->progress(o->user, "recording tokens", t + 1, n);
+        t += m;
     }
     flm_set_ffn_tap(ctx, NULL, NULL);
     if (streaming) { /* the model is not needed again before the check: its memory is training's now */
@@ -778,6 +796,8 @@ done:
     free(xbuf);
     for (uint32_t l = 0; td.X && l < n_x; l++) free(td.X[l]);
     free(td.X);
+    free(td.next);
+    free(chunk_toks);
     free(ids);
     free(w.Wg);
     free(w.Wu);

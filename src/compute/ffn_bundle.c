@@ -94,3 +94,93 @@ void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8
     free(xu.heap);
     free(xg.heap);
 }
+
+/* x_b prepared for the dot products with one weight type, for a batch: xq + b * bytes, or NULL (float x). */
+typedef struct act_batch {
+    uint8_t *xq;
+    size_t bytes;
+} act_batch;
+
+static void act_batch_prepare(uint32_t t, const float *X, size_t x_stride, size_t n_x, size_t n, act_batch *a) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    a->xq = NULL;
+    a->bytes = 0;
+    if (tt->vec_dot_type == FLM_TYPE_F32) return;
+    a->bytes = (flm_act_bytes(t, n) + 63) & ~(size_t)63;
+    if (!(a->xq = aligned_alloc(64, a->bytes * n_x))) return;
+    for (size_t b = 0; b < n_x; b++) flm_act_quantize(t, X + b * x_stride, n, a->xq + b * a->bytes);
+}
+
+static inline float batch_dot(const flm_kernels *k, uint32_t t, const void *row, const act_batch *a, size_t b,
+                              const float *x, size_t n) {
+    return a->xq ? k->vec_dot[t](row, a->xq + b * a->bytes, n) : k->dot[t](row, x, n);
+}
+
+/* bundles [i0, i1) for every token into acc (n_x rows of d_model floats, overwritten) */
+static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
+                            const uint32_t *rows, size_t i0, size_t i1, const uint8_t *mask, size_t mask_stride,
+                            size_t n_x, const float *X, size_t x_stride, const act_batch *xu, const act_batch *xg,
+                            float *acc) {
+    const size_t d = b->d_model;
+    flm_axpy_fn axpy_down = k->axpy[b->down_type];
+    memset(acc, 0, n_x * d * sizeof(float));
+    for (size_t i = i0; i < i1; i++) {
+        const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
+        for (size_t t = 0; t < n_x; t++) {
+            if (mask && !mask[t * mask_stride + i]) continue;
+            const float *x = X + t * x_stride;
+            float a = flm_act_eval(b->act, b->gated ? batch_dot(k, b->gate_type, rec + b->gate_off, xg, t, x, d)
+                                                    : batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d));
+            float v = 0.0f;
+            if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold))
+                v = b->gated ? a * batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) : a;
+            if (v != 0.0f) axpy_down(rec + b->down_off, v, acc + t * d, d);
+        }
+    }
+}
+
+void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
+                           const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
+                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads) {
+    const size_t d = b->d_model;
+    act_batch xu, xg;
+    act_batch_prepare(b->up_type, X, x_stride, n_x, d, &xu);
+    bool own_g = b->gated &&
+                 flm_type_traits_of(b->gate_type)->vec_dot_type != flm_type_traits_of(b->up_type)->vec_dot_type;
+    if (own_g) act_batch_prepare(b->gate_type, X, x_stride, n_x, d, &xg);
+    else xg = xu;
+    if ((xu.bytes && !xu.xq) || (own_g && xg.bytes && !xg.xq)) { /* no memory: float-x dots for both */
+        free(xu.xq);
+        if (own_g) free(xg.xq);
+        xu = xg = (act_batch){NULL, 0};
+        own_g = false;
+    }
+    int nt = n_threads;
+    if (nt < 1 || n < 64) nt = 1;
+    if (nt == 1) {
+        ffn_range_batch(k, b, records, rows, 0, n, mask, mask_stride, n_x, X, x_stride, &xu, &xg, acc);
+        for (size_t t = 0; t < n_x; t++) memcpy(OUT + t * out_stride, acc + t * d, d * sizeof(float));
+    } else {
+        #pragma omp parallel num_threads(nt)
+        {
+#ifdef _OPENMP
+            int t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+            int t = 0, T = 1;
+#endif
+            size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
+            ffn_range_batch(k, b, records, rows, i0, i1, mask, mask_stride, n_x, X, x_stride, &xu, &xg,
+                            acc + (size_t)t * n_x * d);
+            #pragma omp barrier
+            /* reduce: each thread sums a slice of the n_x * d_model outputs over all partial accumulators */
+            size_t m = n_x * d, j0 = m * (size_t)t / (size_t)T, j1 = m * (size_t)(t + 1) / (size_t)T;
+            for (size_t j = j0; j < j1; j++) {
+                float s = 0.0f;
+                for (int u = 0; u < T; u++) s += acc[(size_t)u * m + j];
+                OUT[(j / d) * out_stride + j % d] = s;
+            }
+        }
+    }
+    free(xu.xq);
+    if (own_g) free(xg.xq);
+}

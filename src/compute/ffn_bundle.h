@@ -32,4 +32,15 @@ typedef struct flm_bundle_desc {
 void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
                      size_t n, const float *x, float *out, float *h, float *acc, int n_threads);
 
+/* The FFN of a batch of n_x tokens over the same n bundles (records / rows as flm_ffn_bundles): for token b,
+ * out_b = sum over the bundles i it uses of h_bi * down_i, with x_b = X + b * x_stride and out_b = OUT + b * out_stride
+ * (d_model floats each, overwritten). Token b uses bundle i when mask is NULL or mask[b * mask_stride + i] is
+ * non-zero (a sparse batch: each token over its own predicted set within the union the bundles hold). Each bundle is
+ * read once for all tokens. Every out_b equals flm_ffn_bundles on that token's bundles to float rounding (the
+ * order of the partial sums may differ). acc is scratch of n_threads * n_x * d_model floats; x_b are quantized into
+ * heap scratch (n_x * the activation bytes; if that fails, the float-x dot products are used). */
+void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
+                           const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
+                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads);
+
 #endif

@@ -348,6 +348,33 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     if (xq != stack) free(xq);
 }
 
+void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
+                size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads) {
+    const flm_type_traits *tt = flm_type_traits_of(t);
+    assert(tt && tt->is_tensor && t < FLM_N_TYPES && k->vec_dot[t]);
+    if (n_x == 0) return;
+    const size_t stride = flm_row_bytes(t, n);
+    const bool f32 = tt->vec_dot_type == FLM_TYPE_F32;
+    const size_t ab = f32 ? 0 : (flm_act_bytes(t, n) + 63) & ~(size_t)63;
+    uint8_t *xq = NULL;
+    if (!f32 && (n_x == 1 || !(xq = aligned_alloc(64, ab * n_x)))) { /* one token, or no memory: matvec */
+        for (size_t b = 0; b < n_x; b++) flm_matvec(k, t, W, rows, n, X + b * x_stride, Y + b * y_stride, n_threads);
+        return;
+    }
+    for (size_t b = 0; b < n_x && xq; b++) flm_act_quantize(t, X + b * x_stride, n, xq + b * ab);
+    const flm_vec_dot_fn fn = k->vec_dot[t];
+    int nt = n_threads;
+    if (nt <= 1 || rows < 2 * (size_t)nt || rows * n * n_x < FLM_MATVEC_MIN_PARALLEL) nt = 1;
+    const ptrdiff_t nr = (ptrdiff_t)rows;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (ptrdiff_t r = 0; r < nr; r++) {
+        const uint8_t *w = (const uint8_t *)W + (size_t)r * stride;
+        for (size_t b = 0; b < n_x; b++)
+            Y[b * y_stride + (size_t)r] = fn(w, f32 ? (const void *)(X + b * x_stride) : (const void *)(xq + b * ab), n);
+    }
+    free(xq);
+}
+
 void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
                       int n_threads) {
     /* x quantized once per distinct activation type (at most f32, q8_0, q8_1, q8_k) */

@@ -68,6 +68,15 @@ const flm_kernels *flm_kernels_avx2(void);
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads);
 
+/* A batch of matrix-vector products with one matrix (the matrix-matrix product of a batched forward pass):
+ * y_b[r] = dot(W row r, x_b) for r < rows and b < n_x, where x_b = X + b * x_stride (n floats) and
+ * y_b = Y + b * y_stride. Every x_b is quantized once into W's vec_dot_type (heap scratch of n_x * flm_act_bytes(t, n)
+ * bytes), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Every y_b[r] equals
+ * flm_matvec's bit for bit. Rows split over n_threads OpenMP threads. When the scratch cannot be allocated it runs
+ * flm_matvec token by token (the same values). n as flm_matvec. */
+void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
+                size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads);
+
 /* One matrix of flm_matvec_multi: y[r] = dot(W row r, x) for r < rows, W of type `type`, rows of n elements. */
 typedef struct flm_matvec_job {
     uint32_t type;

@@ -329,8 +329,8 @@ static flm_status check_tokens(const flm_ctx *ctx, const int32_t *tokens, uint32
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
             return flm_fail(err, FLM_ERR_ARG, "token id %d out of range [0, %u)", tokens[i], hp->n_vocab);
     if (pos < 0 || (int64_t)pos + n > ctx->params.n_ctx)
-        return flm_fail(err, FLM_ERR_ARG, "position%s %d%s is outside the context of %d tokens (raise -c)",
-                        n > 1 ? "s" : "", n > 1 ? pos : pos, n > 1 ? " onwards" : "", ctx->params.n_ctx);
+        return flm_fail(err, FLM_ERR_ARG, "positions %d .. %lld are outside the context of %d tokens (raise -c)",
+                        pos, (long long)pos + n - 1, ctx->params.n_ctx);
     if (pos > ctx->next_pos)
         return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, ctx->next_pos);
     return FLM_OK;
@@ -379,7 +379,19 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
         share.n_reused /= m;
         share.n_true /= m;
         share.n_true_pos /= m;
-        for (uint32_t j = 0; j < m; j++) record_token(ctx, &share);
+        for (uint32_t j = 0; j < m; j++) {
+            /* counts: the remainder goes one each to the first tokens, so the shares add up to the batch's own
+             * (a batch of 8 tokens making 5 reads would otherwise count none: the totals cover every token) */
+            flm_token_stats sj = share;
+            sj.bytes_read += j < tok.bytes_read % m;
+            sj.n_reads += j < tok.n_reads % m;
+            sj.n_predicted += j < tok.n_predicted % m;
+            sj.n_loaded += j < tok.n_loaded % m;
+            sj.n_reused += j < tok.n_reused % m;
+            sj.n_true += j < tok.n_true % m;
+            sj.n_true_pos += j < tok.n_true_pos % m;
+            record_token(ctx, &sj);
+        }
         ctx->next_pos = pos0 + (int32_t)(i + m);
         i += m;
     }

@@ -29,9 +29,30 @@ static flm_status mapped_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     return FLM_OK;
 }
 
+/* the batch: up and gate as matrix-matrix products into [n][d_ffn], the activation, then down */
+static flm_status mapped_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
+                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
+    const flm_layer_weights *L = &ctx->model->layers[l];
+    const flm_hparams *hp = &ctx->model->hp;
+    const flm_kernels *k = ctx->k;
+    const int nt = ctx->params.n_threads;
+    const size_t F = hp->d_ffn;
+    float *H = ctx->s.bh, *U = ctx->s.bh2;
+    flm_matmat(k, L->ffn_up.type, L->ffn_up.data, F, hp->d_model, in, in_stride, n, U, F, nt);
+    if (hp->gated) {
+        flm_matmat(k, L->ffn_gate.type, L->ffn_gate.data, F, hp->d_model, in, in_stride, n, H, F, nt);
+        for (size_t i = 0; i < (size_t)n * F; i++) H[i] = flm_act_eval(hp->act, H[i]) * U[i];
+    } else {
+        for (size_t i = 0; i < (size_t)n * F; i++) H[i] = flm_act_eval(hp->act, U[i]);
+    }
+    flm_matmat(k, L->ffn_down.type, L->ffn_down.data, hp->d_model, F, H, F, n, out, out_stride, nt);
+    return FLM_OK;
+}
+
 static void no_state_close(flm_ctx *ctx) { ctx->ffn_state = NULL; }
 
-const flm_ffn_source_ops flm_ffn_mapped = {"ram", NULL, mapped_open, mapped_compute, no_state_close};
+const flm_ffn_source_ops flm_ffn_mapped = {"ram", NULL, mapped_open, mapped_compute, no_state_close,
+                                           mapped_compute_batch};
 
 /* ---- ram (.flm) ------------------------------------------------------------------------------------------------- */
 
@@ -65,8 +86,14 @@ static flm_status ram_compute(flm_ctx *ctx, uint32_t l, const float *in, float *
     return FLM_OK;
 }
 
+static flm_status ram_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
+                                    float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
+    flm_flash_bundles_batch(ctx, l, ctx->flash->layer_data[l], n, in, in_stride, out, out_stride);
+    return FLM_OK;
+}
+
 /* the layers' records belong to ctx->flash (calibrate reads them): flm_flash_close frees them */
-const flm_ffn_source_ops flm_ffn_ram = {"ram", ram_plan, ram_open, ram_compute, no_state_close};
+const flm_ffn_source_ops flm_ffn_ram = {"ram", ram_plan, ram_open, ram_compute, no_state_close, ram_compute_batch};
 
 const flm_ffn_source_ops *flm_ffn_source_of(flm_mode mode) {
     switch (mode) {

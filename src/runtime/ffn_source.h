@@ -38,6 +38,12 @@ typedef struct flm_ffn_source_ops {
                           flm_error *err);
     /* close: free ctx->ffn_state (may be NULL: open failed part way). */
     void (*close)(flm_ctx *ctx);
+    /* compute_batch: the same for n tokens at positions ctx->cur_pos .. ctx->cur_pos + n - 1 (a batched forward
+     * pass): token t's input at in + t * in_stride, its output at out + t * out_stride (d_model floats). The
+     * layer's weights are read once for all n tokens. NULL: the forward pass calls compute token by token.
+     * Errors: as compute (the batch is evaluated again from its start). */
+    flm_status (*compute_batch)(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride, float *out,
+                                size_t out_stride, flm_token_stats *tok, flm_error *err);
 } flm_ffn_source_ops;
 
 extern const flm_ffn_source_ops flm_ffn_mapped; /* ffn_ram.c */

@@ -49,8 +49,8 @@ static flm_status stream_open(flm_ctx *ctx, flm_error *err) {
     return FLM_OK;
 }
 
-static flm_status stream_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                                 flm_error *err) {
+/* Layer l's records: in memory (a resident layer), or read into the layer buffer. */
+static flm_status layer_records(flm_ctx *ctx, uint32_t l, const uint8_t **out, flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = ctx->flash;
     const uint8_t *records = fl->layer_data[l];
     if (!records) {
@@ -66,11 +66,32 @@ static flm_status stream_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
         if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
         records = ctx->ffn_state;
     }
+    *out = records;
+    return FLM_OK;
+}
+
+static flm_status stream_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
+                                 flm_error *err) {
+    const uint8_t *records = NULL;
+    flm_status st = layer_records(ctx, l, &records, tok, err);
+    if (st) return st;
     flm_flash_bundles(ctx, l, records, in, out);
+    return FLM_OK;
+}
+
+/* a batch: the layer is read once for all its tokens */
+static flm_status stream_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
+                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
+    const uint8_t *records = NULL;
+    flm_status st = layer_records(ctx, l, &records, tok, err);
+    if (st) return st;
+    flm_flash_bundles_batch(ctx, l, records, n, in, in_stride, out, out_stride);
     return FLM_OK;
 }
 
 static void stream_close(flm_ctx *ctx) { ctx->ffn_state = NULL; } /* the buffer is part of ctx->flash->ffn_mem */
 
-const flm_ffn_source_ops flm_ffn_naive = {"naive", naive_plan, stream_open, stream_compute, stream_close};
-const flm_ffn_source_ops flm_ffn_hybrid = {"hybrid", hybrid_plan, stream_open, stream_compute, stream_close};
+const flm_ffn_source_ops flm_ffn_naive = {"naive", naive_plan, stream_open, stream_compute, stream_close,
+                                          stream_compute_batch};
+const flm_ffn_source_ops flm_ffn_hybrid = {"hybrid", hybrid_plan, stream_open, stream_compute, stream_close,
+                                           stream_compute_batch};

@@ -166,6 +166,13 @@ void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const f
                     ctx->params.n_threads);
 }
 
+void flm_flash_bundles_batch(flm_ctx *ctx, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
+                             size_t in_stride, float *out, size_t out_stride) {
+    flm_flash *fl = ctx->flash;
+    flm_ffn_bundles_batch(ctx->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, NULL, 0, n, in, in_stride,
+                          out, out_stride, fl->acc, ctx->params.n_threads);
+}
+
 void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
     flm_reader_close(fl->reader);

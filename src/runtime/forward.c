@@ -138,13 +138,113 @@ flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats
     return FLM_OK;
 }
 
+/* The batch's FFN of layer l: the tap sees every token's input first (it only observes), then the source's
+ * compute_batch, or token by token (a source without one; the select hook, which chooses per token). in/out rows are
+ * xb / d_model floats apart. */
+static flm_status ffn_batch(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const float *in, size_t xb, float *out,
+                            flm_token_stats *tok, flm_error *err) {
+    const uint32_t d = ctx->model->hp.d_model;
+    if (ctx->ffn_tap)
+        for (uint32_t t = 0; t < n; t++) ctx->ffn_tap(ctx->tap_user, l, in + t * xb);
+    if (ctx->ffn->compute_batch && !ctx->ffn_select)
+        return ctx->ffn->compute_batch(ctx, l, n, in, xb, out, d, tok, err);
+    for (uint32_t t = 0; t < n; t++) {
+        ctx->cur_pos = pos + (int32_t)t;
+        flm_status st = ctx->ffn->compute(ctx, l, in + t * xb, out + (size_t)t * d, tok, err);
+        if (st) return st;
+    }
+    ctx->cur_pos = pos;
+    return FLM_OK;
+}
+
 flm_status flm_forward_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                              flm_token_stats *tok, flm_error *err) {
-    const uint32_t V = ctx->model->hp.n_vocab;
-    for (uint32_t i = 0; i < n; i++) {
-        flm_status st = flm_forward(ctx, tokens[i], pos + (int32_t)i, tok, err);
-        if (st) return st;
-        if (logits_all) memcpy(logits_all + (size_t)i * V, ctx->s.logits, V * sizeof(float));
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    const uint32_t V = hp->n_vocab;
+    flm_scratch *s = &ctx->s;
+    if (n == 1 || s->n_batch < n) { /* one token (decoding), or no batch arrays: the single-token pass */
+        for (uint32_t i = 0; i < n; i++) {
+            flm_status st = flm_forward(ctx, tokens[i], pos + (int32_t)i, tok, err);
+            if (st) return st;
+            if (logits_all) memcpy(logits_all + (size_t)i * V, s->logits, V * sizeof(float));
+        }
+        return FLM_OK;
     }
+    ctx->cur_pos = pos; /* the batch's first position (FFN sources see pos .. pos + n - 1) */
+    const flm_kernels *k = ctx->k;
+    const int nt = ctx->params.n_threads;
+    const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
+    const uint32_t d = hp->d_model, q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    const size_t xb = q_dim > d ? q_dim : d; /* row stride of bxb */
+    float *X = s->bx, *XB = s->bxb, *XB2 = s->bxb2;
+
+    /* token embeddings: every row first (a failed read changes nothing) */
+    for (uint32_t t = 0; t < n; t++) {
+        float *x = X + (size_t)t * d;
+        if (m->tok_embd.data) {
+            size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
+            k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * row_bytes, x, d);
+        } else {
+            flm_status st = flm_flash_embedding(ctx, tokens[t], x, tok, err);
+            if (st) return st;
+        }
+        if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
+            const float sc = sqrtf((float)d);
+            for (uint32_t i = 0; i < d; i++) x[i] *= sc;
+        }
+    }
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const flm_layer_weights *L = &m->layers[l];
+        /* attention: q, k, v for every token as matrix-matrix products, then each token attends causally */
+        for (uint32_t t = 0; t < n; t++) flm_rmsnorm(XB + t * xb, X + (size_t)t * d, L->attn_norm.data, d, hp->norm_eps);
+        flm_matmat(k, L->wq.type, L->wq.data, q_dim, d, XB, xb, n, s->bq, q_dim, nt);
+        flm_matmat(k, L->wk.type, L->wk.data, kv_dim, d, XB, xb, n, s->bk, kv_dim, nt);
+        flm_matmat(k, L->wv.type, L->wv.data, kv_dim, d, XB, xb, n, s->bv, kv_dim, nt);
+        const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
+        for (uint32_t t = 0; t < n; t++) {
+            float *q = s->bq + (size_t)t * q_dim, *kc = s->bk + (size_t)t * kv_dim, *vc = s->bv + (size_t)t * kv_dim;
+            const uint32_t p = (uint32_t)pos + t;
+            add_bias(q, &L->bq, q_dim);
+            add_bias(kc, &L->bk, kv_dim);
+            add_bias(vc, &L->bv, kv_dim);
+            head_norm(q, &L->q_norm, hp->n_heads, hp->head_dim, hp->norm_eps);
+            head_norm(kc, &L->k_norm, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
+            flm_rope(q, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
+            flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
+            flm_kv_store(&ctx->kv, l, p, kc, vc);
+        }
+        for (uint32_t t = 0; t < n; t++) {
+            const uint32_t p = (uint32_t)pos + t;
+            uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
+            flm_attention(k, &ctx->kv, l, first, p, s->bq + (size_t)t * q_dim, hp->n_heads, hp->n_kv_heads,
+                          hp->head_dim, hp->attn_scale, s->att, XB + t * xb, nt);
+        }
+        flm_matmat(k, L->wo.type, L->wo.data, d, q_dim, XB, xb, n, XB2, d, nt);
+        if (!all_finite(XB2, n * d)) return not_finite(ctx, "attention", l, err);
+        for (uint32_t t = 0; t < n; t++)
+            residual(X + (size_t)t * d, XB2 + (size_t)t * d, &L->post_attn_norm, d, hp->norm_eps);
+        /* FFN */
+        for (uint32_t t = 0; t < n; t++) flm_rmsnorm(XB + t * xb, X + (size_t)t * d, L->ffn_norm.data, d, hp->norm_eps);
+        flm_status st = ffn_batch(ctx, l, n, pos, XB, xb, XB2, tok, err);
+        if (st) return st;
+        if (!all_finite(XB2, n * d)) return not_finite(ctx, "FFN", l, err);
+        for (uint32_t t = 0; t < n; t++)
+            residual(X + (size_t)t * d, XB2 + (size_t)t * d, &L->post_ffn_norm, d, hp->norm_eps);
+    }
+    /* logits: every token's, or the last one's */
+    if (logits_all) {
+        for (uint32_t t = 0; t < n; t++)
+            flm_rmsnorm(X + (size_t)t * d, X + (size_t)t * d, m->output_norm.data, d, hp->norm_eps);
+        flm_matmat(k, m->output.type, m->output.data, V, d, X, d, n, logits_all, V, nt);
+        if (!all_finite(logits_all, n * V)) return not_finite(ctx, "output", UINT32_MAX, err);
+        memcpy(s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
+    } else {
+        float *x = X + (size_t)(n - 1) * d;
+        flm_rmsnorm(x, x, m->output_norm.data, d, hp->norm_eps);
+        flm_matvec(k, m->output.type, m->output.data, V, d, x, s->logits, nt);
+        if (!all_finite(s->logits, V)) return not_finite(ctx, "output", UINT32_MAX, err);
+    }
+    ctx->cur_pos = pos + (int32_t)n - 1;
     return FLM_OK;
 }

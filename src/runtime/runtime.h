@@ -135,6 +135,10 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
 flm_status flm_flash_embedding(flm_ctx *ctx, int32_t token, float *out, flm_token_stats *tok, flm_error *err);
 /* The FFN of layer l from records in memory (n_records bundles). */
 void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out);
+/* The same for a batch of n <= plan.n_batch tokens (rows in_stride / out_stride floats apart): each record is read
+ * once for all of them. */
+void flm_flash_bundles_batch(flm_ctx *ctx, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
+                             size_t in_stride, float *out, size_t out_stride);
 
 /* The FFN tap: called by the forward pass with each layer's FFN input x[d_model] (the normed residual), before the
  * FFN runs. `flashlm calibrate` records these inputs. */

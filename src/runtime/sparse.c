@@ -31,6 +31,18 @@ struct flm_sparse {
     uint8_t **full;           /* [n_layers]: every neuron's record, for oracle / verify; NULL otherwise */
     float **dn;               /* [n_layers]: every neuron's ||down_i||, for oracle / verify */
     uint8_t *sbuf;            /* stream buffer: SPARSE_STREAM_ROWS records, for sets larger than the cache */
+    uint8_t *bmask;           /* a batch: [n_batch][d_ffn], token t uses neuron i (its predicted set) */
+    uint8_t *bmask_rows;      /* a batch: [n_batch][d_ffn], the same by position in the rows computed */
+    uint32_t *brows;          /* a batch: [d_ffn] rows (cache rows or stream buffer records) being computed */
+    float *bpart;             /* a batch: [n_batch][d_model] partial outputs (streamed neurons) */
+    /* the last small batch per layer that entered the window as one set (draft verification): its first position,
+     * its tokens, and each token's set as a bitset of d_ffn bits; trimmed to the accepted tokens when the next
+     * evaluation goes back into it */
+    int32_t *pend_start;      /* [n_layers] */
+    uint32_t *pend_n;         /* [n_layers], 0: none */
+    uint64_t *pend_bits;      /* [n_layers][SPARSE_SPEC_TOKENS][words] */
+    uint32_t words;           /* 64-bit words per set: ceil(d_ffn / 64) */
+    uint32_t n_batch;
     uint64_t streamed;        /* neurons streamed past the cache (reported) */
     uint32_t level;           /* the level in use */
 };
@@ -38,6 +50,8 @@ struct flm_sparse {
 /* Records the stream buffer holds: neurons of a set larger than its layer's cache are read, computed and discarded
  * this many at a time (256 records of 3360 bytes, Qwen2.5 1.5B: 840 KiB, read as one coalesced batch). */
 #define SPARSE_STREAM_ROWS 256u
+/* Batches of at most this many tokens keep each token's set until the next evaluation (speculative verification). */
+#define SPARSE_SPEC_TOKENS 16u
 
 uint32_t flm_sparse_window(const flm_sparse *sp) { return sp ? sp->window : 0; }
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp) { return sp ? sp->cache_rows : 0; }
@@ -57,6 +71,13 @@ static void sparse_free(flm_sparse *sp) {
     free(sp->full);
     free(sp->dn);
     free(sp->sbuf);
+    free(sp->bmask);
+    free(sp->bmask_rows);
+    free(sp->brows);
+    free(sp->bpart);
+    free(sp->pend_start);
+    free(sp->pend_n);
+    free(sp->pend_bits);
     free(sp->tmp_out);
     free(sp->desc);
     free(sp->ids);
@@ -99,6 +120,16 @@ static flm_status load_full(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
     return st;
 }
 
+/* A batch's masks, row list and partial outputs (sparse_compute_batch): 2 * n_batch * d_ffn + 4 * d_ffn +
+ * 4 * n_batch * d_model bytes, and the sets of the last small batch per layer (n_layers * SPARSE_SPEC_TOKENS *
+ * d_ffn bits); 0 without batches. */
+static uint64_t batch_bytes(const flm_hparams *hp, uint32_t n_batch) {
+    if (n_batch <= 1) return 0;
+    uint64_t words = (hp->d_ffn + 63u) / 64u;
+    return 2ull * n_batch * hp->d_ffn + 4ull * hp->d_ffn + 4ull * n_batch * hp->d_model +
+           (uint64_t)hp->n_layers * (SPARSE_SPEC_TOKENS * words * 8u + 8u);
+}
+
 /* The FFN part of the plan: the predictors, held at half precision, and what is left of the budget for the neuron
  * caches (split over the layers at open). */
 static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
@@ -117,7 +148,7 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
         uint64_t rb = f->ffn[l]->n_records ? f->ffn[l]->size / f->ffn[l]->n_records : 0;
         rec = rb > rec ? rb : rec;
     }
-    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN);
+    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN) + batch_bytes(hp, p->n_batch);
     fixed += p->stream;
     uint64_t used = fixed + p->predictors;
     p->cache = budget > used ? budget - used : 0;
@@ -227,7 +258,22 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->z = malloc(F * sizeof(float));
     sp->tmp_out = malloc(hp->d_model * sizeof(float));
     sp->ext = malloc(3 * (size_t)F * sizeof *sp->ext);
-    if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, fl->plan.stream ? fl->plan.stream : FLM_ALIGN)) sp->sbuf = NULL;
+    uint64_t sbuf_bytes = fl->plan.stream - batch_bytes(hp, fl->plan.n_batch);
+    if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, sbuf_bytes ? sbuf_bytes : FLM_ALIGN)) sp->sbuf = NULL;
+    if (fl->plan.n_batch > 1) {
+        sp->n_batch = fl->plan.n_batch;
+        sp->bmask = malloc((size_t)sp->n_batch * F);
+        sp->bmask_rows = malloc((size_t)sp->n_batch * F);
+        sp->brows = malloc(F * sizeof *sp->brows);
+        sp->bpart = malloc((size_t)sp->n_batch * hp->d_model * sizeof(float));
+        sp->words = (F + 63u) / 64u;
+        sp->pend_start = calloc(L, sizeof *sp->pend_start);
+        sp->pend_n = calloc(L, sizeof *sp->pend_n);
+        sp->pend_bits = malloc((size_t)L * SPARSE_SPEC_TOKENS * sp->words * sizeof *sp->pend_bits);
+        if (!sp->bmask || !sp->bmask_rows || !sp->brows || !sp->bpart || !sp->pend_start || !sp->pend_n ||
+            !sp->pend_bits)
+            return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    }
     if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->tmp_out || !sp->ext ||
         !sp->sbuf)
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
@@ -330,10 +376,35 @@ static int cmp_u32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The last small batch of layer l entered the window as one set (the union of its tokens' sets). When this
+ * evaluation starts inside it (its later tokens were rejected drafts), the set is trimmed to the accepted tokens'
+ * neurons; when it starts before it, the set leaves the window. */
+static flm_status settle(flm_ctx *ctx, flm_sparse *sp, uint32_t l, flm_error *err) {
+    if (!sp->pend_n || !sp->pend_n[l]) return FLM_OK;
+    const uint32_t n = sp->pend_n[l];
+    sp->pend_n[l] = 0;
+    const int32_t a = ctx->cur_pos - sp->pend_start[l]; /* tokens of the batch that stay */
+    if (a >= (int32_t)n) return FLM_OK;
+    if (a <= 0) {
+        flm_ncache_unstep(sp->cache[l]);
+        return FLM_OK;
+    }
+    const uint64_t *bits = sp->pend_bits + (size_t)l * SPARSE_SPEC_TOKENS * sp->words;
+    uint32_t k = 0;
+    for (uint32_t w = 0; w < sp->words; w++) {
+        uint64_t any = 0;
+        for (int32_t t = 0; t < a; t++) any |= bits[(size_t)t * sp->words + w];
+        for (; any; any &= any - 1) sp->true_ids[k++] = w * 64u + (uint32_t)__builtin_ctzll(any);
+    }
+    return flm_ncache_trim_newest(sp->cache[l], sp->true_ids, k, err);
+}
+
 static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
                                  flm_error *err) {
     flm_flash *fl = ctx->flash;
     flm_sparse *sp = ctx->ffn_state;
+    flm_status sst = settle(ctx, sp, l, err);
+    if (sst) return sst;
     const flm_params *pp = &ctx->params;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n;
@@ -404,7 +475,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
         tok->n_reads += ctx->io.n_requests - before.n_requests;
         if (st) { /* the appended rows hold bytes never read: take the token's set back out of the window */
             flm_ncache_unstep(sp->cache[l]);
-            return st;
+            return flm_flash_region_error(fl, l, st, err);
         }
     }
     tok->n_predicted += n_all;
@@ -425,7 +496,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
         tok->io_ms += flm_now_ms() - t2;
         tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
         tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return st; /* the cache holds only rows that were read */
+        if (st) return flm_flash_region_error(fl, l, st, err); /* the cache holds only rows that were read */
         flm_ffn_bundles(ctx->k, b, sp->sbuf, NULL, m, in, sp->tmp_out, ctx->s.hb, fl->acc, pp->n_threads);
         for (uint32_t i = 0; i < b->d_model; i++) out[i] += sp->tmp_out[i];
         tok->n_loaded += m;
@@ -434,7 +505,168 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     return FLM_OK;
 }
 
-const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close};
+/* Read the records of neurons ids[0 .. m) (m <= SPARSE_STREAM_ROWS) of layer l into the stream buffer, record j at
+ * sbuf + j * record_bytes; the reader coalesces neighbours by its cost model. */
+static flm_status stream_read(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t m,
+                              flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_region *r = fl->file->ffn[l];
+    const uint64_t rb = sp->desc[l].record_bytes;
+    for (uint32_t j = 0; j < m; j++)
+        sp->ext[j] = (flm_extent){r->offset + (uint64_t)ids[j] * rb, rb, sp->sbuf + (size_t)j * rb};
+    flm_io_stats before = ctx->io;
+    double t0 = flm_now_ms();
+    flm_status st = flm_reader_read(fl->reader, sp->ext, m, &ctx->io, err);
+    tok->io_ms += flm_now_ms() - t0;
+    tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+    tok->n_reads += ctx->io.n_requests - before.n_requests;
+    return st ? flm_flash_region_error(fl, l, st, err) : FLM_OK;
+}
+
+/* A batch of n tokens (prompt chunks, draft verification): each token's predicted set (the first token of a
+ * sequence: every neuron), then the union U of the sets is read once and each token is computed over its own set.
+ *   |U| <= the layer's cache: U enters the window as one step (only the neurons not cached are read), and the
+ *     tokens are computed from the cache's rows.
+ *   |U| >  the cache (a long prompt's union nears the whole layer): the window is left as it is (decoding after the
+ *     prompt keeps it); the cached neurons of U are computed in place and the rest are read SPARSE_STREAM_ROWS at a
+ *     time into the stream buffer. The reader merges neighbouring records whose gap costs less to read than a
+ *     request (its cost model: the disk probe's latency x bandwidth, docs/IO.md), so a dense union is read as a few
+ *     large sequential requests, a sparse one neuron by neuron.
+ * The ablations (--no-window, --no-bundle, --no-predictor, --verify-predictor) run token by token. */
+static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
+                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    flm_sparse *sp = ctx->ffn_state;
+    const flm_params *pp = &ctx->params;
+    const int32_t pos0 = ctx->cur_pos;
+    const uint32_t F = ctx->model->hp.d_ffn, d = ctx->model->hp.d_model;
+    flm_status sst = settle(ctx, sp, l, err);
+    if (sst) return sst;
+    if (pp->no_window || pp->no_bundle || pp->no_predictor || pp->verify_predictor || n > sp->n_batch) {
+        for (uint32_t t = 0; t < n; t++) {
+            ctx->cur_pos = pos0 + (int32_t)t;
+            flm_status st = sparse_compute(ctx, l, in + t * in_stride, out + t * out_stride, tok, err);
+            if (st) return st;
+        }
+        ctx->cur_pos = pos0;
+        return FLM_OK;
+    }
+    /* 1. each token's set, and their union (compute) */
+    uint8_t *M = sp->bmask;
+    uint32_t nu = 0;
+    { /* the predictors of all tokens as matrix-matrix products: H = A X [n][rank], Z = B H + c [n][d_ffn] */
+        const flm_predictor *p = &sp->sp.layers[l].pred;
+        float *H = ctx->s.bh2, *Z = ctx->s.bh; /* n_batch * d_ffn floats each, unused by the bundle kernels */
+        flm_matmat(ctx->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, in, in_stride, n, H, p->rank,
+                   pp->n_threads);
+        flm_matmat(ctx->k, FLM_TYPE_F16, sp->B16[l], F, p->rank, H, p->rank, n, Z, F, pp->n_threads);
+        for (uint32_t t = 0; t < n; t++) {
+            uint8_t *mt = M + (size_t)t * F;
+            if (pos0 + (int32_t)t == 0) { /* the first token of a sequence runs dense (sparse_compute) */
+                memset(mt, 1, F);
+                tok->n_predicted += F;
+                continue;
+            }
+            const float *z = Z + (size_t)t * F;
+            uint32_t np = 0;
+            for (uint32_t i = 0; i < F; i++) {
+                mt[i] = z[i] + p->c[i] > p->threshold;
+                np += mt[i];
+            }
+            tok->n_predicted += np;
+        }
+    }
+    for (uint32_t i = 0; i < F; i++) {
+        uint8_t any = 0;
+        for (uint32_t t = 0; t < n; t++) any |= M[(size_t)t * F + i];
+        if (any) sp->ids[nu++] = i;
+    }
+    const flm_bundle_desc *b = &sp->desc[l];
+    uint8_t *R = sp->bmask_rows;
+    const uint32_t cap = flm_ncache_capacity(sp->cache[l]);
+    if (nu <= cap) {
+        /* 2. the union enters the window (memory management), 3. its missing neurons are read (flash I/O) */
+        double t0 = flm_now_ms();
+        flm_ncache_stats cs;
+        const uint32_t *load_ids, *rows;
+        uint8_t *const *load_rows;
+        flm_status st = flm_ncache_step(sp->cache[l], sp->ids, nu, &cs, &load_ids, &load_rows, &rows, err);
+        double t1 = flm_now_ms();
+        tok->mem_ms += t1 - t0;
+        if (st) return st;
+        if (cs.n_loaded) {
+            const flm_region *r = fl->file->ffn[l];
+            for (uint32_t j = 0; j < cs.n_loaded; j++)
+                sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
+                                          load_rows[j]};
+            flm_io_stats before = ctx->io;
+            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+            tok->io_ms += flm_now_ms() - t1;
+            tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
+            tok->n_reads += ctx->io.n_requests - before.n_requests;
+            if (st) {
+                flm_ncache_unstep(sp->cache[l]);
+                return flm_flash_region_error(fl, l, st, err);
+            }
+        }
+        tok->n_loaded += cs.n_loaded;
+        tok->n_reused += cs.n_reused;
+        tok->rows_used += cs.rows_used;
+        if (n <= SPARSE_SPEC_TOKENS && !pp->window_keep_rejected) { /* keep the tokens' sets (settle) */
+            uint64_t *bits = sp->pend_bits + (size_t)l * SPARSE_SPEC_TOKENS * sp->words;
+            memset(bits, 0, (size_t)n * sp->words * sizeof *bits);
+            for (uint32_t t = 0; t < n; t++)
+                for (uint32_t i = 0; i < F; i++)
+                    if (M[(size_t)t * F + i]) bits[(size_t)t * sp->words + i / 64] |= 1ull << (i % 64);
+            sp->pend_start[l] = pos0;
+            sp->pend_n[l] = n;
+        }
+        /* 4. every token over its own set, from the cache's rows (compute) */
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
+        flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, nu, R, nu, n, in, in_stride, out,
+                              out_stride, fl->acc, pp->n_threads);
+        return FLM_OK;
+    }
+    /* larger than the cache: the cached part in place, the rest streamed (the window is kept for decoding) */
+    uint32_t nc = 0, ns = 0;
+    uint32_t *stream_ids = sp->true_ids; /* [d_ffn] scratch: the neurons to stream */
+    for (uint32_t j = 0; j < nu; j++) {
+        int32_t row = flm_ncache_row_of(sp->cache[l], sp->ids[j]);
+        if (row < 0) {
+            stream_ids[ns++] = sp->ids[j];
+            continue;
+        }
+        sp->brows[nc] = (uint32_t)row;
+        sp->ids[nc++] = sp->ids[j]; /* the cached ones, compacted in place (nc <= j) */
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        for (uint32_t j = 0; j < nc; j++) R[(size_t)t * nc + j] = M[(size_t)t * F + sp->ids[j]];
+        memset(out + t * out_stride, 0, d * sizeof(float));
+    }
+    if (nc)
+        flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), sp->brows, nc, R, nc, n, in, in_stride,
+                              out, out_stride, fl->acc, pp->n_threads);
+    tok->n_reused += nc;
+    float *part = sp->bpart; /* [n][d_model] partial outputs */
+    for (uint32_t j0 = 0; j0 < ns; j0 += SPARSE_STREAM_ROWS) {
+        uint32_t m = ns - j0 < SPARSE_STREAM_ROWS ? ns - j0 : SPARSE_STREAM_ROWS;
+        flm_status st = stream_read(ctx, sp, l, stream_ids + j0, m, tok, err);
+        if (st) return st;
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = M[(size_t)t * F + stream_ids[j0 + j]];
+        flm_ffn_bundles_batch(ctx->k, b, sp->sbuf, NULL, m, R, m, n, in, in_stride, part, d, fl->acc,
+                              pp->n_threads);
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t i = 0; i < d; i++) out[t * out_stride + i] += part[(size_t)t * d + i];
+        tok->n_loaded += m;
+        sp->streamed += m;
+    }
+    return FLM_OK;
+}
+
+const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close,
+                                           sparse_compute_batch};
 
 double flm_sparse_expected_bytes(const flm_sparse *sp, const flm_file *f) {
     double b = 0;

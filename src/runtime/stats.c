@@ -51,6 +51,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->model_bytes = ctx->mem_resident;
         st->n_ffn_resident_layers = hp->n_layers;
     }
+    st->n_batch = (uint32_t)ctx->params.n_batch;
     st->peak_rss = peak_rss_bytes();
     st->n_tokens_kept = ctx->n_tokens < FLM_STATS_TOKENS ? ctx->n_tokens : FLM_STATS_TOKENS;
 }

@@ -1,0 +1,362 @@
+/* test_batch.c — the batched forward pass (flm_eval_batch) against one token at a time, in every mode:
+ *   - a batch's logits equal n flm_eval calls' (to 1e-4 of the largest logit, F32 and f16 KV caches), for batch sizes
+ *     that split the input unevenly, in ram (GGUF and .flm), naive, hybrid and sparse (a cache that holds the
+ *     union of a batch's neurons, and one too small for it: the streamed path);
+ *   - a prompt fed in chunks then decoded token by token equals the same sequence token by token;
+ *   - going back to an earlier position (rewind) gives the logits of a fresh run;
+ *   - a batch reads each streamed layer once: naive reads per batch what it reads per token;
+ *   - bad arguments are refused without changing the context.
+ * stories260K from ../shared, calibrated here for the sparse mode; SmolLM2 (q4_1 / q8_0) when pulled. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashlm.h"
+#include "calibrate/calibrate.h"
+#include "convert/convert.h"
+#include "sparsity/sparsity.h"
+#include "testutil.h"
+
+#define T_TOK 40
+
+static char gguf_path[4096], flm_path[4096], smol_path[4096];
+static int32_t toks[T_TOK];
+static uint32_t n_vocab;
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(gguf_path, sizeof gguf_path, "%s", tu_shared("models/stories260K/stories260K.gguf"));
+    snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("stories-batch", ".flm"));
+    flm_error err;
+    if (flm_convert(gguf_path, flm_path, NULL, NULL, &err)) { fprintf(stderr, "convert: %s\n", err.msg); return -1; }
+    size_t len;
+    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    text[len < 20000 ? len : 20000] = 0;
+    flm_calib_opts o;
+    flm_calib_opts_default(&o);
+    o.text = text;
+    o.chunk = 64;
+    o.n_threads = 1;
+    flm_status st = flm_calibrate(flm_path, &o, NULL, &err);
+    if (st) { fprintf(stderr, "calibrate: %s\n", err.msg); free(text); return -1; }
+    /* the tokens: the start of a story */
+    flm_ctx *ctx;
+    if (flm_open(flm_path, NULL, &ctx, &err)) { free(text); return -1; }
+    int32_t ids[512];
+    text[1400] = 0; /* 400 bytes of a story: about 100 tokens */
+    size_t n = flm_tokenize(ctx, text + 1000, true, ids, 512);
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    n_vocab = info.n_vocab;
+    flm_close(ctx);
+    free(text);
+    if (n < T_TOK || n > 512) { fprintf(stderr, "setup: %zu tokens\n", n); return -1; }
+    memcpy(toks, ids, sizeof toks);
+    smol_path[0] = 0;
+    const char *smol = tu_convert_pulled("smollm2-135m", "smol-batch");
+    if (smol) snprintf(smol_path, sizeof smol_path, "%s", smol);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(flm_path);
+    if (smol_path[0]) remove(smol_path);
+    return 0;
+}
+
+typedef struct run_cfg {
+    const char *path;
+    flm_mode mode;
+    uint64_t mem;
+    bool kv_f32;
+    int n_batch;
+} run_cfg;
+
+static flm_status try_open(const run_cfg *c, flm_ctx **out) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    p.mode = c->mode;
+    p.mem_bytes = c->mem;
+    p.kv_f32 = c->kv_f32;
+    p.n_batch = c->n_batch;
+    p.window = 2;
+    flm_error err;
+    return flm_open(c->path, &p, out, &err);
+}
+
+static flm_ctx *open_cfg(const run_cfg *c) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    p.mode = c->mode;
+    p.mem_bytes = c->mem;
+    p.kv_f32 = c->kv_f32;
+    p.n_batch = c->n_batch;
+    p.window = 2;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(c->path, &p, &ctx, &err)) fail_msg("%s: open %s: %s", c->path, flm_mode_name(c->mode), err.msg);
+    return ctx;
+}
+
+/* logits [T][V] of toks[0..T) one token at a time */
+static float *logits_single(const run_cfg *c, uint32_t T, uint32_t V) {
+    flm_ctx *ctx = open_cfg(c);
+    float *out = malloc((size_t)T * V * sizeof(float));
+    flm_error err;
+    for (uint32_t t = 0; t < T; t++) {
+        const float *lg;
+        if (flm_eval(ctx, toks[t], (int32_t)t, &lg, &err)) fail_msg("eval: %s", err.msg);
+        memcpy(out + (size_t)t * V, lg, V * sizeof(float));
+    }
+    flm_close(ctx);
+    return out;
+}
+
+/* max |a - b| / max(1, max |a|) */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double m = 1.0, d = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(a[i]) > m) m = fabs(a[i]);
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+    }
+    return d / m;
+}
+
+/* every token's logits through flm_eval_batch (the whole input in one call, split into n_batch pieces inside),
+ * against one at a time */
+static void check_cfg(const run_cfg *c, uint32_t V, const char *what) {
+    float *want = logits_single(c, T_TOK, V);
+    flm_ctx *ctx = open_cfg(c);
+    float *got = malloc((size_t)T_TOK * V * sizeof(float));
+    const float *last = NULL;
+    flm_error err;
+    if (flm_eval_batch(ctx, toks, T_TOK, 0, got, &last, &err)) fail_msg("%s: batch: %s", what, err.msg);
+    assert_ptr_equal(last, got + (size_t)(T_TOK - 1) * V);
+    assert_int_equal(flm_n_past(ctx), T_TOK);
+    double dmax = rel_diff(want, got, (size_t)T_TOK * V);
+    flm_stats st;
+    flm_get_stats(ctx, &st);
+    printf("%-34s batch %2d: max relative logit difference %.2e over %d tokens (%llu streamed)\n", what, c->n_batch,
+           dmax, T_TOK, (unsigned long long)st.n_streamed);
+    assert_true(dmax <= 1e-4);
+    assert_int_equal(st.n_tokens, T_TOK);
+    /* a prompt in chunks (last logits only), then decoding token by token */
+    const float *lg;
+    if (flm_eval_batch(ctx, toks, 25, 0, NULL, &lg, &err)) fail_msg("%s: prompt: %s", what, err.msg);
+    assert_true(rel_diff(want + 24 * (size_t)V, lg, V) <= 1e-4);
+    for (uint32_t t = 25; t < T_TOK; t++) {
+        if (flm_eval(ctx, toks[t], (int32_t)t, &lg, &err)) fail_msg("%s: eval: %s", what, err.msg);
+        assert_true(rel_diff(want + (size_t)t * V, lg, V) <= 1e-4);
+    }
+    /* rewind: back to position 10, a batch from there gives a fresh run's logits */
+    if (flm_eval_batch(ctx, toks + 10, 20, 10, got, NULL, &err)) fail_msg("%s: rewind: %s", what, err.msg);
+    assert_true(rel_diff(want + 10 * (size_t)V, got, 20 * (size_t)V) <= 1e-4);
+    assert_int_equal(flm_n_past(ctx), 30);
+    if (flm_eval(ctx, toks[5], 5, &lg, &err)) fail_msg("%s: rewind eval: %s", what, err.msg);
+    assert_true(rel_diff(want + 5 * (size_t)V, lg, V) <= 1e-4);
+    assert_int_equal(flm_n_past(ctx), 6);
+    free(got);
+    free(want);
+    flm_close(ctx);
+}
+
+static void test_batch_equals_single(void **state) {
+    (void)state;
+    const uint32_t V = n_vocab;
+#ifdef FLM_SANITIZED_BUILD
+    const int f32_last = 1; /* memory errors, not numerics: the F32 cache only (ASan is ~10x slower) */
+#else
+    const int f32_last = 0;
+#endif
+    for (int f32 = 1; f32 >= f32_last; f32--) {
+        int sizes[] = {7, 16, 64};
+        for (int i = 0; i < 3; i++) {
+            run_cfg c = {gguf_path, FLM_MODE_AUTO, 0, f32, sizes[i]};
+            char what[96];
+            snprintf(what, sizeof what, "GGUF ram, %s KV", f32 ? "f32" : "f16");
+            check_cfg(&c, V, what);
+        }
+        const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_SPARSE};
+        for (int m = 0; m < 3; m++) {
+            run_cfg c = {flm_path, modes[m], 0, f32, 16};
+            char what[96];
+            snprintf(what, sizeof what, ".flm %s, %s KV", flm_mode_name(modes[m]), f32 ? "f32" : "f16");
+            check_cfg(&c, V, what);
+        }
+    }
+}
+
+/* hybrid with some layers streamed; sparse with a cache too small for a batch's union (the streamed path) */
+static void test_batch_under_budgets(void **state) {
+    (void)state;
+    const uint32_t V = n_vocab;
+    /* a budget that keeps some layers in memory and streams the others */
+    flm_ctx *ctx;
+    flm_stats st = {0};
+    uint64_t hmem = 0;
+    for (uint64_t m = 640u << 10; m <= (2u << 20) && !hmem; m += 16u << 10) {
+        run_cfg h = {flm_path, FLM_MODE_HYBRID, m, true, 16};
+        if (try_open(&h, &ctx)) continue;
+        flm_get_stats(ctx, &st);
+        flm_close(ctx);
+        if (st.n_ffn_resident_layers > 0 && st.n_ffn_resident_layers < st.n_layers) hmem = h.mem;
+    }
+    assert_true(hmem > 0);
+    run_cfg h = {flm_path, FLM_MODE_HYBRID, hmem, true, 16};
+    char what[64];
+    snprintf(what, sizeof what, ".flm hybrid, %llu KiB", (unsigned long long)(hmem >> 10));
+    check_cfg(&h, V, what);
+    /* the smallest sparse budget that opens: its caches cannot hold a 16-token union */
+    uint64_t mem = 0;
+    for (uint64_t m = 600u << 10; m <= (4u << 20); m += 32u << 10) {
+        run_cfg s = {flm_path, FLM_MODE_SPARSE, m, true, 16};
+        if (try_open(&s, &ctx) == FLM_OK) { flm_close(ctx); mem = m; break; }
+    }
+    assert_true(mem > 0);
+    run_cfg s = {flm_path, FLM_MODE_SPARSE, mem, true, 16};
+    check_cfg(&s, V, "sparse, tightest budget");
+    ctx = open_cfg(&s);
+    float *lg = malloc((size_t)T_TOK * V * sizeof(float));
+    flm_error err;
+    if (flm_eval_batch(ctx, toks, T_TOK, 0, lg, NULL, &err)) fail_msg("batch: %s", err.msg);
+    flm_get_stats(ctx, &st);
+    assert_true(st.n_streamed > 0); /* the streamed path ran */
+    free(lg);
+    flm_close(ctx);
+}
+
+/* naive reads every layer once per batch: a 16-token batch reads what one token reads */
+static void test_batch_reads_layers_once(void **state) {
+    (void)state;
+    run_cfg c = {flm_path, FLM_MODE_NAIVE, 0, false, 16};
+    flm_ctx *ctx = open_cfg(&c);
+    flm_error err;
+    const float *lg;
+    if (flm_eval(ctx, toks[0], 0, &lg, &err)) fail_msg("eval: %s", err.msg);
+    flm_stats one;
+    flm_get_stats(ctx, &one);
+    if (flm_eval_batch(ctx, toks + 1, 16, 1, NULL, &lg, &err)) fail_msg("batch: %s", err.msg);
+    flm_stats all;
+    flm_get_stats(ctx, &all);
+    printf("naive: one token read %llu bytes; a batch of 16 read %llu\n", (unsigned long long)one.total.bytes_read,
+           (unsigned long long)(all.total.bytes_read - one.total.bytes_read));
+    assert_true(one.total.bytes_read > 0);
+    assert_int_equal(all.total.bytes_read - one.total.bytes_read, one.total.bytes_read);
+    assert_int_equal(all.n_tokens, 17);
+    flm_close(ctx);
+}
+
+static void test_batch_bad_arguments(void **state) {
+    (void)state;
+    run_cfg c = {flm_path, FLM_MODE_RAM, 0, false, 8};
+    flm_ctx *ctx = open_cfg(&c);
+    flm_error err;
+    const float *lg;
+    assert_int_equal(flm_eval_batch(ctx, toks, 10, 0, NULL, &lg, &err), FLM_OK);
+    assert_int_equal(flm_eval_batch(ctx, toks, 0, 10, NULL, &lg, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_eval_batch(ctx, NULL, 3, 10, NULL, &lg, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_eval_batch(ctx, toks, 3, 11, NULL, &lg, &err), FLM_ERR_ARG); /* past the next position */
+    assert_non_null(strstr(err.msg, "out of order"));
+    int32_t many[60] = {0};
+    assert_int_equal(flm_eval_batch(ctx, many, 60, 10, NULL, &lg, &err), FLM_ERR_ARG); /* past n_ctx = 64 */
+    assert_non_null(strstr(err.msg, "raise -c"));
+    int32_t bad[3] = {1, (int32_t)n_vocab, 2};
+    assert_int_equal(flm_eval_batch(ctx, bad, 3, 10, NULL, &lg, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_n_past(ctx), 10); /* nothing changed */
+    flm_close(ctx);
+}
+
+/* speculative verification in sparse mode: a batch of 6 draft tokens, of which 2 are accepted (the next evaluation
+ * goes back to position 12). By default the window keeps only the accepted tokens' neurons; --window-keep-rejected
+ * keeps them all. The logits are the same either way (every neuron read is computed exactly). */
+static void test_sparse_window_after_rejection(void **state) {
+    (void)state;
+    const uint32_t V = n_vocab;
+    uint64_t rows[2];
+    float *lg[2];
+    for (int keep = 0; keep < 2; keep++) {
+        flm_params p;
+        flm_params_default(&p);
+        p.n_threads = 1;
+        p.n_ctx = 64;
+        p.mode = FLM_MODE_SPARSE;
+        p.window = 2;
+        p.n_batch = 16;
+        p.window_keep_rejected = keep;
+        flm_ctx *ctx;
+        flm_error err;
+        if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("%s", err.msg);
+        const float *l;
+        for (int t = 0; t < 10; t++)
+            if (flm_eval(ctx, toks[t], t, &l, &err)) fail_msg("%s", err.msg);
+        int32_t draft[6] = {toks[10], toks[11], 7, 8, 9, 10}; /* two right, four wrong */
+        if (flm_eval_batch(ctx, draft, 6, 10, NULL, &l, &err)) fail_msg("%s", err.msg);
+        lg[keep] = malloc(V * sizeof(float));
+        if (flm_eval(ctx, toks[12], 12, &l, &err)) fail_msg("%s", err.msg);
+        memcpy(lg[keep], l, V * sizeof(float));
+        flm_stats st;
+        flm_get_stats(ctx, &st);
+        rows[keep] = st.total.rows_used;
+        flm_close(ctx);
+    }
+    printf("neuron-cache rows after 2 of 6 drafts were accepted: %llu (accepted tokens only), %llu (all kept)\n",
+           (unsigned long long)rows[0], (unsigned long long)rows[1]);
+    assert_true(rows[0] < rows[1]);
+    assert_true(rel_diff(lg[1], lg[0], V) <= 1e-5);
+    run_cfg c = {flm_path, FLM_MODE_SPARSE, 0, false, 16}; /* the same tokens one at a time */
+    float *want = logits_single(&c, 13, V);
+    assert_true(rel_diff(want + 12 * (size_t)V, lg[0], V) <= 1e-4);
+    free(want);
+    free(lg[0]);
+    free(lg[1]);
+}
+
+/* a real quantized model (q4_1 FFN, q8_0 embedding): every type's batched dot product */
+static void test_batch_real_model(void **state) {
+    (void)state;
+    if (!smol_path[0]) skip();
+    flm_ctx *ctx;
+    flm_error err;
+    if (flm_open(smol_path, NULL, &ctx, &err)) fail_msg("%s", err.msg);
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    int32_t ids[64];
+    size_t n = flm_tokenize(ctx, "The quick brown fox jumps over the lazy dog. Once upon a time, there was", true,
+                            ids, 64);
+    flm_close(ctx);
+    assert_true(n >= 12 && n <= 64);
+    memcpy(toks, ids, n * sizeof *ids);
+    const uint32_t T = (uint32_t)n, V = info.n_vocab;
+    const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_NAIVE};
+    for (int m = 0; m < 2; m++) {
+        run_cfg c = {smol_path, modes[m], 0, true, 5};
+        float *want = logits_single(&c, T, V);
+        ctx = open_cfg(&c);
+        float *got = malloc((size_t)T * V * sizeof(float));
+        if (flm_eval_batch(ctx, toks, T, 0, got, NULL, &err)) fail_msg("batch: %s", err.msg);
+        double dmax = rel_diff(want, got, (size_t)T * V);
+        printf("SmolLM2 %s: max relative logit difference %.2e over %u tokens\n", flm_mode_name(modes[m]), dmax, T);
+        assert_true(dmax <= 1e-4);
+        free(got);
+        free(want);
+        flm_close(ctx);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_equals_single),
+        cmocka_unit_test(test_batch_under_budgets),
+        cmocka_unit_test(test_batch_reads_layers_once),
+        cmocka_unit_test(test_batch_bad_arguments),
+        cmocka_unit_test(test_sparse_window_after_rejection),
+        cmocka_unit_test(test_batch_real_model),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
