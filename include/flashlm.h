@@ -206,7 +206,8 @@ FLM_API flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const floa
  *               tokens[0..i]);
  *   logits:     NULL, or set to the last token's logits (inside logits_all, or the context's, valid until the next
  *               call).
- * Statistics: each token gets an equal share of its batch's I/O, memory and compute time and bytes.
+ * Statistics: each token gets an equal share of its batch's I/O, memory and compute time and bytes (counts split
+ * so that the tokens' shares add up to the batch's: the totals stay exact).
  * Errors: those of flm_eval, FLM_ERR_ARG (n == 0, tokens NULL, pos + n > n_ctx: nothing is run). After an error
  * the context holds positions < pos (as before the call). */
 FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
