@@ -182,7 +182,8 @@ FLM_API bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
  * FFN weights are streamed according to params->mode and the budget). Validates the file before use.
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_NOMEM, FLM_ERR_ARG (bad params),
  * FLM_ERR_CHECKSUM (corrupt .flm), FLM_ERR_BUDGET (the budget cannot hold the resident part: the message gives each
- * part's size); the message names the file and the problem. */
+ * part's size; a budget below the resident weights alone is refused before they are loaded, with their size);
+ * the message names the file and the problem. */
 FLM_API flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err);
 FLM_API void flm_close(flm_ctx *ctx);
 /* Replace the context's log callback (initially params->log); fn NULL drops messages from now on. */
@@ -205,13 +206,32 @@ FLM_API flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const floa
  *               tokens[0..i]);
  *   logits:     NULL, or set to the last token's logits (inside logits_all, or the context's, valid until the next
  *               call).
- * Statistics: each token gets an equal share of its batch's I/O, memory and compute time and bytes.
+ * Statistics: each token gets an equal share of its batch's I/O, memory and compute time and bytes (counts split
+ * so that the tokens' shares add up to the batch's: the totals stay exact).
  * Errors: those of flm_eval, FLM_ERR_ARG (n == 0, tokens NULL, pos + n > n_ctx: nothing is run). After an error
  * the context holds positions < pos (as before the call). */
 FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                                   const float **logits, flm_error *err);
 /* The next position flm_eval expects (tokens held in the context). */
 FLM_API int32_t flm_n_past(const flm_ctx *ctx);
+
+/* The context shift (llama.cpp's --context-shift; llama_memory_seq_rm + llama_memory_seq_add): make room in a full
+ * context without evaluating anything again. The context holds positions [0, n_past) (n_past = flm_n_past); this
+ * forgets positions [n_keep, n_keep + n_discard) and moves positions [n_keep + n_discard, n_past) down by n_discard
+ * to [n_keep, n_past - n_discard): their values are moved as they are, and their keys, stored after RoPE, are turned
+ * by the position difference (normal or NEOX pair order as the architecture's, each layer's own RoPE base: the local
+ * one on sliding-window layers; only the first rope_dim dimensions of each head), for f16 and f32 KV caches alike.
+ * Afterwards flm_n_past is n_past - n_discard: the next token goes there, and attends to the kept tokens and the
+ * moved ones as if they had been evaluated at their new positions (the moved tokens' keys and values still carry
+ * what they saw of the discarded ones). A moved key equals the key a fresh evaluation at its new position stores, up
+ * to the cache's rounding (f16: about 1e-3 relative). Typical use, as llama.cpp: n_keep = the tokens to keep at the
+ * start (BOS, a system prompt), n_discard = (n_past - n_keep) / 2.
+ *   n_keep:    tokens kept at the start, >= 0
+ *   n_discard: tokens forgotten after them, >= 0 (0: nothing happens), n_keep + n_discard <= n_past
+ * Costs one pass over the moved part of the KV cache (every layer); allocates nothing.
+ * Errors: FLM_ERR_ARG (ctx NULL, n_keep or n_discard negative, n_keep + n_discard > n_past): the context is
+ * unchanged. */
+FLM_API flm_status flm_kv_shift(flm_ctx *ctx, int32_t n_keep, int32_t n_discard, flm_error *err);
 
 /* Model facts. */
 typedef struct flm_model_info {

@@ -46,9 +46,16 @@ static void test_bad_options(void **state) {
     snprintf(args, sizeof args, "run -m '%s' -p 'x' 2>&1 -n", tu_shared(MODEL));
     expect(args, 2, "needs a value");
     expect("run 2>&1", 2, "no model");
-    /* a prompt longer than the context */
+    /* a prompt longer than the context is refused (as llama.cpp); a prompt and -n longer than it run until it is
+     * full (tests/test_kv_shift.c checks what they print) */
+    snprintf(args, sizeof args, "run -m '%s' -c 4 -n 20 -p 'Once upon a time' 2>&1", tu_shared(MODEL));
+    expect(args, 1, "the prompt (5 tokens) is longer than the context (4 tokens); raise -c");
     snprintf(args, sizeof args, "run -m '%s' -c 8 -n 20 -p 'Once upon a time' 2>&1", tu_shared(MODEL));
-    expect(args, 1, "context");
+    expect(args, 0, "context full (8 tokens): stopped; raise -c or pass --context-shift");
+    snprintf(args, sizeof args, "run -m '%s' --keep x 2>&1", tu_shared(MODEL));
+    expect(args, 2, "bad --keep value 'x'");
+    snprintf(args, sizeof args, "run -m '%s' --keep -2 2>&1", tu_shared(MODEL));
+    expect(args, 2, "bad --keep value '-2'");
 }
 
 static void test_bad_files(void **state) {

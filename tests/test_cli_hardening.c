@@ -353,7 +353,7 @@ static void test_user_papercuts(void **state) {
     tu_write_file(pf, big, 400000); /* beyond what one argument may hold */
     free(big);
     snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 2", tu_shared(STORIES), pf);
-    expect(args, 1, "exceeds the context");
+    expect(args, 1, "is longer than the context");
     snprintf(args, sizeof args, "run -m '%s' -f /nonexistent/prompt.txt -n 2", tu_shared(STORIES));
     expect(args, 1, "/nonexistent/prompt.txt");
     remove(pf);

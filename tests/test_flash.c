@@ -121,9 +121,16 @@ static void test_every_mode_matches_reference(void **state) {
 static void test_budget_too_small_is_refused(void **state) {
     (void)state;
     flm_error err;
+    /* below the resident weights (0.37 MiB): refused before they are loaded, with their size and the model's */
     flm_ctx *ctx = open_flm(FLM_MODE_NAIVE, 300 * 1024, FLM_ERR_BUDGET, &err);
     assert_null(ctx);
-    /* the message names the file and gives each part's size */
+    assert_non_null(strstr(err.msg, flm_path));
+    assert_non_null(strstr(err.msg, "the resident weights alone"));
+    assert_non_null(strstr(err.msg, "0.37 MiB"));
+    assert_non_null(strstr(err.msg, "the whole model is 1.02 MiB"));
+    /* above them but below the plan: the message names the file and gives each part's size */
+    ctx = open_flm(FLM_MODE_NAIVE, 700 * 1024, FLM_ERR_BUDGET, &err);
+    assert_null(ctx);
     assert_non_null(strstr(err.msg, flm_path));
     assert_non_null(strstr(err.msg, "resident weights"));
     assert_non_null(strstr(err.msg, "KV cache"));

@@ -96,7 +96,32 @@ typedef struct cli_gen {
     int32_t last;          /* the last token fed (-1: none), the "previous" token for decoding pieces */
     const float *logits;   /* the next-token logits after it */
     struct cli_spec *spec; /* NULL, or speculative decoding over ctx (tools/spec.h): feeds and replies go through it */
+    /* the context shift (--context-shift): when the context is full, positions [n_keep, pos) lose their older half
+     * (flm_kv_shift) and generation goes on; off: generation stops there */
+    bool shift;
+    int32_t n_keep;        /* positions kept at the start (BOS, a system prompt) */
+    long n_shifts;         /* shifts done, and the tokens they discarded */
+    long n_discarded;
 } cli_gen;
+/* Make room for n more tokens: true when pos + n <= n_ctx, or after a context shift made it so (g->shift: discard
+ * half of positions [n_keep, pos), or more when n needs it, as llama.cpp's --context-shift). false when the context
+ * is full and shifting is off or cannot help (n_keep + n > n_ctx); nothing is printed then. */
+bool cli_gen_room(cli_gen *g, size_t n);
+/* cli_gen_feed, shifting the context whenever it fills (g->shift), so ids of any length go through it, and leaving
+ * room for one more token. Returns 0, 1 after printing an evaluation error, 2 when the context cannot make room
+ * (shifting off, or n_keep too large; nothing printed). */
+int cli_gen_feed_shift(cli_gen *g, const int32_t *ids, size_t n);
+
+/* The context shift options of run and chat: --context-shift, --no-context-shift, --keep N. */
+typedef struct cli_shift_opts {
+    bool on;   /* --context-shift */
+    long keep; /* --keep N: tokens kept at the start after BOS (BOS is always kept); -1: the whole prompt (run) or
+                  the system part (chat); CLI_KEEP_DEFAULT: the command's default */
+} cli_shift_opts;
+#define CLI_KEEP_DEFAULT (-2L)
+/* Parse one of them at argv[*i]; advances *i past its value. Returns 1 when consumed, 0 when not one of them, -1
+ * after printing an error. */
+int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o);
 /* Evaluate ids[0..n) at positions pos, pos+1, ... (restart with g->pos = 0). Returns 0, or 1 after printing the
  * error (e.g. the context is full). */
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n);

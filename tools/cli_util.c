@@ -513,10 +513,52 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
             return 1;
         }
         if (r->n_gen >= n_predict && !feed_last) break;
-        if ((uint32_t)g->pos >= g->n_ctx) { r->ctx_full = true; break; }
+        if (!cli_gen_room(g, 1)) { r->ctx_full = true; break; } /* full: a context shift, or stop */
         if (cli_gen_feed(g, &next, 1)) return 1;
     }
     return 0;
+}
+
+bool cli_gen_room(cli_gen *g, size_t n) {
+    if ((uint64_t)g->pos + n <= g->n_ctx) return true;
+    if (!g->shift) return false;
+    /* as llama.cpp's context shift: keep [0, n_keep), discard half of the rest (more when n needs it) */
+    int32_t keep = g->n_keep < g->pos ? (g->n_keep > 0 ? g->n_keep : 0) : g->pos, left = g->pos - keep;
+    int64_t discard = left / 2, need = (int64_t)g->pos + (int64_t)n - g->n_ctx;
+    if (discard < need) discard = need;
+    if (discard < 1 || discard > left) return false;
+    flm_error err;
+    if (flm_kv_shift(g->ctx, keep, (int32_t)discard, &err)) { /* cannot happen: the arguments are in range */
+        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        return false;
+    }
+    g->pos -= (int32_t)discard;
+    g->n_shifts++;
+    g->n_discarded += (long)discard;
+    return true;
+}
+
+int cli_gen_feed_shift(cli_gen *g, const int32_t *ids, size_t n) {
+    while (n > 0) {
+        if (!cli_gen_room(g, 1)) return 2;
+        size_t m = g->n_ctx - (uint32_t)g->pos;
+        if (m > n) m = n;
+        if (cli_gen_feed(g, ids, m)) return 1;
+        ids += m;
+        n -= m;
+    }
+    return cli_gen_room(g, 1) ? 0 : 2;
+}
+
+int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--context-shift")) { o->on = true; return 1; }
+    if (!strcmp(a, "--no-context-shift")) { o->on = false; return 1; }
+    if (strcmp(a, "--keep")) return 0;
+    if (*i + 1 >= argc) { cli_die("option %s needs a value", a); return -1; }
+    const char *val = argv[++*i];
+    if (!cli_parse_long(val, -1, 1 << 20, &o->keep)) { cli_die("bad --keep value '%s' (-1 or 0..1048576)", val); return -1; }
+    return 1;
 }
 
 const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap) {

@@ -36,6 +36,12 @@ static const char *CAL_HELP =
     "      --train-level EPS  the level whose active sets the predictors learn (default 0.02)\n"
     "      --recall R       ReLU FFNs: predictor threshold for this held-out recall (default 0.95)\n"
     "      --epochs N       training epochs (default 6)\n"
+    "      --mem BYTES|N%   memory budget (as for run): the model is run in hybrid mode under it, the recorded FFN\n"
+    "                       inputs go to MODEL.flm.x.tmp (layers x tokens x d_model floats; removed afterwards),\n"
+    "                       each layer's weights are read from the file when it is trained, and the held-out check\n"
+    "                       (which holds the model in memory) runs only if it fits. Training must fit too: about\n"
+    "                       tokens x (10 d_ffn + 4 d_model) bytes + the predictors; a budget that cannot hold it is\n"
+    "                       refused before anything runs. Default: none (the model and all recorded inputs in memory)\n"
     "  -t, --threads N      threads\n";
 
 int cmd_calibrate(int argc, char **argv) {
@@ -88,6 +94,9 @@ int cmd_calibrate(int argc, char **argv) {
         } else if (!strcmp(a, "--epochs")) {
             if (!cli_parse_long(val, 0, 1000, &v)) return cli_die("bad --epochs '%s'", val);
             o.epochs = (int)v;
+        } else if (!strcmp(a, "--mem")) {
+            if (!flm_parse_mem(val, &o.mem_bytes, &o.mem_percent))
+                return cli_die("bad --mem value '%s' (bytes with an optional K/M/G/T suffix, or N%%)", val);
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad -t '%s'", val);
             o.n_threads = (int)v;
@@ -101,9 +110,11 @@ int cmd_calibrate(int argc, char **argv) {
     if (!buf) return 1;
     o.text = buf;
     o.progress = cli_progress;
-    char tmp[4200];
+    char tmp[4200], spill[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", model);
+    snprintf(spill, sizeof spill, "%s.x.tmp", model); /* --mem: the recorded inputs */
     cli_remove_on_signal(tmp);
+    cli_temp_register(spill);
     flm_error err;
     flm_sparsity rep;
     double t0 = flm_now_ms();
@@ -137,6 +148,9 @@ int cmd_calibrate(int argc, char **argv) {
             printf("| %g%s | %.1f%% | %s | %.1f%% | %.1f%% | %.3f | %s |\n", (double)rep.level_eps[k],
                    k == rep.default_level ? " (default)" : "", 100 * of, oloss, 100 * pf, 100 * kept, rc, loss);
         }
+        if (isnan(rep.level_loss[0]) && (o.mem_bytes || o.mem_percent > 0) && o.level == 0.0f)
+            printf("\n(not measured: the held-out check holds the model in memory, which --mem leaves no room for; the\n"
+                   "training level is the default. `flashlm calibrate --levels-only` measures the levels where it fits)\n");
         printf("\n(neurons: share of d_ffn per token, mean over layers; the predictor's on held-out recorded tokens.\n"
                "perplexity cost on the held-out end of the text: exp(mean KL(dense || sparse)) - 1, which picks the\n"
                "default against --max-loss %g; in brackets the perplexity ratio - 1 on the same tokens, noisier)\n\n",

@@ -4,7 +4,12 @@
  * (src/format/chat_template.h); the KV cache keeps everything already evaluated, so each turn only evaluates the
  * text after what the cache holds: the rendered conversation must begin with exactly the text evaluated so far (the
  * earlier rendering plus the reply as it was printed). Where a template rewrites history (e.g. Gemma trims a reply
- * that ended in whitespace) it does not, and the whole conversation is evaluated again from position 0. */
+ * that ended in whitespace) it does not, and the whole conversation is evaluated again from position 0.
+ *
+ * When the context fills: without --context-shift the reply is cut and further turns are refused until /reset; with
+ * it, the older half of what follows the kept start (the system part by default) is forgotten (flm_kv_shift) and
+ * the conversation goes on. The text the cache began with is still what new text is appended to, so a turn still
+ * evaluates only its own tokens. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +28,7 @@ static const char *CHAT_HELP =
     "\"> \" goes to stderr when stdin is a terminal); each reply is streamed to stdout and ends at the model's\n"
     "end-of-turn token or after -n tokens. The KV cache carries over between turns: only a turn's new tokens are\n"
     "evaluated. End with /exit or end of input (Ctrl-D); /reset starts a new conversation. When the context is\n"
-    "full, turns are refused until /reset (the exit status is then 1).\n"
+    "full, turns are refused until /reset (the exit status is then 1), unless --context-shift.\n"
     "\n"
     "  -m, --model PATH     model file: .gguf or .flm (as for flashlm run)\n"
     "  -n, --n-predict N    at most N tokens per reply (default 512)\n";
@@ -32,6 +37,11 @@ static const char *CHAT_HELP_MORE =
     "                       Gemma and Llama)\n"
     "      --chat-template NAME  chat format instead of the one detected from the model's tokenizer.chat_template\n"
     "                       (or its architecture): " FLM_CHAT_FORMAT_NAMES "\n"
+    "      --context-shift  when the context is full, forget the older half of the conversation after the kept\n"
+    "                       start (--keep) and go on (llama.cpp's context shift); a turn longer than the context\n"
+    "                       then keeps only its end\n"
+    "      --keep N         with --context-shift, the tokens kept at the start besides BOS (always kept); default\n"
+    "                       (and -1): the system part, i.e. everything before the first user message's text\n"
     "  -v, --verbose        after each reply, say on stderr which positions the turn evaluated\n"
     "  -h, --help           this help\n";
 
@@ -71,6 +81,37 @@ static bool read_line(char **line, size_t *cap, size_t *len) {
     return true;
 }
 
+/* The tokens the conversation starts with up to the first user message's text: BOS, the system turn (--system or
+ * the template's default), and whatever the format puts before the user's text (for Gemma the system text is inside
+ * the first user turn). What --context-shift keeps by default. 0 when it cannot be told (out of memory). */
+static int32_t system_part(const flm_ctx *ctx, const flm_chat_template *t, const msg_list *sys, unsigned flags) {
+    flm_chat_msg m[2] = {{"system", ""}, {"user", ""}};
+    size_t n = 0;
+    if (sys->n) m[n++] = sys->m[0];
+    char *text[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    flm_error err;
+    int32_t keep = 0;
+    for (int i = 0; i < 2; i++) { /* two first turns that differ only in the user's text */
+        m[n].role = "user";
+        m[n].content = i ? "B" : "A";
+        if (flm_chat_render(t, m, n + 1, true, &text[i], &len[i], &err)) goto done;
+    }
+    size_t common = 0;
+    while (common < len[0] && common < len[1] && text[0][common] == text[1][common]) common++;
+    /* the ids of the common text, as far as they also begin the ids of a whole first turn */
+    size_t n_p = 0, n_a = 0;
+    int32_t *p = cli_tokenize(ctx, text[0], common, flags, &n_p);
+    int32_t *a = p ? cli_tokenize(ctx, text[0], len[0], flags, &n_a) : NULL;
+    while (a && (size_t)keep < n_p && (size_t)keep < n_a && p[keep] == a[keep]) keep++;
+    free(p);
+    free(a);
+done:
+    free(text[0]);
+    free(text[1]);
+    return keep;
+}
+
 int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *chat_name = NULL, *system = NULL;
     bool verbose = false;
@@ -82,12 +123,14 @@ int cmd_chat(int argc, char **argv) {
     static cli_spec_session ss; /* speculative decoding (large: a path buffer) */
     memset(&ss, 0, sizeof ss);
     cli_spec_args_default(&ss.a);
+    cli_shift_opts shift = {false, CLI_KEEP_DEFAULT};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int used = cli_parse_model_opt(argc, argv, &i, &params);
         if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
         if (!used) used = cli_parse_spec_opt(argc, argv, &i, &ss.a);
+        if (!used) used = cli_parse_shift_opt(argc, argv, &i, &shift);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -156,6 +199,16 @@ int cmd_chat(int argc, char **argv) {
     uint64_t n_prompt_tok = 0, n_gen_tok = 0;
     double ms_prompt = 0, ms_gen = 0;
     if (system && !msgs_push(&msgs, "system", system, strlen(system))) goto oom;
+    if (shift.on && ss.spec)
+        fprintf(stderr, "flashlm: warning: --context-shift is not supported while drafting yet: the conversation "
+                "stops when the context is full\n");
+    if (shift.on && !ss.spec) { /* what a context shift keeps: --keep N tokens after BOS, else the system part */
+        gen.shift = true;
+        bool bos = flm_tokenizer_wants_bos(tok);
+        if (shift.keep >= 0) gen.n_keep = (int32_t)shift.keep + bos;
+        else gen.n_keep = system_part(ctx, &tmpl, &msgs, FLM_TOKENIZE_PARSE_SPECIAL | (bos ? FLM_TOKENIZE_ADD_BOS : 0u));
+        if (verbose) fprintf(stderr, "flashlm: context shift on: the first %d tokens are kept\n", gen.n_keep);
+    }
 
     for (;;) {
         if (tty) { fprintf(stderr, "> "); fflush(stderr); }
@@ -202,13 +255,14 @@ int cmd_chat(int argc, char **argv) {
         size_t n_ids = 0;
         int32_t *ids = cli_tokenize(ctx, text + from, text_len - from, flags, &n_ids);
         if (!ids) { free(text); rc = 1; break; }
-        if ((uint64_t)gen.pos + n_ids >= info.n_ctx) {
+        if (!gen.shift && (uint64_t)gen.pos + n_ids >= info.n_ctx) {
             if (gen.pos == 0)
                 fprintf(stderr, "flashlm: this turn (%zu tokens) and its reply do not fit the context of %u tokens; "
                         "raise -c\n", n_ids, info.n_ctx);
             else
                 fprintf(stderr, "flashlm: the context (%u tokens) is full: this turn needs %zu more tokens after %d; "
-                        "/reset starts a new conversation, /exit ends (or raise -c)\n", info.n_ctx, n_ids, gen.pos);
+                        "/reset starts a new conversation, /exit ends (or raise -c, or pass --context-shift)\n", info.n_ctx, n_ids,
+                        gen.pos);
             msgs_truncate(&msgs, n_before);
             free(ids);
             free(text);
@@ -218,8 +272,19 @@ int cmd_chat(int argc, char **argv) {
         }
         double t0 = flm_now_ms();
         int32_t pos0 = gen.pos;
-        int bad = cli_gen_feed(&gen, ids, n_ids);
+        long shifts0 = gen.n_shifts;
+        /* with --context-shift the turn goes through the context whatever its length, shifting as it fills */
+        int bad = gen.shift ? cli_gen_feed_shift(&gen, ids, n_ids) : cli_gen_feed(&gen, ids, n_ids);
         free(ids);
+        if (bad == 2) { /* the kept start leaves no room: as a full context */
+            fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing to "
+                    "discard: /reset starts a new conversation, /exit ends (or lower --keep, raise -c)\n", info.n_ctx,
+                    gen.n_keep);
+            msgs_truncate(&msgs, n_before);
+            free(text);
+            full = refused = true;
+            continue;
+        }
         if (!bad && !cli_buf_add(&done, text + from, text_len - from)) bad = -1;
         free(text);
         if (bad) { if (bad < 0) goto oom; rc = 1; break; }
@@ -234,15 +299,25 @@ int cmd_chat(int argc, char **argv) {
         n_turns++;
         printf("\n");
         fflush(stdout);
-        if (verbose)
+        if (verbose && gen.n_shifts == shifts0)
             fprintf(stderr, "flashlm: turn %d: prompt tokens at positions [%d, %d), reply of %ld tokens%s; the "
                     "cache holds %d tokens\n", n_turns, pos0, pos0 + (int32_t)n_ids, r.n_gen,
                     r.eog ? " (ended by the model)" : "", gen.pos);
+        else if (verbose)
+            fprintf(stderr, "flashlm: turn %d: %zu prompt tokens from position %d, reply of %ld tokens%s; the context "
+                    "shifted %ld time%s (%ld tokens discarded in all, the first %d kept); the cache holds %d tokens\n",
+                    n_turns, n_ids, pos0, r.n_gen, r.eog ? " (ended by the model)" : "", gen.n_shifts - shifts0,
+                    gen.n_shifts - shifts0 > 1 ? "s" : "", gen.n_discarded, gen.n_keep, gen.pos);
         if (!msgs_push(&msgs, "assistant", done.p + reply_from, done.len - reply_from)) goto oom;
         if (r.ctx_full) {
             full = true;
-            fprintf(stderr, "flashlm: the context (%u tokens) is full: the reply was cut; /reset starts a new "
-                    "conversation, /exit ends (or raise -c)\n", info.n_ctx);
+            if (gen.shift)
+                fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing "
+                        "to discard: the reply was cut; /reset starts a new conversation, /exit ends (or lower --keep, "
+                        "raise -c)\n", info.n_ctx, gen.n_keep);
+            else
+                fprintf(stderr, "flashlm: the context (%u tokens) is full: the reply was cut; /reset starts a new "
+                        "conversation, /exit ends (or raise -c, or pass --context-shift)\n", info.n_ctx);
         }
     }
     if (0) {
@@ -255,6 +330,9 @@ oom:
             ms_prompt > 0 ? n_prompt_tok * 1e3 / ms_prompt : 0.0, (unsigned long long)n_gen_tok, ms_gen,
             ms_gen > 0 ? n_gen_tok * 1e3 / ms_gen : 0.0);
     cli_spec_print_stats(&ss, ctx);
+    if (gen.n_shifts)
+        fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept)\n",
+                gen.n_shifts, gen.n_shifts > 1 ? "s" : "", gen.n_discarded, gen.n_keep);
     if (refused && !rc) rc = 1;
     free(line);
     msgs_truncate(&msgs, 0);

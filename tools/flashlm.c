@@ -109,12 +109,18 @@ static const char *RUN_HELP =
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
     "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
-    "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token)\n";
+    "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token, and\n"
+    "                       when the context (-c) is full, with a message, unless --context-shift)\n";
 static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_FORMAT_NAMES " (implies --chat)\n"
     "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat)\n"
+    "      --context-shift  when the context is full, forget the older half of what is not kept (--keep) and go\n"
+    "                       on generating (llama.cpp's context shift; flm_kv_shift). Default: stop there\n"
+    "      --keep N         with --context-shift, the prompt tokens kept at the start besides BOS (always kept);\n"
+    "                       -1: the whole prompt (default 0: BOS only, as llama.cpp). A prompt longer than the\n"
+    "                       context is refused (raise -c)\n"
     "      --stats          print the memory plan at open (one line per part: resident weights, token\n"
     "                       embedding, KV cache, scratch, reader, FFN storage) and per-token statistics (flash\n"
     "                       I/O, memory, compute ms; bytes; reads)\n"
@@ -125,7 +131,8 @@ static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated
 
 static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
                           const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
-                          flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa);
+                          flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa,
+                          const cli_shift_opts *shift);
 static cli_spec_session run_spec; /* run's speculative decoding (large: a path buffer) */
 
 static int cmd_run(int argc, char **argv) {
@@ -138,6 +145,7 @@ static int cmd_run(int argc, char **argv) {
     flm_sampler_params_default(&sp);
     cli_spec_args sa;
     cli_spec_args_default(&sa);
+    cli_shift_opts shift = {false, CLI_KEEP_DEFAULT};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -145,6 +153,7 @@ static int cmd_run(int argc, char **argv) {
         int used = cli_parse_model_opt(argc, argv, &i, &params);
         if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
         if (!used) used = cli_parse_spec_opt(argc, argv, &i, &sa);
+        if (!used) used = cli_parse_shift_opt(argc, argv, &i, &shift);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -178,7 +187,7 @@ static int cmd_run(int argc, char **argv) {
         prompt = prompt_buf;
     }
     int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
-                            &sp, &sa);
+                            &sp, &sa, &shift);
     cli_spec_session_close(&run_spec); /* the draft model, after the target */
     free(prompt_buf);
     return rc;
@@ -186,7 +195,8 @@ static int cmd_run(int argc, char **argv) {
 
 static int cmd_run_prompt(const char *model, const char *prompt, bool chat, const char *chat_name,
                           const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
-                          flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa) {
+                          flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa,
+                          const cli_shift_opts *shift) {
     flm_params params = *params_in;
     flm_sampler_params sp = *sp_in;
     char model_buf[4096];
@@ -237,10 +247,19 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     const char *refuse = !ids || !smp ? "out of memory" : n_prompt == 0 ? "cannot tokenize the prompt" : NULL;
     if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
-    else if (n_prompt + (size_t)n_predict > info.n_ctx)
-        fprintf(stderr, "flashlm: prompt (%zu tokens) + -n %ld exceeds the context of %u tokens; raise -c\n",
-                n_prompt, n_predict, info.n_ctx);
-    if (refuse || n_prompt + (size_t)n_predict > info.n_ctx || cli_spec_begin(ss, &ctx, model, &params, smp)) {
+    else if (n_prompt > info.n_ctx) /* as llama.cpp: an error, not a truncation */
+        fprintf(stderr, "flashlm: the prompt (%zu tokens) is longer than the context (%u tokens); raise -c\n",
+                n_prompt, info.n_ctx);
+    /* speculative decoding does not shift its two contexts yet: there the whole reply must fit */
+    bool spec_on = sa->draft || sa->ngram;
+    if (spec_on && shift->on)
+        fprintf(stderr, "flashlm: warning: --context-shift is not supported while drafting yet\n");
+    bool spec_too_long = !refuse && n_prompt <= info.n_ctx && spec_on && n_prompt + (size_t)n_predict > info.n_ctx;
+    if (spec_too_long)
+        fprintf(stderr, "flashlm: with %s, prompt (%zu tokens) + -n %ld must fit the context of %u tokens (no "
+                "context shift while drafting yet); raise -c\n", sa->draft ? "--draft" : "--draft-ngram", n_prompt,
+                n_predict, info.n_ctx);
+    if (refuse || n_prompt > info.n_ctx || spec_too_long || cli_spec_begin(ss, &ctx, model, &params, smp)) {
         flm_sampler_free(smp);
         free(ids);
         flm_close(ctx);
@@ -261,6 +280,11 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     memset(&prompt_stats, 0, sizeof prompt_stats);
     cli_gen gen = {.ctx = ctx, .smp = smp, .tok = cli_tokenizer(ctx), .n_ctx = info.n_ctx, .last = -1,
                    .spec = ss->spec};
+    /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
+    long keep = shift->keep == -1 ? (long)n_prompt : shift->keep < 0 ? 0 : shift->keep;
+    keep += n_prompt && ids[0] == info.bos && shift->keep != -1;
+    gen.shift = shift->on && !ss->spec;
+    gen.n_keep = (int32_t)(keep < (long)n_prompt ? keep : (long)n_prompt);
     cli_reply reply = {0};
     double t1 = flm_now_ms();
     if (cli_gen_feed(&gen, ids, n_prompt)) rc = 1;
@@ -273,6 +297,14 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     t_gen = flm_now_ms() - t1;
     printf("\n");
     fflush(stdout);
+    if (!rc && reply.ctx_full && !gen.shift)
+        fprintf(stderr, "flashlm: context full (%u tokens): stopped; raise -c or pass --context-shift\n", info.n_ctx);
+    else if (!rc && reply.ctx_full)
+        fprintf(stderr, "flashlm: context full (%u tokens) and the %d kept tokens (--keep) leave nothing to discard: "
+                "stopped; lower --keep or raise -c\n", info.n_ctx, gen.n_keep);
+    if (gen.n_shifts)
+        fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept)\n",
+                gen.n_shifts, gen.n_shifts > 1 ? "s" : "", gen.n_discarded, gen.n_keep);
     fprintf(stderr, "\nflashlm: model %s (%s, %u layers, d_model %u, d_ffn %u), kernels %s, %d threads, load %.1f ms\n",
             model, info.arch, info.n_layers, info.d_model, info.d_ffn, info.kernels, params.n_threads, t_load);
     fprintf(stderr, "flashlm: prompt     %4zu tokens in %8.2f ms = %8.2f tokens/s\n", n_prompt, t_prompt,

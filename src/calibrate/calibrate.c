@@ -40,17 +40,63 @@ void flm_calib_opts_default(flm_calib_opts *o) {
     o->n_threads = 2;
 }
 
+/* The recorded FFN inputs: in memory (X), or, under a budget, in a temporary file (fd): layer l's token t at float
+ * (l * n + t) * d_model, written as the tap sees them and read back one layer at a time. */
 typedef struct {
-    float **X;      /* [n_layers][max_tokens * d_model] */
+    float **X;      /* [n_layers][n * d_model], or NULL when spilled */
     uint32_t *next; /* [n_layers]: the row the layer's next input goes to (the forward pass calls the tap once per
                        token and layer, tokens in order, also in batches) */
-    uint32_t d_model, max_tokens;
+    int fd;         /* the spill file, or -1 */
+    const char *spill_path;
+    uint32_t d_model, n; /* n: tokens recorded (rows per layer) */
+    int err_no;     /* the first failed write's errno (0: none) */
 } tap_data;
 
 static void tap(void *user, uint32_t layer, const float *x) {
     tap_data *t = user;
-    if (t->next[layer] >= t->max_tokens) return; /* cannot happen: as many calls as tokens */
-    memcpy(t->X[layer] + (size_t)t->next[layer]++ * t->d_model, x, t->d_model * sizeof(float));
+    if (t->next[layer] >= t->n) return; /* cannot happen: as many calls as tokens */
+    const uint32_t row = t->next[layer]++;
+    if (t->fd < 0) {
+        memcpy(t->X[layer] + (size_t)row * t->d_model, x, t->d_model * sizeof(float));
+        return;
+    }
+    if (t->err_no) return;
+    const uint8_t *p = (const uint8_t *)x;
+    size_t left = t->d_model * sizeof(float);
+    off_t off = (off_t)(((uint64_t)layer * t->n + row) * left);
+    while (left) {
+        ssize_t w = pwrite(t->fd, p, left, off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { t->err_no = w < 0 ? errno : ENOSPC; return; }
+        p += w;
+        left -= (size_t)w;
+        off += w;
+    }
+}
+
+/* Tokens [from, from + count) of layer l's recorded inputs: in place when in memory, else read into buf (count *
+ * d_model floats) and dropped from the page cache. NULL after filling err. */
+static const float *layer_x(const tap_data *t, uint32_t l, uint32_t from, uint32_t count, float *buf, flm_error *err) {
+    if (t->fd < 0) return t->X[l] + (size_t)from * t->d_model;
+    uint8_t *p = (uint8_t *)buf;
+    size_t left = (size_t)count * t->d_model * sizeof(float);
+    off_t off0 = (off_t)(((uint64_t)l * t->n + from) * t->d_model * sizeof(float)), off = off0;
+    while (left) {
+        ssize_t r = pread(t->fd, p, left, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            flm_fail(err, FLM_ERR_IO, "%s: cannot read back the recorded inputs of layer %u: %s", t->spill_path, l,
+                     r < 0 ? strerror(errno) : "short read");
+            return NULL;
+        }
+        p += r;
+        left -= (size_t)r;
+        off += r;
+    }
+#ifdef POSIX_FADV_DONTNEED
+    posix_fadvise(t->fd, off0, off - off0, POSIX_FADV_DONTNEED);
+#endif
+    return buf;
 }
 
 /* ---- histograms over float keys ---------------------------------------------------------------------------------
@@ -256,14 +302,51 @@ static flm_status check_levels(flm_ctx *ctx, flm_sparsity *sp, const int32_t *ev
     return st;
 }
 
-/* ctx for the checks: the .flm in ram mode, a context of one chunk. */
-static flm_status open_ram(const char *path, const flm_calib_opts *o, flm_ctx **ctx, flm_error *err) {
+/* A context of one chunk on the .flm, in mode (ram for the checks; hybrid to record under a budget), under the
+ * options' budget. */
+static flm_status open_mode(const char *path, const flm_calib_opts *o, flm_mode mode, flm_ctx **ctx, flm_error *err) {
     flm_params p;
     flm_params_default(&p);
-    p.mode = FLM_MODE_RAM;
+    p.mode = mode;
     p.n_ctx = (int)o->chunk;
+    p.mem_bytes = o->mem_bytes;
+    p.mem_percent = o->mem_percent;
     if (o->n_threads > 0) p.n_threads = o->n_threads;
     return flm_open(path, &p, ctx, err);
+}
+
+static flm_status open_ram(const char *path, const flm_calib_opts *o, flm_ctx **ctx, flm_error *err) {
+    return open_mode(path, o, FLM_MODE_RAM, ctx, err);
+}
+
+static bool has_budget(const flm_calib_opts *o) { return o->mem_bytes || o->mem_percent > 0; }
+
+/* The predictor ranks calibrate gives most layers and the last quarter of them. */
+static void calib_ranks(const flm_hparams *hp, const flm_calib_opts *o, uint32_t *rank, uint32_t *rank_last) {
+    uint32_t d = hp->d_model, F = hp->d_ffn, r = o->rank ? o->rank : (d / 2 < 128 ? d / 2 : 128);
+    uint32_t maxr = d < F ? d : F;
+    if (r > maxr) r = maxr;
+    if (r < 1) r = 1;
+    uint32_t rl = o->rank_last ? o->rank_last : 2 * r;
+    if (rl > maxr) rl = maxr;
+    *rank = r;
+    *rank_last = rl;
+}
+
+uint64_t flm_calibrate_train_bytes(const flm_hparams *hp, const flm_calib_opts *o) {
+    const uint64_t d = hp->d_model, F = hp->d_ffn, L = hp->n_layers, n = o->max_tokens, n_ho = n / 5;
+    uint32_t rank, rank_last;
+    calib_ranks(hp, o, &rank, &rank_last);
+    const uint64_t maxr = rank > rank_last ? rank : rank_last, s = d < F ? d : F, bmax = 64 < n ? 64 : n;
+    const uint64_t nP = maxr * (d + F) + F, zt = F * n < (1u << 22) ? F * n : (1u << 22);
+    uint64_t b = 4 * (2 * F * d + L * F + d + 2 * n * F + n_ho * F + n_ho * maxr + n * d) + n * F + sizeof(hist);
+    b += 4 * (4 * nP + bmax * (d + 2 * maxr + F) + 3 * F) + 8 * n + 8 * F; /* Adam: gradients, moments, the best */
+    b += 4 * (s * s + 2 * s * maxr + s) + 4 * (n * maxr + zt + 256 * d + F) + 8 * F; /* SVD and bias init */
+    for (uint64_t l = 0; l < L; l++) { /* every layer's predictor, f32 and f16 */
+        uint64_t r = l >= L - (L + 3) / 4 ? rank_last : rank;
+        b += (r * (d + F) + F) * 4 + r * (d + F) * 2;
+    }
+    return b;
 }
 
 /* ---- per layer: rule, levels, predictor ------------------------------------------------------------------------- */
@@ -277,23 +360,21 @@ typedef struct {
     hist *h;
 } layer_work;
 
-static flm_status calibrate_layer(flm_ctx *ctx, const flm_calib_opts *o, uint32_t l, const float *X, uint32_t n,
-                                  uint32_t n_tr, flm_sparsity *sp, uint32_t train_level, uint32_t rank,
+/* Layer l: rule, levels and predictor from its recorded inputs X (n tokens) and its FFN records rec (layout b). */
+static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, const uint8_t *rec,
+                                  const flm_bundle_desc *b, const flm_calib_opts *o, uint32_t l, const float *X,
+                                  uint32_t n, uint32_t n_tr, flm_sparsity *sp, uint32_t train_level, uint32_t rank,
                                   layer_work *w, flm_error *err) {
-    const flm_hparams *hp = &ctx->model->hp;
     const uint32_t d = hp->d_model, F = hp->d_ffn, n_ho = n - n_tr;
     flm_layer_sparsity *S = &sp->layers[l];
-    const flm_bundle_desc *b = NULL;
-    const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
-    if (!rec) return flm_fail(err, FLM_ERR_ARG, "layer %u's FFN is not in memory", l);
     bool relu = hp->act == FLM_ACT_RELU;
     uint32_t wt = b->gated ? b->gate_type : b->up_type;
     uint64_t woff = b->gated ? b->gate_off : b->up_off;
     for (uint32_t i = 0; i < F; i++) {
         const uint8_t *r = rec + (size_t)i * b->record_bytes;
-        ctx->k->dequant[wt](r + woff, w->Wg + (size_t)i * d, d);
-        if (b->gated && !relu) ctx->k->dequant[b->up_type](r + b->up_off, w->Wu + (size_t)i * d, d);
-        ctx->k->dequant[b->down_type](r + b->down_off, w->col, d);
+        k->dequant[wt](r + woff, w->Wg + (size_t)i * d, d);
+        if (b->gated && !relu) k->dequant[b->up_type](r + b->up_off, w->Wu + (size_t)i * d, d);
+        k->dequant[b->down_type](r + b->down_off, w->col, d);
         double s2 = 0;
         for (uint32_t j = 0; j < d; j++) s2 += (double)w->col[j] * w->col[j];
         w->dn[i] = (float)sqrt(s2);
@@ -432,38 +513,62 @@ flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_s
     return st;
 }
 
+/* The budget of o (bytes; 0: none) for the .flm at path, as flm_open computes it: o->mem_bytes, or mem_percent of the
+ * model's weight bytes (the resident region and the FFN regions). */
+static flm_status calib_budget(const char *path, const flm_calib_opts *o, uint64_t *budget, flm_error *err) {
+    *budget = o->mem_bytes;
+    if (*budget || !(o->mem_percent > 0)) return FLM_OK;
+    flm_file *h = NULL;
+    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &h, err);
+    if (st) return st;
+    uint64_t ffn, largest;
+    flm_ffn_region_bytes(h, &ffn, &largest);
+    *budget = (uint64_t)((double)(h->resident->size + ffn) * o->mem_percent / 100.0);
+    flm_file_close(h);
+    return FLM_OK;
+}
+
 static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
     if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
-        !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f))
+        !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f) ||
+        !(o->mem_percent >= 0))
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
-                        "0 < max_loss < 1, 0 < train_eps < 1)");
+                        "0 < max_loss < 1, 0 < train_eps < 1, mem_percent >= 0)");
     /* the result is written next to the model: find out now, not after minutes of work */
+    char tmp[4200], spill[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(spill, sizeof spill, "%s.x.tmp", path);
     {
-        char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
         FILE *t = fopen(tmp, "wb");
         if (!t) return flm_fail(err, FLM_ERR_IO, "%s: cannot write next to the model: %s", tmp, strerror(errno));
         fclose(t);
         remove(tmp);
     }
-    flm_ctx *ctx = NULL;
-    flm_status st = open_ram(path, o, &ctx, err);
+    /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
+     * held across the phases; without one, in ram mode, one context for everything. */
+    const bool streaming = has_budget(o);
+    uint64_t budget = 0;
+    flm_status st = calib_budget(path, o, &budget, err);
     if (st) return st;
+    flm_ctx *ctx = NULL;
+    if ((st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) return st;
     flm_sparsity sp = {0};
-    tap_data td = {0};
+    tap_data td = {.fd = -1, .spill_path = spill};
     int32_t *chunk_toks = NULL;
     uint32_t n_x = 0; /* entries of td.X */
     int32_t *ids = NULL;
     layer_work w = {0};
     uint8_t *region = NULL;
-    float *sim_scratch = NULL;
+    float *sim_scratch = NULL, *xbuf = NULL;
     float **dn_all = NULL;
+    void *records = NULL;   /* streaming: one layer's FFN region, read from the file */
+    flm_file *hdr = NULL;   /* streaming: the file's regions */
     uint32_t L_all = 0;
-    const flm_hparams *hp = &ctx->model->hp;
-    const flm_bundle_desc *b0 = NULL;
-    if (!flm_ffn_resident_records(ctx, 0, &b0)) { /* a GGUF has no bundles */
+    const flm_hparams hp_copy = ctx->model->hp, *hp = &hp_copy; /* outlives ctx when streaming */
+    const flm_kernels *kern = ctx->k;
+    if (!ctx->flash) { /* a GGUF has no bundles */
         st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
         goto done;
     }
@@ -490,18 +595,41 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         goto done;
     }
     const int32_t *eval_ids = ids + (n_tok - n_eval);
-    /* 1. record the FFN inputs of every layer on the text */
-    td.d_model = d;
-    td.max_tokens = n;
-    td.X = calloc(L, sizeof *td.X);
-    td.next = calloc(L, sizeof *td.next);
-    n_x = L;
-    if (!td.X || !td.next) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-    for (uint32_t l = 0; l < L; l++)
-        if (!(td.X[l] = malloc((size_t)n * d * sizeof(float)))) {
-            st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs", n, L);
+    if (streaming) { /* what training holds must fit the budget: find out before recording */
+        flm_calib_opts on = *o;
+        on.max_tokens = n;
+        uint64_t need = flm_calibrate_train_bytes(hp, &on);
+        if (need > budget) {
+            st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold calibrate's training: %.2f MiB "
+                          "for %u tokens x %u neurons and the predictors of %u layers; raise --mem or lower --tokens "
+                          "(or --rank)", path, flm_size(budget).s, flm_mib(need), n, F, L);
             goto done;
         }
+    }
+    /* 1. record the FFN inputs of every layer on the text */
+    td.d_model = d;
+    td.n = n;
+    if (!(td.next = calloc(L, sizeof *td.next))) {
+        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+        goto done;
+    }
+    if (streaming) {
+        td.fd = open(spill, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (td.fd < 0) {
+            st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(errno));
+            goto done;
+        }
+    } else {
+        td.X = calloc(L, sizeof *td.X);
+        n_x = L;
+        if (!td.X) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
+        for (uint32_t l = 0; l < L; l++)
+            if (!(td.X[l] = malloc((size_t)n * d * sizeof(float)))) {
+                st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs "
+                              "(calibrate --mem BYTES streams them through a file)", n, L);
+                goto done;
+            }
+    }
     flm_set_ffn_tap(ctx, tap, &td);
     int32_t bos = flm_tokenizer_bos(ctx->model->tok);
     /* chunk by chunk (the first token of each replaced by BOS), in batches of -b tokens */
@@ -517,11 +645,20 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             const float *logits;
             if ((st = flm_eval_batch(ctx, chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, NULL, &logits, err)))
                 goto done;
+            if (td.err_no) {
+                st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(td.err_no));
+                goto done;
+            }
             if (o->progress) o->progress(o->user, "recording tokens", t + (m - j < b ? m : j + b), n);
         }
         t += m;
     }
     flm_set_ffn_tap(ctx, NULL, NULL);
+    if (streaming) { /* the model is not needed again before the check: its memory is training's now */
+        flm_close(ctx);
+        ctx = NULL;
+        if ((st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &hdr, err))) goto done;
+    }
     /* 2. the levels */
     sp.n_layers = L;
     sp.layers = calloc(L, sizeof *sp.layers);
@@ -546,12 +683,8 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++)
         sp.level_loss[k] = sp.level_loss_oracle[k] = sp.level_dnll[k] = sp.level_dnll_oracle[k] = NAN;
     /* 3. per layer: rule, levels, predictor */
-    uint32_t rank = o->rank ? o->rank : (d / 2 < 128 ? d / 2 : 128);
-    uint32_t maxr = d < F ? d : F;
-    if (rank > maxr) rank = maxr;
-    if (rank < 1) rank = 1;
-    uint32_t rank_last = o->rank_last ? o->rank_last : 2 * rank;
-    if (rank_last > maxr) rank_last = maxr;
+    uint32_t rank, rank_last;
+    calib_ranks(hp, o, &rank, &rank_last);
     uint32_t n_tr = relu ? n : n - (n / 5) / o->chunk * o->chunk; /* the last fifth (whole chunks) sets thresholds */
     if (!relu && n_tr == n) n_tr = n - n / 5;
     uint32_t n_ho = n - n_tr, max_rank = rank > rank_last ? rank : rank_last;
@@ -567,19 +700,68 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     w.Hp = malloc(((size_t)n_ho * max_rank + 1) * sizeof(float));
     w.Y = malloc((size_t)n * F);
     w.h = malloc(sizeof *w.h);
-    if (!dn_all || !w.Wg || !w.Wu || !w.col || !w.Zg || !w.E || !w.Zp || !w.Hp || !w.Y || !w.h) {
+    if (streaming) xbuf = malloc((size_t)n * d * sizeof(float));
+    if (!dn_all || !w.Wg || !w.Wu || !w.col || !w.Zg || !w.E || !w.Zp || !w.Hp || !w.Y || !w.h || (streaming && !xbuf)) {
         st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for %u tokens x %u neurons", n, F);
         goto done;
     }
     for (uint32_t l = 0; l < L; l++) {
         uint32_t r = l >= L - (L + 3) / 4 ? rank_last : rank;
-            w.dn = dn_all[l];
-        if ((st = calibrate_layer(ctx, o, l, td.X[l], n, n_tr, &sp, train_level, r, &w, err))) goto done;
+        w.dn = dn_all[l];
+        const uint8_t *rec;
+        const flm_bundle_desc *b = NULL;
+        flm_bundle_desc desc;
+        if (streaming) { /* the layer's FFN region from the file (checksummed), its layout from the header */
+            const flm_region *reg = hdr->ffn[l];
+            flm_bundle_layout bl = flm_bundle_layout_of(d, reg->up_type, reg->gate_type, reg->down_type, hp->gated);
+            desc = (flm_bundle_desc){d, reg->up_type, reg->gate_type, reg->down_type, bl.up_off, bl.gate_off,
+                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f};
+            b = &desc;
+            free(records);
+            records = NULL;
+            if ((st = flm_file_read_region(hdr, reg, &records, err))) goto done;
+            rec = records;
+        } else {
+            rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
+            if (!rec) { st = flm_fail(err, FLM_ERR_ARG, "layer %u's FFN is not in memory", l); goto done; }
+        }
+        const float *X = layer_x(&td, l, 0, n, xbuf, err);
+        if (!X) { st = FLM_ERR_IO; goto done; }
+        if ((st = calibrate_layer(hp, kern, rec, b, o, l, X, n, n_tr, &sp, train_level, r, &w, err))) goto done;
         if (o->progress) o->progress(o->user, "training predictors", l + 1, L);
     }
+    free(records);
+    records = NULL;
     /* 4. the default level: forced, measured on held-out text, or the training level */
     uint32_t def = train_level;
     if (o->level > 0.0f && !relu) def = (uint32_t)flm_sparsity_find_level(&sp, o->level);
+    if (n_eval && streaming) {
+        /* the check runs the model in memory (ram mode), beside the reference logits: only when both fit what the
+         * budget has left besides the predictors; training's buffers are not needed again */
+        free(w.Wg);
+        free(w.Wu);
+        free(w.col);
+        free(w.Zg);
+        free(w.E);
+        free(w.Zp);
+        free(w.Hp);
+        free(w.Y);
+        free(w.h);
+        w = (layer_work){0};
+        uint64_t preds = 0;
+        for (uint32_t l = 0; l < L; l++)
+            preds += ((uint64_t)sp.layers[l].pred.rank * (d + F) + F) * 6;
+        if (open_ram(path, o, &ctx, err) == FLM_OK) {
+            flm_stats s;
+            flm_get_stats(ctx, &s);
+            uint64_t held = s.mem_resident + s.mem_ffn + s.mem_kv + s.mem_scratch + preds +
+                            (uint64_t)n_eval * hp->n_vocab * sizeof(float);
+            if (held > budget) { flm_close(ctx); ctx = NULL; }
+        } else {
+            ctx = NULL; /* the budget cannot hold the model in memory: not measured */
+        }
+        if (!ctx) n_eval = 0;
+    }
     if (n_eval) {
         uint32_t scratch_floats = max_rank + F;
         sim_scratch = malloc(scratch_floats * sizeof(float));
@@ -593,7 +775,9 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         uint32_t na = n < 1024 ? n : 1024; /* the union statistics, on the last tokens recorded */
         na -= na % o->chunk;
         if (na == 0) na = n;
-        aggregate(&sp.layers[l].pred, td.X[l] + (size_t)(n - na) * d, na, o->chunk, sp.layers[l].s_agg);
+        const float *X = layer_x(&td, l, n - na, na, xbuf, err);
+        if (!X) { st = FLM_ERR_IO; goto done; }
+        aggregate(&sp.layers[l].pred, X, na, o->chunk, sp.layers[l].s_agg);
     }
     /* 5. store */
     size_t len = 0;
@@ -603,6 +787,13 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     if ((st = flm_file_put_region(path, FLM_REGION_PREDICTOR, region, len, err))) goto done;
 done:
     if (ctx) flm_close(ctx);
+    if (td.fd >= 0) {
+        close(td.fd);
+        remove(spill);
+    }
+    flm_file_close(hdr);
+    free(records);
+    free(xbuf);
     for (uint32_t l = 0; td.X && l < n_x; l++) free(td.X[l]);
     free(td.X);
     free(td.next);

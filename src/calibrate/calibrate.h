@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include "flashlm.h"
 #include "format/flm.h"
+#include "model/model.h"
 
 typedef struct flm_calib_opts {
     const char *text;        /* calibration text (UTF-8) */
@@ -26,6 +27,16 @@ typedef struct flm_calib_opts {
     float target_recall;     /* ReLU FFNs: predictor threshold set for this held-out recall (default 0.95) */
     int epochs;              /* default 6 */
     int n_threads;
+    uint64_t mem_bytes;      /* memory budget (--mem), bytes; 0: none (the model is held in memory, ram mode) */
+    double mem_percent;      /* or a budget as a percentage of the model's weight bytes, when mem_bytes is 0.
+                                With a budget, calibrate streams: the model is run in hybrid mode under it; the
+                                recorded FFN inputs go to a temporary file beside the model ("<path>.x.tmp",
+                                n_layers x tokens x d_model floats, removed afterwards) and one layer's are read back
+                                at a time; each layer's FFN weights are read from the file when it is trained; the
+                                held-out check runs only when the model and its reference logits fit the budget (else
+                                the training level is the default, and the levels' loss is left unmeasured). What
+                                one layer's training holds is checked against the budget before anything runs
+                                (flm_calibrate_train_bytes) */
     flm_progress_fn progress; /* phases: "recording tokens", "training predictors", "checking levels" */
     void *user;
 } flm_calib_opts;
@@ -34,6 +45,13 @@ void flm_calib_opts_default(flm_calib_opts *o);
 
 /* The standard levels (eps values) calibrate measures for gated non-ReLU FFNs, ascending; returns their count. */
 uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);
+
+/* Bytes that training one layer holds at these options for a model of these hyper-parameters, with the predictors
+ * of every layer: gate/up rows as floats (2 d_ffn d_model), pre-activations and energies (2 tokens d_ffn floats),
+ * labels (tokens d_ffn bytes), the layer's recorded inputs (tokens d_model floats), the held-out logits, the
+ * histogram, the optimiser's state, and all layers' predictors (f32 and f16). What a budget must hold besides the
+ * process itself (see flm_calib_opts.mem_bytes). */
+uint64_t flm_calibrate_train_bytes(const flm_hparams *hp, const flm_calib_opts *o);
 
 /* Calibrate the .flm file at path in place (atomically: see flm_file_put_region). Prints nothing; per-layer results
  * and the levels (with their measured held-out loss) are in the stored region (read them back with

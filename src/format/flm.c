@@ -222,7 +222,8 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
             r->record_bytes = flm_get_u64(e + 48);
         }
     }
-    if ((st = check_regions(f, err)) || (flags & FLM_FILE_HEADER_ONLY)) goto done;
+    if ((st = check_regions(f, err))) goto done;
+    if (flags & FLM_FILE_HEADER_ONLY) goto done;
     /* the resident region (or its head only: FLM_FILE_LAZY_TAIL): into memory, checksummed, parsed as GGUF */
     const flm_region *res = f->resident;
     bool lazy = (flags & FLM_FILE_LAZY_TAIL) && res->head_bytes > 0 && res->head_bytes < res->size;
@@ -453,7 +454,9 @@ static flm_status pwrite_all(int fd, const void *buf, uint64_t n, uint64_t off, 
 
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err) {
     flm_file *f = NULL;
-    flm_status st = flm_file_open(path, &f, err);
+    /* the header and regions only: the regions are copied as they are, nothing is loaded (calibrate under a memory
+     * budget smaller than the resident region calls this) */
+    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &f, err);
     if (st) return st;
     /* keep every region but the one being replaced; they stay where they are */
     flm_region *regions = calloc(f->n_regions + 1, sizeof *regions);

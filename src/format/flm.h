@@ -87,8 +87,10 @@ typedef struct flm_file {
 /* flm_file_open_ex flags */
 #define FLM_FILE_LAZY_TAIL 1u /* when the resident region has a head (head_bytes > 0), load and check only the head;
                                  the token embedding stays in the file until flm_file_load_tail */
-#define FLM_FILE_HEADER_ONLY 2u /* read and check the header and the region table only: nothing of the resident region
-                                   is loaded (resident_data and meta stay NULL); for sizes, e.g. the model's bytes */
+#define FLM_FILE_HEADER_ONLY 2u /* read and check the header and region table only: nothing is loaded (resident_data
+                                   and meta stay NULL, resident_loaded 0); for sizes, e.g. to refuse a memory budget
+                                   before loading what it cannot hold. Such an f is only for its regions and
+                                   flm_file_close */
 
 /* Open a .flm file: read and check the header and region table (magic, version, every offset and size against the
  * file size, alignment, no overlaps, one FFN region per layer), load the RESIDENT region into memory, verify its
@@ -130,8 +132,9 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
 
 /* Add, or replace, the file's single region of `kind` (FLM_REGION_PREDICTOR) with payload[0, size): writes
  * "<path>.tmp" holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
- * onto path, so the file is valid and checksummed at every moment. Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has
- * no room for another region: convert again), errors of flm_file_open. */
+ * onto path, so the file is valid and checksummed at every moment. Only the header is read into memory (the regions
+ * are copied file to file). Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has no room for another region: convert
+ * again), errors of flm_file_open_ex with FLM_FILE_HEADER_ONLY. */
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/attention.h"
 #include "format/flm.h"
 #include "core/types.h"
 #include "core/error.h"
@@ -20,6 +21,9 @@ flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error 
                         "%s: hyper-parameters out of range (d_model %u, d_ffn %u, n_layers %u, n_heads %u, "
                         "n_kv_heads %u, head_dim %u, n_vocab %u)", what, hp->d_model, hp->d_ffn, hp->n_layers,
                         hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
+    if (hp->head_dim > FLM_ATT_MAX_HEAD_DIM) /* attention's and the context shift's per-head scratch */
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: head_dim %u is above the %u flashlm supports", what,
+                        hp->head_dim, FLM_ATT_MAX_HEAD_DIM);
     if (hp->n_heads % hp->n_kv_heads)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: n_heads %u is not a multiple of n_kv_heads %u", what, hp->n_heads,
                         hp->n_kv_heads);

@@ -132,6 +132,29 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
 
 void flm_scratch_free(flm_scratch *s) { memset(s, 0, sizeof *s); } /* the arrays belong to the arena */
 
+/* The budget (bytes; 0: none) p asks for with the .flm file f: mem_bytes, or mem_percent of the model's weight bytes
+ * as the plan counts them (runtime/budget.c: the resident region and the FFN regions). */
+static uint64_t flm_file_budget(const flm_params *p, const flm_file *f) {
+    if (p->mem_bytes) return p->mem_bytes;
+    if (!(p->mem_percent > 0)) return 0;
+    uint64_t ffn, largest;
+    flm_ffn_region_bytes(f, &ffn, &largest);
+    return (uint64_t)((double)(f->resident->size + ffn) * p->mem_percent / 100.0);
+}
+
+/* Refuse a budget that cannot hold the `bytes` of the resident region about to be loaded: the plan would refuse it
+ * anyway, after loading them, and under a hard memory limit of the budget + FLM_RSS_ALLOWANCE the process would be
+ * killed first. */
+static flm_status resident_fits(const char *path, const flm_file *f, uint64_t budget, uint64_t bytes,
+                                flm_error *err) {
+    if (!budget || bytes <= budget) return FLM_OK;
+    uint64_t ffn, largest;
+    flm_ffn_region_bytes(f, &ffn, &largest);
+    return flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s is too small: the resident weights alone "
+                    "(attention, norms, embeddings, tokenizer) are %.2f MiB (the whole model is %.2f MiB)", path,
+                    flm_size(budget).s, flm_mib(bytes), flm_mib(f->resident->size + ffn));
+}
+
 flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err) {
     *out = NULL;
     flm_params def;
@@ -147,11 +170,24 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     flm_status st;
     flm_file *ff = NULL;
     if (flm_file_is_flm(path)) {
+        /* with a budget: nothing is loaded that it cannot hold (the header first, for the sizes) */
+        uint64_t budget = 0;
+        if (p->mem_bytes || p->mem_percent > 0) {
+            flm_file *h = NULL;
+            if (!(st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &h, err))) {
+                const flm_region *r = h->resident;
+                budget = flm_file_budget(p, h);
+                st = resident_fits(path, h, budget, r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size,
+                                   err);
+            }
+            flm_file_close(h);
+            if (st) { free(ctx); return st; }
+        }
         /* the resident region without its tail (the token embedding, when the converter placed it there): the plan
          * decides whether it stays in the file (runtime/flash.c); ram mode and a tied classifier need it now */
         if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) ||
-            ((p->mode == FLM_MODE_RAM || !flm_gguf_find_tensor(ff->meta, "output.weight")) &&
-             (st = flm_file_load_tail(ff, err))) ||
+            (flm_file_tail_pending(ff) && (p->mode == FLM_MODE_RAM || !flm_gguf_find_tensor(ff->meta, "output.weight")) &&
+             ((st = resident_fits(path, ff, budget, ff->resident->size, err)) || (st = flm_file_load_tail(ff, err)))) ||
             (st = flm_model_from_flm(ff, &ctx->model, err))) {
             flm_file_close(ff);
             free(ctx);
@@ -343,7 +379,19 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
         share.n_reused /= m;
         share.n_true /= m;
         share.n_true_pos /= m;
-        for (uint32_t j = 0; j < m; j++) record_token(ctx, &share);
+        for (uint32_t j = 0; j < m; j++) {
+            /* counts: the remainder goes one each to the first tokens, so the shares add up to the batch's own
+             * (a batch of 8 tokens making 5 reads would otherwise count none: the totals cover every token) */
+            flm_token_stats sj = share;
+            sj.bytes_read += j < tok.bytes_read % m;
+            sj.n_reads += j < tok.n_reads % m;
+            sj.n_predicted += j < tok.n_predicted % m;
+            sj.n_loaded += j < tok.n_loaded % m;
+            sj.n_reused += j < tok.n_reused % m;
+            sj.n_true += j < tok.n_true % m;
+            sj.n_true_pos += j < tok.n_true_pos % m;
+            record_token(ctx, &sj);
+        }
         ctx->next_pos = pos0 + (int32_t)(i + m);
         i += m;
     }

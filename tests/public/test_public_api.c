@@ -51,6 +51,13 @@ static void test_names_stay_inside(void **state) {
     flm_model_info info;
     flm_get_info(ctx, &info);
     assert_int_equal(info.n_vocab, 512);
+    /* the context shift (tests/test_kv_shift.c checks what it computes) */
+    assert_int_equal(flm_eval(ctx, 403, 1, &logits, &err), FLM_OK);
+    assert_int_equal(flm_eval(ctx, 407, 2, &logits, &err), FLM_OK);
+    assert_int_equal(flm_kv_shift(ctx, 1, 1, &err), FLM_OK);
+    assert_int_equal(flm_n_past(ctx), 2);
+    assert_int_equal(flm_kv_shift(ctx, 1, 2, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_eval(ctx, 261, 2, &logits, &err), FLM_OK);
     flm_close(ctx);
 }
 

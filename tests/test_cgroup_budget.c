@@ -1,0 +1,425 @@
+/* test_cgroup_budget.c — the memory budget proven from outside the process (issue 12): `flashlm run` in every mode
+ * under a hard memory limit of the cgroup memory controller (cgroup v2 memory.max with memory.swap.max = 0, or v1
+ * memory.limit_in_bytes with memory.memsw.limit_in_bytes equal to it) of the --mem budget plus FLM_RSS_ALLOWANCE:
+ * generation must complete (exit 0, not killed: 137). The kernel counts more than the process's RSS (page cache the
+ * process reads through, kernel memory such as page tables and the io_uring rings): all of it must fit, or be
+ * reclaimable. Also `flashlm convert` and `flashlm calibrate` under a hard limit smaller than the model (they must
+ * stream), and a budget too small refused with a message (exit 1), not killed.
+ *
+ * Models: a synthetic one (flashlm synth: 8 layers, 42 MiB; calibrated for sparse) and SmolLM2-135M (q4_1, 98 MB)
+ * when pulled. Needs root and a memory controller in which this process may create groups; otherwise every test is
+ * skipped, saying why. Each run gets its own group, a child of this process's own group (v1; v2 when its
+ * subtree_control enables memory) or of the v2 root, entered by the run's own process before it executes flashlm
+ * (a leaf), removed afterwards. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flashlm.h"
+#include "testutil.h"
+
+#define MIB (1024.0 * 1024.0)
+
+/* ---- the controller ------------------------------------------------------------------------------------------- */
+
+static struct {
+    int version;          /* 1 or 2; 0: none usable (reason says why) */
+    char base[3 * 4096];  /* where run groups are made */
+    char reason[1024];
+    int n;                /* groups made so far */
+} cg;
+
+static bool read_small(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return true;
+}
+
+static bool write_str(const char *path, const char *s) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = write(fd, s, strlen(s));
+    int e = errno;
+    close(fd);
+    errno = e;
+    return n == (ssize_t)strlen(s);
+}
+
+static bool has_word(const char *list, const char *word) { /* word in a space- or comma-separated list */
+    size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)); p += n)
+        if ((p == list || p[-1] == ' ' || p[-1] == ',') && (p[n] == 0 || p[n] == ' ' || p[n] == ',' || p[n] == '\n'))
+            return true;
+    return false;
+}
+
+#define PATHCAP 4096 /* inputs: mount points, group paths */
+#define BIGCAP (3 * PATHCAP) /* what is composed from them */
+
+static bool exists(const char *dir, const char *file) {
+    char p[2 * BIGCAP];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    return access(p, F_OK) == 0;
+}
+
+/* Can groups with a memory limit be made in dir? A probe group is made and removed. */
+static bool can_make_groups(const char *dir, const char *limit_file) {
+    char probe[BIGCAP + 64];
+    snprintf(probe, sizeof probe, "%s/flm-probe-%d", dir, (int)getpid());
+    if (mkdir(probe, 0755) != 0) return false;
+    bool ok = exists(probe, limit_file);
+    rmdir(probe);
+    return ok;
+}
+
+/* Find a usable memory controller; fills cg (or cg.reason). */
+static void cg_detect(void) {
+#ifdef FLM_SANITIZED_BUILD
+    snprintf(cg.reason, sizeof cg.reason, "a sanitizer build: its shadow memory is not the engine's, no budget holds it");
+    return;
+#endif
+    if (geteuid() != 0) {
+        snprintf(cg.reason, sizeof cg.reason, "not root (uid %d): cannot make memory cgroups", (int)geteuid());
+        return;
+    }
+    /* mounts: the cgroup2 one, and a v1 hierarchy with the memory controller */
+    char v2[PATHCAP] = "", v1[PATHCAP] = "", line[8192];
+    FILE *mi = fopen("/proc/self/mountinfo", "r");
+    while (mi && fgets(line, sizeof line, mi)) {
+        char mnt[PATHCAP], fstype[64], opts[PATHCAP];
+        const char *dash = strstr(line, " - ");
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+            sscanf(dash + 3, "%63s %*s %4095s", fstype, opts) != 2)
+            continue;
+        if (!strcmp(fstype, "cgroup2") && !v2[0]) snprintf(v2, sizeof v2, "%s", mnt);
+        if (!strcmp(fstype, "cgroup") && has_word(opts, "memory")) snprintf(v1, sizeof v1, "%s", mnt);
+    }
+    if (mi) fclose(mi);
+    /* this process's groups */
+    char own2[PATHCAP] = "", own1[PATHCAP] = "";
+    FILE *pc = fopen("/proc/self/cgroup", "r");
+    while (pc && fgets(line, sizeof line, pc)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) continue;
+        *c2 = 0;
+        if (!strcmp(line, "0") && c1[1] == 0) snprintf(own2, sizeof own2, "%s", c2 + 1);
+        else if (has_word(c1 + 1, "memory")) snprintf(own1, sizeof own1, "%s", c2 + 1);
+    }
+    if (pc) fclose(pc);
+    char why2[512] = "no cgroup2 mount", buf[4096];
+    const int W = 200; /* characters of a path in a message */
+    if (v2[0]) {
+        char root_ctl[PATHCAP + 64], dir[BIGCAP];
+        snprintf(root_ctl, sizeof root_ctl, "%s/cgroup.controllers", v2);
+        if (!read_small(root_ctl, buf, sizeof buf) || !has_word(buf, "memory")) {
+            snprintf(why2, sizeof why2, "%.*s lacks memory", W, root_ctl);
+        } else {
+            /* this process's own group when memory is enabled below it, else the hierarchy's root (the only group
+             * that may hold processes and enable controllers for its children) */
+            snprintf(dir, sizeof dir, "%s%s", v2, own2);
+            char ctl[BIGCAP + 64];
+            snprintf(ctl, sizeof ctl, "%s/cgroup.subtree_control", dir);
+            if (own2[0] && strcmp(own2, "/") && read_small(ctl, buf, sizeof buf) && has_word(buf, "memory") &&
+                can_make_groups(dir, "memory.max")) {
+                cg.version = 2;
+                snprintf(cg.base, sizeof cg.base, "%s", dir);
+                return;
+            }
+            snprintf(ctl, sizeof ctl, "%s/cgroup.subtree_control", v2);
+            if (!(read_small(ctl, buf, sizeof buf) && has_word(buf, "memory")) && !write_str(ctl, "+memory"))
+                snprintf(why2, sizeof why2, "cannot enable +memory in %.*s: %s", W, ctl, strerror(errno));
+            else if (!can_make_groups(v2, "memory.max"))
+                snprintf(why2, sizeof why2, "cannot make a group with memory.max in %.*s: %s", W, v2,
+                         strerror(errno));
+            else {
+                cg.version = 2;
+                snprintf(cg.base, sizeof cg.base, "%s", v2);
+                return;
+            }
+        }
+    }
+    if (v1[0] && own1[0]) {
+        char dir[BIGCAP];
+        snprintf(dir, sizeof dir, "%s%s", v1, strcmp(own1, "/") ? own1 : "");
+        if (!can_make_groups(dir, "memory.limit_in_bytes")) {
+            snprintf(cg.reason, sizeof cg.reason, "cgroup v2: %s; v1: cannot make a memory group in %.*s: %s", why2, W,
+                     dir, strerror(errno));
+            return;
+        }
+        /* swap must be off for the group: memsw limits it (swap accounting), or there is no swap at all */
+        char probe[BIGCAP + 64];
+        snprintf(probe, sizeof probe, "%s/memory.memsw.limit_in_bytes", dir);
+        bool memsw = access(probe, F_OK) == 0;
+        long swap_kb = 0;
+        FILE *mf = fopen("/proc/meminfo", "r");
+        while (mf && fgets(line, sizeof line, mf)) sscanf(line, "SwapTotal: %ld kB", &swap_kb);
+        if (mf) fclose(mf);
+        if (!memsw && swap_kb > 0) {
+            snprintf(cg.reason, sizeof cg.reason, "cgroup v1 without swap accounting (no memory.memsw.*) on a machine "
+                     "with %ld kB of swap: a limit would not be hard", swap_kb);
+            return;
+        }
+        cg.version = 1;
+        snprintf(cg.base, sizeof cg.base, "%s", dir);
+        return;
+    }
+    snprintf(cg.reason, sizeof cg.reason, "no usable memory controller (cgroup v2: %s; v1: %s)", why2,
+             v1[0] ? "this process is in no memory group" : "no memory hierarchy mounted");
+}
+
+typedef struct cg_result {
+    int rc;            /* exit status, or 128 + signal */
+    int oom_kills;     /* the group's OOM kills */
+    double peak_mib;   /* the group's peak usage (page cache and kernel memory included); -1 when not reported */
+    char *out;         /* what the command wrote (stdout and stderr) */
+} cg_result;
+
+static long read_key(const char *dir, const char *file, const char *key) {
+    char p[BIGCAP + 256], buf[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    if (!read_small(p, buf, sizeof buf)) return -1;
+    if (!key) return atol(buf);
+    const char *k = strstr(buf, key);
+    return k ? atol(k + strlen(key)) : -1;
+}
+
+/* Run `flashlm ARGS` (a shell command line's arguments) in a new group limited to `limit` bytes, swap off. */
+static void cg_run(const char *args, uint64_t limit, cg_result *r) {
+    char g[BIGCAP + 64], num[32], outp[PATHCAP];
+    snprintf(g, sizeof g, "%s/flm-budget-%d-%d", cg.base, (int)getpid(), cg.n++);
+    if (mkdir(g, 0755) != 0) fail_msg("cannot make cgroup %s: %s", g, strerror(errno));
+    snprintf(num, sizeof num, "%llu", (unsigned long long)limit);
+    char f[BIGCAP + 128];
+    if (cg.version == 2) {
+        snprintf(f, sizeof f, "%s/memory.max", g);
+        if (!write_str(f, num)) fail_msg("%s: %s", f, strerror(errno));
+        snprintf(f, sizeof f, "%s/memory.swap.max", g);
+        if (access(f, F_OK) == 0 && !write_str(f, "0")) fail_msg("%s: %s", f, strerror(errno));
+    } else {
+        snprintf(f, sizeof f, "%s/memory.limit_in_bytes", g);
+        if (!write_str(f, num)) fail_msg("%s: %s", f, strerror(errno));
+        snprintf(f, sizeof f, "%s/memory.memsw.limit_in_bytes", g);
+        if (access(f, F_OK) == 0 && !write_str(f, num)) fail_msg("%s: %s", f, strerror(errno));
+    }
+    snprintf(outp, sizeof outp, "%s", tu_tmp("cgroup-out", ".txt"));
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "exec '%s' %s > '%s' 2>&1", FLM_CLI, args, outp);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* into the group (a leaf), then flashlm */
+        char procs[BIGCAP + 128], me[32];
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", g);
+        snprintf(me, sizeof me, "%d", (int)getpid());
+        if (!write_str(procs, me)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r->rc == 126) fail_msg("could not enter cgroup %s", g);
+    r->oom_kills = (int)(cg.version == 2 ? read_key(g, "memory.events", "oom_kill ")
+                                         : read_key(g, "memory.oom_control", "oom_kill "));
+    long peak = cg.version == 2 ? read_key(g, "memory.peak", NULL) : read_key(g, "memory.max_usage_in_bytes", NULL);
+    r->peak_mib = peak >= 0 ? peak / MIB : -1;
+    for (int i = 0; rmdir(g) != 0 && i < 200; i++) { /* empty once the run has exited; its charges may linger */
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    size_t n;
+    r->out = (char *)tu_read_file(outp, &n);
+    r->out = realloc(r->out, n + 1);
+    r->out[n] = 0;
+    remove(outp);
+}
+
+/* The whole command must complete under the limit; `done` (may be NULL) must be in its output. */
+static void expect_completes(const char *what, const char *args, uint64_t limit, const char *done) {
+    cg_result r;
+    cg_run(args, limit, &r);
+    if (r.rc != 0)
+        fail_msg("%s: exit %d%s under a hard limit of %.2f MiB (cgroup peak %.2f MiB, %d OOM kills); flashlm %s:\n%s",
+                 what, r.rc, r.rc == 137 ? " (killed)" : "", limit / MIB, r.peak_mib, r.oom_kills, args, r.out);
+    if (done && !strstr(r.out, done)) fail_msg("%s: no '%s' in its output:\n%s", what, done, r.out);
+    if (r.peak_mib >= 0 && r.peak_mib < 1) fail_msg("%s: the group accounted %.2f MiB: not run in it?", what, r.peak_mib);
+    double rss = -1;
+    const char *peak = strstr(r.out, "peak RSS ");
+    if (peak) sscanf(peak, "peak RSS %lf", &rss);
+    print_message("%s: completed under a hard limit of %.2f MiB; the group's peak %.2f MiB (page cache and kernel "
+                  "memory included)%s", what, limit / MIB, r.peak_mib, rss >= 0 ? "" : "\n");
+    if (rss >= 0) print_message(", the process's peak RSS %.2f MiB\n", rss);
+    free(r.out);
+}
+
+/* ---- the models --------------------------------------------------------------------------------------------- */
+
+static char syn_gguf[4096], syn_flm[4096], syn_cal[4096], smol_flm[4096];
+static uint64_t syn_bytes, smol_bytes;
+
+static uint64_t file_bytes(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+}
+
+static int setup(void **state) {
+    (void)state;
+    cg_detect();
+    if (!cg.version) return 0;
+    /* the synthetic model: 8 layers, d_model 384, d_ffn 1536 (ReLU), f16: 42 MiB */
+    snprintf(syn_gguf, sizeof syn_gguf, "%s", tu_tmp("cg-syn", ".gguf"));
+    snprintf(syn_flm, sizeof syn_flm, "%s", tu_tmp("cg-syn", ".flm"));
+    snprintf(syn_cal, sizeof syn_cal, "%s", tu_tmp("cg-syn-cal", ".flm"));
+    char args[16384];
+    snprintf(args, sizeof args, "synth '%s' --d-model 384 --d-ffn 1536 --layers 8 --heads 6 --vocab 4096 -t 2 -f "
+             "2>&1", syn_gguf);
+    char *out = NULL;
+    if (tu_run_cli(args, &out) != 0) { fprintf(stderr, "synth: %s\n", out); free(out); return -1; }
+    free(out);
+    syn_bytes = file_bytes(syn_gguf);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(syn_gguf);
+    remove(syn_flm);
+    remove(syn_cal);
+    remove(smol_flm);
+    return 0;
+}
+
+#define NEED_CGROUP() do { if (!cg.version) { print_message("skipped: %s\n", cg.reason); skip(); return; } } while (0)
+
+/* convert streams: under a hard limit of half the model (at least 24 MiB: the process itself takes about 9) */
+static void test_convert_under_limit(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    char args[16384];
+    uint64_t limit = syn_bytes / 2 > (24u << 20) ? syn_bytes / 2 : (24u << 20);
+    assert_true(limit < syn_bytes);
+    snprintf(args, sizeof args, "convert '%s' '%s' --force", syn_gguf, syn_flm);
+    expect_completes("convert (synthetic, 42 MiB)", args, limit, "flashlm: wrote");
+    assert_true(file_bytes(syn_flm) > 0);
+    const char *smol = tu_model("smollm2-135m");
+    if (!smol) return;
+    smol_bytes = file_bytes(smol);
+    snprintf(smol_flm, sizeof smol_flm, "%s", tu_tmp("cg-smol", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s' --force", smol, smol_flm);
+    limit = 32u << 20;
+    assert_true(limit < smol_bytes);
+    expect_completes("convert (SmolLM2, 94 MiB)", args, limit, "flashlm: wrote");
+}
+
+/* calibrate streams too: under a hard limit smaller than the model */
+static void test_calibrate_under_limit(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    assert_true(file_bytes(syn_flm) > 0);
+    size_t n;
+    uint8_t *b = tu_read_file(syn_flm, &n);
+    tu_write_file(syn_cal, b, n);
+    free(b);
+    uint64_t budget = syn_bytes / 2, limit = budget + FLM_RSS_ALLOWANCE;
+    assert_true(limit < syn_bytes);
+    char args[16384];
+    /* 64 tokens, small predictors: the recording streams most of the model for every token (I/O-bound: seconds) */
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 --chunk 32 --epochs 2 --rank 32 --rank-last 32 "
+             "-t 2 --mem %llu", syn_cal, tu_shared("text/tinystories_sample.txt"), (unsigned long long)budget);
+    expect_completes("calibrate (synthetic, 42 MiB) --mem 50%", args, limit, "calibrated in");
+    /* calibrated: sparse runs it */
+    snprintf(args, sizeof args, "run -m '%s' --mode sparse -c 64 -p hi -n 2 2>&1", syn_cal);
+    char *out = NULL;
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "mode sparse"));
+    free(out);
+    /* a budget that cannot hold training is refused before anything runs, saying what it needs */
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 4096 --mem %llu", syn_cal,
+             tu_shared("text/tinystories_sample.txt"), (unsigned long long)budget);
+    cg_result r;
+    cg_run(args, limit, &r);
+    if (r.rc != 1 || !strstr(r.out, "cannot hold calibrate's training"))
+        fail_msg("calibrate --tokens 4096 at --mem %llu: exit %d, want 1 and a refusal:\n%s",
+                 (unsigned long long)budget, r.rc, r.out);
+    free(r.out);
+}
+
+/* run in every mode at a budget (bytes, or N% of the model), under budget + FLM_RSS_ALLOWANCE */
+static void run_mode(const char *name, const char *path, uint64_t model_bytes, const char *mode, double percent) {
+    char args[8192], what[256];
+    uint64_t budget = (uint64_t)((double)model_bytes * percent / 100.0);
+    snprintf(args, sizeof args, "run -m '%s' --mode %s --mem %llu -c 256 -p 'Once upon a time' -n 16 --temp 0 -t 2 "
+             "--stats", path, mode, (unsigned long long)budget);
+    snprintf(what, sizeof what, "%s, %s at --mem %.2f MiB", name, mode, budget / MIB);
+    expect_completes(what, args, budget + FLM_RSS_ALLOWANCE, "flashlm: generation ");
+}
+
+static void test_run_synthetic_every_mode(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    uint64_t model = file_bytes(syn_flm);
+    assert_true(model > 0);
+    run_mode("synthetic", syn_flm, model, "ram", 125);
+    run_mode("synthetic", syn_flm, model, "naive", 60);
+    run_mode("synthetic", syn_flm, model, "hybrid", 70);
+    if (file_bytes(syn_cal) == 0) fail_msg("no calibrated file (test_calibrate_under_limit failed)");
+    run_mode("synthetic (calibrated)", syn_cal, model, "sparse", 60);
+}
+
+static void test_run_smollm2_every_mode(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    if (!smol_flm[0]) { skip(); return; } /* not pulled */
+    uint64_t model = file_bytes(smol_flm);
+    run_mode("SmolLM2", smol_flm, model, "ram", 125);
+    run_mode("SmolLM2", smol_flm, model, "naive", 65);
+    run_mode("SmolLM2", smol_flm, model, "hybrid", 75);
+}
+
+/* A budget below the resident weights is refused with a message under budget + allowance, not killed. And the
+ * limits are hard: the whole model in memory without a budget, under the same limit, is killed. */
+static void test_too_small_refused(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    const char *path = smol_flm[0] ? smol_flm : syn_flm;
+    char args[16384];
+    snprintf(args, sizeof args, "run -m '%s' --mode ram -c 256 -p hi -n 4", path);
+    cg_result k;
+    cg_run(args, (8u << 20) + FLM_RSS_ALLOWANCE, &k);
+    if (k.rc != 137 || k.oom_kills < 1)
+        fail_msg("ram mode without a budget under a hard limit of 24 MiB: exit %d, %d OOM kills (want 137: the limit "
+                 "is not enforced?):\n%s", k.rc, k.oom_kills, k.out);
+    free(k.out);
+    snprintf(args, sizeof args, "run -m '%s' --mode naive --mem 8M -c 256 -p hi -n 4", path);
+    cg_result r;
+    cg_run(args, (8u << 20) + FLM_RSS_ALLOWANCE, &r);
+    if (r.rc != 1 || !strstr(r.out, "is too small"))
+        fail_msg("--mem 8M under a hard limit of 24 MiB: exit %d (want 1 and a refusal), %d OOM kills:\n%s", r.rc,
+                 r.oom_kills, r.out);
+    print_message("--mem 8M refused under a hard limit of 24 MiB: %s", strstr(r.out, "flashlm: "));
+    free(r.out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_convert_under_limit),
+        cmocka_unit_test(test_calibrate_under_limit),
+        cmocka_unit_test(test_run_synthetic_every_mode),
+        cmocka_unit_test(test_run_smollm2_every_mode),
+        cmocka_unit_test(test_too_small_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
