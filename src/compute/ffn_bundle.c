@@ -57,6 +57,58 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     }
 }
 
+/* One thread's share: bundles [i0, i1) into acc (overwritten). */
+typedef void (*range_fn)(const void *arg, size_t i0, size_t i1, float *acc);
+
+/* Run fn over bundles [0, n) split into n_threads contiguous ranges, each into its own accumulator of m floats
+ * (acc + t * m), then sum the accumulators: element j (j < m) goes to out + (j / d) * stride + j % d (rows of d
+ * floats, stride apart). Serial below 64 bundles (a fork costs more); serial and contiguous (stride == d): straight
+ * into out. */
+static void split_reduce(size_t n, int n_threads, size_t m, size_t d, range_fn fn, const void *arg, float *acc,
+                         float *out, size_t stride) {
+    int nt = n_threads;
+    if (nt < 1 || n < 64) nt = 1;
+    if (nt == 1) {
+        if (stride == d) { fn(arg, 0, n, out); return; }
+        fn(arg, 0, n, acc);
+        for (size_t j = 0; j < m; j += d) memcpy(out + (j / d) * stride, acc + j, d * sizeof(float));
+        return;
+    }
+    #pragma omp parallel num_threads(nt)
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+        int t = 0, T = 1;
+#endif
+        size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
+        fn(arg, i0, i1, acc + (size_t)t * m);
+        #pragma omp barrier
+        /* reduce: each thread sums a slice of the m outputs over all partial accumulators */
+        size_t j0 = m * (size_t)t / (size_t)T, j1 = m * (size_t)(t + 1) / (size_t)T;
+        for (size_t j = j0; j < j1; j++) {
+            float sum = 0.0f;
+            for (int u = 0; u < T; u++) sum += acc[(size_t)u * m + j];
+            out[(j / d) * stride + j % d] = sum;
+        }
+    }
+}
+
+typedef struct one_args {
+    const flm_kernels *k;
+    const flm_bundle_desc *b;
+    const uint8_t *records;
+    const uint32_t *rows;
+    const float *x;
+    const act_x *xu, *xg;
+    float *h;
+} one_args;
+
+static void one_range(const void *arg, size_t i0, size_t i1, float *acc) {
+    const one_args *a = arg;
+    ffn_range(a->k, a->b, a->records, a->rows, i0, i1, a->x, a->xu, a->xg, a->h, acc);
+}
+
 void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
                      size_t n, const float *x, float *out, float *h, float *acc, int n_threads) {
     /* x quantized once for the up and gate rows (one buffer when both types share a vec_dot_type) */
@@ -67,30 +119,8 @@ void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8
     xg.heap = NULL;
     if (b->gated && flm_type_traits_of(b->gate_type)->vec_dot_type != flm_type_traits_of(b->up_type)->vec_dot_type)
         act_prepare(b->gate_type, x, b->d_model, sg, &xg);
-    int nt = n_threads;
-    if (nt < 1 || n < 64) nt = 1;
-    if (nt == 1) {
-        ffn_range(k, b, records, rows, 0, n, x, &xu, &xg, h, out);
-    } else {
-        #pragma omp parallel num_threads(nt)
-        {
-#ifdef _OPENMP
-            int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-            int t = 0, T = 1;
-#endif
-            size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
-            ffn_range(k, b, records, rows, i0, i1, x, &xu, &xg, h, acc + (size_t)t * b->d_model);
-            #pragma omp barrier
-            /* reduce: each thread sums a slice of d_model over all partial accumulators */
-            size_t d = b->d_model, j0 = d * (size_t)t / (size_t)T, j1 = d * (size_t)(t + 1) / (size_t)T;
-            for (size_t j = j0; j < j1; j++) {
-                float s = 0.0f;
-                for (int u = 0; u < T; u++) s += acc[(size_t)u * d + j];
-                out[j] = s;
-            }
-        }
-    }
+    one_args args = {k, b, records, rows, x, &xu, &xg, h};
+    split_reduce(n, n_threads, b->d_model, b->d_model, one_range, &args, acc, out, b->d_model);
     free(xu.heap);
     free(xg.heap);
 }
@@ -139,6 +169,24 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
     }
 }
 
+typedef struct batch_args {
+    const flm_kernels *k;
+    const flm_bundle_desc *b;
+    const uint8_t *records;
+    const uint32_t *rows;
+    const uint8_t *mask;
+    size_t mask_stride, n_x;
+    const float *X;
+    size_t x_stride;
+    const act_batch *xu, *xg;
+} batch_args;
+
+static void batch_range(const void *arg, size_t i0, size_t i1, float *acc) {
+    const batch_args *a = arg;
+    ffn_range_batch(a->k, a->b, a->records, a->rows, i0, i1, a->mask, a->mask_stride, a->n_x, a->X, a->x_stride,
+                    a->xu, a->xg, acc);
+}
+
 void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
                            const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
                            const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads) {
@@ -155,32 +203,8 @@ void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const
         xu = xg = (act_batch){NULL, 0};
         own_g = false;
     }
-    int nt = n_threads;
-    if (nt < 1 || n < 64) nt = 1;
-    if (nt == 1) {
-        ffn_range_batch(k, b, records, rows, 0, n, mask, mask_stride, n_x, X, x_stride, &xu, &xg, acc);
-        for (size_t t = 0; t < n_x; t++) memcpy(OUT + t * out_stride, acc + t * d, d * sizeof(float));
-    } else {
-        #pragma omp parallel num_threads(nt)
-        {
-#ifdef _OPENMP
-            int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-            int t = 0, T = 1;
-#endif
-            size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
-            ffn_range_batch(k, b, records, rows, i0, i1, mask, mask_stride, n_x, X, x_stride, &xu, &xg,
-                            acc + (size_t)t * n_x * d);
-            #pragma omp barrier
-            /* reduce: each thread sums a slice of the n_x * d_model outputs over all partial accumulators */
-            size_t m = n_x * d, j0 = m * (size_t)t / (size_t)T, j1 = m * (size_t)(t + 1) / (size_t)T;
-            for (size_t j = j0; j < j1; j++) {
-                float s = 0.0f;
-                for (int u = 0; u < T; u++) s += acc[(size_t)u * m + j];
-                OUT[(j / d) * out_stride + j % d] = s;
-            }
-        }
-    }
+    batch_args args = {k, b, records, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg};
+    split_reduce(n, n_threads, n_x * d, d, batch_range, &args, acc, OUT, out_stride);
     free(xu.xq);
     if (own_g) free(xg.xq);
 }
