@@ -631,7 +631,10 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             }
     }
     flm_set_ffn_tap(ctx, tap, &td);
-    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
+    /* each chunk starts as the model's own sequences do: with BOS when its tokenizer adds one (as flm_perplexity);
+     * Qwen2.5 adds none, and an <|endoftext|> forced in front changed its activations (the check's predictor cost
+     * read +10% at a level where the sparse mode measured none) */
+    int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
     /* chunk by chunk (the first token of each replaced by BOS), in batches of -b tokens */
     if (!(chunk_toks = malloc((size_t)o->chunk * sizeof *chunk_toks))) {
         st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
@@ -867,7 +870,10 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
         goto done;
     }
     const int32_t *eval_ids = ids + (n_tok - n_eval);
-    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
+    /* each chunk starts as the model's own sequences do: with BOS when its tokenizer adds one (as flm_perplexity);
+     * Qwen2.5 adds none, and an <|endoftext|> forced in front changed its activations (the check's predictor cost
+     * read +10% at a level where the sparse mode measured none) */
+    int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
     scratch = malloc(((size_t)max_rank + hp->d_ffn) * sizeof(float));
     if (!scratch) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory for the held-out check"); goto done; }
     for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++) sp.level_loss[k] = sp.level_dnll[k] = NAN;
