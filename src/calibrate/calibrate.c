@@ -360,6 +360,20 @@ typedef struct {
     hist *h;
 } layer_work;
 
+/* Free the training buffers and clear w. */
+static void layer_work_free(layer_work *w) {
+    free(w->Wg);
+    free(w->Wu);
+    free(w->col);
+    free(w->Zg);
+    free(w->E);
+    free(w->Zp);
+    free(w->Hp);
+    free(w->Y);
+    free(w->h);
+    *w = (layer_work){0};
+}
+
 /* Layer l: rule, levels and predictor from its recorded inputs X (n tokens) and its FFN records rec (layout b). */
 static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, const uint8_t *rec,
                                   const flm_bundle_desc *b, const flm_calib_opts *o, uint32_t l, const float *X,
@@ -741,16 +755,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     if (n_eval && streaming) {
         /* the check runs the model in memory (ram mode), beside the reference logits: only when both fit what the
          * budget has left besides the predictors; training's buffers are not needed again */
-        free(w.Wg);
-        free(w.Wu);
-        free(w.col);
-        free(w.Zg);
-        free(w.E);
-        free(w.Zp);
-        free(w.Hp);
-        free(w.Y);
-        free(w.h);
-        w = (layer_work){0};
+        layer_work_free(&w);
         uint64_t preds = 0;
         for (uint32_t l = 0; l < L; l++)
             preds += ((uint64_t)sp.layers[l].pred.rank * (d + F) + F) * 6;
@@ -802,17 +807,9 @@ done:
     free(td.next);
     free(chunk_toks);
     free(ids);
-    free(w.Wg);
-    free(w.Wu);
+    layer_work_free(&w);
     for (uint32_t l = 0; dn_all && l < L_all; l++) free(dn_all[l]);
     free(dn_all);
-    free(w.col);
-    free(w.Zg);
-    free(w.E);
-    free(w.Zp);
-    free(w.Hp);
-    free(w.Y);
-    free(w.h);
     free(region);
     free(sim_scratch);
     if (!st && report) *report = sp;
