@@ -15,6 +15,7 @@
 #include "convert/convert.h"
 #include "format/flm.h"
 #include "calibrate/calibrate.h"
+#include "calibrate/curve.h"
 #include "sparsity/sparsity.h"
 #include "testutil.h"
 
@@ -153,6 +154,81 @@ static void test_sparse_quality_and_bytes(void **state) {
     assert_true(b_sparse * 4 < b_naive);
 }
 
+/* The quality curve (flashlm perplexity --curve) against the modes it stands for: its dense point is the ram mode's
+ * perplexity, its predictor point is `--mode sparse --no-window` (the same sets: the share of neurons equals the
+ * sparse mode's count of predicted neurons, and perplexity agrees to rounding), its oracle point is `--no-predictor`;
+ * the oracle needs fewer neurons than the predictor at the same level, and a more aggressive level fewer still. */
+static double sparse_stats_ppl(bool oracle, double *neuron_frac) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    p.mode = FLM_MODE_SPARSE;
+    p.no_window = true;
+    p.no_predictor = oracle;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    size_t len;
+    char *text = (char *)tu_read_file(eval_path, &len);
+    flm_ppl_result r;
+    if (flm_perplexity(ctx, text, 64, 0, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    flm_model_info mi;
+    flm_get_info(ctx, &mi);
+    *neuron_frac = (double)s.total.n_predicted / ((double)s.n_tokens * mi.n_layers * mi.d_ffn);
+    free(text);
+    flm_close(ctx);
+    return r.ppl;
+}
+
+static void test_quality_curve(void **state) {
+    (void)state;
+    size_t len;
+    char *text = (char *)tu_read_file(eval_path, &len);
+    flm_curve_opts o;
+    flm_curve_opts_default(&o);
+    o.chunk = 64;
+    o.n_threads = 1;
+    flm_curve_point pts[1 + 2 * 8];
+    uint32_t n = 0;
+    flm_error err;
+    if (flm_sparsity_curve(flm_path, text, &o, pts, 1 + 2 * 8, &n, &err)) fail_msg("curve: %s", err.msg);
+    free(text);
+    assert_true(n >= 5 && n % 2 == 1); /* dense + (predictor, oracle) per stored level */
+    double dense = ppl_of(FLM_MODE_RAM, false, NULL);
+    assert_true(fabs(pts[0].ppl / dense - 1) < 1e-9);
+    assert_true(pts[0].neuron_frac == 1.0 && pts[0].bytes_per_token > 0);
+    int def = -1;
+    for (uint32_t j = 1; j < n; j += 2) {
+        const flm_curve_point *q = &pts[j], *orc = &pts[j + 1];
+        printf("eps %g: predictor %.1f%% %.4f, oracle %.1f%% %.4f (dense %.4f)\n", (double)q->eps,
+               100 * q->neuron_frac, q->ppl, 100 * orc->neuron_frac, orc->ppl, pts[0].ppl);
+        assert_false(q->oracle);
+        assert_true(orc->oracle && orc->eps == q->eps);
+        assert_true(orc->neuron_frac < q->neuron_frac);
+        assert_true(fabs(q->bytes_per_token / pts[0].bytes_per_token - q->neuron_frac) < 1e-9);
+        if (j > 1) assert_true(orc->neuron_frac < pts[j - 1].neuron_frac); /* eps ascending: fewer neurons */
+        if (q->is_default) def = (int)j;
+    }
+    assert_true(def > 0);
+    double frac, frac_o;
+    double sp = sparse_stats_ppl(false, &frac), so = sparse_stats_ppl(true, &frac_o);
+    assert_true(fabs(pts[def].neuron_frac - frac) < 1e-12);
+    assert_true(fabs(pts[def + 1].neuron_frac - frac_o) < 1e-12);
+    assert_true(fabs(pts[def].ppl / sp - 1) < 1e-4);
+    assert_true(fabs(pts[def + 1].ppl / so - 1) < 1e-4);
+    /* a level that is not stored is refused, naming it */
+    float bad = 0.123f;
+    o.levels = &bad;
+    o.n_levels = 1;
+    text = (char *)tu_read_file(eval_path, &len);
+    assert_int_equal(flm_sparsity_curve(flm_path, text, &o, pts, 1 + 2 * 8, &n, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "0.123"));
+    free(text);
+}
+
 /* A set larger than the neuron cache is streamed, never dropped: under budgets that shrink the cache below a
  * token's set, sparse computes the same neurons as without a budget (same perplexity to rounding), reading more. */
 static double sparse_ppl_budget(uint64_t mem, flm_status *open_st, uint64_t *streamed, uint64_t *cache_rows) {
@@ -268,6 +344,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sparse_ffn_equals_dense),
         cmocka_unit_test(test_sparse_quality_and_bytes),
+        cmocka_unit_test(test_quality_curve),
         cmocka_unit_test(test_sparse_streams_past_small_cache),
         cmocka_unit_test(test_calibrate_lock),
         cmocka_unit_test(test_uncalibrated_and_auto),
