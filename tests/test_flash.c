@@ -118,6 +118,99 @@ static void test_every_mode_matches_reference(void **state) {
     }
 }
 
+/* Read-ahead (runtime/ffn_stream.c): the next streamed layer is read while the current one is computed. It changes
+ * when bytes arrive, never which: naive and hybrid give bit-identical logits and the same bytes per token with and
+ * without it (--no-read-ahead), token by token, in a batch and after a rewind; its second layer buffer is planned
+ * only when the budget holds it. */
+static void run_mixed(flm_ctx *ctx, float *out) { /* 20 tokens one by one, a batch of 12, a rewind to 8 and 4 more */
+    const int32_t toks[] = {1, 403, 407, 261, 378, 426, 285, 395, 300, 283, 261, 356, 480, 268, 322, 290, 258, 291, 344,
+                            422, 276, 260, 431, 301, 363, 279, 440, 287, 334, 271, 300, 412};
+    const float *logits;
+    flm_error err;
+    size_t k = 0;
+    for (int t = 0; t < 20; t++, k++) {
+        if (flm_eval(ctx, toks[t], t, &logits, &err)) fail_msg("eval: %s", err.msg);
+        memcpy(out + k * N_VOCAB, logits, N_VOCAB * sizeof(float));
+    }
+    if (flm_eval_batch(ctx, toks + 20, 12, 20, false, &logits, &err)) fail_msg("batch: %s", err.msg);
+    memcpy(out + k++ * N_VOCAB, logits, N_VOCAB * sizeof(float));
+    for (int t = 8; t < 12; t++, k++) {
+        if (flm_eval(ctx, toks[t + 20], t, &logits, &err)) fail_msg("eval: %s", err.msg);
+        memcpy(out + k * N_VOCAB, logits, N_VOCAB * sizeof(float));
+    }
+}
+
+static void test_read_ahead(void **state) {
+    (void)state;
+    enum { N_OUT = 25 };
+    const flm_mode modes[] = {FLM_MODE_NAIVE, FLM_MODE_HYBRID};
+    for (int m = 0; m < 2; m++) {
+        float *out[2];
+        flm_stats s[2];
+        for (int ahead = 0; ahead < 2; ahead++) {
+            flm_params p;
+            flm_params_default(&p);
+            p.n_ctx = 128;
+            p.mode = modes[m];
+            p.mem_bytes = 1u << 20; /* hybrid: some layers resident, the rest streamed */
+            p.no_read_ahead = !ahead;
+            flm_ctx *ctx = NULL;
+            flm_error err;
+            if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+            out[ahead] = malloc((size_t)N_OUT * N_VOCAB * sizeof(float));
+            run_mixed(ctx, out[ahead]);
+            flm_get_stats(ctx, &s[ahead]);
+            flm_close(ctx);
+        }
+        printf("%s: %llu bytes read without read-ahead, %llu with; FFN memory %llu / %llu bytes, %u layers resident\n",
+               flm_mode_name(modes[m]), (unsigned long long)s[0].total.bytes_read,
+               (unsigned long long)s[1].total.bytes_read, (unsigned long long)s[0].mem_ffn,
+               (unsigned long long)s[1].mem_ffn, s[1].n_ffn_resident_layers);
+        assert_memory_equal(out[0], out[1], (size_t)N_OUT * N_VOCAB * sizeof(float));
+        assert_true(s[1].n_ffn_resident_layers < 5);
+        if (modes[m] == FLM_MODE_NAIVE) {
+            assert_int_equal(s[0].total.bytes_read, s[1].total.bytes_read);
+            assert_int_equal(s[0].total.n_reads, s[1].total.n_reads);
+            assert_int_equal(s[1].mem_ffn, 2 * s[0].mem_ffn); /* the second layer buffer */
+        } else { /* the second buffer may take a resident layer's place: bytes per token follow the plan */
+            assert_true(s[1].n_ffn_resident_layers <= s[0].n_ffn_resident_layers);
+            assert_true(s[1].n_ffn_resident_layers > 0);
+        }
+        assert_true(s[1].peak_rss > 0);
+        free(out[0]);
+        free(out[1]);
+    }
+    /* a budget that holds one layer buffer but not two: naive plans one and runs (no read-ahead) */
+    flm_error err;
+    flm_ctx *ctx = open_flm(FLM_MODE_NAIVE, 0, FLM_OK, &err);
+    flm_stats s;
+    flm_get_stats(ctx, &s);
+    flm_close(ctx);
+    const uint64_t one = s.mem_ffn / 2;
+    uint64_t lo = 256u << 10, hi = 1u << 20; /* the smallest budget naive opens with, by bisection */
+    while (hi - lo > 4096) {
+        uint64_t mid = (lo + hi) / 2;
+        flm_params p;
+        flm_params_default(&p);
+        p.kv_f32 = true;
+        p.n_ctx = 128;
+        p.mode = FLM_MODE_NAIVE;
+        p.mem_bytes = mid;
+        flm_ctx *c = NULL;
+        if (flm_open(flm_path, &p, &c, &err) == FLM_OK) {
+            hi = mid;
+            flm_close(c);
+        } else lo = mid;
+    }
+    ctx = open_flm(FLM_MODE_NAIVE, hi, FLM_OK, &err);
+    flm_get_stats(ctx, &s);
+    assert_int_equal(s.mem_ffn, one);
+    float *o = malloc((size_t)N_OUT * N_VOCAB * sizeof(float));
+    run_mixed(ctx, o);
+    free(o);
+    flm_close(ctx);
+}
+
 static void test_budget_too_small_is_refused(void **state) {
     (void)state;
     flm_error err;
@@ -305,6 +398,7 @@ static void test_stats_json(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_mode_matches_reference),
+        cmocka_unit_test(test_read_ahead),
         cmocka_unit_test(test_budget_too_small_is_refused),
         cmocka_unit_test(test_gguf_rejects_flash_options),
         cmocka_unit_test(test_corrupt_files),

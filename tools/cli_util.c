@@ -174,6 +174,8 @@ const char *CLI_MODEL_OPTS_HELP =
     "                       their measured quality are printed by calibrate)\n"
     "      --no-window      sparse ablation: read every predicted neuron every token\n"
     "      --no-bundle      sparse ablation: read up, gate and down parts as separate requests\n"
+    "      --no-read-ahead  naive/hybrid ablation: read each streamed layer when needed (one layer buffer), not while\n"
+    "                       the previous one is computed\n"
     "      --no-predictor   sparse ablation: use the true active set (an oracle; loads all gate rows, outside\n"
     "                       the budget)\n"
     "      --verify-predictor  also compute the true active set and report recall and precision\n"
@@ -220,6 +222,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     if (!strcmp(a, "--kv-f32")) { p->kv_f32 = true; return 1; }
     if (!strcmp(a, "--no-window")) { p->no_window = true; return 1; }
     if (!strcmp(a, "--no-bundle")) { p->no_bundle = true; return 1; }
+    if (!strcmp(a, "--no-read-ahead")) { p->no_read_ahead = true; return 1; }
     if (!strcmp(a, "--no-predictor")) { p->no_predictor = true; return 1; }
     if (!strcmp(a, "--verify-predictor")) { p->verify_predictor = true; return 1; }
     if (!strcmp(a, "--window-keep-rejected")) { p->window_keep_rejected = true; return 1; }

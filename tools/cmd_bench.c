@@ -396,6 +396,8 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
         run->mode = FLM_MODE_SPARSE; run->params.no_window = true; run->params.no_bundle = true;
     } else if (!strcmp(name, "sparse-nobundle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_bundle = true;
+    } else if (!strcmp(name, "naive-noahead") || !strcmp(name, "hybrid-noahead")) {
+        run->mode = name[0] == 'n' ? FLM_MODE_NAIVE : FLM_MODE_HYBRID; run->params.no_read_ahead = true;
     } else if (!strcmp(name, "sparse-oracle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_predictor = true;
     } else {
@@ -514,7 +516,7 @@ static void print_main_tables(const bench_opts *o, const bench_run *runs, const 
         printf("| %s | %d | %d | %.1f | %.2f | %.1f | %s |\n", runs[i].label, r->n_batch, r->n_prompt, r->prompt_ms,
                r->prompt_ms > 0 ? r->n_prompt * 1e3 / r->prompt_ms : 0, cli_mib(r->prompt_bytes), vs);
     }
-    printf("\n| mode | bytes read/token | reads/token | read throughput GB/s | reader | layers resident | peak RSS MiB "
+    printf("\n| mode | bytes read/token | reads/token | GB read per s of I/O wait | reader | layers resident | peak RSS MiB "
            "| budget MiB |\n|---|---:|---:|---:|---|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
@@ -945,7 +947,8 @@ static const char *BENCH_HELP =
     "      --mem BYTES|N%      memory budget for the streaming modes and the window sweep (default 50%)\n"
     "      --modes LIST        comma-separated, from ram, naive, hybrid, sparse and the ablations predictor-only\n"
     "                          (sparse without window and bundling), sparse-nobundle, sparse-oracle (true active\n"
-    "                          sets) (default ram,naive,hybrid,sparse; a mode that does not fit is skipped);\n"
+    "                          sets), naive-noahead, hybrid-noahead (no read-ahead of the next layer)\n"
+    "                          (default ram,naive,hybrid,sparse; a mode that does not fit is skipped);\n"
     "                          MODE@bN runs the prompt in batches of N tokens (@b1: token by token), e.g.\n"
     "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups\n"
     "      --prompt-tokens N   prompt length (default 16); the prompt table reports its time (the time to first\n"

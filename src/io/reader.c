@@ -61,6 +61,9 @@ struct flm_reader {
     atomic_int fault_kind;
     atomic_uint_fast64_t fault_at, fault_count;
 
+    pthread_mutex_t call_mu; /* one flm_reader_read at a time (a read-ahead thread and the caller may share it) */
+    bool call_mu_ready;
+
     /* the batch in flight */
     const flm_read_op *ops;
     uint8_t *const *op_bufs;
@@ -511,6 +514,12 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the reader", path);
     }
     r->fd_direct = r->fd_buf = -1;
+    if (pthread_mutex_init(&r->call_mu, NULL)) {
+        free(r->path);
+        free(r);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot create the reader's lock", path);
+    }
+    r->call_mu_ready = true;
     atomic_init(&r->direct, false);
     atomic_init(&r->fallback_noted, false);
     atomic_init(&r->fault_kind, FLM_FAULT_NONE);
@@ -544,8 +553,17 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
     return FLM_OK;
 }
 
+static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err);
+
 flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
     if (!r || (n && !ext)) return flm_fail(err, FLM_ERR_ARG, "flm_reader_read: NULL reader or extent list");
+    pthread_mutex_lock(&r->call_mu);
+    flm_status st = read_locked(r, ext, n, stats, err);
+    pthread_mutex_unlock(&r->call_mu);
+    return st;
+}
+
+static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
     double t0 = flm_now_ms();
     uint64_t plan_align = atomic_load(&r->direct) ? r->align : 1; /* buffered reads need no alignment */
     flm_status st = flm_plan_reads(ext, n, &r->opts.cost, plan_align, r->opts.max_request, &r->plan, err);
@@ -643,5 +661,6 @@ void flm_reader_close(flm_reader *r) {
     free(r->bufs);
     free(r->bounce);
     free(r->path);
+    if (r->call_mu_ready) pthread_mutex_destroy(&r->call_mu);
     free(r);
 }

@@ -120,7 +120,8 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
 /* Read n extents (any order, overlapping allowed) and return when all have arrived or on the first error.
  * stats (may be NULL) is accumulated into, also on error (with the bytes actually read).
  * Errors: FLM_ERR_ARG (NULL dst with length > 0, offset + length beyond 2^62), FLM_ERR_NOMEM,
- * FLM_ERR_IO ("short read" when the file ends before an extent does; an I/O error with strerror). */
+ * FLM_ERR_IO ("short read" when the file ends before an extent does; an I/O error with strerror).
+ * Several threads may call it on one reader (a read-ahead thread and its caller): calls run one at a time. */
 flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err);
 
 /* "io_uring" or "threads". */

@@ -75,6 +75,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         p->embd_row = rq->embd_row;
         p->scratch += rq->embd_row; /* the buffer a row is read into */
     }
+    p->n_stream_buffers = rq->no_read_ahead ? 1 : 2; /* the most the source may plan (ffn_stream.c) */
     flm_status st = src->plan(f, hp, rq->n_ctx, p, err);
     if (st == FLM_ERR_BUDGET && chosen && mode == FLM_MODE_SPARSE) { /* auto: the layer-streaming mode may still fit */
         flm_plan_request h = *rq;

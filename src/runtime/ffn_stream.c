@@ -1,8 +1,19 @@
 /* ffn_stream.c — the FFN sources that stream whole layers (Knowl 7's baselines; runtime/ffn_source.h):
- *   naive   every layer's region is read into one layer buffer every token (one zero-copy O_DIRECT read per
+ *   naive   every layer's region is read into a layer buffer every token (one zero-copy O_DIRECT read per
  *           max_request piece)
- *   hybrid  the first k layers stay resident (k the largest that fits next to the layer buffer); the rest as naive */
+ *   hybrid  the first k layers stay resident (k the largest that fits next to the layer buffers); the rest as naive
+ *
+ * Read-ahead. With two layer buffers (when the budget holds the second: plan.n_stream_buffers), a thread reads the
+ * next streamed layer into one buffer while the current layer is computed from the other, so a token takes about
+ * max(L_flash, L_compute) instead of their sum (the paper's Knowl 1 terms). After the last streamed layer it reads
+ * the first one of the next token, overlapping the output layer, sampling and the resident layers. Which layer comes
+ * next is known in advance here (every streamed layer is read whole, in order); the sparse mode's sets are not (each
+ * depends on the layer's input). io_ms counts only the time the computation waits for a read; bytes and requests
+ * are counted for the token that uses them. A read that fails is reported when its layer is needed, as a failed
+ * synchronous read would be, and the buffer is read again next time. */
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "core/util.h"
@@ -12,59 +23,211 @@ static flm_status naive_plan(const flm_file *f, const flm_hparams *hp, uint32_t 
                              flm_error *err) {
     uint64_t total, largest;
     flm_ffn_region_bytes(f, &total, &largest);
-    p->stream = largest;
+    uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
+    /* a second buffer for read-ahead when the budget holds it (the plan then still fits with one) */
+    p->n_stream_buffers = p->n_stream_buffers == 2 && f->n_layers > 1 &&
+                          (!p->budget || fixed + 2 * largest <= p->budget) ? 2 : 1;
+    p->stream = largest * p->n_stream_buffers;
     return FLM_OK;
 }
 
-/* The first layers that fit next to one streaming buffer. */
+/* The first layers that fit next to the streaming buffers: two (read-ahead) when a layer still stays resident with
+ * them, else one. */
 static flm_status hybrid_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
                               flm_error *err) {
     uint64_t total, max_layer;
     flm_ffn_region_bytes(f, &total, &max_layer);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     uint64_t avail = p->budget > fixed ? p->budget - fixed : 0;
-    p->stream = max_layer;
     uint64_t used = 0;
-    uint32_t n = 0;
-    while (n < f->n_layers &&
-           used + flm_align_up(f->ffn[n]->size, FLM_ALIGN) + (n + 1 < f->n_layers ? max_layer : 0) <= avail) {
-        used += flm_align_up(f->ffn[n]->size, FLM_ALIGN);
-        n++;
+    uint32_t n = 0, nb = p->n_stream_buffers == 2 ? 2 : 1;
+    for (;; nb = 1, used = 0, n = 0) {
+        while (n < f->n_layers) {
+            uint32_t streamed = f->n_layers - (n + 1); /* layers left to stream if layer n stays */
+            uint64_t bufs = streamed ? (streamed >= 2 ? nb : 1) * max_layer : 0;
+            if (used + flm_align_up(f->ffn[n]->size, FLM_ALIGN) + bufs > avail) break;
+            used += flm_align_up(f->ffn[n]->size, FLM_ALIGN);
+            n++;
+        }
+        /* hybrid keeps at least one layer when it can (with none it is naive): the second buffer goes first */
+        if (n > 0 || nb == 1) break;
     }
+    uint32_t streamed = f->n_layers - n;
+    p->n_stream_buffers = streamed >= 2 ? nb : 1; /* one streamed layer: nothing else to read ahead */
     p->n_resident_layers = n;
     p->ffn_resident = used;
-    if (n == f->n_layers) p->stream = 0;
+    p->stream = streamed ? (uint64_t)p->n_stream_buffers * max_layer : 0;
     return FLM_OK;
 }
 
-/* state: the layer buffer (plan.stream bytes, aligned for O_DIRECT, carved from fl->ffn_mem after the resident
- * layers), or NULL when every layer is resident */
+typedef struct stream_state {
+    uint8_t *buf[2];
+    uint32_t n_buf;          /* 1 or 2 (read-ahead) */
+    uint32_t cur;            /* the buffer holding the layer being computed */
+    uint64_t buf_bytes;
+    /* the read-ahead thread; mu guards everything below */
+    pthread_t th;
+    bool th_ok;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    bool pending;            /* a read was asked for and has not been taken: in flight or done */
+    bool done;               /* it finished (st says how) */
+    uint32_t layer, into;    /* its layer and buffer */
+    flm_extent ext;
+    flm_status st;
+    flm_error err;
+    flm_io_stats io;         /* its I/O, added to the context's when taken */
+    flm_reader *reader;
+} stream_state;
+
+static void *read_ahead_main(void *arg) {
+    stream_state *S = arg;
+    pthread_mutex_lock(&S->mu);
+    for (;;) {
+        while (!S->stop && !(S->pending && !S->done)) pthread_cond_wait(&S->cv, &S->mu);
+        if (S->stop) break;
+        flm_extent e = S->ext;
+        pthread_mutex_unlock(&S->mu);
+        flm_io_stats io = {0};
+        flm_error err = {0};
+        flm_status st = flm_reader_read(S->reader, &e, 1, &io, &err);
+        pthread_mutex_lock(&S->mu);
+        S->st = st;
+        S->err = err;
+        S->io = io;
+        S->done = true;
+        pthread_cond_broadcast(&S->cv);
+    }
+    pthread_mutex_unlock(&S->mu);
+    return NULL;
+}
+
+/* Wait for the read in flight (if any) to finish; returns whether it was for layer l (into *S->into). The caller then
+ * owns its result: S->pending is cleared. */
+static bool take_read_ahead(stream_state *S, uint32_t l, flm_status *st, flm_error *err, flm_io_stats *io) {
+    pthread_mutex_lock(&S->mu);
+    if (!S->pending) {
+        pthread_mutex_unlock(&S->mu);
+        return false;
+    }
+    while (!S->done) pthread_cond_wait(&S->cv, &S->mu);
+    bool mine = S->layer == l;
+    *st = S->st;
+    *io = S->io;
+    if (S->st && err) *err = S->err;
+    S->pending = S->done = false;
+    pthread_mutex_unlock(&S->mu);
+    return mine;
+}
+
+static void add_io(flm_io_stats *to, const flm_io_stats *d) {
+    to->bytes_requested += d->bytes_requested;
+    to->bytes_read += d->bytes_read;
+    to->n_requests += d->n_requests;
+    to->n_extents += d->n_extents;
+    for (int b = 0; b < FLM_IO_HIST_BUCKETS; b++) to->hist[b] += d->hist[b];
+    to->ms += d->ms;
+}
+
+/* state: the layer buffers (plan.stream bytes, aligned for O_DIRECT, carved from fl->ffn_mem after the resident
+ * layers) and the read-ahead thread; NULL when every layer is resident */
+static void stream_close(flm_ctx *ctx) {
+    stream_state *S = ctx->ffn_state;
+    ctx->ffn_state = NULL;
+    if (!S) return;
+    if (S->th_ok) {
+        pthread_mutex_lock(&S->mu);
+        S->stop = true;
+        pthread_cond_broadcast(&S->cv);
+        pthread_mutex_unlock(&S->mu);
+        pthread_join(S->th, NULL); /* a read in flight finishes first: the buffers are the arena's */
+        pthread_cond_destroy(&S->cv);
+        pthread_mutex_destroy(&S->mu);
+    }
+    free(S);
+}
+
 static flm_status stream_open(flm_ctx *ctx, flm_error *err) {
     flm_flash *fl = ctx->flash;
     flm_status st = flm_flash_load_layers(ctx, fl->plan.n_resident_layers, err);
     if (st) return st;
-    if (fl->plan.stream && !(ctx->ffn_state = flm_arena_alloc(&fl->ffn_mem, fl->plan.stream, FLM_ALIGN)))
-        return flm_fail(err, FLM_ERR_BUDGET, "%s: the %llu-byte layer buffer exceeds the FFN storage planned",
-                        fl->file->path, (unsigned long long)fl->plan.stream);
+    if (!fl->plan.stream) return FLM_OK;
+    stream_state *S = calloc(1, sizeof *S);
+    if (!S) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the layer stream", fl->file->path);
+    ctx->ffn_state = S;
+    S->n_buf = fl->plan.n_stream_buffers == 2 ? 2 : 1;
+    S->buf_bytes = fl->plan.stream / S->n_buf;
+    S->reader = fl->reader;
+    for (uint32_t b = 0; b < S->n_buf; b++)
+        if (!(S->buf[b] = flm_arena_alloc(&fl->ffn_mem, S->buf_bytes, FLM_ALIGN)))
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: the %llu-byte layer buffers exceed the FFN storage planned",
+                            fl->file->path, (unsigned long long)fl->plan.stream);
+    if (S->n_buf == 2) { /* without the thread (cannot be created) every read is synchronous: slower, same result */
+        pthread_attr_t at;
+        bool attr = !pthread_attr_init(&at);
+        if (attr) pthread_attr_setstacksize(&at, 256 << 10); /* it only calls the reader */
+        if (!pthread_mutex_init(&S->mu, NULL)) {
+            if (!pthread_cond_init(&S->cv, NULL)) {
+                S->th_ok = !pthread_create(&S->th, attr ? &at : NULL, read_ahead_main, S);
+                if (!S->th_ok) pthread_cond_destroy(&S->cv);
+            }
+            if (!S->th_ok) pthread_mutex_destroy(&S->mu);
+        }
+        if (attr) pthread_attr_destroy(&at);
+    }
     return FLM_OK;
 }
 
-/* Layer l's records: in memory (a resident layer), or read into the layer buffer. */
+/* The streamed layer after l (wrapping to the next token's first), or l itself when it is the only one. */
+static uint32_t next_streamed(const flm_flash *fl, uint32_t n_layers, uint32_t l) {
+    for (uint32_t j = 1; j <= n_layers; j++) {
+        uint32_t m = (l + j) % n_layers;
+        if (!fl->layer_data[m]) return m;
+    }
+    return l;
+}
+
+/* Layer l's records: in memory (a resident layer), read ahead, or read now into a layer buffer. */
 static flm_status layer_records(flm_ctx *ctx, uint32_t l, const uint8_t **out, flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = ctx->flash;
     const uint8_t *records = fl->layer_data[l];
-    if (!records) {
-        /* the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
-        const flm_region *r = fl->file->ffn[l];
-        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), ctx->ffn_state};
-        flm_io_stats before = ctx->io;
-        double t0 = flm_now_ms();
-        flm_status st = flm_reader_read(fl->reader, &e, 1, &ctx->io, err);
-        tok->io_ms += flm_now_ms() - t0;
-        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-        tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
-        records = ctx->ffn_state;
+    if (records) {
+        *out = records;
+        return FLM_OK;
+    }
+    stream_state *S = ctx->ffn_state;
+    const flm_region *r = fl->file->ffn[l];
+    flm_io_stats io = {0};
+    flm_status st = FLM_OK;
+    double t0 = flm_now_ms();
+    bool ahead = S->th_ok && take_read_ahead(S, l, &st, err, &io);
+    if (ahead) { /* the layer was read while the previous one was computed */
+        if (!st) S->cur = S->into;
+    } else {
+        /* nothing read ahead for l (the first streamed layer, or the thread's read was another layer's: discarded,
+         * not counted); the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
+        memset(&io, 0, sizeof io);
+        flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), S->buf[S->cur]};
+        st = flm_reader_read(fl->reader, &e, 1, &io, err);
+    }
+    tok->io_ms += flm_now_ms() - t0;
+    add_io(&ctx->io, &io);
+    tok->bytes_read += io.bytes_read;
+    tok->n_reads += io.n_requests;
+    if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
+    records = S->buf[S->cur];
+    if (S->th_ok) { /* read the next streamed layer into the other buffer while this one is computed */
+        uint32_t m = next_streamed(fl, ctx->model->hp.n_layers, l);
+        const flm_region *rm = fl->file->ffn[m];
+        pthread_mutex_lock(&S->mu);
+        S->layer = m;
+        S->into = 1 - S->cur;
+        S->ext = (flm_extent){rm->offset, flm_align_up(rm->size, FLM_ALIGN), S->buf[S->into]};
+        S->pending = true;
+        S->done = false;
+        pthread_cond_broadcast(&S->cv);
+        pthread_mutex_unlock(&S->mu);
     }
     *out = records;
     return FLM_OK;
@@ -88,8 +251,6 @@ static flm_status stream_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
     flm_flash_bundles_batch(ctx, l, records, n, in, in_stride, out, out_stride);
     return FLM_OK;
 }
-
-static void stream_close(flm_ctx *ctx) { ctx->ffn_state = NULL; } /* the buffer is part of ctx->flash->ffn_mem */
 
 const flm_ffn_source_ops flm_ffn_naive = {"naive", naive_plan, stream_open, stream_compute, stream_close,
                                           stream_compute_batch};

@@ -47,7 +47,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
                            flm_kv_elem_bytes(pp),
                            flm_file_tail_pending(file) ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
                            : flm_file_tail_bytes(file) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
-                           flm_row_bytes(e->type, e->n_in)};
+                           flm_row_bytes(e->type, e->n_in), pp->no_read_ahead};
     if ((st = flm_budget_plan(file, hp, &rq, &fl->plan, err)) || (st = place_embedding(ctx, err))) return st;
     uint64_t budget = fl->plan.budget;
     if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID && !file->predictor)

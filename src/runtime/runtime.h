@@ -53,7 +53,10 @@ typedef struct flm_mem_plan {
     uint32_t n_ctx;               /* KV cache length, tokens */
     uint32_t n_batch;             /* tokens per batched forward pass (their activations are in scratch) */
     uint32_t kv_elem_bytes;       /* FLM_KV_F16 or FLM_KV_F32 */
-    uint64_t stream;              /* the buffer one streamed layer is read into (0 when nothing streams) */
+    uint64_t stream;              /* the buffers streamed layers are read into (0 when nothing streams) */
+    uint32_t n_stream_buffers;    /* naive/hybrid: 2 when the budget holds a second layer buffer, which the next
+                                     streamed layer is read into while the current one is computed (read-ahead);
+                                     else 1 */
     uint64_t ffn_resident;        /* FFN bytes of the layers kept in memory */
     uint64_t predictors;          /* sparse: the predictor region held in memory */
     uint64_t cache;               /* sparse: what is left for the neuron caches (all layers) */
@@ -73,6 +76,7 @@ typedef struct flm_plan_request {
     flm_embd_place embd;    /* FLM_EMBD_FLASH: the token embedding may stay in the file (its bytes are
                                flm_file_tail_bytes; the plan decides); else why it is in memory */
     uint64_t embd_row;      /* bytes of one embedding row */
+    bool no_read_ahead;     /* flm_params.no_read_ahead: one layer buffer */
 } flm_plan_request;
 
 /* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the
