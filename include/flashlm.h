@@ -152,7 +152,9 @@ typedef struct flm_params {
     bool no_window;     /* --no-window: cache only the current token's neurons (k = 1) */
     bool no_bundle;     /* --no-bundle: read a neuron's up, gate and down parts as separate requests */
     bool no_read_ahead; /* --no-read-ahead: naive/hybrid read each streamed layer when it is needed, with one layer
-                           buffer, instead of reading the next one while the current one is computed (ablation) */
+                           buffer, instead of reading the next one while the current one is computed; sparse reads
+                           the neurons streamed past its cache 256 at a time, not the next chunk while one is
+                           computed (ablation) */
     bool no_predictor;  /* --no-predictor: use the true active set (an oracle, to measure the predictor's cost) */
     bool verify_predictor; /* --verify-predictor: also compute the true active set and count misses */
     bool window_keep_rejected; /* --window-keep-rejected: a batch of up to 16 tokens (draft verification) enters the

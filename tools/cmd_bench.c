@@ -396,8 +396,9 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
         run->mode = FLM_MODE_SPARSE; run->params.no_window = true; run->params.no_bundle = true;
     } else if (!strcmp(name, "sparse-nobundle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_bundle = true;
-    } else if (!strcmp(name, "naive-noahead") || !strcmp(name, "hybrid-noahead")) {
-        run->mode = name[0] == 'n' ? FLM_MODE_NAIVE : FLM_MODE_HYBRID; run->params.no_read_ahead = true;
+    } else if (!strcmp(name, "naive-noahead") || !strcmp(name, "hybrid-noahead") || !strcmp(name, "sparse-noahead")) {
+        run->mode = name[0] == 'n' ? FLM_MODE_NAIVE : name[0] == 'h' ? FLM_MODE_HYBRID : FLM_MODE_SPARSE;
+        run->params.no_read_ahead = true;
     } else if (!strcmp(name, "sparse-oracle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_predictor = true;
     } else {
@@ -947,7 +948,7 @@ static const char *BENCH_HELP =
     "      --mem BYTES|N%      memory budget for the streaming modes and the window sweep (default 50%)\n"
     "      --modes LIST        comma-separated, from ram, naive, hybrid, sparse and the ablations predictor-only\n"
     "                          (sparse without window and bundling), sparse-nobundle, sparse-oracle (true active\n"
-    "                          sets), naive-noahead, hybrid-noahead (no read-ahead of the next layer)\n"
+    "                          sets), naive-noahead, hybrid-noahead, sparse-noahead (no read-ahead)\n"
     "                          (default ram,naive,hybrid,sparse; a mode that does not fit is skipped);\n"
     "                          MODE@bN runs the prompt in batches of N tokens (@b1: token by token), e.g.\n"
     "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups\n"

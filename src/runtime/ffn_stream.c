@@ -11,12 +11,12 @@
  * depends on the layer's input). io_ms counts only the time the computation waits for a read; bytes and requests
  * are counted for the token that uses them. A read that fails is reported when its layer is needed, as a failed
  * synchronous read would be, and the buffer is read again next time. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "core/util.h"
+#include "io/async_read.h"
 #include "runtime/runtime.h"
 
 static flm_status naive_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
@@ -65,70 +65,9 @@ typedef struct stream_state {
     uint32_t n_buf;          /* 1 or 2 (read-ahead) */
     uint32_t cur;            /* the buffer holding the layer being computed */
     uint64_t buf_bytes;
-    /* the read-ahead thread; mu guards everything below */
-    pthread_t th;
-    bool th_ok;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
-    bool pending;            /* a read was asked for and has not been taken: in flight or done */
-    bool done;               /* it finished (st says how) */
-    uint32_t layer, into;    /* its layer and buffer */
-    flm_extent ext;
-    flm_status st;
-    flm_error err;
-    flm_io_stats io;         /* its I/O, added to the context's when taken */
-    flm_reader *reader;
+    flm_async_read *ahead;   /* the read-ahead thread, NULL without (one buffer, or it could not start) */
+    flm_extent ext;          /* the read in flight: layer tag >> 1, buffer tag & 1 */
 } stream_state;
-
-static void *read_ahead_main(void *arg) {
-    stream_state *S = arg;
-    pthread_mutex_lock(&S->mu);
-    for (;;) {
-        while (!S->stop && !(S->pending && !S->done)) pthread_cond_wait(&S->cv, &S->mu);
-        if (S->stop) break;
-        flm_extent e = S->ext;
-        pthread_mutex_unlock(&S->mu);
-        flm_io_stats io = {0};
-        flm_error err = {0};
-        flm_status st = flm_reader_read(S->reader, &e, 1, &io, &err);
-        pthread_mutex_lock(&S->mu);
-        S->st = st;
-        S->err = err;
-        S->io = io;
-        S->done = true;
-        pthread_cond_broadcast(&S->cv);
-    }
-    pthread_mutex_unlock(&S->mu);
-    return NULL;
-}
-
-/* Wait for the read in flight (if any) to finish; returns whether it was for layer l (into *S->into). The caller then
- * owns its result: S->pending is cleared. */
-static bool take_read_ahead(stream_state *S, uint32_t l, flm_status *st, flm_error *err, flm_io_stats *io) {
-    pthread_mutex_lock(&S->mu);
-    if (!S->pending) {
-        pthread_mutex_unlock(&S->mu);
-        return false;
-    }
-    while (!S->done) pthread_cond_wait(&S->cv, &S->mu);
-    bool mine = S->layer == l;
-    *st = S->st;
-    *io = S->io;
-    if (S->st && err) *err = S->err;
-    S->pending = S->done = false;
-    pthread_mutex_unlock(&S->mu);
-    return mine;
-}
-
-static void add_io(flm_io_stats *to, const flm_io_stats *d) {
-    to->bytes_requested += d->bytes_requested;
-    to->bytes_read += d->bytes_read;
-    to->n_requests += d->n_requests;
-    to->n_extents += d->n_extents;
-    for (int b = 0; b < FLM_IO_HIST_BUCKETS; b++) to->hist[b] += d->hist[b];
-    to->ms += d->ms;
-}
 
 /* state: the layer buffers (plan.stream bytes, aligned for O_DIRECT, carved from fl->ffn_mem after the resident
  * layers) and the read-ahead thread; NULL when every layer is resident */
@@ -136,15 +75,7 @@ static void stream_close(flm_ctx *ctx) {
     stream_state *S = ctx->ffn_state;
     ctx->ffn_state = NULL;
     if (!S) return;
-    if (S->th_ok) {
-        pthread_mutex_lock(&S->mu);
-        S->stop = true;
-        pthread_cond_broadcast(&S->cv);
-        pthread_mutex_unlock(&S->mu);
-        pthread_join(S->th, NULL); /* a read in flight finishes first: the buffers are the arena's */
-        pthread_cond_destroy(&S->cv);
-        pthread_mutex_destroy(&S->mu);
-    }
+    flm_async_read_stop(S->ahead); /* a read in flight finishes first: the buffers are the arena's */
     free(S);
 }
 
@@ -158,24 +89,12 @@ static flm_status stream_open(flm_ctx *ctx, flm_error *err) {
     ctx->ffn_state = S;
     S->n_buf = fl->plan.n_stream_buffers == 2 ? 2 : 1;
     S->buf_bytes = fl->plan.stream / S->n_buf;
-    S->reader = fl->reader;
     for (uint32_t b = 0; b < S->n_buf; b++)
         if (!(S->buf[b] = flm_arena_alloc(&fl->ffn_mem, S->buf_bytes, FLM_ALIGN)))
             return flm_fail(err, FLM_ERR_BUDGET, "%s: the %llu-byte layer buffers exceed the FFN storage planned",
                             fl->file->path, (unsigned long long)fl->plan.stream);
-    if (S->n_buf == 2) { /* without the thread (cannot be created) every read is synchronous: slower, same result */
-        pthread_attr_t at;
-        bool attr = !pthread_attr_init(&at);
-        if (attr) pthread_attr_setstacksize(&at, 256 << 10); /* it only calls the reader */
-        if (!pthread_mutex_init(&S->mu, NULL)) {
-            if (!pthread_cond_init(&S->cv, NULL)) {
-                S->th_ok = !pthread_create(&S->th, attr ? &at : NULL, read_ahead_main, S);
-                if (!S->th_ok) pthread_cond_destroy(&S->cv);
-            }
-            if (!S->th_ok) pthread_mutex_destroy(&S->mu);
-        }
-        if (attr) pthread_attr_destroy(&at);
-    }
+    /* without the thread (it cannot be created) every read is synchronous: slower, the same result */
+    if (S->n_buf == 2) S->ahead = flm_async_read_start(fl->reader);
     return FLM_OK;
 }
 
@@ -200,34 +119,29 @@ static flm_status layer_records(flm_ctx *ctx, uint32_t l, const uint8_t **out, f
     const flm_region *r = fl->file->ffn[l];
     flm_io_stats io = {0};
     flm_status st = FLM_OK;
+    uint64_t tag = 0;
     double t0 = flm_now_ms();
-    bool ahead = S->th_ok && take_read_ahead(S, l, &st, err, &io);
+    bool ahead = S->ahead && flm_async_read_wait(S->ahead, &tag, &st, err, &io) && tag >> 1 == l;
     if (ahead) { /* the layer was read while the previous one was computed */
-        if (!st) S->cur = S->into;
+        if (!st) S->cur = (uint32_t)(tag & 1);
     } else {
-        /* nothing read ahead for l (the first streamed layer, or the thread's read was another layer's: discarded,
-         * not counted); the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
+        /* nothing read ahead for l (the first streamed layer, or the read was another layer's: dropped, not
+         * counted); the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
         memset(&io, 0, sizeof io);
         flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), S->buf[S->cur]};
         st = flm_reader_read(fl->reader, &e, 1, &io, err);
     }
     tok->io_ms += flm_now_ms() - t0;
-    add_io(&ctx->io, &io);
+    flm_io_stats_add(&ctx->io, &io);
     tok->bytes_read += io.bytes_read;
     tok->n_reads += io.n_requests;
     if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
     records = S->buf[S->cur];
-    if (S->th_ok) { /* read the next streamed layer into the other buffer while this one is computed */
-        uint32_t m = next_streamed(fl, ctx->model->hp.n_layers, l);
+    if (S->ahead) { /* read the next streamed layer into the other buffer while this one is computed */
+        uint32_t m = next_streamed(fl, ctx->model->hp.n_layers, l), into = 1 - S->cur;
         const flm_region *rm = fl->file->ffn[m];
-        pthread_mutex_lock(&S->mu);
-        S->layer = m;
-        S->into = 1 - S->cur;
-        S->ext = (flm_extent){rm->offset, flm_align_up(rm->size, FLM_ALIGN), S->buf[S->into]};
-        S->pending = true;
-        S->done = false;
-        pthread_cond_broadcast(&S->cv);
-        pthread_mutex_unlock(&S->mu);
+        S->ext = (flm_extent){rm->offset, flm_align_up(rm->size, FLM_ALIGN), S->buf[into]};
+        flm_async_read_submit(S->ahead, &S->ext, 1, (uint64_t)m << 1 | into);
     }
     *out = records;
     return FLM_OK;

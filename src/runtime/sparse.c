@@ -13,6 +13,7 @@
 #include "sparsity/sparsity.h"
 #include "core/error.h"
 #include "compute/act.h"
+#include "io/async_read.h"
 
 struct flm_sparse {
     flm_sparsity sp;          /* rules, thresholds, predictors (the PREDICTOR region) */
@@ -31,6 +32,7 @@ struct flm_sparse {
     uint8_t **full;           /* [n_layers]: every neuron's record, for oracle / verify; NULL otherwise */
     float **dn;               /* [n_layers]: every neuron's ||down_i||, for oracle / verify */
     uint8_t *sbuf;            /* stream buffer: SPARSE_STREAM_ROWS records, for sets larger than the cache */
+    flm_async_read *ahead;    /* reads the next chunk of streamed records while one is computed (NULL: none) */
     uint8_t *bmask;           /* a batch: [n_batch][d_ffn], token t uses neuron i (its predicted set) */
     uint8_t *bmask_rows;      /* a batch: [n_batch][d_ffn], the same by position in the rows computed */
     uint32_t *brows;          /* a batch: [d_ffn] rows (cache rows or stream buffer records) being computed */
@@ -70,6 +72,7 @@ static void sparse_free(flm_sparse *sp) {
     free(sp->cache);
     free(sp->full);
     free(sp->dn);
+    flm_async_read_stop(sp->ahead); /* before the stream buffer it may be reading into */
     free(sp->sbuf);
     free(sp->bmask);
     free(sp->bmask_rows);
@@ -277,6 +280,8 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     if (!sp->cache || !sp->desc || !sp->ids || !sp->true_ids || !sp->pscratch || !sp->z || !sp->tmp_out || !sp->ext ||
         !sp->sbuf)
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    /* NULL (--no-read-ahead, or no thread): streamed chunks are read synchronously, 256 records at a time */
+    sp->ahead = ctx->params.no_read_ahead ? NULL : flm_async_read_start(fl->reader);
     for (uint32_t l = 0; l < L; l++) { /* every neuron read is computed exactly, except under a version-1 CATS rule */
         sp->desc[l] = fl->desc[l];
         sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
@@ -399,6 +404,87 @@ static flm_status settle(flm_ctx *ctx, flm_sparse *sp, uint32_t l, flm_error *er
     return flm_ncache_trim_newest(sp->cache[l], sp->true_ids, k, err);
 }
 
+/* Stream the records of neurons ids[0 .. ns) of layer l through the stream buffer and call
+ * fn(ctx, sp, records, j0, m, user) for each chunk ids[j0 .. j0 + m) (record j of the chunk at records + j *
+ * record_bytes), in order. With the read-ahead thread the buffer's two halves alternate, chunks of
+ * SPARSE_STREAM_ROWS / 2: the next chunk is read while the current one is computed; without it, chunks of
+ * SPARSE_STREAM_ROWS are read and computed in turn. The reader coalesces neighbours by its cost model. I/O counts
+ * as the time the computation waits. Errors: the read's, naming the region (nothing is left in flight). */
+typedef void (*chunk_fn)(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user);
+
+static void chunk_extents(const flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t m,
+                          uint8_t *dst, flm_extent *ext) {
+    const flm_region *r = ctx->flash->file->ffn[l];
+    const uint64_t rb = sp->desc[l].record_bytes;
+    for (uint32_t j = 0; j < m; j++) ext[j] = (flm_extent){r->offset + (uint64_t)ids[j] * rb, rb, dst + (size_t)j * rb};
+}
+
+/* With the read-ahead thread: start reading the first chunk (stream_chunks then continues with started = true), so
+ * it arrives while the cached neurons are computed. */
+static bool stream_start(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t ns) {
+    if (!sp->ahead || !ns) return false;
+    const uint32_t chunk = SPARSE_STREAM_ROWS / 2, m0 = ns < chunk ? ns : chunk;
+    chunk_extents(ctx, sp, l, ids, m0, sp->sbuf, sp->ext);
+    flm_async_read_submit(sp->ahead, sp->ext, m0, 0);
+    return true;
+}
+
+static flm_status stream_chunks(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t ns,
+                                bool started, chunk_fn fn, void *user, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const uint64_t rb = sp->desc[l].record_bytes;
+    const uint32_t F = ctx->model->hp.d_ffn;
+    const uint32_t chunk = sp->ahead ? SPARSE_STREAM_ROWS / 2 : SPARSE_STREAM_ROWS;
+    uint8_t *half[2] = {sp->sbuf, sp->sbuf + (size_t)(SPARSE_STREAM_ROWS / 2) * rb};
+    flm_extent *ext[2] = {sp->ext, sp->ext + F}; /* ext holds 3 d_ffn entries; a chunk at most d_ffn */
+    if (!started) stream_start(ctx, sp, l, ids, ns);
+    for (uint32_t j0 = 0, k = 0; j0 < ns; j0 += chunk, k++) {
+        uint32_t m = ns - j0 < chunk ? ns - j0 : chunk;
+        flm_io_stats io = {0};
+        flm_status st = FLM_OK;
+        double t0 = flm_now_ms();
+        if (sp->ahead) {
+            uint64_t tag;
+            flm_async_read_wait(sp->ahead, &tag, &st, err, &io);
+        } else {
+            chunk_extents(ctx, sp, l, ids + j0, m, sp->sbuf, sp->ext);
+            st = flm_reader_read(fl->reader, sp->ext, m, &io, err);
+        }
+        tok->io_ms += flm_now_ms() - t0;
+        flm_io_stats_add(&ctx->io, &io);
+        tok->bytes_read += io.bytes_read;
+        tok->n_reads += io.n_requests;
+        if (st) return flm_flash_region_error(fl, l, st, err);
+        const uint8_t *recs = sp->ahead ? half[k & 1] : sp->sbuf;
+        uint32_t j1 = j0 + chunk;
+        if (sp->ahead && j1 < ns) { /* the next chunk into the other half while this one is computed */
+            uint32_t m1 = ns - j1 < chunk ? ns - j1 : chunk;
+            chunk_extents(ctx, sp, l, ids + j1, m1, half[(k + 1) & 1], ext[(k + 1) & 1]);
+            flm_async_read_submit(sp->ahead, ext[(k + 1) & 1], m1, k + 1);
+        }
+        fn(ctx, sp, recs, j0, m, user);
+        tok->n_loaded += m;
+        sp->streamed += m;
+    }
+    return FLM_OK;
+}
+
+/* one token's streamed chunk: out += FFN over the chunk's records */
+typedef struct {
+    const float *in;
+    float *out;
+    uint32_t l;
+} token_chunk;
+
+static void token_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
+    (void)j0;
+    token_chunk *c = user;
+    const flm_bundle_desc *b = &sp->desc[c->l];
+    flm_ffn_bundles(ctx->k, b, records, NULL, m, c->in, sp->tmp_out, ctx->s.hb, ctx->flash->acc,
+                    ctx->params.n_threads);
+    for (uint32_t i = 0; i < b->d_model; i++) c->out[i] += sp->tmp_out[i];
+}
+
 static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
                                  flm_error *err) {
     flm_flash *fl = ctx->flash;
@@ -482,45 +568,40 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     tok->n_loaded += cs.n_loaded;
     tok->n_reused += cs.n_reused;
     tok->rows_used += cs.rows_used;
-    /* 4. the FFN over the predicted set's rows (compute) */
+    /* 4. the FFN over the predicted set's rows (compute), while the first streamed chunk (if any) arrives */
+    bool started = stream_start(ctx, sp, l, sp->ids + n, n_all - n);
     flm_ffn_bundles(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, n, in, out, ctx->s.hb, fl->acc, pp->n_threads);
     /* 5. a set larger than the cache: the rest read into the stream buffer, computed, discarded */
-    for (uint32_t j0 = n; j0 < n_all; j0 += SPARSE_STREAM_ROWS) {
-        uint32_t m = n_all - j0 < SPARSE_STREAM_ROWS ? n_all - j0 : SPARSE_STREAM_ROWS;
-        for (uint32_t j = 0; j < m; j++)
-            sp->ext[j] = (flm_extent){r->offset + (uint64_t)sp->ids[j0 + j] * b->record_bytes, b->record_bytes,
-                                      sp->sbuf + (size_t)j * b->record_bytes};
-        flm_io_stats before = ctx->io;
-        double t2 = flm_now_ms();
-        st = flm_reader_read(fl->reader, sp->ext, m, &ctx->io, err);
-        tok->io_ms += flm_now_ms() - t2;
-        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-        tok->n_reads += ctx->io.n_requests - before.n_requests;
-        if (st) return flm_flash_region_error(fl, l, st, err); /* the cache holds only rows that were read */
-        flm_ffn_bundles(ctx->k, b, sp->sbuf, NULL, m, in, sp->tmp_out, ctx->s.hb, fl->acc, pp->n_threads);
-        for (uint32_t i = 0; i < b->d_model; i++) out[i] += sp->tmp_out[i];
-        tok->n_loaded += m;
-        sp->streamed += m;
+    if (n_all > n) {
+        token_chunk c = {in, out, l};
+        return stream_chunks(ctx, sp, l, sp->ids + n, n_all - n, started, token_chunk_fn, &c, tok, err);
     }
     return FLM_OK;
 }
 
-/* Read the records of neurons ids[0 .. m) (m <= SPARSE_STREAM_ROWS) of layer l into the stream buffer, record j at
- * sbuf + j * record_bytes; the reader coalesces neighbours by its cost model. */
-static flm_status stream_read(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t m,
-                              flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    const flm_region *r = fl->file->ffn[l];
-    const uint64_t rb = sp->desc[l].record_bytes;
-    for (uint32_t j = 0; j < m; j++)
-        sp->ext[j] = (flm_extent){r->offset + (uint64_t)ids[j] * rb, rb, sp->sbuf + (size_t)j * rb};
-    flm_io_stats before = ctx->io;
-    double t0 = flm_now_ms();
-    flm_status st = flm_reader_read(fl->reader, sp->ext, m, &ctx->io, err);
-    tok->io_ms += flm_now_ms() - t0;
-    tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-    tok->n_reads += ctx->io.n_requests - before.n_requests;
-    return st ? flm_flash_region_error(fl, l, st, err) : FLM_OK;
+/* a batch's streamed chunk: each token's output += the FFN over the chunk's records in its own set */
+typedef struct {
+    uint32_t n;
+    const float *in;
+    size_t in_stride;
+    float *out;
+    size_t out_stride;
+    uint32_t l;
+    const uint8_t *M;          /* [n][d_ffn] the tokens' sets */
+    const uint32_t *stream_ids;
+} batch_chunk;
+
+static void batch_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
+    batch_chunk *c = user;
+    const uint32_t F = ctx->model->hp.d_ffn, d = ctx->model->hp.d_model;
+    uint8_t *R = sp->bmask_rows;
+    float *part = sp->bpart; /* [n][d_model] partial outputs */
+    for (uint32_t t = 0; t < c->n; t++)
+        for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = c->M[(size_t)t * F + c->stream_ids[j0 + j]];
+    flm_ffn_bundles_batch(ctx->k, &sp->desc[c->l], records, NULL, m, R, m, c->n, c->in, c->in_stride, part, d,
+                          ctx->flash->acc, ctx->params.n_threads);
+    for (uint32_t t = 0; t < c->n; t++)
+        for (uint32_t i = 0; i < d; i++) c->out[t * c->out_stride + i] += part[(size_t)t * d + i];
 }
 
 /* A batch of n tokens (prompt chunks, draft verification): each token's predicted set (the first token of a
@@ -644,25 +725,13 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
         for (uint32_t j = 0; j < nc; j++) R[(size_t)t * nc + j] = M[(size_t)t * F + sp->ids[j]];
         memset(out + t * out_stride, 0, d * sizeof(float));
     }
+    bool started = stream_start(ctx, sp, l, stream_ids, ns); /* arrives while the cached part is computed */
     if (nc)
         flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), sp->brows, nc, R, nc, n, in, in_stride,
                               out, out_stride, fl->acc, pp->n_threads);
     tok->n_reused += nc;
-    float *part = sp->bpart; /* [n][d_model] partial outputs */
-    for (uint32_t j0 = 0; j0 < ns; j0 += SPARSE_STREAM_ROWS) {
-        uint32_t m = ns - j0 < SPARSE_STREAM_ROWS ? ns - j0 : SPARSE_STREAM_ROWS;
-        flm_status st = stream_read(ctx, sp, l, stream_ids + j0, m, tok, err);
-        if (st) return st;
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = M[(size_t)t * F + stream_ids[j0 + j]];
-        flm_ffn_bundles_batch(ctx->k, b, sp->sbuf, NULL, m, R, m, n, in, in_stride, part, d, fl->acc,
-                              pp->n_threads);
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t i = 0; i < d; i++) out[t * out_stride + i] += part[(size_t)t * d + i];
-        tok->n_loaded += m;
-        sp->streamed += m;
-    }
-    return FLM_OK;
+    batch_chunk c = {n, in, in_stride, out, out_stride, l, M, stream_ids};
+    return stream_chunks(ctx, sp, l, stream_ids, ns, started, batch_chunk_fn, &c, tok, err);
 }
 
 const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close,
