@@ -56,9 +56,10 @@ static double max_logit_error(flm_ctx *ctx) {
     return worst;
 }
 
-static flm_ctx *open_flm(flm_mode mode, uint64_t mem, flm_status want, flm_error *err) {
+static flm_ctx *open_flm2(flm_mode mode, uint64_t mem, bool no_read_ahead, flm_status want, flm_error *err) {
     flm_params p;
     flm_params_default(&p);
+    p.no_read_ahead = no_read_ahead;
     p.kv_f32 = true; /* llama2.c computes attention in f32 */
     p.n_threads = 2;
     p.n_ctx = 128;
@@ -71,14 +72,19 @@ static flm_ctx *open_flm(flm_mode mode, uint64_t mem, flm_status want, flm_error
     return ctx;
 }
 
+static flm_ctx *open_flm(flm_mode mode, uint64_t mem, flm_status want, flm_error *err) {
+    return open_flm2(mode, mem, false, want, err);
+}
+
 static void test_every_mode_matches_reference(void **state) {
     (void)state;
     const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID, FLM_MODE_AUTO};
     for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
         flm_error err;
-        /* 1 MiB: less than the 1.02 MiB file; hybrid keeps some layers, auto picks hybrid */
+        /* 1 MiB: less than the 1.02 MiB file; hybrid keeps some layers (with one layer buffer: read-ahead's second
+         * takes their room, tested in test_read_ahead), auto picks hybrid */
         uint64_t mem = modes[i] == FLM_MODE_RAM ? 0 : (1u << 20);
-        flm_ctx *ctx = open_flm(modes[i], mem, FLM_OK, &err);
+        flm_ctx *ctx = open_flm2(modes[i], mem, modes[i] != FLM_MODE_NAIVE, FLM_OK, &err);
         double e = max_logit_error(ctx);
         flm_stats s;
         flm_get_stats(ctx, &s);
@@ -144,6 +150,22 @@ static void test_read_ahead(void **state) {
     (void)state;
     enum { N_OUT = 25 };
     const flm_mode modes[] = {FLM_MODE_NAIVE, FLM_MODE_HYBRID};
+    uint64_t hybrid_mem = 0; /* the smallest budget at which hybrid keeps a layer next to its two buffers */
+    for (uint64_t mem = 1u << 20; mem < (2u << 20) && !hybrid_mem; mem += 16u << 10) {
+        flm_params p;
+        flm_params_default(&p);
+        p.n_ctx = 128;
+        p.mode = FLM_MODE_HYBRID;
+        p.mem_bytes = mem;
+        flm_ctx *c = NULL;
+        flm_error e;
+        if (flm_open(flm_path, &p, &c, &e)) continue;
+        flm_stats s;
+        flm_get_stats(c, &s);
+        if (s.n_ffn_resident_layers > 0 && s.n_ffn_resident_layers < 5) hybrid_mem = mem;
+        flm_close(c);
+    }
+    assert_true(hybrid_mem > 0);
     for (int m = 0; m < 2; m++) {
         float *out[2];
         flm_stats s[2];
@@ -152,7 +174,7 @@ static void test_read_ahead(void **state) {
             flm_params_default(&p);
             p.n_ctx = 128;
             p.mode = modes[m];
-            p.mem_bytes = 1u << 20; /* hybrid: some layers resident, the rest streamed */
+            p.mem_bytes = modes[m] == FLM_MODE_HYBRID ? hybrid_mem : 1u << 20;
             p.no_read_ahead = !ahead;
             flm_ctx *ctx = NULL;
             flm_error err;

@@ -146,8 +146,11 @@ void flm_mem_plan_log(const flm_mem_plan *p, const flm_hparams *hp, const flm_lo
         flm_log(log, level, "plan:   neuron caches    %10.2f MiB  all layers (the rest of the budget)",
                 flm_mib(p->cache));
     } else {
-        char stream[80] = "";
-        if (p->stream) snprintf(stream, sizeof stream, " + the streamed layers' buffer %.2f MiB", flm_mib(p->stream));
+        char stream[96] = "";
+        if (p->stream)
+            snprintf(stream, sizeof stream, " + %s %.2f MiB",
+                     p->n_stream_buffers == 2 ? "two streamed-layer buffers (read-ahead)" : "the streamed layers' buffer",
+                     flm_mib(p->stream));
         flm_log(log, level, "plan:   FFN in memory    %10.2f MiB  %u of %u layers resident (%.2f MiB)%s",
                 flm_mib(p->ffn_resident + p->stream), p->n_resident_layers, hp->n_layers, flm_mib(p->ffn_resident),
                 stream);
