@@ -45,6 +45,14 @@ static bool parse_levels(const char *s, float *out, uint32_t *n) {
     return *n > 0;
 }
 
+static void curve_point_done(void *user, const flm_curve_point *q) {
+    (void)user;
+    if (q->eps == 0) fprintf(stderr, "flashlm: dense: perplexity %.4f (%.0f s)\n", q->ppl, q->seconds);
+    else
+        fprintf(stderr, "flashlm: eps %g %s: perplexity %.4f, %.1f%% of the neurons (%.0f s)\n", (double)q->eps,
+                q->oracle ? "oracle" : "predictor", q->ppl, 100 * q->neuron_frac, q->seconds);
+}
+
 /* flashlm perplexity --curve: the table (and chart) of flm_sparsity_curve */
 static int run_curve(const char *model, const char *file, const flm_params *p, long chunks, const float *levels,
                      uint32_t n_levels, bool no_oracle, const char *svg) {
@@ -61,6 +69,7 @@ static int run_curve(const char *model, const char *file, const flm_params *p, l
     o.no_oracle = no_oracle;
     o.n_threads = p->n_threads;
     o.progress = cli_progress;
+    o.on_point = curve_point_done;
     flm_curve_point pts[1 + 2 * 8];
     uint32_t n = 0;
     flm_error err;

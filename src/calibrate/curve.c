@@ -163,7 +163,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         }
     }
     const double ffn_bytes = (double)L * F * (double)ctx->flash->desc[0].record_bytes;
-    curve_progress cp = {o, "dense", 0, 0};
+    curve_progress cp = {o, "quality curve", 0, 0};
     { /* the chunks every point evaluates, for the progress total (flm_perplexity checks the text itself) */
         size_t n_tok = 0;
         int32_t *ids = flm_tokenize_all(ctx, text, true, &n_tok);
@@ -188,7 +188,6 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
             pt->is_default = k == sp.default_level;
             cs.level = k;
             cs.n_sel = cs.n_calls = 0;
-            snprintf(cp.what, sizeof cp.what, "eps %g%s", (double)pt->eps, pt->oracle ? " oracle" : "");
             if ((st = flm_set_ffn_select(ctx, pt->oracle ? sel_oracle : sel_predictor, &cs, pt->oracle, err)))
                 goto done;
         }
@@ -201,6 +200,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         pt->neuron_frac = j == 0 || !cs.n_calls ? 1.0 : (double)cs.n_sel / ((double)cs.n_calls * F);
         pt->bytes_per_token = pt->neuron_frac * ffn_bytes;
         *n_pts = j + 1;
+        if (o->on_point) o->on_point(o->user, pt);
     }
 done:
     if (ctx) {

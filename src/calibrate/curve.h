@@ -30,8 +30,10 @@ typedef struct flm_curve_opts {
     uint32_t n_levels;
     bool no_oracle;         /* skip the oracle points (each needs every neuron's contribution: a dense FFN pass) */
     int n_threads;          /* 0 = the library default */
-    /* after each chunk of each point: what ("dense", "eps 0.002", "eps 0.002 oracle"), chunks done of total */
+    /* after each chunk: what ("quality curve"), chunks done of all points' chunks */
     flm_progress_fn progress;
+    /* after each point (may be NULL) */
+    void (*on_point)(void *user, const flm_curve_point *pt);
     void *user;
 } flm_curve_opts;
 
