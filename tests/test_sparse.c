@@ -110,29 +110,41 @@ static int teardown(void **state) {
     return 0;
 }
 
-static double ppl_of(flm_mode mode, bool oracle, uint64_t *bytes_per_token) {
-    flm_params p;
-    flm_params_default(&p);
+/* Perplexity on the held-out text (chunks of 64; max_chunks 0: all) with p (n_threads 1, n_ctx 64 set here); s and
+ * mi (may be NULL) receive the run's statistics and the model's shape. *open_st (may be NULL: then a failure fails
+ * the test) receives flm_open's status; 0 is returned when it failed. */
+static double held_out_ppl(flm_params p, int max_chunks, flm_status *open_st, flm_stats *s, flm_model_info *mi) {
     p.n_threads = 1;
     p.n_ctx = 64;
-    p.mode = mode;
-    p.no_predictor = oracle;
-    p.window = 2; /* a short window: without a budget the whole (tiny) FFN would stay cached and nothing be read */
     flm_ctx *ctx = NULL;
     flm_error err;
-    if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open %s: %s", flm_mode_name(mode), err.msg);
+    flm_status st = flm_open(flm_path, &p, &ctx, &err);
+    if (open_st) *open_st = st;
+    if (st && open_st) return 0;
+    if (st) fail_msg("open %s: %s", flm_mode_name(p.mode), err.msg);
     size_t len;
     char *text = (char *)tu_read_file(eval_path, &len);
     flm_ppl_result r;
-    if (flm_perplexity(ctx, text, 64, 0, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
-    flm_stats s;
-    flm_get_stats(ctx, &s);
-    if (bytes_per_token) *bytes_per_token = s.n_tokens ? s.total.bytes_read / s.n_tokens : 0;
-    printf("mode %-6s%s: perplexity %.4f over %llu held-out tokens; %llu bytes read per token\n", s.mode,
-           oracle ? " (oracle)" : "", r.ppl, (unsigned long long)r.n_scored,
-           (unsigned long long)(s.n_tokens ? s.total.bytes_read / s.n_tokens : 0));
+    if (flm_perplexity(ctx, text, 64, max_chunks, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
+    if (s) flm_get_stats(ctx, s);
+    if (mi) flm_get_info(ctx, mi);
     free(text);
     flm_close(ctx);
+    return r.ppl;
+}
+
+static double ppl_of(flm_mode mode, bool oracle, uint64_t *bytes_per_token) {
+    flm_params p;
+    flm_params_default(&p);
+    p.mode = mode;
+    p.no_predictor = oracle;
+    p.window = 2; /* a short window: without a budget the whole (tiny) FFN would stay cached and nothing be read */
+    flm_stats s;
+    flm_ppl_result r;
+    r.ppl = held_out_ppl(p, 0, NULL, &s, NULL);
+    if (bytes_per_token) *bytes_per_token = s.n_tokens ? s.total.bytes_read / s.n_tokens : 0;
+    printf("mode %-6s%s: perplexity %.4f; %llu bytes read per token\n", s.mode, oracle ? " (oracle)" : "", r.ppl,
+           (unsigned long long)(s.n_tokens ? s.total.bytes_read / s.n_tokens : 0));
     return r.ppl;
 }
 
@@ -161,26 +173,14 @@ static void test_sparse_quality_and_bytes(void **state) {
 static double sparse_stats_ppl(bool oracle, double *neuron_frac) {
     flm_params p;
     flm_params_default(&p);
-    p.n_threads = 1;
-    p.n_ctx = 64;
     p.mode = FLM_MODE_SPARSE;
     p.no_window = true;
     p.no_predictor = oracle;
-    flm_ctx *ctx = NULL;
-    flm_error err;
-    if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open: %s", err.msg);
-    size_t len;
-    char *text = (char *)tu_read_file(eval_path, &len);
-    flm_ppl_result r;
-    if (flm_perplexity(ctx, text, 64, 0, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
     flm_stats s;
-    flm_get_stats(ctx, &s);
     flm_model_info mi;
-    flm_get_info(ctx, &mi);
+    double ppl = held_out_ppl(p, 0, NULL, &s, &mi);
     *neuron_frac = (double)s.total.n_predicted / ((double)s.n_tokens * mi.n_layers * mi.d_ffn);
-    free(text);
-    flm_close(ctx);
-    return r.ppl;
+    return ppl;
 }
 
 static void test_quality_curve(void **state) {
@@ -236,27 +236,16 @@ static double sparse_ppl_budget2(uint64_t mem, bool no_read_ahead, flm_status *o
     flm_params p;
     flm_params_default(&p);
     p.no_read_ahead = no_read_ahead;
-    p.n_threads = 1;
-    p.n_ctx = 64;
     p.mode = FLM_MODE_SPARSE;
     p.window = 1;
     p.mem_bytes = mem;
-    flm_ctx *ctx = NULL;
-    flm_error err;
-    *open_st = flm_open(flm_path, &p, &ctx, &err);
-    if (*open_st) return 0;
-    size_t len;
-    char *text = (char *)tu_read_file(eval_path, &len);
-    flm_ppl_result r;
-    if (flm_perplexity(ctx, text, 64, 2, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
     flm_stats s;
-    flm_get_stats(ctx, &s);
+    double ppl = held_out_ppl(p, 2, open_st, &s, NULL);
+    if (*open_st) return 0;
     *streamed = s.n_streamed;
     *cache_rows = s.cache_rows;
     assert_true(s.peak_rss > 0);
-    free(text);
-    flm_close(ctx);
-    return r.ppl;
+    return ppl;
 }
 
 static double sparse_ppl_budget(uint64_t mem, flm_status *open_st, uint64_t *streamed, uint64_t *cache_rows) {

@@ -197,17 +197,8 @@ typedef struct {
 static uint32_t sim_select_oracle(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
     (void)x;
     sim_data *s = user;
-    uint32_t F = s->sp->layers[l].pred.d_ffn, n = 0;
-    double sum = 0;
-    for (uint32_t i = 0; i < F; i++) {
-        float c = h[i] * s->dn[l][i];
-        s->scratch[i] = c * c;
-        sum += s->scratch[i];
-    }
-    float tau = s->sp->layers[l].levels[s->level].tau, t2 = (float)((double)tau * tau * sum);
-    for (uint32_t i = 0; i < F; i++)
-        if (s->scratch[i] > t2) ids[n++] = i;
-    return n;
+    return flm_contrib_set(h, s->dn[l], s->sp->layers[l].pred.d_ffn, s->sp->layers[l].levels[s->level].tau,
+                           s->scratch, ids);
 }
 
 static uint32_t sim_select(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {

@@ -51,19 +51,9 @@ static uint32_t sel_predictor(void *user, uint32_t l, const float *x, const floa
 static uint32_t sel_oracle(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
     (void)x;
     curve_sel *s = user;
-    uint32_t F = s->sp->layers[l].pred.d_ffn, n = 0;
+    uint32_t F = s->sp->layers[l].pred.d_ffn, n;
     if (s->ctx->cur_pos == 0) n = all_ids(F, ids);
-    else {
-        double sum = 0;
-        for (uint32_t i = 0; i < F; i++) {
-            float c = h[i] * s->dn[l][i];
-            s->scratch[i] = c * c;
-            sum += s->scratch[i];
-        }
-        float tau = s->sp->layers[l].levels[s->level].tau, t2 = (float)((double)tau * tau * sum);
-        for (uint32_t i = 0; i < F; i++)
-            if (s->scratch[i] > t2) ids[n++] = i;
-    }
+    else n = flm_contrib_set(h, s->dn[l], F, s->sp->layers[l].levels[s->level].tau, s->scratch, ids);
     s->n_sel += n;
     s->n_calls++;
     return n;

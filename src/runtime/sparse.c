@@ -336,16 +336,7 @@ static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *
     if (S->rule == FLM_RULE_CONTRIB) { /* (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2, every h_i computed */
         flm_ffn_bundles(ctx->k, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, ctx->flash->acc,
                         ctx->params.n_threads);
-        double sum = 0;
-        for (uint32_t i = 0; i < F; i++) {
-            float c = sp->z[i] * sp->dn[l][i];
-            sp->z[i] = c * c;
-            sum += sp->z[i];
-        }
-        float t2 = (float)(S->threshold * (double)S->threshold * sum);
-        for (uint32_t i = 0; i < F; i++)
-            if (sp->z[i] > t2) ids[n++] = i;
-        return n;
+        return flm_contrib_set(sp->z, sp->dn[l], F, S->threshold, sp->z, ids);
     }
     uint32_t t = b->gated ? b->gate_type : b->up_type;
     uint64_t off = b->gated ? b->gate_off : b->up_off;

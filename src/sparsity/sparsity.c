@@ -186,3 +186,17 @@ void flm_sparsity_free(flm_sparsity *s) {
     free(s->layers);
     memset(s, 0, sizeof *s);
 }
+
+uint32_t flm_contrib_set(const float *h, const float *dn, uint32_t F, float tau, float *e, uint32_t *ids) {
+    double sum = 0;
+    for (uint32_t i = 0; i < F; i++) {
+        float c = h[i] * dn[i];
+        e[i] = c * c;
+        sum += e[i];
+    }
+    float t2 = (float)((double)tau * tau * sum);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < F; i++)
+        if (e[i] > t2) ids[n++] = i;
+    return n;
+}

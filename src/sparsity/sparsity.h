@@ -79,6 +79,12 @@ typedef struct flm_sparsity {
     flm_layer_sparsity *layers;
 } flm_sparsity;
 
+/* The CONTRIB rule's true active set: the ids, in increasing order, of the neurons with (h_i dn_i)^2 > tau^2
+ * sum_j (h_j dn_j)^2, where h (F floats) holds each neuron's activation act(gate_i . x) (up_i . x) and dn (F floats)
+ * its down column's norm. e: F floats of scratch, which may be h itself (each h_i is read before e_i is written).
+ * Returns the count. */
+uint32_t flm_contrib_set(const float *h, const float *dn, uint32_t F, float tau, float *e, uint32_t *ids);
+
 /* Make level k the current one: each layer's threshold/pred_frac and its predictor's threshold take level k's
  * values (s_agg stays the default level's). k < s->n_levels. */
 void flm_sparsity_use_level(flm_sparsity *s, uint32_t k);
