@@ -27,7 +27,7 @@ static const char *CAL_HELP =
     "      --rank R         predictor rank (default min(128, d_model/2)); the last quarter of layers gets 2R\n"
     "      --rank-last R    rank of the last quarter of layers\n"
     "      --max-loss P     default level: the most aggressive one whose held-out perplexity is within P of dense\n"
-    "                       (default 0.015, i.e. +1.5%)\n"
+    "                       (default 0.01, i.e. +1%: text unlike the calibration text loses more)\n"
     "      --eval-tokens N  held-out tokens for that check (default 512)\n"
     "      --levels-only    keep the stored predictors; only choose the default level again on the end of\n"
     "                       --text (with --max-loss, --eval-tokens)\n"

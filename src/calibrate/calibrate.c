@@ -32,7 +32,7 @@ void flm_calib_opts_default(flm_calib_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 4096;
     o->chunk = 128;
-    o->max_loss = 0.015f;
+    o->max_loss = 0.01f; /* measured on wiki text, the loss was 1.6-1.9x the estimate on the calibration text's end */
     o->eval_tokens = 512;
     o->train_eps = 0.002f;
     o->target_recall = 0.95f;

@@ -18,7 +18,7 @@ typedef struct flm_calib_opts {
                                 output energy dropped by the oracle; added to the standard levels); 0 (default) =
                                 choose it by measuring held-out perplexity against max_loss */
     float max_loss;          /* the default level is the most aggressive standard level whose held-out perplexity
-                                is at most (1 + max_loss) x the dense one (default 0.015) */
+                                is at most (1 + max_loss) x the dense one (default 0.01) */
     uint32_t eval_tokens;    /* held-out tokens (after the recorded ones) for that check (default 512; fewer when
                                 the text is short, at least 2 chunks) */
     float train_eps;         /* the level whose active sets the predictor is trained to flag (default 0.02) */
