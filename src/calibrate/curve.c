@@ -38,9 +38,17 @@ static uint32_t sel_predictor(void *user, uint32_t l, const float *x, const floa
     flm_predictor *p = &s->sp->layers[l].pred;
     uint32_t n;
     if (s->ctx->cur_pos == 0) n = all_ids(p->d_ffn, ids);
-    else {
+    else if (!p->A16) { /* a version-1 region (f32 matrices) */
         p->threshold = s->sp->layers[l].levels[s->level].pred_threshold;
         n = (uint32_t)flm_predictor_predict(p, x, ids, s->scratch);
+    } else { /* as the sparse mode predicts: the f16 matrices through the kernels */
+        float *hp = s->scratch, *z = s->scratch + p->rank, t = s->sp->layers[l].levels[s->level].pred_threshold;
+        int nt = s->ctx->params.n_threads;
+        flm_matvec(s->ctx->k, FLM_TYPE_F16, p->A16, p->rank, p->d_model, x, hp, nt);
+        flm_matvec(s->ctx->k, FLM_TYPE_F16, p->B16, p->d_ffn, p->rank, hp, z, nt);
+        n = 0;
+        for (uint32_t i = 0; i < p->d_ffn; i++)
+            if (z[i] + p->c[i] > t) ids[n++] = i;
     }
     s->n_sel += n;
     s->n_calls++;
