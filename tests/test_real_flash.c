@@ -183,9 +183,10 @@ static void test_sparse(void **state) {
     /* the FFN is 58.5 MiB: sparse reads far less than naive's whole FFN per token */
     assert_true(bytes[1] < 0.5 * 58.5 * 1048576.0);
 #ifndef FLM_SANITIZED_BUILD
-    /* the default level (chosen by calibrate's own held-out check) keeps quality: within 3% of dense here (measured
-     * 26.536 against 25.951, +2.3%) */
-    assert_true(ppl[1] < 1.03 * ppl[0]);
+    /* the default level (chosen by calibrate's own held-out check, --max-loss 1%) keeps quality within the issue's
+     * 2% of dense on text after the calibration text (measured 26.309 against 25.951, +1.38%; +2.3% when the
+     * default was 1.5%) */
+    assert_true(ppl[1] < 1.02 * ppl[0]);
 #endif
     /* the re-laid q8_0 down columns cost little against the GGUF (wiki, 3 chunks of 512: -0.02%; this short
      * text of 254 scored tokens: +0.6%) */
