@@ -105,7 +105,12 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     const flm_file *f = ctx->flash ? ctx->flash->file : NULL;
     const uint32_t L = hp->n_layers, F = hp->d_ffn, d = hp->d_model;
     uint32_t lv[FLM_MAX_LEVELS], nlv = 0;
-    if (!f || !f->predictor) {
+    if (!f) {
+        st = flm_fail(err, FLM_ERR_ARG, "%s: the curve needs a calibrated .flm: `flashlm convert %s OUT.flm`, then "
+                      "`flashlm calibrate OUT.flm --text FILE`", path, path);
+        goto done;
+    }
+    if (!f->predictor) {
         st = flm_fail(err, FLM_ERR_ARG, "%s: not calibrated: run `flashlm calibrate %s --text FILE` first", path,
                       path);
         goto done;

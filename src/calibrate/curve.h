@@ -43,7 +43,7 @@ void flm_curve_opts_default(flm_curve_opts *o);
  * FFN select hook) and each point runs flm_perplexity over the same chunks. pts receives 1 + (1 or 2) x levels
  * points (dense first, then per level the predictor and the oracle), at most cap; *n_pts their count.
  * Memory: the model, d_ffn floats per layer (down-column norms), the stored predictors.
- * Errors: FLM_ERR_ARG (not a .flm, not calibrated, a ReLU calibration (its sets are exact: one level), a level not
+ * Errors: FLM_ERR_ARG (not a .flm (the message says how to convert), not calibrated, a ReLU calibration (its sets are exact: one level), a level not
  * stored, cap too small, text shorter than one chunk), those of flm_open and flm_perplexity, FLM_ERR_NOMEM. */
 flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curve_opts *o, flm_curve_point *pts,
                               uint32_t cap, uint32_t *n_pts, flm_error *err);
