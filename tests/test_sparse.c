@@ -227,6 +227,32 @@ static void test_quality_curve(void **state) {
     assert_int_equal(flm_sparsity_curve(flm_path, text, &o, pts, 1 + 2 * 8, &n, &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "0.123"));
     free(text);
+    /* the CLI: the table and the chart; bad --levels and the flags without --curve are refused */
+    char cmd[3 * 4096 + 256], eps[32];
+    snprintf(eps, sizeof eps, "%g", (double)pts[def].eps);
+    const char *svg = tu_tmp("curve", ".svg");
+    snprintf(cmd, sizeof cmd, "perplexity -m '%s' -f '%s' -c 64 -t 1 --curve --levels %s --no-oracle --svg '%s' 2>&1",
+             flm_path, eval_path, eps, svg);
+    char *out = NULL;
+    assert_int_equal(tu_run_cli(cmd, &out), 0);
+    assert_non_null(strstr(out, "| dense | - | 100.0% |"));
+    assert_non_null(strstr(out, "(default)"));
+    assert_null(strstr(out, "| oracle |"));
+    free(out);
+    size_t sl;
+    char *chart = (char *)tu_read_file(svg, &sl);
+    assert_non_null(strstr(chart, "<svg"));
+    assert_non_null(strstr(chart, "predictor"));
+    free(chart);
+    remove(svg);
+    snprintf(cmd, sizeof cmd, "perplexity -m '%s' -f '%s' --curve --levels 0.001,abc 2>&1", flm_path, eval_path);
+    assert_int_equal(tu_run_cli(cmd, &out), 2);
+    assert_non_null(strstr(out, "bad --levels"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "perplexity -m '%s' -f '%s' --no-oracle 2>&1", flm_path, eval_path);
+    assert_int_equal(tu_run_cli(cmd, &out), 2);
+    assert_non_null(strstr(out, "go with --curve"));
+    free(out);
 }
 
 /* A set larger than the neuron cache is streamed, never dropped: under budgets that shrink the cache below a
