@@ -364,10 +364,15 @@ static const flm_mode FT_MODES[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRI
 static const char *const FT_MODE_NAMES[] = {"ram", "naive", "hybrid", "sparse"};
 
 /* n_batch: flm_params.n_batch (0: the default); no_window: sparse keeps only the last token's neurons */
+/* The tests that count requests run without read-ahead: with it, the last read of a call may be the next call's first
+ * layer, which fails (or not) in the call that uses it. test_read_ahead_faults covers read-ahead. */
+static bool ft_read_ahead = false;
+
 static flm_status open_ftb(const char *path, flm_mode mode, flm_io_kind io, uint64_t mem, int n_batch, bool no_window,
                            flm_ctx **ctx, flm_error *err) {
     flm_params p;
     flm_params_default(&p);
+    p.no_read_ahead = !ft_read_ahead;
     p.n_threads = 1;
     p.n_ctx = 64;
     p.n_batch = n_batch;
@@ -773,6 +778,78 @@ static void test_batch_reader_faults(void **state) {
     free(got);
 }
 
+/* Reader faults with read-ahead on (naive and hybrid read the next layer, sparse the next streamed chunk, while one is
+ * computed). A fault at any request of a batched call, or just past it, either fails that call cleanly (the context
+ * holds the positions before it, and the call again gives the clean logits), or the call gives the clean logits and
+ * the failing read (the next call's first layer, read ahead) fails the next call cleanly, which then evaluates
+ * again. Never a wrong result. */
+static void test_read_ahead_faults(void **state) {
+    (void)state;
+    const int faults[] = {FLM_FAULT_EIO, FLM_FAULT_SHORT};
+    const flm_io_kind ios[] = {FLM_IO_KIND_THREADS, FLM_IO_KIND_URING};
+    float *got = malloc((size_t)FB_TOKENS * 512 * sizeof(float));
+    uint64_t rng = 91;
+    ft_read_ahead = true;
+    for (int m = 1; m < 4; m++) { /* the streaming modes */
+        float *want = fb_clean(m);
+        int failed_here = 0, failed_next = 0, clean = 0;
+        for (int io = 0; io < 2; io++)
+            for (int f = 0; f < 2; f++)
+                for (int rep = 0; rep < 4; rep++) {
+                    const int p0 = (int)(tu_rand_u64(&rng) % FB_BATCH);
+                    flm_ctx *twin = open_fb(flm_path, m, ios[io]);
+                    if (!twin) continue;
+                    fb_prefix(twin, p0, FT_MODE_NAMES[m]);
+                    flm_stats s0, s1;
+                    flm_get_stats(twin, &s0);
+                    flm_error err;
+                    if (flm_eval_batch(twin, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, NULL, NULL, &err))
+                        fail_msg("twin: %s", err.msg);
+                    flm_get_stats(twin, &s1);
+                    flm_close(twin);
+                    const uint64_t n_req = s1.total.n_reads - s0.total.n_reads;
+                    const uint64_t k = tu_rand_u64(&rng) % (n_req + 2);
+                    char what[160];
+                    snprintf(what, sizeof what, "read-ahead: %s, %s reader, fault %d at request %llu of ~%llu from %d",
+                             FT_MODE_NAMES[m], io ? "io_uring" : "threads", faults[f], (unsigned long long)k,
+                             (unsigned long long)n_req, p0);
+                    long held0 = held();
+                    flm_ctx *ctx = open_fb(flm_path, m, ios[io]);
+                    fb_prefix(ctx, p0, what);
+                    flm_reader_set_fault(ctx->flash->reader, faults[f], k);
+                    flm_status st = flm_eval_batch(ctx, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, got, NULL, &err);
+                    if (st) {
+                        flm_reader_set_fault(ctx->flash->reader, FLM_FAULT_NONE, 0);
+                        fb_expect_named(st, &err, flm_path, what);
+                        failed_here++;
+                        fb_recover(ctx, p0, want, got, what, false);
+                    } else {
+                        for (int t = p0; t < FB_TOKENS; t++)
+                            expect_logits(got + (size_t)(t - p0) * 512, want + (size_t)t * 512, what, t);
+                        const float *lg;
+                        st = flm_eval(ctx, fb_ids[FB_TOKENS], FB_TOKENS, &lg, &err);
+                        flm_reader_set_fault(ctx->flash->reader, FLM_FAULT_NONE, 0);
+                        if (st) {
+                            fb_expect_named(st, &err, flm_path, what);
+                            assert_int_equal(flm_n_past(ctx), FB_TOKENS);
+                            failed_next++;
+                            if (flm_eval(ctx, fb_ids[FB_TOKENS], FB_TOKENS, &lg, &err))
+                                fail_msg("%s: the next token again: %s", what, err.msg);
+                        } else clean++;
+                        expect_logits(lg, want + (size_t)FB_TOKENS * 512, what, FB_TOKENS);
+                    }
+                    flm_close(ctx);
+                    expect_no_leak(held0, what);
+                }
+        print_message("%s with read-ahead: %d calls failed, %d next calls failed, %d ran clean (fault past the "
+                      "reads)\n", FT_MODE_NAMES[m], failed_here, failed_next, clean);
+        assert_true(failed_here > 0);
+        free(want);
+    }
+    ft_read_ahead = false;
+    free(got);
+}
+
 /* The FFN tap (called by the forward pass before each layer's FFN): counts the calls and, at call `at`, truncates the
  * file (the part of a batched call that follows reads a file that ends before its FFN regions). */
 typedef struct fb_tap {
@@ -912,6 +989,7 @@ static void test_batch_allocation_failures(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_reader_faults),
+        cmocka_unit_test(test_read_ahead_faults),
         cmocka_unit_test(test_batch_file_truncated),
         cmocka_unit_test(test_batch_allocation_failures),
         cmocka_unit_test(test_reader_faults_every_mode),
