@@ -715,6 +715,23 @@ static void expect_no_leak(long before, const char *what) {
     if (after != before) fail_msg("%s: %ld blocks more held after flm_close than before flm_open", what, after - before);
 }
 
+/* The twin: how many requests the call from p0 makes (counted for its tokens), on a clean context of mode m.
+ * false when the back end is not available here. */
+static bool fb_twin_requests(int m, flm_io_kind io, int p0, uint64_t *n_req) {
+    flm_ctx *twin = open_fb(flm_path, m, io);
+    if (!twin) return false;
+    fb_prefix(twin, p0, FT_MODE_NAMES[m]);
+    flm_stats s0, s1;
+    flm_get_stats(twin, &s0);
+    flm_error err;
+    if (flm_eval_batch(twin, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, NULL, NULL, &err))
+        fail_msg("twin: %s", err.msg);
+    flm_get_stats(twin, &s1);
+    flm_close(twin);
+    *n_req = s1.total.n_reads - s0.total.n_reads;
+    return true;
+}
+
 /* Reader faults at a random request of a batched call, every streaming mode and back end. */
 static void test_batch_reader_faults(void **state) {
     (void)state;
@@ -730,19 +747,10 @@ static void test_batch_reader_faults(void **state) {
             for (int f = 0; f < 5; f++)
                 for (int rep = 0; rep < 2; rep++) {
                     const int p0 = (int)(tu_rand_u64(&rng) % FB_BATCH);
-                    /* the twin: how many requests the call makes */
-                    flm_ctx *twin = open_fb(flm_path, m, ios[io]);
-                    if (!twin) continue;
+                    uint64_t n_req;
+                    if (!fb_twin_requests(m, ios[io], p0, &n_req)) continue;
                     char what[160];
-                    fb_prefix(twin, p0, FT_MODE_NAMES[m]);
-                    flm_stats s0, s1;
-                    flm_get_stats(twin, &s0);
                     flm_error err;
-                    if (flm_eval_batch(twin, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, NULL, NULL, &err))
-                        fail_msg("twin: %s", err.msg);
-                    flm_get_stats(twin, &s1);
-                    flm_close(twin);
-                    const uint64_t n_req = s1.total.n_reads - s0.total.n_reads;
                     if (FT_MODES[m] == FLM_MODE_RAM) { assert_int_equal(n_req, 0); continue; } /* read at open */
                     assert_true(n_req > 0);
                     const uint64_t k = tu_rand_u64(&rng) % n_req;
@@ -797,17 +805,9 @@ static void test_read_ahead_faults(void **state) {
             for (int f = 0; f < 2; f++)
                 for (int rep = 0; rep < 4; rep++) {
                     const int p0 = (int)(tu_rand_u64(&rng) % FB_BATCH);
-                    flm_ctx *twin = open_fb(flm_path, m, ios[io]);
-                    if (!twin) continue;
-                    fb_prefix(twin, p0, FT_MODE_NAMES[m]);
-                    flm_stats s0, s1;
-                    flm_get_stats(twin, &s0);
+                    uint64_t n_req;
+                    if (!fb_twin_requests(m, ios[io], p0, &n_req)) continue;
                     flm_error err;
-                    if (flm_eval_batch(twin, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, NULL, NULL, &err))
-                        fail_msg("twin: %s", err.msg);
-                    flm_get_stats(twin, &s1);
-                    flm_close(twin);
-                    const uint64_t n_req = s1.total.n_reads - s0.total.n_reads;
                     const uint64_t k = tu_rand_u64(&rng) % (n_req + 2);
                     char what[160];
                     snprintf(what, sizeof what, "read-ahead: %s, %s reader, fault %d at request %llu of ~%llu from %d",
