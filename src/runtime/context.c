@@ -196,6 +196,13 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         ctx->mem_resident = ff->resident_loaded;
     } else {
         if (p->mode != FLM_MODE_AUTO && p->mode != FLM_MODE_RAM) {
+            FILE *fp = fopen(path, "rb"); /* a missing file is that, not a GGUF in the wrong mode */
+            if (!fp) {
+                int e = errno;
+                free(ctx);
+                return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+            }
+            fclose(fp);
             free(ctx);
             return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s needs a .flm file; convert it first with "
                             "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
