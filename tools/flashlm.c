@@ -93,8 +93,8 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     }
     /* with speculative decoding the target evaluates drafts it rejects too: per generated token is on its own line */
     fprintf(stderr, "flashlm: per %s token: flash I/O %.3f ms + memory %.3f ms + compute %.3f ms = %.3f ms; "
-            "%.2f MiB in %.1f reads; read throughput %.2f GB/s\n", spec ? "target-evaluated" : "generated", io, mem,
-            cmp, io + mem + cmp,
+            "%.2f MiB in %.1f reads; %.2f GB read per s of I/O wait (reads overlap compute)\n",
+            spec ? "target-evaluated" : "generated", io, mem, cmp, io + mem + cmp,
             cli_mib(bytes) / n, (double)reads / n, io_total > 0 ? (double)bytes / (io_total * 1e6) : 0.0);
 }
 
