@@ -30,10 +30,10 @@ run: build
 
 # The paper's whole method on the small unit-test model (calibrate the predictors, then generate sparse from flash
 # with per-token statistics: neurons predicted, read and reused from the window), and its ablations side by side.
-STORIES = ../shared/models/stories260K/stories260K.gguf
+STORIES = tests/data/models/stories260K/stories260K.gguf
 run-sparse: build
 	./$(BUILD)/flashlm convert $(STORIES) $(BUILD)/stories260K.flm --force
-	./$(BUILD)/flashlm calibrate $(BUILD)/stories260K.flm --text ../shared/text/tinystories_sample.txt --chunk 64
+	./$(BUILD)/flashlm calibrate $(BUILD)/stories260K.flm --text tests/data/text/tinystories_sample.txt --chunk 64
 	./$(BUILD)/flashlm run -m $(BUILD)/stories260K.flm -p "Once upon a time" -n 48 -c 128 --mode sparse --window 2 --stats
 	./$(BUILD)/flashlm bench -m $(BUILD)/stories260K.flm --modes ram,naive,predictor-only,sparse --window 2 --mem 0 --gen-tokens 32
 

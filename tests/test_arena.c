@@ -41,7 +41,7 @@ static void test_ffn_storage_is_the_plan(void **state) {
     (void)state;
     const char *path = tu_tmp("arena", ".flm");
     flm_error err;
-    assert_int_equal(flm_convert(tu_shared("models/stories260K/stories260K.gguf"), path, NULL, NULL, &err), FLM_OK);
+    assert_int_equal(flm_convert(tu_data("models/stories260K/stories260K.gguf"), path, NULL, NULL, &err), FLM_OK);
     const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID};
     for (int i = 0; i < 3; i++) {
         flm_params p;

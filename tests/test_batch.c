@@ -6,7 +6,7 @@
  *   - going back to an earlier position (rewind) gives the logits of a fresh run;
  *   - a batch reads each streamed layer once: naive reads per batch what it reads per token;
  *   - bad arguments are refused without changing the context.
- * stories260K from ../shared, calibrated here for the sparse mode; SmolLM2 (q4_1 / q8_0) when pulled. */
+ * stories260K from tests/data, calibrated here for the sparse mode; SmolLM2 (q4_1 / q8_0) when pulled. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,12 +26,12 @@ static uint32_t n_vocab;
 
 static int setup(void **state) {
     (void)state;
-    snprintf(gguf_path, sizeof gguf_path, "%s", tu_shared("models/stories260K/stories260K.gguf"));
+    snprintf(gguf_path, sizeof gguf_path, "%s", tu_data("models/stories260K/stories260K.gguf"));
     snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("stories-batch", ".flm"));
     flm_error err;
     if (flm_convert(gguf_path, flm_path, NULL, NULL, &err)) { fprintf(stderr, "convert: %s\n", err.msg); return -1; }
     size_t len;
-    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
     text[len < 20000 ? len : 20000] = 0;
     flm_calib_opts o;
     flm_calib_opts_default(&o);

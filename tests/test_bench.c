@@ -25,10 +25,10 @@ static char flm_path[4096];
 static int setup(void **state) {
     (void)state;
     size_t len;
-    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
     snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("bench", ".flm"));
     flm_error err;
-    if (flm_convert(tu_shared("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
+    if (flm_convert(tu_data("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
         fprintf(stderr, "convert: %s\n", err.msg);
         return -1;
     }

@@ -338,7 +338,7 @@ static void test_calibrate_under_limit(void **state) {
     char args[16384];
     /* 64 tokens, small predictors: the recording streams most of the model for every token (I/O-bound: seconds) */
     snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 --chunk 32 --epochs 2 --rank 32 --rank-last 32 "
-             "-t 2 --mem %llu", syn_cal, tu_shared("text/tinystories_sample.txt"), (unsigned long long)budget);
+             "-t 2 --mem %llu", syn_cal, tu_data("text/tinystories_sample.txt"), (unsigned long long)budget);
     expect_completes("calibrate (synthetic, 42 MiB) --mem 50%", args, limit, "calibrated in");
     /* calibrated: sparse runs it */
     snprintf(args, sizeof args, "run -m '%s' --mode sparse -c 64 -p hi -n 2 2>&1", syn_cal);
@@ -348,7 +348,7 @@ static void test_calibrate_under_limit(void **state) {
     free(out);
     /* a budget that cannot hold training is refused before anything runs, saying what it needs */
     snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 4096 --mem %llu", syn_cal,
-             tu_shared("text/tinystories_sample.txt"), (unsigned long long)budget);
+             tu_data("text/tinystories_sample.txt"), (unsigned long long)budget);
     cg_result r;
     cg_run(args, limit, &r);
     if (r.rc != 1 || !strstr(r.out, "cannot hold calibrate's training"))

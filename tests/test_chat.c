@@ -439,14 +439,14 @@ static void test_cli_chat_two_turns(void **state) {
     char args[8192];
     /* stdout only: two replies, one per line */
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 < '%s' 2>/dev/null",
-             tu_shared(MODEL), in);
+             tu_data(MODEL), in);
     char *out = cli(args, 0);
     int lines = 0;
     for (const char *p = out; *p; p++) lines += *p == '\n';
     if (lines < 2) fail_msg("want two replies, got:\n%s", out);
     /* the first reply is what run --chat gives for the same single turn */
     snprintf(args, sizeof args, "run -m '%s' --chat-template chatml -p 'Hello there' -n 8 --temp 0 2>/dev/null",
-             tu_shared(MODEL));
+             tu_data(MODEL));
     char *single = cli(args, 0);
     assert_true(strlen(single) > 1);
     if (strncmp(out, single, strlen(single)))
@@ -455,7 +455,7 @@ static void test_cli_chat_two_turns(void **state) {
     free(out);
     /* the second turn continues the KV cache: it starts where the first turn's reply ended */
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 -v < '%s' 2>&1",
-             tu_shared(MODEL), in);
+             tu_data(MODEL), in);
     out = cli(args, 0);
     assert_non_null(strstr(out, "chat format chatml (--chat-template)"));
     assert_non_null(strstr(out, "2 replies"));
@@ -472,7 +472,7 @@ static void test_cli_chat_two_turns(void **state) {
     remove(in);
     in = write_input("Hello there\n/reset\nHello there\n/exit\nnot read\n");
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 -v < '%s' 2>&1",
-             tu_shared(MODEL), in);
+             tu_data(MODEL), in);
     out = cli(args, 0);
     turn_positions(out, 2, &a2, &b2, &c2);
     assert_int_equal(a2, 0);
@@ -490,13 +490,13 @@ static void test_cli_chat_context_full(void **state) {
     char args[8192];
     /* room for the first turn and a few reply tokens only: the reply is cut, the next turn refused, exit 1 */
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 8 --temp 0 -v -c 50 < '%s' 2>&1",
-             tu_shared(MODEL), in);
+             tu_data(MODEL), in);
     char *out = cli(args, 1);
     assert_non_null(strstr(out, "the context (50 tokens) is full"));
     assert_non_null(strstr(out, "1 replies"));
     free(out);
     /* a turn that cannot fit at all */
-    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -c 16 < '%s' 2>&1", tu_shared(MODEL), in);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -c 16 < '%s' 2>&1", tu_data(MODEL), in);
     out = cli(args, 1);
     assert_non_null(strstr(out, "raise -c"));
     free(out);
@@ -508,7 +508,7 @@ static void test_cli_errors(void **state) {
     char args[8192];
     const char *cmds[] = {"chat", "run"};
     for (int i = 0; i < 2; i++) {
-        snprintf(args, sizeof args, "%s -m '%s' --chat-template nope 2>&1 </dev/null", cmds[i], tu_shared(MODEL));
+        snprintf(args, sizeof args, "%s -m '%s' --chat-template nope 2>&1 </dev/null", cmds[i], tu_data(MODEL));
         char *out = cli(args, 2);
         assert_non_null(strstr(out, "'nope'"));
         assert_non_null(strstr(out, "chatml, gemma, llama2, llama3"));
@@ -524,7 +524,7 @@ static void test_cli_errors(void **state) {
     out = cli("chat 2>&1 </dev/null", 2);
     assert_non_null(strstr(out, "no model"));
     free(out);
-    snprintf(args, sizeof args, "chat -m '%s' --bogus 2>&1 </dev/null", tu_shared(MODEL));
+    snprintf(args, sizeof args, "chat -m '%s' --bogus 2>&1 </dev/null", tu_data(MODEL));
     out = cli(args, 2);
     assert_non_null(strstr(out, "unknown option"));
     free(out);
@@ -538,7 +538,7 @@ static void test_cli_errors(void **state) {
 static const char *with_template(const char *tmpl) {
     flm_error err;
     flm_gguf_file *src = NULL;
-    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    assert_int_equal(flm_gguf_open(tu_data(MODEL), &src, &err), FLM_OK);
     const char *out = tu_tmp("chat-tmpl", ".gguf");
     flm_gguf_writer *w = NULL;
     assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);

@@ -33,35 +33,35 @@ static void test_help(void **state) {
 static void test_bad_options(void **state) {
     (void)state;
     char args[4096];
-    snprintf(args, sizeof args, "run -m '%s' --bogus 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' --bogus 2>&1", tu_data(MODEL));
     expect(args, 2, "unknown option");
-    snprintf(args, sizeof args, "run -m '%s' -n abc 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' -n abc 2>&1", tu_data(MODEL));
     expect(args, 2, "bad -n");
-    snprintf(args, sizeof args, "run -m '%s' -t 0 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' -t 0 2>&1", tu_data(MODEL));
     expect(args, 2, "bad -t");
-    snprintf(args, sizeof args, "run -m '%s' --temp -1 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' --temp -1 2>&1", tu_data(MODEL));
     expect(args, 2, "bad --temp");
-    snprintf(args, sizeof args, "run -m '%s' --mem 12Q 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' --mem 12Q 2>&1", tu_data(MODEL));
     expect(args, 2, "bad --mem");
-    snprintf(args, sizeof args, "run -m '%s' -p 'x' 2>&1 -n", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' -p 'x' 2>&1 -n", tu_data(MODEL));
     expect(args, 2, "needs a value");
     expect("run 2>&1", 2, "no model");
     /* a prompt longer than the context is refused (as llama.cpp); a prompt and -n longer than it run until it is
      * full (tests/test_kv_shift.c checks what they print) */
-    snprintf(args, sizeof args, "run -m '%s' -c 4 -n 20 -p 'Once upon a time' 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' -c 4 -n 20 -p 'Once upon a time' 2>&1", tu_data(MODEL));
     expect(args, 1, "the prompt (5 tokens) is longer than the context (4 tokens); raise -c");
-    snprintf(args, sizeof args, "run -m '%s' -c 8 -n 20 -p 'Once upon a time' 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' -c 8 -n 20 -p 'Once upon a time' 2>&1", tu_data(MODEL));
     expect(args, 0, "context full (8 tokens): stopped; raise -c or pass --context-shift");
-    snprintf(args, sizeof args, "run -m '%s' --keep x 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' --keep x 2>&1", tu_data(MODEL));
     expect(args, 2, "bad --keep value 'x'");
-    snprintf(args, sizeof args, "run -m '%s' --keep -2 2>&1", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' --keep -2 2>&1", tu_data(MODEL));
     expect(args, 2, "bad --keep value '-2'");
 }
 
 static void test_bad_files(void **state) {
     (void)state;
     size_t len;
-    uint8_t *g = tu_read_file(tu_shared(MODEL), &len);
+    uint8_t *g = tu_read_file(tu_data(MODEL), &len);
     const char *bad = tu_tmp("cli-bad", ".gguf");
     char args[4096];
     /* missing file */
@@ -87,7 +87,7 @@ static void test_bad_files(void **state) {
 static void write_model_copy(const char *out, const char *drop, const char *set_key, const char *set_val) {
     flm_error err;
     flm_gguf_file *src = NULL;
-    assert_int_equal(flm_gguf_open(tu_shared(MODEL), &src, &err), FLM_OK);
+    assert_int_equal(flm_gguf_open(tu_data(MODEL), &src, &err), FLM_OK);
     flm_gguf_writer *w = NULL;
     assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
     if (set_key) assert_int_equal(flm_gguf_writer_kv_str(w, set_key, set_val), FLM_OK);
@@ -138,7 +138,7 @@ static void test_unknown_architecture(void **state) {
 static void test_inspect(void **state) {
     (void)state;
     char args[4096];
-    snprintf(args, sizeof args, "inspect '%s'", tu_shared(MODEL));
+    snprintf(args, sizeof args, "inspect '%s'", tu_data(MODEL));
     expect(args, 0, "blk.4.ffn_down.weight");
     expect(args, 0, "n_kv_heads  4");
 }
@@ -173,7 +173,7 @@ static void test_output_safety(void **state) {
     char args[8192];
     const char *copy = tu_tmp("src", ".gguf"), *out = tu_tmp("out", ".flm");
     size_t len;
-    uint8_t *g = tu_read_file(tu_shared(MODEL), &len);
+    uint8_t *g = tu_read_file(tu_data(MODEL), &len);
     tu_write_file(copy, g, len);
     snprintf(args, sizeof args, "convert '%s' /dev/null --force 2>&1", copy);
     expect(args, 1, "not a regular file");

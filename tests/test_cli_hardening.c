@@ -39,7 +39,7 @@ static void tiny_model(const char *gguf, const char *flm, bool calibrate) {
     snprintf(args, sizeof args, "convert '%s' '%s' --force", gguf, flm);
     expect(args, 0, "wrote");
     if (calibrate) {
-        snprintf(args, sizeof args, "calibrate '%s' --text '%s'", flm, tu_shared(TEXT));
+        snprintf(args, sizeof args, "calibrate '%s' --text '%s'", flm, tu_data(TEXT));
         expect(args, 0, "calibrated");
     }
 }
@@ -94,7 +94,7 @@ static void test_nonfinite_weights(void **state) {
             assert_non_null(strstr(out, "flashlm verify"));
             free(out);
         }
-    snprintf(args, sizeof args, "perplexity -m '%s' --mode naive -f '%s' -c 32 --chunks 1", f, tu_shared(TEXT));
+    snprintf(args, sizeof args, "perplexity -m '%s' --mode naive -f '%s' -c 32 --chunks 1", f, tu_data(TEXT));
     expect(args, 1, want);
     /* ram mode reads the region whole at open and checks its checksum */
     snprintf(args, sizeof args, "run -m '%s' --mode ram -p hi -n 2", f);
@@ -105,7 +105,7 @@ static void test_nonfinite_weights(void **state) {
 
     /* a GGUF (never checksummed): a NaN in an f32 FFN weight of stories260K */
     size_t len;
-    uint8_t *bytes = tu_read_file(tu_shared(STORIES), &len);
+    uint8_t *bytes = tu_read_file(tu_data(STORIES), &len);
     flm_gguf_file *gf = NULL;
     flm_error err;
     assert_int_equal(flm_gguf_open_buffer("stories", bytes, len, &gf, &err), FLM_OK);
@@ -165,7 +165,7 @@ static void test_convert_summary(void **state) {
     (void)state;
     const char *out = tu_tmp("summary", ".flm");
     char args[8192];
-    snprintf(args, sizeof args, "convert '%s' '%s' --force", tu_shared(STORIES), out);
+    snprintf(args, sizeof args, "convert '%s' '%s' --force", tu_data(STORIES), out);
     char *o = expect_out(args, 0, "MB/s written");
     assert_non_null(strstr(o, "MB/s of GGUF read"));
     assert_non_null(strstr(o, "5 layers of 172 records"));
@@ -202,9 +202,9 @@ static void test_rss_within_budget_and_allowance(void **state) {
     const char *g = tu_tmp("rss", ".gguf"), *tiny = tu_tmp("rss", ".flm"), *st = tu_tmp("rss-stories", ".flm");
     tiny_model(g, tiny, true);
     char args[8192];
-    snprintf(args, sizeof args, "convert '%s' '%s' --force", tu_shared(STORIES), st);
+    snprintf(args, sizeof args, "convert '%s' '%s' --force", tu_data(STORIES), st);
     expect(args, 0, "wrote");
-    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 512 --chunk 64", st, tu_shared(TEXT));
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 512 --chunk 64", st, tu_data(TEXT));
     expect(args, 0, "calibrated");
     const char *smol_src = tu_model("smollm2-135m"), *smol = tu_tmp("rss-smollm2", ".flm");
     if (smol_src) {
@@ -259,7 +259,7 @@ static void test_rss_within_budget_and_allowance(void **state) {
 static void write_vocab_typed(const char *out, int32_t type) {
     flm_error err;
     flm_gguf_file *src = NULL;
-    assert_int_equal(flm_gguf_open(tu_shared(STORIES), &src, &err), FLM_OK);
+    assert_int_equal(flm_gguf_open(tu_data(STORIES), &src, &err), FLM_OK);
     flm_gguf_writer *w = NULL;
     assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
     const flm_gguf_kv *tt = flm_gguf_find_kv(src, "tokenizer.ggml.token_type");
@@ -298,7 +298,7 @@ static void test_user_papercuts(void **state) {
     }
     /* inspect shows what it can read of a damaged file, then names the problem (exit 1) */
     size_t len;
-    uint8_t *g = tu_read_file(tu_shared(STORIES), &len);
+    uint8_t *g = tu_read_file(tu_data(STORIES), &len);
     const char *cut = tu_tmp("cut", ".gguf");
     tu_write_file(cut, g, 20000);
     snprintf(args, sizeof args, "inspect '%s'", cut);
@@ -329,22 +329,22 @@ static void test_user_papercuts(void **state) {
     expect("run --help", 0, "0 = no budget");
     snprintf(args, sizeof args, "run -m '%s' --mem 1K -p hi -n 2", tf);
     expect(args, 1, "a memory budget of 1.00 KiB is too small");
-    snprintf(args, sizeof args, "run -m '%s' --mem 1K -p hi -n 2", tu_shared(STORIES));
+    snprintf(args, sizeof args, "run -m '%s' --mem 1K -p hi -n 2", tu_data(STORIES));
     expect(args, 1, "a memory budget of 1.00 KiB cannot hold");
     remove(tg);
     remove(tf);
     /* run -f FILE: a prompt of any length, from a file or standard input */
     const char *pf = tu_tmp("prompt", ".txt");
     tu_write_file(pf, "Once upon a time", 16);
-    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 12 --temp 0 2>/dev/null", tu_shared(STORIES));
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 12 --temp 0 2>/dev/null", tu_data(STORIES));
     char *want = NULL;
     assert_int_equal(tu_run_cli(args, &want), 0);
-    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 12 --temp 0 2>/dev/null", tu_shared(STORIES), pf);
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 12 --temp 0 2>/dev/null", tu_data(STORIES), pf);
     out = NULL;
     assert_int_equal(tu_run_cli(args, &out), 0);
     assert_string_equal(out, want);
     free(out);
-    snprintf(args, sizeof args, "run -m '%s' -f - -n 12 --temp 0 2>/dev/null < '%s'", tu_shared(STORIES), pf);
+    snprintf(args, sizeof args, "run -m '%s' -f - -n 12 --temp 0 2>/dev/null < '%s'", tu_data(STORIES), pf);
     out = NULL;
     assert_int_equal(tu_run_cli(args, &out), 0);
     assert_string_equal(out, want);
@@ -354,9 +354,9 @@ static void test_user_papercuts(void **state) {
     for (int i = 0; i < 400000; i++) big[i] = "Once upon a time "[i % 17];
     tu_write_file(pf, big, 400000); /* beyond what one argument may hold */
     free(big);
-    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 2", tu_shared(STORIES), pf);
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 2", tu_data(STORIES), pf);
     expect(args, 1, "is longer than the context");
-    snprintf(args, sizeof args, "run -m '%s' -f /nonexistent/prompt.txt -n 2", tu_shared(STORIES));
+    snprintf(args, sizeof args, "run -m '%s' -f /nonexistent/prompt.txt -n 2", tu_data(STORIES));
     expect(args, 1, "/nonexistent/prompt.txt");
     remove(pf);
 }
@@ -416,7 +416,7 @@ static size_t count(const char *hay, const char *needle) {
 static void test_limits(void **state) {
     (void)state;
     char args[8192];
-    const char *st = tu_shared(STORIES);
+    const char *st = tu_data(STORIES);
     /* a context longer than the model's (stories260K: 2048): it runs, and says what that means */
     snprintf(args, sizeof args, "run -m '%s' -c 4096 -p 'Once upon a time' -n 4", st);
     expect(args, 0, "-c 4096 is longer than the 2048 tokens the model was trained on");

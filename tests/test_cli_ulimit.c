@@ -70,7 +70,7 @@ static void test_commands_under_ulimit(void **state) {
     SKIP_UNDER_ASAN();
     char args[4096];
     snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 8 --temp 0",
-             tu_shared("models/stories260K/stories260K.gguf"));
+             tu_data("models/stories260K/stories260K.gguf"));
     expect_ok(180000, "OPENBLAS_NUM_THREADS=2", args, "generation");
     /* a tiny synthetic model, converted and calibrated without a limit */
     const char *g = tu_tmp("ulimit", ".gguf"), *f = tu_tmp("ulimit", ".flm");
@@ -83,7 +83,7 @@ static void test_commands_under_ulimit(void **state) {
         snprintf(args, sizeof args, "run -m '%s' --mode %s -p hi -n 4 --temp 0", f, modes[m]);
         expect_ok(180000, "", args, "generation");
     }
-    snprintf(args, sizeof args, "calibrate '%s' --text '%s' -t 2", f, tu_shared("text/tinystories_sample.txt"));
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' -t 2", f, tu_data("text/tinystories_sample.txt"));
     expect_ok_or_limit(180000, args);
     /* with room for OpenBLAS: calibrate works, and so does the sparse mode */
     expect_ok(400000, "", args, NULL);

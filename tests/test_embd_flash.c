@@ -69,7 +69,7 @@ static int setup(void **state) {
     sp.n_threads = 1;
     flm_error err;
     if (flm_synth_write(gguf_path, &sp, NULL, NULL, &err) || flm_convert(gguf_path, flm_path, NULL, NULL, &err) ||
-        flm_convert(tu_shared("models/stories260K/stories260K.gguf"), tied_path, NULL, NULL, &err)) {
+        flm_convert(tu_data("models/stories260K/stories260K.gguf"), tied_path, NULL, NULL, &err)) {
         fprintf(stderr, "setup: %s\n", err.msg);
         return -1;
     }
@@ -351,7 +351,7 @@ static void test_sparse_calibrated(void **state) {
     uint8_t *bytes = tu_read_file(flm_path, &len);
     tu_write_file(cal, bytes, len);
     free(bytes);
-    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
     if (len > 20000) text[20000] = 0;
     flm_calib_opts o;
     flm_calib_opts_default(&o);

@@ -43,12 +43,12 @@ static int setup(void **state) {
     (void)state;
     snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("faults", ".flm"));
     flm_error err;
-    if (flm_convert(tu_shared("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
+    if (flm_convert(tu_data("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
         fprintf(stderr, "convert: %s\n", err.msg);
         return -1;
     }
     size_t len;
-    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
     if (len > 40000) text[40000] = 0;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
@@ -208,7 +208,7 @@ static void test_region_write_is_looped(void **state) {
     (void)state;
     const char *path = tu_tmp("putregion", ".flm");
     flm_error err;
-    assert_int_equal(flm_convert(tu_shared("models/stories260K/stories260K.gguf"), path, NULL, NULL, &err), FLM_OK);
+    assert_int_equal(flm_convert(tu_data("models/stories260K/stories260K.gguf"), path, NULL, NULL, &err), FLM_OK);
     const size_t size = 200001;
     uint8_t *payload = malloc(size);
     uint64_t rng = 9;

@@ -46,7 +46,7 @@ static int write_ungated(const char *src, const char *dst) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(gguf_gated, sizeof gguf_gated, "%s", tu_shared("models/stories260K/stories260K.gguf"));
+    snprintf(gguf_gated, sizeof gguf_gated, "%s", tu_data("models/stories260K/stories260K.gguf"));
     snprintf(gguf_ungated, sizeof gguf_ungated, "%s", tu_tmp("ungated", ".gguf"));
     snprintf(flm_ungated, sizeof flm_ungated, "%s", tu_tmp("ungated", ".flm"));
     if (write_ungated(gguf_gated, gguf_ungated)) return -1;

@@ -17,7 +17,7 @@ static int setup(void **state) {
     (void)state;
     snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("stories", ".flm"));
     flm_error err;
-    if (flm_convert(tu_shared("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
+    if (flm_convert(tu_data("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) {
         fprintf(stderr, "convert: %s\n", err.msg);
         return -1;
     }
@@ -33,7 +33,7 @@ static int teardown(void **state) {
 /* Run the 64 reference records through a context; return the max |logit - reference|. */
 static double max_logit_error(flm_ctx *ctx) {
     size_t len;
-    uint8_t *ref = tu_read_file(tu_shared("reference/stories260K/expected_logits_prompt_once_upon_a_time_t0_n64.bin"),
+    uint8_t *ref = tu_read_file(tu_data("reference/stories260K/expected_logits_prompt_once_upon_a_time_t0_n64.bin"),
                                 &len);
     const size_t rec = 8 + 4 * N_VOCAB;
     assert_int_equal(len, 64 * rec);
@@ -269,16 +269,16 @@ static void test_gguf_rejects_flash_options(void **state) {
     p.mode = FLM_MODE_NAIVE;
     flm_ctx *ctx = NULL;
     flm_error err;
-    assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "convert"));
     /* a budget a GGUF (all weights in memory) cannot keep is refused, not ignored */
     p.mode = FLM_MODE_AUTO;
     p.mem_percent = 50;
-    assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_BUDGET);
+    assert_int_equal(flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_ERR_BUDGET);
     assert_non_null(strstr(err.msg, "convert"));
     p.mem_percent = 0;
     p.mem_bytes = 64u << 20; /* enough */
-    assert_int_equal(flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_OK);
+    assert_int_equal(flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err), FLM_OK);
     flm_close(ctx);
 }
 
@@ -381,7 +381,7 @@ static void test_convert_bad_source_leaves_nothing(void **state) {
     (void)state;
     const char *src = tu_tmp("bad", ".gguf"), *dst = tu_tmp("bad", ".flm");
     size_t len;
-    uint8_t *g = tu_read_file(tu_shared("models/stories260K/stories260K.gguf"), &len);
+    uint8_t *g = tu_read_file(tu_data("models/stories260K/stories260K.gguf"), &len);
     tu_write_file(src, g, len / 2); /* truncated source */
     free(g);
     flm_error err;

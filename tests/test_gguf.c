@@ -171,7 +171,7 @@ static flm_gguf_file *open_ok(const char *path) {
 static void test_real_model(void **state) {
     (void)state;
     char path[4096];
-    snprintf(path, sizeof path, "%s", tu_shared(MODEL));
+    snprintf(path, sizeof path, "%s", tu_data(MODEL));
     size_t len;
     uint8_t *bytes = tu_read_file(path, &len);
     static layout L;
@@ -281,7 +281,7 @@ static void test_real_model(void **state) {
 static void test_buffer_and_copy(void **state) {
     (void)state;
     size_t len;
-    uint8_t *bytes = tu_read_file(tu_shared(MODEL), &len);
+    uint8_t *bytes = tu_read_file(tu_data(MODEL), &len);
     flm_gguf_file *f = NULL;
     flm_error err = {0};
     assert_int_equal(flm_gguf_open_buffer("model (in memory)", bytes, len, &f, &err), FLM_OK);
@@ -592,7 +592,7 @@ static void test_writer_errors(void **state) {
 static void test_bad_real(void **state) {
     (void)state;
     size_t len;
-    uint8_t *src = tu_read_file(tu_shared(MODEL), &len);
+    uint8_t *src = tu_read_file(tu_data(MODEL), &len);
     static layout L;
     walk(src, len, &L);
     assert_int_equal(L.data_end, len); /* the last tensor ends the file: every truncation cuts data */

@@ -176,7 +176,7 @@ static void test_context_kv(void **state) {
         p.kv_f32 = f32;
         flm_ctx *ctx = NULL;
         flm_error err;
-        if (flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("%s", err.msg);
+        if (flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("%s", err.msg);
         flm_stats s;
         flm_get_stats(ctx, &s);
         const flm_hparams *hp = &ctx->model->hp;

@@ -279,20 +279,20 @@ static void run_case(const shift_case *c) {
 
 static void test_shift_stories_f32(void **state) {
     (void)state;
-    shift_case c = {"stories260K f32", tu_shared(STORIES), true, 0, 40, 4, 18, 48, 1e-5, 1e-4};
+    shift_case c = {"stories260K f32", tu_data(STORIES), true, 0, 40, 4, 18, 48, 1e-5, 1e-4};
     run_case(&c);
 }
 
 static void test_shift_stories_f16(void **state) {
     (void)state;
-    shift_case c = {"stories260K f16", tu_shared(STORIES), false, 0, 40, 4, 18, 48, 2e-3, 1e-2};
+    shift_case c = {"stories260K f16", tu_data(STORIES), false, 0, 40, 4, 18, 48, 2e-3, 1e-2};
     run_case(&c);
 }
 
 static void test_shift_partial_rotary(void **state) {
     (void)state;
     /* head_dim 8 with RoPE on the first 4 dimensions only (rope.dimension_count < key_length) */
-    shift_case c = {"stories260K f16, rope_dim 4", tu_shared(STORIES), false, 4, 40, 1, 20, 40, 2e-3, 1e-2};
+    shift_case c = {"stories260K f16, rope_dim 4", tu_data(STORIES), false, 4, 40, 1, 20, 40, 2e-3, 1e-2};
     run_case(&c);
 }
 
@@ -313,7 +313,7 @@ static void test_shift_gemma_swa(void **state) {
 /* Two shifts compose: (keep, d1) then (keep, d2) is (keep, d1 + d2). */
 static void test_shift_twice(void **state) {
     (void)state;
-    shift_case c = {"stories260K f32, two shifts", tu_shared(STORIES), true, 0, 40, 4, 0, 48, 1e-5, 1e-4};
+    shift_case c = {"stories260K f32, two shifts", tu_data(STORIES), true, 0, 40, 4, 0, 48, 1e-5, 1e-4};
     flm_ctx *A = open_case(&c), *B = open_case(&c);
     size_t n_ids = 0;
     int32_t *ids = flm_tokenize_all(A, TEXT, true, &n_ids);
@@ -333,7 +333,7 @@ static void test_shift_twice(void **state) {
  * the kept part leaves n_keep positions. */
 static void test_shift_arguments(void **state) {
     (void)state;
-    shift_case c = {"args", tu_shared(STORIES), false, 0, 20, 0, 0, 32, 0, 0};
+    shift_case c = {"args", tu_data(STORIES), false, 0, 20, 0, 0, 32, 0, 0};
     flm_ctx *A = open_case(&c);
     size_t n_ids = 0;
     int32_t *ids = flm_tokenize_all(A, TEXT, true, &n_ids);
@@ -420,7 +420,7 @@ static long generated(const char *out) {
 static void test_cli_run_context_full(void **state) {
     (void)state;
     char args[8192];
-    const char *m = tu_shared(STORIES);
+    const char *m = tu_data(STORIES);
     /* "Once upon a time" is 5 tokens with BOS: at -c 32, 28 tokens are printed (the 28th is not fed) */
     snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 500 -c 32 --temp 0 -t 1 2>&1", m);
     char *out = cli(args, 0);
@@ -495,7 +495,7 @@ static void test_cli_chat_context_shift(void **state) {
     tu_write_file(in, text, strlen(text));
     char args[8192];
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 30 --temp 0 -t 1 -v -c 50 --context-shift "
-             "< '%s' 2>&1", tu_shared(STORIES), in);
+             "< '%s' 2>&1", tu_data(STORIES), in);
     char *out = cli(args, 0);
     assert_non_null(strstr(out, "3 replies"));
     assert_non_null(strstr(out, "context shift on: the first "));
@@ -504,14 +504,14 @@ static void test_cli_chat_context_shift(void **state) {
     free(out);
     /* --keep N: N tokens after BOS */
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 30 --temp 0 -t 1 -v -c 50 --context-shift "
-             "--keep 2 < '%s' 2>&1", tu_shared(STORIES), in);
+             "--keep 2 < '%s' 2>&1", tu_data(STORIES), in);
     out = cli(args, 0);
     assert_non_null(strstr(out, "context shift on: the first 3 tokens are kept"));
     assert_non_null(strstr(out, "3 replies"));
     free(out);
     /* a kept part as long as the context: the turn cannot go in, as a full context (exit 1) */
     snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 30 --temp 0 -t 1 -c 50 --context-shift "
-             "--keep 60 < '%s' 2>&1", tu_shared(STORIES), in);
+             "--keep 60 < '%s' 2>&1", tu_data(STORIES), in);
     out = cli(args, 1);
     assert_non_null(strstr(out, "leave nothing to discard"));
     free(out);

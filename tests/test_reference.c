@@ -1,5 +1,5 @@
 /* test_reference.c — stories260K through the dense path against llama2.c's reference outputs
- * (../shared/reference/stories260K): logits at all 64 positions to 1e-4, greedy texts exactly. */
+ * (tests/data/reference/stories260K): logits at all 64 positions to 1e-4, greedy texts exactly. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +53,7 @@ static flm_ctx *open_model(void) {
     p.n_threads = 2;
     flm_ctx *ctx = NULL;
     flm_error err;
-    flm_status st = flm_open(tu_shared(MODEL), &p, &ctx, &err);
+    flm_status st = flm_open(tu_data(MODEL), &p, &ctx, &err);
     if (st) fail_msg("flm_open: %s", err.msg);
     return ctx;
 }
@@ -61,7 +61,7 @@ static flm_ctx *open_model(void) {
 static void test_logits_match_reference(void **state) {
     (void)state;
     size_t len;
-    uint8_t *ref = tu_read_file(tu_shared("reference/stories260K/expected_logits_prompt_once_upon_a_time_t0_n64.bin"),
+    uint8_t *ref = tu_read_file(tu_data("reference/stories260K/expected_logits_prompt_once_upon_a_time_t0_n64.bin"),
                                 &len);
     const size_t rec = 8 + 4 * N_VOCAB;
     assert_int_equal(len, 64 * rec);
@@ -99,7 +99,7 @@ static void test_logits_match_reference(void **state) {
 
 static void check_text(const char *prompt, int steps, const char *ref_rel, const char *extra_tail) {
     size_t len;
-    char *want = (char *)tu_read_file(tu_shared(ref_rel), &len);
+    char *want = (char *)tu_read_file(tu_data(ref_rel), &len);
     flm_ctx *ctx = open_model();
     char *got = generate(ctx, prompt, steps);
     strcat(got, extra_tail);
@@ -126,11 +126,11 @@ static void test_cli_run_greedy(void **state) {
     (void)state;
     char *out = NULL;
     char args[4096];
-    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 60 --temp 0 -t 2 2>/dev/null", tu_shared(MODEL));
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 60 --temp 0 -t 2 2>/dev/null", tu_data(MODEL));
     assert_int_equal(tu_run_cli(args, &out), 0);
     size_t len;
     char *want = (char *)tu_read_file(
-        tu_shared("reference/stories260K/expected_text_prompt_once_upon_a_time_t0_n64.txt"), &len);
+        tu_data("reference/stories260K/expected_text_prompt_once_upon_a_time_t0_n64.txt"), &len);
     assert_string_equal(out, want);
     free(out);
     free(want);

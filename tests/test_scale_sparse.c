@@ -19,7 +19,7 @@ static double naive_bytes_per_token(void) {
 static void test_relu_predictor_and_sparse(void **state) {
     (void)state;
     size_t len;
-    char *text = (char *)tu_read_file(tu_shared("text/sentences.txt"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/sentences.txt"), &len);
     flm_calib_opts o;
     flm_calib_opts_default(&o);
     o.text = text;

@@ -75,7 +75,7 @@ static char *calib_text;
 static int setup(void **state) {
     (void)state;
     size_t len;
-    char *text = (char *)tu_read_file(tu_shared("text/tinystories_sample.txt"), &len);
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
     /* split at a story boundary about 60% in: calibration text / held-out text */
     char *cut = strstr(text + len * 6 / 10, "<|endoftext|>");
     if (!cut) return -1;
@@ -86,7 +86,7 @@ static int setup(void **state) {
     tu_write_file(eval_path, rest, strlen(rest));
     snprintf(flm_path, sizeof flm_path, "%s", tu_tmp("stories-sparse", ".flm"));
     flm_error err;
-    if (flm_convert(tu_shared("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) return -1;
+    if (flm_convert(tu_data("models/stories260K/stories260K.gguf"), flm_path, NULL, NULL, &err)) return -1;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
     o.text = calib_text;
@@ -341,7 +341,7 @@ static void test_uncalibrated_and_auto(void **state) {
     (void)state;
     const char *plain = tu_tmp("plain", ".flm");
     flm_error err;
-    assert_int_equal(flm_convert(tu_shared("models/stories260K/stories260K.gguf"), plain, NULL, NULL, &err), FLM_OK);
+    assert_int_equal(flm_convert(tu_data("models/stories260K/stories260K.gguf"), plain, NULL, NULL, &err), FLM_OK);
     flm_params p;
     flm_params_default(&p);
     p.n_ctx = 64;

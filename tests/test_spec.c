@@ -191,11 +191,11 @@ static int32_t *tokenize(const flm_ctx *ctx, const char *text, int *n) {
 static int setup(void **state) {
     (void)state;
     snprintf(g_draft_path, sizeof g_draft_path, "%s", tu_tmp("draft", ".gguf"));
-    write_perturbed(tu_shared(MODEL), g_draft_path, 0.25f, 7);
+    write_perturbed(tu_data(MODEL), g_draft_path, 0.25f, 7);
     g_draft = g_draft_path;
     snprintf(g_flm_path, sizeof g_flm_path, "%s", tu_tmp("target", ".flm"));
     char args[8192];
-    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_shared(MODEL), g_flm_path);
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data(MODEL), g_flm_path);
     char *out = NULL;
     int rc = tu_run_cli(args, &out);
     if (rc) fprintf(stderr, "convert failed (%d): %s\n", rc, out);
@@ -411,7 +411,7 @@ static void check_greedy_draft(flm_mode mode, const char *target_path) {
 
 static void test_greedy_draft_ram(void **state) {
     (void)state;
-    check_greedy_draft(FLM_MODE_RAM, tu_shared(MODEL));
+    check_greedy_draft(FLM_MODE_RAM, tu_data(MODEL));
 }
 
 static void test_greedy_draft_flash(void **state) {
@@ -422,7 +422,7 @@ static void test_greedy_draft_flash(void **state) {
 static void test_greedy_ngram(void **state) {
     (void)state;
     const char *text = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had";
-    flm_ctx *plain = open_model(tu_shared(MODEL), FLM_MODE_RAM, N_CTX);
+    flm_ctx *plain = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX);
     int n_prompt;
     int32_t *prompt = tokenize(plain, text, &n_prompt);
     enum { N = 64 };
@@ -431,7 +431,7 @@ static void test_greedy_ngram(void **state) {
     flm_close(plain);
     const int lambdas[] = {1, 4, 8};
     for (size_t l = 0; l < 3; l++) {
-        flm_ctx *target = open_model(tu_shared(MODEL), FLM_MODE_RAM, N_CTX);
+        flm_ctx *target = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX);
         cli_spec_stats st;
         int n = gen_spec(target, NULL, true, lambdas[l], NULL, prompt, n_prompt, N, got, &st);
         print_message("n-gram, --draft-n %d: %d tokens, %llu passes, drafted %llu, accepted %llu, %llu plain\n",
@@ -468,7 +468,7 @@ static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int
 
 static void test_sampling_distribution(void **state) {
     (void)state;
-    flm_ctx *ref = open_model(tu_shared(MODEL), FLM_MODE_RAM, N_CTX);
+    flm_ctx *ref = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX);
     flm_ctx *dref = open_model(g_draft, FLM_MODE_RAM, N_CTX);
     const uint32_t V = n_vocab_of(ref);
     int n_prompt;
@@ -512,7 +512,7 @@ static void test_sampling_distribution(void **state) {
         djoint[cell] = q;
     }
     /* speculative generations */
-    flm_ctx *target = open_model(tu_shared(MODEL), FLM_MODE_RAM, N_CTX), *draft = open_model(g_draft, FLM_MODE_RAM, N_CTX);
+    flm_ctx *target = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX), *draft = open_model(g_draft, FLM_MODE_RAM, N_CTX);
     flm_sampler *smp = flm_sampler_create(&sp, V);
     cli_spec *s = NULL;
     cli_spec_opts o = {.n_draft = 4};
@@ -569,8 +569,8 @@ static void test_vocab_mismatch(void **state) {
     const char *other = tu_tmp("othervocab", ".gguf");
     char other_path[4096];
     snprintf(other_path, sizeof other_path, "%s", other);
-    write_other_vocab(tu_shared(MODEL), other_path, 300, "zzz-not-a-piece", -1);
-    flm_ctx *t = open_model(tu_shared(MODEL), FLM_MODE_RAM, 64), *d = open_model(other_path, FLM_MODE_RAM, 64);
+    write_other_vocab(tu_data(MODEL), other_path, 300, "zzz-not-a-piece", -1);
+    flm_ctx *t = open_model(tu_data(MODEL), FLM_MODE_RAM, 64), *d = open_model(other_path, FLM_MODE_RAM, 64);
     flm_error err;
     assert_int_equal(cli_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "T.gguf"));
@@ -579,7 +579,7 @@ static void test_vocab_mismatch(void **state) {
     assert_non_null(strstr(err.msg, "zzz-not-a-piece"));
     flm_close(d);
     /* the same vocabulary with another BOS */
-    write_other_vocab(tu_shared(MODEL), other_path, -1, NULL, 2);
+    write_other_vocab(tu_data(MODEL), other_path, -1, NULL, 2);
     d = open_model(other_path, FLM_MODE_RAM, 64);
     assert_int_equal(cli_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "BOS"));
@@ -597,11 +597,11 @@ static void test_vocab_mismatch(void **state) {
         flm_close(d);
     }
     /* the CLI refuses before generating, naming both files */
-    write_other_vocab(tu_shared(MODEL), other_path, 300, "zzz-not-a-piece", -1);
+    write_other_vocab(tu_data(MODEL), other_path, 300, "zzz-not-a-piece", -1);
     char args[8192], *out = NULL;
-    snprintf(args, sizeof args, "run -m '%s' --draft '%s' -p 'Once' -n 8 -c 64 2>&1", tu_shared(MODEL), other_path);
+    snprintf(args, sizeof args, "run -m '%s' --draft '%s' -p 'Once' -n 8 -c 64 2>&1", tu_data(MODEL), other_path);
     assert_int_equal(tu_run_cli(args, &out), 1);
-    if (!strstr(out, other_path) || !strstr(out, tu_shared(MODEL)) || !strstr(out, "tokenizer"))
+    if (!strstr(out, other_path) || !strstr(out, tu_data(MODEL)) || !strstr(out, "tokenizer"))
         fail_msg("the refusal does not name both files: %s", out);
     free(out);
     flm_close(t);
@@ -660,8 +660,8 @@ static void expect_cli(const char *args, int want_rc, const char *want_text, cha
 
 static void test_cli(void **state) {
     (void)state;
-    char m[4096]; /* tu_shared's buffer is reused by the next call */
-    snprintf(m, sizeof m, "%s", tu_shared(MODEL));
+    char m[4096]; /* tu_data's buffer is reused by the next call */
+    snprintf(m, sizeof m, "%s", tu_data(MODEL));
     char args[8192], *plain = NULL, *spec = NULL, *log = NULL;
     snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 48 --temp 0 -t 1 -c 128 2>/dev/null", m);
     expect_cli(args, 0, NULL, &plain);
@@ -727,7 +727,7 @@ static void test_cli(void **state) {
     tu_write_file(cal_path, bytes, len);
     free(bytes);
     snprintf(args, sizeof args, "calibrate '%s' --text '%s' -t 1 2>&1", cal_path,
-             tu_shared("text/tinystories_sample.txt"));
+             tu_data("text/tinystories_sample.txt"));
     expect_cli(args, 0, NULL, NULL);
     snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 24 --temp 0 -t 1 -c 128 --mode sparse --mem 1.5M "
              "--draft-ngram -v 2>&1", cal_path);

@@ -17,7 +17,7 @@ static int setup(void **state) {
     flm_params_default(&p);
     p.n_ctx = 16;
     flm_error err;
-    if (flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) {
+    if (flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
@@ -34,7 +34,7 @@ typedef struct { char **vocab; float *scores; int n; } ref_tok;
 
 static ref_tok load_tok512(void) {
     size_t len;
-    uint8_t *b = tu_read_file(tu_shared("models/stories260K/tok512.bin"), &len);
+    uint8_t *b = tu_read_file(tu_data("models/stories260K/tok512.bin"), &len);
     ref_tok t = {calloc(512, sizeof(char *)), calloc(512, sizeof(float)), 512};
     size_t o = 4; /* max_token_length */
     for (int i = 0; i < 512; i++) {

@@ -1,10 +1,10 @@
 /* test_tokenizer_real.c — the tokenizers of the real models against llama.cpp's ids.
  *
  * For each model in ~/.cache/flashlm/models/ (absent: skipped, or failed when FLASHLM_REQUIRE_MODELS=1), every line
- * of ../shared/reference/<model>/tokenize.jsonl (made with `llama-tokenize --ids`: special tokens parsed, BOS as
+ * of tests/data/reference/<model>/tokenize.jsonl (made with `llama-tokenize --ids`: special tokens parsed, BOS as
  * add_bos_token says) must give the same ids, and so must the prompts (and prompt + completion texts) of
  * greedy.jsonl; decoding the ids must give the text back (control tokens written as their text). Also: the
- * end-of-generation tokens, the GPT-2 tokenizer of ../shared/tokenizers/gpt2 (no model file needed), unknown
+ * end-of-generation tokens, the GPT-2 tokenizer of tests/data/tokenizers/gpt2 (no model file needed), unknown
  * tokenizer models and pre-tokenizers, and the speed of tokenizing wiki.test.raw (printed, not asserted). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 
 typedef struct {
     const char *file;   /* under ~/.cache/flashlm/models/ */
-    const char *ref;    /* under ../shared/reference/ */
+    const char *ref;    /* under tests/data/reference/ */
 } model_ref;
 
 static const model_ref MODELS[] = {
@@ -174,7 +174,7 @@ static void check_reference(int k) {
     flm_tokenizer *t = open_tok(MODELS[k].file);
     char rel[256];
     snprintf(rel, sizeof rel, "reference/%s/tokenize.jsonl", MODELS[k].ref);
-    char *all = read_text(tu_shared(rel));
+    char *all = read_text(tu_data(rel));
     int n_lines = 0, n_ids = 0, n_round = 0;
     for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
@@ -194,7 +194,7 @@ static void check_reference(int k) {
     }
     free(all);
     snprintf(rel, sizeof rel, "reference/%s/greedy.jsonl", MODELS[k].ref);
-    all = read_text(tu_shared(rel));
+    all = read_text(tu_data(rel));
     int n_greedy = 0, n_greedy_ok = 0;
     for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
@@ -315,8 +315,8 @@ static void test_special_tokens(void **state) {
 /* GPT-2's own tokenizer from vocab.json + merges.txt (no model file needed): pre-tokenizer "gpt2". */
 static void test_gpt2_files(void **state) {
     (void)state;
-    char *vocab = read_text(tu_shared("tokenizers/gpt2/vocab.json"));
-    char *merges = read_text(tu_shared("tokenizers/gpt2/merges.txt"));
+    char *vocab = read_text(tu_data("tokenizers/gpt2/vocab.json"));
+    char *merges = read_text(tu_data("tokenizers/gpt2/merges.txt"));
     cJSON *v = cJSON_Parse(vocab);
     assert_non_null(v);
     uint32_t n = (uint32_t)cJSON_GetArraySize(v);
@@ -455,7 +455,7 @@ static void test_wiki_speed(void **state) {
     (void)state;
     need_model(MODELS[1].file);
     need_model(MODELS[2].file);
-    char *text = read_text(tu_shared("text/wiki.test.raw"));
+    char *text = read_text(tu_data("text/wiki.test.raw"));
     size_t len = strlen(text);
     for (int k = 1; k <= 2; k++) { /* Qwen2.5 (byte-level BPE), Gemma 3 (SentencePiece, 262k vocabulary) */
         flm_tokenizer *t = open_tok(MODELS[k].file);

@@ -6,9 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-const char *tu_shared(const char *rel) {
+const char *tu_data(const char *rel) {
     static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/%s", FLM_SHARED_DIR, rel);
+    snprintf(buf, sizeof buf, "%s/%s", FLM_DATA_DIR, rel);
     return buf;
 }
 

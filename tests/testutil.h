@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-/* Path under ../shared (e.g. "models/stories260K/stories260K.gguf"); static buffer, valid until the next call. */
-const char *tu_shared(const char *rel);
+/* Path under tests/data, the tests' own fixtures (e.g. "models/stories260K/stories260K.gguf"); static buffer, valid until the next call. */
+const char *tu_data(const char *rel);
 /* A fresh path under the test build's tmp dir, unique per call: "<tmp>/<tag>-<pid>-<n><suffix>". Static ring. */
 const char *tu_tmp(const char *tag, const char *suffix);
 /* Read a whole file into malloc'd memory; *len gets its size. Fails the test on error. */

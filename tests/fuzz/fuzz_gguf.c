@@ -1,7 +1,7 @@
 /* fuzz_gguf.c — the GGUF reader (src/format/gguf.c) on arbitrary bytes, and everything that reads a parsed GGUF's
  * metadata: the typed getters, the hyper-parameters, the tokenizer built from tokenizer.ggml.* (encode and decode
  * of a fixed text), the chat template detection of tokenizer.chat_template, and the model loader's tensor checks
- * (flm_model_from_gguf). Seeds: tests/fuzz/make_seeds.sh (GGUF headers cut from ../shared and the pulled models). */
+ * (flm_model_from_gguf). Seeds: tests/fuzz/make_seeds.sh (GGUF headers cut from tests/data and the pulled models). */
 #include "fuzz_common.h"
 
 #include "format/chat_template.h"

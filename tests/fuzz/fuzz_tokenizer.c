@@ -1,7 +1,7 @@
 /* fuzz_tokenizer.c — tokenizer encode and decode (src/format/tokenizer*.c) on arbitrary bytes, invalid UTF-8
  * included, for every tokenizer kind: SentencePiece ("llama"), GPT-2 byte-level BPE under each pre-tokenizer family
  * (gpt2, llama3 with and without ignore_merges, qwen2, smollm, default: the PCRE2 regexes), and the tokenizers built
- * from real GGUF metadata (flm_tokenizer_from_gguf): stories260K from ../shared and the pulled models (SmolLM2, Qwen2.5,
+ * from real GGUF metadata (flm_tokenizer_from_gguf): stories260K from tests/data and the pulled models (SmolLM2, Qwen2.5,
  * Gemma 3) when present. The small built-in vocabularies keep every kind covered without any model.
  *
  * Input: byte 0 picks the tokenizer (modulo their number), byte 1 the flags (ADD_BOS, PARSE_SPECIAL, ADD_EOS), the rest
@@ -14,8 +14,8 @@
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 
-#ifndef FLM_SHARED_DIR
-#define FLM_SHARED_DIR "../shared"
+#ifndef FLM_DATA_DIR
+#define FLM_DATA_DIR "tests/data"
 #endif
 
 #define MAX_TOK 24
@@ -149,7 +149,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     add(builtin(false, NULL, false), "spm-noprefix", false);
     static const char *const pres[] = {"gpt2", "llama-bpe", "dbrx", "qwen2", "smollm", "default"};
     for (size_t i = 0; i < sizeof pres / sizeof *pres; i++) add(builtin(true, pres[i], false), pres[i], true);
-    add(from_gguf(FLM_SHARED_DIR "/models/stories260K/stories260K.gguf"), "stories260K", false);
+    add(from_gguf(FLM_DATA_DIR "/models/stories260K/stories260K.gguf"), "stories260K", false);
     static const char *const models[] = {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma-3-270m"};
     static char paths[3][4096];
     for (int i = 0; i < 3; i++)

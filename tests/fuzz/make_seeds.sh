@@ -1,20 +1,20 @@
 #!/bin/sh
 # make_seeds.sh FLASHLM OUTDIR — the seed corpora of the fuzz targets, built at run time (models are never
 # committed): OUTDIR/fuzz_NAME/ gets the committed seeds of tests/fuzz/seeds/fuzz_NAME plus
-#   fuzz_gguf       tiny synthetic models (flashlm synth), the first 16 KiB of stories260K (../shared) and the first
+#   fuzz_gguf       tiny synthetic models (flashlm synth), the first 16 KiB of stories260K (tests/data) and the first
 #                   64 KiB of every pulled model (their headers: metadata, the start of the vocabulary)
 #   fuzz_flm        the tiny models converted (flashlm convert), one calibrated, each with control bytes that fix the
 #                   checksums and open a context in ram / naive / hybrid / sparse mode (fuzz_flm.c)
 #   fuzz_sparsity   the predictor region of the calibrated tiny model
 #   fuzz_chat       tokenizer.chat_template of every pulled model
-#   fuzz_tokenizer  lines of ../shared/text for every tokenizer index, with and without special-token parsing
-# ../shared is $FLM_SHARED_DIR, else the directory beside the checkout; the model cache is flashlm pull's.
+#   fuzz_tokenizer  lines of tests/data/text for every tokenizer index, with and without special-token parsing
+# the fixtures are tests/data (FLM_DATA_DIR overrides); the model cache is flashlm pull's.
 set -eu
 [ $# -eq 2 ] || { echo "usage: $0 FLASHLM OUTDIR" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 flm=$1
 out=$2
-shared=${FLM_SHARED_DIR:-$here/../../../shared}
+data=${FLM_DATA_DIR:-$here/../data}
 if [ -n "${FLASHLM_CACHE:-}" ]; then cache=$FLASHLM_CACHE; else cache=${XDG_CACHE_HOME:-$HOME/.cache}/flashlm; fi
 tool="python3 $here/seedtool.py"
 work=$out/.work
@@ -30,7 +30,7 @@ done
 "$flm" synth "$work/tiny-silu.gguf" --d-model 32 --d-ffn 32 --layers 1 --heads 4 --kv-heads 2 --vocab 259 \
     --type f16 --act silu --calib 8 -f >/dev/null 2>&1
 cp "$work/tiny.gguf" "$work/tiny-silu.gguf" "$out/fuzz_gguf/"
-stories=$shared/models/stories260K/stories260K.gguf
+stories=$data/models/stories260K/stories260K.gguf
 [ -f "$stories" ] && head -c 16384 "$stories" > "$out/fuzz_gguf/stories260K-16k"
 for m in smollm2-135m gemma-3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
     g=$cache/models/$m.gguf
@@ -43,7 +43,7 @@ done
 "$flm" convert "$work/tiny.gguf" "$work/tiny.flm" --force >/dev/null 2>&1
 "$flm" convert "$work/tiny-silu.gguf" "$work/tiny-silu.flm" --force >/dev/null 2>&1
 cp "$work/tiny.flm" "$work/tiny-cal.flm"
-text=$shared/text/tinystories_sample.txt
+text=$data/text/tinystories_sample.txt
 [ -f "$text" ] || text=$here/seeds/fuzz_tokenizer/t0-00
 "$flm" calibrate "$work/tiny-cal.flm" --text "$text" >/dev/null 2>&1 || true
 for ctl in 00 01 03 05 07 0b; do
@@ -57,7 +57,7 @@ $tool region "$work/tiny-cal.flm" 3 "$out/fuzz_sparsity/tiny-cal"
 p=""
 for i in 00 01 02 03 04 05 06 07 08 09 0a 0b; do p="$p${p:+,}${i}00,${i}02"; done
 for f in sentences.txt wiki.test.raw; do
-    [ -f "$shared/text/$f" ] && mkdir -p "$work/lines-$f" && $tool lines 4 "$p" "$shared/text/$f" "$work/lines-$f" &&
+    [ -f "$data/text/$f" ] && mkdir -p "$work/lines-$f" && $tool lines 4 "$p" "$data/text/$f" "$work/lines-$f" &&
         cp "$work/lines-$f/"* "$out/fuzz_tokenizer/"
 done
 rm -rf "$work"

@@ -45,7 +45,7 @@ static void test_names_stay_inside(void **state) {
     p.n_ctx = 16;
     flm_ctx *ctx = NULL;
     flm_error err;
-    if (flm_open(tu_shared("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    if (flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("open: %s", err.msg);
     const float *logits;
     assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK); /* the library uses its own internals */
     flm_model_info info;
@@ -97,7 +97,7 @@ static void test_log_callback_not_stderr(void **state) {
     (void)state;
     char flm[4096], args[8192];
     snprintf(flm, sizeof flm, "%s", tu_tmp("public", ".flm"));
-    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_shared("models/stories260K/stories260K.gguf"), flm);
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data("models/stories260K/stories260K.gguf"), flm);
     assert_int_equal(tu_run_cli(args, NULL), 0);
     /* a probe file next to the model that cannot be used: the library must not read it unless asked */
     char probe[4200];
