@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -531,6 +532,73 @@ static void test_limits(void **state) {
     remove(f);
 }
 
+/* Issue 18: a model path that is a FIFO blocked `flashlm run` forever (the open waited for a writer). Every command
+ * that opens a model refuses it by name, in every mode; `timeout` turns a hang into exit 124. A directory likewise. */
+static void test_model_not_a_regular_file(void **state) {
+    (void)state;
+    const char *fifo = tu_tmp("fifo", ".gguf");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *cmds[] = {"run -m '%s' -p hi -n 2", "run -m '%s' -p hi -n 2 --mode naive --mem 50%%",
+                          "run -m '%s' -p hi -n 2 --mode ram", "perplexity -m '%s' -f /dev/null", "inspect '%s'",
+                          "verify '%s'", "convert '%s' /nonexistent/out.flm", "calibrate '%s' --text /dev/null"};
+    char args[8192], inner[4096];
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        snprintf(inner, sizeof inner, cmds[i], fifo);
+        snprintf(args, sizeof args, "timeout 60 '%s' %s 2>&1", FLM_CLI, inner); /* a hang: exit 124 */
+        FILE *p = popen(args, "r");
+        assert_non_null(p);
+        char out[8192];
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (rc != 1 || !strstr(out, fifo) || !strstr(out, "is a FIFO"))
+            fail_msg("flashlm %s: exit %d; want exit 1 and a refusal naming %s as a FIFO:\n%s", inner, rc, fifo, out);
+    }
+    remove(fifo);
+    const char *dir = tu_tmp("dir", ".gguf");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2", dir);
+    expect(args, 1, "is a directory, not a regular file");
+    rmdir(dir);
+}
+
+/* Issue 18: a GGUF whose tokenizer.ggml.bos_token_id is outside the vocabulary ran without a word (BOS silently
+ * dropped). Now it is an error naming the key and the value; an id inside the vocabulary still runs. */
+static void patch_u32_key(const char *dst, const char *key, uint32_t value) {
+    size_t len;
+    uint8_t *g = tu_read_file(tu_data(STORIES), &len);
+    size_t kl = strlen(key);
+    uint8_t *at = NULL;
+    for (size_t i = 0; i + kl + 8 <= len && !at; i++)
+        if (!memcmp(g + i, key, kl)) at = g + i + kl;
+    assert_non_null(at);
+    uint32_t type;
+    memcpy(&type, at, 4);
+    assert_int_equal(type, 4); /* GGUF_TYPE_UINT32 */
+    memcpy(at + 4, &value, 4);
+    tu_write_file(dst, g, len);
+    free(g);
+}
+
+static void test_special_id_out_of_range(void **state) {
+    (void)state;
+    const char *bad = tu_tmp("bos", ".gguf");
+    char args[8192];
+    patch_u32_key(bad, "tokenizer.ggml.bos_token_id", 512); /* stories260K's vocabulary: ids 0 to 511 */
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 4", bad);
+    char *out = expect_out(args, 1, "tokenizer.ggml.bos_token_id' = 512 is outside the vocabulary (512 tokens");
+    assert_non_null(strstr(out, bad));
+    free(out);
+    patch_u32_key(bad, "tokenizer.ggml.eos_token_id", 4000000000u);
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 4", bad);
+    expect(args, 1, "tokenizer.ggml.eos_token_id' = 4000000000 is outside the vocabulary");
+    patch_u32_key(bad, "tokenizer.ggml.bos_token_id", 511); /* in range: runs */
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 4 --temp 0", bad);
+    expect(args, 0, NULL);
+    remove(bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nonfinite_weights),
@@ -539,6 +607,8 @@ int main(void) {
         cmocka_unit_test(test_rss_within_budget_and_allowance),
         cmocka_unit_test(test_user_papercuts),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_model_not_a_regular_file),
+        cmocka_unit_test(test_special_id_out_of_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "compute/act.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/types.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
@@ -483,9 +485,16 @@ static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, c
  * (two runs would both write PATH.tmp and the one reporting success might not be the one in the file). Returns the
  * locked descriptor, or -1 with *st set. */
 static int lock_model(const char *path, flm_status *st, flm_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO is refused below, not waited on */
     if (fd < 0) {
         *st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb = {0};
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        *st = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", path,
+                       flm_file_kind(sb.st_mode));
+        close(fd);
         return -1;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {

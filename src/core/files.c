@@ -13,3 +13,12 @@ flm_status flm_check_output(const char *dst, const char *src, flm_error *err) {
         return flm_fail(err, FLM_ERR_ARG, "%s: the output is the input file; choose another output path", dst);
     return FLM_OK;
 }
+
+const char *flm_file_kind(unsigned mode) {
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "a special file";
+}

@@ -50,10 +50,12 @@ static flm_status pread_all(int fd, void *buf, size_t n, uint64_t off, const cha
 bool flm_region_checksum_ok(const flm_region *r, const void *data) { return XXH64(data, r->size, 0) == r->checksum; }
 
 bool flm_file_is_flm(const char *path) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block the open: it is no .flm */
     if (fd < 0) return false;
     char m[8];
-    bool ok = pread(fd, m, 8, 0) == 8 && memcmp(m, FLM_FILE_MAGIC, 8) == 0;
+    struct stat sb;
+    bool ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && pread(fd, m, 8, 0) == 8 &&
+              memcmp(m, FLM_FILE_MAGIC, 8) == 0;
     close(fd);
     return ok;
 }
@@ -155,10 +157,15 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
     if (!f || !(f->path = strdup(path))) { free(f); return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); }
     flm_status st = FLM_OK;
     uint8_t *hdr = NULL;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* O_NONBLOCK: a FIFO is refused below, not waited on */
     if (fd < 0) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno)); goto done; }
     struct stat sb;
     if (fstat(fd, &sb) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot stat: %s", path, strerror(errno)); goto done; }
+    if (!S_ISREG(sb.st_mode)) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", path,
+                      flm_file_kind(sb.st_mode));
+        goto done;
+    }
     f->file_size = (uint64_t)sb.st_size;
     uint8_t fixed[FLM_HEADER_FIXED];
     if (f->file_size < FLM_HEADER_FIXED) {

@@ -411,14 +411,15 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
 
 /* Map path read-only (or read it into memory when mmap fails). */
 static flm_status load(flm_gguf_file_impl *fi, const char *path, flm_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* O_NONBLOCK: a FIFO is refused below, not waited on */
     if (fd < 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     flm_status st = FLM_OK;
     if (fstat(fd, &sb) != 0) {
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
     } else if (!S_ISREG(sb.st_mode)) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: not a regular file", path);
+        st = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", path,
+                      flm_file_kind(sb.st_mode));
     } else if ((uint64_t)sb.st_size > SIZE_MAX) {
         st = flm_fail(err, FLM_ERR_IO, "%s: file of %llu bytes is too large to map", path, (ull)sb.st_size);
     } else if ((fi->f.size = (size_t)sb.st_size) > 0) {

@@ -21,12 +21,17 @@ static flm_status get_bool(const flm_gguf_file *f, const char *key, int *out, fl
     return FLM_OK;
 }
 
-/* An optional token id key: *out = the id, or -1 when absent or (as llama.cpp warns and ignores) >= n_vocab. */
+/* An optional token id key: *out = the id when present (else unchanged: the default). An id >= n_vocab is
+ * FLM_ERR_FORMAT naming the key and the value (llama.cpp warns and uses its default instead). */
 static flm_status get_id(const flm_gguf_file *f, const char *key, uint64_t n_vocab, int32_t *out, flm_error *err) {
-    uint32_t v = UINT32_MAX;
-    flm_status st = flm_gguf_get_u32(f, key, false, &v, err);
+    if (!flm_gguf_find_kv(f, key)) return FLM_OK; /* absent: the default stays */
+    uint32_t v = 0;
+    flm_status st = flm_gguf_get_u32(f, key, true, &v, err);
     if (st) return st;
-    if (v < n_vocab) *out = (int32_t)v;
+    if (v >= n_vocab) /* llama.cpp warns and falls back; a wrong special id silently changes every prompt: refuse */
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s' = %u is outside the vocabulary (%llu tokens: ids 0 to %llu)",
+                        f->path, key, v, (unsigned long long)n_vocab, (unsigned long long)n_vocab - 1);
+    *out = (int32_t)v;
     return FLM_OK;
 }
 

@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/util.h"
 
 void flm_params_default(flm_params *p) {
@@ -195,6 +197,12 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
         }
         ctx->mem_resident = ff->resident_loaded;
     } else {
+        struct stat sb; /* a FIFO or a device: refused by name, never opened (an open would wait for a writer) */
+        if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+            free(ctx);
+            return flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", path,
+                            flm_file_kind(sb.st_mode));
+        }
         if (p->mode != FLM_MODE_AUTO && p->mode != FLM_MODE_RAM) {
             FILE *fp = fopen(path, "rb"); /* a missing file is that, not a GGUF in the wrong mode */
             if (!fp) {
