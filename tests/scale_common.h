@@ -10,7 +10,7 @@
 #include "flashlm.h"
 #include "convert/convert.h"
 #include "format/flm.h"
-#include "model/synth.h"
+#include "synth/synth.h"
 #include "testutil.h"
 
 #define ALLOWANCE ((double)FLM_RSS_ALLOWANCE) /* include/flashlm.h, docs/ARCHITECTURE.md "Memory budget" */

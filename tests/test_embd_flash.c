@@ -20,7 +20,7 @@
 #include "format/flm.h"
 #include "format/flm_write.h"
 #include "io/reader.h"
-#include "model/synth.h"
+#include "synth/synth.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
 

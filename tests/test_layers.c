@@ -27,8 +27,11 @@ static const layer k_layers[] = {
     {"model", {"format", "compute", "core", NULL}},
     {"sparsity", {"model", "format", "compute", "core", NULL}},
     {"runtime", {"model", "format", "compute", "io", "cache", "sparsity", "core", NULL}},
+    /* the tools tier (libflashlm_tools), above the runtime */
     {"convert", {"model", "format", "compute", "core", NULL}},
     {"calibrate", {"runtime", "sparsity", "model", "format", "compute", "io", "cache", "core", NULL}},
+    {"synth", {"model", "format", "compute", "core", NULL}},
+    {"probe", {"io", "core", NULL}},
 };
 #define N_LAYERS (int)(sizeof k_layers / sizeof k_layers[0])
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "sparsity/predictor.h"
+#include "calibrate/train.h"
 #include "compute/kernels.h"
 #include "sparsity/sparsity.h"
 

@@ -22,7 +22,7 @@
 
 #include "flashlm.h"
 #include "format/gguf.h"
-#include "model/synth.h"
+#include "synth/synth.h"
 #include "testutil.h"
 
 static bool exists(const char *path) {

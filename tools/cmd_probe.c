@@ -8,7 +8,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "io/probe.h"
+#include "probe/probe.h"
 
 
 static const char *PROBE_HELP =

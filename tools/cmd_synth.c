@@ -10,7 +10,7 @@
 #include "flashlm.h"
 #include "compute/kernels.h"
 #include "core/types.h"
-#include "model/synth.h"
+#include "synth/synth.h"
 
 static const char *SYNTH_HELP =
     "usage: flashlm synth OUT.gguf [options]\n"

@@ -19,6 +19,7 @@
 #include "core/types.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
+#include "calibrate/train.h"
 
 /* eps: the share of each layer's FFN output energy the oracle drops, ascending */
 static const float STD_LEVELS[] = {0.0002f, 0.0005f, 0.001f, 0.002f, 0.005f, 0.01f, 0.02f};

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
+#include "calibrate/train.h"
 
 void flm_curve_opts_default(flm_curve_opts *o) {
     memset(o, 0, sizeof *o);

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/types.h"
-#include "io/probe.h"
+#include "io/io_cost.h"
 #include "runtime/runtime.h"
 #include "core/error.h"
 #include "core/util.h"

@@ -1,10 +1,10 @@
-/* fuzz_probe.c — the probe JSON (src/io/probe.c, flm_probe_parse_cost: the cost file `flashlm probe-disk` writes and
+/* fuzz_probe.c — the probe JSON (src/io/io_cost.c, flm_probe_parse_cost: the cost file `flashlm probe-disk` writes and
  * every run reads when it is there) on arbitrary bytes. Seeds: tests/fuzz/seeds/fuzz_probe. */
 #include "fuzz_common.h"
 
 #include <math.h>
 
-#include "io/probe.h"
+#include "io/io_cost.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     flm_io_cost c = {-1, -1};

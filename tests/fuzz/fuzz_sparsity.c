@@ -5,6 +5,7 @@
 #include "fuzz_common.h"
 
 #include "sparsity/sparsity.h"
+#include "calibrate/train.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     flm_sparsity s;

@@ -1,6 +1,7 @@
 /*
  * probe.h — measuring the disk that holds a model: random-read throughput and latency by request size and reads in
- * flight, sequential throughput, and the planner's cost model fitted from them (`flashlm probe-disk`). Internal.
+ * flight, sequential throughput, and the planner's cost model fitted from them (`flashlm probe-disk`). The tools tier (src/probe/); the runtime reads the saved
+ * fit through io/io_cost.h. Internal.
  *
  * Source: "LLM in a flash" (shared/paper/llm-in-a-flash.txt), Knowl 6: every read pays a fixed latency (OS, driver,
  * interrupt, controller), so random-read throughput grows with the chunk size and with the number of reads in
@@ -21,21 +22,19 @@
  *
  * The fit (flm_probe_fit_cost): see the comment above that function and docs/IO.md "Measuring the disk".
  *
- * Results are saved as JSON (cJSON) next to the model, "<model>.probe.json"; flm_probe_load_cost reads the fitted
- * cost back for the runtime.
+ * Results are saved as JSON (cJSON) next to the model, "<model>.probe.json"; flm_probe_load_cost (io/io_cost.h)
+ * reads the fitted cost back for the runtime.
  */
-#ifndef FLM_IO_PROBE_H
-#define FLM_IO_PROBE_H
+#ifndef FLM_PROBE_PROBE_H
+#define FLM_PROBE_PROBE_H
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "flashlm.h"
+#include "io/io_cost.h"
 #include "io/reader.h"
 
-#define FLM_PROBE_FORMAT "flashlm-probe" /* JSON "format" */
-#define FLM_PROBE_VERSION 1              /* JSON "version" */
-#define FLM_PROBE_SUFFIX ".probe.json"   /* the file next to the model: "<model>.probe.json" */
 #define FLM_PROBE_SEQ_BYTES ((uint64_t)4 << 20) /* request size of the sequential cells */
 #define FLM_PROBE_SEQ_MAX_IN_FLIGHT 16          /* sequential cells are run at the in-flight counts up to this */
 #define FLM_PROBE_MAX_LIST 16                   /* at most this many request sizes / in-flight counts */
@@ -146,22 +145,6 @@ void flm_probe_fit_cost(flm_probe_result *r);
 
 /* Save r as JSON to path atomically (path.tmp.<pid>, fsync, rename). Errors: FLM_ERR_IO, FLM_ERR_NOMEM. */
 flm_status flm_probe_save(const flm_probe_result *r, const char *path, flm_error *err);
-
-/* "<model_path>.probe.json", malloc'd (NULL when out of memory). */
-char *flm_probe_json_path(const char *model_path);
-
-/* Read the fitted cost (JSON "cost": {"latency_us", "bandwidth_gbps"}) from a probe file.
- * Errors: FLM_ERR_IO (the file is absent or unreadable: the caller keeps its defaults), FLM_ERR_FORMAT (not a
- * flashlm probe file, a wrong version, a missing or out-of-range value: latency_us must be in [0, 1e6],
- * bandwidth_gbps in (0, 1e4]; the message names the file and what is wrong), FLM_ERR_NOMEM, FLM_ERR_ARG.
- * *out is only written on success. */
-flm_status flm_probe_load_cost_file(const char *json_path, flm_io_cost *out, flm_error *err);
-/* The same for len bytes of probe JSON already in memory (text need not be NUL-terminated; name stands for the file
- * in messages). Errors: FLM_ERR_FORMAT (also for more than 16 MiB or a NUL byte), FLM_ERR_NOMEM, FLM_ERR_ARG. */
-flm_status flm_probe_parse_cost(const char *name, const char *text, size_t len, flm_io_cost *out, flm_error *err);
-
-/* flm_probe_load_cost_file(flm_probe_json_path(model_path)): the cost measured for the disk holding the model. */
-flm_status flm_probe_load_cost(const char *model_path, flm_io_cost *out, flm_error *err);
 
 /* Release what flm_probe_run allocated; r itself is not freed. NULL is fine. */
 void flm_probe_result_free(flm_probe_result *r);

@@ -10,7 +10,7 @@
  * attention) over `calib_tokens` tokens. It sees each tensor right after it is made, so the scale of attn_output and
  * ffn_down and the gate biases can be chosen from the activations the real model will produce. The same replica
  * measures finished files (flm_synth_measure). */
-#include "model/synth.h"
+#include "synth/synth.h"
 
 #include <math.h>
 #include <omp.h>
