@@ -116,6 +116,14 @@ FLM_API bool flm_mode_parse(const char *s, flm_mode *out);
 
 /* Flash reader back ends. */
 typedef enum flm_io_kind { FLM_IO_KIND_AUTO = 0, FLM_IO_KIND_THREADS = 1, FLM_IO_KIND_URING = 2 } flm_io_kind;
+/* The device cost model the flash reader plans with (docs/IO.md): each read request costs latency_us plus its bytes
+ * at bandwidth_gbps, so a gap between two wanted extents is read through when streaming it costs less than one more
+ * request. `flashlm probe-disk` measures it (flashlm_tools.h, flm_probe_run) and saves it for
+ * flm_params.io_cost_path. */
+typedef struct flm_io_cost {
+    double latency_us;     /* fixed cost of one request, microseconds; default 80 */
+    double bandwidth_gbps; /* streaming bandwidth, GB/s (1e9 bytes per second); default 2 */
+} flm_io_cost;
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Log messages
@@ -337,11 +345,68 @@ FLM_API const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id
                                          (llama.cpp's add_special) */
 #define FLM_TOKENIZE_PARSE_SPECIAL 2u /* control tokens spelled out in the text ("<|im_start|>", "<end_of_turn>")
                                          become those tokens (llama.cpp's parse_special) */
+#define FLM_TOKENIZE_BOS 8u           /* BOS first when the vocabulary has one, whatever add_bos_token says, and no
+                                         EOS (a chat turn: the caller decides with flm_add_bos) */
 /* Encode len bytes of UTF-8 text (need not be NUL-terminated) into at most cap ids with FLM_TOKENIZE_* flags.
  * Returns how many ids the whole text needs (only the first cap are written), or SIZE_MAX when out of memory. */
 FLM_API size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap);
 /* true for the tokens that end a generation or a chat turn (EOS, EOT, "<|im_end|>", "<end_of_turn>", ...). */
 FLM_API bool flm_token_is_eog(const flm_ctx *ctx, int32_t id);
+/* Tokens in the model's vocabulary (tokenizer.ggml.tokens): ids 0 .. flm_vocab_size - 1. It may differ from
+ * flm_model_info.n_vocab, the logits per token (a classifier padded past the vocabulary, or a short one). 0 when ctx
+ * is NULL. Source: the GGUF metadata (a .flm file's resident copy of it). */
+FLM_API uint32_t flm_vocab_size(const flm_ctx *ctx);
+/* The vocabulary string of token id as the model stores it (SentencePiece "▁" for a space, GPT-2's byte characters,
+ * "<|im_end|>"), NUL-terminated, valid while ctx lives; "" when id is outside [0, flm_vocab_size) or ctx is NULL.
+ * For the bytes a token decodes to, use flm_token_piece. */
+FLM_API const char *flm_token_text(const flm_ctx *ctx, int32_t id);
+/* Whether the model asks for BOS at the start of a text (tokenizer.ggml.add_bos_token; default true for
+ * SentencePiece vocabularies, false for GPT-2 ones except the llama3 pre-tokenizer, as llama.cpp decides): the BOS
+ * that FLM_TOKENIZE_ADD_SPECIAL adds. false when ctx is NULL. */
+FLM_API bool flm_add_bos(const flm_ctx *ctx);
+/* ---------------------------------------------------------------------------------------------------------------
+ * Chat templates
+ *
+ * A GGUF file may carry its Hugging Face chat template (tokenizer.chat_template, a Jinja source). flashlm does not
+ * run Jinja: as llama.cpp's llm_chat_detect_template it recognises the family by marker substrings and renders that
+ * family's format in C (src/format/chat_template.h lists the families and their markers). The rendered text has no
+ * leading BOS (tokenize it with FLM_TOKENIZE_ADD_BOS when flm_add_bos says so) and spells control tokens out
+ * ("<|im_start|>"): tokenize it with FLM_TOKENIZE_PARSE_SPECIAL.
+ * ------------------------------------------------------------------------------------------------------------- */
+/* The names flm_chat_open accepts, for messages. */
+#define FLM_CHAT_TEMPLATE_NAMES "chatml, gemma, llama2, llama3, phi3, zephyr"
+/* One conversation turn: role "system", "user" or "assistant" (others pass through where the format has a generic
+ * role slot), content UTF-8, both NUL-terminated. */
+typedef struct flm_chat_msg {
+    const char *role;
+    const char *content;
+} flm_chat_msg;
+typedef struct flm_chat flm_chat;
+/* true when name is one of FLM_CHAT_TEMPLATE_NAMES (exact, lower case). */
+FLM_API bool flm_chat_name_valid(const char *name);
+/* The chat format of an open model: name (one of FLM_CHAT_TEMPLATE_NAMES, e.g. from --chat-template; NULL: none)
+ * wins; else the family of the model's tokenizer.chat_template, with the default system prompt it carries (Qwen2.5,
+ * SmolLM2); else the one its architecture implies (gemma*); else chatml (llama.cpp's default). *out: free with
+ * flm_chat_close; it does not borrow ctx.
+ * Errors: FLM_ERR_ARG (ctx or out NULL; name not one of FLM_CHAT_TEMPLATE_NAMES: the message lists them),
+ * FLM_ERR_UNSUPPORTED (the model's template is of no known family: the message says to choose one),
+ * FLM_ERR_NOMEM. *out is NULL after an error. */
+FLM_API flm_status flm_chat_open(const flm_ctx *ctx, const char *name, flm_chat **out, flm_error *err);
+/* The format chosen ("chatml", "gemma", ...), static. */
+FLM_API const char *flm_chat_name(const flm_chat *c);
+/* How it was chosen, static: "--chat-template" (a name was given), "the model's template", "the architecture",
+ * "the default: the model has no chat template". */
+FLM_API const char *flm_chat_origin(const flm_chat *c);
+/* The system prompt the model's template adds when a conversation has none (Qwen2.5: "You are Qwen, created by
+ * Alibaba Cloud. ..."), NUL-terminated, valid until flm_chat_close; NULL when it has none. */
+FLM_API const char *flm_chat_system_prompt(const flm_chat *c);
+/* Render n messages into the prompt text the template gives them, followed by the assistant turn's opening when
+ * add_assistant (Jinja's add_generation_prompt); the template's default system prompt goes first when msgs[0] is
+ * not a system message. *out: malloc'd, NUL-terminated (the caller frees it); *out_len (may be NULL) its length in
+ * bytes. Errors: FLM_ERR_ARG (c, out or a role/content NULL), FLM_ERR_NOMEM. */
+FLM_API flm_status flm_chat_apply(const flm_chat *c, const flm_chat_msg *msgs, size_t n, bool add_assistant,
+                                  char **out, size_t *out_len, flm_error *err);
+FLM_API void flm_chat_close(flm_chat *c);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Perplexity (teacher-forced, as llama.cpp's perplexity tool computes it)

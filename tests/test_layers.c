@@ -1,7 +1,11 @@
 /* test_layers.c — the module graph of src/ is the one docs/ARCHITECTURE.md draws. Reads every `#include "dir/..."`
- * in every src/<dir>/ .c and .h file (FLM_SOURCE_DIR) and fails on an edge between directories that the allowed-layers table below
- * does not permit, on a directory the table does not know, on an include that climbs out of src/ ("../"), and on any
- * cycle between directories (checked on the edges found, independently of the table). */
+ * in every src/<dir>/ .c and .h file (FLM_SOURCE_DIR) and fails on an edge between directories that the allowed-layers
+ * table below does not permit, on a directory the table does not know, on an include that climbs out of src/ ("../"),
+ * and on any cycle between directories (checked on the edges found, independently of the table).
+ * Calls through the public headers are edges too: a call to a function that include/flashlm.h or flashlm_tools.h
+ * declares FLM_API is an edge to the directory that defines it (so src/model calling flm_open, which src/runtime
+ * defines, is refused although it only includes flashlm.h).
+ * The CLI (tools/) includes only the public headers (flashlm.h, flashlm_tools.h) and its own tools/ headers. */
 #include "testutil.h"
 
 #include <dirent.h>
@@ -28,9 +32,9 @@ static const layer k_layers[] = {
     {"sparsity", {"model", "format", "compute", "core", NULL}},
     {"runtime", {"model", "format", "compute", "io", "cache", "sparsity", "core", NULL}},
     /* the tools tier (libflashlm_tools), above the runtime */
-    {"convert", {"model", "format", "compute", "core", NULL}},
+    {"convert", {"runtime", "model", "format", "compute", "core", NULL}},
     {"calibrate", {"runtime", "sparsity", "model", "format", "compute", "io", "cache", "core", NULL}},
-    {"synth", {"model", "format", "compute", "core", NULL}},
+    {"synth", {"runtime", "model", "format", "compute", "core", NULL}},
     {"probe", {"io", "core", NULL}},
 };
 #define N_LAYERS (int)(sizeof k_layers / sizeof k_layers[0])
@@ -228,11 +232,311 @@ static void test_src_include_graph(void **state) {
     assert_true(g.edge[layer_index("calibrate")][layer_index("runtime")] > 0);
 }
 
+/* ---- calls through the public headers ------------------------------------------------------------------------ */
+
+#define MAX_API 512
+typedef struct api_fn {
+    char name[64];
+    int def_layer; /* the directory whose .c file defines it; -1: not found */
+} api_fn;
+typedef struct api_set {
+    api_fn fn[MAX_API];
+    int n;
+} api_set;
+
+static char *read_all(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, fp) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[n] = '\0';
+    fclose(fp);
+    return b;
+}
+
+/* Blank out comments, string and character literals (kept: newlines), so only code is searched. */
+static void strip_comments(char *s) {
+    for (char *p = s; *p; p++) {
+        if (p[0] == '/' && p[1] == '*') {
+            char *e = strstr(p + 2, "*/");
+            char *end = e ? e + 2 : p + strlen(p);
+            for (; p < end; p++)
+                if (*p != '\n') *p = ' ';
+            p--;
+        } else if (p[0] == '/' && p[1] == '/') {
+            while (*p && *p != '\n') *p++ = ' ';
+            p--;
+        } else if (*p == '"' || *p == '\'') {
+            char q = *p++;
+            while (*p && *p != q && *p != '\n') {
+                if (*p == '\\' && p[1]) *p++ = ' ';
+                *p++ = ' ';
+            }
+            if (!*p) break;
+        }
+    }
+}
+
+static bool is_ident(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+
+/* The names a public header declares FLM_API (functions: "FLM_API ... name("). */
+static void read_api(api_set *a, const char *header) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/include/%s", FLM_SOURCE_DIR, header);
+    char *s = read_all(path);
+    assert_non_null(s);
+    strip_comments(s);
+    for (char *p = strstr(s, "FLM_API "); p; p = strstr(p + 8, "FLM_API ")) {
+        char *paren = strchr(p, '(');
+        char *semi = strchr(p, ';');
+        if (!paren || (semi && semi < paren)) continue;
+        char *e = paren;
+        while (e > p && e[-1] == ' ') e--;
+        char *b = e;
+        while (b > p && is_ident(b[-1])) b--;
+        if (e - b <= 0 || e - b >= 64 || a->n >= MAX_API || !strncmp(b, "__", 2)) continue; /* the macro itself */
+        snprintf(a->fn[a->n].name, sizeof a->fn[a->n].name, "%.*s", (int)(e - b), b);
+        a->fn[a->n].def_layer = -1;
+        a->n++;
+    }
+    free(s);
+}
+
+/* The first occurrence of name( as a whole identifier in s, or NULL. */
+static const char *find_call(const char *s, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = strstr(s, name); p; p = strstr(p + 1, name)) {
+        if (p > s && is_ident(p[-1])) continue;
+        const char *q = p + n;
+        while (*q == ' ') q++;
+        if (*q == '(') return p;
+    }
+    return NULL;
+}
+
+/* Does code (comments stripped) define name: at the start of a line, "... name(" with a body, not a ';' first? */
+static bool defines(const char *code, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = strstr(code, name); p; p = strstr(p + 1, name)) {
+        if (p > code && is_ident(p[-1])) continue;
+        if (p[n] != '(') continue;
+        const char *ls = p;
+        while (ls > code && ls[-1] != '\n') ls--;
+        if (*ls == ' ' || *ls == '\t' || *ls == '#') continue; /* a call inside a function, or a macro */
+        const char *brace = strchr(p, '{'), *semi = strchr(p, ';');
+        if (brace && (!semi || brace < semi)) return true;
+    }
+    return false;
+}
+
+typedef void (*file_fn)(void *user, int layer, const char *path, const char *rel);
+
+/* Every .c and .h file of src/<dir>/, with its layer. */
+static void for_each_src_file(file_fn fn, void *user) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s/src", FLM_SOURCE_DIR);
+    DIR *top = opendir(src);
+    assert_non_null(top);
+    struct dirent *d;
+    while ((d = readdir(top))) {
+        int layer = d->d_name[0] == '.' ? -1 : layer_index(d->d_name);
+        if (layer < 0) continue; /* test_src_include_graph reports unknown directories */
+        char dpath[4096 + 256];
+        snprintf(dpath, sizeof dpath, "%s/%s", src, d->d_name);
+        DIR *sub = opendir(dpath);
+        if (!sub) continue;
+        struct dirent *e;
+        while ((e = readdir(sub))) {
+            if (!has_suffix(e->d_name, ".c") && !has_suffix(e->d_name, ".h")) continue;
+            char fpath[4096 + 512], rel[300];
+            snprintf(fpath, sizeof fpath, "%s/%s", dpath, e->d_name);
+            snprintf(rel, sizeof rel, "src/%s/%s", d->d_name, e->d_name);
+            fn(user, layer, fpath, rel);
+        }
+        closedir(sub);
+    }
+    closedir(top);
+}
+
+static void find_definitions(void *user, int layer, const char *path, const char *rel) {
+    (void)rel;
+    api_set *a = user;
+    if (!has_suffix(path, ".c")) return;
+    char *s = read_all(path);
+    assert_non_null(s);
+    strip_comments(s);
+    for (int i = 0; i < a->n; i++)
+        if (a->fn[i].def_layer < 0 && defines(s, a->fn[i].name)) a->fn[i].def_layer = layer;
+    free(s);
+}
+
+typedef struct call_scan {
+    api_set *a;
+    int n_bad, n_calls;
+} call_scan;
+
+static void check_calls(void *user, int layer, const char *path, const char *rel) {
+    call_scan *c = user;
+    char *s = read_all(path);
+    assert_non_null(s);
+    strip_comments(s);
+    for (int i = 0; i < c->a->n; i++) {
+        const api_fn *f = &c->a->fn[i];
+        if (f->def_layer < 0 || f->def_layer == layer) continue;
+        const char *at = find_call(s, f->name);
+        if (!at) continue;
+        c->n_calls++;
+        if (!allowed(layer, f->def_layer)) {
+            int line = 1;
+            for (const char *q = s; q < at; q++) line += *q == '\n';
+            print_error("%s:%d: calls %s (public, defined in src/%s/): %s may not use %s (see docs/ARCHITECTURE.md)\n",
+                        rel, line, f->name, k_layers[f->def_layer].dir, k_layers[layer].dir,
+                        k_layers[f->def_layer].dir);
+            c->n_bad++;
+        }
+    }
+    free(s);
+}
+
+/* The public headers' functions are edges too: nothing below src/runtime calls a runtime entry point (flm_open,
+ * flm_eval, ...), nothing in the runtime tier calls the tools tier's (flashlm_tools.h). */
+static void test_public_calls_respect_layers(void **state) {
+    (void)state;
+    static api_set a;
+    memset(&a, 0, sizeof a);
+    read_api(&a, "flashlm.h");
+    int n_runtime_api = a.n;
+    read_api(&a, "flashlm_tools.h");
+    assert_true(n_runtime_api > 40);
+    assert_true(a.n > n_runtime_api + 10);
+    for_each_src_file(find_definitions, &a);
+    int undefined = 0;
+    for (int i = 0; i < a.n; i++)
+        if (a.fn[i].def_layer < 0) {
+            print_error("%s: declared FLM_API but no src/ .c file defines it\n", a.fn[i].name);
+            undefined++;
+        }
+    assert_int_equal(undefined, 0);
+    /* known definitions: the scan finds them where they are */
+    for (int i = 0; i < a.n; i++) {
+        if (!strcmp(a.fn[i].name, "flm_open") || !strcmp(a.fn[i].name, "flm_eval"))
+            assert_int_equal(a.fn[i].def_layer, layer_index("runtime"));
+        if (!strcmp(a.fn[i].name, "flm_calib_run")) assert_int_equal(a.fn[i].def_layer, layer_index("calibrate"));
+    }
+    call_scan c = {&a, 0, 0};
+    for_each_src_file(check_calls, &c);
+    print_message("%d public functions, %d calls between directories through them\n", a.n, c.n_calls);
+    assert_true(c.n_calls > 0);
+    assert_int_equal(c.n_bad, 0);
+}
+
+/* The finder sees a call from below the runtime layer: "flm_open(" in model code is an edge model -> runtime. */
+static void test_public_call_finder(void **state) {
+    (void)state;
+    char code[] = "/* flm_open( in a comment */ static int f(void) { const char *s = \"flm_open(\"; return 0; }\n"
+                  "int g(void) {\n    return flm_open (p, q, r, s);\n}\n";
+    strip_comments(code);
+    const char *at = find_call(code, "flm_open");
+    assert_non_null(at);
+    assert_true(strstr(at, "(p, q, r, s)") != NULL);
+    assert_false(defines(code, "flm_open"));
+    char def[] = "flm_status flm_open(const char *path,\n                    flm_error *err) {\n    return 0;\n}\n";
+    assert_true(defines(def, "flm_open"));
+    assert_false(allowed(layer_index("model"), layer_index("runtime")));
+    assert_true(allowed(layer_index("synth"), layer_index("runtime")));
+}
+
+/* ---- the CLI includes only the public headers --------------------------------------------------------------- */
+
+/* Includes of src/ headers from tools/ still to be replaced by public API: each one is listed here, and a listed one
+ * that is no longer there fails too (keep the list exact). tools/spec_cli.c sizes the draft/target budget split from
+ * the .flm region table until flm_plan (the public memory plan) gives it. */
+static const char *const k_tools_internal[][2] = {
+    {"spec_cli.c", "format/flm.h"},
+    {"spec_cli.c", "runtime/runtime.h"},
+};
+#define N_TOOLS_INTERNAL (int)(sizeof k_tools_internal / sizeof k_tools_internal[0])
+
+static void test_tools_include_public_headers_only(void **state) {
+    (void)state;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tools", FLM_SOURCE_DIR);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int n_files = 0, n_bad = 0, used[N_TOOLS_INTERNAL] = {0};
+    while ((e = readdir(d))) {
+        if (!has_suffix(e->d_name, ".c") && !has_suffix(e->d_name, ".h")) continue;
+        char path[4096 + 512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *fp = fopen(path, "r");
+        assert_non_null(fp);
+        n_files++;
+        char line[1024];
+        int lineno = 0;
+        while (fgets(line, sizeof line, fp)) {
+            lineno++;
+            const char *p = line;
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p != '#') continue;
+            p++;
+            while (*p == ' ' || *p == '\t') p++;
+            if (strncmp(p, "include", 7)) continue;
+            p += 7;
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p != '"') continue; /* <system> headers */
+            const char *q = strchr(p + 1, '"');
+            if (!q) continue;
+            char inc[256];
+            snprintf(inc, sizeof inc, "%.*s", (int)(q - p - 1), p + 1);
+            if (!strcmp(inc, "flashlm.h") || !strcmp(inc, "flashlm_tools.h")) continue;
+            bool own = false;
+            if (!strchr(inc, '/')) { /* a header of tools/ itself */
+                char own_path[4096 + 512];
+                snprintf(own_path, sizeof own_path, "%s/%s", dir, inc);
+                struct stat st;
+                own = stat(own_path, &st) == 0;
+            }
+            if (own) continue;
+            int k = 0;
+            while (k < N_TOOLS_INTERNAL &&
+                   (strcmp(k_tools_internal[k][0], e->d_name) || strcmp(k_tools_internal[k][1], inc)))
+                k++;
+            if (k < N_TOOLS_INTERNAL) {
+                used[k]++;
+                continue;
+            }
+            print_error("tools/%s:%d: #include \"%s\": the CLI includes only flashlm.h, flashlm_tools.h and tools/ "
+                        "headers; what it needs from the library belongs in the public API\n", e->d_name, lineno, inc);
+            n_bad++;
+        }
+        fclose(fp);
+    }
+    closedir(d);
+    for (int k = 0; k < N_TOOLS_INTERNAL; k++)
+        if (!used[k]) {
+            print_error("tools/%s no longer includes \"%s\": remove it from k_tools_internal\n", k_tools_internal[k][0],
+                        k_tools_internal[k][1]);
+            n_bad++;
+        }
+    assert_true(n_files > 10);
+    assert_int_equal(n_bad, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_is_layered),
         cmocka_unit_test(test_cycle_finder),
         cmocka_unit_test(test_src_include_graph),
+        cmocka_unit_test(test_public_call_finder),
+        cmocka_unit_test(test_public_calls_respect_layers),
+        cmocka_unit_test(test_tools_include_public_headers_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /* test_probe.c — flashlm probe-disk: measurements through flm_reader, the cost-model fit, the JSON file next to the
- * model and its defensive loader (src/io/probe.h). Timings are never compared or bounded (they vary under parallel
+ * model and its defensive loader (src/probe/probe.h, src/io/io_cost.h). Timings are never compared or bounded (they vary under parallel
  * test load): only values that follow from the requests made are checked, and the fit on synthetic cells. */
 #include "testutil.h"
 
@@ -68,7 +68,7 @@ static void test_probe_directory(void **state) {
     size_t n_measured = 0;
     for (size_t i = 0; i < r.n_cells; i++) {
         const flm_probe_cell *c = &r.cells[i];
-        if (c->backend == FLM_IO_THREADS || r.uring_available) {
+        if (c->backend == FLM_IO_KIND_THREADS || r.uring_available) {
             if (!c->measured) fail_msg("cell %zu (%s, %llu B x %d) not measured", i, c->sequential ? "seq" : "random",
                                        (unsigned long long)c->request_bytes, c->in_flight);
         } else {
@@ -79,10 +79,10 @@ static void test_probe_directory(void **state) {
         check_cell_plausible(c, r.align);
     }
     assert_true(n_measured >= 5 * 5 + 3);
-    static const flm_io_backend backends[] = {FLM_IO_THREADS, FLM_IO_URING};
+    static const flm_io_kind backends[] = {FLM_IO_KIND_THREADS, FLM_IO_KIND_URING};
     static const int depths[] = {1, 4, 16, 32, 64};
     for (int b = 0; b < 2; b++) {
-        if (backends[b] == FLM_IO_URING && !r.uring_available) continue;
+        if (backends[b] == FLM_IO_KIND_URING && !r.uring_available) continue;
         for (int d = 0; d < 5; d++) {
             const flm_probe_cell *small = flm_probe_find(&r, backends[b], false, 4 * KiB, depths[d]);
             const flm_probe_cell *big = flm_probe_find(&r, backends[b], false, MiB, depths[d]);
@@ -97,7 +97,7 @@ static void test_probe_directory(void **state) {
     }
     /* the fit */
     assert_true(r.fit.valid);
-    assert_int_equal(r.fit.backend, r.uring_available ? FLM_IO_URING : FLM_IO_THREADS);
+    assert_int_equal(r.fit.backend, r.uring_available ? FLM_IO_KIND_URING : FLM_IO_KIND_THREADS);
     assert_int_equal(r.fit.small_bytes, 4 * KiB);
     assert_int_equal(r.fit.parallelism, r.uring_available ? 64 : 32);
     assert_true(r.fit.latency_us > 0 && r.fit.bandwidth_gbps > 0 && r.fit.speedup > 0);
@@ -159,13 +159,13 @@ static void test_probe_file(void **state) {
     assert_int_equal(r.n_cells, 2 * (2 + 1));
     for (size_t i = 0; i < r.n_cells; i++) {
         assert_true(r.cells[i].measured);
-        assert_int_equal(r.cells[i].backend, FLM_IO_THREADS);
+        assert_int_equal(r.cells[i].backend, FLM_IO_KIND_THREADS);
         check_cell_plausible(&r.cells[i], r.align);
     }
-    assert_non_null(flm_probe_find(&r, FLM_IO_THREADS, true, FLM_PROBE_SEQ_BYTES, 8));
-    assert_null(flm_probe_find(&r, FLM_IO_URING, false, 4 * KiB, 1));
+    assert_non_null(flm_probe_find(&r, FLM_IO_KIND_THREADS, true, FLM_PROBE_SEQ_BYTES, 8));
+    assert_null(flm_probe_find(&r, FLM_IO_KIND_URING, false, 4 * KiB, 1));
     assert_true(r.fit.valid);
-    assert_int_equal(r.fit.backend, FLM_IO_THREADS);
+    assert_int_equal(r.fit.backend, FLM_IO_KIND_THREADS);
     assert_int_equal(r.fit.parallelism, 8); /* the largest measured below the engine's 32 threads */
     flm_probe_result_free(&r);
     struct stat sb;
@@ -208,7 +208,7 @@ static void test_probe_errors(void **state) {
 }
 
 /* A hand-made result: the fit's arithmetic, exactly. */
-static flm_probe_cell mkcell(flm_io_backend b, bool seq, uint64_t bytes, int inflight, double iops) {
+static flm_probe_cell mkcell(flm_io_kind b, bool seq, uint64_t bytes, int inflight, double iops) {
     flm_probe_cell c = {.backend = b, .sequential = seq, .request_bytes = bytes, .in_flight = inflight,
                         .batch = inflight * 4, .measured = true, .seconds = 1.0, .iops = iops};
     c.requests = (uint64_t)iops;
@@ -238,16 +238,16 @@ static flm_probe_result synthetic_result(flm_probe_cell *cells, size_t n) {
 static void test_fit(void **state) {
     (void)state;
     flm_probe_cell cells[] = {
-        mkcell(FLM_IO_URING, false, 4 * KiB, 1, 10000),     /* 100 us */
-        mkcell(FLM_IO_URING, false, 4 * KiB, 64, 200000),   /* 20x */
-        mkcell(FLM_IO_URING, false, MiB, 64, 2000),         /* 2.1 GB/s random: not the streaming figure */
-        mkcell(FLM_IO_URING, true, 4 * MiB, 1, 500),        /* 2.097152 GB/s sequential */
-        mkcell(FLM_IO_THREADS, false, 4 * KiB, 1, 1000),    /* ignored: io_uring was measured */
-        mkcell(FLM_IO_THREADS, true, 4 * MiB, 1, 5000),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 1, 10000),     /* 100 us */
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 64, 200000),   /* 20x */
+        mkcell(FLM_IO_KIND_URING, false, MiB, 64, 2000),         /* 2.1 GB/s random: not the streaming figure */
+        mkcell(FLM_IO_KIND_URING, true, 4 * MiB, 1, 500),        /* 2.097152 GB/s sequential */
+        mkcell(FLM_IO_KIND_THREADS, false, 4 * KiB, 1, 1000),    /* ignored: io_uring was measured */
+        mkcell(FLM_IO_KIND_THREADS, true, 4 * MiB, 1, 5000),
     };
     flm_probe_result r = synthetic_result(cells, sizeof cells / sizeof *cells);
     assert_true(r.fit.valid);
-    assert_int_equal(r.fit.backend, FLM_IO_URING);
+    assert_int_equal(r.fit.backend, FLM_IO_KIND_URING);
     assert_int_equal(r.fit.small_bytes, 4 * KiB);
     assert_int_equal(r.fit.parallelism, 64);
     assert_float_equal(r.fit.latency_us, 100.0, 1e-9);
@@ -261,14 +261,14 @@ static void test_fit(void **state) {
     /* threads only; the engine's 32 threads were not measured: the largest count below (16) is used; no sequential
      * cell: the best random throughput (4 KiB x 128 in flight) is the bandwidth */
     flm_probe_cell t[] = {
-        mkcell(FLM_IO_THREADS, false, 4 * KiB, 4, 1000),
-        mkcell(FLM_IO_THREADS, false, 4 * KiB, 16, 3000),
-        mkcell(FLM_IO_THREADS, false, 4 * KiB, 128, 9000),
-        mkcell(FLM_IO_THREADS, false, 64 * KiB, 16, 100),
+        mkcell(FLM_IO_KIND_THREADS, false, 4 * KiB, 4, 1000),
+        mkcell(FLM_IO_KIND_THREADS, false, 4 * KiB, 16, 3000),
+        mkcell(FLM_IO_KIND_THREADS, false, 4 * KiB, 128, 9000),
+        mkcell(FLM_IO_KIND_THREADS, false, 64 * KiB, 16, 100),
     };
     r = synthetic_result(t, 4);
     assert_true(r.fit.valid);
-    assert_int_equal(r.fit.backend, FLM_IO_THREADS);
+    assert_int_equal(r.fit.backend, FLM_IO_KIND_THREADS);
     assert_int_equal(r.fit.parallelism, 16);
     assert_float_equal(r.fit.latency_us, 4000.0, 1e-9); /* smallest in-flight count measured: 4 / 1000 iops */
     assert_float_equal(r.fit.speedup, 3.0, 1e-9);
@@ -279,9 +279,9 @@ static void test_fit(void **state) {
     /* no speed-up from parallelism and a slow stream: the transfer time exceeds the request time, the cost clamps
      * at 0 (gap merging off) */
     flm_probe_cell z[] = {
-        mkcell(FLM_IO_URING, false, 4 * KiB, 1, 1e6),
-        mkcell(FLM_IO_URING, false, 4 * KiB, 64, 1e6),
-        mkcell(FLM_IO_URING, true, 4 * MiB, 1, 1),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 1, 1e6),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 64, 1e6),
+        mkcell(FLM_IO_KIND_URING, true, 4 * MiB, 1, 1),
     };
     r = synthetic_result(z, 3);
     assert_true(r.fit.valid);
@@ -289,7 +289,7 @@ static void test_fit(void **state) {
     flm_probe_result_free(&r);
 
     /* nothing measured: no fit, and the saved file has no "cost" */
-    flm_probe_cell none = mkcell(FLM_IO_URING, false, 4 * KiB, 1, 1000);
+    flm_probe_cell none = mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 1, 1000);
     none.measured = false;
     r = synthetic_result(&none, 1);
     assert_false(r.fit.valid);
@@ -306,9 +306,9 @@ static void test_fit(void **state) {
 static void test_json_roundtrip(void **state) {
     (void)state;
     flm_probe_cell cells[] = {
-        mkcell(FLM_IO_URING, false, 4 * KiB, 1, 12345.678),
-        mkcell(FLM_IO_URING, false, 4 * KiB, 64, 98765.4321),
-        mkcell(FLM_IO_URING, true, 4 * MiB, 1, 333.3333),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 1, 12345.678),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 64, 98765.4321),
+        mkcell(FLM_IO_KIND_URING, true, 4 * MiB, 1, 333.3333),
     };
     flm_probe_result r = synthetic_result(cells, 3);
     assert_true(r.fit.valid);
@@ -411,9 +411,9 @@ static void test_json_malformed(void **state) {
 
     /* every truncation of a real file: FLM_ERR_FORMAT (only the trailing newline may go) */
     flm_probe_cell cells[] = {
-        mkcell(FLM_IO_URING, false, 4 * KiB, 1, 10000),
-        mkcell(FLM_IO_URING, false, 4 * KiB, 64, 200000),
-        mkcell(FLM_IO_URING, true, 4 * MiB, 1, 500),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 1, 10000),
+        mkcell(FLM_IO_KIND_URING, false, 4 * KiB, 64, 200000),
+        mkcell(FLM_IO_KIND_URING, true, 4 * MiB, 1, 500),
     };
     flm_probe_result r = synthetic_result(cells, 3);
     const char *full = tu_tmp("probe-full", ".json");

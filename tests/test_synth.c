@@ -1,4 +1,4 @@
-/* test_synth.c — `flashlm synth` (src/model/synth.c): synthetic llama GGUF files.
+/* test_synth.c — `flashlm synth` (src/synth/synth.c): synthetic llama GGUF files.
  *
  * Small shapes only (d_model 256, d_ffn 1024, 4 layers, vocab 512: ~18 MB in f32, written in well under a second).
  * What is checked:

@@ -55,10 +55,13 @@ extern const char *CLI_MODEL_OPTS_HELP;
 /* ---- generation and chat, shared by run and chat ---------------------------------------------------------------- */
 #include <stddef.h>
 #include "flashlm.h"
-#include "core/util.h"
-struct flm_tokenizer;
-struct flm_gguf_file;
-struct flm_chat_template;
+
+/* Monotonic clock, milliseconds. */
+double cli_now_ms(void);
+/* A byte count for messages: "N bytes", "x.xx KiB", "x.xx MiB", "x.xx GiB". Use the member in the same expression:
+ * printf("%s", cli_size(n).s). */
+typedef struct cli_size_str { char s[32]; } cli_size_str;
+cli_size_str cli_size(uint64_t bytes);
 
 /* A growable byte string, always NUL-terminated once something was added (p NULL before). */
 typedef struct cli_buf {
@@ -75,22 +78,18 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
 /* Help lines for --temp --top-k --top-p --seed (-n is described by each command). */
 extern const char *CLI_SAMPLING_OPTS_HELP;
 
-/* The tokenizer and the GGUF metadata (the file's, or a .flm file's resident region) of an open context. */
-const struct flm_tokenizer *cli_tokenizer(const flm_ctx *ctx);
-const struct flm_gguf_file *cli_metadata(const flm_ctx *ctx);
 /* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
 /* The chat format of the open model: name (--chat-template, may be NULL) or the model's tokenizer.chat_template or
- * its architecture (flm_chat_template_init). Says on stderr which format was chosen and why. Returns 0, or 1 after
- * printing the error. */
-int cli_chat_template(const flm_ctx *ctx, const char *name, struct flm_chat_template *t);
+ * its architecture (flm_chat_open). Says on stderr which format was chosen and why. *t: close with flm_chat_close.
+ * Returns 0, or 1 after printing the error. */
+int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t);
 
 struct cli_spec;
 /* A token stream through one context: tokens fed so far occupy positions [0, pos). */
 typedef struct cli_gen {
     flm_ctx *ctx;
     flm_sampler *smp;
-    const struct flm_tokenizer *tok;
     uint32_t n_ctx;        /* the context's KV length */
     int32_t pos;           /* next position */
     int32_t last;          /* the last token fed (-1: none), the "previous" token for decoding pieces */
@@ -127,7 +126,7 @@ int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o);
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n);
 typedef struct cli_reply {
     long n_gen;    /* tokens sampled (an end-of-generation token included) */
-    bool eog;      /* stopped at an end-of-generation token (flm_tokenizer_is_eog; it is not fed) */
+    bool eog;      /* stopped at an end-of-generation token (flm_token_is_eog; it is not fed) */
     bool ctx_full; /* stopped because the context had no room for the next token */
 } cli_reply;
 /* Sample up to n_predict tokens after g->logits, writing each one's text to stdout as it comes (and appending it

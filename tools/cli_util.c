@@ -14,12 +14,27 @@
 #include "cli.h"
 #include "spec.h"
 #include "flashlm.h"
-#include "format/chat_template.h"
-#include "format/gguf.h"
-#include "format/tokenizer.h"
-#include "runtime/runtime.h"
-#include "core/util.h"
 
+double cli_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+cli_size_str cli_size(uint64_t b) {
+    cli_size_str r;
+    if (b < 1024) snprintf(r.s, sizeof r.s, "%llu bytes", (unsigned long long)b);
+    else if (b < (1ull << 20)) snprintf(r.s, sizeof r.s, "%.2f KiB", (double)b / 1024.0);
+    else if (b < (1ull << 30)) snprintf(r.s, sizeof r.s, "%.2f MiB", (double)b / 1048576.0);
+    else snprintf(r.s, sizeof r.s, "%.2f GiB", (double)b / 1073741824.0);
+    return r;
+}
+
+/* An address-space limit (ulimit -v) is in force. */
+static bool cli_address_space_limited(void) {
+    struct rlimit rl;
+    return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+}
 
 double cli_mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
@@ -54,7 +69,7 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {
     (void)user;
     static char phase[96];
     static double t_start, t_last;
-    double now = flm_now_ms();
+    double now = cli_now_ms();
     if (strncmp(phase, what, sizeof phase - 1) != 0) { /* a new phase */
         snprintf(phase, sizeof phase, "%s", what);
         t_start = now;
@@ -116,7 +131,7 @@ void cli_blas_single_thread(char **argv) {
 
 int cli_blas_reserve(const char *who) {
     static bool done;
-    if (done || !flm_address_space_limited()) return 0;
+    if (done || !cli_address_space_limited()) return 0;
     /* OpenBLAS maps a 128 MiB work buffer per thread on first use and, when the mapping fails, retries forever:
      * check that it (and some room after it) fits now, then make OpenBLAS take its buffer, which it keeps. */
     const size_t need = (size_t)144 << 20;
@@ -402,23 +417,15 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
     return 1;
 }
 
-const struct flm_tokenizer *cli_tokenizer(const flm_ctx *ctx) { return ctx->model->tok; }
-
-const struct flm_gguf_file *cli_metadata(const flm_ctx *ctx) {
-    if (ctx->model->gguf) return ctx->model->gguf;
-    return ctx->flash && ctx->flash->file ? ctx->flash->file->meta : NULL;
-}
-
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n) {
-    const flm_tokenizer *t = cli_tokenizer(ctx);
     size_t cap = len + 16;
     int32_t *ids = malloc(cap * sizeof *ids);
-    size_t need = ids ? flm_tokenizer_encode_ex(t, text, len, flags, ids, cap) : SIZE_MAX;
+    size_t need = ids ? flm_tokenize_ex(ctx, text, len, flags, ids, cap) : SIZE_MAX;
     if (need != SIZE_MAX && need > cap) { /* byte fallback can give several tokens per byte */
         int32_t *more = realloc(ids, need * sizeof *ids);
         if (more) {
             ids = more;
-            need = flm_tokenizer_encode_ex(t, text, len, flags, ids, need);
+            need = flm_tokenize_ex(ctx, text, len, flags, ids, need);
         } else {
             need = SIZE_MAX;
         }
@@ -432,25 +439,15 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
     return ids;
 }
 
-int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat_template *t) {
-    const flm_gguf_file *meta = cli_metadata(ctx);
-    const flm_gguf_kv *kv = meta ? flm_gguf_find_kv(meta, "tokenizer.chat_template") : NULL;
-    const char *src = NULL;
-    size_t src_len = 0;
-    if (kv && kv->type == GGUF_VT_STRING) {
-        src = kv->v.str.data;
-        src_len = (size_t)kv->v.str.len;
-    }
-    flm_model_info info;
-    flm_get_info(ctx, &info);
+int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t) {
     flm_error err;
-    if (flm_chat_template_init(t, name, src, src_len, info.arch, &err)) {
+    if (flm_chat_open(ctx, name, t, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
-        flm_chat_template_free(t);
         return 1;
     }
-    fprintf(stderr, "flashlm: chat format %s (%s)", flm_chat_format_name(t->format), t->origin);
-    if (t->default_system) fprintf(stderr, "; default system prompt \"%s\"", t->default_system);
+    fprintf(stderr, "flashlm: chat format %s (%s)", flm_chat_name(*t), flm_chat_origin(*t));
+    if (flm_chat_system_prompt(*t))
+        fprintf(stderr, "; default system prompt \"%s\"", flm_chat_system_prompt(*t));
     fprintf(stderr, "\n");
     return 0;
 }
@@ -510,7 +507,7 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     while (r->n_gen < n_predict && g->logits) {
         int32_t next = flm_sampler_sample(g->smp, g->logits);
         r->n_gen++;
-        if (flm_tokenizer_is_eog(g->tok, next)) { r->eog = true; break; }
+        if (flm_token_is_eog(g->ctx, next)) { r->eog = true; break; }
         if (!emit_token(&e, g->last, next)) {
             fprintf(stderr, "\nflashlm: out of memory\n");
             return 1;

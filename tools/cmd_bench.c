@@ -16,8 +16,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "format/flm.h"
-#include "sparsity/sparsity.h"
+#include "flashlm_tools.h"
 #include "svg.h"
 
 #define BENCH_MAX_SERIES 4096 /* per-token records sent back per run */
@@ -81,7 +80,7 @@ typedef struct bench_opts {
 typedef struct calib_agg {
     int ok;
     uint32_t n_layers, d_ffn;
-    double s_agg[FLM_AGG_K]; /* k = 1 .. FLM_AGG_K */
+    double s_agg[FLM_CALIB_AGG_K]; /* k = 1 .. FLM_CALIB_AGG_K */
 } calib_agg;
 
 /* ---- statistics -------------------------------------------------------------------------------------------- */
@@ -206,10 +205,10 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     sp.temp = 0;
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     const float *logits = NULL;
-    double t0 = flm_now_ms();
+    double t0 = cli_now_ms();
     int pos = n_prompt;
     if (n_prompt > 0 && flm_eval_batch(ctx, ids, (uint32_t)n_prompt, 0, NULL, &logits, &err)) goto fail;
-    r->prompt_ms = flm_now_ms() - t0;
+    r->prompt_ms = cli_now_ms() - t0;
     {
         flm_stats ps;
         flm_get_stats(ctx, &ps);
@@ -356,22 +355,17 @@ static void run_one(const bench_opts *o, const bench_run *run, bench_result *r) 
 static void calib_child(const void *arg, int fd) {
     const char *path = arg;
     calib_agg c = {0};
-    flm_file *f = NULL;
     flm_error err;
-    void *region = NULL;
-    flm_sparsity sp = {0};
-    if (flm_file_is_flm(path) && !flm_file_open(path, &f, &err) && f->predictor &&
-        !flm_file_read_region(f, f->predictor, &region, &err) &&
-        !flm_sparsity_deserialize(region, f->predictor->size, path, &sp, &err) && sp.n_layers == f->n_layers) {
+    flm_calib_report rep;
+    if (flm_calib_read(path, &rep, &err) == FLM_OK && rep.n_layers > 0) {
         c.ok = 1;
-        c.n_layers = sp.n_layers;
-        c.d_ffn = f->ffn[0]->n_records;
-        for (uint32_t l = 0; l < sp.n_layers; l++)
-            for (int k = 0; k < FLM_AGG_K; k++) c.s_agg[k] += (double)sp.layers[l].s_agg[k] * f->ffn[l]->n_records;
-        flm_sparsity_free(&sp);
+        c.n_layers = rep.n_layers;
+        c.d_ffn = rep.layers[0].d_ffn;
+        for (uint32_t l = 0; l < rep.n_layers; l++)
+            for (int k = 0; k < FLM_CALIB_AGG_K; k++)
+                c.s_agg[k] += (double)rep.layers[l].s_agg[k] * rep.layers[l].d_ffn;
     }
-    free(region);
-    flm_file_close(f);
+    flm_calib_report_free(&rep);
     write_all(fd, &c, sizeof c);
 }
 
@@ -554,7 +548,7 @@ static void print_mem_sweep(const bench_opts *o, const bench_run *runs, int nm, 
 }
 
 static double expected_loaded(const calib_agg *c, int k) { /* s_agg(k+1) - s_agg(k), neurons over all layers */
-    return c->ok && k >= 1 && k < FLM_AGG_K ? c->s_agg[k] - c->s_agg[k - 1] : NAN;
+    return c->ok && k >= 1 && k < FLM_CALIB_AGG_K ? c->s_agg[k] - c->s_agg[k - 1] : NAN;
 }
 
 static void print_window_sweep(const bench_opts *o, const bench_result *res, const calib_agg *c) {
@@ -814,7 +808,7 @@ static int write_json(const bench_opts *o, const bench_run *runs, const bench_re
         if (cal->ok) {
             fprintf(f, ",\n  \"calibration\": {\"n_layers\": %u, \"d_ffn\": %u, \"s_agg_neurons\": [", cal->n_layers,
                     cal->d_ffn);
-            for (int k = 0; k < FLM_AGG_K; k++) { if (k) fputs(", ", f); json_num(f, cal->s_agg[k]); }
+            for (int k = 0; k < FLM_CALIB_AGG_K; k++) { if (k) fputs(", ", f); json_num(f, cal->s_agg[k]); }
             fprintf(f, "]}");
         }
     }
@@ -919,8 +913,8 @@ static int write_svgs(const bench_opts *o, const bench_run *runs, const bench_re
         if (cal->ok) {
             int inc = fig_line(fig, "calibration: s_agg(k+1) - s_agg(k)", true, false);
             int agg = fig_line(fig, "calibration: s_agg(k)", true, false);
-            for (int k = 1; k <= FLM_AGG_K; k++) {
-                if (k < FLM_AGG_K) fig_point(fig, inc, k, expected_loaded(cal, k) * pct);
+            for (int k = 1; k <= FLM_CALIB_AGG_K; k++) {
+                if (k < FLM_CALIB_AGG_K) fig_point(fig, inc, k, expected_loaded(cal, k) * pct);
                 fig_point(fig, agg, k, cal->s_agg[k - 1] * pct);
             }
         }

@@ -6,8 +6,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "calibrate/calibrate.h"
-#include "sparsity/sparsity.h"
+#include "flashlm_tools.h"
 
 static const char *CAL_HELP =
     "usage: flashlm calibrate MODEL.flm --text FILE [options]\n"
@@ -116,39 +115,34 @@ int cmd_calibrate(int argc, char **argv) {
     cli_remove_on_signal(tmp);
     cli_temp_register(spill);
     flm_error err;
-    flm_sparsity rep;
-    double t0 = flm_now_ms();
-    if ((levels_only ? flm_calibrate_levels : flm_calibrate)(model, &o, &rep, &err)) {
+    flm_calib_report rep;
+    double t0 = cli_now_ms();
+    if (flm_calib_run(model, &o, levels_only, &rep, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         free(buf);
         return 1;
     }
     free(buf);
-    bool relu = rep.layers[0].rule == FLM_RULE_RELU;
-    printf("\n%s calibrated in %.1f s (%s)\n\n", model, (flm_now_ms() - t0) / 1e3,
+    bool relu = rep.relu;
+    printf("\n%s calibrated in %.1f s (%s)\n\n", model, (cli_now_ms() - t0) / 1e3,
            relu ? "ReLU: active = activation > 0"
                 : "gated: active = |act(gate.x) (up.x)| ||down|| > the layer's threshold for the level");
     if (!relu) {
         printf("| level eps | oracle neurons | oracle: perplexity cost (measured) | predicted neurons | energy kept | "
                "recall | predictor: perplexity cost (measured) |\n|---:|---:|---:|---:|---:|---:|---:|\n");
         for (uint32_t k = 0; k < rep.n_levels; k++) {
-            double of = 0, pf = 0, kept = 0, rc = 0;
-            for (uint32_t l = 0; l < rep.n_layers; l++) {
-                of += rep.layers[l].levels[k].oracle_frac / rep.n_layers;
-                pf += rep.layers[l].levels[k].pred_frac / rep.n_layers;
-                kept += rep.layers[l].levels[k].kept / rep.n_layers;
-                rc += rep.layers[l].levels[k].recall / rep.n_layers;
-            }
+            const flm_calib_level *L = &rep.levels[k];
+            double of = L->oracle_frac, pf = L->pred_frac, kept = L->kept, rc = L->recall;
             char loss[64], oloss[64];
-            if (isnan(rep.level_loss[k])) snprintf(loss, sizeof loss, "not measured");
-            else snprintf(loss, sizeof loss, "%+.2f%% (%+.2f%%)", 100.0 * rep.level_loss[k], 100.0 * rep.level_dnll[k]);
-            if (isnan(rep.level_loss_oracle[k])) snprintf(oloss, sizeof oloss, "–");
-            else snprintf(oloss, sizeof oloss, "%+.2f%% (%+.2f%%)", 100.0 * rep.level_loss_oracle[k],
-                          100.0 * rep.level_dnll_oracle[k]);
-            printf("| %g%s | %.1f%% | %s | %.1f%% | %.1f%% | %.3f | %s |\n", (double)rep.level_eps[k],
+            if (isnan(L->loss)) snprintf(loss, sizeof loss, "not measured");
+            else snprintf(loss, sizeof loss, "%+.2f%% (%+.2f%%)", 100.0 * L->loss, 100.0 * L->dnll);
+            if (isnan(L->loss_oracle)) snprintf(oloss, sizeof oloss, "–");
+            else snprintf(oloss, sizeof oloss, "%+.2f%% (%+.2f%%)", 100.0 * L->loss_oracle,
+                          100.0 * L->dnll_oracle);
+            printf("| %g%s | %.1f%% | %s | %.1f%% | %.1f%% | %.3f | %s |\n", (double)L->eps,
                    k == rep.default_level ? " (default)" : "", 100 * of, oloss, 100 * pf, 100 * kept, rc, loss);
         }
-        if (isnan(rep.level_loss[0]) && (o.mem_bytes || o.mem_percent > 0) && o.level == 0.0f)
+        if (isnan(rep.levels[0].loss) && (o.mem_bytes || o.mem_percent > 0) && o.level == 0.0f)
             printf("\n(not measured: the held-out check holds the model in memory, which --mem leaves no room for; the\n"
                    "training level is the default. `flashlm calibrate --levels-only` measures the levels where it fits)\n");
         printf("\n(neurons: share of d_ffn per token, mean over layers; the predictor's on held-out recorded tokens.\n"
@@ -159,13 +153,13 @@ int cmd_calibrate(int argc, char **argv) {
     printf("| layer | rank | threshold | active (true) | predicted | recall | precision | s_agg(1) | s_agg(4) | "
            "s_agg(16) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (uint32_t l = 0; l < rep.n_layers; l++) {
-        const flm_layer_sparsity *S = &rep.layers[l];
-        printf("| %u | %u | %.4g | %.1f%% | %.1f%% | %.3f | %.3f | %.1f%% | %.1f%% | %.1f%% |\n", l, S->pred.rank,
+        const flm_calib_layer *S = &rep.layers[l];
+        printf("| %u | %u | %.4g | %.1f%% | %.1f%% | %.3f | %.3f | %.1f%% | %.1f%% | %.1f%% |\n", l, S->rank,
                (double)S->threshold, 100.0 * S->active_frac, 100.0 * S->pred_frac, S->recall, S->precision,
                100.0 * S->s_agg[0], 100.0 * S->s_agg[3], 100.0 * S->s_agg[15]);
     }
     printf("\n(at the default level eps %g; recall/precision on held-out tokens; s_agg(k): neurons predicted over k\n"
-           "consecutive tokens)\n", (double)rep.level_eps[rep.default_level]);
-    flm_sparsity_free(&rep);
+           "consecutive tokens)\n", (double)rep.levels[rep.default_level].eps);
+    flm_calib_report_free(&rep);
     return 0;
 }

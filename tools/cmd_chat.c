@@ -18,8 +18,6 @@
 #include "cli.h"
 #include "spec.h"
 #include "flashlm.h"
-#include "format/chat_template.h"
-#include "format/tokenizer.h"
 
 static const char *CHAT_HELP =
     "usage: flashlm chat -m MODEL [options]\n"
@@ -36,7 +34,7 @@ static const char *CHAT_HELP_MORE =
     "      --system TEXT    system prompt (default: the template's own, e.g. Qwen2.5's and SmolLM2's; none for\n"
     "                       Gemma and Llama)\n"
     "      --chat-template NAME  chat format instead of the one detected from the model's tokenizer.chat_template\n"
-    "                       (or its architecture): " FLM_CHAT_FORMAT_NAMES "\n"
+    "                       (or its architecture): " FLM_CHAT_TEMPLATE_NAMES "\n"
     "      --context-shift  when the context is full, forget the older half of the conversation after the kept\n"
     "                       start (--keep) and go on (llama.cpp's context shift); a turn longer than the context\n"
     "                       then keeps only its end\n"
@@ -84,7 +82,7 @@ static bool read_line(char **line, size_t *cap, size_t *len) {
 /* The tokens the conversation starts with up to the first user message's text: BOS, the system turn (--system or
  * the template's default), and whatever the format puts before the user's text (for Gemma the system text is inside
  * the first user turn). What --context-shift keeps by default. 0 when it cannot be told (out of memory). */
-static int32_t system_part(const flm_ctx *ctx, const flm_chat_template *t, const msg_list *sys, unsigned flags) {
+static int32_t system_part(const flm_ctx *ctx, const flm_chat *t, const msg_list *sys, unsigned flags) {
     flm_chat_msg m[2] = {{"system", ""}, {"user", ""}};
     size_t n = 0;
     if (sys->n) m[n++] = sys->m[0];
@@ -95,7 +93,7 @@ static int32_t system_part(const flm_ctx *ctx, const flm_chat_template *t, const
     for (int i = 0; i < 2; i++) { /* two first turns that differ only in the user's text */
         m[n].role = "user";
         m[n].content = i ? "B" : "A";
-        if (flm_chat_render(t, m, n + 1, true, &text[i], &len[i], &err)) goto done;
+        if (flm_chat_apply(t, m, n + 1, true, &text[i], &len[i], &err)) goto done;
     }
     size_t common = 0;
     while (common < len[0] && common < len[1] && text[0][common] == text[1][common]) common++;
@@ -147,8 +145,8 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = val;
         else if (!strcmp(a, "--system")) system = val;
         else {
-            if (!flm_chat_format_parse(val))
-                return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_FORMAT_NAMES ")", val);
+            if (!flm_chat_name_valid(val))
+                return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);
             chat_name = val;
         }
     }
@@ -172,23 +170,22 @@ int cmd_chat(int argc, char **argv) {
     flm_get_info(ctx, &info);
     fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",
             model, info.arch, info.n_layers, info.d_model, info.n_ctx, info.kernels, params.n_threads);
-    flm_chat_template tmpl;
+    flm_chat *tmpl = NULL;
     if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
     flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
     if (!smp || cli_spec_begin(&ss, &ctx, model, &params, smp)) {
         if (!smp) fprintf(stderr, "flashlm: out of memory\n");
         flm_sampler_free(smp);
-        flm_chat_template_free(&tmpl);
+        flm_chat_close(tmpl);
         flm_close(ctx);
         cli_spec_session_close(&ss);
         return 1;
     }
     flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
-    const struct flm_tokenizer *tok = cli_tokenizer(ctx);
     bool tty = isatty(0);
     if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
 
-    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = tok, .n_ctx = info.n_ctx, .last = -1, .spec = ss.spec};
+    cli_gen gen = {.ctx = ctx, .smp = smp, .n_ctx = info.n_ctx, .last = -1, .spec = ss.spec};
     msg_list msgs = {0};
     cli_buf done = {0}; /* the text the KV cache holds: prompt renderings and replies, in order */
     char *line = NULL;
@@ -204,9 +201,9 @@ int cmd_chat(int argc, char **argv) {
                 "stops when the context is full\n");
     if (shift.on && !ss.spec) { /* what a context shift keeps: --keep N tokens after BOS, else the system part */
         gen.shift = true;
-        bool bos = flm_tokenizer_wants_bos(tok);
+        bool bos = flm_add_bos(ctx);
         if (shift.keep >= 0) gen.n_keep = (int32_t)shift.keep + bos;
-        else gen.n_keep = system_part(ctx, &tmpl, &msgs, FLM_TOKENIZE_PARSE_SPECIAL | (bos ? FLM_TOKENIZE_ADD_BOS : 0u));
+        else gen.n_keep = system_part(ctx, tmpl, &msgs, FLM_TOKENIZE_PARSE_SPECIAL | (bos ? FLM_TOKENIZE_BOS : 0u));
         if (verbose) fprintf(stderr, "flashlm: context shift on: the first %d tokens are kept\n", gen.n_keep);
     }
 
@@ -235,7 +232,7 @@ int cmd_chat(int argc, char **argv) {
         if (!msgs_push(&msgs, "user", line, line_len)) goto oom;
         char *text = NULL;
         size_t text_len = 0;
-        if (flm_chat_render(&tmpl, msgs.m, msgs.n, true, &text, &text_len, &err)) {
+        if (flm_chat_apply(tmpl, msgs.m, msgs.n, true, &text, &text_len, &err)) {
             fprintf(stderr, "flashlm: %s\n", err.msg);
             rc = 1;
             break;
@@ -251,7 +248,7 @@ int cmd_chat(int argc, char **argv) {
             done.len = 0;
         }
         unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL;
-        if (gen.pos == 0 && flm_tokenizer_wants_bos(tok)) flags |= FLM_TOKENIZE_ADD_BOS;
+        if (gen.pos == 0 && flm_add_bos(ctx)) flags |= FLM_TOKENIZE_BOS;
         size_t n_ids = 0;
         int32_t *ids = cli_tokenize(ctx, text + from, text_len - from, flags, &n_ids);
         if (!ids) { free(text); rc = 1; break; }
@@ -270,7 +267,7 @@ int cmd_chat(int argc, char **argv) {
             refused = true;
             continue;
         }
-        double t0 = flm_now_ms();
+        double t0 = cli_now_ms();
         int32_t pos0 = gen.pos;
         long shifts0 = gen.n_shifts;
         /* with --context-shift the turn goes through the context whatever its length, shifting as it fills */
@@ -288,13 +285,13 @@ int cmd_chat(int argc, char **argv) {
         if (!bad && !cli_buf_add(&done, text + from, text_len - from)) bad = -1;
         free(text);
         if (bad) { if (bad < 0) goto oom; rc = 1; break; }
-        double t1 = flm_now_ms();
+        double t1 = cli_now_ms();
         n_prompt_tok += n_ids;
         ms_prompt += t1 - t0;
         size_t reply_from = done.len;
         cli_reply r;
         if (cli_gen_reply(&gen, n_predict, true, &done, &r)) { rc = 1; break; }
-        ms_gen += flm_now_ms() - t1;
+        ms_gen += cli_now_ms() - t1;
         n_gen_tok += (uint64_t)r.n_gen;
         n_turns++;
         printf("\n");
@@ -339,7 +336,7 @@ oom:
     free(msgs.m);
     cli_buf_free(&done);
     flm_sampler_free(smp);
-    flm_chat_template_free(&tmpl);
+    flm_chat_close(tmpl);
     flm_close(ctx);
     cli_spec_session_close(&ss); /* the draft model, after the target */
     return rc;

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "calibrate/curve.h"
 #include "cli.h"
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "svg.h"
 
 static const char *PPL_HELP =
@@ -162,7 +162,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (flm_open(model, &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); free(text); return 1; }
     if (cli_after_open(ctx)) { flm_close(ctx); free(text); return 1; }
     flm_ppl_result r;
-    double t0 = flm_now_ms();
+    double t0 = cli_now_ms();
     int rc = 0;
     if (flm_perplexity(ctx, text, chunk, (int)chunks, progress, NULL, &r, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
@@ -172,7 +172,7 @@ int cmd_perplexity(int argc, char **argv) {
         flm_get_stats(ctx, &s);
         printf("%s: mode %s: perplexity %.4f +/- %.4f over %llu tokens (%d chunks of %d), %.1f s\n", model, s.mode,
                r.ppl, r.ppl * r.nll_stderr, (unsigned long long)r.n_scored, r.n_chunks, chunk,
-               (flm_now_ms() - t0) / 1e3);
+               (cli_now_ms() - t0) / 1e3);
     }
     flm_close(ctx);
     free(text);

@@ -1,5 +1,6 @@
 /* cmd_probe.c — `flashlm probe-disk`: measure the disk that holds a model (the paper's Figure 2 analogue, Knowl 6),
- * fit the read planner's cost model and save both as JSON next to the model (src/io/probe.h, docs/IO.md). */
+ * fit the read planner's cost model and save both as JSON next to the model (flashlm_tools.h, src/probe/probe.c,
+ * docs/IO.md). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +9,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "probe/probe.h"
+#include "flashlm_tools.h"
 
 
 static const char *PROBE_HELP =
@@ -65,7 +66,7 @@ static void print_table(const flm_probe_result *r, bool latency) {
     printf("\n|---|---|---:|");
     for (size_t d = 0; d < nd; d++) printf("---:|");
     printf("\n");
-    static const flm_io_backend backends[] = {FLM_IO_URING, FLM_IO_THREADS};
+    static const flm_io_kind backends[] = {FLM_IO_KIND_URING, FLM_IO_KIND_THREADS};
     for (int b = 0; b < 2; b++) {
         bool any = false;
         for (size_t i = 0; i < r->n_cells; i++) any |= r->cells[i].measured && r->cells[i].backend == backends[b];
@@ -75,7 +76,7 @@ static void print_table(const flm_probe_result *r, bool latency) {
             uint64_t bytes = seq ? FLM_PROBE_SEQ_BYTES : sizes[s];
             char sz[32];
             fmt_size(sz, sizeof sz, bytes);
-            printf("| %s | %s | %s |", backends[b] == FLM_IO_URING ? "io_uring" : "threads",
+            printf("| %s | %s | %s |", backends[b] == FLM_IO_KIND_URING ? "io_uring" : "threads",
                    seq ? "sequential" : "random", sz);
             for (size_t d = 0; d < nd; d++) {
                 const flm_probe_cell *c = flm_probe_find(r, backends[b], seq, bytes, depths[d]);
@@ -107,7 +108,7 @@ static void print_report(const flm_probe_result *r, const char *out_path) {
     printf("\n## Mean latency per request, us (Little's law: in flight x time / requests)\n\n");
     print_table(r, true);
     const flm_probe_fit *f = &r->fit;
-    printf("\n## Fitted cost model (%s back end)\n\n", f->backend == FLM_IO_URING ? "io_uring" : "threads");
+    printf("\n## Fitted cost model (%s back end)\n\n", f->backend == FLM_IO_KIND_URING ? "io_uring" : "threads");
     if (!f->valid) {
         printf("Not enough measurements for a fit; the runtime keeps its defaults.\n");
     } else {
@@ -188,7 +189,8 @@ int cmd_probe(int argc, char **argv) {
         size_t n = strlen(path) + 32;
         if ((out_path = malloc(n))) snprintf(out_path, n, "%s/flashlm%s", path, FLM_PROBE_SUFFIX);
     } else {
-        out_path = flm_probe_json_path(path);
+        size_t n = strlen(path) + sizeof FLM_PROBE_SUFFIX;
+        if ((out_path = malloc(n))) snprintf(out_path, n, "%s%s", path, FLM_PROBE_SUFFIX);
     }
     if (!out_path) {
         fprintf(stderr, "flashlm: out of memory\n");

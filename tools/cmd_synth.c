@@ -1,5 +1,5 @@
-/* cmd_synth.c — `flashlm synth`: write a synthetic Llama-shaped GGUF model for benchmarks (src/model/synth.h,
- * docs/SYNTH.md). */
+/* cmd_synth.c — `flashlm synth`: write a synthetic Llama-shaped GGUF model for benchmarks (flashlm_tools.h,
+ * src/synth/synth.c, docs/SYNTH.md). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,9 +8,7 @@
 
 #include "cli.h"
 #include "flashlm.h"
-#include "compute/kernels.h"
-#include "core/types.h"
-#include "synth/synth.h"
+#include "flashlm_tools.h"
 
 static const char *SYNTH_HELP =
     "usage: flashlm synth OUT.gguf [options]\n"
@@ -73,9 +71,9 @@ static bool parse_double(const char *s, double lo, double hi, double *out) {
 
 /* --type: a tensor type synth can write (one with a quantizer in the traits table), by its GGUF name. */
 static bool parse_type(const char *s, uint32_t *out) {
-    for (uint32_t t = 0; t < FLM_N_TYPES; t++) {
-        const flm_type_traits *tt = flm_type_traits_of(t);
-        if (tt && tt->is_tensor && tt->has_quantizer && !strcmp(s, tt->name)) {
+    for (uint32_t t = 0; t < 256; t++) { /* GGUF type ids */
+        const char *name = flm_type_name(t);
+        if (name && flm_synth_type_ok(t) && !strcmp(s, name)) {
             *out = t;
             return true;
         }
@@ -136,8 +134,8 @@ int flm_cmd_synth(int argc, char **argv) {
             if (!parse_type(val, &p.type)) return cli_die("bad --type '%s' (f16|f32|bf16|q8_0|q4_0|q4_1|q5_0|q5_1)", val);
         } else if (!strcmp(a, "--act")) {
             NEEDVAL();
-            if (!strcmp(val, "relu")) p.act = FLM_ACT_RELU;
-            else if (!strcmp(val, "silu")) p.act = FLM_ACT_SILU;
+            if (!strcmp(val, "relu")) p.act = FLM_SYNTH_ACT_RELU;
+            else if (!strcmp(val, "silu")) p.act = FLM_SYNTH_ACT_SILU;
             else return cli_die("bad --act '%s' (relu|silu)", val);
         } else if (!strcmp(a, "--active")) DBL(p.active);
         else if (!strcmp(a, "--rank")) { U32(p.rank); rank_set = true; }
@@ -176,15 +174,15 @@ int flm_cmd_synth(int argc, char **argv) {
     fprintf(stderr, "flashlm: synth %s: d_model %u, d_ffn %u, %u layers, %u/%u heads, vocab %u, %s, %s, active %g, "
             "rank %u, seed %" PRIu64 ": %.2f MiB of weights (random: the text it produces is meaningless)\n", out,
             p.d_model, p.d_ffn, p.n_layers, p.n_heads, p.n_kv_heads, p.n_vocab, flm_type_name(p.type),
-            p.act == FLM_ACT_RELU ? "relu" : "silu", p.active, p.rank, p.seed, cli_mib(bytes));
-    double t0 = flm_now_ms();
+            p.act == FLM_SYNTH_ACT_RELU ? "relu" : "silu", p.active, p.rank, p.seed, cli_mib(bytes));
+    double t0 = cli_now_ms();
     if (!cli_may_write(out, force)) return 1;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     cli_remove_on_signal(tmp);
     if (flm_synth_write(out, &p, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_remove_on_signal(NULL);
-    double s = (flm_now_ms() - t0) / 1e3;
+    double s = (cli_now_ms() - t0) / 1e3;
     fprintf(stderr, "flashlm: wrote %s in %.1f s (%.0f MiB/s)\n", out, s, s > 0 ? cli_mib(bytes) / s : 0.0);
     if (check) {
         flm_synth_activity act;

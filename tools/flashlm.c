@@ -9,13 +9,7 @@
 #include <unistd.h>
 
 #include "flashlm.h"
-#include "convert/convert.h"
-#include "format/flm.h"
-#include "format/gguf.h"
-#include "format/chat_template.h"
-#include "format/tokenizer.h"
-#include "core/types.h"
-#include "core/util.h"
+#include "flashlm_tools.h"
 #include "cli.h"
 #include "spec.h"
 
@@ -26,7 +20,7 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     uint64_t n = s.n_tokens - prompt->n_tokens; /* generation only */
     fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
-            s.mem_budget ? flm_size(s.mem_budget).s : "none");
+            s.mem_budget ? cli_size(s.mem_budget).s : "none");
     char embd[64] = "";
     if (s.mem_embd_flash)
         snprintf(embd, sizeof embd, " (token embedding %.2f MiB on flash)", cli_mib(s.mem_embd_flash));
@@ -114,7 +108,7 @@ static const char *RUN_HELP =
 static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
-    "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_FORMAT_NAMES " (implies --chat)\n"
+    "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES " (implies --chat)\n"
     "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat)\n"
     "      --context-shift  when the context is full, forget the older half of what is not kept (--keep) and go\n"
     "                       on generating (llama.cpp's context shift; flm_kv_shift). Default: stop there\n"
@@ -167,8 +161,8 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--chat")) { chat = true; }
         else if (!strcmp(a, "--chat-template")) {
             NEEDVAL();
-            if (!flm_chat_format_parse(val))
-                return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_FORMAT_NAMES ")", val);
+            if (!flm_chat_name_valid(val))
+                return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);
             chat_name = val;
             chat = true;
         }
@@ -204,7 +198,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
 
     flm_error err;
     flm_ctx *ctx = NULL;
-    double t0 = flm_now_ms();
+    double t0 = cli_now_ms();
     cli_env_params(&params, model);
     cli_log_verbose(&params, per_token || verbose);
     /* speculative decoding: the draft model first, inside the budget; the target gets what it leaves */
@@ -217,28 +211,27 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         return 1;
     }
     if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
-    double t_load = flm_now_ms() - t0;
+    double t_load = cli_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
 
     size_t n_prompt = 0;
     int32_t *ids = NULL;
     if (chat) { /* the prompt as one user turn (after the system prompt) in the chat format */
-        flm_chat_template tmpl;
+        flm_chat *tmpl = NULL;
         if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); return 1; }
         flm_chat_msg msgs[2] = {{"system", system ? system : ""}, {"user", prompt}};
         char *text = NULL;
         size_t len = 0;
-        if (flm_chat_render(&tmpl, system ? msgs : msgs + 1, system ? 2 : 1, true, &text, &len, &err)) {
+        if (flm_chat_apply(tmpl, system ? msgs : msgs + 1, system ? 2 : 1, true, &text, &len, &err)) {
             fprintf(stderr, "flashlm: %s\n", err.msg);
-            flm_chat_template_free(&tmpl);
+            flm_chat_close(tmpl);
             flm_close(ctx);
             return 1;
         }
-        flm_chat_template_free(&tmpl);
-        const struct flm_tokenizer *tok = cli_tokenizer(ctx);
-        ids = cli_tokenize(ctx, text, len, FLM_TOKENIZE_PARSE_SPECIAL |
-                           (flm_tokenizer_wants_bos(tok) ? FLM_TOKENIZE_ADD_BOS : 0u), &n_prompt);
+        flm_chat_close(tmpl);
+        ids = cli_tokenize(ctx, text, len, FLM_TOKENIZE_PARSE_SPECIAL | (flm_add_bos(ctx) ? FLM_TOKENIZE_BOS : 0u),
+                           &n_prompt);
         free(text);
         if (!ids) { flm_close(ctx); return 1; }
     } else {
@@ -278,7 +271,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t_prompt = 0, t_gen = 0;
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
-    cli_gen gen = {.ctx = ctx, .smp = smp, .tok = cli_tokenizer(ctx), .n_ctx = info.n_ctx, .last = -1,
+    cli_gen gen = {.ctx = ctx, .smp = smp, .n_ctx = info.n_ctx, .last = -1,
                    .spec = ss->spec};
     /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
     long keep = shift->keep == -1 ? (long)n_prompt : shift->keep < 0 ? 0 : shift->keep;
@@ -286,15 +279,15 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     gen.shift = shift->on && !ss->spec;
     gen.n_keep = (int32_t)(keep < (long)n_prompt ? keep : (long)n_prompt);
     cli_reply reply = {0};
-    double t1 = flm_now_ms();
+    double t1 = cli_now_ms();
     if (cli_gen_feed(&gen, ids, n_prompt)) rc = 1;
-    double t = flm_now_ms();
+    double t = cli_now_ms();
     t_prompt = t - t1;
     t1 = t;
     flm_get_stats(ctx, &prompt_stats);
     if (!rc && cli_gen_reply(&gen, n_predict, false, NULL, &reply)) rc = 1;
     long n_gen = reply.n_gen;
-    t_gen = flm_now_ms() - t1;
+    t_gen = cli_now_ms() - t1;
     printf("\n");
     fflush(stdout);
     if (!rc && reply.ctx_full && !gen.shift)
@@ -331,15 +324,6 @@ static const char *INSPECT_HELP =
     "Print a model file's architecture, hyper-parameters, metadata and tensors (type, shape, bytes). A file with a\n"
     "problem is shown as far as it can be read, then the problem is named (exit status 1).\n";
 
-/* A tensor type's name, or what the id is when it has none. */
-static const char *type_str(uint32_t type, char *buf, size_t cap) {
-    const char *n = flm_type_name(type);
-    if (n) return n;
-    if (type == FLM_GATE_NONE) return "none";
-    snprintf(buf, cap, "type %u?", type);
-    return buf;
-}
-
 static int cmd_inspect(int argc, char **argv) {
     if (argc != 1 || !strcmp(argv[0], "-h") || !strcmp(argv[0], "--help")) {
         fputs(INSPECT_HELP, argc == 1 ? stdout : stderr);
@@ -347,93 +331,21 @@ static int cmd_inspect(int argc, char **argv) {
     }
     char model_buf[4096];
     argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
-    flm_error err, parse_err = {FLM_OK, ""};
-    flm_gguf_file *g = NULL;
-    flm_file *ff = NULL;
-    const flm_gguf_file *f;
-    int rc = 0;
-    if (flm_file_is_flm(argv[0])) {
-        if (flm_file_open(argv[0], &ff, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-        f = ff->meta;
-        printf("file        %s\nformat      .flm v%u, %.2f MiB, %u regions (%s)\n", argv[0], ff->version,
-               cli_mib(ff->file_size), ff->n_regions, ff->predictor ? "calibrated" : "not calibrated");
-        printf("\nregions:\n  %-8s %6s %14s %14s %-6s %-6s %-6s %9s %12s\n", "kind", "layer", "offset", "bytes", "up",
-               "gate", "down", "records", "record bytes");
-        for (uint32_t i = 0; i < ff->n_regions; i++) {
-            const flm_region *r = &ff->regions[i];
-            const char *kind = r->kind == FLM_REGION_RESIDENT ? "resident" : r->kind == FLM_REGION_FFN ? "ffn" : "predict";
-            char b1[24], b2[24], b3[24];
-            bool ffn = r->kind == FLM_REGION_FFN;
-            printf("  %-8s %6u %14llu %14llu %-6s %-6s %-6s %9u %12llu\n", kind, r->layer,
-                   (unsigned long long)r->offset, (unsigned long long)r->size,
-                   ffn ? type_str(r->up_type, b1, sizeof b1) : "-", ffn ? type_str(r->gate_type, b2, sizeof b2) : "-",
-                   ffn ? type_str(r->down_type, b3, sizeof b3) : "-", r->n_records, (unsigned long long)r->record_bytes);
-        }
-        if (ff->resident->head_bytes)
-            printf("  (resident: head %llu bytes, then the token embedding's data, %llu bytes, which the streaming "
-                   "modes leave on flash unless tied)\n", (unsigned long long)ff->resident->head_bytes,
-                   (unsigned long long)flm_file_tail_bytes(ff));
-        printf("\nresident region: ");
-    } else {
-        /* a damaged GGUF is shown as far as it parses: the entries before the problem, then the problem */
-        flm_status st = flm_gguf_open_salvage(argv[0], &g, &parse_err);
-        if (!g) { fprintf(stderr, "flashlm: %s\n", parse_err.msg); return 1; }
-        if (st) rc = 1;
-        f = g;
-        printf("file        %s\n", argv[0]);
+    flm_params p;
+    flm_params_default(&p);
+    cli_env_params(&p, argv[0]);
+    flm_error err;
+    char *text = NULL;
+    bool runnable = false;
+    flm_status st = flm_inspect(argv[0], &p, &text, &runnable, &err);
+    if (text) fputs(text, stdout);
+    free(text);
+    if (st) {
+        fflush(stdout);
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        return 1;
     }
-    printf("format      GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %" PRIu64
-           ", data at byte %" PRIu64 "%s\n", f->version, f->n_kv, f->n_tensors, f->alignment, f->data_offset,
-           parse_err.code ? " (as far as it could be read)" : "");
-    if (!parse_err.code) { /* the model as flashlm would run it: an unusable one is named, its contents still shown */
-        flm_params p;
-        flm_params_default(&p);
-        p.n_ctx = 1;
-        cli_env_params(&p, argv[0]);
-        flm_ctx *ctx = NULL;
-        if (flm_open(argv[0], &p, &ctx, &err)) {
-            printf("model       cannot be run: %s\n", err.msg);
-            rc = 1;
-        } else {
-            flm_model_info in;
-            flm_get_info(ctx, &in);
-            printf("arch        %s\nd_model     %u\nd_ffn       %u\nn_layers    %u\nn_heads     %u\nn_kv_heads  %u\n"
-                   "head_dim    %u\nn_vocab     %u\nn_ctx_train %u\nnorm_eps    %g\nrope_theta  %g\nbos/eos     %d / %d\n",
-                   in.arch, in.d_model, in.d_ffn, in.n_layers, in.n_heads, in.n_kv_heads, in.head_dim, in.n_vocab,
-                   in.n_ctx_train, (double)in.norm_eps, (double)in.rope_theta, in.bos, in.eos);
-            flm_close(ctx);
-        }
-    }
-    printf("\nmetadata:\n");
-    for (uint64_t i = 0; i < f->n_kv; i++) {
-        const flm_gguf_kv *kv = &f->kv[i];
-        printf("  %-40s ", kv->key);
-        switch (kv->type) {
-        case GGUF_VT_STRING: printf("\"%.*s\"\n", (int)(kv->v.str.len > 60 ? 60 : kv->v.str.len), kv->v.str.data); break;
-        case GGUF_VT_ARRAY: printf("array[%" PRIu64 "]\n", kv->arr_n); break;
-        case GGUF_VT_FLOAT32: case GGUF_VT_FLOAT64: printf("%g\n", kv->v.f64); break;
-        case GGUF_VT_INT8: case GGUF_VT_INT16: case GGUF_VT_INT32: case GGUF_VT_INT64:
-            printf("%" PRId64 "\n", kv->v.i64); break;
-        default: printf("%" PRIu64 "\n", kv->v.u64);
-        }
-    }
-    printf("\ntensors:\n  %-32s %-6s %-24s %12s\n", "name", "type", "shape", "bytes");
-    uint64_t total = 0;
-    for (uint64_t i = 0; i < f->n_tensors; i++) {
-        const flm_gguf_tensor *t = &f->tensors[i];
-        char shape[64], tb[24];
-        int o = snprintf(shape, sizeof shape, "[");
-        for (uint32_t d = 0; d < t->n_dims && o < (int)sizeof shape; d++)
-            o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
-        if (o < (int)sizeof shape) snprintf(shape + o, sizeof shape - (size_t)o, "]");
-        printf("  %-32s %-6s %-24s %12" PRIu64 "\n", t->name, type_str(t->type, tb, sizeof tb), shape, t->nbytes);
-        total += t->nbytes;
-    }
-    printf("  %-32s %-6s %-24s %12" PRIu64 "\n", "total", "", "", total);
-    if (parse_err.code) fprintf(stderr, "flashlm: %s\n", parse_err.msg);
-    flm_gguf_close(g);
-    flm_file_close(ff);
-    return rc;
+    return runnable ? 0 : 1;
 }
 
 /* ---- convert / verify ------------------------------------------------------------------------------------------ */
@@ -500,14 +412,12 @@ static int cmd_verify(int argc, char **argv) {
     char model_buf[4096];
     argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
     flm_error err;
-    flm_file *f = NULL;
-    if (flm_file_open(argv[0], &f, &err) || flm_file_verify(f, cli_progress, NULL, &err)) {
+    flm_verify_info vi;
+    if (flm_verify(argv[0], cli_progress, NULL, &vi, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
-        flm_file_close(f);
         return 1;
     }
-    printf("%s: OK (%u regions, %.2f MiB, all checksums match)\n", argv[0], f->n_regions, cli_mib(f->file_size));
-    flm_file_close(f);
+    printf("%s: OK (%u regions, %.2f MiB, all checksums match)\n", argv[0], vi.n_regions, cli_mib(vi.file_bytes));
     return 0;
 }
 

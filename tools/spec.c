@@ -15,9 +15,29 @@
 #include <string.h>
 
 #include "spec.h"
-#include "core/error.h"
-#include "format/tokenizer.h"
-#include "runtime/runtime.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+/* Monotonic clock, milliseconds. */
+static double spec_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Fill err (when non-NULL) with code and a printf-formatted message; returns code. */
+static flm_status spec_fail(flm_error *err, flm_status code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
 
 struct cli_spec {
     flm_ctx *target, *draft;
@@ -56,22 +76,22 @@ void cli_spec_free(cli_spec *s) {
 flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, const cli_spec_opts *o, cli_spec **out,
                            flm_error *err) {
     *out = NULL;
-    if (!target || !smp || !o) return flm_fail(err, FLM_ERR_ARG, "speculative decoding: no target or sampler");
+    if (!target || !smp || !o) return spec_fail(err, FLM_ERR_ARG, "speculative decoding: no target or sampler");
     if (o->n_draft < 1 || o->n_draft > CLI_SPEC_DRAFT_MAX)
-        return flm_fail(err, FLM_ERR_ARG, "speculative decoding: --draft-n %d is outside 1..%d", o->n_draft,
+        return spec_fail(err, FLM_ERR_ARG, "speculative decoding: --draft-n %d is outside 1..%d", o->n_draft,
                         CLI_SPEC_DRAFT_MAX);
     if (!draft && !o->ngram)
-        return flm_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model or the n-gram lookup");
+        return spec_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model or the n-gram lookup");
     flm_model_info ti, di;
     flm_get_info(target, &ti);
     if (draft) {
         flm_get_info(draft, &di);
         if (di.n_vocab != ti.n_vocab)
-            return flm_fail(err, FLM_ERR_ARG, "speculative decoding: the draft has %u logits per token, the target %u",
+            return spec_fail(err, FLM_ERR_ARG, "speculative decoding: the draft has %u logits per token, the target %u",
                             di.n_vocab, ti.n_vocab);
     }
     cli_spec *s = calloc(1, sizeof *s);
-    if (!s) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    if (!s) return spec_fail(err, FLM_ERR_NOMEM, "out of memory");
     s->target = target;
     s->draft = draft;
     s->smp = smp;
@@ -88,7 +108,7 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
     s->p = malloc(V * sizeof *s->p);
     if (!s->hist || (draft && (!s->dtok || !s->q)) || !s->batch || !s->rows || !s->p) {
         cli_spec_free(s);
-        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
+        return spec_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
                         cli_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, o->n_draft, draft != NULL) / 1048576.0);
     }
     *out = s;
@@ -101,21 +121,21 @@ flm_status cli_spec_check_vocab(const flm_ctx *target, const char *target_path, 
     flm_model_info ti, di;
     flm_get_info(target, &ti);
     flm_get_info(draft, &di);
-    const flm_tokenizer *tt = target->model->tok, *dt = draft->model->tok;
-    uint32_t tn = flm_tokenizer_n_vocab(tt), dn = flm_tokenizer_n_vocab(dt);
+    uint32_t tn = flm_vocab_size(target), dn = flm_vocab_size(draft);
     if (ti.n_vocab != di.n_vocab || tn != dn)
-        return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "its vocabulary has %u tokens (%u logits), the target's %u (%u "
+        return spec_fail(err, FLM_ERR_ARG, NOT_SHARED "its vocabulary has %u tokens (%u logits), the target's %u (%u "
                         "logits)", draft_path, target_path, dn, di.n_vocab, tn, ti.n_vocab);
     if (ti.bos != di.bos || ti.eos != di.eos)
-        return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "BOS/EOS are %d/%d in the draft, %d/%d in the target", draft_path,
+        return spec_fail(err, FLM_ERR_ARG, NOT_SHARED "BOS/EOS are %d/%d in the draft, %d/%d in the target", draft_path,
                         target_path, di.bos, di.eos, ti.bos, ti.eos);
     for (uint32_t i = 0; i < tn; i++) {
-        const char *a = flm_tokenizer_vocab(tt, (int32_t)i), *b = flm_tokenizer_vocab(dt, (int32_t)i);
+        const char *a = flm_token_text(target, (int32_t)i), *b = flm_token_text(draft, (int32_t)i);
         size_t la, lb;
-        const char *pa = flm_tokenizer_piece(tt, -1, (int32_t)i, &la), *pb = flm_tokenizer_piece(dt, -1, (int32_t)i, &lb);
-        bool eog_a = flm_tokenizer_is_eog(tt, (int32_t)i), eog_b = flm_tokenizer_is_eog(dt, (int32_t)i);
+        const char *pa = flm_token_piece(target, -1, (int32_t)i, &la),
+                   *pb = flm_token_piece(draft, -1, (int32_t)i, &lb);
+        bool eog_a = flm_token_is_eog(target, (int32_t)i), eog_b = flm_token_is_eog(draft, (int32_t)i);
         if (strcmp(a, b) != 0 || la != lb || memcmp(pa, pb, la) != 0 || eog_a != eog_b)
-            return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "token %u is \"%.40s\"%s in the draft, \"%.40s\"%s in the "
+            return spec_fail(err, FLM_ERR_ARG, NOT_SHARED "token %u is \"%.40s\"%s in the draft, \"%.40s\"%s in the "
                             "target", draft_path, target_path, i, b, eog_b ? " (end of generation)" : "", a,
                             eog_a ? " (end of generation)" : "");
     }
@@ -153,7 +173,7 @@ static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, bool co
 flm_status cli_spec_feed(cli_spec *s, const int32_t *ids, size_t n, int32_t pos, const float **logits,
                          flm_error *err) {
     if (pos < 0 || pos > s->n_hist)
-        return flm_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, s->n_hist);
+        return spec_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, s->n_hist);
     if (n == 0) return flm_eval_batch(s->target, ids, 0, pos, NULL, logits, err); /* its own error: no tokens */
     flm_status st = flm_eval_batch(s->target, ids, (uint32_t)n, pos, NULL, logits, err);
     if (st) {
@@ -176,7 +196,7 @@ static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, ui
     *n_out = 0;
     if (len > s->draft_n_ctx) return FLM_OK;
     if ((int64_t)len + n - 1 > s->draft_n_ctx) n = (uint32_t)(s->draft_n_ctx - len + 1); /* d_n is not evaluated */
-    double t0 = flm_now_ms();
+    double t0 = spec_now_ms();
     const float *logits;
     flm_status st = draft_sync(s, seq, len, true, &logits, err);
     const size_t V = s->n_vocab;
@@ -195,7 +215,7 @@ static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, ui
             s->st.draft_tokens++;
         }
     }
-    s->st.draft_ms += flm_now_ms() - t0;
+    s->st.draft_ms += spec_now_ms() - t0;
     *n_out = st ? 0 : i;
     return st;
 }
@@ -228,18 +248,18 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     if (n > s->n_ctx - L) n = s->n_ctx - L; /* the batch [last, d1..dn] ends at position H + n < n_ctx */
     uint32_t nd = 0;
     flm_status st = FLM_OK;
-    double t0 = flm_now_ms();
+    double t0 = spec_now_ms();
     if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
     else if (n > 0) nd = cli_spec_ngram_lookup(s->hist, (size_t)L, CLI_SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
     if (st) return st;
-    if (!s->draft) s->st.draft_select_ms += flm_now_ms() - t0;
+    if (!s->draft) s->st.draft_select_ms += spec_now_ms() - t0;
     s->batch[0] = last;
     if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
     s->st.n_passes++;
     s->st.n_steps++;
     s->st.n_drafted += nd;
     if (nd == 0) s->st.n_plain++;
-    t0 = flm_now_ms();
+    t0 = spec_now_ms();
     uint32_t k = 0;
     for (; k < nd; k++) {
         flm_sampler_probs(s->smp, s->rows + k * V, s->p);
@@ -251,7 +271,7 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
         out[k] = s->batch[1 + k];
     }
     if (k == nd) out[k] = flm_sampler_sample(s->smp, s->rows + k * V); /* all accepted: one more from the target */
-    s->st.draft_select_ms += flm_now_ms() - t0;
+    s->st.draft_select_ms += spec_now_ms() - t0;
     s->st.n_accepted += k;
     memcpy(s->hist + L, s->batch + 1, k * sizeof *s->hist);
     s->n_hist = L + (int32_t)k;
@@ -296,7 +316,7 @@ flm_status cli_spec_generate(cli_spec *s, const float *logits, long n_predict, b
             s->st.n_gen++;
             if (flm_token_is_eog(s->target, tok)) { r->eog = true; goto done; }
             if (!emit(user, held > 0 ? s->hist[held - 1] : -1, tok)) {
-                st = flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+                st = spec_fail(err, FLM_ERR_NOMEM, "out of memory");
                 goto done;
             }
             if (r->n_gen >= n_predict && !feed_last) goto done;

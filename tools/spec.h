@@ -4,8 +4,8 @@
  * that shares the target's tokenizer (--draft), or from the text itself (--draft-ngram: the tokens that followed the
  * last earlier occurrence of the current n-gram, llama.cpp's "lookup decoding"). docs/SPECULATIVE.md.
  *
- * The engine (this header, tools/spec.c) runs the models through the public API (and reads the tokenizers' strings
- * for the vocabulary check) and prints nothing; the command-line glue (flags, opening the draft inside the memory
+ * The engine (this header, tools/spec.c) runs the models through the public API only (flashlm.h, its vocabulary
+ * calls for the vocabulary check) and prints nothing; the command-line glue (flags, opening the draft inside the memory
  * budget, the statistics lines) is tools/spec_cli.c. tests/test_spec.c links the engine directly. */
 #ifndef FLM_TOOLS_SPEC_H
 #define FLM_TOOLS_SPEC_H

@@ -5,43 +5,11 @@
 #define FLM_CALIBRATE_CALIBRATE_H
 #include <stdint.h>
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "format/flm.h"
 #include "model/model.h"
 
-typedef struct flm_calib_opts {
-    const char *text;        /* calibration text (UTF-8) */
-    uint32_t max_tokens;     /* tokens recorded (default 4096); 80% train the predictors, 20% set the thresholds */
-    uint32_t chunk;          /* tokens per sequence (each starts at position 0 with BOS; default 128) */
-    uint32_t rank;           /* predictor rank of most layers (default min(128, d_model / 2)) */
-    uint32_t rank_last;      /* rank of the last quarter of layers (default 2 * rank, capped; Knowl 10) */
-    float level;             /* gated non-ReLU FFNs: force the default level to this eps (share of each layer's
-                                output energy dropped by the oracle; added to the standard levels); 0 (default) =
-                                choose it by measuring held-out perplexity against max_loss */
-    float max_loss;          /* the default level is the most aggressive standard level whose held-out perplexity
-                                is at most (1 + max_loss) x the dense one (default 0.01) */
-    uint32_t eval_tokens;    /* held-out tokens (after the recorded ones) for that check (default 512; fewer when
-                                the text is short, at least 2 chunks) */
-    float train_eps;         /* the level whose active sets the predictor is trained to flag (default 0.02) */
-    bool curve;              /* measure every level, with the predictor and with the true active sets (the oracle),
-                                instead of stopping at the first level past max_loss */
-    float target_recall;     /* ReLU FFNs: predictor threshold set for this held-out recall (default 0.95) */
-    int epochs;              /* default 6 */
-    int n_threads;
-    uint64_t mem_bytes;      /* memory budget (--mem), bytes; 0: none (the model is held in memory, ram mode) */
-    double mem_percent;      /* or a budget as a percentage of the model's weight bytes, when mem_bytes is 0.
-                                With a budget, calibrate streams: the model is run in hybrid mode under it; the
-                                recorded FFN inputs go to a temporary file beside the model ("<path>.x.tmp",
-                                n_layers x tokens x d_model floats, removed afterwards) and one layer's are read back
-                                at a time; each layer's FFN weights are read from the file when it is trained; the
-                                held-out check runs only when the model and its reference logits fit the budget (else
-                                the training level is the default, and the levels' loss is left unmeasured). What
-                                one layer's training holds is checked against the budget before anything runs
-                                (flm_calibrate_train_bytes) */
-    flm_progress_fn progress; /* phases: "recording tokens", "training predictors", "checking levels" */
-    void *user;
-} flm_calib_opts;
-
-void flm_calib_opts_default(flm_calib_opts *o);
+/* flm_calib_opts and flm_calib_opts_default are public: include/flashlm_tools.h. */
 
 /* The standard levels (eps values) calibrate measures for gated non-ReLU FFNs, ascending; returns their count. */
 uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);

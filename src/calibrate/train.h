@@ -29,8 +29,8 @@ static inline size_t flm_predictor_scratch_floats(const flm_predictor *p) {
     return (size_t)p->rank + (size_t)p->d_ffn;
 }
 
-/* Predict the active neurons for one input x (d_model floats), with A, B (f32) or else A16, B16 (f16). Writes the ids of the neurons with z_i > threshold
- * into ids (capacity d_ffn) in increasing order and returns their count. scratch holds
+/* Predict the active neurons for one input x (d_model floats), with A, B (f32) or else A16, B16 (f16). Writes the ids
+ * of the neurons with z_i > threshold into ids (capacity d_ffn) in increasing order and returns their count. scratch holds
  * flm_predictor_scratch_floats(p) floats; on return scratch[rank .. rank + d_ffn) holds the logits z (bias
  * included), scratch[0 .. rank) the hidden vector h = A x. Cost: rank * (d_model + d_ffn) multiply-adds. */
 size_t flm_predictor_predict(const flm_predictor *p, const float *x, uint32_t *ids, float *scratch);

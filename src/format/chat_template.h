@@ -35,7 +35,7 @@ typedef enum flm_chat_format {
 } flm_chat_format;
 
 /* The names --chat-template accepts, for messages. */
-#define FLM_CHAT_FORMAT_NAMES "chatml, gemma, llama2, llama3, phi3, zephyr"
+#define FLM_CHAT_FORMAT_NAMES FLM_CHAT_TEMPLATE_NAMES
 
 /* "chatml", "llama2", ...; "unknown" for FLM_CHAT_UNKNOWN or an out-of-range value. */
 const char *flm_chat_format_name(flm_chat_format f);
@@ -72,13 +72,7 @@ flm_status flm_chat_template_init(flm_chat_template *t, const char *name, const 
                                   const char *arch, flm_error *err);
 void flm_chat_template_free(flm_chat_template *t);
 
-/* One conversation turn: role "system", "user" or "assistant" (others are passed through where the format has a
- * generic role slot), content UTF-8. */
-typedef struct flm_chat_msg {
-    const char *role;
-    const char *content;
-} flm_chat_msg;
-
+/* flm_chat_msg (one conversation turn) is the public one, include/flashlm.h. */
 /* Render n messages into the prompt text the template produces for them, followed by the assistant-turn opening
  * when add_assistant (Jinja's add_generation_prompt). The template's default system prompt is inserted first when
  * messages[0] is not a system message. *out gets a malloc'd NUL-terminated string (caller frees), *out_len its

@@ -10,7 +10,7 @@
 
 #define FLM_PROBE_FORMAT "flashlm-probe" /* JSON "format" */
 #define FLM_PROBE_VERSION 1              /* JSON "version" */
-#define FLM_PROBE_SUFFIX ".probe.json"   /* the file next to the model: "<model>.probe.json" */
+#define FLM_PROBE_SUFFIX ".probe.json"   /* the file next to the model: "<model>.probe.json" (as flashlm_tools.h) */
 
 /* "<model_path>.probe.json", malloc'd (NULL when out of memory). */
 char *flm_probe_json_path(const char *model_path);

@@ -65,11 +65,7 @@ typedef enum flm_io_backend {
     FLM_IO_URING,   /* io_uring with queue_depth reads in flight; FLM_ERR_UNSUPPORTED when unavailable */
 } flm_io_backend;
 
-/* Device cost model used by the planner (see the top of this file). */
-typedef struct flm_io_cost {
-    double latency_us;     /* fixed cost of one request, microseconds; default 80 */
-    double bandwidth_gbps; /* streaming bandwidth, GB/s (1e9 bytes per second); default 2 */
-} flm_io_cost;
+/* flm_io_cost, the device cost model used by the planner (see the top of this file), is public: flashlm.h. */
 
 typedef struct flm_reader_opts {
     flm_io_backend backend; /* default FLM_IO_AUTO */

@@ -42,7 +42,7 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-static const char *backend_name(flm_io_backend b) { return b == FLM_IO_URING ? "io_uring" : "threads"; }
+static const char *backend_name(flm_io_kind b) { return b == FLM_IO_KIND_URING ? "io_uring" : "threads"; }
 
 void flm_probe_opts_default(flm_probe_opts *o) {
     if (!o) return;
@@ -196,9 +196,9 @@ static void drop_file_cache(const char *path) {
 static flm_status plan_cells(const flm_probe_opts *o, flm_probe_result *r, flm_error *err) {
     size_t max = 2 * o->n_depths * (o->n_sizes + 1);
     if (!(r->cells = calloc(max, sizeof *r->cells))) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    static const flm_io_backend order[] = {FLM_IO_URING, FLM_IO_THREADS};
+    static const flm_io_kind order[] = {FLM_IO_KIND_URING, FLM_IO_KIND_THREADS};
     for (int b = 0; b < 2; b++) {
-        if (!(o->backends & (order[b] == FLM_IO_URING ? FLM_PROBE_URING : FLM_PROBE_THREADS))) continue;
+        if (!(o->backends & (order[b] == FLM_IO_KIND_URING ? FLM_PROBE_URING : FLM_PROBE_THREADS))) continue;
         for (size_t d = 0; d < o->n_depths; d++) {
             for (size_t s = 0; s < o->n_sizes; s++)
                 r->cells[r->n_cells++] = (flm_probe_cell){.backend = order[b], .request_bytes = o->sizes[s],
@@ -338,13 +338,13 @@ flm_status flm_probe_run(const char *path, const flm_probe_opts *opts, flm_probe
         size_t j = i;
         while (j < out->n_cells && out->cells[j].backend == c0->backend && out->cells[j].in_flight == c0->in_flight)
             j++;
-        if (c0->backend == FLM_IO_URING && uring_failed) {
+        if (c0->backend == FLM_IO_KIND_URING && uring_failed) {
             i = j;
             continue;
         }
         flm_reader_opts ro;
         flm_reader_opts_default(&ro);
-        ro.backend = c0->backend;
+        ro.backend = c0->backend == FLM_IO_KIND_URING ? FLM_IO_URING : FLM_IO_THREADS;
         ro.n_threads = c0->in_flight;
         ro.queue_depth = c0->in_flight;
         ro.direct = !o.buffered;
@@ -353,7 +353,7 @@ flm_status flm_probe_run(const char *path, const flm_probe_opts *opts, flm_probe
         ro.bounce_bytes = (size_t)FLM_PROBE_SEQ_BYTES;
         flm_error e;
         flm_status ost = flm_reader_open(t.read_path, &ro, &rd, &e);
-        if (ost == FLM_ERR_UNSUPPORTED && c0->backend == FLM_IO_URING) {
+        if (ost == FLM_ERR_UNSUPPORTED && c0->backend == FLM_IO_KIND_URING) {
             uring_failed = true;
             out->uring_available = false;
             size_t k = strnlen(e.msg, sizeof out->uring_note - 1);
@@ -393,7 +393,7 @@ flm_status flm_probe_run(const char *path, const flm_probe_opts *opts, flm_probe
     return FLM_OK;
 }
 
-const flm_probe_cell *flm_probe_find(const flm_probe_result *r, flm_io_backend backend, bool sequential,
+const flm_probe_cell *flm_probe_find(const flm_probe_result *r, flm_io_kind backend, bool sequential,
                                      uint64_t request_bytes, int in_flight) {
     if (!r) return NULL;
     for (size_t i = 0; i < r->n_cells; i++) {
@@ -416,11 +416,11 @@ void flm_probe_fit_cost(flm_probe_result *r) {
     bool have_uring = false, have_threads = false;
     for (size_t i = 0; i < r->n_cells; i++) {
         if (!r->cells[i].measured) continue;
-        if (r->cells[i].backend == FLM_IO_URING) have_uring = true;
+        if (r->cells[i].backend == FLM_IO_KIND_URING) have_uring = true;
         else have_threads = true;
     }
     if (!have_uring && !have_threads) return;
-    f.backend = have_uring ? FLM_IO_URING : FLM_IO_THREADS;
+    f.backend = have_uring ? FLM_IO_KIND_URING : FLM_IO_KIND_THREADS;
     /* smallest random request size, and the smallest in-flight count measured with it */
     const flm_probe_cell *lat = NULL;
     for (size_t i = 0; i < r->n_cells; i++) {
@@ -446,7 +446,7 @@ void flm_probe_fit_cost(flm_probe_result *r) {
      * measured above it) */
     flm_reader_opts d;
     flm_reader_opts_default(&d);
-    int want = f.backend == FLM_IO_URING ? d.queue_depth : d.n_threads;
+    int want = f.backend == FLM_IO_KIND_URING ? d.queue_depth : d.n_threads;
     const flm_probe_cell *par = NULL;
     for (size_t i = 0; i < r->n_cells; i++) {
         const flm_probe_cell *c = &r->cells[i];

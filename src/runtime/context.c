@@ -447,6 +447,7 @@ size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t 
 size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap) {
     unsigned f = (flags & FLM_TOKENIZE_ADD_SPECIAL) ? flm_tokenizer_special_flags(ctx->model->tok) : 0u;
     if (flags & FLM_TOKENIZE_PARSE_SPECIAL) f |= FLM_TOKENIZE_PARSE_SPECIAL;
+    if (flags & FLM_TOKENIZE_BOS) f |= FLM_TOKENIZE_ADD_BOS;
     return flm_tokenizer_encode_ex(ctx->model->tok, text, len, f, ids, cap);
 }
 

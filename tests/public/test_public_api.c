@@ -61,6 +61,64 @@ static void test_names_stay_inside(void **state) {
     flm_close(ctx);
 }
 
+/* The vocabulary and chat template calls a client (the CLI) uses instead of the library's internals. stories260K:
+ * a SentencePiece vocabulary of 512 tokens, no chat template. */
+static void test_vocab_and_chat(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 16;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    assert_int_equal(flm_vocab_size(ctx), 512);
+    assert_int_equal(flm_vocab_size(NULL), 0);
+    assert_string_equal(flm_token_text(ctx, info.bos), "<s>");
+    assert_string_equal(flm_token_text(ctx, -1), "");
+    assert_string_equal(flm_token_text(ctx, 512), "");
+    assert_true(flm_add_bos(ctx)); /* SentencePiece: BOS by default */
+    assert_false(flm_add_bos(NULL));
+    int32_t ids[16];
+    size_t n = flm_tokenize_ex(ctx, "Once", 4, FLM_TOKENIZE_BOS, ids, 16);
+    assert_true(n >= 2 && n <= 16);
+    assert_int_equal(ids[0], info.bos);
+    size_t m = flm_tokenize_ex(ctx, "Once", 4, 0, ids, 16);
+    assert_int_equal(m, n - 1);
+    assert_int_not_equal(ids[0], info.bos);
+
+    assert_true(flm_chat_name_valid("chatml"));
+    assert_true(flm_chat_name_valid("gemma"));
+    assert_false(flm_chat_name_valid("jinja"));
+    assert_false(flm_chat_name_valid(NULL));
+    flm_chat *c = NULL;
+    assert_int_equal(flm_chat_open(ctx, NULL, &c, &err), FLM_OK);
+    assert_string_equal(flm_chat_name(c), "chatml"); /* no template: llama.cpp's default */
+    assert_non_null(strstr(flm_chat_origin(c), "default"));
+    assert_null(flm_chat_system_prompt(c));
+    flm_chat_msg msgs[2] = {{"system", "Be brief."}, {"user", "Hi"}};
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(flm_chat_apply(c, msgs, 2, true, &text, &len, &err), FLM_OK);
+    assert_string_equal(text, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                              "<|im_start|>assistant\n");
+    assert_int_equal(len, strlen(text));
+    free(text);
+    flm_chat_close(c);
+    assert_int_equal(flm_chat_open(ctx, "gemma", &c, &err), FLM_OK);
+    assert_string_equal(flm_chat_name(c), "gemma");
+    assert_string_equal(flm_chat_origin(c), "--chat-template");
+    flm_chat_close(c);
+    c = (flm_chat *)&err; /* set to NULL on error */
+    assert_int_equal(flm_chat_open(ctx, "jinja", &c, &err), FLM_ERR_ARG);
+    assert_null(c);
+    assert_non_null(strstr(err.msg, "chatml"));
+    flm_chat_close(NULL);
+    flm_close(ctx);
+}
+
 typedef struct {
     int n, n_warn;
     char all[4096];
@@ -154,6 +212,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_names_stay_inside),
+        cmocka_unit_test(test_vocab_and_chat),
         cmocka_unit_test(test_log_callback_not_stderr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
