@@ -618,6 +618,27 @@ static void test_rmsnorm(void **state) {
     }
 }
 
+/* LayerNorm against a hand computation: x = (1, 2, 3, 6): mean 3, deviations (-2, -1, 0, 3), variance
+ * (4 + 1 + 0 + 9) / 4 = 3.5; with eps = 0.5 the scale is 1/sqrt(4) = 0.5, so the normed x is (-1, -0.5, 0, 1.5);
+ * times w = (1, 2, -1, 0.5) plus b = (0.25, 0, 1, -1): (-0.75, -1, 1, -0.25). */
+static void test_layernorm(void **state) {
+    (void)state;
+    const float x[4] = {1, 2, 3, 6}, w[4] = {1, 2, -1, 0.5f}, b[4] = {0.25f, 0, 1, -1};
+    const float want[4] = {-0.75f, -1.0f, 1.0f, -0.25f}, want_nob[4] = {-1.0f, -1.0f, 0.0f, 0.75f};
+    float out[4], in_place[4];
+    flm_layernorm(out, x, w, b, 4, 0.5f);
+    for (int j = 0; j < 4; j++) assert_float_equal(out[j], want[j], 1e-6);
+    flm_layernorm(out, x, w, NULL, 4, 0.5f); /* no bias */
+    for (int j = 0; j < 4; j++) assert_float_equal(out[j], want_nob[j], 1e-6);
+    memcpy(in_place, x, sizeof x); /* out == x, as the forward pass calls it */
+    flm_layernorm(in_place, in_place, w, b, 4, 0.5f);
+    for (int j = 0; j < 4; j++) assert_float_equal(in_place[j], want[j], 1e-6);
+    /* a constant row: zero deviation, the output is the bias */
+    const float c[4] = {7, 7, 7, 7};
+    flm_layernorm(out, c, w, b, 4, 1e-5f);
+    for (int j = 0; j < 4; j++) assert_float_equal(out[j], b[j], 1e-6);
+}
+
 static void test_softmax(void **state) {
     (void)state;
     static const size_t lens[] = {1, 2, 7, 100, 32000};
@@ -666,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_known_blocks),
         cmocka_unit_test(test_matvec),
         cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_softmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

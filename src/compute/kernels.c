@@ -450,6 +450,20 @@ void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, floa
     for (size_t j = 0; j < n; j++) out[j] = weight[j] * (ss * x[j]);
 }
 
+void flm_layernorm(float *out, const float *x, const float *weight, const float *bias, size_t n, float eps) {
+    float mean = 0.0f;
+    for (size_t j = 0; j < n; j++) mean += x[j];
+    mean /= (float)n;
+    float var = 0.0f;
+    for (size_t j = 0; j < n; j++) var += (x[j] - mean) * (x[j] - mean);
+    var /= (float)n;
+    const float inv = 1.0f / sqrtf(var + eps);
+    for (size_t j = 0; j < n; j++) {
+        float y = weight[j] * ((x[j] - mean) * inv);
+        out[j] = bias ? y + bias[j] : y;
+    }
+}
+
 void flm_softmax(float *x, size_t n) {
     if (n == 0) return;
     float max = x[0];

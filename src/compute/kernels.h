@@ -120,6 +120,9 @@ bool flm_quantize_row(uint32_t t, const float *x, void *dst, size_t n);
 
 /* Small float32 ops used by the forward pass (scalar; they are not the bottleneck). */
 void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps); /* out = x/rms(x)*w */
+/* LayerNorm (OPT, GPT-2, Falcon, Phi-2): out = (x - mean(x)) / sqrt(var(x) + eps) * w + b, var the population
+ * variance (divided by n, as torch.nn.LayerNorm); bias NULL: none. out may be x. */
+void flm_layernorm(float *out, const float *x, const float *weight, const float *bias, size_t n, float eps);
 void flm_softmax(float *x, size_t n);                                                     /* in place, stable */
 
 #endif
