@@ -2,8 +2,10 @@
  *
  * Every architecture here is a pre-norm decoder-only transformer with the GGUF tensor names of llama.cpp
  * (blk.N.attn_q.weight, ...). What differs between them is data: the GGUF key prefix, which optional tensors exist,
- * the RoPE order, the FFN activation, extra norms, the embedding scale and local (sliding-window) attention.
- * Adding an architecture means adding one descriptor here, plus whatever truly new op it needs in the forward pass.
+ * the norm (RMSNorm or LayerNorm with bias), the positions (RoPE in either pair order, or learned absolute), the FFN
+ * activation, extra norms, biases, the embedding scale, sequential or parallel attention and FFN, and local
+ * (sliding-window) attention. The forward pass (runtime/forward.c) is assembled from blocks these fields select.
+ * Adding an architecture means adding one descriptor here, plus whatever truly new block it needs in the forward pass.
  * Sources: llama.cpp src/llama-model.cpp (build graphs per arch), gguf-py constants (key and tensor names). */
 #ifndef FLM_MODEL_ARCH_H
 #define FLM_MODEL_ARCH_H
@@ -15,6 +17,21 @@
  * (GPT-NeoX, Qwen2, Gemma). */
 typedef enum flm_rope_kind { FLM_ROPE_NORMAL = 0, FLM_ROPE_NEOX = 1 } flm_rope_kind;
 
+/* The norm block (attention input, FFN input, output; post-norms). */
+typedef enum flm_norm_kind {
+    FLM_NORM_RMS = 0,   /* x / sqrt(mean(x^2) + eps) * w (llama, Qwen2, Gemma) */
+    FLM_NORM_LAYER = 1, /* (x - mean(x)) / sqrt(var(x) + eps) * w + b, with blk.N.attn_norm.bias, ffn_norm.bias and
+                           output_norm.bias (OPT, GPT-2, Falcon, Phi-2); no architecture below uses it yet */
+} flm_norm_kind;
+
+/* Where positions enter. */
+typedef enum flm_pos_kind {
+    FLM_POS_ROPE = 0,    /* RoPE on q and k (pair order: flm_arch.rope) */
+    FLM_POS_LEARNED = 1, /* learned absolute positions: row pos of position_embd.weight [n_ctx_train rows of d_model]
+                            is added to the token's embedding; no RoPE (OPT, GPT-2; OPT's offset of 2 must be folded
+                            into the tensor by the converter); no architecture below uses it yet */
+} flm_pos_kind;
+
 /* FFN activations (flm_act) are defined with their kernels in compute/act.h. */
 
 /* Optional parts of an architecture (flags). */
@@ -24,12 +41,18 @@ enum {
     FLM_ARCH_POST_NORMS = 1u << 2, /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of the attention and FFN
                                       outputs before they are added to the residual stream (Gemma 2/3) */
     FLM_ARCH_EMBD_SCALE = 1u << 3, /* the embedding row is multiplied by sqrt(d_model) (Gemma) */
+    FLM_ARCH_O_BIAS = 1u << 4,     /* blk.N.attn_output.bias (OPT, Phi-2) */
+    FLM_ARCH_PARALLEL = 1u << 5,   /* attention and FFN both read the layer's input: x += attn(norm(x)) +
+                                      ffn(ffn_norm(x)) (GPT-J, Falcon, Phi-2), instead of the FFN reading x after the
+                                      attention's residual */
 };
 
 typedef struct flm_arch {
     const char *name;        /* general.architecture, also the GGUF key prefix ("qwen2.embedding_length") */
     unsigned flags;          /* FLM_ARCH_* */
-    flm_rope_kind rope;
+    flm_norm_kind norm;      /* RMSNorm (0, the default) or LayerNorm with bias */
+    flm_pos_kind pos;        /* RoPE (0, the default) or learned absolute positions */
+    flm_rope_kind rope;      /* RoPE pair order (FLM_POS_ROPE) */
     flm_act act;             /* default FFN activation (a file may override with flashlm.ffn_activation) */
     uint32_t swa_period;     /* 0: every layer attends globally; n: layer l is global when (l + 1) % n == 0 and
                                 uses sliding-window attention otherwise (Gemma 3: 6) */

@@ -153,6 +153,12 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
         (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
         return st;
+    if (a->norm == FLM_NORM_LAYER &&
+        (st = bind(f, "output_norm.bias", hp->d_model, 1, true, &m->output_norm_b, err)))
+        return st;
+    if (a->pos == FLM_POS_LEARNED &&
+        (st = bind(f, "position_embd.weight", hp->d_model, hp->n_ctx_train, false, &m->pos_embd, err)))
+        return st;
     if (flm_gguf_find_tensor(f, "output.weight")) {
         if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) return st;
     } else {
@@ -206,6 +212,13 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
         if (a->flags & FLM_ARCH_POST_NORMS) {
             BIND_REQ(post_attn_norm, "post_attention_norm.weight", hp->d_model)
             BIND_REQ(post_ffn_norm, "post_ffw_norm.weight", hp->d_model)
+        }
+        if (a->norm == FLM_NORM_LAYER) {
+            BIND_REQ(attn_norm_b, "attn_norm.bias", hp->d_model)
+            BIND_REQ(ffn_norm_b, "ffn_norm.bias", hp->d_model)
+        }
+        if (a->flags & FLM_ARCH_O_BIAS) {
+            BIND_REQ(bo, "attn_output.bias", hp->d_model)
         }
         L->swa = a->swa_period && (l + 1) % a->swa_period != 0;
 #undef BIND

@@ -47,6 +47,8 @@ typedef struct flm_layer_weights {
     flm_weight bq, bk, bv;                /* FLM_ARCH_QKV_BIAS: [q_dim], [kv_dim], [kv_dim] */
     flm_weight q_norm, k_norm;            /* FLM_ARCH_QK_NORM: [head_dim] each */
     flm_weight post_attn_norm, post_ffn_norm; /* FLM_ARCH_POST_NORMS: [d_model] each */
+    flm_weight attn_norm_b, ffn_norm_b;   /* FLM_NORM_LAYER: the norms' biases, [d_model] each */
+    flm_weight bo;                        /* FLM_ARCH_O_BIAS: [d_model] */
     bool swa;                             /* this layer uses sliding-window attention over the last n_swa tokens */
 } flm_layer_weights;
 
@@ -55,6 +57,8 @@ typedef struct flm_model {
     flm_hparams hp;
     flm_weight tok_embd;       /* [n_vocab rows of d_model] */
     flm_weight output_norm;    /* [d_model] f32 */
+    flm_weight output_norm_b;  /* FLM_NORM_LAYER: [d_model] f32, else data NULL */
+    flm_weight pos_embd;       /* FLM_POS_LEARNED: [n_ctx_train rows of d_model], else data NULL */
     flm_weight output;         /* [n_vocab rows of d_model]; equals tok_embd when tied */
     flm_layer_weights *layers; /* n_layers */
     flm_tokenizer *tok;
