@@ -357,7 +357,7 @@ flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logi
     ctx->next_pos = pos; /* positions >= pos are forgotten, whatever happens below */
     flm_token_stats tok = {0};
     double t0 = flm_now_ms();
-    if ((st = flm_forward(ctx, token, pos, &tok, err))) return st;
+    if ((st = flm_forward(ctx, &token, 1, pos, NULL, &tok, err))) return st;
     tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
     record_token(ctx, &tok);
     ctx->next_pos = pos + 1;
@@ -377,7 +377,7 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
         flm_token_stats tok = {0};
         double t0 = flm_now_ms();
         float *out = logits_all ? logits_all + (size_t)i * V : NULL;
-        if ((st = flm_forward_batch(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, err))) {
+        if ((st = flm_forward(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, err))) {
             ctx->next_pos = pos0; /* the whole call is undone: the caller evaluates pos0 again */
             return st;
         }

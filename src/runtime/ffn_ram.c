@@ -3,19 +3,8 @@
  *   ram     a .flm file's FFN regions, all read once at open: the bundle FFN over each layer's records */
 #include "compute/act.h"
 #include "core/util.h"
+#include "runtime/pass.h"
 #include "runtime/runtime.h"
-
-void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight *up, const flm_weight *gate,
-                   const flm_weight *down, const float *in, float *out, float *hb, float *hb2, int n_threads) {
-    flm_matvec(k, up->type, up->data, hp->d_ffn, hp->d_model, in, hb2, n_threads);
-    if (hp->gated) {
-        flm_matvec(k, gate->type, gate->data, hp->d_ffn, hp->d_model, in, hb, n_threads);
-        for (uint32_t i = 0; i < hp->d_ffn; i++) hb[i] = flm_act_eval(hp->act, hb[i]) * hb2[i];
-    } else {
-        for (uint32_t i = 0; i < hp->d_ffn; i++) hb[i] = flm_act_eval(hp->act, hb2[i]);
-    }
-    flm_matvec(k, down->type, down->data, hp->d_model, hp->d_ffn, hb, out, n_threads);
-}
 
 /* ---- mapped (GGUF) ---------------------------------------------------------------------------------------------- */
 
@@ -23,29 +12,17 @@ static flm_status mapped_open(flm_ctx *ctx, flm_error *err) { return FLM_OK; } /
 
 static flm_status mapped_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
                                  flm_error *err) {
-    const flm_layer_weights *L = &ctx->model->layers[l];
-    flm_ffn_dense(ctx->k, &ctx->model->hp, &L->ffn_up, &L->ffn_gate, &L->ffn_down, in, out, ctx->s.hb, ctx->s.hb2,
-                  ctx->params.n_threads);
+    const flm_pass P = {.k = ctx->k, .hp = &ctx->model->hp, .n_threads = ctx->params.n_threads, .n = 1};
+    flm_pass_ffn_dense(&P, &ctx->model->layers[l], in, ctx->model->hp.d_model, out, ctx->model->hp.d_model,
+                       ctx->s.hb, ctx->s.hb2);
     return FLM_OK;
 }
 
 /* the batch: up and gate as matrix-matrix products into [n][d_ffn], the activation, then down */
 static flm_status mapped_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
                                        float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
-    const flm_layer_weights *L = &ctx->model->layers[l];
-    const flm_hparams *hp = &ctx->model->hp;
-    const flm_kernels *k = ctx->k;
-    const int nt = ctx->params.n_threads;
-    const size_t F = hp->d_ffn;
-    float *H = ctx->s.bh, *U = ctx->s.bh2;
-    flm_matmat(k, L->ffn_up.type, L->ffn_up.data, F, hp->d_model, in, in_stride, n, U, F, nt);
-    if (hp->gated) {
-        flm_matmat(k, L->ffn_gate.type, L->ffn_gate.data, F, hp->d_model, in, in_stride, n, H, F, nt);
-        for (size_t i = 0; i < (size_t)n * F; i++) H[i] = flm_act_eval(hp->act, H[i]) * U[i];
-    } else {
-        for (size_t i = 0; i < (size_t)n * F; i++) H[i] = flm_act_eval(hp->act, U[i]);
-    }
-    flm_matmat(k, L->ffn_down.type, L->ffn_down.data, hp->d_model, F, H, F, n, out, out_stride, nt);
+    const flm_pass P = {.k = ctx->k, .hp = &ctx->model->hp, .n_threads = ctx->params.n_threads, .n = n};
+    flm_pass_ffn_dense(&P, &ctx->model->layers[l], in, in_stride, out, out_stride, ctx->s.bh, ctx->s.bh2);
     return FLM_OK;
 }
 

@@ -1,24 +1,32 @@
-/* forward.c — the forward pass for one token (cf. llama2.c run.c `forward`), driven by the architecture's
- * descriptor (model/arch.h). Per layer, for the architectures known so far:
+/* forward.c — the forward pass (cf. llama2.c run.c `forward`): ONE pass for a batch of n >= 1 tokens at positions
+ * pos .. pos + n - 1 (decoding is n = 1), assembled from the blocks of runtime/pass.h that the architecture's
+ * descriptor (model/arch.h) selects. For each token t (x_t: d_model floats):
  *
- *   h   = rmsnorm(x) * attn_norm
- *   q,k,v = Wq h (+bq), Wk h (+bk), Wv h (+bv)         biases: Qwen2
- *   q,k = rmsnorm per head * q_norm, k_norm           Gemma 3
- *   q,k = rope(q, k, pos)                              normal (llama) or NEOX order; local base on SWA layers
- *   a   = Wo attention(q, K[first..pos], V[first..pos]) first = pos - n_swa + 1 on sliding-window layers
- *   x  += post_attn_norm ? rmsnorm(a) * post_attn_norm : a
- *   h   = rmsnorm(x) * ffn_norm
- *   f   = down(act(gate h) * (up h))                   SiLU, ReLU or tanh-GELU; by the mode's FFN source
- *                                                      (runtime/ffn_source.h: memory, flash, neuron cache)
- *   x  += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
+ *   x_t  = E[token_t] * (sqrt(d_model) if EMBD_SCALE) (+ P[pos + t] if learned positions)   E row: memory or flash
+ *   for each layer:
+ *     h_t       = norm(x_t) * attn_norm (+ attn_norm_b)          norm: RMSNorm, or LayerNorm with bias
+ *     q, k, v   = Wq h_t + bq,  Wk h_t + bk,  Wv h_t + bv          biases where the model has them (Qwen2)
+ *     q, k      = rmsnorm per head * q_norm, k_norm               Gemma 3
+ *     q, k      = rope(q, k, pos + t)                              normal or NEOX order; local base on SWA layers
+ *     K, V[pos + t] = k, v                                         the KV cache, f16 (as llama.cpp) or f32
+ *     a_t       = Wo attention(q, K[first..pos+t], V[...]) + bo    first = pos + t - n_swa + 1 on SWA layers, else 0
+ *     x_t      += post_attn_norm ? rmsnorm(a_t) * post_attn_norm : a_t
+ *     h_t       = norm(x_t) * ffn_norm (+ ffn_norm_b)             parallel archs: of x_t before the line above
+ *     f_t       = down(act(gate h_t) * (up h_t))                  act: SiLU, tanh-GELU or ReLU; ungated act(up h_t);
+ *                                                                 by the mode's FFN source (ffn_source.h)
+ *     x_t      += post_ffn_norm ? rmsnorm(f_t) * post_ffn_norm : f_t
+ *   logits_t = W_out (norm(x_t) * output_norm (+ output_norm_b))  every token's, or the last one's
  *
- * then logits = output rmsnorm(x) * output_norm. Gemma scales the embedding row by sqrt(d_model).
+ * One token (n = 1) runs on the single-token scratch and its matrices as matrix-vector products (flm_matvec); a batch
+ * runs on the batch scratch with matrix-matrix products (flm_matmat: each resident weight row read once for the
+ * batch) and the FFN source's compute_batch (or its compute token by token: a source without one, the select hook).
+ * A batch larger than the scratch holds, or a context without batch arrays, runs token by token.
  *
  * Corrupt weights: streamed FFN regions are not checksummed per token (flashlm verify does that), and a GGUF's
  * weights never are, so a NaN or Inf weight would flow into the logits and the sampler would print garbage with exit
- * 0. Each layer's attention and FFN outputs (d_model floats) and the logits are checked to be finite — one pass of
- * integer compares, nothing next to the matrix products — and a non-finite one stops the token with an error naming
- * the file, the layer and the region (FLM_ERR_CHECKSUM for .flm data, FLM_ERR_FORMAT for a GGUF's). */
+ * 0. Each layer's attention and FFN outputs (d_model floats per token) and the logits are checked to be finite — one
+ * pass of integer compares, nothing next to the matrix products — and a non-finite one stops the pass with an error
+ * naming the file, the layer and the region (FLM_ERR_CHECKSUM for .flm data, FLM_ERR_FORMAT for a GGUF's). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +34,7 @@
 #include "core/error.h"
 
 #include "core/types.h"
+#include "runtime/pass.h"
 #include "runtime/runtime.h"
 
 static void add_bias(float *y, const flm_weight *b, uint32_t n) {
@@ -39,12 +48,6 @@ static void head_norm(float *v, const flm_weight *w, uint32_t n_heads, uint32_t 
     if (!w->data) return;
     for (uint32_t h = 0; h < n_heads; h++) flm_rmsnorm(v + (size_t)h * head_dim, v + (size_t)h * head_dim, w->data,
                                                        head_dim, eps);
-}
-
-/* x += norm ? rmsnorm(y) * norm : y */
-static void residual(float *x, float *y, const flm_weight *norm, uint32_t d, float eps) {
-    if (norm->data) flm_rmsnorm(y, y, norm->data, d, eps);
-    for (uint32_t i = 0; i < d; i++) x[i] += y[i];
 }
 
 /* true when none of v[0..n) is NaN or Inf (exponent bits all ones) */
@@ -78,113 +81,107 @@ static flm_status not_finite(const flm_ctx *ctx, const char *what, uint32_t l, f
                     "non-finite values (the file is corrupt)", path, what, layer);
 }
 
-flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err) {
-    ctx->cur_pos = pos;
-    const flm_model *m = ctx->model;
-    const flm_hparams *hp = &m->hp;
-    const flm_kernels *k = ctx->k;
-    flm_scratch *s = &ctx->s;
-    int nt = ctx->params.n_threads;
-    const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
-    uint32_t d = hp->d_model, q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+/* ---- the blocks (pass.h) ------------------------------------------------------------------------------------ */
 
-    /* token embedding: row `token` of token_embd, in memory or read from the file (the plan may leave it there) */
-    if (m->tok_embd.data) {
-        size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
-        k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)token * row_bytes, s->x, d);
-    } else {
-        flm_status st = flm_flash_embedding(ctx, token, s->x, tok, err); /* before anything changes: no half token */
-        if (st) return st;
+void flm_pass_norm(const flm_pass *P, const flm_weight *w, const flm_weight *b, uint32_t dim, const float *in,
+                   size_t in_stride, float *out, size_t out_stride) {
+    const flm_hparams *hp = P->hp;
+    const bool layer = hp->arch->norm == FLM_NORM_LAYER;
+    for (uint32_t t = 0; t < P->n; t++) {
+        const float *x = in + t * in_stride;
+        float *y = out + t * out_stride;
+        if (layer) flm_layernorm(y, x, w->data, b ? b->data : NULL, dim, hp->norm_eps);
+        else flm_rmsnorm(y, x, w->data, dim, hp->norm_eps);
     }
-    if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
-        const float sc = sqrtf((float)d);
-        for (uint32_t i = 0; i < d; i++) s->x[i] *= sc;
-    }
-
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const flm_layer_weights *L = &m->layers[l];
-        /* attention */
-        flm_rmsnorm(s->xb, s->x, L->attn_norm.data, d, hp->norm_eps);
-        float *kc = s->k, *vc = s->v; /* stored into the KV cache (f16 or f32) once complete */
-        flm_matvec(k, L->wq.type, L->wq.data, q_dim, d, s->xb, s->q, nt);
-        flm_matvec(k, L->wk.type, L->wk.data, kv_dim, d, s->xb, kc, nt);
-        flm_matvec(k, L->wv.type, L->wv.data, kv_dim, d, s->xb, vc, nt);
-        add_bias(s->q, &L->bq, q_dim);
-        add_bias(kc, &L->bk, kv_dim);
-        add_bias(vc, &L->bv, kv_dim);
-        head_norm(s->q, &L->q_norm, hp->n_heads, hp->head_dim, hp->norm_eps);
-        head_norm(kc, &L->k_norm, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
-        const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
-        flm_rope(s->q, hp->n_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
-        flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, (uint32_t)pos, theta, neox);
-        flm_kv_store(&ctx->kv, l, (uint32_t)pos, kc, vc); /* f16 (rounded, as llama.cpp's KV cache) unless --kv-f32 */
-        uint32_t first = L->swa && (uint32_t)pos >= hp->n_swa ? (uint32_t)pos - hp->n_swa + 1 : 0;
-        flm_attention(k, &ctx->kv, l, first, (uint32_t)pos, s->q, hp->n_heads, hp->n_kv_heads, hp->head_dim,
-                      hp->attn_scale, s->att, s->xb, nt);
-        flm_matvec(k, L->wo.type, L->wo.data, d, q_dim, s->xb, s->xb2, nt);
-        if (!all_finite(s->xb2, d)) return not_finite(ctx, "attention", l, err);
-        residual(s->x, s->xb2, &L->post_attn_norm, d, hp->norm_eps);
-        /* FFN */
-        flm_rmsnorm(s->xb, s->x, L->ffn_norm.data, d, hp->norm_eps);
-        if (ctx->ffn_tap) ctx->ffn_tap(ctx->tap_user, l, s->xb);
-        flm_status st = ctx->ffn->compute(ctx, l, s->xb, s->xb2, tok, err); /* the mode's source (ffn_source.h) */
-        if (st) return st;
-        if (!all_finite(s->xb2, d)) return not_finite(ctx, "FFN", l, err);
-        residual(s->x, s->xb2, &L->post_ffn_norm, d, hp->norm_eps);
-    }
-    flm_rmsnorm(s->x, s->x, m->output_norm.data, d, hp->norm_eps);
-    flm_matvec(k, m->output.type, m->output.data, hp->n_vocab, d, s->x, s->logits, nt);
-    if (!all_finite(s->logits, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
-    return FLM_OK;
 }
 
-/* The batch's FFN of layer l: the tap sees every token's input first (it only observes), then the source's
- * compute_batch, or token by token (a source without one; the select hook, which chooses per token). in/out rows are
- * xb / d_model floats apart. */
-static flm_status ffn_batch(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const float *in, size_t xb, float *out,
-                            flm_token_stats *tok, flm_error *err) {
-    const uint32_t d = ctx->model->hp.d_model;
-    if (ctx->ffn_tap)
-        for (uint32_t t = 0; t < n; t++) ctx->ffn_tap(ctx->tap_user, l, in + t * xb);
-    if (ctx->ffn->compute_batch && !ctx->ffn_select)
-        return ctx->ffn->compute_batch(ctx, l, n, in, xb, out, d, tok, err);
-    for (uint32_t t = 0; t < n; t++) {
-        ctx->cur_pos = pos + (int32_t)t;
-        flm_status st = ctx->ffn->compute(ctx, l, in + t * xb, out + (size_t)t * d, tok, err);
-        if (st) return st;
-    }
-    ctx->cur_pos = pos;
-    return FLM_OK;
+void flm_pass_linear(const flm_pass *P, const flm_weight *W, const flm_weight *b, size_t rows, size_t cols,
+                     const float *in, size_t in_stride, float *out, size_t out_stride) {
+    if (P->n == 1) flm_matvec(P->k, W->type, W->data, rows, cols, in, out, P->n_threads);
+    else flm_matmat(P->k, W->type, W->data, rows, cols, in, in_stride, P->n, out, out_stride, P->n_threads);
+    if (b)
+        for (uint32_t t = 0; t < P->n; t++) add_bias(out + t * out_stride, b, (uint32_t)rows);
 }
 
-flm_status flm_forward_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                             flm_token_stats *tok, flm_error *err) {
-    const flm_model *m = ctx->model;
-    const flm_hparams *hp = &m->hp;
-    const uint32_t V = hp->n_vocab;
-    flm_scratch *s = &ctx->s;
-    if (n == 1 || s->n_batch < n) { /* one token (decoding), or no batch arrays: the single-token pass */
-        for (uint32_t i = 0; i < n; i++) {
-            flm_status st = flm_forward(ctx, tokens[i], pos + (int32_t)i, tok, err);
-            if (st) return st;
-            if (logits_all) memcpy(logits_all + (size_t)i * V, s->logits, V * sizeof(float));
+void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
+                        const float *v, float *out, size_t out_stride) {
+    const flm_hparams *hp = P->hp;
+    const size_t q_dim = (size_t)hp->n_heads * hp->head_dim, kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
+    const bool rope = hp->arch->pos == FLM_POS_ROPE, neox = hp->arch->rope == FLM_ROPE_NEOX;
+    const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
+    for (uint32_t t = 0; t < P->n; t++) {
+        float *qt = q + t * q_dim, *kt = k + t * kv_dim;
+        const uint32_t p = (uint32_t)P->pos + t;
+        head_norm(qt, &L->q_norm, hp->n_heads, hp->head_dim, hp->norm_eps);
+        head_norm(kt, &L->k_norm, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
+        if (rope) {
+            flm_rope(qt, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
+            flm_rope(kt, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
         }
-        return FLM_OK;
+        flm_kv_store(P->kv, kv_layer, p, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
     }
-    ctx->cur_pos = pos; /* the batch's first position (FFN sources see pos .. pos + n - 1) */
-    const flm_kernels *k = ctx->k;
-    const int nt = ctx->params.n_threads;
-    const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
-    const uint32_t d = hp->d_model, q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
-    const size_t xb = q_dim > d ? q_dim : d; /* row stride of bxb */
-    float *X = s->bx, *XB = s->bxb, *XB2 = s->bxb2;
+    for (uint32_t t = 0; t < P->n; t++) {
+        const uint32_t p = (uint32_t)P->pos + t;
+        const uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
+        flm_attention(P->k, P->kv, kv_layer, first, p, q + t * q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                      hp->attn_scale, P->att, out + t * out_stride, P->n_threads);
+    }
+}
 
-    /* token embeddings: every row first (a failed read changes nothing) */
+void flm_pass_ffn_act(const flm_hparams *hp, size_t count, float *h, const float *u) {
+    if (hp->gated)
+        for (size_t i = 0; i < count; i++) h[i] = flm_act_eval(hp->act, h[i]) * u[i];
+    else
+        for (size_t i = 0; i < count; i++) h[i] = flm_act_eval(hp->act, u[i]);
+}
+
+void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const float *in, size_t in_stride, float *out,
+                        size_t out_stride, float *H, float *U) {
+    const flm_hparams *hp = P->hp;
+    const size_t F = hp->d_ffn, d = hp->d_model;
+    flm_pass_linear(P, &L->ffn_up, NULL, F, d, in, in_stride, U, F);
+    if (hp->gated) flm_pass_linear(P, &L->ffn_gate, NULL, F, d, in, in_stride, H, F);
+    flm_pass_ffn_act(hp, (size_t)P->n * F, H, U);
+    flm_pass_linear(P, &L->ffn_down, NULL, d, F, H, F, out, out_stride);
+}
+
+void flm_pass_residual(const flm_pass *P, float *x, float *y, size_t y_stride, const flm_weight *post) {
+    const uint32_t d = P->hp->d_model;
+    if (post->data) flm_pass_norm(P, post, NULL, d, y, y_stride, y, y_stride);
+    for (uint32_t t = 0; t < P->n; t++) {
+        float *xt = x + (size_t)t * d;
+        const float *yt = y + t * y_stride;
+        for (uint32_t i = 0; i < d; i++) xt[i] += yt[i];
+    }
+}
+
+/* ---- the pass ---------------------------------------------------------------------------------------------------- */
+
+/* The activations of one pass: the single-token scratch (n = 1) or the batch scratch, token t's row at t * stride. */
+typedef struct rows {
+    float *x;    /* [n][d_model] residual stream */
+    float *h;    /* [n][h_stride] block input (normed), then the attention's output; h_stride = max(d_model, q_dim) */
+    size_t h_stride;
+    float *o;    /* [n][d_model] block output (attention, FFN) */
+    float *q, *k, *v; /* [n][q_dim], [n][kv_dim] x 2 */
+} rows;
+
+/* x[t] = row token[t] of the embedding (memory or flash; every row first: a failed read changes nothing), scaled by
+ * sqrt(d_model) (EMBD_SCALE), plus the learned position row (FLM_POS_LEARNED; tmp: [d_model] scratch). */
+static flm_status embed(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *X, float *tmp,
+                        flm_token_stats *tok, flm_error *err) {
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    const uint32_t d = hp->d_model;
+    if (m->pos_embd.data && (uint64_t)pos + n > m->pos_embd.n_out)
+        return flm_fail(err, FLM_ERR_ARG, "position %lld is past the model's %llu learned positions",
+                        (long long)pos + n - 1, (unsigned long long)m->pos_embd.n_out);
     for (uint32_t t = 0; t < n; t++) {
         float *x = X + (size_t)t * d;
         if (m->tok_embd.data) {
             size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
-            k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * row_bytes, x, d);
+            ctx->k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * row_bytes, x,
+                                              d);
         } else {
             flm_status st = flm_flash_embedding(ctx, tokens[t], x, tok, err);
             if (st) return st;
@@ -193,58 +190,106 @@ flm_status flm_forward_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, in
             const float sc = sqrtf((float)d);
             for (uint32_t i = 0; i < d; i++) x[i] *= sc;
         }
+        if (m->pos_embd.data) {
+            size_t row_bytes = flm_row_bytes(m->pos_embd.type, m->pos_embd.n_in);
+            ctx->k->dequant[m->pos_embd.type]((const uint8_t *)m->pos_embd.data + (size_t)(pos + t) * row_bytes, tmp,
+                                              d);
+            for (uint32_t i = 0; i < d; i++) x[i] += tmp[i];
+        }
     }
+    return FLM_OK;
+}
+
+/* The FFN block of layer l by the mode's source: the tap sees every token's input first (it only observes); one
+ * token goes to compute; a batch to compute_batch, or token by token (a source without one; the select hook, which
+ * chooses per token), each at ctx->cur_pos = its position. in rows are in_stride apart, out rows d_model. */
+static flm_status ffn(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const float *in, size_t in_stride, float *out,
+                      flm_token_stats *tok, flm_error *err) {
+    const uint32_t d = ctx->model->hp.d_model;
+    if (ctx->ffn_tap)
+        for (uint32_t t = 0; t < n; t++) ctx->ffn_tap(ctx->tap_user, l, in + t * in_stride);
+    if (n == 1) return ctx->ffn->compute(ctx, l, in, out, tok, err);
+    if (ctx->ffn->compute_batch && !ctx->ffn_select)
+        return ctx->ffn->compute_batch(ctx, l, n, in, in_stride, out, d, tok, err);
+    for (uint32_t t = 0; t < n; t++) {
+        ctx->cur_pos = pos + (int32_t)t;
+        flm_status st = ctx->ffn->compute(ctx, l, in + t * in_stride, out + (size_t)t * d, tok, err);
+        if (st) return st;
+    }
+    ctx->cur_pos = pos;
+    return FLM_OK;
+}
+
+/* The pass over n tokens whose activations are R (n = 1: the single-token scratch; else the batch scratch). */
+static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, const rows *R,
+                       float *logits_all, flm_token_stats *tok, flm_error *err) {
+    ctx->cur_pos = pos; /* the first position (FFN sources see pos .. pos + n - 1) */
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    flm_scratch *s = &ctx->s;
+    const uint32_t d = hp->d_model, V = hp->n_vocab, q_dim = hp->n_heads * hp->head_dim,
+                   kv_dim = hp->n_kv_heads * hp->head_dim;
+    const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
+    const size_t hs = R->h_stride;
+    const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n,
+                        .pos = pos, .att = s->att};
+
+    flm_status st = embed(ctx, tokens, n, pos, R->x, R->h, tok, err);
+    if (st) return st;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const flm_layer_weights *L = &m->layers[l];
-        /* attention: q, k, v for every token as matrix-matrix products, then each token attends causally */
-        for (uint32_t t = 0; t < n; t++) flm_rmsnorm(XB + t * xb, X + (size_t)t * d, L->attn_norm.data, d, hp->norm_eps);
-        flm_matmat(k, L->wq.type, L->wq.data, q_dim, d, XB, xb, n, s->bq, q_dim, nt);
-        flm_matmat(k, L->wk.type, L->wk.data, kv_dim, d, XB, xb, n, s->bk, kv_dim, nt);
-        flm_matmat(k, L->wv.type, L->wv.data, kv_dim, d, XB, xb, n, s->bv, kv_dim, nt);
-        const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
-        for (uint32_t t = 0; t < n; t++) {
-            float *q = s->bq + (size_t)t * q_dim, *kc = s->bk + (size_t)t * kv_dim, *vc = s->bv + (size_t)t * kv_dim;
-            const uint32_t p = (uint32_t)pos + t;
-            add_bias(q, &L->bq, q_dim);
-            add_bias(kc, &L->bk, kv_dim);
-            add_bias(vc, &L->bv, kv_dim);
-            head_norm(q, &L->q_norm, hp->n_heads, hp->head_dim, hp->norm_eps);
-            head_norm(kc, &L->k_norm, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
-            flm_rope(q, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
-            flm_rope(kc, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
-            flm_kv_store(&ctx->kv, l, p, kc, vc);
-        }
-        for (uint32_t t = 0; t < n; t++) {
-            const uint32_t p = (uint32_t)pos + t;
-            uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
-            flm_attention(k, &ctx->kv, l, first, p, s->bq + (size_t)t * q_dim, hp->n_heads, hp->n_kv_heads,
-                          hp->head_dim, hp->attn_scale, s->att, XB + t * xb, nt);
-        }
-        flm_matmat(k, L->wo.type, L->wo.data, d, q_dim, XB, xb, n, XB2, d, nt);
-        if (!all_finite(XB2, n * d)) return not_finite(ctx, "attention", l, err);
-        for (uint32_t t = 0; t < n; t++)
-            residual(X + (size_t)t * d, XB2 + (size_t)t * d, &L->post_attn_norm, d, hp->norm_eps);
-        /* FFN */
-        for (uint32_t t = 0; t < n; t++) flm_rmsnorm(XB + t * xb, X + (size_t)t * d, L->ffn_norm.data, d, hp->norm_eps);
-        flm_status st = ffn_batch(ctx, l, n, pos, XB, xb, XB2, tok, err);
-        if (st) return st;
-        if (!all_finite(XB2, n * d)) return not_finite(ctx, "FFN", l, err);
-        for (uint32_t t = 0; t < n; t++)
-            residual(X + (size_t)t * d, XB2 + (size_t)t * d, &L->post_ffn_norm, d, hp->norm_eps);
+        /* attention */
+        flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->h, hs);
+        flm_pass_linear(&P, &L->wq, &L->bq, q_dim, d, R->h, hs, R->q, q_dim);
+        flm_pass_linear(&P, &L->wk, &L->bk, kv_dim, d, R->h, hs, R->k, kv_dim);
+        flm_pass_linear(&P, &L->wv, &L->bv, kv_dim, d, R->h, hs, R->v, kv_dim);
+        flm_pass_attention(&P, L, l, R->q, R->k, R->v, R->h, hs);
+        flm_pass_linear(&P, &L->wo, &L->bo, d, q_dim, R->h, hs, R->o, d);
+        if (!all_finite(R->o, n * d)) return not_finite(ctx, "attention", l, err);
+        /* FFN: its input from x after the attention's residual, or (parallel) before it */
+        const flm_weight *fn = parallel && !L->ffn_norm.data ? &L->attn_norm : &L->ffn_norm;
+        const flm_weight *fb = parallel && !L->ffn_norm.data ? &L->attn_norm_b : &L->ffn_norm_b;
+        if (parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
+        flm_pass_residual(&P, R->x, R->o, d, &L->post_attn_norm);
+        if (!parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
+        if ((st = ffn(ctx, l, n, pos, R->h, hs, R->o, tok, err))) return st;
+        if (!all_finite(R->o, n * d)) return not_finite(ctx, "FFN", l, err);
+        flm_pass_residual(&P, R->x, R->o, d, &L->post_ffn_norm);
     }
-    /* logits: every token's, or the last one's */
-    if (logits_all) {
-        for (uint32_t t = 0; t < n; t++)
-            flm_rmsnorm(X + (size_t)t * d, X + (size_t)t * d, m->output_norm.data, d, hp->norm_eps);
-        flm_matmat(k, m->output.type, m->output.data, V, d, X, d, n, logits_all, V, nt);
+    /* logits: every token's (a batch), or the last one's */
+    if (logits_all && n > 1) {
+        flm_pass_norm(&P, &m->output_norm, &m->output_norm_b, d, R->x, d, R->x, d);
+        flm_pass_linear(&P, &m->output, NULL, V, d, R->x, d, logits_all, V);
         if (!all_finite(logits_all, n * V)) return not_finite(ctx, "output", UINT32_MAX, err);
         memcpy(s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
     } else {
-        float *x = X + (size_t)(n - 1) * d;
-        flm_rmsnorm(x, x, m->output_norm.data, d, hp->norm_eps);
-        flm_matvec(k, m->output.type, m->output.data, V, d, x, s->logits, nt);
+        flm_pass last = P;
+        last.n = 1;
+        float *x = R->x + (size_t)(n - 1) * d;
+        flm_pass_norm(&last, &m->output_norm, &m->output_norm_b, d, x, d, x, d);
+        flm_pass_linear(&last, &m->output, NULL, V, d, x, d, s->logits, V);
         if (!all_finite(s->logits, V)) return not_finite(ctx, "output", UINT32_MAX, err);
+        if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
     }
     ctx->cur_pos = pos + (int32_t)n - 1;
     return FLM_OK;
+}
+
+flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                       flm_token_stats *tok, flm_error *err) {
+    const flm_hparams *hp = &ctx->model->hp;
+    flm_scratch *s = &ctx->s;
+    const uint32_t V = hp->n_vocab, q_dim = hp->n_heads * hp->head_dim;
+    const size_t hs = q_dim > hp->d_model ? q_dim : hp->d_model;
+    if (n == 1 || s->n_batch < n) { /* one token (decoding), or more than the batch arrays hold: token by token */
+        const rows one = {.x = s->x, .h = s->xb, .h_stride = hs, .o = s->xb2, .q = s->q, .k = s->k, .v = s->v};
+        for (uint32_t i = 0; i < n; i++) {
+            flm_status st = pass(ctx, tokens + i, 1, pos + (int32_t)i, &one, logits_all ? logits_all + (size_t)i * V
+                                                                                          : NULL, tok, err);
+            if (st) return st;
+        }
+        return FLM_OK;
+    }
+    const rows batch = {.x = s->bx, .h = s->bxb, .h_stride = hs, .o = s->bxb2, .q = s->bq, .k = s->bk, .v = s->bv};
+    return pass(ctx, tokens, n, pos, &batch, logits_all, tok, err);
 }

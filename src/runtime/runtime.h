@@ -23,7 +23,7 @@ typedef struct flm_scratch {
     float *k, *v;  /* [kv_dim] this token's key and value, before they are stored in the KV cache */
     float *att;    /* [n_heads * n_ctx] */
     float *logits; /* [n_vocab] */
-    /* a batch of up to n_batch tokens (flm_forward_batch), token t's row at t * the row length; NULL when
+    /* a batch of up to n_batch tokens (flm_forward), token t's row at t * the row length; NULL when
      * n_batch <= 1 (every token then runs alone) */
     uint32_t n_batch;
     float *bx, *bxb, *bxb2; /* [n_batch][d_model], [n_batch][max(d_model, q_dim)], [n_batch][d_model] */
@@ -209,18 +209,15 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
 uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget);
 void flm_scratch_free(flm_scratch *s);
 
-/* Dense FFN of one layer on in[d_model] -> out[d_model], weights resident: out = down(act(gate in) * (up in)), or
- * down(act(up in)) when not gated. hb/hb2 are [d_ffn] scratch. (runtime/ffn_ram.c: the mapped source.) */
-void flm_ffn_dense(const flm_kernels *k, const flm_hparams *hp, const flm_weight *up, const flm_weight *gate,
-                   const flm_weight *down, const float *in, float *out, float *hb, float *hb2, int n_threads);
-
-/* One token through the model: fills ctx->s.logits; adds its I/O and memory-management times to tok. */
-flm_status flm_forward(flm_ctx *ctx, int32_t token, int32_t pos, flm_token_stats *tok, flm_error *err);
-/* n <= ctx->s.n_batch tokens at positions pos .. pos + n - 1 through the model in one pass (runtime/forward.c): the
- * resident matrices as matrix-matrix products, the FFN by the source's compute_batch (or token by token). Fills
- * logits_all[n][n_vocab] when non-NULL, else only the last token's logits in ctx->s.logits. tok gets the batch's
- * totals. */
-flm_status flm_forward_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                             flm_token_stats *tok, flm_error *err);
+/* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): n >= 1 tokens at positions
+ * pos .. pos + n - 1 through the model, keys and values into the KV cache. Fills logits_all[n][n_vocab] when
+ * non-NULL, and ctx->s.logits with the last token's logits. n = 1 (decoding) runs on the single-token scratch with
+ * matrix-vector products; 1 < n <= ctx->s.n_batch in one batched pass (matrix-matrix products, the FFN source's
+ * compute_batch); a larger n token by token. tok gets the I/O and memory-management times and bytes. ctx->cur_pos is
+ * the position being evaluated (pos + n - 1 at the end). Errors: FLM_ERR_IO (an embedding row or FFN read),
+ * FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (a non-finite output: the message names the file, layer and region),
+ * FLM_ERR_ARG (a position past a model's learned positions). */
+flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                       flm_token_stats *tok, flm_error *err);
 
 #endif

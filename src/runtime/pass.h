@@ -1,0 +1,60 @@
+/* pass.h — the blocks the forward pass is assembled from (runtime/forward.c), for a batch of n >= 1 tokens. Internal.
+ *
+ * Each block works on n token rows (row t of a [n][stride] array at t * stride floats) and needs no context: the
+ * forward pass (flm_forward) composes them per the architecture's descriptor (model/arch.h), around what only a
+ * context has (the FFN source, embedding rows read from flash, statistics, error messages naming the file); `flashlm
+ * synth` composes the same blocks while it writes a model tensor by tensor (synth/synth.c). Which variant a block
+ * runs is the descriptor's choice (P->hp->arch): RMSNorm or LayerNorm, RoPE order or learned positions, the FFN
+ * activation. The linear block runs flm_matvec for one token and flm_matmat for a batch (the same values, row by row:
+ * kernels.h), so one token's logits are those of the single-token pass llama2.c's `forward` describes. */
+#ifndef FLM_RUNTIME_PASS_H
+#define FLM_RUNTIME_PASS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "compute/attention.h"
+#include "compute/kernels.h"
+#include "model/model.h"
+
+/* What every block of one batch shares. */
+typedef struct flm_pass {
+    const flm_kernels *k;
+    const flm_hparams *hp;  /* dimensions, eps, RoPE bases and the descriptor (hp->arch) */
+    const flm_kv_cache *kv; /* the attention block stores each token's key and value here, and reads them back */
+    int n_threads;
+    uint32_t n;             /* tokens in the batch, >= 1 */
+    int32_t pos;            /* position of the first; token t is at pos + t */
+    float *att;             /* attention scratch: [n_heads * kv->n_ctx] floats */
+} flm_pass;
+
+/* The norm block: out[t] = norm(in[t]) for t < n, rows of dim floats; RMSNorm with weight w, or LayerNorm with w and
+ * bias b (b->data may be NULL: no bias) when hp->arch->norm is FLM_NORM_LAYER; eps hp->norm_eps. out may be in. */
+void flm_pass_norm(const flm_pass *P, const flm_weight *w, const flm_weight *b, uint32_t dim, const float *in,
+                   size_t in_stride, float *out, size_t out_stride);
+
+/* The linear block: out[t][r] = W row r . in[t] (+ b[r] when b and b->data) for r < rows, t < n; W is rows x cols of
+ * W->type (resident: W->data != NULL). n == 1: flm_matvec; else flm_matmat (each weight row read once per batch). */
+void flm_pass_linear(const flm_pass *P, const flm_weight *W, const flm_weight *b, size_t rows, size_t cols,
+                     const float *in, size_t in_stride, float *out, size_t out_stride);
+
+/* The attention block of layer L, given q [n][q_dim], k and v [n][kv_dim] (projected, biases added): each head of q
+ * and k RMS-normed when L has q/k norms, RoPE on q and k at their positions (FLM_POS_ROPE; the local base on
+ * sliding-window layers), k and v stored as row (kv_layer, pos + t) of P->kv (q and k are changed in place), then
+ * out[t][q_dim] = causal attention over positions first..pos + t (first = pos + t - n_swa + 1 on sliding-window
+ * layers, else 0). */
+void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
+                        const float *v, float *out, size_t out_stride);
+
+/* The FFN activation block, on count = n * d_ffn values: gated (hp->gated) h = act(h) * u, where h holds the gate
+ * projection and u the up projection; ungated h = act(u). act: hp->act (SiLU, ReLU, tanh-GELU). */
+void flm_pass_ffn_act(const flm_hparams *hp, size_t count, float *h, const float *u);
+
+/* The dense FFN block of layer L with resident weights: out[t] = down(act(gate in[t]) * (up in[t])), or
+ * down(act(up in[t])) ungated; out rows of d_model. H and U are [n][d_ffn] scratch. */
+void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const float *in, size_t in_stride, float *out,
+                        size_t out_stride, float *H, float *U);
+
+/* The residual block: x[t] += post ? norm(y[t]) * post : y[t] for t < n, rows of d_model floats (x's stride
+ * d_model, y's y_stride); y is normed in place when post->data (Gemma's post-attention and post-FFN norms). */
+void flm_pass_residual(const flm_pass *P, float *x, float *y, size_t y_stride, const flm_weight *post);
+
+#endif
