@@ -278,18 +278,18 @@ typedef struct flm_synth_activity {
     double *layer_token_sd;  /* [n_layers]: standard deviation over tokens of a token's fraction of active neurons */
     double *layer_token_max; /* [n_layers]: the largest fraction of active neurons of any token */
     double mean_active, mean_hot_share, mean_rare, mean_reuse; /* averages over layers */
-    double max_logit_diff;   /* max |logit - engine logit| / max(1, max |engine logit|) against flm_eval on the same
-                                tokens; -1 when not checked */
+    double max_logit_diff;   /* max |batched logit - flm_eval logit| / max(1, max |flm_eval logit|) over the tokens;
+                                -1 when not checked */
     bool finite;             /* every activation and logit was finite */
 } flm_synth_activity;
 
-/* Run n_tokens tokens (BOS, then ids drawn from seed) through the GGUF model at path with a batched replica of the
- * llama forward pass (the engine's own kernels, RMSNorm, RoPE and attention; weights bound by flm_model_from_gguf)
- * and count, per layer and neuron, the tokens on which the neuron fired. When check_engine, the same tokens are also
- * run through flm_open/flm_eval and the replica's logits are compared with the engine's (max_logit_diff), which shows
- * the counts are what the engine computes. Works on any llama GGUF, not only synthetic ones.
- * Errors: those of flm_gguf_open, flm_model_from_gguf and flm_open; FLM_ERR_ARG (n_tokens outside 1..4096);
- * FLM_ERR_NOMEM. On error *out is zeroed. Free with flm_synth_activity_free. */
+/* Run n_tokens tokens (BOS, then ids drawn from seed) through the GGUF model at path with the engine's own forward
+ * pass (flm_open in ram mode with an f32 KV cache, flm_eval_batch) and count, per layer and neuron, the tokens on which
+ * the neuron fired (gate . x > 0 on the FFN input x the pass hands its FFN tap). When check_engine, every token's
+ * logits from the batched pass are also compared with flm_eval's token by token (max_logit_diff). Works on any GGUF
+ * with a gated FFN, not only synthetic ones.
+ * Errors: those of flm_open and flm_eval_batch; FLM_ERR_ARG (n_tokens outside 1..4096); FLM_ERR_UNSUPPORTED (an
+ * ungated FFN); FLM_ERR_NOMEM. On error *out is zeroed. Free with flm_synth_activity_free. */
 FLM_API flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed, int n_threads,
                                      bool check_engine, flm_synth_activity *out, flm_error *err);
 FLM_API void flm_synth_activity_free(flm_synth_activity *a);

@@ -6,10 +6,11 @@
  *   each row from its own counter-based RNG stream, so the bytes do not depend on the thread count), quantize them
  *   into a tensor buffer, run the calibration tokens through it, hand it to a background thread that writes it
  *   (while the next tensor is made in the other buffer).
- * The calibration pass is a batched replica of the llama forward pass (the engine's kernels, RMSNorm, RoPE and
- * attention) over `calib_tokens` tokens. It sees each tensor right after it is made, so the scale of attn_output and
- * ffn_down and the gate biases can be chosen from the activations the real model will produce. The same replica
- * measures finished files (flm_synth_measure). */
+ * The calibration runs `calib_tokens` tokens through the forward pass's own blocks (runtime/pass.h: the norm,
+ * linear, attention, FFN activation and residual blocks flm_forward is assembled from), one tensor at a time: it sees
+ * each tensor right after it is made, so the scale of attn_output and ffn_down and the gate biases can be chosen from
+ * the activations the real model will produce. Finished files are measured by the engine itself (flm_open and
+ * flm_eval_batch, with an FFN tap: flm_synth_measure). */
 #include "synth/synth.h"
 
 #include <math.h>
@@ -23,6 +24,8 @@
 #include "compute/attention.h"
 #include "compute/kernels.h"
 #include "format/gguf.h"
+#include "runtime/pass.h"    /* the forward pass's blocks: calibration while writing */
+#include "runtime/runtime.h" /* the engine and its FFN tap: measurement */
 #include "format/tokenizer.h"
 #include "core/types.h"
 #include "core/util.h"
@@ -211,130 +214,79 @@ bool flm_synth_frequencies(double active, double tail, uint32_t n, double *out) 
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * The batched forward replica (calibration during generation; measurement of finished files)
+ * The calibration batch: T tokens at positions 0..T-1 through the forward pass's own blocks (runtime/pass.h: norm,
+ * linear, attention, FFN activation, residual), called one tensor at a time as the model is written
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct fwd {
-    const flm_kernels *k;
-    uint32_t T;                       /* tokens, at positions 0..T-1 */
-    uint32_t d, d_ffn, n_heads, n_kv_heads, head_dim, q_dim, kv_dim, rope_dim;
-    float eps, theta;
-    flm_act act;
-    int nt;
+    flm_hparams hp;               /* the model's (llama: RMSNorm, RoPE in adjacent pairs) */
+    flm_pass P;                   /* n = T tokens from position 0; P.hp = &hp */
+    flm_layer_weights L;          /* what the attention block reads of a layer: nothing (no q/k norms, global) */
+    uint32_t T, d, d_ffn, q_dim, kv_dim, head_dim;
     float *x;     /* [T][d] residual stream */
     float *xn;    /* [T][d] normed input of the current block */
     float *q;     /* [T][q_dim] */
+    float *k, *v; /* [T][kv_dim] */
     float *att;   /* [T][q_dim] attention output (input of attn_output) */
     float *o;     /* [T][d] block output */
-    float *g;     /* [T][d_ffn] gate pre-activations */
-    float *h;     /* [T][d_ffn] up, then act(gate) * up */
-    float *score; /* [nt][n_heads * T] attention scores */
-    flm_kv_cache kv; /* one layer: n_ctx = T */
+    float *g;     /* [T][d_ffn] gate projection, then act(gate) * up */
+    float *u;     /* [T][d_ffn] up projection */
+    float *score; /* [n_heads * T] attention scratch */
+    flm_kv_cache kv; /* one layer (every layer reuses it): n_ctx = T, f32 */
 } fwd;
 
 static void fwd_free(fwd *f) {
-    free(f->x); free(f->xn); free(f->q); free(f->att); free(f->o); free(f->g); free(f->h); free(f->score);
+    free(f->x); free(f->xn); free(f->q); free(f->k); free(f->v); free(f->att); free(f->o); free(f->g); free(f->u);
+    free(f->score);
     flm_kv_cache_free(&f->kv);
     memset(f, 0, sizeof *f);
 }
 
 static flm_status fwd_init(fwd *f, const flm_hparams *hp, uint32_t T, int nt, flm_error *err) {
     memset(f, 0, sizeof *f);
-    f->k = flm_kernels_best();
+    f->hp = *hp;
     f->T = T;
     f->d = hp->d_model;
     f->d_ffn = hp->d_ffn;
-    f->n_heads = hp->n_heads;
-    f->n_kv_heads = hp->n_kv_heads;
     f->head_dim = hp->head_dim;
     f->q_dim = hp->n_heads * hp->head_dim;
     f->kv_dim = hp->n_kv_heads * hp->head_dim;
-    f->rope_dim = hp->rope_dim;
-    f->eps = hp->norm_eps;
-    f->theta = hp->rope_theta;
-    f->act = hp->act;
-    f->nt = nt < 1 ? 1 : nt;
-    size_t xd = f->q_dim > f->d ? f->q_dim : f->d;
     f->x = calloc((size_t)T * f->d, sizeof(float));
-    f->xn = calloc((size_t)T * xd, sizeof(float));
+    f->xn = calloc((size_t)T * f->d, sizeof(float));
     f->q = calloc((size_t)T * f->q_dim, sizeof(float));
+    f->k = calloc((size_t)T * f->kv_dim, sizeof(float));
+    f->v = calloc((size_t)T * f->kv_dim, sizeof(float));
     f->att = calloc((size_t)T * f->q_dim, sizeof(float));
     f->o = calloc((size_t)T * f->d, sizeof(float));
     f->g = calloc((size_t)T * f->d_ffn, sizeof(float));
-    f->h = calloc((size_t)T * f->d_ffn, sizeof(float));
-    f->score = calloc((size_t)f->nt * f->n_heads * T, sizeof(float));
-    if (!f->x || !f->xn || !f->q || !f->att || !f->o || !f->g || !f->h || !f->score ||
+    f->u = calloc((size_t)T * f->d_ffn, sizeof(float));
+    f->score = calloc((size_t)hp->n_heads * T, sizeof(float));
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->o || !f->g || !f->u || !f->score ||
         flm_kv_cache_init(&f->kv, 1, T, f->kv_dim, FLM_KV_F32, err) != FLM_OK) {
         fwd_free(f);
         return flm_fail(err, FLM_ERR_NOMEM, "synth: out of memory for %u calibration tokens", T);
     }
+    f->P = (flm_pass){.k = flm_kernels_best(), .hp = &f->hp, .kv = &f->kv, .n_threads = nt < 1 ? 1 : nt, .n = T,
+                      .pos = 0, .att = f->score};
     return FLM_OK;
 }
 
-/* Y[t][r] = dot(W row r, X[t]) for t < T, r < rows: W is rows x n of type, X is [T][n]. The engine's kernels on
- * the stored rows as flm_matvec runs them (X[t] quantized once into the type's vec_dot_type, then vec_dot per row),
- * so every value is the one flm_eval computes. */
-static void fwd_mm(const fwd *f, uint32_t type, const void *W, size_t rows, size_t n, const float *X, float *Y) {
-    const size_t stride = flm_row_bytes(type, n);
-    const uint8_t *w = W;
-    const uint32_t T = f->T;
-    const ptrdiff_t nr = (ptrdiff_t)rows;
-    const bool float_x = flm_type_traits_of(type)->vec_dot_type == FLM_TYPE_F32;
-    const size_t ab = float_x ? n * sizeof(float) : flm_act_bytes(type, n);
-    uint8_t *xq = float_x ? NULL : malloc((size_t)T * ab);
-    if (!float_x && xq)
-        for (uint32_t t = 0; t < T; t++) flm_act_quantize(type, X + (size_t)t * n, n, xq + (size_t)t * ab);
-    const uint8_t *xs = xq ? xq : (const uint8_t *)X; /* without memory for xq: the float-x dot */
-    const flm_vec_dot_fn vdot = f->k->vec_dot[type];
-    const flm_dot_fn dot = f->k->dot[type];
-    const bool use_vdot = float_x || xq;
-#pragma omp parallel for num_threads(f->nt) schedule(static)
-    for (ptrdiff_t r = 0; r < nr; r++) {
-        const uint8_t *row = w + (size_t)r * stride;
-        for (uint32_t t = 0; t < T; t++)
-            Y[(size_t)t * rows + (size_t)r] = use_vdot ? vdot(row, xs + (size_t)t * ab, n)
-                                                       : dot(row, X + (size_t)t * n, n);
-    }
-    free(xq);
+/* Y[t] = W X[t] for t < T: the linear block on the tensor just made (W: rows x n of type, as stored). */
+static void fwd_mm(fwd *f, uint32_t type, const void *W, size_t rows, size_t n, const float *X, float *Y) {
+    const flm_weight w = {.type = type, .n_in = n, .n_out = rows, .data = W};
+    flm_pass_linear(&f->P, &w, NULL, rows, n, X, n, Y, rows);
 }
 
-/* x[t] = row tokens[t] of the embedding. */
+/* xn[t] = norm(x[t]) * w: the norm block */
+static void fwd_norm(fwd *f, const float *w) {
+    const flm_weight nw = {.type = FLM_TYPE_F32, .n_in = f->d, .n_out = 1, .data = w};
+    flm_pass_norm(&f->P, &nw, NULL, f->d, f->x, f->d, f->xn, f->d);
+}
+
+/* x[t] = row tokens[t] of the embedding E (type, as stored). */
 static void fwd_embed(fwd *f, uint32_t type, const void *E, const int32_t *tokens) {
     size_t stride = flm_row_bytes(type, f->d);
     for (uint32_t t = 0; t < f->T; t++)
-        f->k->dequant[type]((const uint8_t *)E + (size_t)tokens[t] * stride, f->x + (size_t)t * f->d, f->d);
-}
-
-/* xn[t] = rmsnorm(x[t]) * w */
-static void fwd_norm(fwd *f, const float *w) {
-    for (uint32_t t = 0; t < f->T; t++)
-        flm_rmsnorm(f->xn + (size_t)t * f->d, f->x + (size_t)t * f->d, w, f->d, f->eps);
-}
-
-/* After q (f->q) and k, v (in the cache) are computed: RoPE, then causal attention into f->att. */
-static void fwd_attend(fwd *f) {
-    for (uint32_t t = 0; t < f->T; t++) {
-        flm_rope(f->q + (size_t)t * f->q_dim, f->n_heads, f->head_dim, f->rope_dim, t, f->theta, false);
-        flm_rope(flm_kv_key(&f->kv, 0, t), f->n_kv_heads, f->head_dim, f->rope_dim, t, f->theta, false);
-    }
-    const ptrdiff_t T = (ptrdiff_t)f->T;
-#pragma omp parallel for num_threads(f->nt) schedule(dynamic, 1)
-    for (ptrdiff_t t = 0; t < T; t++) {
-        float *score = f->score + (size_t)omp_get_thread_num() * f->n_heads * f->T;
-        flm_attention(f->k, &f->kv, 0, 0, (uint32_t)t, f->q + (size_t)t * f->q_dim, f->n_heads, f->n_kv_heads,
-                      f->head_dim, 1.0f / sqrtf((float)f->head_dim), score, f->att + (size_t)t * f->q_dim, 1);
-    }
-}
-
-static void fwd_add(fwd *f) {
-    for (size_t i = 0; i < (size_t)f->T * f->d; i++) f->x[i] += f->o[i];
-}
-
-/* h = act(g) * h (h holds up . x), as flm_ffn_dense. */
-static void fwd_glu(fwd *f) {
-    for (size_t i = 0; i < (size_t)f->T * f->d_ffn; i++) {
-        float g = f->g[i];
-        f->h[i] = flm_act_eval(f->act, g) * f->h[i];
-    }
+        f->P.k->dequant[type]((const uint8_t *)E + (size_t)tokens[t] * stride, f->x + (size_t)t * f->d, f->d);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -771,18 +723,18 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     fwd_mm(f, type, S->buf, f->q_dim, d, f->xn, f->q);
     if ((st = write_buf(S, S->buf, stride_d * f->q_dim, err))) return st;
     gen_tensor(S, type, f->kv_dim, d, row_normal, &ks, RNG_K, l);
-    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->kv.k);
+    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->k);
     if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err))) return st;
     gen_tensor(S, type, f->kv_dim, d, row_normal, &vs, RNG_V, l);
-    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->kv.v);
+    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->v);
     if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err))) return st;
-    fwd_attend(f);
+    flm_pass_attention(&f->P, &f->L, 0, f->q, f->k, f->v, f->att, f->q_dim);
     /* attn_output: row 0 zero (the bias channel passes the residual untouched); scaled to add eta * e0 */
     double ea = mean_energy(f->att, T, f->q_dim, 0);
     normal_spec os = {.sd = (float)sqrt(eta * e0 / ((d - 1) * (ea > 1e-30 ? ea : 1e-30))), .zero_row0 = true};
     gen_tensor(S, type, d, f->q_dim, row_normal, &os, RNG_O, l);
     fwd_mm(f, type, S->buf, d, f->q_dim, f->att, f->o);
-    fwd_add(f);
+    flm_pass_residual(&f->P, f->x, f->o, d, &f->L.post_attn_norm);
     if ((st = write_buf(S, S->buf, (uint64_t)flm_row_bytes(type, f->q_dim) * d, err))) return st;
     if ((st = check_finite(f->x, (size_t)T * d, "attention output", l, err))) return st;
 
@@ -828,16 +780,16 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     make_basis(S, RNG_UP_V, l, noise);
     lowrank_spec us = {.k = S->k, .V = S->V, .rank = p->rank, .noise_sd = (float)sqrt(noise / d)};
     gen_tensor(S, type, nf, d, row_lowrank, &us, RNG_UP, l);
-    fwd_mm(f, type, S->buf, nf, d, f->xn, f->h);
+    fwd_mm(f, type, S->buf, nf, d, f->xn, f->u);
     if ((st = write_buf(S, S->buf, stride_d * nf, err))) return st;
-    fwd_glu(f);
-    if ((st = check_finite(f->h, (size_t)T * nf, "FFN activation", l, err))) return st;
+    flm_pass_ffn_act(&f->hp, (size_t)T * nf, f->g, f->u); /* g = act(gate) * up */
+    if ((st = check_finite(f->g, (size_t)T * nf, "FFN activation", l, err))) return st;
     /* down: row 0 zero; scaled to add eta * e0 */
-    double eh = mean_energy(f->h, T, nf, 0);
+    double eh = mean_energy(f->g, T, nf, 0);
     normal_spec ds = {.sd = (float)sqrt(eta * e0 / ((d - 1) * (eh > 1e-30 ? eh : 1e-30))), .zero_row0 = true};
     gen_tensor(S, type, d, nf, row_normal, &ds, RNG_DOWN, l);
-    fwd_mm(f, type, S->buf, d, nf, f->h, f->o);
-    fwd_add(f);
+    fwd_mm(f, type, S->buf, d, nf, f->g, f->o);
+    flm_pass_residual(&f->P, f->x, f->o, d, &f->L.post_ffn_norm);
     if ((st = write_buf(S, S->buf, stride_f * d, err))) return st;
     return check_finite(f->x, (size_t)T * d, "FFN output", l, err);
 }
@@ -979,34 +931,50 @@ static flm_status summarize(flm_synth_activity *a) {
     return FLM_OK;
 }
 
-/* Compare the replica's logits [T][n_vocab] with flm_eval on the same tokens. */
-static flm_status engine_diff(const char *path, const int32_t *tokens, uint32_t T, const float *logits,
-                              uint32_t n_vocab, int nt, double *out, bool *finite, flm_error *err) {
-    flm_params prm;
-    flm_params_default(&prm);
-    prm.kv_f32 = true; /* the check forward pass here is f32 throughout */
-    prm.n_threads = nt;
-    prm.n_ctx = (int)T;
-    prm.mode = FLM_MODE_RAM;
-    flm_ctx *ctx = NULL;
-    flm_status st = flm_open(path, &prm, &ctx, err);
-    if (st) return st;
-    double worst = 0;
-    for (uint32_t t = 0; t < T && st == FLM_OK; t++) {
-        const float *lg = NULL;
-        if ((st = flm_eval(ctx, tokens[t], (int32_t)t, &lg, err))) break;
-        double mx = 1, md = 0;
-        for (uint32_t i = 0; i < n_vocab; i++) {
-            if (!isfinite(lg[i])) *finite = false;
-            double a = fabs(lg[i]), dd = fabs((double)lg[i] - logits[(size_t)t * n_vocab + i]);
-            if (a > mx) mx = a;
-            if (dd > md || dd != dd) md = dd;
+/* What the FFN tap records while the engine runs the measurement tokens: per layer, the gate pre-activations of each
+ * token's FFN input, counted in token order (the tap sees a layer's tokens in order, batch after batch). */
+typedef struct measure {
+    const flm_ctx *ctx;
+    flm_synth_activity *a;
+    int n_threads;
+    float *g;            /* [d_ffn] gate . x of the token being counted */
+    uint32_t *t;         /* [n_layers] tokens counted so far */
+    int32_t *last;       /* [n_layers * d_ffn] the last token each neuron fired on */
+    uint64_t *act_later; /* [n_layers] activations at tokens >= FLM_SYNTH_WINDOW */
+    uint64_t *reused;    /* [n_layers] of which the neuron also fired in the previous FLM_SYNTH_WINDOW tokens */
+    double *s1, *s2;     /* [n_layers] sums of the tokens' active fractions and their squares */
+} measure;
+
+static void measure_tap(void *user, uint32_t l, const float *x) {
+    measure *M = user;
+    flm_synth_activity *a = M->a;
+    const flm_hparams *hp = &M->ctx->model->hp;
+    const flm_weight *W = &M->ctx->model->layers[l].ffn_gate;
+    const uint32_t nf = a->d_ffn;
+    flm_matvec(M->ctx->k, W->type, W->data, nf, hp->d_model, x, M->g, M->n_threads);
+    uint32_t *c = a->counts + (size_t)l * nf;
+    int32_t *last = M->last + (size_t)l * nf;
+    const int32_t t = (int32_t)M->t[l]++;
+    uint32_t n_act = 0;
+    for (uint32_t i = 0; i < nf; i++) {
+        if (!isfinite(M->g[i])) a->finite = false;
+        if (!(M->g[i] > 0.0f)) continue;
+        c[i]++;
+        n_act++;
+        if (t >= FLM_SYNTH_WINDOW) {
+            M->act_later[l]++;
+            M->reused[l] += t - last[i] <= FLM_SYNTH_WINDOW;
         }
-        if (md / mx > worst || md != md) worst = md / mx;
+        last[i] = t;
     }
-    flm_close(ctx);
-    *out = worst;
-    return st;
+    double fr = (double)n_act / nf;
+    M->s1[l] += fr;
+    M->s2[l] += fr * fr;
+    if (fr > a->layer_token_max[l]) a->layer_token_max[l] = fr;
+}
+
+static void measure_free(measure *M) {
+    free(M->g); free(M->t); free(M->last); free(M->act_later); free(M->reused); free(M->s1); free(M->s2);
 }
 
 flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed, int n_threads, bool check_engine,
@@ -1015,16 +983,28 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     if (n_tokens < 1 || n_tokens > 4096)
         return flm_fail(err, FLM_ERR_ARG, "synth measure: %u tokens is out of range (1..4096)", n_tokens);
     if (n_threads < 1) n_threads = 1;
-    flm_gguf_file *gf = NULL;
-    flm_model *m = NULL;
-    flm_status st;
-    if ((st = flm_gguf_open(path, &gf, err)) || (st = flm_model_from_gguf(gf, &m, err))) return st;
-    const flm_hparams *hp = &m->hp;
-    const uint32_t T = n_tokens, nf = hp->d_ffn, d = hp->d_model, L = hp->n_layers;
-    fwd f;
+    flm_params prm;
+    flm_params_default(&prm);
+    prm.kv_f32 = true; /* keys, values and attention weights in f32 */
+    prm.n_threads = n_threads;
+    prm.n_ctx = (int)n_tokens;
+    prm.mode = FLM_MODE_RAM;
+    flm_ctx *ctx = NULL;
+    flm_status st = flm_open(path, &prm, &ctx, err);
+    if (st) return st;
+    const flm_hparams *hp = &ctx->model->hp;
+    const uint32_t T = n_tokens, nf = hp->d_ffn, L = hp->n_layers, V = hp->n_vocab;
+    if (!hp->gated || !ctx->model->layers[0].ffn_gate.data) {
+        flm_close(ctx);
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "synth measure: %s: the FFN has no gate (a neuron is active when "
+                        "gate . x > 0)", path);
+    }
     int32_t *tokens = malloc(T * sizeof *tokens);
-    float *logits = check_engine ? malloc((size_t)T * hp->n_vocab * sizeof(float)) : NULL;
-    int32_t *last = malloc(nf * sizeof *last); /* the last token each neuron fired on */
+    float *logits = check_engine ? malloc((size_t)T * V * sizeof(float)) : NULL;
+    measure M = {.ctx = ctx, .a = out, .n_threads = n_threads, .g = malloc(nf * sizeof(float)),
+                 .t = calloc(L, sizeof(uint32_t)), .last = malloc((size_t)L * nf * sizeof(int32_t)),
+                 .act_later = calloc(L, sizeof(uint64_t)), .reused = calloc(L, sizeof(uint64_t)),
+                 .s1 = calloc(L, sizeof(double)), .s2 = calloc(L, sizeof(double))};
     flm_synth_activity *a = out;
     a->n_layers = L;
     a->d_ffn = nf;
@@ -1038,81 +1018,52 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     a->layer_reuse = calloc(L, sizeof(double));
     a->layer_token_sd = calloc(L, sizeof(double));
     a->layer_token_max = calloc(L, sizeof(double));
-    if (!tokens || (check_engine && !logits) || !last || !a->counts || !a->layer_active ||
-        !a->layer_hot_share || !a->layer_rare || !a->layer_reuse || !a->layer_token_sd || !a->layer_token_max) {
+    if (!tokens || (check_engine && !logits) || !M.g || !M.t || !M.last || !M.act_later || !M.reused || !M.s1 ||
+        !M.s2 || !a->counts || !a->layer_active || !a->layer_hot_share || !a->layer_rare || !a->layer_reuse ||
+        !a->layer_token_sd || !a->layer_token_max) {
         st = flm_fail(err, FLM_ERR_NOMEM, "synth measure: out of memory");
         goto done;
     }
-    if ((st = fwd_init(&f, hp, T, n_threads, err))) goto done;
-    int32_t bos = flm_tokenizer_bos(m->tok);
+    for (size_t i = 0; i < (size_t)L * nf; i++) M.last[i] = INT32_MIN / 2;
+    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
     uint64_t rng = rng_stream(seed, RNG_MEASURE, 0, 0);
     for (uint32_t t = 0; t < T; t++) {
-        int32_t lo = hp->n_vocab > SYNTH_N_SPECIAL ? 3 : 0;
-        tokens[t] = lo + (int32_t)(rng_unif(&rng) * (hp->n_vocab - (uint32_t)lo));
+        int32_t lo = V > SYNTH_N_SPECIAL ? 3 : 0;
+        tokens[t] = lo + (int32_t)(rng_unif(&rng) * (V - (uint32_t)lo));
     }
     if (bos >= 0) tokens[0] = bos;
-    fwd_embed(&f, m->tok_embd.type, m->tok_embd.data, tokens);
+    /* the engine's forward pass over the tokens (batched), the tap counting each layer's active neurons */
+    flm_set_ffn_tap(ctx, measure_tap, &M);
+    st = flm_eval_batch(ctx, tokens, T, 0, logits, NULL, err);
+    flm_set_ffn_tap(ctx, NULL, NULL);
+    if (st) goto done;
     for (uint32_t l = 0; l < L; l++) {
-        const flm_layer_weights *W = &m->layers[l];
-        fwd_norm(&f, W->attn_norm.data);
-        fwd_mm(&f, W->wq.type, W->wq.data, f.q_dim, d, f.xn, f.q);
-        fwd_mm(&f, W->wk.type, W->wk.data, f.kv_dim, d, f.xn, f.kv.k);
-        fwd_mm(&f, W->wv.type, W->wv.data, f.kv_dim, d, f.xn, f.kv.v);
-        fwd_attend(&f);
-        fwd_mm(&f, W->wo.type, W->wo.data, d, f.q_dim, f.att, f.o);
-        fwd_add(&f);
-        fwd_norm(&f, W->ffn_norm.data);
-        fwd_mm(&f, W->ffn_gate.type, W->ffn_gate.data, nf, d, f.xn, f.g);
-        fwd_mm(&f, W->ffn_up.type, W->ffn_up.data, nf, d, f.xn, f.h);
-        uint32_t *c = a->counts + (size_t)l * nf;
-        uint64_t act_later = 0, reused = 0;
-        double s1 = 0, s2 = 0;
-        for (uint32_t i = 0; i < nf; i++) last[i] = INT32_MIN / 2;
-        for (uint32_t t = 0; t < T; t++) {
-            const float *g = f.g + (size_t)t * nf;
-            uint32_t n_act = 0;
-            for (uint32_t i = 0; i < nf; i++) {
-                if (!isfinite(g[i])) a->finite = false;
-                if (!(g[i] > 0.0f)) continue;
-                c[i]++;
-                n_act++;
-                if (t >= FLM_SYNTH_WINDOW) {
-                    act_later++;
-                    reused += (int32_t)t - last[i] <= FLM_SYNTH_WINDOW;
-                }
-                last[i] = (int32_t)t;
-            }
-            double fr = (double)n_act / nf;
-            s1 += fr;
-            s2 += fr * fr;
-            if (fr > a->layer_token_max[l]) a->layer_token_max[l] = fr;
-        }
-        a->layer_reuse[l] = act_later ? (double)reused / (double)act_later : 0.0;
-        a->layer_token_sd[l] = T > 1 ? sqrt(fmax(0.0, (s2 - s1 * s1 / T) / (T - 1))) : 0.0;
-        fwd_glu(&f);
-        fwd_mm(&f, W->ffn_down.type, W->ffn_down.data, d, nf, f.h, f.o);
-        fwd_add(&f);
+        a->layer_reuse[l] = M.act_later[l] ? (double)M.reused[l] / (double)M.act_later[l] : 0.0;
+        a->layer_token_sd[l] = T > 1 ? sqrt(fmax(0.0, (M.s2[l] - M.s1[l] * M.s1[l] / T) / (T - 1))) : 0.0;
     }
-    for (size_t i = 0; i < (size_t)T * d; i++)
-        if (!isfinite(f.x[i])) a->finite = false;
-    if (check_engine) {
-        fwd_norm(&f, m->output_norm.data);
-        fwd_mm(&f, m->output.type, m->output.data, hp->n_vocab, d, f.xn, logits);
-        uint32_t n_vocab = hp->n_vocab;
-        fwd_free(&f);
-        flm_model_free(m); /* the engine maps its own copy */
-        m = NULL;
-        if ((st = engine_diff(path, tokens, T, logits, n_vocab, n_threads, &a->max_logit_diff, &a->finite, err)))
-            goto done;
-    } else {
-        fwd_free(&f);
+    if (check_engine) { /* the batched pass against flm_eval token by token */
+        double worst = 0;
+        for (uint32_t t = 0; t < T && st == FLM_OK; t++) {
+            const float *lg = NULL;
+            if ((st = flm_eval(ctx, tokens[t], (int32_t)t, &lg, err))) break;
+            double mx = 1, md = 0;
+            for (uint32_t i = 0; i < V; i++) {
+                if (!isfinite(lg[i]) || !isfinite(logits[(size_t)t * V + i])) a->finite = false;
+                double av = fabs(lg[i]), dd = fabs((double)lg[i] - logits[(size_t)t * V + i]);
+                if (av > mx) mx = av;
+                if (dd > md || dd != dd) md = dd;
+            }
+            if (md / mx > worst || md != md) worst = md / mx;
+        }
+        if (st) goto done;
+        a->max_logit_diff = worst;
     }
     if (summarize(a) != FLM_OK) st = flm_fail(err, FLM_ERR_NOMEM, "synth measure: out of memory");
 done:
-    flm_model_free(m);
+    flm_close(ctx);
+    measure_free(&M);
     free(tokens);
     free(logits);
-    free(last);
     if (st) flm_synth_activity_free(out);
     return st;
 }
