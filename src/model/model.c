@@ -75,7 +75,9 @@ flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_er
     hp->head_dim = hp->n_heads ? hp->d_model / hp->n_heads : 0;
     if ((st = flm_gguf_get_u32(f, KEY("attention.head_count_kv"), false, &hp->n_kv_heads, err)) ||
         (st = flm_gguf_get_u32(f, KEY("context_length"), true, &hp->n_ctx_train, err)) ||
-        (st = flm_gguf_get_f32(f, KEY("attention.layer_norm_rms_epsilon"), true, &hp->norm_eps, err)) ||
+        (st = flm_gguf_get_f32(f, KEY(a->norm == FLM_NORM_LAYER ? "attention.layer_norm_epsilon"
+                                                                : "attention.layer_norm_rms_epsilon"),
+                               true, &hp->norm_eps, err)) ||
         (st = flm_gguf_get_f32(f, KEY("rope.freq_base"), false, &hp->rope_theta, err)) ||
         (st = flm_gguf_get_u32(f, KEY("attention.key_length"), false, &hp->head_dim, err)))
         return st;

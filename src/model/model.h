@@ -25,7 +25,7 @@ typedef struct flm_hparams {
     uint32_t n_ctx_train; /* ARCH.context_length */
     uint32_t rope_dim;    /* ARCH.rope.dimension_count (default head_dim) */
     uint32_t n_swa;       /* ARCH.attention.sliding_window, tokens; 0 when no layer uses local attention */
-    float norm_eps;       /* ARCH.attention.layer_norm_rms_epsilon */
+    float norm_eps;       /* ARCH.attention.layer_norm_rms_epsilon (LayerNorm: ARCH.attention.layer_norm_epsilon) */
     float rope_theta;     /* ARCH.rope.freq_base (default 10000) */
     float rope_theta_local; /* RoPE base of the sliding-window layers (the arch's; else rope_theta) */
     float attn_scale;     /* attention logits scale, 1/sqrt(head_dim) */
