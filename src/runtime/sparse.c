@@ -508,7 +508,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     }
     uint32_t cap = flm_ncache_capacity(sp->cache[l]), n_all = n;
     if (n > cap) { /* the most confident go through the cache; the rest, ids[cap .. n_all), are streamed below */
-        if (!pp->no_predictor) {
+        if (!pp->no_predictor && ctx->cur_pos != 0) { /* position 0 predicted nothing: its ids stay in order */
             const float *z = sp->pscratch + S->pred.rank;
             qsort_r(sp->ids, n, sizeof *sp->ids, cmp_desc_logit, (void *)z);
         }
