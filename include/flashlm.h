@@ -308,7 +308,7 @@ typedef struct flm_stats {
 } flm_stats;
 
 /* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,
- * the C library's, OpenMP's and OpenBLAS's own allocations, thread stacks, allocator slack (docs/ARCHITECTURE.md,
+ * the C library's and OpenMP's own allocations, thread stacks, allocator slack (docs/ARCHITECTURE.md,
  * "Memory budget"). Peak RSS <= budget + FLM_RSS_ALLOWANCE at every model size (tests/test_scale_rss.c, and
  * tests/test_cli_hardening.c measures it from outside the process). */
 #define FLM_RSS_ALLOWANCE (16ull << 20)

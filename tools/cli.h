@@ -45,8 +45,8 @@ void cli_blas_single_thread(char **argv);
  * take it now (it keeps it), so a later BLAS call cannot spin forever retrying the allocation (OpenBLAS does).
  * Returns 0, or 1 after printing why `who` ("calibrate", "the sparse mode's predictor") cannot run. */
 int cli_blas_reserve(const char *who);
-/* After flm_open: warn when -c exceeds the model's training context; cli_blas_reserve when the mode is sparse (the only
- * mode that calls BLAS). Returns 0, or 1 after printing why the context cannot be used. */
+/* After flm_open: warn when -c exceeds the model's training context. Returns 0, or 1 after printing why the context
+ * cannot be used. (No mode calls BLAS: only calibrate, which reserves its buffer itself.) */
 struct flm_ctx;
 int cli_after_open(const struct flm_ctx *ctx);
 /* Help lines for those options. */

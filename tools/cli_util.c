@@ -162,9 +162,7 @@ int cli_after_open(const flm_ctx *ctx) {
         fprintf(stderr, "flashlm: warning: -c %u is longer than the %u tokens the model was trained on; positions "
                 "beyond %u are untrained and the text will likely degrade there\n", in.n_ctx, in.n_ctx_train,
                 in.n_ctx_train);
-    flm_stats s;
-    flm_get_stats(ctx, &s);
-    return strcmp(s.mode, "sparse") ? 0 : cli_blas_reserve("the sparse mode's predictor");
+    return 0; /* (the sparse mode predicts with the runtime's own kernels: no BLAS buffer to reserve) */
 }
 
 bool cli_is_help(int argc, char **argv) {

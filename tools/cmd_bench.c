@@ -157,7 +157,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         return;
     }
     if (cli_after_open(ctx)) {
-        snprintf(r->err, sizeof r->err, "OpenBLAS's work buffer does not fit under the address-space limit");
+        snprintf(r->err, sizeof r->err, "the context cannot be used (see above)");
         flm_close(ctx);
         return;
     }
