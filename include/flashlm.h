@@ -100,7 +100,9 @@ typedef struct flm_ctx flm_ctx;
 /* How FFN weights reach memory (the paper's evaluation modes, Knowl 7). Only .flm files stream; a GGUF file always
  * runs in FLM_MODE_RAM. */
 typedef enum flm_mode {
-    FLM_MODE_AUTO = 0,   /* ram when the whole model fits the budget (or there is none), else hybrid */
+    FLM_MODE_AUTO = 0,   /* ram when the whole model fits the budget (or there is none); else sparse when the model
+                            is calibrated, its neuron caches fit and its predicted sets (at the default level) are
+                            smaller than 0.9x what hybrid would stream; else hybrid. flm_plan says which, and why */
     FLM_MODE_RAM = 1,    /* every weight loaded into memory once: the dense reference */
     FLM_MODE_NAIVE = 2,  /* every layer's FFN read from flash again for every token */
     FLM_MODE_HYBRID = 3, /* as many layers' FFN as the budget allows stay resident; the rest are read every token */
@@ -195,11 +197,98 @@ FLM_API bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_NOMEM, FLM_ERR_ARG (bad params),
  * FLM_ERR_CHECKSUM (corrupt .flm), FLM_ERR_BUDGET (the budget cannot hold the resident part: the message gives each
  * part's size; a budget below the resident weights alone is refused before they are loaded, with their size);
- * the message names the file and the problem. */
+ * the message names the file and the problem. flm_open carries out the plan flm_plan computes for the same path and
+ * parameters (the same mode, the same bytes per part; the same errors when the budget cannot hold it): nothing is
+ * decided again here. */
 FLM_API flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err);
 FLM_API void flm_close(flm_ctx *ctx);
 /* Replace the context's log callback (initially params->log); fn NULL drops messages from now on. */
 FLM_API void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The memory plan (docs/ARCHITECTURE.md, "Memory budget")
+ *
+ * One function decides how a model is held under a budget: flm_plan. It resolves --mem (bytes, or a percentage of
+ * the model's weight bytes), picks the mode `auto` runs and says why, and sizes every part the budget must hold.
+ * flm_open carries out exactly that plan; flm_get_plan returns it from an open context.
+ * ------------------------------------------------------------------------------------------------------------- */
+/* Where the token embedding lives. */
+typedef enum flm_plan_embd {
+    FLM_PLAN_EMBD_MEMORY = 0,  /* in memory (part of resident): the mode keeps it (ram; hybrid when all fits) */
+    FLM_PLAN_EMBD_FLASH = 1,   /* left in the .flm file: one row (embd_row bytes) read per token */
+    FLM_PLAN_EMBD_TIED = 2,    /* in memory: it is also the output classifier */
+    FLM_PLAN_EMBD_UNSPLIT = 3, /* in memory: the file predates the split resident region (convert it again) */
+} flm_plan_embd;
+
+#define FLM_PLAN_REASON_MAX 512
+/* A plan. Every size in bytes. total = resident + kv + scratch + reader + ffn_resident + stream + predictors +
+ * cache, and equals what flm_get_stats reports once open (mem_resident + mem_ffn + mem_kv + mem_scratch). */
+typedef struct flm_plan_info {
+    flm_mode mode;            /* the mode flm_open runs: never FLM_MODE_AUTO */
+    char reason[FLM_PLAN_REASON_MAX]; /* why this mode, one line without a newline ("asked for", "the whole model
+                                         fits", "not calibrated", or why sparse was not taken) */
+    bool gguf;                /* a GGUF file: every weight mapped in memory, mode ram */
+    uint64_t budget;          /* the budget: mem_bytes, or mem_percent of model_bytes; 0 = none */
+    uint64_t model_bytes;     /* all weights: a .flm's resident region + FFN regions (each 4 KiB-padded); a GGUF's
+                                 file size */
+    uint64_t total;           /* the sum of the parts below: what the budget holds (<= budget when there is one) */
+    /* the parts */
+    uint64_t resident;        /* resident weights: embeddings, attention, norms, output, tokenizer (less the token
+                                 embedding when it stays on flash) */
+    uint64_t kv;              /* KV cache */
+    uint64_t scratch;         /* activations (batches of n_batch tokens), FFN accumulators, tokenizer copies, the
+                                 statistics ring, the embedding row buffer */
+    uint64_t reader;          /* reader bounce buffers (reader_bounce) and request queues */
+    uint64_t ffn_resident;    /* FFN of the layers kept in memory (ram: all; hybrid: the first n_resident_layers) */
+    uint64_t stream;          /* buffers streamed FFN weights are read into (naive/hybrid: n_stream_buffers
+                                 layers; sparse: neurons past the cache and the batches' sets) */
+    uint64_t predictors;      /* sparse: the predictors */
+    uint64_t cache;           /* sparse: the neuron caches of all layers (the rest of the budget) */
+    /* details */
+    flm_plan_embd embd;       /* where the token embedding lives */
+    uint64_t embd_bytes;      /* its bytes */
+    uint64_t embd_row;        /* FLM_PLAN_EMBD_FLASH: bytes of one row */
+    uint64_t reader_bounce;   /* the reader's bounce buffers (inside reader) */
+    uint32_t n_layers, n_resident_layers; /* layers; those whose FFN stays in memory */
+    uint32_t n_stream_buffers; /* naive/hybrid: 2 with read-ahead, else 1 (0: nothing streams) */
+    uint32_t n_ctx;           /* KV cache length, tokens (params n_ctx 0 resolved) */
+    uint32_t n_batch;         /* tokens per batched forward pass */
+    uint32_t kv_elem_bytes;   /* 2 (f16) or 4 (f32, --kv-f32) */
+    uint32_t kv_dim;          /* keys (and values) per token and layer: n_kv_heads * head_dim */
+    uint32_t n_vocab;         /* the model's vocabulary (logits per token) */
+} flm_plan_info;
+
+/* The plan flm_open would carry out for path and p (NULL: defaults), without opening the model: reads the .flm
+ * file's header and the resident region's metadata (hyper-parameters, tensor table), and, in auto mode under a
+ * budget with a calibrated model, its predictor region (the predicted sets' sizes); a GGUF file is mapped, its
+ * weights not read. Nothing the plan sizes is allocated.
+ * Errors: those of flm_open's checks, with the same messages: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED,
+ * FLM_ERR_ARG (bad params; a streaming mode on a GGUF; sparse without calibration), FLM_ERR_BUDGET (the budget
+ * cannot hold the plan: every part's size in the message), FLM_ERR_NOMEM. Source: docs/ARCHITECTURE.md, "Memory
+ * budget". */
+FLM_API flm_status flm_plan(const char *path, const flm_params *p, flm_plan_info *out, flm_error *err);
+/* The plan an open context carries out (as flm_plan gave it; reader holds the reader's real size when that was
+ * larger than planned). */
+FLM_API void flm_get_plan(const flm_ctx *ctx, flm_plan_info *out);
+
+/* One budget for a draft model and a target model (speculative decoding). */
+typedef struct flm_plan_pair {
+    uint64_t budget;     /* the whole budget: target->mem_bytes, or target->mem_percent of the target's weights */
+    uint64_t extra;      /* the caller's own buffers taken out of it (extra_bytes) */
+    flm_plan_info draft; /* the draft's plan (draft.budget: open the draft with mem_bytes = draft.budget) */
+    flm_plan_info target; /* the target's (target.budget: open the target with mem_bytes = target.budget) */
+} flm_plan_pair;
+/* Split one budget between a draft model (draft_path, opened with draft params; NULL: no draft model) and a target
+ * model (target_path, target params), next to extra_bytes the caller holds beside them (e.g. speculative decoding's
+ * buffers). The budget is the target's: target->mem_bytes, or target->mem_percent of the target's weight bytes
+ * (draft->mem_bytes and mem_percent are ignored). The draft is planned first under the whole budget, then the
+ * target under what the draft and extra_bytes leave; with no draft model, the target keeps the whole budget when its
+ * plan and extra_bytes fit in it, else it gets budget - extra_bytes. Without a budget each is planned with none.
+ * draft.total + extra + target.total <= budget. Open each with mem_bytes = its plan's budget (mem_percent 0).
+ * Errors: those of flm_plan (the draft's messages start "draft model: "); FLM_ERR_BUDGET when the draft and
+ * extra_bytes leave nothing for the target (the message names both files and the draft's parts). */
+FLM_API flm_status flm_plan_split(const char *target_path, const flm_params *target, const char *draft_path,
+                                  const flm_params *draft, uint64_t extra_bytes, flm_plan_pair *out, flm_error *err);
 
 /* Run one token at position pos (0-based) through the model and point *logits at the n_vocab next-token logits
  * (valid until the next call). Positions are fed in order 0, 1, 2, ...; pos may also go back to any earlier

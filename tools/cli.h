@@ -33,7 +33,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p);
 /* What the library leaves to its caller: log messages go to stderr ("flashlm: <message>"), and the I/O cost model
  * measured by `flashlm probe-disk` ("<model>.probe.json") is used when that file exists. Call before flm_open. */
 void cli_env_params(struct flm_params *p, const char *model);
-/* After cli_env_params: also print the library's debug messages (on: the memory plan at open, one line per part). */
+/* After cli_env_params: also print the library's debug messages, and the memory plan after open (cli_after_open). */
 void cli_log_verbose(struct flm_params *p, bool on);
 /* OpenBLAS starts its worker threads before main (reading OPENBLAS_NUM_THREADS); only calibrate's training uses
  * BLAS threads, and raises the count itself. Unless the variable is already 1, set it to 1 (a user's other value
@@ -45,10 +45,15 @@ void cli_blas_single_thread(char **argv);
  * take it now (it keeps it), so a later BLAS call cannot spin forever retrying the allocation (OpenBLAS does).
  * Returns 0, or 1 after printing why `who` ("calibrate", "the sparse mode's predictor") cannot run. */
 int cli_blas_reserve(const char *who);
-/* After flm_open: warn when -c exceeds the model's training context. Returns 0, or 1 after printing why the context
- * cannot be used. (No mode calls BLAS: only calibrate, which reserves its buffer itself.) */
+/* After flm_open: print the plan the context carries out after cli_log_verbose(p, true) (flm_get_plan; a .flm file);
+ * warn when -c exceeds the model's training context. Returns 0, or 1 after printing why the context cannot be used.
+ * (No mode calls BLAS: only calibrate, which reserves its buffer itself.) */
 struct flm_ctx;
 int cli_after_open(const struct flm_ctx *ctx);
+/* The plan on stderr, one "flashlm: plan:" line per part; or in one line, after label. */
+struct flm_plan_info;
+void cli_print_plan(const struct flm_plan_info *p);
+void cli_print_plan_line(const char *label, const struct flm_plan_info *p);
 /* Help lines for those options. */
 extern const char *CLI_MODEL_OPTS_HELP;
 

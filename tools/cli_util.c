@@ -101,7 +101,78 @@ static void log_to_stderr(void *user, flm_log_level level, const char *msg) {
     fprintf(stderr, "flashlm: %s%s\n", level == FLM_LOG_ERROR ? "error: " : "", msg);
 }
 
-void cli_log_verbose(flm_params *p, bool on) { p->log_user = on ? &verbose_marker : NULL; }
+static bool plan_verbose; /* cli_after_open prints the plan (run --stats, -v) */
+
+void cli_log_verbose(flm_params *p, bool on) {
+    p->log_user = on ? &verbose_marker : NULL;
+    plan_verbose = on;
+}
+
+void cli_print_plan(const flm_plan_info *p) {
+    char head[64] = "none";
+    if (p->budget) snprintf(head, sizeof head, "%.2f MiB", cli_mib(p->budget));
+    fprintf(stderr, "flashlm: plan: mode %s, budget %s, model %.2f MiB; planned %.2f MiB:\n", flm_mode_name(p->mode),
+            head, cli_mib(p->model_bytes), cli_mib(p->total));
+    fprintf(stderr, "flashlm: plan:   why              %s\n", p->reason);
+    fprintf(stderr, "flashlm: plan:   resident weights %10.2f MiB  attention, norms, output, tokenizer%s\n",
+            cli_mib(p->resident), p->embd == FLM_PLAN_EMBD_FLASH ? "" : ", token embedding");
+    switch (p->embd) {
+    case FLM_PLAN_EMBD_FLASH:
+        fprintf(stderr, "flashlm: plan:   token embedding  %10.2f MiB  on flash, not in memory: one %llu-byte row read "
+                "per token\n", cli_mib(p->embd_bytes), (unsigned long long)p->embd_row);
+        break;
+    case FLM_PLAN_EMBD_MEMORY:
+        if (p->gguf) break;
+        fprintf(stderr, "flashlm: plan:   token embedding  %10.2f MiB  in memory (in the resident weights): mode %s "
+                "keeps it\n", cli_mib(p->embd_bytes), flm_mode_name(p->mode));
+        break;
+    case FLM_PLAN_EMBD_TIED:
+        fprintf(stderr, "flashlm: plan:   token embedding  %10.2f MiB  in memory (in the resident weights): it is "
+                "also the output classifier\n", cli_mib(p->embd_bytes));
+        break;
+    case FLM_PLAN_EMBD_UNSPLIT:
+        fprintf(stderr, "flashlm: plan:   token embedding  %10.2f MiB  in memory (in the resident weights): this file "
+                "predates the split resident region; convert it again to leave the embedding on flash\n",
+                cli_mib(p->embd_bytes));
+        break;
+    }
+    fprintf(stderr, "flashlm: plan:   KV cache         %10.2f MiB  %s, %u tokens x %u layers x %u keys and values\n",
+            cli_mib(p->kv), p->kv_elem_bytes == 2 ? "f16" : "f32 (--kv-f32)", p->n_ctx, p->n_layers, p->kv_dim);
+    fprintf(stderr, "flashlm: plan:   scratch          %10.2f MiB  activations (batches of %u tokens, -b), FFN "
+            "accumulators, tokenizer, statistics\n", cli_mib(p->scratch), p->n_batch);
+    if (p->gguf) {
+        fprintf(stderr, "flashlm: plan:   FFN in memory    %10.2f MiB  all layers, in the resident weights (a GGUF "
+                "file)\n", 0.0);
+        return;
+    }
+    fprintf(stderr, "flashlm: plan:   reader           %10.2f MiB  bounce buffers (%.2f MiB), request queues\n",
+            cli_mib(p->reader), cli_mib(p->reader_bounce));
+    if (p->mode == FLM_MODE_SPARSE) {
+        fprintf(stderr, "flashlm: plan:   predictors       %10.2f MiB\n", cli_mib(p->predictors));
+        fprintf(stderr, "flashlm: plan:   neuron caches    %10.2f MiB  all layers (the rest of the budget)\n",
+                cli_mib(p->cache));
+        fprintf(stderr, "flashlm: plan:   stream buffer    %10.2f MiB  neurons past a layer's cache, batches' sets\n",
+                cli_mib(p->stream));
+    } else {
+        char stream[96] = "";
+        if (p->stream)
+            snprintf(stream, sizeof stream, " + %s %.2f MiB",
+                     p->n_stream_buffers == 2 ? "two streamed-layer buffers (read-ahead)" : "the streamed layers' buffer",
+                     cli_mib(p->stream));
+        fprintf(stderr, "flashlm: plan:   FFN in memory    %10.2f MiB  %u of %u layers resident (%.2f MiB)%s\n",
+                cli_mib(p->ffn_resident + p->stream), p->n_resident_layers, p->n_layers, cli_mib(p->ffn_resident),
+                stream);
+    }
+}
+
+void cli_print_plan_line(const char *label, const flm_plan_info *p) {
+    char head[64] = "none";
+    if (p->budget) snprintf(head, sizeof head, "%.2f MiB", cli_mib(p->budget));
+    fprintf(stderr, "flashlm: plan %s: mode %s, budget %s: resident %.2f + FFN %.2f + KV %.2f + scratch %.2f MiB = "
+            "%.2f MiB (%s)\n", label, flm_mode_name(p->mode), head, cli_mib(p->resident),
+            cli_mib(p->ffn_resident + p->stream + p->predictors + p->cache), cli_mib(p->kv),
+            cli_mib(p->scratch + p->reader), cli_mib(p->total), p->reason);
+}
 
 void cli_env_params(flm_params *p, const char *model) {
     p->log = log_to_stderr;
@@ -157,6 +228,9 @@ int cli_blas_reserve(const char *who) {
 int cli_after_open(const flm_ctx *ctx) {
     flm_model_info in;
     flm_get_info(ctx, &in);
+    flm_plan_info plan;
+    flm_get_plan(ctx, &plan);
+    if (plan_verbose && !plan.gguf) cli_print_plan(&plan); /* what the budget holds, one line per part */
     /* a context longer than the model was trained for: it runs (RoPE has no hard limit), but say so once */
     if (in.n_ctx_train && in.n_ctx > in.n_ctx_train)
         fprintf(stderr, "flashlm: warning: -c %u is longer than the %u tokens the model was trained on; positions "

@@ -142,6 +142,18 @@ static void summarize(const bench_tok *t, int m, bench_result *r) {
     free(idx);
 }
 
+/* The run's memory plan on stderr, one line (flm_plan: what flm_open will carry out; a refusal is the run's to
+ * report). */
+static void print_plan(const bench_opts *o, const bench_run *run) {
+    flm_params p = run->params;
+    p.mode = run->mode;
+    cli_env_params(&p, o->model);
+    p.log = NULL;
+    flm_plan_info plan;
+    flm_error err;
+    if (!flm_plan(o->model, &p, &plan, &err)) cli_print_plan_line(run->label, &plan);
+}
+
 /* ---- one run, in a child process --------------------------------------------------------------------------- */
 
 static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r, bench_tok **series) {
@@ -1018,6 +1030,7 @@ int cmd_bench(int argc, char **argv) {
             runs[i].params.mem_bytes = o.mem_bytes;
             runs[i].params.mem_percent = o.mem_pct;
         }
+        print_plan(&o, &runs[i]);
         run_one(&o, &runs[i], &res[i]);
     }
     print_main_tables(&o, runs, res, n);

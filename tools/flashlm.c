@@ -421,6 +421,50 @@ static int cmd_verify(int argc, char **argv) {
     return 0;
 }
 
+/* ---- plan: the memory plan without opening the model -------------------------------------------------------- */
+
+static const char *PLAN_HELP =
+    "usage: flashlm plan -m MODEL [options]\n"
+    "\n"
+    "Print the memory plan `flashlm run` would carry out with the same options, without loading the model: the\n"
+    "budget in bytes, the mode (and why `auto` picks it), and every part it holds (resident weights, token\n"
+    "embedding, KV cache, scratch, reader buffers, FFN layers or predictors and neuron caches). Only the file's\n"
+    "headers are read (and, for auto under a budget, a calibrated model's predictor statistics). Exits 1 when the\n"
+    "budget cannot hold the plan, saying how big each part is.\n"
+    "\n"
+    "options:\n"
+    "  -m, --model PATH     model file (.gguf or .flm) or a pulled name\n";
+
+static int cmd_plan(int argc, char **argv) {
+    if (cli_is_help(argc, argv)) {
+        printf("%s%s", PLAN_HELP, CLI_MODEL_OPTS_HELP);
+        return 0;
+    }
+    flm_params params;
+    flm_params_default(&params);
+    const char *model = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_parse_model_opt(argc, argv, &i, &params);
+        if (r < 0) return 2;
+        if (r) continue;
+        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) model = argv[++i];
+        else return cli_die("unknown option '%s' (see flashlm plan --help)", a);
+    }
+    if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm plan --help)");
+    char model_buf[4096];
+    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    cli_env_params(&params, model);
+    flm_plan_info plan;
+    flm_error err;
+    if (flm_plan(model, &params, &plan, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        return 1;
+    }
+    cli_print_plan(&plan);
+    return 0;
+}
+
 /* ---- main ----------------------------------------------------------------------------------------------------- */
 
 static const char *MAIN_HELP =
@@ -436,6 +480,7 @@ static const char *MAIN_HELP =
     "  calibrate  train the activation predictors of a .flm model on text (enables --mode sparse)\n"
     "  perplexity teacher-forced perplexity of a text (compare modes on the same text)\n"
     "  probe-disk measure the disk holding a model (random/sequential reads) and fit the I/O cost model\n"
+    "  plan       print the memory plan of a model under --mem without loading it\n"
     "  bench      measure per-token latency of several modes side by side (the paper's tables)\n"
     "  synth      write a synthetic Llama-shaped GGUF of any size, for benchmarks (meaningless text)\n"
     "  inspect    print a model's architecture, hyper-parameters and tensors\n"
@@ -454,6 +499,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "probe-disk")) return cmd_probe(argc - 2, argv + 2);

@@ -50,94 +50,79 @@ int cli_spec_args_check(const cli_spec_args *a) {
 
 bool cli_spec_active(const cli_spec_args *a) { return a->draft || a->ngram; }
 
-/* The model's weight bytes as flm_open's budget percentages count them: a .flm file's resident region and FFN regions
- * (from its region table: nothing else is read), a GGUF file's size. */
-static int model_weight_bytes(const char *path, uint64_t *out) {
-    flm_error err;
-    if (flm_file_is_flm(path)) {
-        flm_file *f = NULL;
-        if (flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &f, &err)) {
-            fprintf(stderr, "flashlm: %s\n", err.msg);
-            return 1;
-        }
-        uint64_t ffn, largest;
-        flm_ffn_region_bytes(f, &ffn, &largest);
-        *out = f->resident->size + ffn;
-        flm_file_close(f);
-        return 0;
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0) { /* flm_open says why, naming the file */
-        *out = 0;
-        return 0;
-    }
-    *out = (uint64_t)sb.st_size;
-    return 0;
-}
-
 /* The bytes a context's plan holds: resident weights, FFN storage, KV cache, scratch and reader buffers. */
 static uint64_t ctx_bytes(const flm_ctx *ctx, flm_stats *st) {
     flm_get_stats(ctx, st);
     return st->mem_resident + st->mem_ffn + st->mem_kv + st->mem_scratch;
 }
 
-/* Resolve --mem to bytes for the target (a percentage is of the target's weights). */
-static int resolve_budget(cli_spec_session *ss, const char *target, const flm_params *p) {
-    ss->budget = p->mem_bytes;
-    if (!ss->budget && p->mem_percent > 0) {
-        uint64_t w;
-        if (model_weight_bytes(target, &w)) return 1;
-        ss->budget = (uint64_t)((double)w * p->mem_percent / 100.0);
-        if (w && !ss->budget) ss->budget = 1;
-    }
-    return 0;
-}
-
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose) {
     ss->verbose = verbose;
     if (!cli_spec_active(&ss->a)) return 0;
-    if (resolve_budget(ss, target, params)) return 1;
-    ss->target_budget = ss->budget;
-    if (!ss->a.draft) return 0;
-    ss->draft_path = flm_cli_resolve_model(ss->a.draft, ss->draft_buf, sizeof ss->draft_buf);
     flm_params dp;
     flm_params_default(&dp);
-    dp.n_threads = params->n_threads;
-    dp.n_ctx = params->n_ctx;
-    dp.mode = FLM_MODE_RAM;
-    dp.mem_bytes = ss->budget; /* the draft alone must fit the whole budget; what it takes is checked below */
-    dp.kv_f32 = params->kv_f32;
-    dp.io = params->io;
-    dp.io_threads = params->io_threads;
-    dp.no_direct = params->no_direct;
-    cli_env_params(&dp, ss->draft_path);
+    if (ss->a.draft) {
+        ss->draft_path = flm_cli_resolve_model(ss->a.draft, ss->draft_buf, sizeof ss->draft_buf);
+        dp.n_threads = params->n_threads;
+        dp.n_ctx = params->n_ctx;
+        dp.mode = FLM_MODE_RAM;
+        dp.kv_f32 = params->kv_f32;
+        dp.io = params->io;
+        dp.io_threads = params->io_threads;
+        dp.no_direct = params->no_direct;
+        cli_env_params(&dp, ss->draft_path);
+    }
+    if (!ss->a.draft && !params->mem_bytes && !(params->mem_percent > 0)) return 0; /* n-gram lookup, no budget */
+    /* the buffers speculative decoding holds beside the models: sized from the model that proposes (its vocabulary
+     * and context; flm_plan reads them from the file's header) */
     flm_error err;
+    flm_plan_info facts;
+    flm_params fp = ss->a.draft ? dp : *params;
+    fp.mem_bytes = 0;
+    fp.mem_percent = 0;
+    if (flm_plan(ss->a.draft ? ss->draft_path : target, &fp, &facts, &err)) {
+        fprintf(stderr, "flashlm: %s%s\n", ss->a.draft ? "draft model: " : "", err.msg);
+        return 1;
+    }
+    uint32_t n_ctx = facts.n_ctx > (uint32_t)params->n_ctx ? facts.n_ctx : (uint32_t)params->n_ctx;
+    ss->buf_bytes = cli_spec_buffer_bytes(facts.n_vocab, ss->a.draft ? n_ctx : facts.n_ctx, ss->a.n_draft,
+                                          ss->a.draft != NULL);
+    /* one budget for both (the library's split: runtime/plan.c) */
+    flm_plan_pair pair;
+    if (flm_plan_split(target, params, ss->a.draft ? ss->draft_path : NULL, &dp, ss->buf_bytes, &pair, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        if (err.code == FLM_ERR_BUDGET && ss->a.draft && !pair.draft.total)
+            fprintf(stderr, "flashlm: --mem covers the draft and the target together; the draft is opened first\n");
+        else if (err.code == FLM_ERR_BUDGET && ss->a.draft && pair.target.budget)
+            fprintf(stderr, "flashlm: (the target gets what the draft leaves of --mem %s: %s; the draft takes %.2f "
+                    "MiB)\n", flm_size(pair.budget).s, flm_size(pair.target.budget).s,
+                    cli_mib(pair.draft.total + ss->buf_bytes));
+        else if (err.code == FLM_ERR_BUDGET && !ss->a.draft)
+            fprintf(stderr, "flashlm: (--draft-ngram takes %.2f MiB of --mem %s for its buffers)\n",
+                    cli_mib(ss->buf_bytes), flm_size(pair.budget).s);
+        return 1;
+    }
+    ss->budget = pair.budget;
+    ss->target_budget = pair.target.budget;
+    if (pair.budget) {
+        params->mem_bytes = pair.target.budget;
+        params->mem_percent = 0;
+    }
+    if (!ss->a.draft) {
+        if (verbose && pair.budget && pair.target.budget < pair.budget)
+            fprintf(stderr, "flashlm: plan: --draft-ngram buffers %.2f MiB: the target gets a budget of %s\n",
+                    cli_mib(ss->buf_bytes), flm_size(pair.target.budget).s);
+        return 0;
+    }
+    dp.mem_bytes = pair.draft.budget;
     if (flm_open(ss->draft_path, &dp, &ss->draft, &err)) {
         fprintf(stderr, "flashlm: draft model: %s\n", err.msg);
-        if (err.code == FLM_ERR_BUDGET)
-            fprintf(stderr, "flashlm: --mem covers the draft and the target together; the draft is opened first\n");
         return 1;
     }
     flm_stats st;
     flm_model_info di;
     flm_get_info(ss->draft, &di);
     ss->draft_bytes = ctx_bytes(ss->draft, &st);
-    uint32_t n_ctx = di.n_ctx > (uint32_t)params->n_ctx ? di.n_ctx : (uint32_t)params->n_ctx;
-    ss->buf_bytes = cli_spec_buffer_bytes(di.n_vocab, n_ctx, ss->a.n_draft, true);
-    uint64_t take = ss->draft_bytes + ss->buf_bytes;
-    if (ss->budget && take >= ss->budget) {
-        fprintf(stderr, "flashlm: --mem %s: the draft model %s takes %.2f MiB (weights %.2f, KV cache %.2f, scratch "
-                "%.2f, speculative decoding buffers %.2f MiB): nothing is left of the budget for the target model %s; "
-                "raise --mem or use a smaller draft\n", flm_size(ss->budget).s, ss->draft_path, cli_mib(take),
-                cli_mib(st.mem_resident + st.mem_ffn), cli_mib(st.mem_kv), cli_mib(st.mem_scratch),
-                cli_mib(ss->buf_bytes), target);
-        return 1;
-    }
-    if (ss->budget) {
-        params->mem_bytes = ss->budget - take;
-        params->mem_percent = 0;
-    }
-    ss->target_budget = params->mem_bytes;
     if (verbose)
         fprintf(stderr, "flashlm: plan: draft %s (%s, ram): %.2f MiB (weights %.2f, KV cache %.2f, scratch %.2f) + "
                 "speculative decoding buffers %.2f MiB%s%s\n", ss->draft_path, di.arch, cli_mib(ss->draft_bytes),
@@ -166,33 +151,6 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
     flm_get_info(*target, &ti);
     flm_stats st;
     ss->target_bytes = ctx_bytes(*target, &st);
-    if (!ss->draft && ss->budget) {
-        /* the n-gram lookup's buffers come out of the budget too: when the target's plan left less than they need,
-         * open it again with that much less */
-        ss->buf_bytes = cli_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, ss->a.n_draft, false);
-        if (ss->target_bytes + ss->buf_bytes > ss->budget) {
-            if (ss->buf_bytes >= ss->budget) {
-                fprintf(stderr, "flashlm: --mem %s cannot hold the --draft-ngram buffers (%.2f MiB)\n",
-                        flm_size(ss->budget).s, cli_mib(ss->buf_bytes));
-                return 1;
-            }
-            if (ss->verbose)
-                fprintf(stderr, "flashlm: plan: --draft-ngram buffers %.2f MiB: the target is opened again with a "
-                        "budget of %s\n", cli_mib(ss->buf_bytes), flm_size(ss->budget - ss->buf_bytes).s);
-            flm_close(*target);
-            *target = NULL;
-            params->mem_bytes = ss->target_budget = ss->budget - ss->buf_bytes;
-            params->mem_percent = 0;
-            if (flm_open(target_path, params, target, &err)) {
-                fprintf(stderr, "flashlm: %s\n", err.msg);
-                fprintf(stderr, "flashlm: (--draft-ngram takes %.2f MiB of --mem %s for its buffers)\n",
-                        cli_mib(ss->buf_bytes), flm_size(ss->budget).s);
-                return 1;
-            }
-            if (cli_after_open(*target)) return 1;
-            ss->target_bytes = ctx_bytes(*target, &st);
-        }
-    }
     cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram};
     if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);

@@ -528,21 +528,6 @@ flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_s
     return st;
 }
 
-/* The budget of o (bytes; 0: none) for the .flm at path, as flm_open computes it: o->mem_bytes, or mem_percent of the
- * model's weight bytes (the resident region and the FFN regions). */
-static flm_status calib_budget(const char *path, const flm_calib_opts *o, uint64_t *budget, flm_error *err) {
-    *budget = o->mem_bytes;
-    if (*budget || !(o->mem_percent > 0)) return FLM_OK;
-    flm_file *h = NULL;
-    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &h, err);
-    if (st) return st;
-    uint64_t ffn, largest;
-    flm_ffn_region_bytes(h, &ffn, &largest);
-    *budget = (uint64_t)((double)(h->resident->size + ffn) * o->mem_percent / 100.0);
-    flm_file_close(h);
-    return FLM_OK;
-}
-
 static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
@@ -564,11 +549,10 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
      * held across the phases; without one, in ram mode, one context for everything. */
     const bool streaming = has_budget(o);
-    uint64_t budget = 0;
-    flm_status st = calib_budget(path, o, &budget, err);
-    if (st) return st;
     flm_ctx *ctx = NULL;
-    if ((st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) return st;
+    flm_status st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err);
+    if (st) return st;
+    const uint64_t budget = ctx->plan.budget; /* --mem in bytes, as the plan resolved it (runtime/plan.c) */
     flm_sparsity sp = {0};
     tap_data td = {.fd = -1, .spill_path = spill};
     int32_t *chunk_toks = NULL;

@@ -29,12 +29,11 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
                            flm_error *err) {
     memset(p, 0, sizeof *p);
     const uint64_t region = f->resident->size;
-    uint64_t budget = rq->budget;
+    const uint64_t budget = rq->budget;
     p->resident = region;
     uint64_t ffn_total, max_layer;
     flm_ffn_region_bytes(f, &ffn_total, &max_layer);
     p->model_bytes = region + ffn_total; /* FFN counted with its 4 KiB padding */
-    if (!budget && rq->percent > 0) budget = (uint64_t)((double)p->model_bytes * rq->percent / 100.0);
     p->budget = budget;
     p->n_ctx = rq->n_ctx;
     p->kv_elem_bytes = rq->kv_elem_bytes;
@@ -57,8 +56,23 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     p->reader = bounce + (32u << 10);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     flm_mode mode = rq->mode;
-    bool chosen = mode == FLM_MODE_AUTO; /* auto may fall back from sparse to hybrid below */
-    if (mode == FLM_MODE_AUTO)
+    const bool chosen = mode == FLM_MODE_AUTO; /* auto may fall back from sparse to hybrid below */
+    if (!chosen)
+        snprintf(p->reason, sizeof p->reason, "mode %s as asked", flm_mode_name(mode) ? flm_mode_name(mode) : "?");
+    else if (!budget)
+        snprintf(p->reason, sizeof p->reason, "no budget: every weight in memory");
+    else if (fixed + ffn_total <= budget)
+        snprintf(p->reason, sizeof p->reason, "the whole model fits the budget (%.2f of %.2f MiB)",
+                 flm_mib(fixed + ffn_total), flm_mib(budget));
+    else if (f->predictor)
+        snprintf(p->reason, sizeof p->reason, "the model does not fit the budget (%.2f MiB in memory); it is "
+                 "calibrated, its neuron caches fit and its predicted sets are smaller than what hybrid streams",
+                 flm_mib(fixed + ffn_total));
+    else
+        snprintf(p->reason, sizeof p->reason, "%s does not fit the budget and is not calibrated, so it runs hybrid "
+                 "(whole layers streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE",
+                 f->path, f->path);
+    if (chosen)
         mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM
                : f->predictor                         ? FLM_MODE_SPARSE
                                                       : FLM_MODE_HYBRID;
@@ -76,22 +90,30 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         p->scratch += rq->embd_row; /* the buffer a row is read into */
     }
     p->n_stream_buffers = rq->no_read_ahead ? 1 : 2; /* the most the source may plan (ffn_stream.c) */
-    flm_status st = src->plan(f, hp, rq->n_ctx, p, err);
-    if (st == FLM_ERR_BUDGET && chosen && mode == FLM_MODE_SPARSE) { /* auto: the layer-streaming mode may still fit */
+    flm_error serr;
+    flm_status st = src->plan(f, hp, rq->n_ctx, p, &serr);
+    /* auto: sparse must fit, and pay against hybrid with the same memory (runtime/sparse.c); else the
+     * layer-streaming mode may still fit */
+    if (!st && chosen && mode == FLM_MODE_SPARSE && rq->params) st = flm_sparse_plan_check(f, rq->params, p, &serr);
+    if (st == FLM_ERR_BUDGET && chosen && mode == FLM_MODE_SPARSE) {
         flm_plan_request h = *rq;
         h.mode = FLM_MODE_HYBRID;
-        h.budget = budget;
-        h.percent = 0;
-        return flm_budget_plan(f, hp, &h, p, err);
+        st = flm_budget_plan(f, hp, &h, p, err);
+        snprintf(p->reason, sizeof p->reason, "%.480s; running hybrid instead", serr.msg);
+        return st;
     }
-    if (!st && mode == FLM_MODE_HYBRID && p->embd == FLM_EMBD_FLASH && p->n_resident_layers == f->n_layers &&
+    if (st) {
+        if (err) *err = serr;
+        return st;
+    }
+    if (mode == FLM_MODE_HYBRID && p->embd == FLM_EMBD_FLASH && p->n_resident_layers == f->n_layers &&
         budget && flm_mem_plan_total(p) - p->embd_row + p->embd_bytes <= budget) {
         p->embd = FLM_EMBD_MEMORY; /* every layer fits, and the embedding too: nothing is read per token */
         p->resident = region;
         p->scratch -= p->embd_row;
         p->embd_row = 0;
     }
-    if (st || mode == FLM_MODE_SPARSE) return st; /* runtime/sparse.c sizes the caches from p->cache and checks them */
+    if (mode == FLM_MODE_SPARSE) return FLM_OK; /* runtime/sparse.c sized the caches from p->cache and checked them */
     if (budget && flm_mem_plan_total(p) > budget) {
         char embd[96] = "";
         if (p->embd == FLM_EMBD_FLASH)
@@ -106,53 +128,4 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
                         flm_mib(p->stream + p->ffn_resident), flm_mib(flm_mem_plan_total(p)), flm_mib(p->model_bytes));
     }
     return FLM_OK;
-}
-
-void flm_mem_plan_log(const flm_mem_plan *p, const flm_hparams *hp, const flm_logger *log, flm_log_level level) {
-    char head[64] = "none";
-    if (p->budget) snprintf(head, sizeof head, "%.2f MiB", flm_mib(p->budget));
-    flm_log(log, level, "plan: mode %s, budget %s, model %.2f MiB; planned %.2f MiB:", flm_mode_name(p->mode), head,
-            flm_mib(p->model_bytes), flm_mib(flm_mem_plan_total(p)));
-    flm_log(log, level, "plan:   resident weights %10.2f MiB  attention, norms, output, tokenizer%s",
-            flm_mib(p->resident), p->embd == FLM_EMBD_FLASH ? "" : ", token embedding");
-    switch (p->embd) {
-    case FLM_EMBD_FLASH:
-        flm_log(log, level, "plan:   token embedding  %10.2f MiB  on flash, not in memory: one %llu-byte row read per "
-                "token", flm_mib(p->embd_bytes), (unsigned long long)p->embd_row);
-        break;
-    case FLM_EMBD_MEMORY:
-        flm_log(log, level, "plan:   token embedding  %10.2f MiB  in memory (in the resident weights): mode %s keeps "
-                "it", flm_mib(p->embd_bytes), flm_mode_name(p->mode));
-        break;
-    case FLM_EMBD_TIED:
-        flm_log(log, level, "plan:   token embedding  %10.2f MiB  in memory (in the resident weights): it is also the "
-                "output classifier", flm_mib(p->embd_bytes));
-        break;
-    case FLM_EMBD_UNSPLIT:
-        flm_log(log, level, "plan:   token embedding  %10.2f MiB  in memory (in the resident weights): this file "
-                "predates the split resident region; convert it again to leave the embedding on flash",
-                flm_mib(p->embd_bytes));
-        break;
-    }
-    flm_log(log, level, "plan:   KV cache         %10.2f MiB  %s, %u tokens x %u layers x %u keys and values",
-            flm_mib(p->kv), p->kv_elem_bytes == FLM_KV_F16 ? "f16" : "f32 (--kv-f32)", p->n_ctx, hp->n_layers,
-            hp->n_kv_heads * hp->head_dim);
-    flm_log(log, level, "plan:   scratch          %10.2f MiB  activations (batches of %u tokens, -b), FFN accumulators, "
-            "tokenizer, statistics", flm_mib(p->scratch), p->n_batch);
-    flm_log(log, level, "plan:   reader           %10.2f MiB  bounce buffers (%.2f MiB), request queues",
-            flm_mib(p->reader), flm_mib(p->reader_bounce));
-    if (p->mode == FLM_MODE_SPARSE) {
-        flm_log(log, level, "plan:   predictors       %10.2f MiB", flm_mib(p->predictors));
-        flm_log(log, level, "plan:   neuron caches    %10.2f MiB  all layers (the rest of the budget)",
-                flm_mib(p->cache));
-    } else {
-        char stream[96] = "";
-        if (p->stream)
-            snprintf(stream, sizeof stream, " + %s %.2f MiB",
-                     p->n_stream_buffers == 2 ? "two streamed-layer buffers (read-ahead)" : "the streamed layers' buffer",
-                     flm_mib(p->stream));
-        flm_log(log, level, "plan:   FFN in memory    %10.2f MiB  %u of %u layers resident (%.2f MiB)%s",
-                flm_mib(p->ffn_resident + p->stream), p->n_resident_layers, hp->n_layers, flm_mib(p->ffn_resident),
-                stream);
-    }
 }

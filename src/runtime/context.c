@@ -5,13 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
 #include "core/error.h"
-#include "core/files.h"
 #include "core/util.h"
 
 void flm_params_default(flm_params *p) {
@@ -134,133 +132,81 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
 
 void flm_scratch_free(flm_scratch *s) { memset(s, 0, sizeof *s); } /* the arrays belong to the arena */
 
-/* The budget (bytes; 0: none) p asks for with the .flm file f: mem_bytes, or mem_percent of the model's weight bytes
- * as the plan counts them (runtime/budget.c: the resident region and the FFN regions). */
-static uint64_t flm_file_budget(const flm_params *p, const flm_file *f) {
-    if (p->mem_bytes) return p->mem_bytes;
-    if (!(p->mem_percent > 0)) return 0;
-    uint64_t ffn, largest;
-    flm_ffn_region_bytes(f, &ffn, &largest);
-    return (uint64_t)((double)(f->resident->size + ffn) * p->mem_percent / 100.0);
+flm_status flm_params_check(const flm_params *p, flm_error *err) {
+    if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0 || !flm_mode_name(p->mode) || p->mem_percent < 0 ||
+        p->n_batch < 0 || p->n_batch > 65536)
+        return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d, batch %d (0..65536), "
+                        "mode %d", p->n_threads, p->n_ctx, p->n_batch, (int)p->mode);
+    return FLM_OK;
 }
 
-/* Refuse a budget that cannot hold the `bytes` of the resident region about to be loaded: the plan would refuse it
- * anyway, after loading them, and under a hard memory limit of the budget + FLM_RSS_ALLOWANCE the process would be
- * killed first. */
-static flm_status resident_fits(const char *path, const flm_file *f, uint64_t budget, uint64_t bytes,
-                                flm_error *err) {
-    if (!budget || bytes <= budget) return FLM_OK;
-    uint64_t ffn, largest;
-    flm_ffn_region_bytes(f, &ffn, &largest);
-    return flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s is too small: the resident weights alone "
-                    "(attention, norms, embeddings, tokenizer) are %.2f MiB (the whole model is %.2f MiB)", path,
-                    flm_size(budget).s, flm_mib(bytes), flm_mib(f->resident->size + ffn));
+/* Open a .flm file as its plan says: the plan first (runtime/plan.c: from the header, nothing loaded that the budget
+ * cannot hold; then from the resident region's head), then the resident region (its tail too when the plan keeps
+ * the token embedding in memory), the model, and flm_flash_open carries out the rest. */
+static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, flm_error *err) {
+    flm_file *h = NULL, *ff = NULL;
+    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &h, err);
+    if (!st) st = flm_plan_check_head(path, h, p, err);
+    flm_file_close(h);
+    if (st) return st;
+    flm_hparams hp;
+    flm_mem_plan mp;
+    if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) || (st = flm_hparams_from_gguf(ff->meta, &hp, err)))
+        goto fail;
+    hp.gated = ff->ffn[0]->gate_type != FLM_GATE_NONE;
+    if (ff->n_layers != hp.n_layers) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, ff->n_layers, hp.n_layers);
+        goto fail;
+    }
+    if ((st = flm_plan_flm(ff, &hp, p, &mp, err)) ||
+        (flm_file_tail_pending(ff) && mp.embd != FLM_EMBD_FLASH && (st = flm_file_load_tail(ff, err))) ||
+        (st = flm_model_from_flm(ff, &ctx->model, err)))
+        goto fail;
+    ctx->params.n_ctx = (int)mp.n_ctx;
+    ctx->params.n_batch = (int)mp.n_batch;
+    ctx->k = flm_kernels_best();
+    flm_plan_info_of(&mp, &ctx->model->hp, &ctx->plan);
+    if ((st = flm_flash_open(ctx, ff, &mp, err))) return st; /* owns ff now */
+    ctx->mem_resident = ctx->flash->plan.resident;
+    /* the reader's real size, when larger than planned */
+    ctx->plan.reader = ctx->flash->plan.reader;
+    ctx->plan.total = flm_mem_plan_total(&ctx->flash->plan);
+    return FLM_OK;
+fail:
+    flm_file_close(ff);
+    return st;
+}
+
+/* Open a GGUF file: every weight mapped; the plan checks that the budget holds the whole file. */
+static flm_status open_gguf(flm_ctx *ctx, const char *path, const flm_params *p, flm_error *err) {
+    flm_gguf_file *f = NULL;
+    flm_status st = flm_plan_gguf_open(path, p, &f, err);
+    if (st || (st = flm_model_from_gguf(f, &ctx->model, err))) return st;
+    ctx->mem_resident = f->size;
+    ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
+    if ((st = flm_plan_gguf(path, f->size, &ctx->model->hp, p, &ctx->plan, err))) return st;
+    ctx->params.n_ctx = (int)ctx->plan.n_ctx;
+    ctx->params.n_batch = (int)ctx->plan.n_batch;
+    ctx->k = flm_kernels_best();
+    return FLM_OK;
 }
 
 flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err) {
     *out = NULL;
     flm_params def;
     if (!p) { flm_params_default(&def); p = &def; }
-    if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0 || !flm_mode_name(p->mode) || p->mem_percent < 0 ||
-        p->n_batch < 0 || p->n_batch > 65536)
-        return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d, batch %d (0..65536), "
-                        "mode %d", p->n_threads, p->n_ctx, p->n_batch, (int)p->mode);
+    flm_status st = flm_params_check(p, err);
+    if (st) return st;
     flm_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->params = *p;
     ctx->log = (flm_logger){p->log, p->log_user};
-    flm_status st;
-    flm_file *ff = NULL;
-    if (flm_file_is_flm(path)) {
-        /* with a budget: nothing is loaded that it cannot hold (the header first, for the sizes) */
-        uint64_t budget = 0;
-        if (p->mem_bytes || p->mem_percent > 0) {
-            flm_file *h = NULL;
-            if (!(st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &h, err))) {
-                const flm_region *r = h->resident;
-                budget = flm_file_budget(p, h);
-                st = resident_fits(path, h, budget, r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size,
-                                   err);
-            }
-            flm_file_close(h);
-            if (st) { free(ctx); return st; }
-        }
-        /* the resident region without its tail (the token embedding, when the converter placed it there): the plan
-         * decides whether it stays in the file (runtime/flash.c); ram mode and a tied classifier need it now */
-        if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) ||
-            (flm_file_tail_pending(ff) && (p->mode == FLM_MODE_RAM || !flm_gguf_find_tensor(ff->meta, "output.weight")) &&
-             ((st = resident_fits(path, ff, budget, ff->resident->size, err)) || (st = flm_file_load_tail(ff, err)))) ||
-            (st = flm_model_from_flm(ff, &ctx->model, err))) {
-            flm_file_close(ff);
-            free(ctx);
-            return st;
-        }
-        ctx->mem_resident = ff->resident_loaded;
-    } else {
-        struct stat sb; /* a FIFO or a device: refused by name, never opened (an open would wait for a writer) */
-        if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
-            free(ctx);
-            return flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", path,
-                            flm_file_kind(sb.st_mode));
-        }
-        if (p->mode != FLM_MODE_AUTO && p->mode != FLM_MODE_RAM) {
-            FILE *fp = fopen(path, "rb"); /* a missing file is that, not a GGUF in the wrong mode */
-            if (!fp) {
-                int e = errno;
-                free(ctx);
-                return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(e));
-            }
-            fclose(fp);
-            free(ctx);
-            return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s needs a .flm file; convert it first with "
-                            "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
-        }
-        flm_gguf_file *f = NULL;
-        if ((st = flm_gguf_open(path, &f, err))) {
-            FILE *fp = fopen(path, "rb");
-            char magic[4] = {0};
-            bool is_gguf = fp && fread(magic, 1, 4, fp) == 4 && !memcmp(magic, "GGUF", 4);
-            if (fp) fclose(fp);
-            if (fp && !is_gguf) /* neither magic: say so rather than blame the GGUF header */
-                st = flm_fail(err, FLM_ERR_FORMAT, "%s: not a model file: neither a .flm (magic \"FLASHLM\") nor a "
-                              "GGUF (magic \"GGUF\") file", path);
-            free(ctx);
-            return st;
-        }
-        if ((st = flm_model_from_gguf(f, &ctx->model, err))) { free(ctx); return st; }
-        ctx->mem_resident = f->size;
-        ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
-    }
-    const flm_hparams *hp = &ctx->model->hp;
-    uint32_t n_ctx = (uint32_t)p->n_ctx;
-    if (n_ctx == 0) n_ctx = hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048;
-    if (n_ctx == 0) n_ctx = 512;
-    ctx->params.n_ctx = (int)n_ctx;
-    ctx->k = flm_kernels_best();
-    if (!ff && (p->mem_bytes || p->mem_percent > 0)) {
-        /* a GGUF runs with every weight mapped: the budget must hold the whole file */
-        uint64_t budget = p->mem_bytes ? p->mem_bytes : (uint64_t)((double)ctx->mem_resident * p->mem_percent / 100.0);
-        ctx->params.n_batch = (int)flm_batch_size(p, hp, n_ctx, budget);
-        uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, flm_kv_elem_bytes(p));
-        uint64_t need = ctx->mem_resident + kv + flm_scratch_bytes(hp, n_ctx, (uint32_t)ctx->params.n_batch);
-        if (need > budget) {
-            st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold this GGUF model in memory "
-                          "(weights %.2f MiB + KV cache %.2f MiB + scratch %.2f MiB); to stream its FFN weights, "
-                          "convert it: `flashlm convert %s OUT.flm`", path, flm_size(budget).s,
-                          ctx->mem_resident / 1048576.0, kv / 1048576.0,
-                          flm_scratch_bytes(hp, n_ctx, (uint32_t)ctx->params.n_batch) / 1048576.0,
-                          path);
-            flm_close(ctx);
-            return st;
-        }
-    }
-    if (ff && (st = flm_flash_open(ctx, ff, err))) { /* plans the budget first: refuses before allocating */
+    if ((st = flm_file_is_flm(path) ? open_flm(ctx, path, p, err) : open_gguf(ctx, path, p, err))) {
         flm_close(ctx);
         return st;
     }
-    if (ff) ctx->mem_resident = ctx->flash->plan.resident;
-    if (ff) ctx->params.n_batch = (int)ctx->flash->plan.n_batch;
-    else if (!(p->mem_bytes || p->mem_percent > 0)) ctx->params.n_batch = (int)flm_batch_size(p, hp, n_ctx, 0);
+    const flm_hparams *hp = &ctx->model->hp;
+    const uint32_t n_ctx = (uint32_t)ctx->params.n_ctx;
     /* KV cache, activations and the per-token statistics ring: one block of the planned size, carved */
     const uint32_t kv_elem = flm_kv_elem_bytes(p);
     uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);

@@ -33,27 +33,19 @@ static flm_status place_embedding(flm_ctx *ctx, flm_error *err) {
     return FLM_OK;
 }
 
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     flm_flash *fl = calloc(1, sizeof *fl);
     if (!fl) { flm_file_close(file); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
     fl->file = file;
     ctx->flash = fl;
+    fl->plan = *plan; /* decided by runtime/plan.c: carried out here, not revisited */
     flm_status st;
-    const flm_weight *e = &ctx->model->tok_embd;
-    bool tied = !flm_gguf_find_tensor(file->meta, "output.weight");
-    flm_plan_request rq = {(uint32_t)pp->n_ctx, (uint32_t)pp->n_batch, pp->n_threads, pp->mode, pp->mem_bytes, pp->mem_percent,
-                           flm_kv_elem_bytes(pp),
-                           flm_file_tail_pending(file) ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
-                           : flm_file_tail_bytes(file) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
-                           flm_row_bytes(e->type, e->n_in), pp->no_read_ahead};
-    if ((st = flm_budget_plan(file, hp, &rq, &fl->plan, err)) || (st = place_embedding(ctx, err))) return st;
+    if ((st = place_embedding(ctx, err))) return st;
     uint64_t budget = fl->plan.budget;
-    if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID && !file->predictor)
-        flm_log(&ctx->log, FLM_LOG_WARN, "%s does not fit the budget and is not calibrated, so it runs hybrid (whole "
-                "layers streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE",
-                file->path, file->path);
+    if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID) /* why auto did not take sparse */
+        flm_log(&ctx->log, FLM_LOG_WARN, "%s", fl->plan.reason);
     uint32_t L = hp->n_layers;
     fl->desc = calloc(L, sizeof *fl->desc);
     fl->layer_data = calloc(L, sizeof *fl->layer_data);
@@ -94,18 +86,6 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err) {
     }
     ctx->ffn = flm_ffn_source_of(fl->plan.mode);
     st = ctx->ffn->open(ctx, err);
-    if (st == FLM_ERR_BUDGET && fl->plan.mode == FLM_MODE_SPARSE && pp->mode == FLM_MODE_AUTO) {
-        /* auto: the neuron cache does not fit; the layer-streaming mode may */
-        flm_log(&ctx->log, FLM_LOG_WARN, "%s; running hybrid instead", err ? err->msg : "the neuron cache does not fit");
-        ctx->ffn->close(ctx);
-        rq.mode = FLM_MODE_HYBRID;
-        rq.budget = budget;
-        rq.percent = 0;
-        if ((st = flm_budget_plan(file, hp, &rq, &fl->plan, err)) || (st = place_embedding(ctx, err))) return st;
-        ctx->ffn = flm_ffn_source_of(fl->plan.mode);
-        st = ctx->ffn->open(ctx, err);
-    }
-    if (!st) flm_mem_plan_log(&fl->plan, hp, &ctx->log, FLM_LOG_DEBUG);
     return st;
 }
 

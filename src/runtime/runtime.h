@@ -62,6 +62,7 @@ typedef struct flm_mem_plan {
     uint64_t cache;               /* sparse: what is left for the neuron caches (all layers) */
     uint32_t n_resident_layers;   /* layers whose FFN stays in memory: the first n */
     size_t reader_bounce;         /* bounce_bytes to give the reader */
+    char reason[FLM_PLAN_REASON_MAX]; /* why this mode (flm_plan_info.reason) */
 } flm_mem_plan;
 
 /* What to plan for (runtime/budget.c). */
@@ -70,8 +71,8 @@ typedef struct flm_plan_request {
     uint32_t n_batch;       /* flm_params.n_batch (0: chosen by the plan, flm_batch_size) */
     int n_threads;          /* compute threads (per-thread FFN accumulators) */
     flm_mode mode;          /* AUTO: chosen by the plan */
-    uint64_t budget;        /* bytes; 0: percent % of the model's weight bytes; both 0: no budget */
-    double percent;
+    uint64_t budget;        /* bytes (resolved by flm_plan_budget); 0: no budget */
+    const flm_params *params; /* the rest of the open parameters (sparse: level, window) */
     uint32_t kv_elem_bytes; /* FLM_KV_F16 or FLM_KV_F32 */
     flm_embd_place embd;    /* FLM_EMBD_FLASH: the token embedding may stay in the file (its bytes are
                                flm_file_tail_bytes; the plan decides); else why it is in memory */
@@ -81,13 +82,39 @@ typedef struct flm_plan_request {
 
 /* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the
  * file in naive, sparse and hybrid — hybrid keeps it when every layer and it fit — when the request allows), the FFN
- * part by the mode's source (flm_ffn_source_ops.plan). Errors: FLM_ERR_BUDGET, with every part's size in the
- * message. */
+ * part by the mode's source (flm_ffn_source_ops.plan). AUTO is decided here and only here: ram when everything
+ * fits, else sparse when calibrated and flm_sparse_plan_check accepts it, else hybrid; p->reason says why.
+ * Errors: FLM_ERR_BUDGET, with every part's size in the message. (The entry points are runtime/plan.c's.) */
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *plan,
                            flm_error *err);
-/* Log the plan through log, one line per part (resident weights, token embedding, KV cache, scratch, reader, FFN
- * storage, total), at level. */
-void flm_mem_plan_log(const flm_mem_plan *p, const flm_hparams *hp, const flm_logger *log, flm_log_level level);
+/* The budget in bytes params ask for with a model of model_bytes weight bytes: mem_bytes, or mem_percent of
+ * model_bytes (at least 1 byte), or 0 (none). The one place --mem N% is resolved (runtime/plan.c). */
+uint64_t flm_plan_budget(const flm_params *p, uint64_t model_bytes);
+/* The KV cache length params ask for: n_ctx, or min(the model's context_length, 2048), or 512. */
+uint32_t flm_plan_n_ctx(const flm_params *p, const flm_hparams *hp);
+/* Refuse a budget that cannot hold the resident region's head (header-only f): checked before anything is loaded.
+ * Errors: FLM_ERR_BUDGET naming path, the budget and the sizes. */
+flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_params *p, flm_error *err);
+/* The whole plan for .flm file f, whose meta (the resident region's GGUF header) is parsed and hp read from it:
+ * where the token embedding goes (a whole resident region that must be loaded is checked against the budget), then
+ * flm_budget_plan. flm_open and flm_plan both call this. */
+flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
+                        flm_error *err);
+/* A GGUF file for flm_open or flm_plan in p's mode: refused with FLM_ERR_ARG in a streaming mode (FLM_ERR_IO when
+ * it cannot be opened), FLM_ERR_FORMAT naming both magics when it is neither model format. */
+flm_status flm_plan_gguf_open(const char *path, const flm_params *p, flm_gguf_file **out, flm_error *err);
+/* The plan of a GGUF file of file_bytes (all weights mapped, mode ram). Errors: FLM_ERR_BUDGET (the budget cannot
+ * hold the file, the KV cache and scratch). */
+flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparams *hp, const flm_params *p,
+                         flm_plan_info *out, flm_error *err);
+/* FLM_ERR_ARG when p's values are out of range (threads, context, batch, mode, percent). */
+flm_status flm_params_check(const flm_params *p, flm_error *err);
+/* The public view of a .flm plan. */
+void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_info *out);
+/* sparse (runtime/sparse.c), for auto: whether sparse fits and pays under plan p (p's sparse parts filled): reads
+ * and parses f's predictor region; FLM_ERR_BUDGET when its predicted sets at the default level are not smaller than
+ * 0.9x what hybrid streams with the same memory, or a layer's neuron cache cannot hold one neuron. No budget: FLM_OK. */
+flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p, flm_error *err);
 /* Bytes per KV cache element for these parameters: FLM_KV_F32 with --kv-f32, else FLM_KV_F16. */
 uint32_t flm_kv_elem_bytes(const flm_params *p);
 /* Sum of everything the plan holds. */
@@ -121,9 +148,10 @@ typedef struct flm_flash {
     void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
 } flm_flash;
 
-/* Plan the budget, open the reader and the mode's FFN source (ctx->ffn); takes ownership of file. In auto mode a
- * sparse source whose caches do not fit falls back to hybrid. Errors: those of the plan and of the source's open. */
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, flm_error *err);
+/* Carry out plan (flm_plan_flm's, for this file and ctx->params): open the reader and the plan's FFN source
+ * (ctx->ffn); takes ownership of file. Decides nothing. Errors: the reader's (its real size past the budget:
+ * FLM_ERR_BUDGET) and the source's open. */
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_error *err);
 void flm_flash_close(flm_flash *fl);
 /* Allocate fl->ffn_mem (plan.ffn_resident + plan.stream bytes) when not yet done, then read the FFN regions of layers
  * [0, n) into fl->layer_data carved from it (4 KiB-aligned, checksummed), through the reader; not counted in the
@@ -168,6 +196,7 @@ struct flm_ctx {
     const flm_ffn_source_ops *ffn; /* where the FFN weights come from: chosen once at open */
     void *ffn_state;         /* the source's own state (stream buffer, sparse caches...), freed by ffn->close */
     uint64_t mem_resident;   /* for stats: bytes of resident weights */
+    flm_plan_info plan;      /* the plan carried out (flm_get_plan) */
     /* statistics */
     flm_token_stats total;
     flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS (in mem) */

@@ -173,6 +173,82 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
     return FLM_OK;
 }
 
+/* The window: the largest k (<= 16) whose expected union of predicted sets (calibrated s_agg(k), averaged over
+ * layers) is at most 1.5x what each layer's share of the cache budget (per_layer bytes) holds. A window somewhat
+ * larger than the cache still pays: the cache then drops the oldest tokens' sets early, keeping as many recent ones
+ * as fit (measured on the standard shape at --mem 50%: k = 1, 2, 3, 6, 16 read 84.6, 70.0, 67.7, 71.0, 71.9 MiB per
+ * token). A cache that holds every neuron fits any window. --window / --no-window override. */
+static uint32_t choose_window(const flm_sparsity *s, const flm_params *pp, const flm_file *f, uint64_t per_layer) {
+    if (pp->no_window) return 1;
+    if (pp->window > 0) return (uint32_t)pp->window;
+    for (uint32_t kk = FLM_AGG_K; kk >= 1; kk--) {
+        double need = 0, have = 0;
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+            uint32_t F = f->ffn[l]->n_records;
+            uint32_t cap = flm_ncache_capacity_for(per_layer, F, f->ffn[l]->record_bytes, kk, 0);
+            need += s->layers[l].s_agg[kk - 1] * F;
+            have += cap >= F ? 1e30 : cap;
+        }
+        if (need <= 1.5 * have) return kk;
+    }
+    return 1;
+}
+
+/* The smallest neuron-cache capacity over the layers for window k and per_layer bytes each (0: a layer cannot hold
+ * one neuron), and that layer. */
+static uint32_t min_capacity(const flm_file *f, uint64_t per_layer, uint32_t k, uint32_t *layer) {
+    uint32_t best = UINT32_MAX;
+    *layer = 0;
+    for (uint32_t l = 0; l < f->n_layers; l++) {
+        uint32_t cap = flm_ncache_capacity_for(per_layer, f->ffn[l]->n_records, f->ffn[l]->record_bytes, k, 0);
+        if (cap < best) { best = cap; *layer = l; }
+    }
+    return best;
+}
+
+flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p, flm_error *err) {
+    if (!f->predictor || !p->budget) return FLM_OK; /* no budget: every neuron fits */
+    void *region = NULL;
+    flm_sparsity s = {0};
+    flm_status st = flm_file_read_region(f, f->predictor, &region, err);
+    if (st) return st;
+    st = flm_sparsity_deserialize(region, f->predictor->size, f->path, &s, err);
+    free(region);
+    if (st) return st;
+    if (s.n_layers != f->n_layers) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region has %u layers, the model %u", f->path, s.n_layers,
+                      f->n_layers);
+        goto done;
+    }
+    /* sparse pays only when its predicted sets are smaller than what hybrid would stream with the same memory. A
+     * gated model calibrated for near-dense quality may flag almost every neuron (Qwen2.5 1.5B at --mem 50%: 98.6%
+     * at its default level, 892 MiB read per token against hybrid's 603). */
+    if (pp->sparse_level == 0.0f) {
+        uint64_t ffn_total, largest;
+        flm_ffn_region_bytes(f, &ffn_total, &largest);
+        uint64_t kept = p->cache + p->predictors + p->stream;
+        double hybrid_b = kept < ffn_total ? (double)(ffn_total - kept) : 0.0;
+        double sparse_b = 0;
+        for (uint32_t l = 0; l < s.n_layers; l++) sparse_b += (double)s.layers[l].pred_frac * (double)f->ffn[l]->size;
+        if (sparse_b >= 0.9 * hybrid_b) {
+            st = flm_fail(err, FLM_ERR_BUDGET, "%s: its predictors flag %.0f MiB of FFN weights per token at the "
+                          "calibrated level, about what hybrid streams (%.0f MiB) (--mode sparse forces sparse)",
+                          f->path, sparse_b / 1048576.0, hybrid_b / 1048576.0);
+            goto done;
+        }
+    }
+    /* every layer's cache must hold one neuron at the window sparse_open will choose */
+    uint64_t per_layer = p->cache / f->n_layers;
+    uint32_t l, cap = min_capacity(f, per_layer, choose_window(&s, pp, f, per_layer), &l);
+    if (cap == 0)
+        st = flm_fail(err, FLM_ERR_BUDGET, "%s: the memory budget leaves %.2f MiB per layer for the neuron cache, less "
+                      "than one neuron (%llu bytes); raise --mem", f->path, (double)per_layer / 1048576.0,
+                      (unsigned long long)f->ffn[l]->record_bytes);
+done:
+    flm_sparsity_free(&s);
+    return st;
+}
+
 static void sparse_close(flm_ctx *ctx) {
     sparse_free(ctx->ffn_state);
     ctx->ffn_state = NULL;
@@ -200,20 +276,6 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
         if (p->d_model != hp->d_model || p->d_ffn != F)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor of layer %u is %u -> %u, the model %u -> %u",
                             fl->file->path, l, p->d_model, p->d_ffn, hp->d_model, F);
-    }
-    /* auto: sparse pays only when its predicted sets are smaller than what hybrid would stream with the same memory.
-     * A gated model calibrated for near-dense quality may flag almost every neuron (Qwen2.5 1.5B at --mem 50%: 98.6%
-     * at its default level, 892 MiB read per token against hybrid's 603). Checked before anything else is held. */
-    if (pp->mode == FLM_MODE_AUTO && pp->sparse_level == 0.0f && fl->plan.budget) {
-        uint64_t ffn_total, largest;
-        flm_ffn_region_bytes(fl->file, &ffn_total, &largest);
-        uint64_t kept = fl->plan.cache + fl->plan.predictors + fl->plan.stream;
-        double hybrid_b = kept < ffn_total ? (double)(ffn_total - kept) : 0.0;
-        double sparse_b = flm_sparse_expected_bytes(sp, fl->file);
-        if (sparse_b >= 0.9 * hybrid_b)
-            return flm_fail(err, FLM_ERR_BUDGET, "%s: its predictors flag %.0f MiB of FFN weights per token at the "
-                            "calibrated level, about what hybrid streams (%.0f MiB) (--mode sparse forces sparse)",
-                            fl->file->path, sparse_b / 1048576.0, hybrid_b / 1048576.0);
     }
     /* the level: calibrate's default, or --sparse-level */
     sp->level = sp->sp.default_level;
@@ -286,25 +348,8 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
         sp->desc[l] = fl->desc[l];
         sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
     }
-    /* The window: the largest k (<= 16) whose expected union of predicted sets (calibrated s_agg(k), averaged over
-     * layers) is at most 1.5x what each layer's share of the cache budget holds. A window somewhat larger than the
-     * cache still pays: the cache then drops the oldest tokens' sets early, keeping as many recent ones as fit
-     * (measured on the standard shape at --mem 50%: k = 1, 2, 3, 6, 16 read 84.6, 70.0, 67.7, 71.0, 71.9 MiB per
-     * token). A cache that holds every neuron fits any window. --window / --no-window override. */
     uint64_t per_layer = fl->plan.cache / L;
-    uint32_t k = 1;
-    if (pp->no_window) k = 1;
-    else if (pp->window > 0) k = (uint32_t)pp->window;
-    else
-        for (uint32_t kk = FLM_AGG_K; kk >= 1; kk--) {
-            double need = 0, have = 0;
-            for (uint32_t l = 0; l < L; l++) {
-                uint32_t cap = flm_ncache_capacity_for(per_layer, F, fl->desc[l].record_bytes, kk, 0);
-                need += sp->sp.layers[l].s_agg[kk - 1] * F;
-                have += cap >= F ? 1e30 : cap;
-            }
-            if (need <= 1.5 * have) { k = kk; break; }
-        }
+    uint32_t k = choose_window(&sp->sp, pp, fl->file, per_layer);
     sp->window = k;
     bool small_cache_logged = false;
     for (uint32_t l = 0; l < L; l++) {

@@ -1,0 +1,305 @@
+/* plan.c — the memory plan's one owner (docs/ARCHITECTURE.md, "Memory budget"): --mem resolved to bytes, the mode
+ * `auto` runs and why, every part's bytes. flm_plan computes it from the file's headers; flm_open (context.c)
+ * computes it with the same functions and carries it out; flm_plan_split shares one budget between a draft model and
+ * a target. The parts themselves are sized by runtime/budget.c and the FFN sources' plan functions. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/runtime.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/util.h"
+#include "core/types.h"
+
+_Static_assert((int)FLM_PLAN_EMBD_MEMORY == (int)FLM_EMBD_MEMORY && (int)FLM_PLAN_EMBD_FLASH == (int)FLM_EMBD_FLASH &&
+                   (int)FLM_PLAN_EMBD_TIED == (int)FLM_EMBD_TIED && (int)FLM_PLAN_EMBD_UNSPLIT == (int)FLM_EMBD_UNSPLIT,
+               "flm_plan_embd mirrors flm_embd_place");
+
+uint64_t flm_plan_budget(const flm_params *p, uint64_t model_bytes) {
+    if (p->mem_bytes) return p->mem_bytes;
+    if (!(p->mem_percent > 0)) return 0;
+    uint64_t b = (uint64_t)((double)model_bytes * p->mem_percent / 100.0);
+    return b ? b : 1; /* a percentage is a budget, never "none" */
+}
+
+uint32_t flm_plan_n_ctx(const flm_params *p, const flm_hparams *hp) {
+    uint32_t n_ctx = (uint32_t)p->n_ctx;
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048;
+    return n_ctx ? n_ctx : 512;
+}
+
+/* A .flm file's weight bytes: the resident region and the FFN regions (4 KiB-padded). */
+static uint64_t file_weight_bytes(const flm_file *f) {
+    uint64_t ffn, largest;
+    flm_ffn_region_bytes(f, &ffn, &largest);
+    return f->resident->size + ffn;
+}
+
+/* Refuse a budget that cannot hold the `bytes` of the resident region about to be loaded: the plan would refuse it
+ * anyway, after loading them, and under a hard memory limit of the budget + FLM_RSS_ALLOWANCE the process would be
+ * killed first. */
+static flm_status resident_fits(const char *path, const flm_file *f, uint64_t budget, uint64_t bytes,
+                                flm_error *err) {
+    if (!budget || bytes <= budget) return FLM_OK;
+    return flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s is too small: the resident weights alone "
+                    "(attention, norms, embeddings, tokenizer) are %.2f MiB (the whole model is %.2f MiB)", path,
+                    flm_size(budget).s, flm_mib(bytes), flm_mib(file_weight_bytes(f)));
+}
+
+flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_params *p, flm_error *err) {
+    const flm_region *r = f->resident;
+    return resident_fits(path, f, flm_plan_budget(p, file_weight_bytes(f)),
+                         r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size, err);
+}
+
+flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
+                        flm_error *err) {
+    const uint64_t budget = flm_plan_budget(p, file_weight_bytes(f));
+    /* the token embedding: the resident region's tail stays in the file unless ram mode or a tied classifier needs
+     * it now (then the whole region must fit before it is loaded); the budget plan decides for the other modes */
+    const bool tied = !flm_gguf_find_tensor(f->meta, "output.weight");
+    bool pending = flm_file_tail_bytes(f) && flm_file_tail_pending(f);
+    if (pending && (p->mode == FLM_MODE_RAM || tied)) {
+        flm_status st = resident_fits(f->path, f, budget, f->resident->size, err);
+        if (st) return st;
+        pending = false;
+    }
+    const flm_gguf_tensor *e = flm_gguf_find_tensor(f->meta, "token_embd.weight");
+    if (!e) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
+    flm_plan_request rq = {flm_plan_n_ctx(p, hp), (uint32_t)p->n_batch, p->n_threads, p->mode, budget, p,
+                           flm_kv_elem_bytes(p),
+                           pending ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
+                           : flm_file_tail_bytes(f) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
+                           flm_row_bytes(e->type, e->ne[0]), p->no_read_ahead};
+    return flm_budget_plan(f, hp, &rq, mp, err);
+}
+
+void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_info *o) {
+    memset(o, 0, sizeof *o);
+    o->mode = mp->mode;
+    snprintf(o->reason, sizeof o->reason, "%s", mp->reason);
+    o->budget = mp->budget;
+    o->model_bytes = mp->model_bytes;
+    o->total = flm_mem_plan_total(mp);
+    o->resident = mp->resident;
+    o->kv = mp->kv;
+    o->scratch = mp->scratch;
+    o->reader = mp->reader;
+    o->ffn_resident = mp->ffn_resident;
+    o->stream = mp->stream;
+    o->predictors = mp->predictors;
+    o->cache = mp->cache;
+    o->embd = (flm_plan_embd)mp->embd;
+    o->embd_bytes = mp->embd_bytes;
+    o->embd_row = mp->embd_row;
+    o->reader_bounce = mp->reader_bounce;
+    o->n_layers = hp->n_layers;
+    o->n_resident_layers = mp->n_resident_layers;
+    o->n_stream_buffers = mp->stream && mp->mode != FLM_MODE_SPARSE ? mp->n_stream_buffers : 0;
+    o->n_ctx = mp->n_ctx;
+    o->n_batch = mp->n_batch;
+    o->kv_elem_bytes = mp->kv_elem_bytes;
+    o->kv_dim = hp->n_kv_heads * hp->head_dim;
+    o->n_vocab = hp->n_vocab;
+}
+
+/* ---- GGUF: every weight mapped ---------------------------------------------------------------------------------- */
+
+flm_status flm_plan_gguf_open(const char *path, const flm_params *p, flm_gguf_file **out, flm_error *err) {
+    *out = NULL;
+    struct stat sb; /* a FIFO or a device: refused by name, never opened (an open would wait for a writer) */
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", path,
+                        flm_file_kind(sb.st_mode));
+    if (p->mode != FLM_MODE_AUTO && p->mode != FLM_MODE_RAM) {
+        FILE *fp = fopen(path, "rb"); /* a missing file is that, not a GGUF in the wrong mode */
+        if (!fp) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        fclose(fp);
+        return flm_fail(err, FLM_ERR_ARG, "%s: --mode %s needs a .flm file; convert it first with "
+                        "`flashlm convert %s OUT.flm`", path, flm_mode_name(p->mode), path);
+    }
+    flm_status st = flm_gguf_open(path, out, err);
+    if (st) {
+        FILE *fp = fopen(path, "rb");
+        char magic[4] = {0};
+        bool is_gguf = fp && fread(magic, 1, 4, fp) == 4 && !memcmp(magic, "GGUF", 4);
+        if (fp) fclose(fp);
+        if (fp && !is_gguf) /* neither magic: say so rather than blame the GGUF header */
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: not a model file: neither a .flm (magic \"FLASHLM\") nor a "
+                          "GGUF (magic \"GGUF\") file", path);
+    }
+    return st;
+}
+
+flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparams *hp, const flm_params *p,
+                         flm_plan_info *o, flm_error *err) {
+    memset(o, 0, sizeof *o);
+    o->mode = FLM_MODE_RAM;
+    o->gguf = true;
+    snprintf(o->reason, sizeof o->reason, "a GGUF file runs with every weight mapped in memory (`flashlm convert` "
+             "makes a .flm that streams)");
+    o->budget = flm_plan_budget(p, file_bytes);
+    o->model_bytes = file_bytes;
+    o->resident = file_bytes;
+    o->n_ctx = flm_plan_n_ctx(p, hp);
+    o->n_batch = flm_batch_size(p, hp, o->n_ctx, o->budget);
+    o->kv_elem_bytes = flm_kv_elem_bytes(p);
+    o->kv = flm_kv_cache_bytes(hp->n_layers, o->n_ctx, hp->n_kv_heads * hp->head_dim, o->kv_elem_bytes);
+    o->scratch = flm_scratch_bytes(hp, o->n_ctx, o->n_batch);
+    o->total = o->resident + o->kv + o->scratch;
+    o->embd = FLM_PLAN_EMBD_MEMORY;
+    o->n_layers = o->n_resident_layers = hp->n_layers;
+    o->kv_dim = hp->n_kv_heads * hp->head_dim;
+    o->n_vocab = hp->n_vocab;
+    if (o->budget && o->total > o->budget)
+        return flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold this GGUF model in memory "
+                        "(weights %.2f MiB + KV cache %.2f MiB + scratch %.2f MiB); to stream its FFN weights, "
+                        "convert it: `flashlm convert %s OUT.flm`", path, flm_size(o->budget).s, flm_mib(o->resident),
+                        flm_mib(o->kv), flm_mib(o->scratch), path);
+    return FLM_OK;
+}
+
+/* ---- flm_plan ---------------------------------------------------------------------------------------------------- */
+
+/* Parse the GGUF header at the start of f's resident region into f->meta (tensor data not read): the first 256 KiB,
+ * then twice as much until the header fits. */
+static flm_status read_meta(flm_file *f, flm_error *err) {
+    const flm_region *r = f->resident;
+    int fd = open(f->path, O_RDONLY);
+    if (fd < 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno));
+    char name[4096];
+    snprintf(name, sizeof name, "%s (resident region)", f->path);
+    uint64_t n = r->size < (256u << 10) ? r->size : (256u << 10), have = 0;
+    uint8_t *buf = NULL;
+    flm_status st;
+    for (;;) {
+        uint8_t *nb = realloc(buf, n ? (size_t)n : 1);
+        if (!nb) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
+        buf = nb;
+        while (have < n) {
+            ssize_t k = pread(fd, buf + have, (size_t)(n - have), (off_t)(r->offset + have));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            have += (uint64_t)k;
+        }
+        if (have < n) {
+            st = flm_fail(err, FLM_ERR_IO, "%s: resident region: short read at offset %llu", f->path,
+                          (unsigned long long)(r->offset + have));
+            break;
+        }
+        st = flm_gguf_open_buffer_partial(name, buf, (size_t)n, r->size, &f->meta, err);
+        if (!st || n == r->size) break;
+        n = n * 2 < r->size ? n * 2 : r->size;
+    }
+    close(fd);
+    if (st) { free(buf); return st; }
+    f->resident_data = buf; /* the meta borrows it; flm_file_close frees both */
+    return FLM_OK;
+}
+
+flm_status flm_plan(const char *path, const flm_params *pin, flm_plan_info *out, flm_error *err) {
+    memset(out, 0, sizeof *out);
+    flm_params def;
+    if (!pin) { flm_params_default(&def); pin = &def; }
+    flm_status st = flm_params_check(pin, err);
+    if (st) return st;
+    if (!flm_file_is_flm(path)) {
+        flm_gguf_file *g = NULL;
+        if ((st = flm_plan_gguf_open(path, pin, &g, err))) return st;
+        flm_hparams hp;
+        if (!(st = flm_hparams_from_gguf(g, &hp, err))) st = flm_plan_gguf(path, g->size, &hp, pin, out, err);
+        flm_gguf_close(g);
+        return st;
+    }
+    flm_file *f = NULL;
+    if ((st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &f, err))) return st;
+    flm_hparams hp;
+    flm_mem_plan mp;
+    if (!(st = flm_plan_check_head(path, f, pin, err)) && !(st = read_meta(f, err)) &&
+        !(st = flm_hparams_from_gguf(f->meta, &hp, err))) {
+        hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE;
+        if (f->n_layers != hp.n_layers)
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, f->n_layers, hp.n_layers);
+        else if (!(st = flm_plan_flm(f, &hp, pin, &mp, err)))
+            flm_plan_info_of(&mp, &hp, out);
+    }
+    flm_file_close(f);
+    return st;
+}
+
+void flm_get_plan(const flm_ctx *ctx, flm_plan_info *out) { *out = ctx->plan; }
+
+/* ---- a draft and a target under one budget ----------------------------------------------------------------------- */
+
+/* The target's weight bytes, as its plan counts them (a .flm's regions, a GGUF's size): the base of --mem N%. */
+static flm_status weight_bytes(const char *path, uint64_t *out, flm_error *err) {
+    *out = 0;
+    if (flm_file_is_flm(path)) {
+        flm_file *f = NULL;
+        flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &f, err);
+        if (st) return st;
+        *out = file_weight_bytes(f);
+        flm_file_close(f);
+        return FLM_OK;
+    }
+    struct stat sb;
+    if (stat(path, &sb) == 0) *out = (uint64_t)sb.st_size; /* else the target's plan says why, naming the file */
+    return FLM_OK;
+}
+
+flm_status flm_plan_split(const char *target_path, const flm_params *target, const char *draft_path,
+                          const flm_params *draft, uint64_t extra, flm_plan_pair *out, flm_error *err) {
+    memset(out, 0, sizeof *out);
+    flm_params tp, dp;
+    if (target) tp = *target;
+    else flm_params_default(&tp);
+    if (draft) dp = *draft;
+    else flm_params_default(&dp);
+    uint64_t w = 0;
+    flm_status st;
+    if (!tp.mem_bytes && tp.mem_percent > 0 && (st = weight_bytes(target_path, &w, err))) return st;
+    const uint64_t budget = flm_plan_budget(&tp, w);
+    out->budget = budget;
+    out->extra = extra;
+    tp.mem_percent = dp.mem_percent = 0;
+    if (draft_path) {
+        dp.mem_bytes = budget; /* the draft alone must fit the whole budget; what it takes is checked below */
+        flm_error e;
+        if ((st = flm_plan(draft_path, &dp, &out->draft, &e))) {
+            if (err) {
+                *err = e;
+                snprintf(err->msg, sizeof err->msg, "draft model: %.490s", e.msg);
+            }
+            return st;
+        }
+        const flm_plan_info *d = &out->draft;
+        if (budget && d->total + extra >= budget)
+            return flm_fail(err, FLM_ERR_BUDGET, "a memory budget of %s: the draft model %s takes %.2f MiB (weights "
+                            "%.2f, KV cache %.2f, scratch %.2f) and %.2f MiB of buffers go with it: nothing is left "
+                            "for the target model %s", flm_size(budget).s, draft_path, flm_mib(d->total + extra),
+                            flm_mib(d->resident + d->ffn_resident + d->stream + d->predictors + d->cache),
+                            flm_mib(d->kv), flm_mib(d->scratch + d->reader), flm_mib(extra), target_path);
+        tp.mem_bytes = budget ? budget - d->total - extra : 0;
+        st = flm_plan(target_path, &tp, &out->target, err);
+        out->target.budget = tp.mem_bytes; /* what the target was given, also when its plan is refused */
+        return st;
+    }
+    /* no draft model: the target keeps the whole budget when its plan leaves room for the buffers */
+    tp.mem_bytes = budget;
+    st = flm_plan(target_path, &tp, &out->target, err);
+    out->target.budget = budget;
+    if (st) return st;
+    if (!budget || out->target.total + extra <= budget) return FLM_OK;
+    if (extra >= budget)
+        return flm_fail(err, FLM_ERR_BUDGET, "a memory budget of %s cannot hold %.2f MiB of buffers beside the model",
+                        flm_size(budget).s, flm_mib(extra));
+    tp.mem_bytes = budget - extra;
+    st = flm_plan(target_path, &tp, &out->target, err);
+    out->target.budget = tp.mem_bytes;
+    return st;
+}
