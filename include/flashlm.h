@@ -264,8 +264,8 @@ typedef struct flm_plan_info {
  * weights not read. Nothing the plan sizes is allocated.
  * Errors: those of flm_open's checks, with the same messages: FLM_ERR_IO, FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED,
  * FLM_ERR_ARG (bad params; a streaming mode on a GGUF; sparse without calibration), FLM_ERR_BUDGET (the budget
- * cannot hold the plan: every part's size in the message), FLM_ERR_NOMEM. Source: docs/ARCHITECTURE.md, "Memory
- * budget". */
+ * cannot hold the plan: every part's size in the message), FLM_ERR_NOMEM; *out is then all zero. Source:
+ * docs/ARCHITECTURE.md, "Memory budget". */
 FLM_API flm_status flm_plan(const char *path, const flm_params *p, flm_plan_info *out, flm_error *err);
 /* The plan an open context carries out (as flm_plan gave it; reader holds the reader's real size when that was
  * larger than planned). */

@@ -552,7 +552,9 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     flm_ctx *ctx = NULL;
     flm_status st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err);
     if (st) return st;
-    const uint64_t budget = ctx->plan.budget; /* --mem in bytes, as the plan resolved it (runtime/plan.c) */
+    flm_plan_info plan;
+    flm_get_plan(ctx, &plan);
+    const uint64_t budget = plan.budget; /* --mem in bytes, as the plan resolved it (runtime/plan.c) */
     flm_sparsity sp = {0};
     tap_data td = {.fd = -1, .spill_path = spill};
     int32_t *chunk_toks = NULL;

@@ -202,7 +202,15 @@ static flm_status read_meta(flm_file *f, flm_error *err) {
     return FLM_OK;
 }
 
+static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_info *out, flm_error *err);
+
 flm_status flm_plan(const char *path, const flm_params *pin, flm_plan_info *out, flm_error *err) {
+    flm_status st = plan_any(path, pin, out, err);
+    if (st) memset(out, 0, sizeof *out); /* a refused plan holds nothing */
+    return st;
+}
+
+static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_info *out, flm_error *err) {
     memset(out, 0, sizeof *out);
     flm_params def;
     if (!pin) { flm_params_default(&def); pin = &def; }
