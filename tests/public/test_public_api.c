@@ -180,6 +180,17 @@ static void test_log_callback_not_stderr(void **state) {
     assert_non_null(strstr(seen.all, "not calibrated, so it runs hybrid"));
     assert_null(strstr(seen.all, "probe")); /* the file next to the model was not read */
     assert_true(seen.n_warn >= 1);
+    /* the plan, from the public archive: what the context runs, computed without opening the model */
+    flm_plan_info plan, ran;
+    assert_int_equal(flm_plan(flm, &p, &plan, &err), FLM_OK);
+    flm_get_plan(ctx, &ran);
+    assert_int_equal(plan.mode, FLM_MODE_HYBRID);
+    assert_int_equal(ran.mode, plan.mode);
+    assert_int_equal(ran.total, plan.total);
+    assert_true(plan.total <= p.mem_bytes);
+    flm_stats sst;
+    flm_get_stats(ctx, &sst);
+    assert_int_equal(sst.mem_resident + sst.mem_ffn + sst.mem_kv + sst.mem_scratch, plan.total);
     flm_close(ctx);
 
     /* named explicitly, the unusable file is reported through the callback, and the open still succeeds */
