@@ -174,16 +174,16 @@ typedef struct cli_spec_session {
     uint64_t target_budget;  /* the budget the target was opened with (0: none) */
     uint64_t target_bytes;   /* the target's plan */
 } cli_spec_session;
-/* Before the target is opened (params as parsed; target: its resolved path): with --mem, resolve the budget in bytes;
- * with --draft, open the draft (ram mode, the same -t -c and KV type) within the budget, take its plan and the
- * buffers' bytes out of it and leave the target the rest (params->mem_bytes). verbose: print the draft's plan line.
- * Returns 0, or 1 after printing why (naming the draft and the target when nothing is left for the target). */
+/* Before the target is opened (params as parsed; target: its resolved path): with --draft or a budget, split the
+ * budget between the draft (ram mode, the same -t -c and KV type), the speculative decoding buffers and the target
+ * with flm_plan_split (the library's one owner of the plan), open the draft with its share and leave the target its
+ * own (params->mem_bytes). verbose: print the draft's plan line (and the n-gram buffers' share). Returns 0, or 1
+ * after printing why (naming the draft and the target when nothing is left for the target). */
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose);
 /* When flm_open refused the target with code: say what the draft took of the budget. */
 void cli_spec_target_refused(const cli_spec_session *ss, flm_status code);
-/* After the target is open: check that the draft shares its tokenizer (refused with both files named), take the
- * --draft-ngram buffers out of the budget (opening the target again with less when its plan left too little:
- * *target may change), create the engine (ss->spec) over smp. Returns 0, or 1 after printing why. */
+/* After the target is open: check that the draft shares its tokenizer (refused with both files named), create the
+ * engine (ss->spec) over smp. Returns 0, or 1 after printing why. */
 int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_path, flm_params *params,
                    flm_sampler *smp);
 /* The speculative statistics on stderr: drafted, accepted, acceptance rate, target passes, tokens per pass, per

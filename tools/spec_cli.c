@@ -147,10 +147,9 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
-    flm_model_info ti;
-    flm_get_info(*target, &ti);
     flm_stats st;
     ss->target_bytes = ctx_bytes(*target, &st);
+    (void)params; /* the budget was split before the target opened (cli_spec_open_draft) */
     cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram};
     if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);

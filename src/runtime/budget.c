@@ -94,7 +94,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     flm_status st = src->plan(f, hp, rq->n_ctx, p, &serr);
     /* auto: sparse must fit, and pay against hybrid with the same memory (runtime/sparse.c); else the
      * layer-streaming mode may still fit */
-    if (!st && chosen && mode == FLM_MODE_SPARSE && rq->params) st = flm_sparse_plan_check(f, rq->params, p, &serr);
+    if (!st && chosen && mode == FLM_MODE_SPARSE && rq->params) st = flm_sparse_plan_check(f, rq->params, p, rq->keep, &serr);
     if (st == FLM_ERR_BUDGET && chosen && mode == FLM_MODE_SPARSE) {
         flm_plan_request h = *rq;
         h.mode = FLM_MODE_HYBRID;

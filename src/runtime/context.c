@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/runtime.h"
+#include "sparsity/sparsity.h"
 #include "core/error.h"
 #include "core/util.h"
 
@@ -64,31 +65,6 @@ bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
     if (v * mul < 1 || v * mul > 9.0e18) return false;
     *bytes = (uint64_t)(v * mul);
     return true;
-}
-
-/* bytes of one batch token's activations (flm_scratch_bytes's batch rows) */
-static uint64_t batch_row_bytes(const flm_hparams *hp) {
-    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim);
-}
-
-uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget) {
-    uint32_t b = p->n_batch > 0 ? (uint32_t)p->n_batch : 64u;
-    if (p->n_batch <= 0 && budget) {
-        uint64_t per = batch_row_bytes(hp) + 4ull * (uint64_t)(p->n_threads > 0 ? p->n_threads : 1) * hp->d_model;
-        while (b > 1 && (uint64_t)b * per > budget / 64) b--;
-    }
-    if (b > n_ctx) b = n_ctx;
-    return b ? b : 1;
-}
-
-uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
-    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    uint64_t one = (uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim; /* a token's rows */
-    uint64_t batch = n_batch > 1 ? (uint64_t)n_batch * batch_row_bytes(hp) : 0;
-    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
@@ -151,6 +127,7 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
     if (st) return st;
     flm_hparams hp;
     flm_mem_plan mp;
+    flm_sparsity *sparsity = NULL; /* auto's check parsed the predictor region: sparse_open takes it */
     if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) || (st = flm_hparams_from_gguf(ff->meta, &hp, err)))
         goto fail;
     hp.gated = ff->ffn[0]->gate_type != FLM_GATE_NONE;
@@ -158,7 +135,7 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, ff->n_layers, hp.n_layers);
         goto fail;
     }
-    if ((st = flm_plan_flm(ff, &hp, p, &mp, err)) ||
+    if ((st = flm_plan_flm(ff, &hp, p, &mp, &sparsity, err)) ||
         (flm_file_tail_pending(ff) && mp.embd != FLM_EMBD_FLASH && (st = flm_file_load_tail(ff, err))) ||
         (st = flm_model_from_flm(ff, &ctx->model, err)))
         goto fail;
@@ -166,13 +143,15 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
     ctx->params.n_batch = (int)mp.n_batch;
     ctx->k = flm_kernels_best();
     flm_plan_info_of(&mp, &ctx->model->hp, &ctx->plan);
-    if ((st = flm_flash_open(ctx, ff, &mp, err))) return st; /* owns ff now */
+    if ((st = flm_flash_open(ctx, ff, &mp, sparsity, err))) return st; /* owns ff and sparsity now */
     ctx->mem_resident = ctx->flash->plan.resident;
     /* the reader's real size, when larger than planned */
     ctx->plan.reader = ctx->flash->plan.reader;
     ctx->plan.total = flm_mem_plan_total(&ctx->flash->plan);
     return FLM_OK;
 fail:
+    if (sparsity) flm_sparsity_free(sparsity);
+    free(sparsity);
     flm_file_close(ff);
     return st;
 }

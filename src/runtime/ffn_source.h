@@ -7,7 +7,8 @@
  *   hybrid   ffn_stream.c    the first k layers resident, the rest as naive        k regions + one layer buffer
  *   sparse   sparse.c        predicted neurons, from a neuron cache or the file    predictors + neuron caches
  *
- * The mode is chosen once at open (runtime/budget.c, flm_budget_plan); flm_ffn_source_of() gives its source; the
+ * The mode is chosen once, by the plan (runtime/plan.c, flm_plan; auto's rule in runtime/budget.c, flm_budget_plan),
+ * which flm_open carries out; flm_ffn_source_of() gives its source; the
  * forward pass calls compute() for every layer of every token and knows nothing of modes. Adding a mode (or a device
  * backend) means one more flm_ffn_source_ops. */
 #ifndef FLM_RUNTIME_FFN_SOURCE_H

@@ -7,6 +7,7 @@
 #include "core/types.h"
 #include "io/io_cost.h"
 #include "runtime/runtime.h"
+#include "sparsity/sparsity.h"
 #include "core/error.h"
 #include "core/util.h"
 
@@ -33,12 +34,19 @@ static flm_status place_embedding(flm_ctx *ctx, flm_error *err) {
     return FLM_OK;
 }
 
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_error *err) {
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_sparsity *sparsity,
+                          flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     flm_flash *fl = calloc(1, sizeof *fl);
-    if (!fl) { flm_file_close(file); return flm_fail(err, FLM_ERR_NOMEM, "out of memory"); }
+    if (!fl) {
+        flm_file_close(file);
+        if (sparsity) flm_sparsity_free(sparsity);
+        free(sparsity);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    }
     fl->file = file;
+    fl->sparsity = sparsity;
     ctx->flash = fl;
     fl->plan = *plan; /* decided by runtime/plan.c: carried out here, not revisited */
     flm_status st;
@@ -161,6 +169,8 @@ void flm_flash_close(flm_flash *fl) {
     free(fl->desc);
     free(fl->acc);
     free(fl->embd_row);
+    if (fl->sparsity) flm_sparsity_free(fl->sparsity); /* sparse_open did not take it (it failed first) */
+    free(fl->sparsity);
     flm_file_close(fl->file);
     free(fl);
 }

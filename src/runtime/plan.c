@@ -33,6 +33,31 @@ uint32_t flm_plan_n_ctx(const flm_params *p, const flm_hparams *hp) {
     return n_ctx ? n_ctx : 512;
 }
 
+/* bytes of one batch token's activations (flm_scratch_bytes's batch rows) */
+static uint64_t batch_row_bytes(const flm_hparams *hp) {
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim);
+}
+
+uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget) {
+    uint32_t b = p->n_batch > 0 ? (uint32_t)p->n_batch : 64u;
+    if (p->n_batch <= 0 && budget) {
+        uint64_t per = batch_row_bytes(hp) + 4ull * (uint64_t)(p->n_threads > 0 ? p->n_threads : 1) * hp->d_model;
+        while (b > 1 && (uint64_t)b * per > budget / 64) b--;
+    }
+    if (b > n_ctx) b = n_ctx;
+    return b ? b : 1;
+}
+
+uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t one = (uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim; /* a token's rows */
+    uint64_t batch = n_batch > 1 ? (uint64_t)n_batch * batch_row_bytes(hp) : 0;
+    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + FLM_STATS_TOKENS * sizeof(flm_token_stats);
+}
+
 /* A .flm file's weight bytes: the resident region and the FFN regions (4 KiB-padded). */
 static uint64_t file_weight_bytes(const flm_file *f) {
     uint64_t ffn, largest;
@@ -58,7 +83,7 @@ flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_pa
 }
 
 flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
-                        flm_error *err) {
+                        struct flm_sparsity **keep, flm_error *err) {
     const uint64_t budget = flm_plan_budget(p, file_weight_bytes(f));
     /* the token embedding: the resident region's tail stays in the file unless ram mode or a tied classifier needs
      * it now (then the whole region must fit before it is loaded); the budget plan decides for the other modes */
@@ -71,7 +96,7 @@ flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_para
     }
     const flm_gguf_tensor *e = flm_gguf_find_tensor(f->meta, "token_embd.weight");
     if (!e) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
-    flm_plan_request rq = {flm_plan_n_ctx(p, hp), (uint32_t)p->n_batch, p->n_threads, p->mode, budget, p,
+    flm_plan_request rq = {flm_plan_n_ctx(p, hp), (uint32_t)p->n_batch, p->n_threads, p->mode, budget, p, keep,
                            flm_kv_elem_bytes(p),
                            pending ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
                            : flm_file_tail_bytes(f) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
@@ -233,7 +258,7 @@ static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_inf
         hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE;
         if (f->n_layers != hp.n_layers)
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, f->n_layers, hp.n_layers);
-        else if (!(st = flm_plan_flm(f, &hp, pin, &mp, err)))
+        else if (!(st = flm_plan_flm(f, &hp, pin, &mp, NULL, err)))
             flm_plan_info_of(&mp, &hp, out);
     }
     flm_file_close(f);

@@ -73,6 +73,7 @@ typedef struct flm_plan_request {
     flm_mode mode;          /* AUTO: chosen by the plan */
     uint64_t budget;        /* bytes (resolved by flm_plan_budget); 0: no budget */
     const flm_params *params; /* the rest of the open parameters (sparse: level, window) */
+    struct flm_sparsity **keep; /* NULL, or where auto's check leaves the parsed predictor region (flm_open) */
     uint32_t kv_elem_bytes; /* FLM_KV_F16 or FLM_KV_F32 */
     flm_embd_place embd;    /* FLM_EMBD_FLASH: the token embedding may stay in the file (its bytes are
                                flm_file_tail_bytes; the plan decides); else why it is in memory */
@@ -99,7 +100,7 @@ flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_pa
  * where the token embedding goes (a whole resident region that must be loaded is checked against the budget), then
  * flm_budget_plan. flm_open and flm_plan both call this. */
 flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
-                        flm_error *err);
+                        struct flm_sparsity **keep, flm_error *err);
 /* A GGUF file for flm_open or flm_plan in p's mode: refused with FLM_ERR_ARG in a streaming mode (FLM_ERR_IO when
  * it cannot be opened), FLM_ERR_FORMAT naming both magics when it is neither model format. */
 flm_status flm_plan_gguf_open(const char *path, const flm_params *p, flm_gguf_file **out, flm_error *err);
@@ -113,8 +114,11 @@ flm_status flm_params_check(const flm_params *p, flm_error *err);
 void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_info *out);
 /* sparse (runtime/sparse.c), for auto: whether sparse fits and pays under plan p (p's sparse parts filled): reads
  * and parses f's predictor region; FLM_ERR_BUDGET when its predicted sets at the default level are not smaller than
- * 0.9x what hybrid streams with the same memory, or a layer's neuron cache cannot hold one neuron. No budget: FLM_OK. */
-flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p, flm_error *err);
+ * 0.9x what hybrid streams with the same memory, or a layer's neuron cache cannot hold one neuron. No budget: FLM_OK.
+ * keep: NULL, or gets the parsed region (malloc'd) when accepted, for sparse_open (so flm_open reads it once). */
+struct flm_sparsity;
+flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p,
+                                 struct flm_sparsity **keep, flm_error *err);
 /* Bytes per KV cache element for these parameters: FLM_KV_F32 with --kv-f32, else FLM_KV_F16. */
 uint32_t flm_kv_elem_bytes(const flm_params *p);
 /* Sum of everything the plan holds. */
@@ -129,9 +133,6 @@ typedef struct flm_sparse flm_sparse;
 uint32_t flm_sparse_window(const flm_sparse *sp);
 uint64_t flm_sparse_cache_rows(const flm_sparse *sp);
 uint64_t flm_sparse_streamed(const flm_sparse *sp);
-/* Bytes of FFN weights the predictors flag per token at the level in use (sum over layers of the calibrated
- * predicted share times the layer's region): what sparse would read per token with no reuse. */
-double flm_sparse_expected_bytes(const flm_sparse *sp, const flm_file *f);
 
 /* The flash side of a context opened from a .flm file: what every FFN source of a .flm file shares. */
 typedef struct flm_flash {
@@ -146,12 +147,14 @@ typedef struct flm_flash {
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
     uint64_t embd_offset;     /* FLM_EMBD_FLASH: file offset of the token embedding's row 0 */
     void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
+    struct flm_sparsity *sparsity; /* the predictor region as the plan parsed it (auto), until sparse_open takes it */
 } flm_flash;
 
 /* Carry out plan (flm_plan_flm's, for this file and ctx->params): open the reader and the plan's FFN source
- * (ctx->ffn); takes ownership of file. Decides nothing. Errors: the reader's (its real size past the budget:
+ * (ctx->ffn); takes ownership of file and sparsity (NULL, or the predictor region the plan parsed). Decides nothing. Errors: the reader's (its real size past the budget:
  * FLM_ERR_BUDGET) and the source's open. */
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_error *err);
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, struct flm_sparsity *sparsity,
+                          flm_error *err);
 void flm_flash_close(flm_flash *fl);
 /* Allocate fl->ffn_mem (plan.ffn_resident + plan.stream bytes) when not yet done, then read the FFN regions of layers
  * [0, n) into fl->layer_data carved from it (4 KiB-aligned, checksummed), through the reader; not counted in the
@@ -227,7 +230,8 @@ const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 #define FLM_CARVE_ALIGN 64u
 #define FLM_CTX_CARVES 20u
 
-/* Bytes of scratch for these hyper-parameters, context length and batch size (tokens; <= 1: no batch arrays). */
+/* Bytes of scratch for these hyper-parameters, context length and batch size (tokens; <= 1: no batch arrays).
+ * (runtime/plan.c, with flm_batch_size: the plan's sizes.) */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch);
 /* Carve the activations from a (FLM_CARVE_ALIGN-aligned arrays, zero). Errors: FLM_ERR_BUDGET (a is too small). */
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,

@@ -206,7 +206,8 @@ static uint32_t min_capacity(const flm_file *f, uint64_t per_layer, uint32_t k, 
     return best;
 }
 
-flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p, flm_error *err) {
+flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p,
+                                 flm_sparsity **keep, flm_error *err) {
     if (!f->predictor || !p->budget) return FLM_OK; /* no budget: every neuron fits */
     void *region = NULL;
     flm_sparsity s = {0};
@@ -245,7 +246,8 @@ flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const 
                       "than one neuron (%llu bytes); raise --mem", f->path, (double)per_layer / 1048576.0,
                       (unsigned long long)f->ffn[l]->record_bytes);
 done:
-    flm_sparsity_free(&s);
+    if (!st && keep && (*keep = malloc(sizeof **keep))) **keep = s; /* sparse_open takes it: read once */
+    else flm_sparsity_free(&s);
     return st;
 }
 
@@ -262,12 +264,18 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     flm_sparse *sp = calloc(1, sizeof *sp);
     if (!sp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->ffn_state = sp;
-    void *region = NULL;
-    flm_status st = flm_file_read_region(fl->file, fl->file->predictor, &region, err);
-    if (st) return st;
-    st = flm_sparsity_deserialize(region, fl->file->predictor->size, fl->file->path, &sp->sp, err);
-    free(region);
-    if (st) return st;
+    flm_status st;
+    if (fl->sparsity) { /* the plan read and checked it (flm_sparse_plan_check) */
+        sp->sp = *fl->sparsity;
+        free(fl->sparsity);
+        fl->sparsity = NULL;
+    } else {
+        void *region = NULL;
+        if ((st = flm_file_read_region(fl->file, fl->file->predictor, &region, err))) return st;
+        st = flm_sparsity_deserialize(region, fl->file->predictor->size, fl->file->path, &sp->sp, err);
+        free(region);
+        if (st) return st;
+    }
     if (sp->sp.n_layers != L)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region has %u layers, the model %u", fl->file->path,
                         sp->sp.n_layers, L);
@@ -773,12 +781,6 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
 const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close,
                                            sparse_compute_batch};
 
-double flm_sparse_expected_bytes(const flm_sparse *sp, const flm_file *f) {
-    double b = 0;
-    for (uint32_t l = 0; sp && l < sp->sp.n_layers && l < f->n_layers; l++)
-        b += (double)sp->sp.layers[l].pred_frac * (double)f->ffn[l]->size;
-    return b;
-}
 
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx) {
     return ctx->ffn == &flm_ffn_sparse ? ctx->ffn_state : NULL;
