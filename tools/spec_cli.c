@@ -3,12 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 #include "spec.h"
-#include "format/flm.h"
-#include "runtime/runtime.h"
 
 const char *CLI_SPEC_OPTS_HELP =
     "      --draft MODEL    speculative decoding: MODEL (a .gguf, .flm or pulled name sharing the target's\n"
@@ -95,11 +92,11 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
             fprintf(stderr, "flashlm: --mem covers the draft and the target together; the draft is opened first\n");
         else if (err.code == FLM_ERR_BUDGET && ss->a.draft && pair.target.budget)
             fprintf(stderr, "flashlm: (the target gets what the draft leaves of --mem %s: %s; the draft takes %.2f "
-                    "MiB)\n", flm_size(pair.budget).s, flm_size(pair.target.budget).s,
+                    "MiB)\n", cli_size(pair.budget).s, cli_size(pair.target.budget).s,
                     cli_mib(pair.draft.total + ss->buf_bytes));
         else if (err.code == FLM_ERR_BUDGET && !ss->a.draft)
             fprintf(stderr, "flashlm: (--draft-ngram takes %.2f MiB of --mem %s for its buffers)\n",
-                    cli_mib(ss->buf_bytes), flm_size(pair.budget).s);
+                    cli_mib(ss->buf_bytes), cli_size(pair.budget).s);
         return 1;
     }
     ss->budget = pair.budget;
@@ -111,7 +108,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     if (!ss->a.draft) {
         if (verbose && pair.budget && pair.target.budget < pair.budget)
             fprintf(stderr, "flashlm: plan: --draft-ngram buffers %.2f MiB: the target gets a budget of %s\n",
-                    cli_mib(ss->buf_bytes), flm_size(pair.target.budget).s);
+                    cli_mib(ss->buf_bytes), cli_size(pair.target.budget).s);
         return 0;
     }
     dp.mem_bytes = pair.draft.budget;
@@ -128,14 +125,14 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
                 "speculative decoding buffers %.2f MiB%s%s\n", ss->draft_path, di.arch, cli_mib(ss->draft_bytes),
                 cli_mib(st.mem_resident + st.mem_ffn), cli_mib(st.mem_kv), cli_mib(st.mem_scratch),
                 cli_mib(ss->buf_bytes), ss->budget ? "; the target gets the rest of the budget: " : "",
-                ss->budget ? flm_size(params->mem_bytes).s : "");
+                ss->budget ? cli_size(params->mem_bytes).s : "");
     return 0;
 }
 
 void cli_spec_target_refused(const cli_spec_session *ss, const flm_status code) {
     if (code == FLM_ERR_BUDGET && ss->draft && ss->budget)
         fprintf(stderr, "flashlm: (the target gets what the draft leaves of --mem %s: %s; the draft takes %.2f MiB)\n",
-                flm_size(ss->budget).s, flm_size(ss->budget - ss->draft_bytes - ss->buf_bytes).s,
+                cli_size(ss->budget).s, cli_size(ss->budget - ss->draft_bytes - ss->buf_bytes).s,
                 cli_mib(ss->draft_bytes + ss->buf_bytes));
 }
 
@@ -181,8 +178,8 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
         flm_get_stats(target, &st);
         uint64_t other = ss->draft_bytes + ss->buf_bytes;
         fprintf(stderr, "flashlm: speculative: budget %s = %s %.2f MiB + target %.2f MiB planned (of %s); peak RSS "
-                "%.2f MiB%s\n", flm_size(ss->budget).s, ss->draft ? "draft and buffers" : "n-gram buffers",
-                cli_mib(other), cli_mib(ss->target_bytes), flm_size(ss->target_budget).s, cli_mib(st.peak_rss),
+                "%.2f MiB%s\n", cli_size(ss->budget).s, ss->draft ? "draft and buffers" : "n-gram buffers",
+                cli_mib(other), cli_mib(ss->target_bytes), cli_size(ss->target_budget).s, cli_mib(st.peak_rss),
                 st.peak_rss <= ss->budget ? " (within the budget)"
                 : st.peak_rss <= ss->budget + FLM_RSS_ALLOWANCE ? " (within the budget + the 16 MiB allowance)"
                                                                  : " (MORE than the budget + the 16 MiB allowance)");
