@@ -719,7 +719,8 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             const flm_region *reg = hdr->ffn[l];
             flm_bundle_layout bl = flm_bundle_layout_of(d, reg->up_type, reg->gate_type, reg->down_type, hp->gated);
             desc = (flm_bundle_desc){d, reg->up_type, reg->gate_type, reg->down_type, bl.up_off, bl.gate_off,
-                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f};
+                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f,
+                                     NULL}; /* FFN biases (OPT): not calibrated yet (the sparse mode refuses them) */
             b = &desc;
             free(records);
             records = NULL;

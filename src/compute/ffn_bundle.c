@@ -45,13 +45,15 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, b->d_model * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
-        const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
+        const size_t j = rows ? rows[i] : i;
+        const uint8_t *rec = records + j * b->record_bytes;
+        const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
         float a = flm_act_eval(b->act, b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
-                                           : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model));
+                                           : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + bu);
         float v = 0.0f;
         if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) /* inactive ReLU neurons: no up row */
-            v = b->gated ? a * row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) : a;
+            v = b->gated ? a * (row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + bu) : a;
         h[i] = v;
         if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
     }
@@ -155,15 +157,17 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, n_x * d * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
-        const uint8_t *rec = records + (rows ? rows[i] : i) * b->record_bytes;
+        const size_t j = rows ? rows[i] : i;
+        const uint8_t *rec = records + j * b->record_bytes;
+        const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         for (size_t t = 0; t < n_x; t++) {
             if (mask && !mask[t * mask_stride + i]) continue;
             const float *x = X + t * x_stride;
             float a = flm_act_eval(b->act, b->gated ? batch_dot(k, b->gate_type, rec + b->gate_off, xg, t, x, d)
-                                                    : batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d));
+                                                    : batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) + bu);
             float v = 0.0f;
             if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold))
-                v = b->gated ? a * batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) : a;
+                v = b->gated ? a * (batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) + bu) : a;
             if (v != 0.0f) axpy_down(rec + b->down_off, v, acc + t * d, d);
         }
     }

@@ -5,6 +5,7 @@
  * d_model elements of its type (byte offsets in flm_bundle_desc). For n bundles at records + i * record_bytes:
  *     h_i = act(gate_i · x) * (up_i · x)      (gated; act = SiLU, ReLU or GELU)
  *     h_i = act(up_i · x)                      (not gated)
+ *     (+ b_up[neuron] inside, after the up dot product, when up_bias is set: OPT)
  *     out = sum_i h_i * down_i                 (out has d_model floats)
  * Neuron order does not matter (Knowl 5), so any subset of bundles in any order gives the FFN restricted to it. */
 #ifndef FLM_COMPUTE_FFN_BUNDLE_H
@@ -24,6 +25,10 @@ typedef struct flm_bundle_desc {
     flm_act act;                         /* activation (compute/act.h) */
     float threshold;                     /* CATS-style sparsification of SiLU: a neuron whose |act(gate . x)| is at
                                             most threshold contributes nothing (0 = exact FFN) */
+    const float *up_bias;                /* NULL, or b_up by neuron (OPT: f32 [d_ffn], resident): up_i · x + b_up[j]
+                                            where j = rows[i] (rows given) or i, so records must hold the layer's
+                                            neurons in their order (a whole FFN region; not the sparse mode's cache
+                                            rows, which are not neuron ids) */
 } flm_bundle_desc;
 
 /* out[d_model] = FFN over n bundles (see above): bundle i is records + rows[i] * record_bytes, or

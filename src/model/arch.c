@@ -13,6 +13,11 @@ static const flm_arch archs[] = {
        (llama.cpp LLM_ARCH_GEMMA3; norm weights in GGUF already include Gemma's +1) */
     {.name = "gemma3", .flags = FLM_ARCH_QK_NORM | FLM_ARCH_POST_NORMS | FLM_ARCH_EMBD_SCALE, .rope = FLM_ROPE_NEOX,
      .act = FLM_ACT_GELU_TANH, .swa_period = 6, .rope_base_local = 10000.0f},
+    /* OPT (transformers' modeling_opt.py; pre-LN, OPT >= 1.3B and 125M): LayerNorm with bias, learned absolute
+       positions (the offset of 2 folded by the converter, src/convert/hf.c), biases on q, k, v, the output and the
+       FFN, ungated ReLU FFN. llama.cpp has no OPT converter: `flashlm convert HF_DIR` writes its GGUF. */
+    {.name = "opt", .flags = FLM_ARCH_QKV_BIAS | FLM_ARCH_O_BIAS | FLM_ARCH_FFN_BIAS, .norm = FLM_NORM_LAYER,
+     .pos = FLM_POS_LEARNED, .act = FLM_ACT_RELU},
 };
 
 const flm_arch *flm_arch_find(const char *name) {
@@ -21,4 +26,4 @@ const flm_arch *flm_arch_find(const char *name) {
     return NULL;
 }
 
-const char *flm_arch_names(void) { return "llama, qwen2, gemma3"; }
+const char *flm_arch_names(void) { return "llama, qwen2, gemma3, opt"; }

@@ -45,6 +45,9 @@ enum {
     FLM_ARCH_PARALLEL = 1u << 5,   /* attention and FFN both read the layer's input: x += attn(norm(x)) +
                                       ffn(ffn_norm(x)) (GPT-J, Falcon, Phi-2), instead of the FFN reading x after the
                                       attention's residual */
+    FLM_ARCH_FFN_BIAS = 1u << 6,   /* blk.N.ffn_up.bias [d_ffn] and blk.N.ffn_down.bias [d_model], resident f32:
+                                      f = down(act(up h + b_up)) + b_down (OPT); the FFN sources add b_up per neuron
+                                      before the activation, the forward pass b_down after the FFN */
 };
 
 typedef struct flm_arch {

@@ -222,6 +222,10 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
         if (a->flags & FLM_ARCH_O_BIAS) {
             BIND_REQ(bo, "attn_output.bias", hp->d_model)
         }
+        if (a->flags & FLM_ARCH_FFN_BIAS) { /* resident in a .flm too (not FFN region data) */
+            BIND_REQ(ffn_up_b, "ffn_up.bias", hp->d_ffn)
+            BIND_REQ(ffn_down_b, "ffn_down.bias", hp->d_model)
+        }
         L->swa = a->swa_period && (l + 1) % a->swa_period != 0;
 #undef BIND
 #undef BIND_REQ

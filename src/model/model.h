@@ -49,6 +49,7 @@ typedef struct flm_layer_weights {
     flm_weight post_attn_norm, post_ffn_norm; /* FLM_ARCH_POST_NORMS: [d_model] each */
     flm_weight attn_norm_b, ffn_norm_b;   /* FLM_NORM_LAYER: the norms' biases, [d_model] each */
     flm_weight bo;                        /* FLM_ARCH_O_BIAS: [d_model] */
+    flm_weight ffn_up_b, ffn_down_b;      /* FLM_ARCH_FFN_BIAS: [d_ffn] (by neuron), [d_model]; resident in .flm too */
     bool swa;                             /* this layer uses sliding-window attention over the last n_swa tokens */
 } flm_layer_weights;
 

@@ -64,7 +64,8 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
         const flm_region *r = file->ffn[l];
         flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, r->up_type, r->gate_type, r->down_type, hp->gated);
         fl->desc[l] = (flm_bundle_desc){hp->d_model, r->up_type, r->gate_type, r->down_type, b.up_off, b.gate_off,
-                                        b.down_off, b.record_bytes, hp->gated, hp->act, 0.0f};
+                                        b.down_off, b.record_bytes, hp->gated, hp->act, 0.0f,
+                                        ctx->model->layers[l].ffn_up_b.data};
     }
     flm_reader_opts ro;
     flm_reader_opts_default(&ro);

@@ -13,7 +13,8 @@
  *     x_t      += post_attn_norm ? rmsnorm(a_t) * post_attn_norm : a_t
  *     h_t       = norm(x_t) * ffn_norm (+ ffn_norm_b)             parallel archs: of x_t before the line above
  *     f_t       = down(act(gate h_t) * (up h_t))                  act: SiLU, tanh-GELU or ReLU; ungated act(up h_t);
- *                                                                 by the mode's FFN source (ffn_source.h)
+ *                                                                 by the mode's FFN source (ffn_source.h);
+ *                                                                 FFN biases (OPT): up h_t + b_up, then f_t + b_down
  *     x_t      += post_ffn_norm ? rmsnorm(f_t) * post_ffn_norm : f_t
  *   logits_t = W_out (norm(x_t) * output_norm (+ output_norm_b))  every token's, or the last one's
  *
@@ -139,7 +140,7 @@ void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const flo
                         size_t out_stride, float *H, float *U) {
     const flm_hparams *hp = P->hp;
     const size_t F = hp->d_ffn, d = hp->d_model;
-    flm_pass_linear(P, &L->ffn_up, NULL, F, d, in, in_stride, U, F);
+    flm_pass_linear(P, &L->ffn_up, L->ffn_up_b.data ? &L->ffn_up_b : NULL, F, d, in, in_stride, U, F);
     if (hp->gated) flm_pass_linear(P, &L->ffn_gate, NULL, F, d, in, in_stride, H, F);
     flm_pass_ffn_act(hp, (size_t)P->n * F, H, U);
     flm_pass_linear(P, &L->ffn_down, NULL, d, F, H, F, out, out_stride);
@@ -253,6 +254,8 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         flm_pass_residual(&P, R->x, R->o, d, &L->post_attn_norm);
         if (!parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
         if ((st = ffn(ctx, l, n, pos, R->h, hs, R->o, tok, err))) return st;
+        if (L->ffn_down_b.data)
+            for (uint32_t t = 0; t < n; t++) add_bias(R->o + (size_t)t * d, &L->ffn_down_b, d);
         if (!all_finite(R->o, n * d)) return not_finite(ctx, "FFN", l, err);
         flm_pass_residual(&P, R->x, R->o, d, &L->post_ffn_norm);
     }

@@ -261,6 +261,9 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     uint32_t L = hp->n_layers, F = hp->d_ffn;
+    if (ctx->model->layers[0].ffn_up_b.data) /* the cache's rows would need their neurons' up biases */
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the sparse mode does not run FFNs with biases (%s) yet: use "
+                        "--mode ram, naive or hybrid", fl->file->path, hp->arch->name);
     flm_sparse *sp = calloc(1, sizeof *sp);
     if (!sp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->ffn_state = sp;
@@ -354,6 +357,7 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->ahead = ctx->params.no_read_ahead ? NULL : flm_async_read_start(fl->reader);
     for (uint32_t l = 0; l < L; l++) { /* every neuron read is computed exactly, except under a version-1 CATS rule */
         sp->desc[l] = fl->desc[l];
+        sp->desc[l].up_bias = NULL; /* cache rows are not neuron ids: FFN biases are refused above */
         sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
     }
     uint64_t per_layer = fl->plan.cache / L;
