@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
@@ -352,6 +353,12 @@ static int cmd_inspect(int argc, char **argv) {
 
 static const char *CONVERT_HELP =
     "usage: flashlm convert SRC.gguf OUT.flm [--force] [--down-type q8_0|f16|f32]\n"
+    "       flashlm convert HF_DIR OUT.flm|OUT.gguf [--type f32|f16|q8_0] [--tokenizer DIR] [--force] [--down-type ...]\n"
+    "\n"
+    "HF_DIR: a Hugging Face model folder (config.json, model.safetensors or sharded with model.safetensors.index.json,\n"
+    "tokenizer.json or vocab.json + merges.txt, or those in --tokenizer DIR); OPT only so far (pre-LN). Its matrices\n"
+    "are written as --type (default f16; norms and biases f32) into OUT.gguf, or into OUT.flm through a temporary\n"
+    "OUT.flm.hf.gguf.\n"
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
@@ -366,9 +373,18 @@ static int cmd_convert(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL};
     bool force = false;
     int np = 0;
-    uint32_t down_as = FLM_TYPE_Q8_0;
+    uint32_t down_as = FLM_TYPE_Q8_0, hf_type = FLM_TYPE_F16;
+    const char *tok_dir = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--force")) force = true;
+        else if (!strcmp(argv[i], "--tokenizer")) tok_dir = i + 1 < argc ? argv[++i] : "";
+        else if (!strcmp(argv[i], "--type")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "q8_0")) hf_type = FLM_TYPE_Q8_0;
+            else if (!strcmp(v, "f16")) hf_type = FLM_TYPE_F16;
+            else if (!strcmp(v, "f32")) hf_type = FLM_TYPE_F32;
+            else return cli_die("bad --type '%s' (f32, f16 or q8_0)", v);
+        }
         else if (!strcmp(argv[i], "--down-type")) {
             const char *v = i + 1 < argc ? argv[++i] : "";
             if (!strcmp(v, "q8_0")) down_as = FLM_TYPE_Q8_0;
@@ -384,12 +400,27 @@ static int cmd_convert(int argc, char **argv) {
     char model_buf[4096];
     const char *src = flm_cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
     if (!cli_may_write(dst, force)) return 1;
-    char tmp[4200];
+    char tmp[4200], hf_gguf[4200] = "";
+    flm_error err;
+    struct stat sb;
+    if (stat(paths[0], &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face folder */
+        size_t n = strlen(dst);
+        bool to_gguf = n >= 5 && !strcmp(dst + n - 5, ".gguf");
+        if (to_gguf) snprintf(hf_gguf, sizeof hf_gguf, "%s", dst);
+        else snprintf(hf_gguf, sizeof hf_gguf, "%s.hf.gguf", dst);
+        snprintf(tmp, sizeof tmp, "%s.tmp", hf_gguf);
+        cli_temp_register(tmp);
+        if (flm_convert_hf(paths[0], tok_dir, hf_gguf, hf_type, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        cli_temp_clear();
+        if (to_gguf) { fprintf(stderr, "flashlm: wrote %s\n", dst); return 0; }
+        src = hf_gguf;
+    }
     snprintf(tmp, sizeof tmp, "%s.tmp", dst); /* the only file convert writes besides dst */
     cli_temp_register(tmp);
-    flm_error err;
     flm_convert_info ci;
-    if (flm_convert_ex(src, dst, down_as, cli_progress, NULL, &ci, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    flm_status cst = flm_convert_ex(src, dst, down_as, cli_progress, NULL, &ci, &err);
+    if (hf_gguf[0]) unlink(hf_gguf);
+    if (cst) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_temp_clear();
     /* the summary comes from what was written: nothing is read back */
     double s = ci.seconds > 0 ? ci.seconds : 1e-9;

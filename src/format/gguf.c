@@ -760,6 +760,13 @@ flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t 
     return st;
 }
 
+flm_status flm_gguf_writer_kv_bool(flm_gguf_writer *w, const char *key, bool v) {
+    flm_status st = w_key(w, key, GGUF_VT_BOOL);
+    const uint8_t b = v ? 1 : 0;
+    if (st == FLM_OK && !w_put(w, &b, 1)) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
+    return st;
+}
+
 flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v) {
     uint32_t u;
     memcpy(&u, &v, sizeof u);

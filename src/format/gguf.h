@@ -113,6 +113,7 @@ flm_status flm_gguf_writer_create_stream(const char *name, flm_gguf_write_fn wri
                                          flm_error *err);
 flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t v);
 flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v);
+flm_status flm_gguf_writer_kv_bool(flm_gguf_writer *w, const char *key, bool v);
 flm_status flm_gguf_writer_kv_str(flm_gguf_writer *w, const char *key, const char *v);
 /* Arrays: elem_type UINT8..FLOAT64 except STRING/ARRAY take n raw elements from data; STRING takes n C strings. */
 flm_status flm_gguf_writer_kv_arr(flm_gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n);
