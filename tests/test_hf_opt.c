@@ -1,0 +1,302 @@
+/* test_hf_opt.c — OPT from a Hugging Face folder (issue 22), exact against transformers.
+ *
+ * tests/data/hf-tiny/opt-125m-style: a pre-LN OPT (d_model 64, 3 layers, 4 heads, d_ffn 256, vocab 1024, random
+ * weights N(0, 0.08)) saved by transformers 5.24 / torch 2.15 with its own forward pass's answers in reference.json
+ * (tests/data/README.md). `flm_convert_hf` writes its GGUF (src/convert/hf.c), `flm_convert` the .flm; then, with an
+ * f32 KV cache:
+ *   - the prompt's last logits: max_i |got_i - ref_i| / max_i |ref_i| <= 1e-4 (the infinity norm of the error
+ *     relative to the infinity norm of the reference), in every mode;
+ *   - the 16 greedy ids equal reference.json's greedy_ids;
+ * in ram mode from the GGUF (dense FFN with biases) and ram, naive, hybrid from the .flm (bundles with the up bias
+ * per neuron). The sparse mode refuses FFN biases with a clear message. The tokenizer (tokenizer/tokenizer.json)
+ * gives every string of tokenize.json its ids. The safetensors parser refuses bad headers, naming file and tensor. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "flashlm.h"
+#include "flashlm_tools.h"
+#include "format/safetensors.h"
+#include "testutil.h"
+
+static char gguf[4096], flm[4096];
+static int32_t prompt[64], greedy[16];
+static int n_prompt, n_greedy;
+static float ref_logits[1024];
+static int n_ref;
+
+static cJSON *read_json(const char *path) {
+    size_t len = 0;
+    uint8_t *b = tu_read_file(path, &len);
+    cJSON *j = cJSON_ParseWithLength((const char *)b, len);
+    free(b);
+    return j;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(gguf, sizeof gguf, "%s", tu_tmp("hf-opt", ".gguf"));
+    snprintf(flm, sizeof flm, "%s", tu_tmp("hf-opt", ".flm"));
+    char dir[4096], tok[4096];
+    snprintf(dir, sizeof dir, "%s", tu_data("hf-tiny/opt-125m-style"));
+    snprintf(tok, sizeof tok, "%s", tu_data("hf-tiny/tokenizer"));
+    flm_error err;
+    if (flm_convert_hf(dir, tok, gguf, FLM_TYPE_F32, &err)) return fprintf(stderr, "convert_hf: %s\n", err.msg), -1;
+    if (flm_convert_ex(gguf, flm, FLM_TYPE_F32, NULL, NULL, NULL, &err))
+        return fprintf(stderr, "convert: %s\n", err.msg), -1;
+    cJSON *r = read_json(tu_data("hf-tiny/opt-125m-style/reference.json"));
+    if (!r) return -1;
+    const cJSON *p = cJSON_GetObjectItem(r, "prompt_ids"), *g = cJSON_GetObjectItem(r, "greedy_ids"),
+                *l = cJSON_GetObjectItem(r, "prompt_last_logits");
+    for (const cJSON *e = p->child; e && n_prompt < 64; e = e->next) prompt[n_prompt++] = e->valueint;
+    for (const cJSON *e = g->child; e && n_greedy < 16; e = e->next) greedy[n_greedy++] = e->valueint;
+    for (const cJSON *e = l->child; e && n_ref < 1024; e = e->next) ref_logits[n_ref++] = (float)e->valuedouble;
+    cJSON_Delete(r);
+    return n_prompt > 0 && n_greedy == 16 && n_ref == 1024 ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(gguf);
+    remove(flm);
+    return 0;
+}
+
+static flm_ctx *open_model(const char *path, flm_mode mode, uint64_t mem, flm_error *err) {
+    flm_params p;
+    flm_params_default(&p);
+    p.kv_f32 = true;
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    p.mode = mode;
+    p.mem_bytes = mem;
+    flm_ctx *ctx = NULL;
+    if (flm_open(path, &p, &ctx, err)) return NULL;
+    return ctx;
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+/* The prompt's last logits against the reference, then 16 greedy steps. */
+static void check_model(const char *path, flm_mode mode, uint64_t mem, const char *what) {
+    flm_error err;
+    flm_ctx *ctx = open_model(path, mode, mem, &err);
+    if (!ctx) fail_msg("flm_open(%s, %s): %s", path, what, err.msg);
+    assert_int_equal(flm_vocab_size(ctx), 1024);
+    const float *logits = NULL;
+    if (flm_eval_batch(ctx, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err)) fail_msg("eval: %s", err.msg);
+    double num = 0, den = 0;
+    for (int i = 0; i < n_ref; i++) {
+        double d = fabs((double)logits[i] - ref_logits[i]);
+        if (d > num) num = d;
+        if (fabs(ref_logits[i]) > den) den = fabs(ref_logits[i]);
+    }
+    print_message("%s: prompt's last logits: max|err| %.3g, max|ref| %.3g, relative %.3g\n", what, num, den, num / den);
+    assert_true(num / den <= 1e-4);
+    int32_t pos = n_prompt, got[16];
+    for (int s = 0; s < 16; s++) {
+        got[s] = argmax(logits, n_ref);
+        if (s < 15 && flm_eval(ctx, got[s], pos++, &logits, &err)) fail_msg("eval: %s", err.msg);
+    }
+    for (int s = 0; s < 16; s++)
+        if (got[s] != greedy[s]) fail_msg("%s: greedy step %d: id %d, transformers %d", what, s, got[s], greedy[s]);
+    flm_close(ctx);
+}
+
+static void test_ram_gguf(void **state) {
+    (void)state;
+    check_model(gguf, FLM_MODE_AUTO, 0, "GGUF (mapped, dense FFN)");
+}
+
+static void test_flm_modes(void **state) {
+    (void)state;
+    check_model(flm, FLM_MODE_RAM, 0, ".flm ram");
+    check_model(flm, FLM_MODE_NAIVE, 4u << 20, ".flm naive");
+    check_model(flm, FLM_MODE_HYBRID, 4u << 20, ".flm hybrid");
+}
+
+/* f16 and q8_0 matrices: near the reference (not exact), the same first greedy id. */
+static void test_f16_q8_0(void **state) {
+    (void)state;
+    const uint32_t types[] = {FLM_TYPE_F16, FLM_TYPE_Q8_0};
+    for (int i = 0; i < 2; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s", tu_tmp("hf-opt-t", ".gguf"));
+        flm_error err;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", tu_data("hf-tiny/opt-125m-style"));
+        if (flm_convert_hf(dir, NULL, path, types[i], &err)) fail_msg("convert_hf: %s", err.msg);
+        flm_ctx *ctx = open_model(path, FLM_MODE_AUTO, 0, &err);
+        if (!ctx) fail_msg("open: %s", err.msg);
+        const float *logits = NULL;
+        if (flm_eval_batch(ctx, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err)) fail_msg("eval: %s", err.msg);
+        double num = 0, den = 0;
+        for (int j = 0; j < n_ref; j++) {
+            double d = fabs((double)logits[j] - ref_logits[j]);
+            if (d > num) num = d;
+            if (fabs(ref_logits[j]) > den) den = fabs(ref_logits[j]);
+        }
+        print_message("%s: relative max error %.3g\n", i ? "q8_0" : "f16", num / den);
+        assert_true(num / den < 0.05);
+        assert_int_equal(argmax(logits, n_ref), greedy[0]);
+        flm_close(ctx);
+        remove(path);
+    }
+}
+
+static void test_sparse_refused(void **state) {
+    (void)state;
+    flm_error err;
+    flm_ctx *ctx = open_model(flm, FLM_MODE_SPARSE, 4u << 20, &err);
+    assert_null(ctx);
+    print_message("sparse: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "sparse"));
+}
+
+/* tokenizer.json's ids of every string of tokenize.json (as transformers gives them: no BOS, specials parsed). */
+static void test_tokenizer(void **state) {
+    (void)state;
+    flm_error err;
+    flm_ctx *ctx = open_model(gguf, FLM_MODE_AUTO, 0, &err);
+    if (!ctx) fail_msg("open: %s", err.msg);
+    cJSON *cases = read_json(tu_data("hf-tiny/tokenizer/tokenize.json"));
+    assert_non_null(cases);
+    int n_cases = 0;
+    for (const cJSON *c = cases->child; c; c = c->next, n_cases++) {
+        const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        const cJSON *ids = cJSON_GetObjectItem(c, "ids");
+        int32_t got[256];
+        size_t n = flm_tokenize_ex(ctx, text, strlen(text), FLM_TOKENIZE_PARSE_SPECIAL, got, 256);
+        size_t want = (size_t)cJSON_GetArraySize(ids);
+        if (n != want) fail_msg("'%s': %zu ids, transformers %zu", text, n, want);
+        size_t i = 0;
+        for (const cJSON *e = ids->child; e; e = e->next, i++)
+            if (got[i] != e->valueint) fail_msg("'%s': id %zu is %d, transformers %d", text, i, got[i], e->valueint);
+    }
+    assert_true(n_cases >= 7);
+    /* OPT prepends its BOS </s> (id 2) when asked for the model's specials */
+    int32_t ids[8];
+    size_t n = flm_tokenize_ex(ctx, "<|endoftext|>", 13, FLM_TOKENIZE_ADD_SPECIAL | FLM_TOKENIZE_PARSE_SPECIAL, ids,
+                               8);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 2);
+    assert_int_equal(ids[1], 0);
+    cJSON_Delete(cases);
+    flm_close(ctx);
+}
+
+/* ---- the safetensors parser on bad input ---------------------------------------------------------------------- */
+
+/* A file of header h (JSON) and data_bytes zero bytes. */
+static uint8_t *make_st(const char *h, size_t data_bytes, size_t *len) {
+    size_t hl = strlen(h);
+    *len = 8 + hl + data_bytes;
+    uint8_t *b = calloc(1, *len);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(b + 8, h, hl);
+    return b;
+}
+
+static void expect_error(const uint8_t *b, size_t len, const char *needle) {
+    flm_st_file *f = NULL;
+    flm_error err;
+    flm_status st = flm_st_open_buffer("bad.safetensors", b, len, &f, &err);
+    assert_int_not_equal(st, FLM_OK);
+    assert_null(f);
+    print_message("  %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "bad.safetensors"));
+    if (!strstr(err.msg, needle)) fail_msg("'%s' does not say '%s'", err.msg, needle);
+}
+
+static void test_safetensors_bad(void **state) {
+    (void)state;
+    size_t len;
+    uint8_t *b = make_st("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", 16, &len);
+    flm_st_file *f = NULL;
+    flm_error err;
+    assert_int_equal(flm_st_open_buffer("good.safetensors", b, len, &f, &err), FLM_OK);
+    assert_int_equal(f->n_tensors, 1);
+    assert_int_equal(f->tensors[0].shape[1], 2);
+    assert_ptr_equal(f->tensors[0].data, b + len - 16);
+    flm_st_close(f);
+    expect_error(b, 5, "truncated");              /* shorter than the length */
+    expect_error(b, len - 20, "truncated");       /* header cut */
+    expect_error(b, len - 1, "'w'");              /* data cut: offsets past the end, naming the tensor */
+    free(b);
+    b = make_st("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,64]}}", 16, &len);
+    expect_error(b, len, "past the end");
+    free(b);
+    b = make_st("{\"w\":{\"dtype\":\"F16\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", 16, &len);
+    expect_error(b, len, "shape x F16 is 8 bytes"); /* dtype/shape against the byte length */
+    free(b);
+    b = make_st("{\"w\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16, &len);
+    expect_error(b, len, "I64");
+    free(b);
+    b = make_st("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, &len);
+    expect_error(b, len, "overlap");
+    free(b);
+    b = make_st("{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 16, &len);
+    expect_error(b, len, "shape[0]");
+    free(b);
+    b = make_st("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 16, &len);
+    expect_error(b, len, "begin after");
+    free(b);
+    b = make_st("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 16, &len); /* no closing brace */
+    expect_error(b, len, "JSON");
+    free(b);
+    uint8_t huge[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'};
+    expect_error(huge, sizeof huge, "header length");
+}
+
+/* A folder that is not pre-LN OPT is refused with the reason. */
+static void test_config_refused(void **state) {
+    (void)state;
+    char dir[4096], cfg[4200];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-post-ln", ""));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    size_t len;
+    uint8_t *c = tu_read_file(tu_data("hf-tiny/opt-125m-style/config.json"), &len);
+    char *s = malloc(len + 1);
+    memcpy(s, c, len);
+    s[len] = 0;
+    char *p = strstr(s, "\"do_layer_norm_before\": true");
+    assert_non_null(p);
+    char *t = malloc(len + 2);
+    size_t head = (size_t)(p - s) + strlen("\"do_layer_norm_before\": ");
+    memcpy(t, s, head);
+    memcpy(t + head, "false", 5);
+    memcpy(t + head + 5, s + head + 4, len - head - 4); /* "true" -> "false" */
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    tu_write_file(cfg, t, len + 1);
+    free(t);
+    flm_error err;
+    char out[4096];
+    snprintf(out, sizeof out, "%s", tu_tmp("hf-post-ln", ".gguf"));
+    assert_int_not_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, &err), FLM_OK);
+    print_message("post-LN: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "do_layer_norm_before"));
+    remove(cfg);
+    rmdir(dir);
+    free(s);
+    free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ram_gguf),       cmocka_unit_test(test_flm_modes),
+        cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_sparse_refused),
+        cmocka_unit_test(test_tokenizer),      cmocka_unit_test(test_safetensors_bad),
+        cmocka_unit_test(test_config_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
