@@ -194,6 +194,33 @@ static void test_tokenizer(void **state) {
     flm_close(ctx);
 }
 
+/* The CLI: `flashlm convert HF_DIR OUT.flm`, then `run --prompt-ids ... --print-ids` prints transformers' ids. */
+static void test_cli_prompt_ids(void **state) {
+    (void)state;
+    char out[4096], args[16384], ids[512] = "", want[512] = "";
+    snprintf(out, sizeof out, "%s", tu_tmp("hf-opt-cli", ".flm"));
+    char dir[4096], tok[4096];
+    snprintf(dir, sizeof dir, "%s", tu_data("hf-tiny/opt-125m-style"));
+    snprintf(tok, sizeof tok, "%s", tu_data("hf-tiny/tokenizer"));
+    snprintf(args, sizeof args, "convert '%s' '%s' --type f32 --tokenizer '%s' 2>&1", dir, out, tok);
+    char *text = NULL;
+    int rc = tu_run_cli(args, &text);
+    if (rc) fail_msg("convert: exit %d: %s", rc, text);
+    free(text);
+    for (int i = 0; i < n_prompt; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? "," : "", prompt[i]);
+    for (int i = 0; i < 16; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", greedy[i]);
+    snprintf(args, sizeof args, "run -m '%s' --prompt-ids %s --print-ids --temp 0 -n 16 --kv-f32 --mode naive "
+             "--mem 4M 2>/dev/null", out, ids);
+    rc = tu_run_cli(args, &text);
+    assert_int_equal(rc, 0);
+    size_t n = strlen(text);
+    while (n && (text[n - 1] == '\n' || text[n - 1] == ' ')) text[--n] = 0;
+    print_message("cli: %s\n", text);
+    assert_string_equal(text, want);
+    free(text);
+    remove(out);
+}
+
 /* ---- the safetensors parser on bad input ---------------------------------------------------------------------- */
 
 /* A file of header h (JSON) and data_bytes zero bytes. */
@@ -296,7 +323,7 @@ int main(void) {
         cmocka_unit_test(test_ram_gguf),       cmocka_unit_test(test_flm_modes),
         cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_sparse_refused),
         cmocka_unit_test(test_tokenizer),      cmocka_unit_test(test_safetensors_bad),
-        cmocka_unit_test(test_config_refused),
+        cmocka_unit_test(test_config_refused), cmocka_unit_test(test_cli_prompt_ids),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

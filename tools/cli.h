@@ -106,6 +106,9 @@ typedef struct cli_gen {
     int32_t n_keep;        /* positions kept at the start (BOS, a system prompt) */
     long n_shifts;         /* shifts done, and the tokens they discarded */
     long n_discarded;
+    bool print_ids;        /* --print-ids: cli_gen_reply prints each sampled id ("17,33,...": one line, an
+                              end-of-generation id included) instead of its text */
+    long n_printed;        /* ids printed so far (print_ids) */
 } cli_gen;
 /* Make room for n more tokens: true when pos + n <= n_ctx, or after a context shift made it so (g->shift: discard
  * half of positions [n_keep, pos), or more when n needs it, as llama.cpp's --context-shift). false when the context

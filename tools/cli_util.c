@@ -579,8 +579,12 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     while (r->n_gen < n_predict && g->logits) {
         int32_t next = flm_sampler_sample(g->smp, g->logits);
         r->n_gen++;
+        if (g->print_ids) {
+            printf("%s%d", g->n_printed++ ? "," : "", (int)next);
+            fflush(stdout);
+        }
         if (flm_token_is_eog(g->ctx, next)) { r->eog = true; break; }
-        if (!emit_token(&e, g->last, next)) {
+        if (!g->print_ids && !emit_token(&e, g->last, next)) {
             fprintf(stderr, "\nflashlm: out of memory\n");
             return 1;
         }

@@ -104,6 +104,8 @@ static const char *RUN_HELP =
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
     "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
     "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
+    "      --prompt-ids IDS the prompt as token ids, comma-separated (\"2,17,33\"; no BOS added), instead of -p\n"
+    "      --print-ids      print the generated ids (one line, comma-separated) instead of their text\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token, and\n"
     "                       when the context (-c) is full, with a message, unless --context-shift)\n";
 static const char *RUN_HELP_MORE =
@@ -128,6 +130,9 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
                           const char *system, long n_predict, bool per_token, bool verbose, const char *stats_json,
                           flm_params *params_in, const flm_sampler_params *sp_in, const cli_spec_args *sa,
                           const cli_shift_opts *shift);
+/* --prompt-ids / --print-ids (issue 22: compare with other engines id for id) */
+static const char *run_prompt_ids;
+static bool run_print_ids;
 static cli_spec_session run_spec; /* run's speculative decoding (large: a path buffer) */
 
 static int cmd_run(int argc, char **argv) {
@@ -159,6 +164,8 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; }
+        else if (!strcmp(a, "--prompt-ids")) { NEEDVAL(); run_prompt_ids = val; }
+        else if (!strcmp(a, "--print-ids")) { run_print_ids = true; }
         else if (!strcmp(a, "--chat")) { chat = true; }
         else if (!strcmp(a, "--chat-template")) {
             NEEDVAL();
@@ -176,6 +183,8 @@ static int cmd_run(int argc, char **argv) {
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
     if (cli_spec_args_check(&sa)) return 2;
+    if ((run_prompt_ids || run_print_ids) && (chat || sa.draft || sa.ngram))
+        return cli_die("%s", "--prompt-ids and --print-ids do not go with --chat or drafting");
     char *prompt_buf = NULL; /* -f: the prompt's text, any length (an argument is limited by ARG_MAX) */
     if (prompt_file) {
         if (!(prompt_buf = cli_read_text(prompt_file))) return 1;
@@ -235,6 +244,25 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
                            &n_prompt);
         free(text);
         if (!ids) { flm_close(ctx); return 1; }
+    } else if (run_prompt_ids) { /* "2,17,33": the ids as they are (no BOS added) */
+        size_t cap = 1;
+        for (const char *c = run_prompt_ids; *c; c++) cap += *c == ',';
+        ids = malloc(cap * sizeof *ids);
+        const char *c = run_prompt_ids;
+        while (ids && *c) {
+            char *end;
+            errno = 0;
+            long v = strtol(c, &end, 10);
+            if (end == c || errno || v < 0 || v >= (long)flm_vocab_size(ctx) || (*end && *end != ',')) {
+                fprintf(stderr, "flashlm: --prompt-ids: '%s' is not a comma-separated list of ids below %u\n",
+                        run_prompt_ids, flm_vocab_size(ctx));
+                free(ids);
+                flm_close(ctx);
+                return 1;
+            }
+            ids[n_prompt++] = (int32_t)v;
+            c = *end ? end + 1 : end;
+        }
     } else {
         ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     }
@@ -261,7 +289,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     }
     flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
     /* echo the prompt the way it decodes (a chat reply stands alone) */
-    for (size_t i = 0; i < n_prompt && !chat; i++) {
+    for (size_t i = 0; i < n_prompt && !chat && !run_print_ids; i++) {
         if (i == 0 && ids[0] == info.bos) continue; /* BOS prints nothing; without one the first token is text */
         size_t len;
         const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
@@ -273,7 +301,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
     cli_gen gen = {.ctx = ctx, .smp = smp, .n_ctx = info.n_ctx, .last = -1,
-                   .spec = ss->spec};
+                   .spec = ss->spec, .print_ids = run_print_ids};
     /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
     long keep = shift->keep == -1 ? (long)n_prompt : shift->keep < 0 ? 0 : shift->keep;
     keep += n_prompt && ids[0] == info.bos && shift->keep != -1;
