@@ -159,7 +159,14 @@ static void test_sparse_refused(void **state) {
     flm_ctx *ctx = open_model(flm, FLM_MODE_SPARSE, 4u << 20, &err);
     assert_null(ctx);
     print_message("sparse: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "sparse"));
+    assert_non_null(strstr(err.msg, "sparse mode does not run FFNs with biases"));
+    /* nor can it be calibrated: the predictors would learn activations without the up bias */
+    flm_calib_opts o;
+    flm_calib_opts_default(&o);
+    o.text = "Hello world, once upon a time";
+    assert_int_equal(flm_calib_run(flm, &o, false, NULL, &err), FLM_ERR_UNSUPPORTED);
+    print_message("calibrate: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "biases"));
 }
 
 /* tokenizer.json's ids of every string of tokenize.json (as transformers gives them: no BOS, specials parsed). */

@@ -573,6 +573,11 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
         goto done;
     }
+    if (ctx->model->layers[0].ffn_up_b.data) { /* the sparse mode does not run them yet (runtime/sparse.c) */
+        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: calibrate does not support FFNs with biases (%s) yet", path,
+                      hp->arch->name);
+        goto done;
+    }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
     L_all = L;
     bool relu = hp->act == FLM_ACT_RELU;

@@ -137,6 +137,9 @@ static uint64_t batch_bytes(const flm_hparams *hp, uint32_t n_batch) {
  * caches (split over the layers at open). */
 static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
                               flm_error *err) {
+    if (hp->arch->flags & FLM_ARCH_FFN_BIAS) /* the cache's rows would need their neurons' up biases */
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the sparse mode does not run FFNs with biases (%s) yet: use "
+                        "--mode ram, naive or hybrid", f->path, hp->arch->name);
     if (!f->predictor)
         return flm_fail(err, FLM_ERR_ARG, "%s: --mode sparse needs predictors: run `flashlm calibrate %s --text "
                         "FILE` first", f->path, f->path);
@@ -261,9 +264,6 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     uint32_t L = hp->n_layers, F = hp->d_ffn;
-    if (ctx->model->layers[0].ffn_up_b.data) /* the cache's rows would need their neurons' up biases */
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the sparse mode does not run FFNs with biases (%s) yet: use "
-                        "--mode ram, naive or hybrid", fl->file->path, hp->arch->name);
     flm_sparse *sp = calloc(1, sizeof *sp);
     if (!sp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->ffn_state = sp;
@@ -357,7 +357,7 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->ahead = ctx->params.no_read_ahead ? NULL : flm_async_read_start(fl->reader);
     for (uint32_t l = 0; l < L; l++) { /* every neuron read is computed exactly, except under a version-1 CATS rule */
         sp->desc[l] = fl->desc[l];
-        sp->desc[l].up_bias = NULL; /* cache rows are not neuron ids: FFN biases are refused above */
+        sp->desc[l].up_bias = NULL; /* cache rows are not neuron ids: FFN biases are refused (sparse_plan) */
         sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
     }
     uint64_t per_layer = fl->plan.cache / L;
