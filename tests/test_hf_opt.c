@@ -228,6 +228,98 @@ static void test_cli_prompt_ids(void **state) {
     remove(out);
 }
 
+/* Write tensors [i0, i1) of f as a safetensors file at path (f32/f16/bf16 as they are; offsets in order). */
+static void write_shard(const flm_st_file *f, uint64_t i0, uint64_t i1, const char *path) {
+    cJSON *h = cJSON_CreateObject();
+    uint64_t off = 0;
+    for (uint64_t i = i0; i < i1; i++) {
+        const flm_st_tensor *t = &f->tensors[i];
+        cJSON *e = cJSON_AddObjectToObject(h, t->name);
+        cJSON_AddStringToObject(e, "dtype", "F32");
+        assert_int_equal(t->type, FLM_TYPE_F32);
+        cJSON *shape = cJSON_AddArrayToObject(e, "shape");
+        for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON *o = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + t->nbytes)));
+        off += t->nbytes;
+    }
+    char *js = cJSON_PrintUnformatted(h);
+    size_t hl = strlen(js), len = 8 + hl + off;
+    uint8_t *b = malloc(len);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(b + 8, js, hl);
+    uint8_t *p = b + 8 + hl;
+    for (uint64_t i = i0; i < i1; i++) {
+        memcpy(p, f->tensors[i].data, f->tensors[i].nbytes);
+        p += f->tensors[i].nbytes;
+    }
+    tu_write_file(path, b, len);
+    free(b);
+    free(js);
+    cJSON_Delete(h);
+}
+
+/* The same model in two shards named by model.safetensors.index.json converts to the same GGUF bytes; a weight_map
+ * that puts a tensor in the wrong shard is refused, naming it. */
+static void test_sharded(void **state) {
+    (void)state;
+    flm_st_file *f = NULL;
+    flm_error err;
+    if (flm_st_open(tu_data("hf-tiny/opt-125m-style/model.safetensors"), &f, &err)) fail_msg("%s", err.msg);
+    char dir[4096], path[4300], out[4096];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-sharded", ""));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    const uint64_t half = f->n_tensors / 2;
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    write_shard(f, 0, half, path);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+    write_shard(f, half, f->n_tensors, path);
+    for (int bad = 0; bad < 2; bad++) {
+        cJSON *idx = cJSON_CreateObject(), *wm = cJSON_AddObjectToObject(idx, "weight_map");
+        for (uint64_t i = 0; i < f->n_tensors; i++)
+            cJSON_AddStringToObject(wm, f->tensors[i].name, (i < half) != (bad && i == 0)
+                                                                ? "model-00001-of-00002.safetensors"
+                                                                : "model-00002-of-00002.safetensors");
+        char *js = cJSON_Print(idx);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        tu_write_file(path, js, strlen(js));
+        free(js);
+        cJSON_Delete(idx);
+        size_t len;
+        uint8_t *cfg = tu_read_file(tu_data("hf-tiny/opt-125m-style/config.json"), &len);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        tu_write_file(path, cfg, len);
+        free(cfg);
+        snprintf(out, sizeof out, "%s", tu_tmp("hf-sharded", ".gguf"));
+        char tok[4096];
+        snprintf(tok, sizeof tok, "%s", tu_data("hf-tiny/tokenizer"));
+        flm_status st = flm_convert_hf(dir, tok, out, FLM_TYPE_F32, &err);
+        if (bad) {
+            assert_int_equal(st, FLM_ERR_FORMAT);
+            print_message("bad weight_map: %s\n", err.msg);
+            assert_non_null(strstr(err.msg, f->tensors[0].name));
+            continue;
+        }
+        if (st) fail_msg("convert_hf (sharded): %s", err.msg);
+        size_t na, nb;
+        uint8_t *a = tu_read_file(out, &na), *b = tu_read_file(gguf, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na);
+        free(a);
+        free(b);
+        remove(out);
+    }
+    const char *names[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json", "config.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        remove(path);
+    }
+    rmdir(dir);
+    flm_st_close(f);
+}
+
 /* ---- the safetensors parser on bad input ---------------------------------------------------------------------- */
 
 /* A file of header h (JSON) and data_bytes zero bytes. */
@@ -331,6 +423,7 @@ int main(void) {
         cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_sparse_refused),
         cmocka_unit_test(test_tokenizer),      cmocka_unit_test(test_safetensors_bad),
         cmocka_unit_test(test_config_refused), cmocka_unit_test(test_cli_prompt_ids),
+        cmocka_unit_test(test_sharded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -260,8 +260,8 @@ static flm_status want(const flm_st_set *s, const char *dir, const char *name, u
         for (uint32_t i = 0; i < t->n_dims && i < 4; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", i ? ", " : "", (ull)t->shape[i]);
         if (cols)
-            return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%llu, %llu]", t->name,
-                            name, got, (ull)rows, (ull)cols);
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%llu, %llu]", dir, name,
+                            got, (ull)rows, (ull)cols);
         return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%llu]", dir, name, got,
                         (ull)rows);
     }
