@@ -436,6 +436,11 @@ static int cmd_convert(int argc, char **argv) {
         bool to_gguf = n >= 5 && !strcmp(dst + n - 5, ".gguf");
         if (to_gguf) snprintf(hf_gguf, sizeof hf_gguf, "%s", dst);
         else snprintf(hf_gguf, sizeof hf_gguf, "%s.hf.gguf", dst);
+        if (!to_gguf && access(hf_gguf, F_OK) == 0) { /* the intermediate file: never someone else's */
+            fprintf(stderr, "flashlm: %s exists: convert writes its intermediate GGUF there and removes it; move or "
+                    "remove that file first\n", hf_gguf);
+            return 1;
+        }
         snprintf(tmp, sizeof tmp, "%s.tmp", hf_gguf);
         cli_temp_register(tmp);
         if (flm_convert_hf(paths[0], tok_dir, hf_gguf, hf_type, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
