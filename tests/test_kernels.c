@@ -118,15 +118,52 @@ static void test_tables(void **state) {
     assert_non_null(b);
     assert_string_equal(s->name, "scalar");
     assert_ptr_equal(b, flm_kernels_best()); /* cached */
-    const char *env = getenv("FLM_KERNELS");
-    if (env && strcmp(env, "scalar") == 0) assert_ptr_equal(b, s);
-    else if (a) assert_ptr_equal(b, a);
-    else assert_ptr_equal(b, s);
+    /* the best table: the CPU's level, or FLASHLM_KERNELS's (FLM_KERNELS when unset) capped at it */
+    const char *env = getenv("FLASHLM_KERNELS");
+    if (!env) env = getenv("FLM_KERNELS");
+    const int want = flm_kernel_level_parse(env);
+    const flm_kernel_level cpu = flm_kernels_cpu_level();
+    assert_ptr_equal(b, flm_kernels_for_level(want >= 0 && (flm_kernel_level)want < cpu ? (flm_kernel_level)want : cpu));
+    print_message("kernel levels: this CPU's best is %s; the best table is %s\n", flm_kernel_level_name(cpu), b->name);
+    /* levels: names round-trip; every level up to the CPU's exists and is named for its level, none above */
+    for (int l = 0; l < FLM_KERNELS_N_LEVELS; l++) {
+        assert_int_equal(flm_kernel_level_parse(flm_kernel_level_name((flm_kernel_level)l)), l);
+        const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l);
+        if ((flm_kernel_level)l <= cpu) {
+            assert_non_null(t);
+            assert_string_equal(t->name, flm_kernel_level_name((flm_kernel_level)l));
+            assert_ptr_equal(t, flm_kernels_for_level((flm_kernel_level)l)); /* built once */
+        } else {
+            assert_null(t);
+        }
+    }
+    assert_int_equal(flm_kernel_level_parse("AVX2"), -1);
+    assert_int_equal(flm_kernel_level_parse(""), -1);
+    assert_int_equal(flm_kernel_level_parse(NULL), -1);
+    assert_null(flm_kernel_level_name(FLM_KERNELS_N_LEVELS));
+    assert_null(flm_kernels_for_level(FLM_KERNELS_N_LEVELS));
+    assert_ptr_equal(flm_kernels_for_level(FLM_KERNELS_SCALAR), s);
+    assert_ptr_equal(flm_kernels_for_level(FLM_KERNELS_AVX2), a);
+    /* each level above avx2 overrides the int8 dot products of the real models' types (and keeps the rest) */
+    static const uint32_t wide[] = {FLM_TYPE_Q8_0, FLM_TYPE_Q4_0, FLM_TYPE_Q4_1, FLM_TYPE_Q5_0,
+                                    FLM_TYPE_Q5_1, FLM_TYPE_Q4_K, FLM_TYPE_Q6_K};
+    for (int l = FLM_KERNELS_AVX512; l < FLM_KERNELS_N_LEVELS; l++) {
+        const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l), *below = flm_kernels_for_level(l - 1);
+        if (!t) continue;
+        for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) assert_true(t->vec_dot[wide[i]] != below->vec_dot[wide[i]]);
+        assert_true(t->vec_dot[FLM_TYPE_Q5_K] == below->vec_dot[FLM_TYPE_Q5_K]); /* the level below's */
+        assert_true(t->dot[FLM_TYPE_Q4_K] == below->dot[FLM_TYPE_Q4_K]);
+    }
     if (a) assert_string_equal(a->name, "avx2");
     else print_message("avx2 kernels unavailable on this build/CPU\n");
-    const flm_kernels *tabs[2] = {s, a};
-    for (int k = 0; k < 2; k++) {
+    const flm_kernels *tabs[FLM_KERNELS_N_LEVELS];
+    for (int l = 0; l < FLM_KERNELS_N_LEVELS; l++) tabs[l] = flm_kernels_for_level((flm_kernel_level)l);
+    for (int k = 0; k < FLM_KERNELS_N_LEVELS; k++) {
         if (!tabs[k]) continue;
+        assert_non_null(tabs[k]->attn_scores_f16);
+        assert_non_null(tabs[k]->attn_values_f16);
+        for (uint32_t at = FLM_TYPE_Q8_0; at <= FLM_TYPE_Q8_K; at++)
+            if (at == FLM_TYPE_Q8_0 || at == FLM_TYPE_Q8_1 || at == FLM_TYPE_Q8_K) assert_non_null(tabs[k]->act_quantize[at]);
         for (size_t i = 0; i < N_TYPES; i++) assert_true(flm_type_supported(all_types[i]));
         /* every supported type has every kernel (a SIMD table falls back to scalar, never NULL); unknown ids none */
         for (uint32_t t = 0; t < FLM_N_TYPES; t++) {
@@ -216,6 +253,171 @@ static void test_simd_vs_scalar(void **state) {
             }
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Every kernel level against the scalar reference. Levels are selected with flm_kernels_for_level, the forcing
+ * FLASHLM_KERNELS uses; a level this CPU lacks is reported as skipped. On random rows of every type and length:
+ *   - dequant: bit for bit the scalar's (every conversion is exact);
+ *   - act_quantize (q8_0, q8_1, q8_k): the whole activation buffer (blocks and float/int tails), byte for byte;
+ *   - vec_dot (int8 products, then the float scales): within 2e-6 * sum |w_i * xq_i| of the scalar (the integer
+ *     sums are exact at every level; only the float accumulation order differs), and, at the levels above avx2, bit
+ *     for bit the avx2 kernel's float (they form the same integer sums and then the same float operations, so any
+ *     error in the integer part shows as a difference);
+ *   - dot (float x) within 1e-5 * sum |w_i * x_i|, axpy within 1e-6 per element (fma against mul + add);
+ *   - attention over an f16 cache: bit for bit (kernels.h orders every sum).
+ * ------------------------------------------------------------------------------------------------------------- */
+static void check_level(flm_kernel_level L) {
+    const flm_kernels *k = flm_kernels_for_level(L), *s = flm_kernels_scalar();
+    const flm_kernels *a2 = flm_kernels_for_level(FLM_KERNELS_AVX2);
+    if (!k) {
+        print_message("skipped: this CPU lacks the %s kernel level (its best: %s)\n", flm_kernel_level_name(L),
+                      flm_kernel_level_name(flm_kernels_cpu_level()));
+        skip();
+    }
+    assert_string_equal(k->name, flm_kernel_level_name(L));
+    uint64_t rng = 4242 + (uint64_t)L;
+    size_t n_vdot = 0, n_bitsame = 0;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = all_types[ti], at = flm_type_traits_of(t)->vec_dot_type;
+        const size_t *lens;
+        size_t nl;
+        lens_for(t, &lens, &nl);
+        for (size_t li = 0; li < nl; li++) {
+            const size_t n = lens[li];
+            if (n == 0) continue;
+            for (int rep = 0; rep < 4; rep++) {
+                void *rb, *xb, *yb;
+                const void *row = rand_row(t, n, &rng, &rb);
+                const float *x = rand_vec(n, &rng, rep == 3 ? 100.0f : 1.0f, &xb);
+                float *deq_s = malloc(n * sizeof(float)), *deq_k = malloc(n * sizeof(float));
+                assert_true(deq_s && deq_k);
+                s->dequant[t](row, deq_s, n);
+                k->dequant[t](row, deq_k, n);
+                if (memcmp(deq_s, deq_k, n * sizeof(float)) != 0)
+                    fail_msg("%s: dequant %s n=%zu differs from scalar", k->name, flm_type_name(t), n);
+                double scale = 0.0, ref = 0.0;
+                for (size_t i = 0; i < n; i++) {
+                    scale += fabs((double)deq_s[i] * x[i]);
+                    ref += (double)deq_s[i] * x[i];
+                }
+                const float ds = s->dot[t](row, x, n), dk = k->dot[t](row, x, n);
+                const double tol = 1e-5 * scale + 1e-30;
+                if (fabs((double)ds - dk) > tol || fabs(dk - ref) > tol)
+                    fail_msg("%s: dot %s n=%zu: %.9g, scalar %.9g, double %.9g (tol %.3g)", k->name, flm_type_name(t),
+                             n, dk, ds, ref, tol);
+                /* vec_dot against x quantized by the scalar reference (and the level's quantizer: same bytes) */
+                const size_t ab = flm_act_bytes(t, n);
+                uint8_t *xq = malloc(ab + 1), *xk = malloc(ab + 1);
+                assert_true(xq && xk);
+                if (at == FLM_TYPE_F32) {
+                    memcpy(xq, x, n * sizeof(float));
+                } else {
+                    memset(xq, 0x5a, ab);
+                    memset(xk, 0xa5, ab);
+                    s->act_quantize[at](x, xq, n);
+                    k->act_quantize[at](x, xk, n);
+                    if (memcmp(xq, xk, ab) != 0)
+                        fail_msg("%s: act_quantize %s n=%zu differs from scalar", k->name, flm_type_name(at), n);
+                }
+                double mag_q = 0.0;
+                if (at == FLM_TYPE_F32) {
+                    mag_q = scale;
+                } else {
+                    float *xd = malloc(n * sizeof(float));
+                    assert_non_null(xd);
+                    s->dequant[at](xq, xd, n);
+                    for (size_t i = 0; i < n; i++) mag_q += fabs((double)deq_s[i] * xd[i]);
+                    if (at == FLM_TYPE_Q8_1) { /* q4_1/q5_1 also add m * s per block */
+                        const size_t wb = flm_type_block_bytes(t);
+                        for (size_t b = 0; b < n / 32; b++) {
+                            uint16_t m, sv;
+                            memcpy(&m, (const uint8_t *)row + b * wb + 2, 2);
+                            memcpy(&sv, xq + b * sizeof(flm_block_q8_1) + 2, 2);
+                            mag_q += fabs((double)flm_f16_to_f32(m) * flm_f16_to_f32(sv));
+                        }
+                    }
+                    free(xd);
+                }
+                const float vs = s->vec_dot[t](row, xq, n), vk = k->vec_dot[t](row, xq, n);
+                const double vtol = (at == FLM_TYPE_F32 ? 1e-5 : 2e-6) * mag_q + 1e-30;
+                if (!(fabs((double)vs - vk) <= vtol))
+                    fail_msg("%s: vec_dot %s n=%zu: %.9g, scalar %.9g (tol %.3g)", k->name, flm_type_name(t), n, vk,
+                             vs, vtol);
+                n_vdot++;
+                if (L > FLM_KERNELS_AVX2 && at != FLM_TYPE_F32) {
+                    const float va = a2->vec_dot[t](row, xq, n);
+                    if (memcmp(&va, &vk, sizeof va) != 0)
+                        fail_msg("%s: vec_dot %s n=%zu: %.9g, avx2 %.9g: not the same bits", k->name,
+                                 flm_type_name(t), n, vk, va);
+                    n_bitsame++;
+                }
+                free(xq);
+                free(xk);
+                /* axpy: one rounding apart (fma vs mul+add) per element */
+                float *y0 = rand_vec(n, &rng, 3.0f, &yb);
+                float *ys = malloc(n * sizeof(float)), *yk = malloc(n * sizeof(float));
+                assert_true(ys && yk);
+                memcpy(ys, y0, n * sizeof(float));
+                memcpy(yk, y0, n * sizeof(float));
+                const float alpha = tu_rand_f32(&rng) * 4.0f;
+                s->axpy[t](row, alpha, ys, n);
+                k->axpy[t](row, alpha, yk, n);
+                for (size_t i = 0; i < n; i++) {
+                    const double etol = 1e-6 * (fabs(y0[i]) + fabs((double)alpha * deq_s[i])) + 1e-30;
+                    if (fabs((double)ys[i] - yk[i]) > etol)
+                        fail_msg("%s: axpy %s n=%zu i=%zu: %.9g, scalar %.9g", k->name, flm_type_name(t), n, i, yk[i],
+                                 ys[i]);
+                }
+                free(ys);
+                free(yk);
+                free(yb);
+                free(deq_s);
+                free(deq_k);
+                free(rb);
+                free(xb);
+            }
+        }
+    }
+    /* attention over an f16 cache: the same bits as the scalar loops */
+    static const size_t ds_[] = {5, 64, 80, 128}, ns_[] = {1, 7, 9, 33};
+    for (size_t di = 0; di < 4; di++)
+        for (size_t ni = 0; ni < 4; ni++) {
+            const size_t d = ds_[di], nn = ns_[ni], stride = d + 3;
+            uint16_t *K = malloc(nn * stride * sizeof *K);
+            float *q = malloc(d * sizeof *q), *w = malloc(nn * sizeof *w);
+            float *o_s = malloc((nn > d ? nn : d) * sizeof(float)), *o_k = malloc((nn > d ? nn : d) * sizeof(float));
+            assert_true(K && q && w && o_s && o_k);
+            for (size_t i = 0; i < nn * stride; i++) K[i] = flm_f32_to_f16(tu_rand_f32(&rng) * 2.0f);
+            for (size_t i = 0; i < d; i++) q[i] = tu_rand_f32(&rng);
+            for (size_t i = 0; i < nn; i++) w[i] = tu_rand_f32(&rng);
+            s->attn_scores_f16(q, K, stride, nn, d, 0.125f, o_s);
+            k->attn_scores_f16(q, K, stride, nn, d, 0.125f, o_k);
+            if (memcmp(o_s, o_k, nn * sizeof(float)) != 0) fail_msg("%s: attn_scores_f16 d=%zu n=%zu", k->name, d, nn);
+            s->attn_values_f16(w, K, stride, nn, d, o_s);
+            k->attn_values_f16(w, K, stride, nn, d, o_k);
+            if (memcmp(o_s, o_k, d * sizeof(float)) != 0) fail_msg("%s: attn_values_f16 d=%zu n=%zu", k->name, d, nn);
+            free(K);
+            free(q);
+            free(w);
+            free(o_s);
+            free(o_k);
+        }
+    print_message("%s: %zu vec_dots within float rounding of scalar, %zu of them bit for bit the avx2 kernel's\n",
+                  k->name, n_vdot, n_bitsame);
+}
+
+static void test_level_avx2(void **state) {
+    (void)state;
+    check_level(FLM_KERNELS_AVX2);
+}
+static void test_level_avx512(void **state) {
+    (void)state;
+    check_level(FLM_KERNELS_AVX512);
+}
+static void test_level_vnni(void **state) {
+    (void)state;
+    check_level(FLM_KERNELS_VNNI);
 }
 
 /* Every f16 bit pattern through both dequant tables (the scalar bit-twiddling against F16C). */
@@ -539,11 +741,13 @@ static void test_known_blocks(void **state) {
  * ------------------------------------------------------------------------------------------------------------- */
 static void test_matvec(void **state) {
     (void)state;
-    const flm_kernels *tabs[3] = {flm_kernels_scalar(), flm_kernels_avx2(), flm_kernels_best()};
+    const flm_kernels *tabs[FLM_KERNELS_N_LEVELS + 1]; /* every level the CPU has, and the best */
+    for (int l = 0; l < FLM_KERNELS_N_LEVELS; l++) tabs[l] = flm_kernels_for_level((flm_kernel_level)l);
+    tabs[FLM_KERNELS_N_LEVELS] = flm_kernels_best();
     static const size_t rows_list[] = {1, 2, 3, 5, 17, 257, 1031};
     static const int threads[] = {0, 1, 2, 3, 4};
     uint64_t rng = 42;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k <= FLM_KERNELS_N_LEVELS; k++) {
         if (!tabs[k]) continue;
         for (size_t ti = 0; ti < N_TYPES; ti++) {
             uint32_t t = all_types[ti];
@@ -674,6 +878,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_simd_vs_scalar),
+        cmocka_unit_test(test_level_avx2),
+        cmocka_unit_test(test_level_avx512),
+        cmocka_unit_test(test_level_vnni),
         cmocka_unit_test(test_f16_dequant_all_patterns),
         cmocka_unit_test(test_f16_specials),
         cmocka_unit_test(test_f16_all_round_trip),

@@ -551,6 +551,28 @@ static const char *MAIN_HELP =
     "  pull       download a model by name (flashlm pull --list); any MODEL argument also takes a NAME\n"
     "  version    print the version\n";
 
+/* FLASHLM_KERNELS (kernels.h levels): an unknown value is refused; one above the CPU's best is capped, with a
+ * note. Returns false after printing the refusal. */
+static bool check_kernels_env(void) {
+    const char *env = getenv("FLASHLM_KERNELS");
+    if (!env || !*env) return true; /* unset or empty: the CPU's best */
+    static const char *const levels[] = {"scalar", "avx2", "avx512", "vnni"};
+    int want = -1, best_l = 0;
+    const char *best, *used = flm_kernels_in_use(&best);
+    for (int l = 0; l < 4; l++) {
+        if (!strcmp(env, levels[l])) want = l;
+        if (!strcmp(best, levels[l])) best_l = l;
+    }
+    if (want < 0) {
+        fprintf(stderr, "flashlm: FLASHLM_KERNELS=%s: not a kernel level (scalar, avx2, avx512 or vnni)\n", env);
+        return false;
+    }
+    if (want > best_l)
+        fprintf(stderr, "flashlm: note: FLASHLM_KERNELS=%s is above this CPU's best level (%s): using %s\n", env,
+                best, used);
+    return true;
+}
+
 int main(int argc, char **argv) {
     cli_blas_single_thread(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
@@ -558,6 +580,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!check_kernels_env()) return 2;
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
@@ -571,10 +594,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "pull")) return cmd_pull(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        const char *lib;
+        const char *lib, *best;
         int num = flm_version(&lib);
+        const char *used = flm_kernels_in_use(&best);
         printf("flashlm %s\n", FLM_VERSION_STRING);
         if (num != FLM_VERSION_NUMBER) printf("(library %s)\n", lib);
+        printf("kernels %s (this CPU's best: %s)\n", used, best);
         return 0;
     }
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);

@@ -238,24 +238,89 @@ const flm_kernels *flm_kernels_scalar(void) {
     return &scalar_kernels;
 }
 
-const flm_kernels *flm_kernels_avx2(void) {
+static const char *const level_names[FLM_KERNELS_N_LEVELS] = {"scalar", "avx2", "avx512", "vnni"};
+
+const char *flm_kernel_level_name(flm_kernel_level level) {
+    return (unsigned)level < FLM_KERNELS_N_LEVELS ? level_names[level] : NULL;
+}
+
+int flm_kernel_level_parse(const char *name) {
+    for (int l = 0; name && l < FLM_KERNELS_N_LEVELS; l++)
+        if (strcmp(name, level_names[l]) == 0) return l;
+    return -1;
+}
+
+static flm_kernel_level cpu_level_detect(void) {
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && flm_cpu_has_f16c())
-        return flm_kernels_avx2_table();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && flm_cpu_has_f16c()))
+        return FLM_KERNELS_SCALAR;
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl")))
+        return FLM_KERNELS_AVX2;
+    if (!__builtin_cpu_supports("avx512vnni")) return FLM_KERNELS_AVX512;
+    return FLM_KERNELS_VNNI;
+#else
+    return FLM_KERNELS_SCALAR;
 #endif
-    return NULL;
 }
+
+flm_kernel_level flm_kernels_cpu_level(void) {
+    static _Atomic int cached = -1; /* racing first callers compute the same answer */
+    int l = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (l < 0) {
+        l = (int)cpu_level_detect();
+        atomic_store_explicit(&cached, l, memory_order_relaxed);
+    }
+    return (flm_kernel_level)l;
+}
+
+#if defined(__x86_64__) && defined(FLM_HAVE_X86)
+/* avx512 = the avx2 table + quants_avx512.c; vnni = the avx512 table + quants_vnni.c (each level falls back to the
+ * one below for whatever it does not override). Built only once the CPU is known to have the level. */
+static flm_kernels avx512_kernels, vnni_kernels;
+static pthread_once_t avx512_once = PTHREAD_ONCE_INIT, vnni_once = PTHREAD_ONCE_INIT;
+
+static void avx512_init(void) {
+    avx512_kernels = *flm_kernels_avx2_table();
+    avx512_kernels.name = "avx512";
+    flm_quants_fill_avx512(&avx512_kernels);
+}
+
+static void vnni_init(void) {
+    pthread_once(&avx512_once, avx512_init);
+    vnni_kernels = avx512_kernels;
+    vnni_kernels.name = "vnni";
+    flm_quants_fill_vnni(&vnni_kernels);
+}
+#endif
+
+const flm_kernels *flm_kernels_for_level(flm_kernel_level level) {
+    if ((unsigned)level >= FLM_KERNELS_N_LEVELS || level > flm_kernels_cpu_level()) return NULL;
+    switch (level) {
+    case FLM_KERNELS_SCALAR: return flm_kernels_scalar();
+#if defined(__x86_64__) && defined(FLM_HAVE_X86)
+    case FLM_KERNELS_AVX2: return flm_kernels_avx2_table();
+    case FLM_KERNELS_AVX512: pthread_once(&avx512_once, avx512_init); return &avx512_kernels;
+    case FLM_KERNELS_VNNI: pthread_once(&vnni_once, vnni_init); return &vnni_kernels;
+#endif
+    default: return NULL;
+    }
+}
+
+const flm_kernels *flm_kernels_avx2(void) { return flm_kernels_for_level(FLM_KERNELS_AVX2); }
 
 const flm_kernels *flm_kernels_best(void) {
     /* Racing first callers all compute the same answer, so a relaxed atomic publish is enough. */
     static const flm_kernels *_Atomic cached = NULL;
     const flm_kernels *k = atomic_load_explicit(&cached, memory_order_relaxed);
     if (k) return k;
-    const char *env = getenv("FLM_KERNELS");
-    if (env && strcmp(env, "scalar") == 0) k = flm_kernels_scalar();
-    if (!k) k = flm_kernels_avx2();
-    if (!k) k = flm_kernels_scalar();
+    const char *env = getenv("FLASHLM_KERNELS");
+    if (!env) env = getenv("FLM_KERNELS"); /* the older name */
+    const int want = flm_kernel_level_parse(env);
+    flm_kernel_level l = flm_kernels_cpu_level();
+    if (want >= 0 && (flm_kernel_level)want < l) l = (flm_kernel_level)want; /* capped at the CPU's best */
+    k = flm_kernels_for_level(l);
     atomic_store_explicit(&cached, k, memory_order_relaxed);
     return k;
 }

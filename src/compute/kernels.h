@@ -39,7 +39,7 @@ typedef void (*flm_attn_scores_fn)(const float *q, const uint16_t *K, size_t str
 typedef void (*flm_attn_values_fn)(const float *w, const uint16_t *V, size_t stride, size_t n, size_t d, float *out);
 
 typedef struct flm_kernels {
-    const char *name;                    /* "scalar", "avx2" */
+    const char *name;                    /* the level's name: "scalar", "avx2", "avx512", "vnni" */
     flm_dot_fn dot[FLM_N_TYPES];         /* indexed by flm_type; NULL for unsupported types */
     flm_axpy_fn axpy[FLM_N_TYPES];
     flm_dequant_fn dequant[FLM_N_TYPES];
@@ -51,12 +51,36 @@ typedef struct flm_kernels {
     flm_attn_values_fn attn_values_f16;
 } flm_kernels;
 
+/* Kernel levels, lowest first. Each level's table starts as a copy of the level below and overrides only what it
+ * accelerates, so any kernel a level lacks is the lower level's (and, in the end, the scalar reference's). */
+typedef enum flm_kernel_level {
+    FLM_KERNELS_SCALAR = 0, /* "scalar": the reference, always available */
+    FLM_KERNELS_AVX2,       /* "avx2": AVX2 + FMA + F16C (kernels_avx2.c, quants_avx2.c) */
+    FLM_KERNELS_AVX512,     /* "avx512": the avx2 set plus AVX-512 F/BW/VL (quants_avx512.c) */
+    FLM_KERNELS_VNNI,       /* "vnni": the avx512 set plus AVX-512 VNNI (quants_vnni.c). A CPU with AVX-VNNI but
+                               no AVX-512 (256-bit VNNI only) is not served by this level yet: it gets avx2 */
+    FLM_KERNELS_N_LEVELS
+} flm_kernel_level;
+
+/* The level's name ("scalar", "avx2", "avx512", "vnni"), NULL for an out-of-range level. */
+const char *flm_kernel_level_name(flm_kernel_level level);
+/* The level named name (exactly one of the names above); -1 for any other string or NULL. */
+int flm_kernel_level_parse(const char *name);
+/* The highest level this build and CPU support (cpuid via __builtin_cpu_supports, which also checks that the OS
+ * saves the AVX / AVX-512 registers). Computed once. */
+flm_kernel_level flm_kernels_cpu_level(void);
+/* The table of one level, or NULL when this build or CPU lacks it (level above flm_kernels_cpu_level(), or out of
+ * range). Tests and benchmarks select levels through this: it is the forcing FLASHLM_KERNELS uses. */
+const flm_kernels *flm_kernels_for_level(flm_kernel_level level);
+
 /* The scalar reference table (always available). */
 const flm_kernels *flm_kernels_scalar(void);
-/* The best table this CPU supports (AVX2+FMA+F16C on x86-64 when present, else scalar). The environment variable
- * FLM_KERNELS=scalar forces the reference. */
+/* The table the runtime uses, chosen once per process: the CPU's best level (flm_kernels_cpu_level), or the level
+ * the environment variable FLASHLM_KERNELS names (scalar|avx2|avx512|vnni; the older FLM_KERNELS is read when
+ * FLASHLM_KERNELS is unset), capped at the CPU's best: asking for more than the CPU has gives the CPU's best (the
+ * CLI prints a note; the library never prints). An unknown value is ignored (the CLI refuses it). */
 const flm_kernels *flm_kernels_best(void);
-/* The AVX2 table, or NULL if this build or CPU lacks it (for tests). */
+/* The AVX2 table, or NULL if this build or CPU lacks it (for tests): flm_kernels_for_level(FLM_KERNELS_AVX2). */
 const flm_kernels *flm_kernels_avx2(void);
 
 /* y[r] = dot(W row r, x) for r in [0, rows): W is rows x n of type t, row stride flm_row_bytes(t, n).

@@ -401,3 +401,8 @@ bool flm_token_is_eog(const flm_ctx *ctx, int32_t id) { return flm_tokenizer_is_
 const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len) {
     return flm_tokenizer_piece(ctx->model->tok, prev, id, len);
 }
+
+const char *flm_kernels_in_use(const char **cpu_best) {
+    if (cpu_best) *cpu_best = flm_kernel_level_name(flm_kernels_cpu_level());
+    return flm_kernels_best()->name;
+}
