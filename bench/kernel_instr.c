@@ -1,0 +1,61 @@
+/* kernel_instr.c — one kernel, one level, for instruction counts: runs vec_dot of TYPE at LEVEL (kernels.h names)
+ * over REPS rows of 4096 weights inside run_kernel(), the function to count. Measure it with
+ *   valgrind --tool=callgrind --toggle-collect=run_kernel build/kernel_instr LEVEL TYPE [REPS]
+ * and divide the instructions by REPS * 16 for instructions per 256 weights (the activation is quantized outside
+ * run_kernel). Valgrind 3.19 emulates no AVX-512: under it only scalar and avx2 exist (the levels above are
+ * refused, exit 2). For those, bench/step_count.c counts the instructions natively by single-stepping:
+ *   build/step_count build/kernel_instr LEVEL TYPE REPS   (with KI_STOP set it stops itself around run_kernel) */
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/kernels.h"
+#include "core/types.h"
+
+#define N 4096
+
+__attribute__((noinline)) float run_kernel(flm_vec_dot_fn f, const uint8_t *W, size_t stride, const void *xq,
+                                           int reps) {
+    float s = 0.0f;
+    for (int r = 0; r < reps; r++) s += f(W + (size_t)(r % 64) * stride, xq, N);
+    return s;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: kernel_instr LEVEL TYPE [REPS]\n");
+        return 2;
+    }
+    const int l = flm_kernel_level_parse(argv[1]);
+    const flm_kernels *k = l < 0 ? NULL : flm_kernels_for_level((flm_kernel_level)l);
+    uint32_t t = 0;
+    while (t < FLM_N_TYPES && !(flm_type_name(t) && strcmp(flm_type_name(t), argv[2]) == 0)) t++;
+    if (!k || t == FLM_N_TYPES || !k->vec_dot[t]) {
+        fprintf(stderr, "kernel_instr: level %s or type %s unavailable\n", argv[1], argv[2]);
+        return 2;
+    }
+    const int reps = argc > 3 ? atoi(argv[3]) : 1024;
+    const size_t stride = flm_row_bytes(t, N);
+    uint8_t *W = malloc(64 * stride);
+    float *x = malloc(N * sizeof(float));
+    void *xq = malloc(flm_act_bytes(t, N));
+    if (!W || !x || !xq) return 1;
+    uint64_t s = 88172645463325252ull;
+    for (size_t i = 0; i < 64 * stride; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        W[i] = (uint8_t)s;
+    }
+    /* small finite f16 scales where the blocks keep them: rewrite every 2-byte field that decodes to inf/nan */
+    for (size_t i = 0; i + 1 < 64 * stride; i += 2)
+        if ((W[i + 1] & 0x7c) == 0x7c) W[i + 1] &= 0x3f;
+    for (size_t i = 0; i < N; i++) x[i] = (float)((int)(i * 7919 % 2001) - 1000) / 1000.0f;
+    flm_act_quantize(t, x, N, xq);
+    const bool stops = getenv("KI_STOP") != NULL; /* for bench/step_count.c: stopped just before and after */
+    if (stops) raise(SIGSTOP);
+    const float r = run_kernel(k->vec_dot[t], W, stride, xq, reps);
+    if (stops) raise(SIGSTOP);
+    printf("%s %s: %g\n", k->name, argv[2], (double)r);
+    return 0;
+}
