@@ -30,6 +30,25 @@ static void test_help(void **state) {
     expect("frobnicate 2>&1", 2, "unknown command");
 }
 
+/* FLASHLM_KERNELS (the kernel levels): version names the level in use and the CPU's best; the reference level is
+ * always there; a level above the CPU's is capped with a note; an unknown value is refused. */
+static void test_kernels_env(void **state) {
+    (void)state;
+    setenv("FLASHLM_KERNELS", "scalar", 1);
+    expect("version 2>&1", 0, "kernels scalar (this CPU's best: ");
+    setenv("FLASHLM_KERNELS", "avx9", 1);
+    expect("version 2>&1", 2, "FLASHLM_KERNELS=avx9: not a kernel level");
+    setenv("FLASHLM_KERNELS", "vnni", 1); /* the highest level: used, or capped at the CPU's with a note */
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("version 2>&1", &out), 0);
+    if (!strstr(out, "kernels vnni (this CPU's best: vnni)") &&
+        !strstr(out, "note: FLASHLM_KERNELS=vnni is above this CPU's best level"))
+        fail_msg("FLASHLM_KERNELS=vnni flashlm version:\n%s", out);
+    free(out);
+    unsetenv("FLASHLM_KERNELS");
+    expect("version 2>&1", 0, "kernels ");
+}
+
 static void test_bad_options(void **state) {
     (void)state;
     char args[4096];
@@ -200,6 +219,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_kernels_env),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_missing_required_key),
         cmocka_unit_test(test_inspect),
