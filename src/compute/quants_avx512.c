@@ -1,4 +1,4 @@
-/* quants_avx512.c — L_compute: the avx512 level's int8 dot products (AVX-512 F/BW/VL, 512-bit maddubs + madd), the
+/* quants_avx512.c — L_compute: the avx512 level's int8 dot products (AVX-512 F/BW/VL, 512-bit maddubs + madd: q6_k), the
  * kernels of quants_x512.h. Built with -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl (CMakeLists.txt); only
  * called after kernels.c checked the CPU (flm_kernels_cpu_level). See quants.h. */
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
@@ -9,8 +9,6 @@
 
 #include <immintrin.h>
 
-#define DPBUSD(acc, u, s)                                                                                         \
-    _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #define DPWSSD(acc, a, b) _mm512_add_epi32((acc), _mm512_madd_epi16((a), (b)))
 #define X512(name) name##_avx512
 #define X512_FILL flm_quants_fill_avx512

@@ -1,6 +1,5 @@
-/* quants_vnni.c — L_compute: the vnni level's int8 dot products (AVX-512 VNNI: vpdpbusd for u8 x s8 sums of four,
- * vpdpwssd for the K-quants' int16 pair sums times their scales, each one instruction where avx512 takes two or
- * three), the kernels of quants_x512.h. Built with -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl
+/* quants_vnni.c — L_compute: the vnni level's int8 dot products (AVX-512 VNNI: vpdpwssd for the K-quants' int16 pair
+ * sums times their scales, one instruction where avx512 takes two: q6_k), the kernels of quants_x512.h. Built with -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl
  * -mavx512vnni (CMakeLists.txt); only called after kernels.c checked the CPU. See quants.h. */
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
 
@@ -10,7 +9,6 @@
 
 #include <immintrin.h>
 
-#define DPBUSD(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
 #define DPWSSD(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
 #define X512(name) name##_vnni
 #define X512_FILL flm_quants_fill_vnni
