@@ -16,7 +16,7 @@
  *   q8_0  avx2 9.1-9.9, avx512 15.9-16.0, vnni 15.3-15.4 (dropped: 34-byte blocks need an insert per 2 blocks,
  *         the sign fix a mask + masked subtract, and int32 block sums a reduction the avx2 kernel does in int16)
  *   q4_0/q4_1/q5_0/q5_1: more instructions than avx2 in the same shape (dropped untimed).
- * The dropped kernels are in git history (commit a2e9f1d, "kernels: levels chosen at run time"). Beating avx2 on
+ * The dropped kernels are in git history (the commit "kernels: levels chosen at run time ..."). Beating avx2 on
  * the 32-element types and q4_k needs what llama.cpp does: weights repacked into interleaved rows so one 512-bit
  * step serves several rows, and float accumulation per sub-block instead of the avx2 kernels' lane order.
  *
