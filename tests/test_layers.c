@@ -114,6 +114,40 @@ static void scan_file(graph *g, int from, const char *path, const char *rel) {
     fclose(fp);
 }
 
+typedef void (*file_fn)(void *user, int layer, const char *path, const char *rel);
+
+/* Every .c and .h file of src/<dir>/, with its layer. */
+static void for_each_src_file(file_fn fn, void *user) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s/src", FLM_SOURCE_DIR);
+    DIR *top = opendir(src);
+    assert_non_null(top);
+    struct dirent *d;
+    while ((d = readdir(top))) {
+        int layer = d->d_name[0] == '.' ? -1 : layer_index(d->d_name);
+        if (layer < 0) continue; /* scan_tree reports unknown directories */
+        char dpath[4096 + 256];
+        snprintf(dpath, sizeof dpath, "%s/%s", src, d->d_name);
+        DIR *sub = opendir(dpath);
+        if (!sub) continue;
+        struct dirent *e;
+        while ((e = readdir(sub))) {
+            if (!has_suffix(e->d_name, ".c") && !has_suffix(e->d_name, ".h")) continue;
+            char fpath[4096 + 512], rel[300];
+            snprintf(fpath, sizeof fpath, "%s/%s", dpath, e->d_name);
+            snprintf(rel, sizeof rel, "src/%s/%s", d->d_name, e->d_name);
+            fn(user, layer, fpath, rel);
+        }
+        closedir(sub);
+    }
+    closedir(top);
+}
+
+static void scan_file_cb(void *user, int layer, const char *path, const char *rel) {
+    scan_file(user, layer, path, rel);
+}
+
+/* Every entry of src/ must be a directory the layer table knows; then every include of every file in them. */
 static void scan_tree(graph *g) {
     char src[4096];
     snprintf(src, sizeof src, "%s/src", FLM_SOURCE_DIR);
@@ -129,28 +163,14 @@ static void scan_tree(graph *g) {
         if (!S_ISDIR(st.st_mode)) {
             print_error("src/%s: source files belong in a module directory\n", d->d_name);
             g->n_bad++;
-            continue;
-        }
-        int from = layer_index(d->d_name);
-        if (from < 0) {
+        } else if (layer_index(d->d_name) < 0) {
             print_error("src/%s/: a directory the layer table does not know; add it (and to docs/ARCHITECTURE.md)\n",
                         d->d_name);
             g->n_bad++;
-            continue;
         }
-        DIR *sub = opendir(dpath);
-        assert_non_null(sub);
-        struct dirent *e;
-        while ((e = readdir(sub))) {
-            if (!has_suffix(e->d_name, ".c") && !has_suffix(e->d_name, ".h")) continue;
-            char fpath[4096 + 512], rel[300];
-            snprintf(fpath, sizeof fpath, "%s/%s", dpath, e->d_name);
-            snprintf(rel, sizeof rel, "src/%s/%s", d->d_name, e->d_name);
-            scan_file(g, from, fpath, rel);
-        }
-        closedir(sub);
     }
     closedir(top);
+    for_each_src_file(scan_file_cb, g);
 }
 
 /* Depth-first search for a cycle in edge[][]; on finding one, writes it as "a -> b -> ... -> a" into out and returns
@@ -333,35 +353,6 @@ static bool defines(const char *code, const char *name) {
         if (brace && (!semi || brace < semi)) return true;
     }
     return false;
-}
-
-typedef void (*file_fn)(void *user, int layer, const char *path, const char *rel);
-
-/* Every .c and .h file of src/<dir>/, with its layer. */
-static void for_each_src_file(file_fn fn, void *user) {
-    char src[4096];
-    snprintf(src, sizeof src, "%s/src", FLM_SOURCE_DIR);
-    DIR *top = opendir(src);
-    assert_non_null(top);
-    struct dirent *d;
-    while ((d = readdir(top))) {
-        int layer = d->d_name[0] == '.' ? -1 : layer_index(d->d_name);
-        if (layer < 0) continue; /* test_src_include_graph reports unknown directories */
-        char dpath[4096 + 256];
-        snprintf(dpath, sizeof dpath, "%s/%s", src, d->d_name);
-        DIR *sub = opendir(dpath);
-        if (!sub) continue;
-        struct dirent *e;
-        while ((e = readdir(sub))) {
-            if (!has_suffix(e->d_name, ".c") && !has_suffix(e->d_name, ".h")) continue;
-            char fpath[4096 + 512], rel[300];
-            snprintf(fpath, sizeof fpath, "%s/%s", dpath, e->d_name);
-            snprintf(rel, sizeof rel, "src/%s/%s", d->d_name, e->d_name);
-            fn(user, layer, fpath, rel);
-        }
-        closedir(sub);
-    }
-    closedir(top);
 }
 
 static void find_definitions(void *user, int layer, const char *path, const char *rel) {
