@@ -116,9 +116,13 @@ typedef enum flm_mode {
     FLM_MODE_SPARSE = 4, /* the paper's method (needs `flashlm calibrate`): a predictor picks each token's active
                             neurons; a sliding window of recent tokens' neurons stays in a per-layer neuron cache;
                             only the missing bundles are read */
+    FLM_MODE_HOT = 5,    /* every layer keeps its hottest neurons in memory (a share of each layer's FFN records, the
+                            most the budget holds; `flashlm calibrate` stores them hottest first), the rest of each
+                            layer is read as one range per pass; exact (ram mode's logits bit for bit), and what the
+                            self-draft (flm_eval_draft) computes from */
 } flm_mode;
 
-/* "auto", "ram", "naive", "hybrid", "sparse"; NULL for an unknown value. */
+/* "auto", "ram", "naive", "hybrid", "sparse", "hot"; NULL for an unknown value. */
 FLM_API const char *flm_mode_name(flm_mode m);
 /* Parse a mode name; returns false when unknown. */
 FLM_API bool flm_mode_parse(const char *s, flm_mode *out);
@@ -257,6 +261,7 @@ typedef struct flm_plan_info {
     uint64_t embd_row;        /* FLM_PLAN_EMBD_FLASH: bytes of one row */
     uint64_t reader_bounce;   /* the reader's bounce buffers (inside reader) */
     uint32_t n_layers, n_resident_layers; /* layers; those whose FFN stays in memory */
+    double hot_share;         /* hot: the share of every layer's FFN neurons kept in memory (0..1); else 0 */
     uint32_t n_stream_buffers; /* naive/hybrid: 2 with read-ahead, else 1 (0: nothing streams) */
     uint32_t n_ctx;           /* KV cache length, tokens (params n_ctx 0 resolved) */
     uint32_t n_batch;         /* tokens per batched forward pass */
@@ -304,6 +309,15 @@ FLM_API flm_status flm_plan_split(const char *target_path, const flm_params *tar
  * failed), FLM_ERR_CHECKSUM (non-finite data). After an error the context holds positions < pos, as before the call:
  * evaluating pos again is correct. */
 FLM_API flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
+
+/* The self-draft (docs/SPECULATIVE.md): flm_eval with every FFN computed over the neurons the hot mode keeps in
+ * memory only — attention, norms and the classifier exact, nothing read from flash. Its logits approximate the
+ * model's; the keys and values it stores at pos are approximate too, so the caller evaluates pos again exactly
+ * (flm_eval_batch over the drafted tokens: the verification pass) before anything depends on them. Same arguments
+ * and errors as flm_eval, plus FLM_ERR_ARG when ctx does not run mode hot (flm_has_self_draft). */
+FLM_API flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
+/* true when ctx runs mode hot with some neurons streamed (a self-draft is then cheaper than the model itself). */
+FLM_API bool flm_has_self_draft(const flm_ctx *ctx);
 
 /* Run n tokens at positions pos, pos + 1, ..., pos + n - 1 (pos as in flm_eval: the next position or an earlier
  * one) in batched forward passes of up to n_batch tokens (flm_params.n_batch): each resident weight matrix is read

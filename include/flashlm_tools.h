@@ -155,6 +155,18 @@ typedef struct flm_calib_report {
  * or written), those of flm_open (FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED, FLM_ERR_BUDGET, ...), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_calib_run(const char *path, const flm_calib_opts *o, bool levels_only, flm_calib_report *report,
                                  flm_error *err);
+/* Order every layer's FFN neurons of the .flm file at path hottest first, in place and atomically
+ * (calibrate/hot.c; docs/SPECULATIVE.md): each neuron's score is its summed contribution |h_i| * ||down_i|| over the
+ * first max_tokens tokens of text (in chunks of `chunk` tokens from position 0, the model in ram mode: it must fit in
+ * memory), then flm_file_permute_ffn stores the order. The model's function does not change; the hot mode (and its
+ * self-draft) keeps each layer's first records in memory. A predictor region is dropped (calibrate again). Progress:
+ * "measuring neurons" (tokens), "writing the hot order". Errors: FLM_ERR_ARG (text under 16 tokens; not a .flm),
+ * FLM_ERR_UNSUPPORTED (FFN biases), those of flm_open and flm_file_permute_ffn. */
+FLM_API flm_status flm_hot_order(const char *path, const char *text, uint32_t max_tokens, uint32_t chunk,
+                                 int n_threads, flm_progress_fn progress, void *user, flm_error *err);
+/* true when every FFN region of the .flm file at path is stored hottest first (false also when it cannot be read). */
+FLM_API bool flm_is_hot_ordered(const char *path);
+
 /* Read the calibration stored in the .flm file at path (its predictor region) into report, without running
  * anything: the levels with their stored held-out loss (dnll and the oracle's values are NaN: not stored), and each
  * layer at the default level. Reads the file's header and that region only.

@@ -149,6 +149,7 @@ typedef struct cli_spec_args {
     int n_draft;       /* --draft-n N (default 4) */
     bool n_draft_set;
     bool ngram;        /* --draft-ngram */
+    bool self_draft;   /* --draft-self */
 } cli_spec_args;
 void cli_spec_args_default(cli_spec_args *a);
 /* Parse --draft, --draft-n or --draft-ngram at argv[*i] (advances *i past a value). Returns 1 when consumed, 0 when

@@ -20,7 +20,13 @@ static const char *CAL_HELP =
     "Stores predictors, thresholds and levels in the .flm file (a checksummed region; the file is replaced\n"
     "atomically). Afterwards `flashlm run --mode sparse` uses them (--sparse-level picks another stored level).\n"
     "\n"
+    "First (once per file) it orders every layer's FFN neurons hottest first by their summed contribution\n"
+    "|h_i| ||down_i|| on the text's first --hot-tokens tokens, so the hot mode keeps each layer's hottest\n"
+    "neurons in memory and reads the rest as one range (and drafts from them: run --draft-self).\n"
+    "\n"
     "      --text FILE      calibration text (required); its last tokens are held out for the check\n"
+    "      --hot-only       only order the neurons hottest first (seconds to minutes), no predictors\n"
+    "      --hot-tokens N   tokens the hot order is measured on (default 1024)\n"
     "      --tokens N       tokens to record (default 4096): 80% train the predictors, 20% set their thresholds\n"
     "      --chunk N        tokens per sequence (default 128)\n"
     "      --rank R         predictor rank (default min(128, d_model/2)); the last quarter of layers gets 2R\n"
@@ -48,7 +54,8 @@ int cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *text = NULL;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
-    bool levels_only = false;
+    bool levels_only = false, hot_only = false;
+    uint32_t hot_tokens = 1024;
     long v;
     float f;
     for (int i = 0; i < argc; i++) {
@@ -60,9 +67,14 @@ int cmd_calibrate(int argc, char **argv) {
         }
         if (!strcmp(a, "--curve")) { o.curve = true; continue; }
         if (!strcmp(a, "--levels-only")) { levels_only = true; continue; }
+        if (!strcmp(a, "--hot-only")) { hot_only = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm calibrate --help)", a);
         i++;
         if (!strcmp(a, "--text")) text = val;
+        else if (!strcmp(a, "--hot-tokens")) {
+            if (!cli_parse_long(val, 16, 1 << 24, &v)) return cli_die("bad --hot-tokens '%s' (>= 16)", val);
+            hot_tokens = (uint32_t)v;
+        }
         else if (!strcmp(a, "--tokens")) {
             if (!cli_parse_long(val, 64, 1 << 24, &v)) return cli_die("bad --tokens '%s' (>= 64)", val);
             o.max_tokens = (uint32_t)v;
@@ -117,6 +129,25 @@ int cmd_calibrate(int argc, char **argv) {
     flm_error err;
     flm_calib_report rep;
     double t0 = cli_now_ms();
+    if (!levels_only && !flm_is_hot_ordered(model)) {
+        flm_status hs = flm_hot_order(model, buf, hot_tokens, o.chunk, o.n_threads, cli_progress, NULL, &err);
+        if (hs == FLM_ERR_UNSUPPORTED && !hot_only) {
+            fprintf(stderr, "flashlm: (neurons not ordered: %s)\n", err.msg);
+        } else if (hs) {
+            fprintf(stderr, "flashlm: %s\n", err.msg);
+            free(buf);
+            return 1;
+        } else {
+            printf("%s: every layer's FFN neurons stored hottest first (measured on %u tokens) in %.1f s\n", model,
+                   hot_tokens, (cli_now_ms() - t0) / 1e3);
+        }
+    } else if (hot_only) {
+        printf("%s: its FFN neurons are already stored hottest first\n", model);
+    }
+    if (hot_only) {
+        free(buf);
+        return 0;
+    }
     if (flm_calib_run(model, &o, levels_only, &rep, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         free(buf);

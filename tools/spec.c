@@ -80,8 +80,12 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
     if (o->n_draft < 1 || o->n_draft > CLI_SPEC_DRAFT_MAX)
         return spec_fail(err, FLM_ERR_ARG, "speculative decoding: --draft-n %d is outside 1..%d", o->n_draft,
                         CLI_SPEC_DRAFT_MAX);
-    if (!draft && !o->ngram)
-        return spec_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model or the n-gram lookup");
+    if (!draft && !o->ngram && !o->self_draft)
+        return spec_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model, the n-gram lookup or a "
+                         "self-draft");
+    if (o->self_draft && (draft || !flm_has_self_draft(target)))
+        return spec_fail(err, FLM_ERR_ARG, "a self-draft needs the target in mode hot with neurons streamed, and no "
+                         "draft model");
     flm_model_info ti, di;
     flm_get_info(target, &ti);
     if (draft) {
@@ -104,9 +108,9 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
     s->dtok = draft ? malloc((size_t)s->draft_n_ctx * sizeof *s->dtok) : NULL;
     s->batch = malloc((N + 1) * sizeof *s->batch);
     s->rows = malloc((N + 1) * V * sizeof *s->rows);
-    s->q = draft ? malloc(N * V * sizeof *s->q) : NULL;
+    s->q = draft || o->self_draft ? malloc(N * V * sizeof *s->q) : NULL;
     s->p = malloc(V * sizeof *s->p);
-    if (!s->hist || (draft && (!s->dtok || !s->q)) || !s->batch || !s->rows || !s->p) {
+    if (!s->hist || (draft && (!s->dtok || !s->q)) || (o->self_draft && !s->q) || !s->batch || !s->rows || !s->p) {
         cli_spec_free(s);
         return spec_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
                         cli_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, o->n_draft, draft != NULL) / 1048576.0);
@@ -220,6 +224,34 @@ static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, ui
     return st;
 }
 
+/* Propose up to n tokens after seq[0..len) with the self-draft: the target's own pass over its resident neurons
+ * (flm_eval_draft), from position len - 1 (seq[len - 1], the step's `last`, not yet evaluated), with the target's
+ * exact keys and values for the positions before. Its distributions go to s->q. The approximate keys and values it
+ * stores at len - 1 .. len + n - 2 are all overwritten by the verification batch, which starts at len - 1. */
+static flm_status self_propose(cli_spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
+                               uint32_t *n_out, flm_error *err) {
+    *n_out = 0;
+    double t0 = spec_now_ms();
+    const size_t V = s->n_vocab;
+    int32_t tok = seq[len - 1];
+    flm_status st = FLM_OK;
+    uint32_t i = 0;
+    for (; i < n; i++) {
+        const float *logits;
+        if ((st = flm_eval_draft(s->target, tok, len - 1 + (int32_t)i, &logits, err))) break;
+        s->st.draft_tokens++;
+        float *q = s->q + i * V;
+        flm_sampler_probs(s->smp, logits, q);
+        int32_t d = flm_sampler_sample_probs(s->smp, q);
+        if (d < 0) break;
+        out[i] = tok = d;
+        if (flm_token_is_eog(s->target, d)) { i++; break; }
+    }
+    s->st.draft_ms += spec_now_ms() - t0;
+    *n_out = st ? 0 : i;
+    return st;
+}
+
 uint32_t cli_spec_ngram_lookup(const int32_t *seq, size_t len, uint32_t max_n, int32_t *out, uint32_t cap) {
     if (cap == 0) return 0;
     for (uint32_t n = max_n; n >= 1; n--) {
@@ -250,9 +282,10 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     flm_status st = FLM_OK;
     double t0 = spec_now_ms();
     if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
+    else if (n > 0 && s->o.self_draft) st = self_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
     else if (n > 0) nd = cli_spec_ngram_lookup(s->hist, (size_t)L, CLI_SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
     if (st) return st;
-    if (!s->draft) s->st.draft_select_ms += spec_now_ms() - t0;
+    if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += spec_now_ms() - t0;
     s->batch[0] = last;
     if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
     s->st.n_passes++;
@@ -264,7 +297,7 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     for (; k < nd; k++) {
         flm_sampler_probs(s->smp, s->rows + k * V, s->p);
         int32_t t;
-        if (!flm_sampler_accept(s->smp, s->p, s->draft ? s->q + k * V : NULL, s->batch[1 + k], &t)) {
+        if (!flm_sampler_accept(s->smp, s->p, s->q ? s->q + k * V : NULL, s->batch[1 + k], &t)) {
             out[k] = t;
             break;
         }

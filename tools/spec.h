@@ -24,6 +24,8 @@ typedef struct cli_spec_opts {
     int n_draft; /* lambda: tokens proposed per step, 1..CLI_SPEC_DRAFT_MAX (fewer near the end of -n or of the
                     context, or when the n-gram lookup finds fewer) */
     bool ngram;  /* without a draft model: propose by n-gram lookup in the prompt and the generated text */
+    bool self_draft; /* without a draft model: the target proposes with its FFNs restricted to the neurons in memory
+                        (flm_eval_draft; mode hot), its drafts' keys and values overwritten by the verification */
 } cli_spec_opts;
 
 /* Counts since cli_spec_create, over cli_spec_generate calls (generation only, not prompts). */

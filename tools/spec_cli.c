@@ -16,7 +16,10 @@ const char *CLI_SPEC_OPTS_HELP =
     "      --draft-n N      tokens proposed per step (default 4, at most 64)\n"
     "      --draft-ngram    speculative decoding without a draft model: propose the tokens that followed the\n"
     "                       last earlier occurrence of the current 3-, 2- or 1-token sequence in the prompt and\n"
-    "                       the generated text (lookup decoding; for text that repeats: code, quotes, lists)\n";
+    "                       the generated text (lookup decoding; for text that repeats: code, quotes, lists)\n"
+    "      --draft-self     speculative decoding without a draft model: the model itself proposes, each FFN\n"
+    "                       over the hottest neurons it keeps in memory (mode hot; nothing read), and checks\n"
+    "                       the proposals in one pass that reads the rest of each layer once for all of them\n";
 
 void cli_spec_args_default(cli_spec_args *a) {
     memset(a, 0, sizeof *a);
@@ -26,6 +29,7 @@ void cli_spec_args_default(cli_spec_args *a) {
 int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
     const char *o = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(o, "--draft-ngram")) { a->ngram = true; return 1; }
+    if (!strcmp(o, "--draft-self")) { a->self_draft = true; return 1; }
     if (strcmp(o, "--draft") && strcmp(o, "--draft-n")) return 0;
     if (!val) { cli_die("option %s needs a value", o); return -1; }
     (*i)++;
@@ -40,12 +44,14 @@ int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
 int cli_spec_args_check(const cli_spec_args *a) {
     if (a->draft && a->ngram)
         return cli_die("%s", "--draft and --draft-ngram exclude each other: draft with a model or with the text");
-    if (a->n_draft_set && !a->draft && !a->ngram)
-        return cli_die("%s", "--draft-n needs --draft MODEL or --draft-ngram");
+    if (a->self_draft && (a->draft || a->ngram))
+        return cli_die("%s", "--draft-self excludes --draft and --draft-ngram: one draft source at a time");
+    if (a->n_draft_set && !a->draft && !a->ngram && !a->self_draft)
+        return cli_die("%s", "--draft-n needs --draft MODEL, --draft-ngram or --draft-self");
     return 0;
 }
 
-bool cli_spec_active(const cli_spec_args *a) { return a->draft || a->ngram; }
+bool cli_spec_active(const cli_spec_args *a) { return a->draft || a->ngram || a->self_draft; }
 
 /* The bytes a context's plan holds: resident weights, FFN storage, KV cache, scratch and reader buffers. */
 static uint64_t ctx_bytes(const flm_ctx *ctx, flm_stats *st) {
@@ -56,6 +62,7 @@ static uint64_t ctx_bytes(const flm_ctx *ctx, flm_stats *st) {
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose) {
     ss->verbose = verbose;
     if (!cli_spec_active(&ss->a)) return 0;
+    if (ss->a.self_draft && params->mode == FLM_MODE_AUTO) params->mode = FLM_MODE_HOT; /* what it drafts from */
     flm_params dp;
     flm_params_default(&dp);
     if (ss->a.draft) {
@@ -83,7 +90,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     }
     uint32_t n_ctx = facts.n_ctx > (uint32_t)params->n_ctx ? facts.n_ctx : (uint32_t)params->n_ctx;
     ss->buf_bytes = cli_spec_buffer_bytes(facts.n_vocab, ss->a.draft ? n_ctx : facts.n_ctx, ss->a.n_draft,
-                                          ss->a.draft != NULL);
+                                          ss->a.draft != NULL || ss->a.self_draft);
     /* one budget for both (the library's split: runtime/plan.c) */
     flm_plan_pair pair;
     if (flm_plan_split(target, params, ss->a.draft ? ss->draft_path : NULL, &dp, ss->buf_bytes, &pair, &err)) {
@@ -95,8 +102,9 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
                     "MiB)\n", cli_size(pair.budget).s, cli_size(pair.target.budget).s,
                     cli_mib(pair.draft.total + ss->buf_bytes));
         else if (err.code == FLM_ERR_BUDGET && !ss->a.draft)
-            fprintf(stderr, "flashlm: (--draft-ngram takes %.2f MiB of --mem %s for its buffers)\n",
-                    cli_mib(ss->buf_bytes), cli_size(pair.budget).s);
+            fprintf(stderr, "flashlm: (%s takes %.2f MiB of --mem %s for its buffers)\n",
+                    ss->a.self_draft ? "--draft-self" : "--draft-ngram", cli_mib(ss->buf_bytes),
+                    cli_size(pair.budget).s);
         return 1;
     }
     ss->budget = pair.budget;
@@ -107,8 +115,9 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     }
     if (!ss->a.draft) {
         if (verbose && pair.budget && pair.target.budget < pair.budget)
-            fprintf(stderr, "flashlm: plan: --draft-ngram buffers %.2f MiB: the target gets a budget of %s\n",
-                    cli_mib(ss->buf_bytes), cli_size(pair.target.budget).s);
+            fprintf(stderr, "flashlm: plan: %s buffers %.2f MiB: the target gets a budget of %s\n",
+                    ss->a.self_draft ? "--draft-self" : "--draft-ngram", cli_mib(ss->buf_bytes),
+                    cli_size(pair.target.budget).s);
         return 0;
     }
     dp.mem_bytes = pair.draft.budget;
@@ -147,7 +156,7 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
     flm_stats st;
     ss->target_bytes = ctx_bytes(*target, &st);
     (void)params; /* the budget was split before the target opened (cli_spec_open_draft) */
-    cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram};
+    cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram, .self_draft = ss->a.self_draft};
     if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
@@ -161,7 +170,8 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
     cli_spec_get_stats(ss->spec, &s);
     fprintf(stderr, "flashlm: speculative decoding (%s%s, up to %d per step): %llu tokens generated in %llu target "
             "passes = %.2f tokens per pass; drafted %llu, accepted %llu (%.1f%%); %llu steps without a draft\n",
-            ss->draft ? "draft " : "n-gram lookup", ss->draft ? ss->draft_path : "", ss->a.n_draft,
+            ss->draft ? "draft " : ss->a.self_draft ? "self-draft" : "n-gram lookup", ss->draft ? ss->draft_path : "",
+            ss->a.n_draft,
             (unsigned long long)s.n_gen, (unsigned long long)s.n_passes,
             s.n_passes ? (double)s.n_gen / (double)s.n_passes : 0.0, (unsigned long long)s.n_drafted,
             (unsigned long long)s.n_accepted, s.n_drafted ? 100.0 * (double)s.n_accepted / (double)s.n_drafted : 0.0,
@@ -170,7 +180,7 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
     fprintf(stderr, "flashlm: speculative: per generated token: target %.3f ms (%.2f tokens evaluated), %.2f MiB "
             "read, %.1f neurons loaded", s.target_ms / g, (double)s.target_tokens / g, cli_mib(s.bytes_read) / g,
             (double)s.n_loaded / g);
-    if (ss->draft)
+    if (ss->draft || ss->a.self_draft)
         fprintf(stderr, "; draft %.3f ms (%.2f tokens evaluated)", s.draft_ms / g, (double)s.draft_tokens / g);
     fprintf(stderr, "; choosing and accepting %.3f ms\n", s.draft_select_ms / g);
     if (ss->budget) {
@@ -178,7 +188,7 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
         flm_get_stats(target, &st);
         uint64_t other = ss->draft_bytes + ss->buf_bytes;
         fprintf(stderr, "flashlm: speculative: budget %s = %s %.2f MiB + target %.2f MiB planned (of %s); peak RSS "
-                "%.2f MiB%s\n", cli_size(ss->budget).s, ss->draft ? "draft and buffers" : "n-gram buffers",
+                "%.2f MiB%s\n", cli_size(ss->budget).s, ss->draft ? "draft and buffers" : ss->a.self_draft ? "self-draft buffers" : "n-gram buffers",
                 cli_mib(other), cli_mib(ss->target_bytes), cli_size(ss->target_budget).s, cli_mib(st.peak_rss),
                 st.peak_rss <= ss->budget ? " (within the budget)"
                 : st.peak_rss <= ss->budget + FLM_RSS_ALLOWANCE ? " (within the budget + the 16 MiB allowance)"

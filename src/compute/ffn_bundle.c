@@ -1,6 +1,7 @@
 #include "compute/ffn_bundle.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,13 +41,19 @@ static inline float row_dot(const flm_kernels *k, uint32_t t, const void *row, c
 }
 
 /* bundles [i0, i1) into acc (d_model floats, overwritten) */
-static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
-                      size_t i0, size_t i1, const float *x, const act_x *xu, const act_x *xg, float *h, float *acc) {
+static inline const uint8_t *record_at(const uint8_t *records, const uint8_t *tail, size_t n_head, size_t j,
+                                       uint64_t record_bytes) {
+    return j < n_head ? records + j * record_bytes : tail + (j - n_head) * record_bytes;
+}
+
+static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint8_t *tail,
+                      size_t n_head, const uint32_t *rows, size_t i0, size_t i1, const float *x, const act_x *xu,
+                      const act_x *xg, float *h, float *acc) {
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, b->d_model * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
         const size_t j = rows ? rows[i] : i;
-        const uint8_t *rec = records + j * b->record_bytes;
+        const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
         const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
         float a = flm_act_eval(b->act, b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
@@ -99,7 +106,8 @@ static void split_reduce(size_t n, int n_threads, size_t m, size_t d, range_fn f
 typedef struct one_args {
     const flm_kernels *k;
     const flm_bundle_desc *b;
-    const uint8_t *records;
+    const uint8_t *records, *tail;
+    size_t n_head;
     const uint32_t *rows;
     const float *x;
     const act_x *xu, *xg;
@@ -108,11 +116,12 @@ typedef struct one_args {
 
 static void one_range(const void *arg, size_t i0, size_t i1, float *acc) {
     const one_args *a = arg;
-    ffn_range(a->k, a->b, a->records, a->rows, i0, i1, a->x, a->xu, a->xg, a->h, acc);
+    ffn_range(a->k, a->b, a->records, a->tail, a->n_head, a->rows, i0, i1, a->x, a->xu, a->xg, a->h, acc);
 }
 
-void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
-                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads) {
+void flm_ffn_bundles_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
+                           const uint8_t *tail, const uint32_t *rows, size_t n, const float *x, float *out, float *h,
+                           float *acc, int n_threads) {
     /* x quantized once for the up and gate rows (one buffer when both types share a vec_dot_type) */
     _Alignas(64) uint8_t su[ACT_STACK_BYTES], sg[ACT_STACK_BYTES];
     act_x xu, xg;
@@ -121,10 +130,15 @@ void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8
     xg.heap = NULL;
     if (b->gated && flm_type_traits_of(b->gate_type)->vec_dot_type != flm_type_traits_of(b->up_type)->vec_dot_type)
         act_prepare(b->gate_type, x, b->d_model, sg, &xg);
-    one_args args = {k, b, records, rows, x, &xu, &xg, h};
+    one_args args = {k, b, head, tail, n_head, rows, x, &xu, &xg, h};
     split_reduce(n, n_threads, b->d_model, b->d_model, one_range, &args, acc, out, b->d_model);
     free(xu.heap);
     free(xg.heap);
+}
+
+void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
+                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads) {
+    flm_ffn_bundles_split(k, b, records, SIZE_MAX, NULL, rows, n, x, out, h, acc, n_threads);
 }
 
 /* x_b prepared for the dot products with one weight type, for a batch: xq + b * bytes, or NULL (float x). */
@@ -150,7 +164,7 @@ static inline float batch_dot(const flm_kernels *k, uint32_t t, const void *row,
 
 /* bundles [i0, i1) for every token into acc (n_x rows of d_model floats, overwritten) */
 static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
-                            const uint32_t *rows, size_t i0, size_t i1, const uint8_t *mask, size_t mask_stride,
+                            const uint8_t *tail, size_t n_head, const uint32_t *rows, size_t i0, size_t i1, const uint8_t *mask, size_t mask_stride,
                             size_t n_x, const float *X, size_t x_stride, const act_batch *xu, const act_batch *xg,
                             float *acc) {
     const size_t d = b->d_model;
@@ -158,7 +172,7 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
     memset(acc, 0, n_x * d * sizeof(float));
     for (size_t i = i0; i < i1; i++) {
         const size_t j = rows ? rows[i] : i;
-        const uint8_t *rec = records + j * b->record_bytes;
+        const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
         const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         for (size_t t = 0; t < n_x; t++) {
             if (mask && !mask[t * mask_stride + i]) continue;
@@ -176,7 +190,8 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
 typedef struct batch_args {
     const flm_kernels *k;
     const flm_bundle_desc *b;
-    const uint8_t *records;
+    const uint8_t *records, *tail;
+    size_t n_head;
     const uint32_t *rows;
     const uint8_t *mask;
     size_t mask_stride, n_x;
@@ -187,13 +202,14 @@ typedef struct batch_args {
 
 static void batch_range(const void *arg, size_t i0, size_t i1, float *acc) {
     const batch_args *a = arg;
-    ffn_range_batch(a->k, a->b, a->records, a->rows, i0, i1, a->mask, a->mask_stride, a->n_x, a->X, a->x_stride,
+    ffn_range_batch(a->k, a->b, a->records, a->tail, a->n_head, a->rows, i0, i1, a->mask, a->mask_stride, a->n_x, a->X, a->x_stride,
                     a->xu, a->xg, acc);
 }
 
-void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
-                           const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
-                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads) {
+void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
+                                 const uint8_t *tail, const uint32_t *rows, size_t n, const uint8_t *mask,
+                                 size_t mask_stride, size_t n_x, const float *X, size_t x_stride, float *OUT,
+                                 size_t out_stride, float *acc, int n_threads) {
     const size_t d = b->d_model;
     act_batch xu, xg;
     act_batch_prepare(b->up_type, X, x_stride, n_x, d, &xu);
@@ -207,8 +223,15 @@ void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const
         xu = xg = (act_batch){NULL, 0};
         own_g = false;
     }
-    batch_args args = {k, b, records, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg};
+    batch_args args = {k, b, head, tail, n_head, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg};
     split_reduce(n, n_threads, n_x * d, d, batch_range, &args, acc, OUT, out_stride);
     free(xu.xq);
     if (own_g) free(xg.xq);
+}
+
+void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
+                           const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
+                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads) {
+    flm_ffn_bundles_batch_split(k, b, records, SIZE_MAX, NULL, rows, n, mask, mask_stride, n_x, X, x_stride, OUT,
+                                out_stride, acc, n_threads);
 }

@@ -227,6 +227,7 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
             r->head_checksum = flm_get_u64(e + 56);
         } else {
             r->record_bytes = flm_get_u64(e + 48);
+            r->flags = flm_get_u64(e + 56);
         }
     }
     if ((st = check_regions(f, err))) goto done;
@@ -416,6 +417,7 @@ void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *reg
             flm_put_u64(e + 56, r->head_checksum);
         } else {
             flm_put_u64(e + 48, r->record_bytes);
+            flm_put_u64(e + 56, r->flags);
         }
     }
     flm_put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
@@ -526,6 +528,99 @@ done:
     free(tmp);
     free(hdr);
     free(regions);
+    flm_file_close(f);
+    return st;
+}
+
+flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err) {
+    flm_file *f = NULL;
+    flm_status st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &f, err); /* the GGUF metadata: FFN biases? */
+    if (st) return st;
+    flm_region *regions = calloc(f->n_regions, sizeof *regions);
+    uint8_t *hdr = calloc(f->header_bytes, 1), *next = NULL, *seen = NULL;
+    void *cur = NULL;
+    char *tmp = malloc(strlen(path) + 8);
+    int in = -1, out = -1;
+    if (!regions || !hdr || !tmp) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
+    sprintf(tmp, "%s.tmp", path);
+    for (uint32_t i = 0; i < f->meta->n_tensors; i++)
+        if (strstr(f->meta->tensors[i].name, "ffn_up.bias")) {
+            st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the FFN has biases (%s): ordering its neurons is not "
+                          "supported yet", path, f->meta->tensors[i].name);
+            goto done;
+        }
+    /* keep the resident and FFN regions where they are; drop the predictor region (the last one: file order) */
+    uint32_t n = 0;
+    uint64_t end = f->header_bytes;
+    for (uint32_t i = 0; i < f->n_regions; i++) {
+        if (f->regions[i].kind == FLM_REGION_PREDICTOR) continue;
+        regions[n++] = f->regions[i];
+        uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
+        if (e > end) end = e;
+    }
+    if ((in = open(path, O_RDONLY)) < 0 || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", in < 0 ? path : tmp, strerror(errno));
+        goto done;
+    }
+    /* the resident region as it is */
+    {
+        const flm_region *r = f->resident;
+        uint64_t len = flm_align_up(r->size, FLM_ALIGN);
+        uint8_t buf[1 << 16];
+        for (uint64_t o = 0; o < len; o += sizeof buf) {
+            size_t m = (size_t)(len - o < sizeof buf ? len - o : sizeof buf);
+            if ((st = pread_all(in, buf, m, r->offset + o, path, "resident region", err)) ||
+                (st = pwrite_all(out, buf, m, r->offset + o, tmp, "resident region", err)))
+                goto done;
+        }
+    }
+    static const uint8_t zeros[FLM_ALIGN];
+    for (uint32_t i = 0; i < n; i++) {
+        flm_region *r = &regions[i];
+        if (r->kind != FLM_REGION_FFN) continue;
+        const uint32_t *p = perm[r->layer];
+        const uint64_t rb = r->record_bytes;
+        free(cur);
+        cur = NULL;
+        if ((st = flm_file_read_region(f, f->ffn[r->layer], &cur, err))) goto done;
+        free(next);
+        free(seen);
+        next = malloc(r->size ? r->size : 1);
+        seen = calloc(r->n_records ? r->n_records : 1, 1);
+        if (!next || !seen) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
+        for (uint32_t j = 0; j < r->n_records; j++) {
+            if (p[j] >= r->n_records || seen[p[j]]) {
+                st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u: the new neuron order is not a permutation", path,
+                              r->layer);
+                goto done;
+            }
+            seen[p[j]] = 1;
+            memcpy(next + (uint64_t)j * rb, (const uint8_t *)cur + (uint64_t)p[j] * rb, rb);
+        }
+        r->checksum = XXH64(next, r->size, 0);
+        r->flags |= FLM_FFN_HOT_ORDER;
+        uint64_t pad = flm_align_up(r->size, FLM_ALIGN) - r->size;
+        if ((st = pwrite_all(out, next, r->size, r->offset, tmp, "FFN region", err)) ||
+            (st = pwrite_all(out, zeros, pad, r->offset + r->size, tmp, "padding", err)))
+            goto done;
+    }
+    uint32_t header_bytes = f->header_bytes;
+    flm_build_header(hdr, header_bytes, regions, n, end);
+    if ((st = pwrite_all(out, hdr, header_bytes, 0, tmp, "header", err))) goto done;
+    if (fsync(out) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno)); goto done; }
+    if (close(out) != 0) { out = -1; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
+    out = -1;
+    if (rename(tmp, path) != 0) st = flm_fail(err, FLM_ERR_IO, "%s: rename failed: %s", tmp, strerror(errno));
+done:
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    if (st && tmp) remove(tmp);
+    free(tmp);
+    free(hdr);
+    free(regions);
+    free(cur);
+    free(next);
+    free(seen);
     flm_file_close(f);
     return st;
 }

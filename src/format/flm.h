@@ -50,7 +50,11 @@ typedef struct flm_region {
      * padding. head_checksum is XXH64(payload[0, head_bytes), seed 0); checksum still covers the whole payload. */
     uint64_t head_bytes;
     uint64_t head_checksum;
+    uint64_t flags;        /* FFN (on disk at 56, where RESIDENT keeps head_checksum): FLM_FFN_HOT_ORDER */
 } flm_region;
+
+/* FFN region flags */
+#define FLM_FFN_HOT_ORDER 1u /* records stored hottest first (flm_file_permute_ffn): a prefix is the layer's hot set */
 
 /* Byte offsets of the parts inside one FFN record. */
 typedef struct flm_bundle_layout {
@@ -136,5 +140,15 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
  * are copied file to file). Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has no room for another region: convert
  * again), errors of flm_file_open_ex with FLM_FILE_HEADER_ONLY. */
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
+
+/* Store every layer's FFN records in a new order: record i of layer l becomes the old record perm[l][i] (perm[l] a
+ * permutation of [0, d_ffn)), and mark each FFN region FLM_FFN_HOT_ORDER. Neuron order does not change the FFN
+ * (Knowl 5), so the model computes the same function. A predictor region (its neuron ids are the old ones) is dropped:
+ * calibrate again. Writes "<path>.tmp" (header, resident region copied, FFN regions permuted and checksummed), fsyncs
+ * and renames it onto path. Memory: one FFN region at a time, twice. Errors: FLM_ERR_IO, FLM_ERR_NOMEM,
+ * FLM_ERR_CHECKSUM (a region read back does not match its checksum: nothing is written), FLM_ERR_ARG (a perm[l] that
+ * is not a permutation), FLM_ERR_UNSUPPORTED (FFN biases: blk.N.ffn_up.bias would need the same order), errors of
+ * flm_file_open. */
+flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err);
 
 #endif

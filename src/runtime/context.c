@@ -23,7 +23,7 @@ void flm_params_default(flm_params *p) {
     p->io_threads = 32;
 }
 
-static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid", "sparse"};
+static const char *MODE_NAMES[] = {"auto", "ram", "naive", "hybrid", "sparse", "hot"};
 
 const char *flm_mode_name(flm_mode m) {
     return (unsigned)m < sizeof MODE_NAMES / sizeof *MODE_NAMES ? MODE_NAMES[m] : NULL;
@@ -288,6 +288,20 @@ flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logi
     ctx->next_pos = pos + 1;
     *logits = ctx->s.logits;
     return FLM_OK;
+}
+
+bool flm_has_self_draft(const flm_ctx *ctx) {
+    return ctx && ctx->flash && ctx->flash->plan.mode == FLM_MODE_HOT && ctx->flash->plan.stream;
+}
+
+flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
+    if (!ctx || !ctx->flash || ctx->flash->plan.mode != FLM_MODE_HOT)
+        return flm_fail(err, FLM_ERR_ARG, "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode "
+                        "hot or auto under a budget runs it)");
+    ctx->ffn_draft = true;
+    flm_status st = flm_eval(ctx, token, pos, logits, err);
+    ctx->ffn_draft = false;
+    return st;
 }
 
 flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,

@@ -78,6 +78,7 @@ const flm_ffn_source_ops *flm_ffn_source_of(flm_mode mode) {
     case FLM_MODE_NAIVE: return &flm_ffn_naive;
     case FLM_MODE_HYBRID: return &flm_ffn_hybrid;
     case FLM_MODE_SPARSE: return &flm_ffn_sparse;
+    case FLM_MODE_HOT: return &flm_ffn_hot;
     default: return NULL;
     }
 }

@@ -6,6 +6,8 @@
  *   naive    ffn_stream.c    each layer's region read into one buffer per token    one layer buffer
  *   hybrid   ffn_stream.c    the first k layers resident, the rest as naive        k regions + one layer buffer
  *   sparse   sparse.c        predicted neurons, from a neuron cache or the file    predictors + neuron caches
+ *   hot      ffn_hot.c       each layer's hottest records resident, the rest       the prefixes + two range buffers
+ *                            read as one range (a draft pass: the prefixes only)
  *
  * The mode is chosen once, by the plan (runtime/plan.c, flm_plan; auto's rule in runtime/budget.c, flm_budget_plan),
  * which flm_open carries out; flm_ffn_source_of() gives its source; the
@@ -52,6 +54,7 @@ extern const flm_ffn_source_ops flm_ffn_ram;    /* ffn_ram.c */
 extern const flm_ffn_source_ops flm_ffn_naive;  /* ffn_stream.c */
 extern const flm_ffn_source_ops flm_ffn_hybrid; /* ffn_stream.c */
 extern const flm_ffn_source_ops flm_ffn_sparse; /* sparse.c */
+extern const flm_ffn_source_ops flm_ffn_hot;    /* ffn_hot.c */
 
 /* The source of a .flm mode (RAM, NAIVE, HYBRID, SPARSE); NULL for AUTO or an unknown mode. */
 const flm_ffn_source_ops *flm_ffn_source_of(flm_mode mode);

@@ -61,6 +61,7 @@ typedef struct flm_mem_plan {
     uint64_t predictors;          /* sparse: the predictor region held in memory */
     uint64_t cache;               /* sparse: what is left for the neuron caches (all layers) */
     uint32_t n_resident_layers;   /* layers whose FFN stays in memory: the first n */
+    uint32_t hot_q16;             /* hot: every layer keeps records [0, flm_hot_count(n, hot_q16)) in memory */
     size_t reader_bounce;         /* bounce_bytes to give the reader */
     char reason[FLM_PLAN_REASON_MAX]; /* why this mode (flm_plan_info.reason) */
 } flm_mem_plan;
@@ -212,7 +213,11 @@ struct flm_ctx {
     void *select_user;
     bool select_need_h;
     uint32_t *select_ids;    /* [d_ffn], allocated by flm_set_ffn_select */
+    bool ffn_draft;          /* a draft pass (flm_eval_draft): the hot source computes its resident neurons only */
 };
+
+/* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
+uint32_t flm_hot_count(uint32_t n, uint32_t q16);
 
 /* Install (fn non-NULL) or remove (fn NULL) the FFN tap of ctx. */
 void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user);
