@@ -109,7 +109,8 @@ typedef struct flm_ctx flm_ctx;
 typedef enum flm_mode {
     FLM_MODE_AUTO = 0,   /* ram when the whole model fits the budget (or there is none); else sparse when the model
                             is calibrated, its neuron caches fit and its predicted sets (at the default level) are
-                            smaller than 0.9x what hybrid would stream; else hybrid. flm_plan says which, and why */
+                            smaller than 0.9x what hybrid would stream; else hot when the file's neurons are stored
+                            hottest first (`flashlm calibrate`); else hybrid. flm_plan says which, and why */
     FLM_MODE_RAM = 1,    /* every weight loaded into memory once: the dense reference */
     FLM_MODE_NAIVE = 2,  /* every layer's FFN read from flash again for every token */
     FLM_MODE_HYBRID = 3, /* as many layers' FFN as the budget allows stay resident; the rest are read every token */

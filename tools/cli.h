@@ -149,7 +149,8 @@ typedef struct cli_spec_args {
     int n_draft;       /* --draft-n N (default 4) */
     bool n_draft_set;
     bool ngram;        /* --draft-ngram */
-    bool self_draft;   /* --draft-self */
+    bool self_draft;   /* --draft-self (or mode auto running hot: cli_spec_open_draft) */
+    bool no_draft;     /* --no-draft */
 } cli_spec_args;
 void cli_spec_args_default(cli_spec_args *a);
 /* Parse --draft, --draft-n or --draft-ngram at argv[*i] (advances *i past a value). Returns 1 when consumed, 0 when
@@ -172,6 +173,7 @@ typedef struct cli_spec_session {
     flm_ctx *draft;          /* the draft model's context (ram mode), or NULL */
     struct cli_spec *spec;   /* the engine, once begun: set it as cli_gen.spec */
     bool verbose;            /* print the plan lines */
+    bool auto_self;          /* the self-draft was turned on by mode auto, not asked for */
     uint64_t budget;         /* the whole --mem in bytes (a percentage: of the target's weights); 0: none */
     uint64_t draft_bytes;    /* the draft's plan: weights, FFN, KV cache, scratch */
     uint64_t buf_bytes;      /* the engine's buffers (cli_spec_buffer_bytes) */

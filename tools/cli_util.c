@@ -153,6 +153,17 @@ void cli_print_plan(const flm_plan_info *p) {
                 cli_mib(p->cache));
         fprintf(stderr, "flashlm: plan:   stream buffer    %10.2f MiB  neurons past a layer's cache, batches' sets\n",
                 cli_mib(p->stream));
+    } else if (p->mode == FLM_MODE_HOT) {
+        char stream[96] = "";
+        if (p->stream)
+            snprintf(stream, sizeof stream, " + %s %.2f MiB",
+                     p->n_stream_buffers == 2 ? "two range buffers (read-ahead)" : "the range buffer", cli_mib(p->stream));
+        fprintf(stderr, "flashlm: plan:   FFN in memory    %10.2f MiB  the hottest %.1f%% of every layer's neurons "
+                "(%.2f MiB)%s\n", cli_mib(p->ffn_resident + p->stream), 100.0 * p->hot_share, cli_mib(p->ffn_resident),
+                stream);
+        if (p->stream)
+            fprintf(stderr, "flashlm: plan:   (the other %.1f%% of each layer is read as one range per pass; a "
+                    "self-draft, --draft-self, computes from the hot share alone)\n", 100.0 * (1.0 - p->hot_share));
     } else {
         char stream[96] = "";
         if (p->stream)

@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "flashlm.h"
 #include "flashlm_tools.h"
+#include "spec.h"
 #include "svg.h"
 
 #define BENCH_MAX_SERIES 4096 /* per-token records sent back per run */
@@ -52,6 +53,10 @@ typedef struct bench_result {
     char arch[16], kernels[16];
     uint32_t d_model, d_ffn, n_heads, n_kv_heads, head_dim, n_vocab, n_ctx_train, n_ctx;
     double norm_eps, rope_theta;
+    /* speculative runs (MODE+self, MODE+ngram): generated tokens over wall time, not per-token records */
+    int spec;                 /* 1: a speculative run */
+    double gen_ms;            /* wall ms for the n_gen + 1 generated tokens */
+    double tok_per_pass, accept_rate, draft_ms_tok, verify_ms_tok;
     int n_series;      /* per-token records: every generated token, the first included (<= BENCH_MAX_SERIES) */
     bench_tok *series; /* parent side only (the child's pointer value is meaningless) */
 } bench_result;
@@ -61,6 +66,8 @@ typedef struct bench_run {
     char label[80];
     flm_mode mode;
     flm_params params;
+    int spec;        /* 0: plain decoding; 1: +self (flm_eval_draft); 2: +ngram */
+    int n_draft;     /* tokens proposed per step */
 } bench_run;
 
 typedef struct bench_opts {
@@ -156,6 +163,11 @@ static void print_plan(const bench_opts *o, const bench_run *run) {
 
 /* ---- one run, in a child process --------------------------------------------------------------------------- */
 
+static bool bench_emit(void *user, int32_t prev, int32_t token) {
+    (void)user; (void)prev; (void)token;
+    return true;
+}
+
 static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r, bench_tok **series) {
     memset(r, 0, sizeof *r);
     *series = NULL;
@@ -173,6 +185,12 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         flm_close(ctx);
         return;
     }
+    bench_run eff = *run; /* auto runs as `flashlm run` would: the self-draft where the plan runs hot */
+    if (run->mode == FLM_MODE_AUTO && !run->spec && flm_has_self_draft(ctx)) {
+        eff.spec = 1;
+        eff.n_draft = 4;
+    }
+    run = &eff;
     flm_model_info info;
     flm_get_info(ctx, &info);
     snprintf(r->arch, sizeof r->arch, "%s", info.arch ? info.arch : "");
@@ -228,6 +246,57 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->n_batch = (int)ps.n_batch;
     }
     flm_reset_stats(ctx);
+    if (run->spec) { /* speculative: the whole generation timed; the target's statistics summed */
+        cli_spec *sp = NULL;
+        cli_spec_opts so = {.n_draft = run->n_draft, .ngram = run->spec == 2, .self_draft = run->spec == 1,
+                            .adaptive = run->spec == 1};
+        if (cli_spec_create(ctx, NULL, smp, &so, &sp, &err)) goto fail;
+        const float *lg = NULL;
+        /* the prompt again, through the engine (its history must hold it; the prompt was timed above) */
+        flm_status fst = cli_spec_feed(sp, ids, (size_t)n_prompt, 0, &lg, &err);
+        if (fst) { cli_spec_free(sp); goto fail; }
+        flm_reset_stats(ctx);
+        cli_spec_result res;
+        double g0 = cli_now_ms();
+        fst = cli_spec_generate(sp, lg, n_gen + 1, false, bench_emit, NULL, &res, &err);
+        r->gen_ms = cli_now_ms() - g0;
+        if (fst) { cli_spec_free(sp); goto fail; }
+        cli_spec_stats ss;
+        cli_spec_get_stats(sp, &ss);
+        cli_spec_free(sp);
+        flm_stats s;
+        flm_get_stats(ctx, &s);
+        const double g = res.n_gen > 0 ? (double)res.n_gen : 1.0;
+        r->spec = 1;
+        r->n_prompt = n_prompt;
+        r->n_gen = (int)res.n_gen;
+        r->tot_med = r->tot_mean = r->gen_ms / g;
+        r->tot_p10 = r->tot_p90 = r->tot_med;
+        r->io_med = r->io_mean = s.total.io_ms / g;
+        r->mem_med = r->mem_mean = s.total.mem_ms / g;
+        r->cmp_med = r->cmp_mean = r->tot_med - r->io_med - r->mem_med;
+        r->bytes_total = s.total.bytes_read;
+        r->bytes_per_tok = (double)s.total.bytes_read / g;
+        r->reads_per_tok = (double)s.total.n_reads / g;
+        r->gbps = s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0;
+        r->tok_per_pass = ss.n_passes ? (double)ss.n_gen / (double)ss.n_passes : 0;
+        r->accept_rate = ss.n_drafted ? (double)ss.n_accepted / (double)ss.n_drafted : 0;
+        r->draft_ms_tok = ss.draft_ms / g;
+        r->verify_ms_tok = (r->gen_ms - ss.draft_ms - ss.draft_select_ms) / g;
+        snprintf(r->mode, sizeof r->mode, "%s", s.mode);
+        snprintf(r->backend, sizeof r->backend, "%s", s.io_backend);
+        r->direct = s.direct_io;
+        r->peak_rss = s.peak_rss;
+        r->budget = s.mem_budget;
+        r->model_bytes = s.model_bytes;
+        r->res_layers = s.n_ffn_resident_layers;
+        r->n_layers = s.n_layers;
+        r->ok = 1;
+        flm_sampler_free(smp);
+        free(ids);
+        flm_close(ctx);
+        return;
+    }
     int32_t tok = flm_sampler_sample(smp, logits);
     for (int i = 0; i < n_gen; i++, pos++) {
         if (flm_eval(ctx, tok, pos, &logits, &err)) goto fail;
@@ -407,6 +476,16 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
         run->params.no_read_ahead = true;
     } else if (!strcmp(name, "sparse-oracle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_predictor = true;
+    } else if (strstr(name, "+self") || strstr(name, "+ngram")) { /* MODE+self[N], MODE+ngram[N] */
+        const char *plus = strchr(name, '+');
+        char base[64];
+        snprintf(base, sizeof base, "%.*s", (int)(plus - name) < 63 ? (int)(plus - name) : 63, name);
+        if (!flm_mode_parse(base, &run->mode)) return false;
+        run->spec = !strncmp(plus, "+self", 5) ? 1 : 2;
+        const char *num = plus + (run->spec == 1 ? 5 : 6);
+        long nd = 4;
+        if (*num && !cli_parse_long(num, 1, CLI_SPEC_DRAFT_MAX, &nd)) return false;
+        run->n_draft = (int)nd;
     } else {
         char base[64];
         const char *at = strstr(name, "@b");
@@ -522,6 +601,30 @@ static void print_main_tables(const bench_opts *o, const bench_run *runs, const 
         if (one && r->prompt_ms > 0) snprintf(vs, sizeof vs, "%.2fx", one->prompt_ms / r->prompt_ms);
         printf("| %s | %d | %d | %.1f | %.2f | %.1f | %s |\n", runs[i].label, r->n_batch, r->n_prompt, r->prompt_ms,
                r->prompt_ms > 0 ? r->n_prompt * 1e3 / r->prompt_ms : 0, cli_mib(r->prompt_bytes), vs);
+    }
+    bool any_spec = false;
+    for (int i = 0; i < n; i++) any_spec |= res[i].ok && res[i].spec;
+    if (any_spec) {
+        const bench_result *hyb = NULL;
+        for (int i = 0; i < n; i++)
+            if (res[i].ok && !strcmp(runs[i].label, "hybrid")) hyb = &res[i];
+        printf("\n(speculative rows: the mean over the generated tokens of the whole generation's wall time, drafting "
+               "included; greedy output equals plain decoding's)\n\n| mode | tokens/s | vs hybrid | tokens per target "
+               "pass | drafts accepted | MiB read per token | draft ms/token | verify ms/token | peak RSS MiB |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (int i = 0; i < n; i++) {
+            const bench_result *r = &res[i];
+            if (!r->ok) continue;
+            char vs[32] = "n/a";
+            if (hyb && r->tot_med > 0) snprintf(vs, sizeof vs, "%.2fx", hyb->tot_med / r->tot_med);
+            if (r->spec)
+                printf("| %s | %.2f | %s | %.2f | %.1f%% | %.2f | %.2f | %.2f | %.1f |\n", runs[i].label,
+                       1e3 / r->tot_med, vs, r->tok_per_pass, 100 * r->accept_rate, cli_mib((uint64_t)r->bytes_per_tok),
+                       r->draft_ms_tok, r->verify_ms_tok, cli_mib(r->peak_rss));
+            else
+                printf("| %s | %.2f | %s | 1.00 | – | %.2f | – | %.2f | %.1f |\n", runs[i].label, 1e3 / r->tot_med, vs,
+                       cli_mib((uint64_t)r->bytes_per_tok), r->tot_med, cli_mib(r->peak_rss));
+        }
     }
     printf("\n| mode | bytes read/token | reads/token | GB read per s of I/O wait | reader | layers resident | peak RSS MiB "
            "| budget MiB |\n|---|---:|---:|---:|---|---:|---:|---:|\n");
@@ -957,7 +1060,9 @@ static const char *BENCH_HELP =
     "                          sets), naive-noahead, hybrid-noahead, sparse-noahead (no read-ahead)\n"
     "                          (default ram,naive,hybrid,sparse; a mode that does not fit is skipped);\n"
     "                          MODE@bN runs the prompt in batches of N tokens (@b1: token by token), e.g.\n"
-    "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups\n"
+    "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups;\n"
+    "                          MODE+self[N] decodes speculatively with the self-draft (mode hot: the hottest\n"
+    "                          neurons in memory draft N tokens, default 4), MODE+ngram[N] with n-gram lookup\n"
     "      --prompt-tokens N   prompt length (default 16); the prompt table reports its time (the time to first\n"
     "                          token), tokens/s and bytes read, against the same mode token by token\n"
     "      --gen-tokens N      generated tokens (default 32)\n"

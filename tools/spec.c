@@ -11,6 +11,7 @@
  *      which evaluates from there (flm_eval_batch with an earlier pos rewinds). The draft model keeps a record of the
  *      tokens it holds and re-evaluates from the first one that differs from the text (usually just the last
  *      accepted draft and the new token). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,11 @@ struct cli_spec {
     float *q;            /* [n_draft * n_vocab]: the draft's distribution for each proposal (draft model only) */
     float *p;            /* [n_vocab]: the target's distribution, one row at a time */
     cli_spec_stats st;
+    /* adaptive draft length (o.adaptive): running estimates, ms */
+    double acc_a, acc_n;          /* accepted and drafted tokens, decayed */
+    double c_draft;               /* ms per drafted token (0: not measured yet) */
+    double c_verify[CLI_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
+    uint64_t n_choices;
 };
 
 uint64_t cli_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
@@ -267,6 +273,39 @@ uint32_t cli_spec_ngram_lookup(const int32_t *seq, size_t len, uint32_t max_n, i
     return 0;
 }
 
+/* The estimated ms of a verification pass of k rows: measured, or the nearest measured one (passes that read the
+ * same bytes cost about the same until compute dominates; a wrong guess is corrected once that k is tried). */
+static double verify_cost(const cli_spec *s, int k) {
+    if (s->c_verify[k] > 0) return s->c_verify[k];
+    for (int d = 1; d <= CLI_SPEC_DRAFT_MAX + 1; d++) {
+        if (k - d >= 1 && s->c_verify[k - d] > 0) return s->c_verify[k - d];
+        if (k + d <= CLI_SPEC_DRAFT_MAX + 1 && s->c_verify[k + d] > 0) return s->c_verify[k + d];
+    }
+    return 0;
+}
+
+/* The draft length (0..max) with the most expected tokens per ms (see cli_spec_opts.adaptive). Until a draft and a
+ * pass have been timed it drafts max; every 8th step it tries one more or one less than its choice (exploration:
+ * the estimates of the lengths it does not take would otherwise never change). */
+static long choose_n(cli_spec *s, long max) {
+    if (!s->o.adaptive || max <= 0) return max;
+    if (s->c_draft <= 0 || verify_cost(s, 1) <= 0) return max;
+    const double a = (s->acc_a + 1.0) / (s->acc_n + 2.0); /* acceptance, with a uniform prior */
+    long best = 0;
+    double best_rate = 0;
+    for (long n = 0; n <= max; n++) {
+        double e = a >= 1.0 ? (double)(n + 1) : (1.0 - pow(a, (double)(n + 1))) / (1.0 - a);
+        double cost = (double)n * s->c_draft + verify_cost(s, (int)n + 1);
+        double rate = cost > 0 ? e / cost : 0;
+        if (rate > best_rate) { best_rate = rate; best = n; }
+    }
+    if (++s->n_choices % 8 == 0) best = best == 0 ? 1 : best == max ? best - 1 : best + 1;
+    return best;
+}
+
+/* Fold one measurement into an estimate: the first sets it, then an exponential average. */
+static void ema(double *v, double x) { *v = *v > 0 ? 0.75 * *v + 0.25 * x : x; }
+
 /* One step with the target holding hist[0..n_hist) and `last` next (n_hist < n_ctx): propose, verify in one pass,
  * accept. out[0..*m) gets the tokens decided (*m >= 1): the accepted drafts, then the target's own token; the target
  * then holds hist + last + the accepted drafts (s->n_hist), and s->rows row j holds the logits after out[j - 1]
@@ -278,16 +317,21 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     long n = s->o.n_draft;
     if (n > max_new - 1) n = max_new - 1;
     if (n > s->n_ctx - L) n = s->n_ctx - L; /* the batch [last, d1..dn] ends at position H + n < n_ctx */
+    n = choose_n(s, n);
     uint32_t nd = 0;
     flm_status st = FLM_OK;
     double t0 = spec_now_ms();
+    const double draft_ms0 = s->st.draft_ms;
     if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
     else if (n > 0 && s->o.self_draft) st = self_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
     else if (n > 0) nd = cli_spec_ngram_lookup(s->hist, (size_t)L, CLI_SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
     if (st) return st;
     if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += spec_now_ms() - t0;
     s->batch[0] = last;
+    if (nd > 0 && s->st.draft_ms > draft_ms0) ema(&s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
+    const double tv = spec_now_ms();
     if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
+    ema(&s->c_verify[nd + 1], spec_now_ms() - tv);
     s->st.n_passes++;
     s->st.n_steps++;
     s->st.n_drafted += nd;
@@ -306,6 +350,10 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     if (k == nd) out[k] = flm_sampler_sample(s->smp, s->rows + k * V); /* all accepted: one more from the target */
     s->st.draft_select_ms += spec_now_ms() - t0;
     s->st.n_accepted += k;
+    /* the acceptance of one draft token: accepted ones over accepted ones and the first rejection (the drafts after
+     * it were never tested); decayed, as the text changes */
+    s->acc_a = 0.9 * s->acc_a + (double)k;
+    s->acc_n = 0.9 * s->acc_n + (double)k + (k < nd ? 1.0 : 0.0);
     memcpy(s->hist + L, s->batch + 1, k * sizeof *s->hist);
     s->n_hist = L + (int32_t)k;
     *m = k + 1;

@@ -24,6 +24,10 @@ typedef struct cli_spec_opts {
     int n_draft; /* lambda: tokens proposed per step, 1..CLI_SPEC_DRAFT_MAX (fewer near the end of -n or of the
                     context, or when the n-gram lookup finds fewer) */
     bool ngram;  /* without a draft model: propose by n-gram lookup in the prompt and the generated text */
+    bool adaptive; /* choose each step's draft length 0..n_draft from the measured costs (spec.c, choose_n):
+                      the expected tokens per second of a pass, E(n) / (n c_draft + c_verify(n + 1)), with
+                      E(n) = (1 - a^(n+1)) / (1 - a) for the measured acceptance a; 0 drafts when drafting does not
+                      pay (a compute-bound model), so speculation never costs much more than plain decoding */
     bool self_draft; /* without a draft model: the target proposes with its FFNs restricted to the neurons in memory
                         (flm_eval_draft; mode hot), its drafts' keys and values overwritten by the verification */
 } cli_spec_opts;

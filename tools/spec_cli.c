@@ -19,7 +19,10 @@ const char *CLI_SPEC_OPTS_HELP =
     "                       the generated text (lookup decoding; for text that repeats: code, quotes, lists)\n"
     "      --draft-self     speculative decoding without a draft model: the model itself proposes, each FFN\n"
     "                       over the hottest neurons it keeps in memory (mode hot; nothing read), and checks\n"
-    "                       the proposals in one pass that reads the rest of each layer once for all of them\n";
+    "                       the proposals in one pass that reads the rest of each layer once for all of them;\n"
+    "                       the draft length (up to --draft-n) follows the measured costs. Mode auto turns it on\n"
+    "                       when it runs hot (a file `flashlm calibrate` ordered, under a budget)\n"
+    "      --no-draft       no speculative decoding, not even auto's self-draft\n";
 
 void cli_spec_args_default(cli_spec_args *a) {
     memset(a, 0, sizeof *a);
@@ -30,6 +33,7 @@ int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
     const char *o = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(o, "--draft-ngram")) { a->ngram = true; return 1; }
     if (!strcmp(o, "--draft-self")) { a->self_draft = true; return 1; }
+    if (!strcmp(o, "--no-draft")) { a->no_draft = true; return 1; }
     if (strcmp(o, "--draft") && strcmp(o, "--draft-n")) return 0;
     if (!val) { cli_die("option %s needs a value", o); return -1; }
     (*i)++;
@@ -44,6 +48,8 @@ int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
 int cli_spec_args_check(const cli_spec_args *a) {
     if (a->draft && a->ngram)
         return cli_die("%s", "--draft and --draft-ngram exclude each other: draft with a model or with the text");
+    if (a->no_draft && (a->draft || a->ngram || a->self_draft))
+        return cli_die("%s", "--no-draft excludes --draft, --draft-ngram and --draft-self");
     if (a->self_draft && (a->draft || a->ngram))
         return cli_die("%s", "--draft-self excludes --draft and --draft-ngram: one draft source at a time");
     if (a->n_draft_set && !a->draft && !a->ngram && !a->self_draft)
@@ -61,8 +67,21 @@ static uint64_t ctx_bytes(const flm_ctx *ctx, flm_stats *st) {
 
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose) {
     ss->verbose = verbose;
+    if (!cli_spec_active(&ss->a) && !ss->a.no_draft && params->mode == FLM_MODE_AUTO) {
+        /* auto: where the plan runs hot with neurons streamed, the self-draft decodes speculatively, its draft length
+         * chosen from measured costs (0 when drafting does not pay) */
+        flm_plan_info pi;
+        flm_error perr;
+        flm_params pp = *params;
+        pp.log = NULL;
+        if (!flm_plan(target, &pp, &pi, &perr) && pi.mode == FLM_MODE_HOT && pi.stream) {
+            ss->a.self_draft = true;
+            ss->auto_self = true;
+        }
+    }
     if (!cli_spec_active(&ss->a)) return 0;
-    if (ss->a.self_draft && params->mode == FLM_MODE_AUTO) params->mode = FLM_MODE_HOT; /* what it drafts from */
+    if (ss->a.self_draft && !ss->auto_self && params->mode == FLM_MODE_AUTO)
+        params->mode = FLM_MODE_HOT; /* --draft-self asked: what it drafts from */
     flm_params dp;
     flm_params_default(&dp);
     if (ss->a.draft) {
@@ -156,7 +175,11 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
     flm_stats st;
     ss->target_bytes = ctx_bytes(*target, &st);
     (void)params; /* the budget was split before the target opened (cli_spec_open_draft) */
-    cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram, .self_draft = ss->a.self_draft};
+    if (ss->verbose && ss->auto_self)
+        fprintf(stderr, "flashlm: plan: mode auto runs hot, so it decodes speculatively with the self-draft (the "
+                "hottest neurons in memory propose up to %d tokens; --no-draft turns it off)\n", ss->a.n_draft);
+    cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram, .self_draft = ss->a.self_draft,
+                       .adaptive = ss->a.self_draft};
     if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;

@@ -72,10 +72,18 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         snprintf(p->reason, sizeof p->reason, "%s does not fit the budget and is not calibrated, so it runs hybrid "
                  "(whole layers streamed); for the sparse mode, calibrate it once: flashlm calibrate %s --text FILE",
                  f->path, f->path);
+    /* a file stored hottest first runs hot rather than hybrid: the same bytes read per pass, and a self-draft */
+    bool hot_ordered = f->n_layers > 0;
+    for (uint32_t l = 0; l < f->n_layers; l++) hot_ordered = hot_ordered && (f->ffn[l]->flags & FLM_FFN_HOT_ORDER);
+    const flm_mode streamed = hot_ordered ? FLM_MODE_HOT : FLM_MODE_HYBRID;
+    if (chosen && budget && fixed + ffn_total > budget && !f->predictor && hot_ordered)
+        snprintf(p->reason, sizeof p->reason, "the model does not fit the budget (%.2f MiB in memory) and its neurons "
+                 "are stored hottest first (flashlm calibrate): every layer keeps its hottest neurons, the rest is "
+                 "read as one range per pass", flm_mib(fixed + ffn_total));
     if (chosen)
         mode = (!budget || fixed + ffn_total <= budget) ? FLM_MODE_RAM
                : f->predictor                         ? FLM_MODE_SPARSE
-                                                      : FLM_MODE_HYBRID;
+                                                      : streamed;
     p->mode = mode;
     const flm_ffn_source_ops *src = flm_ffn_source_of(mode);
     if (!src) return flm_fail(err, FLM_ERR_ARG, "%s: unknown mode %d", f->path, (int)mode);
@@ -97,9 +105,9 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     if (!st && chosen && mode == FLM_MODE_SPARSE && rq->params) st = flm_sparse_plan_check(f, rq->params, p, rq->keep, &serr);
     if (st == FLM_ERR_BUDGET && chosen && mode == FLM_MODE_SPARSE) {
         flm_plan_request h = *rq;
-        h.mode = FLM_MODE_HYBRID;
+        h.mode = streamed;
         st = flm_budget_plan(f, hp, &h, p, err);
-        snprintf(p->reason, sizeof p->reason, "%.480s; running hybrid instead", serr.msg);
+        snprintf(p->reason, sizeof p->reason, "%.480s; running %s instead", serr.msg, flm_mode_name(streamed));
         return st;
     }
     if (st) {
