@@ -358,13 +358,18 @@ static void test_calibrate_under_limit(void **state) {
 }
 
 /* run in every mode at a budget (bytes, or N% of the model), under budget + FLM_RSS_ALLOWANCE */
-static void run_mode(const char *name, const char *path, uint64_t model_bytes, const char *mode, double percent) {
+static void run_mode_extra(const char *name, const char *path, uint64_t model_bytes, const char *mode,
+                           double percent, const char *extra) {
     char args[8192], what[256];
     uint64_t budget = (uint64_t)((double)model_bytes * percent / 100.0);
     snprintf(args, sizeof args, "run -m '%s' --mode %s --mem %llu -c 256 -p 'Once upon a time' -n 16 --temp 0 -t 2 "
-             "--stats", path, mode, (unsigned long long)budget);
+             "--stats %s", path, mode, (unsigned long long)budget, extra);
     snprintf(what, sizeof what, "%s, %s at --mem %.2f MiB", name, mode, budget / MIB);
     expect_completes(what, args, budget + FLM_RSS_ALLOWANCE, "flashlm: generation ");
+}
+
+static void run_mode(const char *name, const char *path, uint64_t model_bytes, const char *mode, double percent) {
+    run_mode_extra(name, path, model_bytes, mode, percent, "");
 }
 
 static void test_run_synthetic_every_mode(void **state) {
@@ -375,6 +380,8 @@ static void test_run_synthetic_every_mode(void **state) {
     run_mode("synthetic", syn_flm, model, "ram", 125);
     run_mode("synthetic", syn_flm, model, "naive", 60);
     run_mode("synthetic", syn_flm, model, "hybrid", 70);
+    run_mode("synthetic", syn_flm, model, "hot", 70);
+    run_mode_extra("synthetic", syn_flm, model, "hot", 70, "--draft-self"); /* the self-draft's buffers inside it */
     if (file_bytes(syn_cal) == 0) fail_msg("no calibrated file (test_calibrate_under_limit failed)");
     run_mode("synthetic (calibrated)", syn_cal, model, "sparse", 60);
 }
@@ -387,6 +394,8 @@ static void test_run_smollm2_every_mode(void **state) {
     run_mode("SmolLM2", smol_flm, model, "ram", 125);
     run_mode("SmolLM2", smol_flm, model, "naive", 65);
     run_mode("SmolLM2", smol_flm, model, "hybrid", 75);
+    run_mode("SmolLM2", smol_flm, model, "hot", 75);
+    run_mode_extra("SmolLM2", smol_flm, model, "hot", 80, "--draft-self");
 }
 
 /* A budget below the resident weights is refused with a message under budget + allowance, not killed. And the

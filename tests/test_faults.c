@@ -360,8 +360,9 @@ static void alloc_arm(long at) { atomic_store(&alloc_count, 0); atomic_store(&al
 static long alloc_disarm(void) { atomic_store(&alloc_fail_at, -1); return atomic_load(&alloc_count); }
 
 #define FT_TOKENS 8
-static const flm_mode FT_MODES[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID, FLM_MODE_SPARSE};
-static const char *const FT_MODE_NAMES[] = {"ram", "naive", "hybrid", "sparse"};
+static const flm_mode FT_MODES[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID, FLM_MODE_SPARSE, FLM_MODE_HOT};
+static const char *const FT_MODE_NAMES[] = {"ram", "naive", "hybrid", "sparse", "hot"};
+#define FT_N_MODES 5 /* hot under hybrid's budget: part of every layer in memory, the rest read as one range */
 
 /* n_batch: flm_params.n_batch (0: the default); no_window: sparse keeps only the last token's neurons */
 /* The tests that count requests run without read-ahead: with it, the last read of a call may be the next call's first
@@ -410,7 +411,9 @@ static uint64_t hybrid_budget_b(int n_batch) {
 
 static uint64_t hybrid_budget(void) { return hybrid_budget_b(0); }
 
-static uint64_t mode_budget(int m) { return FT_MODES[m] == FLM_MODE_HYBRID ? hybrid_budget() : 0; }
+static uint64_t mode_budget(int m) {
+    return FT_MODES[m] == FLM_MODE_HYBRID || FT_MODES[m] == FLM_MODE_HOT ? hybrid_budget() : 0;
+}
 
 /* The clean logits of FT_TOKENS prompt tokens in mode m. */
 static float *clean_logits(int m, const int32_t *ids) {
@@ -457,7 +460,7 @@ static void test_reader_faults_every_mode(void **state) {
     const char *fault_names[] = {"EIO", "short read", "EINTR", "partial read", "EINVAL"};
     const flm_io_kind ios[] = {FLM_IO_KIND_THREADS, FLM_IO_KIND_URING};
     uint64_t rng = 12;
-    for (int m = 1; m < 4; m++) {
+    for (int m = 1; m < FT_N_MODES; m++) {
         float *want = clean_logits(m, ids);
         for (int io = 0; io < 2; io++)
             for (int f = 0; f < 5; f++) {
@@ -514,7 +517,7 @@ static void test_allocation_failures(void **state) {
     (void)state;
     int32_t ids[FT_TOKENS];
     ft_prompt(ids);
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < FT_N_MODES; m++) {
         float *want = clean_logits(m, ids);
         uint64_t budget = mode_budget(m);
         long n_failed = 0;
@@ -578,7 +581,7 @@ static void test_file_truncated_or_replaced(void **state) {
     const uint64_t ffn_start = ff->ffn[0]->offset;
     flm_file_close(ff);
     const char *copy = tu_tmp("trunc", ".flm"), *other = tu_tmp("trunc-new", ".flm");
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < FT_N_MODES; m++) {
         float *want = clean_logits(m, ids);
         for (int replace = 0; replace < 2; replace++) {
             tu_write_file(copy, orig, len);
@@ -641,7 +644,9 @@ static void test_file_truncated_or_replaced(void **state) {
 #define FB_TOKENS 24
 #define FB_BATCH 8
 
-static uint64_t fb_budget(int m) { return FT_MODES[m] == FLM_MODE_HYBRID ? hybrid_budget_b(FB_BATCH) : 0; }
+static uint64_t fb_budget(int m) {
+    return FT_MODES[m] == FLM_MODE_HYBRID || FT_MODES[m] == FLM_MODE_HOT ? hybrid_budget_b(FB_BATCH) : 0;
+}
 
 /* Sparse without the window (k = 1): stories260K's neuron cache holds its whole FFN, so with a window a batch's union
  * of predicted sets stays cached and later batches read nothing; with k = 1 every batch reads what the previous
@@ -740,7 +745,7 @@ static void test_batch_reader_faults(void **state) {
     const flm_io_kind ios[] = {FLM_IO_KIND_THREADS, FLM_IO_KIND_URING};
     float *got = malloc((size_t)FB_TOKENS * 512 * sizeof(float));
     uint64_t rng = 77;
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < FT_N_MODES; m++) {
         float *want = fb_clean(m);
         int n_failed = 0;
         for (int io = 0; io < 2; io++)
@@ -798,7 +803,7 @@ static void test_read_ahead_faults(void **state) {
     float *got = malloc((size_t)FB_TOKENS * 512 * sizeof(float));
     uint64_t rng = 91;
     ft_read_ahead = true;
-    for (int m = 1; m < 4; m++) { /* the streaming modes */
+    for (int m = 1; m < FT_N_MODES; m++) { /* the streaming modes */
         float *want = fb_clean(m);
         int failed_here = 0, failed_next = 0, clean = 0;
         for (int io = 0; io < 2; io++)
@@ -883,7 +888,7 @@ static void test_batch_file_truncated(void **state) {
     const char *copy = tu_tmp("btrunc", ".flm");
     float *got = malloc((size_t)FB_TOKENS * 512 * sizeof(float));
     uint64_t rng = 5;
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < FT_N_MODES; m++) {
         float *want = fb_clean(m);
         int n_failed = 0;
         for (int rep = 0; rep < 6; rep++) {
@@ -943,7 +948,7 @@ static void test_batch_allocation_failures(void **state) {
     (void)state;
     float *got = malloc((size_t)FB_TOKENS * 512 * sizeof(float));
     uint64_t rng = 31;
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < FT_N_MODES; m++) {
         float *want = fb_clean(m);
         const int p0 = (int)(tu_rand_u64(&rng) % FB_BATCH);
         flm_ctx *ctx = open_fb(flm_path, m, FLM_IO_KIND_AUTO);

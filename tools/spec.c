@@ -331,7 +331,10 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     if (nd > 0 && s->st.draft_ms > draft_ms0) ema(&s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
     const double tv = spec_now_ms();
     if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
-    ema(&s->c_verify[nd + 1], spec_now_ms() - tv);
+    const double dv = spec_now_ms() - tv;
+    ema(&s->c_verify[nd + 1], dv);
+    s->st.verify_ms[nd + 1] += dv;
+    s->st.verify_n[nd + 1]++;
     s->st.n_passes++;
     s->st.n_steps++;
     s->st.n_drafted += nd;

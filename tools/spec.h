@@ -47,6 +47,9 @@ typedef struct cli_spec_stats {
     uint64_t draft_tokens;   /* tokens the draft model evaluated (re-synchronising included) */
     double draft_ms;         /* the draft model's ms */
     double draft_select_ms;  /* ms spent choosing drafts and accepting (sampler, n-gram lookup) outside both models */
+    double verify_ms[CLI_SPEC_DRAFT_MAX + 2]; /* [k]: ms of the verification passes of k rows (the last token and k - 1
+                                                 drafts), summed; pass time against rows */
+    uint64_t verify_n[CLI_SPEC_DRAFT_MAX + 2]; /* [k]: how many such passes */
 } cli_spec_stats;
 
 /* Bytes of the engine's buffers for these sizes (what cli_spec_create allocates): the verification logits

@@ -206,6 +206,12 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
     if (ss->draft || ss->a.self_draft)
         fprintf(stderr, "; draft %.3f ms (%.2f tokens evaluated)", s.draft_ms / g, (double)s.draft_tokens / g);
     fprintf(stderr, "; choosing and accepting %.3f ms\n", s.draft_select_ms / g);
+    fprintf(stderr, "flashlm: speculative: verification pass ms by rows (rows: mean ms x passes):");
+    for (int k = 1; k <= CLI_SPEC_DRAFT_MAX + 1; k++)
+        if (s.verify_n[k])
+            fprintf(stderr, " %d: %.1f x %llu", k, s.verify_ms[k] / (double)s.verify_n[k],
+                    (unsigned long long)s.verify_n[k]);
+    fprintf(stderr, "\n");
     if (ss->budget) {
         flm_stats st;
         flm_get_stats(target, &st);
