@@ -26,11 +26,9 @@ static uint32_t hot_select(void *user, uint32_t l, const float *x, const float *
     hot_acc *a = user;
     double *s = a->score + (size_t)l * a->d_ffn;
     const float *dn = a->dnorm + (size_t)l * a->d_ffn;
-    for (uint32_t i = 0; i < a->d_ffn; i++) {
-        s[i] += fabsf(h[i]) * dn[i];
-        ids[i] = i;
-    }
-    return a->d_ffn;
+    (void)ids;
+    for (uint32_t i = 0; i < a->d_ffn; i++) s[i] += fabsf(h[i]) * dn[i];
+    return FLM_SELECT_ALL; /* the dense FFN: it only observes */
 }
 
 static const double *sort_key;

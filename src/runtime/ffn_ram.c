@@ -55,6 +55,7 @@ static flm_status ram_compute(flm_ctx *ctx, uint32_t l, const float *in, float *
             h = ctx->s.hb;
         }
         uint32_t n = ctx->ffn_select(ctx->select_user, l, in, h, ctx->select_ids);
+        if (n == FLM_SELECT_ALL && h) return FLM_OK; /* every neuron: out is the dense FFN computed above */
         flm_ffn_bundles(ctx->k, &ctx->flash->desc[l], ctx->flash->layer_data[l], ctx->select_ids, n, in, out,
                         ctx->s.hb2, ctx->flash->acc, ctx->params.n_threads);
         return FLM_OK;

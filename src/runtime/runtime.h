@@ -186,6 +186,7 @@ typedef void (*flm_ffn_tap_fn)(void *user, uint32_t layer, const float *x);
  * all neurons first; NULL otherwise), writes the chosen neuron ids (any order, no repeats) into ids[d_ffn] and
  * returns their count; the FFN output is then computed over those neurons alone. */
 typedef uint32_t (*flm_ffn_select_fn)(void *user, uint32_t layer, const float *x, const float *h, uint32_t *ids);
+#define FLM_SELECT_ALL UINT32_MAX /* a select hook's answer (with need_h): every neuron; the dense output stands */
 
 struct flm_ctx {
     flm_model *model;
