@@ -6,6 +6,7 @@
  *   - the self-draft (flm_eval_draft) is refused outside mode hot, and its approximate keys and values are all
  *     overwritten: greedy output with --draft-n 1, 3, 8 equals plain greedy output token for token, with some drafts
  *     accepted and some rejected;
+ *   - sampling with the self-draft keeps the model's distribution (the joint of the first tokens, counted);
  *   - the same on SmolLM2 and Qwen2.5-Coder-0.5B (when pulled) at --mem 75% / 50%, 64 tokens.
  * stories260K from tests/data. */
 #include <math.h>
@@ -288,6 +289,124 @@ static void test_self_draft_greedy(void **state) {
     check_self_draft(g_hot, mem, 0, N_CTX, "Once upon a time, there was a little girl", 96, lambdas, 3);
 }
 
+
+/* |freq - p| within 5 standard deviations of a binomial count (+ one count of slack) */
+static void expect_freqs(const double *count, const double *p, int n, double draws, const char *what) {
+    for (int i = 0; i < n; i++) {
+        double f = count[i] / draws, tol = 5 * sqrt(p[i] * (1 - p[i]) / draws) + 1 / draws;
+        if (fabs(f - p[i]) > tol) fail_msg("%s: cell %d: frequency %.4f, want %.4f +- %.4f", what, i, f, p[i], tol);
+    }
+}
+
+/* the 3 candidates (top-k 3) of a distribution, in id order */
+static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int32_t ids[3], double pr[3]) {
+    flm_sampler_probs(ps, logits, p);
+    int k = 0;
+    for (uint32_t i = 0; i < V; i++)
+        if (p[i] > 0) {
+            assert_true(k < 3);
+            ids[k] = (int32_t)i;
+            pr[k++] = p[i];
+        }
+    assert_int_equal(k, 3);
+}
+
+/* Sampling through the self-draft keeps the model's distribution: the joint of the first 3 tokens (top-k 3: 27
+ * cells) computed exactly from ram mode, against the counts of many speculative generations in mode hot (drafts from
+ * the hot neurons, rejections replaced from max(0, p - q)); and the self-draft's own joint is far from it (the test
+ * can fail). */
+static void test_self_draft_sampling(void **state) {
+    (void)state;
+    flm_ctx *ref = open_mode(g_hot, FLM_MODE_RAM, 0, 0, N_CTX);
+    const uint32_t V = vocab(ref);
+    int n_prompt;
+    int32_t *prompt = tokenize(ref, "Once upon a time there was a", &n_prompt);
+    flm_sampler_params sp = {.temp = 1.0f, .top_k = 3, .top_p = 1.0f, .seed = 99};
+    flm_sampler *ps = flm_sampler_create(&sp, V);
+    float *p = malloc(V * sizeof *p);
+    const float *logits;
+    flm_error err;
+    double joint[27], djoint[27];
+    int32_t cand[27][3], i1[3], i2[3], i3[3];
+    double p1[3], p2[3], p3[3];
+    assert_int_equal(flm_eval_batch(ref, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err), FLM_OK);
+    top3(ps, logits, p, V, i1, p1);
+    for (int a = 0; a < 3; a++) {
+        assert_int_equal(flm_eval(ref, i1[a], n_prompt, &logits, &err), FLM_OK);
+        top3(ps, logits, p, V, i2, p2);
+        for (int b = 0; b < 3; b++) {
+            assert_int_equal(flm_eval(ref, i2[b], n_prompt + 1, &logits, &err), FLM_OK);
+            top3(ps, logits, p, V, i3, p3);
+            for (int c = 0; c < 3; c++) {
+                int cell = a * 9 + b * 3 + c;
+                cand[cell][0] = i1[a];
+                cand[cell][1] = i2[b];
+                cand[cell][2] = i3[c];
+                joint[cell] = p1[a] * p2[b] * p3[c];
+            }
+        }
+    }
+    const uint64_t mem = budget_for_share(g_hot, 0.2, 0.5, N_CTX);
+    flm_ctx *dref = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
+    for (int cell = 0; cell < 27; cell++) { /* the self-draft's own probabilities of the cells */
+        double q = 1;
+        assert_int_equal(flm_eval_batch(dref, prompt, (uint32_t)n_prompt - 1, 0, NULL, &logits, &err), FLM_OK);
+        assert_int_equal(flm_eval_draft(dref, prompt[n_prompt - 1], n_prompt - 1, &logits, &err), FLM_OK);
+        for (int k = 0; k < 3; k++) {
+            flm_sampler_probs(ps, logits, p);
+            q *= p[cand[cell][k]];
+            if (k < 2) assert_int_equal(flm_eval_draft(dref, cand[cell][k], n_prompt + k, &logits, &err), FLM_OK);
+        }
+        djoint[cell] = q;
+    }
+    flm_close(dref);
+    flm_ctx *target = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
+    flm_sampler *smp = flm_sampler_create(&sp, V);
+    cli_spec *s = NULL;
+    cli_spec_opts o = {.n_draft = 3, .self_draft = true};
+    assert_int_equal(cli_spec_create(target, NULL, smp, &o, &s, &err), FLM_OK);
+    assert_int_equal(cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &logits, &err), FLM_OK);
+    float *prompt_logits = malloc(V * sizeof *prompt_logits);
+    memcpy(prompt_logits, logits, V * sizeof *prompt_logits);
+#ifdef FLM_SANITIZED_BUILD
+    const int M = 1500;
+#else
+    const int M = 6000;
+#endif
+    double count[27] = {0};
+    for (int i = 0; i < M; i++) {
+        cli_spec_rewind(s, n_prompt);
+        int32_t toks[4];
+        collect c = {toks, 0, 4};
+        cli_spec_result r;
+        assert_int_equal(cli_spec_generate(s, prompt_logits, 4, false, collect_emit, &c, &r, &err), FLM_OK);
+        assert_int_equal(c.n, 4);
+        int cell = -1;
+        for (int k = 0; k < 27 && cell < 0; k++)
+            if (cand[k][0] == toks[0] && cand[k][1] == toks[1] && cand[k][2] == toks[2]) cell = k;
+        if (cell < 0) fail_msg("tokens %d %d %d are not among the model's top-3 paths", toks[0], toks[1], toks[2]);
+        count[cell]++;
+    }
+    cli_spec_stats st;
+    cli_spec_get_stats(s, &st);
+    print_message("self-draft sampling: %d generations, drafted %llu, accepted %llu\n", M,
+                  (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
+    assert_true(st.n_accepted > 0 && st.n_accepted < st.n_drafted);
+    expect_freqs(count, joint, 27, M, "self-draft sampling, joint of the first 3 tokens");
+    double far = 0;
+    for (int k = 0; k < 27; k++) far = fmax(far, fabs(djoint[k] - joint[k]));
+    print_message("largest |self-draft - model| over the 27 cells: %.4f\n", far);
+    assert_true(far > 10 * sqrt(0.25 / M));
+    cli_spec_free(s);
+    flm_sampler_free(smp);
+    flm_sampler_free(ps);
+    flm_close(target);
+    flm_close(ref);
+    free(prompt_logits);
+    free(p);
+    free(prompt);
+}
+
 static void test_self_draft_real(void **state) {
     (void)state;
     static const struct { const char *name; double pct; } models[] = {{"smollm2-135m", 75}, {"qwen2.5-coder-0.5b", 50}};
@@ -313,6 +432,7 @@ int main(void) {
         cmocka_unit_test(test_order_written),
         cmocka_unit_test(test_hot_equals_ram),
         cmocka_unit_test(test_self_draft_greedy),
+        cmocka_unit_test(test_self_draft_sampling),
         cmocka_unit_test(test_self_draft_real),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -20,11 +20,13 @@ static const char *CAL_HELP =
     "Stores predictors, thresholds and levels in the .flm file (a checksummed region; the file is replaced\n"
     "atomically). Afterwards `flashlm run --mode sparse` uses them (--sparse-level picks another stored level).\n"
     "\n"
-    "First (once per file) it orders every layer's FFN neurons hottest first by their summed contribution\n"
-    "|h_i| ||down_i|| on the text's first --hot-tokens tokens, so the hot mode keeps each layer's hottest\n"
-    "neurons in memory and reads the rest as one range (and drafts from them: run --draft-self).\n"
+    "With --hot (or --hot-only) it first orders every layer's FFN neurons hottest first by their summed\n"
+    "contribution |h_i| ||down_i|| on the text's first --hot-tokens tokens (lossless), so the hot mode keeps each\n"
+    "layer's hottest neurons in memory and reads the rest as one range, and drafts from them (run --draft-self;\n"
+    "mode auto then runs hot). The ordering runs the model in memory (ram mode): not under --mem.\n"
     "\n"
     "      --text FILE      calibration text (required); its last tokens are held out for the check\n"
+    "      --hot            order the neurons hottest first, then calibrate as below\n"
     "      --hot-only       only order the neurons hottest first (seconds to minutes), no predictors\n"
     "      --hot-tokens N   tokens the hot order is measured on (default 1024)\n"
     "      --tokens N       tokens to record (default 4096): 80% train the predictors, 20% set their thresholds\n"
@@ -54,7 +56,7 @@ int cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *text = NULL;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
-    bool levels_only = false, hot_only = false;
+    bool levels_only = false, hot_only = false, hot = false;
     uint32_t hot_tokens = 1024;
     long v;
     float f;
@@ -67,7 +69,8 @@ int cmd_calibrate(int argc, char **argv) {
         }
         if (!strcmp(a, "--curve")) { o.curve = true; continue; }
         if (!strcmp(a, "--levels-only")) { levels_only = true; continue; }
-        if (!strcmp(a, "--hot-only")) { hot_only = true; continue; }
+        if (!strcmp(a, "--hot-only")) { hot_only = hot = true; continue; }
+        if (!strcmp(a, "--hot")) { hot = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm calibrate --help)", a);
         i++;
         if (!strcmp(a, "--text")) text = val;
@@ -129,7 +132,16 @@ int cmd_calibrate(int argc, char **argv) {
     flm_error err;
     flm_calib_report rep;
     double t0 = cli_now_ms();
-    if (!levels_only && !flm_is_hot_ordered(model)) {
+    if (hot && levels_only) {
+        free(buf);
+        return cli_die("%s", "--hot and --levels-only exclude each other (ordering drops the predictors)");
+    }
+    if (hot && (o.mem_bytes || o.mem_percent > 0)) {
+        free(buf);
+        return cli_die("%s", "--hot runs the model in memory: not under --mem (order the neurons where the model fits, "
+                       "then calibrate under --mem)");
+    }
+    if (hot && !flm_is_hot_ordered(model)) {
         flm_status hs = flm_hot_order(model, buf, hot_tokens, o.chunk, o.n_threads, cli_progress, NULL, &err);
         if (hs == FLM_ERR_UNSUPPORTED && !hot_only) {
             fprintf(stderr, "flashlm: (neurons not ordered: %s)\n", err.msg);
