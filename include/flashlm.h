@@ -63,6 +63,7 @@ typedef enum flm_status {
     FLM_ERR_ARG = -5,         /* a bad argument from the caller */
     FLM_ERR_BUDGET = -6,      /* the memory budget (--mem) cannot hold what must be resident */
     FLM_ERR_CHECKSUM = -7,    /* a region's checksum does not match: the file is corrupt */
+    FLM_ERR_CONTEXT = -8,     /* the context (n_ctx tokens) cannot hold what was asked (flm_session_*) */
 } flm_status;
 
 #define FLM_ERROR_MSG_MAX 512
@@ -573,6 +574,133 @@ FLM_API int32_t flm_sampler_sample_probs(flm_sampler *s, const float *probs);
  * through rounding, it is drawn from p). A token outside [0, n_vocab) is rejected the same way. */
 FLM_API bool flm_sampler_accept(flm_sampler *s, const float *p, const float *q, int32_t token, int32_t *out);
 FLM_API void flm_sampler_free(flm_sampler *s);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Sessions: prompts, generation, stop strings, streaming, cancellation (what `run`, `chat` and `serve` share)
+ *
+ * A session drives one open context: it holds the tokens the context's KV cache holds, feeds prompts (token ids,
+ * text, or chat messages rendered through a chat template), samples replies with its own sampler, stops at an
+ * end-of-generation token, a token limit, a full context or a stop string, streams each token and the text it
+ * releases through a callback, can be cancelled from another thread, shifts the context when it fills (optional)
+ * and counts per-request statistics. It writes nothing to stdout or stderr. A session borrows its context: close the
+ * context after flm_session_free, and do not evaluate the context directly while a session uses it. One thread at a
+ * time calls a session's functions, except flm_session_cancel (any thread, any time).
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct flm_session flm_session;
+
+/* A session over ctx (borrowed), holding no tokens, greedy sampling (temp 0) until flm_session_sampling, no context
+ * shift. Allocates the token history (n_ctx int32) and a small text buffer, outside the memory plan.
+ * Errors: FLM_ERR_ARG (ctx or out NULL), FLM_ERR_NOMEM. */
+FLM_API flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err);
+FLM_API void flm_session_free(flm_session *s);
+/* The context the session drives. */
+FLM_API flm_ctx *flm_session_ctx(const flm_session *s);
+/* Replace the session's sampler by a new one with these parameters (its RNG starts again from p->seed); the sampler
+ * then lives across generations (a conversation's replies draw one RNG stream). Errors: FLM_ERR_NOMEM (the old
+ * sampler is kept). */
+FLM_API flm_status flm_session_sampling(flm_session *s, const flm_sampler_params *p, flm_error *err);
+/* The context shift (llama.cpp's --context-shift, flm_kv_shift): when on, a generation or flm_session_feed_shift
+ * that finds the context full forgets half of positions [n_keep, n_past) (more when needed) and goes on; when off,
+ * generation stops there (flm_gen_result.ctx_full). n_keep: positions always kept at the start (BOS, a system
+ * prompt); clamped to [0, n_past]. */
+FLM_API void flm_session_set_shift(flm_session *s, bool on, int32_t n_keep);
+/* Tokens the context holds (the next position). */
+FLM_API int32_t flm_session_n_past(const flm_session *s);
+/* Forget positions >= n (0: start over); n > n_past is clamped to n_past. The next feed starts at n. */
+FLM_API void flm_session_rewind(flm_session *s, int32_t n);
+
+/* Evaluate ids[0..n) after the tokens held (positions n_past ..). Errors: FLM_ERR_CONTEXT (n_past + n > n_ctx:
+ * nothing is run), those of flm_eval_batch (the context then holds what it held before). n == 0 does nothing. */
+FLM_API flm_status flm_session_feed(flm_session *s, const int32_t *ids, size_t n, flm_error *err);
+/* flm_session_feed, shifting the context whenever it fills (the shift must be on), so ids of any length go through
+ * (only their end is then held), and leaving room for one more token. Errors: FLM_ERR_CONTEXT (shift off, or the kept
+ * start leaves nothing to discard), those of flm_eval_batch. */
+FLM_API flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, flm_error *err);
+/* Make the context hold exactly ids[0..n) (a new request's whole prompt): the longest common prefix with the tokens
+ * it holds is kept (not evaluated again, as llama-server's prompt cache; at least the last token is evaluated, for its
+ * logits) and the rest evaluated. *n_reused (may be NULL) gets the tokens kept. Evaluation in one prefix or another
+ * gives the same KV entries, so the result equals evaluating ids from position 0.
+ * Errors: FLM_ERR_ARG (n == 0), FLM_ERR_CONTEXT (n >= n_ctx: no room left for a reply; the message gives both),
+ * those of flm_eval_batch. */
+FLM_API flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused,
+                                      flm_error *err);
+/* flm_session_prompt of text tokenized with FLM_TOKENIZE_* flags (plain text: FLM_TOKENIZE_ADD_SPECIAL, as
+ * flm_tokenize with add_bos). Errors: those of flm_session_prompt; FLM_ERR_ARG (no tokens), FLM_ERR_NOMEM. */
+FLM_API flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags,
+                                           size_t *n_reused, flm_error *err);
+/* The prompt of a chat request: msgs rendered through t (flm_chat_apply with the assistant's opening), tokenized with
+ * FLM_TOKENIZE_PARSE_SPECIAL and BOS when flm_add_bos (the tokens `flashlm run --chat` feeds), then
+ * flm_session_prompt. Errors: those of flm_chat_apply and flm_session_prompt_text. */
+FLM_API flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                           size_t *n_reused, flm_error *err);
+
+/* What one generation may do. */
+#define FLM_GEN_STOP_MAX 8     /* stop strings per generation */
+#define FLM_GEN_STOP_LEN 256   /* bytes per stop string, at most */
+typedef struct flm_gen_params {
+    long max_tokens;          /* tokens to sample at most (an end-of-generation token included); < 0: no limit
+                                 (until end of generation or a full context) */
+    bool feed_last;           /* evaluate the last token too (a conversation goes on after the reply); else the
+                                 max_tokens-th token is sampled but not evaluated */
+    const char *stop[FLM_GEN_STOP_MAX]; /* stop strings (NUL-terminated, non-empty, borrowed for the call); the text
+                                 ends before the first occurrence of any of them, which is not released */
+    int n_stop;               /* how many of stop[] are used, 0..FLM_GEN_STOP_MAX */
+    bool utf8_whole;          /* release text only in whole UTF-8 characters (an incomplete sequence at the end is
+                                 held until the next token completes it, or released at the end) */
+} flm_gen_params;
+/* max_tokens -1, nothing else. */
+FLM_API void flm_gen_params_default(flm_gen_params *p);
+
+/* One step of a generation, as the callback sees it. */
+typedef struct flm_gen_token {
+    int32_t id;                   /* the token sampled; -1 for the final release of held text (no token) */
+    bool eog;                     /* id is an end-of-generation token: no text, not evaluated, the last call */
+    const char *text;             /* text released now (len bytes, not NUL-terminated, valid during the call): the
+                                     token's piece and earlier held-back text, less what could still begin a stop
+                                     string (held back); may be empty */
+    size_t len;
+    double ms;                    /* wall-clock ms since the previous call (the first: since the generation began) */
+    flm_token_stats stats;        /* the evaluation whose logits gave this token (per-token share of a batch) */
+} flm_gen_token;
+/* Return false to stop the generation (flm_gen_result.cancelled). */
+typedef bool (*flm_gen_fn)(void *user, const flm_gen_token *t);
+
+typedef struct flm_gen_result {
+    long n_gen;        /* tokens sampled (an end-of-generation token included) */
+    bool eog;          /* ended by an end-of-generation token */
+    bool limit;        /* ended after max_tokens */
+    bool ctx_full;     /* ended: the context had no room for the next token (shift off, or nothing to discard) */
+    bool stopped;      /* ended by a stop string (stop_index says which) */
+    int stop_index;    /* -1 unless stopped */
+    bool cancelled;    /* ended by flm_session_cancel or the callback */
+    double ms;         /* wall-clock ms of the call */
+} flm_gen_result;
+
+/* Sample after the tokens held (the prompt fed last, or the last generated token), up to gp->max_tokens, streaming
+ * each token to fn (may be NULL) as described above; each sampled token except an end-of-generation one is
+ * evaluated, except the max_tokens-th when !feed_last and a token ending in a stop string. The session's pending
+ * cancellation (flm_session_cancel) is checked before each token and cleared when this returns. Context shift: as
+ * flm_session_set_shift. Errors: FLM_ERR_ARG (nothing fed yet; a stop string empty, longer than FLM_GEN_STOP_LEN, or
+ * n_stop out of range), FLM_ERR_NOMEM, those of flm_eval_batch; r (may be NULL) says where it ended either way. */
+FLM_API flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_gen_fn fn, void *user,
+                                        flm_gen_result *r, flm_error *err);
+/* Ask the running (or next) flm_session_generate to stop before its next token; safe from any thread and from a
+ * signal handler (an atomic flag). */
+FLM_API void flm_session_cancel(flm_session *s);
+
+/* Counts since flm_session_create or flm_session_reset_stats. */
+typedef struct flm_session_stats {
+    uint64_t n_prompt;        /* prompt tokens evaluated (feeds and prompts) */
+    uint64_t n_reused;        /* prompt tokens kept from the cache instead (flm_session_prompt) */
+    uint64_t n_gen;           /* tokens sampled by generations */
+    double prompt_ms, gen_ms; /* wall-clock ms feeding prompts, generating */
+    flm_token_stats prompt;   /* sums over the prompts' evaluations: flash I/O, memory, compute ms, bytes, reads */
+    flm_token_stats gen;      /* the same over generations' evaluations */
+    long n_shifts;            /* context shifts, and the tokens they discarded */
+    long n_discarded;
+} flm_session_stats;
+FLM_API void flm_session_get_stats(const flm_session *s, flm_session_stats *st);
+FLM_API void flm_session_reset_stats(flm_session *s);
 
 #ifdef __cplusplus
 }

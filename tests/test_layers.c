@@ -31,6 +31,8 @@ static const layer k_layers[] = {
     {"model", {"format", "compute", "core", NULL}},
     {"sparsity", {"model", "format", "compute", "core", NULL}},
     {"runtime", {"model", "format", "compute", "io", "cache", "sparsity", "core", NULL}},
+    /* sessions (prompts, generation, stop strings, streaming): above the runtime, through its public calls */
+    {"session", {"runtime", "format", "core", NULL}},
     /* the tools tier (libflashlm_tools), above the runtime */
     {"convert", {"runtime", "model", "format", "compute", "core", NULL}},
     {"calibrate", {"runtime", "sparsity", "model", "format", "compute", "io", "cache", "core", NULL}},

@@ -91,14 +91,17 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
 int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t);
 
 struct cli_spec;
-/* A token stream through one context: tokens fed so far occupy positions [0, pos). */
+/* A token stream through one context: tokens fed so far occupy positions [0, pos). Without speculative decoding
+ * everything goes through the library's session (flm_session_*: feeding, sampling, stops, the context shift); with
+ * it, through the speculative engine (tools/spec.h). */
 typedef struct cli_gen {
     flm_ctx *ctx;
-    flm_sampler *smp;
+    flm_sampler *smp;      /* the speculative engine's sampler (the session has its own, with the same parameters) */
+    flm_session *sess;     /* the session over ctx (not used while drafting) */
     uint32_t n_ctx;        /* the context's KV length */
-    int32_t pos;           /* next position */
-    int32_t last;          /* the last token fed (-1: none), the "previous" token for decoding pieces */
-    const float *logits;   /* the next-token logits after it */
+    int32_t pos;           /* next position; set it back (0: a new conversation) and the next feed starts there */
+    int32_t last;          /* the last token fed (-1: none) */
+    const float *logits;   /* speculative decoding: the next-token logits after it */
     struct cli_spec *spec; /* NULL, or speculative decoding over ctx (tools/spec.h): feeds and replies go through it */
     /* the context shift (--context-shift): when the context is full, positions [n_keep, pos) lose their older half
      * (flm_kv_shift) and generation goes on; off: generation stops there */
@@ -110,11 +113,7 @@ typedef struct cli_gen {
                               end-of-generation id included) instead of its text */
     long n_printed;        /* ids printed so far (print_ids) */
 } cli_gen;
-/* Make room for n more tokens: true when pos + n <= n_ctx, or after a context shift made it so (g->shift: discard
- * half of positions [n_keep, pos), or more when n needs it, as llama.cpp's --context-shift). false when the context
- * is full and shifting is off or cannot help (n_keep + n > n_ctx); nothing is printed then. */
-bool cli_gen_room(cli_gen *g, size_t n);
-/* cli_gen_feed, shifting the context whenever it fills (g->shift), so ids of any length go through it, and leaving
+/* Feed ids through the session's context shift (flm_session_feed_shift), so ids of any length go through it, leaving
  * room for one more token. Returns 0, 1 after printing an evaluation error, 2 when the context cannot make room
  * (shifting off, or n_keep too large; nothing printed). */
 int cli_gen_feed_shift(cli_gen *g, const int32_t *ids, size_t n);

@@ -535,16 +535,37 @@ int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t) {
     return 0;
 }
 
+/* The session's state in g's fields (what run and chat print). */
+static void gen_sync(cli_gen *g) {
+    flm_session_stats st;
+    flm_session_get_stats(g->sess, &st);
+    g->pos = flm_session_n_past(g->sess);
+    g->n_shifts = st.n_shifts;
+    g->n_discarded = st.n_discarded;
+}
+
+/* Before a session call: the position chat may have set back (a new conversation), the shift options. */
+static void gen_prepare(cli_gen *g) {
+    if (g->pos < flm_session_n_past(g->sess)) flm_session_rewind(g->sess, g->pos);
+    flm_session_set_shift(g->sess, g->shift, g->n_keep);
+}
+
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
     flm_error err;
     if (n == 0) return 0;
-    flm_status st = g->spec ? cli_spec_feed(g->spec, ids, n, g->pos, &g->logits, &err) /* the draft follows */
-                            : flm_eval_batch(g->ctx, ids, (uint32_t)n, g->pos, NULL, &g->logits, &err); /* batches of -b */
+    flm_status st;
+    if (g->spec) { /* the draft follows */
+        st = cli_spec_feed(g->spec, ids, n, g->pos, &g->logits, &err);
+        if (!st) g->pos += (int32_t)n;
+    } else { /* batches of -b */
+        gen_prepare(g);
+        st = flm_session_feed(g->sess, ids, n, &err);
+        gen_sync(g);
+    }
     if (st) {
         fprintf(stderr, "\nflashlm: %s\n", err.msg);
         return 1;
     }
-    g->pos += (int32_t)n;
     g->last = ids[n - 1];
     return 0;
 }
@@ -555,13 +576,31 @@ typedef struct {
     cli_buf *text;
 } emit_to;
 
+static bool emit_text(emit_to *e, const char *p, size_t len) {
+    fwrite(p, 1, len, stdout);
+    fflush(stdout);
+    return !e->text || cli_buf_add(e->text, p, len);
+}
+
 static bool emit_token(void *user, int32_t prev, int32_t token) {
     emit_to *e = user;
     size_t len;
     const char *p = flm_token_piece(e->g->ctx, prev, token, &len);
-    fwrite(p, 1, len, stdout);
-    fflush(stdout);
-    return !e->text || cli_buf_add(e->text, p, len);
+    return emit_text(e, p, len);
+}
+
+/* The session's callback: the text as it comes, or (--print-ids) every sampled id. */
+static bool emit_gen(void *user, const flm_gen_token *t) {
+    emit_to *e = user;
+    if (e->g->print_ids) {
+        if (t->id >= 0) {
+            printf("%s%d", e->g->n_printed++ ? "," : "", (int)t->id);
+            fflush(stdout);
+        }
+        return true;
+    }
+    if (t->id >= 0 && !t->eog) e->g->last = t->id;
+    return emit_text(e, t->text, t->len);
 }
 
 /* cli_gen_reply through speculative decoding: the same stops, the same tokens when greedy. */
@@ -587,54 +626,42 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     memset(r, 0, sizeof *r);
     if (g->spec) return gen_reply_spec(g, n_predict, feed_last, text, r);
     emit_to e = {g, text};
-    while (r->n_gen < n_predict && g->logits) {
-        int32_t next = flm_sampler_sample(g->smp, g->logits);
-        r->n_gen++;
-        if (g->print_ids) {
-            printf("%s%d", g->n_printed++ ? "," : "", (int)next);
-            fflush(stdout);
-        }
-        if (flm_token_is_eog(g->ctx, next)) { r->eog = true; break; }
-        if (!g->print_ids && !emit_token(&e, g->last, next)) {
-            fprintf(stderr, "\nflashlm: out of memory\n");
-            return 1;
-        }
-        if (r->n_gen >= n_predict && !feed_last) break;
-        if (!cli_gen_room(g, 1)) { r->ctx_full = true; break; } /* full: a context shift, or stop */
-        if (cli_gen_feed(g, &next, 1)) return 1;
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = n_predict;
+    gp.feed_last = feed_last;
+    gen_prepare(g);
+    flm_gen_result res;
+    flm_error err;
+    flm_status st = n_predict > 0 ? flm_session_generate(g->sess, &gp, emit_gen, &e, &res, &err) : FLM_OK;
+    if (n_predict <= 0) memset(&res, 0, sizeof res);
+    gen_sync(g);
+    r->n_gen = res.n_gen;
+    r->eog = res.eog;
+    r->ctx_full = res.ctx_full;
+    if (st) {
+        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        return 1;
+    }
+    if (res.cancelled) { /* only the callback stops it here: out of memory keeping the text */
+        fprintf(stderr, "\nflashlm: out of memory\n");
+        return 1;
     }
     return 0;
 }
 
-bool cli_gen_room(cli_gen *g, size_t n) {
-    if ((uint64_t)g->pos + n <= g->n_ctx) return true;
-    if (!g->shift) return false;
-    /* as llama.cpp's context shift: keep [0, n_keep), discard half of the rest (more when n needs it) */
-    int32_t keep = g->n_keep < g->pos ? (g->n_keep > 0 ? g->n_keep : 0) : g->pos, left = g->pos - keep;
-    int64_t discard = left / 2, need = (int64_t)g->pos + (int64_t)n - g->n_ctx;
-    if (discard < need) discard = need;
-    if (discard < 1 || discard > left) return false;
-    flm_error err;
-    if (flm_kv_shift(g->ctx, keep, (int32_t)discard, &err)) { /* cannot happen: the arguments are in range */
-        fprintf(stderr, "\nflashlm: %s\n", err.msg);
-        return false;
-    }
-    g->pos -= (int32_t)discard;
-    g->n_shifts++;
-    g->n_discarded += (long)discard;
-    return true;
-}
-
 int cli_gen_feed_shift(cli_gen *g, const int32_t *ids, size_t n) {
-    while (n > 0) {
-        if (!cli_gen_room(g, 1)) return 2;
-        size_t m = g->n_ctx - (uint32_t)g->pos;
-        if (m > n) m = n;
-        if (cli_gen_feed(g, ids, m)) return 1;
-        ids += m;
-        n -= m;
+    gen_prepare(g);
+    flm_error err;
+    flm_status st = flm_session_feed_shift(g->sess, ids, n, &err);
+    gen_sync(g);
+    if (st == FLM_ERR_CONTEXT) return 2;
+    if (st) {
+        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        return 1;
     }
-    return cli_gen_room(g, 1) ? 0 : 2;
+    if (n) g->last = ids[n - 1];
+    return 0;
 }
 
 int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o) {

@@ -182,10 +182,20 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
+    flm_session *sess = NULL; /* the library's token loop (speculative decoding keeps its own, tools/spec.c) */
+    if (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        flm_session_free(sess);
+        flm_sampler_free(smp);
+        flm_chat_close(tmpl);
+        flm_close(ctx);
+        cli_spec_session_close(&ss);
+        return 1;
+    }
     bool tty = isatty(0);
     if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
 
-    cli_gen gen = {.ctx = ctx, .smp = smp, .n_ctx = info.n_ctx, .last = -1, .spec = ss.spec};
+    cli_gen gen = {.ctx = ctx, .smp = smp, .sess = sess, .n_ctx = info.n_ctx, .last = -1, .spec = ss.spec};
     msg_list msgs = {0};
     cli_buf done = {0}; /* the text the KV cache holds: prompt renderings and replies, in order */
     char *line = NULL;
@@ -335,6 +345,7 @@ oom:
     msgs_truncate(&msgs, 0);
     free(msgs.m);
     cli_buf_free(&done);
+    flm_session_free(sess);
     flm_sampler_free(smp);
     flm_chat_close(tmpl);
     flm_close(ctx);

@@ -288,6 +288,15 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         return 1;
     }
     flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
+    flm_session *sess = NULL; /* the library's token loop (speculative decoding keeps its own, tools/spec.c) */
+    if (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        flm_session_free(sess);
+        flm_sampler_free(smp);
+        free(ids);
+        flm_close(ctx);
+        return 1;
+    }
     /* echo the prompt the way it decodes (a chat reply stands alone) */
     for (size_t i = 0; i < n_prompt && !chat && !run_print_ids; i++) {
         if (i == 0 && ids[0] == info.bos) continue; /* BOS prints nothing; without one the first token is text */
@@ -300,7 +309,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t_prompt = 0, t_gen = 0;
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
-    cli_gen gen = {.ctx = ctx, .smp = smp, .n_ctx = info.n_ctx, .last = -1,
+    cli_gen gen = {.ctx = ctx, .smp = smp, .sess = sess, .n_ctx = info.n_ctx, .last = -1,
                    .spec = ss->spec, .print_ids = run_print_ids};
     /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
     long keep = shift->keep == -1 ? (long)n_prompt : shift->keep < 0 ? 0 : shift->keep;
@@ -339,6 +348,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
         else fprintf(stderr, "flashlm: statistics written to %s\n", stats_json);
     }
+    flm_session_free(sess);
     flm_sampler_free(smp);
     free(ids);
     flm_close(ctx);

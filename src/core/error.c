@@ -47,6 +47,7 @@ const char *flm_status_str(flm_status s) {
     case FLM_ERR_ARG: return "bad argument";
     case FLM_ERR_BUDGET: return "memory budget too small";
     case FLM_ERR_CHECKSUM: return "checksum mismatch";
+    case FLM_ERR_CONTEXT: return "context full";
     }
     return "unknown error";
 }

@@ -1,0 +1,395 @@
+/* session.c — a token stream through one context (include/flashlm.h, "Sessions"): prompts (appended, or a whole new
+ * prompt that keeps the common prefix of what the KV cache holds), sampling with the session's sampler, stop strings
+ * (text that could begin one is held back until it cannot), streaming through a callback, cancellation from another
+ * thread (an atomic flag), the context shift, per-request statistics. What `flashlm run`, `chat` and `serve` share;
+ * it was the CLI's (tools/cli_util.c) before. Writes nothing to stdout or stderr.
+ *
+ * Layer: above src/runtime (it calls the public runtime entry points only: flm_eval_batch, flm_kv_shift, the
+ * tokenizer, the chat templates, the statistics) and core (the clock, errors). */
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashlm.h"
+#include "core/error.h"
+#include "core/util.h"
+
+struct flm_session {
+    flm_ctx *ctx;
+    uint32_t n_ctx, n_vocab;
+    flm_sampler *smp;
+    int32_t *ids;          /* the tokens at positions [0, n_past) */
+    int32_t n_past;
+    int32_t n_valid;       /* positions [0, n_valid) hold what evaluating ids[0..n_valid) from 0 gives (no shift
+                              moved them): the prefix flm_session_prompt may keep */
+    const float *logits;   /* the next-token logits after ids[n_past - 1] (NULL: none yet) */
+    flm_token_stats last;  /* statistics of the evaluation that gave logits */
+    bool shift;
+    int32_t n_keep;
+    atomic_int cancel;
+    flm_session_stats st;
+    char *hold;            /* generated text not released yet (a stop string could begin in it) */
+    size_t hold_len, hold_cap;
+};
+
+flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
+    if (out) *out = NULL;
+    if (!ctx || !out) return flm_fail(err, FLM_ERR_ARG, "flm_session_create: ctx and out must not be NULL");
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    flm_session *s = calloc(1, sizeof *s);
+    if (!s) return flm_fail(err, FLM_ERR_NOMEM, "out of memory creating a session");
+    s->ctx = ctx;
+    s->n_ctx = info.n_ctx;
+    s->n_vocab = info.n_vocab;
+    s->ids = malloc((size_t)(info.n_ctx ? info.n_ctx : 1) * sizeof *s->ids);
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp);
+    sp.temp = 0;
+    s->smp = flm_sampler_create(&sp, info.n_vocab);
+    if (!s->ids || !s->smp) {
+        flm_session_free(s);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory creating a session");
+    }
+    atomic_init(&s->cancel, 0);
+    *out = s;
+    return FLM_OK;
+}
+
+void flm_session_free(flm_session *s) {
+    if (!s) return;
+    flm_sampler_free(s->smp);
+    free(s->ids);
+    free(s->hold);
+    free(s);
+}
+
+flm_ctx *flm_session_ctx(const flm_session *s) { return s ? s->ctx : NULL; }
+
+flm_status flm_session_sampling(flm_session *s, const flm_sampler_params *p, flm_error *err) {
+    flm_sampler *smp = flm_sampler_create(p, s->n_vocab);
+    if (!smp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory creating a sampler");
+    flm_sampler_free(s->smp);
+    s->smp = smp;
+    return FLM_OK;
+}
+
+void flm_session_set_shift(flm_session *s, bool on, int32_t n_keep) {
+    s->shift = on;
+    s->n_keep = n_keep;
+}
+
+int32_t flm_session_n_past(const flm_session *s) { return s->n_past; }
+
+void flm_session_rewind(flm_session *s, int32_t n) {
+    if (n < 0) n = 0;
+    if (n >= s->n_past) return;
+    s->n_past = n;
+    if (s->n_valid > n) s->n_valid = n;
+    s->logits = NULL; /* the next evaluation (at n) gives them again */
+}
+
+void flm_session_cancel(flm_session *s) {
+    if (s) atomic_store(&s->cancel, 1);
+}
+
+void flm_session_get_stats(const flm_session *s, flm_session_stats *st) { *st = s->st; }
+void flm_session_reset_stats(flm_session *s) { memset(&s->st, 0, sizeof s->st); }
+
+void flm_gen_params_default(flm_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    p->max_tokens = -1;
+}
+
+/* Add b - a (flm_stats totals) to *sum. */
+static void stats_add(flm_token_stats *sum, const flm_stats *a, const flm_stats *b) {
+    sum->io_ms += b->total.io_ms - a->total.io_ms;
+    sum->mem_ms += b->total.mem_ms - a->total.mem_ms;
+    sum->compute_ms += b->total.compute_ms - a->total.compute_ms;
+    sum->bytes_read += b->total.bytes_read - a->total.bytes_read;
+    sum->n_reads += b->total.n_reads - a->total.n_reads;
+    sum->n_predicted += b->total.n_predicted - a->total.n_predicted;
+    sum->n_loaded += b->total.n_loaded - a->total.n_loaded;
+    sum->n_reused += b->total.n_reused - a->total.n_reused;
+}
+
+/* Evaluate ids[0..n) at positions pos .. (pos <= n_past), keeping the history and the last token's statistics. */
+static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t pos, flm_error *err) {
+    if (n == 0) return FLM_OK;
+    if ((uint64_t)pos + n > s->n_ctx)
+        return flm_fail(err, FLM_ERR_CONTEXT, "%zu tokens after position %d do not fit the context of %u tokens", n,
+                        (int)pos, s->n_ctx);
+    const float *logits = NULL;
+    flm_status st = flm_eval_batch(s->ctx, ids, (uint32_t)n, pos, NULL, &logits, err);
+    if (st) { /* the context holds positions < pos */
+        flm_session_rewind(s, pos);
+        return st;
+    }
+    memmove(s->ids + pos, ids, n * sizeof *ids);
+    s->n_past = pos + (int32_t)n;
+    if (s->n_valid >= pos) s->n_valid = s->n_past; /* contiguous with the valid prefix: still valid */
+    s->logits = logits;
+    flm_stats fs;
+    flm_get_stats(s->ctx, &fs);
+    if (!fs.n_tokens || !flm_get_token_stats(s->ctx, fs.n_tokens - 1, &s->last)) memset(&s->last, 0, sizeof s->last);
+    return FLM_OK;
+}
+
+/* Prompt evaluation with its statistics. */
+static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int32_t pos, flm_error *err) {
+    flm_stats a, b;
+    flm_get_stats(s->ctx, &a);
+    double t0 = flm_now_ms();
+    flm_status st = eval_at(s, ids, n, pos, err);
+    s->st.prompt_ms += flm_now_ms() - t0;
+    flm_get_stats(s->ctx, &b);
+    stats_add(&s->st.prompt, &a, &b);
+    if (!st) s->st.n_prompt += n;
+    return st;
+}
+
+flm_status flm_session_feed(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
+    if (n == 0) return FLM_OK;
+    if (!ids) return flm_fail(err, FLM_ERR_ARG, "flm_session_feed: ids NULL");
+    return feed_counted(s, ids, n, s->n_past, err);
+}
+
+/* Make room for n more tokens: true when n_past + n <= n_ctx, or after a context shift made it so (discard half of
+ * positions [n_keep, n_past), or more when n needs it, as llama.cpp's --context-shift). */
+static bool room(flm_session *s, size_t n) {
+    if ((uint64_t)s->n_past + n <= s->n_ctx) return true;
+    if (!s->shift) return false;
+    int32_t keep = s->n_keep < s->n_past ? (s->n_keep > 0 ? s->n_keep : 0) : s->n_past, left = s->n_past - keep;
+    int64_t discard = left / 2, need = (int64_t)s->n_past + (int64_t)n - s->n_ctx;
+    if (discard < need) discard = need;
+    if (discard < 1 || discard > left) return false;
+    if (flm_kv_shift(s->ctx, keep, (int32_t)discard, NULL)) return false; /* cannot happen: the arguments are in range */
+    memmove(s->ids + keep, s->ids + keep + discard, (size_t)(s->n_past - keep - discard) * sizeof *s->ids);
+    s->n_past -= (int32_t)discard;
+    if (s->n_valid > keep) s->n_valid = keep; /* the moved keys were turned, not evaluated there */
+    s->st.n_shifts++;
+    s->st.n_discarded += (long)discard;
+    return true;
+}
+
+flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
+    while (n > 0) {
+        if (!room(s, 1)) break;
+        size_t m = s->n_ctx - (uint32_t)s->n_past;
+        if (m > n) m = n;
+        flm_status st = feed_counted(s, ids, m, s->n_past, err);
+        if (st) return st;
+        ids += m;
+        n -= m;
+    }
+    if (n == 0 && room(s, 1)) return FLM_OK;
+    return flm_fail(err, FLM_ERR_CONTEXT, "the context (%u tokens) is full and the %d kept tokens leave nothing to "
+                    "discard", s->n_ctx, (int)s->n_keep);
+}
+
+flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
+    if (n_reused) *n_reused = 0;
+    if (!ids || n == 0) return flm_fail(err, FLM_ERR_ARG, "the prompt is empty");
+    if (n >= s->n_ctx)
+        return flm_fail(err, FLM_ERR_CONTEXT, "the prompt (%zu tokens) does not fit the context (%u tokens) with "
+                        "room for a reply", n, s->n_ctx);
+    size_t common = 0;
+    while (common < (size_t)s->n_valid && common < n && s->ids[common] == ids[common]) common++;
+    if (common == n) common = n - 1; /* the last token again, for its logits */
+    flm_session_rewind(s, (int32_t)common);
+    flm_status st = feed_counted(s, ids + common, n - common, (int32_t)common, err);
+    if (st) return st;
+    s->st.n_reused += common;
+    if (n_reused) *n_reused = common;
+    return FLM_OK;
+}
+
+flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags, size_t *n_reused,
+                                   flm_error *err) {
+    if (n_reused) *n_reused = 0;
+    if (!text) return flm_fail(err, FLM_ERR_ARG, "the prompt is NULL");
+    size_t cap = len + 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    size_t need = ids ? flm_tokenize_ex(s->ctx, text, len, flags, ids, cap) : SIZE_MAX;
+    if (need != SIZE_MAX && need > cap) { /* byte fallback can give several tokens per byte */
+        int32_t *more = realloc(ids, need * sizeof *ids);
+        if (more) {
+            ids = more;
+            need = flm_tokenize_ex(s->ctx, text, len, flags, ids, need);
+        } else {
+            need = SIZE_MAX;
+        }
+    }
+    if (need == SIZE_MAX) {
+        free(ids);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
+    }
+    flm_status st = flm_session_prompt(s, ids, need, n_reused, err);
+    free(ids);
+    return st;
+}
+
+flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                   size_t *n_reused, flm_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    flm_status st = flm_chat_apply(t, msgs, n, true, &text, &len, err);
+    if (st) return st;
+    unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL | (flm_add_bos(s->ctx) ? FLM_TOKENIZE_BOS : 0u);
+    st = flm_session_prompt_text(s, text, len, flags, n_reused, err);
+    free(text);
+    return st;
+}
+
+/* ---- generation ------------------------------------------------------------------------------------------------ */
+
+static bool hold_add(flm_session *s, const char *p, size_t n) {
+    if (s->hold_len + n + 1 > s->hold_cap) {
+        size_t cap = s->hold_cap ? s->hold_cap : 256;
+        while (cap < s->hold_len + n + 1) cap *= 2;
+        char *q = realloc(s->hold, cap);
+        if (!q) return false;
+        s->hold = q;
+        s->hold_cap = cap;
+    }
+    if (n) memcpy(s->hold + s->hold_len, p, n);
+    s->hold_len += n;
+    return true;
+}
+
+/* Bytes at the end of p[0..n) that form an incomplete UTF-8 sequence (0..3). */
+static size_t utf8_incomplete(const char *p, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)p[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return want > back ? back : 0;
+    }
+    return 0;
+}
+
+/* How much of the held text may be released: up to the first stop string (*stop_at its index, else -1), else all
+ * but the longest end that begins a stop string (and an incomplete UTF-8 sequence when asked). */
+static size_t releasable(const flm_session *s, const flm_gen_params *gp, int *stop_at) {
+    *stop_at = -1;
+    size_t best = SIZE_MAX;
+    for (int i = 0; i < gp->n_stop; i++) {
+        const char *hit = memmem(s->hold, s->hold_len, gp->stop[i], strlen(gp->stop[i]));
+        if (hit && (size_t)(hit - s->hold) < best) {
+            best = (size_t)(hit - s->hold);
+            *stop_at = i;
+        }
+    }
+    if (*stop_at >= 0) return best;
+    size_t keep = 0;
+    for (int i = 0; i < gp->n_stop; i++) {
+        size_t ls = strlen(gp->stop[i]);
+        for (size_t k = ls - 1 < s->hold_len ? ls - 1 : s->hold_len; k > keep; k--)
+            if (!memcmp(s->hold + s->hold_len - k, gp->stop[i], k)) {
+                keep = k;
+                break;
+            }
+    }
+    size_t out = s->hold_len - keep;
+    if (gp->utf8_whole) out -= utf8_incomplete(s->hold, out);
+    return out;
+}
+
+/* Give fn the first n held bytes and drop them; false when fn says stop. */
+static bool release(flm_session *s, flm_gen_fn fn, void *user, flm_gen_token *t, size_t n) {
+    t->text = s->hold;
+    t->len = n;
+    bool go = fn ? fn(user, t) : true;
+    memmove(s->hold, s->hold + n, s->hold_len - n);
+    s->hold_len -= n;
+    return go;
+}
+
+flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_gen_fn fn, void *user,
+                                flm_gen_result *r, flm_error *err) {
+    flm_gen_result rr;
+    if (!r) r = &rr;
+    memset(r, 0, sizeof *r);
+    r->stop_index = -1;
+    flm_gen_params dflt;
+    if (!gp) {
+        flm_gen_params_default(&dflt);
+        gp = &dflt;
+    }
+    if (gp->n_stop < 0 || gp->n_stop > FLM_GEN_STOP_MAX) {
+        atomic_store(&s->cancel, 0);
+        return flm_fail(err, FLM_ERR_ARG, "%d stop strings (at most %d)", gp->n_stop, FLM_GEN_STOP_MAX);
+    }
+    for (int i = 0; i < gp->n_stop; i++) {
+        size_t ls = gp->stop[i] ? strlen(gp->stop[i]) : 0;
+        if (ls == 0 || ls > FLM_GEN_STOP_LEN) {
+            atomic_store(&s->cancel, 0);
+            return flm_fail(err, FLM_ERR_ARG, "stop string %d is %s", i, ls ? "too long" : "empty");
+        }
+    }
+    if (!s->logits) {
+        atomic_store(&s->cancel, 0);
+        return flm_fail(err, FLM_ERR_ARG, "nothing to generate after: feed a prompt first");
+    }
+    long max = gp->max_tokens < 0 ? LONG_MAX : gp->max_tokens;
+    flm_stats a, b;
+    flm_get_stats(s->ctx, &a);
+    double t0 = flm_now_ms(), t_prev = t0;
+    s->hold_len = 0;
+    flm_status st = FLM_OK;
+    flm_gen_token t;
+    memset(&t, 0, sizeof t);
+    bool go = true;
+    while (r->n_gen < max && s->logits) {
+        if (atomic_load(&s->cancel)) { r->cancelled = true; break; }
+        int32_t next = flm_sampler_sample(s->smp, s->logits);
+        r->n_gen++;
+        double now = flm_now_ms();
+        t.id = next;
+        t.ms = now - t_prev;
+        t.stats = s->last;
+        t_prev = now;
+        if (flm_token_is_eog(s->ctx, next)) {
+            r->eog = true;
+            t.eog = true;
+            t.text = "";
+            t.len = 0;
+            if (fn) fn(user, &t); /* the last call: what it returns changes nothing */
+            t.eog = false;
+            break;
+        }
+        size_t len;
+        const char *p = flm_token_piece(s->ctx, s->n_past > 0 ? s->ids[s->n_past - 1] : -1, next, &len);
+        if (!hold_add(s, p, len)) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
+        int stop_at;
+        size_t out = releasable(s, gp, &stop_at);
+        go = release(s, fn, user, &t, out);
+        if (stop_at >= 0) {
+            r->stopped = true;
+            r->stop_index = stop_at;
+            s->hold_len = 0; /* the stop string and what follows it are dropped */
+            break;
+        }
+        if (!go) { r->cancelled = true; break; }
+        if (r->n_gen >= max && !gp->feed_last) { r->limit = true; break; }
+        if (!room(s, 1)) { r->ctx_full = true; break; } /* full: a context shift, or stop */
+        st = eval_at(s, &next, 1, s->n_past, err);
+        if (st) break;
+    }
+    if (!st && !r->eog && !r->stopped && !r->cancelled && !r->ctx_full && r->n_gen >= max) r->limit = true;
+    if (s->hold_len && !r->stopped && !st) { /* the end: what was held back cannot begin a stop string any more */
+        t.id = -1;
+        t.stats = (flm_token_stats){0};
+        t.ms = 0;
+        release(s, fn, user, &t, s->hold_len);
+    }
+    s->hold_len = 0;
+    flm_get_stats(s->ctx, &b);
+    stats_add(&s->st.gen, &a, &b);
+    r->ms = flm_now_ms() - t0;
+    s->st.gen_ms += r->ms;
+    s->st.n_gen += (uint64_t)r->n_gen;
+    atomic_store(&s->cancel, 0);
+    return st;
+}
