@@ -685,7 +685,7 @@ typedef struct flm_gen_result {
 FLM_API flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_gen_fn fn, void *user,
                                         flm_gen_result *r, flm_error *err);
 /* Ask the running (or next) flm_session_generate to stop before its next token; safe from any thread and from a
- * signal handler (an atomic flag). */
+ * signal handler (an atomic flag). A feed or prompt call clears a pending cancellation (a new request starts). */
 FLM_API void flm_session_cancel(flm_session *s);
 
 /* Counts since flm_session_create or flm_session_reset_stats. */

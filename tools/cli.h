@@ -197,6 +197,8 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target);
 void cli_spec_session_close(cli_spec_session *ss);
 
 int cmd_chat(int argc, char **argv);
+/* flashlm serve (tools/cmd_serve.c): the OpenAI-compatible HTTP server and the chat page. */
+int cmd_serve(int argc, char **argv);
 /* ---- pull (tools/cmd_pull.c): models fetched by name ---- */
 /* Options of flm_pull; all-zero is the default. */
 typedef struct {

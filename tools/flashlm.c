@@ -549,6 +549,7 @@ static const char *MAIN_HELP =
     "commands:\n"
     "  run        generate text from a prompt (.gguf in memory, or .flm from flash)\n"
     "  chat       a conversation with an instruction-tuned model in its chat template\n"
+    "  serve      an OpenAI-compatible HTTP server (chat and text completions, streaming) and a chat page\n"
     "  convert    write the flash layout (.flm) of a GGUF model\n"
     "  verify     check every checksum of a .flm file\n"
     "  calibrate  train the activation predictors of a .flm model on text (enables --mode sparse)\n"
@@ -593,6 +594,7 @@ int main(int argc, char **argv) {
     if (!check_kernels_env()) return 2;
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);

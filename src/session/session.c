@@ -150,6 +150,7 @@ static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int
 }
 
 flm_status flm_session_feed(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
+    atomic_store(&s->cancel, 0);
     if (n == 0) return FLM_OK;
     if (!ids) return flm_fail(err, FLM_ERR_ARG, "flm_session_feed: ids NULL");
     return feed_counted(s, ids, n, s->n_past, err);
@@ -174,6 +175,7 @@ static bool room(flm_session *s, size_t n) {
 }
 
 flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
+    atomic_store(&s->cancel, 0);
     while (n > 0) {
         if (!room(s, 1)) break;
         size_t m = s->n_ctx - (uint32_t)s->n_past;
@@ -189,6 +191,7 @@ flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, 
 }
 
 flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
+    atomic_store(&s->cancel, 0);
     if (n_reused) *n_reused = 0;
     if (!ids || n == 0) return flm_fail(err, FLM_ERR_ARG, "the prompt is empty");
     if (n >= s->n_ctx)

@@ -1,0 +1,41 @@
+/* serve.h — `flashlm serve` (tools/cmd_serve.c): the OpenAI-compatible request parser (tools/serve_req.c), kept
+ * apart from the HTTP server so that it can be fuzzed alone (tests/fuzz/fuzz_serve.c). */
+#ifndef FLM_TOOLS_SERVE_H
+#define FLM_TOOLS_SERVE_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashlm.h"
+
+#define SERVE_MAX_MSGS 4096   /* messages per chat request */
+#define SERVE_ERR_MAX 256
+
+/* One parsed request of POST /v1/chat/completions (chat) or POST /v1/completions. Strings are malloc'd copies
+ * (serve_req_free frees them). */
+typedef struct serve_req {
+    bool chat;
+    char *model;               /* "model" (NULL when absent) */
+    flm_chat_msg *msgs;        /* chat: "messages" (role and content malloc'd; content parts of type "text" joined) */
+    size_t n_msgs;
+    char *prompt;              /* completions: "prompt" (a string, or an array of one string) */
+    bool stream;               /* "stream" */
+    bool has_temp, has_top_p, has_seed;
+    float temperature;         /* "temperature", 0..2 */
+    float top_p;               /* "top_p", 0..1 */
+    int top_k;                 /* "top_k" (not OpenAI's; llama-server's), 0..: 0 = off; -1 = absent */
+    uint64_t seed;             /* "seed" (a non-negative integer) */
+    long max_tokens;           /* "max_tokens" or "max_completion_tokens", >= 0; -1 = absent (until the model ends or
+                                  the context is full) */
+    char *stop[FLM_GEN_STOP_MAX]; /* "stop": a string or an array of strings (non-empty, <= FLM_GEN_STOP_LEN bytes) */
+    int n_stop;
+} serve_req;
+
+/* Parse a request body (len bytes, not necessarily NUL-terminated) for the chat (chat = true) or the text
+ * completions endpoint. Returns 0 and fills *r, or an HTTP status (400: malformed JSON, a field of the wrong type or
+ * out of range, a missing required field, n != 1; 500: out of memory) with a one-line message in msg (cap bytes)
+ * and *r freed. Unknown fields are ignored, as OpenAI's SDKs send extras. */
+int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap);
+void serve_req_free(serve_req *r);
+
+#endif

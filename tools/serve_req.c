@@ -1,0 +1,201 @@
+/* serve_req.c — parse an OpenAI chat or text completion request (JSON, with cJSON) into a serve_req, checking every
+ * field's type and range (tools/serve.h). Nothing here trusts the body: lengths come from the caller, cJSON parses
+ * with that length, and every string is copied. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "serve.h"
+
+void serve_req_free(serve_req *r) {
+    if (!r) return;
+    free(r->model);
+    for (size_t i = 0; i < r->n_msgs; i++) {
+        free((char *)r->msgs[i].role);
+        free((char *)r->msgs[i].content);
+    }
+    free(r->msgs);
+    free(r->prompt);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+/* A message's content: a string, or an array of parts {"type": "text", "text": "..."} joined (other parts refused),
+ * or null (an empty string). NULL with msg set on error. */
+static char *content_text(const cJSON *c, size_t i, char *msg, size_t cap, int *status) {
+    if (cJSON_IsNull(c)) return dup_str("");
+    if (cJSON_IsString(c)) return dup_str(c->valuestring);
+    if (!cJSON_IsArray(c)) {
+        snprintf(msg, cap, "messages[%zu].content must be a string or an array of text parts", i);
+        *status = 400;
+        return NULL;
+    }
+    size_t total = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+            !cJSON_IsString(text)) {
+            snprintf(msg, cap, "messages[%zu].content: only parts {\"type\": \"text\", \"text\": string} are supported", i);
+            *status = 400;
+            return NULL;
+        }
+        total += strlen(text->valuestring);
+    }
+    char *out = malloc(total + 1);
+    if (!out) return NULL;
+    size_t at = 0;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(out + at, t, n);
+        at += n;
+    }
+    out[at] = 0;
+    return out;
+}
+
+/* A number field in [lo, hi]: 1 when present and valid (*out set), 0 when absent or null, -1 after setting msg. */
+static int get_number(const cJSON *root, const char *name, double lo, double hi, bool integer, double *out, char *msg,
+                      size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi ||
+        (integer && v->valuedouble != floor(v->valuedouble))) {
+        snprintf(msg, cap, "'%s' must be %s between %g and %g", name, integer ? "an integer" : "a number", lo, hi);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap) {
+    memset(r, 0, sizeof *r);
+    r->chat = chat;
+    r->top_k = -1;
+    r->max_tokens = -1;
+    msg[0] = 0;
+    int status = 400;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) {
+        snprintf(msg, cap, "the body is not valid JSON");
+        return 400;
+    }
+    if (!cJSON_IsObject(root)) {
+        snprintf(msg, cap, "the body must be a JSON object");
+        goto fail;
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) { snprintf(msg, cap, "'model' must be a string"); goto fail; }
+        if (!(r->model = dup_str(v->valuestring))) goto oom;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "stream");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'stream' must be a boolean"); goto fail; }
+        r->stream = cJSON_IsTrue(v);
+    }
+    double d;
+    int got;
+    if ((got = get_number(root, "temperature", 0, 2, false, &d, msg, cap)) < 0) goto fail;
+    if (got) { r->has_temp = true; r->temperature = (float)d; }
+    if ((got = get_number(root, "top_p", 0, 1, false, &d, msg, cap)) < 0) goto fail;
+    if (got) { r->has_top_p = true; r->top_p = (float)d; }
+    if ((got = get_number(root, "top_k", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+    if (got) r->top_k = (int)d;
+    if ((got = get_number(root, "seed", 0, 9007199254740991.0, true, &d, msg, cap)) < 0) goto fail;
+    if (got) { r->has_seed = true; r->seed = (uint64_t)d; }
+    if ((got = get_number(root, "max_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+    if (got) r->max_tokens = (long)d;
+    if ((got = get_number(root, "max_completion_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+    if (got) r->max_tokens = (long)d;
+    if ((got = get_number(root, "n", 1, 1, true, &d, msg, cap)) < 0) {
+        snprintf(msg, cap, "'n' must be 1 (one choice per request)");
+        goto fail;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (v && !cJSON_IsNull(v)) {
+        const cJSON *one = v, *item;
+        bool arr = cJSON_IsArray(v);
+        if (!arr && !cJSON_IsString(v)) { snprintf(msg, cap, "'stop' must be a string or an array of strings"); goto fail; }
+        if (arr && cJSON_GetArraySize(v) > FLM_GEN_STOP_MAX) {
+            snprintf(msg, cap, "'stop': at most %d strings", FLM_GEN_STOP_MAX);
+            goto fail;
+        }
+        for (item = arr ? v->child : one; item; item = arr ? item->next : NULL) {
+            if (!cJSON_IsString(item)) { snprintf(msg, cap, "'stop' must be a string or an array of strings"); goto fail; }
+            size_t n = strlen(item->valuestring);
+            if (n == 0 || n > FLM_GEN_STOP_LEN) {
+                snprintf(msg, cap, "'stop': each string must have 1 to %d bytes", FLM_GEN_STOP_LEN);
+                goto fail;
+            }
+            if (!(r->stop[r->n_stop] = dup_str(item->valuestring))) goto oom;
+            r->n_stop++;
+        }
+    }
+    if (chat) {
+        v = cJSON_GetObjectItemCaseSensitive(root, "messages");
+        if (!v) { snprintf(msg, cap, "'messages' is required"); goto fail; }
+        if (!cJSON_IsArray(v)) { snprintf(msg, cap, "'messages' must be an array"); goto fail; }
+        int n = cJSON_GetArraySize(v);
+        if (n < 1 || n > SERVE_MAX_MSGS) {
+            snprintf(msg, cap, "'messages' must hold 1 to %d messages", SERVE_MAX_MSGS);
+            goto fail;
+        }
+        if (!(r->msgs = calloc((size_t)n, sizeof *r->msgs))) goto oom;
+        const cJSON *m;
+        cJSON_ArrayForEach(m, v) {
+            size_t i = r->n_msgs;
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+            if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+                snprintf(msg, cap, "messages[%zu] must be an object with a string 'role'", i);
+                goto fail;
+            }
+            const char *rs = role->valuestring;
+            if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "developer")) {
+                snprintf(msg, cap, "messages[%zu].role must be system, developer, user or assistant", i);
+                goto fail;
+            }
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+            if (!content) { snprintf(msg, cap, "messages[%zu].content is required", i); goto fail; }
+            status = 500;
+            char *text = content_text(content, i, msg, cap, &status);
+            if (!text) {
+                if (status == 500) goto oom;
+                goto fail;
+            }
+            status = 400;
+            char *rc = dup_str(strcmp(rs, "developer") ? rs : "system");
+            if (!rc) { free(text); goto oom; }
+            r->msgs[i].role = rc;
+            r->msgs[i].content = text;
+            r->n_msgs++;
+        }
+    } else {
+        v = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (!v) { snprintf(msg, cap, "'prompt' is required"); goto fail; }
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child)) v = v->child;
+        if (!cJSON_IsString(v)) { snprintf(msg, cap, "'prompt' must be a string (or an array of one string)"); goto fail; }
+        if (!(r->prompt = dup_str(v->valuestring))) goto oom;
+    }
+    cJSON_Delete(root);
+    return 0;
+oom:
+    snprintf(msg, cap, "out of memory parsing the request");
+    status = 500;
+fail:
+    cJSON_Delete(root);
+    serve_req_free(r);
+    return status;
+}
