@@ -43,9 +43,9 @@ static const char *SERVE_HELP =
     "  -m, --model PATH     model file: .gguf or .flm, or a pulled model's name\n"
     "      --host ADDR      IPv4 address to listen on (default 127.0.0.1: this machine only)\n"
     "      --port N         TCP port (default 8080; 0: any free one, printed on stderr)\n"
-    "      --api-key KEY    require \"Authorization: Bearer KEY\" on every endpoint but /health\n"
+    "      --api-key KEY    require \"Authorization: Bearer KEY\" on every endpoint but /health and the page\n"
     "      --parallel N     slots: N contexts, each with its own KV cache and budget / N (default 1)\n"
-    "      --queue N        requests that may wait for a slot (default 16); beyond: 503\n"
+    "      --queue N        requests that may wait for a busy slot (default 16); beyond: 503\n"
     "      --max-body BYTES largest request body (default 1M); larger: 413\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES "\n"
     "      --alias NAME     the model's id in the API (default: the file name without its extension)\n"
@@ -550,7 +550,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
     j->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_lock(&srv.mu);
     snprintf(j->id, sizeof j->id, "%s-%ld", chat ? "chatcmpl" : "cmpl", ++srv.next_id);
-    if (srv.stopping || srv.n_queued >= srv.queue_cap) {
+    if (srv.stopping || srv.n_queued >= srv.queue_cap + (srv.n_slots - srv.n_running)) { /* idle slots take one each */
         bool stopping = srv.stopping;
         j->refs = 1;
         job_unref_locked(j);
@@ -656,7 +656,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         snprintf(m, sizeof m, "no such endpoint: %.16s %.200s", method, url);
         return send_error(c, 404, "not_found", m);
     }
-    if (!authorized(c)) return send_error(c, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
+    bool page = !strcmp(url, "/") || !strcmp(url, "/index.html"); /* static, holds nothing: a browser cannot send
+                                                                      the key to load it (llama-server's rule too) */
+    if (!page && !authorized(c)) return send_error(c, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
     if (cn->too_big) {
         char m[128];
         snprintf(m, sizeof m, "the request body is larger than --max-body (%zu bytes)", srv.max_body);

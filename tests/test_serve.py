@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""test_serve.py — `flashlm serve` against OpenAI's Python client (the `openai` package from PyPI), run by CTest.
+
+Starts the server on a free loopback port (--port 0; the port is read from its first line on stderr) with the
+stories260K model from tests/data (and SmolLM2-135M-Instruct from the model cache when it was pulled; required with
+FLASHLM_REQUIRE_MODELS=1), then checks: chat and text completions, streaming and not, stop strings, max_tokens, usage
+counts; greedy output equals `flashlm run` (--chat) for the same prompt; two concurrent clients get the answers they
+get alone; a client that drops a stream frees its slot; bad requests (malformed JSON, wrong types, a huge body, no or
+a wrong API key, an unknown model, a prompt longer than the context, an unknown route, a full queue) each get their
+status and an OpenAI-shaped error, and /health answers afterwards; SIGTERM stops the server cleanly (exit 0).
+
+usage: test_serve.py FLASHLM_BINARY DATA_DIR     (exit 77: skipped, the openai package is not installed)
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+SKIP = 77
+if len(sys.argv) != 3:
+    print(__doc__)
+    sys.exit(2)
+CLI, DATA = sys.argv[1], sys.argv[2]
+STORIES = os.path.join(DATA, "models", "stories260K", "stories260K.gguf")
+KEY = "test-key-123"
+
+try:
+    import openai
+except ImportError:
+    print("test_serve: SKIPPED: the Python package 'openai' is not installed "
+          "(python3 -m pip install openai; CI installs it in .ci/run)")
+    sys.exit(SKIP)
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, model, *args):
+        self.proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.log = []
+        self.port = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"on http://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if not self.port:
+            self.proc.kill()
+            raise SystemExit("test_serve: the server did not start:\n" + "".join(self.log) + self.proc.stderr.read())
+        self.drain = threading.Thread(target=self._drain, daemon=True)
+        self.drain.start()
+        self.base = "http://127.0.0.1:%d" % self.port
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def client(self, key=KEY):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=300)
+
+    def raw(self, method, path, body=None, headers=None, key=KEY):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        h = dict(headers or {})
+        if key:
+            h["Authorization"] = "Bearer " + key
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        if body is not None and "Content-Type" not in h:
+            h["Content-Type"] = "application/json"
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, data
+
+    def metric(self, name):
+        st, data = self.raw("GET", "/metrics")
+        m = re.search(r"^flashlm_%s (\S+)$" % name, data.decode(), re.M)
+        return float(m.group(1)) if m else None
+
+    def health(self):
+        st, data = self.raw("GET", "/health", key=None)
+        return st == 200 and json.loads(data)["status"] == "ok"
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = "hung"
+        self.drain.join(timeout=5)
+        return rc
+
+
+def run_cli(*args):
+    r = subprocess.run([CLI, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def model_id(srv):
+    return srv.client().models.list().data[0].id
+
+
+def chat(srv, messages, **kw):
+    return srv.client().chat.completions.create(model=model_id(srv), messages=messages, **kw)
+
+
+def stream_text(stream, chat_mode=True):
+    """Concatenate a stream's text; returns (text, finish_reason, usage, n_chunks_with_stats)."""
+    text, finish, usage, n_stats = "", None, None, 0
+    for ch in stream:
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            if chat_mode and c.delta.content:
+                text += c.delta.content
+            if not chat_mode and c.text:
+                text += c.text
+            if c.finish_reason:
+                finish = c.finish_reason
+        extra = getattr(ch, "model_extra", None) or {}
+        if "flashlm" in extra:
+            n_stats += 1
+    return text, finish, usage, n_stats
+
+
+def test_basic(srv, model, ctx):
+    mid = model_id(srv)
+    check(mid == os.path.splitext(os.path.basename(model))[0], "model id is the file name: %s" % mid)
+    c = srv.client()
+    # text completion, greedy: the continuation `flashlm run` prints after echoing the prompt
+    prompt = "Once upon a time"
+    r = c.completions.create(model=mid, prompt=prompt, max_tokens=24, temperature=0)
+    want = run_cli("-m", model, "-p", prompt, "-n", "24", "--temp", "0", "-c", str(ctx))
+    got = r.choices[0].text
+    check(want == prompt + got + "\n", "completion equals flashlm run: %r vs %r" % (got, want))
+    check(r.usage.completion_tokens == 24 and r.choices[0].finish_reason == "length",
+          "max_tokens 24: %s %s" % (r.usage, r.choices[0].finish_reason))
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + 24, "usage %s" % r.usage)
+    # the same streamed
+    s = c.completions.create(model=mid, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+    text, finish, usage, n_stats = stream_text(s, chat_mode=False)
+    check(text == got, "streamed completion equals the non-streamed one: %r vs %r" % (text, got))
+    check(finish == "length" and usage is not None and usage.completion_tokens == 24 and
+          usage.prompt_tokens == r.usage.prompt_tokens, "stream usage %s finish %s" % (usage, finish))
+    check(n_stats >= 20, "per-token statistics in the chunks: %d" % n_stats)
+    # chat, greedy: the reply `flashlm run --chat` prints
+    msgs = [{"role": "user", "content": "Tell me a story about a cat."}]
+    r = chat(srv, msgs, max_tokens=32, temperature=0)
+    reply = r.choices[0].message.content
+    want = run_cli("-m", model, "--chat", "-p", msgs[0]["content"], "-n", "32", "--temp", "0", "-c", str(ctx))
+    check(want == reply + "\n", "chat equals flashlm run --chat: %r vs %r" % (reply, want))
+    check(r.choices[0].message.role == "assistant", "role")
+    s = c.chat.completions.create(model=mid, messages=msgs, max_tokens=32, temperature=0, stream=True)
+    text, finish, usage, _ = stream_text(s)
+    check(text == reply, "streamed chat equals the non-streamed one: %r vs %r" % (text, reply))
+    check(usage is not None and usage.completion_tokens == r.usage.completion_tokens and
+          usage.prompt_tokens == r.usage.prompt_tokens, "chat stream usage %s vs %s" % (usage, r.usage))
+    # stop strings: the text ends right before the first occurrence; streamed the same
+    full = c.completions.create(model=mid, prompt=prompt, max_tokens=60, temperature=0).choices[0].text
+    stop = full[20:24]
+    r = c.completions.create(model=mid, prompt=prompt, max_tokens=60, temperature=0, stop=["@@never@@", stop])
+    check(r.choices[0].text == full[:full.index(stop)] and r.choices[0].finish_reason == "stop",
+          "stop %r: %r (finish %s)" % (stop, r.choices[0].text, r.choices[0].finish_reason))
+    s = c.completions.create(model=mid, prompt=prompt, max_tokens=60, temperature=0, stop=stop, stream=True)
+    text, finish, _, _ = stream_text(s, chat_mode=False)
+    check(text == full[:full.index(stop)] and finish == "stop", "streamed stop: %r" % text)
+    # sampling: the same seed gives the same text
+    a = c.completions.create(model=mid, prompt=prompt, max_tokens=30, temperature=0.9, top_p=0.9, seed=7)
+    b = c.completions.create(model=mid, prompt=prompt, max_tokens=30, temperature=0.9, top_p=0.9, seed=7)
+    check(a.choices[0].text == b.choices[0].text, "the same seed, the same text")
+    return reply
+
+
+def test_concurrent(srv, ctx):
+    mid = model_id(srv)
+    prompts = ["Once upon a time", "The little dog", "Lily and Ben went"]
+    alone = [srv.client().completions.create(model=mid, prompt=p, max_tokens=40, temperature=0).choices[0].text
+             for p in prompts]
+    got = [None] * len(prompts)
+
+    def one(i):
+        got[i] = srv.client().completions.create(model=mid, prompt=prompts[i], max_tokens=40,
+                                                 temperature=0).choices[0].text
+
+    for rnd in range(2):
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        check(got == alone, "concurrent clients get their own answers (round %d): %r vs %r" % (rnd, got, alone))
+
+
+def start_stream(srv, body):
+    """A raw streaming request: returns the socket after the first event arrived."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    got = b""
+    while b"data: " not in got:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return s, got
+
+
+def test_drop(srv):
+    """A client that drops its stream frees its slot: the generation is cancelled, the next request is served."""
+    before = srv.metric("requests_cancelled_total")
+    s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0.8,
+                                "stream": True})
+    check(got.startswith(b"HTTP/1.1 200") and b"data: " in got, "the stream started: %r" % got[:200])
+    s.close()
+    mid = model_id(srv)
+    r = srv.client().completions.create(model=mid, prompt="Once", max_tokens=5, temperature=0)
+    check(r.usage.completion_tokens == 5, "the next request is served after a dropped stream")
+    deadline = time.time() + 30
+    while time.time() < deadline and srv.metric("requests_cancelled_total") <= before:
+        time.sleep(0.1)
+    check(srv.metric("requests_cancelled_total") > before, "the dropped stream was cancelled")
+    check(srv.metric("requests_running") == 0, "nothing runs afterwards")
+
+
+def expect_error(srv, status, method, path, body=None, headers=None, key=KEY, code=None, what=""):
+    st, data = srv.raw(method, path, body, headers, key)
+    ok = check(st == status, "%s: status %d, expected %d: %r" % (what, st, status, data[:300]))
+    if ok:
+        try:
+            e = json.loads(data)["error"]
+            check(isinstance(e["message"], str) and e["message"] and "type" in e, "%s: an OpenAI error" % what)
+            if code:
+                check(e.get("code") == code, "%s: code %r, expected %r" % (what, e.get("code"), code))
+        except (ValueError, KeyError, TypeError):
+            check(False, "%s: the body is not an OpenAI error: %r" % (what, data[:300]))
+    check(srv.health(), "/health answers after: %s" % what)
+
+
+def test_bad_requests(srv, ctx):
+    mid = model_id(srv)
+    chat_path, compl = "/v1/chat/completions", "/v1/completions"
+    expect_error(srv, 400, "POST", chat_path, "{not json", what="malformed JSON")
+    expect_error(srv, 400, "POST", chat_path, "[1, 2]", what="not an object")
+    expect_error(srv, 400, "POST", chat_path, {"model": mid, "messages": "hi"}, what="messages not an array")
+    expect_error(srv, 400, "POST", chat_path, {"model": mid, "messages": [{"role": "user", "content": 5}]},
+                 what="content a number")
+    expect_error(srv, 400, "POST", chat_path, {"model": mid, "messages": [{"role": "wizard", "content": "x"}]},
+                 what="unknown role")
+    expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": "x", "temperature": "hot"}, what="temperature a string")
+    expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": "x", "max_tokens": -3}, what="max_tokens negative")
+    expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": "x", "stop": [1]}, what="stop not strings")
+    expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": "x", "n": 2}, what="n 2")
+    expect_error(srv, 400, "POST", compl, {"model": mid}, what="no prompt")
+    expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": "x", "stream": "yes"}, what="stream a string")
+    expect_error(srv, 413, "POST", compl, json.dumps({"model": mid, "prompt": "a" * (300 << 10)}), what="huge body",
+                 code="request_too_large")
+    expect_error(srv, 401, "POST", compl, {"model": mid, "prompt": "x"}, key=None, what="no API key",
+                 code="invalid_api_key")
+    expect_error(srv, 401, "GET", "/v1/models", key="wrong", what="a wrong API key", code="invalid_api_key")
+    expect_error(srv, 401, "GET", "/metrics", key=None, what="metrics without a key")
+    expect_error(srv, 404, "POST", compl, {"model": "gpt-17", "prompt": "x"}, what="unknown model",
+                 code="model_not_found")
+    expect_error(srv, 404, "GET", "/v2/nothing", what="unknown route")
+    expect_error(srv, 405, "GET", compl, what="GET on a POST endpoint")
+    long_prompt = " ".join(["Once upon a time there was a cat."] * (ctx // 4))
+    expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": long_prompt, "max_tokens": 4},
+                 what="a prompt longer than the context", code="context_length_exceeded")
+    # the openai client sees them as its exceptions
+    try:
+        srv.client(key="nope").models.list()
+        check(False, "a wrong key raises")
+    except openai.AuthenticationError:
+        pass
+    try:
+        srv.client().completions.create(model="gpt-17", prompt="x")
+        check(False, "an unknown model raises")
+    except openai.NotFoundError:
+        pass
+    r = srv.client().completions.create(model=mid, prompt="Once", max_tokens=3, temperature=0)
+    check(r.usage.completion_tokens == 3, "served normally after the bad requests")
+    st, data = srv.raw("GET", "/", key=None)
+    check(st == 200 and b"<html" in data.lower() and b"/v1/chat/completions" in data, "the chat page at /")
+
+
+def test_queue_full():
+    """--parallel 1 --queue 0: while one stream runs, the next request gets 503; afterwards it is served."""
+    srv = Server(STORIES, "-c", "2048", "--queue", "0", "-t", "1")
+    try:
+        s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0.8,
+                                    "stream": True})
+        st, data = srv.raw("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}, key=None)
+        # the stream may have ended by itself (a short story ends in an end-of-text token): only then 200
+        check(st == 503 or (st == 200 and srv.metric("requests_running") == 0), "queue full: %d %r" % (st, data[:200]))
+        if st == 503:
+            check(json.loads(data)["error"]["code"] == "queue_full", "queue_full code")
+        s.close()
+        deadline = time.time() + 30
+        while time.time() < deadline and srv.metric("requests_running") != 0:
+            time.sleep(0.1)
+        st, data = srv.raw("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2}, key=None)
+        check(st == 200, "served after the queue emptied: %d" % st)
+    finally:
+        check(srv.stop() == 0, "SIGTERM: exit status 0")
+
+
+def main():
+    ctx = 256
+    srv = Server(STORIES, "-c", str(ctx), "--parallel", "2", "--api-key", KEY, "--max-body", "256K", "-t", "1")
+    try:
+        check(srv.health(), "/health")
+        test_basic(srv, STORIES, ctx)
+        test_concurrent(srv, ctx)
+        test_drop(srv)
+        test_bad_requests(srv, ctx)
+    finally:
+        rc = srv.stop()
+        check(rc == 0, "SIGTERM: exit status 0 (got %s)" % rc)
+        check(any("stopping" in l for l in srv.log), "the server says it stops")
+    test_queue_full()
+    # a real chat model from the cache (flashlm pull smollm2-135m), as the other tests
+    cache = os.environ.get("FLASHLM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "flashlm")
+    smol = os.path.join(cache, "models", "smollm2-135m.gguf")
+    if os.path.exists(smol):
+        srv = Server(smol, "-c", "512", "--api-key", KEY)
+        try:
+            msgs = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+            reply = chat(srv, msgs, max_tokens=24, temperature=0).choices[0].message.content
+            want = run_cli("-m", smol, "--chat", "-p", msgs[0]["content"], "-n", "24", "--temp", "0", "-c", "512")
+            check(want == reply + "\n", "SmolLM2: chat equals flashlm run --chat: %r vs %r" % (reply, want))
+            s = srv.client().chat.completions.create(model=model_id(srv), messages=msgs, max_tokens=24,
+                                                      temperature=0, stream=True)
+            text, finish, usage, _ = stream_text(s)
+            check(text == reply, "SmolLM2: streamed equals non-streamed")
+        finally:
+            check(srv.stop() == 0, "SmolLM2 server: SIGTERM exit 0")
+    elif os.environ.get("FLASHLM_REQUIRE_MODELS") == "1":
+        check(False, "smollm2-135m is not pulled (FLASHLM_REQUIRE_MODELS=1): flashlm pull smollm2-135m")
+    else:
+        print("test_serve: smollm2-135m not pulled: its part skipped")
+    if failures:
+        print("test_serve: %d FAILED" % len(failures))
+        sys.exit(1)
+    print("test_serve: all passed")
+
+
+if __name__ == "__main__":
+    main()
