@@ -4,7 +4,8 @@
  * generation must complete (exit 0, not killed: 137). The kernel counts more than the process's RSS (page cache the
  * process reads through, kernel memory such as page tables and the io_uring rings): all of it must fit, or be
  * reclaimable. Also `flashlm convert` and `flashlm calibrate` under a hard limit smaller than the model (they must
- * stream), and a budget too small refused with a message (exit 1), not killed.
+ * stream), a budget too small refused with a message (exit 1), not killed, and `flashlm serve` answering requests
+ * (streamed and not) under the same limit as run, then stopped by SIGTERM (exit 0).
  *
  * Models: a synthetic one (flashlm synth: 8 layers, 42 MiB; calibrated for sparse) and SmolLM2-135M (q4_1, 98 MB)
  * when pulled. Needs root and a memory controller in which this process may create groups; otherwise every test is
@@ -23,6 +24,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "flashlm.h"
 #include "testutil.h"
@@ -422,6 +426,100 @@ static void test_too_small_refused(void **state) {
     free(r.out);
 }
 
+/* One HTTP request to 127.0.0.1:port (Connection: close); the whole response, malloc'd. */
+static char *http_post(int port, const char *path, const char *body) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fail_msg("connect to port %d: %s", port, strerror(errno));
+    char req[4096];
+    int n = snprintf(req, sizeof req, "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", path, strlen(body), body);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap);
+    for (ssize_t got; out && (got = read(fd, out + len, cap - 1 - len)) > 0;) {
+        len += (size_t)got;
+        if (len + 1 == cap) out = realloc(out, cap *= 2);
+    }
+    assert_non_null(out);
+    out[len] = 0;
+    close(fd);
+    return out;
+}
+
+/* flashlm serve under budget + FLM_RSS_ALLOWANCE (hybrid, as run above): requests are answered, streamed and not,
+ * and SIGTERM stops it cleanly; the group saw no OOM kill. The client (this test) is outside the group. */
+static void test_serve_under_limit(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    const char *path = smol_flm[0] ? smol_flm : syn_flm;
+    uint64_t budget = file_bytes(path) * 75 / 100, limit = budget + FLM_RSS_ALLOWANCE;
+    char g[BIGCAP + 64], num[32], f[BIGCAP + 128], outp[PATHCAP], cmd[16384];
+    snprintf(g, sizeof g, "%s/flm-budget-%d-%d", cg.base, (int)getpid(), cg.n++);
+    if (mkdir(g, 0755) != 0) fail_msg("cannot make cgroup %s: %s", g, strerror(errno));
+    snprintf(num, sizeof num, "%llu", (unsigned long long)limit);
+    snprintf(f, sizeof f, cg.version == 2 ? "%s/memory.max" : "%s/memory.limit_in_bytes", g);
+    if (!write_str(f, num)) fail_msg("%s: %s", f, strerror(errno));
+    snprintf(f, sizeof f, cg.version == 2 ? "%s/memory.swap.max" : "%s/memory.memsw.limit_in_bytes", g);
+    if (access(f, F_OK) == 0 && !write_str(f, cg.version == 2 ? "0" : num)) fail_msg("%s: %s", f, strerror(errno));
+    snprintf(outp, sizeof outp, "%s", tu_tmp("cgroup-serve", ".txt"));
+    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --mode hybrid --mem %llu -c 256 -t 2 --port 0 > '%s' 2>&1",
+             FLM_CLI, path, (unsigned long long)budget, outp);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char procs[BIGCAP + 128], me[32];
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", g);
+        snprintf(me, sizeof me, "%d", (int)getpid());
+        if (!write_str(procs, me)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int port = 0, status = 0;
+    for (int i = 0; i < 1200 && !port; i++) { /* its first lines: the plan, then "serving ... on http://..." */
+        char buf[8192] = "";
+        read_small(outp, buf, sizeof buf);
+        const char *at = strstr(buf, "on http://127.0.0.1:");
+        if (at) port = atoi(at + strlen("on http://127.0.0.1:"));
+        else if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("serve exited (status %d):\n%s", status, buf);
+        else { struct timespec ts = {0, 50 * 1000 * 1000}; nanosleep(&ts, NULL); }
+    }
+    if (!port) { kill(pid, SIGKILL); fail_msg("serve did not start"); }
+    for (int i = 0; i < 3; i++) {
+        char *r = http_post(port, "/v1/completions", i == 1
+            ? "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0, \"stream\": true}"
+            : "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}");
+        if (!strstr(r, " 200 ") || !strstr(r, "\"completion_tokens\":16") || (i == 1 && !strstr(r, "data: [DONE]")))
+            fail_msg("serve under a hard limit of %.2f MiB: request %d answered:\n%.2000s", limit / MIB, i, r);
+        free(r);
+    }
+    char *m = http_post(port, "/health", "");
+    free(m);
+    kill(pid, SIGTERM);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    int ooms = (int)(cg.version == 2 ? read_key(g, "memory.events", "oom_kill ") : read_key(g, "memory.oom_control", "oom_kill "));
+    long peak = cg.version == 2 ? read_key(g, "memory.peak", NULL) : read_key(g, "memory.max_usage_in_bytes", NULL);
+    for (int i = 0; rmdir(g) != 0 && i < 200; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    size_t n;
+    char *out = (char *)tu_read_file(outp, &n);
+    out = realloc(out, n + 1);
+    out[n] = 0;
+    remove(outp);
+    if (rc != 0 || ooms > 0)
+        fail_msg("serve under a hard limit of %.2f MiB: exit %d, %d OOM kills:\n%s", limit / MIB, rc, ooms, out);
+    print_message("serve (%s, hybrid at --mem %.2f MiB): 3 requests answered under a hard limit of %.2f MiB; the "
+                  "group's peak %.2f MiB\n", smol_flm[0] ? "SmolLM2" : "synthetic", budget / MIB, limit / MIB,
+                  peak >= 0 ? peak / MIB : -1.0);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_convert_under_limit),
@@ -429,6 +527,7 @@ int main(void) {
         cmocka_unit_test(test_run_synthetic_every_mode),
         cmocka_unit_test(test_run_smollm2_every_mode),
         cmocka_unit_test(test_too_small_refused),
+        cmocka_unit_test(test_serve_under_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
