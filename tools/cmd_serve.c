@@ -49,6 +49,8 @@ static const char *SERVE_HELP =
     "      --max-body BYTES largest request body (default 1M); larger: 413\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES "\n"
     "      --alias NAME     the model's id in the API (default: the file name without its extension)\n"
+    "      --context-shift  when a reply fills the context, forget the older half after BOS and go on (as run's);\n"
+    "                       default: the reply ends there (finish_reason \"length\")\n"
     "  -v, --verbose        print the library's debug messages\n"
     "  -h, --help           this help\n";
 
@@ -377,7 +379,12 @@ static void run_job(slot *s, job *j) {
         free(s2);
     }
     if (j->req.stream) out_add(j, "data: [DONE]\n\n");
+    bool gone = j->gone;
     pthread_mutex_unlock(&srv.mu);
+    fprintf(stderr, "flashlm: slot %d: %s: prompt %zu tokens (%zu cached) in %.1f ms; %ld tokens in %.1f ms (%.2f "
+            "tokens/s, %.2f MiB read from flash); %s\n", s->index, j->id, j->n_prompt, j->n_reused, ss.prompt_ms,
+            j->res.n_gen, ss.gen_ms, ss.gen_ms > 0 ? j->res.n_gen * 1e3 / ss.gen_ms : 0.0, cli_mib(ss.gen.bytes_read),
+            st ? "failed" : gone || j->res.cancelled ? "cancelled: the client left" : finish_reason(&j->res));
 }
 
 static void *worker(void *arg) {
@@ -708,7 +715,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *chat_name = NULL, *alias = NULL;
     long port = 8080, parallel = 1, queue = 16;
     uint64_t max_body = 1u << 20;
-    bool verbose = false;
+    bool verbose = false, shift = false;
     flm_params params;
     flm_params_default(&params);
     for (int i = 0; i < argc; i++) {
@@ -721,6 +728,7 @@ int cmd_serve(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        if (!strcmp(a, "--context-shift")) { shift = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||
                      !strcmp(a, "--max-body") || !strcmp(a, "--chat-template") || !strcmp(a, "--alias");
@@ -807,6 +815,8 @@ int cmd_serve(int argc, char **argv) {
         flm_model_info info;
         flm_get_info(srv.slots[0].ctx, &info);
         srv.n_ctx = info.n_ctx;
+        for (int i = 0; i < srv.n_slots; i++) /* keep BOS (and nothing more) when the context shifts */
+            flm_session_set_shift(srv.slots[i].sess, shift, flm_add_bos(srv.slots[i].ctx) ? 1 : 0);
     }
     /* the signals are taken by sigwait below: block them in every thread (they inherit the mask) */
     sigset_t sigs;
