@@ -234,7 +234,7 @@ def start_stream(srv, body):
 def test_drop(srv):
     """A client that drops its stream frees its slot: the generation is cancelled, the next request is served."""
     before = srv.metric("requests_cancelled_total")
-    s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0.8,
+    s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0,
                                 "stream": True})
     check(got.startswith(b"HTTP/1.1 200") and b"data: " in got, "the stream started: %r" % got[:200])
     s.close()
@@ -312,7 +312,7 @@ def test_queue_full():
     """--parallel 1 --queue 0: while one stream runs, the next request gets 503; afterwards it is served."""
     srv = Server(STORIES, "-c", "2048", "--queue", "0", "-t", "1")
     try:
-        s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0.8,
+        s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0,
                                     "stream": True})
         st, data = srv.raw("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}, key=None)
         # the stream may have ended by itself (a short story ends in an end-of-text token): only then 200
