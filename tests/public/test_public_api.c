@@ -119,6 +119,52 @@ static void test_vocab_and_chat(void **state) {
     flm_close(ctx);
 }
 
+static bool count_tokens(void *user, const flm_gen_token *t) {
+    *(int *)user += !t->eog && t->id >= 0;
+    return true;
+}
+
+/* The session API through the public archive: a chat prompt, a greedy reply with a stop string, statistics. */
+static void test_session(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 128;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    flm_session *s = NULL;
+    flm_chat *c = NULL;
+    assert_int_equal(flm_session_create(ctx, &s, &err), FLM_OK);
+    assert_ptr_equal(flm_session_ctx(s), ctx);
+    assert_int_equal(flm_chat_open(ctx, NULL, &c, &err), FLM_OK);
+    flm_chat_msg msg = {"user", "Once upon a time"};
+    size_t reused = 99;
+    assert_int_equal(flm_session_prompt_chat(s, c, &msg, 1, &reused, &err), FLM_OK);
+    assert_int_equal(reused, 0);
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = 12;
+    gp.stop[0] = "@@";
+    gp.n_stop = 1;
+    int n = 0;
+    flm_gen_result r;
+    assert_int_equal(flm_session_generate(s, &gp, count_tokens, &n, &r, &err), FLM_OK);
+    assert_true(r.n_gen >= 1 && r.n_gen <= 12);
+    assert_int_equal(n, r.n_gen - (r.eog ? 1 : 0));
+    flm_session_stats st;
+    flm_session_get_stats(s, &st);
+    assert_int_equal(st.n_gen, (uint64_t)r.n_gen);
+    assert_true(st.n_prompt > 0);
+    assert_int_equal(flm_session_prompt_chat(s, c, &msg, 1, &reused, &err), FLM_OK); /* the same prompt again */
+    assert_int_equal(reused, st.n_prompt - 1);
+    flm_chat_close(c);
+    flm_session_free(s);
+    flm_session_free(NULL);
+    flm_close(ctx);
+}
+
 typedef struct {
     int n, n_warn;
     char all[4096];
@@ -224,6 +270,7 @@ int main(void) {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_names_stay_inside),
         cmocka_unit_test(test_vocab_and_chat),
+        cmocka_unit_test(test_session),
         cmocka_unit_test(test_log_callback_not_stderr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
