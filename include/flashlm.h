@@ -592,6 +592,7 @@ typedef struct flm_session flm_session;
  * shift. Allocates the token history (n_ctx int32) and a small text buffer, outside the memory plan.
  * Errors: FLM_ERR_ARG (ctx or out NULL), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err);
+/* Free the session (NULL: nothing); the context stays open, holding what was evaluated. */
 FLM_API void flm_session_free(flm_session *s);
 /* The context the session drives. */
 FLM_API flm_ctx *flm_session_ctx(const flm_session *s);
@@ -699,7 +700,9 @@ typedef struct flm_session_stats {
     long n_shifts;            /* context shifts, and the tokens they discarded */
     long n_discarded;
 } flm_session_stats;
+/* The counts so far (a copy). */
 FLM_API void flm_session_get_stats(const flm_session *s, flm_session_stats *st);
+/* Zero them (e.g. at the start of each request). */
 FLM_API void flm_session_reset_stats(flm_session *s);
 
 #ifdef __cplusplus
