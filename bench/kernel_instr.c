@@ -2,7 +2,9 @@
  * over REPS rows of 4096 weights inside run_kernel(), the function to count. Measure it with
  *   valgrind --tool=callgrind --toggle-collect=run_kernel build/kernel_instr LEVEL TYPE [REPS]
  * and divide the instructions by REPS * 16 for instructions per 256 weights (the activation is quantized outside
- * run_kernel). Valgrind 3.19 emulates no AVX-512: under it only scalar and avx2 exist (the levels above are
+ * run_kernel). With a fifth argument NX, it runs the level's tiled dot (vec_dot_tile) instead: REPS rows against NX
+ * tokens, inside run_tile(); divide by REPS * 16 * NX for instructions per 256 weights and token:
+ *   valgrind --tool=callgrind --toggle-collect=run_tile build/kernel_instr LEVEL TYPE REPS NX Valgrind 3.19 emulates no AVX-512: under it only scalar and avx2 exist (the levels above are
  * refused, exit 2). For those, bench/step_count.c counts the instructions natively by single-stepping:
  *   build/step_count build/kernel_instr LEVEL TYPE REPS   (with KI_STOP set it stops itself around run_kernel) */
 #include <signal.h>
@@ -23,6 +25,12 @@ __attribute__((noinline)) float run_kernel(flm_vec_dot_fn f, const uint8_t *W, s
     return s;
 }
 
+__attribute__((noinline)) float run_tile(flm_vec_dot_tile_fn f, const uint8_t *W, size_t stride, const void *xq,
+                                         size_t x_stride, size_t nx, int reps, float *Y) {
+    for (int r = 0; r < reps; r += 64) f(W, stride, reps - r < 64 ? (size_t)(reps - r) : 64, xq, x_stride, nx, N, Y, 64);
+    return Y[0];
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: kernel_instr LEVEL TYPE [REPS]\n");
@@ -40,8 +48,14 @@ int main(int argc, char **argv) {
     const size_t stride = flm_row_bytes(t, N);
     uint8_t *W = malloc(64 * stride);
     float *x = malloc(N * sizeof(float));
-    void *xq = malloc(flm_act_bytes(t, N));
-    if (!W || !x || !xq) return 1;
+    const size_t nx = argc > 4 ? (size_t)atoi(argv[4]) : 0, ab = flm_act_bytes(t, N);
+    if (argc > 4 && (nx < 1 || nx > 64 || !k->vec_dot_tile[t])) {
+        fprintf(stderr, "kernel_instr: no tiled dot of %s at level %s (or NX outside 1..64)\n", argv[2], argv[1]);
+        return 2;
+    }
+    uint8_t *xq = malloc(ab * (nx ? nx : 1));
+    float *Y = malloc(64 * 64 * sizeof(float));
+    if (!W || !x || !xq || !Y) return 1;
     uint64_t s = 88172645463325252ull;
     for (size_t i = 0; i < 64 * stride; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -52,9 +66,11 @@ int main(int argc, char **argv) {
         if ((W[i + 1] & 0x7c) == 0x7c) W[i + 1] &= 0x3f;
     for (size_t i = 0; i < N; i++) x[i] = (float)((int)(i * 7919 % 2001) - 1000) / 1000.0f;
     flm_act_quantize(t, x, N, xq);
+    for (size_t b = 1; b < nx; b++) memcpy(xq + b * ab, xq, ab);
     const bool stops = getenv("KI_STOP") != NULL; /* for bench/step_count.c: stopped just before and after */
     if (stops) raise(SIGSTOP);
-    const float r = run_kernel(k->vec_dot[t], W, stride, xq, reps);
+    const float r = nx ? run_tile(k->vec_dot_tile[t], W, stride, xq, ab, nx, reps, Y)
+                       : run_kernel(k->vec_dot[t], W, stride, xq, reps);
     if (stops) raise(SIGSTOP);
     printf("%s %s: %g\n", k->name, argv[2], (double)r);
     return 0;

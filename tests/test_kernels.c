@@ -791,6 +791,132 @@ static void test_matvec(void **state) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Tiled dots of a batch (vec_dot_tile, flm_matmat)
+ * ------------------------------------------------------------------------------------------------------------- */
+/* Level L's vec_dot_tile of every type that has one, on random blocks: for every (row, token) bit for bit the same
+ * level's vec_dot, and within 2e-6 * sum |w * xq| of the scalar reference's vec_dot; token counts cover full and
+ * partial micro-tiles (4 tokens at avx2, 8 above). Then flm_matmat at level L with 1 and 2 threads against
+ * flm_matvec token by token, bit for bit, on a matrix big enough to be split into several row blocks per thread. */
+static void check_tiles(flm_kernel_level L) {
+    const flm_kernels *k = flm_kernels_for_level(L), *s = flm_kernels_scalar();
+    if (!k) {
+        print_message("skipped: this CPU lacks the %s kernel level (its best: %s)\n", flm_kernel_level_name(L),
+                      flm_kernel_level_name(flm_kernels_cpu_level()));
+        skip();
+    }
+    static const size_t nxs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 17};
+    static const size_t rows_list[] = {1, 3, 6};
+    uint64_t rng = 777 + (uint64_t)L;
+    size_t n_types = 0, n_dots = 0;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = all_types[ti], at = flm_type_traits_of(t)->vec_dot_type;
+        if (!k->vec_dot_tile[t]) continue;
+        n_types++;
+        const size_t *lens;
+        size_t nl;
+        lens_for(t, &lens, &nl);
+        for (size_t li = 0; li < nl; li++) {
+            const size_t n = lens[li], stride = flm_row_bytes(t, n), ab = flm_act_bytes(t, n) + 3;
+            for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
+                const size_t rows = rows_list[ri], nx = nxs[(li * 3 + ri * 5) % 10 + 0 * rows];
+                for (size_t xi = 0; xi < sizeof nxs / sizeof nxs[0]; xi++) {
+                    const size_t n_x = (xi + li + ri) % 3 == 0 ? nxs[xi] : nx;
+                    uint8_t *W = malloc(rows * stride + 1), *xq = malloc(n_x * ab + 1);
+                    float *Y = malloc(n_x * (rows + 2) * sizeof(float));
+                    float *wd = malloc(n * sizeof(float)), *xd = malloc(n * sizeof(float));
+                    assert_true(W && xq && Y && wd && xd);
+                    for (size_t r = 0; r < rows; r++) {
+                        void *wb;
+                        memcpy(W + 1 + r * stride, rand_row(t, n, &rng, &wb), stride); /* misaligned */
+                        free(wb);
+                    }
+                    for (size_t b = 0; b < n_x; b++) {
+                        void *xb;
+                        const float *x = rand_vec(n, &rng, b % 3 == 2 ? 100.0f : 1.0f, &xb);
+                        s->act_quantize[at](x, xq + 1 + b * ab, n);
+                        free(xb);
+                    }
+                    const size_t ys = rows + 2;
+                    for (size_t i = 0; i < n_x * ys; i++) Y[i] = NAN;
+                    k->vec_dot_tile[t](W + 1, stride, rows, xq + 1, ab, n_x, n, Y, ys);
+                    for (size_t b = 0; b < n_x; b++) {
+                        const void *xb = xq + 1 + b * ab;
+                        s->dequant[at](xb, xd, n);
+                        for (size_t r = 0; r < rows; r++) {
+                            const void *row = W + 1 + r * stride;
+                            const float got = Y[b * ys + r], want = k->vec_dot[t](row, xb, n);
+                            if (memcmp(&got, &want, sizeof got) != 0)
+                                fail_msg("%s: vec_dot_tile %s n=%zu rows=%zu n_x=%zu (row %zu, token %zu): %.9g, "
+                                         "vec_dot %.9g: not the same bits", k->name, flm_type_name(t), n, rows, n_x,
+                                         r, b, got, want);
+                            s->dequant[t](row, wd, n);
+                            double mag = 0.0;
+                            for (size_t i = 0; i < n; i++) mag += fabs((double)wd[i] * xd[i]);
+                            const float ref = s->vec_dot[t](row, xb, n);
+                            if (!(fabs((double)ref - got) <= 2e-6 * mag + 1e-30))
+                                fail_msg("%s: vec_dot_tile %s n=%zu: %.9g, scalar vec_dot %.9g", k->name,
+                                         flm_type_name(t), n, got, ref);
+                            n_dots++;
+                        }
+                        if (!isnan(Y[b * ys + rows]) || !isnan(Y[b * ys + rows + 1]))
+                            fail_msg("%s: vec_dot_tile %s wrote outside its rows", k->name, flm_type_name(t));
+                    }
+                    free(W);
+                    free(xq);
+                    free(Y);
+                    free(wd);
+                    free(xd);
+                }
+            }
+        }
+        /* flm_matmat: row blocks, threads */
+        const size_t n = 4096 + flm_type_block_elems(t) * (is_quant(t) ? 1 : 32), rows = 203, n_x = 11;
+        const size_t stride = flm_row_bytes(t, n);
+        uint8_t *W = malloc(rows * stride);
+        float *X = malloc(n_x * n * sizeof(float)), *want = malloc(n_x * rows * sizeof(float));
+        float *got = malloc(n_x * rows * sizeof(float));
+        assert_true(W && X && want && got);
+        for (size_t r = 0; r < rows; r++) {
+            void *wb;
+            memcpy(W + r * stride, rand_row(t, n, &rng, &wb), stride);
+            free(wb);
+        }
+        for (size_t i = 0; i < n_x * n; i++) X[i] = tu_rand_f32(&rng);
+        for (size_t b = 0; b < n_x; b++) flm_matvec(k, t, W, rows, n, X + b * n, want + b * rows, 1);
+        for (int th = 1; th <= 2; th++) {
+            for (size_t i = 0; i < n_x * rows; i++) got[i] = NAN;
+            flm_matmat(k, t, W, rows, n, X, n, n_x, got, rows, th);
+            if (memcmp(want, got, n_x * rows * sizeof(float)) != 0)
+                fail_msg("%s: matmat %s threads=%d differs from matvec token by token", k->name, flm_type_name(t),
+                         th);
+        }
+        free(W);
+        free(X);
+        free(want);
+        free(got);
+    }
+    print_message("%s: %zu types with tiled dots, %zu (row, token) dots bit for bit the level's vec_dot\n", k->name,
+                  n_types, n_dots);
+}
+
+static void test_tiles_scalar(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_SCALAR);
+}
+static void test_tiles_avx2(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_AVX2);
+}
+static void test_tiles_avx512(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_AVX512);
+}
+static void test_tiles_vnni(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_VNNI);
+}
+
 static void test_rmsnorm(void **state) {
     (void)state;
     static const size_t lens[] = {1, 7, 64, 288, 4096};
@@ -895,6 +1021,10 @@ int main(void) {
         cmocka_unit_test(test_quantize_float_types),
         cmocka_unit_test(test_known_blocks),
         cmocka_unit_test(test_matvec),
+        cmocka_unit_test(test_tiles_scalar),
+        cmocka_unit_test(test_tiles_avx2),
+        cmocka_unit_test(test_tiles_avx512),
+        cmocka_unit_test(test_tiles_vnni),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_softmax),

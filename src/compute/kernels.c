@@ -376,6 +376,9 @@ float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void 
 /* Below this many weights a matvec runs serially: an OpenMP fork/join costs a few microseconds. */
 #define FLM_MATVEC_MIN_PARALLEL 32768
 
+/* flm_matmat with a tile kernel: the weight rows of one block (they stay in L2 while the tokens pass over them). */
+#define FLM_TILE_ROW_BYTES (192 * 1024)
+
 /* x quantized for the dot: up to this many bytes on the stack, more on the heap. */
 #define FLM_ACT_STACK_BYTES 16384
 
@@ -430,6 +433,28 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     const flm_vec_dot_fn fn = k->vec_dot[t];
     int nt = n_threads;
     if (nt <= 1 || rows < 2 * (size_t)nt || rows * n * n_x < FLM_MATVEC_MIN_PARALLEL) nt = 1;
+    const flm_vec_dot_tile_fn tile = f32 ? NULL : k->vec_dot_tile[t];
+    if (tile) {
+        /* thread i takes rows [rows*i/T, rows*(i+1)/T), in blocks of about FLM_TILE_ROW_BYTES of weights: the
+         * block stays in L2 while the token groups of the tile kernel pass over it */
+        size_t rb = FLM_TILE_ROW_BYTES / stride;
+        if (rb < 4) rb = 4;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+#ifdef _OPENMP
+            const size_t i = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+#else
+            const size_t i = 0, T = 1;
+#endif
+            const size_t r1 = rows * (i + 1) / T;
+            for (size_t r0 = rows * i / T; r0 < r1; r0 += rb) {
+                const size_t m = r1 - r0 < rb ? r1 - r0 : rb;
+                tile((const uint8_t *)W + r0 * stride, stride, m, xq, ab, n_x, n, Y + r0, y_stride);
+            }
+        }
+        free(xq);
+        return;
+    }
     const ptrdiff_t nr = (ptrdiff_t)rows;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (ptrdiff_t r = 0; r < nr; r++) {

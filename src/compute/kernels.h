@@ -26,6 +26,12 @@ typedef float (*flm_dot_fn)(const void *row, const float *x, size_t n);         
 typedef void (*flm_axpy_fn)(const void *row, float a, float *y, size_t n);       /* y[i] += a*row[i]  */
 typedef void (*flm_dequant_fn)(const void *row, float *y, size_t n);             /* y[i]  = row[i]    */
 typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);      /* sum_i row[i]*xq[i] */
+/* The tiled form of vec_dot for a batch (the inner kernel of flm_matmat): for r < rows and b < n_x,
+ *   Y[b * y_stride + r] = vec_dot(W + r * w_stride, xq + b * x_stride, n)   (W, xq as bytes)
+ * bit for bit equal to the same table's vec_dot, each weight block unpacked once for several tokens
+ * (quants_tile_x86.h). rows, n_x >= 0; n as vec_dot. */
+typedef void (*flm_vec_dot_tile_fn)(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride,
+                                    size_t n_x, size_t n, float *Y, size_t y_stride);
 typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);          /* dst = quantized x  */
 /* Attention over an f16 KV cache, for one query head (compute/attention.c); K and V are n rows of halves, stride
  * elements apart, of which the first d are the head's:
@@ -44,6 +50,8 @@ typedef struct flm_kernels {
     flm_axpy_fn axpy[FLM_N_TYPES];
     flm_dequant_fn dequant[FLM_N_TYPES];
     flm_vec_dot_fn vec_dot[FLM_N_TYPES]; /* xq: x quantized by flm_act_quantize(t, ...) */
+    flm_vec_dot_tile_fn vec_dot_tile[FLM_N_TYPES]; /* NULL where the level has none: flm_matmat then runs vec_dot
+                                                      per (row, token), which is the reference */
     flm_from_float_fn act_quantize[FLM_N_TYPES]; /* indexed by activation type (q8_0, q8_1, q8_k): n floats
                                                     (whole blocks) into blocks; every table's output is the same
                                                     bytes (the scalar reference rounding, roundf) */
@@ -95,9 +103,11 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
 /* A batch of matrix-vector products with one matrix (the matrix-matrix product of a batched forward pass):
  * y_b[r] = dot(W row r, x_b) for r < rows and b < n_x, where x_b = X + b * x_stride (n floats) and
  * y_b = Y + b * y_stride. Every x_b is quantized once into W's vec_dot_type (heap scratch of n_x * flm_act_bytes(t, n)
- * bytes), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Every y_b[r] equals
- * flm_matvec's bit for bit. Rows split over n_threads OpenMP threads. When the scratch cannot be allocated it runs
- * flm_matvec token by token (the same values). n as flm_matvec. */
+ * bytes), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Where the table has
+ * a vec_dot_tile[t], rows go in blocks that stay in L2 (about 256 KiB of weights) and the tile kernel unpacks each
+ * weight block once per few tokens; else vec_dot per (row, token). Every y_b[r] equals flm_matvec's bit for bit.
+ * Rows split over n_threads OpenMP threads. When the scratch cannot be allocated it runs flm_matvec token by token
+ * (the same values). n as flm_matvec. */
 void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
                 size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads);
 

@@ -586,6 +586,13 @@ static void aq_q8_k(const float *x, void *dst, size_t n) {
 AXPY_VIA_DEQUANT(q4_k, dequant_q4_k, sizeof(flm_block_q4_k))
 AXPY_VIA_DEQUANT(q6_k, dequant_q6_k, sizeof(flm_block_q6_k))
 
+/* the tiled dots of a batch (quants_tile_x86.h): 4 tokens per micro-tile with 16 vector registers */
+#define TILE_T 4
+#define TILE_J_UNROLL 4
+#define MADDS(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
+#define TILE(name) name##_avx2
+#include "compute/quants_tile_x86.h"
+
 void flm_quants_fill_avx2(flm_kernels *k) {
     k->act_quantize[FLM_TYPE_Q8_0] = aq_q8_0;
     k->act_quantize[FLM_TYPE_Q8_1] = aq_q8_1;
@@ -609,6 +616,7 @@ void flm_quants_fill_avx2(flm_kernels *k) {
     k->dot[FLM_TYPE_Q4_K] = dot_q4_k, k->dequant[FLM_TYPE_Q4_K] = dequant_q4_k, k->axpy[FLM_TYPE_Q4_K] = axpy_q4_k;
     k->dot[FLM_TYPE_Q5_K] = dot_q5_k;
     k->dot[FLM_TYPE_Q6_K] = dot_q6_k, k->dequant[FLM_TYPE_Q6_K] = dequant_q6_k, k->axpy[FLM_TYPE_Q6_K] = axpy_q6_k;
+    tile_fill(k);
 }
 
 #else

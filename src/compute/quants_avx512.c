@@ -12,6 +12,12 @@
 #define DPWSSD(acc, a, b) _mm512_add_epi32((acc), _mm512_madd_epi16((a), (b)))
 #define X512(name) name##_avx512
 #define X512_FILL flm_quants_fill_avx512
+/* the tiled dots of a batch (quants_tile_x86.h): 8 tokens per micro-tile with 32 vector registers */
+#define TILE_T 8
+#define TILE_J_UNROLL 4
+#define MADDS(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
+#define TILE(name) name##_avx512_tile
+#include "compute/quants_tile_x86.h"
 #include "compute/quants_x512.h"
 
 #else

@@ -79,6 +79,7 @@ static float X512(vdot_q6_k)(const void *row, const void *xq, size_t n) {
 
 void X512_FILL(flm_kernels *k) {
     k->vec_dot[FLM_TYPE_Q6_K] = X512(vdot_q6_k);
+    tile_fill(k); /* the includer's tiled dots (quants_tile_x86.h, included before this file) */
 }
 
 #endif
