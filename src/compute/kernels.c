@@ -435,22 +435,18 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     if (nt <= 1 || rows < 2 * (size_t)nt || rows * n * n_x < FLM_MATVEC_MIN_PARALLEL) nt = 1;
     const flm_vec_dot_tile_fn tile = f32 ? NULL : k->vec_dot_tile[t];
     if (tile) {
-        /* thread i takes rows [rows*i/T, rows*(i+1)/T), in blocks of about FLM_TILE_ROW_BYTES of weights: the
-         * block stays in L2 while the token groups of the tile kernel pass over it */
+        /* rows in blocks of about FLM_TILE_ROW_BYTES of weights (the block stays in L2 while the token groups of
+         * the tile kernel pass over it), at least 4 blocks per thread, handed out one at a time: a thread that
+         * loses its core to another process leaves its blocks to the others */
         size_t rb = FLM_TILE_ROW_BYTES / stride;
+        const size_t per_thread = (rows + 4 * (size_t)nt - 1) / (4 * (size_t)nt);
+        if (nt > 1 && rb > per_thread) rb = per_thread;
         if (rb < 4) rb = 4;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        {
-#ifdef _OPENMP
-            const size_t i = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
-#else
-            const size_t i = 0, T = 1;
-#endif
-            const size_t r1 = rows * (i + 1) / T;
-            for (size_t r0 = rows * i / T; r0 < r1; r0 += rb) {
-                const size_t m = r1 - r0 < rb ? r1 - r0 : rb;
-                tile((const uint8_t *)W + r0 * stride, stride, m, xq, ab, n_x, n, Y + r0, y_stride);
-            }
+        const ptrdiff_t n_blocks = (ptrdiff_t)((rows + rb - 1) / rb);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+        for (ptrdiff_t b = 0; b < n_blocks; b++) {
+            const size_t r0 = (size_t)b * rb, m = rows - r0 < rb ? rows - r0 : rb;
+            tile((const uint8_t *)W + r0 * stride, stride, m, xq, ab, n_x, n, Y + r0, y_stride);
         }
         free(xq);
         return;
