@@ -224,21 +224,28 @@ TILE32_ROW(q8_0_row, flm_block_q8_0, flm_block_q8_0, TILE_DEC_S8, TILE_PAIR_S, t
 
 /* The tile driver (kernels.h flm_vec_dot_tile_fn): token groups of TILE_T outside, rows inside, so one group's
  * activations stay in L1 while the rows (which the caller keeps few enough to stay in L2) pass under them. */
+#define TILE_ROWS(ROW, BLOCK, NT)                                                                                 \
+    for (size_t r = 0; r < rows; r++)                                                                             \
+        TILE(ROW)((const BLOCK *)((const uint8_t *)W + r * w_stride), (const uint8_t *)xq + t0 * x_stride,       \
+                  x_stride, nb, Y + t0 * y_stride + r, y_stride, NT)
+/* the last n_x % TILE_T tokens with a constant count too (each count its own unrolled code: a runtime count
+ * leaves the per-token arrays in memory, and draft verification batches are often that small) */
 #define TILE_DRIVER(NAME, ROW, BLOCK, QK)                                                                         \
     static void TILE(NAME)(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride,         \
                            size_t n_x, size_t n, float *Y, size_t y_stride) {                                     \
         const size_t nb = n / (QK);                                                                               \
         size_t t0 = 0;                                                                                            \
-        for (; t0 + TILE_T <= n_x; t0 += TILE_T)                                                                  \
-            for (size_t r = 0; r < rows; r++)                                                                     \
-                TILE(ROW)((const BLOCK *)((const uint8_t *)W + r * w_stride),                                     \
-                          (const uint8_t *)xq + t0 * x_stride, x_stride, nb, Y + t0 * y_stride + r, y_stride,     \
-                          TILE_T);                                                                                \
-        if (t0 < n_x)                                                                                             \
-            for (size_t r = 0; r < rows; r++)                                                                     \
-                TILE(ROW)((const BLOCK *)((const uint8_t *)W + r * w_stride),                                     \
-                          (const uint8_t *)xq + t0 * x_stride, x_stride, nb, Y + t0 * y_stride + r, y_stride,     \
-                          (int)(n_x - t0));                                                                       \
+        for (; t0 + TILE_T <= n_x; t0 += TILE_T) TILE_ROWS(ROW, BLOCK, TILE_T);                                   \
+        switch (n_x - t0) {                                                                                       \
+        case 7: if (TILE_T > 7) { TILE_ROWS(ROW, BLOCK, 7 % TILE_T); break; } /* fall through */                  \
+        case 6: if (TILE_T > 6) { TILE_ROWS(ROW, BLOCK, 6 % TILE_T); break; } /* fall through */                  \
+        case 5: if (TILE_T > 5) { TILE_ROWS(ROW, BLOCK, 5 % TILE_T); break; } /* fall through */                  \
+        case 4: if (TILE_T > 4) { TILE_ROWS(ROW, BLOCK, 4 % TILE_T); break; } /* fall through */                  \
+        case 3: TILE_ROWS(ROW, BLOCK, 3); break;                                                                  \
+        case 2: TILE_ROWS(ROW, BLOCK, 2); break;                                                                  \
+        case 1: TILE_ROWS(ROW, BLOCK, 1); break;                                                                  \
+        default: break;                                                                                           \
+        }                                                                                                         \
     }
 
 TILE_DRIVER(tile_q4_k, q4k_row, flm_block_q4_k, 256)
