@@ -12,6 +12,8 @@
 #ifndef FLASHLM_TOOLS_H
 #define FLASHLM_TOOLS_H
 
+#include <stdio.h>
+
 #include "flashlm.h"
 
 #ifdef __cplusplus
@@ -21,6 +23,47 @@ extern "C" {
 /* Progress of long work: what (a phase, e.g. "converting", "verifying"), done out of total units (bytes). Called
  * from the calling thread. */
 typedef void (*flm_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Output files: the one checked writer of every file flashlm writes (converted models, calibrated models, statistics
+ * and benchmark JSON, figures, probe results). Source: src/core/files.c. The rules (docs/SECURITY.md, "Output files"):
+ * - a symbolic link given as the path is refused (neither replaced nor written through: name the target itself);
+ * - a path that exists and is not a regular file (a device, a FIFO, a directory, a socket) is refused;
+ * - the file being read (src: same device and inode) is refused, unless FLM_OUT_SELF (calibrate rewrites its model);
+ * - an existing file is replaced only with FLM_OUT_REPLACE (the CLI's --force), checked again at the rename, which
+ *   otherwise refuses to replace what appeared meanwhile (renameat2 RENAME_NOREPLACE);
+ * - the data go to a unique temporary "<path>.tmp.XXXXXX" in the same folder (O_CREAT|O_EXCL, never through a link),
+ *   fsynced and renamed onto path only when complete; the folder is fsynced after the rename;
+ * - one writer of a path at a time: "<path>.lock" is held (flock) from open to commit or abort, and removed then; a
+ *   second writer of the same path is refused at once (FLM_ERR_IO: "another flashlm is writing this file now").
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct flm_out flm_out;
+#define FLM_OUT_REPLACE 1u /* an existing regular file at the path may be replaced */
+#define FLM_OUT_SELF 2u    /* the path may be src itself */
+/* The checks above without writing anything (to refuse before long work: convert checks before it reads a byte).
+ * src: the input being read, or NULL. Errors: FLM_ERR_ARG (the path is refused: the message says why and names it),
+ * FLM_ERR_IO (it cannot be examined). */
+FLM_API flm_status flm_out_check(const char *path, const char *src, unsigned flags, flm_error *err);
+/* Start writing path: the checks, the lock, the temporary (empty). Write through flm_out_stream or flm_out_fd, then
+ * flm_out_commit or flm_out_abort exactly once. *out is NULL on error. Errors: those of flm_out_check, FLM_ERR_IO
+ * (the lock is held by another writer; the temporary cannot be created: the message names it), FLM_ERR_NOMEM. */
+FLM_API flm_status flm_out_open(const char *path, const char *src, unsigned flags, flm_out **out, flm_error *err);
+/* A stdio stream on the temporary (created on first call; NULL when out of memory), or its descriptor (read-write).
+ * Use one or the other. */
+FLM_API FILE *flm_out_stream(flm_out *o);
+FLM_API int flm_out_fd(const flm_out *o);
+/* The temporary's path, and the output path (strings owned by o). */
+FLM_API const char *flm_out_temp(const flm_out *o);
+FLM_API const char *flm_out_path(const flm_out *o);
+/* Flush, fsync, close and rename the temporary onto the path; frees o in every case and on error removes the
+ * temporary (the path is untouched). Errors: FLM_ERR_IO (a write, flush, fsync or rename failed: full disk, I/O
+ * error), FLM_ERR_ARG (the path became a link or a non-regular file, or appeared without FLM_OUT_REPLACE). */
+FLM_API flm_status flm_out_commit(flm_out *o, flm_error *err);
+/* Remove the temporary and the lock, free o. NULL: nothing. */
+FLM_API void flm_out_abort(flm_out *o);
+/* Remove the temporaries and locks of the writers open now (unlink only: async-signal-safe, for a SIGINT/SIGTERM
+ * handler that then ends the process). */
+FLM_API void flm_out_remove_temporaries(void);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Convert: a GGUF model into the .flm flash layout (docs/FORMAT.md). Source: src/convert/convert.c.

@@ -197,7 +197,7 @@ static void test_output_safety(void **state) {
     snprintf(args, sizeof args, "convert '%s' /dev/null --force 2>&1", copy);
     expect(args, 1, "not a regular file");
     snprintf(args, sizeof args, "convert '%s' '%s' --force 2>&1", copy, copy);
-    expect(args, 1, "the output is the input");
+    expect(args, 1, "is the model being read");
     size_t len2;
     uint8_t *g2 = tu_read_file(copy, &len2); /* the source is untouched */
     assert_int_equal(len2, len);

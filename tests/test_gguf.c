@@ -433,12 +433,11 @@ static const flm_gguf_kv *arr(flm_gguf_file *f, const char *key, uint32_t vt, ui
 
 static void test_writer_round_trip(void **state) {
     (void)state;
-    char path[4096], tmp[4200];
+    char path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp("rt", ".gguf"));
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     uint8_t *data[N_WT];
     write_sample(path, data);
-    assert_int_not_equal(access(tmp, F_OK), 0); /* renamed away */
+    assert_false(tu_temp_left(path)); /* renamed away, the lock removed */
 
     flm_gguf_file *f = open_ok(path);
     flm_error err = {0};
@@ -535,13 +534,12 @@ static void test_writer_errors(void **state) {
     static const uint8_t two[1] = {2};
     uint8_t buf[256] = {0};
     for (int m = M_NBYTES; m <= M_FREE; m++) {
-        char path[4096], tmp[4200];
+        char path[4096];
         snprintf(path, sizeof path, "%s", tu_tmp("werr", ".gguf"));
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
         flm_gguf_writer *w = NULL;
         flm_error err = {0};
         assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
-        assert_int_equal(access(tmp, F_OK), 0);
+        assert_true(tu_temp_left(path)); /* the writer's unique temporary and lock */
         flm_gguf_writer_kv_u32(w, "k", 1);
         flm_gguf_writer_add_tensor(w, "t", FLM_TYPE_F32, 2, ne);
         flm_status want = FLM_ERR_ARG, st = FLM_OK;
@@ -571,11 +569,11 @@ static void test_writer_errors(void **state) {
             assert_int_equal(st, want);
             assert_int_equal(err.code, want);
             assert_non_null(strstr(err.msg, path));
-            assert_int_not_equal(access(tmp, F_OK), 0);
+            assert_false(tu_temp_left(path));
             assert_int_not_equal(flm_gguf_writer_finish(w, &err), FLM_OK); /* stays failed */
         }
         flm_gguf_writer_free(w);
-        assert_int_not_equal(access(tmp, F_OK), 0);
+        assert_false(tu_temp_left(path));
         assert_int_not_equal(access(path, F_OK), 0);
     }
     flm_gguf_writer *w = NULL;

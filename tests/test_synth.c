@@ -30,11 +30,7 @@ static bool exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
-static bool tmp_exists(const char *path) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    return exists(tmp);
-}
+static bool tmp_exists(const char *path) { return tu_temp_left(path); }
 
 /* The small shape all tests use. */
 static void small_params(flm_synth_params *p) {

@@ -1,3 +1,4 @@
+#include <glob.h>
 #include "testutil.h"
 
 #include <stdio.h>
@@ -18,6 +19,19 @@ const char *tu_tmp(const char *tag, const char *suffix) {
     char *p = ring[slot++ % 8];
     snprintf(p, 4096, "%s/%s-%d-%d%s", FLM_TEST_TMPDIR, tag, (int)getpid(), counter++, suffix ? suffix : "");
     return p;
+}
+
+bool tu_temp_left(const char *path) {
+    char pat[4200];
+    glob_t g;
+    bool any = false;
+    const char *suffixes[] = {".tmp", ".tmp.*", ".lock"};
+    for (int i = 0; i < 3 && !any; i++) {
+        snprintf(pat, sizeof pat, "%s%s", path, suffixes[i]);
+        if (glob(pat, 0, NULL, &g) == 0) any = g.gl_pathc > 0;
+        globfree(&g);
+    }
+    return any;
 }
 
 uint8_t *tu_read_file(const char *path, size_t *len) {

@@ -11,6 +11,10 @@
 const char *tu_data(const char *rel);
 /* A fresh path under the test build's tmp dir, unique per call: "<tmp>/<tag>-<pid>-<n><suffix>". Static ring. */
 const char *tu_tmp(const char *tag, const char *suffix);
+/* true when the checked writer (flm_out) has left a temporary "<path>.tmp.XXXXXX" or a lock "<path>.lock" (or an
+ * old-style "<path>.tmp") beside path. */
+#include <stdbool.h>
+bool tu_temp_left(const char *path);
 /* Read a whole file into malloc'd memory; *len gets its size. Fails the test on error. */
 uint8_t *tu_read_file(const char *path, size_t *len);
 /* Write len bytes to path (overwrites). Fails the test on error. */

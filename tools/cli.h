@@ -19,10 +19,12 @@ char *cli_read_text(const char *path);
  * before it is created, clear them once renamed. At most 4. */
 void cli_temp_register(const char *path);
 void cli_temp_clear(void);
-/* cli_temp_clear, then cli_temp_register(path) unless path is NULL. */
+/* cli_temp_clear, then cli_temp_register(path) unless path is NULL; arms the handler either way (it also removes
+ * the temporaries and locks of the library's checked writer: flm_out_remove_temporaries). */
 void cli_remove_on_signal(const char *path);
-/* false (after saying so) when path exists and force is not set. */
-bool cli_may_write(const char *path, bool force);
+/* The checked writer's rules before any work (flm_out_check): false after saying why path may not be written (a
+ * link, a device or other non-regular file, src itself (src may be NULL), or an existing file without force). */
+bool cli_may_write(const char *path, const char *src, bool force);
 /* true when argv[0] is -h or --help */
 bool cli_is_help(int argc, char **argv);
 

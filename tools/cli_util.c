@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "spec.h"
 #include "flashlm.h"
+#include "flashlm_tools.h"
 
 double cli_now_ms(void) {
     struct timespec ts;
@@ -411,6 +412,7 @@ static volatile sig_atomic_t temp_count;
 
 static void on_signal(int sig) {
     for (int i = 0; i < temp_count; i++) unlink(temp_paths[i]);
+    flm_out_remove_temporaries(); /* the checked writer's (unique) temporaries and locks */
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -435,13 +437,14 @@ void cli_temp_clear(void) { temp_count = 0; }
 
 void cli_remove_on_signal(const char *path) {
     cli_temp_clear();
+    arm_signals(); /* the checked writer's temporaries are removed on a signal too */
     if (path) cli_temp_register(path);
 }
 
-bool cli_may_write(const char *path, bool force) {
-    struct stat st;
-    if (force || stat(path, &st) != 0) return true;
-    fprintf(stderr, "flashlm: %s already exists; use --force to replace it\n", path);
+bool cli_may_write(const char *path, const char *src, bool force) {
+    flm_error err;
+    if (flm_out_check(path, src, force ? FLM_OUT_REPLACE : 0u, &err) == FLM_OK) return true;
+    fprintf(stderr, "flashlm: %s\n", err.msg);
     return false;
 }
 

@@ -72,6 +72,7 @@ typedef struct bench_run {
 
 typedef struct bench_opts {
     const char *model, *text, *json, *svg, *mem, *modes;
+    bool force; /* --force: replace existing --json and --svg files */
     int prompt_tokens, gen_tokens;
     flm_params params;
     uint64_t mem_bytes;
@@ -875,8 +876,14 @@ static void json_flags(FILE *f, const bench_opts *o) {
 static int write_json(const bench_opts *o, const bench_run *runs, const bench_result *res, int n,
                       const bench_run *mruns, int nm, const bench_result *mres, const bench_result *wres,
                       const calib_agg *cal) {
-    FILE *f = fopen(o->json, "w");
-    if (!f) { fprintf(stderr, "flashlm: cannot write %s: %s\n", o->json, strerror(errno)); return 1; }
+    flm_out *w = NULL; /* the checked writer: a unique temporary renamed onto o->json */
+    flm_error err;
+    if (flm_out_open(o->json, o->model, o->force ? FLM_OUT_REPLACE : 0u, &w, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        return 1;
+    }
+    FILE *f = flm_out_stream(w);
+    if (!f) { flm_out_abort(w); return cli_die("%s", "out of memory"), 1; }
     const bench_result *info = NULL; /* the model facts: from any run that opened it */
     for (int i = 0; i < n && !info; i++) if (res[i].ok) info = &res[i];
     for (int i = 0; i < o->n_sweep_mem * nm && !info; i++) if (mres[i].ok) info = &mres[i];
@@ -928,8 +935,7 @@ static int write_json(const bench_opts *o, const bench_run *runs, const bench_re
         }
     }
     fprintf(f, "\n}\n");
-    bool ok = !ferror(f);
-    if (fclose(f) != 0 || !ok) { fprintf(stderr, "flashlm: cannot write %s\n", o->json); return 1; }
+    if (flm_out_commit(w, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     return 0;
 }
 
@@ -1039,7 +1045,7 @@ static int write_svgs(const bench_opts *o, const bench_run *runs, const bench_re
                                   fig->n);
     }
     free(fig);
-    if (!ok) { fprintf(stderr, "flashlm: cannot write the figures in %s: %s\n", o->svg, strerror(errno)); return 1; }
+    if (!ok) { fprintf(stderr, "flashlm: cannot write the figures in %s: %s\n", o->svg, svg_error()); return 1; }
     return 0;
 }
 
@@ -1075,6 +1081,7 @@ static const char *BENCH_HELP =
     "                          tokens), the machine, the model, the flags\n"
     "      --svg DIR           also write figures: latency_breakdown.svg, latency_over_time.svg, and with the sweeps\n"
     "                          memory_latency.svg, window.svg\n"
+    "      --force             replace existing --json and --svg files (else they are refused before the runs)\n"
     "\nshared options (here -c defaults to prompt + generated tokens, --mem to 50%, and --mode is set per run by\n--modes):\n";
 
 int cmd_bench(int argc, char **argv) {
@@ -1099,6 +1106,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--text")) { NEEDVAL(); o.text = val; }
         else if (!strcmp(a, "--json")) { NEEDVAL(); o.json = val; }
         else if (!strcmp(a, "--svg")) { NEEDVAL(); o.svg = val; }
+        else if (!strcmp(a, "--force")) { o.force = true; }
         else if (!strcmp(a, "--sweep")) { NEEDVAL(); if (parse_sweep(val, &o)) return 2; }
         else if (!strcmp(a, "--prompt-tokens")) {
             NEEDVAL(); if (!cli_parse_long(val, 1, 1 << 20, &v)) return cli_die("bad --prompt-tokens '%s'", val);
@@ -1120,6 +1128,15 @@ int cmd_bench(int argc, char **argv) {
     if (access(o.model, R_OK) != 0) return cli_die("cannot read model '%s'", o.model), 1;
     if (o.text && access(o.text, R_OK) != 0) return cli_die("cannot read text file '%s'", o.text), 1;
     if (!o.params.n_ctx) o.params.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
+    /* the outputs: refused now, not after the runs (the checked writer's rules: docs/SECURITY.md) */
+    if (o.json && !cli_may_write(o.json, o.model, o.force)) return 1;
+    for (int k = 0; o.svg && k < 4; k++) {
+        static const char *const names[] = {"latency_breakdown.svg", "latency_over_time.svg", "memory_latency.svg",
+                                            "window.svg"};
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", o.svg, names[k]);
+        if (!cli_may_write(path, o.model, o.force)) return 1;
+    }
 
     bench_run runs[BENCH_MAX_MODES], mruns[BENCH_MAX_MODES];
     int n = 0, nm = 0;

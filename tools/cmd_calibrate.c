@@ -124,11 +124,9 @@ int cmd_calibrate(int argc, char **argv) {
     if (!buf) return 1;
     o.text = buf;
     o.progress = cli_progress;
-    char tmp[4200], spill[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", model);
+    char spill[4200];
     snprintf(spill, sizeof spill, "%s.x.tmp", model); /* --mem: the recorded inputs */
-    cli_remove_on_signal(tmp);
-    cli_temp_register(spill);
+    cli_remove_on_signal(spill); /* and the checked writer's temporary (flm_out_remove_temporaries) */
     flm_error err;
     flm_calib_report rep;
     double t0 = cli_now_ms();

@@ -25,6 +25,7 @@ static const char *PPL_HELP =
     "      --levels LIST    with --curve: only these stored levels (comma-separated eps, e.g. 0.0005,0.002,0.02)\n"
     "      --no-oracle      with --curve: the predictor's points only (an oracle point runs the FFN densely too)\n"
     "      --svg FILE       with --curve: also draw it (perplexity against MiB per token) as an SVG chart\n"
+    "      --force          replace an existing --svg FILE\n"
     "\nshared options (here -c is the chunk length and defaults to 128):\n";
 
 static void progress(void *user, int chunk, int n_chunks, double ppl) {
@@ -110,7 +111,7 @@ static int run_curve(const char *model, const char *file, const flm_params *p, l
         char title[512];
         snprintf(title, sizeof title, "%s: perplexity against MiB per token (-c %d)", model, o.chunk);
         if (!svg_line_chart(svg, title, "MiB of FFN bundles per token (no cache)", "perplexity", lines, 3)) {
-            fprintf(stderr, "flashlm: cannot write %s\n", svg);
+            fprintf(stderr, "flashlm: cannot write %s: %s\n", svg, svg_error());
             return 1;
         }
         fprintf(stderr, "flashlm: wrote %s\n", svg);
@@ -121,7 +122,7 @@ static int run_curve(const char *model, const char *file, const flm_params *p, l
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     long chunks = 0;
-    bool curve = false, no_oracle = false;
+    bool curve = false, no_oracle = false, force = false;
     const char *svg = NULL;
     float levels[8];
     uint32_t n_levels = 0;
@@ -136,6 +137,7 @@ int cmd_perplexity(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { printf("%s%s", PPL_HELP, CLI_MODEL_OPTS_HELP); return 0; }
         if (!strcmp(a, "--curve")) { curve = true; continue; }
         if (!strcmp(a, "--no-oracle")) { no_oracle = true; continue; }
+        if (!strcmp(a, "--force")) { force = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm perplexity --help)", a);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = val;
@@ -150,6 +152,8 @@ int cmd_perplexity(int argc, char **argv) {
     if (!model || !file) return cli_die("%s", "need -m MODEL and -f TEXT (see flashlm perplexity --help)");
     if (!curve && (n_levels || no_oracle || svg))
         return cli_die("%s", "--levels, --no-oracle and --svg go with --curve");
+    /* the figure: refused now, not after the curve (the checked writer's rules, docs/SECURITY.md) */
+    if (svg && !cli_may_write(svg, model, force)) return 1;
     if (curve) return run_curve(model, file, &p, chunks, levels, n_levels, no_oracle, svg);
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);

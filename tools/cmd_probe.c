@@ -172,15 +172,13 @@ int cmd_probe(int argc, char **argv) {
         return 1;
     }
     if (out) { /* find out now that the result can be saved, not after a minute of measuring */
-        char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%s.tmp", out);
-        FILE *t = fopen(tmp, "wb");
-        if (!t) {
-            fprintf(stderr, "flashlm: %s: cannot write the result: %s\n", out, strerror(errno));
+        flm_out *w = NULL; /* the checked writer's rules, and a temporary created and removed */
+        flm_error err;
+        if (flm_out_open(out, path, FLM_OUT_REPLACE, &w, &err)) {
+            fprintf(stderr, "flashlm: cannot write the result: %s\n", err.msg);
             return 1;
         }
-        fclose(t);
-        remove(tmp);
+        flm_out_abort(w);
     }
     char *out_path = NULL;
     if (out) {

@@ -51,7 +51,7 @@ static const char *SYNTH_HELP =
     "                       fraction, hot-neuron share and rare neurons per layer (default 0: no check)\n"
     "  -h, --help           this help\n"
     "\n"
-    "The file is written to OUT.gguf.tmp and renamed when complete; nothing is left behind on error.\n";
+"The file is written to a unique OUT.gguf.tmp.XXXXXX and renamed when complete; nothing is left behind on error.\n";
 
 static bool parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
     long v;
@@ -176,10 +176,8 @@ int flm_cmd_synth(int argc, char **argv) {
             p.d_model, p.d_ffn, p.n_layers, p.n_heads, p.n_kv_heads, p.n_vocab, flm_type_name(p.type),
             p.act == FLM_SYNTH_ACT_RELU ? "relu" : "silu", p.active, p.rank, p.seed, cli_mib(bytes));
     double t0 = cli_now_ms();
-    if (!cli_may_write(out, force)) return 1;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    cli_remove_on_signal(tmp);
+    if (!cli_may_write(out, NULL, force)) return 1;
+    cli_remove_on_signal(NULL); /* the writer's temporary OUT.gguf.tmp.XXXXXX goes on a signal */
     if (flm_synth_write(out, &p, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_remove_on_signal(NULL);
     double s = (cli_now_ms() - t0) / 1e3;

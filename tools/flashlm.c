@@ -122,7 +122,9 @@ static const char *RUN_HELP_MORE =
     "                       embedding, KV cache, scratch, reader, FFN storage) and per-token statistics (flash\n"
     "                       I/O, memory, compute ms; bytes; reads)\n"
     "  -v, --verbose        print the library's debug messages (the memory plan at open)\n"
-    "      --stats-json F   write all statistics as JSON to F\n"
+    "      --stats-json F   write all statistics as JSON to F (refused when it exists, unless --force; never onto\n"
+    "                       the model, a link or a device)\n"
+    "      --force          replace an existing --stats-json file\n"
     "  -h, --help           this help\n";
 static const char *RUN_HELP_TAIL = "\nThe text goes to stdout as it is generated; speeds and statistics go to stderr.\n";
 
@@ -134,6 +136,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
 static const char *run_prompt_ids;
 static bool run_print_ids;
 static cli_spec_session run_spec; /* run's speculative decoding (large: a path buffer) */
+static bool run_force;            /* --force: replace an existing --stats-json file */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
@@ -178,6 +181,7 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--stats")) { per_token = true; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
+        else if (!strcmp(a, "--force")) { run_force = true; }
         else return cli_die("unknown option '%s' (see flashlm run --help)", a);
 #undef NEEDVAL
     }
@@ -205,6 +209,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     flm_sampler_params sp = *sp_in;
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    /* the statistics' file: refused now (the model itself, a link, a device, an existing file without --force) */
+    if (stats_json && !cli_may_write(stats_json, model, run_force)) return 1;
 
     flm_error err;
     flm_ctx *ctx = NULL;
@@ -400,7 +406,8 @@ static const char *CONVERT_HELP =
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
-    "regions with xxh64 checksums, each byte written once. Written to OUT.flm.tmp and renamed when complete;\n"
+    "regions with xxh64 checksums, each byte written once. Written to a unique OUT.flm.tmp.XXXXXX and renamed when\n"
+    "complete (OUT.flm.lock is held meanwhile: a second convert to OUT.flm is refused while one runs);\n"
     "nothing is left on an error or an interrupt (SIGINT, SIGTERM, SIGHUP). Prints the MB/s written and read.\n"
     "An existing OUT.flm is only replaced with -f/--force.\n"
     "A quantized down projection is re-laid by columns as q8_0 (docs/FORMAT.md); --down-type f16 stores them\n"
@@ -437,8 +444,8 @@ static int cmd_convert(int argc, char **argv) {
     if (np != 2) { fputs(CONVERT_HELP, stderr); return 2; }
     char model_buf[4096];
     const char *src = flm_cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
-    if (!cli_may_write(dst, force)) return 1;
-    char tmp[4200], hf_gguf[4200] = "";
+    if (!cli_may_write(dst, src, force)) return 1;
+    char hf_gguf[4200] = "";
     flm_error err;
     struct stat sb;
     if (stat(paths[0], &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face folder */
@@ -451,15 +458,13 @@ static int cmd_convert(int argc, char **argv) {
                     "remove that file first\n", hf_gguf);
             return 1;
         }
-        snprintf(tmp, sizeof tmp, "%s.tmp", hf_gguf);
-        cli_temp_register(tmp);
+        cli_remove_on_signal(NULL); /* the writer's temporaries (OUT.tmp.XXXXXX) go on SIGINT, SIGTERM, SIGHUP */
         if (flm_convert_hf(paths[0], tok_dir, hf_gguf, hf_type, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
-        cli_temp_clear();
         if (to_gguf) { fprintf(stderr, "flashlm: wrote %s\n", dst); return 0; }
         src = hf_gguf;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp", dst); /* the only file convert writes besides dst */
-    cli_temp_register(tmp);
+    if (hf_gguf[0]) cli_remove_on_signal(hf_gguf); /* the intermediate GGUF too */
+    else cli_remove_on_signal(NULL); /* the writer's temporary OUT.tmp.XXXXXX and lock OUT.lock */
     flm_convert_info ci;
     flm_status cst = flm_convert_ex(src, dst, down_as, cli_progress, NULL, &ci, &err);
     if (hf_gguf[0]) unlink(hf_gguf);

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "flashlm_tools.h"
+
 #define W 860.0
 #define H 440.0
 #define PX 80.0  /* plot area: left, top, width, height (the legend sits to its right) */
@@ -68,9 +70,21 @@ static void text(FILE *f, double x, double y, const char *anchor, int size, cons
     fputs("</text>\n", f);
 }
 
+/* The chart being written (one at a time) through the checked writer, and the last error. */
+static flm_out *g_out;
+static flm_error g_err;
+
+const char *svg_error(void) { return g_err.msg; }
+
 static FILE *begin(const char *path, const char *title) {
-    FILE *f = fopen(path, "w");
-    if (!f) return NULL;
+    if (flm_out_open(path, NULL, FLM_OUT_REPLACE, &g_out, &g_err)) return NULL;
+    FILE *f = flm_out_stream(g_out);
+    if (!f) {
+        flm_out_abort(g_out);
+        g_out = NULL;
+        snprintf(g_err.msg, sizeof g_err.msg, "%s: out of memory", path);
+        return NULL;
+    }
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" height=\"%.0f\" "
                "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\">\n<title>", W, H, W, H);
@@ -82,8 +96,9 @@ static FILE *begin(const char *path, const char *title) {
 
 static bool end(FILE *f) {
     fputs("</svg>\n", f);
-    bool ok = !ferror(f);
-    return fclose(f) == 0 && ok;
+    flm_out *o = g_out;
+    g_out = NULL;
+    return flm_out_commit(o, &g_err) == FLM_OK; /* flushes, checks, renames; closes f */
 }
 
 /* The y axis (ticks, grid, label) and the x axis line; numeric x ticks when xn > 0. */

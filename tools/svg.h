@@ -16,8 +16,12 @@ typedef struct svg_line {
     bool markers; /* a dot on each point */
 } svg_line;
 
+/* Every chart is written through the checked writer (flm_out_open with FLM_OUT_REPLACE: a link, a device or another
+ * non-regular file is refused; a unique temporary renamed onto path). Whether an existing file may be replaced, and
+ * that path is not the model, the caller checks first (flm_out_check). */
+
 /* Write a line chart to path. The y axis starts at 0 (or below, for negative data); the x axis spans the data.
- * Returns false (with errno set) when the file cannot be written. */
+ * Returns false when the file cannot be written (svg_error says why). */
 bool svg_line_chart(const char *path, const char *title, const char *xlabel, const char *ylabel,
                     const svg_line *lines, int n_lines);
 
@@ -26,6 +30,9 @@ bool svg_line_chart(const char *path, const char *title, const char *xlabel, con
  * it. Returns false when the file cannot be written. */
 bool svg_stacked_bars(const char *path, const char *title, const char *ylabel, const char *const *cats, int n_cats,
                       const char *const *parts, int n_parts, const double *v);
+
+/* Why the last chart could not be written: "<path>: ..." (empty before any error). */
+const char *svg_error(void);
 
 /* Write s to f with & < > " ' replaced by entities and control characters other than tab and newline dropped. */
 void svg_escape(FILE *f, const char *s);

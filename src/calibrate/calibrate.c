@@ -537,14 +537,13 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
                         "0 < max_loss < 1, 0 < train_eps < 1, mem_percent >= 0)");
     /* the result is written next to the model: find out now, not after minutes of work */
-    char tmp[4200], spill[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    snprintf(spill, sizeof spill, "%s.x.tmp", path);
-    {
-        FILE *t = fopen(tmp, "wb");
-        if (!t) return flm_fail(err, FLM_ERR_IO, "%s: cannot write next to the model: %s", tmp, strerror(errno));
-        fclose(t);
-        remove(tmp);
+    char spill[4200];
+    snprintf(spill, sizeof spill, "%s.x.tmp", path); /* only while the model is locked (lock_model) */
+    {   /* the checked writer's rules, a temporary created and removed (core/files.h) */
+        flm_out *t = NULL;
+        flm_status cs = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &t, err);
+        if (cs) return cs;
+        flm_out_abort(t);
     }
     /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
      * held across the phases; without one, in ram mode, one context for everything. */
@@ -620,7 +619,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         goto done;
     }
     if (streaming) {
-        td.fd = open(spill, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        td.fd = open(spill, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600); /* never through a link */
         if (td.fd < 0) {
             st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(errno));
             goto done;

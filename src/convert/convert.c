@@ -148,22 +148,22 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
                         flm_type_name(down_as) ? flm_type_name(down_as) : "that type");
     flm_gguf_file *g = NULL;
     flm_model *m = NULL;
-    flm_status st = flm_check_output(dst, src, err);
+    /* the checked writer (core/files.h): refuses a link, a device, the source; locks dst; a unique temporary */
+    flm_out *w = NULL;
+    flm_status st = flm_out_open(dst, src, FLM_OUT_REPLACE, &w, err);
     if (st) return st;
-    st = flm_gguf_open(src, &g, err);
-    if (st) return st;
-    if ((st = flm_model_from_gguf(g, &m, err))) return st; /* closes g on error */
+    if ((st = flm_gguf_open(src, &g, err))) { flm_out_abort(w); return st; }
+    if ((st = flm_model_from_gguf(g, &m, err))) { flm_out_abort(w); return st; } /* closes g on error */
     const flm_hparams *hp = &m->hp;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         uint32_t t = m->layers[l].ffn_down.type, ct = flm_down_column_type(t, down_as);
         if (!flm_row_bytes(ct, hp->d_model))
-            return flm_model_free(m),
+            return flm_model_free(m), flm_out_abort(w),
                    flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer %u: a %s down projection is stored by columns as %s, "
                             "which needs d_model (%u) to be a multiple of %zu", src, l, flm_type_name(t),
                             flm_type_name(ct), hp->d_model, flm_type_block_elems(ct));
     }
-    size_t plen = strlen(dst);
-    char *tmp = malloc(plen + 16);
+    const char *tmp = flm_out_temp(w);
     uint32_t n_regions = 1 + hp->n_layers;
     flm_region *regions = calloc(n_regions, sizeof *regions);
     /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
@@ -181,14 +181,13 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     float *downT = malloc(((size_t)hp->d_ffn * hp->d_model + hp->d_ffn) * sizeof(float));
     uint8_t *chunk = malloc(chunk_records * max_rec);
     flm_out_file o = {NULL, dst, 0, XXH64_createState()};
-    if (!tmp || !regions || !hdr || !downT || !chunk || !o.h) {
+    if (!regions || !hdr || !downT || !chunk || !o.h) {
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst);
         goto done;
     }
     XXH64_reset(o.h, 0); /* a fresh state is uninitialised */
-    snprintf(tmp, plen + 16, "%s.tmp", dst);
     o.path = tmp;
-    if (!(o.fp = fopen(tmp, "wb"))) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); goto done; }
+    if (!(o.fp = flm_out_stream(w))) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst); goto done; }
     /* header placeholder, then the resident region */
     if ((st = flm_out_write(&o, hdr, header_bytes, err))) goto done;
     if (progress) progress(user, "resident", 0, 1);
@@ -205,14 +204,14 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     if (progress) progress(user, "FFN layers", hp->n_layers, hp->n_layers);
     /* the header, now that every region is known */
     flm_build_header(hdr, header_bytes, regions, n_regions, o.pos);
-    if (fseek(o.fp, 0, SEEK_SET) != 0 || fwrite(hdr, 1, header_bytes, o.fp) != header_bytes ||
-        fflush(o.fp) != 0 || fsync(fileno(o.fp)) != 0) {
+    if (fseek(o.fp, 0, SEEK_SET) != 0 || fwrite(hdr, 1, header_bytes, o.fp) != header_bytes || fflush(o.fp) != 0) {
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the header: %s", tmp, strerror(errno));
         goto done;
     }
-    if (fclose(o.fp) != 0) { o.fp = NULL; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
     o.fp = NULL;
-    if (rename(tmp, dst) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", tmp, dst, strerror(errno)); goto done; }
+    st = flm_out_commit(w, err); /* fsync, rename, unlock; frees w */
+    w = NULL;
+    if (st) goto done;
     if (info) { /* what was written, without reading it back */
         info->file_bytes = o.pos;
         info->src_bytes = m->gguf->size;
@@ -225,10 +224,8 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
         info->seconds = (flm_now_ms() - t0) / 1e3;
     }
 done:
-    if (o.fp) fclose(o.fp);
-    if (st && tmp) remove(tmp);
+    flm_out_abort(w); /* an error before the commit: removes the temporary and the lock */
     XXH64_freeState(o.h);
-    free(tmp);
     free(regions);
     free(hdr);
     free(downT);

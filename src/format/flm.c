@@ -470,10 +470,10 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
     /* keep every region but the one being replaced; they stay where they are */
     flm_region *regions = calloc(f->n_regions + 1, sizeof *regions);
     uint8_t *hdr = calloc(f->header_bytes, 1);
-    char *tmp = malloc(strlen(path) + 8);
+    const char *tmp = NULL;
+    flm_out *w = NULL; /* the checked writer (core/files.h): path replaced by a unique temporary, renamed */
     int in = -1, out = -1;
-    if (!regions || !hdr || !tmp) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    sprintf(tmp, "%s.tmp", path);
+    if (!regions || !hdr) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
     uint32_t n = 0;
     uint64_t end = f->header_bytes;
     for (uint32_t i = 0; i < f->n_regions; i++) {
@@ -490,10 +490,13 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
     regions[n] = (flm_region){.kind = kind, .offset = end, .size = size, .checksum = XXH64(payload, size, 0)};
     uint64_t file_size = flm_align_up(end + size, FLM_ALIGN);
     flm_build_header(hdr, f->header_bytes, regions, n + 1, file_size);
-    if ((in = open(path, O_RDONLY)) < 0 || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", in < 0 ? path : tmp, strerror(errno));
+    if ((in = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto done;
     }
+    if ((st = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &w, err))) goto done;
+    tmp = flm_out_temp(w);
+    out = flm_out_fd(w);
     /* copy [header_bytes, end) — the kept regions — then write the new region and the header */
     uint64_t off = f->header_bytes;
     while (off < end) {
@@ -514,18 +517,11 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
         (st = pwrite_all(out, zeros, file_size - end - size, end + size, tmp, "padding", err)) ||
         (st = pwrite_all(out, hdr, f->header_bytes, 0, tmp, "header", err)))
         goto done;
-    if (fsync(out) != 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (close(out) != 0) { out = -1; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
-    out = -1;
-    if (rename(tmp, path) != 0) st = flm_fail(err, FLM_ERR_IO, "%s: rename failed: %s", tmp, strerror(errno));
+    st = flm_out_commit(w, err); /* fsync, close, rename; frees w */
+    w = NULL;
 done:
     if (in >= 0) close(in);
-    if (out >= 0) close(out);
-    if (st && tmp) remove(tmp);
-    free(tmp);
+    flm_out_abort(w); /* an error before the commit: the temporary is removed */
     free(hdr);
     free(regions);
     flm_file_close(f);

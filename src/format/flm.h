@@ -135,7 +135,7 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
 flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err);
 
 /* Add, or replace, the file's single region of `kind` (FLM_REGION_PREDICTOR) with payload[0, size): writes
- * "<path>.tmp" holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
+ * a unique temporary "<path>.tmp.XXXXXX" (the checked writer, core/files.h, which also locks "<path>.lock") holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
  * onto path, so the file is valid and checksummed at every moment. Only the header is read into memory (the regions
  * are copied file to file). Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has no room for another region: convert
  * again), errors of flm_file_open_ex with FLM_FILE_HEADER_ONLY. */

@@ -637,6 +637,7 @@ typedef struct wtensor {
 struct flm_gguf_writer {
     char *path, *tmp;
     FILE *fp;
+    flm_out *out;            /* the checked writer (core/files.h) behind fp and tmp */
     flm_gguf_write_fn write; /* stream writer: every byte goes to write(user, ...); fp and tmp stay NULL */
     void *user;
     int state;
@@ -672,10 +673,10 @@ static flm_status w_note(flm_gguf_writer *w, flm_status st, const char *fmt, ...
 
 /* Close and remove the temporary file; the writer is then failed. Returns st. */
 static flm_status w_abort(flm_gguf_writer *w, flm_status st) {
-    if (w->fp) {
-        fclose(w->fp);
+    if (w->out) { /* closes fp, removes the temporary and the lock */
+        flm_out_abort(w->out);
+        w->out = NULL;
         w->fp = NULL;
-        remove(w->tmp);
     }
     w->state = W_FAILED;
     return st;
@@ -718,18 +719,18 @@ static flm_status w_key(flm_gguf_writer *w, const char *key, uint32_t type) {
 
 flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err) {
     *out = NULL;
-    flm_status chk = flm_check_output(path, NULL, err);
-    if (chk) return chk;
     flm_gguf_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
-    if (!w || !(w->path = dup_bytes(path, n)) || !(w->tmp = malloc(n + 5))) {
+    if (!w || !(w->path = dup_bytes(path, n))) {
         flm_gguf_writer_free(w);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     }
-    memcpy(w->tmp, path, n);
-    memcpy(w->tmp + n, ".tmp", 5);
-    if (!(w->fp = fopen(w->tmp, "wb"))) {
-        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
+    /* the checked writer: refuses a link or a non-regular file, locks path, a unique temporary */
+    flm_status st = flm_out_open(path, NULL, FLM_OUT_REPLACE, &w->out, err);
+    if (!st && !(w->fp = flm_out_stream(w->out))) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+    if (!st && !(w->tmp = dup_bytes(flm_out_temp(w->out), strlen(flm_out_temp(w->out)))))
+        st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+    if (st) {
         flm_gguf_writer_free(w);
         return st;
     }
@@ -951,18 +952,6 @@ flm_status flm_gguf_writer_write_tensor(flm_gguf_writer *w, const void *data, ui
     return st;
 }
 
-/* Best effort: make the rename durable by syncing the directory that holds path. */
-static void fsync_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? dup_bytes(path, slash == path ? 1 : (size_t)(slash - path)) : dup_bytes(".", 1);
-    int fd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
 flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err) {
     if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_finish: NULL writer");
     if (w->state != W_BEGUN) return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: finish without begin", w->path));
@@ -975,20 +964,11 @@ flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err) {
         w->state = W_DONE;
         return FLM_OK;
     }
-    if (fflush(w->fp) != 0 || fsync(fileno(w->fp)) != 0)
-        return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: flush failed: %s", w->tmp, strerror(errno)));
-    int rc = fclose(w->fp);
+    st = flm_out_commit(w->out, err); /* flush, fsync, close, rename, fsync the folder; frees out */
+    w->out = NULL;
     w->fp = NULL;
-    if (rc != 0 || rename(w->tmp, w->path) != 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot %s: %s", rc ? w->tmp : w->path, rc ? "close" : "rename onto",
-                      strerror(errno));
-        remove(w->tmp);
-        w->state = W_FAILED;
-        return st;
-    }
-    w->state = W_DONE;
-    fsync_dir(w->path);
-    return FLM_OK;
+    w->state = st ? W_FAILED : W_DONE;
+    return st;
 }
 
 void flm_gguf_writer_free(flm_gguf_writer *w) {

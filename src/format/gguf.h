@@ -102,7 +102,8 @@ flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t el
 /* --- Writer (for `flashlm synth` and tests): builds a GGUF v3 file in two passes. ---------------------------------
  * Add all KVs and tensor infos first, then write the header with flm_gguf_writer_begin(), then stream each tensor's data
  * in the order added with flm_gguf_writer_write_tensor() (exactly nbytes each), then flm_gguf_writer_finish(), which pads,
- * fsyncs and renames the temporary file "<path>.tmp" onto path. On any error the temporary file is removed. */
+ * fsyncs and renames the unique temporary "<path>.tmp.XXXXXX" onto path (the checked writer, core/files.h: a link or a
+ * non-regular path is refused, "<path>.lock" is held meanwhile). On any error the temporary file is removed. */
 typedef struct flm_gguf_writer flm_gguf_writer;
 flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err);
 /* A writer that hands every byte to write(user, bytes, n) instead of a file of its own (e.g. straight into a region of

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/util.h"
 
 #define KiB ((uint64_t)1 << 10)
@@ -553,32 +554,24 @@ flm_status flm_probe_save(const flm_probe_result *r, const char *path, flm_error
     cJSON *root = to_json(r);
     char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
-    size_t n = strlen(path) + 32;
-    char *tmp = text ? malloc(n) : NULL;
-    if (!tmp) {
-        cJSON_free(text);
-        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the probe JSON", path);
+    if (!text) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the probe JSON", path);
+    /* the checked writer (core/files.h): a unique temporary renamed onto path; a link or a device is refused */
+    flm_out *w = NULL;
+    flm_status st = flm_out_open(path, NULL, FLM_OUT_REPLACE, &w, err);
+    FILE *fp = st ? NULL : flm_out_stream(w);
+    if (!st && !fp) {
+        flm_out_abort(w);
+        st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     }
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    flm_status st = FLM_OK;
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    } else {
+    if (!st) {
         size_t len = strlen(text);
-        bool bad = fwrite(text, 1, len, fp) != len || fputc('\n', fp) == EOF || fflush(fp) != 0 ||
-                   fsync(fileno(fp)) != 0;
-        int e = errno;
-        if (fclose(fp) != 0 && !bad) {
-            bad = true;
-            e = errno;
+        if (fwrite(text, 1, len, fp) != len || fputc('\n', fp) == EOF) {
+            st = flm_fail(err, FLM_ERR_IO, "%s: cannot write: %s", flm_out_temp(w), strerror(errno));
+            flm_out_abort(w);
+        } else {
+            st = flm_out_commit(w, err);
         }
-        if (bad) st = flm_fail(err, FLM_ERR_IO, "%s: cannot write: %s", tmp, strerror(e));
-        else if (rename(tmp, path) != 0)
-            st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", tmp, path, strerror(errno));
-        if (st != FLM_OK) remove(tmp);
     }
-    free(tmp);
     cJSON_free(text);
     return st;
 }

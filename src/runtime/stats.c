@@ -8,6 +8,7 @@
 
 #include "runtime/runtime.h"
 #include "core/error.h"
+#include "core/files.h"
 
 static uint64_t peak_rss_bytes(void) {
     struct rusage ru;
@@ -69,15 +70,14 @@ void flm_reset_stats(flm_ctx *ctx) {
 }
 
 flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err) {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 8);
-    if (!tmp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    snprintf(tmp, plen + 8, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
+    /* the checked writer (core/files.h): no link, device or other non-regular file; a unique temporary, renamed */
+    flm_out *w = NULL;
+    flm_status st = flm_out_open(path, NULL, FLM_OUT_REPLACE, &w, err);
+    if (st) return st;
+    FILE *f = flm_out_stream(w);
     if (!f) {
-        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return st;
+        flm_out_abort(w);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     }
     flm_stats s;
     flm_get_stats(ctx, &s);
@@ -113,14 +113,5 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error 
                 t->bytes_read, t->n_reads, t->n_predicted, t->n_loaded, t->n_reused, t->rows_used);
     }
     fprintf(f, "\n  ]\n}\n");
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0) bad = true;
-    if (bad || rename(tmp, path) != 0) {
-        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-        remove(tmp);
-        free(tmp);
-        return st;
-    }
-    free(tmp);
-    return FLM_OK;
+    return flm_out_commit(w, err);
 }
