@@ -13,6 +13,7 @@
 #include "flashlm_tools.h"
 #include "testutil.h"
 
+#pragma GCC diagnostic ignored "-Wformat-truncation" /* paths in fixed buffers: ours are short */
 #define STORIES "models/stories260K/stories260K.gguf"
 
 /* Run the CLI with args (stderr joined); fail unless it exits want_rc and its output holds want_text. Returns the
@@ -162,11 +163,46 @@ static void test_concurrent_converts(void **state) {
     remove(gguf);
 }
 
+/* 6. Write errors on standard output: before, `run > /dev/full` (and chat, inspect, pull --list) exited 0 in
+ * silence, and with SIGPIPE ignored a closed pipe did not stop generation. */
+static void test_stdout_errors(void **state) {
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) skip();
+    const char *m = tu_data(STORIES);
+    char args[8192];
+    const char *hello = tu_tmp("hello", ".txt");
+    tu_write_file(hello, "hello\n", 6);
+    const char *cmds[] = {"run -m '%s' -p hi -n 8", "run -m '%s' -p hi -n 8 --print-ids", "inspect '%s'",
+                          "pull --list", "chat -m '%s' -n 4 --chat-template chatml <'%s'"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char inner[4200], full[8400];
+        snprintf(inner, sizeof inner, cmds[i], m, hello);
+        snprintf(full, sizeof full, "%s 2>&1 >/dev/full", inner); /* stderr to the test, stdout to a full disk */
+        char *out = NULL;
+        int rc = tu_run_cli(full, &out);
+        if (rc != 1 || !strstr(out, "cannot write the standard output"))
+            fail_msg("flashlm %s >/dev/full: exit %d; want 1 and the write error:\n%s", inner, rc, out);
+        free(out);
+    }
+    remove(hello);
+    /* EPIPE with SIGPIPE ignored: generation stops at once (before: all 100000 tokens, minutes) */
+    const char *log = tu_tmp("pipe", ".log");
+    snprintf(args, sizeof args, "trap '' PIPE; timeout 120 '%s' run -m '%s' -p hi -n 100000 -c 256 --context-shift "
+             "--temp 1 2>'%s' | head -c 8 >/dev/null", FLM_CLI, m, log);
+    assert_int_equal(system(args), 0);
+    size_t len;
+    char *t = (char *)tu_read_file(log, &len);
+    if (!strstr(t, "cannot write the standard output: Broken pipe")) fail_msg("run into a closed pipe said:\n%s", t);
+    free(t);
+    remove(log);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_outputs_checked),
         cmocka_unit_test(test_writer_api),
         cmocka_unit_test(test_concurrent_converts),
+        cmocka_unit_test(test_stdout_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,6 +70,14 @@ double cli_now_ms(void);
 typedef struct cli_size_str { char s[32]; } cli_size_str;
 cli_size_str cli_size(uint64_t bytes);
 
+/* Standard output, checked (a full disk, a closed pipe: EPIPE even when SIGPIPE is ignored). cli_stdout_put writes
+ * and flushes n bytes; false once any write failed (nothing more is written). cli_stdout_failed: whether one failed,
+ * saying so on stderr the first time. cli_exit: main's last call: flushes standard output and turns a write error
+ * (said once) into exit status 1 when rc is 0; returns the status to exit with. */
+bool cli_stdout_put(const void *p, size_t n);
+bool cli_stdout_failed(void);
+int cli_exit(int rc);
+
 /* A growable byte string, always NUL-terminated once something was added (p NULL before). */
 typedef struct cli_buf {
     char *p;

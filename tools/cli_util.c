@@ -579,9 +579,9 @@ typedef struct {
     cli_buf *text;
 } emit_to;
 
+bool cli_stdout_put(const void *p, size_t n);
 static bool emit_text(emit_to *e, const char *p, size_t len) {
-    fwrite(p, 1, len, stdout);
-    fflush(stdout);
+    if (!cli_stdout_put(p, len)) return false; /* a full disk, a closed pipe: stop generating */
     return !e->text || cli_buf_add(e->text, p, len);
 }
 
@@ -597,13 +597,45 @@ static bool emit_gen(void *user, const flm_gen_token *t) {
     emit_to *e = user;
     if (e->g->print_ids) {
         if (t->id >= 0) {
-            printf("%s%d", e->g->n_printed++ ? "," : "", (int)t->id);
-            fflush(stdout);
+            char id[24];
+            int n = snprintf(id, sizeof id, "%s%d", e->g->n_printed++ ? "," : "", (int)t->id);
+            if (!cli_stdout_put(id, (size_t)n)) return false; /* a full disk, a closed pipe: stop */
         }
         return true;
     }
     if (t->id >= 0 && !t->eog) e->g->last = t->id;
     return emit_text(e, t->text, t->len);
+}
+
+/* ---- standard output: every write checked (issue 23: `run > /dev/full` exited 0) ---- */
+static int stdout_errno; /* the first write error on standard output, 0 while none */
+static bool stdout_said; /* and it was printed */
+
+bool cli_stdout_put(const void *p, size_t n) {
+    if (stdout_errno) return false;
+    errno = 0;
+    if ((n && fwrite(p, 1, n, stdout) != n) || fflush(stdout) != 0 || ferror(stdout)) {
+        stdout_errno = errno ? errno : EIO;
+        return false;
+    }
+    return true;
+}
+
+bool cli_stdout_failed(void) {
+    if (!stdout_errno) return false;
+    if (!stdout_said) {
+        stdout_said = true;
+        fprintf(stderr, "\nflashlm: cannot write the standard output: %s; stopped\n", strerror(stdout_errno));
+    }
+    return true;
+}
+
+int cli_exit(int rc) {
+    if (!stdout_errno) {
+        errno = 0;
+        if (fflush(stdout) != 0 || ferror(stdout)) stdout_errno = errno ? errno : EIO;
+    }
+    return cli_stdout_failed() && rc == 0 ? 1 : rc;
 }
 
 /* cli_gen_reply through speculative decoding: the same stops, the same tokens when greedy. */
@@ -619,7 +651,7 @@ static int gen_reply_spec(cli_gen *g, long n_predict, bool feed_last, cli_buf *t
     g->last = res.last;
     g->logits = res.logits;
     if (st) {
-        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        if (!cli_stdout_failed()) fprintf(stderr, "\nflashlm: %s\n", err.msg);
         return 1;
     }
     return 0;
@@ -643,11 +675,11 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     r->eog = res.eog;
     r->ctx_full = res.ctx_full;
     if (st) {
-        fprintf(stderr, "\nflashlm: %s\n", err.msg);
+        if (!cli_stdout_failed()) fprintf(stderr, "\nflashlm: %s\n", err.msg);
         return 1;
     }
-    if (res.cancelled) { /* only the callback stops it here: out of memory keeping the text */
-        fprintf(stderr, "\nflashlm: out of memory\n");
+    if (res.cancelled) { /* only the callback stops it here: standard output failed, or out of memory */
+        if (!cli_stdout_failed()) fprintf(stderr, "\nflashlm: out of memory\n");
         return 1;
     }
     return 0;

@@ -304,8 +304,7 @@ int cmd_chat(int argc, char **argv) {
         ms_gen += cli_now_ms() - t1;
         n_gen_tok += (uint64_t)r.n_gen;
         n_turns++;
-        printf("\n");
-        fflush(stdout);
+        if (!cli_stdout_put("\n", 1)) { cli_stdout_failed(); rc = 1; break; } /* a full disk, a closed pipe */
         if (verbose && gen.n_shifts == shifts0)
             fprintf(stderr, "flashlm: turn %d: prompt tokens at positions [%d, %d), reply of %ld tokens%s; the "
                     "cache holds %d tokens\n", n_turns, pos0, pos0 + (int32_t)n_ids, r.n_gen,

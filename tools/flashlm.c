@@ -589,7 +589,7 @@ static bool check_kernels_env(void) {
     return true;
 }
 
-int main(int argc, char **argv) {
+static int dispatch(int argc, char **argv) {
     cli_blas_single_thread(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         fputs(MAIN_HELP, argc < 2 ? stderr : stdout);
@@ -622,3 +622,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
     return 2;
 }
+
+/* Every command's standard output is checked at exit: a write error (a full disk, a closed pipe) is an error. */
+int main(int argc, char **argv) { return cli_exit(dispatch(argc, argv)); }
