@@ -197,12 +197,56 @@ static void test_stdout_errors(void **state) {
     remove(log);
 }
 
+/* 5. Prompt input bounded by the context: before, `run -f /dev/zero --mem 100M` grew to 8 GB and never ended, and a
+ * 20 MB chat line was held whole. Now at most n_ctx x (the longest vocabulary entry) bytes are read. */
+static void test_prompt_bounded(void **state) {
+    (void)state;
+    char m[4096]; /* tu_data's buffer is reused */
+    snprintf(m, sizeof m, "%s", tu_data(STORIES));
+    char args[8192];
+    snprintf(args, sizeof args, "timeout 60 '%s' run -m '%s' -f /dev/zero --mem 100M -n 4 2>&1", FLM_CLI, m);
+    FILE *p = popen(args, "r");
+    assert_non_null(p);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(out, "is longer than the context (2048 tokens); raise -c"))
+        fail_msg("run -f /dev/zero: status %d; want exit 1 and the context error:\n%s", st, out);
+    /* a 3 MB line in a chat: refused as a turn, the next line answered, exit 1 (a turn was refused) */
+    const char *big = tu_tmp("line", ".txt");
+    size_t len = 3u << 20;
+    char *text = malloc(len + 8);
+    assert_non_null(text);
+    memset(text, 'a', len);
+    memcpy(text + len, "\nhello\n", 7);
+    tu_write_file(big, text, len + 7);
+    free(text);
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 --chat-template chatml < '%s'", m, big);
+    char *o = expect_out(args, 1, "this turn (more than");
+    assert_non_null(strstr(o, "1 replies"));
+    free(o);
+    /* the bound scales with -c: the same file as a prompt fits no context of 64 tokens */
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -c 64 -n 2", m, big);
+    expect(args, 1, "is longer than the context (64 tokens)");
+    remove(big);
+    /* under the byte bound: read whole, then the usual token check (3.8 KB, ~900 tokens), or it runs */
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -c 64 -n 2", m, tu_data("text/tinystories_sample.txt"));
+    expect(args, 1, "tokens) is longer than the context (64 tokens)");
+    const char *small = tu_tmp("small", ".txt");
+    tu_write_file(small, "Once upon a time", 16);
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -c 64 -n 2 --temp 0", m, small);
+    expect(args, 0, "generation");
+    remove(small);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_outputs_checked),
         cmocka_unit_test(test_writer_api),
         cmocka_unit_test(test_concurrent_converts),
         cmocka_unit_test(test_stdout_errors),
+        cmocka_unit_test(test_prompt_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

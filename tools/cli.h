@@ -15,6 +15,9 @@ bool cli_parse_float(const char *s, float lo, float hi, float *out);
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 /* A whole text file, NUL-terminated (malloc'd), or NULL after printing why. */
 char *cli_read_text(const char *path);
+/* The same, reading at most max bytes: *too_long is set (and NULL returned, nothing printed) when the file holds
+ * more, so `-f /dev/zero` stops at once. *len: the bytes read. */
+char *cli_read_text_max(const char *path, size_t max, size_t *len, bool *too_long);
 /* Temporary outputs to remove if SIGINT/SIGTERM/SIGHUP arrives (then the process dies of the signal): register each
  * before it is created, clear them once renamed. At most 4. */
 void cli_temp_register(const char *path);
@@ -93,6 +96,12 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
 /* Help lines for --temp --top-k --top-p --seed (-n is described by each command). */
 extern const char *CLI_SAMPLING_OPTS_HELP;
 
+/* The most bytes of text that can tokenize to at most n_ctx tokens: each token covers at most the longest vocabulary
+ * entry's bytes (the longer of its stored string and its decoded piece), so n_ctx times that, plus 4 KiB for BOS and
+ * bytes a tokenizer drops. A prompt (a -f file, a chat line) longer than this is refused unread past it: its text
+ * and tokens would otherwise be held whole (outside the memory budget) before the context check. *per_token: that
+ * longest entry. */
+size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_token);
 /* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
 /* The chat format of the open model: name (--chat-template, may be NULL) or the model's tokenizer.chat_template or

@@ -371,6 +371,55 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     return 1;
 }
 
+char *cli_read_text_max(const char *path, size_t max, size_t *len_out, bool *too_long) {
+    bool in = !strcmp(path, "-");
+    *too_long = false;
+    FILE *f = in ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0, n;
+    char *text = malloc(cap + 1);
+    while (text && len <= max && (n = fread(text + len, 1, cap - len, f)) > 0) {
+        len += n;
+        if (len > max) { *too_long = true; break; } /* one byte past the bound is enough to know */
+        if (len == cap) {
+            size_t want = cap * 2 < max + 1 ? cap * 2 : max + 1;
+            char *more = realloc(text, want + 1);
+            if (!more) { free(text); text = NULL; break; }
+            text = more;
+            cap = want;
+        }
+    }
+    if (*too_long) {
+        free(text);
+        text = NULL;
+    } else if (!text || ferror(f)) {
+        fprintf(stderr, "flashlm: cannot read text file '%s'%s\n", in ? "(standard input)" : path,
+                text ? "" : ": out of memory");
+        free(text);
+        text = NULL;
+    } else {
+        text[len] = 0;
+        *len_out = len;
+    }
+    if (!in) fclose(f);
+    return text;
+}
+
+size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_token) {
+    size_t longest = 1;
+    for (uint32_t id = 0, n = flm_vocab_size(ctx); id < n; id++) {
+        size_t len, t = strlen(flm_token_text(ctx, (int32_t)id));
+        flm_token_piece(ctx, -1, (int32_t)id, &len);
+        if (t > longest) longest = t;
+        if (len > longest) longest = len;
+    }
+    if (per_token) *per_token = longest;
+    return (size_t)n_ctx * longest + 4096;
+}
+
 char *cli_read_text(const char *path) {
     bool in = !strcmp(path, "-");
     FILE *f = in ? stdin : fopen(path, "rb");

@@ -70,12 +70,33 @@ static void msgs_truncate(msg_list *l, size_t n) {
     while (l->n > n) free((char *)l->m[--l->n].content);
 }
 
-/* Read one line (without its newline or a trailing \r) into *line (malloc'd by getline); false at EOF. */
-static bool read_line(char **line, size_t *cap, size_t *len) {
-    ssize_t n = getline(line, cap, stdin);
-    if (n < 0) return false;
-    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = 0;
-    *len = (size_t)n;
+/* Read one line (without its newline or a trailing \r) into *line (malloc'd, *cap bytes); false at EOF. A line of
+ * more than max bytes is read to its end but not kept: *too_long (its text could not fit the context anyway; held
+ * whole it was outside the memory budget). false too when out of memory (*oom). */
+static bool read_line(char **line, size_t *cap, size_t *len, size_t max, bool *too_long, bool *oom) {
+    size_t n = 0;
+    int c = EOF;
+    bool any = false;
+    *too_long = *oom = false;
+    while ((c = getc(stdin)) != EOF) {
+        any = true;
+        if (c == '\n') break;
+        if (*too_long) continue;
+        if (n >= max) { *too_long = true; continue; }
+        if (n + 2 > *cap) {
+            size_t want = *cap ? *cap * 2 : 256;
+            char *more = realloc(*line, want);
+            if (!more) { *oom = true; return false; }
+            *line = more;
+            *cap = want;
+        }
+        (*line)[n++] = (char)c;
+    }
+    if (!any) return false;
+    if (!*line && !(*line = malloc(*cap = 16))) { *oom = true; return false; }
+    while (n > 0 && (*line)[n - 1] == '\r') n--;
+    (*line)[n] = 0;
+    *len = *too_long ? 0 : n;
     return true;
 }
 
@@ -217,9 +238,17 @@ int cmd_chat(int argc, char **argv) {
         if (verbose) fprintf(stderr, "flashlm: context shift on: the first %d tokens are kept\n", gen.n_keep);
     }
 
+    size_t per_token, line_max = cli_prompt_max_bytes(ctx, info.n_ctx, &per_token);
     for (;;) {
         if (tty) { fprintf(stderr, "> "); fflush(stderr); }
-        if (!read_line(&line, &line_cap, &line_len)) break;
+        bool too_long, oom;
+        if (!read_line(&line, &line_cap, &line_len, line_max, &too_long, &oom)) { if (oom) goto oom; break; }
+        if (too_long) { /* as a turn that does not fit: refused, the conversation goes on */
+            refused = true;
+            fprintf(stderr, "flashlm: this turn (more than %zu bytes, at most %zu bytes per token) is longer than the "
+                    "context (%u tokens); raise -c\n", line_max, per_token, info.n_ctx);
+            continue;
+        }
         if (!strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
             msgs_truncate(&msgs, system ? 1 : 0);

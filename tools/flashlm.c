@@ -137,6 +137,8 @@ static const char *run_prompt_ids;
 static bool run_print_ids;
 static cli_spec_session run_spec; /* run's speculative decoding (large: a path buffer) */
 static bool run_force;            /* --force: replace an existing --stats-json file */
+static const char *run_prompt_file; /* -f FILE (- for standard input), or NULL */
+static char *run_prompt_buf;        /* its text, once read */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
@@ -189,15 +191,11 @@ static int cmd_run(int argc, char **argv) {
     if (cli_spec_args_check(&sa)) return 2;
     if ((run_prompt_ids || run_print_ids) && (chat || sa.draft || sa.ngram))
         return cli_die("%s", "--prompt-ids and --print-ids do not go with --chat or drafting");
-    char *prompt_buf = NULL; /* -f: the prompt's text, any length (an argument is limited by ARG_MAX) */
-    if (prompt_file) {
-        if (!(prompt_buf = cli_read_text(prompt_file))) return 1;
-        prompt = prompt_buf;
-    }
+    run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */
     int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
                             &sp, &sa, &shift);
     cli_spec_session_close(&run_spec); /* the draft model, after the target */
-    free(prompt_buf);
+    free(run_prompt_buf);
     return rc;
 }
 
@@ -230,6 +228,19 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t_load = cli_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
+
+    /* -f: the prompt's text, any length up to what the context can hold; read no further (`-f /dev/zero` held 8 GB) */
+    char *prompt_buf = NULL; /* freed by cmd_run (run_prompt_buf) */
+    if (run_prompt_file) {
+        size_t per_token, max = cli_prompt_max_bytes(ctx, info.n_ctx, &per_token), len = 0;
+        bool too_long = false;
+        prompt_buf = cli_read_text_max(run_prompt_file, max, &len, &too_long);
+        if (too_long)
+            fprintf(stderr, "flashlm: the prompt (%s: more than %zu bytes, at most %zu bytes per token) is longer than "
+                    "the context (%u tokens); raise -c\n", run_prompt_file, max, per_token, info.n_ctx);
+        if (!prompt_buf) { flm_close(ctx); return 1; }
+        prompt = run_prompt_buf = prompt_buf;
+    }
 
     size_t n_prompt = 0;
     int32_t *ids = NULL;
