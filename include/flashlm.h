@@ -250,8 +250,10 @@ typedef struct flm_plan_info {
                                  embedding when it stays on flash) */
     uint64_t kv;              /* KV cache */
     uint64_t scratch;         /* activations (batches of n_batch tokens), FFN accumulators, tokenizer copies, the
-                                 statistics ring, the embedding row buffer */
-    uint64_t reader;          /* reader bounce buffers (reader_bounce) and request queues */
+                                 statistics ring, the embedding row buffer, and the compute threads past the first 8
+                                 (80 KiB each: stack, TLS, OpenMP state; the first are in FLM_RSS_ALLOWANCE) */
+    uint64_t reader;          /* reader bounce buffers (reader_bounce), request queues, and its worker threads past
+                                 the first 32 (80 KiB each; --io threads, or auto without io_uring) */
     uint64_t ffn_resident;    /* FFN of the layers kept in memory (ram: all; hybrid: the first n_resident_layers) */
     uint64_t stream;          /* buffers streamed FFN weights are read into (naive/hybrid: n_stream_buffers
                                  layers; sparse: neurons past the cache and the batches' sets) */

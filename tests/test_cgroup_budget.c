@@ -402,6 +402,51 @@ static void test_run_smollm2_every_mode(void **state) {
     run_mode_extra("SmolLM2", smol_flm, model, "hot", 80, "--draft-self");
 }
 
+/* Issue 23 #4: threads outside the budget. Each compute or reader thread costs ~68 KiB of RSS that no plan counted:
+ * hybrid with -t 256 went 17 MiB past its budget ("MORE than the 16 MiB allowance") and was killed under budget +
+ * allowance; --io threads --io-threads 1024, 68 MiB. The plan counts the threads past the allowance's 8 compute and
+ * 32 reader threads (FLM_THREAD_BYTES each): the run completes within the limit, or the budget is refused. */
+static void test_threads_in_budget(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    uint64_t model = file_bytes(syn_flm);
+    assert_true(model > 0);
+    uint64_t budget = model * 70 / 100;
+    char args[8192];
+    cg_result r;
+    /* 70% with 256 threads: their 19 MiB leave the layers too little: refused, not killed */
+    snprintf(args, sizeof args, "run -m '%s' --mode hybrid --mem %llu -c 256 -p hi -n 4 -t 256", syn_flm,
+             (unsigned long long)budget);
+    cg_run(args, budget + FLM_RSS_ALLOWANCE, &r);
+    if (r.rc != 1 || !strstr(r.out, "too small"))
+        fail_msg("hybrid -t 256 at --mem %.2f MiB: exit %d, want 1 and a refusal (cgroup peak %.2f MiB):\n%s",
+                 budget / MIB, r.rc, r.peak_mib, r.out);
+    free(r.out);
+    /* 20 MiB more: the plan fills it with FFN layers and the threads; before, it filled it with layers alone and the
+     * threads went past the allowance */
+    budget += 20u << 20;
+    assert_true(budget < model + (8u << 20)); /* still streaming: the budget is used */
+    snprintf(args, sizeof args, "run -m '%s' --mode hybrid --mem %llu -c 256 -p 'Once upon a time' -n 8 --temp 0 "
+             "-t 256 --stats", syn_flm, (unsigned long long)budget);
+    cg_run(args, budget + FLM_RSS_ALLOWANCE, &r);
+    if (r.rc != 0 || strstr(r.out, "MORE than"))
+        fail_msg("hybrid -t 256 at --mem %.2f MiB under a hard limit of %.2f MiB: exit %d (cgroup peak %.2f MiB):\n%s",
+                 budget / MIB, (budget + FLM_RSS_ALLOWANCE) / MIB, r.rc, r.peak_mib, r.out);
+    print_message("hybrid -t 256 at --mem %.2f MiB: completed, cgroup peak %.2f MiB\n", budget / MIB, r.peak_mib);
+    free(r.out);
+    /* 1024 reader threads (80 MiB) do not fit this 50 MiB budget: refused, not killed; 96 fit */
+    snprintf(args, sizeof args, "run -m '%s' --mode naive --io threads --io-threads 1024 --mem %llu -c 256 -p hi -n 4 "
+             "-t 2", syn_flm, (unsigned long long)budget);
+    cg_run(args, budget + FLM_RSS_ALLOWANCE, &r);
+    if (r.rc != 1 || !strstr(r.out, "too small"))
+        fail_msg("naive --io-threads 1024 at --mem %.2f MiB: exit %d, want 1 and a refusal (cgroup peak %.2f MiB):\n%s",
+                 budget / MIB, r.rc, r.peak_mib, r.out);
+    free(r.out);
+    snprintf(args, sizeof args, "run -m '%s' --mode naive --io threads --io-threads 96 --mem %llu -c 256 -p hi -n 4 "
+             "-t 2 --stats", syn_flm, (unsigned long long)budget);
+    expect_completes("naive --io threads --io-threads 96", args, budget + FLM_RSS_ALLOWANCE, "flashlm: generation ");
+}
+
 /* A budget below the resident weights is refused with a message under budget + allowance, not killed. And the
  * limits are hard: the whole model in memory without a budget, under the same limit, is killed. */
 static void test_too_small_refused(void **state) {
@@ -528,6 +573,7 @@ int main(void) {
         cmocka_unit_test(test_run_smollm2_every_mode),
         cmocka_unit_test(test_too_small_refused),
         cmocka_unit_test(test_serve_under_limit),
+        cmocka_unit_test(test_threads_in_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

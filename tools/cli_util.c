@@ -140,13 +140,13 @@ void cli_print_plan(const flm_plan_info *p) {
     fprintf(stderr, "flashlm: plan:   KV cache         %10.2f MiB  %s, %u tokens x %u layers x %u keys and values\n",
             cli_mib(p->kv), p->kv_elem_bytes == 2 ? "f16" : "f32 (--kv-f32)", p->n_ctx, p->n_layers, p->kv_dim);
     fprintf(stderr, "flashlm: plan:   scratch          %10.2f MiB  activations (batches of %u tokens, -b), FFN "
-            "accumulators, tokenizer, statistics\n", cli_mib(p->scratch), p->n_batch);
+            "accumulators, tokenizer, statistics, compute threads\n", cli_mib(p->scratch), p->n_batch);
     if (p->gguf) {
         fprintf(stderr, "flashlm: plan:   FFN in memory    %10.2f MiB  all layers, in the resident weights (a GGUF "
                 "file)\n", 0.0);
         return;
     }
-    fprintf(stderr, "flashlm: plan:   reader           %10.2f MiB  bounce buffers (%.2f MiB), request queues\n",
+    fprintf(stderr, "flashlm: plan:   reader           %10.2f MiB  bounce buffers (%.2f MiB), request queues, threads\n",
             cli_mib(p->reader), cli_mib(p->reader_bounce));
     if (p->mode == FLM_MODE_SPARSE) {
         fprintf(stderr, "flashlm: plan:   predictors       %10.2f MiB\n", cli_mib(p->predictors));

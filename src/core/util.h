@@ -6,6 +6,18 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The memory one thread costs, counted in the plan for every thread flashlm starts (compute threads, reader threads,
+ * the read-ahead thread): its stack's touched pages, TLS and libgomp's per-thread state. Measured as peak RSS on
+ * stories260K (issue 23): -t 1 vs -t 256 9.10 vs 26.34 MiB (69 KiB per OpenMP thread); --io threads --io-threads 1
+ * vs 1024 8.80 vs 77.07 MiB (68 KiB per reader thread). Rounded up to 80 KiB. The process's allowance
+ * (FLM_RSS_ALLOWANCE, 16 MiB) covers the first FLM_COMPUTE_THREADS_FREE compute threads and FLM_READER_THREADS_FREE
+ * reader threads (the defaults on small machines: 40 threads, ~2.7 MiB measured) and the read-ahead thread; every
+ * thread beyond is counted in the plan (runtime/budget.c, io/reader.c), so -t 256 on a 256-CPU host, or
+ * --io-threads 1024, is planned inside --mem rather than past the allowance. */
+#define FLM_THREAD_BYTES ((uint64_t)80 << 10)
+#define FLM_COMPUTE_THREADS_FREE 8
+#define FLM_READER_THREADS_FREE 32
+
 /* x rounded up / down to a multiple of a (a > 0; any a, not only powers of two). x + a - 1 must not overflow. */
 static inline uint64_t flm_align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 static inline uint64_t flm_align_down(uint64_t x, uint64_t a) { return x / a * a; }

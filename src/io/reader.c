@@ -619,10 +619,27 @@ uint64_t flm_reader_align(const flm_reader *r) { return r ? r->align : MIN_ALIGN
 
 uint64_t flm_reader_file_size(const flm_reader *r) { return r ? r->file_size : 0; }
 
+bool flm_reader_uring_works(void) {
+#ifdef FLM_HAVE_URING
+    static int known; /* 0: not probed, 1: works, -1: does not (benign race: every prober gets the same answer) */
+    if (!known) {
+        struct io_uring ring;
+        int e = io_uring_queue_init(2, &ring, 0);
+        if (e == 0) io_uring_queue_exit(&ring);
+        known = e == 0 ? 1 : -1;
+    }
+    return known > 0;
+#else
+    return false;
+#endif
+}
+
 size_t flm_reader_memory(const flm_reader *r) {
     if (!r) return 0;
     size_t m = sizeof *r + strlen(r->path) + 1 + r->bounce_cap + flm_plan_memory(&r->plan) +
                r->bufs_cap * sizeof *r->bufs + (size_t)r->n_threads * sizeof *r->threads;
+    if (r->n_threads > FLM_READER_THREADS_FREE) /* the threads past the allowance's (core/util.h) */
+        m += (size_t)(r->n_threads - FLM_READER_THREADS_FREE) * FLM_THREAD_BYTES;
 #ifdef FLM_HAVE_URING
     if (r->ring_ready) {
         size_t qd = (size_t)r->opts.queue_depth;

@@ -128,9 +128,13 @@ bool flm_reader_is_direct(const flm_reader *r);
 uint64_t flm_reader_align(const flm_reader *r);
 /* Size of the file at open time, bytes. */
 uint64_t flm_reader_file_size(const flm_reader *r);
-/* Heap bytes the reader holds: bounce buffer, plan arrays, queue / ring. Worker thread stacks (reserved, mostly
- * not resident) are not included. For the memory budget. */
+/* Bytes the reader holds: bounce buffer, plan arrays, queue / ring, and FLM_THREAD_BYTES per worker thread past
+ * FLM_READER_THREADS_FREE (what a thread's stack and state make resident; the first ones are in the process's
+ * allowance: core/util.h). For the memory budget. */
 size_t flm_reader_memory(const flm_reader *r);
+/* Whether io_uring can be set up here (a ring is made and closed once; the answer is kept): the back end `auto`
+ * takes, so the plan knows whether reader threads will exist. false without liburing. */
+bool flm_reader_uring_works(void);
 /* Stop the back end, free everything. NULL is fine. */
 void flm_reader_close(flm_reader *r);
 

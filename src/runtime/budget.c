@@ -6,6 +6,7 @@
 #include "runtime/runtime.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "io/reader.h"
 
 
 void flm_ffn_region_bytes(const flm_file *f, uint64_t *total, uint64_t *largest) {
@@ -15,6 +16,21 @@ void flm_ffn_region_bytes(const flm_file *f, uint64_t *total, uint64_t *largest)
         *total += b;
         if (b > *largest) *largest = b;
     }
+}
+
+uint64_t flm_compute_threads_bytes(int n_threads) {
+    return n_threads > FLM_COMPUTE_THREADS_FREE ? (uint64_t)(n_threads - FLM_COMPUTE_THREADS_FREE) * FLM_THREAD_BYTES
+                                                : 0;
+}
+
+uint64_t flm_reader_threads_bytes(const flm_params *p) {
+    /* the workers of the threads back end: asked for, or what auto takes where io_uring cannot be set up (flash.c
+     * replaces the estimate with flm_reader_memory once the reader exists); those past the allowance's */
+    uint64_t n = 0;
+    flm_io_kind io = p ? p->io : FLM_IO_KIND_AUTO;
+    if (io == FLM_IO_KIND_THREADS || (io == FLM_IO_KIND_AUTO && !flm_reader_uring_works()))
+        n = p && p->io_threads > 0 ? (uint64_t)p->io_threads : 32u;
+    return n > FLM_READER_THREADS_FREE ? (n - FLM_READER_THREADS_FREE) * FLM_THREAD_BYTES : 0;
 }
 
 uint64_t flm_mem_plan_total(const flm_mem_plan *p) {
@@ -45,7 +61,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     }
     p->scratch = flm_scratch_bytes(hp, rq->n_ctx, p->n_batch) +
                  4ull * (uint64_t)rq->n_threads * p->n_batch * hp->d_model +
-                 (uint64_t)hp->n_vocab * 96;
+                 (uint64_t)hp->n_vocab * 96 + flm_compute_threads_bytes(rq->n_threads);
     /* reader bounce buffers: 1/16 of the budget, between 32 KiB and 8 MiB, plus its plan arrays and ring (~32 KiB;
      * flm_flash_open replaces the estimate with flm_reader_memory() once the reader exists) */
     uint64_t bounce = budget ? budget / 16 : (8u << 20);
@@ -53,7 +69,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     if (bounce > (8u << 20)) bounce = 8u << 20;
     bounce = bounce / FLM_ALIGN * FLM_ALIGN;
     p->reader_bounce = (size_t)bounce;
-    p->reader = bounce + (32u << 10);
+    p->reader = bounce + (32u << 10) + flm_reader_threads_bytes(rq->params);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     flm_mode mode = rq->mode;
     const bool chosen = mode == FLM_MODE_AUTO; /* auto may fall back from sparse to hybrid below */

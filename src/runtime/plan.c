@@ -176,7 +176,7 @@ flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparam
     o->n_batch = flm_batch_size(p, hp, o->n_ctx, o->budget);
     o->kv_elem_bytes = flm_kv_elem_bytes(p);
     o->kv = flm_kv_cache_bytes(hp->n_layers, o->n_ctx, hp->n_kv_heads * hp->head_dim, o->kv_elem_bytes);
-    o->scratch = flm_scratch_bytes(hp, o->n_ctx, o->n_batch);
+    o->scratch = flm_scratch_bytes(hp, o->n_ctx, o->n_batch) + flm_compute_threads_bytes(p->n_threads);
     o->total = o->resident + o->kv + o->scratch;
     o->embd = FLM_PLAN_EMBD_MEMORY;
     o->n_layers = o->n_resident_layers = hp->n_layers;

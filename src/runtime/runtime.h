@@ -124,6 +124,11 @@ flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const 
 uint32_t flm_kv_elem_bytes(const flm_params *p);
 /* Sum of everything the plan holds. */
 uint64_t flm_mem_plan_total(const flm_mem_plan *p);
+/* Threads in the plan (FLM_THREAD_BYTES each past those the allowance covers, core/util.h): the compute team of
+ * n_threads (in scratch), and the reader's workers for params p (in reader: the threads back end, when --io threads
+ * asks for it or auto finds no io_uring). */
+uint64_t flm_compute_threads_bytes(int n_threads);
+uint64_t flm_reader_threads_bytes(const flm_params *p);
 /* b bytes in MiB (for messages). */
 double flm_mib(uint64_t b);
 /* Bytes of all FFN regions of f and of the largest one, each rounded up to FLM_ALIGN (as they lie in the file). */
