@@ -2,6 +2,7 @@
 #ifndef FLM_TOOLS_CLI_H
 #define FLM_TOOLS_CLI_H
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -91,7 +92,9 @@ bool cli_buf_add(cli_buf *b, const char *s, size_t n);
 void cli_buf_free(cli_buf *b);
 
 /* Parse one of the generation options run and chat share (-n --temp --top-k --top-p --seed) at argv[*i]; advances
- * *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. */
+ * *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. -n -1 (as
+ * llama.cpp): CLI_N_PREDICT_ALL, until the end of text or the context is full; --seed -1: a random seed (printed). */
+#define CLI_N_PREDICT_ALL (1L << 40)
 int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sampler_params *sp);
 /* Help lines for --temp --top-k --top-p --seed (-n is described by each command). */
 extern const char *CLI_SAMPLING_OPTS_HELP;
@@ -227,6 +230,8 @@ typedef struct {
     bool keep_wheels;   /* keep the wheels (<cache>/wheels/NAME) after a successful pull */
     bool *was_present;  /* if set: true when the model was already pulled (nothing was downloaded) */
 } flm_pull_opts;
+/* "known models: a b c (flashlm pull --list)" and a newline on f (nothing when the table cannot be read). */
+void flm_pull_print_known(FILE *f);
 /* true when name is a model `flashlm pull` knows. */
 bool flm_pull_is_known(const char *name);
 /* The cache directory (see flm_pull_opts.cache) into buf; false after printing why (no HOME, too long). */

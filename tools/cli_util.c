@@ -524,7 +524,7 @@ const char *CLI_SAMPLING_OPTS_HELP =
     "      --temp T         temperature; 0 = greedy (default 0.8)\n"
     "      --top-k K        top-k sampling; 0 = off (default 40)\n"
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
-    "      --seed S         RNG seed (default 42)\n";
+    "      --seed S         RNG seed (default 42; -1: a random one, printed)\n";
 
 int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sampler_params *sp) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -535,7 +535,9 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
     if (!val) { cli_die("option %s needs a value", a); return -1; }
     (*i)++;
     if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-        if (!cli_parse_long(val, 0, 1 << 24, n_predict)) { cli_die("bad -n value '%s'", val); return -1; }
+        /* -1 (llama.cpp): until the end of text, or the context is full (for ever with --context-shift) */
+        if (!cli_parse_long(val, -1, 1 << 24, n_predict)) { cli_die("bad -n value '%s' (-1, or 0..16777216)", val); return -1; }
+        if (*n_predict < 0) *n_predict = CLI_N_PREDICT_ALL;
     } else if (!strcmp(a, "--temp")) {
         if (!cli_parse_float(val, 0.0f, 100.0f, &sp->temp)) { cli_die("bad --temp value '%s'", val); return -1; }
     } else if (!strcmp(a, "--top-k")) {
@@ -546,8 +548,18 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
     } else { /* --seed */
         char *end;
         errno = 0;
+        if (!strcmp(val, "-1")) { /* llama.cpp: a random seed, said so the run can be repeated */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            sp->seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+            fprintf(stderr, "flashlm: --seed -1: seed %llu\n", (unsigned long long)sp->seed);
+            return 1;
+        }
         sp->seed = strtoull(val, &end, 10);
-        if (errno || *end || end == val) { cli_die("bad --seed value '%s'", val); return -1; }
+        if (errno || *end || end == val || val[0] == '-') {
+            cli_die("bad --seed value '%s' (0..2^64-1, or -1 for a random seed)", val);
+            return -1;
+        }
     }
     return 1;
 }
@@ -761,6 +773,13 @@ int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o) {
 
 const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap) {
     struct stat st;
-    if (!arg || stat(arg, &st) == 0 || !flm_pull_is_known(arg)) return arg;
+    if (!arg || stat(arg, &st) == 0) return arg;
+    if (!flm_pull_is_known(arg)) {
+        if (errno == ENOENT && !strchr(arg, '/')) { /* a name rather than a path: say which names there are */
+            fprintf(stderr, "flashlm: '%s' is no file here and no model `flashlm pull` knows; ", arg);
+            flm_pull_print_known(stderr);
+        }
+        return arg;
+    }
     return flm_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
 }

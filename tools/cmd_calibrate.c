@@ -40,7 +40,7 @@ static const char *CAL_HELP =
     "                       --text (with --max-loss, --eval-tokens)\n"
     "      --curve          measure every level, with the predictor and with the true active sets (oracle)\n"
     "      --level EPS      make EPS the default level instead of measuring (0 < EPS < 1, e.g. 0.02)\n"
-    "      --train-level EPS  the level whose active sets the predictors learn (default 0.02)\n"
+    "      --train-level EPS  the level whose active sets the predictors learn (default 0.002)\n"
     "      --recall R       ReLU FFNs: predictor threshold for this held-out recall (default 0.95)\n"
     "      --epochs N       training epochs (default 6)\n"
     "      --mem BYTES|N%   memory budget (as for run): the model is run in hybrid mode under it, the recorded FFN\n"

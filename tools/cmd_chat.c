@@ -29,7 +29,7 @@ static const char *CHAT_HELP =
     "full, turns are refused until /reset (the exit status is then 1), unless --context-shift.\n"
     "\n"
     "  -m, --model PATH     model file: .gguf or .flm (as for flashlm run)\n"
-    "  -n, --n-predict N    at most N tokens per reply (default 512)\n";
+    "  -n, --n-predict N    at most N tokens per reply (default 512; -1: until the end of text or a full context)\n";
 static const char *CHAT_HELP_MORE =
     "      --system TEXT    system prompt (default: the template's own, e.g. Qwen2.5's and SmolLM2's; none for\n"
     "                       Gemma and Llama)\n"

@@ -209,6 +209,13 @@ bool flm_pull_is_known(const char *name) {
     return table_find(name) != NULL;
 }
 
+void flm_pull_print_known(FILE *f) {
+    if (!table_load()) return;
+    fprintf(f, "known models:");
+    for (int i = 0; i < g_n_models; i++) fprintf(f, " %s", g_models[i].name);
+    fprintf(f, " (flashlm pull --list)\n");
+}
+
 static void print_known(FILE *f) {
     fprintf(f, "known models:");
     for (int i = 0; i < g_n_models; i++) fprintf(f, " %s", g_models[i].name);

@@ -107,7 +107,8 @@ static const char *RUN_HELP =
     "      --prompt-ids IDS the prompt as token ids, comma-separated (\"2,17,33\"; no BOS added), instead of -p\n"
     "      --print-ids      print the generated ids (one line, comma-separated) instead of their text\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token, and\n"
-    "                       when the context (-c) is full, with a message, unless --context-shift)\n";
+    "                       when the context (-c) is full, with a message, unless --context-shift); -1: until\n"
+    "                       the end of text or a full context (for ever with --context-shift)\n";
 static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
@@ -293,6 +294,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     bool spec_on = sa->draft || sa->ngram;
     if (spec_on && shift->on)
         fprintf(stderr, "flashlm: warning: --context-shift is not supported while drafting yet\n");
+    if (n_predict == CLI_N_PREDICT_ALL && spec_on && n_prompt < info.n_ctx)
+        n_predict = (long)(info.n_ctx - n_prompt); /* -n -1 while drafting: until the context is full */
     bool spec_too_long = !refuse && n_prompt <= info.n_ctx && spec_on && n_prompt + (size_t)n_predict > info.n_ctx;
     if (spec_too_long)
         fprintf(stderr, "flashlm: with %s, prompt (%zu tokens) + -n %ld must fit the context of %u tokens (no "
