@@ -504,10 +504,13 @@ typedef struct flm_verify_info {
     uint32_t n_regions;   /* regions checked (resident, FFN layers, predictors) */
     uint64_t file_bytes;  /* the file's size */
 } flm_verify_info;
-/* Open path (a .flm file), read every region and compare its checksum; progress (may be NULL) in bytes read.
+/* Open path (a .flm file), read every region and compare its checksum; progress (may be NULL) in bytes read. Then
+ * make flm_open's checks of the header and resident region (a naive-mode context with a short cache is opened and
+ * closed: counts that agree, every tensor's presence, shape and type), so a file verify accepts is one run opens.
  * info (may be NULL) is filled on success.
- * Errors: FLM_ERR_IO (cannot open or read), FLM_ERR_FORMAT (not a valid .flm file), FLM_ERR_CHECKSUM (a region's
- * checksum does not match: the message names the region), FLM_ERR_NOMEM. */
+ * Errors: FLM_ERR_IO (cannot open or read), FLM_ERR_FORMAT (not a valid .flm file; or checksums that match on a file
+ * flm_open refuses: its message follows), FLM_ERR_CHECKSUM (a region's checksum does not match: the message names the
+ * region), FLM_ERR_NOMEM, and flm_open's. */
 FLM_API flm_status flm_verify(const char *path, flm_progress_fn progress, void *user, flm_verify_info *info,
                               flm_error *err);
 

@@ -9,8 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
+#include "core/util.h"
 #include "flashlm.h"
 #include "flashlm_tools.h"
+#include "format/flm.h"
 #include "testutil.h"
 
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* paths in fixed buffers: ours are short */
@@ -240,6 +244,42 @@ static void test_prompt_bounded(void **state) {
     remove(small);
 }
 
+/* Also seen: `verify` said "OK, all checksums match" of a .flm whose header counts disagree (the resident region's
+ * block_count 4, five FFN regions), which `run` refuses. Now verify makes open's checks too. */
+static void test_verify_validates_header(void **state) {
+    (void)state;
+    const char *flm = stories_flm(), *bad = tu_tmp("counts", ".flm");
+    size_t n;
+    uint8_t *p = tu_read_file(flm, &n);
+    static const char key[] = "llama.block_count";
+    uint8_t *at = NULL;
+    for (size_t i = 0; i + sizeof key + 8 < n && !at; i++)
+        if (!memcmp(p + i, key, sizeof key - 1)) at = p + i + sizeof key - 1;
+    assert_non_null(at);
+    assert_int_equal(flm_get_u32(at), 4); /* GGUF u32 */
+    assert_int_equal(flm_get_u32(at + 4), 5);
+    flm_put_u32(at + 4, 4);
+    /* the checksums made right again: the resident region's (entry 0), its head's, then the header's */
+    uint32_t hb = flm_get_u32(p + 32);
+    uint8_t *e = p + FLM_HEADER_FIXED;
+    uint64_t off = flm_get_u64(e + 8), sz = flm_get_u64(e + 16), head = flm_get_u64(e + 48);
+    flm_put_u64(e + 24, XXH64(p + off, (size_t)sz, 0));
+    if (head) flm_put_u64(e + 56, XXH64(p + off, (size_t)head, 0));
+    flm_put_u64(p + 24, XXH64(p + 32, hb - 32, 0));
+    tu_write_file(bad, p, n);
+    free(p);
+    char args[8192];
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2", bad);
+    expect(args, 1, "5 FFN regions for 4 layers");
+    snprintf(args, sizeof args, "verify '%s'", bad);
+    char *o = expect_out(args, 1, "every checksum matches, but the file is not a model flashlm can open");
+    assert_non_null(strstr(o, "5 FFN regions for 4 layers"));
+    free(o);
+    snprintf(args, sizeof args, "verify '%s'", flm);
+    expect(args, 0, "all checksums match");
+    remove(bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_outputs_checked),
@@ -247,6 +287,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_converts),
         cmocka_unit_test(test_stdout_errors),
         cmocka_unit_test(test_prompt_bounded),
+        cmocka_unit_test(test_verify_validates_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
