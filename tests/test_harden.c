@@ -280,6 +280,33 @@ static void test_verify_validates_header(void **state) {
     remove(bad);
 }
 
+/* Also seen: `chat --context-shift` kept every message of a long conversation (RSS ~450 B per turn, and every turn
+ * rendered them all). Now the messages the cache has shifted out are forgotten: 40 turns in a context of 64 tokens
+ * hold a bounded tail of the conversation, and the prompts fed are the same as before. */
+static void test_chat_shift_forgets(void **state) {
+    (void)state;
+    const char *turns = tu_tmp("turns", ".txt");
+    char text[4096];
+    size_t len = 0;
+    for (int i = 0; i < 40; i++) len += (size_t)snprintf(text + len, sizeof text - len, "tell me a story %d\n", i);
+    tu_write_file(turns, text, len);
+    char args[8192];
+    snprintf(args, sizeof args, "chat -m '%s' -c 64 --context-shift -n 4 --temp 0 --chat-template chatml < '%s'",
+             tu_data(STORIES), turns);
+    char *o = expect_out(args, 0, "40 replies");
+    const char *s = strstr(o, "messages held, ");
+    assert_non_null(s);
+    while (s > o && s[-1] != ';') s--;
+    unsigned held = 0, forgotten = 0;
+    assert_int_equal(sscanf(s, " %u messages held, %u older ones forgotten", &held, &forgotten), 2);
+    print_message("40 turns at -c 64: %u messages held, %u forgotten\n", held, forgotten);
+    assert_true(forgotten > 0);
+    assert_int_equal(held + forgotten, 80);
+    assert_true(held < 40);
+    free(o);
+    remove(turns);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_outputs_checked),
@@ -288,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_stdout_errors),
         cmocka_unit_test(test_prompt_bounded),
         cmocka_unit_test(test_verify_validates_header),
+        cmocka_unit_test(test_chat_shift_forgets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,6 +100,46 @@ static bool read_line(char **line, size_t *cap, size_t *len, size_t max, bool *t
     return true;
 }
 
+/* --context-shift: the cache forgets the conversation's older turns as it shifts; forget them here too, or a long
+ * conversation keeps every message (and renders them all every turn: ~450 B of RSS per turn measured). While the
+ * text is longer than the context can hold (max bytes: n_ctx x the longest token), the oldest user and assistant
+ * messages after the first `first` (the system message) are dropped, when the rendering of the rest ends as the whole
+ * one does past `done`; `done` (the text whose end the cache holds) becomes that rendering less the same end. Returns
+ * the messages dropped. */
+static size_t chat_forget(msg_list *msgs, cli_buf *done, const flm_chat *t, size_t first, size_t max) {
+    size_t dropped = 0;
+    while (done->len > max && msgs->n >= first + 4) {
+        char *full = NULL, *kept = NULL;
+        size_t full_len = 0, kept_len = 0;
+        flm_error err;
+        if (flm_chat_apply(t, msgs->m, msgs->n, false, &full, &full_len, &err)) break;
+        bool ok = full_len >= done->len && !memcmp(full, done->p, done->len);
+        size_t tail = ok ? full_len - done->len : 0;
+        flm_chat_msg *rest = ok ? malloc(msgs->n * sizeof *rest) : NULL;
+        if (rest) {
+            memcpy(rest, msgs->m, first * sizeof *rest);
+            memcpy(rest + first, msgs->m + first + 2, (msgs->n - first - 2) * sizeof *rest);
+            ok = !flm_chat_apply(t, rest, msgs->n - 2, false, &kept, &kept_len, &err) && kept_len >= tail &&
+                 kept_len - tail <= done->len && !memcmp(kept + kept_len - tail, full + done->len, tail);
+        }
+        if (rest && ok) {
+            free((char *)msgs->m[first].content);
+            free((char *)msgs->m[first + 1].content);
+            memmove(msgs->m + first, msgs->m + first + 2, (msgs->n - first - 2) * sizeof *msgs->m);
+            msgs->n -= 2;
+            memcpy(done->p, kept, kept_len - tail);
+            done->len = kept_len - tail;
+            done->p[done->len] = 0;
+            dropped += 2;
+        }
+        free(rest);
+        free(full);
+        free(kept);
+        if (!rest || !ok) break;
+    }
+    return dropped;
+}
+
 /* The tokens the conversation starts with up to the first user message's text: BOS, the system turn (--system or
  * the template's default), and whatever the format puts before the user's text (for Gemma the system text is inside
  * the first user turn). What --context-shift keeps by default. 0 when it cannot be told (out of memory). */
@@ -225,6 +265,7 @@ int cmd_chat(int argc, char **argv) {
     bool full = false;    /* the context ran out: only /reset or /exit are accepted */
     bool refused = false; /* a turn got no reply for want of context: exit status 1 */
     uint64_t n_prompt_tok = 0, n_gen_tok = 0;
+    size_t n_forgotten = 0; /* messages dropped by chat_forget */
     double ms_prompt = 0, ms_gen = 0;
     if (system && !msgs_push(&msgs, "system", system, strlen(system))) goto oom;
     if (shift.on && ss.spec)
@@ -344,6 +385,8 @@ int cmd_chat(int argc, char **argv) {
                     n_turns, n_ids, pos0, r.n_gen, r.eog ? " (ended by the model)" : "", gen.n_shifts - shifts0,
                     gen.n_shifts - shifts0 > 1 ? "s" : "", gen.n_discarded, gen.n_keep, gen.pos);
         if (!msgs_push(&msgs, "assistant", done.p + reply_from, done.len - reply_from)) goto oom;
+        if (gen.shift && gen.n_shifts) n_forgotten += chat_forget(&msgs, &done, tmpl, system ? 1 : 0,
+                                                             (size_t)info.n_ctx * per_token); /* what the cache holds */
         if (r.ctx_full) {
             full = true;
             if (gen.shift)
@@ -366,8 +409,9 @@ oom:
             ms_gen > 0 ? n_gen_tok * 1e3 / ms_gen : 0.0);
     cli_spec_print_stats(&ss, ctx);
     if (gen.n_shifts)
-        fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept)\n",
-                gen.n_shifts, gen.n_shifts > 1 ? "s" : "", gen.n_discarded, gen.n_keep);
+        fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept); %zu "
+                "messages held, %zu older ones forgotten\n", gen.n_shifts, gen.n_shifts > 1 ? "s" : "",
+                gen.n_discarded, gen.n_keep, msgs.n, n_forgotten);
     if (refused && !rc) rc = 1;
     free(line);
     msgs_truncate(&msgs, 0);
