@@ -447,6 +447,35 @@ static void test_threads_in_budget(void **state) {
     expect_completes("naive --io threads --io-threads 96", args, budget + FLM_RSS_ALLOWANCE, "flashlm: generation ");
 }
 
+/* Issue 23 #5: a 20 MB prompt file (or chat line) was read whole and tokenized before the context check: killed under
+ * budget + allowance. It is read only as far as the context can hold, then refused with the usual error. */
+static void test_long_prompt_in_budget(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    const char *big = tu_tmp("cg-prompt", ".txt");
+    size_t len = 20u << 20;
+    char *text = malloc(len);
+    assert_non_null(text);
+    for (size_t i = 0; i < len; i++) text[i] = "once upon a time "[i % 17];
+    tu_write_file(big, text, len);
+    free(text);
+    uint64_t model = file_bytes(syn_flm), budget = model * 70 / 100;
+    char args[8192];
+    const char *cmds[] = {"run -m '%s' --mode hybrid --mem %llu -c 256 -f '%s' -n 4 -t 2",
+                          "chat -m '%s' --mode hybrid --mem %llu -c 256 -n 4 -t 2 --chat-template chatml < '%s'"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, cmds[k], syn_flm, (unsigned long long)budget, big);
+        cg_result r;
+        cg_run(args, budget + FLM_RSS_ALLOWANCE, &r);
+        if (r.rc != 1 || !strstr(r.out, "is longer than the context (256 tokens)"))
+            fail_msg("a 20 MB prompt at --mem %.2f MiB: exit %d, want 1 and the context error (cgroup peak %.2f "
+                     "MiB):\n%s", budget / MIB, r.rc, r.peak_mib, r.out);
+        print_message("%s: a 20 MB prompt refused, cgroup peak %.2f MiB\n", k ? "chat" : "run", r.peak_mib);
+        free(r.out);
+    }
+    remove(big);
+}
+
 /* A budget below the resident weights is refused with a message under budget + allowance, not killed. And the
  * limits are hard: the whole model in memory without a budget, under the same limit, is killed. */
 static void test_too_small_refused(void **state) {
@@ -574,6 +603,7 @@ int main(void) {
         cmocka_unit_test(test_too_small_refused),
         cmocka_unit_test(test_serve_under_limit),
         cmocka_unit_test(test_threads_in_budget),
+        cmocka_unit_test(test_long_prompt_in_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

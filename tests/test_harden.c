@@ -234,6 +234,12 @@ static void test_prompt_bounded(void **state) {
     snprintf(args, sizeof args, "run -m '%s' -f '%s' -c 64 -n 2", m, big);
     expect(args, 1, "is longer than the context (64 tokens)");
     remove(big);
+    /* also seen: a directory named like a model is named as one, in a streaming mode too */
+    const char *dir = tu_tmp("dir", ".flm");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(args, sizeof args, "run -m '%s' --mode naive -p hi -n 2", dir);
+    expect(args, 1, "is a directory, not a regular file");
+    rmdir(dir);
     /* under the byte bound: read whole, then the usual token check (3.8 KB, ~900 tokens), or it runs */
     snprintf(args, sizeof args, "run -m '%s' -f '%s' -c 64 -n 2", m, tu_data("text/tinystories_sample.txt"));
     expect(args, 1, "tokens) is longer than the context (64 tokens)");
