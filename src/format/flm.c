@@ -535,10 +535,10 @@ flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, f
     flm_region *regions = calloc(f->n_regions, sizeof *regions);
     uint8_t *hdr = calloc(f->header_bytes, 1), *next = NULL, *seen = NULL;
     void *cur = NULL;
-    char *tmp = malloc(strlen(path) + 8);
+    const char *tmp = NULL;
+    flm_out *w = NULL; /* the checked writer (core/files.h): path replaced by a unique temporary, renamed */
     int in = -1, out = -1;
-    if (!regions || !hdr || !tmp) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    sprintf(tmp, "%s.tmp", path);
+    if (!regions || !hdr) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
     for (uint32_t i = 0; i < f->meta->n_tensors; i++)
         if (strstr(f->meta->tensors[i].name, "ffn_up.bias")) {
             st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the FFN has biases (%s): ordering its neurons is not "
@@ -554,10 +554,13 @@ flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, f
         uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
         if (e > end) end = e;
     }
-    if ((in = open(path, O_RDONLY)) < 0 || (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", in < 0 ? path : tmp, strerror(errno));
+    if ((in = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto done;
     }
+    if ((st = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &w, err))) goto done;
+    tmp = flm_out_temp(w);
+    out = flm_out_fd(w);
     /* the resident region as it is */
     {
         const flm_region *r = f->resident;
@@ -603,15 +606,11 @@ flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, f
     uint32_t header_bytes = f->header_bytes;
     flm_build_header(hdr, header_bytes, regions, n, end);
     if ((st = pwrite_all(out, hdr, header_bytes, 0, tmp, "header", err))) goto done;
-    if (fsync(out) != 0) { st = flm_fail(err, FLM_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno)); goto done; }
-    if (close(out) != 0) { out = -1; st = flm_fail(err, FLM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno)); goto done; }
-    out = -1;
-    if (rename(tmp, path) != 0) st = flm_fail(err, FLM_ERR_IO, "%s: rename failed: %s", tmp, strerror(errno));
+    st = flm_out_commit(w, err); /* fsync, close, rename; frees w */
+    w = NULL;
 done:
     if (in >= 0) close(in);
-    if (out >= 0) close(out);
-    if (st && tmp) remove(tmp);
-    free(tmp);
+    flm_out_abort(w); /* an error before the commit: the temporary is removed */
     free(hdr);
     free(regions);
     free(cur);

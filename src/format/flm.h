@@ -144,7 +144,7 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
 /* Store every layer's FFN records in a new order: record i of layer l becomes the old record perm[l][i] (perm[l] a
  * permutation of [0, d_ffn)), and mark each FFN region FLM_FFN_HOT_ORDER. Neuron order does not change the FFN
  * (Knowl 5), so the model computes the same function. A predictor region (its neuron ids are the old ones) is dropped:
- * calibrate again. Writes "<path>.tmp" (header, resident region copied, FFN regions permuted and checksummed), fsyncs
+ * calibrate again. Writes a unique "<path>.tmp.XXXXXX" (the checked writer, core/files.h) (header, resident region copied, FFN regions permuted and checksummed), fsyncs
  * and renames it onto path. Memory: one FFN region at a time, twice. Errors: FLM_ERR_IO, FLM_ERR_NOMEM,
  * FLM_ERR_CHECKSUM (a region read back does not match its checksum: nothing is written), FLM_ERR_ARG (a perm[l] that
  * is not a permutation), FLM_ERR_UNSUPPORTED (FFN biases: blk.N.ffn_up.bias would need the same order), errors of
