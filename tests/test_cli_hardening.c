@@ -434,7 +434,10 @@ static void test_limits(void **state) {
     /* -n 0: the prompt is evaluated, nothing generated, and it says so */
     snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 0", st);
     expect(args, 0, "(-n 0: the prompt only)");
-    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n -1", st);
+    /* -n -1 (llama.cpp, issue 23): until the end of text or a full context; below -1 refused */
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n -1 -c 24 --temp 0", st);
+    expect(args, 0, "context full (24 tokens)");
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n -2", st);
     expect(args, 2, "bad -n");
     /* absurd thread counts */
     const char *bad_t[] = {"0", "-3", "100000", "1e3", "many"};

@@ -150,9 +150,9 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     flm_model *m = NULL;
     /* the checked writer (core/files.h): refuses a link, a device, the source; locks dst; a unique temporary */
     flm_out *w = NULL;
-    flm_status st = flm_out_open(dst, src, FLM_OUT_REPLACE, &w, err);
-    if (st) return st;
-    if ((st = flm_gguf_open(src, &g, err))) { flm_out_abort(w); return st; }
+    flm_status st = flm_out_check(dst, src, FLM_OUT_REPLACE, err); /* refused before the source is read */
+    if (st || (st = flm_gguf_open(src, &g, err))) return st;       /* a source that is no file: said first */
+    if ((st = flm_out_open(dst, src, FLM_OUT_REPLACE, &w, err))) { flm_gguf_close(g); return st; }
     if ((st = flm_model_from_gguf(g, &m, err))) { flm_out_abort(w); return st; } /* closes g on error */
     const flm_hparams *hp = &m->hp;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
