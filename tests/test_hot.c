@@ -363,15 +363,15 @@ static void test_self_draft_sampling(void **state) {
     flm_ctx *target = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
     flm_sampler *smp = flm_sampler_create(&sp, V);
     cli_spec *s = NULL;
-    cli_spec_opts o = {.n_draft = 3, .self_draft = true};
+    cli_spec_opts o = {.n_draft = 2, .self_draft = true};
     assert_int_equal(cli_spec_create(target, NULL, smp, &o, &s, &err), FLM_OK);
     assert_int_equal(cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &logits, &err), FLM_OK);
     float *prompt_logits = malloc(V * sizeof *prompt_logits);
     memcpy(prompt_logits, logits, V * sizeof *prompt_logits);
 #ifdef FLM_SANITIZED_BUILD
-    const int M = 1500;
+    const int M = 600;
 #else
-    const int M = 6000;
+    const int M = 2500; /* each generation is a few passes that read from the file: seconds per thousand */
 #endif
     double count[27] = {0};
     for (int i = 0; i < M; i++) {
@@ -396,7 +396,7 @@ static void test_self_draft_sampling(void **state) {
     double far = 0;
     for (int k = 0; k < 27; k++) far = fmax(far, fabs(djoint[k] - joint[k]));
     print_message("largest |self-draft - model| over the 27 cells: %.4f\n", far);
-    assert_true(far > 10 * sqrt(0.25 / M));
+    assert_true(far > 6 * sqrt(0.25 / M));
     cli_spec_free(s);
     flm_sampler_free(smp);
     flm_sampler_free(ps);
