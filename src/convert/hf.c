@@ -1,18 +1,11 @@
 /* hf.c — a Hugging Face model folder (config.json, safetensors, tokenizer.json or vocab.json + merges.txt) into a
  * GGUF file with llama.cpp's tensor names, which every other path (flm_open, flm_convert) then reads.
  *
- * OPT (transformers' models/opt/modeling_opt.py, OPTForCausalLM), pre-LN (do_layer_norm_before):
- *   model.decoder.embed_tokens.weight [V, d]            -> token_embd.weight (lm_head tied to it)
- *   model.decoder.embed_positions.weight [P + 2, d]     -> position_embd.weight [P, d]: OPTLearnedPositionalEmbedding
- *                                                          looks up row pos + 2, so the first 2 rows are dropped
- *   layers.N.self_attn_layer_norm.{weight,bias}         -> blk.N.attn_norm.{weight,bias}
- *   layers.N.self_attn.{q,k,v,out}_proj.{weight,bias}   -> blk.N.attn_{q,k,v,output}.{weight,bias}
- *       (OPT multiplies q_proj's output, bias included, by head_dim^-0.5 and then takes softmax(q k^T): the same as
- *        the engine's attention scale 1/sqrt(head_dim) on the unscaled q; nothing to fold)
- *   layers.N.final_layer_norm.{weight,bias}             -> blk.N.ffn_norm.{weight,bias}
- *   layers.N.fc1.{weight,bias} / fc2.{weight,bias}      -> blk.N.ffn_up.{weight,bias} / blk.N.ffn_down.{weight,bias}
- *   model.decoder.final_layer_norm.{weight,bias}        -> output_norm.{weight,bias}
- *   lm_head.weight (when not tied)                      -> output.weight
+ * One table per architecture (config.json's model_type), each mapping transformers' names onto llama.cpp's
+ * (src/llama-arch.cpp; gguf-py's constants): opt (pre-LN; llama.cpp has no OPT converter, flashlm names it as llama.cpp
+ * does GPT-2), falcon (7B layout), phi (phi2) and persimmon; the mapping of each is written above its table below.
+ * The fused q/k/v tensors of Falcon and Persimmon are copied as they are: their row orders are already llama.cpp's
+ * (model/arch.h, flm_qkv_layout), so a GGUF written here and one from llama.cpp's converter load the same way.
  * A PyTorch Linear weight [out, in] is row-major with `in` contiguous: GGUF ne = [in, out], the same bytes. */
 #include <cJSON.h>
 #include <errno.h>
@@ -191,6 +184,15 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") != 0)
             st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: model.type is not \"BPE\" (only byte-level BPE is read)",
                           path);
+        /* a SentencePiece-style BPE (Llama's, Persimmon's) has byte-fallback tokens and a Metaspace pre-tokenizer:
+           read as byte-level BPE it would tokenize wrongly without a word of warning */
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(tj, "pre_tokenizer");
+        const cJSON *ptt = cJSON_GetObjectItemCaseSensitive(pt, "type");
+        if (!st && (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ||
+                    (cJSON_IsString(ptt) && !strcmp(ptt->valuestring, "Metaspace"))))
+            st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: a SentencePiece-style BPE (byte_fallback or a Metaspace "
+                          "pre-tokenizer) is not read (only byte-level BPE); convert without it (--tokenizer of an "
+                          "empty folder) and run with --prompt-ids", path);
         if (!st)
             st = vocab_bpe(v, path, cJSON_GetObjectItemCaseSensitive(model, "vocab"),
                            cJSON_GetObjectItemCaseSensitive(model, "merges"), err);
@@ -269,6 +271,404 @@ static flm_status want(const flm_st_set *s, const char *dir, const char *name, u
     return FLM_OK;
 }
 
+/* ---- architectures --------------------------------------------------------------------------------------------- */
+
+/* What config.json says, in the GGUF's terms. */
+typedef struct hf_model {
+    const char *arch;      /* general.architecture (llama.cpp's name) */
+    const char *pre;       /* tokenizer.ggml.pre */
+    uint32_t d, F, L, H, H_kv, P, V;
+    uint32_t rope_dim;     /* 0: no rope.dimension_count key (all of head_dim, or learned positions) */
+    float eps, rope_theta; /* rope_theta 0: no key */
+    bool tied;             /* lm_head is the token embedding */
+    uint32_t bos, eos;
+} hf_model;
+
+/* The tensor map being built: maps[0 .. n) of cap. */
+typedef struct hf_mapper {
+    const flm_st_set *set;
+    const char *dir;
+    hf_map *maps;
+    size_t n, cap;
+    uint32_t wt; /* the matrices' type */
+} hf_mapper;
+
+/* Map source tensor hf (checked: rows x cols, cols 0 for a vector) to GGUF name gg (matrices of the chosen type,
+ * vectors f32); printf-style names, %u the layer. */
+static flm_status map1(hf_mapper *M, const char *hf, const char *gg, uint64_t rows, uint64_t cols, flm_error *err) {
+    if (M->n == M->cap) return flm_fail(err, FLM_ERR_FORMAT, "%s: too many tensors", M->dir); /* not reached */
+    hf_map *m = &M->maps[M->n];
+    flm_status st = want(M->set, M->dir, hf, rows, cols, &m->t, err);
+    if (st) return st;
+    snprintf(m->gguf, sizeof m->gguf, "%s", gg);
+    m->n_dims = cols ? 2 : 1;
+    m->ne[0] = cols ? cols : rows;
+    m->ne[1] = cols ? rows : 1;
+    m->type = cols ? M->wt : FLM_TYPE_F32;
+    M->n++;
+    return FLM_OK;
+}
+
+/* One entry of an architecture's per-layer table: source suffix, GGUF suffix, shape in the model's dimensions. */
+typedef enum { D_ONE, D_D, D_F, D_QKV, D_Q, D_KV, D_HD } hf_dim;
+typedef struct hf_entry {
+    const char *hf, *gg;
+    hf_dim rows, cols; /* cols D_ONE: a vector */
+} hf_entry;
+
+static uint64_t dim_of(const hf_model *h, hf_dim x) {
+    const uint64_t hd = h->d / h->H;
+    switch (x) {
+    case D_D: return h->d;
+    case D_F: return h->F;
+    case D_QKV: return (uint64_t)(h->H + 2 * h->H_kv) * hd;
+    case D_Q: return (uint64_t)h->H * hd;
+    case D_KV: return (uint64_t)h->H_kv * hd;
+    case D_HD: return hd;
+    default: return 0;
+    }
+}
+
+/* Map every layer's tensors: prefix "model.decoder.layers.%u." (a printf format with the layer), the table T. */
+static flm_status map_layers(hf_mapper *M, const hf_model *h, const char *prefix, const hf_entry *T, size_t n,
+                             flm_error *err) {
+    for (uint32_t l = 0; l < h->L; l++)
+        for (size_t i = 0; i < n; i++) {
+            char pre[96], hf[192], gg[96];
+            snprintf(pre, sizeof pre, prefix, l);
+            snprintf(hf, sizeof hf, "%s%s", pre, T[i].hf);
+            snprintf(gg, sizeof gg, "blk.%u.%s", l, T[i].gg);
+            flm_status st = map1(M, hf, gg, dim_of(h, T[i].rows), T[i].cols == D_ONE ? 0 : dim_of(h, T[i].cols), err);
+            if (st) return st;
+        }
+    return FLM_OK;
+}
+
+/* config[key] as a float in (0, 1) (*v), optional (absent: *v unchanged) */
+static flm_status cfg_eps(const cJSON *cfg, const char *path, const char *key, float *v, flm_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!j) return FLM_OK;
+    if (!cJSON_IsNumber(j) || !(j->valuedouble > 0 && j->valuedouble < 1))
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: '%s' is not a number in (0, 1)", path, key);
+    *v = (float)j->valuedouble;
+    return FLM_OK;
+}
+
+/* config's RoPE: rope_parameters {rope_theta, partial_rotary_factor, rope_type} (transformers 5), or the older
+ * top-level rope_theta / partial_rotary_factor; only the default (unscaled) RoPE. rope_dim = head_dim * factor
+ * rounded down, as transformers' int(head_dim * partial_rotary_factor); it must be even. */
+static flm_status cfg_rope(const cJSON *cfg, const char *path, hf_model *h, flm_error *err) {
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    const cJSON *src = cJSON_IsObject(rp) ? rp : cfg;
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(src, "rope_theta");
+    const cJSON *pf = cJSON_GetObjectItemCaseSensitive(src, "partial_rotary_factor");
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(src, "rope_type");
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
+    if ((ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "default"))) || (sc && !cJSON_IsNull(sc)))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: RoPE scaling (rope_type '%s') is not supported (default only)",
+                        path, cJSON_IsString(ty) ? ty->valuestring : "rope_scaling");
+    h->rope_theta = 10000.0f;
+    if (th) {
+        if (!cJSON_IsNumber(th) || !(th->valuedouble > 0 && th->valuedouble < 1e12))
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: rope_theta is not a positive number", path);
+        h->rope_theta = (float)th->valuedouble;
+    }
+    const uint32_t hd = h->d / h->H;
+    h->rope_dim = hd;
+    if (pf) {
+        if (!cJSON_IsNumber(pf) || !(pf->valuedouble > 0 && pf->valuedouble <= 1))
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: partial_rotary_factor is not in (0, 1]", path);
+        h->rope_dim = (uint32_t)((double)hd * pf->valuedouble);
+    }
+    if (h->rope_dim == 0 || h->rope_dim % 2)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: %u rotary dimensions per head (head_dim %u x "
+                        "partial_rotary_factor) is not a positive even number", path, h->rope_dim, hd);
+    return FLM_OK;
+}
+
+/* config[key] is absent or the string want (what names it in the message) */
+static flm_status cfg_is(const cJSON *cfg, const char *path, const char *key, const char *want_s, flm_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (j && (!cJSON_IsString(j) || strcmp(j->valuestring, want_s) != 0))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: %s '%s' is not supported (%s)", path, key,
+                        cJSON_IsString(j) ? j->valuestring : "?", want_s);
+    return FLM_OK;
+}
+
+/* config[key] is not true (absent or false): a feature flashlm lacks, named in the message */
+static flm_status cfg_not(const cJSON *cfg, const char *path, const char *key, const char *what, flm_error *err) {
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, key)))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: %s is true (%s): not supported", path, key, what);
+    return FLM_OK;
+}
+
+/* OPT (transformers' models/opt/modeling_opt.py, OPTForCausalLM), pre-LN (do_layer_norm_before):
+ *   model.decoder.embed_tokens.weight [V, d]            -> token_embd.weight (lm_head tied to it)
+ *   model.decoder.embed_positions.weight [P + 2, d]     -> position_embd.weight [P, d]: OPTLearnedPositionalEmbedding
+ *                                                          looks up row pos + 2, so the first 2 rows are dropped
+ *   layers.N.self_attn_layer_norm.{weight,bias}         -> blk.N.attn_norm.{weight,bias}
+ *   layers.N.self_attn.{q,k,v,out}_proj.{weight,bias}   -> blk.N.attn_{q,k,v,output}.{weight,bias}
+ *       (OPT multiplies q_proj's output, bias included, by head_dim^-0.5 and then takes softmax(q k^T): the same as
+ *        the engine's attention scale 1/sqrt(head_dim) on the unscaled q; nothing to fold)
+ *   layers.N.final_layer_norm.{weight,bias}             -> blk.N.ffn_norm.{weight,bias}
+ *   layers.N.fc1.{weight,bias} / fc2.{weight,bias}      -> blk.N.ffn_up.{weight,bias} / blk.N.ffn_down.{weight,bias}
+ *   model.decoder.final_layer_norm.{weight,bias}        -> output_norm.{weight,bias}
+ *   lm_head.weight (when not tied)                      -> output.weight */
+static flm_status cfg_opt(const cJSON *cfg, const char *path, hf_model *h, flm_error *err) {
+    flm_status st;
+    h->arch = "opt";
+    h->pre = "gpt-2";
+    h->bos = h->eos = 2;
+    h->eps = 1e-5f; /* nn.LayerNorm's default: OPT's */
+    if ((st = cfg_u32(cfg, path, "ffn_dim", &h->F, err)) ||
+        (st = cfg_u32(cfg, path, "max_position_embeddings", &h->P, err)))
+        return st;
+    h->H_kv = h->H;
+    h->rope_dim = 0;
+    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(cfg, "do_layer_norm_before");
+    if (cJSON_IsFalse(ln))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: do_layer_norm_before is false (post-LN, as OPT-350M): not "
+                        "supported yet; flashlm runs pre-LN OPT", path);
+    if ((st = cfg_not(cfg, path, "_remove_final_layer_norm", "no final LayerNorm", err))) return st;
+    uint32_t wp = h->d;
+    if (cJSON_GetObjectItemCaseSensitive(cfg, "word_embed_proj_dim") &&
+        (st = cfg_u32(cfg, path, "word_embed_proj_dim", &wp, err)))
+        return st;
+    if (wp != h->d)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: word_embed_proj_dim %u differs from hidden_size %u: OPT's "
+                        "project_in/project_out are not supported yet", path, wp, h->d);
+    if ((st = cfg_is(cfg, path, "activation_function", "relu", err))) return st;
+    const cJSON *ea = cJSON_GetObjectItemCaseSensitive(cfg, "layer_norm_elementwise_affine");
+    const cJSON *eb = cJSON_GetObjectItemCaseSensitive(cfg, "enable_bias");
+    if (cJSON_IsFalse(ea) || cJSON_IsFalse(eb))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer_norm_elementwise_affine or enable_bias is false: not "
+                        "supported (OPT's defaults are true)", path);
+    h->tied = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
+    return FLM_OK;
+}
+
+static flm_status map_opt(hf_mapper *M, const hf_model *h, flm_error *err) {
+    flm_status st;
+    if ((st = map1(M, "model.decoder.embed_tokens.weight", "token_embd.weight", h->V, h->d, err)) ||
+        (st = map1(M, "model.decoder.embed_positions.weight", "position_embd.weight", (uint64_t)h->P + 2, h->d, err)))
+        return st;
+    hf_map *pe = &M->maps[M->n - 1];
+    pe->type = FLM_TYPE_F32;
+    pe->skip_rows = 2;
+    pe->ne[1] = h->P;
+    if ((st = map1(M, "model.decoder.final_layer_norm.weight", "output_norm.weight", h->d, 0, err)) ||
+        (st = map1(M, "model.decoder.final_layer_norm.bias", "output_norm.bias", h->d, 0, err)))
+        return st;
+    if (!h->tied && flm_st_set_find(M->set, "lm_head.weight") &&
+        (st = map1(M, "lm_head.weight", "output.weight", h->V, h->d, err)))
+        return st;
+    static const hf_entry T[] = {
+        {"self_attn_layer_norm.weight", "attn_norm.weight", D_D, D_ONE},
+        {"self_attn_layer_norm.bias", "attn_norm.bias", D_D, D_ONE},
+        {"self_attn.q_proj.weight", "attn_q.weight", D_D, D_D},   {"self_attn.q_proj.bias", "attn_q.bias", D_D, D_ONE},
+        {"self_attn.k_proj.weight", "attn_k.weight", D_D, D_D},   {"self_attn.k_proj.bias", "attn_k.bias", D_D, D_ONE},
+        {"self_attn.v_proj.weight", "attn_v.weight", D_D, D_D},   {"self_attn.v_proj.bias", "attn_v.bias", D_D, D_ONE},
+        {"self_attn.out_proj.weight", "attn_output.weight", D_D, D_D},
+        {"self_attn.out_proj.bias", "attn_output.bias", D_D, D_ONE},
+        {"final_layer_norm.weight", "ffn_norm.weight", D_D, D_ONE},
+        {"final_layer_norm.bias", "ffn_norm.bias", D_D, D_ONE},
+        {"fc1.weight", "ffn_up.weight", D_F, D_D},                {"fc1.bias", "ffn_up.bias", D_F, D_ONE},
+        {"fc2.weight", "ffn_down.weight", D_D, D_F},              {"fc2.bias", "ffn_down.bias", D_D, D_ONE},
+    };
+    return map_layers(M, h, "model.decoder.layers.%u.", T, sizeof T / sizeof T[0], err);
+}
+
+/* Falcon 7B (transformers' models/falcon/modeling_falcon.py: parallel_attn, multi_query, no bias, no alibi, the old
+ * decoder architecture; llama.cpp's falcon names):
+ *   transformer.word_embeddings.weight                  -> token_embd.weight (lm_head tied to it)
+ *   transformer.h.N.input_layernorm.{weight,bias}       -> blk.N.attn_norm.{weight,bias} (attention's and FFN's)
+ *   transformer.h.N.self_attention.query_key_value.weight [(H + 2) hd, d]
+ *                                                       -> blk.N.attn_qkv.weight: with multi_query transformers reads
+ *                                                          it as view(H + 2, hd): H q heads, then k, then v; already
+ *                                                          llama.cpp's order (FLM_QKV_CONCAT), copied as is
+ *   transformer.h.N.self_attention.dense.weight         -> blk.N.attn_output.weight
+ *   transformer.h.N.mlp.dense_h_to_4h / dense_4h_to_h   -> blk.N.ffn_up.weight / blk.N.ffn_down.weight
+ *   transformer.ln_f.{weight,bias}                      -> output_norm.{weight,bias}
+ *   lm_head.weight (when not tied)                      -> output.weight */
+static flm_status cfg_falcon(const cJSON *cfg, const char *path, hf_model *h, flm_error *err) {
+    flm_status st;
+    h->arch = "falcon";
+    h->pre = "falcon";
+    h->bos = h->eos = 11;
+    h->eps = 1e-5f;
+    h->F = 4 * h->d;
+    if (cJSON_GetObjectItemCaseSensitive(cfg, "ffn_hidden_size") &&
+        (st = cfg_u32(cfg, path, "ffn_hidden_size", &h->F, err)))
+        return st;
+    h->P = 2048;
+    if (cJSON_GetObjectItemCaseSensitive(cfg, "max_position_embeddings") &&
+        (st = cfg_u32(cfg, path, "max_position_embeddings", &h->P, err)))
+        return st;
+    if ((st = cfg_eps(cfg, path, "layer_norm_epsilon", &h->eps, err)) ||
+        (st = cfg_not(cfg, path, "new_decoder_architecture", "Falcon 40B/180B's layout", err)) ||
+        (st = cfg_not(cfg, path, "alibi", "ALiBi positions instead of RoPE", err)) ||
+        (st = cfg_not(cfg, path, "bias", "biases on the linear layers", err)) ||
+        (st = cfg_is(cfg, path, "activation", "gelu", err)) || (st = cfg_rope(cfg, path, h, err)))
+        return st;
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "parallel_attn")))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: parallel_attn is not true (a sequential Falcon): not "
+                        "supported; flashlm runs Falcon 7B's parallel layout", path);
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "multi_query")))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: multi_query is not true: Falcon's per-head q/k/v layout is not "
+                        "supported; flashlm runs Falcon 7B's multi-query layout", path);
+    if (h->rope_dim != h->d / h->H)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: partial rotary embeddings in Falcon are not supported", path);
+    h->rope_dim = 0; /* all of head_dim: llama.cpp writes no falcon.rope.dimension_count */
+    h->H_kv = 1;
+    h->tied = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
+    return FLM_OK;
+}
+
+static flm_status map_falcon(hf_mapper *M, const hf_model *h, flm_error *err) {
+    flm_status st;
+    if ((st = map1(M, "transformer.word_embeddings.weight", "token_embd.weight", h->V, h->d, err)) ||
+        (st = map1(M, "transformer.ln_f.weight", "output_norm.weight", h->d, 0, err)) ||
+        (st = map1(M, "transformer.ln_f.bias", "output_norm.bias", h->d, 0, err)))
+        return st;
+    if (!h->tied && (st = map1(M, "lm_head.weight", "output.weight", h->V, h->d, err))) return st;
+    static const hf_entry T[] = {
+        {"input_layernorm.weight", "attn_norm.weight", D_D, D_ONE},
+        {"input_layernorm.bias", "attn_norm.bias", D_D, D_ONE},
+        {"self_attention.query_key_value.weight", "attn_qkv.weight", D_QKV, D_D},
+        {"self_attention.dense.weight", "attn_output.weight", D_D, D_Q},
+        {"mlp.dense_h_to_4h.weight", "ffn_up.weight", D_F, D_D},
+        {"mlp.dense_4h_to_h.weight", "ffn_down.weight", D_D, D_F},
+    };
+    return map_layers(M, h, "transformer.h.%u.", T, sizeof T / sizeof T[0], err);
+}
+
+/* Phi-2 (transformers' models/phi/modeling_phi.py, PhiForCausalLM; llama.cpp's phi2 names, separate q, k, v as its
+ * converter writes them from this layout):
+ *   model.embed_tokens.weight                           -> token_embd.weight
+ *   model.layers.N.input_layernorm.{weight,bias}        -> blk.N.attn_norm.{weight,bias} (attention's and FFN's)
+ *   model.layers.N.self_attn.{q,k,v}_proj.{weight,bias} -> blk.N.attn_{q,k,v}.{weight,bias}
+ *   model.layers.N.self_attn.dense.{weight,bias}        -> blk.N.attn_output.{weight,bias}
+ *   model.layers.N.mlp.fc1 / fc2.{weight,bias}          -> blk.N.ffn_up / blk.N.ffn_down.{weight,bias}
+ *   model.final_layernorm.{weight,bias}                 -> output_norm.{weight,bias}
+ *   lm_head.{weight,bias}                               -> output.{weight,bias} (the weight tied when so configured)
+ * phi2.rope.dimension_count = int(head_dim * partial_rotary_factor). */
+static flm_status cfg_phi(const cJSON *cfg, const char *path, hf_model *h, flm_error *err) {
+    flm_status st;
+    h->arch = "phi2";
+    h->pre = "phi-2";
+    h->bos = 1;
+    h->eos = 2;
+    h->eps = 1e-5f;
+    h->H_kv = h->H;
+    if ((st = cfg_u32(cfg, path, "intermediate_size", &h->F, err)) ||
+        (st = cfg_u32(cfg, path, "max_position_embeddings", &h->P, err)) ||
+        (cJSON_GetObjectItemCaseSensitive(cfg, "num_key_value_heads") &&
+         (st = cfg_u32(cfg, path, "num_key_value_heads", &h->H_kv, err))) ||
+        (st = cfg_eps(cfg, path, "layer_norm_eps", &h->eps, err)) ||
+        (st = cfg_is(cfg, path, "hidden_act", "gelu_new", err)) ||
+        (st = cfg_not(cfg, path, "qk_layernorm", "q/k LayerNorm in Phi", err)) || (st = cfg_rope(cfg, path, h, err)))
+        return st;
+    h->tied = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
+    return FLM_OK;
+}
+
+static flm_status map_phi(hf_mapper *M, const hf_model *h, flm_error *err) {
+    flm_status st;
+    if ((st = map1(M, "model.embed_tokens.weight", "token_embd.weight", h->V, h->d, err)) ||
+        (st = map1(M, "model.final_layernorm.weight", "output_norm.weight", h->d, 0, err)) ||
+        (st = map1(M, "model.final_layernorm.bias", "output_norm.bias", h->d, 0, err)) ||
+        (!h->tied && (st = map1(M, "lm_head.weight", "output.weight", h->V, h->d, err))) ||
+        (st = map1(M, "lm_head.bias", "output.bias", h->V, 0, err)))
+        return st;
+    static const hf_entry T[] = {
+        {"input_layernorm.weight", "attn_norm.weight", D_D, D_ONE},
+        {"input_layernorm.bias", "attn_norm.bias", D_D, D_ONE},
+        {"self_attn.q_proj.weight", "attn_q.weight", D_Q, D_D},    {"self_attn.q_proj.bias", "attn_q.bias", D_Q, D_ONE},
+        {"self_attn.k_proj.weight", "attn_k.weight", D_KV, D_D},   {"self_attn.k_proj.bias", "attn_k.bias", D_KV, D_ONE},
+        {"self_attn.v_proj.weight", "attn_v.weight", D_KV, D_D},   {"self_attn.v_proj.bias", "attn_v.bias", D_KV, D_ONE},
+        {"self_attn.dense.weight", "attn_output.weight", D_D, D_Q},
+        {"self_attn.dense.bias", "attn_output.bias", D_D, D_ONE},
+        {"mlp.fc1.weight", "ffn_up.weight", D_F, D_D},             {"mlp.fc1.bias", "ffn_up.bias", D_F, D_ONE},
+        {"mlp.fc2.weight", "ffn_down.weight", D_D, D_F},           {"mlp.fc2.bias", "ffn_down.bias", D_D, D_ONE},
+    };
+    return map_layers(M, h, "model.layers.%u.", T, sizeof T / sizeof T[0], err);
+}
+
+/* Persimmon (transformers' models/persimmon/modeling_persimmon.py; llama.cpp's persimmon names):
+ *   model.embed_tokens.weight                           -> token_embd.weight
+ *   model.layers.N.input_layernorm.{weight,bias}        -> blk.N.attn_norm.{weight,bias}
+ *   model.layers.N.self_attn.query_key_value.{weight,bias} [3 d, d]
+ *                                                       -> blk.N.attn_qkv.{weight,bias}: transformers reads it as
+ *                                                          view(H, 3, hd), per head its q, k, v rows, as llama.cpp
+ *                                                          (FLM_QKV_PER_HEAD); copied as is
+ *   model.layers.N.self_attn.{q,k}_layernorm.{weight,bias} [hd] -> blk.N.attn_{q,k}_norm.{weight,bias}
+ *   model.layers.N.self_attn.dense.{weight,bias}        -> blk.N.attn_output.{weight,bias}
+ *   model.layers.N.post_attention_layernorm.{w,b}       -> blk.N.ffn_norm.{weight,bias}
+ *   model.layers.N.mlp.dense_h_to_4h / dense_4h_to_h.{weight,bias} -> blk.N.ffn_up / blk.N.ffn_down.{weight,bias}
+ *   model.final_layernorm.{weight,bias}                 -> output_norm.{weight,bias}
+ *   lm_head.weight                                      -> output.weight (unless tied)
+ * persimmon.rope.dimension_count = int(head_dim * partial_rotary_factor). */
+static flm_status cfg_persimmon(const cJSON *cfg, const char *path, hf_model *h, flm_error *err) {
+    flm_status st;
+    h->arch = "persimmon";
+    h->pre = "gpt-2"; /* only placeholders: a tokenizer.json is refused unless byte-level (load_vocab) */
+    h->bos = 1;
+    h->eos = 2;
+    h->eps = 1e-5f;
+    h->H_kv = h->H;
+    if ((st = cfg_u32(cfg, path, "intermediate_size", &h->F, err)) ||
+        (st = cfg_u32(cfg, path, "max_position_embeddings", &h->P, err)) ||
+        (st = cfg_eps(cfg, path, "layer_norm_eps", &h->eps, err)) ||
+        (st = cfg_is(cfg, path, "hidden_act", "relu2", err)) || (st = cfg_rope(cfg, path, h, err)))
+        return st;
+    if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "qk_layernorm")))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: qk_layernorm is false: flashlm's persimmon has q/k LayerNorm",
+                        path);
+    h->tied = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
+    return FLM_OK;
+}
+
+static flm_status map_persimmon(hf_mapper *M, const hf_model *h, flm_error *err) {
+    flm_status st;
+    if ((st = map1(M, "model.embed_tokens.weight", "token_embd.weight", h->V, h->d, err)) ||
+        (st = map1(M, "model.final_layernorm.weight", "output_norm.weight", h->d, 0, err)) ||
+        (st = map1(M, "model.final_layernorm.bias", "output_norm.bias", h->d, 0, err)) ||
+        (!h->tied && (st = map1(M, "lm_head.weight", "output.weight", h->V, h->d, err))))
+        return st;
+    static const hf_entry T[] = {
+        {"input_layernorm.weight", "attn_norm.weight", D_D, D_ONE},
+        {"input_layernorm.bias", "attn_norm.bias", D_D, D_ONE},
+        {"self_attn.query_key_value.weight", "attn_qkv.weight", D_QKV, D_D},
+        {"self_attn.query_key_value.bias", "attn_qkv.bias", D_QKV, D_ONE},
+        {"self_attn.q_layernorm.weight", "attn_q_norm.weight", D_HD, D_ONE},
+        {"self_attn.q_layernorm.bias", "attn_q_norm.bias", D_HD, D_ONE},
+        {"self_attn.k_layernorm.weight", "attn_k_norm.weight", D_HD, D_ONE},
+        {"self_attn.k_layernorm.bias", "attn_k_norm.bias", D_HD, D_ONE},
+        {"self_attn.dense.weight", "attn_output.weight", D_D, D_Q},
+        {"self_attn.dense.bias", "attn_output.bias", D_D, D_ONE},
+        {"post_attention_layernorm.weight", "ffn_norm.weight", D_D, D_ONE},
+        {"post_attention_layernorm.bias", "ffn_norm.bias", D_D, D_ONE},
+        {"mlp.dense_h_to_4h.weight", "ffn_up.weight", D_F, D_D},
+        {"mlp.dense_h_to_4h.bias", "ffn_up.bias", D_F, D_ONE},
+        {"mlp.dense_4h_to_h.weight", "ffn_down.weight", D_D, D_F},
+        {"mlp.dense_4h_to_h.bias", "ffn_down.bias", D_D, D_ONE},
+    };
+    return map_layers(M, h, "model.layers.%u.", T, sizeof T / sizeof T[0], err);
+}
+
+/* The architectures a folder may hold, by config.json's model_type. */
+static const struct hf_arch {
+    const char *model_type;
+    flm_status (*cfg)(const cJSON *, const char *, hf_model *, flm_error *);
+    flm_status (*map)(hf_mapper *, const hf_model *, flm_error *);
+    size_t per_layer; /* tensors per layer at most */
+} hf_archs[] = {
+    {"opt", cfg_opt, map_opt, 16},
+    {"falcon", cfg_falcon, map_falcon, 6},
+    {"phi", cfg_phi, map_phi, 14},
+    {"persimmon", cfg_persimmon, map_persimmon, 16},
+};
+
 flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst, uint32_t type, flm_error *err) {
     flm_error_clear(err);
     if (type != FLM_TYPE_F32 && type != FLM_TYPE_F16 && type != FLM_TYPE_Q8_0)
@@ -282,123 +682,52 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     if (st) return st;
     flm_st_set *set = NULL;
     hf_vocab voc = {0};
-    hf_map *maps = NULL;
+    hf_mapper M = {0};
     flm_gguf_writer *w = NULL;
     float *row = NULL;
     void *orow = NULL;
-    uint32_t d = 0, F = 0, L = 0, H = 0, P = 0, V = 0;
+    hf_model h = {0};
+    const struct hf_arch *A = NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
-    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "opt") != 0) {
+    for (size_t i = 0; cJSON_IsString(mt) && i < sizeof hf_archs / sizeof hf_archs[0]; i++)
+        if (!strcmp(mt->valuestring, hf_archs[i].model_type)) A = &hf_archs[i];
+    if (!A) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported from a Hugging Face folder "
-                      "(only opt; convert others with llama.cpp's convert_hf_to_gguf.py)", path,
+                      "(opt, falcon, phi, persimmon; convert others with llama.cpp's convert_hf_to_gguf.py)", path,
                       cJSON_IsString(mt) ? mt->valuestring : "(missing)");
         goto done;
     }
-    if ((st = cfg_u32(cfg, path, "hidden_size", &d, err)) || (st = cfg_u32(cfg, path, "ffn_dim", &F, err)) ||
-        (st = cfg_u32(cfg, path, "num_hidden_layers", &L, err)) ||
-        (st = cfg_u32(cfg, path, "num_attention_heads", &H, err)) ||
-        (st = cfg_u32(cfg, path, "max_position_embeddings", &P, err)) ||
-        (st = cfg_u32(cfg, path, "vocab_size", &V, err)))
+    if ((st = cfg_u32(cfg, path, "hidden_size", &h.d, err)) ||
+        (st = cfg_u32(cfg, path, "num_hidden_layers", &h.L, err)) ||
+        (st = cfg_u32(cfg, path, "num_attention_heads", &h.H, err)) || (st = cfg_u32(cfg, path, "vocab_size", &h.V, err)))
         goto done;
-    if (d % H) {
-        st = flm_fail(err, FLM_ERR_FORMAT, "%s: hidden_size %u is not a multiple of num_attention_heads %u", path, d,
-                      H);
+    if (h.d % h.H) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: hidden_size %u is not a multiple of num_attention_heads %u", path, h.d,
+                      h.H);
         goto done;
     }
-    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(cfg, "do_layer_norm_before");
-    if (cJSON_IsFalse(ln)) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: do_layer_norm_before is false (post-LN, as OPT-350M): not "
-                      "supported yet; flashlm runs pre-LN OPT", path);
+    if ((st = A->cfg(cfg, path, &h, err))) goto done;
+    if (!h.H_kv || h.H % h.H_kv) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u attention heads are not a multiple of %u key/value heads", path, h.H,
+                      h.H_kv);
         goto done;
     }
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(cfg, "_remove_final_layer_norm");
-    if (cJSON_IsTrue(rf)) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: _remove_final_layer_norm is true: not supported", path);
-        goto done;
-    }
-    uint32_t wp = d;
-    if (cJSON_GetObjectItemCaseSensitive(cfg, "word_embed_proj_dim") &&
-        (st = cfg_u32(cfg, path, "word_embed_proj_dim", &wp, err)))
-        goto done;
-    if (wp != d) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: word_embed_proj_dim %u differs from hidden_size %u: OPT's "
-                      "project_in/project_out are not supported yet", path, wp, d);
-        goto done;
-    }
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(cfg, "activation_function");
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "relu") != 0)) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: activation_function '%s' is not supported (relu)", path,
-                      cJSON_IsString(act) ? act->valuestring : "?");
-        goto done;
-    }
-    const cJSON *ea = cJSON_GetObjectItemCaseSensitive(cfg, "layer_norm_elementwise_affine");
-    const cJSON *eb = cJSON_GetObjectItemCaseSensitive(cfg, "enable_bias");
-    if (cJSON_IsFalse(ea) || cJSON_IsFalse(eb)) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer_norm_elementwise_affine or enable_bias is false: not "
-                      "supported (OPT's defaults are true)", path);
-        goto done;
-    }
-    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings");
-    const bool tied = !cJSON_IsFalse(tie);
-    uint32_t bos = 2, eos = 2;
     const cJSON *jb = cJSON_GetObjectItemCaseSensitive(cfg, "bos_token_id");
     const cJSON *je = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id");
-    if (cJSON_IsNumber(jb) && jb->valuedouble >= 0 && jb->valuedouble < V) bos = (uint32_t)jb->valuedouble;
-    if (cJSON_IsNumber(je) && je->valuedouble >= 0 && je->valuedouble < V) eos = (uint32_t)je->valuedouble;
+    if (cJSON_IsNumber(jb) && jb->valuedouble >= 0 && jb->valuedouble < h.V) h.bos = (uint32_t)jb->valuedouble;
+    if (cJSON_IsNumber(je) && je->valuedouble >= 0 && je->valuedouble < h.V) h.eos = (uint32_t)je->valuedouble;
 
     if ((st = flm_st_open_dir(dir, &set, err))) goto done;
     bool have_tok = false;
-    if ((st = load_vocab(tok_dir ? tok_dir : dir, V, &voc, &have_tok, err))) goto done;
+    if ((st = load_vocab(tok_dir ? tok_dir : dir, h.V, &voc, &have_tok, err))) goto done;
+    if (!have_tok && strcmp(h.pre, "falcon") == 0) h.pre = "gpt-2"; /* placeholders only: any pre-tokenizer reads */
 
     /* the tensor map */
-    const size_t n_max = 6 + (size_t)L * 16;
-    maps = calloc(n_max, sizeof *maps);
-    if (!maps) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto done; }
-    size_t nm = 0;
-    const uint32_t wt = type; /* matrices */
-#define MAP(hf, gg, rows, cols, ty)                                                                               \
-    do {                                                                                                         \
-        hf_map *m_ = &maps[nm];                                                                                  \
-        if ((st = want(set, dir, hf, rows, cols, &m_->t, err))) goto done;                                       \
-        snprintf(m_->gguf, sizeof m_->gguf, "%s", gg);                                                           \
-        m_->n_dims = (cols) ? 2 : 1;                                                                             \
-        m_->ne[0] = (cols) ? (cols) : (rows);                                                                    \
-        m_->ne[1] = (cols) ? (rows) : 1;                                                                         \
-        m_->type = (cols) ? (ty) : FLM_TYPE_F32;                                                                 \
-        nm++;                                                                                                    \
-    } while (0)
-    MAP("model.decoder.embed_tokens.weight", "token_embd.weight", V, d, wt);
-    MAP("model.decoder.embed_positions.weight", "position_embd.weight", (uint64_t)P + 2, d, FLM_TYPE_F32);
-    maps[nm - 1].skip_rows = 2;
-    maps[nm - 1].ne[1] = P;
-    MAP("model.decoder.final_layer_norm.weight", "output_norm.weight", d, 0, 0);
-    MAP("model.decoder.final_layer_norm.bias", "output_norm.bias", d, 0, 0);
-    if (!tied && flm_st_set_find(set, "lm_head.weight")) MAP("lm_head.weight", "output.weight", V, d, wt);
-    for (uint32_t l = 0; l < L; l++) {
-        char hf[128], gg[96];
-        static const struct { const char *hf, *gg; int kind; } T[] = {
-            {"self_attn_layer_norm.weight", "attn_norm.weight", 0}, {"self_attn_layer_norm.bias", "attn_norm.bias", 0},
-            {"self_attn.q_proj.weight", "attn_q.weight", 1},        {"self_attn.q_proj.bias", "attn_q.bias", 0},
-            {"self_attn.k_proj.weight", "attn_k.weight", 1},        {"self_attn.k_proj.bias", "attn_k.bias", 0},
-            {"self_attn.v_proj.weight", "attn_v.weight", 1},        {"self_attn.v_proj.bias", "attn_v.bias", 0},
-            {"self_attn.out_proj.weight", "attn_output.weight", 1}, {"self_attn.out_proj.bias", "attn_output.bias", 0},
-            {"final_layer_norm.weight", "ffn_norm.weight", 0},      {"final_layer_norm.bias", "ffn_norm.bias", 0},
-            {"fc1.weight", "ffn_up.weight", 2},                     {"fc1.bias", "ffn_up.bias", 3},
-            {"fc2.weight", "ffn_down.weight", 4},                   {"fc2.bias", "ffn_down.bias", 0},
-        };
-        for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
-            snprintf(hf, sizeof hf, "model.decoder.layers.%u.%s", l, T[i].hf);
-            snprintf(gg, sizeof gg, "blk.%u.%s", l, T[i].gg);
-            switch (T[i].kind) {
-            case 0: MAP(hf, gg, d, 0, 0); break;
-            case 1: MAP(hf, gg, d, d, wt); break;
-            case 2: MAP(hf, gg, F, d, wt); break;
-            case 3: MAP(hf, gg, F, 0, 0); break;
-            default: MAP(hf, gg, d, F, wt); break;
-            }
-        }
-    }
-#undef MAP
+    M = (hf_mapper){.set = set, .dir = dir, .cap = 8 + (size_t)h.L * A->per_layer, .wt = type};
+    if (!(M.maps = calloc(M.cap, sizeof *M.maps))) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto done; }
+    if ((st = A->map(&M, &h, err))) goto done;
+    const hf_map *maps = M.maps;
+    const size_t nm = M.n;
     for (size_t i = 0; i < nm; i++)
         if (maps[i].type == FLM_TYPE_Q8_0 && maps[i].ne[0] % 32) {
             st = flm_fail(err, FLM_ERR_ARG, "%s: --type q8_0 needs rows of a multiple of 32 elements; '%s' has %llu",
@@ -408,23 +737,31 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
 
     /* the GGUF */
     if ((st = flm_gguf_writer_create(dst, &w, err))) goto done;
-    flm_gguf_writer_kv_str(w, "general.architecture", "opt");
-    flm_gguf_writer_kv_str(w, "general.name", "opt (from a Hugging Face folder)");
-    flm_gguf_writer_kv_u32(w, "opt.embedding_length", d);
-    flm_gguf_writer_kv_u32(w, "opt.feed_forward_length", F);
-    flm_gguf_writer_kv_u32(w, "opt.block_count", L);
-    flm_gguf_writer_kv_u32(w, "opt.attention.head_count", H);
-    flm_gguf_writer_kv_u32(w, "opt.context_length", P);
-    flm_gguf_writer_kv_f32(w, "opt.attention.layer_norm_epsilon", 1e-5f); /* nn.LayerNorm's default: OPT's */
+    char key[96], name[128];
+#define AKEY(s) (snprintf(key, sizeof key, "%s.%s", h.arch, s), key)
+    snprintf(name, sizeof name, "%s (from a Hugging Face folder)", h.arch);
+    flm_gguf_writer_kv_str(w, "general.architecture", h.arch);
+    flm_gguf_writer_kv_str(w, "general.name", name);
+    flm_gguf_writer_kv_u32(w, AKEY("embedding_length"), h.d);
+    flm_gguf_writer_kv_u32(w, AKEY("feed_forward_length"), h.F);
+    flm_gguf_writer_kv_u32(w, AKEY("block_count"), h.L);
+    flm_gguf_writer_kv_u32(w, AKEY("attention.head_count"), h.H);
+    if (h.H_kv != h.H) flm_gguf_writer_kv_u32(w, AKEY("attention.head_count_kv"), h.H_kv);
+    flm_gguf_writer_kv_u32(w, AKEY("context_length"), h.P);
+    flm_gguf_writer_kv_f32(w, AKEY("attention.layer_norm_epsilon"), h.eps);
+    if (h.rope_theta > 0) flm_gguf_writer_kv_f32(w, AKEY("rope.freq_base"), h.rope_theta);
+    if (h.rope_dim) flm_gguf_writer_kv_u32(w, AKEY("rope.dimension_count"), h.rope_dim);
+#undef AKEY
     flm_gguf_writer_kv_str(w, "tokenizer.ggml.model", "gpt2");
-    flm_gguf_writer_kv_str(w, "tokenizer.ggml.pre", "gpt-2");
-    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, voc.tokens, V);
-    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, voc.types, V);
+    flm_gguf_writer_kv_str(w, "tokenizer.ggml.pre", h.pre);
+    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, voc.tokens, h.V);
+    flm_gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, voc.types, h.V);
     flm_gguf_writer_kv_arr(w, "tokenizer.ggml.merges", GGUF_VT_STRING, voc.merges ? (const void *)voc.merges
                                                                                   : (const void *)"", voc.n_merges);
-    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", bos);
-    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", eos);
-    flm_gguf_writer_kv_bool(w, "tokenizer.ggml.add_bos_token", true); /* OPT's tokenizer prepends </s> (BOS) */
+    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", h.bos);
+    flm_gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", h.eos);
+    /* OPT's tokenizer prepends </s> (BOS); the others' add none */
+    flm_gguf_writer_kv_bool(w, "tokenizer.ggml.add_bos_token", strcmp(h.arch, "opt") == 0);
     for (size_t i = 0; i < nm; i++)
         if ((st = flm_gguf_writer_add_tensor(w, maps[i].gguf, maps[i].type, maps[i].n_dims, maps[i].ne))) {
             st = flm_fail(err, st, "%s: cannot add tensor '%s'", dst, maps[i].gguf);
@@ -432,12 +769,13 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
         }
     if ((st = flm_gguf_writer_begin(w, err))) goto done;
     /* the writer takes a tensor in one piece: the largest one's output bytes */
-    size_t big = 0;
+    size_t big = 0, widest = 0;
     for (size_t i = 0; i < nm; i++) {
         size_t b = flm_row_bytes(maps[i].type, maps[i].ne[0]) * (size_t)maps[i].ne[1];
         if (b > big) big = b;
+        if (maps[i].ne[0] > widest) widest = (size_t)maps[i].ne[0];
     }
-    row = malloc((size_t)(d > F ? d : F) * sizeof *row);
+    row = malloc((widest ? widest : 1) * sizeof *row);
     orow = malloc(big ? big : 1);
     if (!row || !orow) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory (%zu bytes)", dst, big); goto done; }
     for (size_t i = 0; i < nm && !st; i++) {
@@ -451,8 +789,8 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
             if (m->type == FLM_TYPE_F32) memcpy(o, row, n_in * 4);
             else if (m->type == FLM_TYPE_F16)
                 for (uint64_t j = 0; j < n_in; j++) {
-                    uint16_t h = flm_f32_to_f16(row[j]);
-                    memcpy(o + j * 2, &h, 2);
+                    uint16_t hh = flm_f32_to_f16(row[j]);
+                    memcpy(o + j * 2, &hh, 2);
                 }
             else if (!flm_quantize_row(m->type, row, o, n_in))
                 st = flm_fail(err, FLM_ERR_ARG, "%s: cannot quantize '%s'", dir, m->t->name);
@@ -464,7 +802,7 @@ done:
     if (w) flm_gguf_writer_free(w);
     free(row);
     free(orow);
-    free(maps);
+    free(M.maps);
     vocab_free(&voc);
     flm_st_set_close(set);
     cJSON_Delete(cfg);

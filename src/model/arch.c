@@ -18,6 +18,25 @@ static const flm_arch archs[] = {
        FFN, ungated ReLU FFN. llama.cpp has no OPT converter: `flashlm convert HF_DIR` writes its GGUF. */
     {.name = "opt", .flags = FLM_ARCH_QKV_BIAS | FLM_ARCH_O_BIAS | FLM_ARCH_FFN_BIAS, .norm = FLM_NORM_LAYER,
      .pos = FLM_POS_LEARNED, .act = FLM_ACT_RELU},
+    /* Falcon 7B (transformers' modeling_falcon.py with parallel_attn, multi_query, no bias, no alibi; llama.cpp
+       LLM_ARCH_FALCON): LayerNorm with bias, one norm feeding attention and FFN in parallel, fused attn_qkv of
+       n_heads q heads then one k and one v head (head_count_kv 1: multi-query attention), NEOX RoPE, ungated FFN
+       with exact (erf) GELU as transformers' "gelu" (llama.cpp's ggml_gelu is the tanh approximation; the two differ
+       by up to ~2e-4 per activation), no biases. Falcon 40B's second norm (attn_norm_2) is refused (model.c). */
+    {.name = "falcon", .flags = FLM_ARCH_PARALLEL, .norm = FLM_NORM_LAYER, .rope = FLM_ROPE_NEOX,
+     .act = FLM_ACT_GELU_ERF, .qkv = FLM_QKV_CONCAT},
+    /* Phi-2 (transformers' modeling_phi.py; llama.cpp LLM_ARCH_PHI2): LayerNorm with bias, parallel attention and
+       FFN from one norm, biases on q, k, v, the output, the FFN and the classifier, partial NEOX RoPE (the first
+       rope.dimension_count = head_dim * partial_rotary_factor dimensions of each head), ungated tanh-GELU
+       (gelu_new) */
+    {.name = "phi2", .flags = FLM_ARCH_PARALLEL | FLM_ARCH_QKV_BIAS | FLM_ARCH_O_BIAS | FLM_ARCH_FFN_BIAS |
+                               FLM_ARCH_OUT_BIAS,
+     .norm = FLM_NORM_LAYER, .rope = FLM_ROPE_NEOX, .act = FLM_ACT_GELU_TANH, .qkv = FLM_QKV_CONCAT},
+    /* Persimmon (transformers' modeling_persimmon.py; llama.cpp LLM_ARCH_PERSIMMON): sequential, LayerNorm with bias,
+       fused attn_qkv interleaved per head with its bias, LayerNorm with bias on each head of q and k, partial NEOX
+       RoPE, biases on the output and the FFN, ungated squared ReLU */
+    {.name = "persimmon", .flags = FLM_ARCH_QK_NORM | FLM_ARCH_QKV_BIAS | FLM_ARCH_O_BIAS | FLM_ARCH_FFN_BIAS,
+     .norm = FLM_NORM_LAYER, .rope = FLM_ROPE_NEOX, .act = FLM_ACT_RELU2, .qkv = FLM_QKV_PER_HEAD},
 };
 
 const flm_arch *flm_arch_find(const char *name) {
@@ -26,4 +45,4 @@ const flm_arch *flm_arch_find(const char *name) {
     return NULL;
 }
 
-const char *flm_arch_names(void) { return "llama, qwen2, gemma3, opt"; }
+const char *flm_arch_names(void) { return "llama, qwen2, gemma3, opt, falcon, phi2, persimmon"; }

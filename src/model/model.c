@@ -144,6 +144,65 @@ static flm_status bind_opt(const flm_gguf_file *f, const char *name, uint64_t n,
     return bind(f, name, n, 1, true, w, err);
 }
 
+/* Rows first .. first + n - 1 of w (a view into the same bytes). */
+static flm_weight row_range(const flm_weight *w, uint64_t first, uint64_t n) {
+    flm_weight v = *w;
+    v.n_out = n;
+    if (w->data) v.data = (const uint8_t *)w->data + (size_t)(first * flm_row_bytes(w->type, w->n_in));
+    return v;
+}
+
+/* Layer l's q, k and v projections (and their biases): attn_q, attn_k, attn_v, or a fused attn_qkv (llama.cpp's
+ * falcon, phi2 and persimmon files) in the architecture's row order (arch.h, flm_qkv_layout). */
+static flm_status bind_qkv(const flm_gguf_file *f, const flm_hparams *hp, uint32_t l, flm_layer_weights *L,
+                           flm_error *err) {
+    const flm_arch *a = hp->arch;
+    const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    const bool bias = a->flags & FLM_ARCH_QKV_BIAS;
+    char name[96];
+    flm_status st;
+    snprintf(name, sizeof name, "blk.%u.attn_qkv.weight", l);
+    if (flm_gguf_find_tensor(f, name)) {
+        flm_weight w, b = {0};
+        if ((st = bind(f, name, hp->d_model, q_dim + 2 * kv_dim, false, &w, err))) return st;
+        snprintf(name, sizeof name, "blk.%u.attn_qkv.bias", l);
+        if ((st = bias ? bind(f, name, q_dim + 2 * kv_dim, 1, true, &b, err)
+                       : bind_opt(f, name, q_dim + 2 * kv_dim, &b, err)))
+            return st;
+        if (a->qkv == FLM_QKV_PER_HEAD) {
+            if (hp->n_kv_heads != hp->n_heads)
+                return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: a %s attn_qkv is interleaved per head and needs as many "
+                                "key/value heads as heads (%u, not %u)", f->path, a->name, hp->n_heads,
+                                hp->n_kv_heads);
+            L->wqkv = w;
+            L->bqkv = b;
+            return FLM_OK;
+        }
+        /* a bias vector is one row of n_out values: its elements are the rows' */
+        L->wq = row_range(&w, 0, q_dim);
+        L->wk = row_range(&w, q_dim, kv_dim);
+        L->wv = row_range(&w, q_dim + kv_dim, kv_dim);
+        if (b.data) {
+            const float *bv = b.data;
+            L->bq = (flm_weight){FLM_TYPE_F32, q_dim, 1, bv};
+            L->bk = (flm_weight){FLM_TYPE_F32, kv_dim, 1, bv + q_dim};
+            L->bv = (flm_weight){FLM_TYPE_F32, kv_dim, 1, bv + q_dim + kv_dim};
+        }
+        return FLM_OK;
+    }
+    static const char *const part[3] = {"attn_q", "attn_k", "attn_v"};
+    flm_weight *W[3] = {&L->wq, &L->wk, &L->wv}, *B[3] = {&L->bq, &L->bk, &L->bv};
+    for (int i = 0; i < 3; i++) {
+        const uint64_t rows = i ? kv_dim : q_dim;
+        snprintf(name, sizeof name, "blk.%u.%s.weight", l, part[i]);
+        if ((st = bind(f, name, hp->d_model, rows, false, W[i], err))) return st;
+        snprintf(name, sizeof name, "blk.%u.%s.bias", l, part[i]);
+        /* the architecture's biases are required; llama files may carry optional ones too */
+        if ((st = bias ? bind(f, name, rows, 1, true, B[i], err) : bind_opt(f, name, rows, B[i], err))) return st;
+    }
+    return FLM_OK;
+}
+
 /* Bind the tensors of f into m (names as in llama.cpp's GGUF files); FFN matrices only when !ffn_external. */
 static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_model *m, flm_error *err) {
     flm_status st;
@@ -151,7 +210,7 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     const flm_hparams *hp = &m->hp;
     const flm_arch *a = hp->arch;
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
-    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
         (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
         return st;
@@ -166,6 +225,12 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     } else {
         m->output = m->tok_embd; /* tied */
     }
+    if ((a->flags & FLM_ARCH_OUT_BIAS) && (st = bind(f, "output.bias", hp->n_vocab, 1, true, &m->output_b, err)))
+        return st;
+    if (!strcmp(a->name, "falcon") && flm_gguf_find_tensor(f, "blk.0.attn_norm_2.weight"))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: Falcon with a second attention norm (attn_norm_2: the 40B "
+                        "layout, new_decoder_architecture) is not supported; flashlm runs Falcon 7B's layout",
+                        f->path);
     m->layers = calloc(hp->n_layers, sizeof *m->layers);
     if (!m->layers) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -178,11 +243,14 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     snprintf(name, sizeof name, "blk.%u." suffix, l);                                                            \
     if ((st = bind(f, name, n, 1, true, &L->field, err))) return st;
         BIND(attn_norm, "attn_norm", hp->d_model, 1, true)
-        BIND(wq, "attn_q", hp->d_model, q_dim, false)
-        BIND(wk, "attn_k", hp->d_model, kv_dim, false)
-        BIND(wv, "attn_v", hp->d_model, kv_dim, false)
+        if ((st = bind_qkv(f, hp, l, L, err))) return st;
         BIND(wo, "attn_output", q_dim, hp->d_model, false)
-        BIND(ffn_norm, "ffn_norm", hp->d_model, 1, true)
+        /* parallel archs may have no FFN norm (Falcon 7B, Phi-2): the FFN then reads attn_norm's output */
+        snprintf(name, sizeof name, "blk.%u.ffn_norm.weight", l);
+        const bool ffn_norm = !(a->flags & FLM_ARCH_PARALLEL) || flm_gguf_find_tensor(f, name);
+        if (ffn_norm) {
+            BIND(ffn_norm, "ffn_norm", hp->d_model, 1, true)
+        }
         if (!ffn_external) {
             BIND(ffn_up, "ffn_up", hp->d_model, hp->d_ffn, false)
             snprintf(name, sizeof name, "blk.%u.ffn_gate.weight", l);
@@ -194,22 +262,13 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
             }
             BIND(ffn_down, "ffn_down", hp->d_ffn, hp->d_model, false)
         }
-        if (a->flags & FLM_ARCH_QKV_BIAS) {
-            BIND_REQ(bq, "attn_q.bias", q_dim)
-            BIND_REQ(bk, "attn_k.bias", kv_dim)
-            BIND_REQ(bv, "attn_v.bias", kv_dim)
-        } else {
-            /* llama files may carry optional biases too */
-            snprintf(name, sizeof name, "blk.%u.attn_q.bias", l);
-            if ((st = bind_opt(f, name, q_dim, &L->bq, err))) return st;
-            snprintf(name, sizeof name, "blk.%u.attn_k.bias", l);
-            if ((st = bind_opt(f, name, kv_dim, &L->bk, err))) return st;
-            snprintf(name, sizeof name, "blk.%u.attn_v.bias", l);
-            if ((st = bind_opt(f, name, kv_dim, &L->bv, err))) return st;
-        }
         if (a->flags & FLM_ARCH_QK_NORM) {
             BIND_REQ(q_norm, "attn_q_norm.weight", hp->head_dim)
             BIND_REQ(k_norm, "attn_k_norm.weight", hp->head_dim)
+            if (a->norm == FLM_NORM_LAYER) {
+                BIND_REQ(q_norm_b, "attn_q_norm.bias", hp->head_dim)
+                BIND_REQ(k_norm_b, "attn_k_norm.bias", hp->head_dim)
+            }
         }
         if (a->flags & FLM_ARCH_POST_NORMS) {
             BIND_REQ(post_attn_norm, "post_attention_norm.weight", hp->d_model)
@@ -217,7 +276,9 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
         }
         if (a->norm == FLM_NORM_LAYER) {
             BIND_REQ(attn_norm_b, "attn_norm.bias", hp->d_model)
-            BIND_REQ(ffn_norm_b, "ffn_norm.bias", hp->d_model)
+            if (ffn_norm) {
+                BIND_REQ(ffn_norm_b, "ffn_norm.bias", hp->d_model)
+            }
         }
         if (a->flags & FLM_ARCH_O_BIAS) {
             BIND_REQ(bo, "attn_output.bias", hp->d_model)

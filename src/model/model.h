@@ -46,6 +46,11 @@ typedef struct flm_layer_weights {
     /* optional (data NULL when the architecture has none), all f32 */
     flm_weight bq, bk, bv;                /* FLM_ARCH_QKV_BIAS: [q_dim], [kv_dim], [kv_dim] */
     flm_weight q_norm, k_norm;            /* FLM_ARCH_QK_NORM: [head_dim] each */
+    flm_weight q_norm_b, k_norm_b;        /* FLM_ARCH_QK_NORM with LayerNorm: their biases, [head_dim] each */
+    flm_weight wqkv, bqkv;                /* a fused attn_qkv in FLM_QKV_PER_HEAD order, [d_model -> 3 q_dim] and
+                                             [3 q_dim] (bqkv: data NULL without a bias); wq, wk, wv, bq, bk, bv are then
+                                             unbound. A FLM_QKV_CONCAT one is bound as wq, wk, wv (bq, bk, bv): row
+                                             ranges of the one tensor, these two unbound */
     flm_weight post_attn_norm, post_ffn_norm; /* FLM_ARCH_POST_NORMS: [d_model] each */
     flm_weight attn_norm_b, ffn_norm_b;   /* FLM_NORM_LAYER: the norms' biases, [d_model] each */
     flm_weight bo;                        /* FLM_ARCH_O_BIAS: [d_model] */
@@ -61,6 +66,7 @@ typedef struct flm_model {
     flm_weight output_norm_b;  /* FLM_NORM_LAYER: [d_model] f32, else data NULL */
     flm_weight pos_embd;       /* FLM_POS_LEARNED: [n_ctx_train rows of d_model], else data NULL */
     flm_weight output;         /* [n_vocab rows of d_model]; equals tok_embd when tied */
+    flm_weight output_b;       /* FLM_ARCH_OUT_BIAS: [n_vocab] f32, else data NULL */
     flm_layer_weights *layers; /* n_layers */
     flm_tokenizer *tok;
     flm_gguf_file *gguf;           /* owner of the weight bytes when loaded from GGUF */

@@ -5,18 +5,23 @@
  *   x_t  = E[token_t] * (sqrt(d_model) if EMBD_SCALE) (+ P[pos + t] if learned positions)   E row: memory or flash
  *   for each layer:
  *     h_t       = norm(x_t) * attn_norm (+ attn_norm_b)          norm: RMSNorm, or LayerNorm with bias
- *     q, k, v   = Wq h_t + bq,  Wk h_t + bk,  Wv h_t + bv          biases where the model has them (Qwen2)
- *     q, k      = rmsnorm per head * q_norm, k_norm               Gemma 3
- *     q, k      = rope(q, k, pos + t)                              normal or NEOX order; local base on SWA layers
+ *     q, k, v   = Wq h_t + bq,  Wk h_t + bk,  Wv h_t + bv          biases where the model has them (Qwen2); a fused
+ *                                                                 attn_qkv as row ranges, or head by head (Persimmon)
+ *     q, k      = norm per head * q_norm, k_norm (+ biases)       Gemma 3: RMSNorm; Persimmon: LayerNorm
+ *     q, k      = rope(q, k, pos + t)                              normal or NEOX order, on each head's first rope_dim
+ *                                                                 dimensions (partial: Phi-2, Persimmon); local base
+ *                                                                 on SWA layers; one k/v head for all: multi-query
  *     K, V[pos + t] = k, v                                         the KV cache, f16 (as llama.cpp) or f32
  *     a_t       = Wo attention(q, K[first..pos+t], V[...]) + bo    first = pos + t - n_swa + 1 on SWA layers, else 0
  *     x_t      += post_attn_norm ? rmsnorm(a_t) * post_attn_norm : a_t
  *     h_t       = norm(x_t) * ffn_norm (+ ffn_norm_b)             parallel archs: of x_t before the line above
- *     f_t       = down(act(gate h_t) * (up h_t))                  act: SiLU, tanh-GELU or ReLU; ungated act(up h_t);
+ *                                                                 (and attn_norm when there is no ffn_norm)
+ *     f_t       = down(act(gate h_t) * (up h_t))                  act: SiLU, tanh- or erf-GELU, ReLU, squared ReLU;
+ *                                                                 ungated act(up h_t);
  *                                                                 by the mode's FFN source (ffn_source.h);
  *                                                                 FFN biases (OPT): up h_t + b_up, then f_t + b_down
  *     x_t      += post_ffn_norm ? rmsnorm(f_t) * post_ffn_norm : f_t
- *   logits_t = W_out (norm(x_t) * output_norm (+ output_norm_b))  every token's, or the last one's
+ *   logits_t = W_out (norm(x_t) * output_norm (+ output_norm_b)) (+ b_out)   every token's, or the last one's
  *
  * One token (n = 1) runs on the single-token scratch and its matrices as matrix-vector products (flm_matvec); a batch
  * runs on the batch scratch with matrix-matrix products (flm_matmat: each resident weight row read once for the
@@ -44,11 +49,16 @@ static void add_bias(float *y, const flm_weight *b, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) y[i] += v[i];
 }
 
-/* RMSNorm of each of n_heads heads of head_dim floats, in place, with weight w[head_dim] (Gemma's q/k norms) */
-static void head_norm(float *v, const flm_weight *w, uint32_t n_heads, uint32_t head_dim, float eps) {
+/* The norm of each of n_heads heads of head_dim floats, in place, with weight w[head_dim]: RMSNorm (Gemma's q/k norms),
+ * or LayerNorm with bias b[head_dim] (Persimmon's; b->data may be NULL) */
+static void head_norm(float *v, const flm_weight *w, const flm_weight *b, bool layer, uint32_t n_heads,
+                      uint32_t head_dim, float eps) {
     if (!w->data) return;
-    for (uint32_t h = 0; h < n_heads; h++) flm_rmsnorm(v + (size_t)h * head_dim, v + (size_t)h * head_dim, w->data,
-                                                       head_dim, eps);
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        if (layer) flm_layernorm(x, x, w->data, b->data, head_dim, eps);
+        else flm_rmsnorm(x, x, w->data, head_dim, eps);
+    }
 }
 
 /* true when none of v[0..n) is NaN or Inf (exponent bits all ones) */
@@ -104,6 +114,29 @@ void flm_pass_linear(const flm_pass *P, const flm_weight *W, const flm_weight *b
         for (uint32_t t = 0; t < P->n; t++) add_bias(out + t * out_stride, b, (uint32_t)rows);
 }
 
+void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in, size_t in_stride, float *q, float *k,
+                  float *v) {
+    const flm_hparams *hp = P->hp;
+    const size_t d = hp->d_model, hd = hp->head_dim, q_dim = (size_t)hp->n_heads * hd,
+                 kv_dim = (size_t)hp->n_kv_heads * hd;
+    if (!L->wqkv.data) {
+        flm_pass_linear(P, &L->wq, &L->bq, q_dim, d, in, in_stride, q, q_dim);
+        flm_pass_linear(P, &L->wk, &L->bk, kv_dim, d, in, in_stride, k, kv_dim);
+        flm_pass_linear(P, &L->wv, &L->bv, kv_dim, d, in, in_stride, v, kv_dim);
+        return;
+    }
+    /* FLM_QKV_PER_HEAD (n_kv_heads == n_heads, checked at load): head h's q, k, v are rows (3h + j) * hd .. + hd */
+    const size_t row_bytes = flm_row_bytes(L->wqkv.type, L->wqkv.n_in);
+    float *out[3] = {q, k, v};
+    for (uint32_t h = 0; h < hp->n_heads; h++)
+        for (int j = 0; j < 3; j++) {
+            const size_t first = ((size_t)h * 3 + (size_t)j) * hd;
+            const flm_weight W = {L->wqkv.type, L->wqkv.n_in, hd, (const uint8_t *)L->wqkv.data + first * row_bytes};
+            const flm_weight B = {FLM_TYPE_F32, hd, 1, L->bqkv.data ? (const float *)L->bqkv.data + first : NULL};
+            flm_pass_linear(P, &W, &B, hd, d, in, in_stride, out[j] + (size_t)h * hd, j ? kv_dim : q_dim);
+        }
+}
+
 void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
                         const float *v, float *out, size_t out_stride) {
     const flm_hparams *hp = P->hp;
@@ -113,8 +146,9 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
     for (uint32_t t = 0; t < P->n; t++) {
         float *qt = q + t * q_dim, *kt = k + t * kv_dim;
         const uint32_t p = (uint32_t)P->pos + t;
-        head_norm(qt, &L->q_norm, hp->n_heads, hp->head_dim, hp->norm_eps);
-        head_norm(kt, &L->k_norm, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
+        const bool layer = hp->arch->norm == FLM_NORM_LAYER;
+        head_norm(qt, &L->q_norm, &L->q_norm_b, layer, hp->n_heads, hp->head_dim, hp->norm_eps);
+        head_norm(kt, &L->k_norm, &L->k_norm_b, layer, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
         if (rope) {
             flm_rope(qt, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
             flm_rope(kt, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
@@ -228,8 +262,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     flm_scratch *s = &ctx->s;
-    const uint32_t d = hp->d_model, V = hp->n_vocab, q_dim = hp->n_heads * hp->head_dim,
-                   kv_dim = hp->n_kv_heads * hp->head_dim;
+    const uint32_t d = hp->d_model, V = hp->n_vocab, q_dim = hp->n_heads * hp->head_dim;
     const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
     const size_t hs = R->h_stride;
     const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n,
@@ -241,9 +274,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         const flm_layer_weights *L = &m->layers[l];
         /* attention */
         flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->h, hs);
-        flm_pass_linear(&P, &L->wq, &L->bq, q_dim, d, R->h, hs, R->q, q_dim);
-        flm_pass_linear(&P, &L->wk, &L->bk, kv_dim, d, R->h, hs, R->k, kv_dim);
-        flm_pass_linear(&P, &L->wv, &L->bv, kv_dim, d, R->h, hs, R->v, kv_dim);
+        flm_pass_qkv(&P, L, R->h, hs, R->q, R->k, R->v);
         flm_pass_attention(&P, L, l, R->q, R->k, R->v, R->h, hs);
         flm_pass_linear(&P, &L->wo, &L->bo, d, q_dim, R->h, hs, R->o, d);
         if (!all_finite(R->o, n * d)) return not_finite(ctx, "attention", l, err);
@@ -262,7 +293,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     /* logits: every token's (a batch), or the last one's */
     if (logits_all && n > 1) {
         flm_pass_norm(&P, &m->output_norm, &m->output_norm_b, d, R->x, d, R->x, d);
-        flm_pass_linear(&P, &m->output, NULL, V, d, R->x, d, logits_all, V);
+        flm_pass_linear(&P, &m->output, &m->output_b, V, d, R->x, d, logits_all, V);
         if (!all_finite(logits_all, n * V)) return not_finite(ctx, "output", UINT32_MAX, err);
         memcpy(s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
     } else {
@@ -270,7 +301,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         last.n = 1;
         float *x = R->x + (size_t)(n - 1) * d;
         flm_pass_norm(&last, &m->output_norm, &m->output_norm_b, d, x, d, x, d);
-        flm_pass_linear(&last, &m->output, NULL, V, d, x, d, s->logits, V);
+        flm_pass_linear(&last, &m->output, &m->output_b, V, d, x, d, s->logits, V);
         if (!all_finite(s->logits, V)) return not_finite(ctx, "output", UINT32_MAX, err);
         if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
     }

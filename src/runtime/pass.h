@@ -36,8 +36,15 @@ void flm_pass_norm(const flm_pass *P, const flm_weight *w, const flm_weight *b, 
 void flm_pass_linear(const flm_pass *P, const flm_weight *W, const flm_weight *b, size_t rows, size_t cols,
                      const float *in, size_t in_stride, float *out, size_t out_stride);
 
+/* The q, k, v projections of layer L: q [n][q_dim], k and v [n][kv_dim] from in (rows in_stride apart), biases added:
+ * three linear blocks over wq, wk, wv (separate tensors, or row ranges of a fused attn_qkv), or, for a fused attn_qkv
+ * interleaved per head (L->wqkv: FLM_QKV_PER_HEAD, Persimmon), one linear block per head and part over its rows. */
+void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in, size_t in_stride, float *q, float *k,
+                  float *v);
+
 /* The attention block of layer L, given q [n][q_dim], k and v [n][kv_dim] (projected, biases added): each head of q
- * and k RMS-normed when L has q/k norms, RoPE on q and k at their positions (FLM_POS_ROPE; the local base on
+ * and k normed when L has q/k norms (RMSNorm, or LayerNorm with bias for a LayerNorm architecture), RoPE on the first
+ * rope_dim dimensions of each head of q and k at their positions (FLM_POS_ROPE; the local base on
  * sliding-window layers), k and v stored as row (kv_layer, pos + t) of P->kv (q and k are changed in place), then
  * out[t][q_dim] = causal attention over positions first..pos + t (first = pos + t - n_swa + 1 on sliding-window
  * layers, else 0). */
@@ -45,7 +52,8 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
                         const float *v, float *out, size_t out_stride);
 
 /* The FFN activation block, on count = n * d_ffn values: gated (hp->gated) h = act(h) * u, where h holds the gate
- * projection and u the up projection; ungated h = act(u). act: hp->act (SiLU, ReLU, tanh-GELU). */
+ * projection and u the up projection; ungated h = act(u). act: hp->act (compute/act.h: SiLU, ReLU, tanh-GELU,
+ * erf-GELU, squared ReLU). */
 void flm_pass_ffn_act(const flm_hparams *hp, size_t count, float *h, const float *u);
 
 /* The dense FFN block of layer L with resident weights: out[t] = down(act(gate in[t]) * (up in[t])), or
