@@ -22,7 +22,9 @@ static const flm_arch archs[] = {
        LLM_ARCH_FALCON): LayerNorm with bias, one norm feeding attention and FFN in parallel, fused attn_qkv of
        n_heads q heads then one k and one v head (head_count_kv 1: multi-query attention), NEOX RoPE, ungated FFN
        with exact (erf) GELU as transformers' "gelu" (llama.cpp's ggml_gelu is the tanh approximation; the two differ
-       by up to ~2e-4 per activation), no biases. Falcon 40B's second norm (attn_norm_2) is refused (model.c). */
+       by up to 4.7e-4 per activation, at x = -2.7; with tanh the tiny reference model's logits are 2.3e-4 off
+       instead of 6e-7: tests/test_hf_archs.c), no biases. Falcon 40B's second norm (attn_norm_2) is refused
+       (model.c). */
     {.name = "falcon", .flags = FLM_ARCH_PARALLEL, .norm = FLM_NORM_LAYER, .rope = FLM_ROPE_NEOX,
      .act = FLM_ACT_GELU_ERF, .qkv = FLM_QKV_CONCAT},
     /* Phi-2 (transformers' modeling_phi.py; llama.cpp LLM_ARCH_PHI2): LayerNorm with bias, parallel attention and
