@@ -95,13 +95,16 @@ FLM_API flm_status flm_convert_ex(const char *src, const char *dst, uint32_t dow
 /* A Hugging Face model folder into a GGUF file (then flm_open or flm_convert read it). dir holds config.json and
  * model.safetensors, or shards named by model.safetensors.index.json (f32, f16 or bf16 tensors: the parser is
  * src/format/safetensors.h); tok_dir (NULL: dir) holds tokenizer.json (byte-level BPE: model.vocab, model.merges,
- * added_tokens) or vocab.json + merges.txt; ids the tokenizer lacks (or all, without one) become "[UNUSED_i]". Only
- * OPT (model_type "opt", pre-LN, word_embed_proj_dim == hidden_size, relu) so far: the names are mapped onto
- * llama.cpp's (src/convert/hf.c), the positions' offset of 2 folded. type: FLM_TYPE_F32, F16 or Q8_0 for the
+ * added_tokens) or vocab.json + merges.txt; ids the tokenizer lacks (or all, without one) become "[UNUSED_i]"; a
+ * SentencePiece-style tokenizer.json (byte_fallback, Metaspace) is refused. model_type "opt" (pre-LN,
+ * word_embed_proj_dim == hidden_size, relu; the positions' offset of 2 folded), "falcon" (Falcon 7B's layout:
+ * parallel_attn, multi_query, no alibi, no bias, gelu), "phi" (Phi-2: gelu_new, no qk_layernorm) and "persimmon"
+ * (relu2, qk_layernorm); default (unscaled) RoPE only. The names are mapped onto llama.cpp's for opt, falcon, phi2
+ * and persimmon (src/convert/hf.c), fused q/k/v in llama.cpp's row order. type: FLM_TYPE_F32, F16 or Q8_0 for the
  * matrices (norms and biases stay f32). Writes "<dst>.tmp" and renames it when complete. Source: src/convert/hf.c.
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT (config, shapes, the safetensors header: the message names file and tensor),
- * FLM_ERR_UNSUPPORTED (another model_type, post-LN, project_in/out, another activation), FLM_ERR_ARG (type),
- * FLM_ERR_NOMEM. */
+ * FLM_ERR_UNSUPPORTED (another model_type, or a configuration flashlm does not run: the message names the config
+ * key, e.g. post-LN OPT, project_in/out, alibi, another activation, RoPE scaling), FLM_ERR_ARG (type), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst, uint32_t type,
                                   flm_error *err);
 
