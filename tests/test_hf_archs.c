@@ -10,6 +10,10 @@
  * layers resident, the others streamed) from the .flm (bundles):
  *   - the prompt's last logits (the prompt as one batch): max_i |got_i - ref_i| / max_i |ref_i| <= 1e-4;
  *   - the 16 greedy ids (decoding token by token) equal reference.json's greedy_ids.
+ * The models were saved with biases 0 and norm weights 1 (transformers' initialization), which cannot show whether a
+ * bias or a norm weight is applied, or where: each is run again with every bias and norm weight made non-trivial
+ * (tests/hf_perturb.h) against the answers of an independent NumPy forward pass (tests/oracle/hf_numpy.py, which
+ * gives transformers' answers on the unperturbed models within 6.3e-7), hf-tiny/DIR/perturbed.json, the same way.
  * The GGUF's names are llama.cpp's for the architecture (src/llama-arch.cpp, LLM_TENSOR_NAMES), so a GGUF from
  * llama.cpp's own converter loads the same way. Configurations flashlm cannot run are refused with the reason. */
 #include <cjson/cJSON.h>
@@ -23,6 +27,7 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
+#include "hf_perturb.h"
 #include "testutil.h"
 
 typedef struct arch_case {
@@ -30,10 +35,12 @@ typedef struct arch_case {
     const char *arch;     /* general.architecture */
     const char *names[16]; /* llama.cpp's tensor names for it (LLM_TENSOR_NAMES), the blk.N. prefix dropped */
     const char *must[6];  /* tensors this layout needs in the written file */
-    char gguf[4096], flm[4096];
-    int32_t prompt[64], greedy[16];
+    int32_t prompt[64];
     int n_prompt;
-    float ref[1024];
+    /* [0]: the model as saved, against transformers (reference.json); [1]: perturbed, against NumPy (perturbed.json) */
+    char gguf[2][4096], flm[2][4096];
+    int32_t greedy[2][16];
+    float ref[2][1024];
 } arch_case;
 
 static arch_case cases[] = {
@@ -62,41 +69,51 @@ static cJSON *read_json(const char *path) {
     return j;
 }
 
+/* Read a reference (reference.json or perturbed.json): prompt, 16 greedy ids, the prompt's last logits. */
+static int read_ref(const char *path, arch_case *a, int v) {
+    cJSON *r = read_json(path);
+    if (!r) return -1;
+    const cJSON *p = cJSON_GetObjectItem(r, "prompt_ids"), *g = cJSON_GetObjectItem(r, "greedy_ids"),
+                *l = cJSON_GetObjectItem(r, "prompt_last_logits");
+    int np = 0, ng = 0, nl = 0;
+    for (const cJSON *e = p->child; e && np < 64; e = e->next) a->prompt[np++] = e->valueint;
+    for (const cJSON *e = g->child; e && ng < 16; e = e->next) a->greedy[v][ng++] = e->valueint;
+    for (const cJSON *e = l->child; e && nl < 1024; e = e->next) a->ref[v][nl++] = (float)e->valuedouble;
+    cJSON_Delete(r);
+    a->n_prompt = np;
+    return np > 0 && ng == 16 && nl == 1024 ? 0 : -1;
+}
+
 static int setup(void **state) {
     (void)state;
     for (size_t c = 0; c < N_CASES; c++) {
         arch_case *a = &cases[c];
-        char dir[4096], rel[256];
-        snprintf(a->gguf, sizeof a->gguf, "%s", tu_tmp(a->arch, ".gguf"));
-        snprintf(a->flm, sizeof a->flm, "%s", tu_tmp(a->arch, ".flm"));
-        snprintf(rel, sizeof rel, "hf-tiny/%s", a->dir);
-        snprintf(dir, sizeof dir, "%s", tu_data(rel));
-        flm_error err;
-        if (flm_convert_hf(dir, NULL, a->gguf, FLM_TYPE_F32, &err))
-            return fprintf(stderr, "convert_hf %s: %s\n", a->dir, err.msg), -1;
-        if (flm_convert_ex(a->gguf, a->flm, FLM_TYPE_F32, NULL, NULL, NULL, &err))
-            return fprintf(stderr, "convert %s: %s\n", a->dir, err.msg), -1;
-        snprintf(rel, sizeof rel, "hf-tiny/%s/reference.json", a->dir);
-        cJSON *r = read_json(tu_data(rel));
-        if (!r) return -1;
-        const cJSON *p = cJSON_GetObjectItem(r, "prompt_ids"), *g = cJSON_GetObjectItem(r, "greedy_ids"),
-                    *l = cJSON_GetObjectItem(r, "prompt_last_logits");
-        int ng = 0, nl = 0;
-        for (const cJSON *e = p->child; e && a->n_prompt < 64; e = e->next) a->prompt[a->n_prompt++] = e->valueint;
-        for (const cJSON *e = g->child; e && ng < 16; e = e->next) a->greedy[ng++] = e->valueint;
-        for (const cJSON *e = l->child; e && nl < 1024; e = e->next) a->ref[nl++] = (float)e->valuedouble;
-        cJSON_Delete(r);
-        if (a->n_prompt == 0 || ng != 16 || nl != 1024) return -1;
+        for (int v = 0; v < 2; v++) {
+            char dir[4096], rel[256];
+            snprintf(a->gguf[v], sizeof a->gguf[v], "%s", tu_tmp(a->arch, ".gguf"));
+            snprintf(a->flm[v], sizeof a->flm[v], "%s", tu_tmp(a->arch, ".flm"));
+            snprintf(rel, sizeof rel, "hf-tiny/%s", a->dir);
+            snprintf(dir, sizeof dir, "%s", v ? hf_perturbed_folder(a->dir) : tu_data(rel));
+            flm_error err;
+            if (flm_convert_hf(dir, NULL, a->gguf[v], FLM_TYPE_F32, &err))
+                return fprintf(stderr, "convert_hf %s: %s\n", a->dir, err.msg), -1;
+            if (flm_convert_ex(a->gguf[v], a->flm[v], FLM_TYPE_F32, NULL, NULL, NULL, &err))
+                return fprintf(stderr, "convert %s: %s\n", a->dir, err.msg), -1;
+            snprintf(rel, sizeof rel, "hf-tiny/%s/%s", a->dir, v ? "perturbed.json" : "reference.json");
+            if (read_ref(tu_data(rel), a, v)) return -1;
+            if (v) hf_remove_folder(dir);
+        }
     }
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    for (size_t c = 0; c < N_CASES; c++) {
-        remove(cases[c].gguf);
-        remove(cases[c].flm);
-    }
+    for (size_t c = 0; c < N_CASES; c++)
+        for (int v = 0; v < 2; v++) {
+            remove(cases[c].gguf[v]);
+            remove(cases[c].flm[v]);
+        }
     return 0;
 }
 
@@ -129,17 +146,19 @@ static double rel_err(const float *got, const float *ref, int n) {
     return num / den;
 }
 
-/* The prompt's last logits against the reference (relative error <= tol), then 16 greedy steps (all equal when
+/* The prompt's last logits against reference v (relative error <= tol), then 16 greedy steps (all equal when
  * exact, else only the first). */
-static void check_model(const arch_case *a, const char *path, flm_params p, double tol, bool exact, const char *what) {
+static void check_model(const arch_case *a, int v, const char *path, flm_params p, double tol, bool exact,
+                        const char *what) {
     flm_error err;
     flm_ctx *ctx = NULL;
     if (flm_open(path, &p, &ctx, &err)) fail_msg("%s %s: flm_open: %s", a->arch, what, err.msg);
     assert_int_equal(flm_vocab_size(ctx), 1024);
     const float *logits = NULL;
     if (flm_eval_batch(ctx, a->prompt, (uint32_t)a->n_prompt, 0, NULL, &logits, &err)) fail_msg("eval: %s", err.msg);
-    const double rel = rel_err(logits, a->ref, 1024);
-    print_message("%-9s %-28s prompt's last logits: relative max error %.3g\n", a->arch, what, rel);
+    const double rel = rel_err(logits, a->ref[v], 1024);
+    print_message("%-9s %-13s %-26s prompt's last logits: relative max error %.3g\n", a->arch,
+                  v ? "perturbed" : "as saved", what, rel);
     assert_true(rel <= tol);
     int32_t pos = a->n_prompt, got[16];
     for (int s = 0; s < 16; s++) {
@@ -147,8 +166,8 @@ static void check_model(const arch_case *a, const char *path, flm_params p, doub
         if (s < 15 && flm_eval(ctx, got[s], pos++, &logits, &err)) fail_msg("eval: %s", err.msg);
     }
     for (int s = 0; s < (exact ? 16 : 1); s++)
-        if (got[s] != a->greedy[s])
-            fail_msg("%s %s: greedy step %d: id %d, transformers %d", a->arch, what, s, got[s], a->greedy[s]);
+        if (got[s] != a->greedy[v][s])
+            fail_msg("%s %s: greedy step %d: id %d, reference %d", a->arch, what, s, got[s], a->greedy[v][s]);
     flm_close(ctx);
 }
 
@@ -171,16 +190,17 @@ static flm_params hybrid_params(const char *path) {
     return params(FLM_MODE_HYBRID, 0, true);
 }
 
-/* Every mode against transformers, f32 KV cache. */
+/* Every mode against the reference, f32 KV cache: the models as saved (transformers), and perturbed (NumPy). */
 static void test_exact(void **state) {
     (void)state;
-    for (size_t c = 0; c < N_CASES; c++) {
-        const arch_case *a = &cases[c];
-        check_model(a, a->gguf, params(FLM_MODE_AUTO, 0, true), 1e-4, true, "GGUF (mapped, dense FFN)");
-        check_model(a, a->flm, params(FLM_MODE_RAM, 0, true), 1e-4, true, ".flm ram");
-        check_model(a, a->flm, params(FLM_MODE_NAIVE, 4u << 20, true), 1e-4, true, ".flm naive (read-ahead)");
-        check_model(a, a->flm, hybrid_params(a->flm), 1e-4, true, ".flm hybrid");
-    }
+    for (size_t c = 0; c < N_CASES; c++)
+        for (int v = 0; v < 2; v++) {
+            const arch_case *a = &cases[c];
+            check_model(a, v, a->gguf[v], params(FLM_MODE_AUTO, 0, true), 1e-4, true, "GGUF (mapped, dense FFN)");
+            check_model(a, v, a->flm[v], params(FLM_MODE_RAM, 0, true), 1e-4, true, ".flm ram");
+            check_model(a, v, a->flm[v], params(FLM_MODE_NAIVE, 4u << 20, true), 1e-4, true, ".flm naive (read-ahead)");
+            check_model(a, v, a->flm[v], hybrid_params(a->flm[v]), 1e-4, true, ".flm hybrid");
+        }
 }
 
 /* The f16 KV cache (the default; keys, values, q and the softmax weights rounded to f16 as llama.cpp does) stays near
@@ -188,7 +208,7 @@ static void test_exact(void **state) {
 static void test_kv_f16(void **state) {
     (void)state;
     for (size_t c = 0; c < N_CASES; c++)
-        check_model(&cases[c], cases[c].flm, params(FLM_MODE_NAIVE, 4u << 20, false), 5e-3, false,
+        check_model(&cases[c], 0, cases[c].flm[0], params(FLM_MODE_NAIVE, 4u << 20, false), 5e-3, false,
                     ".flm naive, f16 KV");
 }
 
@@ -206,7 +226,7 @@ static void test_f16_q8_0(void **state) {
             snprintf(dir, sizeof dir, "%s", tu_data(rel));
             flm_error err;
             if (flm_convert_hf(dir, NULL, path, types[i], &err)) fail_msg("convert_hf: %s", err.msg);
-            check_model(a, path, params(FLM_MODE_AUTO, 0, true), 0.05, false, i ? "GGUF q8_0" : "GGUF f16");
+            check_model(a, 0, path, params(FLM_MODE_AUTO, 0, true), 0.05, false, i ? "GGUF q8_0" : "GGUF f16");
             remove(path);
         }
 }
@@ -218,7 +238,7 @@ static void test_gguf_names(void **state) {
         const arch_case *a = &cases[c];
         flm_gguf_file *f = NULL;
         flm_error err;
-        if (flm_gguf_open(a->gguf, &f, &err)) fail_msg("%s", err.msg);
+        if (flm_gguf_open(a->gguf[0], &f, &err)) fail_msg("%s", err.msg);
         char *arch = NULL;
         assert_int_equal(flm_gguf_get_str(f, "general.architecture", true, &arch, &err), FLM_OK);
         assert_string_equal(arch, a->arch);
@@ -262,7 +282,7 @@ static void test_cli_prompt_ids(void **state) {
         for (int i = 0; i < a->n_prompt; i++)
             snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? "," : "", a->prompt[i]);
         for (int i = 0; i < 16; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", a->greedy[i]);
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", a->greedy[0][i]);
         snprintf(args, sizeof args, "run -m '%s' --prompt-ids %s --print-ids --temp 0 -n 16 --kv-f32 --mode naive "
                  "--mem 4M 2>/dev/null", out, ids);
         rc = tu_run_cli(args, &text);
@@ -336,7 +356,7 @@ static void test_falcon_40b_refused(void **state) {
     (void)state;
     flm_gguf_file *f = NULL;
     flm_error err;
-    if (flm_gguf_open(cases[0].gguf, &f, &err)) fail_msg("%s", err.msg);
+    if (flm_gguf_open(cases[0].gguf[0], &f, &err)) fail_msg("%s", err.msg);
     char out[4096];
     snprintf(out, sizeof out, "%s", tu_tmp("hf-falcon-40b", ".gguf"));
     flm_gguf_writer *w = NULL;

@@ -8,7 +8,10 @@
  *     relative to the infinity norm of the reference), in every mode;
  *   - the 16 greedy ids equal reference.json's greedy_ids;
  * in ram mode from the GGUF (dense FFN with biases) and ram, naive, hybrid from the .flm (bundles with the up bias
- * per neuron). The sparse mode refuses FFN biases with a clear message. The tokenizer (tokenizer/tokenizer.json)
+ * per neuron). The saved model's biases are 0 and its LayerNorm weights 1: test_sparse_biases makes them
+ * non-trivial (hf_perturb.h) and checks dense and sparse against an independent NumPy forward pass
+ * (tests/oracle/hf_numpy.py): the sparse mode with the true active sets (ReLU > 0) within 1e-4 and the same greedy
+ * ids; calibrated predictors report their recall. The tokenizer (tokenizer/tokenizer.json)
  * gives every string of tokenize.json its ids. The safetensors parser refuses bad headers, naming file and tensor. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -21,6 +24,7 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "format/safetensors.h"
+#include "hf_perturb.h"
 #include "testutil.h"
 
 static char gguf[4096], flm[4096];
@@ -153,20 +157,206 @@ static void test_f16_q8_0(void **state) {
     }
 }
 
-static void test_sparse_refused(void **state) {
-    (void)state;
+/* ---- the sparse mode: ReLU FFN with biases ---------------------------------------------------------------------- */
+
+/* A byte-level BPE tokenizer folder for a 1024-token model: GPT-2's 256 byte symbols as ids 0..255, no merges (any
+ * text tokenizes to its bytes, every id inside the tiny model's vocabulary); returns the folder (static). */
+static const char *byte_tokenizer(void) {
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-bytes", ""));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256, 257, ... in byte order */
+    cJSON *v = cJSON_CreateObject();
+    for (int b = 0, extra = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)extra++;
+        char key[4];
+        if (cp < 0x80) key[0] = (char)cp, key[1] = 0;
+        else key[0] = (char)(0xC0 | cp >> 6), key[1] = (char)(0x80 | (cp & 0x3F)), key[2] = 0;
+        cJSON_AddNumberToObject(v, key, b);
+    }
+    char *js = cJSON_PrintUnformatted(v), path[4200];
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    tu_write_file(path, js, strlen(js));
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    tu_write_file(path, "#version: 0.2\n", 14);
+    free(js);
+    cJSON_Delete(v);
+    return dir;
+}
+
+static void remove_tokenizer(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    remove(path);
+    rmdir(dir);
+}
+
+/* The smallest budget (4 KiB steps) that opens p in sparse mode on path: the neuron caches as small as they get. */
+static uint64_t sparse_min_budget(const char *path, flm_params p) {
+    for (uint64_t mem = 256u << 10; mem < (16u << 20); mem += 4u << 10) {
+        p.mem_bytes = mem;
+        flm_plan_info info;
+        flm_error err;
+        if (flm_plan(path, &p, &info, &err) == FLM_OK) return mem;
+    }
+    fail_msg("%s: no budget opens the sparse mode", path);
+    return 0;
+}
+
+/* The prompt (one batch) and 16 greedy steps in ctx: the prompt's last logits into last[1024], the ids into got. */
+static void run_greedy(flm_ctx *ctx, float *last, int32_t *got) {
     flm_error err;
-    flm_ctx *ctx = open_model(flm, FLM_MODE_SPARSE, 4u << 20, &err);
-    assert_null(ctx);
-    print_message("sparse: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "sparse mode does not run FFNs with biases"));
-    /* nor can it be calibrated: the predictors would learn activations without the up bias */
+    const float *logits = NULL;
+    if (flm_eval_batch(ctx, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err)) fail_msg("eval: %s", err.msg);
+    memcpy(last, logits, sizeof(float) * 1024);
+    int32_t pos = n_prompt;
+    for (int s = 0; s < 16; s++) {
+        got[s] = argmax(logits, n_ref);
+        if (s < 15 && flm_eval(ctx, got[s], pos++, &logits, &err)) fail_msg("eval: %s", err.msg);
+    }
+}
+
+static double rel_err(const float *got, const float *ref) { /* max |got - ref| / max |ref| */
+    double num = 0, den = 0;
+    for (int i = 0; i < n_ref; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > num) num = d;
+        if (fabs(ref[i]) > den) den = fabs(ref[i]);
+    }
+    return num / den;
+}
+
+/* The perturbed model's reference (hf_perturb.h: every bias and LayerNorm weight non-trivial; NumPy's answers) */
+static float pert_logits[1024];
+static int32_t pert_greedy[16];
+
+/* path (mode, budget mem, f32 KV) against the perturbed model's reference: logits within 1e-4, 16 greedy ids equal */
+static void check_perturbed(const char *path, flm_params p, const char *what) {
+    flm_error err;
+    flm_ctx *ctx = NULL;
+    if (flm_open(path, &p, &ctx, &err)) fail_msg("open %s: %s", what, err.msg);
+    float last[1024];
+    int32_t got[16];
+    run_greedy(ctx, last, got);
+    flm_stats st;
+    flm_get_stats(ctx, &st);
+    const double rel = rel_err(last, pert_logits);
+    if (p.mode == FLM_MODE_SPARSE)
+        print_message("%s: %llu cache rows, %llu neurons streamed, %.1f%% of neurons active; prompt's last logits: "
+                      "relative max error %.3g\n", what, (unsigned long long)st.cache_rows,
+                      (unsigned long long)st.n_streamed,
+                      100.0 * (double)st.total.n_predicted / ((double)st.n_tokens * 3 * 256), rel);
+    else
+        print_message("%s: prompt's last logits: relative max error %.3g\n", what, rel);
+    assert_true(rel <= 1e-4);
+    for (int s = 0; s < 16; s++)
+        if (got[s] != pert_greedy[s]) fail_msg("%s: greedy step %d: id %d, NumPy %d", what, s, got[s], pert_greedy[s]);
+    if (p.mode == FLM_MODE_SPARSE && p.mem_bytes) assert_true(st.n_streamed > 0);
+    flm_close(ctx);
+}
+
+/* OPT's FFN has biases (up . x + b_up, then ReLU): calibrate learns the active sets with the bias, and the sparse
+ * mode computes each neuron with its own b_up, whether it comes from a cache row, a stream buffer record or a
+ * batch. On the model with every bias and LayerNorm weight made non-trivial (hf_perturb.h; the saved model's are 0
+ * and 1, which would hide a missing bias) against the NumPy forward pass's answers: dense (GGUF, .flm ram), then
+ * the sparse mode with the true active sets (--no-predictor: ReLU > 0, exact for a ReLU FFN), with every neuron
+ * cached and with the smallest caches (most of each token's set streamed): logits within 1e-4, the 16 greedy ids
+ * equal. With the calibrated predictors the recall is reported, and a batch equals the same tokens one by one. */
+static void test_sparse_biases(void **state) {
+    (void)state;
+    const char *tok = byte_tokenizer();
+    char dir[4096], g2[4096], f2[4096];
+    snprintf(dir, sizeof dir, "%s", hf_perturbed_folder("opt-125m-style"));
+    snprintf(g2, sizeof g2, "%s", tu_tmp("hf-opt-sparse", ".gguf"));
+    snprintf(f2, sizeof f2, "%s", tu_tmp("hf-opt-sparse", ".flm"));
+    flm_error err;
+    if (flm_convert_hf(dir, tok, g2, FLM_TYPE_F32, &err)) fail_msg("convert_hf: %s", err.msg);
+    if (flm_convert_ex(g2, f2, FLM_TYPE_F32, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
+    {
+        char path[4300];
+        snprintf(path, sizeof path, "%s/perturbed.json", dir);
+        cJSON *r = read_json(path);
+        assert_non_null(r);
+        int ng = 0, nl = 0;
+        for (const cJSON *e = cJSON_GetObjectItem(r, "greedy_ids")->child; e && ng < 16; e = e->next)
+            pert_greedy[ng++] = e->valueint;
+        for (const cJSON *e = cJSON_GetObjectItem(r, "prompt_last_logits")->child; e && nl < 1024; e = e->next)
+            pert_logits[nl++] = (float)e->valuedouble;
+        cJSON_Delete(r);
+        assert_int_equal(ng, 16);
+        assert_int_equal(nl, 1024);
+        hf_remove_folder(dir);
+    }
+    flm_params p;
+    flm_params_default(&p);
+    p.kv_f32 = true;
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    check_perturbed(g2, p, "perturbed, GGUF (dense)");
+    p.mode = FLM_MODE_RAM;
+    check_perturbed(f2, p, "perturbed, .flm ram (bundles)");
+    size_t len;
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
+    text = realloc(text, len + 1);
+    text[len] = 0;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
-    o.text = "Hello world, once upon a time";
-    assert_int_equal(flm_calib_run(flm, &o, false, NULL, &err), FLM_ERR_UNSUPPORTED);
-    print_message("calibrate: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "biases"));
+    o.text = text;
+    o.chunk = 64;
+    o.max_tokens = 2048;
+    o.n_threads = 2;
+    flm_calib_report rep;
+    if (flm_calib_run(f2, &o, false, &rep, &err)) fail_msg("calibrate: %s", err.msg);
+    assert_true(rep.relu);
+    print_message("calibrated: ReLU rule, %u level(s); true active share %.3f, predicted %.3f, held-out recall %.3f\n",
+                  rep.n_levels, rep.levels[0].oracle_frac, rep.levels[0].pred_frac, rep.levels[0].recall);
+    flm_calib_report_free(&rep);
+    free(text);
+
+    p.mode = FLM_MODE_SPARSE;
+    p.no_predictor = true;
+    check_perturbed(f2, p, "perturbed, sparse, true active sets, every neuron cached");
+    p.mem_bytes = sparse_min_budget(f2, p);
+    check_perturbed(f2, p, "perturbed, sparse, true active sets, smallest caches");
+    float last[1024];
+    int32_t got[16];
+    /* the calibrated predictors: the recall, and a batch against the same tokens one by one */
+    p.no_predictor = false;
+    const uint64_t tight_pred = sparse_min_budget(f2, p);
+    for (int t = 0; t < 2; t++) {
+        p.mem_bytes = t ? tight_pred : 0;
+        p.verify_predictor = true;
+        flm_ctx *ctx = NULL;
+        if (flm_open(f2, &p, &ctx, &err)) fail_msg("open sparse: %s", err.msg);
+        run_greedy(ctx, last, got);
+        flm_stats st;
+        flm_get_stats(ctx, &st);
+        const double recall = (double)st.total.n_true_pos / (double)st.total.n_true;
+        print_message("sparse, predictors, %s: recall %.3f (%llu of %llu truly active neurons predicted), logits "
+                      "relative max error %.3g, first greedy id %d (transformers %d)\n",
+                      t ? "smallest caches" : "every neuron cached", recall, (unsigned long long)st.total.n_true_pos,
+                      (unsigned long long)st.total.n_true, rel_err(last, pert_logits), got[0], pert_greedy[0]);
+        assert_true(recall > 0.5);
+        flm_close(ctx);
+        p.verify_predictor = false; /* a batch (one union, b_up gathered by cache row) against one by one */
+        flm_ctx *a = NULL, *b = NULL;
+        if (flm_open(f2, &p, &a, &err) || flm_open(f2, &p, &b, &err)) fail_msg("open sparse: %s", err.msg);
+        const float *la = NULL, *lb = NULL;
+        if (flm_eval_batch(a, prompt, (uint32_t)n_prompt, 0, NULL, &la, &err)) fail_msg("eval: %s", err.msg);
+        for (int i = 0; i < n_prompt; i++)
+            if (flm_eval(b, prompt[i], i, &lb, &err)) fail_msg("eval: %s", err.msg);
+        const double d = rel_err(la, lb);
+        print_message("  a batch against one by one: relative max difference %.3g\n", d);
+        assert_true(d <= 1e-5);
+        flm_close(a);
+        flm_close(b);
+    }
+    remove(g2);
+    remove(f2);
+    remove_tokenizer(tok);
 }
 
 /* tokenizer.json's ids of every string of tokenize.json (as transformers gives them: no BOS, specials parsed). */
@@ -420,7 +610,7 @@ static void test_config_refused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ram_gguf),       cmocka_unit_test(test_flm_modes),
-        cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_sparse_refused),
+        cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_sparse_biases),
         cmocka_unit_test(test_tokenizer),      cmocka_unit_test(test_safetensors_bad),
         cmocka_unit_test(test_config_refused), cmocka_unit_test(test_cli_prompt_ids),
         cmocka_unit_test(test_sharded),

@@ -336,6 +336,7 @@ uint64_t flm_calibrate_train_bytes(const flm_hparams *hp, const flm_calib_opts *
     uint64_t b = 4 * (2 * F * d + L * F + d + 2 * n * F + n_ho * F + n_ho * maxr + n * d) + n * F + sizeof(hist);
     b += 4 * (4 * nP + bmax * (d + 2 * maxr + F) + 3 * F) + 8 * n + 8 * F; /* Adam: gradients, moments, the best */
     b += 4 * (s * s + 2 * s * maxr + s) + 4 * (n * maxr + zt + 256 * d + F) + 8 * F; /* SVD and bias init */
+    if (hp->arch->flags & FLM_ARCH_FFN_BIAS) b += 4 * L * F; /* the layers' b_up, copied before streaming */
     for (uint64_t l = 0; l < L; l++) { /* every layer's predictor, f32 and f16 */
         uint64_t r = l >= L - (L + 3) / 4 ? rank_last : rank;
         b += (r * (d + F) + F) * 4 + r * (d + F) * 2;
@@ -368,14 +369,15 @@ static void layer_work_free(layer_work *w) {
     *w = (layer_work){0};
 }
 
-/* Layer l: rule, levels and predictor from its recorded inputs X (n tokens) and its FFN records rec (layout b). */
+/* Layer l: rule, levels and predictor from its recorded inputs X (n tokens), its FFN records rec (layout b) and its
+ * up biases b_up [d_ffn] (NULL: none; OPT, Phi-2, Persimmon): the up projection's pre-activation is up . x + b_up. */
 static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, const uint8_t *rec,
-                                  const flm_bundle_desc *b, const flm_calib_opts *o, uint32_t l, const float *X,
-                                  uint32_t n, uint32_t n_tr, flm_sparsity *sp, uint32_t train_level, uint32_t rank,
-                                  layer_work *w, flm_error *err) {
+                                  const flm_bundle_desc *b, const float *b_up, const flm_calib_opts *o, uint32_t l,
+                                  const float *X, uint32_t n, uint32_t n_tr, flm_sparsity *sp, uint32_t train_level,
+                                  uint32_t rank, layer_work *w, flm_error *err) {
     const uint32_t d = hp->d_model, F = hp->d_ffn, n_ho = n - n_tr;
     flm_layer_sparsity *S = &sp->layers[l];
-    bool relu = hp->act == FLM_ACT_RELU;
+    bool relu = flm_act_relu_family(hp->act); /* ReLU, squared ReLU: active exactly when the pre-activation is > 0 */
     uint32_t wt = b->gated ? b->gate_type : b->up_type;
     uint64_t woff = b->gated ? b->gate_off : b->up_off;
     for (uint32_t i = 0; i < F; i++) {
@@ -391,6 +393,8 @@ static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, c
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)d, 1.0f, X, (int)d, w->Wg, (int)d, 0.0f,
                 w->Zg, (int)F);
     size_t nf = (size_t)n * F;
+    if (b_up && !b->gated) /* ungated: Zg is the up projection, whose bias decides the activation */
+        for (size_t j = 0; j < nf; j++) w->Zg[j] += b_up[j % F];
     flm_predictor_train_opts to;
     flm_predictor_train_opts_default(&to);
     to.init_W = w->Wg;
@@ -412,9 +416,12 @@ static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, c
         return FLM_OK;
     }
     /* E = (h_i ||down_i||)^2, h_i = act(g_i) * u_i (gated) or act(u_i), then as a share of the token's sum */
-    if (b->gated)
+    if (b->gated) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)d, 1.0f, X, (int)d, w->Wu, (int)d,
                     0.0f, w->E, (int)F);
+        if (b_up)
+            for (size_t j = 0; j < nf; j++) w->E[j] += b_up[j % F];
+    }
     for (size_t j = 0; j < nf; j++) {
         float a = flm_act_eval(hp->act, w->Zg[j]);
         float h = b->gated ? a * w->E[j] : a;
@@ -563,6 +570,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     uint8_t *region = NULL;
     float *sim_scratch = NULL, *xbuf = NULL;
     float **dn_all = NULL;
+    float *b_up_all = NULL; /* FFN biases: [n_layers][d_ffn] b_up, NULL without */
     void *records = NULL;   /* streaming: one layer's FFN region, read from the file */
     flm_file *hdr = NULL;   /* streaming: the file's regions */
     uint32_t L_all = 0;
@@ -572,14 +580,17 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
         goto done;
     }
-    if (ctx->model->layers[0].ffn_up_b.data) { /* the sparse mode does not run them yet (runtime/sparse.c) */
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: calibrate does not support FFNs with biases (%s) yet", path,
-                      hp->arch->name);
-        goto done;
-    }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
     L_all = L;
-    bool relu = hp->act == FLM_ACT_RELU;
+    bool relu = flm_act_relu_family(hp->act);
+    if (ctx->model->layers[0].ffn_up_b.data) { /* FFN biases: each layer's b_up, copied (the model may close) */
+        if (!(b_up_all = malloc((size_t)L * F * sizeof(float)))) {
+            st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+            goto done;
+        }
+        for (uint32_t l = 0; l < L; l++)
+            memcpy(b_up_all + (size_t)l * F, ctx->model->layers[l].ffn_up_b.data, (size_t)F * sizeof(float));
+    }
     /* 0. tokens: the held-out check's from the end of the text, then those recorded */
     size_t n_tok = 0;
     ids = flm_tokenize_all(ctx, o->text, true, &n_tok);
@@ -724,7 +735,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             flm_bundle_layout bl = flm_bundle_layout_of(d, reg->up_type, reg->gate_type, reg->down_type, hp->gated);
             desc = (flm_bundle_desc){d, reg->up_type, reg->gate_type, reg->down_type, bl.up_off, bl.gate_off,
                                      bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f,
-                                     NULL}; /* FFN biases (OPT): not calibrated yet (the sparse mode refuses them) */
+                                     b_up_all ? b_up_all + (size_t)l * F : NULL};
             b = &desc;
             free(records);
             records = NULL;
@@ -736,7 +747,9 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         }
         const float *X = layer_x(&td, l, 0, n, xbuf, err);
         if (!X) { st = FLM_ERR_IO; goto done; }
-        if ((st = calibrate_layer(hp, kern, rec, b, o, l, X, n, n_tr, &sp, train_level, r, &w, err))) goto done;
+        if ((st = calibrate_layer(hp, kern, rec, b, b_up_all ? b_up_all + (size_t)l * F : NULL, o, l, X, n, n_tr,
+                                  &sp, train_level, r, &w, err)))
+            goto done;
         if (o->progress) o->progress(o->user, "training predictors", l + 1, L);
     }
     free(records);
@@ -802,6 +815,7 @@ done:
     layer_work_free(&w);
     for (uint32_t l = 0; dn_all && l < L_all; l++) free(dn_all[l]);
     free(dn_all);
+    free(b_up_all);
     free(region);
     free(sim_scratch);
     if (!st && report) *report = sp;

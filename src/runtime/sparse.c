@@ -45,6 +45,10 @@ struct flm_sparse {
     uint64_t *pend_bits;      /* [n_layers][SPARSE_SPEC_TOKENS][words] */
     uint32_t words;           /* 64-bit words per set: ceil(d_ffn / 64) */
     uint32_t n_batch;
+    const float **b_up;       /* [n_layers] FFN biases (FLM_ARCH_FFN_BIAS, OPT): each layer's b_up by neuron (the
+                                 model's resident f32); NULL without biases */
+    float *bias_rows;         /* with biases: [d_ffn] b_up gathered by the row a neuron is computed from (a cache row,
+                                 or a stream buffer record), per call: flm_ffn_bundles indexes up_bias by row */
     uint64_t streamed;        /* neurons streamed past the cache (reported) */
     uint32_t level;           /* the level in use */
 };
@@ -82,6 +86,8 @@ static void sparse_free(flm_sparse *sp) {
     free(sp->pend_n);
     free(sp->pend_bits);
     free(sp->tmp_out);
+    free(sp->b_up);
+    free(sp->bias_rows);
     free(sp->desc);
     free(sp->ids);
     free(sp->true_ids);
@@ -133,13 +139,31 @@ static uint64_t batch_bytes(const flm_hparams *hp, uint32_t n_batch) {
            (uint64_t)hp->n_layers * (SPARSE_SPEC_TOKENS * words * 8u + 8u);
 }
 
+/* FFN biases (FLM_ARCH_FFN_BIAS): the rows' gathered b_up (bias_rows), max(d_ffn, SPARSE_STREAM_ROWS) floats, and
+ * the layers' pointers; 0 without biases. */
+static uint64_t bias_bytes(const flm_hparams *hp) {
+    if (!(hp->arch->flags & FLM_ARCH_FFN_BIAS)) return 0;
+    uint64_t n = hp->d_ffn > SPARSE_STREAM_ROWS ? hp->d_ffn : SPARSE_STREAM_ROWS;
+    return 4ull * n + (uint64_t)hp->n_layers * sizeof(float *);
+}
+
+/* The bundle layout for computing n neurons ids[0 .. n) of layer l from rows rows[0 .. n) of some records (rows NULL:
+ * records 0 .. n - 1): the layer's, or with FFN biases a copy (in *tmp) whose up_bias holds each neuron's b_up at its
+ * row, as flm_ffn_bundles reads up_bias[row]. The gathered biases live until the next call. */
+static const flm_bundle_desc *rows_desc(flm_sparse *sp, uint32_t l, const uint32_t *ids, const uint32_t *rows,
+                                        uint32_t n, flm_bundle_desc *tmp) {
+    if (!sp->b_up) return &sp->desc[l];
+    const float *bu = sp->b_up[l];
+    for (uint32_t i = 0; i < n; i++) sp->bias_rows[rows ? rows[i] : i] = bu[ids[i]];
+    *tmp = sp->desc[l];
+    tmp->up_bias = sp->bias_rows;
+    return tmp;
+}
+
 /* The FFN part of the plan: the predictors, held at half precision, and what is left of the budget for the neuron
  * caches (split over the layers at open). */
 static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
                               flm_error *err) {
-    if (hp->arch->flags & FLM_ARCH_FFN_BIAS) /* the cache's rows would need their neurons' up biases */
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the sparse mode does not run FFNs with biases (%s) yet: use "
-                        "--mode ram, naive or hybrid", f->path, hp->arch->name);
     if (!f->predictor)
         return flm_fail(err, FLM_ERR_ARG, "%s: --mode sparse needs predictors: run `flashlm calibrate %s --text "
                         "FILE` first", f->path, f->path);
@@ -154,7 +178,7 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
         uint64_t rb = f->ffn[l]->n_records ? f->ffn[l]->size / f->ffn[l]->n_records : 0;
         rec = rb > rec ? rb : rec;
     }
-    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN) + batch_bytes(hp, p->n_batch);
+    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN) + batch_bytes(hp, p->n_batch) + bias_bytes(hp);
     fixed += p->stream;
     uint64_t used = fixed + p->predictors;
     p->cache = budget > used ? budget - used : 0;
@@ -334,7 +358,13 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->z = malloc(F * sizeof(float));
     sp->tmp_out = malloc(hp->d_model * sizeof(float));
     sp->ext = malloc(3 * (size_t)F * sizeof *sp->ext);
-    uint64_t sbuf_bytes = fl->plan.stream - batch_bytes(hp, fl->plan.n_batch);
+    uint64_t sbuf_bytes = fl->plan.stream - batch_bytes(hp, fl->plan.n_batch) - bias_bytes(hp);
+    if (hp->arch->flags & FLM_ARCH_FFN_BIAS) { /* b_up by neuron, gathered by row per call (rows_desc) */
+        sp->b_up = calloc(L, sizeof *sp->b_up);
+        sp->bias_rows = malloc((F > SPARSE_STREAM_ROWS ? F : SPARSE_STREAM_ROWS) * sizeof(float));
+        if (!sp->b_up || !sp->bias_rows) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+        for (uint32_t l = 0; l < L; l++) sp->b_up[l] = ctx->model->layers[l].ffn_up_b.data;
+    }
     if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, sbuf_bytes ? sbuf_bytes : FLM_ALIGN)) sp->sbuf = NULL;
     if (fl->plan.n_batch > 1) {
         sp->n_batch = fl->plan.n_batch;
@@ -357,7 +387,7 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
     sp->ahead = ctx->params.no_read_ahead ? NULL : flm_async_read_start(fl->reader);
     for (uint32_t l = 0; l < L; l++) { /* every neuron read is computed exactly, except under a version-1 CATS rule */
         sp->desc[l] = fl->desc[l];
-        sp->desc[l].up_bias = NULL; /* cache rows are not neuron ids: FFN biases are refused (sparse_plan) */
+        sp->desc[l].up_bias = NULL; /* cache rows are not neuron ids: FFN biases go by row (rows_desc) */
         sp->desc[l].threshold = sp->sp.layers[l].rule == FLM_RULE_CATS ? sp->sp.layers[l].threshold : 0.0f;
     }
     uint64_t per_layer = fl->plan.cache / L;
@@ -387,7 +417,9 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
 
 /* The true active set of layer l for input x (oracle): the level's rule applied to the layer's real weights. */
 static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *x, uint32_t *ids) {
-    const flm_bundle_desc *b = &sp->desc[l];
+    flm_bundle_desc bd = sp->desc[l]; /* every record in neuron order: b_up by neuron as it is */
+    bd.up_bias = sp->b_up ? sp->b_up[l] : NULL;
+    const flm_bundle_desc *b = &bd;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n = 0, F = ctx->model->hp.d_ffn;
     if (S->rule == FLM_RULE_CONTRIB) { /* (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2, every h_i computed */
@@ -397,8 +429,9 @@ static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *
     }
     uint32_t t = b->gated ? b->gate_type : b->up_type;
     uint64_t off = b->gated ? b->gate_off : b->up_off;
+    const float *bias = b->gated ? NULL : b->up_bias; /* the rule's pre-activation: up . x + b_up ungated */
     for (uint32_t i = 0; i < F; i++) {
-        float g = ctx->k->dot[t](sp->full[l] + i * b->record_bytes + off, x, b->d_model);
+        float g = ctx->k->dot[t](sp->full[l] + i * b->record_bytes + off, x, b->d_model) + (bias ? bias[i] : 0.0f);
         bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(flm_act_eval(FLM_ACT_SILU, g)) > S->threshold;
         if (on) ids[n++] = i;
     }
@@ -522,12 +555,13 @@ typedef struct {
     const float *in;
     float *out;
     uint32_t l;
+    const uint32_t *ids; /* the streamed neurons */
 } token_chunk;
 
 static void token_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
-    (void)j0;
     token_chunk *c = user;
-    const flm_bundle_desc *b = &sp->desc[c->l];
+    flm_bundle_desc tmp;
+    const flm_bundle_desc *b = rows_desc(sp, c->l, c->ids + j0, NULL, m, &tmp);
     flm_ffn_bundles(ctx->k, b, records, NULL, m, c->in, sp->tmp_out, ctx->s.hb, ctx->flash->acc,
                     ctx->params.n_threads);
     for (uint32_t i = 0; i < b->d_model; i++) c->out[i] += sp->tmp_out[i];
@@ -585,6 +619,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     if (st) return st;
     /* 3. read the missing bundles (flash I/O) */
     const flm_region *r = fl->file->ffn[l];
+    flm_bundle_desc tmp;
     const flm_bundle_desc *b = &sp->desc[l];
     if (cs.n_loaded) {
         flm_io_stats before = ctx->io;
@@ -618,10 +653,11 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     tok->rows_used += cs.rows_used;
     /* 4. the FFN over the predicted set's rows (compute), while the first streamed chunk (if any) arrives */
     bool started = stream_start(ctx, sp, l, sp->ids + n, n_all - n);
-    flm_ffn_bundles(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, n, in, out, ctx->s.hb, fl->acc, pp->n_threads);
+    flm_ffn_bundles(ctx->k, rows_desc(sp, l, sp->ids, rows, n, &tmp), flm_ncache_matrix(sp->cache[l]), rows, n, in,
+                    out, ctx->s.hb, fl->acc, pp->n_threads);
     /* 5. a set larger than the cache: the rest read into the stream buffer, computed, discarded */
     if (n_all > n) {
-        token_chunk c = {in, out, l};
+        token_chunk c = {in, out, l, sp->ids + n};
         return stream_chunks(ctx, sp, l, sp->ids + n, n_all - n, started, token_chunk_fn, &c, tok, err);
     }
     return FLM_OK;
@@ -646,8 +682,9 @@ static void batch_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records,
     float *part = sp->bpart; /* [n][d_model] partial outputs */
     for (uint32_t t = 0; t < c->n; t++)
         for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = c->M[(size_t)t * F + c->stream_ids[j0 + j]];
-    flm_ffn_bundles_batch(ctx->k, &sp->desc[c->l], records, NULL, m, R, m, c->n, c->in, c->in_stride, part, d,
-                          ctx->flash->acc, ctx->params.n_threads);
+    flm_bundle_desc tmp;
+    flm_ffn_bundles_batch(ctx->k, rows_desc(sp, c->l, c->stream_ids + j0, NULL, m, &tmp), records, NULL, m, R, m,
+                          c->n, c->in, c->in_stride, part, d, ctx->flash->acc, ctx->params.n_threads);
     for (uint32_t t = 0; t < c->n; t++)
         for (uint32_t i = 0; i < d; i++) c->out[t * c->out_stride + i] += part[(size_t)t * d + i];
 }
@@ -753,8 +790,9 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
         /* 4. every token over its own set, from the cache's rows (compute) */
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
-        flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), rows, nu, R, nu, n, in, in_stride, out,
-                              out_stride, fl->acc, pp->n_threads);
+        flm_bundle_desc tmp;
+        flm_ffn_bundles_batch(ctx->k, rows_desc(sp, l, sp->ids, rows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
+                              rows, nu, R, nu, n, in, in_stride, out, out_stride, fl->acc, pp->n_threads);
         return FLM_OK;
     }
     /* larger than the cache: the cached part in place, the rest streamed (the window is kept for decoding) */
@@ -774,9 +812,10 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
         memset(out + t * out_stride, 0, d * sizeof(float));
     }
     bool started = stream_start(ctx, sp, l, stream_ids, ns); /* arrives while the cached part is computed */
+    flm_bundle_desc tmp;
     if (nc)
-        flm_ffn_bundles_batch(ctx->k, b, flm_ncache_matrix(sp->cache[l]), sp->brows, nc, R, nc, n, in, in_stride,
-                              out, out_stride, fl->acc, pp->n_threads);
+        flm_ffn_bundles_batch(ctx->k, rows_desc(sp, l, sp->ids, sp->brows, nc, &tmp), flm_ncache_matrix(sp->cache[l]),
+                              sp->brows, nc, R, nc, n, in, in_stride, out, out_stride, fl->acc, pp->n_threads);
     tok->n_reused += nc;
     batch_chunk c = {n, in, in_stride, out, out_stride, l, M, stream_ids};
     return stream_chunks(ctx, sp, l, stream_ids, ns, started, batch_chunk_fn, &c, tok, err);
