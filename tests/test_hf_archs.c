@@ -351,14 +351,11 @@ static void test_config_refused(void **state) {
     }
 }
 
-/* A Falcon GGUF with Falcon 40B's second attention norm is refused when opened, saying so (it is not ignored). */
-static void test_falcon_40b_refused(void **state) {
-    (void)state;
+/* A copy of the falcon GGUF with one more tensor, extra (the shape of blk.0.attn_norm.weight), at out. */
+static void gguf_with_extra(const char *out, const char *extra) {
     flm_gguf_file *f = NULL;
     flm_error err;
     if (flm_gguf_open(cases[0].gguf[0], &f, &err)) fail_msg("%s", err.msg);
-    char out[4096];
-    snprintf(out, sizeof out, "%s", tu_tmp("hf-falcon-40b", ".gguf"));
     flm_gguf_writer *w = NULL;
     assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
@@ -368,7 +365,7 @@ static void test_falcon_40b_refused(void **state) {
         const flm_gguf_tensor *t = &f->tensors[i];
         assert_int_equal(flm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), FLM_OK);
     }
-    assert_int_equal(flm_gguf_writer_add_tensor(w, "blk.0.attn_norm_2.weight", norm->type, 1, norm->ne), FLM_OK);
+    assert_int_equal(flm_gguf_writer_add_tensor(w, extra, norm->type, 1, norm->ne), FLM_OK);
     assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
     for (uint64_t i = 0; i < f->n_tensors; i++)
         assert_int_equal(flm_gguf_writer_write_tensor(w, f->tensors[i].data, f->tensors[i].nbytes, &err), FLM_OK);
@@ -376,12 +373,37 @@ static void test_falcon_40b_refused(void **state) {
     assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
     flm_gguf_writer_free(w);
     flm_gguf_close(f);
-    const flm_params p = params(FLM_MODE_AUTO, 0, true);
-    flm_ctx *ctx = NULL;
-    assert_int_equal(flm_open(out, &p, &ctx, &err), FLM_ERR_UNSUPPORTED);
-    print_message("attn_norm_2: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "attn_norm_2"));
-    remove(out);
+}
+
+/* Layouts flashlm does not run are refused, saying why, by flm_plan, flm_open and flm_convert alike (never run
+ * wrongly with a tensor ignored): Falcon 40B's second attention norm; a mixture-of-experts FFN, which is not one FFN
+ * per layer that can be streamed by neurons. */
+static void test_layouts_refused(void **state) {
+    (void)state;
+    static const struct { const char *extra, *needle; } R[] = {
+        {"blk.0.attn_norm_2.weight", "attn_norm_2"},
+        {"blk.0.ffn_gate_inp.weight", "mixture-of-experts"},
+    };
+    for (size_t i = 0; i < sizeof R / sizeof R[0]; i++) {
+        char out[4096], flm[4096];
+        snprintf(out, sizeof out, "%s", tu_tmp("hf-refused", ".gguf"));
+        snprintf(flm, sizeof flm, "%s", tu_tmp("hf-refused", ".flm"));
+        gguf_with_extra(out, R[i].extra);
+        const flm_params p = params(FLM_MODE_AUTO, 0, true);
+        flm_ctx *ctx = NULL;
+        flm_error err;
+        flm_plan_info info;
+        assert_int_equal(flm_plan(out, &p, &info, &err), FLM_ERR_UNSUPPORTED);
+        char plan_msg[sizeof err.msg];
+        snprintf(plan_msg, sizeof plan_msg, "%s", err.msg);
+        assert_int_equal(flm_open(out, &p, &ctx, &err), FLM_ERR_UNSUPPORTED);
+        print_message("%s: %s\n", R[i].extra, err.msg);
+        assert_non_null(strstr(err.msg, R[i].needle));
+        assert_string_equal(plan_msg, err.msg);
+        assert_int_equal(flm_convert_ex(out, flm, FLM_TYPE_F32, NULL, NULL, NULL, &err), FLM_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, R[i].needle));
+        remove(out);
+    }
 }
 
 int main(void) {
@@ -389,7 +411,7 @@ int main(void) {
         cmocka_unit_test(test_exact),          cmocka_unit_test(test_kv_f16),
         cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_gguf_names),
         cmocka_unit_test(test_cli_prompt_ids), cmocka_unit_test(test_config_refused),
-        cmocka_unit_test(test_falcon_40b_refused),
+        cmocka_unit_test(test_layouts_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -114,6 +114,15 @@ flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_er
     /* gated: the FFN has a gate projection. A GGUF holding FFN tensors says so by blk.0.ffn_gate.weight; a .flm's
      * resident GGUF holds none, and flm_model_from_flm takes it from the FFN regions' gate_type instead. */
     hp->gated = flm_gguf_find_tensor(f, "blk.0.ffn_gate.weight") || !flm_gguf_find_tensor(f, "blk.0.ffn_up.weight");
+    /* a mixture of experts (Mixtral as llama, ...): no single FFN per layer to stream by neurons */
+    if (flm_gguf_find_tensor(f, "blk.0.ffn_gate_inp.weight") || flm_gguf_find_tensor(f, "blk.0.ffn_up_exps.weight"))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: a mixture-of-experts FFN (blk.0.ffn_gate_inp, ffn_*_exps) is "
+                        "not supported: flashlm's FFN is one up/down (and gate) matrix per layer, streamed and "
+                        "predicted by neurons, and a router choosing among experts is not that", f->path);
+    if (!strcmp(a->name, "falcon") && flm_gguf_find_tensor(f, "blk.0.attn_norm_2.weight"))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: Falcon with a second attention norm (attn_norm_2: the 40B "
+                        "layout, new_decoder_architecture) is not supported; flashlm runs Falcon 7B's layout",
+                        f->path);
     const flm_gguf_tensor *emb = flm_gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
     if (emb->ne[1] > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has too many rows", f->path);
@@ -227,10 +236,6 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     }
     if ((a->flags & FLM_ARCH_OUT_BIAS) && (st = bind(f, "output.bias", hp->n_vocab, 1, true, &m->output_b, err)))
         return st;
-    if (!strcmp(a->name, "falcon") && flm_gguf_find_tensor(f, "blk.0.attn_norm_2.weight"))
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: Falcon with a second attention norm (attn_norm_2: the 40B "
-                        "layout, new_decoder_architecture) is not supported; flashlm runs Falcon 7B's layout",
-                        f->path);
     m->layers = calloc(hp->n_layers, sizeof *m->layers);
     if (!m->layers) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layers; l++) {
