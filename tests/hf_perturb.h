@@ -6,7 +6,9 @@
  * hf_perturbed_folder writes a copy of a folder whose biases and norm weights follow the formula of
  * tests/oracle/hf_numpy.py --perturb (for NAME's element i, k = (sum of NAME's bytes) % 97: a bias is
  * 0.1 sin(0.7 i + 1.3 k), a norm weight 1 + 0.2 sin(0.7 i + 1.3 k), in double, rounded to float), whose answers
- * (the NumPy forward pass, checked against transformers' on the unperturbed models) are hf-tiny/DIR/perturbed.json. */
+ * (the NumPy forward pass, checked against transformers' on the unperturbed models) are hf-tiny/DIR/perturbed.json.
+ * hf_byte_tokenizer writes a tokenizer folder under which any text becomes byte tokens inside the tiny models'
+ * vocabulary (calibrate needs text). */
 #ifndef FLM_TESTS_HF_PERTURB_H
 #define FLM_TESTS_HF_PERTURB_H
 #include <cjson/cJSON.h>
@@ -101,6 +103,41 @@ static void hf_remove_folder(const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         remove(path);
     }
+    rmdir(dir);
+}
+
+/* A byte-level BPE tokenizer folder for a 1024-token model: GPT-2's 256 byte symbols as ids 0..255, no merges (any
+ * text tokenizes to its bytes, every id inside the tiny model's vocabulary); returns the folder (static). */
+static const char *hf_byte_tokenizer(void) {
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-bytes", ""));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256, 257, ... in byte order */
+    cJSON *v = cJSON_CreateObject();
+    for (int b = 0, extra = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)extra++;
+        char key[4];
+        if (cp < 0x80) key[0] = (char)cp, key[1] = 0;
+        else key[0] = (char)(0xC0 | cp >> 6), key[1] = (char)(0x80 | (cp & 0x3F)), key[2] = 0;
+        cJSON_AddNumberToObject(v, key, b);
+    }
+    char *js = cJSON_PrintUnformatted(v), path[4200];
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    tu_write_file(path, js, strlen(js));
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    tu_write_file(path, "#version: 0.2\n", 14);
+    free(js);
+    cJSON_Delete(v);
+    return dir;
+}
+
+static void hf_remove_tokenizer(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    remove(path);
     rmdir(dir);
 }
 

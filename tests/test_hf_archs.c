@@ -351,6 +351,65 @@ static void test_config_refused(void **state) {
     }
 }
 
+/* Persimmon's squared ReLU is zero exactly where up . x + b_up <= 0: calibrate gives it the ReLU rule, and the
+ * sparse mode with the true active sets (--no-predictor) equals the dense model, on the perturbed model (non-zero
+ * FFN biases; NumPy's answers): logits within 1e-4, 16 greedy ids equal, with every neuron cached and with the
+ * smallest caches (neurons streamed). */
+static void test_sparse_relu2(void **state) {
+    (void)state;
+    const arch_case *a = &cases[2];
+    assert_string_equal(a->arch, "persimmon");
+    const char *tok = hf_byte_tokenizer();
+    char dir[4096], g[4096], f[4096];
+    snprintf(dir, sizeof dir, "%s", hf_perturbed_folder(a->dir));
+    snprintf(g, sizeof g, "%s", tu_tmp("hf-relu2", ".gguf"));
+    snprintf(f, sizeof f, "%s", tu_tmp("hf-relu2", ".flm"));
+    flm_error err;
+    if (flm_convert_hf(dir, tok, g, FLM_TYPE_F32, &err)) fail_msg("convert_hf: %s", err.msg);
+    if (flm_convert_ex(g, f, FLM_TYPE_F32, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
+    hf_remove_folder(dir);
+    hf_remove_tokenizer(tok);
+    size_t len;
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
+    text = realloc(text, len + 1);
+    text[len] = 0;
+    flm_calib_opts o;
+    flm_calib_opts_default(&o);
+    o.text = text;
+    o.chunk = 64;
+    o.max_tokens = 2048;
+    o.n_threads = 2;
+    flm_calib_report rep;
+    if (flm_calib_run(f, &o, false, &rep, &err)) fail_msg("calibrate: %s", err.msg);
+    print_message("persimmon calibrated: %s rule; true active share %.3f, predicted %.3f, held-out recall %.3f\n",
+                  rep.relu ? "ReLU" : "contribution", rep.levels[0].oracle_frac, rep.levels[0].pred_frac,
+                  rep.levels[0].recall);
+    assert_true(rep.relu);
+    flm_calib_report_free(&rep);
+    free(text);
+    flm_params p = params(FLM_MODE_SPARSE, 0, true);
+    p.no_predictor = true;
+    check_model(a, 1, f, p, 1e-4, true, "sparse, true sets, all cached");
+    for (uint64_t mem = 256u << 10; mem < (16u << 20); mem += 4u << 10) { /* the smallest caches that open */
+        p.mem_bytes = mem;
+        flm_plan_info info;
+        if (flm_plan(f, &p, &info, &err) == FLM_OK) break;
+    }
+    check_model(a, 1, f, p, 1e-4, true, "sparse, true sets, smallest caches");
+    flm_ctx *ctx = NULL;
+    if (flm_open(f, &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    flm_stats st;
+    const float *logits;
+    if (flm_eval_batch(ctx, a->prompt, (uint32_t)a->n_prompt, 0, NULL, &logits, &err)) fail_msg("eval: %s", err.msg);
+    flm_get_stats(ctx, &st);
+    print_message("  smallest caches: %llu cache rows for 3 layers of 256 neurons, %llu neurons streamed\n",
+                  (unsigned long long)st.cache_rows, (unsigned long long)st.n_streamed);
+    assert_true(st.n_streamed > 0);
+    flm_close(ctx);
+    remove(g);
+    remove(f);
+}
+
 /* A copy of the falcon GGUF with one more tensor, extra (the shape of blk.0.attn_norm.weight), at out. */
 static void gguf_with_extra(const char *out, const char *extra) {
     flm_gguf_file *f = NULL;
@@ -411,7 +470,7 @@ int main(void) {
         cmocka_unit_test(test_exact),          cmocka_unit_test(test_kv_f16),
         cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_gguf_names),
         cmocka_unit_test(test_cli_prompt_ids), cmocka_unit_test(test_config_refused),
-        cmocka_unit_test(test_layouts_refused),
+        cmocka_unit_test(test_layouts_refused), cmocka_unit_test(test_sparse_relu2),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -159,41 +159,6 @@ static void test_f16_q8_0(void **state) {
 
 /* ---- the sparse mode: ReLU FFN with biases ---------------------------------------------------------------------- */
 
-/* A byte-level BPE tokenizer folder for a 1024-token model: GPT-2's 256 byte symbols as ids 0..255, no merges (any
- * text tokenizes to its bytes, every id inside the tiny model's vocabulary); returns the folder (static). */
-static const char *byte_tokenizer(void) {
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-bytes", ""));
-    assert_int_equal(mkdir(dir, 0755), 0);
-    /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256, 257, ... in byte order */
-    cJSON *v = cJSON_CreateObject();
-    for (int b = 0, extra = 0; b < 256; b++) {
-        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)extra++;
-        char key[4];
-        if (cp < 0x80) key[0] = (char)cp, key[1] = 0;
-        else key[0] = (char)(0xC0 | cp >> 6), key[1] = (char)(0x80 | (cp & 0x3F)), key[2] = 0;
-        cJSON_AddNumberToObject(v, key, b);
-    }
-    char *js = cJSON_PrintUnformatted(v), path[4200];
-    snprintf(path, sizeof path, "%s/vocab.json", dir);
-    tu_write_file(path, js, strlen(js));
-    snprintf(path, sizeof path, "%s/merges.txt", dir);
-    tu_write_file(path, "#version: 0.2\n", 14);
-    free(js);
-    cJSON_Delete(v);
-    return dir;
-}
-
-static void remove_tokenizer(const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/vocab.json", dir);
-    remove(path);
-    snprintf(path, sizeof path, "%s/merges.txt", dir);
-    remove(path);
-    rmdir(dir);
-}
-
 /* The smallest budget (4 KiB steps) that opens p in sparse mode on path: the neuron caches as small as they get. */
 static uint64_t sparse_min_budget(const char *path, flm_params p) {
     for (uint64_t mem = 256u << 10; mem < (16u << 20); mem += 4u << 10) {
@@ -267,7 +232,7 @@ static void check_perturbed(const char *path, flm_params p, const char *what) {
  * equal. With the calibrated predictors the recall is reported, and a batch equals the same tokens one by one. */
 static void test_sparse_biases(void **state) {
     (void)state;
-    const char *tok = byte_tokenizer();
+    const char *tok = hf_byte_tokenizer();
     char dir[4096], g2[4096], f2[4096];
     snprintf(dir, sizeof dir, "%s", hf_perturbed_folder("opt-125m-style"));
     snprintf(g2, sizeof g2, "%s", tu_tmp("hf-opt-sparse", ".gguf"));
@@ -356,7 +321,7 @@ static void test_sparse_biases(void **state) {
     }
     remove(g2);
     remove(f2);
-    remove_tokenizer(tok);
+    hf_remove_tokenizer(tok);
 }
 
 /* tokenizer.json's ids of every string of tokenize.json (as transformers gives them: no BOS, specials parsed). */
