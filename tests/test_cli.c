@@ -148,7 +148,7 @@ static void test_unknown_architecture(void **state) {
     write_model_copy(out, NULL, "general.architecture", "mamba");
     char args[4096];
     snprintf(args, sizeof args, "run -m '%s' -n 2 2>&1", out);
-    expect(args, 1, "architecture 'mamba' is not supported (supported: llama, qwen2, gemma3, opt)");
+    expect(args, 1, "architecture 'mamba' is not supported (supported: llama, qwen2, gemma3, opt, falcon, phi2, persimmon)");
     snprintf(args, sizeof args, "convert '%s' '%s.flm' 2>&1", out, out);
     expect(args, 1, "'mamba'");
     remove(out);
