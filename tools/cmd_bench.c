@@ -164,6 +164,21 @@ static void print_plan(const bench_opts *o, const bench_run *run) {
 
 /* ---- one run, in a child process --------------------------------------------------------------------------- */
 
+/* What a run's context says of itself once it is done (mode, reader, memory, layers); marks r done. */
+static void context_result(const flm_stats *s, bench_result *r) {
+    snprintf(r->mode, sizeof r->mode, "%s", s->mode);
+    snprintf(r->backend, sizeof r->backend, "%s", s->io_backend);
+    r->direct = s->direct_io;
+    r->peak_rss = s->peak_rss;
+    r->budget = s->mem_budget;
+    r->model_bytes = s->model_bytes;
+    r->res_layers = s->n_ffn_resident_layers;
+    r->n_layers = s->n_layers;
+    r->window = s->window;
+    r->cache_rows = s->cache_rows;
+    r->ok = 1;
+}
+
 static bool bench_emit(void *user, int32_t prev, int32_t token) {
     (void)user; (void)prev; (void)token;
     return true;
@@ -284,15 +299,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->accept_rate = ss.n_drafted ? (double)ss.n_accepted / (double)ss.n_drafted : 0;
         r->draft_ms_tok = ss.draft_ms / g;
         r->verify_ms_tok = (r->gen_ms - ss.draft_ms - ss.draft_select_ms) / g;
-        snprintf(r->mode, sizeof r->mode, "%s", s.mode);
-        snprintf(r->backend, sizeof r->backend, "%s", s.io_backend);
-        r->direct = s.direct_io;
-        r->peak_rss = s.peak_rss;
-        r->budget = s.mem_budget;
-        r->model_bytes = s.model_bytes;
-        r->res_layers = s.n_ffn_resident_layers;
-        r->n_layers = s.n_layers;
-        r->ok = 1;
+        context_result(&s, r);
         flm_sampler_free(smp);
         free(ids);
         flm_close(ctx);
@@ -318,17 +325,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     *series = t;
     flm_stats s;
     flm_get_stats(ctx, &s);
-    snprintf(r->mode, sizeof r->mode, "%s", s.mode);
-    snprintf(r->backend, sizeof r->backend, "%s", s.io_backend);
-    r->direct = s.direct_io;
-    r->peak_rss = s.peak_rss;
-    r->budget = s.mem_budget;
-    r->model_bytes = s.model_bytes;
-    r->res_layers = s.n_ffn_resident_layers;
-    r->n_layers = s.n_layers;
-    r->window = s.window;
-    r->cache_rows = s.cache_rows;
-    r->ok = 1;
+    context_result(&s, r);
     flm_sampler_free(smp);
     free(ids);
     flm_close(ctx);
