@@ -52,7 +52,7 @@ try:
     # with --api-key the page itself loads without the key, and shows the API's 401 (the key field is empty)
     url = "http://127.0.0.1:%d/?q=Once%%20upon%%20a%%20time&temp=0" % port
     common = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--no-first-run", "--user-data-dir=" + profile, "--virtual-time-budget=20000"]
+              "--no-first-run", "--user-data-dir=" + profile, "--virtual-time-budget=60000"]
     dom = subprocess.run(common + ["--dump-dom", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          timeout=180).stdout
     if "missing or wrong API key" not in html.unescape(dom):
