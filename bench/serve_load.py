@@ -24,6 +24,8 @@ def one(url, key, model, i, max_tokens, stream):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + " (%d)" % i}],
             "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if stream:  # OpenAI servers (llama-server) send the usage chunk only when asked
+        body["stream_options"] = {"include_usage": True}
     if model:
         body["model"] = model
     h = {"Content-Type": "application/json"}
