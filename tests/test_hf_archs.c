@@ -1,10 +1,14 @@
-/* test_hf_archs.c — Falcon, Phi-2 and Persimmon from Hugging Face folders (issue 22), exact against transformers.
+/* test_hf_archs.c — Falcon, Phi-2, Persimmon and OPT-350M's layout from Hugging Face folders (issue 22), exact
+ * against transformers (against NumPy for OPT-350M's).
  *
  * tests/data/hf-tiny/{falcon-7b-style,phi-2-style,persimmon-8b-style}: random-weight models (d_model 64, 3 layers,
  * 4 heads of 16, d_ffn 256, vocab 1024) of Falcon 7B's layout (parallel attention and FFN, multi-query attention,
  * fused q/k/v, exact GELU), Phi-2's (parallel, partial RoPE over 6 of 16 dimensions, tanh-GELU, biases, classifier
  * bias) and Persimmon's (q/k LayerNorm, fused q/k/v interleaved per head, partial RoPE over 8 of 16, squared ReLU,
- * biases), saved by transformers 5.24 / torch 2.15 with their forward pass's answers in reference.json
+ * biases), saved by transformers 5.24 / torch 2.15 with their forward pass's answers in reference.json; and
+ * opt-350m-style: OPT-350M's layout (post-LN: do_layer_norm_before false, no final LayerNorm; word_embed_proj_dim 32
+ * for d_model 64: project_in / project_out), random weights with non-trivial biases and norm weights, written with its
+ * reference by the NumPy oracle (tests/oracle/hf_numpy.py --make-opt350m; no torch here)
  * (tests/data/README.md). `flm_convert_hf` writes each one's GGUF (src/convert/hf.c), `flm_convert` the .flm; then,
  * with an f32 KV cache, in ram mode from the GGUF (dense FFN, every weight mapped) and ram, naive and hybrid (some
  * layers resident, the others streamed) from the .flm (bundles):
@@ -58,6 +62,12 @@ static arch_case cases[] = {
                "attn_k_norm", "ffn_norm", "ffn_down", "ffn_up", "attn_rot_embd"},
      .must = {"blk.0.attn_qkv.weight", "blk.0.attn_qkv.bias", "blk.0.attn_q_norm.bias", "blk.0.attn_k_norm.weight",
               "blk.1.ffn_norm.bias", "output.weight"}},
+    /* OPT-350M's layout (post-LN, project_in/out, no final norm): made by tests/oracle/hf_numpy.py, so both its
+       references are NumPy's (the names beyond llama.cpp's: proj_in, proj_out are flashlm's, llama.cpp has no OPT) */
+    {.dir = "opt-350m-style", .arch = "opt",
+     .names = {"token_embd", "position_embd", "proj_in", "proj_out", "attn_norm", "attn_q", "attn_k", "attn_v",
+               "attn_output", "ffn_norm", "ffn_up", "ffn_down"},
+     .must = {"proj_in.weight", "proj_out.weight", "blk.2.ffn_norm.bias", "blk.0.ffn_up.bias", "blk.0.attn_q.bias"}},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -351,14 +361,12 @@ static void test_config_refused(void **state) {
     }
 }
 
-/* Persimmon's squared ReLU is zero exactly where up . x + b_up <= 0: calibrate gives it the ReLU rule, and the
+/* Persimmon's squared ReLU (and OPT's ReLU) is zero exactly where up . x + b_up <= 0: calibrate gives it the ReLU
+ * rule, and the
  * sparse mode with the true active sets (--no-predictor) equals the dense model, on the perturbed model (non-zero
  * FFN biases; NumPy's answers): logits within 1e-4, 16 greedy ids equal, with every neuron cached and with the
  * smallest caches (neurons streamed). */
-static void test_sparse_relu2(void **state) {
-    (void)state;
-    const arch_case *a = &cases[2];
-    assert_string_equal(a->arch, "persimmon");
+static void sparse_case(const arch_case *a) {
     const char *tok = hf_byte_tokenizer();
     char dir[4096], g[4096], f[4096];
     snprintf(dir, sizeof dir, "%s", hf_perturbed_folder(a->dir));
@@ -381,8 +389,8 @@ static void test_sparse_relu2(void **state) {
     o.n_threads = 2;
     flm_calib_report rep;
     if (flm_calib_run(f, &o, false, &rep, &err)) fail_msg("calibrate: %s", err.msg);
-    print_message("persimmon calibrated: %s rule; true active share %.3f, predicted %.3f, held-out recall %.3f\n",
-                  rep.relu ? "ReLU" : "contribution", rep.levels[0].oracle_frac, rep.levels[0].pred_frac,
+    print_message("%s calibrated: %s rule; true active share %.3f, predicted %.3f, held-out recall %.3f\n",
+                  a->arch, rep.relu ? "ReLU" : "contribution", rep.levels[0].oracle_frac, rep.levels[0].pred_frac,
                   rep.levels[0].recall);
     assert_true(rep.relu);
     flm_calib_report_free(&rep);
@@ -408,6 +416,19 @@ static void test_sparse_relu2(void **state) {
     flm_close(ctx);
     remove(g);
     remove(f);
+}
+
+static void test_sparse_relu2(void **state) {
+    (void)state;
+    assert_string_equal(cases[2].arch, "persimmon");
+    sparse_case(&cases[2]);
+}
+
+/* The same for OPT-350M's layout: the FFN reads the residual stream itself (post-LN), ReLU with biases. */
+static void test_sparse_post_ln(void **state) {
+    (void)state;
+    assert_string_equal(cases[3].dir, "opt-350m-style");
+    sparse_case(&cases[3]);
 }
 
 /* A copy of the falcon GGUF with one more tensor, extra (the shape of blk.0.attn_norm.weight), at out. */
@@ -471,6 +492,7 @@ int main(void) {
         cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_gguf_names),
         cmocka_unit_test(test_cli_prompt_ids), cmocka_unit_test(test_config_refused),
         cmocka_unit_test(test_layouts_refused), cmocka_unit_test(test_sparse_relu2),
+        cmocka_unit_test(test_sparse_post_ln),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

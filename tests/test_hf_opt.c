@@ -539,33 +539,34 @@ static void test_safetensors_bad(void **state) {
     expect_error(huge, sizeof huge, "header length");
 }
 
-/* A folder that is not pre-LN OPT is refused with the reason. */
+/* A layout flashlm lacks is refused with the reason: pre-LN OPT without its final LayerNorm
+ * (_remove_final_layer_norm; post-LN OPT-350M runs: tests/test_hf_archs.c). */
 static void test_config_refused(void **state) {
     (void)state;
     char dir[4096], cfg[4200];
-    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-post-ln", ""));
+    snprintf(dir, sizeof dir, "%s", tu_tmp("hf-no-final-ln", ""));
     assert_int_equal(mkdir(dir, 0755), 0);
     size_t len;
     uint8_t *c = tu_read_file(tu_data("hf-tiny/opt-125m-style/config.json"), &len);
     char *s = malloc(len + 1);
     memcpy(s, c, len);
     s[len] = 0;
-    char *p = strstr(s, "\"do_layer_norm_before\": true");
+    const char *from = "\"_remove_final_layer_norm\": false";
+    char *p = strstr(s, from);
     assert_non_null(p);
-    char *t = malloc(len + 2);
-    size_t head = (size_t)(p - s) + strlen("\"do_layer_norm_before\": ");
-    memcpy(t, s, head);
-    memcpy(t + head, "false", 5);
-    memcpy(t + head + 5, s + head + 4, len - head - 4); /* "true" -> "false" */
+    char *t = calloc(1, len + 8);
+    memcpy(t, s, (size_t)(p - s));
+    strcat(t, "\"_remove_final_layer_norm\": true");
+    strcat(t, p + strlen(from));
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    tu_write_file(cfg, t, len + 1);
+    tu_write_file(cfg, t, strlen(t));
     free(t);
     flm_error err;
     char out[4096];
-    snprintf(out, sizeof out, "%s", tu_tmp("hf-post-ln", ".gguf"));
-    assert_int_not_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, &err), FLM_OK);
-    print_message("post-LN: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "do_layer_norm_before"));
+    snprintf(out, sizeof out, "%s", tu_tmp("hf-no-final-ln", ".gguf"));
+    assert_int_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, &err), FLM_ERR_UNSUPPORTED);
+    print_message("no final LayerNorm: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "_remove_final_layer_norm"));
     remove(cfg);
     rmdir(dir);
     free(s);

@@ -2,8 +2,9 @@
  * GGUF file with llama.cpp's tensor names, which every other path (flm_open, flm_convert) then reads.
  *
  * One table per architecture (config.json's model_type), each mapping transformers' names onto llama.cpp's
- * (src/llama-arch.cpp; gguf-py's constants): opt (pre-LN; llama.cpp has no OPT converter, flashlm names it as llama.cpp
- * does GPT-2), falcon (7B layout), phi (phi2) and persimmon; the mapping of each is written above its table below.
+ * (src/llama-arch.cpp; gguf-py's constants): opt (pre- and post-LN, project_in/out; llama.cpp has no OPT converter,
+ * flashlm names it as llama.cpp does GPT-2), falcon (7B layout), phi (phi2) and persimmon; the mapping of each is
+ * written above its table below.
  * The fused q/k/v tensors of Falcon and Persimmon are copied as they are: their row orders are already llama.cpp's
  * (model/arch.h, flm_qkv_layout), so a GGUF written here and one from llama.cpp's converter load the same way.
  * A PyTorch Linear weight [out, in] is row-major with `in` contiguous: GGUF ne = [in, out], the same bytes. */
@@ -281,6 +282,8 @@ typedef struct hf_model {
     uint32_t rope_dim;     /* 0: no rope.dimension_count key (all of head_dim, or learned positions) */
     float eps, rope_theta; /* rope_theta 0: no key */
     bool tied;             /* lm_head is the token embedding */
+    bool norm_after;       /* post-LN (OPT's do_layer_norm_before false): flashlm.norm_after */
+    uint32_t E;            /* the token embedding's width: d, or OPT's word_embed_proj_dim (project_in/out) */
     uint32_t bos, eos;
 } hf_model;
 
@@ -402,8 +405,11 @@ static flm_status cfg_not(const cJSON *cfg, const char *path, const char *key, c
     return FLM_OK;
 }
 
-/* OPT (transformers' models/opt/modeling_opt.py, OPTForCausalLM), pre-LN (do_layer_norm_before):
- *   model.decoder.embed_tokens.weight [V, d]            -> token_embd.weight (lm_head tied to it)
+/* OPT (transformers' models/opt/modeling_opt.py, OPTForCausalLM):
+ *   model.decoder.embed_tokens.weight [V, E]            -> token_embd.weight (lm_head tied to it); E = d, or
+ *                                                          word_embed_proj_dim (OPT-350M: 512 for d 1024)
+ *   model.decoder.project_in.weight [d, E]              -> proj_in.weight  (only when E != d; no bias)
+ *   model.decoder.project_out.weight [E, d]             -> proj_out.weight (only when E != d; no bias)
  *   model.decoder.embed_positions.weight [P + 2, d]     -> position_embd.weight [P, d]: OPTLearnedPositionalEmbedding
  *                                                          looks up row pos + 2, so the first 2 rows are dropped
  *   layers.N.self_attn_layer_norm.{weight,bias}         -> blk.N.attn_norm.{weight,bias}
@@ -412,8 +418,11 @@ static flm_status cfg_not(const cJSON *cfg, const char *path, const char *key, c
  *        the engine's attention scale 1/sqrt(head_dim) on the unscaled q; nothing to fold)
  *   layers.N.final_layer_norm.{weight,bias}             -> blk.N.ffn_norm.{weight,bias}
  *   layers.N.fc1.{weight,bias} / fc2.{weight,bias}      -> blk.N.ffn_up.{weight,bias} / blk.N.ffn_down.{weight,bias}
- *   model.decoder.final_layer_norm.{weight,bias}        -> output_norm.{weight,bias}
- *   lm_head.weight (when not tied)                      -> output.weight */
+ *   model.decoder.final_layer_norm.{weight,bias}        -> output_norm.{weight,bias} (pre-LN only)
+ *   lm_head.weight [V, E] (when not tied)               -> output.weight
+ * do_layer_norm_before (default true) false is OPT-350M's post-LN: the layer norms follow the residual adds and the
+ * decoder has no final LayerNorm; written as flashlm.norm_after = true (model/model.h). The embedding is projected
+ * (project_in) before the positions are added, and project_out follows the last layer (the final norm, pre-LN). */
 static flm_status cfg_opt(const cJSON *cfg, const char *path, hf_model *h, flm_error *err) {
     flm_status st;
     h->arch = "opt";
@@ -426,17 +435,14 @@ static flm_status cfg_opt(const cJSON *cfg, const char *path, hf_model *h, flm_e
     h->H_kv = h->H;
     h->rope_dim = 0;
     const cJSON *ln = cJSON_GetObjectItemCaseSensitive(cfg, "do_layer_norm_before");
-    if (cJSON_IsFalse(ln))
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: do_layer_norm_before is false (post-LN, as OPT-350M): not "
-                        "supported yet; flashlm runs pre-LN OPT", path);
-    if ((st = cfg_not(cfg, path, "_remove_final_layer_norm", "no final LayerNorm", err))) return st;
-    uint32_t wp = h->d;
+    if (ln && !cJSON_IsBool(ln)) return flm_fail(err, FLM_ERR_FORMAT, "%s: do_layer_norm_before is not a bool", path);
+    h->norm_after = cJSON_IsFalse(ln);
+    /* pre-LN without the final LayerNorm is a layout flashlm lacks; post-LN has none either way */
+    if (!h->norm_after && (st = cfg_not(cfg, path, "_remove_final_layer_norm", "no final LayerNorm", err))) return st;
+    h->E = h->d;
     if (cJSON_GetObjectItemCaseSensitive(cfg, "word_embed_proj_dim") &&
-        (st = cfg_u32(cfg, path, "word_embed_proj_dim", &wp, err)))
+        (st = cfg_u32(cfg, path, "word_embed_proj_dim", &h->E, err)))
         return st;
-    if (wp != h->d)
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: word_embed_proj_dim %u differs from hidden_size %u: OPT's "
-                        "project_in/project_out are not supported yet", path, wp, h->d);
     if ((st = cfg_is(cfg, path, "activation_function", "relu", err))) return st;
     const cJSON *ea = cJSON_GetObjectItemCaseSensitive(cfg, "layer_norm_elementwise_affine");
     const cJSON *eb = cJSON_GetObjectItemCaseSensitive(cfg, "enable_bias");
@@ -449,18 +455,23 @@ static flm_status cfg_opt(const cJSON *cfg, const char *path, hf_model *h, flm_e
 
 static flm_status map_opt(hf_mapper *M, const hf_model *h, flm_error *err) {
     flm_status st;
-    if ((st = map1(M, "model.decoder.embed_tokens.weight", "token_embd.weight", h->V, h->d, err)) ||
+    if ((st = map1(M, "model.decoder.embed_tokens.weight", "token_embd.weight", h->V, h->E, err)) ||
         (st = map1(M, "model.decoder.embed_positions.weight", "position_embd.weight", (uint64_t)h->P + 2, h->d, err)))
         return st;
     hf_map *pe = &M->maps[M->n - 1];
     pe->type = FLM_TYPE_F32;
     pe->skip_rows = 2;
     pe->ne[1] = h->P;
-    if ((st = map1(M, "model.decoder.final_layer_norm.weight", "output_norm.weight", h->d, 0, err)) ||
-        (st = map1(M, "model.decoder.final_layer_norm.bias", "output_norm.bias", h->d, 0, err)))
+    if (h->E != h->d &&
+        ((st = map1(M, "model.decoder.project_in.weight", "proj_in.weight", h->d, h->E, err)) ||
+         (st = map1(M, "model.decoder.project_out.weight", "proj_out.weight", h->E, h->d, err))))
+        return st;
+    if (!h->norm_after &&
+        ((st = map1(M, "model.decoder.final_layer_norm.weight", "output_norm.weight", h->d, 0, err)) ||
+         (st = map1(M, "model.decoder.final_layer_norm.bias", "output_norm.bias", h->d, 0, err))))
         return st;
     if (!h->tied && flm_st_set_find(M->set, "lm_head.weight") &&
-        (st = map1(M, "lm_head.weight", "output.weight", h->V, h->d, err)))
+        (st = map1(M, "lm_head.weight", "output.weight", h->V, h->E, err)))
         return st;
     static const hf_entry T[] = {
         {"self_attn_layer_norm.weight", "attn_norm.weight", D_D, D_ONE},
@@ -762,6 +773,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     flm_gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", h.eos);
     /* OPT's tokenizer prepends </s> (BOS); the others' add none */
     flm_gguf_writer_kv_bool(w, "tokenizer.ggml.add_bos_token", strcmp(h.arch, "opt") == 0);
+    if (h.norm_after) flm_gguf_writer_kv_bool(w, "flashlm.norm_after", true);
     for (size_t i = 0; i < nm; i++)
         if ((st = flm_gguf_writer_add_tensor(w, maps[i].gguf, maps[i].type, maps[i].n_dims, maps[i].ne))) {
             st = flm_fail(err, st, "%s: cannot add tensor '%s'", dst, maps[i].gguf);

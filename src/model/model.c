@@ -15,8 +15,8 @@ uint64_t flm_weight_bytes(const flm_weight *w) { return (uint64_t)flm_row_bytes(
 flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err) {
     const uint32_t lim = 1u << 20;
     if (!hp->d_model || !hp->d_ffn || !hp->n_layers || !hp->n_heads || !hp->n_kv_heads || !hp->n_vocab ||
-        !hp->head_dim || hp->d_model > lim || hp->d_ffn > lim || hp->n_layers > 4096 || hp->n_heads > 4096 ||
-        hp->head_dim > 4096 || hp->n_vocab > (1u << 24))
+        !hp->head_dim || !hp->d_embd || hp->d_model > lim || hp->d_embd > lim || hp->d_ffn > lim ||
+        hp->n_layers > 4096 || hp->n_heads > 4096 || hp->head_dim > 4096 || hp->n_vocab > (1u << 24))
         return flm_fail(err, FLM_ERR_FORMAT,
                         "%s: hyper-parameters out of range (d_model %u, d_ffn %u, n_layers %u, n_heads %u, "
                         "n_kv_heads %u, head_dim %u, n_vocab %u)", what, hp->d_model, hp->d_ffn, hp->n_layers,
@@ -123,10 +123,24 @@ flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_er
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: Falcon with a second attention norm (attn_norm_2: the 40B "
                         "layout, new_decoder_architecture) is not supported; flashlm runs Falcon 7B's layout",
                         f->path);
+    /* flashlm extension: post-LN (OPT-350M), written by flashlm convert from a Hugging Face folder */
+    const flm_gguf_kv *na = flm_gguf_find_kv(f, "flashlm.norm_after");
+    if (na) {
+        if (na->type != GGUF_VT_BOOL)
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: key 'flashlm.norm_after': expected a bool", f->path);
+        hp->norm_after = na->v.u64 != 0;
+    }
+    if (hp->norm_after && (a->norm != FLM_NORM_LAYER || (a->flags & (FLM_ARCH_PARALLEL | FLM_ARCH_POST_NORMS))))
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: flashlm.norm_after (post-LN) is supported for sequential "
+                        "LayerNorm architectures (OPT), not %s", f->path, a->name);
     const flm_gguf_tensor *emb = flm_gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", f->path);
     if (emb->ne[1] > (1u << 24)) return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has too many rows", f->path);
+    if (emb->ne[0] == 0 || emb->ne[0] > (1u << 20))
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has rows of %llu elements", f->path,
+                        (unsigned long long)emb->ne[0]);
     hp->n_vocab = (uint32_t)emb->ne[1];
+    hp->d_embd = (uint32_t)emb->ne[0]; /* d_model unless proj_in / proj_out (checked when binding) */
     return flm_hparams_check(hp, f->path, err);
 }
 
@@ -220,17 +234,28 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     const flm_arch *a = hp->arch;
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
     const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
-    if ((st = bind(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, &m->tok_embd, err)) ||
-        (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err)))
-        return st;
-    if (a->norm == FLM_NORM_LAYER &&
+    if ((st = bind(f, "token_embd.weight", hp->d_embd, hp->n_vocab, false, &m->tok_embd, err))) return st;
+    /* post-LN: the last layer's norm already ends the stack; a final norm is optional (OPT-350M has none) */
+    const bool out_norm = !hp->norm_after || flm_gguf_find_tensor(f, "output_norm.weight");
+    if (out_norm && (st = bind(f, "output_norm.weight", hp->d_model, 1, true, &m->output_norm, err))) return st;
+    if (out_norm && a->norm == FLM_NORM_LAYER &&
         (st = bind(f, "output_norm.bias", hp->d_model, 1, true, &m->output_norm_b, err)))
+        return st;
+    /* OPT-350M's project_in / project_out: both, exactly when the embedding's width differs from d_model (or both
+     * present at equal widths) */
+    const bool pin = flm_gguf_find_tensor(f, "proj_in.weight"), pout = flm_gguf_find_tensor(f, "proj_out.weight");
+    if (pin != pout || (hp->d_embd != hp->d_model && !pin))
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: token_embd.weight has rows of %u elements for d_model %u: "
+                        "proj_in.weight and proj_out.weight must both be present (they are %s and %s)", f->path,
+                        hp->d_embd, hp->d_model, pin ? "present" : "missing", pout ? "present" : "missing");
+    if (pin && ((st = bind(f, "proj_in.weight", hp->d_embd, hp->d_model, false, &m->proj_in, err)) ||
+                (st = bind(f, "proj_out.weight", hp->d_model, hp->d_embd, false, &m->proj_out, err))))
         return st;
     if (a->pos == FLM_POS_LEARNED &&
         (st = bind(f, "position_embd.weight", hp->d_model, hp->n_ctx_train, false, &m->pos_embd, err)))
         return st;
     if (flm_gguf_find_tensor(f, "output.weight")) {
-        if ((st = bind(f, "output.weight", hp->d_model, hp->n_vocab, false, &m->output, err))) return st;
+        if ((st = bind(f, "output.weight", hp->d_embd, hp->n_vocab, false, &m->output, err))) return st;
     } else {
         m->output = m->tok_embd; /* tied */
     }

@@ -31,6 +31,11 @@ typedef struct flm_hparams {
     float attn_scale;     /* attention logits scale, 1/sqrt(head_dim) */
     flm_act act;          /* FFN activation: the arch's, or flashlm.ffn_activation (synthetic ReLU models) */
     bool gated;           /* FFN has a gate projection (SwiGLU / ReGLU / GeGLU) */
+    bool norm_after;      /* flashlm.norm_after (post-LN, OPT-350M's do_layer_norm_before = false): each layer is
+                             x = norm(x + attn(x)) with attn_norm, then x = norm(x + ffn(x)) with ffn_norm, and
+                             output_norm is optional (OPT-350M has none); LayerNorm, sequential architectures only */
+    uint32_t d_embd;      /* row length of token_embd.weight (and of the classifier): d_model, or OPT-350M's
+                             word_embed_proj_dim when the model has proj_in / proj_out */
 } flm_hparams;
 
 typedef struct flm_weight {
@@ -61,12 +66,16 @@ typedef struct flm_layer_weights {
 typedef struct flm_model {
     char arch[32];             /* general.architecture: "llama", "qwen2", "gemma3" */
     flm_hparams hp;
-    flm_weight tok_embd;       /* [n_vocab rows of d_model] */
-    flm_weight output_norm;    /* [d_model] f32 */
+    flm_weight tok_embd;       /* [n_vocab rows of d_embd] */
+    flm_weight output_norm;    /* [d_model] f32; data NULL when norm_after and the model has none (OPT-350M) */
     flm_weight output_norm_b;  /* FLM_NORM_LAYER: [d_model] f32, else data NULL */
     flm_weight pos_embd;       /* FLM_POS_LEARNED: [n_ctx_train rows of d_model], else data NULL */
-    flm_weight output;         /* [n_vocab rows of d_model]; equals tok_embd when tied */
+    flm_weight output;         /* [n_vocab rows of d_embd]; equals tok_embd when tied */
     flm_weight output_b;       /* FLM_ARCH_OUT_BIAS: [n_vocab] f32, else data NULL */
+    flm_weight proj_in;        /* proj_in.weight [d_embd -> d_model] (OPT-350M's project_in, no bias): the embedding
+                                  row is projected before the position row is added; data NULL when d_embd == d_model */
+    flm_weight proj_out;       /* proj_out.weight [d_model -> d_embd] (project_out): applied to the last hidden state
+                                  (after output_norm, when there is one) before the classifier; present with proj_in */
     flm_layer_weights *layers; /* n_layers */
     flm_tokenizer *tok;
     flm_gguf_file *gguf;           /* owner of the weight bytes when loaded from GGUF */
@@ -92,6 +101,13 @@ flm_status flm_hparams_from_gguf(const flm_gguf_file *f, flm_hparams *hp, flm_er
  * sizes < 2^20). what names the source in messages. */
 flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error *err);
 
+
+/* Floats of one token's block-input row (the scratch that holds a normed input, the attention's output, the
+ * embedding row before proj_in and the hidden state after proj_out): max(n_heads * head_dim, d_model, d_embd). */
+static inline uint64_t flm_hparams_row(const flm_hparams *hp) {
+    uint64_t q = (uint64_t)hp->n_heads * hp->head_dim, r = q > hp->d_model ? q : hp->d_model;
+    return hp->d_embd > r ? hp->d_embd : r;
+}
 
 /* Bytes of a weight (rows * row bytes). */
 uint64_t flm_weight_bytes(const flm_weight *w);

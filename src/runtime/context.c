@@ -70,7 +70,7 @@ bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
                             flm_error *err) {
     size_t q_dim = (size_t)hp->n_heads * hp->head_dim;
-    size_t xb = q_dim > hp->d_model ? q_dim : hp->d_model;
+    size_t xb = (size_t)flm_hparams_row(hp);
     memset(s, 0, sizeof *s);
 #define CARVE(n) flm_arena_alloc(a, (uint64_t)(n) * sizeof(float), FLM_CARVE_ALIGN)
     s->x = CARVE(hp->d_model);

@@ -3,7 +3,8 @@
  * descriptor (model/arch.h) selects. For each token t (x_t: d_model floats):
  *
  *   x_t  = E[token_t] * (sqrt(d_model) if EMBD_SCALE) (+ P[pos + t] if learned positions)   E row: memory or flash
- *   for each layer:
+ *          (OPT-350M: proj_in E[token_t], d_embd -> d_model, then + P[pos + t])
+ *   for each layer (pre-LN; post-LN below):
  *     h_t       = norm(x_t) * attn_norm (+ attn_norm_b)          norm: RMSNorm, or LayerNorm with bias
  *     q, k, v   = Wq h_t + bq,  Wk h_t + bk,  Wv h_t + bv          biases where the model has them (Qwen2); a fused
  *                                                                 attn_qkv as row ranges, or head by head (Persimmon)
@@ -22,6 +23,11 @@
  *                                                                 FFN biases (OPT): up h_t + b_up, then f_t + b_down
  *     x_t      += post_ffn_norm ? rmsnorm(f_t) * post_ffn_norm : f_t
  *   logits_t = W_out (norm(x_t) * output_norm (+ output_norm_b)) (+ b_out)   every token's, or the last one's
+ *              (OPT-350M: W_out proj_out x_t, d_model -> d_embd, no output norm)
+ *
+ * Post-LN (hp->norm_after, OPT-350M's do_layer_norm_before = false): the blocks read x_t itself, and the norms follow
+ * the residual adds: x_t = norm(x_t + a_t) * attn_norm + attn_norm_b, then x_t = norm(x_t + f_t) * ffn_norm +
+ * ffn_norm_b, where a_t and f_t are the attention and FFN of x_t; the output norm is optional.
  *
  * One token (n = 1) runs on the single-token scratch and its matrices as matrix-vector products (flm_matvec); a batch
  * runs on the batch scratch with matrix-matrix products (flm_matmat: each resident weight row read once for the
@@ -195,44 +201,67 @@ void flm_pass_residual(const flm_pass *P, float *x, float *y, size_t y_stride, c
 /* The activations of one pass: the single-token scratch (n = 1) or the batch scratch, token t's row at t * stride. */
 typedef struct rows {
     float *x;    /* [n][d_model] residual stream */
-    float *h;    /* [n][h_stride] block input (normed), then the attention's output; h_stride = max(d_model, q_dim) */
+    float *h;    /* [n][h_stride] block input (normed), then the attention's output; h_stride =
+                    flm_hparams_row: max(d_model, q_dim, d_embd) */
     size_t h_stride;
     float *o;    /* [n][d_model] block output (attention, FFN) */
     float *q, *k, *v; /* [n][q_dim], [n][kv_dim] x 2 */
 } rows;
 
 /* x[t] = row token[t] of the embedding (memory or flash; every row first: a failed read changes nothing), scaled by
- * sqrt(d_model) (EMBD_SCALE), plus the learned position row (FLM_POS_LEARNED; tmp: [d_model] scratch). */
-static flm_status embed(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *X, float *tmp,
+ * sqrt(d_model) (EMBD_SCALE), projected by proj_in when the model has one (the rows, d_embd floats, are read into H,
+ * rows hs apart, then X = proj_in H), plus the learned position row (FLM_POS_LEARNED; read into H). */
+static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, float *X, float *H, size_t hs,
                         flm_token_stats *tok, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
-    const uint32_t d = hp->d_model;
+    const uint32_t d = hp->d_model, de = hp->d_embd, n = P->n;
+    const int32_t pos = P->pos;
+    const bool proj = m->proj_in.data != NULL;
     if (m->pos_embd.data && (uint64_t)pos + n > m->pos_embd.n_out)
         return flm_fail(err, FLM_ERR_ARG, "position %lld is past the model's %llu learned positions",
                         (long long)pos + n - 1, (unsigned long long)m->pos_embd.n_out);
     for (uint32_t t = 0; t < n; t++) {
-        float *x = X + (size_t)t * d;
+        float *x = proj ? H + t * hs : X + (size_t)t * d;
         if (m->tok_embd.data) {
             size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
             ctx->k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * row_bytes, x,
-                                              d);
+                                              de);
         } else {
             flm_status st = flm_flash_embedding(ctx, tokens[t], x, tok, err);
             if (st) return st;
         }
         if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
             const float sc = sqrtf((float)d);
-            for (uint32_t i = 0; i < d; i++) x[i] *= sc;
-        }
-        if (m->pos_embd.data) {
-            size_t row_bytes = flm_row_bytes(m->pos_embd.type, m->pos_embd.n_in);
-            ctx->k->dequant[m->pos_embd.type]((const uint8_t *)m->pos_embd.data + (size_t)(pos + t) * row_bytes, tmp,
-                                              d);
-            for (uint32_t i = 0; i < d; i++) x[i] += tmp[i];
+            for (uint32_t i = 0; i < de; i++) x[i] *= sc;
         }
     }
+    if (proj) flm_pass_linear(P, &m->proj_in, NULL, d, de, H, hs, X, d);
+    if (m->pos_embd.data)
+        for (uint32_t t = 0; t < n; t++) {
+            float *x = X + (size_t)t * d;
+            size_t row_bytes = flm_row_bytes(m->pos_embd.type, m->pos_embd.n_in);
+            ctx->k->dequant[m->pos_embd.type]((const uint8_t *)m->pos_embd.data + (size_t)(pos + t) * row_bytes, H,
+                                              d);
+            for (uint32_t i = 0; i < d; i++) x[i] += H[i];
+        }
     return FLM_OK;
+}
+
+/* The logits of the n tokens of P (rows of X, d_model floats; changed in place): the output norm when the model has
+ * one, proj_out when it has one (into H, rows hs apart), the classifier (+ its bias) into logits (rows of n_vocab). */
+static void output(const flm_model *m, const flm_pass *P, float *X, float *H, size_t hs, float *logits) {
+    const flm_hparams *hp = &m->hp;
+    const uint32_t d = hp->d_model;
+    if (m->output_norm.data) flm_pass_norm(P, &m->output_norm, &m->output_norm_b, d, X, d, X, d);
+    const float *in = X;
+    size_t stride = d;
+    if (m->proj_out.data) {
+        flm_pass_linear(P, &m->proj_out, NULL, hp->d_embd, d, X, d, H, hs);
+        in = H;
+        stride = hs;
+    }
+    flm_pass_linear(P, &m->output, &m->output_b, hp->n_vocab, hp->d_embd, in, stride, logits, hp->n_vocab);
 }
 
 /* The FFN block of layer l by the mode's source: the tap sees every token's input first (it only observes); one
@@ -268,13 +297,18 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n,
                         .pos = pos, .att = s->att};
 
-    flm_status st = embed(ctx, tokens, n, pos, R->x, R->h, tok, err);
+    flm_status st = embed(ctx, &P, tokens, R->x, R->h, hs, tok, err);
     if (st) return st;
+    /* pre-LN (the default): a block reads norm(x) from R->h; post-LN (norm_after): it reads x itself, and the norm
+     * follows the residual add */
+    const bool after = hp->norm_after;
+    float *in = after ? R->x : R->h;
+    const size_t in_stride = after ? d : hs;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const flm_layer_weights *L = &m->layers[l];
         /* attention */
-        flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->h, hs);
-        flm_pass_qkv(&P, L, R->h, hs, R->q, R->k, R->v);
+        if (!after) flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->h, hs);
+        flm_pass_qkv(&P, L, in, in_stride, R->q, R->k, R->v);
         flm_pass_attention(&P, L, l, R->q, R->k, R->v, R->h, hs);
         flm_pass_linear(&P, &L->wo, &L->bo, d, q_dim, R->h, hs, R->o, d);
         if (!all_finite(R->o, n * d)) return not_finite(ctx, "attention", l, err);
@@ -283,25 +317,24 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         const flm_weight *fb = parallel && !L->ffn_norm.data ? &L->attn_norm_b : &L->ffn_norm_b;
         if (parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
         flm_pass_residual(&P, R->x, R->o, d, &L->post_attn_norm);
-        if (!parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
-        if ((st = ffn(ctx, l, n, pos, R->h, hs, R->o, tok, err))) return st;
+        if (after) flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->x, d);
+        else if (!parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
+        if ((st = ffn(ctx, l, n, pos, in, in_stride, R->o, tok, err))) return st;
         if (L->ffn_down_b.data)
             for (uint32_t t = 0; t < n; t++) add_bias(R->o + (size_t)t * d, &L->ffn_down_b, d);
         if (!all_finite(R->o, n * d)) return not_finite(ctx, "FFN", l, err);
         flm_pass_residual(&P, R->x, R->o, d, &L->post_ffn_norm);
+        if (after) flm_pass_norm(&P, fn, fb, d, R->x, d, R->x, d);
     }
     /* logits: every token's (a batch), or the last one's */
     if (logits_all && n > 1) {
-        flm_pass_norm(&P, &m->output_norm, &m->output_norm_b, d, R->x, d, R->x, d);
-        flm_pass_linear(&P, &m->output, &m->output_b, V, d, R->x, d, logits_all, V);
+        output(m, &P, R->x, R->h, hs, logits_all);
         if (!all_finite(logits_all, n * V)) return not_finite(ctx, "output", UINT32_MAX, err);
         memcpy(s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
     } else {
         flm_pass last = P;
         last.n = 1;
-        float *x = R->x + (size_t)(n - 1) * d;
-        flm_pass_norm(&last, &m->output_norm, &m->output_norm_b, d, x, d, x, d);
-        flm_pass_linear(&last, &m->output, &m->output_b, V, d, x, d, s->logits, V);
+        output(m, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits);
         if (!all_finite(s->logits, V)) return not_finite(ctx, "output", UINT32_MAX, err);
         if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
     }
@@ -313,8 +346,8 @@ flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
                        flm_token_stats *tok, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     flm_scratch *s = &ctx->s;
-    const uint32_t V = hp->n_vocab, q_dim = hp->n_heads * hp->head_dim;
-    const size_t hs = q_dim > hp->d_model ? q_dim : hp->d_model;
+    const uint32_t V = hp->n_vocab;
+    const size_t hs = (size_t)flm_hparams_row(hp);
     if (n == 1 || s->n_batch < n) { /* one token (decoding), or more than the batch arrays hold: token by token */
         const rows one = {.x = s->x, .h = s->xb, .h_stride = hs, .o = s->xb2, .q = s->q, .k = s->k, .v = s->v};
         for (uint32_t i = 0; i < n; i++) {

@@ -36,7 +36,7 @@ uint32_t flm_plan_n_ctx(const flm_params *p, const flm_hparams *hp) {
 /* bytes of one batch token's activations (flm_scratch_bytes's batch rows) */
 static uint64_t batch_row_bytes(const flm_hparams *hp) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t xb = flm_hparams_row(hp), kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     return 4 * ((uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim);
 }
 
@@ -52,7 +52,7 @@ uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_c
 
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t xb = q_dim > hp->d_model ? q_dim : hp->d_model, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t xb = flm_hparams_row(hp), kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     uint64_t one = (uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim; /* a token's rows */
     uint64_t batch = n_batch > 1 ? (uint64_t)n_batch * batch_row_bytes(hp) : 0;
     return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + FLM_STATS_TOKENS * sizeof(flm_token_stats);

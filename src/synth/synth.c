@@ -822,7 +822,7 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     if (mat_bytes(p->type, d, d) > max_tensor) max_tensor = mat_bytes(p->type, d, d);
     size_t rowlen = d > nf ? d : nf;
     vocab v = {0};
-    flm_hparams hp = {.d_model = d, .d_ffn = nf, .n_layers = p->n_layers, .n_heads = p->n_heads,
+    flm_hparams hp = {.d_model = d, .d_embd = d, .d_ffn = nf, .n_layers = p->n_layers, .n_heads = p->n_heads,
                       .n_kv_heads = p->n_kv_heads, .head_dim = d / p->n_heads, .n_vocab = p->n_vocab,
                       .n_ctx_train = p->n_ctx, .rope_dim = d / p->n_heads, .norm_eps = p->norm_eps,
                       .rope_theta = p->rope_theta, .rope_theta_local = p->rope_theta, .act = p->act,

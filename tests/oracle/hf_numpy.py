@@ -3,6 +3,7 @@
 tests/test_hf_archs.c and tests/test_hf_opt.c.
 
 Usage: hf_numpy.py DIR [--perturb] [--check] [--out FILE]
+       hf_numpy.py --make-opt350m DIR   (writes the random OPT-350M-shaped model below into DIR with its reference)
   DIR       a folder of tests/data/hf-tiny (config.json, model.safetensors, reference.json)
   --perturb first replace every bias and every norm weight by the deterministic values below (the reference models
             were saved with transformers' initialization: biases 0, norm weights 1, so their answers cannot tell
@@ -18,7 +19,11 @@ with element index i, k = (sum of NAME's bytes) % 97,
 computed in double and rounded to float32. A bias is a tensor whose name ends in ".bias"; a norm weight one whose name
 ends in ".weight" and contains "norm" or "ln_f".
 
-The forward pass follows transformers' modeling_opt.py, modeling_falcon.py (parallel_attn, multi_query),
+The forward pass follows transformers' modeling_opt.py (pre-LN, and OPT-350M's post-LN: do_layer_norm_before false
+puts each layer's two LayerNorms after their residual adds, x = LN(x + attn(x)), x = LN(x + fc2(relu(fc1(x)))), and
+the decoder has no final LayerNorm; word_embed_proj_dim != hidden_size adds project_in on the token embedding before
+the positions are added and project_out before the tied classifier, both without bias), modeling_falcon.py
+(parallel_attn, multi_query),
 modeling_phi.py and modeling_persimmon.py, in float64, the whole sequence recomputed for each greedy step. It was
 checked against reference.json for all four models (--check). Needs only NumPy.
 """
@@ -123,16 +128,29 @@ def forward(cfg, w, ids):
     lin = lambda x, n, bias=True: x @ w[n + ".weight"].T + (w[n + ".bias"] if bias and n + ".bias" in w else 0.0)
     if mt == "opt":
         p = "model.decoder."
-        x = w[p + "embed_tokens.weight"][ids] + w[p + "embed_positions.weight"][np.arange(T) + 2]
+        before = cfg.get("do_layer_norm_before", True)  # False: post-LN (OPT-350M)
+        e = w[p + "embed_tokens.weight"][ids]
+        if p + "project_in.weight" in w:  # word_embed_proj_dim != hidden_size: Linear without bias
+            e = e @ w[p + "project_in.weight"].T
+        x = e + w[p + "embed_positions.weight"][np.arange(T) + 2]
+        ln = lambda v, n: layer_norm(v, w[n + ".weight"], w[n + ".bias"], 1e-5)
         for l in range(L):
             q = p + f"layers.{l}."
-            h = layer_norm(x, w[q + "self_attn_layer_norm.weight"], w[q + "self_attn_layer_norm.bias"], 1e-5)
+            h = ln(x, q + "self_attn_layer_norm") if before else x
             a = attention(lin(h, q + "self_attn.q_proj").reshape(T, H, hd), lin(h, q + "self_attn.k_proj").reshape(T, H, hd),
                           lin(h, q + "self_attn.v_proj").reshape(T, H, hd))
             x = x + lin(a, q + "self_attn.out_proj")
-            h = layer_norm(x, w[q + "final_layer_norm.weight"], w[q + "final_layer_norm.bias"], 1e-5)
+            if not before:
+                x = ln(x, q + "self_attn_layer_norm")
+            h = ln(x, q + "final_layer_norm") if before else x
             x = x + lin(np.maximum(lin(h, q + "fc1"), 0.0), q + "fc2")
-        x = layer_norm(x[-1], w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"], 1e-5)
+            if not before:
+                x = ln(x, q + "final_layer_norm")
+        x = x[-1]
+        if before:  # the decoder's final LayerNorm exists only with pre-LN
+            x = ln(x, p + "final_layer_norm")
+        if p + "project_out.weight" in w:
+            x = x @ w[p + "project_out.weight"].T
         return x @ w.get("lm_head.weight", w[p + "embed_tokens.weight"]).T
     theta, factor = rope_params(cfg)
     rd = int(hd * factor)
@@ -177,10 +195,65 @@ def forward(cfg, w, ids):
     return logits + w["lm_head.bias"] if "lm_head.bias" in w else logits
 
 
+def save_safetensors(path, tensors):
+    """tensors: name -> float32 array; written in name order, little-endian, no metadata"""
+    head, off, blobs = {}, 0, []
+    for name in sorted(tensors):
+        b = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+        head[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(head, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def make_opt350m(d):
+    """A random OPT-350M-shaped model in folder d: post-LN (do_layer_norm_before false, no final LayerNorm),
+    word_embed_proj_dim 32 != hidden_size 64 (project_in / project_out, no bias), 3 layers, 4 heads, d_ffn 256, vocab
+    1024, 256 positions, tied classifier. Weights N(0, 0.08), biases N(0, 0.05), LayerNorm weights 1 + N(0, 0.1),
+    seed 350; the names and shapes are transformers' OPTForCausalLM's. Writes config.json, model.safetensors and a
+    reference.json (prompt, 16 greedy ids, the prompt's last logits) by this file's forward pass."""
+    import os
+    os.makedirs(d, exist_ok=True)
+    D, E, F, L, V, P = 64, 32, 256, 3, 1024, 256
+    cfg = {"model_type": "opt", "architectures": ["OPTForCausalLM"], "activation_function": "relu",
+           "hidden_size": D, "word_embed_proj_dim": E, "ffn_dim": F, "num_hidden_layers": L,
+           "num_attention_heads": 4, "vocab_size": V, "max_position_embeddings": P, "do_layer_norm_before": False,
+           "_remove_final_layer_norm": False, "enable_bias": True, "layer_norm_elementwise_affine": True,
+           "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "dtype": "float32",
+           "made_with": "tests/oracle/hf_numpy.py --make-opt350m (NumPy, seed 350)"}
+    rng = np.random.default_rng(350)
+    g = lambda *shape, s=0.08: rng.normal(0.0, s, shape).astype(np.float32)
+    p = "model.decoder."
+    w = {p + "embed_tokens.weight": g(V, E), p + "embed_positions.weight": g(P + 2, D),
+         p + "project_in.weight": g(D, E, s=0.25), p + "project_out.weight": g(E, D, s=0.25)}
+    for l in range(L):
+        q = p + f"layers.{l}."
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            w[q + f"self_attn.{n}.weight"] = g(D, D)
+            w[q + f"self_attn.{n}.bias"] = g(D, s=0.05)
+        w[q + "fc1.weight"], w[q + "fc1.bias"] = g(F, D), g(F, s=0.05)
+        w[q + "fc2.weight"], w[q + "fc2.bias"] = g(D, F), g(D, s=0.05)
+        for n in ("self_attn_layer_norm", "final_layer_norm"):
+            w[q + n + ".weight"] = (1.0 + g(D, s=0.1)).astype(np.float32)
+            w[q + n + ".bias"] = g(D, s=0.05)
+    json.dump(cfg, open(d + "/config.json", "w"), indent=2)
+    save_safetensors(d + "/model.safetensors", w)
+    ids = [2] + [int(v) for v in rng.integers(3, V, 7)]
+    json.dump({"arch": "opt", "prompt_ids": ids, "greedy_ids": [], "prompt_last_logits": []},
+              open(d + "/reference.json", "w"))
+    return 0
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
+    if argv[1] == "--make-opt350m":
+        make_opt350m(argv[2])
+        argv = [argv[0], argv[2], "--out", argv[2] + "/reference.json"]
     d = argv[1]
     cfg = json.load(open(d + "/config.json"))
     ref = json.load(open(d + "/reference.json"))
@@ -196,8 +269,9 @@ def main(argv):
         greedy.append(int(np.argmax(logits)))
         ids.append(greedy[-1])
         logits = forward(cfg, w, ids)
-    rel = float(np.abs(last - np.array(ref["prompt_last_logits"])).max() / np.abs(ref["prompt_last_logits"]).max())
     ok = greedy == ref["greedy_ids"]
+    rel = float(np.abs(last - np.array(ref["prompt_last_logits"])).max() / np.abs(ref["prompt_last_logits"]).max()) \
+        if ref["prompt_last_logits"] else math.inf
     if "--check" in argv:
         print(f"{d}: against transformers: prompt's last logits relative max error {rel:.3g}; "
               f"greedy ids {'equal' if ok else 'differ: ' + str(greedy)}")
