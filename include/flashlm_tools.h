@@ -275,6 +275,10 @@ FLM_API flm_status flm_sparsity_curve(const char *path, const char *text, const 
  * ------------------------------------------------------------------------------------------------------------- */
 #define FLM_SYNTH_ACT_SILU 0u /* silu(gate . x) (up . x): a plain llama file */
 #define FLM_SYNTH_ACT_RELU 1u /* relu(gate . x) (up . x): flashlm.ffn_activation = "relu" */
+#define FLM_SYNTH_ARCH_LLAMA 0u /* llama: RMSNorm, RoPE, gated FFN, no biases (the default) */
+#define FLM_SYNTH_ARCH_OPT 1u   /* OPT (pre-LN, as OPT 1.3B..175B): LayerNorm with bias, learned positions, biases on
+                                   q, k, v, the output and the FFN, ungated ReLU FFN (relu(up . x + b_up)): the up
+                                   biases set each neuron's firing frequency; needs act RELU */
 
 typedef struct flm_synth_params {
     /* shape (llama.* keys) */
@@ -305,6 +309,7 @@ typedef struct flm_synth_params {
     float norm_eps;       /* layer_norm_rms_epsilon (default 1e-5) */
     float rope_theta;     /* rope.freq_base (default 10000) */
     int n_threads;        /* generation threads (default: all online CPUs); does not change the output */
+    uint32_t arch;        /* FLM_SYNTH_ARCH_LLAMA (default) or FLM_SYNTH_ARCH_OPT */
 } flm_synth_params;
 
 /* Fill p with the defaults above: the project's standard benchmark shape (about 3.1 GB in F16). */
@@ -336,7 +341,8 @@ FLM_API bool flm_synth_type_ok(uint32_t type);
 #define FLM_SYNTH_WINDOW 4
 
 /* Measured activation statistics of a model (flm_synth_measure). A neuron is active for a token when its gate
- * pre-activation gate_i . rmsnorm(x) is > 0 (ReLU: relu(gate) > 0; SiLU: silu(gate) > 0). */
+ * pre-activation gate_i . rmsnorm(x) is > 0 (ReLU: relu(gate) > 0; SiLU: silu(gate) > 0); in an ungated FFN (OPT)
+ * when up_i . x + b_up_i > 0. */
 typedef struct flm_synth_activity {
     uint32_t n_layers, d_ffn, n_tokens;
     uint32_t *counts;        /* [n_layers * d_ffn]: tokens on which neuron i of layer l fired, at l * d_ffn + i */
@@ -356,10 +362,9 @@ typedef struct flm_synth_activity {
 /* Run n_tokens tokens (BOS, then ids drawn from seed) through the GGUF model at path with the engine's own forward
  * pass (flm_open in ram mode with an f32 KV cache, flm_eval_batch) and count, per layer and neuron, the tokens on which
  * the neuron fired (gate . x > 0 on the FFN input x the pass hands its FFN tap). When check_engine, every token's
- * logits from the batched pass are also compared with flm_eval's token by token (max_logit_diff). Works on any GGUF
- * with a gated FFN, not only synthetic ones.
- * Errors: those of flm_open and flm_eval_batch; FLM_ERR_ARG (n_tokens outside 1..4096); FLM_ERR_UNSUPPORTED (an
- * ungated FFN); FLM_ERR_NOMEM. On error *out is zeroed. Free with flm_synth_activity_free. */
+ * logits from the batched pass are also compared with flm_eval's token by token (max_logit_diff). Works on any GGUF,
+ * not only synthetic ones (an ungated FFN: up . x + b_up > 0).
+ * Errors: those of flm_open and flm_eval_batch; FLM_ERR_ARG (n_tokens outside 1..4096); FLM_ERR_NOMEM. On error *out is zeroed. Free with flm_synth_activity_free. */
 FLM_API flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed, int n_threads,
                                      bool check_engine, flm_synth_activity *out, flm_error *err);
 FLM_API void flm_synth_activity_free(flm_synth_activity *a);

@@ -366,6 +366,82 @@ static void test_relu_f32(void **state) {
     remove(path);
 }
 
+/* The OPT shape (--arch opt): OPT's tensors (LayerNorm with bias, learned positions, q/k/v/o and FFN biases, no
+ * gate), the up biases giving the target share of active neurons (relu(up . x + b_up) > 0, counted by the engine's
+ * own pass), and the file converts and runs: the .flm (naive: every FFN layer read from the file) gives the GGUF's
+ * logits. */
+static void test_opt_shape(void **state) {
+    (void)state;
+    flm_synth_params p;
+    small_params(&p);
+    p.arch = FLM_SYNTH_ARCH_OPT;
+    p.act = FLM_SYNTH_ACT_SILU;
+    expect_bad(&p, "ReLU");
+    p.act = FLM_SYNTH_ACT_RELU;
+    p.calib_tokens = 64;
+    p.n_ctx = 32;
+    expect_bad(&p, "learned positions");
+    p.n_ctx = 512;
+    const char *path = tu_tmp("synth-opt", ".gguf");
+    write_model(path, &p);
+    flm_gguf_file *f = NULL;
+    flm_error err;
+    if (flm_gguf_open(path, &f, &err)) fail_msg("%s", err.msg);
+    char *arch = NULL;
+    assert_int_equal(flm_gguf_get_str(f, "general.architecture", true, &arch, &err), FLM_OK);
+    assert_string_equal(arch, "opt");
+    free(arch);
+    assert_int_equal(f->n_tensors, 2 + 16 * p.n_layers + 3);
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) bytes += f->tensors[i].nbytes;
+    assert_int_equal(bytes, flm_synth_tensor_bytes(&p));
+    static const char *const must[] = {"position_embd.weight", "blk.0.attn_norm.bias", "blk.0.attn_q.bias",
+                                       "blk.3.ffn_up.bias", "blk.3.ffn_down.bias", "output_norm.bias"};
+    for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) assert_non_null(flm_gguf_find_tensor(f, must[i]));
+    assert_null(flm_gguf_find_tensor(f, "blk.0.ffn_gate.weight"));
+    const flm_gguf_tensor *pe = flm_gguf_find_tensor(f, "position_embd.weight");
+    assert_int_equal(pe->ne[0], p.d_model);
+    assert_int_equal(pe->ne[1], p.n_ctx);
+    flm_gguf_close(f);
+    check_activity(path, p.active, 128);
+    /* convert, and the .flm streamed (naive) against the GGUF in memory, token by token */
+    char flm[4096];
+    snprintf(flm, sizeof flm, "%s", tu_tmp("synth-opt", ".flm"));
+    if (flm_convert_ex(path, flm, FLM_TYPE_F32, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
+    flm_params a, b;
+    flm_params_default(&a);
+    a.n_threads = 1;
+    a.n_ctx = 16;
+    a.kv_f32 = true;
+    b = a;
+    b.mode = FLM_MODE_NAIVE;
+    b.mem_bytes = 64u << 20;
+    flm_ctx *ga = NULL, *fb = NULL;
+    if (flm_open(path, &a, &ga, &err) || flm_open(flm, &b, &fb, &err)) fail_msg("open: %s", err.msg);
+    flm_model_info info;
+    flm_get_info(fb, &info);
+    assert_string_equal(info.arch, "opt");
+    double worst = 0;
+    for (int pos = 0; pos < 16; pos++) {
+        const int32_t tok = pos == 0 ? 1 : 3 + pos * 29;
+        const float *la = NULL, *lb = NULL;
+        if (flm_eval(ga, tok, pos, &la, &err) || flm_eval(fb, tok, pos, &lb, &err)) fail_msg("eval: %s", err.msg);
+        double mx = 1e-30, md = 0;
+        for (uint32_t i = 0; i < p.n_vocab; i++) {
+            assert_true(isfinite(la[i]));
+            mx = fmax(mx, fabs(la[i]));
+            md = fmax(md, fabs((double)la[i] - lb[i]));
+        }
+        worst = fmax(worst, md / mx);
+    }
+    printf("  opt shape: .flm naive against the GGUF: logits relative max difference %.3g\n", worst);
+    assert_true(worst < 1e-5);
+    flm_close(ga);
+    flm_close(fb);
+    remove(flm);
+    remove(path);
+}
+
 static void test_silu_f16_gqa(void **state) {
     (void)state;
     flm_synth_params p;
@@ -578,6 +654,7 @@ int main(void) {
         cmocka_unit_test(test_frequencies),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_relu_f32),
+        cmocka_unit_test(test_opt_shape),
         cmocka_unit_test(test_silu_f16_gqa),
         cmocka_unit_test(test_quantized),
         cmocka_unit_test(test_spectrum),

@@ -13,7 +13,8 @@
 static const char *SYNTH_HELP =
     "usage: flashlm synth OUT.gguf [options]\n"
     "\n"
-    "Write a Llama-shaped GGUF model with RANDOM weights, for benchmarks of the flash path.\n"
+    "Write a Llama-shaped (or OPT-shaped: --arch opt) GGUF model with RANDOM weights, for benchmarks of the flash\n"
+    "path.\n"
     "\n"
     "  The text such a model produces is meaningless. The file measures the system (flash I/O, memory, kernels),\n"
     "  never model quality: do not report accuracy or perplexity from it.\n"
@@ -25,6 +26,10 @@ static const char *SYNTH_HELP =
     "flashlm.ffn_activation = \"relu\".\n"
     "\n"
     "shape (defaults: the standard benchmark model, about 3.1 GB in f16):\n"
+    "      --arch A         llama | opt (default llama). opt: OPT's pre-LN layout (LayerNorm with bias, learned\n"
+    "                       positions, biases on q/k/v/o and the FFN, ungated ReLU FFN relu(up . x + b_up)); the\n"
+    "                       up biases set each neuron's firing frequency (--active); OPT 2.7B's shape is\n"
+    "                       --d-model 2560 --d-ffn 10240 --heads 32 --layers 32\n"
     "      --d-model N      embedding width (default 2048)\n"
     "      --d-ffn N        FFN width: neurons per layer (default 5632)\n"
     "      --layers N       transformer blocks (default 28)\n"
@@ -88,7 +93,8 @@ static int bad_value(const char *opt, const char *val) {
 }
 
 static void print_activity(const flm_synth_activity *a, double target) {
-    printf("measured on %u random tokens (a neuron is active when gate . x > 0); target mean active fraction %.4f\n"
+    printf("measured on %u random tokens (a neuron is active when gate . x > 0, ungated: up . x + b_up > 0); target "
+           "mean active fraction %.4f\n"
            "  active: mean fraction of active neurons; token-sd, token-max: over tokens; hot-10%%: share of all\n"
            "  activations made by the 10%% most active neurons; rare: neurons active on <= 1%% of the tokens;\n"
            "  reuse-4: share of a token's active neurons also active on one of the 4 previous tokens\n\n",
@@ -123,6 +129,12 @@ int flm_cmd_synth(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(SYNTH_HELP, stdout); return 0; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--force")) force = true;
         else if (!strcmp(a, "--d-model")) U32(p.d_model);
+        else if (!strcmp(a, "--arch")) {
+            NEEDVAL();
+            if (!strcmp(val, "llama")) p.arch = FLM_SYNTH_ARCH_LLAMA;
+            else if (!strcmp(val, "opt")) p.arch = FLM_SYNTH_ARCH_OPT;
+            else return cli_die("bad --arch '%s' (llama|opt)", val);
+        }
         else if (!strcmp(a, "--d-ffn")) U32(p.d_ffn);
         else if (!strcmp(a, "--layers")) U32(p.n_layers);
         else if (!strcmp(a, "--heads")) U32(p.n_heads);
@@ -171,9 +183,9 @@ int flm_cmd_synth(int argc, char **argv) {
     flm_error err;
     if (flm_synth_check(&p, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 2; }
     uint64_t bytes = flm_synth_tensor_bytes(&p);
-    fprintf(stderr, "flashlm: synth %s: d_model %u, d_ffn %u, %u layers, %u/%u heads, vocab %u, %s, %s, active %g, "
+    fprintf(stderr, "flashlm: synth %s: %s, d_model %u, d_ffn %u, %u layers, %u/%u heads, vocab %u, %s, %s, active %g, "
             "rank %u, seed %" PRIu64 ": %.2f MiB of weights (random: the text it produces is meaningless)\n", out,
-            p.d_model, p.d_ffn, p.n_layers, p.n_heads, p.n_kv_heads, p.n_vocab, flm_type_name(p.type),
+            p.arch == FLM_SYNTH_ARCH_OPT ? "opt" : "llama", p.d_model, p.d_ffn, p.n_layers, p.n_heads, p.n_kv_heads, p.n_vocab, flm_type_name(p.type),
             p.act == FLM_SYNTH_ACT_RELU ? "relu" : "silu", p.active, p.rank, p.seed, cli_mib(bytes));
     double t0 = cli_now_ms();
     if (!cli_may_write(out, NULL, force)) return 1;

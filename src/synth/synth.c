@@ -114,6 +114,12 @@ flm_status flm_synth_check(const flm_synth_params *p, flm_error *err) {
     if (!(p->norm_eps > 0.0f && p->norm_eps < 1.0f)) BAD("norm epsilon %g is out of range (0, 1)", (double)p->norm_eps);
     if (!(p->rope_theta > 0.0f && isfinite(p->rope_theta))) BAD("RoPE base %g must be positive", (double)p->rope_theta);
     if (p->n_threads < 1 || p->n_threads > 1024) BAD("threads %d is out of range (1..1024)", p->n_threads);
+    if (p->arch != FLM_SYNTH_ARCH_LLAMA && p->arch != FLM_SYNTH_ARCH_OPT) BAD("architecture %u is not llama or opt",
+                                                                               p->arch);
+    if (p->arch == FLM_SYNTH_ARCH_OPT && p->act != FLM_ACT_RELU)
+        BAD("an OPT-shaped model has a ReLU FFN (act relu, not silu)");
+    if (p->arch == FLM_SYNTH_ARCH_OPT && p->calib_tokens > p->n_ctx)
+        BAD("calibration tokens %u exceed the %u learned positions (context length)", p->calib_tokens, p->n_ctx);
 #undef BAD
     return FLM_OK;
 }
@@ -124,6 +130,12 @@ static uint64_t mat_bytes(uint32_t type, uint64_t rows, uint64_t n) { return (ui
 uint64_t flm_synth_tensor_bytes(const flm_synth_params *p) {
     if (flm_synth_check(p, NULL) != FLM_OK) return 0;
     uint64_t d = p->d_model, f = p->d_ffn, hd = d / p->n_heads, kv = hd * p->n_kv_heads;
+    if (p->arch == FLM_SYNTH_ARCH_OPT) { /* no gate; norm weights and biases, q/k/v/o and FFN biases, positions */
+        uint64_t layer = 4 * 4 * d + 4 * (2 * d + 2 * kv + f + d) + mat_bytes(p->type, d, d) * 2 +
+                         mat_bytes(p->type, kv, d) * 2 + mat_bytes(p->type, f, d) + mat_bytes(p->type, d, f);
+        return 2 * mat_bytes(p->type, p->n_vocab, d) + mat_bytes(p->type, p->n_ctx, d) + 2 * 4 * d +
+               layer * p->n_layers;
+    }
     uint64_t layer = 2 * 4 * d + mat_bytes(p->type, d, d) * 2 + mat_bytes(p->type, kv, d) * 2 +
                      mat_bytes(p->type, f, d) * 2 + mat_bytes(p->type, d, f);
     return 2 * mat_bytes(p->type, p->n_vocab, d) + 4 * d + layer * p->n_layers;
@@ -135,7 +147,7 @@ uint64_t flm_synth_tensor_bytes(const flm_synth_params *p) {
  * ------------------------------------------------------------------------------------------------------------- */
 enum {
     RNG_EMBD = 1, RNG_Q, RNG_K, RNG_V, RNG_O, RNG_GATE, RNG_GATE_V, RNG_UP, RNG_UP_V, RNG_DOWN, RNG_OUTPUT,
-    RNG_PERM, RNG_CALIB, RNG_MEASURE,
+    RNG_PERM, RNG_CALIB, RNG_MEASURE, RNG_POS,
 };
 
 static inline uint64_t mix64(uint64_t z) { /* splitmix64's finalizer */
@@ -557,6 +569,12 @@ static flm_status write_norm(synth *S, float w0, flm_error *err) {
     return write_buf(S, S->vec, (uint64_t)d * 4, err);
 }
 
+/* Write an F32 vector of n floats, all v (OPT's norm weights 1 and zero biases), from S->vec (n <= d_model). */
+static flm_status write_const(synth *S, uint32_t n, float v, flm_error *err) {
+    for (uint32_t j = 0; j < n; j++) S->vec[j] = v;
+    return write_buf(S, S->vec, (uint64_t)n * 4, err);
+}
+
 /* Mean over the calibration tokens of sum_{j >= 1} v[t][j]^2, v = [T][n]. */
 static double mean_energy(const float *v, uint32_t T, size_t n, size_t from) {
     double s = 0;
@@ -612,11 +630,24 @@ static void add_kvs(synth *S, const vocab *v) {
              "rank %u, noise %g, decay %g, tail %g, calibration tokens %u, seed %llu.",
              p->active, p->rank, p->rank ? p->noise : 1.0, p->decay, p->tail, p->calib_tokens,
              (unsigned long long)p->seed);
-    flm_gguf_writer_kv_str(w, "general.architecture", "llama");
+    const bool opt = p->arch == FLM_SYNTH_ARCH_OPT;
+    if (opt) snprintf(name, sizeof name, "flashlm-synth opt d%u-f%u-l%u-%s", p->d_model, p->d_ffn, p->n_layers,
+                      flm_type_name(p->type));
+    flm_gguf_writer_kv_str(w, "general.architecture", opt ? "opt" : "llama");
     flm_gguf_writer_kv_str(w, "general.name", name);
     flm_gguf_writer_kv_str(w, "general.description", desc);
     flm_gguf_writer_kv_u32(w, "general.file_type", ftype);
     flm_gguf_writer_kv_u32(w, "general.quantization_version", 2);
+    if (opt) { /* opt.*: LayerNorm epsilon, no RoPE keys (learned positions); ReLU is OPT's own activation */
+        flm_gguf_writer_kv_u32(w, "opt.context_length", p->n_ctx);
+        flm_gguf_writer_kv_u32(w, "opt.embedding_length", p->d_model);
+        flm_gguf_writer_kv_u32(w, "opt.block_count", p->n_layers);
+        flm_gguf_writer_kv_u32(w, "opt.feed_forward_length", p->d_ffn);
+        flm_gguf_writer_kv_u32(w, "opt.attention.head_count", p->n_heads);
+        flm_gguf_writer_kv_u32(w, "opt.attention.head_count_kv", p->n_kv_heads);
+        flm_gguf_writer_kv_f32(w, "opt.attention.layer_norm_epsilon", p->norm_eps);
+        flm_gguf_writer_kv_u32(w, "opt.vocab_size", p->n_vocab);
+    } else {
     flm_gguf_writer_kv_u32(w, "llama.context_length", p->n_ctx);
     flm_gguf_writer_kv_u32(w, "llama.embedding_length", p->d_model);
     flm_gguf_writer_kv_u32(w, "llama.block_count", p->n_layers);
@@ -628,6 +659,7 @@ static void add_kvs(synth *S, const vocab *v) {
     flm_gguf_writer_kv_u32(w, "llama.rope.dimension_count", p->d_model / p->n_heads);
     flm_gguf_writer_kv_u32(w, "llama.vocab_size", p->n_vocab);
     if (p->act == FLM_ACT_RELU) flm_gguf_writer_kv_str(w, "flashlm.ffn_activation", "relu");
+    }
     flm_gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama");
     flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, v->ptr, v->n);
     flm_gguf_writer_kv_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v->score, v->n);
@@ -645,6 +677,24 @@ static void add_tensors(synth *S) {
         flm_gguf_writer_add_tensor(S->w, nm, p->type, 2, ne); } while (0)
 #define T1(nm, n) do { uint64_t ne[1] = {(n)}; flm_gguf_writer_add_tensor(S->w, nm, FLM_TYPE_F32, 1, ne); } while (0)
     T2("token_embd.weight", d, p->n_vocab);
+    if (p->arch == FLM_SYNTH_ARCH_OPT) { /* in the order synth_layer_opt writes them */
+        static const char *const parts[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                                            "ffn_up", "ffn_down"};
+        T2("position_embd.weight", d, p->n_ctx);
+        for (uint32_t l = 0; l < p->n_layers; l++)
+            for (int i = 0; i < 8; i++) {
+                const uint64_t out = i == 2 || i == 3 ? kv : i == 6 ? f : d, in = i == 7 ? f : d;
+                snprintf(name, sizeof name, "blk.%u.%s.weight", l, parts[i]);
+                if (i == 0 || i == 5) T1(name, d);
+                else T2(name, in, out);
+                snprintf(name, sizeof name, "blk.%u.%s.bias", l, parts[i]);
+                T1(name, out);
+            }
+        T1("output_norm.weight", d);
+        T1("output_norm.bias", d);
+        T2("output.weight", d, p->n_vocab);
+        return;
+    }
     for (uint32_t l = 0; l < p->n_layers; l++) {
         snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l); T1(name, d);
         snprintf(name, sizeof name, "blk.%u.attn_q.weight", l); T2(name, d, d);
@@ -794,6 +844,86 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     return check_finite(f->x, (size_t)T * d, "FFN output", l, err);
 }
 
+/* One OPT layer (pre-LN): the sixteen tensors in file order (add_tensors), each followed by its calibration step.
+ * LayerNorm weights 1 and biases 0; q, k, v, o and down biases 0 (present, as OPT's); content attention heads (no
+ * RoPE: OPT's positions are the learned rows added at the embedding); up rows low rank plus noise as llama's, and the
+ * up bias of neuron i set from its pre-activation's mean m_i and standard deviation s_i over the calibration tokens,
+ * b_i = s_i Phi^-1(p_i) - m_i, so that relu(up_i . x + b_i) > 0 on a fraction p_i of tokens (docs/SYNTH.md). */
+static flm_status synth_layer_opt(synth *S, uint32_t l, double e0, flm_error *err) {
+    const flm_synth_params *p = S->p;
+    fwd *f = &S->f;
+    const uint32_t type = p->type, d = p->d_model, nf = p->d_ffn, T = f->T;
+    const size_t stride_d = flm_row_bytes(type, d), stride_f = flm_row_bytes(type, nf);
+    const double eta = 1.0 / p->n_layers, sd_w = 1.0 / sqrt((double)d);
+    flm_status st;
+    if ((st = write_const(S, d, 1.0f, err))) return st;
+    fwd_norm(f, S->vec2);
+    if ((st = write_const(S, d, 0.0f, err))) return st;
+    normal_spec qk = {.sd = (float)(SYNTH_QK_GAIN * sd_w)}, vs = {.sd = (float)sd_w};
+    gen_tensor(S, type, f->q_dim, d, row_normal, &qk, RNG_Q, l);
+    fwd_mm(f, type, S->buf, f->q_dim, d, f->xn, f->q);
+    if ((st = write_buf(S, S->buf, stride_d * f->q_dim, err)) || (st = write_const(S, f->q_dim, 0.0f, err)))
+        return st;
+    gen_tensor(S, type, f->kv_dim, d, row_normal, &qk, RNG_K, l);
+    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->k);
+    if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err)) || (st = write_const(S, f->kv_dim, 0.0f, err)))
+        return st;
+    gen_tensor(S, type, f->kv_dim, d, row_normal, &vs, RNG_V, l);
+    fwd_mm(f, type, S->buf, f->kv_dim, d, f->xn, f->v);
+    if ((st = write_buf(S, S->buf, stride_d * f->kv_dim, err)) || (st = write_const(S, f->kv_dim, 0.0f, err)))
+        return st;
+    flm_pass_attention(&f->P, &f->L, 0, f->q, f->k, f->v, f->att, f->q_dim);
+    double ea = mean_energy(f->att, T, f->q_dim, 0);
+    normal_spec os = {.sd = (float)sqrt(eta * e0 / (d * (ea > 1e-30 ? ea : 1e-30)))};
+    gen_tensor(S, type, d, f->q_dim, row_normal, &os, RNG_O, l);
+    fwd_mm(f, type, S->buf, d, f->q_dim, f->att, f->o);
+    flm_pass_residual(&f->P, f->x, f->o, d, &f->L.post_attn_norm);
+    if ((st = write_buf(S, S->buf, (uint64_t)flm_row_bytes(type, f->q_dim) * d, err)) ||
+        (st = write_const(S, d, 0.0f, err)))
+        return st;
+    if ((st = check_finite(f->x, (size_t)T * d, "attention output", l, err))) return st;
+    /* FFN */
+    if ((st = write_const(S, d, 1.0f, err))) return st;
+    fwd_norm(f, S->vec2);
+    if ((st = write_const(S, d, 0.0f, err))) return st;
+    double noise = p->rank ? p->noise : 1.0;
+    uint64_t prng = rng_stream(p->seed, RNG_PERM, l, 0);
+    for (uint32_t i = 0; i < nf; i++) S->perm[i] = i;
+    for (uint32_t i = nf; i > 1; i--) { /* Fisher-Yates */
+        uint32_t j = (uint32_t)(rng_unif(&prng) * i);
+        uint32_t t = S->perm[i - 1]; S->perm[i - 1] = S->perm[j]; S->perm[j] = t;
+    }
+    make_basis(S, RNG_UP_V, l, noise);
+    lowrank_spec us = {.k = S->k, .V = S->V, .rank = p->rank, .noise_sd = (float)sqrt(noise / d)};
+    gen_tensor(S, type, nf, d, row_lowrank, &us, RNG_UP, l);
+    fwd_mm(f, type, S->buf, nf, d, f->xn, f->u);
+    if ((st = write_buf(S, S->buf, stride_d * nf, err))) return st;
+    /* the up bias (in the free tensor buffer, written from there): b_i = s_i Phi^-1(p_i) - m_i */
+    float *b = (float *)S->buf;
+    for (uint32_t i = 0; i < nf; i++) {
+        double m = 0, v = 0;
+        for (uint32_t t = 0; t < T; t++) m += f->u[(size_t)t * nf + i];
+        m /= T;
+        for (uint32_t t = 0; t < T; t++) {
+            double e = f->u[(size_t)t * nf + i] - m;
+            v += e * e;
+        }
+        double sd = sqrt(v / (T > 1 ? T - 1 : 1));
+        b[i] = (float)(sd * norm_ppf(S->freq[S->perm[i]]) - m);
+        for (uint32_t t = 0; t < T; t++) f->u[(size_t)t * nf + i] += b[i];
+    }
+    if ((st = write_buf(S, b, (uint64_t)nf * 4, err))) return st;
+    flm_pass_ffn_act(&f->hp, (size_t)T * nf, f->g, f->u); /* g = relu(up . x + b) */
+    if ((st = check_finite(f->g, (size_t)T * nf, "FFN activation", l, err))) return st;
+    double eh = mean_energy(f->g, T, nf, 0);
+    normal_spec ds = {.sd = (float)sqrt(eta * e0 / (d * (eh > 1e-30 ? eh : 1e-30)))};
+    gen_tensor(S, type, d, nf, row_normal, &ds, RNG_DOWN, l);
+    fwd_mm(f, type, S->buf, d, nf, f->g, f->o);
+    flm_pass_residual(&f->P, f->x, f->o, d, &f->L.post_ffn_norm);
+    if ((st = write_buf(S, S->buf, stride_f * d, err)) || (st = write_const(S, d, 0.0f, err))) return st;
+    return check_finite(f->x, (size_t)T * d, "FFN output", l, err);
+}
+
 static void synth_free(synth *S) {
     wait_write(S, NULL);
     flm_gguf_writer_free(S->w);
@@ -820,6 +950,9 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     uint64_t ffn_tensor = mat_bytes(p->type, nf, d);
     if (ffn_tensor > max_tensor) max_tensor = ffn_tensor;
     if (mat_bytes(p->type, d, d) > max_tensor) max_tensor = mat_bytes(p->type, d, d);
+    if (p->arch == FLM_SYNTH_ARCH_OPT && mat_bytes(p->type, p->n_ctx, d) > max_tensor)
+        max_tensor = mat_bytes(p->type, p->n_ctx, d); /* position_embd */
+    if ((uint64_t)p->d_ffn * 4 > max_tensor) max_tensor = (uint64_t)p->d_ffn * 4; /* OPT's up bias */
     size_t rowlen = d > nf ? d : nf;
     vocab v = {0};
     flm_hparams hp = {.d_model = d, .d_embd = d, .d_ffn = nf, .n_layers = p->n_layers, .n_heads = p->n_heads,
@@ -828,6 +961,11 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
                       .rope_theta = p->rope_theta, .rope_theta_local = p->rope_theta, .act = p->act,
                       .gated = true, .arch = flm_arch_find("llama"),
                       .attn_scale = 1.0f / sqrtf((float)(d / p->n_heads))};
+    const bool opt = p->arch == FLM_SYNTH_ARCH_OPT;
+    if (opt) { /* the calibration runs OPT's blocks: LayerNorm, no RoPE, ungated ReLU */
+        hp.arch = flm_arch_find("opt");
+        hp.gated = false;
+    }
     if (max_tensor > SIZE_MAX / 2 || !(S.buf = malloc((size_t)max_tensor)) ||
         !(S.spare = malloc((size_t)max_tensor)) || !(S.vec2 = malloc(d * sizeof(float))) ||
         !(S.rowbuf = calloc((size_t)S.nt, sizeof *S.rowbuf)) || !(S.vec = malloc(d * sizeof(float))) ||
@@ -865,18 +1003,32 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     if (st) { synth_free(&S); return st; }
     if (S.progress) S.progress(S.user, "synth", 0, S.total);
 
-    /* token embeddings: N(0, 1/d) with the bias channel B on dimension 0 */
+    /* token embeddings: N(0, 1/d) with the bias channel B on dimension 0 (llama; OPT has real biases) */
     const double sd_w = 1.0 / sqrt((double)d);
-    normal_spec es = {.sd = (float)sd_w, .set_col0 = true, .col0 = SYNTH_BIAS_SD * (float)sd_w};
+    normal_spec es = {.sd = (float)sd_w, .set_col0 = !opt, .col0 = SYNTH_BIAS_SD * (float)sd_w};
     gen_tensor(&S, p->type, p->n_vocab, d, row_normal, &es, RNG_EMBD, 0);
     fwd_embed(&S.f, p->type, S.buf, S.tokens);
-    double e0 = mean_energy(S.f.x, T, d, 1);
     if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err))) { synth_free(&S); return st; }
+    if (opt) { /* learned positions N(0, 1/(4d)), added to the calibration tokens at positions 0..T-1 */
+        normal_spec ps = {.sd = (float)(0.5 * sd_w)};
+        gen_tensor(&S, p->type, p->n_ctx, d, row_normal, &ps, RNG_POS, 0);
+        float *row = S.f.o;
+        for (uint32_t t = 0; t < T; t++) {
+            S.f.P.k->dequant[p->type](S.buf + (size_t)t * flm_row_bytes(p->type, d), row, d);
+            for (uint32_t j = 0; j < d; j++) S.f.x[(size_t)t * d + j] += row[j];
+        }
+        if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_ctx, d), err))) { synth_free(&S); return st; }
+    }
+    double e0 = mean_energy(S.f.x, T, d, opt ? 0 : 1);
     for (uint32_t l = 0; l < p->n_layers; l++)
-        if ((st = synth_layer(&S, l, e0, err))) { synth_free(&S); return st; }
-    /* output: the norm ignores the bias channel; classifier N(0, 1/d) */
+        if ((st = (opt ? synth_layer_opt : synth_layer)(&S, l, e0, err))) { synth_free(&S); return st; }
+    /* output: the norm ignores the bias channel (OPT: LayerNorm weight 1, bias 0); classifier N(0, 1/d) */
     normal_spec out = {.sd = (float)sd_w};
-    if ((st = write_norm(&S, 0.0f, err))) { synth_free(&S); return st; }
+    if ((st = opt ? write_const(&S, d, 1.0f, err) : write_norm(&S, 0.0f, err)) ||
+        (opt && (st = write_const(&S, d, 0.0f, err)))) {
+        synth_free(&S);
+        return st;
+    }
     gen_tensor(&S, p->type, p->n_vocab, d, row_normal, &out, RNG_OUTPUT, 0);
     if ((st = write_buf(&S, S.buf, mat_bytes(p->type, p->n_vocab, d), err)) || (st = wait_write(&S, err)) ||
         (st = flm_gguf_writer_finish(S.w, err))) {
@@ -949,9 +1101,12 @@ static void measure_tap(void *user, uint32_t l, const float *x) {
     measure *M = user;
     flm_synth_activity *a = M->a;
     const flm_hparams *hp = &M->ctx->model->hp;
-    const flm_weight *W = &M->ctx->model->layers[l].ffn_gate;
+    const flm_layer_weights *L = &M->ctx->model->layers[l];
+    const flm_weight *W = hp->gated ? &L->ffn_gate : &L->ffn_up; /* ungated: up . x + b_up */
     const uint32_t nf = a->d_ffn;
     flm_matvec(M->ctx->k, W->type, W->data, nf, hp->d_model, x, M->g, M->n_threads);
+    if (!hp->gated && L->ffn_up_b.data)
+        for (uint32_t i = 0; i < nf; i++) M->g[i] += ((const float *)L->ffn_up_b.data)[i];
     uint32_t *c = a->counts + (size_t)l * nf;
     int32_t *last = M->last + (size_t)l * nf;
     const int32_t t = (int32_t)M->t[l]++;
@@ -994,10 +1149,9 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     if (st) return st;
     const flm_hparams *hp = &ctx->model->hp;
     const uint32_t T = n_tokens, nf = hp->d_ffn, L = hp->n_layers, V = hp->n_vocab;
-    if (!hp->gated || !ctx->model->layers[0].ffn_gate.data) {
+    if (!ctx->model->layers[0].ffn_up.data) {
         flm_close(ctx);
-        return flm_fail(err, FLM_ERR_UNSUPPORTED, "synth measure: %s: the FFN has no gate (a neuron is active when "
-                        "gate . x > 0)", path);
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "synth measure: %s: the FFN weights are not in memory", path);
     }
     int32_t *tokens = malloc(T * sizeof *tokens);
     float *logits = check_engine ? malloc((size_t)T * V * sizeof(float)) : NULL;
