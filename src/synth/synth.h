@@ -9,7 +9,9 @@
  * neuron i fires (gate_i . x > 0) on a fraction p_i of tokens; the sorted p_i follow a Zipf-like power-law curve whose
  * mean is `active` (a few hot neurons, many that almost never fire); gate and up rows are low rank plus noise, so a
  * low-rank predictor of the FFN input can learn which neurons fire. The biases that set p_i are calibrated during
- * generation by running calibration tokens through the model as it is being written (docs/SYNTH.md, "Construction"). */
+ * generation by running calibration tokens through the model as it is being written (docs/SYNTH.md, "Construction").
+ * With arch FLM_SYNTH_ARCH_OPT the file is OPT-shaped instead (general.architecture "opt": LayerNorm with bias, learned
+ * positions, biases, an ungated ReLU FFN); there the up biases set p_i (docs/SYNTH.md, "The OPT shape"). */
 #ifndef FLM_MODEL_SYNTH_H
 #define FLM_MODEL_SYNTH_H
 #include <stdbool.h>
