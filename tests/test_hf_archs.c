@@ -486,13 +486,29 @@ static void test_layouts_refused(void **state) {
     }
 }
 
+/* A model whose token embedding is projected (OPT-350M's proj_in / proj_out) needs both projections: one alone is a
+ * malformed file, refused naming the tensors (a 1-D proj_in.weight added to the Falcon GGUF). */
+static void test_projection_refused(void **state) {
+    (void)state;
+    char out[4096];
+    snprintf(out, sizeof out, "%s", tu_tmp("hf-proj", ".gguf"));
+    gguf_with_extra(out, "proj_in.weight");
+    const flm_params p = params(FLM_MODE_AUTO, 0, true);
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    assert_int_equal(flm_open(out, &p, &ctx, &err), FLM_ERR_FORMAT);
+    print_message("proj_in alone: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "proj_out.weight"));
+    remove(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact),          cmocka_unit_test(test_kv_f16),
         cmocka_unit_test(test_f16_q8_0),       cmocka_unit_test(test_gguf_names),
         cmocka_unit_test(test_cli_prompt_ids), cmocka_unit_test(test_config_refused),
         cmocka_unit_test(test_layouts_refused), cmocka_unit_test(test_sparse_relu2),
-        cmocka_unit_test(test_sparse_post_ln),
+        cmocka_unit_test(test_sparse_post_ln),  cmocka_unit_test(test_projection_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
