@@ -15,7 +15,8 @@ static const flm_arch archs[] = {
      .act = FLM_ACT_GELU_TANH, .swa_period = 6, .rope_base_local = 10000.0f},
     /* OPT (transformers' modeling_opt.py; pre-LN, OPT >= 1.3B and 125M): LayerNorm with bias, learned absolute
        positions (the offset of 2 folded by the converter, src/convert/hf.c), biases on q, k, v, the output and the
-       FFN, ungated ReLU FFN. llama.cpp has no OPT converter: `flashlm convert HF_DIR` writes its GGUF. */
+       FFN, ungated ReLU FFN. llama.cpp has no OPT converter: `flashlm convert HF_DIR` writes its GGUF. OPT-350M's
+       post-LN and project_in/out are per-file data (flashlm.norm_after, proj_in/proj_out: model/model.h). */
     {.name = "opt", .flags = FLM_ARCH_QKV_BIAS | FLM_ARCH_O_BIAS | FLM_ARCH_FFN_BIAS, .norm = FLM_NORM_LAYER,
      .pos = FLM_POS_LEARNED, .act = FLM_ACT_RELU},
     /* Falcon 7B (transformers' modeling_falcon.py with parallel_attn, multi_query, no bias, no alibi; llama.cpp

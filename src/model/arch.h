@@ -1,6 +1,7 @@
 /* arch.h — architectures as data: one descriptor per architecture the forward pass can run. Internal.
  *
- * Every architecture here is a pre-norm decoder-only transformer with the GGUF tensor names of llama.cpp
+ * Every architecture here is a pre-norm decoder-only transformer (OPT-350M's post-norm is a per-file key,
+ * flashlm.norm_after: model/model.h) with the GGUF tensor names of llama.cpp
  * (blk.N.attn_q.weight, ...). What differs between them is data: the GGUF key prefix, which optional tensors exist,
  * the norm (RMSNorm or LayerNorm with bias), the positions (RoPE in either pair order, or learned absolute), the FFN
  * activation, extra norms, biases, the embedding scale, sequential or parallel attention and FFN, and local
