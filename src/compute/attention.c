@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "compute/kernels.h"
+#include "compute/pool.h"
 #include "core/error.h"
 
 uint64_t flm_kv_cache_bytes(uint32_t n_layers, uint32_t n_ctx, uint32_t kv_dim, uint32_t elem_bytes) {
@@ -84,39 +85,54 @@ void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim
     }
 }
 
+/* flm_attention's chunks: one query head each */
+typedef struct att_job {
+    const flm_kernels *k;
+    const flm_kv_cache *c;
+    uint32_t l, first, pos, group, n, head_dim;
+    const float *q;
+    float scale, *att, *out;
+} att_job;
+
+static void att_head(void *arg, size_t hh) {
+    const att_job *J = arg;
+    const flm_kernels *k = J->k;
+    const flm_kv_cache *c = J->c;
+    const uint32_t l = J->l, first = J->first, pos = J->pos, n = J->n, head_dim = J->head_dim;
+    const float *q = J->q;
+    const float scale = J->scale;
+    const int h = (int)hh;
+    float *a = J->att + (size_t)h * c->n_ctx;
+    float *o = J->out + (size_t)h * head_dim;
+    size_t koff = (size_t)(h / J->group) * head_dim;
+    if (c->elem_bytes == FLM_KV_F16) {
+        float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
+        for (uint32_t i = 0; i < head_dim; i++) qh[i] = flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i]));
+        k->attn_scores_f16(qh, (const uint16_t *)flm_kv_key(c, l, first) + koff, c->kv_dim, n, head_dim, scale, a);
+        flm_softmax(a, n);
+        for (uint32_t t = 0; t < n; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
+        k->attn_values_f16(a, (const uint16_t *)flm_kv_value(c, l, first) + koff, c->kv_dim, n, head_dim, o);
+        return;
+    }
+    const float *qf = q + (size_t)h * head_dim;
+    for (uint32_t t = first; t <= pos; t++) {
+        const float *kr = (const float *)flm_kv_key(c, l, t) + koff;
+        float s = 0.0f;
+        for (uint32_t i = 0; i < head_dim; i++) s += qf[i] * kr[i];
+        a[t - first] = s * scale;
+    }
+    flm_softmax(a, n);
+    memset(o, 0, head_dim * sizeof(float));
+    for (uint32_t t = first; t <= pos; t++) {
+        const float *v = (const float *)flm_kv_value(c, l, t) + koff;
+        float w = a[t - first];
+        for (uint32_t i = 0; i < head_dim; i++) o[i] += w * v[i];
+    }
+}
+
 void flm_attention(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos,
                    const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
                    float *out, int n_threads) {
-    const uint32_t group = n_heads / n_kv_heads, n = pos - first + 1;
-    const bool f16 = c->elem_bytes == FLM_KV_F16;
-    int nt = (n_threads > 1 && pos - first >= 64) ? n_threads : 1;
-    #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int h = 0; h < (int)n_heads; h++) {
-        float *a = att + (size_t)h * c->n_ctx;
-        float *o = out + (size_t)h * head_dim;
-        size_t koff = (size_t)(h / group) * head_dim;
-        if (f16) {
-            float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
-            for (uint32_t i = 0; i < head_dim; i++) qh[i] = flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i]));
-            k->attn_scores_f16(qh, (const uint16_t *)flm_kv_key(c, l, first) + koff, c->kv_dim, n, head_dim, scale, a);
-            flm_softmax(a, n);
-            for (uint32_t t = 0; t < n; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
-            k->attn_values_f16(a, (const uint16_t *)flm_kv_value(c, l, first) + koff, c->kv_dim, n, head_dim, o);
-            continue;
-        }
-        const float *qf = q + (size_t)h * head_dim;
-        for (uint32_t t = first; t <= pos; t++) {
-            const float *kr = (const float *)flm_kv_key(c, l, t) + koff;
-            float s = 0.0f;
-            for (uint32_t i = 0; i < head_dim; i++) s += qf[i] * kr[i];
-            a[t - first] = s * scale;
-        }
-        flm_softmax(a, n);
-        memset(o, 0, head_dim * sizeof(float));
-        for (uint32_t t = first; t <= pos; t++) {
-            const float *v = (const float *)flm_kv_value(c, l, t) + koff;
-            float w = a[t - first];
-            for (uint32_t i = 0; i < head_dim; i++) o[i] += w * v[i];
-        }
-    }
+    const att_job J = {k, c, l, first, pos, n_heads / n_kv_heads, pos - first + 1, head_dim, q, scale, att, out};
+    flm_pool_run(n_threads > 1 && pos - first >= 64 ? n_threads : 1, n_heads, att_head, (void *)&J);
 }

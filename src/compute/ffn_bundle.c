@@ -1,4 +1,5 @@
 #include "compute/ffn_bundle.h"
+#include "compute/pool.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -8,7 +9,6 @@
 #include "core/types.h"
 
 #ifdef _OPENMP
-#include <omp.h>
 #endif
 
 
@@ -69,6 +69,31 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
 /* One thread's share: bundles [i0, i1) into acc (overwritten). */
 typedef void (*range_fn)(const void *arg, size_t i0, size_t i1, float *acc);
 
+/* split_reduce's two steps over T parts (each part's range depends only on its index: the same sums for any
+ * scheduling of the parts) */
+typedef struct split_job {
+    range_fn fn;
+    const void *arg;
+    size_t n, T, m, d;
+    float *acc, *out;
+    size_t stride;
+} split_job;
+
+static void split_part(void *arg, size_t t) {
+    const split_job *J = arg;
+    J->fn(J->arg, J->n * t / J->T, J->n * (t + 1) / J->T, J->acc + t * J->m);
+}
+
+static void split_sum(void *arg, size_t t) {
+    const split_job *J = arg;
+    const size_t j0 = J->m * t / J->T, j1 = J->m * (t + 1) / J->T, d = J->d;
+    for (size_t j = j0; j < j1; j++) {
+        float sum = 0.0f;
+        for (size_t u = 0; u < J->T; u++) sum += J->acc[u * J->m + j];
+        J->out[(j / d) * J->stride + j % d] = sum;
+    }
+}
+
 /* Run fn over bundles [0, n) split into n_threads contiguous ranges, each into its own accumulator of m floats
  * (acc + t * m), then sum the accumulators: element j (j < m) goes to out + (j / d) * stride + j % d (rows of d
  * floats, stride apart). Serial below 64 bundles (a fork costs more); serial and contiguous (stride == d): straight
@@ -83,24 +108,9 @@ static void split_reduce(size_t n, int n_threads, size_t m, size_t d, range_fn f
         for (size_t j = 0; j < m; j += d) memcpy(out + (j / d) * stride, acc + j, d * sizeof(float));
         return;
     }
-    #pragma omp parallel num_threads(nt)
-    {
-#ifdef _OPENMP
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        int t = 0, T = 1;
-#endif
-        size_t i0 = n * (size_t)t / (size_t)T, i1 = n * (size_t)(t + 1) / (size_t)T;
-        fn(arg, i0, i1, acc + (size_t)t * m);
-        #pragma omp barrier
-        /* reduce: each thread sums a slice of the m outputs over all partial accumulators */
-        size_t j0 = m * (size_t)t / (size_t)T, j1 = m * (size_t)(t + 1) / (size_t)T;
-        for (size_t j = j0; j < j1; j++) {
-            float sum = 0.0f;
-            for (int u = 0; u < T; u++) sum += acc[(size_t)u * m + j];
-            out[(j / d) * stride + j % d] = sum;
-        }
-    }
+    split_job J = {fn, arg, n, (size_t)nt, m, d, acc, out, stride};
+    flm_pool_run(nt, (size_t)nt, split_part, &J);   /* part t: bundles [n t / T, n (t + 1) / T) into acc + t m */
+    flm_pool_run(nt, (size_t)nt, split_sum, &J);    /* part t: outputs [m t / T, m (t + 1) / T), summed in order */
 }
 
 typedef struct one_args {

@@ -6,13 +6,13 @@
 #include <math.h>
 #include <pthread.h>
 #ifdef _OPENMP
-#include <omp.h>
 #endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compute/kernels_impl.h"
+#include "compute/pool.h"
 #include "compute/quants.h"
 #include "core/types.h"
 #include "core/util.h"
@@ -382,17 +382,42 @@ float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void 
 /* x quantized for the dot: up to this many bytes on the stack, more on the heap. */
 #define FLM_ACT_STACK_BYTES 16384
 
-/* rows r of W against xq through fn (a flm_vec_dot_fn, or a flm_dot_fn when xq is the float x). */
+/* Rows per chunk when a matrix-vector product is split over n_threads: about 8 chunks per thread, each at least
+ * FLM_MATVEC_MIN_CHUNK bytes of weights. The threads take chunks one at a time (dynamic), so a thread that loses
+ * its core to another process leaves its unstarted chunks to the others instead of holding up the whole product. */
+#define FLM_MATVEC_CHUNKS_PER_THREAD 8
+#define FLM_MATVEC_MIN_CHUNK (16 * 1024)
+static size_t chunk_rows(size_t rows, size_t row_bytes, int n_threads) {
+    size_t c = (rows + FLM_MATVEC_CHUNKS_PER_THREAD * (size_t)n_threads - 1) /
+               (FLM_MATVEC_CHUNKS_PER_THREAD * (size_t)n_threads);
+    const size_t min_rows = (FLM_MATVEC_MIN_CHUNK + row_bytes - 1) / (row_bytes ? row_bytes : 1);
+    if (c < min_rows) c = min_rows;
+    return c ? c : 1;
+}
+
+/* rows r of W against xq through fn (a flm_vec_dot_fn, or a flm_dot_fn when xq is the float x), in chunks of c */
+typedef struct rows_job {
+    flm_vec_dot_fn fn;
+    const uint8_t *w;
+    size_t stride, rows, n, c;
+    const void *xq;
+    float *y;
+} rows_job;
+
+static void rows_chunk(void *arg, size_t b) {
+    const rows_job *J = arg;
+    const size_t r1 = (b + 1) * J->c < J->rows ? (b + 1) * J->c : J->rows;
+    for (size_t r = b * J->c; r < r1; r++) J->y[r] = J->fn(J->w + r * J->stride, J->xq, J->n);
+}
+
 static void matvec_rows(flm_vec_dot_fn fn, const uint8_t *w, size_t stride, size_t rows, size_t n, const void *xq,
                         float *y, int n_threads) {
     if (n_threads <= 1 || rows < 2 * (size_t)n_threads || rows * n < FLM_MATVEC_MIN_PARALLEL) {
         for (size_t r = 0; r < rows; r++) y[r] = fn(w + r * stride, xq, n);
         return;
     }
-    /* schedule(static) without a chunk size gives each thread one contiguous run of rows. */
-    const ptrdiff_t nr = (ptrdiff_t)rows;
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (ptrdiff_t r = 0; r < nr; r++) y[r] = fn(w + (size_t)r * stride, xq, n);
+    rows_job J = {fn, w, stride, rows, n, chunk_rows(rows, stride, n_threads), xq, y};
+    flm_pool_run(n_threads, (rows + J.c - 1) / J.c, rows_chunk, &J);
 }
 
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
@@ -414,6 +439,47 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     flm_act_quantize(t, x, n, xq);
     matvec_rows(k->vec_dot[t], W, stride, rows, n, xq, y, n_threads);
     if (xq != stack) free(xq);
+}
+
+/* flm_matmat's chunks: a block of rb rows through the tile kernel, or c rows through vec_dot per token */
+typedef struct tile_job {
+    flm_vec_dot_tile_fn tile;
+    const void *W;
+    size_t stride, rows, rb;
+    const uint8_t *xq;
+    size_t ab, n_x, n;
+    float *Y;
+    size_t y_stride;
+} tile_job;
+
+static void tile_chunk(void *arg, size_t b) {
+    const tile_job *J = arg;
+    const size_t r0 = b * J->rb, m = J->rows - r0 < J->rb ? J->rows - r0 : J->rb;
+    J->tile((const uint8_t *)J->W + r0 * J->stride, J->stride, m, J->xq, J->ab, J->n_x, J->n, J->Y + r0, J->y_stride);
+}
+
+typedef struct mm_job {
+    flm_vec_dot_fn fn;
+    const void *W;
+    size_t stride, rows;
+    bool f32;
+    const float *X;
+    size_t x_stride;
+    const uint8_t *xq;
+    size_t ab, n_x, n;
+    float *Y;
+    size_t y_stride, c;
+} mm_job;
+
+static void mm_chunk(void *arg, size_t b) {
+    const mm_job *J = arg;
+    const size_t r1 = (b + 1) * J->c < J->rows ? (b + 1) * J->c : J->rows;
+    for (size_t r = b * J->c; r < r1; r++) {
+        const uint8_t *w = (const uint8_t *)J->W + r * J->stride;
+        for (size_t t = 0; t < J->n_x; t++)
+            J->Y[t * J->y_stride + r] =
+                J->fn(w, J->f32 ? (const void *)(J->X + t * J->x_stride) : (const void *)(J->xq + t * J->ab), J->n);
+    }
 }
 
 void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
@@ -442,23 +508,38 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
         const size_t per_thread = (rows + 4 * (size_t)nt - 1) / (4 * (size_t)nt);
         if (nt > 1 && rb > per_thread) rb = per_thread;
         if (rb < 4) rb = 4;
-        const ptrdiff_t n_blocks = (ptrdiff_t)((rows + rb - 1) / rb);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
-        for (ptrdiff_t b = 0; b < n_blocks; b++) {
-            const size_t r0 = (size_t)b * rb, m = rows - r0 < rb ? rows - r0 : rb;
-            tile((const uint8_t *)W + r0 * stride, stride, m, xq, ab, n_x, n, Y + r0, y_stride);
-        }
+        tile_job J = {tile, W, stride, rows, rb, xq, ab, n_x, n, Y, y_stride};
+        flm_pool_run(nt, (rows + rb - 1) / rb, tile_chunk, &J);
         free(xq);
         return;
     }
-    const ptrdiff_t nr = (ptrdiff_t)rows;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (ptrdiff_t r = 0; r < nr; r++) {
-        const uint8_t *w = (const uint8_t *)W + (size_t)r * stride;
-        for (size_t b = 0; b < n_x; b++)
-            Y[b * y_stride + (size_t)r] = fn(w, f32 ? (const void *)(X + b * x_stride) : (const void *)(xq + b * ab), n);
-    }
+    mm_job J = {fn, W, stride, rows, f32, X, x_stride, xq, ab, n_x, n, Y, y_stride,
+                nt > 1 ? chunk_rows(rows, stride, nt) : rows};
+    flm_pool_run(nt, (rows + J.c - 1) / J.c, mm_chunk, &J);
     free(xq);
+}
+
+/* flm_matvec_multi's chunks: global rows [b * c, (b + 1) * c) of the jobs laid end to end */
+typedef struct multi_job {
+    const flm_matvec_job *jobs;
+    size_t n_jobs;
+    const void *const *x;
+    const flm_vec_dot_fn *fn;
+    const size_t *stride;
+    size_t total, n, c;
+} multi_job;
+
+static void multi_chunk(void *arg, size_t b) {
+    const multi_job *J = arg;
+    size_t r0 = b * J->c, base = 0;
+    const size_t r1 = r0 + J->c < J->total ? r0 + J->c : J->total;
+    for (size_t j = 0; j < J->n_jobs && r0 < r1; base += J->jobs[j].rows, j++) {
+        const size_t end = base + J->jobs[j].rows;
+        if (r0 >= end) continue;
+        const uint8_t *w = J->jobs[j].W;
+        for (; r0 < end && r0 < r1; r0++)
+            J->jobs[j].y[r0 - base] = J->fn[j](w + (r0 - base) * J->stride[j], J->x[j], J->n);
+    }
 }
 
 void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
@@ -506,23 +587,10 @@ void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n
     } else {
         int nt = n_threads;
         if (nt <= 1 || total < 2 * (size_t)nt || total * n < FLM_MATVEC_MIN_PARALLEL) nt = 1;
-        /* thread t takes the global rows [total*t/T, total*(t+1)/T) of the jobs laid end to end */
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        {
-#ifdef _OPENMP
-            const size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
-#else
-            const size_t t = 0, T = 1;
-#endif
-            size_t r0 = total * t / T, r1 = total * (t + 1) / T, base = 0;
-            for (size_t j = 0; j < n_jobs && r0 < r1; base += jobs[j].rows, j++) {
-                const size_t end = base + jobs[j].rows;
-                if (r0 >= end) continue;
-                const uint8_t *w = jobs[j].W;
-                for (; r0 < end && r0 < r1; r0++)
-                    jobs[j].y[r0 - base] = job_fn[j](w + (r0 - base) * job_stride[j], job_x[j], n);
-            }
-        }
+        /* the jobs' rows laid end to end, in chunks the threads take one at a time (as matvec_rows) */
+        multi_job J = {jobs, n_jobs, job_x, job_fn, job_stride, total, n, nt > 1 ? chunk_rows(total, job_stride[0], nt)
+                                                                                  : total};
+        flm_pool_run(nt, (total + J.c - 1) / J.c, multi_chunk, &J);
     }
     for (size_t a = 0; a < MAX_ACT; a++) free(heap[a]);
 }

@@ -125,6 +125,16 @@ void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in
     const flm_hparams *hp = P->hp;
     const size_t d = hp->d_model, hd = hp->head_dim, q_dim = (size_t)hp->n_heads * hd,
                  kv_dim = (size_t)hp->n_kv_heads * hd;
+    if (!L->wqkv.data && P->n == 1) { /* one token: the three products in one parallel region, x quantized once */
+        const flm_matvec_job jobs[3] = {{L->wq.type, L->wq.data, q_dim, q},
+                                        {L->wk.type, L->wk.data, kv_dim, k},
+                                        {L->wv.type, L->wv.data, kv_dim, v}};
+        flm_matvec_multi(P->k, jobs, 3, d, in, P->n_threads);
+        add_bias(q, &L->bq, (uint32_t)q_dim);
+        add_bias(k, &L->bk, (uint32_t)kv_dim);
+        add_bias(v, &L->bv, (uint32_t)kv_dim);
+        return;
+    }
     if (!L->wqkv.data) {
         flm_pass_linear(P, &L->wq, &L->bq, q_dim, d, in, in_stride, q, q_dim);
         flm_pass_linear(P, &L->wk, &L->bk, kv_dim, d, in, in_stride, k, kv_dim);
@@ -180,8 +190,14 @@ void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const flo
                         size_t out_stride, float *H, float *U) {
     const flm_hparams *hp = P->hp;
     const size_t F = hp->d_ffn, d = hp->d_model;
-    flm_pass_linear(P, &L->ffn_up, L->ffn_up_b.data ? &L->ffn_up_b : NULL, F, d, in, in_stride, U, F);
-    if (hp->gated) flm_pass_linear(P, &L->ffn_gate, NULL, F, d, in, in_stride, H, F);
+    if (P->n == 1 && hp->gated) { /* one token: up and gate in one parallel region, x quantized once */
+        const flm_matvec_job jobs[2] = {{L->ffn_up.type, L->ffn_up.data, F, U}, {L->ffn_gate.type, L->ffn_gate.data, F, H}};
+        flm_matvec_multi(P->k, jobs, 2, d, in, P->n_threads);
+        if (L->ffn_up_b.data) add_bias(U, &L->ffn_up_b, (uint32_t)F);
+    } else {
+        flm_pass_linear(P, &L->ffn_up, L->ffn_up_b.data ? &L->ffn_up_b : NULL, F, d, in, in_stride, U, F);
+        if (hp->gated) flm_pass_linear(P, &L->ffn_gate, NULL, F, d, in, in_stride, H, F);
+    }
     flm_pass_ffn_act(hp, (size_t)P->n * F, H, U);
     flm_pass_linear(P, &L->ffn_down, NULL, d, F, H, F, out, out_stride);
 }
