@@ -206,7 +206,9 @@ void cli_blas_single_thread(char **argv) {
     /* OpenMP threads that wait at a barrier spin for ~300000 iterations by default (libgomp): on a machine whose
      * cores are shared with other work, a spinning thread holds the core the straggler needs, and a 2-thread decode
      * fell from 64 to 4 tokens/s under load (SmolLM2, this project's VM). A short spin keeps the fast hand-off on
-     * an idle machine and yields the core otherwise. The user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT win. */
+     * an idle machine and yields the core otherwise. The user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT win. The token
+     * loop's products run on the library's own pool (FLASHLM_SPIN_US); OpenMP is left to calibrate, synth, the context
+     * shift and FLASHLM_THREADS=omp. */
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "10000", 1) == 0)
         again = true;
     if (again) execv("/proc/self/exe", argv); /* on failure (no /proc): go on with the defaults */

@@ -373,7 +373,7 @@ float flm_vec_dot(const flm_kernels *k, uint32_t t, const void *row, const void 
 /* ---------------------------------------------------------------------------------------------------------------
  * matvec, rmsnorm, softmax
  * ------------------------------------------------------------------------------------------------------------- */
-/* Below this many weights a matvec runs serially: an OpenMP fork/join costs a few microseconds. */
+/* Below this many weights a matvec runs serially: handing out chunks to the pool costs a few microseconds. */
 #define FLM_MATVEC_MIN_PARALLEL 32768
 
 /* flm_matmat with a tile kernel: the weight rows of one block (they stay in L2 while the tokens pass over them). */

@@ -95,7 +95,8 @@ const flm_kernels *flm_kernels_avx2(void);
  * x is quantized once into t's vec_dot_type (in a scratch buffer the caller never sees: a stack buffer up to 16 KiB,
  * else the heap; if that allocation fails it falls back to the float-x dot[t], so it cannot fail), then each row
  * goes through vec_dot[t] — ggml's ggml_compute_forward_mul_mat scheme. y[r] equals
- * flm_vec_dot(k, t, row r, xq, n) bit for bit. Splits rows over n_threads OpenMP threads (n_threads <= 1: serial).
+ * flm_vec_dot(k, t, row r, xq, n) bit for bit. Splits rows over n_threads threads of the pool (compute/pool.h), in
+ * chunks of about 1/8 of a thread's share taken one at a time (n_threads <= 1, or a small matrix: serial).
  * n: any multiple of t's block size up to 2^30. */
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads);
@@ -106,7 +107,7 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
  * bytes), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Where the table has
  * a vec_dot_tile[t], rows go in blocks that stay in L2 (about 256 KiB of weights) and the tile kernel unpacks each
  * weight block once per few tokens; else vec_dot per (row, token). Every y_b[r] equals flm_matvec's bit for bit.
- * Rows split over n_threads OpenMP threads. When the scratch cannot be allocated it runs flm_matvec token by token
+ * Rows split over n_threads threads of the pool (compute/pool.h). When the scratch cannot be allocated it runs flm_matvec token by token
  * (the same values). n as flm_matvec. */
 void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
                 size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads);
@@ -121,7 +122,7 @@ typedef struct flm_matvec_job {
 #define FLM_MATVEC_MAX_JOBS 8
 
 /* Several matrices against the same x (attention q/k/v, FFN gate/up): x is quantized once per distinct
- * vec_dot_type and all rows of all jobs are split over n_threads in ONE OpenMP region (one fork/join instead of
+ * vec_dot_type and all rows of all jobs are split over n_threads in ONE call of the pool (one hand-out instead of
  * n_jobs). Each y[r] equals flm_matvec's bit for bit. n_jobs <= FLM_MATVEC_MAX_JOBS; n as flm_matvec. */
 void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
                       int n_threads);
