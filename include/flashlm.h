@@ -338,6 +338,27 @@ FLM_API bool flm_has_self_draft(const flm_ctx *ctx);
  * the context holds positions < pos (as before the call). */
 FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                                   const float **logits, flm_error *err);
+/* Tree evaluation (tree attention: SpecInfer, Miao et al. 2024; SpecExec; Sequoia): n_nodes candidate tokens
+ * tokens[i] whose parents are parent[i] (an earlier node, or -1: the node follows the context directly). Node i takes
+ * KV cache slot pos + i and position pos + depth(i) (a root's depth is 0); it attends to the context's positions
+ * < pos and to its own ancestors, so its logits are those of evaluating the context plus its path token by token
+ * (bit for bit in every mode but sparse: the masked positions add exact zeros). Nodes [first, n_nodes) are evaluated,
+ * in batches of n_batch; their logits go to logits[(i - first) * n_vocab] (required). Nodes [0, first) must be held
+ * from the previous call on the same tree (same pos, same earlier nodes): a draft grows its tree a level at a time.
+ * draft: every FFN over its resident neurons, as flm_eval_draft (mode hot). pos <= flm_n_past; the context keeps
+ * positions < pos; the nodes stay apart until flm_tree_accept keeps one path (any other evaluation forgets them).
+ * Errors: FLM_ERR_ARG (a parent not earlier, ids out of range, pos + n_nodes > n_ctx, first > the nodes held, a path
+ * longer than a sliding window, draft outside mode hot, mode sparse or a select hook: they choose neurons per
+ * position), FLM_ERR_NOMEM, those of flm_eval; after an error the context holds positions < pos and the nodes before
+ * the failed batch. */
+FLM_API flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes,
+                                 uint32_t first, int32_t pos, bool draft, float *logits, flm_error *err);
+/* Keep one path of the tree flm_eval_tree evaluated at pos: nodes path[0..m) (a root, then each node a child of the
+ * one before: strictly increasing indices) become positions pos .. pos + m - 1 of the context (their keys and values
+ * move to those slots); flm_n_past is then pos + m. m = 0 keeps none. Errors: FLM_ERR_ARG (no tree held at pos, a
+ * node not held, indices not increasing), nothing changed. */
+FLM_API flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err);
+
 /* The next position flm_eval expects (tokens held in the context). */
 FLM_API int32_t flm_n_past(const flm_ctx *ctx);
 

@@ -155,7 +155,7 @@ static void test_attention_as_before(void **state) {
                 uint32_t l = cases[ci][0], first = cases[ci][1], pos = cases[ci][2];
                 fill(q, sizeof q / sizeof *q, &rng, 2.0f);
                 attention_before(&c32, l, first, pos, q, n_heads, n_kv, hd, 0.125f, att_a, out_a);
-                flm_attention(tables[kt], &c16, l, first, pos, q, n_heads, n_kv, hd, 0.125f, att_b, out_b, nt);
+                flm_attention(tables[kt], &c16, l, first, pos, q, n_heads, n_kv, hd, 0.125f, att_b, out_b, nt, NULL);
                 if (memcmp(out_a, out_b, sizeof out_a))
                     fail_msg("%s, layer %u, positions %u..%u, %d threads: attention differs from before",
                              tables[kt]->name, l, first, pos, nt);

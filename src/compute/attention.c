@@ -92,6 +92,7 @@ typedef struct att_job {
     uint32_t l, first, pos, group, n, head_dim;
     const float *q;
     float scale, *att, *out;
+    const uint8_t *mask;
 } att_job;
 
 static void att_head(void *arg, size_t hh) {
@@ -109,6 +110,9 @@ static void att_head(void *arg, size_t hh) {
         float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
         for (uint32_t i = 0; i < head_dim; i++) qh[i] = flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i]));
         k->attn_scores_f16(qh, (const uint16_t *)flm_kv_key(c, l, first) + koff, c->kv_dim, n, head_dim, scale, a);
+        if (J->mask)
+            for (uint32_t t = 0; t < n; t++)
+                if (!J->mask[t]) a[t] = -INFINITY;
         flm_softmax(a, n);
         for (uint32_t t = 0; t < n; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
         k->attn_values_f16(a, (const uint16_t *)flm_kv_value(c, l, first) + koff, c->kv_dim, n, head_dim, o);
@@ -119,7 +123,7 @@ static void att_head(void *arg, size_t hh) {
         const float *kr = (const float *)flm_kv_key(c, l, t) + koff;
         float s = 0.0f;
         for (uint32_t i = 0; i < head_dim; i++) s += qf[i] * kr[i];
-        a[t - first] = s * scale;
+        a[t - first] = J->mask && !J->mask[t - first] ? -INFINITY : s * scale;
     }
     flm_softmax(a, n);
     memset(o, 0, head_dim * sizeof(float));
@@ -132,7 +136,8 @@ static void att_head(void *arg, size_t hh) {
 
 void flm_attention(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos,
                    const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
-                   float *out, int n_threads) {
-    const att_job J = {k, c, l, first, pos, n_heads / n_kv_heads, pos - first + 1, head_dim, q, scale, att, out};
+                   float *out, int n_threads, const uint8_t *mask) {
+    const att_job J = {k, c, l, first, pos, n_heads / n_kv_heads, pos - first + 1, head_dim, q, scale, att, out,
+                       mask};
     flm_pool_run(n_threads > 1 && pos - first >= 64 ? n_threads : 1, n_heads, att_head, (void *)&J);
 }

@@ -53,9 +53,13 @@ void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim
  * path rounds them against its f16 KV cache, so that greedy outputs agree with llama.cpp's wherever the top two logits
  * are not a near-tie; the f16 keys and values are converted on the fly by k's attn_scores_f16 / attn_values_f16,
  * whose results equal the scalar loops' bit for bit. With an f32 cache (--kv-f32) everything stays f32.
- * att is scratch of n_heads * n_ctx floats. head_dim <= FLM_ATT_MAX_HEAD_DIM. */
+ * att is scratch of n_heads * n_ctx floats. head_dim <= FLM_ATT_MAX_HEAD_DIM.
+ * mask (NULL: every position) is [pos - first + 1] bytes: position first + t takes part when mask[t] != 0 (tree
+ * attention: a tree node sees the context and its own ancestors, SpecInfer). A masked position's score is -inf, so its
+ * softmax weight is exactly 0 and it adds exact zeros to the sums: the result equals attention over the unmasked
+ * positions alone (in the same order) bit for bit. mask[pos - first] must be set. */
 void flm_attention(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos,
                    const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
-                   float *out, int n_threads);
+                   float *out, int n_threads, const uint8_t *mask);
 
 #endif

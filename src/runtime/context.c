@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/pass.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
@@ -279,10 +280,11 @@ static flm_status check_tokens(const flm_ctx *ctx, const int32_t *tokens, uint32
 flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
     flm_status st = check_tokens(ctx, &token, 1, pos, err);
     if (st) return st;
+    ctx->tree_n = 0;
     ctx->next_pos = pos; /* positions >= pos are forgotten, whatever happens below */
     flm_token_stats tok = {0};
     double t0 = flm_now_ms();
-    if ((st = flm_forward(ctx, &token, 1, pos, NULL, &tok, err))) return st;
+    if ((st = flm_forward(ctx, &token, 1, pos, NULL, &tok, NULL, err))) return st;
     tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
     record_token(ctx, &tok);
     ctx->next_pos = pos + 1;
@@ -304,10 +306,13 @@ flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float 
     return st;
 }
 
+static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m);
+
 flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                           const float **logits, flm_error *err) {
     flm_status st = check_tokens(ctx, tokens, n, pos, err);
     if (st) return st;
+    ctx->tree_n = 0;
     const int32_t pos0 = pos;
     ctx->next_pos = pos;
     const uint32_t V = ctx->model->hp.n_vocab, B = (uint32_t)ctx->params.n_batch;
@@ -316,12 +321,22 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
         flm_token_stats tok = {0};
         double t0 = flm_now_ms();
         float *out = logits_all ? logits_all + (size_t)i * V : NULL;
-        if ((st = flm_forward(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, err))) {
+        if ((st = flm_forward(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, NULL, err))) {
             ctx->next_pos = pos0; /* the whole call is undone: the caller evaluates pos0 again */
             return st;
         }
         tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-        /* each token of the batch gets an equal share of it */
+        record_batch(ctx, &tok, m);
+        ctx->next_pos = pos0 + (int32_t)(i + m);
+        i += m;
+    }
+    if (logits) *logits = logits_all ? logits_all + (size_t)(n - 1) * V : ctx->s.logits;
+    return FLM_OK;
+}
+
+/* Record a pass over m tokens: each gets an equal share of its statistics. */
+static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
+        const flm_token_stats tok = *pt;
         flm_token_stats share = tok;
         share.io_ms /= m;
         share.mem_ms /= m;
@@ -346,10 +361,98 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
             sj.n_true_pos += j < tok.n_true_pos % m;
             record_token(ctx, &sj);
         }
-        ctx->next_pos = pos0 + (int32_t)(i + m);
-        i += m;
+}
+
+flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
+                         int32_t pos, bool draft, float *logits, flm_error *err) {
+    if (!ctx || !parent || !logits || first >= n_nodes)
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: no parents, no logits buffer, or no node to evaluate "
+                        "(first %u of %u nodes)", first, n_nodes);
+    flm_status st = check_tokens(ctx, tokens, n_nodes, pos, err);
+    if (st) return st;
+    if (draft && (!ctx->flash || ctx->flash->plan.mode != FLM_MODE_HOT))
+        return flm_fail(err, FLM_ERR_ARG, "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode "
+                        "hot or auto under a budget runs it)");
+    if (ctx->ffn_select || (ctx->flash && ctx->flash->plan.mode == FLM_MODE_SPARSE))
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: the FFN source chooses neurons per position (mode sparse "
+                        "or a select hook); evaluate a path at a time instead");
+    if (first > 0 && (ctx->tree_n < first || ctx->tree_pos != pos || ctx->next_pos != pos))
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation from node %u: the cache holds %u nodes of a tree at %d (the "
+                        "earlier nodes must come first)", first, ctx->tree_n, ctx->tree_pos);
+    const flm_hparams *hp = &ctx->model->hp;
+    const size_t N = n_nodes;
+    uint8_t *mem = malloc(N * sizeof(int32_t) + N * N + (size_t)ctx->params.n_ctx);
+    if (!mem) return flm_fail(err, FLM_ERR_NOMEM, "tree evaluation: out of memory for %u nodes", n_nodes);
+    int32_t *depth = (int32_t *)mem;
+    uint8_t *anc = mem + N * sizeof(int32_t), *mask = anc + N * N;
+    for (size_t i = 0; i < N; i++) {
+        const int32_t p = parent[i];
+        if (p < -1 || p >= (int32_t)i) {
+            free(mem);
+            return flm_fail(err, FLM_ERR_ARG, "tree evaluation: node %zu's parent %d is not an earlier node (or -1)", i,
+                            p);
+        }
+        depth[i] = p < 0 ? 0 : depth[p] + 1;
+        if (p >= 0) memcpy(anc + i * N, anc + (size_t)p * N, N);
+        else memset(anc + i * N, 0, N);
+        anc[i * N + i] = 1;
+        if (hp->n_swa && (uint32_t)depth[i] >= hp->n_swa) {
+            const int32_t len = depth[i] + 1;
+            free(mem);
+            return flm_fail(err, FLM_ERR_ARG, "tree evaluation: a path of %d nodes is longer than the sliding window "
+                            "(%u)", len, hp->n_swa);
+        }
     }
-    if (logits) *logits = logits_all ? logits_all + (size_t)(n - 1) * V : ctx->s.logits;
+    flm_tree *tree = malloc(sizeof *tree);
+    if (!tree) {
+        free(mem);
+        return flm_fail(err, FLM_ERR_NOMEM, "tree evaluation: out of memory");
+    }
+    *tree = (flm_tree){(uint32_t)pos, n_nodes, depth, anc, mask};
+    ctx->next_pos = pos; /* the context's positions < pos stay; the tree's nodes are held apart (tree_n) */
+    ctx->tree_pos = pos;
+    ctx->tree_n = first;
+    const uint32_t V = hp->n_vocab, B = (uint32_t)ctx->params.n_batch;
+    const bool was_draft = ctx->ffn_draft;
+    ctx->ffn_draft = draft;
+    for (uint32_t i = first; i < n_nodes;) {
+        uint32_t m = n_nodes - i < B ? n_nodes - i : B;
+        flm_token_stats tok = {0};
+        double t0 = flm_now_ms();
+        if ((st = flm_forward(ctx, tokens + i, m, pos + (int32_t)i, logits + (size_t)(i - first) * V, &tok, tree,
+                              err)))
+            break;
+        tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
+        record_batch(ctx, &tok, m);
+        i += m;
+        ctx->tree_n = i;
+    }
+    ctx->ffn_draft = was_draft;
+    ctx->next_pos = pos;
+    free(tree);
+    free(mem);
+    return st;
+}
+
+flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err) {
+    if (!ctx || (m && !path) || ctx->tree_pos != pos || m > ctx->tree_n)
+        return flm_fail(err, FLM_ERR_ARG, "tree accept: %u nodes at %d, but the cache holds %u nodes of a tree at %d",
+                        m, pos, ctx ? ctx->tree_n : 0, ctx ? ctx->tree_pos : 0);
+    for (uint32_t k = 0; k < m; k++)
+        if (path[k] >= ctx->tree_n || path[k] < k || (k && path[k] <= path[k - 1]))
+            return flm_fail(err, FLM_ERR_ARG, "tree accept: node %u at depth %u is not a node of the path (the cache "
+                            "holds %u)", path[k], k, ctx->tree_n);
+    const flm_kv_cache *c = &ctx->kv;
+    const size_t row = (size_t)c->kv_dim * c->elem_bytes;
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (uint32_t k = 0; k < m; k++) {
+            if (path[k] == k) continue;
+            /* slot pos + k <= pos + path[k]; a later source pos + path[k'] > pos + k is never overwritten first */
+            memcpy(flm_kv_key(c, l, (uint32_t)pos + k), flm_kv_key(c, l, (uint32_t)pos + path[k]), row);
+            memcpy(flm_kv_value(c, l, (uint32_t)pos + k), flm_kv_value(c, l, (uint32_t)pos + path[k]), row);
+        }
+    ctx->tree_n = 0;
+    ctx->next_pos = pos + (int32_t)m;
     return FLM_OK;
 }
 

@@ -161,7 +161,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
     const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
     for (uint32_t t = 0; t < P->n; t++) {
         float *qt = q + t * q_dim, *kt = k + t * kv_dim;
-        const uint32_t p = (uint32_t)P->pos + t;
+        const uint32_t p = flm_pass_position(P, t), slot = (uint32_t)P->pos + t;
         const bool layer = hp->arch->norm == FLM_NORM_LAYER;
         head_norm(qt, &L->q_norm, &L->q_norm_b, layer, hp->n_heads, hp->head_dim, hp->norm_eps);
         head_norm(kt, &L->k_norm, &L->k_norm_b, layer, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
@@ -169,13 +169,21 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
             flm_rope(qt, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
             flm_rope(kt, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
         }
-        flm_kv_store(P->kv, kv_layer, p, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
+        flm_kv_store(P->kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
     }
+    const flm_tree *T = P->tree;
     for (uint32_t t = 0; t < P->n; t++) {
-        const uint32_t p = (uint32_t)P->pos + t;
+        const uint32_t p = flm_pass_position(P, t), slot = (uint32_t)P->pos + t;
         const uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
-        flm_attention(P->k, P->kv, kv_layer, first, p, q + t * q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
-                      hp->attn_scale, P->att, out + t * out_stride, P->n_threads);
+        const uint8_t *mask = NULL;
+        if (T) { /* the context's slots first .. base - 1, then the node's ancestors and itself */
+            const uint32_t i = slot - T->base;
+            for (uint32_t j = first; j <= slot; j++)
+                T->mask[j - first] = j < T->base || T->anc[(size_t)i * T->n_nodes + (j - T->base)];
+            mask = T->mask;
+        }
+        flm_attention(P->k, P->kv, kv_layer, first, slot, q + t * q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                      hp->attn_scale, P->att, out + t * out_stride, P->n_threads, mask);
     }
 }
 
@@ -257,8 +265,8 @@ static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, 
         for (uint32_t t = 0; t < n; t++) {
             float *x = X + (size_t)t * d;
             size_t row_bytes = flm_row_bytes(m->pos_embd.type, m->pos_embd.n_in);
-            ctx->k->dequant[m->pos_embd.type]((const uint8_t *)m->pos_embd.data + (size_t)(pos + t) * row_bytes, H,
-                                              d);
+            ctx->k->dequant[m->pos_embd.type]((const uint8_t *)m->pos_embd.data +
+                                                  (size_t)flm_pass_position(P, t) * row_bytes, H, d);
             for (uint32_t i = 0; i < d; i++) x[i] += H[i];
         }
     return FLM_OK;
@@ -302,7 +310,7 @@ static flm_status ffn(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const f
 
 /* The pass over n tokens whose activations are R (n = 1: the single-token scratch; else the batch scratch). */
 static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, const rows *R,
-                       float *logits_all, flm_token_stats *tok, flm_error *err) {
+                       float *logits_all, flm_token_stats *tok, const flm_tree *tree, flm_error *err) {
     ctx->cur_pos = pos; /* the first position (FFN sources see pos .. pos + n - 1) */
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
@@ -311,7 +319,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
     const size_t hs = R->h_stride;
     const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n,
-                        .pos = pos, .att = s->att};
+                        .pos = pos, .att = s->att, .tree = tree};
 
     flm_status st = embed(ctx, &P, tokens, R->x, R->h, hs, tok, err);
     if (st) return st;
@@ -359,7 +367,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
 }
 
 flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                       flm_token_stats *tok, flm_error *err) {
+                       flm_token_stats *tok, const flm_tree *tree, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     flm_scratch *s = &ctx->s;
     const uint32_t V = hp->n_vocab;
@@ -368,11 +376,11 @@ flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         const rows one = {.x = s->x, .h = s->xb, .h_stride = hs, .o = s->xb2, .q = s->q, .k = s->k, .v = s->v};
         for (uint32_t i = 0; i < n; i++) {
             flm_status st = pass(ctx, tokens + i, 1, pos + (int32_t)i, &one, logits_all ? logits_all + (size_t)i * V
-                                                                                          : NULL, tok, err);
+                                                                                          : NULL, tok, tree, err);
             if (st) return st;
         }
         return FLM_OK;
     }
     const rows batch = {.x = s->bx, .h = s->bxb, .h_stride = hs, .o = s->bxb2, .q = s->bq, .k = s->bk, .v = s->bv};
-    return pass(ctx, tokens, n, pos, &batch, logits_all, tok, err);
+    return pass(ctx, tokens, n, pos, &batch, logits_all, tok, tree, err);
 }

@@ -15,6 +15,16 @@
 #include "compute/kernels.h"
 #include "model/model.h"
 
+/* A batch of tree nodes (flm_eval_tree; SpecInfer's tree attention): node i sits in KV slot base + i and at position
+ * base + depth[i]; it attends to the context's slots < base and to the slots of its ancestors and itself
+ * (anc[i * n_nodes + j] != 0). The batch's row t is node (pass.pos - base) + t. */
+typedef struct flm_tree {
+    uint32_t base, n_nodes;
+    const int32_t *depth; /* [n_nodes] */
+    const uint8_t *anc;   /* [n_nodes][n_nodes] */
+    uint8_t *mask;        /* scratch of n_ctx bytes (the attention mask of one row) */
+} flm_tree;
+
 /* What every block of one batch shares. */
 typedef struct flm_pass {
     const flm_kernels *k;
@@ -22,9 +32,16 @@ typedef struct flm_pass {
     const flm_kv_cache *kv; /* the attention block stores each token's key and value here, and reads them back */
     int n_threads;
     uint32_t n;             /* tokens in the batch, >= 1 */
-    int32_t pos;            /* position of the first; token t is at pos + t */
+    int32_t pos;            /* position of the first; token t is at pos + t (a tree: KV slot of the first) */
     float *att;             /* attention scratch: [n_heads * kv->n_ctx] floats */
+    const flm_tree *tree;   /* NULL: the causal batch above; else tree nodes (positions, mask: flm_tree) */
 } flm_pass;
+
+/* Position of the batch's row t: pos + t, or a tree node's base + depth. */
+static inline uint32_t flm_pass_position(const flm_pass *P, uint32_t t) {
+    if (!P->tree) return (uint32_t)P->pos + t;
+    return P->tree->base + (uint32_t)P->tree->depth[(uint32_t)P->pos - P->tree->base + t];
+}
 
 /* The norm block: out[t] = norm(in[t]) for t < n, rows of dim floats; RMSNorm with weight w, or LayerNorm with w and
  * bias b (b->data may be NULL: no bias) when hp->arch->norm is FLM_NORM_LAYER; eps hp->norm_eps. out may be in. */
@@ -47,7 +64,8 @@ void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in
  * rope_dim dimensions of each head of q and k at their positions (FLM_POS_ROPE; the local base on
  * sliding-window layers), k and v stored as row (kv_layer, pos + t) of P->kv (q and k are changed in place), then
  * out[t][q_dim] = causal attention over positions first..pos + t (first = pos + t - n_swa + 1 on sliding-window
- * layers, else 0). */
+ * layers, else 0). Tree nodes (P->tree): RoPE at the node's position, stored at its slot, attention over the
+ * context's slots and the node's ancestors (flm_attention's mask). */
 void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
                         const float *v, float *out, size_t out_stride);
 

@@ -220,6 +220,8 @@ struct flm_ctx {
     bool select_need_h;
     uint32_t *select_ids;    /* [d_ffn], allocated by flm_set_ffn_select */
     bool ffn_draft;          /* a draft pass (flm_eval_draft): the hot source computes its resident neurons only */
+    int32_t tree_pos;        /* flm_eval_tree: the KV slot of node 0 of the tree the cache holds */
+    uint32_t tree_n;         /* its nodes held (slots tree_pos ..); 0: none (any other evaluation forgets them) */
 };
 
 /* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
@@ -253,6 +255,8 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
 uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget);
 void flm_scratch_free(flm_scratch *s);
 
+struct flm_tree;
+
 /* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): n >= 1 tokens at positions
  * pos .. pos + n - 1 through the model, keys and values into the KV cache. Fills logits_all[n][n_vocab] when
  * non-NULL, and ctx->s.logits with the last token's logits. n = 1 (decoding) runs on the single-token scratch with
@@ -260,8 +264,10 @@ void flm_scratch_free(flm_scratch *s);
  * compute_batch); a larger n token by token. tok gets the I/O and memory-management times and bytes. ctx->cur_pos is
  * the position being evaluated (pos + n - 1 at the end). Errors: FLM_ERR_IO (an embedding row or FFN read),
  * FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (a non-finite output: the message names the file, layer and region),
- * FLM_ERR_ARG (a position past a model's learned positions). */
+ * FLM_ERR_ARG (a position past a model's learned positions).
+ * tree (NULL: the causal batch above): the tokens are tree nodes (runtime/pass.h flm_tree), pos the KV slot of the
+ * first; each node at its own position, attending to the context and its ancestors (flm_eval_tree). */
 flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                       flm_token_stats *tok, flm_error *err);
+                       flm_token_stats *tok, const struct flm_tree *tree, flm_error *err);
 
 #endif
