@@ -599,6 +599,16 @@ FLM_API int32_t flm_sampler_sample_probs(flm_sampler *s, const float *probs);
  * (*out = the replacement, never the rejected token while p has mass elsewhere; when max(0, p - q) has no mass
  * through rounding, it is drawn from p). A token outside [0, n_vocab) is rejected the same way. */
 FLM_API bool flm_sampler_accept(flm_sampler *s, const float *p, const float *q, int32_t token, int32_t *out);
+/* Several drafts at one position (a tree's children; SpecInfer's multi-step speculative sampling, Miao et al. 2024,
+ * Alg. 2): draws[0..n_draws) were drawn independently from q (with repetition). Each in turn is accepted with
+ * probability min(1, w(x)/q(x)), w starting as p and becoming norm(max(0, w - q)) after each rejection; when none is
+ * accepted, *out is drawn from the last w. Returns the index of the accepted draw (*out = draws[index]), or -1. The
+ * token *out is distributed as p whatever q is. Greedy samplers (temp 0) give p and q one-hot: the draw equal to the
+ * argmax is accepted. */
+FLM_API int flm_sampler_accept_multi(flm_sampler *s, const float *p, const float *q, const int32_t *draws,
+                                     int n_draws, int32_t *out);
+/* Whether s samples greedily (temp <= 0: argmax). */
+FLM_API bool flm_sampler_greedy(const flm_sampler *s);
 FLM_API void flm_sampler_free(flm_sampler *s);
 
 /* ---------------------------------------------------------------------------------------------------------------

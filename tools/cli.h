@@ -172,6 +172,8 @@ typedef struct cli_spec_args {
     bool ngram;        /* --draft-ngram */
     bool self_draft;   /* --draft-self (or mode auto running hot: cli_spec_open_draft) */
     bool no_draft;     /* --no-draft */
+    int tree;          /* --draft-tree N: the self-draft proposes a tree of up to N nodes (0: a chain) */
+    bool greedy;       /* the caller samples greedily (temp 0): a tree then keeps no draft distributions */
 } cli_spec_args;
 void cli_spec_args_default(cli_spec_args *a);
 /* Parse --draft, --draft-n or --draft-ngram at argv[*i] (advances *i past a value). Returns 1 when consumed, 0 when

@@ -67,6 +67,7 @@ typedef struct bench_run {
     flm_mode mode;
     flm_params params;
     int spec;        /* 0: plain decoding; 1: +self (flm_eval_draft); 2: +ngram */
+    int tree;        /* +tree: the self-draft's tree of at most this many nodes (0: a chain) */
     int n_draft;     /* tokens proposed per step */
 } bench_run;
 
@@ -265,7 +266,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     if (run->spec) { /* speculative: the whole generation timed; the target's statistics summed */
         cli_spec *sp = NULL;
         cli_spec_opts so = {.n_draft = run->n_draft, .ngram = run->spec == 2, .self_draft = run->spec == 1,
-                            .adaptive = run->spec == 1};
+                            .adaptive = run->spec == 1, .tree = run->tree};
         if (cli_spec_create(ctx, NULL, smp, &so, &sp, &err)) goto fail;
         const float *lg = NULL;
         /* the prompt again, through the engine (its history must hold it; the prompt was timed above) */
@@ -474,6 +475,23 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
         run->params.no_read_ahead = true;
     } else if (!strcmp(name, "sparse-oracle")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_predictor = true;
+    } else if (strstr(name, "+tree")) { /* MODE+tree[N][dD]: a self-draft tree of N nodes (default 24), depth D (8) */
+        const char *plus = strchr(name, '+');
+        char base[64];
+        snprintf(base, sizeof base, "%.*s", (int)(plus - name) < 63 ? (int)(plus - name) : 63, name);
+        if (!flm_mode_parse(base, &run->mode)) return false;
+        run->spec = 1;
+        char num[32];
+        snprintf(num, sizeof num, "%s", plus + 5);
+        char *dd = strchr(num, 'd');
+        long nodes = 24, depth = 8;
+        if (dd) {
+            *dd = 0;
+            if (!cli_parse_long(dd + 1, 1, CLI_SPEC_DRAFT_MAX, &depth)) return false;
+        }
+        if (*num && !cli_parse_long(num, 2, CLI_SPEC_DRAFT_MAX, &nodes)) return false;
+        run->tree = (int)nodes;
+        run->n_draft = (int)depth;
     } else if (strstr(name, "+self") || strstr(name, "+ngram")) { /* MODE+self[N], MODE+ngram[N] */
         const char *plus = strchr(name, '+');
         char base[64];

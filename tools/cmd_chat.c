@@ -219,6 +219,7 @@ int cmd_chat(int argc, char **argv) {
     flm_error err;
     flm_ctx *ctx = NULL;
     /* speculative decoding: the draft model first, inside the budget; the target gets what it leaves */
+    ss.a.greedy = sp.temp <= 0.0f;
     if (cli_spec_open_draft(&ss, model, &params, verbose)) { cli_spec_session_close(&ss); return 1; }
     if (flm_open(model, &params, &ctx, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);

@@ -219,6 +219,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     /* speculative decoding: the draft model first, inside the budget; the target gets what it leaves */
     cli_spec_session *ss = &run_spec; /* closed by cmd_run, after the target */
     ss->a = *sa;
+    ss->a.greedy = sp.temp <= 0.0f;
     if (cli_spec_open_draft(ss, model, &params, per_token || verbose)) return 1;
     if (flm_open(model, &params, &ctx, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);

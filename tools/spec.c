@@ -61,11 +61,21 @@ struct cli_spec {
     double c_draft;               /* ms per drafted token (0: not measured yet) */
     double c_verify[CLI_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
     uint64_t n_choices;
+    /* tree drafts (o.tree): nodes, parents, path probabilities, depths; each drafted node's draws (sampling) and
+     * draft distribution */
+    int32_t *ttok, *tpar, *tdraw;
+    float *tscore, *tq;
+    uint8_t *tndraw;
 };
 
 uint64_t cli_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
     uint64_t V = n_vocab, N = n_draft > 0 ? (uint64_t)n_draft : 0;
     return 4 * ((N + 1) * V + (with_draft_model ? N * V : 0) + V) + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
+}
+
+uint64_t cli_spec_tree_bytes(uint32_t n_vocab, int tree, bool greedy) {
+    uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0;
+    return 4 * (T * V + (greedy ? 0 : T * V) + T * (3 + CLI_SPEC_TREE_K)) + T;
 }
 
 void cli_spec_free(cli_spec *s) {
@@ -76,6 +86,12 @@ void cli_spec_free(cli_spec *s) {
     free(s->rows);
     free(s->q);
     free(s->p);
+    free(s->ttok);
+    free(s->tpar);
+    free(s->tdraw);
+    free(s->tscore);
+    free(s->tq);
+    free(s->tndraw);
     free(s);
 }
 
@@ -92,6 +108,8 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
     if (o->self_draft && (draft || !flm_has_self_draft(target)))
         return spec_fail(err, FLM_ERR_ARG, "a self-draft needs the target in mode hot with neurons streamed, and no "
                          "draft model");
+    if (o->tree && (!o->self_draft || o->tree < 2 || o->tree > CLI_SPEC_DRAFT_MAX))
+        return spec_fail(err, FLM_ERR_ARG, "a draft tree needs the self-draft and 2..%d nodes", CLI_SPEC_DRAFT_MAX);
     flm_model_info ti, di;
     flm_get_info(target, &ti);
     if (draft) {
@@ -109,13 +127,25 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
     s->n_vocab = ti.n_vocab;
     s->n_ctx = (int32_t)ti.n_ctx;
     s->draft_n_ctx = draft ? (int32_t)di.n_ctx : 0;
-    const size_t V = ti.n_vocab, N = (size_t)o->n_draft;
+    const size_t V = ti.n_vocab, T = (size_t)o->tree, N = T > (size_t)o->n_draft ? T : (size_t)o->n_draft;
     s->hist = malloc(((size_t)s->n_ctx + 1) * sizeof *s->hist);
     s->dtok = draft ? malloc((size_t)s->draft_n_ctx * sizeof *s->dtok) : NULL;
     s->batch = malloc((N + 1) * sizeof *s->batch);
     s->rows = malloc((N + 1) * V * sizeof *s->rows);
     s->q = draft || o->self_draft ? malloc(N * V * sizeof *s->q) : NULL;
     s->p = malloc(V * sizeof *s->p);
+    if (T) {
+        s->ttok = malloc(T * sizeof *s->ttok);
+        s->tpar = malloc(T * sizeof *s->tpar);
+        s->tscore = malloc(T * sizeof *s->tscore);
+        s->tdraw = malloc(T * CLI_SPEC_TREE_K * sizeof *s->tdraw);
+        s->tndraw = malloc(T);
+        s->tq = flm_sampler_greedy(smp) ? NULL : malloc(T * V * sizeof *s->tq);
+    }
+    if (T && (!s->ttok || !s->tpar || !s->tscore || !s->tdraw || !s->tndraw || (!flm_sampler_greedy(smp) && !s->tq))) {
+        cli_spec_free(s);
+        return spec_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree of %zu nodes", T);
+    }
     if (!s->hist || (draft && (!s->dtok || !s->q)) || (o->self_draft && !s->q) || !s->batch || !s->rows || !s->p) {
         cli_spec_free(s);
         return spec_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
@@ -363,6 +393,167 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     return FLM_OK;
 }
 
+/* The K most likely tokens of logits[0..V) and their probabilities at temperature 1 (softmax), most likely first. */
+static int top_k_probs(const float *logits, size_t V, int K, int32_t *tok, float *prob) {
+    int n = 0;
+    for (size_t i = 0; i < V; i++) {
+        const float x = logits[i];
+        if (n == K && x <= logits[tok[n - 1]]) continue;
+        int j = n < K ? n++ : K - 1;
+        while (j > 0 && logits[tok[j - 1]] < x) { tok[j] = tok[j - 1]; j--; }
+        tok[j] = (int32_t)i;
+    }
+    if (n == 0) return 0;
+    const float mx = logits[tok[0]];
+    double sum = 0;
+    for (size_t i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    for (int j = 0; j < n; j++) prob[j] = (float)(exp((double)logits[tok[j]] - mx) / sum);
+    return n;
+}
+
+typedef struct tree_cand {
+    int32_t parent, tok;
+    float score;
+} tree_cand;
+
+static int cand_cmp(const void *a, const void *b) {
+    const tree_cand *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    if (x->parent != y->parent) return x->parent - y->parent;
+    return x->tok - y->tok;
+}
+
+/* A tree step (o.tree): the self-draft grows a tree of candidates a level at a time (each level's nodes in one
+ * flm_eval_tree with draft = true): every node of the frontier offers its CLI_SPEC_TREE_K most likely tokens
+ * (greedy; scored by the path's draft probability) or CLI_SPEC_TREE_K draws from its draft distribution (sampling),
+ * and the best CLI_SPEC_TREE_W by path probability join, while the tree has room (o.tree nodes) and the depth is
+ * below o.n_draft. Greedy trees also hold the n-gram lookup's continuation as a branch (merged where the draft
+ * agrees). The target evaluates the whole tree in one flm_eval_tree and walks down from the root: at each node its
+ * token (greedy: the argmax; sampling: flm_sampler_accept_multi over the node's draws, so the text keeps the target's
+ * distribution) continues into the child that holds it, or ends the step. flm_tree_accept keeps the path. Same
+ * contract as step(). */
+static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+    const int32_t H = s->n_hist;
+    const size_t V = s->n_vocab;
+    const bool greedy = flm_sampler_greedy(s->smp);
+    const int K = CLI_SPEC_TREE_K;
+    s->hist[H] = last;
+    int32_t cap = s->o.tree;
+    if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
+    long depth_max = s->o.n_draft;
+    if (depth_max > max_new - 1) depth_max = max_new - 1;
+    int32_t N = 1;
+    s->ttok[0] = last;
+    s->tpar[0] = -1;
+    s->tscore[0] = 1.0f;
+    memset(s->tndraw, 0, (size_t)s->o.tree);
+    /* the n-gram continuation (greedy): a branch from the root, as far as it is in the tree */
+    int32_t ng[CLI_SPEC_DRAFT_MAX];
+    uint32_t n_ng = 0;
+    int32_t ng_node = 0;
+    if (greedy && depth_max > 0)
+        n_ng = cli_spec_ngram_lookup(s->hist, (size_t)H + 1, CLI_SPEC_NGRAM_MAX, ng, (uint32_t)depth_max);
+    flm_status st = FLM_OK;
+    double t0 = spec_now_ms();
+    tree_cand cand[CLI_SPEC_TREE_W * CLI_SPEC_TREE_K + 1];
+    int32_t lo = 0, hi = 1;
+    for (long d = 0; d < depth_max && lo < hi && N < cap; d++) {
+        if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
+            return st;
+        s->st.draft_tokens += (uint64_t)(hi - lo);
+        int nc = 0;
+        for (int32_t u = lo; u < hi; u++) {
+            if (flm_token_is_eog(s->target, s->ttok[u])) continue;
+            const float *lg = s->rows + (size_t)(u - lo) * V;
+            int32_t tk[CLI_SPEC_TREE_K];
+            float pr[CLI_SPEC_TREE_K];
+            int nk;
+            if (greedy) nk = top_k_probs(lg, V, K, tk, pr);
+            else { /* K draws from the draft's distribution: distinct ones become candidates */
+                float *q = s->tq + (size_t)u * V;
+                flm_sampler_probs(s->smp, lg, q);
+                nk = 0;
+                for (int j = 0; j < K; j++) {
+                    int32_t x = flm_sampler_sample_probs(s->smp, q);
+                    if (x < 0) break;
+                    s->tdraw[u * K + s->tndraw[u]++] = x;
+                    bool seen = false;
+                    for (int i = 0; i < nk; i++) seen |= tk[i] == x;
+                    if (!seen) { tk[nk] = x; pr[nk] = q[x]; nk++; }
+                }
+            }
+            for (int j = 0; j < nk; j++) cand[nc++] = (tree_cand){u, tk[j], s->tscore[u] * pr[j]};
+        }
+        if (ng_node >= 0 && (uint32_t)d < n_ng) { /* the n-gram's next token after its node: always in */
+            bool merged = false;
+            for (int i = 0; i < nc; i++)
+                if (cand[i].parent == ng_node && cand[i].tok == ng[d]) { cand[i].score += 1.0f; merged = true; }
+            if (!merged) cand[nc++] = (tree_cand){ng_node, ng[d], 1.0f};
+        }
+        qsort(cand, (size_t)nc, sizeof *cand, cand_cmp);
+        const int32_t first_new = N;
+        int32_t next_ng = -1;
+        for (int i = 0; i < nc && i < CLI_SPEC_TREE_W && N < cap; i++) {
+            if (cand[i].score < 0.02f) break; /* too unlikely to be worth a row */
+            s->ttok[N] = cand[i].tok;
+            s->tpar[N] = cand[i].parent;
+            s->tscore[N] = cand[i].score > 1.0f ? cand[i].score - 1.0f : cand[i].score;
+            if (ng_node >= 0 && (uint32_t)d < n_ng && cand[i].parent == ng_node && cand[i].tok == ng[d]) next_ng = N;
+            N++;
+        }
+        /* the next level: the new nodes, in order of their parents (flm_eval_tree needs parents first: they are) */
+        ng_node = next_ng;
+        lo = first_new;
+        hi = N;
+    }
+    s->st.draft_ms += spec_now_ms() - t0;
+    if (N > 1) ema(&s->c_draft, (spec_now_ms() - t0) / (double)(N - 1));
+    const double tv = spec_now_ms();
+    if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, s->rows, err))) return st;
+    const double dv = spec_now_ms() - tv;
+    s->st.verify_ms[N] += dv;
+    s->st.verify_n[N]++;
+    s->st.n_passes++;
+    s->st.n_steps++;
+    s->st.n_drafted += (uint64_t)(N - 1);
+    if (N == 1) s->st.n_plain++;
+    t0 = spec_now_ms();
+    uint32_t path[CLI_SPEC_DRAFT_MAX + 1];
+    uint32_t k = 0;
+    int32_t u = 0;
+    path[0] = 0;
+    for (;;) {
+        const float *lg = s->rows + (size_t)u * V;
+        int32_t t;
+        if (greedy) t = flm_sampler_sample(s->smp, lg);
+        else {
+            flm_sampler_probs(s->smp, lg, s->p);
+            if (s->tndraw[u]) flm_sampler_accept_multi(s->smp, s->p, s->tq + (size_t)u * V, s->tdraw + u * K,
+                                                       s->tndraw[u], &t);
+            else t = flm_sampler_sample_probs(s->smp, s->p);
+        }
+        out[k] = t;
+        int32_t c = -1;
+        for (int32_t j = u + 1; j < N && c < 0; j++)
+            if (s->tpar[j] == u && s->ttok[j] == t) c = j;
+        if (c < 0) break;
+        path[++k] = (uint32_t)c;
+        u = c;
+    }
+    s->st.draft_select_ms += spec_now_ms() - t0;
+    if ((st = flm_tree_accept(s->target, H, path, k + 1, err))) return st;
+    for (uint32_t j = 1; j <= k; j++) {
+        s->hist[H + j] = s->ttok[path[j]];
+        if (path[j] != j) memcpy(s->rows + (size_t)j * V, s->rows + (size_t)path[j] * V, V * sizeof *s->rows);
+    }
+    s->st.n_accepted += k;
+    s->acc_a = 0.9 * s->acc_a + (double)k;
+    s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
+    s->n_hist = H + 1 + (int32_t)k;
+    *m = k + 1;
+    return FLM_OK;
+}
+
 /* The target's counters, to charge a generation with its own share. */
 static void add_target_delta(cli_spec *s, const flm_stats *a, const flm_stats *b) {
     s->st.target_tokens += b->n_tokens - a->n_tokens;
@@ -418,7 +609,7 @@ flm_status cli_spec_generate(cli_spec *s, const float *logits, long n_predict, b
                 s->st.n_passes++;
                 goto done;
             }
-            if ((st = step(s, tok, n_predict - r->n_gen, queue, &m, err))) goto done;
+            if ((st = (s->o.tree ? tree_step : step)(s, tok, n_predict - r->n_gen, queue, &m, err))) goto done;
             base = held + 1;
             row0 = s->rows;
             more = true;

@@ -30,7 +30,14 @@ typedef struct cli_spec_opts {
                       pay (a compute-bound model), so speculation never costs much more than plain decoding */
     bool self_draft; /* without a draft model: the target proposes with its FFNs restricted to the neurons in memory
                         (flm_eval_draft; mode hot), its drafts' keys and values overwritten by the verification */
+    int tree;        /* with self_draft: the most nodes of a draft tree (2..CLI_SPEC_DRAFT_MAX; 0: a chain). Each
+                        level's nodes are drafted in one flm_eval_tree, the whole tree verified in one
+                        (spec.c, tree_step); n_draft bounds its depth. Greedy trees also take the n-gram lookup's
+                        continuation as a branch. */
 } cli_spec_opts;
+
+#define CLI_SPEC_TREE_K 4     /* children considered per node: its draft's most likely tokens (greedy) or draws */
+#define CLI_SPEC_TREE_W 8     /* nodes added per level at most */
 
 /* Counts since cli_spec_create, over cli_spec_generate calls (generation only, not prompts). */
 typedef struct cli_spec_stats {
@@ -56,6 +63,9 @@ typedef struct cli_spec_stats {
  * ((n_draft + 1) * n_vocab floats), the draft's distributions (n_draft * n_vocab floats, with a draft model), one
  * distribution, the token histories. */
 uint64_t cli_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model);
+/* Bytes a draft tree of `tree` nodes adds (cli_spec_opts.tree): its logits rows beyond n_draft + 1, the drafts'
+ * distributions when sampling (!greedy), the nodes. */
+uint64_t cli_spec_tree_bytes(uint32_t n_vocab, int tree, bool greedy);
 
 /* A speculative decoder over an open target context and, when draft is not NULL, a draft context (both borrowed:
  * the caller closes them after cli_spec_free). smp (borrowed) samples every token: the draft's proposals from the

@@ -22,6 +22,10 @@ const char *CLI_SPEC_OPTS_HELP =
     "                       the proposals in one pass that reads the rest of each layer once for all of them;\n"
     "                       the draft length (up to --draft-n) follows the measured costs. Mode auto turns it on\n"
     "                       when it runs hot (a file `flashlm calibrate` ordered, under a budget)\n"
+    "      --draft-tree N   the self-draft proposes a tree of up to N nodes (2..64; each node's likeliest next\n"
+    "                       tokens as children, --draft-n levels deep) and the target checks the whole tree in\n"
+    "                       one pass with tree attention, keeping the longest branch it agrees with (implies\n"
+    "                       --draft-self)\n"
     "      --no-draft       no speculative decoding, not even auto's self-draft\n";
 
 void cli_spec_args_default(cli_spec_args *a) {
@@ -34,11 +38,17 @@ int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
     if (!strcmp(o, "--draft-ngram")) { a->ngram = true; return 1; }
     if (!strcmp(o, "--draft-self")) { a->self_draft = true; return 1; }
     if (!strcmp(o, "--no-draft")) { a->no_draft = true; return 1; }
-    if (strcmp(o, "--draft") && strcmp(o, "--draft-n")) return 0;
+    if (strcmp(o, "--draft") && strcmp(o, "--draft-n") && strcmp(o, "--draft-tree")) return 0;
     if (!val) { cli_die("option %s needs a value", o); return -1; }
     (*i)++;
     if (!strcmp(o, "--draft")) { a->draft = val; return 1; }
     long v;
+    if (!strcmp(o, "--draft-tree")) {
+        if (!cli_parse_long(val, 2, CLI_SPEC_DRAFT_MAX, &v)) { cli_die("bad --draft-tree value '%s' (2..64)", val); return -1; }
+        a->tree = (int)v;
+        a->self_draft = true;
+        return 1;
+    }
     if (!cli_parse_long(val, 1, CLI_SPEC_DRAFT_MAX, &v)) { cli_die("bad --draft-n value '%s' (1..64)", val); return -1; }
     a->n_draft = (int)v;
     a->n_draft_set = true;
@@ -110,6 +120,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     uint32_t n_ctx = facts.n_ctx > (uint32_t)params->n_ctx ? facts.n_ctx : (uint32_t)params->n_ctx;
     ss->buf_bytes = cli_spec_buffer_bytes(facts.n_vocab, ss->a.draft ? n_ctx : facts.n_ctx, ss->a.n_draft,
                                           ss->a.draft != NULL || ss->a.self_draft);
+    if (ss->a.tree) ss->buf_bytes += cli_spec_tree_bytes(facts.n_vocab, ss->a.tree, ss->a.greedy);
     /* one budget for both (the library's split: runtime/plan.c) */
     flm_plan_pair pair;
     if (flm_plan_split(target, params, ss->a.draft ? ss->draft_path : NULL, &dp, ss->buf_bytes, &pair, &err)) {
@@ -179,7 +190,7 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
         fprintf(stderr, "flashlm: plan: mode auto runs hot, so it decodes speculatively with the self-draft (the "
                 "hottest neurons in memory propose up to %d tokens; --no-draft turns it off)\n", ss->a.n_draft);
     cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram, .self_draft = ss->a.self_draft,
-                       .adaptive = ss->a.self_draft};
+                       .adaptive = ss->a.self_draft, .tree = ss->a.tree};
     if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;

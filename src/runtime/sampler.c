@@ -209,3 +209,38 @@ bool flm_sampler_accept(flm_sampler *s, const float *p, const float *q, int32_t 
     *out = t;
     return false;
 }
+
+bool flm_sampler_greedy(const flm_sampler *s) { return s->p.temp <= 0.0f; }
+
+int flm_sampler_accept_multi(flm_sampler *s, const float *p, const float *q, const int32_t *draws, int n_draws,
+                             int32_t *out) {
+    const size_t n = s->n_vocab;
+    float *w = s->prob; /* the target's distribution, then the residual after each rejection */
+    memcpy(w, p, n * sizeof *w);
+    for (int k = 0; k < n_draws; k++) {
+        const int32_t x = draws[k];
+        if (x < 0 || (size_t)x >= n) continue;
+        /* accept with probability min(1, w(x) / q(x)) */
+        if (w[x] > 0 && rng_f64(&s->rng) * (double)q[x] < (double)w[x]) {
+            *out = x;
+            return k;
+        }
+        /* rejected: w = norm(max(0, w - q)) (SpecInfer's multi-step speculative sampling) */
+        double sum = 0;
+        for (size_t i = 0; i < n; i++) {
+            double r = (double)w[i] - (double)q[i];
+            w[i] = r > 0 ? (float)r : 0.0f;
+            sum += w[i];
+        }
+        if (!(sum > 0)) { /* w <= q everywhere (rounding): nothing is left to correct; w = p again */
+            memcpy(w, p, n * sizeof *w);
+            break;
+        }
+        for (size_t i = 0; i < n; i++) w[i] = (float)(w[i] / sum);
+    }
+    int32_t t = flm_sampler_sample_probs(s, w);
+    if (t < 0) t = flm_sampler_sample_probs(s, p);
+    if (t < 0) t = (int32_t)argmax(p, n);
+    *out = t;
+    return -1;
+}
