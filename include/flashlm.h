@@ -343,7 +343,9 @@ FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t 
  * KV cache slot pos + i and position pos + depth(i) (a root's depth is 0); it attends to the context's positions
  * < pos and to its own ancestors, so its logits are those of evaluating the context plus its path token by token
  * (bit for bit in every mode but sparse: the masked positions add exact zeros). Nodes [first, n_nodes) are evaluated,
- * in batches of n_batch; their logits go to logits[(i - first) * n_vocab] (required). Nodes [0, first) must be held
+ * in batches of n_batch; their logits go to logits[(i - first) * n_vocab]. logits NULL: no output layer now (a
+ * verification needs the logits of the path it keeps, not of every node): flm_tree_logits gives a node's on demand;
+ * then n_nodes - first must fit one batch (n_batch) or be 1. Nodes [0, first) must be held
  * from the previous call on the same tree (same pos, same earlier nodes): a draft grows its tree a level at a time.
  * draft: every FFN over its resident neurons, as flm_eval_draft (mode hot). pos <= flm_n_past; the context keeps
  * positions < pos; the nodes stay apart until flm_tree_accept keeps one path (any other evaluation forgets them).
@@ -353,6 +355,10 @@ FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t 
  * the failed batch. */
 FLM_API flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes,
                                  uint32_t first, int32_t pos, bool draft, float *logits, flm_error *err);
+/* logits[n_vocab] of node `node` of the last flm_eval_tree called without logits (node in its [first, n_nodes)), equal
+ * to what that call would have written with a buffer, bit for bit; valid until the next evaluation or accept.
+ * Errors: FLM_ERR_ARG (no such node held), FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (not finite: corrupt weights). */
+FLM_API flm_status flm_tree_logits(flm_ctx *ctx, uint32_t node, float *logits, flm_error *err);
 /* Keep one path of the tree flm_eval_tree evaluated at pos: nodes path[0..m) (a root, then each node a child of the
  * one before: strictly increasing indices) become positions pos .. pos + m - 1 of the context (their keys and values
  * move to those slots); flm_n_past is then pos + m. m = 0 keeps none. Errors: FLM_ERR_ARG (no tree held at pos, a

@@ -6,7 +6,9 @@
  *   - the self-draft (flm_eval_draft) is refused outside mode hot, and its approximate keys and values are all
  *     overwritten: greedy output with --draft-n 1, 3, 8 equals plain greedy output token for token, with some drafts
  *     accepted and some rejected;
- *   - sampling with the self-draft keeps the model's distribution (the joint of the first tokens, counted);
+ *   - the same with draft trees (flm_eval_tree, tools/spec.c tree_step) of 4 to 64 nodes;
+ *   - sampling with the self-draft keeps the model's distribution (the joint of the first tokens, counted), with a
+ *     chain and with a tree;
  *   - the same on SmolLM2 and Qwen2.5-Coder-0.5B (when pulled) at --mem 75% / 50%, 64 tokens.
  * stories260K from tests/data. */
 #include <math.h>
@@ -229,13 +231,13 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
     return k;
 }
 
-static int gen_self(flm_ctx *target, int n_draft, const int32_t *prompt, int n_prompt, int n, int32_t *out,
+static int gen_self(flm_ctx *target, int n_draft, int tree, const int32_t *prompt, int n_prompt, int n, int32_t *out,
                     cli_spec_stats *st) {
     flm_sampler_params g = {.temp = 0, .top_k = 0, .top_p = 1, .seed = 1};
     flm_sampler *smp = flm_sampler_create(&g, vocab(target));
     cli_spec *s = NULL;
     flm_error err;
-    cli_spec_opts o = {.n_draft = n_draft, .self_draft = true};
+    cli_spec_opts o = {.n_draft = n_draft, .self_draft = true, .tree = tree};
     if (cli_spec_create(target, NULL, smp, &o, &s, &err)) fail_msg("cli_spec_create: %s", err.msg);
     const float *lg;
     if (cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &lg, &err)) fail_msg("feed: %s", err.msg);
@@ -248,9 +250,10 @@ static int gen_self(flm_ctx *target, int n_draft, const int32_t *prompt, int n_p
     return c.n;
 }
 
-/* greedy with the self-draft equals plain greedy (ram mode on the same file), with drafts accepted and rejected */
+/* greedy with the self-draft equals plain greedy (ram mode on the same file), with drafts accepted and rejected;
+ * cfg[i] = {draft length (a tree's depth), tree nodes (0: a chain)} */
 static void check_self_draft(const char *path, uint64_t mem, double pct, int n_ctx, const char *text, int N,
-                             const int *lambdas, int n_lambdas) {
+                             const int (*cfg)[2], int n_cfg) {
     flm_ctx *plain = open_mode(path, FLM_MODE_RAM, 0, 0, n_ctx);
     int n_prompt;
     int32_t *prompt = tokenize(plain, text, &n_prompt);
@@ -258,15 +261,15 @@ static void check_self_draft(const char *path, uint64_t mem, double pct, int n_c
     int n_ref = gen_plain(plain, prompt, n_prompt, N, ref);
     assert_true(n_ref >= N / 2);
     flm_close(plain);
-    uint64_t accepted = 0, drafted = 0;
-    for (int l = 0; l < n_lambdas; l++) {
+    for (int l = 0; l < n_cfg; l++) {
+        uint64_t accepted = 0, drafted = 0;
         flm_ctx *target = open_mode(path, FLM_MODE_HOT, mem, pct, n_ctx);
         flm_plan_info pi;
         flm_get_plan(target, &pi);
         cli_spec_stats st;
-        int n = gen_self(target, lambdas[l], prompt, n_prompt, N, got, &st);
-        print_message("%s: hot %.1f%%, --draft-n %d: %d tokens in %llu passes, drafted %llu, accepted %llu\n", path,
-                      100 * pi.hot_share, lambdas[l], n, (unsigned long long)st.n_passes,
+        int n = gen_self(target, cfg[l][0], cfg[l][1], prompt, n_prompt, N, got, &st);
+        print_message("%s: hot %.1f%%, --draft-n %d, tree %d: %d tokens in %llu passes, drafted %llu, accepted %llu\n",
+                      path, 100 * pi.hot_share, cfg[l][0], cfg[l][1], n, (unsigned long long)st.n_passes,
                       (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
         assert_int_equal(n, n_ref);
         assert_memory_equal(got, ref, (size_t)n * sizeof *got);
@@ -274,9 +277,9 @@ static void check_self_draft(const char *path, uint64_t mem, double pct, int n_c
         accepted += st.n_accepted;
         drafted += st.n_drafted;
         flm_close(target);
+        assert_true(accepted > 0);        /* the draft helps ... */
+        assert_true(accepted < drafted);  /* ... and is sometimes wrong: rejections are exercised */
     }
-    assert_true(accepted > 0);        /* the draft helps ... */
-    assert_true(accepted < drafted);  /* ... and is sometimes wrong: rejections are exercised */
     free(ref);
     free(got);
     free(prompt);
@@ -285,8 +288,8 @@ static void check_self_draft(const char *path, uint64_t mem, double pct, int n_c
 static void test_self_draft_greedy(void **state) {
     (void)state;
     uint64_t mem = budget_for_share(g_hot, 0.4, 0.7, N_CTX);
-    const int lambdas[] = {1, 3, 8};
-    check_self_draft(g_hot, mem, 0, N_CTX, "Once upon a time, there was a little girl", 96, lambdas, 3);
+    const int cfg[][2] = {{1, 0}, {3, 0}, {8, 0}, {3, 4}, {8, 16}, {12, 64}}; /* chains, then trees */
+    check_self_draft(g_hot, mem, 0, N_CTX, "Once upon a time, there was a little girl", 96, cfg, 6);
 }
 
 
@@ -315,8 +318,7 @@ static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int
  * cells) computed exactly from ram mode, against the counts of many speculative generations in mode hot (drafts from
  * the hot neurons, rejections replaced from max(0, p - q)); and the self-draft's own joint is far from it (the test
  * can fail). */
-static void test_self_draft_sampling(void **state) {
-    (void)state;
+static void check_self_draft_sampling(int tree) {
     flm_ctx *ref = open_mode(g_hot, FLM_MODE_RAM, 0, 0, N_CTX);
     const uint32_t V = vocab(ref);
     int n_prompt;
@@ -363,7 +365,7 @@ static void test_self_draft_sampling(void **state) {
     flm_ctx *target = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
     flm_sampler *smp = flm_sampler_create(&sp, V);
     cli_spec *s = NULL;
-    cli_spec_opts o = {.n_draft = 2, .self_draft = true};
+    cli_spec_opts o = {.n_draft = 2, .self_draft = true, .tree = tree};
     assert_int_equal(cli_spec_create(target, NULL, smp, &o, &s, &err), FLM_OK);
     assert_int_equal(cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &logits, &err), FLM_OK);
     float *prompt_logits = malloc(V * sizeof *prompt_logits);
@@ -389,7 +391,7 @@ static void test_self_draft_sampling(void **state) {
     }
     cli_spec_stats st;
     cli_spec_get_stats(s, &st);
-    print_message("self-draft sampling: %d generations, drafted %llu, accepted %llu\n", M,
+    print_message("self-draft sampling (tree %d): %d generations, drafted %llu, accepted %llu\n", tree, M,
                   (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
     assert_true(st.n_accepted > 0 && st.n_accepted < st.n_drafted);
     expect_freqs(count, joint, 27, M, "self-draft sampling, joint of the first 3 tokens");
@@ -405,6 +407,18 @@ static void test_self_draft_sampling(void **state) {
     free(prompt_logits);
     free(p);
     free(prompt);
+}
+
+static void test_self_draft_sampling(void **state) {
+    (void)state;
+    check_self_draft_sampling(0);
+}
+
+/* the same with a draft tree: each node's children are independent draws from its draft distribution, accepted by
+ * SpecInfer's multi-step rule (flm_sampler_accept_multi) */
+static void test_self_draft_tree_sampling(void **state) {
+    (void)state;
+    check_self_draft_sampling(8);
 }
 
 static void test_self_draft_real(void **state) {
@@ -423,9 +437,9 @@ static void test_self_draft_real(void **state) {
         snprintf(path, sizeof path, "%s", flm);
         flm_error err;
         if (flm_hot_order(path, g_text, 96, 96, 2, NULL, NULL, &err)) fail_msg("hot order %s: %s", path, err.msg);
-        const int lambdas[] = {4};
+        const int cfg[][2] = {{4, 0}, {8, 24}};
         check_self_draft(path, 0, models[i].pct, 512, "def merge_sort(items):\n    \"\"\"Sort a list.\"\"\"\n", n_tok,
-                         lambdas, 1);
+                         cfg, 2);
         remove(path);
         ran++;
     }
@@ -438,6 +452,7 @@ int main(void) {
         cmocka_unit_test(test_hot_equals_ram),
         cmocka_unit_test(test_self_draft_greedy),
         cmocka_unit_test(test_self_draft_sampling),
+        cmocka_unit_test(test_self_draft_tree_sampling),
         cmocka_unit_test(test_self_draft_real),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,6 +1,7 @@
 /* test_tree.c — tree evaluation (flm_eval_tree, flm_tree_accept; runtime/forward.c's tree attention):
  *   - every node's logits equal a plain sequential evaluation of the context and that node's path, bit for bit,
  *     in one call, in batches of 4 and level by level (first > 0);
+ *   - without a logits buffer, flm_tree_logits gives each node's logits on demand, the same bits;
  *   - accepting a path makes the context exactly what evaluating it token by token makes (the next token's logits);
  *   - a draft tree (mode hot, draft = true) equals flm_eval_draft along each path, and a target tree in mode hot
  *     equals ram mode's;
@@ -135,6 +136,25 @@ static void check_tree(flm_ctx *ctx, bool draft, const float *want_all, float **
         assert_int_equal(flm_eval_tree(ctx, tok, PARENT, (uint32_t)bounds[b + 1], (uint32_t)bounds[b], n, draft,
                                        lev + (size_t)bounds[b] * V, &err), FLM_OK);
     assert_memory_equal(lev, got, (size_t)N_NODES * V * sizeof(float));
+    /* without a logits buffer: each node's logits on demand, the same bits (or refused: more nodes than a batch) */
+    flm_stats fs;
+    flm_get_stats(ctx, &fs);
+    if (fs.n_batch >= N_NODES) {
+        assert_int_equal(flm_eval_tree(ctx, tok, PARENT, N_NODES, 0, n, draft, NULL, &err), FLM_OK);
+        for (int i = N_NODES - 1; i >= 0; i--) {
+            assert_int_equal(flm_tree_logits(ctx, (uint32_t)i, lev, &err), FLM_OK);
+            assert_memory_equal(lev, got + (size_t)i * V, V * sizeof(float));
+        }
+        assert_int_equal(flm_tree_logits(ctx, N_NODES, lev, &err), FLM_ERR_ARG);
+        /* level by level: only the last call's nodes */
+        assert_int_equal(flm_eval_tree(ctx, tok, PARENT, 6, 0, n, draft, NULL, &err), FLM_OK);
+        assert_int_equal(flm_eval_tree(ctx, tok, PARENT, N_NODES, 6, n, draft, NULL, &err), FLM_OK);
+        assert_int_equal(flm_tree_logits(ctx, 5, lev, &err), FLM_ERR_ARG);
+        assert_int_equal(flm_tree_logits(ctx, 6, lev, &err), FLM_OK);
+        assert_memory_equal(lev, got + (size_t)6 * V, V * sizeof(float));
+    } else {
+        assert_int_equal(flm_eval_tree(ctx, tok, PARENT, N_NODES, 0, n, draft, NULL, &err), FLM_ERR_ARG);
+    }
     for (int i = 0; i < N_NODES; i++) {
         path_logits(ctx, n, tok, i, draft, want);
         assert_memory_equal(got + (size_t)i * V, want, V * sizeof(float));

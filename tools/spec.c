@@ -509,7 +509,12 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     s->st.draft_ms += spec_now_ms() - t0;
     if (N > 1) ema(&s->c_draft, (spec_now_ms() - t0) / (double)(N - 1));
     const double tv = spec_now_ms();
-    if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, s->rows, err))) return st;
+    /* the output layer only for the nodes the walk visits (flm_tree_logits), when the tree fits one batch */
+    flm_stats fs;
+    flm_get_stats(s->target, &fs);
+    const bool lazy = N == 1 || (uint32_t)N <= fs.n_batch;
+    if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, lazy ? NULL : s->rows, err)))
+        return st;
     const double dv = spec_now_ms() - tv;
     s->st.verify_ms[N] += dv;
     s->st.verify_n[N]++;
@@ -524,6 +529,10 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     path[0] = 0;
     for (;;) {
         const float *lg = s->rows + (size_t)u * V;
+        if (lazy) { /* row k: the logits after the k-th token of the path, where generate() reads them */
+            if ((st = flm_tree_logits(s->target, (uint32_t)u, s->rows + (size_t)k * V, err))) return st;
+            lg = s->rows + (size_t)k * V;
+        }
         int32_t t;
         if (greedy) t = flm_sampler_sample(s->smp, lg);
         else {
@@ -544,7 +553,8 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     if ((st = flm_tree_accept(s->target, H, path, k + 1, err))) return st;
     for (uint32_t j = 1; j <= k; j++) {
         s->hist[H + j] = s->ttok[path[j]];
-        if (path[j] != j) memcpy(s->rows + (size_t)j * V, s->rows + (size_t)path[j] * V, V * sizeof *s->rows);
+        if (!lazy && path[j] != j)
+            memcpy(s->rows + (size_t)j * V, s->rows + (size_t)path[j] * V, V * sizeof *s->rows);
     }
     s->st.n_accepted += k;
     s->acc_a = 0.9 * s->acc_a + (double)k;

@@ -365,11 +365,14 @@ static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
 
 flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
                          int32_t pos, bool draft, float *logits, flm_error *err) {
-    if (!ctx || !parent || !logits || first >= n_nodes)
-        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: no parents, no logits buffer, or no node to evaluate "
-                        "(first %u of %u nodes)", first, n_nodes);
+    if (!ctx || !parent || first >= n_nodes)
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: no parents, or no node to evaluate (first %u of %u nodes)",
+                        first, n_nodes);
     flm_status st = check_tokens(ctx, tokens, n_nodes, pos, err);
     if (st) return st;
+    if (!logits && n_nodes - first > 1 && n_nodes - first > ctx->s.n_batch)
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation without logits: %u nodes, more than one batch holds (%u, "
+                        "-b)", n_nodes - first, ctx->s.n_batch);
     if (draft && (!ctx->flash || ctx->flash->plan.mode != FLM_MODE_HOT))
         return flm_fail(err, FLM_ERR_ARG, "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode "
                         "hot or auto under a budget runs it)");
@@ -412,6 +415,7 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     ctx->next_pos = pos; /* the context's positions < pos stay; the tree's nodes are held apart (tree_n) */
     ctx->tree_pos = pos;
     ctx->tree_n = first;
+    ctx->tree_hidden = NULL;
     const uint32_t V = hp->n_vocab, B = (uint32_t)ctx->params.n_batch;
     const bool was_draft = ctx->ffn_draft;
     ctx->ffn_draft = draft;
@@ -419,8 +423,8 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
         uint32_t m = n_nodes - i < B ? n_nodes - i : B;
         flm_token_stats tok = {0};
         double t0 = flm_now_ms();
-        if ((st = flm_forward(ctx, tokens + i, m, pos + (int32_t)i, logits + (size_t)(i - first) * V, &tok, tree,
-                              err)))
+        if ((st = flm_forward(ctx, tokens + i, m, pos + (int32_t)i, logits ? logits + (size_t)(i - first) * V : NULL,
+                              &tok, tree, err)))
             break;
         tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
         record_batch(ctx, &tok, m);
@@ -429,9 +433,19 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     }
     ctx->ffn_draft = was_draft;
     ctx->next_pos = pos;
+    if (st || logits) ctx->tree_hidden = NULL;
+    else ctx->tree_hidden_first = first;
     free(tree);
     free(mem);
     return st;
+}
+
+flm_status flm_tree_logits(flm_ctx *ctx, uint32_t node, float *logits, flm_error *err) {
+    if (!ctx || !logits || !ctx->tree_hidden || node < ctx->tree_hidden_first || node >= ctx->tree_n)
+        return flm_fail(err, FLM_ERR_ARG, "tree logits: node %u was not evaluated by the last flm_eval_tree without "
+                        "logits", node);
+    const uint32_t d = ctx->model->hp.d_model;
+    return flm_output_row(ctx, ctx->tree_hidden + (size_t)(node - ctx->tree_hidden_first) * d, logits, err);
 }
 
 flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err) {
@@ -452,6 +466,7 @@ flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint
             memcpy(flm_kv_value(c, l, (uint32_t)pos + k), flm_kv_value(c, l, (uint32_t)pos + path[k]), row);
         }
     ctx->tree_n = 0;
+    ctx->tree_hidden = NULL;
     ctx->next_pos = pos + (int32_t)m;
     return FLM_OK;
 }

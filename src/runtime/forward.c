@@ -350,7 +350,14 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         flm_pass_residual(&P, R->x, R->o, d, &L->post_ffn_norm);
         if (after) flm_pass_norm(&P, fn, fb, d, R->x, d, R->x, d);
     }
-    /* logits: every token's (a batch), or the last one's */
+    /* logits: every token's (a batch), or the last one's; none for tree nodes without a logits buffer: their
+     * normed final states stay in R->x for flm_tree_logits */
+    if (tree && !logits_all) {
+        flm_pass_norm(&P, &m->output_norm, &m->output_norm_b, d, R->x, d, R->x, d);
+        ctx->tree_hidden = R->x;
+        ctx->cur_pos = pos + (int32_t)n - 1;
+        return FLM_OK;
+    }
     if (logits_all && n > 1) {
         output(m, &P, R->x, R->h, hs, logits_all);
         if (!all_finite(logits_all, n * V)) return not_finite(ctx, "output", UINT32_MAX, err);
@@ -363,6 +370,15 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
     }
     ctx->cur_pos = pos + (int32_t)n - 1;
+    return FLM_OK;
+}
+
+flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err) {
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    const flm_pass one = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = 1};
+    flm_pass_linear(&one, &m->output, &m->output_b, hp->n_vocab, hp->d_model, x, hp->d_model, logits, hp->n_vocab);
+    if (!all_finite(logits, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
     return FLM_OK;
 }
 

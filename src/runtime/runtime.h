@@ -222,6 +222,9 @@ struct flm_ctx {
     bool ffn_draft;          /* a draft pass (flm_eval_draft): the hot source computes its resident neurons only */
     int32_t tree_pos;        /* flm_eval_tree: the KV slot of node 0 of the tree the cache holds */
     uint32_t tree_n;         /* its nodes held (slots tree_pos ..); 0: none (any other evaluation forgets them) */
+    const float *tree_hidden; /* flm_eval_tree without logits: the normed final states of nodes
+                                 [tree_hidden_first, tree_n), d_model floats each (scratch rows), or NULL */
+    uint32_t tree_hidden_first;
 };
 
 /* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
@@ -256,6 +259,11 @@ uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_c
 void flm_scratch_free(flm_scratch *s);
 
 struct flm_tree;
+
+/* logits[n_vocab] = the output layer of x (d_model floats, already normed by the output norm): W_out x (+ b_out),
+ * as the forward pass's last step computes them for one token. Errors: FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (not
+ * finite). */
+flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err);
 
 /* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): n >= 1 tokens at positions
  * pos .. pos + n - 1 through the model, keys and values into the KV cache. Fills logits_all[n][n_vocab] when
