@@ -906,6 +906,41 @@ static void check_tiles(flm_kernel_level L) {
     }
     print_message("%s: %zu types with tiled dots, %zu (row, token) dots bit for bit the level's vec_dot\n", k->name,
                   n_types, n_dots);
+    /* axpy_tile: rows x tokens of coefficients (some zero, as inactive neurons) against the level's axpy, row by row
+     * and token by token, bit for bit */
+    size_t n_axpy = 0;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = all_types[ti];
+        if (!k->axpy_tile[t]) continue;
+        const size_t n = 256, stride = flm_row_bytes(t, n);
+        for (size_t rows = 1; rows <= 9; rows += 4)
+            for (size_t n_y = 1; n_y <= 9; n_y += 2) {
+                uint8_t *W = malloc(rows * stride);
+                float *a = malloc(rows * n_y * sizeof(float)), *want = malloc(n_y * n * sizeof(float)),
+                      *got = malloc(n_y * n * sizeof(float));
+                assert_true(W && a && want && got);
+                for (size_t r = 0; r < rows; r++) {
+                    void *wb;
+                    memcpy(W + r * stride, rand_row(t, n, &rng, &wb), stride);
+                    free(wb);
+                }
+                for (size_t i = 0; i < rows * n_y; i++) a[i] = i % 5 == 3 ? 0.0f : tu_rand_f32(&rng);
+                for (size_t i = 0; i < n_y * n; i++) want[i] = got[i] = tu_rand_f32(&rng);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t y = 0; y < n_y; y++)
+                        if (a[y * rows + r] != 0.0f) k->axpy[t](W + r * stride, a[y * rows + r], want + y * n, n);
+                k->axpy_tile[t](W, stride, rows, a, rows, got, n, n_y, n);
+                if (memcmp(want, got, n_y * n * sizeof(float)) != 0)
+                    fail_msg("%s: axpy_tile %s rows=%zu tokens=%zu: not the bits of axpy row by row", k->name,
+                             flm_type_name(t), rows, n_y);
+                n_axpy++;
+                free(W);
+                free(a);
+                free(want);
+                free(got);
+            }
+    }
+    print_message("%s: %zu tiled axpy cases bit for bit the level's axpy\n", k->name, n_axpy);
 }
 
 static void test_tiles_scalar(void **state) {

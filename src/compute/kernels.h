@@ -32,6 +32,12 @@ typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);     
  * (quants_tile_x86.h). rows, n_x >= 0; n as vec_dot. */
 typedef void (*flm_vec_dot_tile_fn)(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride,
                                     size_t n_x, size_t n, float *Y, size_t y_stride);
+/* The tiled form of axpy for a batch (the down rows of a block of FFN neurons, ffn_bundle.c): for t < n_y,
+ *   Y[t * y_stride + i] += a[t * a_stride + r] * row_r[i]   for r = 0, 1, ..., rows - 1 in that order, i < n,
+ * row_r = W + r * w_stride (bytes), bit for bit what rows * n_y calls of the same table's axpy make (r outer, t
+ * inner; a zero coefficient adds an exact zero, as a skipped call). */
+typedef void (*flm_axpy_tile_fn)(const void *W, size_t w_stride, size_t rows, const float *a, size_t a_stride,
+                                 float *Y, size_t y_stride, size_t n_y, size_t n);
 typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);          /* dst = quantized x  */
 /* Attention over an f16 KV cache, for one query head (compute/attention.c); K and V are n rows of halves, stride
  * elements apart, of which the first d are the head's:
@@ -52,6 +58,7 @@ typedef struct flm_kernels {
     flm_vec_dot_fn vec_dot[FLM_N_TYPES]; /* xq: x quantized by flm_act_quantize(t, ...) */
     flm_vec_dot_tile_fn vec_dot_tile[FLM_N_TYPES]; /* NULL where the level has none: flm_matmat then runs vec_dot
                                                       per (row, token), which is the reference */
+    flm_axpy_tile_fn axpy_tile[FLM_N_TYPES];       /* NULL where the level has none: axpy per (row, token) */
     flm_from_float_fn act_quantize[FLM_N_TYPES]; /* indexed by activation type (q8_0, q8_1, q8_k): n floats
                                                     (whole blocks) into blocks; every table's output is the same
                                                     bytes (the scalar reference rounding, roundf) */

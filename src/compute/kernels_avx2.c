@@ -178,6 +178,36 @@ static void axpy_q8_0(const void *row, float a, float *y, size_t n) {
     }
 }
 
+/* axpy_q8_0 for a block of rows and up to 4 tokens at a time: each 32-column block of the tokens' outputs stays in
+ * registers while the rows pass over it, every element updated by the same fmadd as axpy_q8_0, rows in order. */
+static void axpy_tile_q8_0(const void *W, size_t w_stride, size_t rows, const float *a, size_t a_stride, float *Y,
+                           size_t y_stride, size_t n_y, size_t n) {
+    const size_t nb = n / FLM_QK;
+    for (size_t t0 = 0; t0 < n_y; t0 += 4) {
+        const size_t nt = n_y - t0 < 4 ? n_y - t0 : 4;
+        for (size_t i = 0; i < nb; i++) {
+            __m256 acc[4][4];
+            for (size_t t = 0; t < nt; t++)
+                for (int j = 0; j < 4; j++) acc[t][j] = _mm256_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + j * 8);
+            for (size_t r = 0; r < rows; r++) {
+                const flm_block_q8_0 *b = (const flm_block_q8_0 *)((const uint8_t *)W + r * w_stride) + i;
+                const float d = _cvtsh_ss(b->d);
+                const __m256 q0 = load_i8x8(b->qs), q1 = load_i8x8(b->qs + 8), q2 = load_i8x8(b->qs + 16),
+                             q3 = load_i8x8(b->qs + 24);
+                for (size_t t = 0; t < nt; t++) {
+                    const __m256 ad = _mm256_set1_ps(a[(t0 + t) * a_stride + r] * d);
+                    acc[t][0] = _mm256_fmadd_ps(ad, q0, acc[t][0]);
+                    acc[t][1] = _mm256_fmadd_ps(ad, q1, acc[t][1]);
+                    acc[t][2] = _mm256_fmadd_ps(ad, q2, acc[t][2]);
+                    acc[t][3] = _mm256_fmadd_ps(ad, q3, acc[t][3]);
+                }
+            }
+            for (size_t t = 0; t < nt; t++)
+                for (int j = 0; j < 4; j++) _mm256_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + j * 8, acc[t][j]);
+        }
+    }
+}
+
 static void axpy_q4_0(const void *row, float a, float *y, size_t n) {
     const flm_block_q4_0 *b = row;
     for (size_t i = 0; i < n / FLM_QK; i++, y += FLM_QK) {
@@ -329,6 +359,7 @@ static void avx2_init(void) {
     k->dot[FLM_TYPE_Q8_0] = dot_q8_0, k->dot[FLM_TYPE_Q4_0] = dot_q4_0;
     k->axpy[FLM_TYPE_F32] = axpy_f32, k->axpy[FLM_TYPE_F16] = axpy_f16, k->axpy[FLM_TYPE_BF16] = axpy_bf16;
     k->axpy[FLM_TYPE_Q8_0] = axpy_q8_0, k->axpy[FLM_TYPE_Q4_0] = axpy_q4_0;
+    k->axpy_tile[FLM_TYPE_Q8_0] = axpy_tile_q8_0;
     k->dequant[FLM_TYPE_F32] = dequant_f32, k->dequant[FLM_TYPE_F16] = dequant_f16;
     k->dequant[FLM_TYPE_BF16] = dequant_bf16, k->dequant[FLM_TYPE_Q8_0] = dequant_q8_0;
     k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
