@@ -66,6 +66,12 @@ struct cli_spec {
     int32_t *ttok, *tpar, *tdraw;
     float *tscore, *tq;
     uint8_t *tndraw;
+    /* tree pruning (tree_prune): the verification's ms against its rows (decayed sums of a linear fit), and how
+     * many tokens the draft's path probabilities promise against how many are accepted (decayed) */
+    double v_w, v_x, v_y, v_xx, v_xy;
+    double k_num, k_den;
+    double c_level;   /* ms of one draft level (flm_eval_tree with draft), decayed */
+    double ms_token;  /* ms per generated token of the tree steps, decayed */
 };
 
 uint64_t cli_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
@@ -404,9 +410,10 @@ static int top_k_probs(const float *logits, size_t V, int K, int32_t *tok, float
         tok[j] = (int32_t)i;
     }
     if (n == 0) return 0;
-    const float mx = logits[tok[0]];
+    const float mx = logits[tok[0]], lo = mx - 20.0f; /* the rest add under V * e^-20 of the sum */
     double sum = 0;
-    for (size_t i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    for (size_t i = 0; i < V; i++)
+        if (logits[i] > lo) sum += expf(logits[i] - mx);
     for (int j = 0; j < n; j++) prob[j] = (float)(exp((double)logits[tok[j]] - mx) / sum);
     return n;
 }
@@ -423,6 +430,56 @@ static int cand_cmp(const void *a, const void *b) {
     return x->tok - y->tok;
 }
 
+/* The estimated ms of a verification pass of n rows: a line fitted to the passes measured (decayed), its slope
+ * pulled toward mean / 32 (a pass of 32 rows costing twice one of a few) while few row counts were seen. */
+static double tree_verify_ms(const cli_spec *s, double n) {
+    if (s->v_w <= 0) return 0;
+    const double mx = s->v_x / s->v_w, my = s->v_y / s->v_w;
+    const double sxx = s->v_xx - s->v_w * mx * mx, sxy = s->v_xy - s->v_w * mx * my, lambda = 4.0 * 64.0;
+    const double b0 = my / 32.0, b = (sxy + lambda * b0) / (sxx + lambda);
+    return my + b * (n - mx);
+}
+
+/* Keep the nodes of the drafted tree that make the most expected tokens per ms: the nodes by path probability
+ * (a node's never exceeds its parent's, so every prefix of that order is a tree), expected tokens
+ * 1 + kappa * the sum of their probabilities (kappa: accepted over promised, measured), cost: this step's draft ms
+ * + the verification's ms at that many rows (tree_verify_ms). map[new] = old index; returns the nodes kept. The
+ * first passes, before any is measured, keep everything. */
+static int32_t tree_prune(cli_spec *s, int32_t N, double draft_ms, int32_t *map) {
+    for (int32_t i = 0; i < N; i++) map[i] = i;
+    if (N <= 2 || s->v_w <= 0) return N;
+    int32_t ord[CLI_SPEC_DRAFT_MAX];
+    int32_t n = 0;
+    for (int32_t i = 1; i < N; i++) { /* insertion sort: score descending, index ascending */
+        int32_t j = n++;
+        while (j > 0 && (s->tscore[ord[j - 1]] < s->tscore[i])) { ord[j] = ord[j - 1]; j--; }
+        ord[j] = i;
+    }
+    const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
+    double sum = 0, best_rate = 1.0 / (draft_ms + tree_verify_ms(s, 1));
+    int32_t best = 0;
+    for (int32_t m = 1; m <= n; m++) {
+        sum += s->tscore[ord[m - 1]];
+        double rate = (1.0 + kappa * sum) / (draft_ms + tree_verify_ms(s, m + 1));
+        if (rate > best_rate) { best_rate = rate; best = m; }
+    }
+    if (best == n) return N;
+    uint8_t keep[CLI_SPEC_DRAFT_MAX] = {0};
+    keep[0] = 1;
+    for (int32_t m = 0; m < best; m++) keep[ord[m]] = 1;
+    int32_t newi[CLI_SPEC_DRAFT_MAX], k = 0;
+    for (int32_t i = 0; i < N; i++) {
+        if (!keep[i] || (i > 0 && newi[s->tpar[i]] < 0)) { newi[i] = -1; continue; }
+        newi[i] = k;
+        map[k] = i;
+        s->ttok[k] = s->ttok[i];
+        s->tscore[k] = s->tscore[i];
+        s->tpar[k] = i == 0 ? -1 : newi[s->tpar[i]];
+        k++;
+    }
+    return k;
+}
+
 /* A tree step (o.tree): the self-draft grows a tree of candidates a level at a time (each level's nodes in one
  * flm_eval_tree with draft = true): every node of the frontier offers its CLI_SPEC_TREE_K most likely tokens
  * (greedy; scored by the path's draft probability) or CLI_SPEC_TREE_K draws from its draft distribution (sampling),
@@ -437,6 +494,7 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     const size_t V = s->n_vocab;
     const bool greedy = flm_sampler_greedy(s->smp);
     const int K = CLI_SPEC_TREE_K;
+    const double t_step = spec_now_ms();
     s->hist[H] = last;
     int32_t cap = s->o.tree;
     if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
@@ -458,8 +516,16 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     tree_cand cand[CLI_SPEC_TREE_W * CLI_SPEC_TREE_K + 1];
     int32_t lo = 0, hi = 1;
     for (long d = 0; d < depth_max && lo < hi && N < cap; d++) {
+        /* another level pays when the tokens it may add are worth its ms: stop once the frontier's path
+         * probability (what its children can add at most) times the ms a token costs is below a level's ms */
+        double front = 0;
+        for (int32_t u = lo; u < hi; u++) front += s->tscore[u];
+        const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
+        if (d > 0 && s->c_level > 0 && s->ms_token > 0 && kappa * front * s->ms_token < s->c_level) break;
+        const double tl = spec_now_ms();
         if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
             return st;
+        ema(&s->c_level, spec_now_ms() - tl);
         s->st.draft_tokens += (uint64_t)(hi - lo);
         int nc = 0;
         for (int32_t u = lo; u < hi; u++) {
@@ -498,7 +564,10 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
             s->ttok[N] = cand[i].tok;
             s->tpar[N] = cand[i].parent;
             s->tscore[N] = cand[i].score > 1.0f ? cand[i].score - 1.0f : cand[i].score;
-            if (ng_node >= 0 && (uint32_t)d < n_ng && cand[i].parent == ng_node && cand[i].tok == ng[d]) next_ng = N;
+            if (ng_node >= 0 && (uint32_t)d < n_ng && cand[i].parent == ng_node && cand[i].tok == ng[d]) {
+                next_ng = N; /* the n-gram's branch: trusted as half its parent at least */
+                if (s->tscore[N] < 0.5f * s->tscore[ng_node]) s->tscore[N] = 0.5f * s->tscore[ng_node];
+            }
             N++;
         }
         /* the next level: the new nodes, in order of their parents (flm_eval_tree needs parents first: they are) */
@@ -506,8 +575,12 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         lo = first_new;
         hi = N;
     }
-    s->st.draft_ms += spec_now_ms() - t0;
-    if (N > 1) ema(&s->c_draft, (spec_now_ms() - t0) / (double)(N - 1));
+    const double step_draft_ms = spec_now_ms() - t0;
+    s->st.draft_ms += step_draft_ms;
+    int32_t map[CLI_SPEC_DRAFT_MAX];
+    N = tree_prune(s, N, step_draft_ms, map);
+    double promised = 0;
+    for (int32_t i = 1; i < N; i++) promised += s->tscore[i];
     const double tv = spec_now_ms();
     /* the output layer only for the nodes the walk visits (flm_tree_logits), when the tree fits one batch */
     flm_stats fs;
@@ -516,6 +589,11 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, lazy ? NULL : s->rows, err)))
         return st;
     const double dv = spec_now_ms() - tv;
+    s->v_w = 0.95 * s->v_w + 1.0;
+    s->v_x = 0.95 * s->v_x + N;
+    s->v_y = 0.95 * s->v_y + dv;
+    s->v_xx = 0.95 * s->v_xx + (double)N * N;
+    s->v_xy = 0.95 * s->v_xy + (double)N * dv;
     s->st.verify_ms[N] += dv;
     s->st.verify_n[N]++;
     s->st.n_passes++;
@@ -537,8 +615,9 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         if (greedy) t = flm_sampler_sample(s->smp, lg);
         else {
             flm_sampler_probs(s->smp, lg, s->p);
-            if (s->tndraw[u]) flm_sampler_accept_multi(s->smp, s->p, s->tq + (size_t)u * V, s->tdraw + u * K,
-                                                       s->tndraw[u], &t);
+            const int32_t o = map[u]; /* the node's index when drafted: its draws and distribution */
+            if (s->tndraw[o]) flm_sampler_accept_multi(s->smp, s->p, s->tq + (size_t)o * V, s->tdraw + o * K,
+                                                       s->tndraw[o], &t);
             else t = flm_sampler_sample_probs(s->smp, s->p);
         }
         out[k] = t;
@@ -559,6 +638,9 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     s->st.n_accepted += k;
     s->acc_a = 0.9 * s->acc_a + (double)k;
     s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
+    s->k_num = 0.9 * s->k_num + (double)k;
+    s->k_den = 0.9 * s->k_den + promised;
+    ema(&s->ms_token, (spec_now_ms() - t_step) / (double)(k + 1));
     s->n_hist = H + 1 + (int32_t)k;
     *m = k + 1;
     return FLM_OK;
