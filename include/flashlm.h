@@ -189,6 +189,10 @@ typedef struct flm_params {
     bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and
                            values as f16 (half the memory) and round q and the attention weights to f16, as
                            llama.cpp's f16 KV cache does, so outputs agree with llama.cpp's */
+    int draft_vocab;    /* the self-draft's output layer (flm_eval_draft, draft trees) covers token ids < draft_vocab
+                           only, the others' logits -inf (never proposed; the verification decides every token, so
+                           output is unchanged): 0 = FLM_DRAFT_VOCAB when the vocabulary has more than twice as
+                           many tokens, else all; < 0 = all */
     /* the library's surroundings: nothing is implicit */
     flm_log_fn log;        /* log callback for messages while opening and running (NULL: dropped); see above */
     void *log_user;        /* passed to log */
@@ -197,6 +201,11 @@ typedef struct flm_params {
                                  "<model>.probe.json" when that file exists). A file that cannot be used is logged
                                  (FLM_LOG_WARN) and the default model is used. */
 } flm_params;
+
+/* The self-draft's default output vocabulary (flm_params.draft_vocab): byte-level BPE ids are in merge order, the
+ * frequent tokens first, so a large vocabulary's first ids carry nearly all the draft's likely proposals at a fifth
+ * of the output layer's cost (Qwen2.5: 32768 of 151936). */
+#define FLM_DRAFT_VOCAB 32768
 
 /* Fill p with the defaults above. */
 FLM_API void flm_params_default(flm_params *p);

@@ -4,7 +4,7 @@
  *   - without a logits buffer, flm_tree_logits gives each node's logits on demand, the same bits;
  *   - accepting a path makes the context exactly what evaluating it token by token makes (the next token's logits);
  *   - a draft tree (mode hot, draft = true) equals flm_eval_draft along each path, and a target tree in mode hot
- *     equals ram mode's;
+ *     equals ram mode's; a draft vocabulary keeps the draft's first logits and masks the rest;
  *   - bad trees and out-of-order calls are refused and change nothing.
  * stories260K from tests/data. */
 #include <math.h>
@@ -286,6 +286,36 @@ static void test_hot_trees(void **state) {
     check_tree(hot, true, NULL, &draft);
     const uint32_t V = vocab(hot);
     assert_memory_not_equal(draft, want, (size_t)N_NODES * V * sizeof(float)); /* the draft is not the target */
+    flm_close(hot);
+    /* a draft vocabulary (flm_params.draft_vocab): ids below it as before, bit for bit; the others -inf; the target's
+     * logits untouched */
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = N_CTX;
+    p.mode = FLM_MODE_HOT;
+    p.mem_bytes = mem;
+    p.draft_vocab = 100;
+    flm_error err;
+    assert_int_equal(flm_open(g_hot, &p, &hot, &err), FLM_OK);
+    int n;
+    int32_t *ids = feed_prompt(hot, &n);
+    int32_t tok[N_NODES];
+    tree_tokens(V, tok);
+    float *dv = malloc((size_t)N_NODES * V * sizeof(float));
+    assert_int_equal(flm_eval_tree(hot, tok, PARENT, N_NODES, 0, n, true, dv, &err), FLM_OK);
+    for (int i = 0; i < N_NODES; i++) {
+        assert_memory_equal(dv + (size_t)i * V, draft + (size_t)i * V, 100 * sizeof(float));
+        for (uint32_t j = 100; j < V; j++) assert_true(isinf(dv[(size_t)i * V + j]) && dv[(size_t)i * V + j] < 0);
+    }
+    const float *lg;
+    assert_int_equal(flm_eval_draft(hot, tok[0], n, &lg, &err), FLM_OK);
+    assert_memory_equal(lg, draft, 100 * sizeof(float));
+    assert_true(isinf(lg[100]));
+    assert_int_equal(flm_eval_tree(hot, tok, PARENT, N_NODES, 0, n, false, dv, &err), FLM_OK);
+    assert_memory_equal(dv, want, (size_t)N_NODES * V * sizeof(float));
+    free(dv);
+    free(ids);
     flm_close(hot);
     free(draft);
     free(want);

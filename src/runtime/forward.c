@@ -41,6 +41,7 @@
  * naming the file, the layer and the region (FLM_ERR_CHECKSUM for .flm data, FLM_ERR_FORMAT for a GGUF's). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -273,8 +274,10 @@ static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, 
 }
 
 /* The logits of the n tokens of P (rows of X, d_model floats; changed in place): the output norm when the model has
- * one, proj_out when it has one (into H, rows hs apart), the classifier (+ its bias) into logits (rows of n_vocab). */
-static void output(const flm_model *m, const flm_pass *P, float *X, float *H, size_t hs, float *logits) {
+ * one, proj_out when it has one (into H, rows hs apart), the classifier (+ its bias) into logits (rows of n_vocab;
+ * its first `rows` rows: a draft's vocabulary, output_rows). */
+static void output(const flm_model *m, const flm_pass *P, float *X, float *H, size_t hs, float *logits,
+                   uint32_t rows) {
     const flm_hparams *hp = &m->hp;
     const uint32_t d = hp->d_model;
     if (m->output_norm.data) flm_pass_norm(P, &m->output_norm, &m->output_norm_b, d, X, d, X, d);
@@ -285,7 +288,7 @@ static void output(const flm_model *m, const flm_pass *P, float *X, float *H, si
         in = H;
         stride = hs;
     }
-    flm_pass_linear(P, &m->output, &m->output_b, hp->n_vocab, hp->d_embd, in, stride, logits, hp->n_vocab);
+    flm_pass_linear(P, &m->output, &m->output_b, rows, hp->d_embd, in, stride, logits, hp->n_vocab);
 }
 
 /* The FFN block of layer l by the mode's source: the tap sees every token's input first (it only observes); one
@@ -306,6 +309,29 @@ static flm_status ffn(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const f
     }
     ctx->cur_pos = pos;
     return FLM_OK;
+}
+
+/* The output rows a pass computes: all, or for a draft pass the draft vocabulary (flm_params.draft_vocab). */
+static uint32_t output_rows(const flm_ctx *ctx) {
+    const uint32_t V = ctx->model->hp.n_vocab;
+    if (!ctx->ffn_draft || ctx->params.draft_vocab < 0) return V;
+    const uint32_t dv = ctx->params.draft_vocab ? (uint32_t)ctx->params.draft_vocab
+                        : V > 2u * FLM_DRAFT_VOCAB ? FLM_DRAFT_VOCAB : V;
+    return dv < V ? dv : V;
+}
+
+/* Logits of ids >= rows (outside a draft's vocabulary): -inf, rows of V floats. */
+static void mask_vocab(float *logits, uint32_t n, uint32_t rows, uint32_t V) {
+    if (rows >= V) return;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = rows; i < V; i++) logits[(size_t)t * V + i] = -INFINITY;
+}
+
+/* The finite check of n rows of V logits, over their first `rows`. */
+static bool logits_finite(const float *logits, uint32_t n, uint32_t rows, uint32_t V) {
+    for (uint32_t t = 0; t < n; t++)
+        if (!all_finite(logits + (size_t)t * V, rows)) return false;
+    return true;
 }
 
 /* The pass over n tokens whose activations are R (n = 1: the single-token scratch; else the batch scratch). */
@@ -353,20 +379,22 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     /* logits: every token's (a batch), or the last one's; none for tree nodes without a logits buffer: their
      * normed final states stay in R->x for flm_tree_logits */
     if (tree && !logits_all) {
-        flm_pass_norm(&P, &m->output_norm, &m->output_norm_b, d, R->x, d, R->x, d);
         ctx->tree_hidden = R->x;
         ctx->cur_pos = pos + (int32_t)n - 1;
         return FLM_OK;
     }
+    const uint32_t rows = output_rows(ctx);
     if (logits_all && n > 1) {
-        output(m, &P, R->x, R->h, hs, logits_all);
-        if (!all_finite(logits_all, n * V)) return not_finite(ctx, "output", UINT32_MAX, err);
+        output(m, &P, R->x, R->h, hs, logits_all, rows);
+        if (!logits_finite(logits_all, n, rows, V)) return not_finite(ctx, "output", UINT32_MAX, err);
+        mask_vocab(logits_all, n, rows, V);
         memcpy(s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
     } else {
         flm_pass last = P;
         last.n = 1;
-        output(m, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits);
-        if (!all_finite(s->logits, V)) return not_finite(ctx, "output", UINT32_MAX, err);
+        output(m, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits, rows);
+        if (!all_finite(s->logits, rows)) return not_finite(ctx, "output", UINT32_MAX, err);
+        mask_vocab(s->logits, 1, rows, V);
         if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
     }
     ctx->cur_pos = pos + (int32_t)n - 1;
@@ -377,7 +405,11 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const flm_pass one = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = 1};
-    flm_pass_linear(&one, &m->output, &m->output_b, hp->n_vocab, hp->d_model, x, hp->d_model, logits, hp->n_vocab);
+    float *buf = malloc(((size_t)hp->d_model + hp->d_embd) * sizeof(float));
+    if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for one token's output layer");
+    memcpy(buf, x, hp->d_model * sizeof(float));
+    output(m, &one, buf, buf + hp->d_model, hp->d_embd, logits, hp->n_vocab);
+    free(buf);
     if (!all_finite(logits, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
     return FLM_OK;
 }

@@ -222,7 +222,7 @@ struct flm_ctx {
     bool ffn_draft;          /* a draft pass (flm_eval_draft): the hot source computes its resident neurons only */
     int32_t tree_pos;        /* flm_eval_tree: the KV slot of node 0 of the tree the cache holds */
     uint32_t tree_n;         /* its nodes held (slots tree_pos ..); 0: none (any other evaluation forgets them) */
-    const float *tree_hidden; /* flm_eval_tree without logits: the normed final states of nodes
+    const float *tree_hidden; /* flm_eval_tree without logits: the final states (before the output norm) of nodes
                                  [tree_hidden_first, tree_n), d_model floats each (scratch rows), or NULL */
     uint32_t tree_hidden_first;
 };
@@ -260,9 +260,9 @@ void flm_scratch_free(flm_scratch *s);
 
 struct flm_tree;
 
-/* logits[n_vocab] = the output layer of x (d_model floats, already normed by the output norm): W_out x (+ b_out),
- * as the forward pass's last step computes them for one token. Errors: FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (not
- * finite). */
+/* logits[n_vocab] = the output layers of x (a token's final state, d_model floats; not changed): the output norm,
+ * proj_out, the classifier, as the forward pass's last step computes them for one token. Errors: FLM_ERR_NOMEM,
+ * FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (not finite). */
 flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err);
 
 /* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): n >= 1 tokens at positions
