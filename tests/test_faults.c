@@ -791,6 +791,69 @@ static void test_batch_reader_faults(void **state) {
     free(got);
 }
 
+/* Reader faults during a tree verification (flm_eval_tree) in the streaming modes that take trees (naive, hybrid,
+ * hot): a failed call names the file and region, the context holds the positions before the tree and no node (an
+ * accept is refused), and the call again gives the clean logits for the path's nodes; the accepted path then
+ * continues as the clean run does. */
+static void test_tree_reader_faults(void **state) {
+    (void)state;
+    const int modes[] = {1, 2, 4};
+    const int faults[] = {FLM_FAULT_EIO, FLM_FAULT_SHORT};
+    const flm_io_kind ios[] = {FLM_IO_KIND_THREADS, FLM_IO_KIND_URING};
+    enum { P0 = 8, NT = 6 };
+    const int32_t par[NT] = {-1, 0, 0, 1, 1, 3};
+    const uint32_t path[4] = {0, 1, 3, 5};
+    float *got = malloc((size_t)NT * 512 * sizeof(float));
+    uint64_t rng = 4242;
+    for (int mi = 0; mi < 3; mi++) {
+        const int m = modes[mi];
+        float *want = fb_clean(m);
+        const int32_t tok[NT] = {fb_ids[P0], fb_ids[P0 + 1], 5, fb_ids[P0 + 2], 7, fb_ids[P0 + 3]};
+        int n_failed = 0;
+        for (int io = 0; io < 2; io++)
+            for (int f = 0; f < 2; f++) {
+                flm_error err;
+                /* the requests of a clean tree call */
+                flm_ctx *twin = open_fb(flm_path, m, ios[io]);
+                if (!twin) continue;
+                fb_prefix(twin, P0, "tree twin");
+                flm_stats a, b;
+                flm_get_stats(twin, &a);
+                if (flm_eval_tree(twin, tok, par, NT, 0, P0, false, got, &err)) fail_msg("clean tree: %s", err.msg);
+                flm_get_stats(twin, &b);
+                flm_close(twin);
+                const uint64_t n_req = b.total.n_reads - a.total.n_reads;
+                assert_true(n_req > 0);
+                const uint64_t k = tu_rand_u64(&rng) % n_req;
+                char what[160];
+                snprintf(what, sizeof what, "tree, %s, %s reader, %s at request %llu of %llu", FT_MODE_NAMES[m],
+                         io ? "io_uring" : "threads", f ? "short read" : "EIO", (unsigned long long)k,
+                         (unsigned long long)n_req);
+                flm_ctx *ctx = open_fb(flm_path, m, ios[io]);
+                fb_prefix(ctx, P0, what);
+                flm_reader_set_fault(ctx->flash->reader, faults[f], k);
+                flm_status st = flm_eval_tree(ctx, tok, par, NT, 0, P0, false, got, &err);
+                flm_reader_set_fault(ctx->flash->reader, FLM_FAULT_NONE, 0);
+                fb_expect_named(st, &err, flm_path, what);
+                n_failed++;
+                assert_int_equal(flm_n_past(ctx), P0);
+                assert_int_equal(flm_tree_accept(ctx, P0, path, 4, &err), FLM_ERR_ARG);
+                if (flm_eval_tree(ctx, tok, par, NT, 0, P0, false, got, &err)) fail_msg("%s: again: %s", what, err.msg);
+                for (int j = 0; j < 4; j++)
+                    expect_logits(got + (size_t)path[j] * 512, want + (size_t)(P0 + j) * 512, what, P0 + j);
+                assert_int_equal(flm_tree_accept(ctx, P0, path, 4, &err), FLM_OK);
+                const float *lg;
+                if (flm_eval(ctx, fb_ids[P0 + 4], P0 + 4, &lg, &err)) fail_msg("%s: next: %s", what, err.msg);
+                expect_logits(lg, want + (size_t)(P0 + 4) * 512, what, P0 + 4);
+                flm_close(ctx);
+            }
+        print_message("%s: %d tree verifications failed cleanly and evaluated again\n", FT_MODE_NAMES[m], n_failed);
+        assert_true(n_failed > 0);
+        free(want);
+    }
+    free(got);
+}
+
 /* Reader faults with read-ahead on (naive and hybrid read the next layer, sparse the next streamed chunk, while one is
  * computed). A fault at any request of a batched call, or just past it, either fails that call cleanly (the context
  * holds the positions before it, and the call again gives the clean logits), or the call gives the clean logits and
@@ -995,6 +1058,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_reader_faults),
         cmocka_unit_test(test_read_ahead_faults),
+        cmocka_unit_test(test_tree_reader_faults),
         cmocka_unit_test(test_batch_file_truncated),
         cmocka_unit_test(test_batch_allocation_failures),
         cmocka_unit_test(test_reader_faults_every_mode),
