@@ -53,8 +53,8 @@ static void turn_angles(uint32_t from, uint32_t to, float theta, uint32_t rope_d
 }
 
 flm_status flm_kv_shift(flm_ctx *ctx, int32_t n_keep, int32_t n_discard, flm_error *err) {
-    ctx->tree_n = 0;
     if (!ctx) return flm_fail(err, FLM_ERR_ARG, "context shift: no context");
+    ctx->tree_n = 0; /* a tree's nodes sit past n_past: forgotten */
     const int32_t n_past = ctx->next_pos;
     if (n_keep < 0 || n_discard < 0 || (int64_t)n_keep + n_discard > n_past)
         return flm_fail(err, FLM_ERR_ARG, "context shift: cannot keep %d and discard %d tokens: the context holds %d "
