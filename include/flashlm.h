@@ -184,6 +184,12 @@ typedef struct flm_params {
                                   window as one set; by default, when the next evaluation goes back into it (draft
                                   tokens rejected), the set is trimmed to the accepted tokens' neurons. This keeps
                                   every token's neurons instead (the plain rule, for comparison) */
+    double draft_window; /* mode hot with a self-draft (--draft-window): the share (0 .. 0.9) of the FFN neurons kept
+                            in memory that holds, per layer, the records of the streamed neurons most active in the
+                            recent target passes (a window the self-draft, flm_eval_draft, computes over besides the
+                            hottest prefix) instead of a longer prefix. Costs reads (those neurons are still
+                            streamed), so it pays only with a self-draft; 0 (default): none. Ignored when the FFN has
+                            biases (OPT, Phi-2), in other modes and when the whole model fits */
     float sparse_level; /* --sparse-level: the stored operating point (eps, the share of each layer's FFN output
                            energy left out; `flashlm calibrate` lists them) to run at; 0 = calibrate's default */
     bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and
@@ -274,7 +280,11 @@ typedef struct flm_plan_info {
     uint64_t embd_row;        /* FLM_PLAN_EMBD_FLASH: bytes of one row */
     uint64_t reader_bounce;   /* the reader's bounce buffers (inside reader) */
     uint32_t n_layers, n_resident_layers; /* layers; those whose FFN stays in memory */
-    double hot_share;         /* hot: the share of every layer's FFN neurons kept in memory (0..1); else 0 */
+    double hot_share;         /* hot: the share of every layer's FFN neurons kept in memory as its hottest prefix
+                                 (0..1); else 0 */
+    double window_share;      /* hot: the share of every layer's FFN neurons held in the self-draft's window of
+                                 recently active streamed neurons (flm_params.draft_window); else 0 */
+    uint64_t window;          /* hot: bytes of the windows (records, indices, scores; inside ffn_resident) */
     uint32_t n_stream_buffers; /* naive/hybrid: 2 with read-ahead, else 1 (0: nothing streams) */
     uint32_t n_ctx;           /* KV cache length, tokens (params n_ctx 0 resolved) */
     uint32_t n_batch;         /* tokens per batched forward pass */

@@ -387,6 +387,7 @@ static void test_run_synthetic_every_mode(void **state) {
     run_mode("synthetic", syn_flm, model, "hot", 70);
     run_mode_extra("synthetic", syn_flm, model, "hot", 70, "--draft-self"); /* the self-draft's buffers inside it */
     run_mode_extra("synthetic", syn_flm, model, "hot", 70, "--draft-tree 16"); /* a draft tree's rows inside it */
+    run_mode_extra("synthetic", syn_flm, model, "hot", 70, "--draft-self --draft-window 0.4"); /* and its window */
     if (file_bytes(syn_cal) == 0) fail_msg("no calibrated file (test_calibrate_under_limit failed)");
     run_mode("synthetic (calibrated)", syn_cal, model, "sparse", 60);
 }
@@ -402,6 +403,7 @@ static void test_run_smollm2_every_mode(void **state) {
     run_mode("SmolLM2", smol_flm, model, "hot", 75);
     run_mode_extra("SmolLM2", smol_flm, model, "hot", 80, "--draft-self");
     run_mode_extra("SmolLM2", smol_flm, model, "hot", 80, "--draft-tree 24");
+    run_mode_extra("SmolLM2", smol_flm, model, "hot", 80, "--draft-self --draft-window 0.4");
 }
 
 /* Issue 23 #4: threads outside the budget. Each compute or reader thread costs ~68 KiB of RSS that no plan counted:

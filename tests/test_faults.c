@@ -368,6 +368,7 @@ static const char *const FT_MODE_NAMES[] = {"ram", "naive", "hybrid", "sparse", 
 /* The tests that count requests run without read-ahead: with it, the last read of a call may be the next call's first
  * layer, which fails (or not) in the call that uses it. test_read_ahead_faults covers read-ahead. */
 static bool ft_read_ahead = false;
+static double ft_draft_window = 0; /* flm_params.draft_window (test_hot_window_faults) */
 
 static flm_status open_ftb(const char *path, flm_mode mode, flm_io_kind io, uint64_t mem, int n_batch, bool no_window,
                            flm_ctx **ctx, flm_error *err) {
@@ -383,6 +384,7 @@ static flm_status open_ftb(const char *path, flm_mode mode, flm_io_kind io, uint
     p.window = 2;
     p.no_window = no_window;
     p.mem_bytes = mem;
+    p.draft_window = ft_draft_window;
     return flm_open(path, &p, ctx, err);
 }
 
@@ -644,7 +646,9 @@ static void test_file_truncated_or_replaced(void **state) {
 #define FB_TOKENS 24
 #define FB_BATCH 8
 
+static uint64_t ft_hot_budget = 0; /* test_hot_window_faults: mode hot's budget instead of hybrid's */
 static uint64_t fb_budget(int m) {
+    if (ft_hot_budget && FT_MODES[m] == FLM_MODE_HOT) return ft_hot_budget;
     return FT_MODES[m] == FLM_MODE_HYBRID || FT_MODES[m] == FLM_MODE_HOT ? hybrid_budget_b(FB_BATCH) : 0;
 }
 
@@ -918,6 +922,101 @@ static void test_read_ahead_faults(void **state) {
     free(got);
 }
 
+/* Every layer's draft window is consistent: distinct neurons, each record the file's (ram's records); returns the
+ * records held. */
+static uint32_t window_check(flm_ctx *hot, flm_ctx *ram, const char *what) {
+    flm_model_info info;
+    flm_get_info(hot, &info);
+    uint32_t *idx = malloc(info.d_ffn * sizeof *idx), held_n = 0;
+    for (uint32_t l = 0; l < info.n_layers; l++) {
+        uint32_t n;
+        const uint8_t *rec;
+        if (!flm_hot_window(hot, l, &n, idx, &rec)) fail_msg("%s: layer %u has no window", what, l);
+        const flm_bundle_desc *d;
+        const uint8_t *all = flm_ffn_resident_records(ram, l, &d);
+        for (uint32_t s = 0; s < n; s++) {
+            if (idx[s] >= info.d_ffn) fail_msg("%s: layer %u: window neuron %u out of range", what, l, idx[s]);
+            for (uint32_t s2 = 0; s2 < s; s2++)
+                if (idx[s2] == idx[s]) fail_msg("%s: layer %u: neuron %u twice in the window", what, l, idx[s]);
+            if (memcmp(rec + (size_t)s * d->record_bytes, all + (size_t)idx[s] * d->record_bytes, d->record_bytes))
+                fail_msg("%s: layer %u: the window's record of neuron %u is not the file's", what, l, idx[s]);
+        }
+        held_n += n;
+    }
+    free(idx);
+    return held_n;
+}
+
+/* Mode hot with the self-draft's window (runtime/ffn_hot.c): a read fault at a random request of a batched call (with
+ * read-ahead) fails it cleanly; every layer's window stays consistent (the failed pass updated the layers before the
+ * fault and not the others); the call again gives the clean logits, and drafts still run. */
+static void test_hot_window_faults(void **state) {
+    (void)state;
+    const int m = 4; /* hot */
+    assert_int_equal(FT_MODES[m], FLM_MODE_HOT);
+    ft_read_ahead = true;
+    ft_draft_window = 0.4;
+    /* a budget where hot keeps a third or more of every layer: hybrid's keeps too few neurons for a window */
+    for (uint64_t b = hybrid_budget_b(FB_BATCH); !ft_hot_budget && b < (64u << 20); b += 16 << 10) {
+        flm_ctx *c = NULL;
+        flm_error err;
+        if (open_ftb(flm_path, FLM_MODE_HOT, FLM_IO_KIND_AUTO, b, FB_BATCH, false, &c, &err)) continue;
+        flm_plan_info pi;
+        flm_get_plan(c, &pi);
+        if (pi.window && pi.hot_share + pi.window_share > 0.3) ft_hot_budget = b;
+        flm_close(c);
+    }
+    assert_true(ft_hot_budget);
+    float *want = fb_clean(m), *got = malloc((size_t)FB_TOKENS * 512 * sizeof(float));
+    flm_ctx *ram = open_fb(flm_path, 0, FLM_IO_KIND_AUTO);
+    uint64_t rng = 7;
+    int failed = 0;
+    for (int rep = 0; rep < 8; rep++) {
+        const int p0 = 1 + (int)(tu_rand_u64(&rng) % (FB_BATCH - 1));
+        uint64_t n_req;
+        if (!fb_twin_requests(m, FLM_IO_KIND_THREADS, p0, &n_req)) continue;
+        const uint64_t k = tu_rand_u64(&rng) % (n_req + 1);
+        char what[160];
+        snprintf(what, sizeof what, "hot + window: EIO at request %llu of ~%llu from %d", (unsigned long long)k,
+                 (unsigned long long)n_req, p0);
+        long held0 = held();
+        flm_ctx *ctx = open_fb(flm_path, m, FLM_IO_KIND_THREADS);
+        flm_plan_info pi;
+        flm_get_plan(ctx, &pi);
+        if (!rep) print_message("hot %.1f%% + window %.1f%% (%llu bytes)\n", 100 * pi.hot_share,
+                                100 * pi.window_share, (unsigned long long)pi.window);
+        assert_true(pi.window > 0);
+        fb_prefix(ctx, p0, what);
+        assert_true(window_check(ctx, ram, what) > 0);
+        flm_error err;
+        flm_reader_set_fault(ctx->flash->reader, FLM_FAULT_EIO, k);
+        flm_status st = flm_eval_batch(ctx, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, got, NULL, &err);
+        flm_reader_set_fault(ctx->flash->reader, FLM_FAULT_NONE, 0);
+        window_check(ctx, ram, what);
+        if (st) {
+            fb_expect_named(st, &err, flm_path, what);
+            failed++;
+            fb_recover(ctx, p0, want, got, what, false);
+        } else {
+            for (int t = p0; t < FB_TOKENS; t++)
+                expect_logits(got + (size_t)(t - p0) * 512, want + (size_t)t * 512, what, t);
+        }
+        const float *lg;
+        if (flm_eval_draft(ctx, fb_ids[FB_TOKENS], FB_TOKENS, &lg, &err)) fail_msg("%s: draft: %s", what, err.msg);
+        window_check(ctx, ram, what);
+        flm_close(ctx);
+        expect_no_leak(held0, what);
+    }
+    print_message("hot with the draft window: %d of 8 calls failed\n", failed);
+    assert_true(failed > 0);
+    flm_close(ram);
+    ft_draft_window = 0;
+    ft_hot_budget = 0;
+    ft_read_ahead = false;
+    free(want);
+    free(got);
+}
+
 /* The FFN tap (called by the forward pass before each layer's FFN): counts the calls and, at call `at`, truncates the
  * file (the part of a batched call that follows reads a file that ends before its FFN regions). */
 typedef struct fb_tap {
@@ -1059,6 +1158,7 @@ int main(void) {
         cmocka_unit_test(test_batch_reader_faults),
         cmocka_unit_test(test_read_ahead_faults),
         cmocka_unit_test(test_tree_reader_faults),
+        cmocka_unit_test(test_hot_window_faults),
         cmocka_unit_test(test_batch_file_truncated),
         cmocka_unit_test(test_batch_allocation_failures),
         cmocka_unit_test(test_reader_faults_every_mode),

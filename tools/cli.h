@@ -174,7 +174,13 @@ typedef struct cli_spec_args {
     bool no_draft;     /* --no-draft */
     int tree;          /* --draft-tree N: the self-draft proposes a tree of up to N nodes (0: a chain) */
     bool greedy;       /* the caller samples greedily (temp 0): a tree then keeps no draft distributions */
+    double draft_window; /* --draft-window SHARE (flm_params.draft_window, set when the self-draft runs); default
+                            CLI_DRAFT_WINDOW_DEFAULT */
+    bool draft_window_set;
 } cli_spec_args;
+/* The self-draft's window share when the self-draft runs (flm_params.draft_window): measured, see
+ * docs/SPECULATIVE.md */
+#define CLI_DRAFT_WINDOW_DEFAULT 0.0
 void cli_spec_args_default(cli_spec_args *a);
 /* Parse --draft, --draft-n or --draft-ngram at argv[*i] (advances *i past a value). Returns 1 when consumed, 0 when
  * not one of them, -1 after printing an error. */

@@ -466,6 +466,14 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
     memset(run, 0, sizeof *run);
     snprintf(run->label, sizeof run->label, "%s", name);
     run->params = o->params;
+    char stem[80];
+    const char *wsuf = strstr(name, "/w");
+    float wshare = -1;
+    if (wsuf) { /* MODE/wSHARE: the self-draft's window share (flm_params.draft_window) */
+        if (!cli_parse_float(wsuf + 2, 0.0f, 0.9f, &wshare)) return false;
+        snprintf(stem, sizeof stem, "%.*s", (int)(wsuf - name) < 79 ? (int)(wsuf - name) : 79, name);
+        name = stem;
+    }
     if (!strcmp(name, "predictor-only") || !strcmp(name, "sparse-nowindow")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_window = true; run->params.no_bundle = true;
     } else if (!strcmp(name, "sparse-nobundle")) {
@@ -514,6 +522,11 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
             snprintf(run->label, sizeof run->label, "%s b=%ld", base, b);
         }
     }
+    /* the draft window only where a self-draft runs (+self, and auto, which self-drafts when it runs hot): it costs
+     * reads */
+    if (run->spec == 1 || run->mode == FLM_MODE_AUTO)
+        run->params.draft_window = wshare >= 0 ? wshare : CLI_DRAFT_WINDOW_DEFAULT;
+    else if (wshare >= 0) return false;
     return true;
 }
 
@@ -1083,7 +1096,8 @@ static const char *BENCH_HELP =
     "                          MODE@bN runs the prompt in batches of N tokens (@b1: token by token), e.g.\n"
     "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups;\n"
     "                          MODE+self[N] decodes speculatively with the self-draft (mode hot: the hottest\n"
-    "                          neurons in memory draft N tokens, default 4), MODE+ngram[N] with n-gram lookup\n"
+    "                          neurons in memory draft N tokens, default 4), MODE+ngram[N] with n-gram lookup;\n"
+    "                          MODE+self[N]/wS and auto/wS: the self-draft's window share S (--draft-window)\n"
     "      --prompt-tokens N   prompt length (default 16); the prompt table reports its time (the time to first\n"
     "                          token), tokens/s and bytes read, against the same mode token by token\n"
     "      --gen-tokens N      generated tokens (default 32)\n"

@@ -7,6 +7,9 @@
 #include "cli.h"
 #include "spec.h"
 
+#define CLI_STR_(x) #x
+#define CLI_STR(x) CLI_STR_(x)
+
 const char *CLI_SPEC_OPTS_HELP =
     "      --draft MODEL    speculative decoding: MODEL (a .gguf, .flm or pulled name sharing the target's\n"
     "                       tokenizer, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b) runs in memory and proposes\n"
@@ -26,11 +29,14 @@ const char *CLI_SPEC_OPTS_HELP =
     "                       tokens as children, --draft-n levels deep) and the target checks the whole tree in\n"
     "                       one pass with tree attention, keeping the longest branch it agrees with (implies\n"
     "                       --draft-self)\n"
+    "      --draft-window S the share S (0..0.9) of the FFN memory the self-draft's window of recently active\n"
+    "                       neurons takes from the hottest prefix (mode hot; default " CLI_STR(CLI_DRAFT_WINDOW_DEFAULT) ")\n"
     "      --no-draft       no speculative decoding, not even auto's self-draft\n";
 
 void cli_spec_args_default(cli_spec_args *a) {
     memset(a, 0, sizeof *a);
     a->n_draft = 4;
+    a->draft_window = CLI_DRAFT_WINDOW_DEFAULT;
 }
 
 int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
@@ -38,10 +44,18 @@ int cli_parse_spec_opt(int argc, char **argv, int *i, cli_spec_args *a) {
     if (!strcmp(o, "--draft-ngram")) { a->ngram = true; return 1; }
     if (!strcmp(o, "--draft-self")) { a->self_draft = true; return 1; }
     if (!strcmp(o, "--no-draft")) { a->no_draft = true; return 1; }
-    if (strcmp(o, "--draft") && strcmp(o, "--draft-n") && strcmp(o, "--draft-tree")) return 0;
+    if (strcmp(o, "--draft") && strcmp(o, "--draft-n") && strcmp(o, "--draft-tree") && strcmp(o, "--draft-window"))
+        return 0;
     if (!val) { cli_die("option %s needs a value", o); return -1; }
     (*i)++;
     if (!strcmp(o, "--draft")) { a->draft = val; return 1; }
+    if (!strcmp(o, "--draft-window")) {
+        float w;
+        if (!cli_parse_float(val, 0.0f, 0.9f, &w)) { cli_die("bad --draft-window value '%s' (0..0.9)", val); return -1; }
+        a->draft_window = w;
+        a->draft_window_set = true;
+        return 1;
+    }
     long v;
     if (!strcmp(o, "--draft-tree")) {
         if (!cli_parse_long(val, 2, CLI_SPEC_DRAFT_MAX, &v)) { cli_die("bad --draft-tree value '%s' (2..64)", val); return -1; }
@@ -64,6 +78,8 @@ int cli_spec_args_check(const cli_spec_args *a) {
         return cli_die("%s", "--draft-self excludes --draft and --draft-ngram: one draft source at a time");
     if (a->n_draft_set && !a->draft && !a->ngram && !a->self_draft)
         return cli_die("%s", "--draft-n needs --draft MODEL, --draft-ngram or --draft-self");
+    if (a->draft_window_set && (a->draft || a->ngram || a->no_draft))
+        return cli_die("%s", "--draft-window is the self-draft's (--draft-self, or mode auto running hot)");
     return 0;
 }
 
@@ -92,6 +108,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     if (!cli_spec_active(&ss->a)) return 0;
     if (ss->a.self_draft && !ss->auto_self && params->mode == FLM_MODE_AUTO)
         params->mode = FLM_MODE_HOT; /* --draft-self asked: what it drafts from */
+    if (ss->a.self_draft) params->draft_window = ss->a.draft_window; /* the window pays only with a self-draft */
     flm_params dp;
     flm_params_default(&dp);
     if (ss->a.draft) {

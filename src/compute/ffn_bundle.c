@@ -219,9 +219,9 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
 
 /* bundles [i0, i1) for every token into acc (n_x rows of d_model floats, overwritten) */
 static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
-                            const uint8_t *tail, size_t n_head, const uint32_t *rows, size_t i0, size_t i1, const uint8_t *mask, size_t mask_stride,
-                            size_t n_x, const float *X, size_t x_stride, const act_batch *xu, const act_batch *xg,
-                            float *acc) {
+                            const uint8_t *tail, size_t n_head, const uint32_t *rows, size_t i0, size_t i1,
+                            const uint8_t *mask, size_t mask_stride, size_t n_x, const float *X, size_t x_stride,
+                            const act_batch *xu, const act_batch *xg, float *acc, float *h_abs) {
     const size_t d = b->d_model;
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, n_x * d * sizeof(float));
@@ -234,6 +234,7 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
         const size_t j = rows ? rows[i] : i;
         const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
         const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
+        float sum_abs = 0.0f; /* h_abs only: not part of the FFN's arithmetic */
         for (size_t t = 0; t < n_x; t++) {
             if (mask && !mask[t * mask_stride + i]) continue;
             const float *x = X + t * x_stride;
@@ -243,7 +244,9 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
             if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold))
                 v = b->gated ? a * (batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) + bu) : a;
             if (v != 0.0f) axpy_down(rec + b->down_off, v, acc + t * d, d);
+            sum_abs += fabsf(v);
         }
+        if (h_abs) h_abs[i] = sum_abs;
     }
 }
 
@@ -258,18 +261,19 @@ typedef struct batch_args {
     const float *X;
     size_t x_stride;
     const act_batch *xu, *xg;
+    float *h_abs;
 } batch_args;
 
 static void batch_range(const void *arg, size_t i0, size_t i1, float *acc) {
     const batch_args *a = arg;
-    ffn_range_batch(a->k, a->b, a->records, a->tail, a->n_head, a->rows, i0, i1, a->mask, a->mask_stride, a->n_x, a->X, a->x_stride,
-                    a->xu, a->xg, acc);
+    ffn_range_batch(a->k, a->b, a->records, a->tail, a->n_head, a->rows, i0, i1, a->mask, a->mask_stride, a->n_x,
+                    a->X, a->x_stride, a->xu, a->xg, acc, a->h_abs);
 }
 
 void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                                  const uint8_t *tail, const uint32_t *rows, size_t n, const uint8_t *mask,
                                  size_t mask_stride, size_t n_x, const float *X, size_t x_stride, float *OUT,
-                                 size_t out_stride, float *acc, int n_threads) {
+                                 size_t out_stride, float *acc, float *h_abs, int n_threads) {
     const size_t d = b->d_model;
     act_batch xu, xg;
     act_batch_prepare(b->up_type, X, x_stride, n_x, d, &xu);
@@ -283,7 +287,7 @@ void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b,
         xu = xg = (act_batch){NULL, 0};
         own_g = false;
     }
-    batch_args args = {k, b, head, tail, n_head, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg};
+    batch_args args = {k, b, head, tail, n_head, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg, h_abs};
     split_reduce(n, n_threads, n_x * d, d, batch_range, &args, acc, OUT, out_stride);
     free(xu.xq);
     if (own_g) free(xg.xq);
@@ -293,5 +297,5 @@ void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const
                            const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
                            const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads) {
     flm_ffn_bundles_batch_split(k, b, records, SIZE_MAX, NULL, rows, n, mask, mask_stride, n_x, X, x_stride, OUT,
-                                out_stride, acc, n_threads);
+                                out_stride, acc, NULL, n_threads);
 }

@@ -52,13 +52,15 @@ void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const
  * head + j * record_bytes (the resident hottest neurons), bundle j >= n_head at tail + (j - n_head) * record_bytes
  * (the range streamed from flash). With the same n, threads and inputs, the result is bit for bit that of the
  * one-place call over the whole layer (same thread ranges, same order within each, same reduction): the hot mode's
- * target pass equals ram mode's. */
+ * target pass equals ram mode's. The batch form's h_abs (NULL: none) receives, for each bundle i < n, the sum over
+ * the tokens of |h_bi| (0 for tokens the mask leaves out): a neuron's activity, which the hot mode's draft window
+ * ranks; the threads own disjoint bundle ranges, and it takes no part in the FFN's arithmetic. */
 void flm_ffn_bundles_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                            const uint8_t *tail, const uint32_t *rows, size_t n, const float *x, float *out, float *h,
                            float *acc, int n_threads);
 void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                                  const uint8_t *tail, const uint32_t *rows, size_t n, const uint8_t *mask,
                                  size_t mask_stride, size_t n_x, const float *X, size_t x_stride, float *OUT,
-                                 size_t out_stride, float *acc, int n_threads);
+                                 size_t out_stride, float *acc, float *h_abs, int n_threads);
 
 #endif

@@ -12,10 +12,23 @@
  * logits are ram mode's bit for bit. A draft pass (ctx->ffn_draft, flm_eval_draft) computes each FFN over its
  * resident prefix only and reads nothing: the self-draft of speculative decoding.
  *
+ * The draft window (plan.window_q16 > 0, flm_params.draft_window; only where a self-draft runs): a share of the
+ * resident budget holds, per layer, the records of the streamed neurons most active lately instead of a longer
+ * prefix. Every target pass ranks layer l's streamed neurons by a decayed sum of |h_i| (WINDOW_DECAY per token, h
+ * from the pass's own kernel call), and copies the records of those that enter the top `cap` from the range buffer
+ * they were just computed from into the layer's window (a compact array of records and their neuron indices); the
+ * draft then computes over the prefix and the window. The update cannot fail and is done layer by layer after the
+ * layer's compute, so a pass that fails leaves every window consistent (its records are the file's records of its
+ * indices); the window only changes what the draft proposes, never the target's result. The window's neurons are
+ * still streamed (the prefix is shorter by them): it costs reads, so it pays only with a self-draft. Not with FFN
+ * up biases (the draft's records would not be in neuron order: flm_bundle_desc.up_bias), where the plan gives it
+ * nothing.
+ *
  * Read-ahead, as ffn_stream.c: with two range buffers, the next layer's range is read while this one is computed;
  * after the last layer the first layer's range of the next pass is read (overlapping the output layer, sampling and
  * a self-draft, which reads nothing). Resident prefixes are read once at open and not checksummed (the region's
  * checksum covers the whole region; flashlm verify checks it). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +40,28 @@
 /* Resident records of a layer of n records at share q16 / 65536. */
 uint32_t flm_hot_count(uint32_t n, uint32_t q16) {
     return q16 >= 65536u ? n : (uint32_t)(((uint64_t)n * q16) >> 16);
+}
+
+void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint32_t *win) {
+    uint32_t h = flm_hot_count(n, q16);
+    uint32_t w = h < n && wq16 ? (uint32_t)(((uint64_t)h * wq16) >> 16) : 0;
+    *hot = h - w;
+    *win = w;
+}
+
+#define WINDOW_DECAY 0.8f /* a streamed neuron's activity score decays by this much per token */
+
+/* Bytes of a layer's window of cap records: the records, their indices, and a score and slot per streamed neuron
+ * (ns of them), in one block. */
+static uint64_t window_bytes(const flm_region *r, uint32_t cap, uint32_t ns) {
+    if (!cap) return 0;
+    return flm_align_up(flm_align_up((uint64_t)cap * r->record_bytes, 64) + 4ull * cap + 8ull * ns, FLM_ALIGN);
+}
+
+/* The windows' shared scratch: a copy of the largest layer's scores (the selection), the batch's activities
+ * (d_ffn floats) and the free slots (the largest window). */
+static uint64_t window_scratch_bytes(uint32_t max_ns, uint32_t d_ffn, uint32_t max_cap) {
+    return flm_align_up(4ull * max_ns + 4ull * d_ffn + 4ull * max_cap, FLM_ALIGN);
 }
 
 /* Bytes of layer l's resident prefix in memory: its records, read from the region's (aligned) start. */
@@ -43,17 +78,26 @@ static void stream_span(const flm_region *r, uint32_t n_hot, uint64_t *off, uint
     *len = n_hot >= r->n_records ? 0 : flm_align_up(r->size, FLM_ALIGN) - a;
 }
 
-/* FFN bytes at share q: the resident prefixes (*res) and the largest streamed span (*span). */
-static void hot_sizes(const flm_file *f, uint32_t q, uint64_t *res, uint64_t *span) {
-    *res = *span = 0;
+/* FFN bytes at share q with window share wq: the resident prefixes and windows (*res; the windows' part *win) and
+ * the largest streamed span (*span). */
+static void hot_sizes(const flm_file *f, uint32_t q, uint32_t wq, uint64_t *res, uint64_t *span, uint64_t *win) {
+    *res = *span = *win = 0;
+    uint32_t max_ns = 0, max_cap = 0, d_ffn = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) {
         const flm_region *r = f->ffn[l];
-        uint32_t h = flm_hot_count(r->n_records, q);
+        uint32_t h, w;
+        flm_hot_split(r->n_records, q, wq, &h, &w);
         uint64_t off, len, skip;
         stream_span(r, h, &off, &len, &skip);
         *res += prefix_bytes(r, h);
+        *win += window_bytes(r, w, r->n_records - h);
         if (len > *span) *span = len;
+        if (w && r->n_records - h > max_ns) max_ns = r->n_records - h;
+        if (w > max_cap) max_cap = w;
+        if (r->n_records > d_ffn) d_ffn = r->n_records;
     }
+    if (*win) *win += window_scratch_bytes(max_ns, d_ffn, max_cap);
+    *res += *win;
 }
 
 static flm_status hot_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, flm_mem_plan *p,
@@ -61,26 +105,30 @@ static flm_status hot_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     const uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     const uint64_t avail = p->budget > fixed ? p->budget - fixed : 0;
     uint32_t nb = p->n_stream_buffers == 2 ? 2 : 1;
-    uint64_t res, span;
+    uint64_t res, span, win;
+    uint32_t wq = p->window_q16; /* asked (flm_budget_plan: flm_params.draft_window) */
+    if (hp->arch && (hp->arch->flags & FLM_ARCH_FFN_BIAS)) wq = 0; /* the draft's records are not in neuron order */
     /* the largest share that fits next to nb range buffers (two first: read-ahead hides a layer's compute under the
      * next one's read); none at all when even the buffers do not fit (the plan then reports the overrun) */
     uint32_t q = 65536;
-    hot_sizes(f, q, &res, &span);
+    hot_sizes(f, q, wq, &res, &span, &win);
     if (p->budget && res + nb * span > avail) {
         for (;; nb--) {
             uint32_t lo = 0, hi = 65536; /* fits(lo) is checked below; fits(hi) is false */
             while (hi - lo > 1) {
                 uint32_t mid = lo + (hi - lo) / 2;
-                hot_sizes(f, mid, &res, &span);
+                hot_sizes(f, mid, wq, &res, &span, &win);
                 if (res + nb * span <= avail) lo = mid;
                 else hi = mid;
             }
             q = lo;
-            hot_sizes(f, q, &res, &span);
+            hot_sizes(f, q, wq, &res, &span, &win);
             if (res + nb * span <= avail || nb == 1) break;
         }
     }
     p->hot_q16 = q;
+    p->window_q16 = win ? wq : 0;
+    p->window = win;
     p->n_stream_buffers = span ? nb : 0;
     p->ffn_resident = res;
     p->stream = span * p->n_stream_buffers;
@@ -96,6 +144,14 @@ typedef struct hot_state {
     uint64_t buf_bytes;
     flm_async_read *ahead;
     flm_extent ext;
+    /* the draft window (all NULL / 0 without one); layer l's streamed neuron k is record n_hot[l] + k */
+    uint32_t *win_cap, *n_win; /* [n_layers]: records the window holds at most, and now */
+    uint8_t **win_rec;         /* [n_layers]: n_win[l] records, compact */
+    uint32_t **win_idx;        /* [n_layers]: the streamed neuron k of each window record */
+    float **score;             /* [n_layers][n_records - n_hot]: decayed activity of each streamed neuron */
+    int32_t **slot;            /* [n_layers][n_records - n_hot]: its window record, or -1 */
+    float *sel, *act;          /* scratch: scores to select from; a batch's activities [d_ffn] */
+    uint32_t *free_slots;      /* scratch [largest cap] */
 } hot_state;
 
 static void hot_close(flm_ctx *ctx) {
@@ -105,7 +161,133 @@ static void hot_close(flm_ctx *ctx) {
     flm_async_read_stop(S->ahead);
     free(S->head);
     free(S->n_hot);
+    free(S->win_cap);
+    free(S->n_win);
+    free(S->win_rec);
+    free(S->win_idx);
+    free(S->score);
+    free(S->slot);
     free(S);
+}
+
+/* The windows, carved from the FFN storage as the plan sized them (hot_sizes). */
+static flm_status window_open(flm_flash *fl, hot_state *S, flm_error *err) {
+    const flm_file *f = fl->file;
+    const uint32_t L = f->n_layers;
+    S->win_cap = calloc(L, sizeof *S->win_cap);
+    S->n_win = calloc(L, sizeof *S->n_win);
+    S->win_rec = calloc(L, sizeof *S->win_rec);
+    S->win_idx = calloc(L, sizeof *S->win_idx);
+    S->score = calloc(L, sizeof *S->score);
+    S->slot = calloc(L, sizeof *S->slot);
+    if (!S->win_cap || !S->n_win || !S->win_rec || !S->win_idx || !S->score || !S->slot)
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
+    uint32_t max_ns = 0, max_cap = 0, d_ffn = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        const flm_region *r = f->ffn[l];
+        uint32_t h, w;
+        flm_hot_split(r->n_records, fl->plan.hot_q16, fl->plan.window_q16, &h, &w);
+        const uint32_t ns = r->n_records - h;
+        if (r->n_records > d_ffn) d_ffn = r->n_records;
+        if (!w) continue;
+        uint8_t *b = flm_arena_alloc(&fl->ffn_mem, window_bytes(r, w, ns), FLM_ALIGN);
+        if (!b) return flm_fail(err, FLM_ERR_BUDGET, "%s: layer %u's draft window exceeds the FFN storage planned",
+                                f->path, l);
+        S->win_cap[l] = w;
+        S->win_rec[l] = b;
+        b += flm_align_up((uint64_t)w * r->record_bytes, 64);
+        S->win_idx[l] = (uint32_t *)b;
+        S->score[l] = (float *)(b + 4ull * w);
+        S->slot[l] = (int32_t *)(b + 4ull * w + 4ull * ns);
+        for (uint32_t k = 0; k < ns; k++) S->slot[l][k] = -1; /* scores start at 0 (the arena is zero) */
+        if (ns > max_ns) max_ns = ns;
+        if (w > max_cap) max_cap = w;
+    }
+    uint8_t *sc = flm_arena_alloc(&fl->ffn_mem, window_scratch_bytes(max_ns, d_ffn, max_cap), FLM_ALIGN);
+    if (!sc) return flm_fail(err, FLM_ERR_BUDGET, "%s: the draft windows exceed the FFN storage planned", f->path);
+    S->sel = (float *)sc;
+    S->act = (float *)(sc + 4ull * max_ns);
+    S->free_slots = (uint32_t *)(sc + 4ull * max_ns + 4ull * d_ffn);
+    return FLM_OK;
+}
+
+/* The k-th largest (1 <= k <= n) of a[0..n), which it reorders (quickselect, three-way: many equal scores). */
+static float kth_largest(float *a, uint32_t n, uint32_t k) {
+    size_t lo = 0, hi = n, want = k - 1;
+    while (hi - lo > 1) {
+        const float p = a[lo + (hi - lo) / 2];
+        size_t lt = lo, i = lo, gt = hi; /* [lo, lt) > p, [lt, gt) == p, [gt, hi) < p */
+        while (i < gt) {
+            float v = a[i];
+            if (v > p) { a[i++] = a[lt]; a[lt++] = v; }
+            else if (v < p) { a[i] = a[--gt]; a[gt] = v; }
+            else i++;
+        }
+        if (want < lt) hi = lt;
+        else if (want >= gt) lo = gt;
+        else return p;
+    }
+    return a[lo];
+}
+
+/* After a target pass computed layer l: decay its streamed neurons' scores by WINDOW_DECAY per token (n_tok), add
+ * act[k] (the pass's summed |h| of streamed neuron k), and make the window the top win_cap[l] by score, copying the
+ * records of neurons that enter it from tail (the range buffer the pass computed from). Cannot fail. */
+static void window_update(hot_state *S, const flm_region *r, uint32_t l, const uint8_t *tail, const float *act,
+                          uint32_t n_tok) {
+    const uint32_t cap = S->win_cap[l], ns = r->n_records - S->n_hot[l];
+    const uint64_t rb = r->record_bytes;
+    float *score = S->score[l], d = 1.0f;
+    int32_t *slot = S->slot[l];
+    uint32_t *idx = S->win_idx[l], n = S->n_win[l];
+    uint8_t *rec = S->win_rec[l];
+    for (uint32_t t = 0; t < n_tok; t++) d *= WINDOW_DECAY;
+    for (uint32_t k = 0; k < ns; k++) S->sel[k] = score[k] = score[k] * d + fabsf(act[k]);
+    const float tau = cap < ns ? kth_largest(S->sel, ns, cap) : 0.0f;
+    /* leave: window records whose neuron fell below the cap-th score */
+    uint32_t n_free = 0;
+    for (uint32_t s = 0; s < n; s++)
+        if (score[idx[s]] < tau) {
+            slot[idx[s]] = -1;
+            idx[s] = UINT32_MAX;
+            S->free_slots[n_free++] = s;
+        }
+    /* enter: neurons at or above it that are not in, into the freed slots, then past the end */
+    for (uint32_t k = 0; k < ns; k++) {
+        if (slot[k] >= 0 || score[k] < tau || !(score[k] > 0.0f)) continue;
+        uint32_t s;
+        if (n_free) s = S->free_slots[--n_free];
+        else if (n < cap) s = n++;
+        else break;
+        memcpy(rec + s * rb, tail + k * rb, rb);
+        idx[s] = k;
+        slot[k] = (int32_t)s;
+    }
+    /* compact: freed slots left over take the last records */
+    for (uint32_t s = 0; s < n;) {
+        if (idx[s] != UINT32_MAX) { s++; continue; }
+        n--;
+        if (s < n) {
+            idx[s] = idx[n];
+            if (idx[s] != UINT32_MAX) {
+                memcpy(rec + s * rb, rec + (uint64_t)n * rb, rb);
+                slot[idx[s]] = (int32_t)s;
+            }
+        }
+    }
+    S->n_win[l] = n;
+}
+
+bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, const uint8_t **records) {
+    const hot_state *S = ctx && ctx->flash && ctx->flash->plan.mode == FLM_MODE_HOT ? ctx->ffn_state : NULL;
+    *n = 0;
+    *records = NULL;
+    if (!S || !S->win_cap || l >= ctx->flash->file->n_layers || !S->win_cap[l]) return false;
+    *n = S->n_win[l];
+    *records = S->win_rec[l];
+    if (idx)
+        for (uint32_t s = 0; s < S->n_win[l]; s++) idx[s] = S->n_hot[l] + S->win_idx[l][s];
+    return true;
 }
 
 static flm_status hot_open(flm_ctx *ctx, flm_error *err) {
@@ -124,7 +306,8 @@ static flm_status hot_open(flm_ctx *ctx, flm_error *err) {
                         (unsigned long long)planned);
     for (uint32_t l = 0; l < L; l++) {
         const flm_region *r = f->ffn[l];
-        S->n_hot[l] = flm_hot_count(r->n_records, fl->plan.hot_q16);
+        uint32_t w;
+        flm_hot_split(r->n_records, fl->plan.hot_q16, fl->plan.window_q16, &S->n_hot[l], &w);
         uint64_t pb = prefix_bytes(r, S->n_hot[l]);
         if (!pb) continue;
         if (!(S->head[l] = flm_arena_alloc(&fl->ffn_mem, pb, FLM_ALIGN)))
@@ -134,6 +317,10 @@ static flm_status hot_open(flm_ctx *ctx, flm_error *err) {
         flm_status st = flm_reader_read(fl->reader, &e, 1, NULL, err);
         if (st) return flm_flash_region_error(fl, l, st, err);
         if (S->n_hot[l] == r->n_records) fl->layer_data[l] = S->head[l]; /* whole: as a resident layer */
+    }
+    if (fl->plan.window) {
+        flm_status st = window_open(fl, S, err);
+        if (st) return st;
     }
     if (fl->plan.stream) {
         S->n_buf = fl->plan.n_stream_buffers == 2 ? 2 : 1;
@@ -197,18 +384,23 @@ static flm_status hot_compute_n(flm_ctx *ctx, uint32_t l, uint32_t n, const floa
     const flm_region *r = fl->file->ffn[l];
     const uint8_t *head = S->head[l], *tail = NULL;
     size_t n_rec = r->n_records;
-    if (ctx->ffn_draft) n_rec = S->n_hot[l]; /* the self-draft: what is in memory, nothing read */
-    else if (S->n_hot[l] < r->n_records) {
+    const bool win = S->win_cap && S->win_cap[l];
+    if (ctx->ffn_draft) { /* the self-draft: what is in memory (the prefix, then the window), nothing read */
+        n_rec = S->n_hot[l] + (win ? S->n_win[l] : 0);
+        if (win) tail = S->win_rec[l];
+    } else if (S->n_hot[l] < r->n_records) {
         flm_status st = hot_tail(ctx, l, &tail, tok, err);
         if (st) return st;
     }
     const int nt = ctx->params.n_threads;
+    const bool update = win && !ctx->ffn_draft;
     if (n == 1)
         flm_ffn_bundles_split(ctx->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, in, out, ctx->s.hb,
                               fl->acc, nt);
     else
         flm_ffn_bundles_batch_split(ctx->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, NULL, 0, n, in,
-                                    in_stride, out, out_stride, fl->acc, nt);
+                                    in_stride, out, out_stride, fl->acc, update ? S->act : NULL, nt);
+    if (update) window_update(S, r, l, tail, (n == 1 ? ctx->s.hb : S->act) + S->n_hot[l], n);
     return FLM_OK;
 }
 

@@ -125,7 +125,9 @@ void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_in
     o->reader_bounce = mp->reader_bounce;
     o->n_layers = hp->n_layers;
     o->n_resident_layers = mp->n_resident_layers;
-    o->hot_share = mp->mode == FLM_MODE_HOT ? mp->hot_q16 / 65536.0 : 0.0;
+    o->hot_share = mp->mode == FLM_MODE_HOT ? mp->hot_q16 / 65536.0 * (1.0 - mp->window_q16 / 65536.0) : 0.0;
+    o->window_share = mp->mode == FLM_MODE_HOT ? mp->hot_q16 / 65536.0 * (mp->window_q16 / 65536.0) : 0.0;
+    o->window = mp->mode == FLM_MODE_HOT ? mp->window : 0;
     o->n_stream_buffers = mp->stream && mp->mode != FLM_MODE_SPARSE ? mp->n_stream_buffers : 0;
     o->n_ctx = mp->n_ctx;
     o->n_batch = mp->n_batch;

@@ -61,7 +61,12 @@ typedef struct flm_mem_plan {
     uint64_t predictors;          /* sparse: the predictor region held in memory */
     uint64_t cache;               /* sparse: what is left for the neuron caches (all layers) */
     uint32_t n_resident_layers;   /* layers whose FFN stays in memory: the first n */
-    uint32_t hot_q16;             /* hot: every layer keeps records [0, flm_hot_count(n, hot_q16)) in memory */
+    uint32_t hot_q16;             /* hot: every layer keeps flm_hot_count(n, hot_q16) records in memory: a prefix of
+                                     them and a window of the rest (flm_hot_split) */
+    uint32_t window_q16;          /* hot: the share of those records given to the self-draft's window of recently
+                                     active streamed neurons (asked: flm_params.draft_window; 0 when nothing streams
+                                     or the FFN has biases) */
+    uint64_t window;              /* hot: bytes of the windows (records, indices, scores), inside ffn_resident */
     size_t reader_bounce;         /* bounce_bytes to give the reader */
     char reason[FLM_PLAN_REASON_MAX]; /* why this mode (flm_plan_info.reason) */
 } flm_mem_plan;
@@ -229,6 +234,13 @@ struct flm_ctx {
 
 /* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
 uint32_t flm_hot_count(uint32_t n, uint32_t q16);
+/* A hot layer of n records at resident share q16 with window share wq16 of that: records [0, *hot) stay resident as
+ * the prefix, *win more are the self-draft's window (0 when the whole layer is resident). */
+void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint32_t *win);
+/* The hot mode's draft window of layer l (runtime/ffn_hot.c): *n records at *records (the layer's record_bytes
+ * each), and when idx is not NULL their neuron indices (records of the layer's FFN region) into idx[0..*n). false
+ * (and *n 0) when ctx has no window for layer l. */
+bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, const uint8_t **records);
 
 /* Install (fn non-NULL) or remove (fn NULL) the FFN tap of ctx. */
 void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user);
