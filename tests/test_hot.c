@@ -7,6 +7,7 @@
  *     overwritten: greedy output with --draft-n 1, 3, 8 equals plain greedy output token for token, with some drafts
  *     accepted and some rejected;
  *   - the same with draft trees (flm_eval_tree, tools/spec.c tree_step) of 4 to 64 nodes;
+ *   - the same with the self-draft's window of recently active neurons (flm_params.draft_window);
  *   - sampling with the self-draft keeps the model's distribution (the joint of the first tokens, counted), with a
  *     chain and with a tree;
  *   - the same on SmolLM2 and Qwen2.5-Coder-0.5B (when pulled) at --mem 75% / 50%, 64 tokens.
@@ -27,6 +28,7 @@
 
 static char g_plain[4096], g_hot[4096];
 static char *g_text;
+static double g_window; /* flm_params.draft_window of the hot contexts open_mode opens */
 
 static int setup(void **state) {
     (void)state;
@@ -63,6 +65,7 @@ static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, double 
     p.mode = mode;
     p.mem_bytes = mem;
     p.mem_percent = pct;
+    p.draft_window = mode == FLM_MODE_HOT ? g_window : 0;
     flm_ctx *ctx = NULL;
     flm_error err;
     if (flm_open(path, &p, &ctx, &err)) fail_msg("open %s (%s): %s", path, flm_mode_name(mode), err.msg);
@@ -268,8 +271,9 @@ static void check_self_draft(const char *path, uint64_t mem, double pct, int n_c
         flm_get_plan(target, &pi);
         cli_spec_stats st;
         int n = gen_self(target, cfg[l][0], cfg[l][1], prompt, n_prompt, N, got, &st);
-        print_message("%s: hot %.1f%%, --draft-n %d, tree %d: %d tokens in %llu passes, drafted %llu, accepted %llu\n",
-                      path, 100 * pi.hot_share, cfg[l][0], cfg[l][1], n, (unsigned long long)st.n_passes,
+        print_message("%s: hot %.1f%% + window %.1f%%, --draft-n %d, tree %d: %d tokens in %llu passes, drafted %llu, "
+                      "accepted %llu\n", path, 100 * pi.hot_share, 100 * pi.window_share, cfg[l][0], cfg[l][1], n,
+                      (unsigned long long)st.n_passes,
                       (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
         assert_int_equal(n, n_ref);
         assert_memory_equal(got, ref, (size_t)n * sizeof *got);
@@ -295,6 +299,16 @@ static void test_self_draft_greedy(void **state) {
 #endif
     check_self_draft(g_hot, mem, 0, N_CTX, "Once upon a time, there was a little girl", 96, cfg,
                      (int)(sizeof cfg / sizeof cfg[0]));
+}
+
+/* the same with the self-draft's window (runtime/ffn_hot.c): the verification is exact whatever the draft computes */
+static void test_self_draft_window_greedy(void **state) {
+    (void)state;
+    uint64_t mem = budget_for_share(g_hot, 0.4, 0.7, N_CTX);
+    const int cfg[][2] = {{1, 0}, {4, 0}, {4, 8}};
+    g_window = 0.4;
+    check_self_draft(g_hot, mem, 0, N_CTX, "Once upon a time, there was a little girl", 96, cfg, 3);
+    g_window = 0;
 }
 
 
@@ -443,12 +457,15 @@ static void test_self_draft_real(void **state) {
         flm_error err;
         if (flm_hot_order(path, g_text, 96, 96, 2, NULL, NULL, &err)) fail_msg("hot order %s: %s", path, err.msg);
 #ifdef FLM_SANITIZED_BUILD
-        const int cfg[][2] = {{8, 24}};
+        const int cfg[][2] = {{8, 24}}, cfg_w[][2] = {{4, 0}};
 #else
-        const int cfg[][2] = {{4, 0}, {8, 24}};
+        const int cfg[][2] = {{4, 0}, {8, 24}}, cfg_w[][2] = {{4, 0}};
 #endif
-        check_self_draft(path, 0, models[i].pct, 512, "def merge_sort(items):\n    \"\"\"Sort a list.\"\"\"\n", n_tok,
-                         cfg, (int)(sizeof cfg / sizeof cfg[0]));
+        const char *code = "def merge_sort(items):\n    \"\"\"Sort a list.\"\"\"\n";
+        check_self_draft(path, 0, models[i].pct, 512, code, n_tok, cfg, (int)(sizeof cfg / sizeof cfg[0]));
+        g_window = 0.3; /* with the self-draft's window */
+        check_self_draft(path, 0, models[i].pct, 512, code, n_tok, cfg_w, 1);
+        g_window = 0;
         remove(path);
         ran++;
     }
@@ -460,6 +477,7 @@ int main(void) {
         cmocka_unit_test(test_order_written),
         cmocka_unit_test(test_hot_equals_ram),
         cmocka_unit_test(test_self_draft_greedy),
+        cmocka_unit_test(test_self_draft_window_greedy),
         cmocka_unit_test(test_self_draft_sampling),
         cmocka_unit_test(test_self_draft_tree_sampling),
         cmocka_unit_test(test_self_draft_real),
