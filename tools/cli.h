@@ -180,7 +180,9 @@ typedef struct cli_spec_args {
 } cli_spec_args;
 /* The self-draft's window share when the self-draft runs (flm_params.draft_window): measured, see
  * docs/SPECULATIVE.md */
-#define CLI_DRAFT_WINDOW_DEFAULT 0.0
+#define CLI_DRAFT_WINDOW_DEFAULT 0.2
+#define CLI_STR_(x) #x
+#define CLI_STR(x) CLI_STR_(x) /* a macro's value as a string literal (help texts) */
 void cli_spec_args_default(cli_spec_args *a);
 /* Parse --draft, --draft-n or --draft-ngram at argv[*i] (advances *i past a value). Returns 1 when consumed, 0 when
  * not one of them, -1 after printing an error. */

@@ -7,9 +7,6 @@
 #include "cli.h"
 #include "spec.h"
 
-#define CLI_STR_(x) #x
-#define CLI_STR(x) CLI_STR_(x)
-
 const char *CLI_SPEC_OPTS_HELP =
     "      --draft MODEL    speculative decoding: MODEL (a .gguf, .flm or pulled name sharing the target's\n"
     "                       tokenizer, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b) runs in memory and proposes\n"
