@@ -556,6 +556,14 @@ static int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
+    if (params.mode == FLM_MODE_AUTO && plan.mode == FLM_MODE_HOT && plan.stream) {
+        /* as `run` would: auto running hot decodes with the self-draft, and so holds its window */
+        params.draft_window = CLI_DRAFT_WINDOW_DEFAULT;
+        if (flm_plan(model, &params, &plan, &err)) {
+            fprintf(stderr, "flashlm: %s\n", err.msg);
+            return 1;
+        }
+    }
     cli_print_plan(&plan);
     return 0;
 }
