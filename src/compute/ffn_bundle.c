@@ -181,13 +181,15 @@ static inline float batch_dot(const flm_kernels *k, uint32_t t, const void *row,
  * token), so every token's sums are the plain loop's bit for bit. */
 static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
                                   const uint8_t *tail, size_t n_head, size_t i0, size_t i1, size_t n_x,
-                                  const act_batch *xu, const act_batch *xg, float *acc) {
+                                  const act_batch *xu, const act_batch *xg, float *acc, float *h_abs) {
     const size_t d = b->d_model;
     const uint64_t rb = b->record_bytes;
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     const flm_axpy_tile_fn at = k->axpy_tile[b->down_type];
     const flm_vec_dot_tile_fn tg = b->gated ? k->vec_dot_tile[b->gate_type] : NULL, tu = k->vec_dot_tile[b->up_type];
     float G[TILE_NB * TILE_NX], U[TILE_NB * TILE_NX];
+    if (h_abs)
+        for (size_t i = i0; i < i1; i++) h_abs[i] = 0.0f;
     for (size_t i = i0; i < i1;) {
         size_t nb = i1 - i < TILE_NB ? i1 - i : TILE_NB;
         if (i < n_head && i + nb > n_head) nb = n_head - i; /* a tile never straddles the resident/streamed seam */
@@ -205,6 +207,7 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
                     float v = 0.0f;
                     if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) v = b->gated ? a * (up + bu) : a;
                     G[t * nb + r] = v; /* the coefficients, in place */
+                    if (h_abs) h_abs[j] += fabsf(v); /* not part of the FFN's arithmetic */
                 }
             }
             if (at) at(rec + b->down_off, rb, nb, G, nb, acc + t0 * d, d, nt, d);
@@ -227,7 +230,7 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
     memset(acc, 0, n_x * d * sizeof(float));
     if (!rows && !mask && xu->xq && k->vec_dot_tile[b->up_type] &&
         (!b->gated || (xg->xq && k->vec_dot_tile[b->gate_type]))) {
-        ffn_range_batch_tiled(k, b, records, tail, n_head, i0, i1, n_x, xu, xg, acc);
+        ffn_range_batch_tiled(k, b, records, tail, n_head, i0, i1, n_x, xu, xg, acc, h_abs);
         return;
     }
     for (size_t i = i0; i < i1; i++) {
