@@ -204,8 +204,9 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     }
     bench_run eff = *run; /* auto runs as `flashlm run` would: the self-draft where the plan runs hot */
     if (run->mode == FLM_MODE_AUTO && !run->spec && flm_has_self_draft(ctx)) {
-        eff.spec = 1;
-        eff.n_draft = 4;
+        eff.spec = 1; /* as cli_spec_open_draft: a tree */
+        eff.n_draft = CLI_SPEC_AUTO_DEPTH;
+        eff.tree = CLI_SPEC_AUTO_TREE;
     }
     run = &eff;
     flm_model_info info;

@@ -521,7 +521,9 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         double front = 0;
         for (int32_t u = lo; u < hi; u++) front += s->tscore[u];
         const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
-        if (d > 0 && s->c_level > 0 && s->ms_token > 0 && kappa * front * s->ms_token < s->c_level) break;
+        if (s->c_level > 0 && s->ms_token > 0 && kappa * front * s->ms_token < s->c_level &&
+            (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
+            break;
         const double tl = spec_now_ms();
         if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
             return st;

@@ -36,6 +36,8 @@ typedef struct cli_spec_opts {
                         continuation as a branch. */
 } cli_spec_opts;
 
+#define CLI_SPEC_AUTO_TREE 12 /* mode auto running hot: the self-draft's tree (nodes; depth CLI_SPEC_AUTO_DEPTH) */
+#define CLI_SPEC_AUTO_DEPTH 6
 #define CLI_SPEC_TREE_K 4     /* children considered per node: its draft's most likely tokens (greedy) or draws */
 #define CLI_SPEC_TREE_W 8     /* nodes added per level at most */
 

@@ -100,6 +100,8 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
         if (!flm_plan(target, &pp, &pi, &perr) && pi.mode == FLM_MODE_HOT && pi.stream) {
             ss->a.self_draft = true;
             ss->auto_self = true;
+            if (!ss->a.tree) ss->a.tree = CLI_SPEC_AUTO_TREE; /* measured best (docs/SPECULATIVE.md) */
+            if (!ss->a.n_draft_set) ss->a.n_draft = CLI_SPEC_AUTO_DEPTH;
         }
     }
     if (!cli_spec_active(&ss->a)) return 0;
@@ -202,7 +204,8 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_pa
     (void)params; /* the budget was split before the target opened (cli_spec_open_draft) */
     if (ss->verbose && ss->auto_self)
         fprintf(stderr, "flashlm: plan: mode auto runs hot, so it decodes speculatively with the self-draft (the "
-                "hottest neurons in memory propose up to %d tokens; --no-draft turns it off)\n", ss->a.n_draft);
+                "hottest and the recently active neurons in memory propose a tree of up to %d tokens, %d deep; "
+                "--no-draft turns it off)\n", ss->a.tree, ss->a.n_draft);
     cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram, .self_draft = ss->a.self_draft,
                        .adaptive = ss->a.self_draft, .tree = ss->a.tree};
     if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
