@@ -72,11 +72,6 @@ static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, double 
     return ctx;
 }
 
-static uint32_t vocab(const flm_ctx *ctx) {
-    flm_model_info in;
-    flm_get_info(ctx, &in);
-    return in.n_vocab;
-}
 
 /* The hot share the plan gives path at mem bytes (-1: does not fit). */
 static double share_at(const char *path, uint64_t mem, int n_ctx) {
@@ -111,22 +106,6 @@ static int32_t *tokenize(flm_ctx *ctx, const char *text, int *n) {
     return ids;
 }
 
-/* logits [T][V] of ids[0..T), one token at a time (batch 0) or in one flm_eval_batch */
-static float *run_logits(flm_ctx *ctx, const int32_t *ids, int T, bool batch) {
-    const uint32_t V = vocab(ctx);
-    float *out = malloc((size_t)T * V * sizeof(float));
-    flm_error err;
-    if (batch) {
-        if (flm_eval_batch(ctx, ids, (uint32_t)T, 0, out, NULL, &err)) fail_msg("batch: %s", err.msg);
-        return out;
-    }
-    for (int t = 0; t < T; t++) {
-        const float *lg;
-        if (flm_eval(ctx, ids[t], t, &lg, &err)) fail_msg("eval: %s", err.msg);
-        memcpy(out + (size_t)t * V, lg, V * sizeof(float));
-    }
-    return out;
-}
 
 static void test_order_written(void **state) {
     (void)state;
@@ -140,8 +119,8 @@ static void test_order_written(void **state) {
     int n;
     int32_t *ids = tokenize(a, "Once upon a time, there was a little girl named Lily. She loved to play outside.", &n);
     assert_true(n >= 16);
-    const uint32_t V = vocab(a);
-    float *la = run_logits(a, ids, n, false), *lb = run_logits(b, ids, n, false);
+    const uint32_t V = tu_vocab(a);
+    float *la = tu_logits(a, ids, n, false), *lb = tu_logits(b, ids, n, false);
     double dmax = 0, amax = 1;
     for (size_t i = 0; i < (size_t)n * V; i++) {
         if (fabs(la[i]) > amax) amax = fabs(la[i]);
@@ -169,8 +148,8 @@ static void test_hot_equals_ram(void **state) {
     int32_t *ids = tokenize(ram, "Once upon a time, there was a little dog. He liked to run in the park with his ball.",
                             &n);
     assert_true(n >= 16);
-    const uint32_t V = vocab(ram);
-    float *want = run_logits(ram, ids, n, false);
+    const uint32_t V = tu_vocab(ram);
+    float *want = tu_logits(ram, ids, n, false);
     flm_close(ram);
     const double shares[][2] = {{0.05, 0.3}, {0.4, 0.7}, {0.75, 0.97}};
     for (int k = 0; k < 3; k++) {
@@ -181,7 +160,7 @@ static void test_hot_equals_ram(void **state) {
             flm_get_plan(hot, &pi);
             assert_int_equal(pi.mode, FLM_MODE_HOT);
             assert_true(flm_has_self_draft(hot));
-            float *got = run_logits(hot, ids, n, batch);
+            float *got = tu_logits(hot, ids, n, batch);
             flm_stats st;
             flm_get_stats(hot, &st);
             print_message("hot %.1f%% (budget %llu), %s: %llu bytes read, logits %s ram's\n", 100 * pi.hot_share,
@@ -223,7 +202,7 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
     const float *lg = NULL;
     flm_error err;
     if (flm_eval_batch(ctx, prompt, (uint32_t)n_prompt, 0, NULL, &lg, &err)) fail_msg("prompt: %s", err.msg);
-    const uint32_t V = vocab(ctx);
+    const uint32_t V = tu_vocab(ctx);
     int k = 0, pos = n_prompt;
     while (k < n) {
         int32_t t = argmax(lg, V);
@@ -237,7 +216,7 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
 static int gen_self(flm_ctx *target, int n_draft, int tree, const int32_t *prompt, int n_prompt, int n, int32_t *out,
                     cli_spec_stats *st) {
     flm_sampler_params g = {.temp = 0, .top_k = 0, .top_p = 1, .seed = 1};
-    flm_sampler *smp = flm_sampler_create(&g, vocab(target));
+    flm_sampler *smp = flm_sampler_create(&g, tu_vocab(target));
     cli_spec *s = NULL;
     flm_error err;
     cli_spec_opts o = {.n_draft = n_draft, .self_draft = true, .tree = tree};
@@ -339,7 +318,7 @@ static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int
  * can fail). */
 static void check_self_draft_sampling(int tree) {
     flm_ctx *ref = open_mode(g_hot, FLM_MODE_RAM, 0, 0, N_CTX);
-    const uint32_t V = vocab(ref);
+    const uint32_t V = tu_vocab(ref);
     int n_prompt;
     int32_t *prompt = tokenize(ref, "Once upon a time there was a", &n_prompt);
     flm_sampler_params sp = {.temp = 1.0f, .top_k = 3, .top_p = 1.0f, .seed = 99};

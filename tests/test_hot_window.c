@@ -74,11 +74,6 @@ static uint64_t budget_for(double lo, double hi) {
     return 0;
 }
 
-static uint32_t vocab(const flm_ctx *ctx) {
-    flm_model_info in;
-    flm_get_info(ctx, &in);
-    return in.n_vocab;
-}
 
 static int32_t *prompt_ids(flm_ctx *ctx, int *n) {
     size_t m = 0;
@@ -89,21 +84,6 @@ static int32_t *prompt_ids(flm_ctx *ctx, int *n) {
     return ids;
 }
 
-static float *run_logits(flm_ctx *ctx, const int32_t *ids, int T, bool batch) {
-    const uint32_t V = vocab(ctx);
-    float *out = malloc((size_t)T * V * sizeof(float));
-    flm_error err;
-    if (batch) {
-        if (flm_eval_batch(ctx, ids, (uint32_t)T, 0, out, NULL, &err)) fail_msg("batch: %s", err.msg);
-        return out;
-    }
-    for (int t = 0; t < T; t++) {
-        const float *lg;
-        if (flm_eval(ctx, ids[t], t, &lg, &err)) fail_msg("eval: %s", err.msg);
-        memcpy(out + (size_t)t * V, lg, V * sizeof(float));
-    }
-    return out;
-}
 
 static void test_plan_counts_window(void **state) {
     (void)state;
@@ -176,15 +156,15 @@ static void test_window_exact_and_consistent(void **state) {
     int n;
     int32_t *ids = prompt_ids(ram, &n);
     assert_true(n >= 16);
-    const uint32_t V = vocab(ram);
-    float *want = run_logits(ram, ids, n, false);
+    const uint32_t V = tu_vocab(ram);
+    float *want = tu_logits(ram, ids, n, false);
     for (int batch = 0; batch < 2; batch++) {
         flm_ctx *hot = open_mode(FLM_MODE_HOT, mem, WINDOW);
         assert_true(flm_has_self_draft(hot));
         uint32_t filled;
         check_windows(hot, ram, &filled);
         assert_int_equal(filled, 0); /* empty until a target pass */
-        float *got = run_logits(hot, ids, n, batch);
+        float *got = tu_logits(hot, ids, n, batch);
         assert_memory_equal(got, want, (size_t)n * V * sizeof(float));
         check_windows(hot, ram, &filled);
         print_message("%s: logits equal ram's; %u window records after %d tokens\n",
@@ -214,7 +194,7 @@ static void test_window_changes_draft(void **state) {
         flm_ctx *hot = open_mode(FLM_MODE_HOT, mem, w ? WINDOW : 0.0);
         int n;
         int32_t *ids = prompt_ids(hot, &n);
-        const uint32_t V = vocab(hot);
+        const uint32_t V = tu_vocab(hot);
         float *before = malloc(V * sizeof(float));
         const float *lg;
         flm_error err;

@@ -67,11 +67,6 @@ static flm_ctx *open_ctx(const char *path, flm_mode mode, uint64_t mem, int n_ba
     return ctx;
 }
 
-static uint32_t vocab(const flm_ctx *ctx) {
-    flm_model_info in;
-    flm_get_info(ctx, &in);
-    return in.n_vocab;
-}
 
 /* the prompt's tokens into ctx (positions 0 .. *n - 1) */
 static int32_t *feed_prompt(flm_ctx *ctx, int *n) {
@@ -115,14 +110,14 @@ static void path_logits(flm_ctx *ctx, int pos, const int32_t *tok, int i, bool d
                               : flm_eval(ctx, tok[path[k]], pos + k, &lg, &err);
         if (st) fail_msg("path eval: %s", err.msg);
     }
-    memcpy(out, lg, vocab(ctx) * sizeof(float));
+    memcpy(out, lg, tu_vocab(ctx) * sizeof(float));
 }
 
 /* every node of a tree evaluated at the prompt's end equals its path evaluated token by token, bit for bit */
 static void check_tree(flm_ctx *ctx, bool draft, const float *want_all, float **got_out) {
     int n;
     int32_t *ids = feed_prompt(ctx, &n);
-    const uint32_t V = vocab(ctx);
+    const uint32_t V = tu_vocab(ctx);
     int32_t tok[N_NODES];
     tree_tokens(V, tok);
     float *got = malloc((size_t)N_NODES * V * sizeof(float)), *want = malloc(V * sizeof(float));
@@ -184,7 +179,7 @@ static void test_accept(void **state) {
     flm_ctx *ctx = open_ctx(tu_data(MODEL), FLM_MODE_RAM, 0, 0);
     int n;
     int32_t *ids = feed_prompt(ctx, &n);
-    const uint32_t V = vocab(ctx);
+    const uint32_t V = tu_vocab(ctx);
     int32_t tok[N_NODES];
     tree_tokens(V, tok);
     float *rows = malloc((size_t)N_NODES * V * sizeof(float)), *want = malloc(V * sizeof(float));
@@ -231,7 +226,7 @@ static void test_bad_trees(void **state) {
     flm_ctx *ctx = open_ctx(tu_data(MODEL), FLM_MODE_RAM, 0, 0);
     int n;
     int32_t *ids = feed_prompt(ctx, &n);
-    const uint32_t V = vocab(ctx);
+    const uint32_t V = tu_vocab(ctx);
     int32_t tok[N_NODES];
     tree_tokens(V, tok);
     float *rows = malloc((size_t)N_NODES * V * sizeof(float));
@@ -284,7 +279,7 @@ static void test_hot_trees(void **state) {
     check_tree(hot, false, want, NULL);
     float *draft = NULL;
     check_tree(hot, true, NULL, &draft);
-    const uint32_t V = vocab(hot);
+    const uint32_t V = tu_vocab(hot);
     assert_memory_not_equal(draft, want, (size_t)N_NODES * V * sizeof(float)); /* the draft is not the target */
     flm_close(hot);
     /* a draft vocabulary (flm_params.draft_vocab): ids below it as before, bit for bit; the others -inf; the target's

@@ -1,5 +1,6 @@
 #include <glob.h>
 #include "testutil.h"
+#include "flashlm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,4 +109,27 @@ const char *tu_convert_pulled(const char *name, const char *tag) {
     if (rc != 0) fail_msg("convert of %s failed (%d): %s", name, rc, out);
     free(out);
     return path;
+}
+
+uint32_t tu_vocab(const flm_ctx *ctx) {
+    flm_model_info in;
+    flm_get_info(ctx, &in);
+    return in.n_vocab;
+}
+
+float *tu_logits(flm_ctx *ctx, const int32_t *ids, int T, bool batch) {
+    const uint32_t V = tu_vocab(ctx);
+    float *out = malloc((size_t)T * V * sizeof(float));
+    if (!out) fail_msg("out of memory for %d rows of logits", T);
+    flm_error err;
+    if (batch) {
+        if (flm_eval_batch(ctx, ids, (uint32_t)T, 0, out, NULL, &err)) fail_msg("batch: %s", err.msg);
+        return out;
+    }
+    for (int t = 0; t < T; t++) {
+        const float *lg;
+        if (flm_eval(ctx, ids[t], t, &lg, &err)) fail_msg("eval: %s", err.msg);
+        memcpy(out + (size_t)t * V, lg, V * sizeof(float));
+    }
+    return out;
 }

@@ -34,4 +34,11 @@ float tu_rand_f32(uint64_t *state); /* uniform in [-1, 1) */
  * FLASHLM_REQUIRE_MODELS=1 (CI) the test fails; otherwise the caller should skip(). Static buffer. */
 const char *tu_model(const char *name);
 
+/* Helpers over the public API (flashlm.h). */
+struct flm_ctx;
+/* The context's logits per token (n_vocab). */
+uint32_t tu_vocab(const struct flm_ctx *ctx);
+/* Logits [T][n_vocab] (malloc'd) of ids[0..T) from position 0: one flm_eval per token, or one flm_eval_batch. */
+float *tu_logits(struct flm_ctx *ctx, const int32_t *ids, int T, bool batch);
+
 #endif

@@ -638,28 +638,27 @@ static void add_kvs(synth *S, const vocab *v) {
     flm_gguf_writer_kv_str(w, "general.description", desc);
     flm_gguf_writer_kv_u32(w, "general.file_type", ftype);
     flm_gguf_writer_kv_u32(w, "general.quantization_version", 2);
-    if (opt) { /* opt.*: LayerNorm epsilon, no RoPE keys (learned positions); ReLU is OPT's own activation */
-        flm_gguf_writer_kv_u32(w, "opt.context_length", p->n_ctx);
-        flm_gguf_writer_kv_u32(w, "opt.embedding_length", p->d_model);
-        flm_gguf_writer_kv_u32(w, "opt.block_count", p->n_layers);
-        flm_gguf_writer_kv_u32(w, "opt.feed_forward_length", p->d_ffn);
-        flm_gguf_writer_kv_u32(w, "opt.attention.head_count", p->n_heads);
-        flm_gguf_writer_kv_u32(w, "opt.attention.head_count_kv", p->n_kv_heads);
-        flm_gguf_writer_kv_f32(w, "opt.attention.layer_norm_epsilon", p->norm_eps);
-        flm_gguf_writer_kv_u32(w, "opt.vocab_size", p->n_vocab);
+    /* ARCH.*: the same keys under the architecture's name; OPT: LayerNorm epsilon, no RoPE keys (learned positions),
+     * ReLU its own activation; llama: RMSNorm epsilon and RoPE */
+    const char *arch = opt ? "opt" : "llama";
+    char key[96];
+#define ARCH_KEY(name) (snprintf(key, sizeof key, "%s." name, arch), key)
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("context_length"), p->n_ctx);
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("embedding_length"), p->d_model);
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("block_count"), p->n_layers);
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("feed_forward_length"), p->d_ffn);
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("attention.head_count"), p->n_heads);
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("attention.head_count_kv"), p->n_kv_heads);
+    flm_gguf_writer_kv_u32(w, ARCH_KEY("vocab_size"), p->n_vocab);
+    if (opt) {
+        flm_gguf_writer_kv_f32(w, ARCH_KEY("attention.layer_norm_epsilon"), p->norm_eps);
     } else {
-    flm_gguf_writer_kv_u32(w, "llama.context_length", p->n_ctx);
-    flm_gguf_writer_kv_u32(w, "llama.embedding_length", p->d_model);
-    flm_gguf_writer_kv_u32(w, "llama.block_count", p->n_layers);
-    flm_gguf_writer_kv_u32(w, "llama.feed_forward_length", p->d_ffn);
-    flm_gguf_writer_kv_u32(w, "llama.attention.head_count", p->n_heads);
-    flm_gguf_writer_kv_u32(w, "llama.attention.head_count_kv", p->n_kv_heads);
-    flm_gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", p->norm_eps);
-    flm_gguf_writer_kv_f32(w, "llama.rope.freq_base", p->rope_theta);
-    flm_gguf_writer_kv_u32(w, "llama.rope.dimension_count", p->d_model / p->n_heads);
-    flm_gguf_writer_kv_u32(w, "llama.vocab_size", p->n_vocab);
-    if (p->act == FLM_ACT_RELU) flm_gguf_writer_kv_str(w, "flashlm.ffn_activation", "relu");
+        flm_gguf_writer_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), p->norm_eps);
+        flm_gguf_writer_kv_f32(w, ARCH_KEY("rope.freq_base"), p->rope_theta);
+        flm_gguf_writer_kv_u32(w, ARCH_KEY("rope.dimension_count"), p->d_model / p->n_heads);
+        if (p->act == FLM_ACT_RELU) flm_gguf_writer_kv_str(w, "flashlm.ffn_activation", "relu");
     }
+#undef ARCH_KEY
     flm_gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama");
     flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, v->ptr, v->n);
     flm_gguf_writer_kv_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v->score, v->n);
