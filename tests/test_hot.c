@@ -291,26 +291,7 @@ static void test_self_draft_window_greedy(void **state) {
 }
 
 
-/* |freq - p| within 5 standard deviations of a binomial count (+ one count of slack) */
-static void expect_freqs(const double *count, const double *p, int n, double draws, const char *what) {
-    for (int i = 0; i < n; i++) {
-        double f = count[i] / draws, tol = 5 * sqrt(p[i] * (1 - p[i]) / draws) + 1 / draws;
-        if (fabs(f - p[i]) > tol) fail_msg("%s: cell %d: frequency %.4f, want %.4f +- %.4f", what, i, f, p[i], tol);
-    }
-}
 
-/* the 3 candidates (top-k 3) of a distribution, in id order */
-static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int32_t ids[3], double pr[3]) {
-    flm_sampler_probs(ps, logits, p);
-    int k = 0;
-    for (uint32_t i = 0; i < V; i++)
-        if (p[i] > 0) {
-            assert_true(k < 3);
-            ids[k] = (int32_t)i;
-            pr[k++] = p[i];
-        }
-    assert_int_equal(k, 3);
-}
 
 /* Sampling through the self-draft keeps the model's distribution: the joint of the first 3 tokens (top-k 3: 27
  * cells) computed exactly from ram mode, against the counts of many speculative generations in mode hot (drafts from
@@ -327,25 +308,8 @@ static void check_self_draft_sampling(int tree) {
     const float *logits;
     flm_error err;
     double joint[27], djoint[27];
-    int32_t cand[27][3], i1[3], i2[3], i3[3];
-    double p1[3], p2[3], p3[3];
-    assert_int_equal(flm_eval_batch(ref, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err), FLM_OK);
-    top3(ps, logits, p, V, i1, p1);
-    for (int a = 0; a < 3; a++) {
-        assert_int_equal(flm_eval(ref, i1[a], n_prompt, &logits, &err), FLM_OK);
-        top3(ps, logits, p, V, i2, p2);
-        for (int b = 0; b < 3; b++) {
-            assert_int_equal(flm_eval(ref, i2[b], n_prompt + 1, &logits, &err), FLM_OK);
-            top3(ps, logits, p, V, i3, p3);
-            for (int c = 0; c < 3; c++) {
-                int cell = a * 9 + b * 3 + c;
-                cand[cell][0] = i1[a];
-                cand[cell][1] = i2[b];
-                cand[cell][2] = i3[c];
-                joint[cell] = p1[a] * p2[b] * p3[c];
-            }
-        }
-    }
+    int32_t cand[27][3];
+    tu_joint3(ref, prompt, n_prompt, ps, cand, joint);
     const uint64_t mem = budget_for_share(g_hot, 0.2, 0.5, N_CTX);
     flm_ctx *dref = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
     for (int cell = 0; cell < 27; cell++) { /* the self-draft's own probabilities of the cells */
@@ -392,7 +356,7 @@ static void check_self_draft_sampling(int tree) {
     print_message("self-draft sampling (tree %d): %d generations, drafted %llu, accepted %llu\n", tree, M,
                   (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
     assert_true(st.n_accepted > 0 && st.n_accepted < st.n_drafted);
-    expect_freqs(count, joint, 27, M, "self-draft sampling, joint of the first 3 tokens");
+    tu_expect_freqs(count, joint, 27, M, "self-draft sampling, joint of the first 3 tokens");
     double far = 0;
     for (int k = 0; k < 27; k++) far = fmax(far, fabs(djoint[k] - joint[k]));
     print_message("largest |self-draft - model| over the 27 cells: %.4f\n", far);

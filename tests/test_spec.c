@@ -214,13 +214,6 @@ static int teardown(void **state) {
 
 /* |freq - p| within 5 standard deviations of a binomial count (+ one count of slack): with a fixed seed the test is
  * deterministic; a rule that does not keep p would be off by far more (checked against q below). */
-static void expect_freqs(const double *count, const double *p, int n, double draws, const char *what) {
-    for (int i = 0; i < n; i++) {
-        double f = count[i] / draws, tol = 5 * sqrt(p[i] * (1 - p[i]) / draws) + 1 / draws;
-        if (fabs(f - p[i]) > tol)
-            fail_msg("%s: token %d: frequency %.4f, want %.4f +- %.4f", what, i, f, p[i], tol);
-    }
-}
 
 static void test_accept_keeps_p(void **state) {
     (void)state;
@@ -244,8 +237,8 @@ static void test_accept_keeps_p(void **state) {
         count[out]++;
     }
     for (int i = 0; i < V; i++) { pd[i] = p[i]; qd[i] = q[i]; }
-    expect_freqs(drafted, qd, V, M, "drafts (sample_probs)");
-    expect_freqs(count, pd, V, M, "accepted or replaced");
+    tu_expect_freqs(drafted, qd, V, M, "drafts (sample_probs)");
+    tu_expect_freqs(count, pd, V, M, "accepted or replaced");
     /* the acceptance rate is sum min(p, q) = 0.05 + 0.10 + 0.25 + 0 + 0.10 + 0 = 0.50 */
     assert_true(fabs((double)n_acc / M - 0.50) < 5 * sqrt(0.25 / M));
     /* the test can fail: the drafts alone are far from p */
@@ -260,7 +253,7 @@ static void test_accept_keeps_p(void **state) {
         else assert_int_not_equal(out, 2);
         count[out]++;
     }
-    expect_freqs(count, pd, V, M, "certain draft");
+    tu_expect_freqs(count, pd, V, M, "certain draft");
     assert_true(fabs((double)n_acc / M - 0.25) < 5 * sqrt(0.25 * 0.75 / M));
     /* a token p gives nothing is always replaced; an out-of-range one too */
     int32_t out;
@@ -302,7 +295,7 @@ static void test_probs_match_sample(void **state) {
         if (cases[c].top_k == 3) assert_true(probs[1] > 0 && probs[3] > 0 && probs[5] > 0); /* the 3 largest */
         const int M = 100000;
         for (int i = 0; i < M; i++) count[flm_sampler_sample(s, logits)]++;
-        expect_freqs(count, pd, V, M, "flm_sampler_sample vs flm_sampler_probs");
+        tu_expect_freqs(count, pd, V, M, "flm_sampler_sample vs flm_sampler_probs");
         flm_sampler_free(s);
     }
 }
@@ -453,18 +446,6 @@ static void test_greedy_ngram(void **state) {
  * cells: computed exactly from the target's distributions, and counted over many speculative generations (each of 4
  * tokens: the first from the prompt's logits, then a step with 2 drafts: acceptances, rejections with a replacement
  * from max(0, p - q), the extra token). */
-/* The target's candidates after its current tokens (top-k 3: exactly 3 with probability > 0, in id order). */
-static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int32_t ids[3], double pr[3]) {
-    flm_sampler_probs(ps, logits, p);
-    int k = 0;
-    for (uint32_t i = 0; i < V; i++)
-        if (p[i] > 0) {
-            assert_true(k < 3);
-            ids[k] = (int32_t)i;
-            pr[k++] = p[i];
-        }
-    assert_int_equal(k, 3);
-}
 
 static void test_sampling_distribution(void **state) {
     (void)state;
@@ -481,25 +462,7 @@ static void test_sampling_distribution(void **state) {
     /* the exact joint of (t1, t2, t3) under the target: cell a * 9 + b * 3 + c holds tokens cand[cell][0..2] */
     double joint[27], djoint[27];
     int32_t cand[27][3];
-    int32_t i1[3], i2[3], i3[3];
-    double p1[3], p2[3], p3[3];
-    assert_int_equal(flm_eval_batch(ref, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err), FLM_OK);
-    top3(ps, logits, p, V, i1, p1);
-    for (int a = 0; a < 3; a++) {
-        assert_int_equal(flm_eval(ref, i1[a], n_prompt, &logits, &err), FLM_OK);
-        top3(ps, logits, p, V, i2, p2);
-        for (int b = 0; b < 3; b++) {
-            assert_int_equal(flm_eval(ref, i2[b], n_prompt + 1, &logits, &err), FLM_OK);
-            top3(ps, logits, p, V, i3, p3);
-            for (int c = 0; c < 3; c++) {
-                int cell = a * 9 + b * 3 + c;
-                cand[cell][0] = i1[a];
-                cand[cell][1] = i2[b];
-                cand[cell][2] = i3[c];
-                joint[cell] = p1[a] * p2[b] * p3[c];
-            }
-        }
-    }
+    tu_joint3(ref, prompt, n_prompt, ps, cand, joint);
     /* the draft's own probabilities of the same cells: what accepting every draft would give */
     for (int cell = 0; cell < 27; cell++) {
         double q = 1;
@@ -544,7 +507,7 @@ static void test_sampling_distribution(void **state) {
     print_message("sampling: %d generations, drafted %llu, accepted %llu\n", M, (unsigned long long)st.n_drafted,
                   (unsigned long long)st.n_accepted);
     assert_true(st.n_accepted > 0 && st.n_accepted < st.n_drafted);
-    expect_freqs(count, joint, 27, M, "speculative sampling, joint of the first 3 tokens");
+    tu_expect_freqs(count, joint, 27, M, "speculative sampling, joint of the first 3 tokens");
     /* the test can fail: the draft's own joint is far from the target's in some cell */
     double far = 0;
     for (int k = 0; k < 27; k++) far = fmax(far, fabs(djoint[k] - joint[k]));

@@ -1,4 +1,5 @@
 #include <glob.h>
+#include <math.h>
 #include "testutil.h"
 #include "flashlm.h"
 
@@ -132,4 +133,53 @@ float *tu_logits(flm_ctx *ctx, const int32_t *ids, int T, bool batch) {
         memcpy(out + (size_t)t * V, lg, V * sizeof(float));
     }
     return out;
+}
+
+void tu_expect_freqs(const double *count, const double *p, int n, double draws, const char *what) {
+    for (int i = 0; i < n; i++) {
+        double f = count[i] / draws, tol = 5 * sqrt(p[i] * (1 - p[i]) / draws) + 1 / draws;
+        if (fabs(f - p[i]) > tol) fail_msg("%s: cell %d: frequency %.4f, want %.4f +- %.4f", what, i, f, p[i], tol);
+    }
+}
+
+/* the 3 candidates (top-k 3) of a distribution, in id order */
+static void top3(flm_sampler *ps, const float *logits, float *p, uint32_t V, int32_t ids[3], double pr[3]) {
+    flm_sampler_probs(ps, logits, p);
+    int k = 0;
+    for (uint32_t i = 0; i < V; i++)
+        if (p[i] > 0) {
+            assert_true(k < 3);
+            ids[k] = (int32_t)i;
+            pr[k++] = p[i];
+        }
+    assert_int_equal(k, 3);
+}
+
+void tu_joint3(flm_ctx *ref, const int32_t *prompt, int n_prompt, flm_sampler *ps, int32_t cand[27][3],
+               double joint[27]) {
+    const uint32_t V = tu_vocab(ref);
+    float *p = malloc(V * sizeof *p);
+    if (!p) fail_msg("out of memory");
+    const float *logits;
+    flm_error err;
+    int32_t i1[3], i2[3], i3[3];
+    double p1[3], p2[3], p3[3];
+    assert_int_equal(flm_eval_batch(ref, prompt, (uint32_t)n_prompt, 0, NULL, &logits, &err), FLM_OK);
+    top3(ps, logits, p, V, i1, p1);
+    for (int a = 0; a < 3; a++) {
+        assert_int_equal(flm_eval(ref, i1[a], n_prompt, &logits, &err), FLM_OK);
+        top3(ps, logits, p, V, i2, p2);
+        for (int b = 0; b < 3; b++) {
+            assert_int_equal(flm_eval(ref, i2[b], n_prompt + 1, &logits, &err), FLM_OK);
+            top3(ps, logits, p, V, i3, p3);
+            for (int c = 0; c < 3; c++) {
+                int cell = a * 9 + b * 3 + c;
+                cand[cell][0] = i1[a];
+                cand[cell][1] = i2[b];
+                cand[cell][2] = i3[c];
+                joint[cell] = p1[a] * p2[b] * p3[c];
+            }
+        }
+    }
+    free(p);
 }

@@ -40,5 +40,14 @@ struct flm_ctx;
 uint32_t tu_vocab(const struct flm_ctx *ctx);
 /* Logits [T][n_vocab] (malloc'd) of ids[0..T) from position 0: one flm_eval per token, or one flm_eval_batch. */
 float *tu_logits(struct flm_ctx *ctx, const int32_t *ids, int T, bool batch);
+struct flm_sampler;
+/* Fails unless every count[i] / draws is within 5 binomial standard deviations (+ 1 / draws) of p[i]; what names the
+ * check. */
+void tu_expect_freqs(const double *count, const double *p, int n, double draws, const char *what);
+/* The exact joint of the first three tokens after prompt (already tokenized; ref evaluates it from position 0) under a
+ * top-k 3 sampler ps: cell a * 9 + b * 3 + c holds tokens cand[cell][0..2] (each position's 3 candidates in id order)
+ * and their probability joint[cell]. */
+void tu_joint3(struct flm_ctx *ref, const int32_t *prompt, int n_prompt, struct flm_sampler *ps, int32_t cand[27][3],
+               double joint[27]);
 
 #endif
