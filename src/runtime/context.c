@@ -306,7 +306,34 @@ flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float 
     return st;
 }
 
-static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m);
+/* Record a pass over m tokens: each gets an equal share of its statistics. */
+static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
+    const flm_token_stats tok = *pt;
+    flm_token_stats share = tok;
+    share.io_ms /= m;
+    share.mem_ms /= m;
+    share.compute_ms /= m;
+    share.bytes_read /= m;
+    share.n_reads /= m;
+    share.n_predicted /= m;
+    share.n_loaded /= m;
+    share.n_reused /= m;
+    share.n_true /= m;
+    share.n_true_pos /= m;
+    for (uint32_t j = 0; j < m; j++) {
+        /* counts: the remainder goes one each to the first tokens, so the shares add up to the batch's own
+         * (a batch of 8 tokens making 5 reads would otherwise count none: the totals cover every token) */
+        flm_token_stats sj = share;
+        sj.bytes_read += j < tok.bytes_read % m;
+        sj.n_reads += j < tok.n_reads % m;
+        sj.n_predicted += j < tok.n_predicted % m;
+        sj.n_loaded += j < tok.n_loaded % m;
+        sj.n_reused += j < tok.n_reused % m;
+        sj.n_true += j < tok.n_true % m;
+        sj.n_true_pos += j < tok.n_true_pos % m;
+        record_token(ctx, &sj);
+    }
+}
 
 flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                           const float **logits, flm_error *err) {
@@ -334,34 +361,6 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
     return FLM_OK;
 }
 
-/* Record a pass over m tokens: each gets an equal share of its statistics. */
-static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
-        const flm_token_stats tok = *pt;
-        flm_token_stats share = tok;
-        share.io_ms /= m;
-        share.mem_ms /= m;
-        share.compute_ms /= m;
-        share.bytes_read /= m;
-        share.n_reads /= m;
-        share.n_predicted /= m;
-        share.n_loaded /= m;
-        share.n_reused /= m;
-        share.n_true /= m;
-        share.n_true_pos /= m;
-        for (uint32_t j = 0; j < m; j++) {
-            /* counts: the remainder goes one each to the first tokens, so the shares add up to the batch's own
-             * (a batch of 8 tokens making 5 reads would otherwise count none: the totals cover every token) */
-            flm_token_stats sj = share;
-            sj.bytes_read += j < tok.bytes_read % m;
-            sj.n_reads += j < tok.n_reads % m;
-            sj.n_predicted += j < tok.n_predicted % m;
-            sj.n_loaded += j < tok.n_loaded % m;
-            sj.n_reused += j < tok.n_reused % m;
-            sj.n_true += j < tok.n_true % m;
-            sj.n_true_pos += j < tok.n_true_pos % m;
-            record_token(ctx, &sj);
-        }
-}
 
 flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
                          int32_t pos, bool draft, float *logits, flm_error *err) {
@@ -406,12 +405,7 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
                             "(%u)", len, hp->n_swa);
         }
     }
-    flm_tree *tree = malloc(sizeof *tree);
-    if (!tree) {
-        free(mem);
-        return flm_fail(err, FLM_ERR_NOMEM, "tree evaluation: out of memory");
-    }
-    *tree = (flm_tree){(uint32_t)pos, n_nodes, depth, anc, mask};
+    const flm_tree tree = {(uint32_t)pos, n_nodes, depth, anc, mask};
     ctx->next_pos = pos; /* the context's positions < pos stay; the tree's nodes are held apart (tree_n) */
     ctx->tree_pos = pos;
     ctx->tree_n = first;
@@ -424,7 +418,7 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
         flm_token_stats tok = {0};
         double t0 = flm_now_ms();
         if ((st = flm_forward(ctx, tokens + i, m, pos + (int32_t)i, logits ? logits + (size_t)(i - first) * V : NULL,
-                              &tok, tree, err)))
+                              &tok, &tree, err)))
             break;
         tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
         record_batch(ctx, &tok, m);
@@ -435,7 +429,6 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     ctx->next_pos = pos;
     if (st || logits) ctx->tree_hidden = NULL;
     else ctx->tree_hidden_first = first;
-    free(tree);
     free(mem);
     return st;
 }
