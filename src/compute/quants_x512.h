@@ -77,8 +77,47 @@ static float X512(vdot_q6_k)(const void *row, const void *xq, size_t n) {
     return hsum_ps(acc);
 }
 
+/* axpy_tile of q8_0 (the down rows of a batch, ffn_bundle.c): Y[t] += a[t * a_stride + r] * row r for rows r in
+ * order and up to 8 tokens at a time, each 32-column block of the tokens' outputs held in two 512-bit registers per
+ * token while the rows pass over it. Every element gets the fmadd of the avx2 axpy_q8_0 (a * d rounded once, then
+ * one fused multiply-add with the exact int8 weight), rows in the same order, so the bits are axpy_q8_0's row by row:
+ * only the vector is wider and 8 tokens share each block's conversion instead of 4. A zero coefficient adds an
+ * exact 0 (the row-by-row loop skips it). tests/test_kernels.c checks the bits. */
+static void X512(axpy_tile_q8_0)(const void *W, size_t w_stride, size_t rows, const float *a, size_t a_stride,
+                                 float *Y, size_t y_stride, size_t n_y, size_t n) {
+    const size_t nb = n / FLM_QK;
+    for (size_t t0 = 0; t0 < n_y; t0 += 8) {
+        const size_t nt = n_y - t0 < 8 ? n_y - t0 : 8;
+        for (size_t i = 0; i < nb; i++) {
+            __m512 lo[8], hi[8];
+            for (size_t t = 0; t < nt; t++) {
+                lo[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK);
+                hi[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16);
+            }
+            for (size_t r = 0; r < rows; r++) {
+                const flm_block_q8_0 *b = (const flm_block_q8_0 *)((const uint8_t *)W + r * w_stride) + i;
+                const float d = _cvtsh_ss(b->d);
+                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs)));
+                const __m512 q1 =
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16))));
+                const float *ar = a + t0 * a_stride + r;
+                for (size_t t = 0; t < nt; t++) {
+                    const __m512 ad = _mm512_set1_ps(ar[t * a_stride] * d);
+                    lo[t] = _mm512_fmadd_ps(ad, q0, lo[t]);
+                    hi[t] = _mm512_fmadd_ps(ad, q1, hi[t]);
+                }
+            }
+            for (size_t t = 0; t < nt; t++) {
+                _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK, lo[t]);
+                _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16, hi[t]);
+            }
+        }
+    }
+}
+
 void X512_FILL(flm_kernels *k) {
     k->vec_dot[FLM_TYPE_Q6_K] = X512(vdot_q6_k);
+    k->axpy_tile[FLM_TYPE_Q8_0] = X512(axpy_tile_q8_0);
     tile_fill(k); /* the includer's tiled dots (quants_tile_x86.h, included before this file) */
 }
 
