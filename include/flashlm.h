@@ -378,6 +378,11 @@ FLM_API flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int3
  * to what that call would have written with a buffer, bit for bit; valid until the next evaluation or accept.
  * Errors: FLM_ERR_ARG (no such node held), FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (not finite: corrupt weights). */
 FLM_API flm_status flm_tree_logits(flm_ctx *ctx, uint32_t node, float *logits, flm_error *err);
+/* flm_tree_logits of n nodes at once (nodes[0..n), any order, repeats allowed): logits[i * n_vocab] gets node
+ * nodes[i]'s, bit for bit flm_tree_logits's, with the classifier run as one matrix-matrix product (its weights read
+ * once for the n nodes: a verification that expects to walk several nodes asks for them together).
+ * Errors: FLM_ERR_ARG (n == 0, a node not held), FLM_ERR_NOMEM, those of flm_tree_logits. */
+FLM_API flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_error *err);
 /* Keep one path of the tree flm_eval_tree evaluated at pos: nodes path[0..m) (a root, then each node a child of the
  * one before: strictly increasing indices) become positions pos .. pos + m - 1 of the context (their keys and values
  * move to those slots); flm_n_past is then pos + m. m = 0 keeps none. Errors: FLM_ERR_ARG (no tree held at pos, a

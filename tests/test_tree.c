@@ -1,7 +1,8 @@
 /* test_tree.c — tree evaluation (flm_eval_tree, flm_tree_accept; runtime/forward.c's tree attention):
  *   - every node's logits equal a plain sequential evaluation of the context and that node's path, bit for bit,
  *     in one call, in batches of 4 and level by level (first > 0);
- *   - without a logits buffer, flm_tree_logits gives each node's logits on demand, the same bits;
+ *   - without a logits buffer, flm_tree_logits gives each node's logits on demand, the same bits, and
+ *     flm_tree_logits_n several nodes' at once (one matrix-matrix classifier), the same bits;
  *   - accepting a path makes the context exactly what evaluating it token by token makes (the next token's logits);
  *   - a draft tree (mode hot, draft = true) equals flm_eval_draft along each path, and a target tree in mode hot
  *     equals ram mode's; a draft vocabulary keeps the draft's first logits and masks the rest;
@@ -141,6 +142,13 @@ static void check_tree(flm_ctx *ctx, bool draft, const float *want_all, float **
             assert_memory_equal(lev, got + (size_t)i * V, V * sizeof(float));
         }
         assert_int_equal(flm_tree_logits(ctx, N_NODES, lev, &err), FLM_ERR_ARG);
+        /* several nodes at once (one matrix-matrix classifier), in any order, repeats allowed: the same bits */
+        const uint32_t some[] = {13, 0, 7, 7, 2};
+        assert_int_equal(flm_tree_logits_n(ctx, some, 5, lev, &err), FLM_OK);
+        for (int i = 0; i < 5; i++) assert_memory_equal(lev + (size_t)i * V, got + (size_t)some[i] * V, V * sizeof(float));
+        const uint32_t bad[] = {1, N_NODES};
+        assert_int_equal(flm_tree_logits_n(ctx, bad, 2, lev, &err), FLM_ERR_ARG);
+        assert_int_equal(flm_tree_logits_n(ctx, some, 0, lev, &err), FLM_ERR_ARG);
         /* level by level: only the last call's nodes */
         assert_int_equal(flm_eval_tree(ctx, tok, PARENT, 6, 0, n, draft, NULL, &err), FLM_OK);
         assert_int_equal(flm_eval_tree(ctx, tok, PARENT, N_NODES, 6, n, draft, NULL, &err), FLM_OK);

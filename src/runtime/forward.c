@@ -401,17 +401,21 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     return FLM_OK;
 }
 
-flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err) {
+flm_status flm_output_rows(flm_ctx *ctx, const float *x, uint32_t n, float *logits, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
-    const flm_pass one = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = 1};
-    float *buf = malloc(((size_t)hp->d_model + hp->d_embd) * sizeof(float));
-    if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for one token's output layer");
-    memcpy(buf, x, hp->d_model * sizeof(float));
-    output(m, &one, buf, buf + hp->d_model, hp->d_embd, logits, hp->n_vocab);
+    const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n};
+    float *buf = malloc((size_t)n * ((size_t)hp->d_model + hp->d_embd) * sizeof(float));
+    if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for %u tokens' output layer", n);
+    memcpy(buf, x, (size_t)n * hp->d_model * sizeof(float));
+    output(m, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab);
     free(buf);
-    if (!all_finite(logits, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
+    if (!logits_finite(logits, n, hp->n_vocab, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
     return FLM_OK;
+}
+
+flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err) {
+    return flm_output_rows(ctx, x, 1, logits, err);
 }
 
 flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
