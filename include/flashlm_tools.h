@@ -143,7 +143,14 @@ typedef struct flm_calib_opts {
                                 the training level is the default, and the levels' loss is left unmeasured). What
                                 one layer's training holds is checked against the budget before anything runs
                                 (flm_calibrate_train_bytes) */
-    flm_progress_fn progress; /* phases: "recording tokens", "training predictors", "checking levels" */
+    uint32_t hot_tokens;     /* > 0: first store every layer's FFN neurons hottest first (flm_hot_order_ex, under the
+                                same budget, measured on this many tokens of the text) unless the file already is;
+                                after the checks that need no work (the output, the text's length, the training
+                                budget), before recording; a file whose FFN has biases keeps its order. 0 (default):
+                                keep the order. Ignored by levels_only. `flashlm calibrate` sets 1024 (--hot-tokens;
+                                --no-hot: 0) */
+    flm_progress_fn progress; /* phases: "recording tokens", "training predictors", "checking levels" (and the hot
+                                 order's: "measuring neurons", "scoring neurons", "writing the hot order") */
     void *user;
 } flm_calib_opts;
 
@@ -188,7 +195,14 @@ typedef struct flm_calib_report {
     uint32_t default_level; /* the level the sparse mode runs at unless told otherwise (flm_params.sparse_level) */
     flm_calib_level levels[FLM_CALIB_MAX_LEVELS];
     flm_calib_layer *layers; /* n_layers, malloc'd: free with flm_calib_report_free */
+    int hot_order;           /* what flm_calib_opts.hot_tokens did: FLM_CALIB_HOT_NONE (not asked, or levels_only),
+                                _DONE (stored hottest first now), _KEPT (it already was), _UNSUPPORTED (FFN biases:
+                                the order is kept) */
 } flm_calib_report;
+#define FLM_CALIB_HOT_NONE 0
+#define FLM_CALIB_HOT_DONE 1
+#define FLM_CALIB_HOT_KEPT 2
+#define FLM_CALIB_HOT_UNSUPPORTED 3
 
 /* Calibrate the .flm file at path with the text o->text and store the result into it, in place and atomically (the
  * file is never left half-written). One calibration of a file at a time: an exclusive advisory lock (flock) on path
@@ -210,6 +224,35 @@ FLM_API flm_status flm_calib_run(const char *path, const flm_calib_opts *o, bool
  * FLM_ERR_UNSUPPORTED (FFN biases), those of flm_open and flm_file_permute_ffn. */
 FLM_API flm_status flm_hot_order(const char *path, const char *text, uint32_t max_tokens, uint32_t chunk,
                                  int n_threads, flm_progress_fn progress, void *user, flm_error *err);
+/* Options of flm_hot_order_ex (flm_hot_opts_default fills them). */
+typedef struct flm_hot_opts {
+    uint32_t max_tokens;      /* tokens of the text the scores are measured on (default 1024; at least one chunk) */
+    uint32_t chunk;           /* tokens per sequence, each from position 0 (default 128) */
+    int n_threads;            /* default 2 */
+    uint64_t mem_bytes;       /* memory budget in bytes (--mem); 0 with mem_percent 0: none, the model is held in
+                                 memory (ram mode) */
+    double mem_percent;       /* or a budget as a percentage of the model's weight bytes, when mem_bytes is 0. With a
+                                 budget the model runs in hybrid mode under it, each layer's FFN inputs are recorded
+                                 to "<path>.x.tmp" (n_layers x max_tokens x d_model floats, removed afterwards) and
+                                 each layer's FFN region is read from the file once to score its neurons; what that
+                                 holds (two FFN regions of a layer while the order is written, one layer's recorded
+                                 inputs) is checked against the budget before anything runs (FLM_ERR_BUDGET) */
+    flm_progress_fn progress; /* phases: "measuring neurons" (tokens), "scoring neurons" (layers, with a budget),
+                                 "writing the hot order" */
+    void *user;
+} flm_hot_opts;
+
+/* Fill o with the defaults above. */
+FLM_API void flm_hot_opts_default(flm_hot_opts *o);
+
+/* flm_hot_order with options (o NULL: the defaults), under a memory budget when o sets one (see flm_hot_opts).
+ * Holds the calibration lock on path throughout (a second calibrate or ordering of the file fails at once with
+ * FLM_ERR_IO). The file is replaced atomically (a unique temporary, fsync, rename): on any error, a full disk or a
+ * killed process, path keeps its old contents. Ordering a file already stored hottest first orders it again by the
+ * new text's scores (check flm_is_hot_ordered first to keep it). Errors: those of flm_hot_order, FLM_ERR_BUDGET
+ * (the budget cannot hold the ordering, or flm_open's plan), FLM_ERR_IO (the recorded inputs cannot be written or
+ * read back; locked). */
+FLM_API flm_status flm_hot_order_ex(const char *path, const char *text, const flm_hot_opts *o, flm_error *err);
 /* true when every FFN region of the .flm file at path is stored hottest first (false also when it cannot be read). */
 FLM_API bool flm_is_hot_ordered(const char *path);
 

@@ -480,6 +480,9 @@ static void arm_signals(void) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
+    /* a file size limit (ulimit -f) fails the write with EFBIG instead of killing the process: the writer's error
+     * path removes its temporary and the command says what happened, as on a full disk (ENOSPC) */
+    signal(SIGXFSZ, SIG_IGN);
 }
 
 void cli_temp_register(const char *path) {

@@ -20,14 +20,16 @@ static const char *CAL_HELP =
     "Stores predictors, thresholds and levels in the .flm file (a checksummed region; the file is replaced\n"
     "atomically). Afterwards `flashlm run --mode sparse` uses them (--sparse-level picks another stored level).\n"
     "\n"
-    "With --hot (or --hot-only) it first orders every layer's FFN neurons hottest first by their summed\n"
-    "contribution |h_i| ||down_i|| on the text's first --hot-tokens tokens (lossless), so the hot mode keeps each\n"
-    "layer's hottest neurons in memory and reads the rest as one range, and drafts from them (run --draft-self;\n"
-    "mode auto then runs hot). The ordering runs the model in memory (ram mode): not under --mem.\n"
+    "First (unless --no-hot) it orders every layer's FFN neurons hottest first by their summed contribution\n"
+    "|h_i| ||down_i|| on the text's first --hot-tokens tokens (lossless: the model computes the same function), so\n"
+    "the hot mode keeps each layer's hottest neurons in memory, reads the rest as one range, and drafts from them\n"
+    "(mode auto then runs hot with the self-draft under a budget the model does not fit). A file already stored\n"
+    "hottest first keeps its order. The ordering drops stored predictors; they are trained again right after.\n"
     "\n"
     "      --text FILE      calibration text (required); its last tokens are held out for the check\n"
-    "      --hot            order the neurons hottest first, then calibrate as below\n"
+    "      --no-hot         keep the neurons' order (no hot ordering; the hot mode and the self-draft need it)\n"
     "      --hot-only       only order the neurons hottest first (seconds to minutes), no predictors\n"
+    "      --hot            order the neurons hottest first (the default; kept for scripts)\n"
     "      --hot-tokens N   tokens the hot order is measured on (default 1024)\n"
     "      --tokens N       tokens to record (default 4096): 80% train the predictors, 20% set their thresholds\n"
     "      --chunk N        tokens per sequence (default 128)\n"
@@ -48,7 +50,9 @@ static const char *CAL_HELP =
     "                       each layer's weights are read from the file when it is trained, and the held-out check\n"
     "                       (which holds the model in memory) runs only if it fits. Training must fit too: about\n"
     "                       tokens x (10 d_ffn + 4 d_model) bytes + the predictors; a budget that cannot hold it is\n"
-    "                       refused before anything runs. Default: none (the model and all recorded inputs in memory)\n"
+    "                       refused before anything runs. The hot ordering runs under it too (hybrid mode, the\n"
+    "                       inputs recorded to the same file; it holds two FFN regions of a layer while writing).\n"
+    "                       Default: none (the model and all recorded inputs in memory)\n"
     "  -t, --threads N      threads\n";
 
 int cmd_calibrate(int argc, char **argv) {
@@ -56,7 +60,7 @@ int cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *text = NULL;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
-    bool levels_only = false, hot_only = false, hot = false;
+    bool levels_only = false, hot_only = false, hot_flag = false, no_hot = false;
     uint32_t hot_tokens = 1024;
     long v;
     float f;
@@ -69,8 +73,9 @@ int cmd_calibrate(int argc, char **argv) {
         }
         if (!strcmp(a, "--curve")) { o.curve = true; continue; }
         if (!strcmp(a, "--levels-only")) { levels_only = true; continue; }
-        if (!strcmp(a, "--hot-only")) { hot_only = hot = true; continue; }
-        if (!strcmp(a, "--hot")) { hot = true; continue; }
+        if (!strcmp(a, "--hot-only")) { hot_only = true; continue; }
+        if (!strcmp(a, "--hot")) { hot_flag = true; continue; }
+        if (!strcmp(a, "--no-hot")) { no_hot = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm calibrate --help)", a);
         i++;
         if (!strcmp(a, "--text")) text = val;
@@ -130,39 +135,55 @@ int cmd_calibrate(int argc, char **argv) {
     flm_error err;
     flm_calib_report rep;
     double t0 = cli_now_ms();
-    if (hot && levels_only) {
+    if (no_hot && (hot_only || hot_flag)) {
+        free(buf);
+        return cli_die("%s", "--no-hot excludes --hot and --hot-only");
+    }
+    if ((hot_flag || hot_only) && levels_only) {
         free(buf);
         return cli_die("%s", "--hot and --levels-only exclude each other (ordering drops the predictors)");
     }
-    if (hot && (o.mem_bytes || o.mem_percent > 0)) {
-        free(buf);
-        return cli_die("%s", "--hot runs the model in memory: not under --mem (order the neurons where the model fits, "
-                       "then calibrate under --mem)");
-    }
-    if (hot && !flm_is_hot_ordered(model)) {
-        flm_status hs = flm_hot_order(model, buf, hot_tokens, o.chunk, o.n_threads, cli_progress, NULL, &err);
-        if (hs == FLM_ERR_UNSUPPORTED && !hot_only) {
-            fprintf(stderr, "flashlm: (neurons not ordered: %s)\n", err.msg);
-        } else if (hs) {
-            fprintf(stderr, "flashlm: %s\n", err.msg);
-            free(buf);
-            return 1;
-        } else {
-            printf("%s: every layer's FFN neurons stored hottest first (measured on %u tokens) in %.1f s\n", model,
-                   hot_tokens, (cli_now_ms() - t0) / 1e3);
-        }
-    } else if (hot_only) {
-        printf("%s: its FFN neurons are already stored hottest first\n", model);
-    }
+    /* the hot order: the default, except with --levels-only (which keeps the stored predictors) and --no-hot */
     if (hot_only) {
+        if (flm_is_hot_ordered(model)) {
+            printf("%s: its FFN neurons are already stored hottest first (kept)\n", model);
+            free(buf);
+            return 0;
+        }
+        flm_hot_opts ho;
+        flm_hot_opts_default(&ho);
+        ho.max_tokens = hot_tokens;
+        ho.chunk = o.chunk;
+        ho.n_threads = o.n_threads;
+        ho.mem_bytes = o.mem_bytes;
+        ho.mem_percent = o.mem_percent;
+        ho.progress = cli_progress;
+        flm_status hs = flm_hot_order_ex(model, buf, &ho, &err);
         free(buf);
+        if (hs) {
+            fprintf(stderr, "flashlm: %s\n", err.msg);
+            return 1;
+        }
+        printf("%s: every layer's FFN neurons stored hottest first (measured on up to %u tokens%s) in %.1f s\n", model,
+               hot_tokens, o.mem_bytes || o.mem_percent > 0 ? ", under the budget" : "", (cli_now_ms() - t0) / 1e3);
         return 0;
     }
+    o.hot_tokens = no_hot || levels_only ? 0 : hot_tokens;
+    if (levels_only && !flm_is_hot_ordered(model))
+        fprintf(stderr, "flashlm: (neurons not ordered: --levels-only keeps the stored predictors; `flashlm calibrate` "
+                "without it orders them and trains again)\n");
     if (flm_calib_run(model, &o, levels_only, &rep, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         free(buf);
         return 1;
     }
+    if (rep.hot_order == FLM_CALIB_HOT_DONE)
+        printf("%s: every layer's FFN neurons stored hottest first (measured on up to %u tokens%s), then calibrated\n",
+               model, hot_tokens, o.mem_bytes || o.mem_percent > 0 ? ", under the budget" : "");
+    else if (rep.hot_order == FLM_CALIB_HOT_KEPT)
+        printf("%s: its FFN neurons are already stored hottest first (kept)\n", model);
+    else if (rep.hot_order == FLM_CALIB_HOT_UNSUPPORTED)
+        printf("%s: (neurons not ordered: the FFN has biases, which the hot order does not support yet)\n", model);
     free(buf);
     bool relu = rep.relu;
     printf("\n%s calibrated in %.1f s (%s)\n\n", model, (cli_now_ms() - t0) / 1e3,

@@ -492,7 +492,7 @@ static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, c
 /* One calibration of a file at a time: an exclusive advisory lock on the .flm, held until its region is replaced
  * (two runs would both write PATH.tmp and the one reporting success might not be the one in the file). Returns the
  * locked descriptor, or -1 with *st set. */
-static int lock_model(const char *path, flm_status *st, flm_error *err) {
+int flm_calib_lock(const char *path, flm_status *st, flm_error *err) {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO is refused below, not waited on */
     if (fd < 0) {
         *st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -514,28 +514,35 @@ static int lock_model(const char *path, flm_status *st, flm_error *err) {
     return fd;
 }
 
-static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err);
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
+                                   flm_error *err);
 static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err);
 
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+    return flm_calibrate_ex(path, o, report, NULL, err);
+}
+
+flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot, flm_error *err) {
     flm_status st = FLM_OK;
-    int fd = lock_model(path, &st, err);
+    if (hot) *hot = FLM_CALIB_HOT_NONE;
+    int fd = flm_calib_lock(path, &st, err);
     if (fd < 0) return st;
-    st = calibrate_locked(path, o, report, err);
+    st = calibrate_locked(path, o, report, hot, err);
     close(fd); /* releases the lock */
     return st;
 }
 
 flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
     flm_status st = FLM_OK;
-    int fd = lock_model(path, &st, err);
+    int fd = flm_calib_lock(path, &st, err);
     if (fd < 0) return st;
     st = levels_locked(path, o, report, err);
     close(fd);
     return st;
 }
 
-static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
+                                   flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
     if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
@@ -545,7 +552,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
                         "0 < max_loss < 1, 0 < train_eps < 1, mem_percent >= 0)");
     /* the result is written next to the model: find out now, not after minutes of work */
     char spill[4200];
-    snprintf(spill, sizeof spill, "%s.x.tmp", path); /* only while the model is locked (lock_model) */
+    snprintf(spill, sizeof spill, "%s.x.tmp", path); /* only while the model is locked (flm_calib_lock) */
     {   /* the checked writer's rules, a temporary created and removed (core/files.h) */
         flm_out *t = NULL;
         flm_status cs = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &t, err);
@@ -620,6 +627,34 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
                           "for %u tokens x %u neurons and the predictors of %u layers; raise --mem or lower --tokens "
                           "(or --rank)", path, flm_size(budget).s, flm_mib(need), n, F, L);
             goto done;
+        }
+    }
+    /* 0b. the hot order (o->hot_tokens): after the checks above, which need no work, before anything is recorded
+     * (the predictors are trained on the new order). The ordering opens the model itself: ours is closed meanwhile. */
+    if (o->hot_tokens) {
+        if (flm_is_hot_ordered(path)) {
+            if (hot) *hot = FLM_CALIB_HOT_KEPT;
+        } else {
+            flm_close(ctx);
+            ctx = NULL;
+            flm_hot_opts ho;
+            flm_hot_opts_default(&ho);
+            ho.max_tokens = o->hot_tokens;
+            ho.chunk = o->chunk;
+            ho.n_threads = o->n_threads;
+            ho.mem_bytes = o->mem_bytes;
+            ho.mem_percent = o->mem_percent;
+            ho.progress = o->progress;
+            ho.user = o->user;
+            st = flm_hot_order_unlocked(path, o->text, &ho, err);
+            if (st == FLM_ERR_UNSUPPORTED) { /* FFN biases: calibrate in the old order */
+                if (hot) *hot = FLM_CALIB_HOT_UNSUPPORTED;
+            } else if (st) {
+                goto done;
+            } else if (hot) {
+                *hot = FLM_CALIB_HOT_DONE;
+            }
+            if ((st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) goto done;
         }
     }
     /* 1. record the FFN inputs of every layer on the text */

@@ -21,6 +21,11 @@ uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);
  * process itself (see flm_calib_opts.mem_bytes). */
 uint64_t flm_calibrate_train_bytes(const flm_hparams *hp, const flm_calib_opts *o);
 
+/* Take the exclusive advisory lock (flock, non-blocking) on the model file at path that one calibration (or hot
+ * ordering) holds while it works: returns the locked descriptor (close it to release), or -1 with *st and err set:
+ * FLM_ERR_IO (cannot be opened, not a regular file, or "another `flashlm calibrate` is writing this file"). */
+int flm_calib_lock(const char *path, flm_status *st, flm_error *err);
+
 /* Calibrate the .flm file at path in place (atomically: see flm_file_put_region). Prints nothing; per-layer results
  * and the levels (with their measured held-out loss) are in the stored region (read them back with
  * flm_sparsity_deserialize) and returned in *report when non-NULL (at the default level).
@@ -30,6 +35,14 @@ uint64_t flm_calibrate_train_bytes(const flm_hparams *hp, const flm_calib_opts *
  * to record), FLM_ERR_IO (locked, or cannot be opened), FLM_ERR_NOMEM. */
 struct flm_sparsity;
 flm_status flm_calibrate(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, flm_error *err);
+
+/* flm_calibrate, and with o->hot_tokens > 0 the hot order first (see flm_calib_opts.hot_tokens); *hot (may be NULL)
+ * gets what happened to the order: FLM_CALIB_HOT_NONE (not asked), _DONE, _KEPT or _UNSUPPORTED (flashlm_tools.h). */
+flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, int *hot,
+                            flm_error *err);
+
+/* flm_hot_order_ex without taking the calibration lock (the caller holds it: flm_calib_lock). */
+flm_status flm_hot_order_unlocked(const char *path, const char *text, const flm_hot_opts *o, flm_error *err);
 
 /* Choose the default level of an already calibrated .flm again, on new text, without recording or training: the
  * held-out check above on the last eval_tokens tokens of o->text, against o->max_loss (o->curve: every level). The

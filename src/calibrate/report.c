@@ -58,8 +58,11 @@ flm_status flm_calib_run(const char *path, const flm_calib_opts *o, bool levels_
     if (report) memset(report, 0, sizeof *report);
     flm_sparsity s;
     memset(&s, 0, sizeof s);
-    flm_status st = (levels_only ? flm_calibrate_levels : flm_calibrate)(path, o, report ? &s : NULL, err);
+    int hot = FLM_CALIB_HOT_NONE;
+    flm_status st = levels_only ? flm_calibrate_levels(path, o, report ? &s : NULL, err)
+                                : flm_calibrate_ex(path, o, report ? &s : NULL, &hot, err);
     if (st == FLM_OK && report) st = summarise(&s, report, err);
+    if (st == FLM_OK && report) report->hot_order = hot;
     if (report) flm_sparsity_free(&s);
     return st;
 }
