@@ -470,6 +470,67 @@ static void test_bench_bad_sweeps(void **state) {
     }
 }
 
+/* The read path of the standard synthetic shape (synth's defaults, issue 20), scaled down: a ReLU Llama-shaped model,
+ * stored hottest first by `calibrate --hot-only` under the budget, benched at --mem 50% in modes hybrid and hot. The
+ * hot mode reads every layer's streamed range for every token: (1 - hot share) of each layer's records (to a record
+ * and the 4 KiB alignment of a direct read at each end); hybrid reads whole streamed layers. */
+static void test_bench_synthetic_hot(void **state) {
+    (void)state;
+    char g[4096], f[4096], json[4096], args[32768];
+    snprintf(g, sizeof g, "%s", tu_tmp("bench-syn", ".gguf"));
+    snprintf(f, sizeof f, "%s", tu_tmp("bench-syn", ".flm"));
+    snprintf(json, sizeof json, "%s", tu_tmp("bench-syn", ".json"));
+    char *out = NULL;
+    snprintf(args, sizeof args, "synth '%s' --d-model 128 --d-ffn 512 --layers 16 --heads 4 --vocab 259 --calib 8 -f "
+             "2>&1 && '%s' convert '%s' '%s' --force 2>&1 && '%s' calibrate '%s' --text '%s' --hot-only --mem 50%% "
+             "--hot-tokens 256 --chunk 32 -t 2 2>&1", g, FLM_CLI, g, f, FLM_CLI, f, tu_data("text/tinystories_sample.txt"));
+    if (tu_run_cli(args, &out) != 0) fail_msg("synth, convert, calibrate --hot-only:\n%s", out);
+    assert_non_null(strstr(out, "stored hottest first"));
+    free(out);
+    const int gen = 8;
+    snprintf(args, sizeof args, "bench -m '%s' --modes hybrid,hot --mem 50%% -t 2 --prompt-tokens 8 --gen-tokens %d "
+             "--json '%s' 2>&1", f, gen, json);
+    if (tu_run_cli(args, &out) != 0) fail_msg("flashlm %s:\n%s", args, out);
+    assert_non_null(strstr(out, "| hybrid |"));
+    assert_non_null(strstr(out, "| hot |"));
+    free(out);
+    char *text = read_text(json);
+    cJSON *d = j_parse(text);
+    const cJSON *modes = j_get(d, "modes", J_ARR);
+    assert_int_equal(j_len(modes), 2);
+    double hybrid = check_run(find_run(modes, "hybrid"), gen), hot = check_run(find_run(modes, "hot"), gen);
+    /* the plan's hot share at bench's context (prompt + generated tokens) */
+    flm_params p;
+    flm_params_default(&p);
+    p.mode = FLM_MODE_HOT;
+    p.mem_percent = 50;
+    p.n_ctx = 8 + gen;
+    p.n_threads = 2;
+    flm_plan_info pi;
+    flm_error err;
+    assert_int_equal(flm_plan(f, &p, &pi, &err), FLM_OK);
+    flm_file *ff;
+    assert_int_equal(flm_file_open(f, &ff, &err), FLM_OK);
+    const double L = ff->n_layers, F = ff->ffn[0]->n_records, rb = (double)ff->ffn[0]->record_bytes;
+    flm_file_close(ff);
+    print_message("synthetic, --mem 50%%: hot keeps %.1f%% of every layer; MiB read per token: hybrid %.3f, hot %.3f\n",
+                  100 * pi.hot_share, hybrid / 1048576, hot / 1048576);
+    assert_true(pi.hot_share > 0.05 && pi.hot_share < 0.95);
+    const double streamed = F * (1 - pi.hot_share);
+    /* every token reads every layer's streamed range (plus, now and then, a 4 KiB page of the token embedding,
+     * which this small model leaves on flash) */
+    const double lo = L * (streamed - 1) * rb, hi = L * ((streamed + 1) * rb + 2 * FLM_ALIGN) + FLM_ALIGN;
+    assert_true(hot >= lo && hot <= hi);
+    const cJSON *tb = j_get(j_get(find_run(modes, "hot"), "tokens", J_OBJ), "bytes_read", J_ARR);
+    for (int i = 0; i < j_len(tb); i++) assert_true(j_at(tb, i) >= lo && j_at(tb, i) <= hi);
+    assert_true(hybrid > 0);
+    cJSON_Delete(d);
+    free(text);
+    remove(json);
+    remove(g);
+    remove(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xml_checker_itself),
@@ -477,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_bench_json_and_svg),
         cmocka_unit_test(test_bench_sweeps),
         cmocka_unit_test(test_bench_bad_sweeps),
+        cmocka_unit_test(test_bench_synthetic_hot),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
