@@ -3,8 +3,8 @@
  * memory.limit_in_bytes with memory.memsw.limit_in_bytes equal to it) of the --mem budget plus FLM_RSS_ALLOWANCE:
  * generation must complete (exit 0, not killed: 137). The kernel counts more than the process's RSS (page cache the
  * process reads through, kernel memory such as page tables and the io_uring rings): all of it must fit, or be
- * reclaimable. Also `flashlm convert` and `flashlm calibrate` under a hard limit smaller than the model (they must
- * stream), a budget too small refused with a message (exit 1), not killed, and `flashlm serve` answering requests
+ * reclaimable. Also `flashlm convert` and `flashlm calibrate` (with its default hot order) under a hard limit smaller
+ * than the model (they must stream), a budget too small refused with a message (exit 1), not killed, and `flashlm serve` answering requests
  * (streamed and not) under the same limit as run, then stopped by SIGTERM (exit 0).
  *
  * Models: a synthetic one (flashlm synth: 8 layers, 42 MiB; calibrated for sparse) and SmolLM2-135M (q4_1, 98 MB)
@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "testutil.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -344,6 +345,7 @@ static void test_calibrate_under_limit(void **state) {
     snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 --chunk 32 --epochs 2 --rank 32 --rank-last 32 "
              "-t 2 --mem %llu", syn_cal, tu_data("text/tinystories_sample.txt"), (unsigned long long)budget);
     expect_completes("calibrate (synthetic, 42 MiB) --mem 50%", args, limit, "calibrated in");
+    assert_true(flm_is_hot_ordered(syn_cal)); /* its default hot order ran under the budget too (hybrid, recorded) */
     /* calibrated: sparse runs it */
     snprintf(args, sizeof args, "run -m '%s' --mode sparse -c 64 -p hi -n 2 2>&1", syn_cal);
     char *out = NULL;
