@@ -218,7 +218,7 @@ FLM_API flm_status flm_calib_run(const char *path, const flm_calib_opts *o, bool
 /* Order every layer's FFN neurons of the .flm file at path hottest first, in place and atomically
  * (calibrate/hot.c; docs/SPECULATIVE.md): each neuron's score is its summed contribution |h_i| * ||down_i|| over the
  * first max_tokens tokens of text (in chunks of `chunk` tokens from position 0, the model in ram mode: it must fit in
- * memory), then flm_file_permute_ffn stores the order. The model's function does not change; the hot mode (and its
+ * memory; flm_hot_order_ex orders under a budget), then flm_file_permute_ffn stores the order. The model's function does not change; the hot mode (and its
  * self-draft) keeps each layer's first records in memory. A predictor region is dropped (calibrate again). Progress:
  * "measuring neurons" (tokens), "writing the hot order". Errors: FLM_ERR_ARG (text under 16 tokens; not a .flm),
  * FLM_ERR_UNSUPPORTED (FFN biases), those of flm_open and flm_file_permute_ffn. */

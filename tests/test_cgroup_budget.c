@@ -341,9 +341,10 @@ static void test_calibrate_under_limit(void **state) {
     uint64_t budget = syn_bytes / 2, limit = budget + FLM_RSS_ALLOWANCE;
     assert_true(limit < syn_bytes);
     char args[16384];
-    /* 64 tokens, small predictors: the recording streams most of the model for every token (I/O-bound: seconds) */
-    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 --chunk 32 --epochs 2 --rank 32 --rank-last 32 "
-             "-t 2 --mem %llu", syn_cal, tu_data("text/tinystories_sample.txt"), (unsigned long long)budget);
+    /* 64 tokens (and 64 for the hot order), small predictors: the recording streams most of the model for every
+     * batch (I/O-bound: seconds) */
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 --hot-tokens 64 --chunk 32 --epochs 2 --rank 32 "
+             "--rank-last 32 -t 2 --mem %llu", syn_cal, tu_data("text/tinystories_sample.txt"), (unsigned long long)budget);
     expect_completes("calibrate (synthetic, 42 MiB) --mem 50%", args, limit, "calibrated in");
     assert_true(flm_is_hot_ordered(syn_cal)); /* its default hot order ran under the budget too (hybrid, recorded) */
     /* calibrated: sparse runs it */
