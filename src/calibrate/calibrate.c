@@ -562,6 +562,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
      * held across the phases; without one, in ram mode, one context for everything. */
     const bool streaming = has_budget(o);
+    int relock = -1; /* the lock on the file the hot order wrote, when it ran */
     flm_ctx *ctx = NULL;
     flm_status st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err);
     if (st) return st;
@@ -651,8 +652,10 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
                 if (hot) *hot = FLM_CALIB_HOT_UNSUPPORTED;
             } else if (st) {
                 goto done;
-            } else if (hot) {
-                *hot = FLM_CALIB_HOT_DONE;
+            } else {
+                if (hot) *hot = FLM_CALIB_HOT_DONE;
+                /* the lock our caller holds is on the file the rename replaced: lock the new one too */
+                if ((relock = flm_calib_lock(path, &st, err)) < 0) goto done;
             }
             if ((st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) goto done;
         }
@@ -834,6 +837,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     ctx = NULL;
     if ((st = flm_file_put_region(path, FLM_REGION_PREDICTOR, region, len, err))) goto done;
 done:
+    if (relock >= 0) close(relock);
     if (ctx) flm_close(ctx);
     if (td.fd >= 0) {
         close(td.fd);
