@@ -508,6 +508,7 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
         const size_t per_thread = (rows + 4 * (size_t)nt - 1) / (4 * (size_t)nt);
         if (nt > 1 && rb > per_thread) rb = per_thread;
         if (rb < 4) rb = 4;
+        rb = (rb + 15) & ~(size_t)15; /* whole panels of 16 rows (quants_panel_vnni.h) */
         tile_job J = {tile, W, stride, rows, rb, xq, ab, n_x, n, Y, y_stride};
         flm_pool_run(nt, (rows + rb - 1) / rb, tile_chunk, &J);
         free(xq);

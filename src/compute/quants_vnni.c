@@ -18,6 +18,9 @@
 #define MADDS(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
 #define TILE(name) name##_vnni_tile
 #include "compute/quants_tile_x86.h"
+/* the 32-element types' batches: panels of 16 interleaved rows, vpdpbusd (quants_panel_vnni.h) */
+#include "compute/quants_panel_vnni.h"
+#define X512_PANEL_FILL panel_fill
 #include "compute/quants_x512.h"
 
 #else

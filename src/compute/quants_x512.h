@@ -119,6 +119,9 @@ void X512_FILL(flm_kernels *k) {
     k->vec_dot[FLM_TYPE_Q6_K] = X512(vdot_q6_k);
     k->axpy_tile[FLM_TYPE_Q8_0] = X512(axpy_tile_q8_0);
     tile_fill(k); /* the includer's tiled dots (quants_tile_x86.h, included before this file) */
+#ifdef X512_PANEL_FILL
+    X512_PANEL_FILL(k); /* and its panel tiles, where it has them (quants_panel_vnni.h) */
+#endif
 }
 
 #endif
