@@ -37,31 +37,49 @@
 #define PANEL_MIN_TOKENS 8   /* below this many tokens the row-at-a-time tiles run (repacking would not pay) */
 #define PANEL_BLOCK_BYTES 512 /* unsigned weights of one block of 16 rows */
 
-/* The unsigned bytes of a block (32 weights) of each type, as quants_tile_x86.h's decoders (q8_0 shifted by 128). */
-#define PANEL_DEC_Q4_0(b) nibbles32((b).qs)
-#define PANEL_DEC_Q4_1(b) nibbles32((b).qs)
-#define PANEL_DEC_Q5_0(b) _mm256_or_si256(nibbles32((b).qs), _mm256_and_si256(bits32((b).qh), _mm256_set1_epi8(0x10)))
-#define PANEL_DEC_Q5_1(b) PANEL_DEC_Q5_0(b)
-#define PANEL_M(dst, live, blk) ((dst) = (live) ? h2f((blk).m) : 0.0f)
-#define PANEL_NO_M(dst, live, blk) ((void)0)
-#define PANEL_DEC_Q8_0(b) _mm256_xor_si256(ld256((b).qs), _mm256_set1_epi8((char)0x80))
-
-/* Packs rows [0, m) (m <= 16) of W into the panel P (nb blocks: nb * 512 bytes of weights, then nb * 16 float d,
- * then, where MSTORE is PANEL_M, nb * 16 float m); rows m..15 are zero weights with zero scales (their lanes are never stored). */
-#define PANEL_PACK(NAME, WB, DEC, MSTORE)                                                                          \
+/* Packs rows [0, m) (m <= 16) of W into the panel P: nb * 512 bytes of unsigned weights, then nb * 16 float d, then
+ * (HAS_M) nb * 16 float m. Each field of the 16 rows' block b is gathered (vpgatherdd) into the lanes of one vector:
+ * the f16 d (and m) at offset 0 of the block, the quant bytes at QS (NQ dwords: 4 for the nibble types, whose low
+ * nibbles are elements 0..15 and high nibbles 16..31; 8 for q8_0, shifted by 128), the fifth bits at QH (QH < 0:
+ * none): element e's bit is bit e of the 32-bit qh, spread to bit 4 of its byte by a 16-entry table. Lanes m..15
+ * repeat row 0 (they are never stored). */
+#define PANEL_PACK(NAME, WB, QS, QH, HAS_M, NQ)                                                                   \
     static void NAME(const uint8_t *W, size_t w_stride, size_t m, size_t nb, uint8_t *P) {                         \
         float *pd = (float *)(P + nb * PANEL_BLOCK_BYTES), *pm = pd + nb * PANEL_ROWS;                             \
         (void)pm;                                                                                                  \
-        for (size_t r = 0; r < PANEL_ROWS; r++) {                                                                  \
-            const WB *w = (const WB *)(W + (r < m ? r : 0) * w_stride);                                            \
-            for (size_t b = 0; b < nb; b++) {                                                                      \
-                _Alignas(32) uint32_t u[8];                                                                        \
-                if (r < m) _mm256_store_si256((__m256i *)u, DEC(w[b]));                                           \
-                else memset(u, 0, sizeof u);                                                                       \
-                uint32_t *dst = (uint32_t *)(P + b * PANEL_BLOCK_BYTES) + r;                                       \
-                for (int k = 0; k < 8; k++) dst[k * PANEL_ROWS] = u[k];                                            \
-                pd[b * PANEL_ROWS + r] = r < m ? h2f(w[b].d) : 0.0f;                                               \
-                MSTORE(pm[b * PANEL_ROWS + r], r < m, w[b]);                                    \
+        _Alignas(64) int32_t off[PANEL_ROWS];                                                                      \
+        for (size_t r = 0; r < PANEL_ROWS; r++) off[r] = r < m ? (int32_t)(r * w_stride) : 0;                      \
+        const __m512i vidx = _mm512_load_si512((const void *)off), m4 = _mm512_set1_epi32(0x0f0f0f0f);             \
+        /* x (low 4 bits) -> bit 4 of byte i set iff bit i of x */                                                 \
+        const __m512i fifth = _mm512_setr_epi32(0x0, 0x10, 0x1000, 0x1010, 0x100000, 0x100010, 0x101000, 0x101010,  \
+                                                0x10000000, 0x10000010, 0x10001000, 0x10001010, 0x10100000,        \
+                                                0x10100010, 0x10101000, 0x10101010);                               \
+        (void)m4, (void)fifth;                                                                                     \
+        for (size_t b = 0; b < nb; b++) {                                                                          \
+            const uint8_t *base = W + b * sizeof(WB);                                                              \
+            uint8_t *pw = P + b * PANEL_BLOCK_BYTES;                                                               \
+            const __m512i dm = _mm512_i32gather_epi32(vidx, (const void *)base, 1);                                \
+            _mm512_store_ps(pd + b * PANEL_ROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));                      \
+            if (HAS_M)                                                                                             \
+                _mm512_store_ps(pm + b * PANEL_ROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))); \
+            if ((NQ) == 8) {                                                                                       \
+                for (int k = 0; k < 8; k++)                                                                        \
+                    _mm512_store_si512((void *)(pw + 64 * k),                                                      \
+                                       _mm512_xor_si512(_mm512_i32gather_epi32(vidx, (const void *)(base + (QS) + 4 * k), 1), \
+                                                        _mm512_set1_epi32((int)0x80808080)));                      \
+            } else {                                                                                               \
+                const __m512i h = (QH) >= 0 ? _mm512_i32gather_epi32(vidx, (const void *)(base + ((QH) >= 0 ? (QH) : 0)), 1) \
+                                            : _mm512_setzero_si512();                                              \
+                for (int k = 0; k < 4; k++) {                                                                      \
+                    const __m512i q = _mm512_i32gather_epi32(vidx, (const void *)(base + (QS) + 4 * k), 1);        \
+                    __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi32(q, 4), m4);      \
+                    if ((QH) >= 0) {                                                                               \
+                        lo = _mm512_or_si512(lo, _mm512_permutexvar_epi32(_mm512_srli_epi32(h, 4 * k), fifth));    \
+                        hi = _mm512_or_si512(hi, _mm512_permutexvar_epi32(_mm512_srli_epi32(h, 4 * k + 16), fifth)); \
+                    }                                                                                              \
+                    _mm512_store_si512((void *)(pw + 64 * k), lo);                                                 \
+                    _mm512_store_si512((void *)(pw + 64 * (k + 4)), hi);                                           \
+                }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
     }
@@ -199,11 +217,11 @@ static inline __attribute__((always_inline)) __m512i panel_block_sum(const __m51
         free(noff);                                                                                                \
     }
 
-PANEL_PACK(panel_pack_q4_0, flm_block_q4_0, PANEL_DEC_Q4_0, PANEL_NO_M)
-PANEL_PACK(panel_pack_q4_1, flm_block_q4_1, PANEL_DEC_Q4_1, PANEL_M)
-PANEL_PACK(panel_pack_q5_0, flm_block_q5_0, PANEL_DEC_Q5_0, PANEL_NO_M)
-PANEL_PACK(panel_pack_q5_1, flm_block_q5_1, PANEL_DEC_Q5_1, PANEL_M)
-PANEL_PACK(panel_pack_q8_0, flm_block_q8_0, PANEL_DEC_Q8_0, PANEL_NO_M)
+PANEL_PACK(panel_pack_q4_0, flm_block_q4_0, 2, -1, 0, 4)
+PANEL_PACK(panel_pack_q4_1, flm_block_q4_1, 4, -1, 1, 4)
+PANEL_PACK(panel_pack_q5_0, flm_block_q5_0, 6, 2, 0, 4)
+PANEL_PACK(panel_pack_q5_1, flm_block_q5_1, 8, 4, 1, 4)
+PANEL_PACK(panel_pack_q8_0, flm_block_q8_0, 2, -1, 0, 8)
 PANEL_ROWS_FN(panel_rows_q4_0, flm_block_q8_0, 8, 0)
 PANEL_ROWS_FN(panel_rows_q4_1, flm_block_q8_1, 0, 1)
 PANEL_ROWS_FN(panel_rows_q5_0, flm_block_q8_0, 16, 0)
@@ -215,6 +233,103 @@ PANEL_DRIVER(panel_q5_0, panel_pack_q5_0, panel_rows_q5_0, flm_block_q8_0, 16, 0
 PANEL_DRIVER(panel_q5_1, panel_pack_q5_1, panel_rows_q5_1, flm_block_q8_1, 0, 1, TILE(tile_q5_1))
 PANEL_DRIVER(panel_q8_0, panel_pack_q8_0, panel_rows_q8_0, flm_block_q8_0, 128, 0, TILE(tile_q8_0))
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * q4_k, two rows per 512-bit vector: the low 256 bits do row r's work of quants_tile_x86.h's q4k_row, the high 256
+ * row r + 1's (the activation bytes broadcast to both halves), so each maddubs / vpdpwssd serves two rows. Every lane
+ * holds exactly the integer and float values q4k_row's lane holds, and the end sums each half in hsum_ps's order:
+ * the same bits as the level's vec_dot. nt <= PAIR_T tokens.
+ * ------------------------------------------------------------------------------------------------------------- */
+#define PAIR_T 4
+
+static inline __attribute__((always_inline)) __m512i pair_cat(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_q4_k *w0, const flm_block_q4_k *w1,
+                                                                 const uint8_t *x, size_t xs, size_t nb, float *y,
+                                                                 size_t ys, int nt) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[PAIR_T];
+    __m256 acc_m[PAIR_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < PAIR_T; t++) acc[t] = _mm512_setzero_ps(), acc_m[t] = _mm256_setzero_ps();
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t sc0, mn0, sc1, mn1;
+        q4k_scales8(w0[i].scales, &sc0, &mn0);
+        q4k_scales8(w1[i].scales, &sc1, &mn1);
+        /* 128-bit lanes 0, 1: row 0's 8 int16 scales; 2, 3: row 1's */
+        const __m512i sc16 = pair_cat(_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc0))),
+                                      _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc1))));
+        const __m256i mins = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn0))),
+            _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn1)), 1);
+        const __m512 wd = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(h2f(w0[i].d))),
+                                                               _mm256_castps_pd(_mm256_set1_ps(h2f(w1[i].d))), 1));
+        const __m256 wdmin = _mm256_insertf128_ps(_mm256_set1_ps(h2f(w0[i].dmin)), _mm_set1_ps(h2f(w1[i].dmin)), 1);
+        __m512i sumi[PAIR_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < PAIR_T; t++) sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512i q4 = pair_cat(ld256(w0[i].qs + 32 * j), ld256(w1[i].qs + 32 * j));
+            const __m512i ql = _mm512_and_si512(q4, m4), qh = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+            const __m512i sl = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
+            const __m512i sh = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 64 * j;
+                const __m512i a0 = _mm512_broadcast_i64x4(ld256(qa)), a1 = _mm512_broadcast_i64x4(ld256(qa + 32));
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(ql, a0), sl);
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(qh, a1), sh);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+            const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            const __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(a->d), wdmin);
+            acc_m[t] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, _mm256_broadcastsi128_si256(bs2))),
+                                       acc_m[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d), wd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        y[(size_t)t * ys] = hsum_ps(_mm512_castps512_ps256(acc[t])) - hsum_ps128(_mm256_castps256_ps128(acc_m[t]));
+        y[(size_t)t * ys + 1] =
+            hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))) - hsum_ps128(_mm256_extractf128_ps(acc_m[t], 1));
+    }
+}
+
+/* flm_vec_dot_tile_fn of q4_k: token groups of PAIR_T (the last n_x % PAIR_T with their exact count), row pairs;
+ * an odd last row through quants_tile_x86.h's q4k_row */
+#define PAIR_ROWS(NT)                                                                                             \
+    do {                                                                                                          \
+        size_t r = 0;                                                                                             \
+        for (; r + 2 <= rows; r += 2)                                                                             \
+            pair_q4k_rows((const flm_block_q4_k *)((const uint8_t *)W + r * w_stride),                            \
+                          (const flm_block_q4_k *)((const uint8_t *)W + (r + 1) * w_stride), x + t0 * x_stride,   \
+                          x_stride, nb, Y + t0 * y_stride + r, y_stride, NT);                                     \
+        if (r < rows)                                                                                             \
+            TILE(q4k_row)((const flm_block_q4_k *)((const uint8_t *)W + r * w_stride), x + t0 * x_stride,         \
+                          x_stride, nb, Y + t0 * y_stride + r, y_stride, NT);                                     \
+    } while (0)
+
+static void pair_q4_k(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,
+                      size_t n, float *Y, size_t y_stride) {
+    const size_t nb = n / 256;
+    const uint8_t *x = xq;
+    size_t t0 = 0;
+    for (; t0 + PAIR_T <= n_x; t0 += PAIR_T) PAIR_ROWS(PAIR_T);
+    switch (n_x - t0) {
+    case 3: PAIR_ROWS(3); break;
+    case 2: PAIR_ROWS(2); break;
+    case 1: PAIR_ROWS(1); break;
+    default: break;
+    }
+}
+
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q4_0] = panel_q4_0;
@@ -222,6 +337,7 @@ static void panel_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q5_0] = panel_q5_0;
     k->vec_dot_tile[FLM_TYPE_Q5_1] = panel_q5_1;
     k->vec_dot_tile[FLM_TYPE_Q8_0] = panel_q8_0;
+    k->vec_dot_tile[FLM_TYPE_Q4_K] = pair_q4_k;
 }
 
 #endif
