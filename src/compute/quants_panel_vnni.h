@@ -239,7 +239,7 @@ PANEL_DRIVER(panel_q8_0, panel_pack_q8_0, panel_rows_q8_0, flm_block_q8_0, 128, 
  * holds exactly the integer and float values q4k_row's lane holds, and the end sums each half in hsum_ps's order:
  * the same bits as the level's vec_dot. nt <= PAIR_T tokens.
  * ------------------------------------------------------------------------------------------------------------- */
-#define PAIR_T 4
+#define PAIR_T 8
 
 static inline __attribute__((always_inline)) __m512i pair_cat(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -251,7 +251,7 @@ static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[PAIR_T];
     __m256 acc_m[PAIR_T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < PAIR_T; t++) acc[t] = _mm512_setzero_ps(), acc_m[t] = _mm256_setzero_ps();
     for (size_t i = 0; i < nb; i++) {
         uint64_t sc0, mn0, sc1, mn1;
@@ -267,7 +267,7 @@ static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_
                                                                _mm256_castps_pd(_mm256_set1_ps(h2f(w1[i].d))), 1));
         const __m256 wdmin = _mm256_insertf128_ps(_mm256_set1_ps(h2f(w0[i].dmin)), _mm_set1_ps(h2f(w1[i].dmin)), 1);
         __m512i sumi[PAIR_T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < PAIR_T; t++) sumi[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
@@ -275,7 +275,7 @@ static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_
             const __m512i ql = _mm512_and_si512(q4, m4), qh = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
             const __m512i sl = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
             const __m512i sh = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 64 * j;
                 const __m512i a0 = _mm512_broadcast_i64x4(ld256(qa)), a1 = _mm512_broadcast_i64x4(ld256(qa + 32));
@@ -323,6 +323,10 @@ static void pair_q4_k(const void *W, size_t w_stride, size_t rows, const void *x
     size_t t0 = 0;
     for (; t0 + PAIR_T <= n_x; t0 += PAIR_T) PAIR_ROWS(PAIR_T);
     switch (n_x - t0) {
+    case 7: if (PAIR_T > 7) { PAIR_ROWS(7 % PAIR_T); break; } /* fall through */
+    case 6: if (PAIR_T > 6) { PAIR_ROWS(6 % PAIR_T); break; } /* fall through */
+    case 5: if (PAIR_T > 5) { PAIR_ROWS(5 % PAIR_T); break; } /* fall through */
+    case 4: if (PAIR_T > 4) { PAIR_ROWS(4 % PAIR_T); break; } /* fall through */
     case 3: PAIR_ROWS(3); break;
     case 2: PAIR_ROWS(2); break;
     case 1: PAIR_ROWS(1); break;
