@@ -302,37 +302,96 @@ static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_
     }
 }
 
-/* flm_vec_dot_tile_fn of q4_k: token groups of PAIR_T (the last n_x % PAIR_T with their exact count), row pairs;
- * an odd last row through quants_tile_x86.h's q4k_row */
-#define PAIR_ROWS(NT)                                                                                             \
+/* q6_k, two rows per 512-bit vector as pair_q4k_rows, from quants_tile_x86.h's q6k_row:
+ * d*da * (sum_g sc_g sum(q*qa) - 32 sum_g sc_g bsums_g), each lane as q6k_row's lane. */
+static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_q6_k *w0, const flm_block_q6_k *w1,
+                                                                 const uint8_t *x, size_t xs, size_t nb, float *y,
+                                                                 size_t ys, int nt) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
+    __m512 acc[PAIR_T];
+#pragma GCC unroll 8
+    for (int t = 0; t < PAIR_T; t++) acc[t] = _mm512_setzero_ps();
+    for (size_t i = 0; i < nb; i++) {
+        const __m128i sc8a = _mm_loadu_si128((const __m128i *)w0[i].scales);
+        const __m128i sc8b = _mm_loadu_si128((const __m128i *)w1[i].scales);
+        const __m512i sc16 = pair_cat(_mm256_cvtepi8_epi16(sc8a), _mm256_cvtepi8_epi16(sc8b));
+        const __m512 wd = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(h2f(w0[i].d))),
+                                                               _mm256_castps_pd(_mm256_set1_ps(h2f(w1[i].d))), 1));
+        __m512i sumi[PAIR_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < PAIR_T; t++) sumi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
+            const __m512i corr = _mm512_madd_epi16(sc16, _mm512_broadcast_i64x4(ld256(a->bsums)));
+            sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i qh = pair_cat(ld256(w0[i].qh + 32 * h), ld256(w1[i].qh + 32 * h));
+            const __m512i l0 = pair_cat(ld256(w0[i].ql + 64 * h), ld256(w1[i].ql + 64 * h));
+            const __m512i l1 = pair_cat(ld256(w0[i].ql + 64 * h + 32), ld256(w1[i].ql + 64 * h + 32));
+            for (int s = 0; s < 4; s++) {
+                const __m512i l = s & 1 ? l1 : l0;
+                const __m512i lo = _mm512_and_si512(s & 2 ? _mm512_srli_epi16(l, 4) : l, m4);
+                const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * s), m2), 4);
+                const __m512i q = _mm512_or_si512(lo, hi);
+                const __m512i sp = pair_cat(tile_scale_pair(sc8a, 8 * h + 2 * s), tile_scale_pair(sc8b, 8 * h + 2 * s));
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 128 * h + 32 * s;
+                    sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(q, _mm512_broadcast_i64x4(ld256(qa))),
+                                                  sp);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d), wd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        y[(size_t)t * ys] = hsum_ps(_mm512_castps512_ps256(acc[t]));
+        y[(size_t)t * ys + 1] = hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
+    }
+}
+
+/* flm_vec_dot_tile_fn of q4_k / q6_k: token groups of PAIR_T (the last n_x % PAIR_T with their exact count), row
+ * pairs; an odd last row through quants_tile_x86.h's one-row kernel ROW1 */
+#define PAIR_ROWS(ROW2, ROW1, WB, NT)                                                                             \
     do {                                                                                                          \
         size_t r = 0;                                                                                             \
         for (; r + 2 <= rows; r += 2)                                                                             \
-            pair_q4k_rows((const flm_block_q4_k *)((const uint8_t *)W + r * w_stride),                            \
-                          (const flm_block_q4_k *)((const uint8_t *)W + (r + 1) * w_stride), x + t0 * x_stride,   \
-                          x_stride, nb, Y + t0 * y_stride + r, y_stride, NT);                                     \
+            ROW2((const WB *)((const uint8_t *)W + r * w_stride), (const WB *)((const uint8_t *)W + (r + 1) * w_stride), \
+                 x + t0 * x_stride, x_stride, nb, Y + t0 * y_stride + r, y_stride, NT);                           \
         if (r < rows)                                                                                             \
-            TILE(q4k_row)((const flm_block_q4_k *)((const uint8_t *)W + r * w_stride), x + t0 * x_stride,         \
-                          x_stride, nb, Y + t0 * y_stride + r, y_stride, NT);                                     \
+            ROW1((const WB *)((const uint8_t *)W + r * w_stride), x + t0 * x_stride, x_stride, nb,                \
+                 Y + t0 * y_stride + r, y_stride, NT);                                                            \
     } while (0)
 
-static void pair_q4_k(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,
-                      size_t n, float *Y, size_t y_stride) {
-    const size_t nb = n / 256;
-    const uint8_t *x = xq;
-    size_t t0 = 0;
-    for (; t0 + PAIR_T <= n_x; t0 += PAIR_T) PAIR_ROWS(PAIR_T);
-    switch (n_x - t0) {
-    case 7: if (PAIR_T > 7) { PAIR_ROWS(7 % PAIR_T); break; } /* fall through */
-    case 6: if (PAIR_T > 6) { PAIR_ROWS(6 % PAIR_T); break; } /* fall through */
-    case 5: if (PAIR_T > 5) { PAIR_ROWS(5 % PAIR_T); break; } /* fall through */
-    case 4: if (PAIR_T > 4) { PAIR_ROWS(4 % PAIR_T); break; } /* fall through */
-    case 3: PAIR_ROWS(3); break;
-    case 2: PAIR_ROWS(2); break;
-    case 1: PAIR_ROWS(1); break;
-    default: break;
+#define PAIR_DRIVER(NAME, ROW2, ROW1, WB)                                                                         \
+    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
+                     size_t n, float *Y, size_t y_stride) {                                                        \
+        const size_t nb = n / 256;                                                                                 \
+        const uint8_t *x = xq;                                                                                     \
+        size_t t0 = 0;                                                                                             \
+        for (; t0 + PAIR_T <= n_x; t0 += PAIR_T) PAIR_ROWS(ROW2, ROW1, WB, PAIR_T);                                \
+        switch (n_x - t0) {                                                                                        \
+        case 7: if (PAIR_T > 7) { PAIR_ROWS(ROW2, ROW1, WB, 7 % PAIR_T); break; } /* fall through */               \
+        case 6: if (PAIR_T > 6) { PAIR_ROWS(ROW2, ROW1, WB, 6 % PAIR_T); break; } /* fall through */               \
+        case 5: if (PAIR_T > 5) { PAIR_ROWS(ROW2, ROW1, WB, 5 % PAIR_T); break; } /* fall through */               \
+        case 4: if (PAIR_T > 4) { PAIR_ROWS(ROW2, ROW1, WB, 4 % PAIR_T); break; } /* fall through */               \
+        case 3: PAIR_ROWS(ROW2, ROW1, WB, 3); break;                                                               \
+        case 2: PAIR_ROWS(ROW2, ROW1, WB, 2); break;                                                               \
+        case 1: PAIR_ROWS(ROW2, ROW1, WB, 1); break;                                                               \
+        default: break;                                                                                            \
+        }                                                                                                          \
     }
-}
+
+PAIR_DRIVER(pair_q4_k, pair_q4k_rows, TILE(q4k_row), flm_block_q4_k)
+PAIR_DRIVER(pair_q6_k, pair_q6k_rows, TILE(q6k_row), flm_block_q6_k)
 
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {
@@ -342,6 +401,7 @@ static void panel_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q5_1] = panel_q5_1;
     k->vec_dot_tile[FLM_TYPE_Q8_0] = panel_q8_0;
     k->vec_dot_tile[FLM_TYPE_Q4_K] = pair_q4_k;
+    k->vec_dot_tile[FLM_TYPE_Q6_K] = pair_q6_k;
 }
 
 #endif
