@@ -29,7 +29,8 @@ typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);     
 /* The tiled form of vec_dot for a batch (the inner kernel of flm_matmat): for r < rows and b < n_x,
  *   Y[b * y_stride + r] = vec_dot(W + r * w_stride, xq + b * x_stride, n)   (W, xq as bytes)
  * bit for bit equal to the same table's vec_dot, each weight block unpacked once for several tokens
- * (quants_tile_x86.h). rows, n_x >= 0; n as vec_dot. */
+ * (quants_tile_x86.h; at vnni, panels of 16 interleaved rows for the 32-element types from 8 tokens on, and row
+ * pairs for q4_k / q6_k: quants_panel_vnni.h). rows, n_x >= 0; n as vec_dot. */
 typedef void (*flm_vec_dot_tile_fn)(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride,
                                     size_t n_x, size_t n, float *Y, size_t y_stride);
 /* The tiled form of axpy for a batch (the down rows of a block of FFN neurons, ffn_bundle.c): for t < n_y,
@@ -112,7 +113,7 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
  * y_b[r] = dot(W row r, x_b) for r < rows and b < n_x, where x_b = X + b * x_stride (n floats) and
  * y_b = Y + b * y_stride. Every x_b is quantized once into W's vec_dot_type (heap scratch of n_x * flm_act_bytes(t, n)
  * bytes), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Where the table has
- * a vec_dot_tile[t], rows go in blocks that stay in L2 (about 256 KiB of weights) and the tile kernel unpacks each
+ * a vec_dot_tile[t], rows go in blocks (multiples of 16 rows) that stay in L2 (about 192 KiB of weights) and the tile kernel unpacks each
  * weight block once per few tokens; else vec_dot per (row, token). Every y_b[r] equals flm_matvec's bit for bit.
  * Rows split over n_threads threads of the pool (compute/pool.h). When the scratch cannot be allocated it runs flm_matvec token by token
  * (the same values). n as flm_matvec. */

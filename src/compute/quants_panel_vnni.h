@@ -1,5 +1,5 @@
-/* quants_panel_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) of the 32-element
- * types (q4_0, q4_1, q5_0, q5_1, q8_0) for batches of tokens: weight rows repacked on the fly into panels of 16
+/* quants_panel_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) for batches of tokens.
+ * The 32-element types (q4_0, q4_1, q5_0, q5_1, q8_0): weight rows repacked on the fly into panels of 16
  * interleaved rows, each 512-bit vpdpbusd forming 4 products for each of the 16 rows at once against 4 activation
  * bytes broadcast from one token. Internal to src/compute/; included once, by quants_vnni.c (compiled with
  * -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after quants_tile_x86.h, whose row-at-a-time tiles it falls back
@@ -22,7 +22,11 @@
  * the same order: blocks 4q + j (q-th quad) into lane j's chain acc_j = fma(d_w * d_a, sum, acc_j), the last nb % 4
  * blocks into tail = tail + (d_w * d_a) * sum in order, for q4_1 / q5_1 then ms_j = fma(m_w, s_a, ms_j) over the quads
  * and tail = tail + m_w * s_a over the rest, and y = ((c_0 + c_2) + (c_1 + c_3)) + tail with c_j = acc_j (+ ms_j):
- * hsum_ps128's order. tests/test_kernels.c checks it on random blocks (test_tiles_vnni). */
+ * hsum_ps128's order. tests/test_kernels.c checks it on random blocks (test_tiles_vnni).
+ *
+ * q4_k and q6_k (whose float work per super-block is 8 lanes per row, so rows cannot be lanes without another
+ * summation order) take row pairs instead: the two 256-bit halves of each 512-bit vector do the work of
+ * quants_tile_x86.h's one-row kernel for two rows, every lane the same values (pair_q4k_rows, pair_q6k_rows). */
 #ifndef FLM_COMPUTE_QUANTS_PANEL_VNNI_H
 #define FLM_COMPUTE_QUANTS_PANEL_VNNI_H
 
