@@ -251,7 +251,7 @@ static inline __attribute__((always_inline)) __m512i pair_cat(__m256i lo, __m256
 
 static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_q4_k *w0, const flm_block_q4_k *w1,
                                                                  const uint8_t *x, size_t xs, size_t nb, float *y,
-                                                                 size_t ys, int nt) {
+                                                                 size_t ys, int nt, const __m256i *bsb) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[PAIR_T];
     __m256 acc_m[PAIR_T];
@@ -290,10 +290,8 @@ static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
-            const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
             const __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(a->d), wdmin);
-            acc_m[t] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, _mm256_broadcastsi128_si256(bs2))),
+            acc_m[t] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsb[(size_t)t * nb + i])),
                                        acc_m[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d), wd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
         }
@@ -310,7 +308,8 @@ static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_
  * d*da * (sum_g sc_g sum(q*qa) - 32 sum_g sc_g bsums_g), each lane as q6k_row's lane. */
 static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_q6_k *w0, const flm_block_q6_k *w1,
                                                                  const uint8_t *x, size_t xs, size_t nb, float *y,
-                                                                 size_t ys, int nt) {
+                                                                 size_t ys, int nt, const __m256i *bsb) {
+    (void)bsb;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
     __m512 acc[PAIR_T];
 #pragma GCC unroll 8
@@ -369,17 +368,30 @@ static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_
         size_t r = 0;                                                                                             \
         for (; r + 2 <= rows; r += 2)                                                                             \
             ROW2((const WB *)((const uint8_t *)W + r * w_stride), (const WB *)((const uint8_t *)W + (r + 1) * w_stride), \
-                 x + t0 * x_stride, x_stride, nb, Y + t0 * y_stride + r, y_stride, NT);                           \
+                 x + t0 * x_stride, x_stride, nb, Y + t0 * y_stride + r, y_stride, NT, bsb ? bsb + t0 * nb : NULL);  \
         if (r < rows)                                                                                             \
             ROW1((const WB *)((const uint8_t *)W + r * w_stride), x + t0 * x_stride, x_stride, nb,                \
                  Y + t0 * y_stride + r, y_stride, NT);                                                            \
     } while (0)
 
-#define PAIR_DRIVER(NAME, ROW2, ROW1, WB)                                                                         \
+#define PAIR_DRIVER(NAME, ROW2, ROW1, WB, BSB, FALLBACK)                                                          \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
                      size_t n, float *Y, size_t y_stride) {                                                        \
         const size_t nb = n / 256;                                                                                 \
         const uint8_t *x = xq;                                                                                     \
+        __m256i *bsb = NULL;                                                                                       \
+        if (BSB) { /* q4_k: each token's 8 sums of 32 activations per super-block, both 128-bit halves */          \
+            if (!(bsb = aligned_alloc(32, n_x * nb * sizeof *bsb + sizeof *bsb))) {                                \
+                FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride);                                    \
+                return;                                                                                            \
+            }                                                                                                      \
+            for (size_t t = 0; t < n_x; t++)                                                                       \
+                for (size_t i = 0; i < nb; i++) {                                                                  \
+                    const __m256i bs = ld256(((const flm_block_q8_k *)(x + t * x_stride))[i].bsums);               \
+                    bsb[t * nb + i] = _mm256_broadcastsi128_si256(                                                 \
+                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));              \
+                }                                                                                                  \
+        }                                                                                                          \
         size_t t0 = 0;                                                                                             \
         for (; t0 + PAIR_T <= n_x; t0 += PAIR_T) PAIR_ROWS(ROW2, ROW1, WB, PAIR_T);                                \
         switch (n_x - t0) {                                                                                        \
@@ -392,10 +404,11 @@ static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_
         case 1: PAIR_ROWS(ROW2, ROW1, WB, 1); break;                                                               \
         default: break;                                                                                            \
         }                                                                                                          \
+        free(bsb);                                                                                                 \
     }
 
-PAIR_DRIVER(pair_q4_k, pair_q4k_rows, TILE(q4k_row), flm_block_q4_k)
-PAIR_DRIVER(pair_q6_k, pair_q6k_rows, TILE(q6k_row), flm_block_q6_k)
+PAIR_DRIVER(pair_q4_k, pair_q4k_rows, TILE(q4k_row), flm_block_q4_k, 1, TILE(tile_q4_k))
+PAIR_DRIVER(pair_q6_k, pair_q6k_rows, TILE(q6k_row), flm_block_q6_k, 0, TILE(tile_q6_k))
 
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {
