@@ -768,8 +768,79 @@ typedef struct flm_session_stats {
 } flm_session_stats;
 /* The counts so far (a copy). */
 FLM_API void flm_session_get_stats(const flm_session *s, flm_session_stats *st);
-/* Zero them (e.g. at the start of each request). */
+/* Zero them (e.g. at the start of each request); the speculative counts (flm_session_spec_stats) too. */
 FLM_API void flm_session_reset_stats(flm_session *s);
+
+/* ---- speculative decoding in a session (src/session/spec.c; docs/SPECULATIVE.md) ----
+ * A draft proposes tokens, the target verifies them all in one batched pass and keeps the longest prefix it agrees
+ * with, plus one token of its own (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+ * Decoding"; Chen et al. 2023). Greedy output is token for token that of plain decoding; with sampling every token
+ * keeps the target's distribution (the rejection rule of flm_sampler_accept; for trees SpecInfer's multi-draft rule,
+ * flm_sampler_accept_multi, Miao et al. 2024). Draft sources: a separate draft model sharing the target's tokenizer,
+ * n-gram lookup in the text so far (llama.cpp's lookup decoding), or the target itself restricted to the neurons it
+ * keeps in memory (the self-draft, mode hot: flm_eval_draft), as a chain or as a tree of candidates verified in one
+ * pass with tree attention (flm_eval_tree; SpecExec, Svirschevski et al. 2024; Sequoia, Chen et al. 2024). */
+#define FLM_SPEC_DRAFT_MAX 64 /* the most tokens (chain) or nodes (tree) one step may propose */
+typedef struct flm_spec_params {
+    int n_draft;     /* tokens proposed per step (a tree: its depth), 1..FLM_SPEC_DRAFT_MAX; fewer near max_tokens or
+                        the end of the context, or when the n-gram lookup finds fewer */
+    bool ngram;      /* without a draft model: propose what followed the last earlier occurrence of the last 3, 2 or 1
+                        tokens of the text (prompt and generated) */
+    bool self_draft; /* without a draft model: the target proposes over its resident neurons (flm_has_self_draft) */
+    bool adaptive;   /* each step's draft length 0..n_draft from the measured costs: the most expected tokens per ms
+                        of a pass, E(n) / (n c_draft + c_verify(n + 1)), E(n) = (1 - a^(n+1)) / (1 - a) for the
+                        measured acceptance a; 0 when drafting does not pay */
+    int tree;        /* with self_draft: the most nodes of a draft tree, 2..FLM_SPEC_DRAFT_MAX (0: a chain); each
+                        level drafted in one flm_eval_tree, the tree verified in one, pruned to the nodes that pay by
+                        the measured pass time against rows; greedy trees also hold the n-gram continuation */
+} flm_spec_params;
+/* n_draft 4, no source, not adaptive, a chain. */
+FLM_API void flm_spec_params_default(flm_spec_params *p);
+
+/* Counts of a session's speculative generations (flm_session_generate; prompts not counted), since
+ * flm_session_speculate or flm_session_reset_stats. */
+typedef struct flm_spec_stats {
+    uint64_t n_gen;          /* tokens generated (an end-of-generation token included) */
+    uint64_t n_passes;       /* target forward passes while generating */
+    uint64_t n_steps;        /* of those, verification steps */
+    uint64_t n_drafted;      /* draft tokens proposed to the target */
+    uint64_t n_accepted;     /* of those, accepted */
+    uint64_t n_plain;        /* steps with nothing proposed */
+    uint64_t target_tokens;  /* tokens the target evaluated (accepted or not) */
+    double target_ms;        /* the target's flash I/O + memory + compute ms (flm_stats) */
+    uint64_t bytes_read;     /* the target's bytes read from flash */
+    uint64_t n_loaded;       /* the target's neurons read from flash (sparse mode) */
+    uint64_t draft_tokens;   /* tokens the draft evaluated (a draft model re-synchronising included) */
+    double draft_ms;         /* ms drafting */
+    double draft_select_ms;  /* ms choosing drafts and accepting, outside both models */
+    double verify_ms[FLM_SPEC_DRAFT_MAX + 2]; /* [k]: ms of the verification passes of k rows, summed */
+    uint64_t verify_n[FLM_SPEC_DRAFT_MAX + 2]; /* [k]: how many such passes */
+} flm_spec_stats;
+
+/* Decode speculatively from now on: every flm_session_generate proposes with draft (a context of a draft model,
+ * borrowed: close it after flm_session_free; NULL: none), the n-gram lookup or the self-draft as p says, and verifies
+ * in batched passes of the session's context. Stop strings, max_tokens, cancellation, the callback and the context
+ * shift act token by token as without it, and the session holds exactly the tokens it reports: a generation that ends
+ * inside a run of accepted drafts forgets the rest. The engine's buffers (flm_spec_buffer_bytes) are allocated here,
+ * outside the memory plan. p NULL: plain decoding again (the engine freed). A draft model must share the target's
+ * tokenizer (check it with flm_spec_check_vocab first); its context is re-evaluated from the first token that
+ * differs from the session's (after a rewind, a new prompt, a context shift).
+ * Errors: FLM_ERR_ARG (n_draft or tree out of range, no source or two, self_draft without flm_has_self_draft, logits
+ * of different sizes), FLM_ERR_NOMEM, those of evaluating the draft model over the tokens held. */
+FLM_API flm_status flm_session_speculate(flm_session *s, const flm_spec_params *p, flm_ctx *draft, flm_error *err);
+/* The speculative counts so far (zeros when the session does not speculate). */
+FLM_API void flm_session_spec_stats(const flm_session *s, flm_spec_stats *st);
+/* Bytes of the engine's buffers for these sizes (what flm_session_speculate allocates): the verification logits
+ * ((max(n_draft, tree) + 1) x n_vocab floats), the drafts' distributions (with a draft model or the self-draft), a
+ * tree's nodes and, when !greedy, its drafts' distributions, the token histories (n_ctx int32). For a budget that
+ * holds them beside the models (flm_plan_split's extra_bytes). */
+FLM_API uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p,
+                                       bool with_draft_model, bool greedy);
+/* Whether draft can draft for target: the same vocabulary size (logits), every token's string and piece identical,
+ * the same BOS, EOS and end-of-generation tokens. FLM_OK, or FLM_ERR_ARG with a message naming both files
+ * (target_path, draft_path: for the message only) and the first difference. */
+FLM_API flm_status flm_spec_check_vocab(const flm_ctx *target, const char *target_path, const flm_ctx *draft,
+                                        const char *draft_path, flm_error *err);
 
 #ifdef __cplusplus
 }

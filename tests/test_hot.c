@@ -1,4 +1,5 @@
-/* test_hot.c — the hot mode and the self-draft (runtime/ffn_hot.c, calibrate/hot.c, tools/spec.c; docs/SPECULATIVE.md):
+/* test_hot.c — the hot mode and the self-draft (runtime/ffn_hot.c, calibrate/hot.c, the session's engine
+ * src/session/spec.c through flm_session_speculate; docs/SPECULATIVE.md):
  *   - flm_hot_order stores every layer's neurons in a new order, marks the file, keeps it verifiable, and the model's
  *     logits stay those of the unordered file (to float rounding: the FFN sums in another order);
  *   - the hot mode under budgets that keep part of every layer equals ram mode on the same file bit for bit, token
@@ -6,7 +7,7 @@
  *   - the self-draft (flm_eval_draft) is refused outside mode hot, and its approximate keys and values are all
  *     overwritten: greedy output with --draft-n 1, 3, 8 equals plain greedy output token for token, with some drafts
  *     accepted and some rejected;
- *   - the same with draft trees (flm_eval_tree, tools/spec.c tree_step) of 4 to 64 nodes;
+ *   - the same with draft trees (flm_eval_tree, src/session/spec.c tree_step) of 4 to 64 nodes;
  *   - the same with the self-draft's window of recently active neurons (flm_params.draft_window);
  *   - sampling with the self-draft keeps the model's distribution (the joint of the first tokens, counted), with a
  *     chain and with a tree;
@@ -19,7 +20,6 @@
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
-#include "spec.h"
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
@@ -182,12 +182,27 @@ typedef struct collect {
     int n, cap;
 } collect;
 
-static bool collect_emit(void *user, int32_t prev, int32_t token) {
-    (void)prev;
+static bool collect_gen(void *user, const flm_gen_token *t) {
     collect *c = user;
+    if (t->eog || t->id < 0) return true;
     if (c->n >= c->cap) fail_msg("more tokens than asked for");
-    c->tok[c->n++] = token;
+    c->tok[c->n++] = t->id;
     return true;
+}
+
+/* A session over target decoding with the self-draft (a chain of n_draft, or a tree of `tree` nodes), sampling
+ * with sp. */
+static flm_session *self_session(flm_ctx *target, int n_draft, int tree, const flm_sampler_params *sp) {
+    flm_session *s = NULL;
+    flm_error err;
+    if (flm_session_create(target, &s, &err) || flm_session_sampling(s, sp, &err)) fail_msg("session: %s", err.msg);
+    flm_spec_params o;
+    flm_spec_params_default(&o);
+    o.n_draft = n_draft;
+    o.self_draft = true;
+    o.tree = tree;
+    if (flm_session_speculate(s, &o, NULL, &err)) fail_msg("flm_session_speculate: %s", err.msg);
+    return s;
 }
 
 static int argmax(const float *x, uint32_t n) {
@@ -214,21 +229,18 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
 }
 
 static int gen_self(flm_ctx *target, int n_draft, int tree, const int32_t *prompt, int n_prompt, int n, int32_t *out,
-                    cli_spec_stats *st) {
+                    flm_spec_stats *st) {
     flm_sampler_params g = {.temp = 0, .top_k = 0, .top_p = 1, .seed = 1};
-    flm_sampler *smp = flm_sampler_create(&g, tu_vocab(target));
-    cli_spec *s = NULL;
+    flm_session *s = self_session(target, n_draft, tree, &g);
     flm_error err;
-    cli_spec_opts o = {.n_draft = n_draft, .self_draft = true, .tree = tree};
-    if (cli_spec_create(target, NULL, smp, &o, &s, &err)) fail_msg("cli_spec_create: %s", err.msg);
-    const float *lg;
-    if (cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &lg, &err)) fail_msg("feed: %s", err.msg);
+    if (flm_session_feed(s, prompt, (size_t)n_prompt, &err)) fail_msg("feed: %s", err.msg);
     collect c = {out, 0, n};
-    cli_spec_result r;
-    if (cli_spec_generate(s, lg, n, false, collect_emit, &c, &r, &err)) fail_msg("generate: %s", err.msg);
-    cli_spec_get_stats(s, st);
-    cli_spec_free(s);
-    flm_sampler_free(smp);
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = n;
+    if (flm_session_generate(s, &gp, collect_gen, &c, NULL, &err)) fail_msg("generate: %s", err.msg);
+    flm_session_spec_stats(s, st);
+    flm_session_free(s);
     return c.n;
 }
 
@@ -248,7 +260,7 @@ static void check_self_draft(const char *path, uint64_t mem, double pct, int n_c
         flm_ctx *target = open_mode(path, FLM_MODE_HOT, mem, pct, n_ctx);
         flm_plan_info pi;
         flm_get_plan(target, &pi);
-        cli_spec_stats st;
+        flm_spec_stats st;
         int n = gen_self(target, cfg[l][0], cfg[l][1], prompt, n_prompt, N, got, &st);
         print_message("%s: hot %.1f%% + window %.1f%%, --draft-n %d, tree %d: %d tokens in %llu passes, drafted %llu, "
                       "accepted %llu\n", path, 100 * pi.hot_share, 100 * pi.window_share, cfg[l][0], cfg[l][1], n,
@@ -325,13 +337,8 @@ static void check_self_draft_sampling(int tree) {
     }
     flm_close(dref);
     flm_ctx *target = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
-    flm_sampler *smp = flm_sampler_create(&sp, V);
-    cli_spec *s = NULL;
-    cli_spec_opts o = {.n_draft = 2, .self_draft = true, .tree = tree};
-    assert_int_equal(cli_spec_create(target, NULL, smp, &o, &s, &err), FLM_OK);
-    assert_int_equal(cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &logits, &err), FLM_OK);
-    float *prompt_logits = malloc(V * sizeof *prompt_logits);
-    memcpy(prompt_logits, logits, V * sizeof *prompt_logits);
+    flm_session *s = self_session(target, 2, tree, &sp);
+    assert_int_equal(flm_session_feed(s, prompt, (size_t)n_prompt, &err), FLM_OK);
 #ifdef FLM_SANITIZED_BUILD
     const int M = 600;
 #else
@@ -339,11 +346,14 @@ static void check_self_draft_sampling(int tree) {
 #endif
     double count[27] = {0};
     for (int i = 0; i < M; i++) {
-        cli_spec_rewind(s, n_prompt);
+        /* the prompt again: its last token evaluated again for its logits, the rest kept */
+        assert_int_equal(flm_session_prompt(s, prompt, (size_t)n_prompt, NULL, &err), FLM_OK);
         int32_t toks[4];
         collect c = {toks, 0, 4};
-        cli_spec_result r;
-        assert_int_equal(cli_spec_generate(s, prompt_logits, 4, false, collect_emit, &c, &r, &err), FLM_OK);
+        flm_gen_params gp;
+        flm_gen_params_default(&gp);
+        gp.max_tokens = 4;
+        assert_int_equal(flm_session_generate(s, &gp, collect_gen, &c, NULL, &err), FLM_OK);
         assert_int_equal(c.n, 4);
         int cell = -1;
         for (int k = 0; k < 27 && cell < 0; k++)
@@ -351,8 +361,8 @@ static void check_self_draft_sampling(int tree) {
         if (cell < 0) fail_msg("tokens %d %d %d are not among the model's top-3 paths", toks[0], toks[1], toks[2]);
         count[cell]++;
     }
-    cli_spec_stats st;
-    cli_spec_get_stats(s, &st);
+    flm_spec_stats st;
+    flm_session_spec_stats(s, &st);
     print_message("self-draft sampling (tree %d): %d generations, drafted %llu, accepted %llu\n", tree, M,
                   (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
     assert_true(st.n_accepted > 0 && st.n_accepted < st.n_drafted);
@@ -361,12 +371,10 @@ static void check_self_draft_sampling(int tree) {
     for (int k = 0; k < 27; k++) far = fmax(far, fabs(djoint[k] - joint[k]));
     print_message("largest |self-draft - model| over the 27 cells: %.4f\n", far);
     assert_true(far > 6 * sqrt(0.25 / M));
-    cli_spec_free(s);
-    flm_sampler_free(smp);
+    flm_session_free(s);
     flm_sampler_free(ps);
     flm_close(target);
     flm_close(ref);
-    free(prompt_logits);
     free(p);
     free(prompt);
 }

@@ -1,4 +1,5 @@
-/* test_spec.c — speculative decoding (tools/spec.c, the sampler's acceptance rule, `flashlm run --draft`):
+/* test_spec.c — speculative decoding (the session's engine: flm_session_speculate, src/session/spec.c; the sampler's
+ * acceptance rule; `flashlm run --draft`):
  *   - the acceptance rule keeps the target's distribution (hand-made p and q, many draws, a fixed seed);
  *   - greedy speculative output is plain greedy output token for token: stories260K with a draft the test derives from
  *     it (a perturbed copy that disagrees sometimes), --draft-n 1, 3, 8, in ram mode and streamed from a .flm (naive);
@@ -15,7 +16,7 @@
 
 #include "flashlm.h"
 #include "format/gguf.h"
-#include "spec.h"
+#include "session/spec.h" /* spec_ngram_lookup */
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
@@ -74,40 +75,56 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
 typedef struct {
     int32_t *tok;
     int n, cap;
-    int32_t prev_ok; /* emit's prev always names the token before */
+    flm_session *s;
+    int32_t base; /* tokens the session held before the generation */
 } collect;
 
-static bool collect_emit(void *user, int32_t prev, int32_t token) {
+/* The session's callback: every token, and the session holds exactly the prompt and the tokens before this one
+ * (accepted drafts the context holds ahead are not counted until they are reported). */
+static bool collect_gen(void *user, const flm_gen_token *t) {
     collect *c = user;
-    int32_t want_prev = c->n ? c->tok[c->n - 1] : c->prev_ok;
-    if (prev != want_prev) fail_msg("emit: prev %d, want %d", prev, want_prev);
+    if (t->eog || t->id < 0) return true;
+    if (flm_session_n_past(c->s) != c->base + c->n)
+        fail_msg("token %d: the session holds %d tokens, want %d", c->n, flm_session_n_past(c->s), c->base + c->n);
     if (c->n >= c->cap) fail_msg("more tokens than asked for");
-    c->tok[c->n++] = token;
+    c->tok[c->n++] = t->id;
     return true;
 }
 
-/* Speculative decoding through the engine: greedy (temp 0) unless sp; the generated tokens into out; stats. */
-static int gen_spec(flm_ctx *target, flm_ctx *draft, bool ngram, int n_draft, const flm_sampler_params *sp,
-                    const int32_t *prompt, int n_prompt, int n, int32_t *out, cli_spec_stats *st) {
+/* A session over target decoding speculatively (draft: a model, or NULL with ngram), sampling with sp (NULL: greedy). */
+static flm_session *spec_session(flm_ctx *target, flm_ctx *draft, bool ngram, int n_draft,
+                                 const flm_sampler_params *sp) {
     flm_sampler_params g = {.temp = 0, .top_k = 0, .top_p = 1, .seed = 1};
-    flm_sampler *smp = flm_sampler_create(sp ? sp : &g, n_vocab_of(target));
-    assert_non_null(smp);
-    cli_spec *s = NULL;
+    flm_session *s = NULL;
     flm_error err;
-    cli_spec_opts o = {.n_draft = n_draft, .ngram = ngram};
-    if (cli_spec_create(target, draft, smp, &o, &s, &err)) fail_msg("cli_spec_create: %s", err.msg);
-    const float *logits;
-    if (cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &logits, &err)) fail_msg("feed: %s", err.msg);
-    assert_int_equal(cli_spec_n_past(s), n_prompt);
-    collect c = {out, 0, n, prompt[n_prompt - 1]};
-    cli_spec_result r;
-    if (cli_spec_generate(s, logits, n, false, collect_emit, &c, &r, &err)) fail_msg("generate: %s", err.msg);
+    if (flm_session_create(target, &s, &err) || flm_session_sampling(s, sp ? sp : &g, &err))
+        fail_msg("session: %s", err.msg);
+    flm_spec_params o;
+    flm_spec_params_default(&o);
+    o.n_draft = n_draft;
+    o.ngram = ngram;
+    if (flm_session_speculate(s, &o, draft, &err)) fail_msg("flm_session_speculate: %s", err.msg);
+    return s;
+}
+
+/* Speculative decoding through the session: greedy (temp 0) unless sp; the generated tokens into out; stats. */
+static int gen_spec(flm_ctx *target, flm_ctx *draft, bool ngram, int n_draft, const flm_sampler_params *sp,
+                    const int32_t *prompt, int n_prompt, int n, int32_t *out, flm_spec_stats *st) {
+    flm_session *s = spec_session(target, draft, ngram, n_draft, sp);
+    flm_error err;
+    if (flm_session_feed(s, prompt, (size_t)n_prompt, &err)) fail_msg("feed: %s", err.msg);
+    assert_int_equal(flm_session_n_past(s), n_prompt);
+    collect c = {out, 0, n, s, n_prompt};
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = n;
+    flm_gen_result r;
+    if (flm_session_generate(s, &gp, collect_gen, &c, &r, &err)) fail_msg("generate: %s", err.msg);
     assert_int_equal(r.n_gen, c.n + (r.eog ? 1 : 0));
     /* the target holds the prompt and every token but the last (not fed: !feed_last), or all before an EOG */
-    assert_int_equal(r.n_past, n_prompt + c.n - (r.eog || c.n == 0 ? 0 : 1));
-    cli_spec_get_stats(s, st);
-    cli_spec_free(s);
-    flm_sampler_free(smp);
+    assert_int_equal(flm_session_n_past(s), n_prompt + c.n - (r.eog || c.n == 0 ? 0 : 1));
+    flm_session_spec_stats(s, st);
+    flm_session_free(s);
     return c.n;
 }
 
@@ -338,28 +355,28 @@ static void test_ngram_lookup(void **state) {
     int32_t out[8];
     /* the last 3-gram (7 8 9) occurred at 1..3: what followed it */
     const int32_t a[] = {5, 7, 8, 9, 1, 2, 3, 4, 6, 7, 8, 9};
-    assert_int_equal(cli_spec_ngram_lookup(a, 12, 3, out, 4), 4);
+    assert_int_equal(spec_ngram_lookup(a, 12, 3, out, 4), 4);
     assert_int_equal(out[0], 1);
     assert_int_equal(out[3], 4);
-    assert_int_equal(cli_spec_ngram_lookup(a, 12, 3, out, 2), 2); /* at most cap */
+    assert_int_equal(spec_ngram_lookup(a, 12, 3, out, 2), 2); /* at most cap */
     /* the most recent occurrence wins; a longer n-gram before a shorter one */
     const int32_t b[] = {1, 2, 10, 2, 11, 3, 1, 2, 12, 9, 1, 2};
-    assert_int_equal(cli_spec_ngram_lookup(b, 12, 3, out, 3), 3); /* 9 1 2? no; 1 2 at 6..7 -> 12 9 1 */
+    assert_int_equal(spec_ngram_lookup(b, 12, 3, out, 3), 3); /* 9 1 2? no; 1 2 at 6..7 -> 12 9 1 */
     assert_int_equal(out[0], 12);
     assert_int_equal(out[1], 9);
     const int32_t c[] = {4, 2, 10, 3, 2, 11, 5, 2};
-    assert_int_equal(cli_spec_ngram_lookup(c, 8, 3, out, 3), 3); /* only the 1-gram "2" recurs: at 4 -> 11 5 2 */
+    assert_int_equal(spec_ngram_lookup(c, 8, 3, out, 3), 3); /* only the 1-gram "2" recurs: at 4 -> 11 5 2 */
     assert_int_equal(out[0], 11);
     assert_int_equal(out[2], 2);
     /* nothing recurs; too short */
     const int32_t d[] = {1, 2, 3, 4};
-    assert_int_equal(cli_spec_ngram_lookup(d, 4, 3, out, 4), 0);
-    assert_int_equal(cli_spec_ngram_lookup(d, 1, 3, out, 4), 0);
+    assert_int_equal(spec_ngram_lookup(d, 4, 3, out, 4), 0);
+    assert_int_equal(spec_ngram_lookup(d, 1, 3, out, 4), 0);
     /* a run of one token: the continuation stops at the end of the text */
     const int32_t e[] = {6, 6, 6, 6};
-    assert_int_equal(cli_spec_ngram_lookup(e, 4, 3, out, 8), 1);
+    assert_int_equal(spec_ngram_lookup(e, 4, 3, out, 8), 1);
     assert_int_equal(out[0], 6);
-    assert_int_equal(cli_spec_ngram_lookup(e, 4, 3, out, 0), 0);
+    assert_int_equal(spec_ngram_lookup(e, 4, 3, out, 0), 0);
 }
 
 /* ---- greedy: the same tokens as plain decoding ------------------------------------------------------------------ */
@@ -376,7 +393,7 @@ static void check_greedy_draft(flm_mode mode, const char *target_path) {
     const int lambdas[] = {1, 3, 8};
     for (size_t l = 0; l < 3; l++) {
         flm_ctx *target = open_model(target_path, mode, N_CTX), *draft = open_model(g_draft, FLM_MODE_RAM, N_CTX);
-        cli_spec_stats st;
+        flm_spec_stats st;
         int n = gen_spec(target, draft, false, lambdas[l], NULL, prompt, n_prompt, N, got, &st);
         print_message("mode %s, --draft-n %d: %d tokens, %llu passes, drafted %llu, accepted %llu\n",
                       flm_mode_name(mode), lambdas[l], n, (unsigned long long)st.n_passes,
@@ -425,7 +442,7 @@ static void test_greedy_ngram(void **state) {
     const int lambdas[] = {1, 4, 8};
     for (size_t l = 0; l < 3; l++) {
         flm_ctx *target = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX);
-        cli_spec_stats st;
+        flm_spec_stats st;
         int n = gen_spec(target, NULL, true, lambdas[l], NULL, prompt, n_prompt, N, got, &st);
         print_message("n-gram, --draft-n %d: %d tokens, %llu passes, drafted %llu, accepted %llu, %llu plain\n",
                       lambdas[l], n, (unsigned long long)st.n_passes, (unsigned long long)st.n_drafted,
@@ -476,13 +493,8 @@ static void test_sampling_distribution(void **state) {
     }
     /* speculative generations */
     flm_ctx *target = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX), *draft = open_model(g_draft, FLM_MODE_RAM, N_CTX);
-    flm_sampler *smp = flm_sampler_create(&sp, V);
-    cli_spec *s = NULL;
-    cli_spec_opts o = {.n_draft = 4};
-    assert_int_equal(cli_spec_create(target, draft, smp, &o, &s, &err), FLM_OK);
-    assert_int_equal(cli_spec_feed(s, prompt, (size_t)n_prompt, 0, &logits, &err), FLM_OK);
-    float *prompt_logits = malloc(V * sizeof *prompt_logits);
-    memcpy(prompt_logits, logits, V * sizeof *prompt_logits);
+    flm_session *s = spec_session(target, draft, false, 4, &sp);
+    assert_int_equal(flm_session_feed(s, prompt, (size_t)n_prompt, &err), FLM_OK);
 #ifdef FLM_SANITIZED_BUILD
     const int M = 3000;
 #else
@@ -490,11 +502,14 @@ static void test_sampling_distribution(void **state) {
 #endif
     double count[27] = {0};
     for (int i = 0; i < M; i++) {
-        cli_spec_rewind(s, n_prompt);
+        /* the prompt again: its last token evaluated again for its logits, the rest kept */
+        assert_int_equal(flm_session_prompt(s, prompt, (size_t)n_prompt, NULL, &err), FLM_OK);
         int32_t toks[4];
-        collect c = {toks, 0, 4, prompt[n_prompt - 1]};
-        cli_spec_result r;
-        assert_int_equal(cli_spec_generate(s, prompt_logits, 4, false, collect_emit, &c, &r, &err), FLM_OK);
+        collect c = {toks, 0, 4, s, n_prompt};
+        flm_gen_params gp;
+        flm_gen_params_default(&gp);
+        gp.max_tokens = 4;
+        assert_int_equal(flm_session_generate(s, &gp, collect_gen, &c, NULL, &err), FLM_OK);
         assert_int_equal(c.n, 4); /* stories260K's top 3 here hold no end-of-text token */
         int cell = -1;
         for (int k = 0; k < 27 && cell < 0; k++)
@@ -502,8 +517,8 @@ static void test_sampling_distribution(void **state) {
         if (cell < 0) fail_msg("tokens %d %d %d are not among the target's top-3 paths", toks[0], toks[1], toks[2]);
         count[cell]++;
     }
-    cli_spec_stats st;
-    cli_spec_get_stats(s, &st);
+    flm_spec_stats st;
+    flm_session_spec_stats(s, &st);
     print_message("sampling: %d generations, drafted %llu, accepted %llu\n", M, (unsigned long long)st.n_drafted,
                   (unsigned long long)st.n_accepted);
     assert_true(st.n_accepted > 0 && st.n_accepted < st.n_drafted);
@@ -513,14 +528,12 @@ static void test_sampling_distribution(void **state) {
     for (int k = 0; k < 27; k++) far = fmax(far, fabs(djoint[k] - joint[k]));
     print_message("largest |draft - target| over the 27 cells: %.4f\n", far);
     assert_true(far > 10 * sqrt(0.25 / M));
-    cli_spec_free(s);
-    flm_sampler_free(smp);
+    flm_session_free(s);
     flm_sampler_free(ps);
     flm_close(target);
     flm_close(draft);
     flm_close(ref);
     flm_close(dref);
-    free(prompt_logits);
     free(p);
     free(prompt);
 }
@@ -535,7 +548,7 @@ static void test_vocab_mismatch(void **state) {
     write_other_vocab(tu_data(MODEL), other_path, 300, "zzz-not-a-piece", -1);
     flm_ctx *t = open_model(tu_data(MODEL), FLM_MODE_RAM, 64), *d = open_model(other_path, FLM_MODE_RAM, 64);
     flm_error err;
-    assert_int_equal(cli_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
+    assert_int_equal(flm_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "T.gguf"));
     assert_non_null(strstr(err.msg, "D.gguf"));
     assert_non_null(strstr(err.msg, "token 300"));
@@ -544,18 +557,18 @@ static void test_vocab_mismatch(void **state) {
     /* the same vocabulary with another BOS */
     write_other_vocab(tu_data(MODEL), other_path, -1, NULL, 2);
     d = open_model(other_path, FLM_MODE_RAM, 64);
-    assert_int_equal(cli_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
+    assert_int_equal(flm_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "BOS"));
     flm_close(d);
     /* the perturbed copy shares it */
     d = open_model(g_draft, FLM_MODE_RAM, 64);
-    assert_int_equal(cli_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_OK);
+    assert_int_equal(flm_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_OK);
     flm_close(d);
     /* a model of another family: SmolLM2's 49152-token vocabulary (when pulled) */
     const char *smol = tu_model("smollm2-135m");
     if (smol) {
         d = open_model(smol, FLM_MODE_RAM, 64);
-        assert_int_equal(cli_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
+        assert_int_equal(flm_spec_check_vocab(t, "T.gguf", d, "D.gguf", &err), FLM_ERR_ARG);
         assert_non_null(strstr(err.msg, "49152"));
         flm_close(d);
     }
@@ -597,8 +610,8 @@ static void test_real_qwen_pair(void **state) {
     int n_ref = gen_plain(plain, prompt, n_prompt, N, ref);
     assert_int_equal(n_ref, N);
     flm_ctx *draft = open_model(dp, FLM_MODE_RAM, 128);
-    assert_int_equal(cli_spec_check_vocab(plain, tp, draft, dp, &err), FLM_OK);
-    cli_spec_stats st;
+    assert_int_equal(flm_spec_check_vocab(plain, tp, draft, dp, &err), FLM_OK);
+    flm_spec_stats st;
     int n = gen_spec(plain, draft, false, 4, NULL, prompt, n_prompt, N, got, &st); /* plain rewinds to 0 */
     print_message("qwen2.5-coder 0.5B -> 1.5B: %d tokens, %llu passes, drafted %llu, accepted %llu\n", n,
                   (unsigned long long)st.n_passes, (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);

@@ -112,19 +112,15 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
  * Returns 0, or 1 after printing the error. */
 int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t);
 
-struct cli_spec;
-/* A token stream through one context: tokens fed so far occupy positions [0, pos). Without speculative decoding
- * everything goes through the library's session (flm_session_*: feeding, sampling, stops, the context shift); with
- * it, through the speculative engine (tools/spec.h). */
+/* A token stream through one context: tokens fed so far occupy positions [0, pos). Everything goes through the
+ * library's session (flm_session_*: feeding, sampling, stops, the context shift, speculative decoding when
+ * flm_session_speculate turned it on). */
 typedef struct cli_gen {
     flm_ctx *ctx;
-    flm_sampler *smp;      /* the speculative engine's sampler (the session has its own, with the same parameters) */
-    flm_session *sess;     /* the session over ctx (not used while drafting) */
+    flm_session *sess;     /* the session over ctx */
     uint32_t n_ctx;        /* the context's KV length */
     int32_t pos;           /* next position; set it back (0: a new conversation) and the next feed starts there */
     int32_t last;          /* the last token fed (-1: none) */
-    const float *logits;   /* speculative decoding: the next-token logits after it */
-    struct cli_spec *spec; /* NULL, or speculative decoding over ctx (tools/spec.h): feeds and replies go through it */
     /* the context shift (--context-shift): when the context is full, positions [n_keep, pos) lose their older half
      * (flm_kv_shift) and generation goes on; off: generation stops there */
     bool shift;
@@ -164,7 +160,11 @@ typedef struct cli_reply {
  * evaluation error. */
 int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r);
 
-/* ---- speculative decoding on the command line (tools/spec_cli.c; the engine is tools/spec.h) ---- */
+/* ---- speculative decoding on the command line (tools/spec_cli.c; the engine is the library's session:
+ * flm_session_speculate) ---- */
+#define CLI_SPEC_DRAFT_MAX FLM_SPEC_DRAFT_MAX
+#define CLI_SPEC_AUTO_TREE 12 /* mode auto running hot: the self-draft's tree (nodes; depth CLI_SPEC_AUTO_DEPTH) */
+#define CLI_SPEC_AUTO_DEPTH 6
 typedef struct cli_spec_args {
     const char *draft; /* --draft MODEL (a path or a pulled name), or NULL */
     int n_draft;       /* --draft-n N (default 4) */
@@ -202,12 +202,12 @@ typedef struct cli_spec_session {
     char draft_buf[4096];
     const char *draft_path;  /* the draft model's file (a pulled name resolved) */
     flm_ctx *draft;          /* the draft model's context (ram mode), or NULL */
-    struct cli_spec *spec;   /* the engine, once begun: set it as cli_gen.spec */
+    bool on;                 /* speculative decoding runs in the session (cli_spec_begin) */
     bool verbose;            /* print the plan lines */
     bool auto_self;          /* the self-draft was turned on by mode auto, not asked for */
     uint64_t budget;         /* the whole --mem in bytes (a percentage: of the target's weights); 0: none */
     uint64_t draft_bytes;    /* the draft's plan: weights, FFN, KV cache, scratch */
-    uint64_t buf_bytes;      /* the engine's buffers (cli_spec_buffer_bytes) */
+    uint64_t buf_bytes;      /* the engine's buffers (flm_spec_buffer_bytes) */
     uint64_t target_budget;  /* the budget the target was opened with (0: none) */
     uint64_t target_bytes;   /* the target's plan */
 } cli_spec_session;
@@ -219,13 +219,15 @@ typedef struct cli_spec_session {
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose);
 /* When flm_open refused the target with code: say what the draft took of the budget. */
 void cli_spec_target_refused(const cli_spec_session *ss, flm_status code);
-/* After the target is open: check that the draft shares its tokenizer (refused with both files named), create the
- * engine (ss->spec) over smp. Returns 0, or 1 after printing why. */
-int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_path, flm_params *params,
-                   flm_sampler *smp);
-/* The speculative statistics on stderr: drafted, accepted, acceptance rate, target passes, tokens per pass, per
- * generated token the target's ms, bytes read and neurons loaded (and the draft's), and the budget's split. */
-void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target);
+/* The engine's parameters for these arguments (after cli_spec_open_draft). */
+void cli_spec_params(const cli_spec_args *a, flm_spec_params *p);
+/* After the target is open and its session created: check that the draft shares its tokenizer (refused with both
+ * files named), turn speculative decoding on in sess (flm_session_speculate). Returns 0, or 1 after printing why. */
+int cli_spec_begin(cli_spec_session *ss, flm_ctx *target, const char *target_path, flm_session *sess);
+/* The speculative statistics on stderr (sess's, flm_session_spec_stats): drafted, accepted, acceptance rate, target
+ * passes, tokens per pass, per generated token the target's ms, bytes read and neurons loaded (and the draft's), and
+ * the budget's split. */
+void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target, const flm_session *sess);
 void cli_spec_session_close(cli_spec_session *ss);
 
 int cmd_chat(int argc, char **argv);

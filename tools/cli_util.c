@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "spec.h"
 #include "flashlm.h"
 #include "flashlm_tools.h"
 
@@ -627,15 +626,9 @@ static void gen_prepare(cli_gen *g) {
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
     flm_error err;
     if (n == 0) return 0;
-    flm_status st;
-    if (g->spec) { /* the draft follows */
-        st = cli_spec_feed(g->spec, ids, n, g->pos, &g->logits, &err);
-        if (!st) g->pos += (int32_t)n;
-    } else { /* batches of -b */
-        gen_prepare(g);
-        st = flm_session_feed(g->sess, ids, n, &err);
-        gen_sync(g);
-    }
+    gen_prepare(g);
+    flm_status st = flm_session_feed(g->sess, ids, n, &err);
+    gen_sync(g);
     if (st) {
         fprintf(stderr, "\nflashlm: %s\n", err.msg);
         return 1;
@@ -654,13 +647,6 @@ bool cli_stdout_put(const void *p, size_t n);
 static bool emit_text(emit_to *e, const char *p, size_t len) {
     if (!cli_stdout_put(p, len)) return false; /* a full disk, a closed pipe: stop generating */
     return !e->text || cli_buf_add(e->text, p, len);
-}
-
-static bool emit_token(void *user, int32_t prev, int32_t token) {
-    emit_to *e = user;
-    size_t len;
-    const char *p = flm_token_piece(e->g->ctx, prev, token, &len);
-    return emit_text(e, p, len);
 }
 
 /* The session's callback: the text as it comes, or (--print-ids) every sampled id. */
@@ -709,28 +695,8 @@ int cli_exit(int rc) {
     return cli_stdout_failed() && rc == 0 ? 1 : rc;
 }
 
-/* cli_gen_reply through speculative decoding: the same stops, the same tokens when greedy. */
-static int gen_reply_spec(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r) {
-    emit_to e = {g, text};
-    cli_spec_result res;
-    flm_error err;
-    flm_status st = cli_spec_generate(g->spec, g->logits, n_predict, feed_last, emit_token, &e, &res, &err);
-    r->n_gen = res.n_gen;
-    r->eog = res.eog;
-    r->ctx_full = res.ctx_full;
-    g->pos = res.n_past;
-    g->last = res.last;
-    g->logits = res.logits;
-    if (st) {
-        if (!cli_stdout_failed()) fprintf(stderr, "\nflashlm: %s\n", err.msg);
-        return 1;
-    }
-    return 0;
-}
-
 int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli_reply *r) {
     memset(r, 0, sizeof *r);
-    if (g->spec) return gen_reply_spec(g, n_predict, feed_last, text, r);
     emit_to e = {g, text};
     flm_gen_params gp;
     flm_gen_params_default(&gp);

@@ -17,7 +17,6 @@
 #include "cli.h"
 #include "flashlm.h"
 #include "flashlm_tools.h"
-#include "spec.h"
 #include "svg.h"
 
 #define BENCH_MAX_SERIES 4096 /* per-token records sent back per run */
@@ -180,11 +179,6 @@ static void context_result(const flm_stats *s, bench_result *r) {
     r->ok = 1;
 }
 
-static bool bench_emit(void *user, int32_t prev, int32_t token) {
-    (void)user; (void)prev; (void)token;
-    return true;
-}
-
 static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r, bench_tok **series) {
     memset(r, 0, sizeof *r);
     *series = NULL;
@@ -265,23 +259,30 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     }
     flm_reset_stats(ctx);
     if (run->spec) { /* speculative: the whole generation timed; the target's statistics summed */
-        cli_spec *sp = NULL;
-        cli_spec_opts so = {.n_draft = run->n_draft, .ngram = run->spec == 2, .self_draft = run->spec == 1,
-                            .adaptive = run->spec == 1, .tree = run->tree};
-        if (cli_spec_create(ctx, NULL, smp, &so, &sp, &err)) goto fail;
-        const float *lg = NULL;
-        /* the prompt again, through the engine (its history must hold it; the prompt was timed above) */
-        flm_status fst = cli_spec_feed(sp, ids, (size_t)n_prompt, 0, &lg, &err);
-        if (fst) { cli_spec_free(sp); goto fail; }
+        flm_session *sess = NULL;
+        flm_spec_params so;
+        flm_spec_params_default(&so);
+        so.n_draft = run->n_draft;
+        so.ngram = run->spec == 2;
+        so.self_draft = so.adaptive = run->spec == 1;
+        so.tree = run->tree;
+        if (flm_session_create(ctx, &sess, &err)) goto fail;
+        /* the prompt again, through the session (its history must hold it; the prompt was timed above) */
+        flm_status fst = flm_session_speculate(sess, &so, NULL, &err);
+        if (!fst) fst = flm_session_feed(sess, ids, (size_t)n_prompt, &err);
+        if (fst) { flm_session_free(sess); goto fail; }
         flm_reset_stats(ctx);
-        cli_spec_result res;
+        flm_gen_params gp;
+        flm_gen_params_default(&gp);
+        gp.max_tokens = n_gen + 1;
+        flm_gen_result res;
         double g0 = cli_now_ms();
-        fst = cli_spec_generate(sp, lg, n_gen + 1, false, bench_emit, NULL, &res, &err);
+        fst = flm_session_generate(sess, &gp, NULL, NULL, &res, &err);
         r->gen_ms = cli_now_ms() - g0;
-        if (fst) { cli_spec_free(sp); goto fail; }
-        cli_spec_stats ss;
-        cli_spec_get_stats(sp, &ss);
-        cli_spec_free(sp);
+        flm_spec_stats ss;
+        flm_session_spec_stats(sess, &ss);
+        flm_session_free(sess);
+        if (fst) goto fail;
         flm_stats s;
         flm_get_stats(ctx, &s);
         const double g = res.n_gen > 0 ? (double)res.n_gen : 1.0;

@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "spec.h"
 #include "flashlm.h"
 
 static const char *CHAT_HELP =
@@ -234,21 +233,16 @@ int cmd_chat(int argc, char **argv) {
             model, info.arch, info.n_layers, info.d_model, info.n_ctx, info.kernels, params.n_threads);
     flm_chat *tmpl = NULL;
     if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
-    flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
-    if (!smp || cli_spec_begin(&ss, &ctx, model, &params, smp)) {
-        if (!smp) fprintf(stderr, "flashlm: out of memory\n");
-        flm_sampler_free(smp);
-        flm_chat_close(tmpl);
-        flm_close(ctx);
-        cli_spec_session_close(&ss);
-        return 1;
-    }
-    flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
-    flm_session *sess = NULL; /* the library's token loop (speculative decoding keeps its own, tools/spec.c) */
+    flm_session *sess = NULL; /* the library's token loop, speculative or not */
+    int bad = 0;
     if (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
+        bad = 1;
+    } else {
+        bad = cli_spec_begin(&ss, ctx, model, sess);
+    }
+    if (bad) {
         flm_session_free(sess);
-        flm_sampler_free(smp);
         flm_chat_close(tmpl);
         flm_close(ctx);
         cli_spec_session_close(&ss);
@@ -257,7 +251,7 @@ int cmd_chat(int argc, char **argv) {
     bool tty = isatty(0);
     if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
 
-    cli_gen gen = {.ctx = ctx, .smp = smp, .sess = sess, .n_ctx = info.n_ctx, .last = -1, .spec = ss.spec};
+    cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1};
     msg_list msgs = {0};
     cli_buf done = {0}; /* the text the KV cache holds: prompt renderings and replies, in order */
     char *line = NULL;
@@ -269,10 +263,7 @@ int cmd_chat(int argc, char **argv) {
     size_t n_forgotten = 0; /* messages dropped by chat_forget */
     double ms_prompt = 0, ms_gen = 0;
     if (system && !msgs_push(&msgs, "system", system, strlen(system))) goto oom;
-    if (shift.on && ss.spec)
-        fprintf(stderr, "flashlm: warning: --context-shift is not supported while drafting yet: the conversation "
-                "stops when the context is full\n");
-    if (shift.on && !ss.spec) { /* what a context shift keeps: --keep N tokens after BOS, else the system part */
+    if (shift.on) { /* what a context shift keeps: --keep N tokens after BOS, else the system part */
         gen.shift = true;
         bool bos = flm_add_bos(ctx);
         if (shift.keep >= 0) gen.n_keep = (int32_t)shift.keep + bos;
@@ -297,7 +288,6 @@ int cmd_chat(int argc, char **argv) {
             done.len = 0;
             gen.pos = 0;
             gen.last = -1;
-            gen.logits = NULL;
             full = false;
             fprintf(stderr, "flashlm: new conversation\n");
             continue;
@@ -408,7 +398,7 @@ oom:
             "%.2f ms = %.2f tokens/s\n", n_turns, (unsigned long long)n_prompt_tok, ms_prompt,
             ms_prompt > 0 ? n_prompt_tok * 1e3 / ms_prompt : 0.0, (unsigned long long)n_gen_tok, ms_gen,
             ms_gen > 0 ? n_gen_tok * 1e3 / ms_gen : 0.0);
-    cli_spec_print_stats(&ss, ctx);
+    cli_spec_print_stats(&ss, ctx, sess);
     if (gen.n_shifts)
         fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept); %zu "
                 "messages held, %zu older ones forgotten\n", gen.n_shifts, gen.n_shifts > 1 ? "s" : "",
@@ -419,7 +409,6 @@ oom:
     free(msgs.m);
     cli_buf_free(&done);
     flm_session_free(sess);
-    flm_sampler_free(smp);
     flm_chat_close(tmpl);
     flm_close(ctx);
     cli_spec_session_close(&ss); /* the draft model, after the target */

@@ -12,7 +12,6 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "cli.h"
-#include "spec.h"
 
 /* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
 static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_token, bool spec) {
@@ -285,35 +284,17 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     } else {
         ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     }
-    flm_sampler *smp = flm_sampler_create(&sp, info.n_vocab);
-    const char *refuse = !ids || !smp ? "out of memory" : n_prompt == 0 ? "cannot tokenize the prompt" : NULL;
+    const char *refuse = !ids ? "out of memory" : n_prompt == 0 ? "cannot tokenize the prompt" : NULL;
     if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
     else if (n_prompt > info.n_ctx) /* as llama.cpp: an error, not a truncation */
         fprintf(stderr, "flashlm: the prompt (%zu tokens) is longer than the context (%u tokens); raise -c\n",
                 n_prompt, info.n_ctx);
-    /* speculative decoding does not shift its two contexts yet: there the whole reply must fit */
-    bool spec_on = sa->draft || sa->ngram;
-    if (spec_on && shift->on)
-        fprintf(stderr, "flashlm: warning: --context-shift is not supported while drafting yet\n");
-    if (n_predict == CLI_N_PREDICT_ALL && spec_on && n_prompt < info.n_ctx)
-        n_predict = (long)(info.n_ctx - n_prompt); /* -n -1 while drafting: until the context is full */
-    bool spec_too_long = !refuse && n_prompt <= info.n_ctx && spec_on && n_prompt + (size_t)n_predict > info.n_ctx;
-    if (spec_too_long)
-        fprintf(stderr, "flashlm: with %s, prompt (%zu tokens) + -n %ld must fit the context of %u tokens (no "
-                "context shift while drafting yet); raise -c\n", sa->draft ? "--draft" : "--draft-ngram", n_prompt,
-                n_predict, info.n_ctx);
-    if (refuse || n_prompt > info.n_ctx || spec_too_long || cli_spec_begin(ss, &ctx, model, &params, smp)) {
-        flm_sampler_free(smp);
-        free(ids);
-        flm_close(ctx);
-        return 1;
-    }
-    flm_get_info(ctx, &info); /* again: cli_spec_begin may have opened the target again (--draft-ngram) */
-    flm_session *sess = NULL; /* the library's token loop (speculative decoding keeps its own, tools/spec.c) */
-    if (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)) {
+    flm_session *sess = NULL; /* the library's token loop, speculative or not */
+    if (!refuse && n_prompt <= info.n_ctx &&
+        (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)))
         fprintf(stderr, "flashlm: %s\n", err.msg);
+    if (refuse || n_prompt > info.n_ctx || !sess || cli_spec_begin(ss, ctx, model, sess)) {
         flm_session_free(sess);
-        flm_sampler_free(smp);
         free(ids);
         flm_close(ctx);
         return 1;
@@ -330,12 +311,11 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t_prompt = 0, t_gen = 0;
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
-    cli_gen gen = {.ctx = ctx, .smp = smp, .sess = sess, .n_ctx = info.n_ctx, .last = -1,
-                   .spec = ss->spec, .print_ids = run_print_ids};
+    cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1, .print_ids = run_print_ids};
     /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
     long keep = shift->keep == -1 ? (long)n_prompt : shift->keep < 0 ? 0 : shift->keep;
     keep += n_prompt && ids[0] == info.bos && shift->keep != -1;
-    gen.shift = shift->on && !ss->spec;
+    gen.shift = shift->on;
     gen.n_keep = (int32_t)(keep < (long)n_prompt ? keep : (long)n_prompt);
     cli_reply reply = {0};
     double t1 = cli_now_ms();
@@ -363,14 +343,13 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
     fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s%s\n", n_gen, t_gen,
             t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0, n_predict == 0 ? " (-n 0: the prompt only)" : "");
-    print_stats(ctx, &prompt_stats, per_token, ss->spec != NULL);
-    cli_spec_print_stats(ss, ctx);
+    print_stats(ctx, &prompt_stats, per_token, ss->on);
+    cli_spec_print_stats(ss, ctx, sess);
     if (stats_json) {
         if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
         else fprintf(stderr, "flashlm: statistics written to %s\n", stats_json);
     }
     flm_session_free(sess);
-    flm_sampler_free(smp);
     free(ids);
     flm_close(ctx);
     return rc;

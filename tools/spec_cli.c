@@ -1,11 +1,11 @@
-/* spec_cli.c — speculative decoding on the command line (run, chat): the flags, the draft model opened inside the
- * memory budget before the target, the tokenizer check, and the statistics. The engine is tools/spec.c. */
+/* spec_cli.c — speculative decoding on the command line (run, chat, serve): the flags, the draft model opened inside
+ * the memory budget before the target, the tokenizer check, and the statistics. The engine is the library's session
+ * (flm_session_speculate, src/session/spec.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "spec.h"
 
 const char *CLI_SPEC_OPTS_HELP =
     "      --draft MODEL    speculative decoding: MODEL (a .gguf, .flm or pulled name sharing the target's\n"
@@ -134,9 +134,10 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
         return 1;
     }
     uint32_t n_ctx = facts.n_ctx > (uint32_t)params->n_ctx ? facts.n_ctx : (uint32_t)params->n_ctx;
-    ss->buf_bytes = cli_spec_buffer_bytes(facts.n_vocab, ss->a.draft ? n_ctx : facts.n_ctx, ss->a.n_draft,
-                                          ss->a.draft != NULL || ss->a.self_draft);
-    if (ss->a.tree) ss->buf_bytes += cli_spec_tree_bytes(facts.n_vocab, ss->a.tree, ss->a.greedy);
+    flm_spec_params sp;
+    cli_spec_params(&ss->a, &sp);
+    ss->buf_bytes = flm_spec_buffer_bytes(facts.n_vocab, ss->a.draft ? n_ctx : facts.n_ctx, &sp, ss->a.draft != NULL,
+                                          ss->a.greedy);
     /* one budget for both (the library's split: runtime/plan.c) */
     flm_plan_pair pair;
     if (flm_plan_split(target, params, ss->a.draft ? ss->draft_path : NULL, &dp, ss->buf_bytes, &pair, &err)) {
@@ -191,34 +192,42 @@ void cli_spec_target_refused(const cli_spec_session *ss, const flm_status code) 
                 cli_mib(ss->draft_bytes + ss->buf_bytes));
 }
 
-int cli_spec_begin(cli_spec_session *ss, flm_ctx **target, const char *target_path, flm_params *params,
-                   flm_sampler *smp) {
+void cli_spec_params(const cli_spec_args *a, flm_spec_params *p) {
+    flm_spec_params_default(p);
+    p->n_draft = a->n_draft;
+    p->ngram = a->ngram && !a->draft;
+    p->self_draft = a->self_draft;
+    p->adaptive = a->self_draft;
+    p->tree = a->tree;
+}
+
+int cli_spec_begin(cli_spec_session *ss, flm_ctx *target, const char *target_path, flm_session *sess) {
     if (!cli_spec_active(&ss->a)) return 0;
     flm_error err;
-    if (ss->draft && cli_spec_check_vocab(*target, target_path, ss->draft, ss->draft_path, &err)) {
+    if (ss->draft && flm_spec_check_vocab(target, target_path, ss->draft, ss->draft_path, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
     flm_stats st;
-    ss->target_bytes = ctx_bytes(*target, &st);
-    (void)params; /* the budget was split before the target opened (cli_spec_open_draft) */
+    ss->target_bytes = ctx_bytes(target, &st); /* the budget was split before the target opened (cli_spec_open_draft) */
     if (ss->verbose && ss->auto_self)
         fprintf(stderr, "flashlm: plan: mode auto runs hot, so it decodes speculatively with the self-draft (the "
                 "hottest and the recently active neurons in memory propose a tree of up to %d tokens, %d deep; "
                 "--no-draft turns it off)\n", ss->a.tree, ss->a.n_draft);
-    cli_spec_opts o = {.n_draft = ss->a.n_draft, .ngram = ss->a.ngram, .self_draft = ss->a.self_draft,
-                       .adaptive = ss->a.self_draft, .tree = ss->a.tree};
-    if (cli_spec_create(*target, ss->draft, smp, &o, &ss->spec, &err)) {
+    flm_spec_params o;
+    cli_spec_params(&ss->a, &o);
+    if (flm_session_speculate(sess, &o, ss->draft, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
+    ss->on = true;
     return 0;
 }
 
-void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
-    if (!ss->spec) return;
-    cli_spec_stats s;
-    cli_spec_get_stats(ss->spec, &s);
+void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target, const flm_session *sess) {
+    if (!ss->on) return;
+    flm_spec_stats s;
+    flm_session_spec_stats(sess, &s);
     fprintf(stderr, "flashlm: speculative decoding (%s%s, up to %d per step): %llu tokens generated in %llu target "
             "passes = %.2f tokens per pass; drafted %llu, accepted %llu (%.1f%%); %llu steps without a draft\n",
             ss->draft ? "draft " : ss->a.self_draft ? "self-draft" : "n-gram lookup", ss->draft ? ss->draft_path : "",
@@ -257,8 +266,7 @@ void cli_spec_print_stats(const cli_spec_session *ss, const flm_ctx *target) {
 }
 
 void cli_spec_session_close(cli_spec_session *ss) {
-    cli_spec_free(ss->spec);
-    ss->spec = NULL;
+    ss->on = false;
     flm_close(ss->draft);
     ss->draft = NULL;
 }

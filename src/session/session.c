@@ -1,7 +1,8 @@
 /* session.c — a token stream through one context (include/flashlm.h, "Sessions"): prompts (appended, or a whole new
  * prompt that keeps the common prefix of what the KV cache holds), sampling with the session's sampler, stop strings
  * (text that could begin one is held back until it cannot), streaming through a callback, cancellation from another
- * thread (an atomic flag), the context shift, per-request statistics. What `flashlm run`, `chat` and `serve` share;
+ * thread (an atomic flag), the context shift, per-request statistics, speculative decoding (session/spec.h: the
+ * engine decides a step's tokens, this loop takes them one at a time). What `flashlm run`, `chat` and `serve` share;
  * it was the CLI's (tools/cli_util.c) before. Writes nothing to stdout or stderr.
  *
  * Layer: above src/runtime (it calls the public runtime entry points only: flm_eval_batch, flm_kv_shift, the
@@ -14,12 +15,14 @@
 #include "flashlm.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "session/spec.h"
 
 struct flm_session {
     flm_ctx *ctx;
     uint32_t n_ctx, n_vocab;
     flm_sampler *smp;
-    int32_t *ids;          /* the tokens at positions [0, n_past) */
+    int32_t *ids;          /* [n_ctx + 1]: the tokens at positions [0, n_past) (the speculative engine's history too:
+                              a step writes the tokens it evaluates after n_past) */
     int32_t n_past;
     int32_t n_valid;       /* positions [0, n_valid) hold what evaluating ids[0..n_valid) from 0 gives (no shift
                               moved them): the prefix flm_session_prompt may keep */
@@ -31,6 +34,7 @@ struct flm_session {
     flm_session_stats st;
     char *hold;            /* generated text not released yet (a stop string could begin in it) */
     size_t hold_len, hold_cap;
+    spec *spec;            /* speculative decoding (flm_session_speculate), or NULL */
 };
 
 flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
@@ -43,7 +47,7 @@ flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
     s->ctx = ctx;
     s->n_ctx = info.n_ctx;
     s->n_vocab = info.n_vocab;
-    s->ids = malloc((size_t)(info.n_ctx ? info.n_ctx : 1) * sizeof *s->ids);
+    s->ids = malloc(((size_t)info.n_ctx + 1) * sizeof *s->ids);
     flm_sampler_params sp;
     flm_sampler_params_default(&sp);
     sp.temp = 0;
@@ -59,6 +63,7 @@ flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
 
 void flm_session_free(flm_session *s) {
     if (!s) return;
+    spec_free(s->spec);
     flm_sampler_free(s->smp);
     free(s->ids);
     free(s->hold);
@@ -72,7 +77,29 @@ flm_status flm_session_sampling(flm_session *s, const flm_sampler_params *p, flm
     if (!smp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory creating a sampler");
     flm_sampler_free(s->smp);
     s->smp = smp;
+    if (s->spec) spec_set_sampler(s->spec, smp);
     return FLM_OK;
+}
+
+flm_status flm_session_speculate(flm_session *s, const flm_spec_params *p, flm_ctx *draft, flm_error *err) {
+    if (!s) return flm_fail(err, FLM_ERR_ARG, "flm_session_speculate: no session");
+    spec *sp = NULL;
+    if (p) {
+        flm_status st = spec_create(s->ctx, draft, s->smp, s->ids, p, &sp, err);
+        if (!st && s->n_past > 0) st = spec_prompted(sp, s->n_past, err); /* a draft model: the tokens held */
+        if (st) {
+            spec_free(sp);
+            return st;
+        }
+    }
+    spec_free(s->spec);
+    s->spec = sp;
+    return FLM_OK;
+}
+
+void flm_session_spec_stats(const flm_session *s, flm_spec_stats *st) {
+    if (s && s->spec) *st = *spec_stats(s->spec);
+    else memset(st, 0, sizeof *st);
 }
 
 void flm_session_set_shift(flm_session *s, bool on, int32_t n_keep) {
@@ -95,7 +122,10 @@ void flm_session_cancel(flm_session *s) {
 }
 
 void flm_session_get_stats(const flm_session *s, flm_session_stats *st) { *st = s->st; }
-void flm_session_reset_stats(flm_session *s) { memset(&s->st, 0, sizeof s->st); }
+void flm_session_reset_stats(flm_session *s) {
+    memset(&s->st, 0, sizeof s->st);
+    if (s->spec) memset(spec_stats(s->spec), 0, sizeof(flm_spec_stats));
+}
 
 void flm_gen_params_default(flm_gen_params *p) {
     memset(p, 0, sizeof *p);
@@ -114,6 +144,13 @@ static void stats_add(flm_token_stats *sum, const flm_stats *a, const flm_stats 
     sum->n_reused += b->total.n_reused - a->total.n_reused;
 }
 
+/* The statistics of the context's last evaluated token (what the next sampled token's flm_gen_token.stats says). */
+static void note_last(flm_session *s) {
+    flm_stats fs;
+    flm_get_stats(s->ctx, &fs);
+    if (!fs.n_tokens || !flm_get_token_stats(s->ctx, fs.n_tokens - 1, &s->last)) memset(&s->last, 0, sizeof s->last);
+}
+
 /* Evaluate ids[0..n) at positions pos .. (pos <= n_past), keeping the history and the last token's statistics. */
 static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t pos, flm_error *err) {
     if (n == 0) return FLM_OK;
@@ -130,9 +167,7 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
     s->n_past = pos + (int32_t)n;
     if (s->n_valid >= pos) s->n_valid = s->n_past; /* contiguous with the valid prefix: still valid */
     s->logits = logits;
-    flm_stats fs;
-    flm_get_stats(s->ctx, &fs);
-    if (!fs.n_tokens || !flm_get_token_stats(s->ctx, fs.n_tokens - 1, &s->last)) memset(&s->last, 0, sizeof s->last);
+    note_last(s);
     return FLM_OK;
 }
 
@@ -142,6 +177,8 @@ static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int
     flm_get_stats(s->ctx, &a);
     double t0 = flm_now_ms();
     flm_status st = eval_at(s, ids, n, pos, err);
+    if (!st && s->spec && (st = spec_prompted(s->spec, s->n_past, err))) /* a draft model follows */
+        flm_session_rewind(s, pos);
     s->st.prompt_ms += flm_now_ms() - t0;
     flm_get_stats(s->ctx, &b);
     stats_add(&s->st.prompt, &a, &b);
@@ -344,10 +381,24 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
     flm_gen_token t;
     memset(&t, 0, sizeof t);
     bool go = true;
+    /* speculative decoding: a step's decided tokens queue[qi..qn), each sampled from qrows' row of its index; all but
+     * the last are accepted drafts the context holds already (at n_past on) */
+    int32_t queue[FLM_SPEC_DRAFT_MAX + 1];
+    uint32_t qi = 0, qn = 0;
+    const float *qrows = NULL;
+    flm_spec_stats *ss = s->spec ? spec_stats(s->spec) : NULL;
     while (r->n_gen < max && s->logits) {
         if (atomic_load(&s->cancel)) { r->cancelled = true; break; }
-        int32_t next = flm_sampler_sample(s->smp, s->logits);
+        int32_t next;
+        bool held = false; /* next is an accepted draft: evaluated by the step */
+        if (qi < qn) {
+            next = queue[qi++];
+            held = qi < qn;
+        } else {
+            next = flm_sampler_sample(s->smp, s->logits);
+        }
         r->n_gen++;
+        if (ss) ss->n_gen++;
         double now = flm_now_ms();
         t.id = next;
         t.ms = now - t_prev;
@@ -368,6 +419,8 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         int stop_at;
         size_t out = releasable(s, gp, &stop_at);
         go = release(s, fn, user, &t, out);
+        /* every way out before the evaluation below leaves next out of the context (an accepted draft it holds is
+         * forgotten by the next evaluation, which starts at n_past) */
         if (stop_at >= 0) {
             r->stopped = true;
             r->stop_index = stop_at;
@@ -376,8 +429,33 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         }
         if (!go) { r->cancelled = true; break; }
         if (r->n_gen >= max && !gp->feed_last) { r->limit = true; break; }
+        if (held) { /* in the context already: take it, its row gives the next token */
+            s->ids[s->n_past] = next;
+            if (s->n_valid == s->n_past) s->n_valid++;
+            s->n_past++;
+            s->logits = qrows + (size_t)qi * s->n_vocab;
+            continue;
+        }
         if (!room(s, 1)) { r->ctx_full = true; break; } /* full: a context shift, or stop */
+        if (s->spec && r->n_gen < max) { /* next and the drafts after it in one pass */
+            uint32_t m = 0;
+            const int32_t H = s->n_past;
+            st = spec_step(s->spec, H, next, max - r->n_gen, queue, &m, &qrows, err);
+            if (st) { /* the context holds positions < H at most; its logits are gone */
+                s->logits = NULL;
+                break;
+            }
+            s->ids[H] = next;
+            if (s->n_valid == H) s->n_valid++;
+            s->n_past = H + 1;
+            s->logits = qrows;
+            note_last(s);
+            qi = 0;
+            qn = m;
+            continue;
+        }
         st = eval_at(s, &next, 1, s->n_past, err);
+        if (ss) ss->n_passes++;
         if (st) break;
     }
     if (!st && !r->eog && !r->stopped && !r->cancelled && !r->ctx_full && r->n_gen >= max) r->limit = true;
@@ -390,6 +468,13 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
     s->hold_len = 0;
     flm_get_stats(s->ctx, &b);
     stats_add(&s->st.gen, &a, &b);
+    if (ss) { /* the target's share of the speculative counts */
+        ss->target_tokens += b.n_tokens - a.n_tokens;
+        ss->target_ms += (b.total.io_ms + b.total.mem_ms + b.total.compute_ms) -
+                         (a.total.io_ms + a.total.mem_ms + a.total.compute_ms);
+        ss->bytes_read += b.total.bytes_read - a.total.bytes_read;
+        ss->n_loaded += b.total.n_loaded - a.total.n_loaded;
+    }
     r->ms = flm_now_ms() - t0;
     s->st.gen_ms += r->ms;
     s->st.n_gen += (uint64_t)r->n_gen;

@@ -1,5 +1,7 @@
-/* spec.c — speculative decoding (spec.h): drafting, one batched verification per step, the acceptance rule, and
- * keeping the target's and the draft's contexts in step with the accepted text.
+/* spec.c — the speculative decoding engine of a session (session/spec.h; public: flm_session_speculate): drafting,
+ * one batched verification per step, the acceptance rule, and keeping the target's and the draft's contexts in step
+ * with the accepted text. The token loop around the steps (stops, limits, cancellation, the context shift) is the
+ * session's (session.c, flm_session_generate). It was the CLI's (tools/spec.c) before.
  *
  * A step, with the target holding hist[0..H) and `last` (decided, not yet evaluated) next:
  *   1. the draft proposes d1..dN (a draft model from its own logits after hist + last, or the n-gram lookup);
@@ -15,39 +17,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec.h"
+#include "core/error.h"
+#include "core/util.h"
+#include "session/spec.h"
 
-#include <stdarg.h>
-#include <stdio.h>
-#include <time.h>
-
-/* Monotonic clock, milliseconds. */
-static double spec_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Fill err (when non-NULL) with code and a printf-formatted message; returns code. */
-static flm_status spec_fail(flm_error *err, flm_status code, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
-
-struct cli_spec {
+struct spec {
     flm_ctx *target, *draft;
     flm_sampler *smp;
-    cli_spec_opts o;
+    flm_spec_params o;
     uint32_t n_vocab;
     int32_t n_ctx;       /* the target's context */
     int32_t draft_n_ctx; /* the draft's context (0: no draft model) */
-    int32_t *hist;       /* [n_ctx + 1]: the tokens the target holds, then the step's `last` */
+    int32_t *hist;       /* [n_ctx + 1] (the session's): the tokens the target holds, then the step's `last` */
     int32_t n_hist;
     int32_t *dtok;       /* [draft_n_ctx]: the tokens the draft model holds */
     int32_t n_dtok;
@@ -55,11 +36,11 @@ struct cli_spec {
     float *rows;         /* [(n_draft + 1) * n_vocab]: the target's logits for the batch */
     float *q;            /* [n_draft * n_vocab]: the draft's distribution for each proposal (draft model only) */
     float *p;            /* [n_vocab]: the target's distribution, one row at a time */
-    cli_spec_stats st;
+    flm_spec_stats st;
     /* adaptive draft length (o.adaptive): running estimates, ms */
     double acc_a, acc_n;          /* accepted and drafted tokens, decayed */
     double c_draft;               /* ms per drafted token (0: not measured yet) */
-    double c_verify[CLI_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
+    double c_verify[FLM_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
     uint64_t n_choices;
     /* tree drafts (o.tree): nodes, parents, path probabilities, depths; each drafted node's draws (sampling) and
      * draft distribution */
@@ -74,19 +55,33 @@ struct cli_spec {
     double ms_token;  /* ms per generated token of the tree steps, decayed */
 };
 
-uint64_t cli_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
+/* The engine's buffers for a chain of n_draft (the history counted though the session holds it). */
+static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
     uint64_t V = n_vocab, N = n_draft > 0 ? (uint64_t)n_draft : 0;
     return 4 * ((N + 1) * V + (with_draft_model ? N * V : 0) + V) + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
 }
 
-uint64_t cli_spec_tree_bytes(uint32_t n_vocab, int tree, bool greedy) {
+/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the drafts' distributions when sampling
+ * (!greedy), the nodes. */
+static uint64_t tree_bytes(uint32_t n_vocab, int tree, bool greedy) {
     uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0;
-    return 4 * (T * V + (greedy ? 0 : T * V) + T * (3 + CLI_SPEC_TREE_K)) + T;
+    return 4 * (T * V + (greedy ? 0 : T * V) + T * (3 + SPEC_TREE_K)) + T;
 }
 
-void cli_spec_free(cli_spec *s) {
+uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p, bool with_draft_model,
+                               bool greedy) {
+    if (!p) return 0;
+    return chain_bytes(n_vocab, n_ctx, p->n_draft, with_draft_model || p->self_draft) +
+           (p->tree ? tree_bytes(n_vocab, p->tree, greedy) : 0);
+}
+
+void flm_spec_params_default(flm_spec_params *p) {
+    memset(p, 0, sizeof *p);
+    p->n_draft = 4;
+}
+
+void spec_free(spec *s) {
     if (!s) return;
-    free(s->hist);
     free(s->dtok);
     free(s->batch);
     free(s->rows);
@@ -101,31 +96,34 @@ void cli_spec_free(cli_spec *s) {
     free(s);
 }
 
-flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, const cli_spec_opts *o, cli_spec **out,
-                           flm_error *err) {
+flm_status spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, int32_t *hist, const flm_spec_params *o,
+                       spec **out, flm_error *err) {
     *out = NULL;
-    if (!target || !smp || !o) return spec_fail(err, FLM_ERR_ARG, "speculative decoding: no target or sampler");
-    if (o->n_draft < 1 || o->n_draft > CLI_SPEC_DRAFT_MAX)
-        return spec_fail(err, FLM_ERR_ARG, "speculative decoding: --draft-n %d is outside 1..%d", o->n_draft,
-                        CLI_SPEC_DRAFT_MAX);
+    if (!target || !smp || !o || !hist) return flm_fail(err, FLM_ERR_ARG, "speculative decoding: no target or sampler");
+    if (o->n_draft < 1 || o->n_draft > FLM_SPEC_DRAFT_MAX)
+        return flm_fail(err, FLM_ERR_ARG, "speculative decoding: %d draft tokens per step is outside 1..%d", o->n_draft,
+                        FLM_SPEC_DRAFT_MAX);
     if (!draft && !o->ngram && !o->self_draft)
-        return spec_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model, the n-gram lookup or a "
+        return flm_fail(err, FLM_ERR_ARG, "speculative decoding needs a draft model, the n-gram lookup or a "
                          "self-draft");
+    if ((draft != NULL) + o->ngram + o->self_draft > 1)
+        return flm_fail(err, FLM_ERR_ARG, "speculative decoding: one draft source at a time (a draft model, the "
+                        "n-gram lookup or the self-draft)");
     if (o->self_draft && (draft || !flm_has_self_draft(target)))
-        return spec_fail(err, FLM_ERR_ARG, "a self-draft needs the target in mode hot with neurons streamed, and no "
+        return flm_fail(err, FLM_ERR_ARG, "a self-draft needs the target in mode hot with neurons streamed, and no "
                          "draft model");
-    if (o->tree && (!o->self_draft || o->tree < 2 || o->tree > CLI_SPEC_DRAFT_MAX))
-        return spec_fail(err, FLM_ERR_ARG, "a draft tree needs the self-draft and 2..%d nodes", CLI_SPEC_DRAFT_MAX);
+    if (o->tree && (!o->self_draft || o->tree < 2 || o->tree > FLM_SPEC_DRAFT_MAX))
+        return flm_fail(err, FLM_ERR_ARG, "a draft tree needs the self-draft and 2..%d nodes", FLM_SPEC_DRAFT_MAX);
     flm_model_info ti, di;
     flm_get_info(target, &ti);
     if (draft) {
         flm_get_info(draft, &di);
         if (di.n_vocab != ti.n_vocab)
-            return spec_fail(err, FLM_ERR_ARG, "speculative decoding: the draft has %u logits per token, the target %u",
+            return flm_fail(err, FLM_ERR_ARG, "speculative decoding: the draft has %u logits per token, the target %u",
                             di.n_vocab, ti.n_vocab);
     }
-    cli_spec *s = calloc(1, sizeof *s);
-    if (!s) return spec_fail(err, FLM_ERR_NOMEM, "out of memory");
+    spec *s = calloc(1, sizeof *s);
+    if (!s) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     s->target = target;
     s->draft = draft;
     s->smp = smp;
@@ -134,7 +132,7 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
     s->n_ctx = (int32_t)ti.n_ctx;
     s->draft_n_ctx = draft ? (int32_t)di.n_ctx : 0;
     const size_t V = ti.n_vocab, T = (size_t)o->tree, N = T > (size_t)o->n_draft ? T : (size_t)o->n_draft;
-    s->hist = malloc(((size_t)s->n_ctx + 1) * sizeof *s->hist);
+    s->hist = hist;
     s->dtok = draft ? malloc((size_t)s->draft_n_ctx * sizeof *s->dtok) : NULL;
     s->batch = malloc((N + 1) * sizeof *s->batch);
     s->rows = malloc((N + 1) * V * sizeof *s->rows);
@@ -144,24 +142,25 @@ flm_status cli_spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, co
         s->ttok = malloc(T * sizeof *s->ttok);
         s->tpar = malloc(T * sizeof *s->tpar);
         s->tscore = malloc(T * sizeof *s->tscore);
-        s->tdraw = malloc(T * CLI_SPEC_TREE_K * sizeof *s->tdraw);
+        s->tdraw = malloc(T * SPEC_TREE_K * sizeof *s->tdraw);
         s->tndraw = malloc(T);
         s->tq = flm_sampler_greedy(smp) ? NULL : malloc(T * V * sizeof *s->tq);
     }
     if (T && (!s->ttok || !s->tpar || !s->tscore || !s->tdraw || !s->tndraw || (!flm_sampler_greedy(smp) && !s->tq))) {
-        cli_spec_free(s);
-        return spec_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree of %zu nodes", T);
+        spec_free(s);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree of %zu nodes", T);
     }
     if (!s->hist || (draft && (!s->dtok || !s->q)) || (o->self_draft && !s->q) || !s->batch || !s->rows || !s->p) {
-        cli_spec_free(s);
-        return spec_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
-                        cli_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, o->n_draft, draft != NULL) / 1048576.0);
+        spec_free(s);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
+                        flm_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, o, draft != NULL, flm_sampler_greedy(smp)) /
+                            1048576.0);
     }
     *out = s;
     return FLM_OK;
 }
 
-flm_status cli_spec_check_vocab(const flm_ctx *target, const char *target_path, const flm_ctx *draft,
+flm_status flm_spec_check_vocab(const flm_ctx *target, const char *target_path, const flm_ctx *draft,
                                 const char *draft_path, flm_error *err) {
 #define NOT_SHARED "the draft model %s does not share the target model %s's tokenizer: "
     flm_model_info ti, di;
@@ -169,10 +168,10 @@ flm_status cli_spec_check_vocab(const flm_ctx *target, const char *target_path, 
     flm_get_info(draft, &di);
     uint32_t tn = flm_vocab_size(target), dn = flm_vocab_size(draft);
     if (ti.n_vocab != di.n_vocab || tn != dn)
-        return spec_fail(err, FLM_ERR_ARG, NOT_SHARED "its vocabulary has %u tokens (%u logits), the target's %u (%u "
+        return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "its vocabulary has %u tokens (%u logits), the target's %u (%u "
                         "logits)", draft_path, target_path, dn, di.n_vocab, tn, ti.n_vocab);
     if (ti.bos != di.bos || ti.eos != di.eos)
-        return spec_fail(err, FLM_ERR_ARG, NOT_SHARED "BOS/EOS are %d/%d in the draft, %d/%d in the target", draft_path,
+        return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "BOS/EOS are %d/%d in the draft, %d/%d in the target", draft_path,
                         target_path, di.bos, di.eos, ti.bos, ti.eos);
     for (uint32_t i = 0; i < tn; i++) {
         const char *a = flm_token_text(target, (int32_t)i), *b = flm_token_text(draft, (int32_t)i);
@@ -181,7 +180,7 @@ flm_status cli_spec_check_vocab(const flm_ctx *target, const char *target_path, 
                    *pb = flm_token_piece(draft, -1, (int32_t)i, &lb);
         bool eog_a = flm_token_is_eog(target, (int32_t)i), eog_b = flm_token_is_eog(draft, (int32_t)i);
         if (strcmp(a, b) != 0 || la != lb || memcmp(pa, pb, la) != 0 || eog_a != eog_b)
-            return spec_fail(err, FLM_ERR_ARG, NOT_SHARED "token %u is \"%.40s\"%s in the draft, \"%.40s\"%s in the "
+            return flm_fail(err, FLM_ERR_ARG, NOT_SHARED "token %u is \"%.40s\"%s in the draft, \"%.40s\"%s in the "
                             "target", draft_path, target_path, i, b, eog_b ? " (end of generation)" : "", a,
                             eog_a ? " (end of generation)" : "");
     }
@@ -189,18 +188,14 @@ flm_status cli_spec_check_vocab(const flm_ctx *target, const char *target_path, 
 #undef NOT_SHARED
 }
 
-int32_t cli_spec_n_past(const cli_spec *s) { return s->n_hist; }
+void spec_set_sampler(spec *s, flm_sampler *smp) { s->smp = smp; }
 
-void cli_spec_rewind(cli_spec *s, int32_t n) {
-    if (n >= 0 && n < s->n_hist) s->n_hist = n;
-}
-
-void cli_spec_get_stats(const cli_spec *s, cli_spec_stats *st) { *st = s->st; }
+flm_spec_stats *spec_stats(spec *s) { return &s->st; }
 
 /* Bring the draft model to hold seq[0..n) (n <= its context): evaluate from the first token it holds that differs
  * (at least the last one, so its logits are fresh) in one batched call; *logits gets the next-token logits. The
  * tokens count in the statistics when count (generation, not a prompt). */
-static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, bool count, const float **logits,
+static flm_status draft_sync(spec *s, const int32_t *seq, int32_t n, bool count, const float **logits,
                              flm_error *err) {
     int32_t v = 0;
     while (v < s->n_dtok && v < n && s->dtok[v] == seq[v]) v++;
@@ -216,33 +211,21 @@ static flm_status draft_sync(cli_spec *s, const int32_t *seq, int32_t n, bool co
     return FLM_OK;
 }
 
-flm_status cli_spec_feed(cli_spec *s, const int32_t *ids, size_t n, int32_t pos, const float **logits,
-                         flm_error *err) {
-    if (pos < 0 || pos > s->n_hist)
-        return spec_fail(err, FLM_ERR_ARG, "position %d out of order (expected %d or earlier)", pos, s->n_hist);
-    if (n == 0) return flm_eval_batch(s->target, ids, 0, pos, NULL, logits, err); /* its own error: no tokens */
-    flm_status st = flm_eval_batch(s->target, ids, (uint32_t)n, pos, NULL, logits, err);
-    if (st) {
-        s->n_hist = pos;
-        return st;
-    }
-    memcpy(s->hist + pos, ids, n * sizeof *ids); /* pos + n <= n_ctx: flm_eval_batch checked it */
-    s->n_hist = pos + (int32_t)n;
-    if (s->draft && s->n_hist <= s->draft_n_ctx) { /* now rather than in the first step: the prompt's time */
-        const float *dl;
-        st = draft_sync(s, s->hist, s->n_hist, false, &dl, err);
-    }
-    return st;
+flm_status spec_prompted(spec *s, int32_t n, flm_error *err) {
+    s->n_hist = n;
+    if (!s->draft || n <= 0 || n > s->draft_n_ctx) return FLM_OK; /* now rather than in the first step */
+    const float *dl;
+    return draft_sync(s, s->hist, n, false, &dl, err);
 }
 
 /* Propose up to n tokens after seq[0..len) into out with the draft model, their distributions into s->q (row i for
  * out[i]); stops after an end-of-generation token. Returns how many (0 when the draft's context has no room). */
-static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
+static flm_status draft_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
                                 uint32_t *n_out, flm_error *err) {
     *n_out = 0;
     if (len > s->draft_n_ctx) return FLM_OK;
     if ((int64_t)len + n - 1 > s->draft_n_ctx) n = (uint32_t)(s->draft_n_ctx - len + 1); /* d_n is not evaluated */
-    double t0 = spec_now_ms();
+    double t0 = flm_now_ms();
     const float *logits;
     flm_status st = draft_sync(s, seq, len, true, &logits, err);
     const size_t V = s->n_vocab;
@@ -261,7 +244,7 @@ static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, ui
             s->st.draft_tokens++;
         }
     }
-    s->st.draft_ms += spec_now_ms() - t0;
+    s->st.draft_ms += flm_now_ms() - t0;
     *n_out = st ? 0 : i;
     return st;
 }
@@ -270,10 +253,10 @@ static flm_status draft_propose(cli_spec *s, const int32_t *seq, int32_t len, ui
  * (flm_eval_draft), from position len - 1 (seq[len - 1], the step's `last`, not yet evaluated), with the target's
  * exact keys and values for the positions before. Its distributions go to s->q. The approximate keys and values it
  * stores at len - 1 .. len + n - 2 are all overwritten by the verification batch, which starts at len - 1. */
-static flm_status self_propose(cli_spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
+static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
                                uint32_t *n_out, flm_error *err) {
     *n_out = 0;
-    double t0 = spec_now_ms();
+    double t0 = flm_now_ms();
     const size_t V = s->n_vocab;
     int32_t tok = seq[len - 1];
     flm_status st = FLM_OK;
@@ -289,12 +272,12 @@ static flm_status self_propose(cli_spec *s, const int32_t *seq, int32_t len, uin
         out[i] = tok = d;
         if (flm_token_is_eog(s->target, d)) { i++; break; }
     }
-    s->st.draft_ms += spec_now_ms() - t0;
+    s->st.draft_ms += flm_now_ms() - t0;
     *n_out = st ? 0 : i;
     return st;
 }
 
-uint32_t cli_spec_ngram_lookup(const int32_t *seq, size_t len, uint32_t max_n, int32_t *out, uint32_t cap) {
+uint32_t spec_ngram_lookup(const int32_t *seq, size_t len, uint32_t max_n, int32_t *out, uint32_t cap) {
     if (cap == 0) return 0;
     for (uint32_t n = max_n; n >= 1; n--) {
         if (len < (size_t)n + 1) continue;
@@ -311,19 +294,19 @@ uint32_t cli_spec_ngram_lookup(const int32_t *seq, size_t len, uint32_t max_n, i
 
 /* The estimated ms of a verification pass of k rows: measured, or the nearest measured one (passes that read the
  * same bytes cost about the same until compute dominates; a wrong guess is corrected once that k is tried). */
-static double verify_cost(const cli_spec *s, int k) {
+static double verify_cost(const spec *s, int k) {
     if (s->c_verify[k] > 0) return s->c_verify[k];
-    for (int d = 1; d <= CLI_SPEC_DRAFT_MAX + 1; d++) {
+    for (int d = 1; d <= FLM_SPEC_DRAFT_MAX + 1; d++) {
         if (k - d >= 1 && s->c_verify[k - d] > 0) return s->c_verify[k - d];
-        if (k + d <= CLI_SPEC_DRAFT_MAX + 1 && s->c_verify[k + d] > 0) return s->c_verify[k + d];
+        if (k + d <= FLM_SPEC_DRAFT_MAX + 1 && s->c_verify[k + d] > 0) return s->c_verify[k + d];
     }
     return 0;
 }
 
-/* The draft length (0..max) with the most expected tokens per ms (see cli_spec_opts.adaptive). Until a draft and a
+/* The draft length (0..max) with the most expected tokens per ms (see flm_spec_params.adaptive). Until a draft and a
  * pass have been timed it drafts max; every 8th step it tries one more or one less than its choice (exploration:
  * the estimates of the lengths it does not take would otherwise never change). */
-static long choose_n(cli_spec *s, long max) {
+static long choose_n(spec *s, long max) {
     if (!s->o.adaptive || max <= 0) return max;
     if (s->c_draft <= 0 || verify_cost(s, 1) <= 0) return max;
     const double a = (s->acc_a + 1.0) / (s->acc_n + 2.0); /* acceptance, with a uniform prior */
@@ -346,7 +329,7 @@ static void ema(double *v, double x) { *v = *v > 0 ? 0.75 * *v + 0.25 * x : x; }
  * accept. out[0..*m) gets the tokens decided (*m >= 1): the accepted drafts, then the target's own token; the target
  * then holds hist + last + the accepted drafts (s->n_hist), and s->rows row j holds the logits after out[j - 1]
  * (row 0: after last). max_new (>= 1) bounds *m. */
-static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+static flm_status step(spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
     const int32_t H = s->n_hist, L = H + 1;
     const size_t V = s->n_vocab;
     s->hist[H] = last;
@@ -356,18 +339,18 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     n = choose_n(s, n);
     uint32_t nd = 0;
     flm_status st = FLM_OK;
-    double t0 = spec_now_ms();
+    double t0 = flm_now_ms();
     const double draft_ms0 = s->st.draft_ms;
     if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
     else if (n > 0 && s->o.self_draft) st = self_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
-    else if (n > 0) nd = cli_spec_ngram_lookup(s->hist, (size_t)L, CLI_SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
+    else if (n > 0) nd = spec_ngram_lookup(s->hist, (size_t)L, SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
     if (st) return st;
-    if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += spec_now_ms() - t0;
+    if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += flm_now_ms() - t0;
     s->batch[0] = last;
     if (nd > 0 && s->st.draft_ms > draft_ms0) ema(&s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
-    const double tv = spec_now_ms();
+    const double tv = flm_now_ms();
     if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
-    const double dv = spec_now_ms() - tv;
+    const double dv = flm_now_ms() - tv;
     ema(&s->c_verify[nd + 1], dv);
     s->st.verify_ms[nd + 1] += dv;
     s->st.verify_n[nd + 1]++;
@@ -375,7 +358,7 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
     s->st.n_steps++;
     s->st.n_drafted += nd;
     if (nd == 0) s->st.n_plain++;
-    t0 = spec_now_ms();
+    t0 = flm_now_ms();
     uint32_t k = 0;
     for (; k < nd; k++) {
         flm_sampler_probs(s->smp, s->rows + k * V, s->p);
@@ -387,7 +370,7 @@ static flm_status step(cli_spec *s, int32_t last, long max_new, int32_t *out, ui
         out[k] = s->batch[1 + k];
     }
     if (k == nd) out[k] = flm_sampler_sample(s->smp, s->rows + k * V); /* all accepted: one more from the target */
-    s->st.draft_select_ms += spec_now_ms() - t0;
+    s->st.draft_select_ms += flm_now_ms() - t0;
     s->st.n_accepted += k;
     /* the acceptance of one draft token: accepted ones over accepted ones and the first rejection (the drafts after
      * it were never tested); decayed, as the text changes */
@@ -432,7 +415,7 @@ static int cand_cmp(const void *a, const void *b) {
 
 /* The estimated ms of a verification pass of n rows: a line fitted to the passes measured (decayed), its slope
  * pulled toward mean / 32 (a pass of 32 rows costing twice one of a few) while few row counts were seen. */
-static double tree_verify_ms(const cli_spec *s, double n) {
+static double tree_verify_ms(const spec *s, double n) {
     if (s->v_w <= 0) return 0;
     const double mx = s->v_x / s->v_w, my = s->v_y / s->v_w;
     const double sxx = s->v_xx - s->v_w * mx * mx, sxy = s->v_xy - s->v_w * mx * my, lambda = 4.0 * 64.0;
@@ -445,10 +428,10 @@ static double tree_verify_ms(const cli_spec *s, double n) {
  * 1 + kappa * the sum of their probabilities (kappa: accepted over promised, measured), cost: this step's draft ms
  * + the verification's ms at that many rows (tree_verify_ms). map[new] = old index; returns the nodes kept. The
  * first passes, before any is measured, keep everything. */
-static int32_t tree_prune(cli_spec *s, int32_t N, double draft_ms, int32_t *map) {
+static int32_t tree_prune(spec *s, int32_t N, double draft_ms, int32_t *map) {
     for (int32_t i = 0; i < N; i++) map[i] = i;
     if (N <= 2 || s->v_w <= 0) return N;
-    int32_t ord[CLI_SPEC_DRAFT_MAX];
+    int32_t ord[FLM_SPEC_DRAFT_MAX];
     int32_t n = 0;
     for (int32_t i = 1; i < N; i++) { /* insertion sort: score descending, index ascending */
         int32_t j = n++;
@@ -464,10 +447,10 @@ static int32_t tree_prune(cli_spec *s, int32_t N, double draft_ms, int32_t *map)
         if (rate > best_rate) { best_rate = rate; best = m; }
     }
     if (best == n) return N;
-    uint8_t keep[CLI_SPEC_DRAFT_MAX] = {0};
+    uint8_t keep[FLM_SPEC_DRAFT_MAX] = {0};
     keep[0] = 1;
     for (int32_t m = 0; m < best; m++) keep[ord[m]] = 1;
-    int32_t newi[CLI_SPEC_DRAFT_MAX], k = 0;
+    int32_t newi[FLM_SPEC_DRAFT_MAX], k = 0;
     for (int32_t i = 0; i < N; i++) {
         if (!keep[i] || (i > 0 && newi[s->tpar[i]] < 0)) { newi[i] = -1; continue; }
         newi[i] = k;
@@ -481,20 +464,20 @@ static int32_t tree_prune(cli_spec *s, int32_t N, double draft_ms, int32_t *map)
 }
 
 /* A tree step (o.tree): the self-draft grows a tree of candidates a level at a time (each level's nodes in one
- * flm_eval_tree with draft = true): every node of the frontier offers its CLI_SPEC_TREE_K most likely tokens
- * (greedy; scored by the path's draft probability) or CLI_SPEC_TREE_K draws from its draft distribution (sampling),
- * and the best CLI_SPEC_TREE_W by path probability join, while the tree has room (o.tree nodes) and the depth is
+ * flm_eval_tree with draft = true): every node of the frontier offers its SPEC_TREE_K most likely tokens
+ * (greedy; scored by the path's draft probability) or SPEC_TREE_K draws from its draft distribution (sampling),
+ * and the best SPEC_TREE_W by path probability join, while the tree has room (o.tree nodes) and the depth is
  * below o.n_draft. Greedy trees also hold the n-gram lookup's continuation as a branch (merged where the draft
  * agrees). The target evaluates the whole tree in one flm_eval_tree and walks down from the root: at each node its
  * token (greedy: the argmax; sampling: flm_sampler_accept_multi over the node's draws, so the text keeps the target's
  * distribution) continues into the child that holds it, or ends the step. flm_tree_accept keeps the path. Same
  * contract as step(). */
-static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
     const int32_t H = s->n_hist;
     const size_t V = s->n_vocab;
     const bool greedy = flm_sampler_greedy(s->smp);
-    const int K = CLI_SPEC_TREE_K;
-    const double t_step = spec_now_ms();
+    const int K = SPEC_TREE_K;
+    const double t_step = flm_now_ms();
     s->hist[H] = last;
     int32_t cap = s->o.tree;
     if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
@@ -506,14 +489,14 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     s->tscore[0] = 1.0f;
     memset(s->tndraw, 0, (size_t)s->o.tree);
     /* the n-gram continuation (greedy): a branch from the root, as far as it is in the tree */
-    int32_t ng[CLI_SPEC_DRAFT_MAX];
+    int32_t ng[FLM_SPEC_DRAFT_MAX];
     uint32_t n_ng = 0;
     int32_t ng_node = 0;
     if (greedy && depth_max > 0)
-        n_ng = cli_spec_ngram_lookup(s->hist, (size_t)H + 1, CLI_SPEC_NGRAM_MAX, ng, (uint32_t)depth_max);
+        n_ng = spec_ngram_lookup(s->hist, (size_t)H + 1, SPEC_NGRAM_MAX, ng, (uint32_t)depth_max);
     flm_status st = FLM_OK;
-    double t0 = spec_now_ms();
-    tree_cand cand[CLI_SPEC_TREE_W * CLI_SPEC_TREE_K + 1];
+    double t0 = flm_now_ms();
+    tree_cand cand[SPEC_TREE_W * SPEC_TREE_K + 1];
     int32_t lo = 0, hi = 1;
     for (long d = 0; d < depth_max && lo < hi && N < cap; d++) {
         /* another level pays when the tokens it may add are worth its ms: stop once the frontier's path
@@ -524,17 +507,17 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         if (s->c_level > 0 && s->ms_token > 0 && kappa * front * s->ms_token < s->c_level &&
             (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
             break;
-        const double tl = spec_now_ms();
+        const double tl = flm_now_ms();
         if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
             return st;
-        ema(&s->c_level, spec_now_ms() - tl);
+        ema(&s->c_level, flm_now_ms() - tl);
         s->st.draft_tokens += (uint64_t)(hi - lo);
         int nc = 0;
         for (int32_t u = lo; u < hi; u++) {
             if (flm_token_is_eog(s->target, s->ttok[u])) continue;
             const float *lg = s->rows + (size_t)(u - lo) * V;
-            int32_t tk[CLI_SPEC_TREE_K];
-            float pr[CLI_SPEC_TREE_K];
+            int32_t tk[SPEC_TREE_K];
+            float pr[SPEC_TREE_K];
             int nk;
             if (greedy) nk = top_k_probs(lg, V, K, tk, pr);
             else { /* K draws from the draft's distribution: distinct ones become candidates */
@@ -561,7 +544,7 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         qsort(cand, (size_t)nc, sizeof *cand, cand_cmp);
         const int32_t first_new = N;
         int32_t next_ng = -1;
-        for (int i = 0; i < nc && i < CLI_SPEC_TREE_W && N < cap; i++) {
+        for (int i = 0; i < nc && i < SPEC_TREE_W && N < cap; i++) {
             if (cand[i].score < 0.02f) break; /* too unlikely to be worth a row */
             s->ttok[N] = cand[i].tok;
             s->tpar[N] = cand[i].parent;
@@ -577,20 +560,20 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         lo = first_new;
         hi = N;
     }
-    const double step_draft_ms = spec_now_ms() - t0;
+    const double step_draft_ms = flm_now_ms() - t0;
     s->st.draft_ms += step_draft_ms;
-    int32_t map[CLI_SPEC_DRAFT_MAX];
+    int32_t map[FLM_SPEC_DRAFT_MAX];
     N = tree_prune(s, N, step_draft_ms, map);
     double promised = 0;
     for (int32_t i = 1; i < N; i++) promised += s->tscore[i];
-    const double tv = spec_now_ms();
+    const double tv = flm_now_ms();
     /* the output layer only for the nodes the walk visits (flm_tree_logits), when the tree fits one batch */
     flm_stats fs;
     flm_get_stats(s->target, &fs);
     const bool lazy = N == 1 || (uint32_t)N <= fs.n_batch;
     if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, lazy ? NULL : s->rows, err)))
         return st;
-    const double dv = spec_now_ms() - tv;
+    const double dv = flm_now_ms() - tv;
     s->v_w = 0.95 * s->v_w + 1.0;
     s->v_x = 0.95 * s->v_x + N;
     s->v_y = 0.95 * s->v_y + dv;
@@ -602,8 +585,8 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     s->st.n_steps++;
     s->st.n_drafted += (uint64_t)(N - 1);
     if (N == 1) s->st.n_plain++;
-    t0 = spec_now_ms();
-    uint32_t path[CLI_SPEC_DRAFT_MAX + 1];
+    t0 = flm_now_ms();
+    uint32_t path[FLM_SPEC_DRAFT_MAX + 1];
     uint32_t k = 0;
     int32_t u = 0;
     path[0] = 0;
@@ -630,7 +613,7 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
         path[++k] = (uint32_t)c;
         u = c;
     }
-    s->st.draft_select_ms += spec_now_ms() - t0;
+    s->st.draft_select_ms += flm_now_ms() - t0;
     if ((st = flm_tree_accept(s->target, H, path, k + 1, err))) return st;
     for (uint32_t j = 1; j <= k; j++) {
         s->hist[H + j] = s->ttok[path[j]];
@@ -642,81 +625,29 @@ static flm_status tree_step(cli_spec *s, int32_t last, long max_new, int32_t *ou
     s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
     s->k_num = 0.9 * s->k_num + (double)k;
     s->k_den = 0.9 * s->k_den + promised;
-    ema(&s->ms_token, (spec_now_ms() - t_step) / (double)(k + 1));
+    ema(&s->ms_token, (flm_now_ms() - t_step) / (double)(k + 1));
     s->n_hist = H + 1 + (int32_t)k;
     *m = k + 1;
     return FLM_OK;
 }
 
-/* The target's counters, to charge a generation with its own share. */
-static void add_target_delta(cli_spec *s, const flm_stats *a, const flm_stats *b) {
-    s->st.target_tokens += b->n_tokens - a->n_tokens;
-    s->st.target_ms += (b->total.io_ms + b->total.mem_ms + b->total.compute_ms) -
-                       (a->total.io_ms + a->total.mem_ms + a->total.compute_ms);
-    s->st.bytes_read += b->total.bytes_read - a->total.bytes_read;
-    s->st.n_loaded += b->total.n_loaded - a->total.n_loaded;
-}
-
-flm_status cli_spec_generate(cli_spec *s, const float *logits, long n_predict, bool feed_last, cli_spec_emit_fn emit,
-                             void *user, cli_spec_result *r, flm_error *err) {
-    memset(r, 0, sizeof *r);
-    r->n_past = s->n_hist;
-    r->last = s->n_hist > 0 ? s->hist[s->n_hist - 1] : -1;
-    r->logits = logits;
-    if (!logits || n_predict <= 0) return FLM_OK;
-    flm_stats t_before, t_after;
-    flm_get_stats(s->target, &t_before);
-    const size_t V = s->n_vocab;
-    int32_t queue[CLI_SPEC_DRAFT_MAX + 1];
-    uint32_t m = 1;
-    queue[0] = flm_sampler_sample(s->smp, logits); /* the first token: from the logits we were given */
-    const float *row0 = logits;  /* logits before queue[0]; then s->rows (after a step) */
-    int32_t base = s->n_hist;    /* tokens the target holds before queue[0] */
-    flm_status st = FLM_OK;
-    int32_t held = base;
-    const float *row = row0;
-    for (;;) {
-        bool more = false;
-        for (uint32_t j = 0; j < m; j++) {
-            const int32_t tok = queue[j];
-            held = base + (int32_t)j;
-            row = j == 0 ? row0 : s->rows + j * V;
-            r->n_gen++;
-            s->st.n_gen++;
-            if (flm_token_is_eog(s->target, tok)) { r->eog = true; goto done; }
-            if (!emit(user, held > 0 ? s->hist[held - 1] : -1, tok)) {
-                st = spec_fail(err, FLM_ERR_NOMEM, "out of memory");
-                goto done;
-            }
-            if (r->n_gen >= n_predict && !feed_last) goto done;
-            if (j + 1 < m) { /* an accepted draft: the target holds it already */
-                if (r->n_gen >= n_predict) { held++; row = s->rows + (j + 1) * V; goto done; }
-                continue;
-            }
-            if (held >= s->n_ctx) { r->ctx_full = true; goto done; }
-            s->n_hist = held;
-            if (r->n_gen >= n_predict) { /* feed_last: evaluate the last token, no drafts */
-                st = flm_eval_batch(s->target, &tok, 1, held, NULL, &row, err);
-                if (st) goto done;
-                s->hist[held] = tok;
-                held++;
-                s->st.n_passes++;
-                goto done;
-            }
-            if ((st = (s->o.tree ? tree_step : step)(s, tok, n_predict - r->n_gen, queue, &m, err))) goto done;
-            base = held + 1;
-            row0 = s->rows;
-            more = true;
-            break;
-        }
-        if (!more) break;
+flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, int32_t *out, uint32_t *m, const float **rows,
+                     flm_error *err) {
+    *m = 0;
+    *rows = NULL;
+    if (H < 0 || H >= s->n_ctx || max_new < 1)
+        return flm_fail(err, FLM_ERR_ARG, "speculative step at position %d (context %d), %ld tokens", (int)H,
+                        (int)s->n_ctx, max_new);
+    if (s->o.tree && !s->tq && !flm_sampler_greedy(s->smp)) { /* sampling since: the drafts' distributions */
+        s->tq = malloc((size_t)s->o.tree * s->n_vocab * sizeof *s->tq);
+        if (!s->tq) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree's distributions");
     }
-done:
-    if (!st || st == FLM_ERR_NOMEM) s->n_hist = held;
-    r->n_past = s->n_hist;
-    r->last = s->n_hist > 0 ? s->hist[s->n_hist - 1] : -1;
-    r->logits = st ? NULL : row;
-    flm_get_stats(s->target, &t_after);
-    add_target_delta(s, &t_before, &t_after);
-    return st;
+    s->n_hist = H;
+    flm_status st = (s->o.tree ? tree_step : step)(s, last, max_new, out, m, err);
+    if (st) {
+        s->n_hist = H;
+        return st;
+    }
+    *rows = s->rows;
+    return FLM_OK;
 }
