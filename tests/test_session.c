@@ -1,7 +1,8 @@
 /* test_session.c — the session API (include/flashlm.h, "Sessions"; src/session/session.c) on stories260K: greedy
  * generation equals the plain evaluate-and-argmax loop, stop strings end the text before them and never release a
  * part of one, a new prompt keeps the common prefix and still gives the same continuation, cancellation, max_tokens,
- * a full context, the context shift, per-request statistics. */
+ * a full context, the context shift, per-request statistics; speculative decoding through the session gives the same
+ * tokens, text, stops and held tokens as plain decoding. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,12 +220,231 @@ static void test_cancel_and_limits(void **state) {
     flm_close(ctx);
 }
 
+/* ---- speculative decoding in the session (flm_session_speculate) ---------------------------------------------- */
+
+typedef struct {
+    int32_t ids[256];
+    int n;
+    char text[4096];
+    size_t len;
+    uint64_t evals[256]; /* the context's evaluated tokens when token i was reported (unchanged: an accepted draft) */
+    int32_t n_past_ok;   /* every report found the session holding exactly base + the tokens reported before */
+    int32_t base;
+    int cancel_at;       /* flm_session_cancel after this many tokens (0: never) */
+    flm_session *s;
+} sgen;
+
+static bool g_shifting; /* the context shifts: the tokens held do not grow with the tokens reported */
+
+static bool on_sgen(void *user, const flm_gen_token *t) {
+    sgen *g = user;
+    assert_true(g->len + t->len < sizeof g->text);
+    memcpy(g->text + g->len, t->text, t->len);
+    g->len += t->len;
+    g->text[g->len] = 0;
+    if (t->id < 0 || t->eog) return true;
+    if (!g_shifting && flm_session_n_past(g->s) != g->base + g->n) g->n_past_ok = 0;
+    flm_stats st;
+    flm_get_stats(flm_session_ctx(g->s), &st);
+    assert_true(g->n < 256);
+    g->evals[g->n] = st.n_tokens;
+    g->ids[g->n++] = t->id;
+    if (g->cancel_at && g->n == g->cancel_at) flm_session_cancel(g->s);
+    return true;
+}
+
+/* The prompt (kept prefix), then a generation of max tokens with an optional stop string into *g. */
+static flm_gen_result sgen_run(flm_session *s, const int32_t *prompt, size_t n_prompt, long max, const char *stop,
+                               int cancel_at, sgen *g) {
+    flm_error err;
+    assert_int_equal(flm_session_prompt(s, prompt, n_prompt, NULL, &err), FLM_OK);
+    memset(g, 0, sizeof *g);
+    g->s = s;
+    g->base = flm_session_n_past(s);
+    g->n_past_ok = 1;
+    g->cancel_at = cancel_at;
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = max;
+    if (stop) {
+        gp.stop[0] = stop;
+        gp.n_stop = 1;
+    }
+    flm_gen_result r;
+    if (flm_session_generate(s, &gp, on_sgen, g, &r, &err)) fail_msg("generate: %s", err.msg);
+    return r;
+}
+
+/* After a generation: the tokens held, and 8 more tokens (what a consistent context continues with). */
+static void sgen_after(flm_session *s, int32_t *n_past, int32_t *more, int *n_more) {
+    *n_past = flm_session_n_past(s);
+    sgen g;
+    memset(&g, 0, sizeof g);
+    g.s = s;
+    g.base = *n_past;
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = 8;
+    flm_error err;
+    if (flm_session_generate(s, &gp, on_sgen, &g, NULL, &err)) fail_msg("generate: %s", err.msg);
+    memcpy(more, g.ids, (size_t)g.n * sizeof *more);
+    *n_more = g.n;
+}
+
+static void expect_same(flm_session *plain, flm_session *spec, const flm_gen_result *rp, const flm_gen_result *rs,
+                        const sgen *p, const sgen *q, const char *what) {
+    if (p->n != q->n || memcmp(p->ids, q->ids, (size_t)p->n * sizeof *p->ids) || p->len != q->len ||
+        memcmp(p->text, q->text, p->len))
+        fail_msg("%s: speculative output differs (%d tokens, %zu bytes; plain %d, %zu)", what, q->n, q->len, p->n,
+                 p->len);
+    assert_int_equal(rp->n_gen, rs->n_gen);
+    assert_int_equal(rp->stopped, rs->stopped);
+    assert_int_equal(rp->cancelled, rs->cancelled);
+    assert_int_equal(rp->limit, rs->limit);
+    assert_int_equal(rp->eog, rs->eog);
+    assert_int_equal(rp->ctx_full, rs->ctx_full);
+    assert_true(q->n_past_ok);
+    int32_t np, ns, mp[8], ms[8];
+    int nmp, nms;
+    sgen_after(plain, &np, mp, &nmp);
+    sgen_after(spec, &ns, ms, &nms);
+    if (np != ns) fail_msg("%s: the speculative session holds %d tokens, the plain one %d", what, ns, np);
+    assert_int_equal(nmp, nms);
+    assert_memory_equal(mp, ms, (size_t)nmp * sizeof *mp);
+}
+
+/* Greedy speculative generation (n-gram lookup) through flm_session_generate equals plain session generation: 64
+ * tokens (drafts accepted and rejected), then stop strings ending at every token from 8 on (some inside a run of
+ * accepted drafts), cancellation after k tokens, max_tokens inside a run, and the context shift; after each, both
+ * sessions hold the same tokens and continue alike. */
+static void test_spec_equals_plain(void **state) {
+    (void)state;
+    flm_ctx *cp = open_model(256), *cs = open_model(256);
+    flm_session *plain = NULL, *spec = NULL;
+    flm_error err;
+    assert_int_equal(flm_session_create(cp, &plain, &err), FLM_OK);
+    assert_int_equal(flm_session_create(cs, &spec, &err), FLM_OK);
+    flm_spec_params sp;
+    flm_spec_params_default(&sp);
+    sp.ngram = true;
+    sp.n_draft = 6;
+    assert_int_equal(flm_session_speculate(spec, &sp, NULL, &err), FLM_OK);
+    const char *text = "Tom had a red ball. Tom had a red ball. Tom had a blue ball. Tom had a red";
+    size_t n_prompt = 0;
+    int32_t *prompt = flm_tokenize_all(cp, text, true, &n_prompt);
+    assert_non_null(prompt);
+    static sgen gp_, gs_;
+    flm_gen_result rp = sgen_run(plain, prompt, n_prompt, 64, NULL, 0, &gp_);
+    flm_gen_result rs = sgen_run(spec, prompt, n_prompt, 64, NULL, 0, &gs_);
+    assert_int_equal(gp_.n, 64);
+    flm_spec_stats st;
+    flm_session_spec_stats(spec, &st);
+    print_message("speculative session: %llu tokens in %llu passes, drafted %llu, accepted %llu\n",
+                  (unsigned long long)st.n_gen, (unsigned long long)st.n_passes, (unsigned long long)st.n_drafted,
+                  (unsigned long long)st.n_accepted);
+    assert_true(st.n_accepted > 0);            /* drafts accepted ... */
+    assert_true(st.n_accepted < st.n_drafted); /* ... and rejected */
+    assert_true(st.n_passes < 64);
+    expect_same(plain, spec, &rp, &rs, &gp_, &gs_, "64 tokens");
+    /* which tokens were accepted drafts: no evaluation since the previous report */
+    bool drafted[256] = {false};
+    int n_in_run = 0;
+    for (int i = 1; i < gs_.n; i++) drafted[i] = gs_.evals[i] == gs_.evals[i - 1];
+    static sgen full;
+    full = gp_;
+    /* stop strings: the pieces of tokens k-1 and k, first found at token k */
+    int n_stops = 0;
+    for (int k = 8; k < full.n; k++) {
+        char stop[64];
+        size_t off = 0;
+        for (int i = 0; i <= k; i++) {
+            size_t len;
+            const char *piece = flm_token_piece(cp, i ? full.ids[i - 1] : prompt[n_prompt - 1], full.ids[i], &len);
+            if (i >= k - 1) {
+                if (off + len >= sizeof stop) break;
+                memcpy(stop + off, piece, len);
+                off += len;
+            }
+        }
+        stop[off] = 0;
+        if (off == 0) continue;
+        static sgen a, b;
+        rp = sgen_run(plain, prompt, n_prompt, 64, stop, 0, &a);
+        rs = sgen_run(spec, prompt, n_prompt, 64, stop, 0, &b);
+        expect_same(plain, spec, &rp, &rs, &a, &b, stop);
+        if (rp.stopped) {
+            n_stops++;
+            if (a.n == k + 1 && drafted[k]) n_in_run++; /* the stop completed at an accepted draft */
+        }
+    }
+    print_message("%d stop strings, %d completed at an accepted draft\n", n_stops, n_in_run);
+    assert_true(n_stops > 10);
+    assert_true(n_in_run > 0);
+    /* cancellation after k tokens, and max_tokens k, for every k */
+    for (int k = 1; k < 40; k++) {
+        static sgen a, b;
+        rp = sgen_run(plain, prompt, n_prompt, 64, NULL, k, &a);
+        rs = sgen_run(spec, prompt, n_prompt, 64, NULL, k, &b);
+        assert_true(rs.cancelled);
+        expect_same(plain, spec, &rp, &rs, &a, &b, "cancel");
+        rp = sgen_run(plain, prompt, n_prompt, k, NULL, 0, &a);
+        rs = sgen_run(spec, prompt, n_prompt, k, NULL, 0, &b);
+        expect_same(plain, spec, &rp, &rs, &a, &b, "max_tokens");
+    }
+    flm_session_free(plain);
+    flm_session_free(spec);
+    flm_close(cp);
+    flm_close(cs);
+    /* the context shift: a context of 48 tokens, 120 generated */
+    cp = open_model(48);
+    cs = open_model(48);
+    assert_int_equal(flm_session_create(cp, &plain, &err), FLM_OK);
+    assert_int_equal(flm_session_create(cs, &spec, &err), FLM_OK);
+    assert_int_equal(flm_session_speculate(spec, &sp, NULL, &err), FLM_OK);
+    flm_session_set_shift(plain, true, 1);
+    flm_session_set_shift(spec, true, 1);
+    static sgen a, b;
+    g_shifting = true;
+    rp = sgen_run(plain, prompt, n_prompt, 120, NULL, 0, &a);
+    rs = sgen_run(spec, prompt, n_prompt, 120, NULL, 0, &b);
+    flm_session_stats ps, ss;
+    flm_session_get_stats(plain, &ps);
+    flm_session_get_stats(spec, &ss);
+    print_message("context shift: %ld shifts plain, %ld speculative; %d tokens\n", ps.n_shifts, ss.n_shifts, b.n);
+    assert_true(ps.n_shifts > 0);
+    assert_int_equal(ps.n_shifts, ss.n_shifts);
+    expect_same(plain, spec, &rp, &rs, &a, &b, "context shift");
+    g_shifting = false;
+    /* off again: plain decoding, no speculative counts */
+    assert_int_equal(flm_session_speculate(spec, NULL, NULL, &err), FLM_OK);
+    flm_session_spec_stats(spec, &st);
+    assert_int_equal(st.n_gen, 0);
+    /* refused: no source, two sources, a self-draft outside mode hot, sizes out of range */
+    flm_spec_params bad = sp;
+    bad.ngram = false;
+    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
+    bad.self_draft = true;
+    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
+    bad = sp;
+    bad.n_draft = FLM_SPEC_DRAFT_MAX + 1;
+    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
+    bad = sp;
+    bad.tree = 8;
+    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
+    flm_session_free(plain);
+    flm_session_free(spec);
+    flm_close(cp);
+    flm_close(cs);
+    free(prompt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_plain_loop),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_prompt_reuse),
         cmocka_unit_test(test_cancel_and_limits),
+        cmocka_unit_test(test_spec_equals_plain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
