@@ -329,6 +329,41 @@ def test_queue_full():
         check(srv.stop() == 0, "SIGTERM: exit status 0")
 
 
+def test_speculative():
+    """Speculative decoding per slot (--draft-ngram; --draft with the model itself as its draft, inside --mem): greedy
+    replies equal flashlm run's plain ones, stop strings and max_tokens included; the drafts show in /metrics."""
+    prompt = "Tom had a red ball. Tom had a red ball. Tom had a blue ball. Tom had a red"
+    want = run_cli("-m", STORIES, "-p", prompt, "-n", "48", "--temp", "0", "-c", "256")
+    for args in (["--draft-ngram", "--draft-n", "6", "--parallel", "2"], ["--draft", STORIES, "--mem", "64M"]):
+        srv = Server(STORIES, "-c", "256", "-t", "1", *args)
+        try:
+            c = srv.client()
+            mid = model_id(srv)
+            r = c.completions.create(model=mid, prompt=prompt, max_tokens=48, temperature=0)
+            got = r.choices[0].text
+            check(want == prompt + got + "\n", "%s: completion equals plain flashlm run: %r vs %r" % (args[0], got, want))
+            check(r.usage.completion_tokens == 48, "%s: 48 tokens: %s" % (args[0], r.usage))
+            s = c.completions.create(model=mid, prompt=prompt, max_tokens=48, temperature=0, stream=True)
+            text, finish, usage, _ = stream_text(s, chat_mode=False)
+            check(text == got and usage.completion_tokens == 48, "%s: streamed: %r" % (args[0], text))
+            for cut in (12, 25, 40):
+                stop = got[cut:cut + 3]
+                r = c.completions.create(model=mid, prompt=prompt, max_tokens=48, temperature=0, stop=[stop])
+                check(r.choices[0].text == got[:got.index(stop)] and r.choices[0].finish_reason == "stop",
+                      "%s: stop %r: %r" % (args[0], stop, r.choices[0].text))
+            for n in (1, 7, 13):
+                r = c.completions.create(model=mid, prompt=prompt, max_tokens=n, temperature=0)
+                check(got.startswith(r.choices[0].text) and r.usage.completion_tokens == n,
+                      "%s: max_tokens %d: %r" % (args[0], n, r.choices[0].text))
+            a = c.completions.create(model=mid, prompt=prompt, max_tokens=20, temperature=0.9, seed=3)
+            check(a.usage.completion_tokens >= 1, "%s: sampling answers" % args[0])
+            drafted, accepted = srv.metric("spec_drafted_total"), srv.metric("spec_accepted_total")
+            check(drafted > 0 and 0 < accepted <= drafted, "%s: drafted %s accepted %s" % (args[0], drafted, accepted))
+            check(any("speculative decoding" in l for l in srv.log), "%s: the server says it drafts" % args[0])
+        finally:
+            check(srv.stop() == 0, "%s server: SIGTERM exit 0" % args[0])
+
+
 def main():
     ctx = 256
     srv = Server(STORIES, "-c", str(ctx), "--parallel", "2", "--api-key", KEY, "--max-body", "256K", "-t", "1")
@@ -343,6 +378,7 @@ def main():
         check(rc == 0, "SIGTERM: exit status 0 (got %s)" % rc)
         check(any("stopping" in l for l in srv.log), "the server says it stops")
     test_queue_full()
+    test_speculative()
     # a real chat model from the cache (flashlm pull smollm2-135m), as the other tests
     cache = os.environ.get("FLASHLM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "flashlm")

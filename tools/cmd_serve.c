@@ -52,7 +52,10 @@ static const char *SERVE_HELP =
     "      --context-shift  when a reply fills the context, forget the older half after BOS and go on (as run's);\n"
     "                       default: the reply ends there (finish_reason \"length\")\n"
     "  -v, --verbose        print the library's debug messages\n"
-    "  -h, --help           this help\n";
+    "  -h, --help           this help\n"
+    "\n"
+    "Speculative decoding (as flashlm run; per slot, inside the slot's share of --mem: a --draft model is opened in\n"
+    "each slot):\n";
 
 /* ---- jobs and slots --------------------------------------------------------------------------------------------- */
 
@@ -87,6 +90,7 @@ typedef struct slot {
     flm_chat *tmpl;
     pthread_t thread;
     job *cur;
+    cli_spec_session *spec; /* speculative decoding: the draft model, the budget's split (tools/spec_cli.c) */
 } slot;
 
 static struct server {
@@ -105,6 +109,7 @@ static struct server {
     long next_id;
     /* metrics */
     uint64_t requests, errors, prompt_tokens, reused_tokens, gen_tokens, bytes_read, cancelled;
+    uint64_t passes, drafted, accepted; /* speculative decoding: target passes while generating, drafts */
     double gen_ms, prompt_ms, io_ms, compute_ms;
     double last_tps;
 } srv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -320,6 +325,8 @@ static void run_job(slot *s, job *j) {
     st = flm_session_generate(s->sess, &gp, on_token, &u, &j->res, &err);
     flm_session_stats ss;
     flm_session_get_stats(s->sess, &ss);
+    flm_spec_stats sps;
+    flm_session_spec_stats(s->sess, &sps);
 
     pthread_mutex_lock(&srv.mu);
     srv.prompt_tokens += j->n_prompt - j->n_reused;
@@ -329,6 +336,9 @@ static void run_job(slot *s, job *j) {
     srv.bytes_read += ss.gen.bytes_read;
     srv.io_ms += ss.gen.io_ms;
     srv.compute_ms += ss.gen.compute_ms;
+    srv.passes += sps.n_passes;
+    srv.drafted += sps.n_drafted;
+    srv.accepted += sps.n_accepted;
     if (ss.gen_ms > 0) srv.last_tps = (double)j->res.n_gen * 1e3 / ss.gen_ms;
     if (st) {
         if (j->req.stream) { /* headers are sent: the error goes in the stream */
@@ -478,6 +488,11 @@ static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     METRIC("flash_io_seconds_total", "counter", "Seconds waiting for flash reads while generating.", "%.6f",
            srv.io_ms / 1e3);
     METRIC("compute_seconds_total", "counter", "Seconds computing while generating.", "%.6f", srv.compute_ms / 1e3);
+    METRIC("spec_target_passes_total", "counter", "Target passes while generating speculatively.", "%" PRIu64,
+           srv.passes);
+    METRIC("spec_drafted_total", "counter", "Draft tokens proposed (speculative decoding).", "%" PRIu64, srv.drafted);
+    METRIC("spec_accepted_total", "counter", "Draft tokens accepted (speculative decoding).", "%" PRIu64,
+           srv.accepted);
     METRIC("requests_queued", "gauge", "Requests waiting for a slot.", "%d", srv.n_queued);
     METRIC("requests_running", "gauge", "Requests being generated.", "%d", srv.n_running);
     METRIC("slots", "gauge", "Slots (--parallel).", "%d", srv.n_slots);
@@ -718,13 +733,16 @@ int cmd_serve(int argc, char **argv) {
     bool verbose = false, shift = false;
     flm_params params;
     flm_params_default(&params);
+    cli_spec_args sa;
+    cli_spec_args_default(&sa);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         int used = cli_parse_model_opt(argc, argv, &i, &params);
+        if (!used) used = cli_parse_spec_opt(argc, argv, &i, &sa);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nshared options:\n%s", SERVE_HELP, CLI_MODEL_OPTS_HELP);
+            printf("%s%s\nshared options:\n%s", SERVE_HELP, CLI_SPEC_OPTS_HELP, CLI_MODEL_OPTS_HELP);
             return 0;
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
@@ -758,6 +776,8 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm serve --help)");
+    if (cli_spec_args_check(&sa)) return 2;
+    sa.greedy = false; /* requests choose their temperature: a tree keeps its drafts' distributions (budgeted) */
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
@@ -796,9 +816,17 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < srv.n_slots; i++, n_open++) {
         slot *s = &srv.slots[i];
         s->index = i;
-        if (flm_open(model, &params, &s->ctx, &err)) {
+        /* speculative decoding as run's: the slot's draft model first, inside the slot's budget; the target gets
+         * what it leaves (and mode auto running hot drafts with the model itself) */
+        flm_params sp = params;
+        s->spec = calloc(1, sizeof *s->spec);
+        if (!s->spec) { fprintf(stderr, "flashlm: out of memory\n"); rc = 1; break; }
+        s->spec->a = sa;
+        if (cli_spec_open_draft(s->spec, model, &sp, verbose || i == 0)) { rc = 1; break; }
+        if (flm_open(model, &sp, &s->ctx, &err)) {
             fprintf(stderr, "flashlm: %s%s\n", err.msg,
                     parallel > 1 && err.code == FLM_ERR_BUDGET ? " (each of the --parallel slots gets budget / N)" : "");
+            cli_spec_target_refused(s->spec, err.code);
             rc = 1;
             break;
         }
@@ -806,6 +834,11 @@ int cmd_serve(int argc, char **argv) {
                                                         : flm_chat_open(s->ctx, chat_name, &s->tmpl, &err) != FLM_OK) ||
             flm_session_create(s->ctx, &s->sess, &err)) {
             if (i > 0 || s->tmpl) fprintf(stderr, "flashlm: %s\n", err.msg);
+            n_open++;
+            rc = 1;
+            break;
+        }
+        if (cli_spec_begin(s->spec, s->ctx, model, s->sess)) {
             n_open++;
             rc = 1;
             break;
@@ -844,9 +877,17 @@ int cmd_serve(int argc, char **argv) {
     if (!rc) {
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
         long bound = di ? di->port : port;
-        fprintf(stderr, "flashlm: serving %s on http://%s:%ld/ (%d slot%s, context %u tokens, budget %s%s); "
+        const cli_spec_session *ss = srv.slots[0].spec;
+        char spec_desc[4200] = "";
+        if (ss->on)
+            snprintf(spec_desc, sizeof spec_desc, "; speculative decoding: %s%s, up to %d per step",
+                     ss->draft ? "draft " : ss->a.self_draft ? (ss->a.tree ? "self-draft tree" : "self-draft")
+                                                              : "n-gram lookup",
+                     ss->draft ? ss->draft_path : "", ss->a.n_draft);
+        fprintf(stderr, "flashlm: serving %s on http://%s:%ld/ (%d slot%s, context %u tokens, budget %s%s%s); "
                 "Ctrl-C stops\n", srv.model_id, host, bound, srv.n_slots, srv.n_slots > 1 ? "s" : "", srv.n_ctx,
-                srv.budget ? cli_size(srv.budget).s : "none", srv.n_slots > 1 && srv.budget ? " split evenly" : "");
+                srv.budget ? cli_size(srv.budget).s : "none", srv.n_slots > 1 && srv.budget ? " split evenly" : "",
+                spec_desc);
         int sig = 0;
         sigwait(&sigs, &sig);
         fprintf(stderr, "flashlm: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -865,10 +906,14 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "flashlm: served %" PRIu64 " requests (%" PRIu64 " errors, %" PRIu64 " cancelled); %" PRIu64
                 " prompt tokens (%" PRIu64 " reused), %" PRIu64 " generated\n", srv.requests, srv.errors,
                 srv.cancelled, srv.prompt_tokens, srv.reused_tokens, srv.gen_tokens);
-    for (int i = 0; i < n_open && i < srv.n_slots; i++) {
-        flm_session_free(srv.slots[i].sess);
-        flm_chat_close(srv.slots[i].tmpl);
-        flm_close(srv.slots[i].ctx);
+    for (int i = 0; i < srv.n_slots; i++) {
+        if (i < n_open) {
+            flm_session_free(srv.slots[i].sess);
+            flm_chat_close(srv.slots[i].tmpl);
+            flm_close(srv.slots[i].ctx);
+        }
+        if (srv.slots[i].spec) cli_spec_session_close(srv.slots[i].spec); /* the draft model, after the target */
+        free(srv.slots[i].spec);
     }
     free(srv.slots);
     return rc;
