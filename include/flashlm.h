@@ -747,8 +747,13 @@ typedef struct flm_gen_result {
  * each token to fn (may be NULL) as described above; each sampled token except an end-of-generation one is
  * evaluated, except the max_tokens-th when !feed_last and a token ending in a stop string. The session's pending
  * cancellation (flm_session_cancel) is checked before each token and cleared when this returns. Context shift: as
- * flm_session_set_shift. Errors: FLM_ERR_ARG (nothing fed yet; a stop string empty, longer than FLM_GEN_STOP_LEN, or
- * n_stop out of range), FLM_ERR_NOMEM, those of flm_eval_batch; r (may be NULL) says where it ended either way. */
+ * flm_session_set_shift. Speculative decoding (flm_session_speculate): the same tokens, calls and results (greedy;
+ * sampling: the same distribution), decided a step at a time; accepted drafts the context holds past a token where
+ * the generation ends are forgotten (n_past counts only the tokens reported and evaluated as above); a failed
+ * verification pass leaves the tokens before it and no logits (feed or prompt again). Errors: FLM_ERR_ARG (nothing
+ * fed yet; a stop string empty, longer than FLM_GEN_STOP_LEN, or n_stop out of range), FLM_ERR_NOMEM, those of
+ * flm_eval_batch (and flm_eval_tree, flm_eval_draft, the draft model's evaluations); r (may be NULL) says where it
+ * ended either way. */
 FLM_API flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_gen_fn fn, void *user,
                                         flm_gen_result *r, flm_error *err);
 /* Ask the running (or next) flm_session_generate to stop before its next token; safe from any thread and from a
