@@ -701,6 +701,37 @@ FLM_API flm_status flm_session_prompt_text(flm_session *s, const char *text, siz
 FLM_API flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
                                            size_t *n_reused, flm_error *err);
 
+/* ---- a conversation held in a session (what `flashlm chat` does, as llama.cpp's conversation mode) ----
+ * The session keeps the text its cache holds for the conversation: the renderings fed and the replies as generated
+ * (the pieces of the tokens evaluated). Each turn renders the whole conversation; when that text begins the
+ * rendering only the rest is tokenized and evaluated (a turn costs its own tokens), else (the first turn, a template
+ * that rewrote history, e.g. Gemma trimming a reply's trailing whitespace) the whole rendering is fed as a prompt
+ * (flm_session_prompt: the common token prefix kept). A context shift leaves the text as it is: new text is still
+ * appended to what the cache began with. */
+typedef struct flm_chat_turn_info {
+    int32_t pos0;    /* the position the turn's evaluation started at */
+    size_t n_new;    /* the turn's tokens from pos0 (evaluated, or refused: FLM_ERR_CONTEXT) */
+    bool from_start; /* the whole rendering was the turn's prompt (a new conversation, or history rewritten) */
+    bool rewrote;    /* of those, the template rewrote the text the cache held */
+} flm_chat_turn_info;
+/* One turn: msgs (the whole conversation, ending with the new user message) rendered through t with the assistant's
+ * opening, evaluated as above (tokenized with FLM_TOKENIZE_PARSE_SPECIAL, BOS from the start when flm_add_bos); the
+ * next flm_session_generate's reply (feed_last, to go on) joins the held text. With the context shift on, the turn
+ * goes through whatever its length (flm_session_feed_shift). info (may be NULL) says what was evaluated.
+ * Errors: FLM_ERR_CONTEXT (shift off: the tokens held and the turn's leave no room for a reply, nothing evaluated and
+ * the conversation kept; shift on: the kept start leaves nothing to discard), those of flm_chat_apply, flm_tokenize_ex
+ * (FLM_ERR_NOMEM) and flm_eval_batch (the conversation is then forgotten: the next turn starts from the beginning). */
+FLM_API flm_status flm_session_chat_turn(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                         flm_chat_turn_info *info, flm_error *err);
+/* Forget the conversation and every token held (the next turn starts at position 0). */
+FLM_API void flm_session_chat_reset(flm_session *s);
+/* The conversation's text the cache holds (*len bytes, NUL-terminated, valid until the next call on s); "" when none.
+ */
+FLM_API const char *flm_session_chat_text(const flm_session *s, size_t *len);
+/* Replace that text by text[0..len) (a caller that dropped old messages after a context shift: the rendering of the
+ * rest up to the same end); the tokens held stay. Errors: FLM_ERR_NOMEM (the old text is kept). */
+FLM_API flm_status flm_session_chat_set_text(flm_session *s, const char *text, size_t len, flm_error *err);
+
 /* What one generation may do. */
 #define FLM_GEN_STOP_MAX 8     /* stop strings per generation */
 #define FLM_GEN_STOP_LEN 256   /* bytes per stop string, at most */

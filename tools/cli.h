@@ -131,6 +131,8 @@ typedef struct cli_gen {
                               end-of-generation id included) instead of its text */
     long n_printed;        /* ids printed so far (print_ids) */
 } cli_gen;
+/* The session's state in g's fields (pos, the shifts: what run and chat print), after a call on g->sess. */
+void cli_gen_sync(cli_gen *g);
 /* Feed ids through the session's context shift (flm_session_feed_shift), so ids of any length go through it, leaving
  * room for one more token. Returns 0, 1 after printing an evaluation error, 2 when the context cannot make room
  * (shifting off, or n_keep too large; nothing printed). */

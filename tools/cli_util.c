@@ -608,8 +608,7 @@ int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t) {
     return 0;
 }
 
-/* The session's state in g's fields (what run and chat print). */
-static void gen_sync(cli_gen *g) {
+void cli_gen_sync(cli_gen *g) {
     flm_session_stats st;
     flm_session_get_stats(g->sess, &st);
     g->pos = flm_session_n_past(g->sess);
@@ -628,7 +627,7 @@ int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n) {
     if (n == 0) return 0;
     gen_prepare(g);
     flm_status st = flm_session_feed(g->sess, ids, n, &err);
-    gen_sync(g);
+    cli_gen_sync(g);
     if (st) {
         fprintf(stderr, "\nflashlm: %s\n", err.msg);
         return 1;
@@ -707,7 +706,7 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     flm_error err;
     flm_status st = n_predict > 0 ? flm_session_generate(g->sess, &gp, emit_gen, &e, &res, &err) : FLM_OK;
     if (n_predict <= 0) memset(&res, 0, sizeof res);
-    gen_sync(g);
+    cli_gen_sync(g);
     r->n_gen = res.n_gen;
     r->eog = res.eog;
     r->ctx_full = res.ctx_full;
@@ -726,7 +725,7 @@ int cli_gen_feed_shift(cli_gen *g, const int32_t *ids, size_t n) {
     gen_prepare(g);
     flm_error err;
     flm_status st = flm_session_feed_shift(g->sess, ids, n, &err);
-    gen_sync(g);
+    cli_gen_sync(g);
     if (st == FLM_ERR_CONTEXT) return 2;
     if (st) {
         fprintf(stderr, "\nflashlm: %s\n", err.msg);

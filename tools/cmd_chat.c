@@ -1,10 +1,11 @@
 /* cmd_chat.c — `flashlm chat`: a conversation with an instruction-tuned model, as llama.cpp's conversation mode.
  *
- * Each stdin line is one user turn. The conversation is rendered whole with the model's chat template
- * (src/format/chat_template.h); the KV cache keeps everything already evaluated, so each turn only evaluates the
- * text after what the cache holds: the rendered conversation must begin with exactly the text evaluated so far (the
- * earlier rendering plus the reply as it was printed). Where a template rewrites history (e.g. Gemma trims a reply
- * that ended in whitespace) it does not, and the whole conversation is evaluated again from position 0.
+ * Each stdin line is one user turn. The conversation's bookkeeping is the library's session (flm_session_chat_turn):
+ * it renders the conversation whole with the model's chat template and, as the KV cache keeps everything already
+ * evaluated, evaluates only the text after what the cache holds: the rendered conversation must begin with exactly
+ * the text evaluated so far (the earlier rendering plus the reply as it was generated). Where a template rewrites
+ * history (e.g. Gemma trims a reply that ended in whitespace) it does not, and the whole conversation is the prompt
+ * again (the tokens before the first difference kept).
  *
  * When the context fills: without --context-shift the reply is cut and further turns are refused until /reset; with
  * it, the older half of what follows the kept start (the system part by default) is forgotten (flm_kv_shift) and
@@ -253,7 +254,6 @@ int cmd_chat(int argc, char **argv) {
 
     cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1};
     msg_list msgs = {0};
-    cli_buf done = {0}; /* the text the KV cache holds: prompt renderings and replies, in order */
     char *line = NULL;
     size_t line_cap = 0, line_len;
     int rc = 0, n_turns = 0;
@@ -270,6 +270,7 @@ int cmd_chat(int argc, char **argv) {
         else gen.n_keep = system_part(ctx, tmpl, &msgs, FLM_TOKENIZE_PARSE_SPECIAL | (bos ? FLM_TOKENIZE_BOS : 0u));
         if (verbose) fprintf(stderr, "flashlm: context shift on: the first %d tokens are kept\n", gen.n_keep);
     }
+    flm_session_set_shift(sess, gen.shift, gen.n_keep);
 
     size_t per_token, line_max = cli_prompt_max_bytes(ctx, info.n_ctx, &per_token);
     for (;;) {
@@ -285,7 +286,7 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
             msgs_truncate(&msgs, system ? 1 : 0);
-            done.len = 0;
+            flm_session_chat_reset(sess);
             gen.pos = 0;
             gen.last = -1;
             full = false;
@@ -301,67 +302,51 @@ int cmd_chat(int argc, char **argv) {
         }
         size_t n_before = msgs.n;
         if (!msgs_push(&msgs, "user", line, line_len)) goto oom;
-        char *text = NULL;
-        size_t text_len = 0;
-        if (flm_chat_apply(tmpl, msgs.m, msgs.n, true, &text, &text_len, &err)) {
-            fprintf(stderr, "flashlm: %s\n", err.msg);
-            rc = 1;
-            break;
-        }
-        /* evaluate only what follows the text already in the cache; start over when the rendering rewrote it */
-        size_t from = 0;
-        if (gen.pos > 0 && done.len <= text_len && !memcmp(text, done.p, done.len)) {
-            from = done.len;
-        } else if (gen.pos > 0) {
-            fprintf(stderr, "flashlm: the template rewrote earlier turns: evaluating the conversation again\n");
-            gen.pos = 0;
-            gen.last = -1;
-            done.len = 0;
-        }
-        unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL;
-        if (gen.pos == 0 && flm_add_bos(ctx)) flags |= FLM_TOKENIZE_BOS;
-        size_t n_ids = 0;
-        int32_t *ids = cli_tokenize(ctx, text + from, text_len - from, flags, &n_ids);
-        if (!ids) { free(text); rc = 1; break; }
-        if (!gen.shift && (uint64_t)gen.pos + n_ids >= info.n_ctx) {
-            if (gen.pos == 0)
+        /* the session renders the conversation and evaluates only what follows the text its cache holds (all of it
+         * when the rendering rewrote that text) */
+        double t0 = cli_now_ms();
+        long shifts0 = gen.n_shifts;
+        flm_chat_turn_info ti;
+        flm_status tst = flm_session_chat_turn(sess, tmpl, msgs.m, msgs.n, &ti, &err);
+        cli_gen_sync(&gen);
+        if (ti.rewrote)
+            fprintf(stderr, "flashlm: the template rewrote earlier turns: evaluating the conversation again from the "
+                    "first token that differs\n");
+        if (tst == FLM_ERR_CONTEXT && !gen.shift) {
+            if (ti.from_start)
                 fprintf(stderr, "flashlm: this turn (%zu tokens) and its reply do not fit the context of %u tokens; "
-                        "raise -c\n", n_ids, info.n_ctx);
+                        "raise -c\n", ti.n_new, info.n_ctx);
             else
                 fprintf(stderr, "flashlm: the context (%u tokens) is full: this turn needs %zu more tokens after %d; "
-                        "/reset starts a new conversation, /exit ends (or raise -c, or pass --context-shift)\n", info.n_ctx, n_ids,
-                        gen.pos);
+                        "/reset starts a new conversation, /exit ends (or raise -c, or pass --context-shift)\n", info.n_ctx,
+                        ti.n_new, gen.pos);
             msgs_truncate(&msgs, n_before);
-            free(ids);
-            free(text);
-            full = gen.pos > 0;
+            full = !ti.from_start;
             refused = true;
             continue;
         }
-        double t0 = cli_now_ms();
-        int32_t pos0 = gen.pos;
-        long shifts0 = gen.n_shifts;
-        /* with --context-shift the turn goes through the context whatever its length, shifting as it fills */
-        int bad = gen.shift ? cli_gen_feed_shift(&gen, ids, n_ids) : cli_gen_feed(&gen, ids, n_ids);
-        free(ids);
-        if (bad == 2) { /* the kept start leaves no room: as a full context */
+        if (tst == FLM_ERR_CONTEXT) { /* the kept start leaves no room: as a full context */
             fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing to "
                     "discard: /reset starts a new conversation, /exit ends (or lower --keep, raise -c)\n", info.n_ctx,
                     gen.n_keep);
             msgs_truncate(&msgs, n_before);
-            free(text);
             full = refused = true;
             continue;
         }
-        if (!bad && !cli_buf_add(&done, text + from, text_len - from)) bad = -1;
-        free(text);
-        if (bad) { if (bad < 0) goto oom; rc = 1; break; }
+        if (tst) {
+            fprintf(stderr, "flashlm: %s\n", err.msg);
+            if (tst == FLM_ERR_NOMEM) goto oom;
+            rc = 1;
+            break;
+        }
+        size_t n_ids = ti.n_new;
+        int32_t pos0 = ti.pos0;
         double t1 = cli_now_ms();
         n_prompt_tok += n_ids;
         ms_prompt += t1 - t0;
-        size_t reply_from = done.len;
+        cli_buf reply = {0};
         cli_reply r;
-        if (cli_gen_reply(&gen, n_predict, true, &done, &r)) { rc = 1; break; }
+        if (cli_gen_reply(&gen, n_predict, true, &reply, &r)) { cli_buf_free(&reply); rc = 1; break; }
         ms_gen += cli_now_ms() - t1;
         n_gen_tok += (uint64_t)r.n_gen;
         n_turns++;
@@ -375,9 +360,20 @@ int cmd_chat(int argc, char **argv) {
                     "shifted %ld time%s (%ld tokens discarded in all, the first %d kept); the cache holds %d tokens\n",
                     n_turns, n_ids, pos0, r.n_gen, r.eog ? " (ended by the model)" : "", gen.n_shifts - shifts0,
                     gen.n_shifts - shifts0 > 1 ? "s" : "", gen.n_discarded, gen.n_keep, gen.pos);
-        if (!msgs_push(&msgs, "assistant", done.p + reply_from, done.len - reply_from)) goto oom;
-        if (gen.shift && gen.n_shifts) n_forgotten += chat_forget(&msgs, &done, tmpl, system ? 1 : 0,
-                                                             (size_t)info.n_ctx * per_token); /* what the cache holds */
+        bool pushed = msgs_push(&msgs, "assistant", reply.p ? reply.p : "", reply.len);
+        cli_buf_free(&reply);
+        if (!pushed) goto oom;
+        if (gen.shift && gen.n_shifts) { /* the session's text of what the cache holds: forget the oldest turns */
+            size_t held_len;
+            const char *held = flm_session_chat_text(sess, &held_len);
+            cli_buf done = {0};
+            if (!cli_buf_add(&done, held, held_len)) goto oom;
+            size_t dropped = chat_forget(&msgs, &done, tmpl, system ? 1 : 0, (size_t)info.n_ctx * per_token);
+            n_forgotten += dropped;
+            bool ok = !dropped || !flm_session_chat_set_text(sess, done.p, done.len, &err);
+            cli_buf_free(&done);
+            if (!ok) goto oom;
+        }
         if (r.ctx_full) {
             full = true;
             if (gen.shift)
@@ -407,7 +403,6 @@ oom:
     free(line);
     msgs_truncate(&msgs, 0);
     free(msgs.m);
-    cli_buf_free(&done);
     flm_session_free(sess);
     flm_chat_close(tmpl);
     flm_close(ctx);

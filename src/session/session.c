@@ -35,6 +35,9 @@ struct flm_session {
     char *hold;            /* generated text not released yet (a stop string could begin in it) */
     size_t hold_len, hold_cap;
     spec *spec;            /* speculative decoding (flm_session_speculate), or NULL */
+    char *conv;            /* a conversation (flm_session_chat_turn): the text the cache holds, NUL-terminated */
+    size_t conv_len, conv_cap;
+    bool conv_on;          /* conv describes the tokens held (a plain feed, prompt or rewind turns it off) */
 };
 
 flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
@@ -67,10 +70,35 @@ void flm_session_free(flm_session *s) {
     flm_sampler_free(s->smp);
     free(s->ids);
     free(s->hold);
+    free(s->conv);
     free(s);
 }
 
 flm_ctx *flm_session_ctx(const flm_session *s) { return s ? s->ctx : NULL; }
+
+/* Replace (at = 0) or extend (at = conv_len) the conversation's text; false when out of memory. */
+static bool conv_put(flm_session *s, size_t at, const char *p, size_t n) {
+    if (at + n + 1 > s->conv_cap) {
+        size_t cap = s->conv_cap ? s->conv_cap : 1024;
+        while (cap < at + n + 1) cap *= 2;
+        char *q = realloc(s->conv, cap);
+        if (!q) return false;
+        s->conv = q;
+        s->conv_cap = cap;
+    }
+    if (n) memmove(s->conv + at, p, n);
+    s->conv_len = at + n;
+    s->conv[s->conv_len] = 0;
+    return true;
+}
+
+/* A generated token enters the context at n_past: its piece joins the conversation's text. */
+static void conv_token(flm_session *s, int32_t tok) {
+    if (!s->conv_on) return;
+    size_t len;
+    const char *p = flm_token_piece(s->ctx, s->n_past > 0 ? s->ids[s->n_past - 1] : -1, tok, &len);
+    if (!conv_put(s, s->conv_len, p, len)) s->conv_on = false; /* out of memory: the next turn starts over */
+}
 
 flm_status flm_session_sampling(flm_session *s, const flm_sampler_params *p, flm_error *err) {
     flm_sampler *smp = flm_sampler_create(p, s->n_vocab);
@@ -109,12 +137,18 @@ void flm_session_set_shift(flm_session *s, bool on, int32_t n_keep) {
 
 int32_t flm_session_n_past(const flm_session *s) { return s->n_past; }
 
-void flm_session_rewind(flm_session *s, int32_t n) {
+/* Forget positions >= n (flm_session_rewind, keeping a conversation's text). */
+static void rewind_to(flm_session *s, int32_t n) {
     if (n < 0) n = 0;
     if (n >= s->n_past) return;
     s->n_past = n;
     if (s->n_valid > n) s->n_valid = n;
     s->logits = NULL; /* the next evaluation (at n) gives them again */
+}
+
+void flm_session_rewind(flm_session *s, int32_t n) {
+    if (n < s->n_past) s->conv_on = false;
+    rewind_to(s, n);
 }
 
 void flm_session_cancel(flm_session *s) {
@@ -159,7 +193,8 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
                         (int)pos, s->n_ctx);
     const float *logits = NULL;
     flm_status st = flm_eval_batch(s->ctx, ids, (uint32_t)n, pos, NULL, &logits, err);
-    if (st) { /* the context holds positions < pos */
+    if (st) { /* the context holds positions < pos; a conversation's text no longer says what it holds */
+        s->conv_on = false;
         flm_session_rewind(s, pos);
         return st;
     }
@@ -188,6 +223,7 @@ static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int
 
 flm_status flm_session_feed(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
     atomic_store(&s->cancel, 0);
+    s->conv_on = false;
     if (n == 0) return FLM_OK;
     if (!ids) return flm_fail(err, FLM_ERR_ARG, "flm_session_feed: ids NULL");
     return feed_counted(s, ids, n, s->n_past, err);
@@ -211,8 +247,7 @@ static bool room(flm_session *s, size_t n) {
     return true;
 }
 
-flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
-    atomic_store(&s->cancel, 0);
+static flm_status feed_shift(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
     while (n > 0) {
         if (!room(s, 1)) break;
         size_t m = s->n_ctx - (uint32_t)s->n_past;
@@ -227,8 +262,13 @@ flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, 
                     "discard", s->n_ctx, (int)s->n_keep);
 }
 
-flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
+flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, flm_error *err) {
     atomic_store(&s->cancel, 0);
+    s->conv_on = false;
+    return feed_shift(s, ids, n, err);
+}
+
+static flm_status prompt_ids(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
     if (n_reused) *n_reused = 0;
     if (!ids || n == 0) return flm_fail(err, FLM_ERR_ARG, "the prompt is empty");
     if (n >= s->n_ctx)
@@ -237,7 +277,7 @@ flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size
     size_t common = 0;
     while (common < (size_t)s->n_valid && common < n && s->ids[common] == ids[common]) common++;
     if (common == n) common = n - 1; /* the last token again, for its logits */
-    flm_session_rewind(s, (int32_t)common);
+    rewind_to(s, (int32_t)common);
     flm_status st = feed_counted(s, ids + common, n - common, (int32_t)common, err);
     if (st) return st;
     s->st.n_reused += common;
@@ -245,10 +285,17 @@ flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size
     return FLM_OK;
 }
 
-flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags, size_t *n_reused,
-                                   flm_error *err) {
-    if (n_reused) *n_reused = 0;
-    if (!text) return flm_fail(err, FLM_ERR_ARG, "the prompt is NULL");
+flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
+    atomic_store(&s->cancel, 0);
+    s->conv_on = false;
+    return prompt_ids(s, ids, n, n_reused, err);
+}
+
+/* text[0..len) tokenized with flags into *out (malloc'd, *n ids). Errors: FLM_ERR_NOMEM. */
+static flm_status tokenize_alloc(flm_session *s, const char *text, size_t len, unsigned flags, int32_t **out,
+                                 size_t *n, flm_error *err) {
+    *out = NULL;
+    *n = 0;
     size_t cap = len + 16;
     int32_t *ids = malloc(cap * sizeof *ids);
     size_t need = ids ? flm_tokenize_ex(s->ctx, text, len, flags, ids, cap) : SIZE_MAX;
@@ -265,7 +312,19 @@ flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len,
         free(ids);
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
     }
-    flm_status st = flm_session_prompt(s, ids, need, n_reused, err);
+    *out = ids;
+    *n = need;
+    return FLM_OK;
+}
+
+flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags, size_t *n_reused,
+                                   flm_error *err) {
+    if (n_reused) *n_reused = 0;
+    if (!text) return flm_fail(err, FLM_ERR_ARG, "the prompt is NULL");
+    int32_t *ids;
+    size_t n;
+    flm_status st = tokenize_alloc(s, text, len, flags, &ids, &n, err);
+    if (!st) st = flm_session_prompt(s, ids, n, n_reused, err);
     free(ids);
     return st;
 }
@@ -280,6 +339,76 @@ flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_
     st = flm_session_prompt_text(s, text, len, flags, n_reused, err);
     free(text);
     return st;
+}
+
+flm_status flm_session_chat_turn(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                 flm_chat_turn_info *info, flm_error *err) {
+    flm_chat_turn_info tmp;
+    if (!info) info = &tmp;
+    memset(info, 0, sizeof *info);
+    atomic_store(&s->cancel, 0);
+    char *text = NULL;
+    size_t len = 0;
+    flm_status st = flm_chat_apply(t, msgs, n, true, &text, &len, err);
+    if (st) return st;
+    /* the text the cache holds begins the rendering: only the rest; else the whole rendering from the start */
+    const bool held = s->conv_on && s->n_past > 0;
+    const bool append = held && s->conv_len <= len && !memcmp(text, s->conv, s->conv_len);
+    info->from_start = !append;
+    info->rewrote = held && !append;
+    const size_t from = append ? s->conv_len : 0;
+    const unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL | (!append && flm_add_bos(s->ctx) ? FLM_TOKENIZE_BOS : 0u);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if ((st = tokenize_alloc(s, text + from, len - from, flags, &ids, &n_ids, err))) {
+        free(text);
+        return st;
+    }
+    info->pos0 = append ? s->n_past : 0;
+    info->n_new = n_ids;
+    if (!append && n_ids == 0) {
+        st = flm_fail(err, FLM_ERR_ARG, "the conversation renders to no tokens");
+    } else if (s->shift) { /* through the context whatever its length */
+        if (!append) rewind_to(s, 0);
+        st = feed_shift(s, ids, n_ids, err);
+        if (st) s->conv_on = false;
+    } else if (append) {
+        if ((uint64_t)s->n_past + n_ids >= s->n_ctx)
+            st = flm_fail(err, FLM_ERR_CONTEXT, "the context (%u tokens) is full: this turn needs %zu more tokens after "
+                          "%d", s->n_ctx, n_ids, (int)s->n_past);
+        else if (n_ids > 0)
+            st = feed_counted(s, ids, n_ids, s->n_past, err);
+    } else {
+        size_t reused = 0;
+        st = prompt_ids(s, ids, n_ids, &reused, err); /* FLM_ERR_CONTEXT: nothing evaluated */
+        if (!st) {
+            info->pos0 = (int32_t)reused;
+            info->n_new = n_ids - reused;
+        }
+    }
+    free(ids);
+    if (!st) {
+        if (conv_put(s, 0, text, len)) s->conv_on = true;
+        else s->conv_on = false, st = flm_fail(err, FLM_ERR_NOMEM, "out of memory holding the conversation");
+    }
+    free(text);
+    return st;
+}
+
+void flm_session_chat_reset(flm_session *s) {
+    s->conv_on = false;
+    s->conv_len = 0;
+    rewind_to(s, 0);
+}
+
+const char *flm_session_chat_text(const flm_session *s, size_t *len) {
+    if (len) *len = s->conv_on ? s->conv_len : 0;
+    return s->conv_on && s->conv ? s->conv : "";
+}
+
+flm_status flm_session_chat_set_text(flm_session *s, const char *text, size_t len, flm_error *err) {
+    if (!conv_put(s, 0, text, len)) return flm_fail(err, FLM_ERR_NOMEM, "out of memory holding the conversation");
+    return FLM_OK;
 }
 
 /* ---- generation ------------------------------------------------------------------------------------------------ */
@@ -430,6 +559,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         if (!go) { r->cancelled = true; break; }
         if (r->n_gen >= max && !gp->feed_last) { r->limit = true; break; }
         if (held) { /* in the context already: take it, its row gives the next token */
+            conv_token(s, next);
             s->ids[s->n_past] = next;
             if (s->n_valid == s->n_past) s->n_valid++;
             s->n_past++;
@@ -443,8 +573,10 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             st = spec_step(s->spec, H, next, max - r->n_gen, queue, &m, &qrows, err);
             if (st) { /* the context holds positions < H at most; its logits are gone */
                 s->logits = NULL;
+                s->conv_on = false;
                 break;
             }
+            conv_token(s, next);
             s->ids[H] = next;
             if (s->n_valid == H) s->n_valid++;
             s->n_past = H + 1;
@@ -454,6 +586,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             qn = m;
             continue;
         }
+        conv_token(s, next); /* before: n_past names its predecessor (a failure forgets the conversation) */
         st = eval_at(s, &next, 1, s->n_past, err);
         if (ss) ss->n_passes++;
         if (st) break;
