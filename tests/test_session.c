@@ -3,6 +3,7 @@
  * part of one, a new prompt keeps the common prefix and still gives the same continuation, cancellation, max_tokens,
  * a full context, the context shift, per-request statistics; speculative decoding through the session gives the same
  * tokens, text, stops and held tokens as plain decoding. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -438,6 +439,83 @@ static void test_spec_equals_plain(void **state) {
     free(prompt);
 }
 
+/* A conversation in the session (flm_session_chat_turn): the first turn evaluates the whole rendering, the next only
+ * what follows the text the cache holds (the rendering and the reply as generated); the same replies with
+ * speculative decoding; a plain prompt or a reset forgets the conversation. */
+static void chat_turns(bool speculative, char replies[3][512]) {
+    flm_ctx *ctx = open_model(256);
+    flm_session *s = NULL;
+    flm_error err;
+    assert_int_equal(flm_session_create(ctx, &s, &err), FLM_OK);
+    if (speculative) {
+        flm_spec_params sp;
+        flm_spec_params_default(&sp);
+        sp.ngram = true;
+        assert_int_equal(flm_session_speculate(s, &sp, NULL, &err), FLM_OK);
+    }
+    flm_chat *t = NULL;
+    assert_int_equal(flm_chat_open(ctx, "chatml", &t, &err), FLM_OK);
+    flm_chat_msg msgs[6] = {{"user", "Tom had a red ball. Tom had a red ball."}};
+    size_t n = 1;
+    const char *users[3] = {NULL, "Tom had a blue ball.", "Tom had a red"};
+    for (int turn = 0; turn < 3; turn++) {
+        if (turn) msgs[n++] = (flm_chat_msg){"user", users[turn]};
+        int32_t before = flm_session_n_past(s);
+        flm_chat_turn_info ti;
+        assert_int_equal(flm_session_chat_turn(s, t, msgs, n, &ti, &err), FLM_OK);
+        assert_int_equal(ti.from_start, turn == 0);
+        assert_false(ti.rewrote);
+        assert_int_equal(ti.pos0, turn ? before : 0);
+        assert_int_equal(flm_session_n_past(s), ti.pos0 + (int32_t)ti.n_new);
+        char *want = NULL;
+        size_t want_len = 0;
+        assert_int_equal(flm_chat_apply(t, msgs, n, true, &want, &want_len, &err), FLM_OK);
+        size_t held_len;
+        const char *held = flm_session_chat_text(s, &held_len);
+        assert_int_equal(held_len, want_len);
+        assert_memory_equal(held, want, want_len);
+        if (turn) assert_true(ti.n_new < (size_t)before); /* only the new turn */
+        static collect c;
+        memset(&c, 0, sizeof c);
+        flm_gen_params gp;
+        flm_gen_params_default(&gp);
+        gp.max_tokens = 24;
+        gp.feed_last = true;
+        assert_int_equal(flm_session_generate(s, &gp, on_token, &c, NULL, &err), FLM_OK);
+        assert_true(c.len < 512);
+        memcpy(replies[turn], c.text, c.len + 1);
+        /* the held text: the rendering and the reply (an end-of-generation token has no text) */
+        held = flm_session_chat_text(s, &held_len);
+        assert_int_equal(held_len, want_len + c.len);
+        assert_memory_equal(held + want_len, c.text, c.len);
+        free(want);
+        msgs[n++] = (flm_chat_msg){"assistant", replies[turn]};
+    }
+    size_t held_len;
+    flm_session_chat_reset(s);
+    assert_int_equal(flm_session_n_past(s), 0);
+    flm_session_chat_text(s, &held_len);
+    assert_int_equal(held_len, 0);
+    flm_chat_turn_info ti;
+    assert_int_equal(flm_session_chat_turn(s, t, msgs, 1, &ti, &err), FLM_OK);
+    assert_true(ti.from_start);
+    assert_int_equal(flm_session_prompt_text(s, "Once", 4, FLM_TOKENIZE_ADD_SPECIAL, NULL, &err), FLM_OK);
+    flm_session_chat_text(s, &held_len);
+    assert_int_equal(held_len, 0); /* a plain prompt: no conversation held */
+    flm_chat_close(t);
+    flm_session_free(s);
+    flm_close(ctx);
+}
+
+static void test_chat_turns(void **state) {
+    (void)state;
+    static char plain[3][512], spec[3][512];
+    chat_turns(false, plain);
+    chat_turns(true, spec);
+    for (int i = 0; i < 3; i++) assert_string_equal(plain[i], spec[i]);
+    assert_true(strlen(plain[0]) > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_plain_loop),
@@ -445,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_reuse),
         cmocka_unit_test(test_cancel_and_limits),
         cmocka_unit_test(test_spec_equals_plain),
+        cmocka_unit_test(test_chat_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
