@@ -159,6 +159,26 @@ static void test_session(void **state) {
     assert_true(st.n_prompt > 0);
     assert_int_equal(flm_session_prompt_chat(s, c, &msg, 1, &reused, &err), FLM_OK); /* the same prompt again */
     assert_int_equal(reused, st.n_prompt - 1);
+    /* speculative decoding (the n-gram lookup) and a conversation through the exported calls */
+    flm_spec_params sp;
+    flm_spec_params_default(&sp);
+    assert_int_equal(sp.n_draft, 4);
+    sp.ngram = true;
+    assert_true(flm_spec_buffer_bytes(flm_vocab_size(ctx), 128, &sp, false, true) > 0);
+    assert_int_equal(flm_session_speculate(s, &sp, NULL, &err), FLM_OK);
+    flm_chat_turn_info ti;
+    assert_int_equal(flm_session_chat_turn(s, c, &msg, 1, &ti, &err), FLM_OK);
+    assert_true(ti.from_start && ti.n_new > 0);
+    n = 0;
+    assert_int_equal(flm_session_generate(s, &gp, count_tokens, &n, &r, &err), FLM_OK);
+    flm_spec_stats ss;
+    flm_session_spec_stats(s, &ss);
+    assert_int_equal(ss.n_gen, (uint64_t)r.n_gen);
+    size_t held = 0;
+    assert_non_null(flm_session_chat_text(s, &held));
+    assert_true(held > 0);
+    flm_session_chat_reset(s);
+    assert_int_equal(flm_session_n_past(s), 0);
     flm_chat_close(c);
     flm_session_free(s);
     flm_session_free(NULL);
