@@ -4,8 +4,9 @@
  * generation must complete (exit 0, not killed: 137). The kernel counts more than the process's RSS (page cache the
  * process reads through, kernel memory such as page tables and the io_uring rings): all of it must fit, or be
  * reclaimable. Also `flashlm convert` and `flashlm calibrate` (with its default hot order) under a hard limit smaller
- * than the model (they must stream), a budget too small refused with a message (exit 1), not killed, and `flashlm serve` answering requests
- * (streamed and not) under the same limit as run, then stopped by SIGTERM (exit 0).
+ * than the model (they must stream), a budget too small refused with a message (exit 1), not killed, and `flashlm
+ * serve` answering requests (streamed and not) under the same limit as run, then stopped by SIGTERM (exit 0), also
+ * drafting (the self-draft's tree per slot).
  *
  * Models: a synthetic one (flashlm synth: 8 layers, 42 MiB; calibrated for sparse) and SmolLM2-135M (q4_1, 98 MB)
  * when pulled. Needs root and a memory controller in which this process may create groups; otherwise every test is
@@ -530,13 +531,12 @@ static char *http_post(int port, const char *path, const char *body) {
     return out;
 }
 
-/* flashlm serve under budget + FLM_RSS_ALLOWANCE (hybrid, as run above): requests are answered, streamed and not,
- * and SIGTERM stops it cleanly; the group saw no OOM kill. The client (this test) is outside the group. */
-static void test_serve_under_limit(void **state) {
-    (void)state;
-    NEED_CGROUP();
+/* flashlm serve under budget + FLM_RSS_ALLOWANCE (mode and extra options: hybrid as run above, or hot with the
+ * self-draft's tree, whose buffers the slot's budget holds): requests are answered, streamed and not, and SIGTERM
+ * stops it cleanly; the group saw no OOM kill. The client (this test) is outside the group. */
+static void serve_under_limit(const char *mode, int pct, const char *extra) {
     const char *path = smol_flm[0] ? smol_flm : syn_flm;
-    uint64_t budget = file_bytes(path) * 75 / 100, limit = budget + FLM_RSS_ALLOWANCE;
+    uint64_t budget = file_bytes(path) * (uint64_t)pct / 100, limit = budget + FLM_RSS_ALLOWANCE;
     char g[BIGCAP + 64], num[32], f[BIGCAP + 128], outp[PATHCAP], cmd[16384];
     snprintf(g, sizeof g, "%s/flm-budget-%d-%d", cg.base, (int)getpid(), cg.n++);
     if (mkdir(g, 0755) != 0) fail_msg("cannot make cgroup %s: %s", g, strerror(errno));
@@ -546,8 +546,8 @@ static void test_serve_under_limit(void **state) {
     snprintf(f, sizeof f, cg.version == 2 ? "%s/memory.swap.max" : "%s/memory.memsw.limit_in_bytes", g);
     if (access(f, F_OK) == 0 && !write_str(f, cg.version == 2 ? "0" : num)) fail_msg("%s: %s", f, strerror(errno));
     snprintf(outp, sizeof outp, "%s", tu_tmp("cgroup-serve", ".txt"));
-    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --mode hybrid --mem %llu -c 256 -t 2 --port 0 > '%s' 2>&1",
-             FLM_CLI, path, (unsigned long long)budget, outp);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --mode %s %s --mem %llu -c 256 -t 2 --port 0 > '%s' 2>&1",
+             FLM_CLI, path, mode, extra, (unsigned long long)budget, outp);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -595,10 +595,20 @@ static void test_serve_under_limit(void **state) {
     remove(outp);
     if (rc != 0 || ooms > 0)
         fail_msg("serve under a hard limit of %.2f MiB: exit %d, %d OOM kills:\n%s", limit / MIB, rc, ooms, out);
-    print_message("serve (%s, hybrid at --mem %.2f MiB): 3 requests answered under a hard limit of %.2f MiB; the "
-                  "group's peak %.2f MiB\n", smol_flm[0] ? "SmolLM2" : "synthetic", budget / MIB, limit / MIB,
-                  peak >= 0 ? peak / MIB : -1.0);
+    if (*extra && !strstr(out, "speculative decoding"))
+        fail_msg("serve %s: no speculative decoding said:\n%s", extra, out);
+    print_message("serve (%s, %s %s at --mem %.2f MiB): 3 requests answered under a hard limit of %.2f MiB; the "
+                  "group's peak %.2f MiB\n", smol_flm[0] ? "SmolLM2" : "synthetic", mode, extra, budget / MIB,
+                  limit / MIB, peak >= 0 ? peak / MIB : -1.0);
     free(out);
+}
+
+static void test_serve_under_limit(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    serve_under_limit("hybrid", 75, "");
+    /* speculative: the self-draft's tree per slot, its buffers (sampling requests' distributions too) in the budget */
+    serve_under_limit("hot", smol_flm[0] ? 80 : 70, "--draft-tree 16");
 }
 
 int main(void) {
