@@ -73,31 +73,6 @@ static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, double 
 }
 
 
-/* The hot share the plan gives path at mem bytes (-1: does not fit). */
-static double share_at(const char *path, uint64_t mem, int n_ctx) {
-    flm_params p;
-    flm_params_default(&p);
-    p.n_threads = 2;
-    p.n_ctx = n_ctx;
-    p.mode = FLM_MODE_HOT;
-    p.mem_bytes = mem;
-    flm_plan_info pi;
-    flm_error err;
-    if (flm_plan(path, &p, &pi, &err)) return -1;
-    return pi.hot_share;
-}
-
-/* A budget at which the hot mode keeps between lo and hi of every layer. */
-static uint64_t budget_for_share(const char *path, double lo, double hi, int n_ctx) {
-    for (uint64_t mem = 256 << 10; mem < (1ull << 34); mem += mem / 32) {
-        double s = share_at(path, mem, n_ctx);
-        if (s >= lo && s <= hi) return mem;
-        if (s > hi) break;
-    }
-    fail_msg("%s: no budget gives a hot share in [%.2f, %.2f]", path, lo, hi);
-    return 0;
-}
-
 static int32_t *tokenize(flm_ctx *ctx, const char *text, int *n) {
     size_t m = 0;
     int32_t *ids = flm_tokenize_all(ctx, text, true, &m);
@@ -153,7 +128,7 @@ static void test_hot_equals_ram(void **state) {
     flm_close(ram);
     const double shares[][2] = {{0.05, 0.3}, {0.4, 0.7}, {0.75, 0.97}};
     for (int k = 0; k < 3; k++) {
-        uint64_t mem = budget_for_share(g_hot, shares[k][0], shares[k][1], N_CTX);
+        uint64_t mem = tu_hot_budget_for_share(g_hot, shares[k][0], shares[k][1], N_CTX);
         for (int batch = 0; batch < 2; batch++) {
             flm_ctx *hot = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
             flm_plan_info pi;
@@ -282,7 +257,7 @@ static void check_self_draft(const char *path, uint64_t mem, double pct, int n_c
 
 static void test_self_draft_greedy(void **state) {
     (void)state;
-    uint64_t mem = budget_for_share(g_hot, 0.4, 0.7, N_CTX);
+    uint64_t mem = tu_hot_budget_for_share(g_hot, 0.4, 0.7, N_CTX);
 #ifdef FLM_SANITIZED_BUILD /* memory errors, not numerics: fewer shapes (ASan is ~10x slower) */
     const int cfg[][2] = {{1, 0}, {3, 4}, {8, 16}};
 #else
@@ -295,7 +270,7 @@ static void test_self_draft_greedy(void **state) {
 /* the same with the self-draft's window (runtime/ffn_hot.c): the verification is exact whatever the draft computes */
 static void test_self_draft_window_greedy(void **state) {
     (void)state;
-    uint64_t mem = budget_for_share(g_hot, 0.4, 0.7, N_CTX);
+    uint64_t mem = tu_hot_budget_for_share(g_hot, 0.4, 0.7, N_CTX);
     const int cfg[][2] = {{1, 0}, {4, 0}, {4, 8}};
     g_window = 0.4;
     check_self_draft(g_hot, mem, 0, N_CTX, "Once upon a time, there was a little girl", 96, cfg, 3);
@@ -322,7 +297,7 @@ static void check_self_draft_sampling(int tree) {
     double joint[27], djoint[27];
     int32_t cand[27][3];
     tu_joint3(ref, prompt, n_prompt, ps, cand, joint);
-    const uint64_t mem = budget_for_share(g_hot, 0.2, 0.5, N_CTX);
+    const uint64_t mem = tu_hot_budget_for_share(g_hot, 0.2, 0.5, N_CTX);
     flm_ctx *dref = open_mode(g_hot, FLM_MODE_HOT, mem, 0, N_CTX);
     for (int cell = 0; cell < 27; cell++) { /* the self-draft's own probabilities of the cells */
         double q = 1;

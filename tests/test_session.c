@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
@@ -314,21 +315,25 @@ static void expect_same(flm_session *plain, flm_session *spec, const flm_gen_res
     assert_memory_equal(mp, ms, (size_t)nmp * sizeof *mp);
 }
 
-/* Greedy speculative generation (n-gram lookup) through flm_session_generate equals plain session generation: 64
- * tokens (drafts accepted and rejected), then stop strings ending at every token from 8 on (some inside a run of
- * accepted drafts), cancellation after k tokens, max_tokens inside a run, and the context shift; after each, both
- * sessions hold the same tokens and continue alike. */
-static void test_spec_equals_plain(void **state) {
-    (void)state;
-    flm_ctx *cp = open_model(256), *cs = open_model(256);
+/* Opens the contexts of a comparison: the plain one (spec false) and the speculative one, n_ctx each. */
+typedef flm_ctx *(*open_fn)(int n_ctx, bool spec);
+
+static flm_ctx *open_ram(int n_ctx, bool spec) {
+    (void)spec;
+    return open_model(n_ctx);
+}
+
+/* Greedy speculative generation (sp) through flm_session_generate equals plain session generation: 64 tokens (drafts
+ * accepted and rejected), then stop strings ending at every token from 8 on (some completing at an accepted draft),
+ * cancellation after k tokens, max_tokens inside a run, and the context shift; after each, both sessions hold the
+ * same tokens and continue alike. */
+static void check_spec_equals_plain(open_fn open, const flm_spec_params *spp, const char *what) {
+    flm_ctx *cp = open(256, false), *cs = open(256, true);
     flm_session *plain = NULL, *spec = NULL;
     flm_error err;
     assert_int_equal(flm_session_create(cp, &plain, &err), FLM_OK);
     assert_int_equal(flm_session_create(cs, &spec, &err), FLM_OK);
-    flm_spec_params sp;
-    flm_spec_params_default(&sp);
-    sp.ngram = true;
-    sp.n_draft = 6;
+    const flm_spec_params sp = *spp;
     assert_int_equal(flm_session_speculate(spec, &sp, NULL, &err), FLM_OK);
     const char *text = "Tom had a red ball. Tom had a red ball. Tom had a blue ball. Tom had a red";
     size_t n_prompt = 0;
@@ -340,9 +345,9 @@ static void test_spec_equals_plain(void **state) {
     assert_int_equal(gp_.n, 64);
     flm_spec_stats st;
     flm_session_spec_stats(spec, &st);
-    print_message("speculative session: %llu tokens in %llu passes, drafted %llu, accepted %llu\n",
-                  (unsigned long long)st.n_gen, (unsigned long long)st.n_passes, (unsigned long long)st.n_drafted,
-                  (unsigned long long)st.n_accepted);
+    print_message("%s: 64 tokens in %llu passes, drafted %llu, accepted %llu\n", what, (unsigned long long)st.n_passes,
+                  (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
+    assert_int_equal(st.n_gen, 64);
     assert_true(st.n_accepted > 0);            /* drafts accepted ... */
     assert_true(st.n_accepted < st.n_drafted); /* ... and rejected */
     assert_true(st.n_passes < 64);
@@ -378,7 +383,7 @@ static void test_spec_equals_plain(void **state) {
             if (a.n == k + 1 && drafted[k]) n_in_run++; /* the stop completed at an accepted draft */
         }
     }
-    print_message("%d stop strings, %d completed at an accepted draft\n", n_stops, n_in_run);
+    print_message("%s: %d stop strings, %d completed at an accepted draft\n", what, n_stops, n_in_run);
     assert_true(n_stops > 10);
     assert_true(n_in_run > 0);
     /* cancellation after k tokens, and max_tokens k, for every k */
@@ -397,8 +402,8 @@ static void test_spec_equals_plain(void **state) {
     flm_close(cp);
     flm_close(cs);
     /* the context shift: a context of 48 tokens, 120 generated */
-    cp = open_model(48);
-    cs = open_model(48);
+    cp = open(48, false);
+    cs = open(48, true);
     assert_int_equal(flm_session_create(cp, &plain, &err), FLM_OK);
     assert_int_equal(flm_session_create(cs, &spec, &err), FLM_OK);
     assert_int_equal(flm_session_speculate(spec, &sp, NULL, &err), FLM_OK);
@@ -411,7 +416,8 @@ static void test_spec_equals_plain(void **state) {
     flm_session_stats ps, ss;
     flm_session_get_stats(plain, &ps);
     flm_session_get_stats(spec, &ss);
-    print_message("context shift: %ld shifts plain, %ld speculative; %d tokens\n", ps.n_shifts, ss.n_shifts, b.n);
+    print_message("%s: context shift: %ld shifts plain, %ld speculative; %d tokens\n", what, ps.n_shifts, ss.n_shifts,
+                  b.n);
     assert_true(ps.n_shifts > 0);
     assert_int_equal(ps.n_shifts, ss.n_shifts);
     expect_same(plain, spec, &rp, &rs, &a, &b, "context shift");
@@ -420,23 +426,77 @@ static void test_spec_equals_plain(void **state) {
     assert_int_equal(flm_session_speculate(spec, NULL, NULL, &err), FLM_OK);
     flm_session_spec_stats(spec, &st);
     assert_int_equal(st.n_gen, 0);
-    /* refused: no source, two sources, a self-draft outside mode hot, sizes out of range */
-    flm_spec_params bad = sp;
-    bad.ngram = false;
-    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
-    bad.self_draft = true;
-    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
-    bad = sp;
-    bad.n_draft = FLM_SPEC_DRAFT_MAX + 1;
-    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
-    bad = sp;
-    bad.tree = 8;
-    assert_int_equal(flm_session_speculate(spec, &bad, NULL, &err), FLM_ERR_ARG);
     flm_session_free(plain);
     flm_session_free(spec);
     flm_close(cp);
     flm_close(cs);
     free(prompt);
+}
+
+static void test_spec_equals_plain(void **state) {
+    (void)state;
+    flm_spec_params sp;
+    flm_spec_params_default(&sp);
+    sp.ngram = true;
+    sp.n_draft = 6;
+    check_spec_equals_plain(open_ram, &sp, "n-gram lookup");
+    /* refused: no source, two sources, a self-draft outside mode hot, sizes out of range */
+    flm_ctx *ctx = open_model(64);
+    flm_session *s = NULL;
+    flm_error err;
+    assert_int_equal(flm_session_create(ctx, &s, &err), FLM_OK);
+    flm_spec_params bad = sp;
+    bad.ngram = false;
+    assert_int_equal(flm_session_speculate(s, &bad, NULL, &err), FLM_ERR_ARG);
+    bad.self_draft = true;
+    assert_int_equal(flm_session_speculate(s, &bad, NULL, &err), FLM_ERR_ARG);
+    bad = sp;
+    bad.n_draft = FLM_SPEC_DRAFT_MAX + 1;
+    assert_int_equal(flm_session_speculate(s, &bad, NULL, &err), FLM_ERR_ARG);
+    bad = sp;
+    bad.tree = 8;
+    assert_int_equal(flm_session_speculate(s, &bad, NULL, &err), FLM_ERR_ARG);
+    flm_session_free(s);
+    flm_close(ctx);
+}
+
+/* The same with the self-draft's trees (flm_eval_tree, flm_tree_accept): stories260K hot-ordered, the plain session
+ * in ram mode (bit for bit hot mode's verification), the speculative one in mode hot keeping 40..70% of each layer. */
+static char g_hot[4096];
+static uint64_t g_hot_mem[2]; /* the budgets of the hot contexts of 256 and 48 tokens */
+
+static flm_ctx *open_hot(int n_ctx, bool spec) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = n_ctx;
+    p.mode = spec ? FLM_MODE_HOT : FLM_MODE_RAM;
+    p.mem_bytes = spec ? g_hot_mem[n_ctx == 256 ? 0 : 1] : 0;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(g_hot, &p, &ctx, &err)) fail_msg("open %s: %s", g_hot, err.msg);
+    return ctx;
+}
+
+static void test_spec_tree_equals_plain(void **state) {
+    (void)state;
+    snprintf(g_hot, sizeof g_hot, "%s", tu_tmp("session-hot", ".flm"));
+    flm_error err;
+    assert_int_equal(flm_convert(tu_data(MODEL), g_hot, NULL, NULL, &err), FLM_OK);
+    size_t len;
+    char *text = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &len);
+    text[len < 30000 ? len : 30000] = 0;
+    if (flm_hot_order(g_hot, text, 512, 128, 2, NULL, NULL, &err)) fail_msg("hot order: %s", err.msg);
+    free(text);
+    g_hot_mem[0] = tu_hot_budget_for_share(g_hot, 0.4, 0.7, 256);
+    g_hot_mem[1] = tu_hot_budget_for_share(g_hot, 0.4, 0.7, 48);
+    flm_spec_params sp;
+    flm_spec_params_default(&sp);
+    sp.self_draft = sp.adaptive = true;
+    sp.n_draft = 4;
+    sp.tree = 8;
+    check_spec_equals_plain(open_hot, &sp, "self-draft tree of 8");
+    remove(g_hot);
 }
 
 /* A conversation in the session (flm_session_chat_turn): the first turn evaluates the whole rendering, the next only
@@ -523,6 +583,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_reuse),
         cmocka_unit_test(test_cancel_and_limits),
         cmocka_unit_test(test_spec_equals_plain),
+        cmocka_unit_test(test_spec_tree_equals_plain),
         cmocka_unit_test(test_chat_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

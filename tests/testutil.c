@@ -183,3 +183,26 @@ void tu_joint3(flm_ctx *ref, const int32_t *prompt, int n_prompt, flm_sampler *p
     }
     free(p);
 }
+
+double tu_hot_share_at(const char *path, uint64_t mem, int n_ctx) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = n_ctx;
+    p.mode = FLM_MODE_HOT;
+    p.mem_bytes = mem;
+    flm_plan_info pi;
+    flm_error err;
+    if (flm_plan(path, &p, &pi, &err)) return -1;
+    return pi.hot_share;
+}
+
+uint64_t tu_hot_budget_for_share(const char *path, double lo, double hi, int n_ctx) {
+    for (uint64_t mem = 256 << 10; mem < (1ull << 34); mem += mem / 32) {
+        double s = tu_hot_share_at(path, mem, n_ctx);
+        if (s >= lo && s <= hi) return mem;
+        if (s > hi) break;
+    }
+    fail_msg("%s: no budget gives a hot share in [%.2f, %.2f]", path, lo, hi);
+    return 0;
+}

@@ -49,5 +49,10 @@ void tu_expect_freqs(const double *count, const double *p, int n, double draws, 
  * and their probability joint[cell]. */
 void tu_joint3(struct flm_ctx *ref, const int32_t *prompt, int n_prompt, struct flm_sampler *ps, int32_t cand[27][3],
                double joint[27]);
+/* The hot share flm_plan gives path (a hot-ordered .flm) in mode hot at mem bytes with 2 threads and n_ctx (-1: it
+ * does not fit). */
+double tu_hot_share_at(const char *path, uint64_t mem, int n_ctx);
+/* A budget at which mode hot keeps between lo and hi of every layer of path (fails the test when none does). */
+uint64_t tu_hot_budget_for_share(const char *path, double lo, double hi, int n_ctx);
 
 #endif
