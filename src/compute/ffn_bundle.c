@@ -172,7 +172,7 @@ static inline float batch_dot(const flm_kernels *k, uint32_t t, const void *row,
     return a->xq ? k->vec_dot[t](row, a->xq + b * a->bytes, n) : k->dot[t](row, x, n);
 }
 
-#define TILE_NB 8  /* neurons per tile: their gate and up rows unpacked once for a group of tokens */
+#define TILE_NB 16 /* neurons per tile: their gate and up rows unpacked once for a group of tokens (16: a vnni panel) */
 #define TILE_NX 32 /* tokens per group */
 #define TILE_NG 32 /* neurons per down group: the tokens' accumulators (n_x x d_model floats, in L2) pass through the
                       registers once per TILE_NG down rows instead of once per tile (measured: 8 rows per pass left
