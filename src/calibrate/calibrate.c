@@ -22,6 +22,19 @@
 #include "calibrate/train.h"
 
 /* eps: the share of each layer's FFN output energy the oracle drops, ascending */
+int flm_calib_pwrite_all(int fd, const void *buf, size_t n, off_t off) {
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : ENOSPC;
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
 static const float STD_LEVELS[] = {0.0002f, 0.0005f, 0.001f, 0.002f, 0.005f, 0.01f, 0.02f};
 #define N_STD_LEVELS (sizeof STD_LEVELS / sizeof STD_LEVELS[0])
 
@@ -64,17 +77,8 @@ static void tap(void *user, uint32_t layer, const float *x) {
         return;
     }
     if (t->err_no) return;
-    const uint8_t *p = (const uint8_t *)x;
-    size_t left = t->d_model * sizeof(float);
-    off_t off = (off_t)(((uint64_t)layer * t->n + row) * left);
-    while (left) {
-        ssize_t w = pwrite(t->fd, p, left, off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { t->err_no = w < 0 ? errno : ENOSPC; return; }
-        p += w;
-        left -= (size_t)w;
-        off += w;
-    }
+    const size_t bytes = t->d_model * sizeof(float);
+    t->err_no = flm_calib_pwrite_all(t->fd, x, bytes, (off_t)(((uint64_t)layer * t->n + row) * bytes));
 }
 
 /* Tokens [from, from + count) of layer l's recorded inputs: in place when in memory, else read into buf (count *

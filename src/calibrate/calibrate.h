@@ -4,6 +4,7 @@
 #ifndef FLM_CALIBRATE_CALIBRATE_H
 #define FLM_CALIBRATE_CALIBRATE_H
 #include <stdint.h>
+#include <sys/types.h>
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "format/flm.h"
@@ -25,6 +26,10 @@ uint64_t flm_calibrate_train_bytes(const flm_hparams *hp, const flm_calib_opts *
  * ordering) holds while it works: returns the locked descriptor (close it to release), or -1 with *st and err set:
  * FLM_ERR_IO (cannot be opened, not a regular file, or "another `flashlm calibrate` is writing this file"). */
 int flm_calib_lock(const char *path, flm_status *st, flm_error *err);
+
+/* Write n bytes of buf at offset off of fd (the recorded FFN inputs' spill file, MODEL.flm.x.tmp), retrying short
+ * writes and EINTR: 0, or the errno of the failure (ENOSPC for a write that makes no progress). */
+int flm_calib_pwrite_all(int fd, const void *buf, size_t n, off_t off);
 
 /* Calibrate the .flm file at path in place (atomically: see flm_file_put_region). Prints nothing; per-layer results
  * and the levels (with their measured held-out loss) are in the stored region (read them back with

@@ -64,6 +64,16 @@ bool flm_is_hot_ordered(const char *path) {
 }
 
 /* The model in memory (ram mode): the select hook sees every neuron's activation. */
+/* The text's tokens (*ids, malloc'd; no BOS) for the hot order: FLM_ERR_NOMEM, or FLM_ERR_ARG under 16 tokens. */
+static flm_status hot_tokens(flm_ctx *ctx, const char *text, int32_t **ids, size_t *n_tok, flm_error *err) {
+    *n_tok = 0;
+    *ids = flm_tokenize_all(ctx, text, false, n_tok);
+    if (!*ids) return flm_fail(err, FLM_ERR_NOMEM, "hot order: out of memory");
+    if (*n_tok < 16)
+        return flm_fail(err, FLM_ERR_ARG, "hot order: the text gives %zu tokens; at least 16 are needed", *n_tok);
+    return FLM_OK;
+}
+
 static flm_status hot_order_ram(const char *path, const char *text, uint32_t max_tokens, uint32_t chunk, int n_threads,
                                 flm_progress_fn progress, void *user, flm_error *err) {
     flm_params p;
@@ -108,12 +118,7 @@ static flm_status hot_order_ram(const char *path, const char *text, uint32_t max
         }
     }
     size_t n_tok = 0;
-    ids = flm_tokenize_all(ctx, text, false, &n_tok);
-    if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "hot order: out of memory"); goto done; }
-    if (n_tok < 16) {
-        st = flm_fail(err, FLM_ERR_ARG, "hot order: the text gives %zu tokens; at least 16 are needed", n_tok);
-        goto done;
-    }
+    if ((st = hot_tokens(ctx, text, &ids, &n_tok, err))) goto done;
     if ((st = flm_set_ffn_select(ctx, hot_select, &a, true, err))) goto done;
     const int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
     const size_t total = n_tok < max_tokens ? n_tok : max_tokens;
@@ -159,17 +164,8 @@ static void hot_tap_fn(void *user, uint32_t layer, const float *x) {
     hot_tap *t = user;
     if (t->err_no || t->next[layer] >= t->n) return;
     const uint32_t row = t->next[layer]++;
-    const uint8_t *p = (const uint8_t *)x;
-    size_t left = (size_t)t->d * sizeof(float);
-    off_t off = (off_t)(((uint64_t)layer * t->n + row) * left);
-    while (left) {
-        ssize_t w = pwrite(t->fd, p, left, off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { t->err_no = w < 0 ? errno : ENOSPC; return; }
-        p += w;
-        left -= (size_t)w;
-        off += w;
-    }
+    const size_t bytes = (size_t)t->d * sizeof(float);
+    t->err_no = flm_calib_pwrite_all(t->fd, x, bytes, (off_t)(((uint64_t)layer * t->n + row) * bytes));
 }
 
 #define HOT_BLOCK 64u /* neurons scored per BLAS call */
@@ -221,12 +217,7 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
     flm_plan_info plan;
     flm_get_plan(ctx, &plan);
     size_t n_tok = 0;
-    ids = flm_tokenize_all(ctx, text, false, &n_tok);
-    if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "hot order: out of memory"); goto done; }
-    if (n_tok < 16) {
-        st = flm_fail(err, FLM_ERR_ARG, "hot order: the text gives %zu tokens; at least 16 are needed", n_tok);
-        goto done;
-    }
+    if ((st = hot_tokens(ctx, text, &ids, &n_tok, err))) goto done;
     const uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
     const uint64_t need = hot_budget_bytes(ctx->flash->file, &hp, n);
     if (need > plan.budget) {
