@@ -441,6 +441,8 @@ flm_status flm_tree_logits(flm_ctx *ctx, uint32_t node, float *logits, flm_error
     return flm_output_row(ctx, ctx->tree_hidden + (size_t)(node - ctx->tree_hidden_first) * d, logits, err);
 }
 
+#define FLM_TREE_LOGITS_MAX 64 /* nodes per classifier pass of flm_tree_logits_n (the state pointers on the stack) */
+
 flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_error *err) {
     if (!ctx || !logits || !nodes || n == 0 || !ctx->tree_hidden)
         return flm_fail(err, FLM_ERR_ARG, "tree logits: %u nodes asked, but no flm_eval_tree without logits holds "
@@ -449,16 +451,17 @@ flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, fl
         if (nodes[i] < ctx->tree_hidden_first || nodes[i] >= ctx->tree_n)
             return flm_fail(err, FLM_ERR_ARG, "tree logits: node %u was not evaluated by the last flm_eval_tree "
                             "without logits", nodes[i]);
-    if (n == 1) return flm_tree_logits(ctx, nodes[0], logits, err);
     const uint32_t d = ctx->model->hp.d_model;
-    float *x = malloc((size_t)n * d * sizeof *x);
-    if (!x) return flm_fail(err, FLM_ERR_NOMEM, "tree logits: out of memory for %u nodes' states", n);
-    for (uint32_t i = 0; i < n; i++)
-        memcpy(x + (size_t)i * d, ctx->tree_hidden + (size_t)(nodes[i] - ctx->tree_hidden_first) * d,
-               d * sizeof *x);
-    flm_status st = flm_output_rows(ctx, x, n, logits, err);
-    free(x);
-    return st;
+    const float *x[FLM_TREE_LOGITS_MAX];
+    for (uint32_t done = 0; done < n;) { /* FLM_TREE_LOGITS_MAX nodes per classifier pass */
+        const uint32_t m = n - done < FLM_TREE_LOGITS_MAX ? n - done : FLM_TREE_LOGITS_MAX;
+        for (uint32_t i = 0; i < m; i++)
+            x[i] = ctx->tree_hidden + (size_t)(nodes[done + i] - ctx->tree_hidden_first) * d;
+        flm_status st = flm_output_rows(ctx, x, m, logits + (size_t)done * ctx->model->hp.n_vocab, err);
+        if (st) return st;
+        done += m;
+    }
+    return FLM_OK;
 }
 
 flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err) {

@@ -401,13 +401,13 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     return FLM_OK;
 }
 
-flm_status flm_output_rows(flm_ctx *ctx, const float *x, uint32_t n, float *logits, flm_error *err) {
+flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n};
     float *buf = malloc((size_t)n * ((size_t)hp->d_model + hp->d_embd) * sizeof(float));
     if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for %u tokens' output layer", n);
-    memcpy(buf, x, (size_t)n * hp->d_model * sizeof(float));
+    for (uint32_t i = 0; i < n; i++) memcpy(buf + (size_t)i * hp->d_model, x[i], hp->d_model * sizeof(float));
     output(m, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab);
     free(buf);
     if (!logits_finite(logits, n, hp->n_vocab, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
@@ -415,7 +415,7 @@ flm_status flm_output_rows(flm_ctx *ctx, const float *x, uint32_t n, float *logi
 }
 
 flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err) {
-    return flm_output_rows(ctx, x, 1, logits, err);
+    return flm_output_rows(ctx, &x, 1, logits, err);
 }
 
 flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,

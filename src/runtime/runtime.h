@@ -276,10 +276,10 @@ struct flm_tree;
  * proj_out, the classifier, as the forward pass's last step computes them for one token. Errors: FLM_ERR_NOMEM,
  * FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (not finite). */
 flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err);
-/* flm_output_row of n tokens at once: x is n rows of d_model floats (not changed), logits n rows of n_vocab; the
+/* flm_output_row of n tokens at once: x[i] is token i's d_model floats (not changed), logits n rows of n_vocab; the
  * classifier as one matrix-matrix product (each weight row read once for the n tokens), every row's bits those of
  * flm_output_row (the tile kernels' dots are vec_dot's). Errors: those of flm_output_row. */
-flm_status flm_output_rows(flm_ctx *ctx, const float *x, uint32_t n, float *logits, flm_error *err);
+flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err);
 
 /* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): n >= 1 tokens at positions
  * pos .. pos + n - 1 through the model, keys and values into the KV cache. Fills logits_all[n][n_vocab] when
