@@ -30,6 +30,7 @@
 #ifndef FLM_COMPUTE_QUANTS_PANEL_VNNI_H
 #define FLM_COMPUTE_QUANTS_PANEL_VNNI_H
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "compute/quants.h"
@@ -237,74 +238,16 @@ PANEL_DRIVER(panel_q5_0, panel_pack_q5_0, panel_rows_q5_0, flm_block_q8_0, 16, 0
 PANEL_DRIVER(panel_q5_1, panel_pack_q5_1, panel_rows_q5_1, flm_block_q8_1, 0, 1, TILE(tile_q5_1))
 PANEL_DRIVER(panel_q8_0, panel_pack_q8_0, panel_rows_q8_0, flm_block_q8_0, 128, 0, TILE(tile_q8_0))
 
-/* ---------------------------------------------------------------------------------------------------------------
- * q4_k, two rows per 512-bit vector: the low 256 bits do row r's work of quants_tile_x86.h's q4k_row, the high 256
- * row r + 1's (the activation bytes broadcast to both halves), so each maddubs / vpdpwssd serves two rows. Every lane
- * holds exactly the integer and float values q4k_row's lane holds, and the end sums each half in hsum_ps's order:
- * the same bits as the level's vec_dot. nt <= PAIR_T tokens.
- * ------------------------------------------------------------------------------------------------------------- */
 #define PAIR_T 8
 
 static inline __attribute__((always_inline)) __m512i pair_cat(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static inline __attribute__((always_inline)) void pair_q4k_rows(const flm_block_q4_k *w0, const flm_block_q4_k *w1,
-                                                                 const uint8_t *x, size_t xs, size_t nb, float *y,
-                                                                 size_t ys, int nt, const __m256i *bsb) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    __m512 acc[PAIR_T];
-    __m256 acc_m[PAIR_T];
-#pragma GCC unroll 8
-    for (int t = 0; t < PAIR_T; t++) acc[t] = _mm512_setzero_ps(), acc_m[t] = _mm256_setzero_ps();
-    for (size_t i = 0; i < nb; i++) {
-        uint64_t sc0, mn0, sc1, mn1;
-        q4k_scales8(w0[i].scales, &sc0, &mn0);
-        q4k_scales8(w1[i].scales, &sc1, &mn1);
-        /* 128-bit lanes 0, 1: row 0's 8 int16 scales; 2, 3: row 1's */
-        const __m512i sc16 = pair_cat(_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc0))),
-                                      _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc1))));
-        const __m256i mins = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn0))),
-            _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn1)), 1);
-        const __m512 wd = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(h2f(w0[i].d))),
-                                                               _mm256_castps_pd(_mm256_set1_ps(h2f(w1[i].d))), 1));
-        const __m256 wdmin = _mm256_insertf128_ps(_mm256_set1_ps(h2f(w0[i].dmin)), _mm_set1_ps(h2f(w1[i].dmin)), 1);
-        __m512i sumi[PAIR_T];
-#pragma GCC unroll 8
-        for (int t = 0; t < PAIR_T; t++) sumi[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const __m512i q4 = pair_cat(ld256(w0[i].qs + 32 * j), ld256(w1[i].qs + 32 * j));
-            const __m512i ql = _mm512_and_si512(q4, m4), qh = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
-            const __m512i sl = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
-            const __m512i sh = _mm512_shuffle_epi8(sc16, _mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 64 * j;
-                const __m512i a0 = _mm512_broadcast_i64x4(ld256(qa)), a1 = _mm512_broadcast_i64x4(ld256(qa + 32));
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(ql, a0), sl);
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(qh, a1), sh);
-            }
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
-            const __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(a->d), wdmin);
-            acc_m[t] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsb[(size_t)t * nb + i])),
-                                       acc_m[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d), wd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) {
-        y[(size_t)t * ys] = hsum_ps(_mm512_castps512_ps256(acc[t])) - hsum_ps128(_mm256_castps256_ps128(acc_m[t]));
-        y[(size_t)t * ys + 1] =
-            hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))) - hsum_ps128(_mm256_extractf128_ps(acc_m[t], 1));
-    }
-}
-
-/* q6_k, two rows per 512-bit vector as pair_q4k_rows, from quants_tile_x86.h's q6k_row:
+/* q6_k, two rows per 512-bit vector: the low 256 bits do row r's work of quants_tile_x86.h's q6k_row, the high 256
+ * row r + 1's (the activation bytes broadcast to both halves), so each maddubs / vpdpwssd serves two rows. Every lane
+ * holds exactly the integer and float values q6k_row's lane holds, and the end sums each half in hsum_ps's order:
+ * the same bits as the level's vec_dot. nt <= PAIR_T tokens.
  * d*da * (sum_g sc_g sum(q*qa) - 32 sum_g sc_g bsums_g), each lane as q6k_row's lane. */
 static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_q6_k *w0, const flm_block_q6_k *w1,
                                                                  const uint8_t *x, size_t xs, size_t nb, float *y,
@@ -407,8 +350,200 @@ static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_
         free(bsb);                                                                                                 \
     }
 
-PAIR_DRIVER(pair_q4_k, pair_q4k_rows, TILE(q4k_row), flm_block_q4_k, 1, TILE(tile_q4_k))
 PAIR_DRIVER(pair_q6_k, pair_q6k_rows, TILE(q6k_row), flm_block_q6_k, 0, TILE(tile_q6_k))
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * q4_k at this level: one float step per super-block, so rows can be lanes.
+ *
+ * The avx2 vec_dot keeps 8 float lanes per row (one per int32 lane of its super-block sum) and adds them at the end;
+ * a panel whose lanes are rows cannot follow that order. This level's q4_k vec_dot therefore forms, per super-block
+ * i, the two exact integers
+ *   S_i = sum_j sc_j * sum_{l<32} q_{32j+l} * qa_{32j+l}      M_i = sum_j m_j * (bsums[2j] + bsums[2j+1])
+ * and then, in order over i,  acc = fma(da_i * d_i, (float)S_i, acc),  accm = fma(da_i * dmin_i, (float)M_i, accm),
+ * y = acc - accm (ggml's q4_K formula; only the float order is this level's own). The panel tile does exactly these
+ * float operations in each lane, so a batch gives the bits of token-by-token decoding at this level. The result is
+ * within float rounding of the avx2 kernel's, not the same bits (tests/test_kernels.c exempts q4_k at vnni from its
+ * same-bits-as-avx2 check, and checks tile == vec_dot here bit for bit). Integer ranges: S_i <= 256 * 15 * 127 * 63,
+ * M_i <= 8 * 63 * 4064: int32 holds both.
+ * ------------------------------------------------------------------------------------------------------------- */
+static float vdot_q4_k_sb(const void *row, const void *xq, size_t n) {
+    const flm_block_q4_k *w = row;
+    const flm_block_q8_k *a = xq;
+    const size_t nb = n / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    float acc = 0.0f, accm = 0.0f;
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t sc8, mn8;
+        q4k_scales8(w[i].scales, &sc8, &mn8);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
+        const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = ld256(w[i].qs + 32 * j);
+            const __m256i ql = _mm256_and_si256(q4, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(ql, ld256(a[i].qs + 64 * j)), tile_lane16(sc16, 2 * j));
+            sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(qh, ld256(a[i].qs + 64 * j + 32)),
+                                       tile_lane16(sc16, 2 * j + 1));
+        }
+        /* [S, M] from the 8 lanes of sumi and the 4 of mins * bs2 */
+        __m128i h = _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1)),
+                                   _mm_madd_epi16(mins, bs2));
+        h = _mm_hadd_epi32(h, h);
+        const float da = a[i].d;
+        acc = fmaf(da * h2f(w[i].d), (float)_mm_cvtsi128_si32(h), acc);
+        accm = fmaf(da * h2f(w[i].dmin), (float)_mm_extract_epi32(h, 1), accm);
+    }
+    return acc - accm;
+}
+
+/* The q4_k panel of 16 rows: per super-block PQ4K_SB_BYTES bytes, in this order:
+ *   8 sub-blocks j x 8 groups g of 64 bytes: elements 32j + 4g .. 32j + 4g + 3 of row r at bytes 4r .. 4r + 3
+ *     (unsigned nibbles: element 64c + 32k + l is nibble k of qs[32c + l], so sub-block j = 2c + k);
+ *   8 x 16 int32: the rows' scale sc_j;  4 x 16 int32: mins (m_2p, m_2p+1) as int16 pairs;  16 float d;  16 float dmin. */
+#define PQ4K_W_BYTES 4096
+#define PQ4K_SB_BYTES (PQ4K_W_BYTES + 8 * 64 + 4 * 64 + 64 + 64)
+#define PQ4K_T 4 /* tokens per micro-tile: 4 x (acc, accm, sum, dot) + 8 weight vectors + a scale fit 32 registers */
+
+/* Packs rows [0, m) (m <= 16) of W (nb super-blocks each) into P; lanes m..15 repeat row 0 (never stored). */
+static void panel_pack_q4_k(const uint8_t *W, size_t w_stride, size_t m, size_t nb, uint8_t *P) {
+    _Alignas(64) int32_t off[PANEL_ROWS];
+    for (size_t r = 0; r < PANEL_ROWS; r++) off[r] = r < m ? (int32_t)(r * w_stride) : 0;
+    const __m512i vidx = _mm512_load_si512((const void *)off), m4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x03030303), ff = _mm512_set1_epi32(0xff);
+    for (size_t i = 0; i < nb; i++) {
+        const uint8_t *base = W + i * sizeof(flm_block_q4_k);
+        uint8_t *pw = P + i * PQ4K_SB_BYTES;
+        int32_t *psc = (int32_t *)(pw + PQ4K_W_BYTES), *pmn = psc + 8 * PANEL_ROWS;
+        float *pd = (float *)(pmn + 4 * PANEL_ROWS), *pdm = pd + PANEL_ROWS;
+        const __m512i dm = _mm512_i32gather_epi32(vidx, (const void *)base, 1);
+        _mm512_store_ps(pd, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+        _mm512_store_ps(pdm, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
+        /* q4k_scales8 in every lane: bytes 0..3 of sc_lo are sc_0..3, of sc_hi sc_4..7; the same for the mins */
+        const __m512i u0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 4), 1);
+        const __m512i u1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 8), 1);
+        const __m512i u2 = _mm512_i32gather_epi32(vidx, (const void *)(base + 12), 1);
+        const __m512i sc_lo = _mm512_and_si512(u0, m6), mn_lo = _mm512_and_si512(u1, m6);
+        const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(u2, m4),
+                                              _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m2), 4));
+        const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+                                              _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4));
+        for (int j = 0; j < 4; j++) {
+            _mm512_store_si512((void *)(psc + j * PANEL_ROWS), _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8 * j), ff));
+            _mm512_store_si512((void *)(psc + (j + 4) * PANEL_ROWS),
+                               _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8 * j), ff));
+        }
+        for (int p = 0; p < 2; p++) { /* (m_2p, m_2p+1) as int16 pairs */
+            const __m512i lo = _mm512_srli_epi32(mn_lo, 16 * p), hi = _mm512_srli_epi32(mn_hi, 16 * p);
+            _mm512_store_si512((void *)(pmn + p * PANEL_ROWS),
+                               _mm512_or_si512(_mm512_and_si512(lo, ff), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(lo, 8), ff), 16)));
+            _mm512_store_si512((void *)(pmn + (p + 2) * PANEL_ROWS),
+                               _mm512_or_si512(_mm512_and_si512(hi, ff), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 8), ff), 16)));
+        }
+        for (int c = 0; c < 4; c++)
+            for (int g = 0; g < 8; g++) {
+                const __m512i q = _mm512_i32gather_epi32(vidx, (const void *)(base + 16 + 32 * c + 4 * g), 1);
+                _mm512_store_si512((void *)(pw + (16 * c + g) * 64), _mm512_and_si512(q, m4));
+                _mm512_store_si512((void *)(pw + (16 * c + 8 + g) * 64), _mm512_and_si512(_mm512_srli_epi32(q, 4), m4));
+            }
+    }
+}
+
+/* One q4_k panel (16 rows) against nt <= PQ4K_T tokens at x + t * xs (q8_k blocks); bsp[t * nb * 4 + 4i + p]: token
+ * t's (bs_2p, bs_2p+1) of super-block i as an int16 pair, bs_j = bsums[2j] + bsums[2j+1]. Writes y[t * ys + r], r < m. */
+static inline __attribute__((always_inline)) void panel_rows_q4_k(const uint8_t *P, size_t nb, const uint8_t *x,
+                                                                   size_t xs, const int32_t *bsp, float *y, size_t ys,
+                                                                   size_t m, int nt) {
+    __m512 acc[PQ4K_T], accm[PQ4K_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < PQ4K_T; t++) acc[t] = _mm512_setzero_ps(), accm[t] = _mm512_setzero_ps();
+    for (size_t i = 0; i < nb; i++) {
+        const uint8_t *pw = P + i * PQ4K_SB_BYTES;
+        const int32_t *psc = (const int32_t *)(pw + PQ4K_W_BYTES), *pmn = psc + 8 * PANEL_ROWS;
+        const float *pd = (const float *)(pmn + 4 * PANEL_ROWS);
+        __m512i sum[PQ4K_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < PQ4K_T; t++) sum[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i wv[8];
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) wv[g] = _mm512_load_si512((const void *)(pw + (8 * j + g) * 64));
+            const __m512i sc = _mm512_load_si512((const void *)(psc + j * PANEL_ROWS));
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 32 * j;
+                __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) {
+                    int32_t q4;
+                    memcpy(&q4, qa + 4 * g, 4);
+                    dot = _mm512_dpbusd_epi32(dot, wv[g], _mm512_set1_epi32(q4));
+                }
+                sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(dot, sc));
+            }
+        }
+        const __m512 dw = _mm512_load_ps(pd), dmw = _mm512_load_ps(pd + PANEL_ROWS);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const int32_t *bp = bsp + ((size_t)t * nb + i) * 4;
+            __m512i ms = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_load_si512((const void *)pmn),
+                                             _mm512_set1_epi32(bp[0]));
+#pragma GCC unroll 3
+            for (int p = 1; p < 4; p++)
+                ms = _mm512_dpwssd_epi32(ms, _mm512_load_si512((const void *)(pmn + p * PANEL_ROWS)),
+                                         _mm512_set1_epi32(bp[p]));
+            const __m512 da = _mm512_set1_ps(((const flm_block_q8_k *)(x + (size_t)t * xs))[i].d);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(sum[t]), acc[t]);
+            accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, dmw), _mm512_cvtepi32_ps(ms), accm[t]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)(m >= 16 ? 0xffff : (1u << m) - 1);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, keep, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* flm_vec_dot_tile_fn of q4_k: panels of 16 rows, each packed once and run against every token (PQ4K_T at a time,
+ * the last n_x % PQ4K_T with their exact count). Without memory for the panel: vdot_q4_k_sb per (row, token). */
+static void panel_q4_k(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,
+                       size_t n, float *Y, size_t y_stride) {
+    const size_t nb = n / 256;
+    const uint8_t *x = xq;
+    uint8_t *P = aligned_alloc(64, nb * PQ4K_SB_BYTES);
+    int32_t *bsp = P ? malloc(n_x * nb * 4 * sizeof *bsp + sizeof *bsp) : NULL;
+    if (!P || !bsp) {
+        free(P);
+        free(bsp);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t t = 0; t < n_x; t++)
+                Y[t * y_stride + r] = vdot_q4_k_sb((const uint8_t *)W + r * w_stride, x + t * x_stride, n);
+        return;
+    }
+    for (size_t t = 0; t < n_x; t++)
+        for (size_t i = 0; i < nb; i++) {
+            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + t * x_stride) + i;
+            for (int p = 0; p < 4; p++) {
+                const int32_t lo = a->bsums[4 * p] + a->bsums[4 * p + 1], hi = a->bsums[4 * p + 2] + a->bsums[4 * p + 3];
+                bsp[(t * nb + i) * 4 + p] = (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xffff));
+            }
+        }
+    for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {
+        const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
+        panel_pack_q4_k((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);
+        size_t t0 = 0;
+        for (; t0 + PQ4K_T <= n_x; t0 += PQ4K_T)
+            panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride,
+                            m, PQ4K_T);
+        switch (n_x - t0) {
+        case 3: panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, 3); break;
+        case 2: panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, 2); break;
+        case 1: panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, 1); break;
+        default: break;
+        }
+    }
+    free(P);
+    free(bsp);
+}
 
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {
@@ -417,7 +552,8 @@ static void panel_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q5_0] = panel_q5_0;
     k->vec_dot_tile[FLM_TYPE_Q5_1] = panel_q5_1;
     k->vec_dot_tile[FLM_TYPE_Q8_0] = panel_q8_0;
-    k->vec_dot_tile[FLM_TYPE_Q4_K] = pair_q4_k;
+    k->vec_dot[FLM_TYPE_Q4_K] = vdot_q4_k_sb;
+    k->vec_dot_tile[FLM_TYPE_Q4_K] = panel_q4_k;
     k->vec_dot_tile[FLM_TYPE_Q6_K] = pair_q6_k;
 }
 
