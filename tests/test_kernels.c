@@ -349,9 +349,10 @@ static void check_level(flm_kernel_level L) {
                     fail_msg("%s: vec_dot %s n=%zu: %.9g, scalar %.9g (tol %.3g)", k->name, flm_type_name(t), n, vk,
                              vs, vtol);
                 n_vdot++;
-                /* the same bits as avx2 where a level keeps avx2's float order (all but vnni's q4_k, whose float
-                 * order is its own: quants_panel_vnni.h; it is checked against scalar above) */
-                if (L > FLM_KERNELS_AVX2 && at != FLM_TYPE_F32 && !(L == FLM_KERNELS_VNNI && t == FLM_TYPE_Q4_K)) {
+                /* the same bits as avx2 where a level keeps avx2's float order (all but vnni's q4_k and q6_k, whose
+                 * float order is their panels': quants_panel_vnni.h; they are checked against scalar above) */
+                if (L > FLM_KERNELS_AVX2 && at != FLM_TYPE_F32 &&
+                    !(L == FLM_KERNELS_VNNI && (t == FLM_TYPE_Q4_K || t == FLM_TYPE_Q6_K))) {
                     const float va = a2->vec_dot[t](row, xq, n);
                     if (memcmp(&va, &vk, sizeof va) != 0)
                         fail_msg("%s: vec_dot %s n=%zu: %.9g, avx2 %.9g: not the same bits", k->name,

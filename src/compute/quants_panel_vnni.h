@@ -24,9 +24,10 @@
  * and tail = tail + m_w * s_a over the rest, and y = ((c_0 + c_2) + (c_1 + c_3)) + tail with c_j = acc_j (+ ms_j):
  * hsum_ps128's order. tests/test_kernels.c checks it on random blocks (test_tiles_vnni).
  *
- * q4_k and q6_k (whose float work per super-block is 8 lanes per row, so rows cannot be lanes without another
- * summation order) take row pairs instead: the two 256-bit halves of each 512-bit vector do the work of
- * quants_tile_x86.h's one-row kernel for two rows, every lane the same values (pair_q4k_rows, pair_q6k_rows). */
+ * q4_k and q6_k take panels of 16 rows too, with this level's own float order: one fused multiply-add per
+ * super-block of each row's exact integer total (the avx2 kernels keep 8 float lanes per row, which rows-as-lanes
+ * cannot follow). This level's vec_dot of both types uses that order, so tile and vec_dot agree bit for bit here,
+ * and both are within float rounding of the avx2 kernels (see "q4_k at this level" below). */
 #ifndef FLM_COMPUTE_QUANTS_PANEL_VNNI_H
 #define FLM_COMPUTE_QUANTS_PANEL_VNNI_H
 
@@ -238,120 +239,6 @@ PANEL_DRIVER(panel_q5_0, panel_pack_q5_0, panel_rows_q5_0, flm_block_q8_0, 16, 0
 PANEL_DRIVER(panel_q5_1, panel_pack_q5_1, panel_rows_q5_1, flm_block_q8_1, 0, 1, TILE(tile_q5_1))
 PANEL_DRIVER(panel_q8_0, panel_pack_q8_0, panel_rows_q8_0, flm_block_q8_0, 128, 0, TILE(tile_q8_0))
 
-#define PAIR_T 8
-
-static inline __attribute__((always_inline)) __m512i pair_cat(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-/* q6_k, two rows per 512-bit vector: the low 256 bits do row r's work of quants_tile_x86.h's q6k_row, the high 256
- * row r + 1's (the activation bytes broadcast to both halves), so each maddubs / vpdpwssd serves two rows. Every lane
- * holds exactly the integer and float values q6k_row's lane holds, and the end sums each half in hsum_ps's order:
- * the same bits as the level's vec_dot. nt <= PAIR_T tokens.
- * d*da * (sum_g sc_g sum(q*qa) - 32 sum_g sc_g bsums_g), each lane as q6k_row's lane. */
-static inline __attribute__((always_inline)) void pair_q6k_rows(const flm_block_q6_k *w0, const flm_block_q6_k *w1,
-                                                                 const uint8_t *x, size_t xs, size_t nb, float *y,
-                                                                 size_t ys, int nt, const __m256i *bsb) {
-    (void)bsb;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
-    __m512 acc[PAIR_T];
-#pragma GCC unroll 8
-    for (int t = 0; t < PAIR_T; t++) acc[t] = _mm512_setzero_ps();
-    for (size_t i = 0; i < nb; i++) {
-        const __m128i sc8a = _mm_loadu_si128((const __m128i *)w0[i].scales);
-        const __m128i sc8b = _mm_loadu_si128((const __m128i *)w1[i].scales);
-        const __m512i sc16 = pair_cat(_mm256_cvtepi8_epi16(sc8a), _mm256_cvtepi8_epi16(sc8b));
-        const __m512 wd = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(h2f(w0[i].d))),
-                                                               _mm256_castps_pd(_mm256_set1_ps(h2f(w1[i].d))), 1));
-        __m512i sumi[PAIR_T];
-#pragma GCC unroll 8
-        for (int t = 0; t < PAIR_T; t++) sumi[t] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) {
-            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
-            const __m512i corr = _mm512_madd_epi16(sc16, _mm512_broadcast_i64x4(ld256(a->bsums)));
-            sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
-        }
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m512i qh = pair_cat(ld256(w0[i].qh + 32 * h), ld256(w1[i].qh + 32 * h));
-            const __m512i l0 = pair_cat(ld256(w0[i].ql + 64 * h), ld256(w1[i].ql + 64 * h));
-            const __m512i l1 = pair_cat(ld256(w0[i].ql + 64 * h + 32), ld256(w1[i].ql + 64 * h + 32));
-            for (int s = 0; s < 4; s++) {
-                const __m512i l = s & 1 ? l1 : l0;
-                const __m512i lo = _mm512_and_si512(s & 2 ? _mm512_srli_epi16(l, 4) : l, m4);
-                const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * s), m2), 4);
-                const __m512i q = _mm512_or_si512(lo, hi);
-                const __m512i sp = pair_cat(tile_scale_pair(sc8a, 8 * h + 2 * s), tile_scale_pair(sc8b, 8 * h + 2 * s));
-#pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) {
-                    const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 128 * h + 32 * s;
-                    sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(q, _mm512_broadcast_i64x4(ld256(qa))),
-                                                  sp);
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) {
-            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d), wd), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) {
-        y[(size_t)t * ys] = hsum_ps(_mm512_castps512_ps256(acc[t]));
-        y[(size_t)t * ys + 1] = hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
-    }
-}
-
-/* flm_vec_dot_tile_fn of q4_k / q6_k: token groups of PAIR_T (the last n_x % PAIR_T with their exact count), row
- * pairs; an odd last row through quants_tile_x86.h's one-row kernel ROW1 */
-#define PAIR_ROWS(ROW2, ROW1, WB, NT)                                                                             \
-    do {                                                                                                          \
-        size_t r = 0;                                                                                             \
-        for (; r + 2 <= rows; r += 2)                                                                             \
-            ROW2((const WB *)((const uint8_t *)W + r * w_stride), (const WB *)((const uint8_t *)W + (r + 1) * w_stride), \
-                 x + t0 * x_stride, x_stride, nb, Y + t0 * y_stride + r, y_stride, NT, bsb ? bsb + t0 * nb : NULL);  \
-        if (r < rows)                                                                                             \
-            ROW1((const WB *)((const uint8_t *)W + r * w_stride), x + t0 * x_stride, x_stride, nb,                \
-                 Y + t0 * y_stride + r, y_stride, NT);                                                            \
-    } while (0)
-
-#define PAIR_DRIVER(NAME, ROW2, ROW1, WB, BSB, FALLBACK)                                                          \
-    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
-                     size_t n, float *Y, size_t y_stride) {                                                        \
-        const size_t nb = n / 256;                                                                                 \
-        const uint8_t *x = xq;                                                                                     \
-        __m256i *bsb = NULL;                                                                                       \
-        if (BSB) { /* q4_k: each token's 8 sums of 32 activations per super-block, both 128-bit halves */          \
-            if (!(bsb = aligned_alloc(32, n_x * nb * sizeof *bsb + sizeof *bsb))) {                                \
-                FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride);                                    \
-                return;                                                                                            \
-            }                                                                                                      \
-            for (size_t t = 0; t < n_x; t++)                                                                       \
-                for (size_t i = 0; i < nb; i++) {                                                                  \
-                    const __m256i bs = ld256(((const flm_block_q8_k *)(x + t * x_stride))[i].bsums);               \
-                    bsb[t * nb + i] = _mm256_broadcastsi128_si256(                                                 \
-                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));              \
-                }                                                                                                  \
-        }                                                                                                          \
-        size_t t0 = 0;                                                                                             \
-        for (; t0 + PAIR_T <= n_x; t0 += PAIR_T) PAIR_ROWS(ROW2, ROW1, WB, PAIR_T);                                \
-        switch (n_x - t0) {                                                                                        \
-        case 7: if (PAIR_T > 7) { PAIR_ROWS(ROW2, ROW1, WB, 7 % PAIR_T); break; } /* fall through */               \
-        case 6: if (PAIR_T > 6) { PAIR_ROWS(ROW2, ROW1, WB, 6 % PAIR_T); break; } /* fall through */               \
-        case 5: if (PAIR_T > 5) { PAIR_ROWS(ROW2, ROW1, WB, 5 % PAIR_T); break; } /* fall through */               \
-        case 4: if (PAIR_T > 4) { PAIR_ROWS(ROW2, ROW1, WB, 4 % PAIR_T); break; } /* fall through */               \
-        case 3: PAIR_ROWS(ROW2, ROW1, WB, 3); break;                                                               \
-        case 2: PAIR_ROWS(ROW2, ROW1, WB, 2); break;                                                               \
-        case 1: PAIR_ROWS(ROW2, ROW1, WB, 1); break;                                                               \
-        default: break;                                                                                            \
-        }                                                                                                          \
-        free(bsb);                                                                                                 \
-    }
-
-PAIR_DRIVER(pair_q6_k, pair_q6k_rows, TILE(q6k_row), flm_block_q6_k, 0, TILE(tile_q6_k))
-
 /* ---------------------------------------------------------------------------------------------------------------
  * q4_k at this level: one float step per super-block, so rows can be lanes.
  *
@@ -545,6 +432,140 @@ static void panel_q4_k(const void *W, size_t w_stride, size_t rows, const void *
     free(bsp);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * q6_k at this level, in the same per-super-block order: S_i = sum_g sc_g * (sum_{l<16} q_{16g+l} * qa_{16g+l}
+ * - 32 * bsums_g) exact, acc = fma(da_i * d_i, (float)S_i, acc) in order over i (quants_x512.h's vdot_q6_k with
+ * X512_SB_ORDER, which quants_vnni.c defines). Panel of 16 rows, per super-block PQ6K_SB_BYTES bytes:
+ *   64 groups v of 64 bytes: elements 4v .. 4v + 3 of row r at bytes 4r .. 4r + 3, unsigned 6-bit q (element
+ *     128n + 32s + l: low bits nibble s / 2 of ql[64n + 32(s % 2) + l], high bits 2s of qh[32n + l]);
+ *   16 x 16 int32: the scales sc_g;  8 x 16 int32: (sc_2p, sc_2p+1) as int16 pairs;  16 float d.
+ * |S_i| <= 256 * 63 * 127 * 128 + 32 * 16 * 128 * 2032: int32 holds it.
+ * ------------------------------------------------------------------------------------------------------------- */
+#define PQ6K_W_BYTES 4096
+#define PQ6K_SB_BYTES (PQ6K_W_BYTES + 16 * 64 + 8 * 64 + 64)
+
+static void panel_pack_q6_k(const uint8_t *W, size_t w_stride, size_t m, size_t nb, uint8_t *P) {
+    _Alignas(64) int32_t off[PANEL_ROWS];
+    for (size_t r = 0; r < PANEL_ROWS; r++) off[r] = r < m ? (int32_t)(r * w_stride) : 0;
+    const __m512i vidx = _mm512_load_si512((const void *)off), m4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m2 = _mm512_set1_epi32(0x03030303), lo16 = _mm512_set1_epi32(0xffff);
+    for (size_t i = 0; i < nb; i++) {
+        const uint8_t *base = W + i * sizeof(flm_block_q6_k);
+        uint8_t *pw = P + i * PQ6K_SB_BYTES;
+        int32_t *psc = (int32_t *)(pw + PQ6K_W_BYTES), *ppr = psc + 16 * PANEL_ROWS;
+        float *pd = (float *)(ppr + 8 * PANEL_ROWS);
+        /* d: the high half of the dword at 206 (sc_14, sc_15, d), which stays inside the block */
+        const __m512i dq = _mm512_i32gather_epi32(vidx, (const void *)(base + 206), 1);
+        _mm512_store_ps(pd, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dq, 16))));
+        __m512i sc[16];
+        for (int k = 0; k < 4; k++) {
+            const __m512i u = _mm512_i32gather_epi32(vidx, (const void *)(base + 192 + 4 * k), 1);
+            for (int b = 0; b < 4; b++) {
+                sc[4 * k + b] = _mm512_srai_epi32(_mm512_slli_epi32(u, 24 - 8 * b), 24);
+                _mm512_store_si512((void *)(psc + (4 * k + b) * PANEL_ROWS), sc[4 * k + b]);
+            }
+        }
+        for (int p = 0; p < 8; p++)
+            _mm512_store_si512((void *)(ppr + p * PANEL_ROWS),
+                               _mm512_or_si512(_mm512_and_si512(sc[2 * p], lo16), _mm512_slli_epi32(sc[2 * p + 1], 16)));
+        for (int n2 = 0; n2 < 2; n2++)
+            for (int g = 0; g < 8; g++) {
+                const __m512i qh = _mm512_i32gather_epi32(vidx, (const void *)(base + 128 + 32 * n2 + 4 * g), 1);
+                const __m512i l0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 64 * n2 + 4 * g), 1);
+                const __m512i l1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 64 * n2 + 32 + 4 * g), 1);
+                for (int s = 0; s < 4; s++) {
+                    const __m512i l = s & 1 ? l1 : l0;
+                    const __m512i lo = _mm512_and_si512(s & 2 ? _mm512_srli_epi32(l, 4) : l, m4);
+                    const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh, 2 * s), m2), 4);
+                    _mm512_store_si512((void *)(pw + (32 * n2 + 8 * s + g) * 64), _mm512_or_si512(lo, hi));
+                }
+            }
+    }
+}
+
+/* One q6_k panel (16 rows) against nt <= PQ4K_T tokens at x + t * xs (q8_k blocks). Writes y[t * ys + r], r < m. */
+static inline __attribute__((always_inline)) void panel_rows_q6_k(const uint8_t *P, size_t nb, const uint8_t *x,
+                                                                   size_t xs, float *y, size_t ys, size_t m, int nt) {
+    __m512 acc[PQ4K_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < PQ4K_T; t++) acc[t] = _mm512_setzero_ps();
+    for (size_t i = 0; i < nb; i++) {
+        const uint8_t *pw = P + i * PQ6K_SB_BYTES;
+        const int32_t *psc = (const int32_t *)(pw + PQ6K_W_BYTES), *ppr = psc + 16 * PANEL_ROWS;
+        const float *pd = (const float *)(ppr + 8 * PANEL_ROWS);
+        __m512i sum[PQ4K_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < PQ4K_T; t++) sum[t] = _mm512_setzero_si512();
+        for (int g = 0; g < 16; g++) {
+            __m512i wv[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) wv[k] = _mm512_load_si512((const void *)(pw + (4 * g + k) * 64));
+            const __m512i sc = _mm512_load_si512((const void *)(psc + g * PANEL_ROWS));
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 16 * g;
+                __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    int32_t q4;
+                    memcpy(&q4, qa + 4 * k, 4);
+                    dot = _mm512_dpbusd_epi32(dot, wv[k], _mm512_set1_epi32(q4));
+                }
+                sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(dot, sc));
+            }
+        }
+        const __m512 dw = _mm512_load_ps(pd);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
+            __m512i corr = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) {
+                int32_t bp;
+                memcpy(&bp, a->bsums + 2 * p, 4);
+                corr = _mm512_dpwssd_epi32(corr, _mm512_load_si512((const void *)(ppr + p * PANEL_ROWS)),
+                                           _mm512_set1_epi32(bp));
+            }
+            const __m512i s = _mm512_sub_epi32(sum[t], _mm512_slli_epi32(corr, 5));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d), dw), _mm512_cvtepi32_ps(s), acc[t]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)(m >= 16 ? 0xffff : (1u << m) - 1);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, keep, acc[t]);
+}
+
+/* flm_vec_dot_tile_fn of q6_k: as panel_q4_k. Without memory for the panel: VDOT per (row, token). */
+#define PANEL_K_DRIVER(NAME, PACK, ROWS_CALL, SB_BYTES, VDOT)                                                     \
+    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
+                     size_t n, float *Y, size_t y_stride) {                                                        \
+        const size_t nb = n / 256;                                                                                 \
+        const uint8_t *x = xq;                                                                                     \
+        uint8_t *P = aligned_alloc(64, nb * (SB_BYTES));                                                           \
+        if (!P) {                                                                                                  \
+            for (size_t r = 0; r < rows; r++)                                                                      \
+                for (size_t t = 0; t < n_x; t++)                                                                   \
+                    Y[t * y_stride + r] = VDOT((const uint8_t *)W + r * w_stride, x + t * x_stride, n);            \
+            return;                                                                                                \
+        }                                                                                                          \
+        for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {                                                         \
+            const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;                                      \
+            PACK((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);                                          \
+            size_t t0 = 0;                                                                                         \
+            for (; t0 + PQ4K_T <= n_x; t0 += PQ4K_T) ROWS_CALL(PQ4K_T);                                            \
+            switch (n_x - t0) {                                                                                    \
+            case 3: ROWS_CALL(3); break;                                                                           \
+            case 2: ROWS_CALL(2); break;                                                                           \
+            case 1: ROWS_CALL(1); break;                                                                           \
+            default: break;                                                                                        \
+            }                                                                                                      \
+        }                                                                                                          \
+        free(P);                                                                                                   \
+    }
+static float vdot_q6_k_vnni(const void *row, const void *xq, size_t n); /* quants_x512.h */
+#define PQ6K_ROWS(NT) panel_rows_q6_k(P, nb, x + t0 * x_stride, x_stride, Y + t0 * y_stride + r0, y_stride, m, NT)
+PANEL_K_DRIVER(panel_q6_k, panel_pack_q6_k, PQ6K_ROWS, PQ6K_SB_BYTES, vdot_q6_k_vnni)
+
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q4_0] = panel_q4_0;
@@ -554,7 +575,7 @@ static void panel_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q8_0] = panel_q8_0;
     k->vec_dot[FLM_TYPE_Q4_K] = vdot_q4_k_sb;
     k->vec_dot_tile[FLM_TYPE_Q4_K] = panel_q4_k;
-    k->vec_dot_tile[FLM_TYPE_Q6_K] = pair_q6_k;
+    k->vec_dot_tile[FLM_TYPE_Q6_K] = panel_q6_k;
 }
 
 #endif

@@ -21,6 +21,7 @@
 /* the 32-element types' batches: panels of 16 interleaved rows, vpdpbusd (quants_panel_vnni.h) */
 #include "compute/quants_panel_vnni.h"
 #define X512_PANEL_FILL panel_fill
+#define X512_SB_ORDER /* q6_k's vec_dot in the panels' float order (quants_panel_vnni.h) */
 #include "compute/quants_x512.h"
 
 #else

@@ -51,6 +51,8 @@ static float X512(vdot_q6_k)(const void *row, const void *xq, size_t n) {
     const size_t nb = n / 256;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
     __m256 acc = _mm256_setzero_ps();
+    float acc_sb = 0.0f;
+    (void)acc_sb;
     for (size_t i = 0; i < nb; i++) {
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)w[i].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
@@ -72,9 +74,18 @@ static float X512(vdot_q6_k)(const void *row, const void *xq, size_t n) {
         }
         const __m256i sumi = _mm256_sub_epi32(
             _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)), _mm256_slli_epi32(corr, 5));
+#ifdef X512_SB_ORDER /* one float step per super-block (quants_panel_vnni.h): its exact integer total */
+        acc_sb = fmaf(a[i].d * h2f(w[i].d), (float)hsum_i32(sumi), acc_sb);
+#else
         acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * h2f(w[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+#endif
     }
+#ifdef X512_SB_ORDER
+    (void)acc;
+    return acc_sb;
+#else
     return hsum_ps(acc);
+#endif
 }
 
 /* axpy_tile of q8_0 (the down rows of a batch, ffn_bundle.c): Y[t] += a[t * a_stride + r] * row r for rows r in
