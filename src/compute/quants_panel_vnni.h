@@ -360,14 +360,14 @@ static inline __attribute__((always_inline)) void panel_rows_q4_k(const uint8_t 
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 32 * j;
-                __m512i dot = _mm512_setzero_si512();
+                __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}; /* two chains: latency */
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
                     int32_t q4;
                     memcpy(&q4, qa + 4 * g, 4);
-                    dot = _mm512_dpbusd_epi32(dot, wv[g], _mm512_set1_epi32(q4));
+                    dot[g & 1] = _mm512_dpbusd_epi32(dot[g & 1], wv[g], _mm512_set1_epi32(q4));
                 }
-                sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(dot, sc));
+                sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(_mm512_add_epi32(dot[0], dot[1]), sc));
             }
         }
         const __m512 dw = _mm512_load_ps(pd), dmw = _mm512_load_ps(pd + PANEL_ROWS);
