@@ -285,20 +285,35 @@ static float vdot_q4_k_sb(const void *row, const void *xq, size_t n) {
     return acc - accm;
 }
 
-/* The q4_k panel of 16 rows: per super-block PQ4K_SB_BYTES bytes, in this order:
- *   8 sub-blocks j x 8 groups g of 64 bytes: elements 32j + 4g .. 32j + 4g + 3 of row r at bytes 4r .. 4r + 3
- *     (unsigned nibbles: element 64c + 32k + l is nibble k of qs[32c + l], so sub-block j = 2c + k);
- *   8 x 16 int32: the rows' scale sc_j;  4 x 16 int32: mins (m_2p, m_2p+1) as int16 pairs;  16 float d;  16 float dmin. */
+/* The q4_k panel of 16 rows, as two sets of 8 (rows 0-7, 8-15), per super-block PQ4K_SB_BYTES bytes:
+ *   8 sub-blocks j x 4 steps s x 2 sets of 64 bytes: weights 8s .. 8s + 7 of sub-block j of the set's row r at bytes
+ *     8r .. 8r + 7 (unsigned nibbles; element 64c + 32k + l is nibble k of qs[32c + l], so sub-block j = 2c + k), so
+ *     int32 lane 2r of a vpdpbusd sums that row's weights 8s .. 8s + 3, lane 2r + 1 its weights 8s + 4 .. 8s + 7,
+ *     against one 64-bit broadcast of the activation bytes 8s .. 8s + 7;
+ *   then, in the lane order PQ4K_PERM (below): 8 x 16 int32 scales (sc_j, sc_j) as int16 pairs; 4 x 16 int32 mins
+ *     (m_2p, m_2p+1) as int16 pairs; 16 float d; 16 float dmin.
+ * Per token and sub-block the two sets' 16-weight half sums (each |.| <= 16 * 15 * 127, an int16) are packed to int16
+ * by one vpackssdw (exact: no saturation), whose int32 pair lanes then hold one row's two halves in the lane order
+ * PQ4K_PERM, and one vpdpwssd adds sc_j times their sum: the multiply port takes 8 + 1 operations per 32 weights of
+ * 16 rows, where a vpmulld would take 8 + 2. */
 #define PQ4K_W_BYTES 4096
 #define PQ4K_SB_BYTES (PQ4K_W_BYTES + 8 * 64 + 4 * 64 + 64 + 64)
-#define PQ4K_T 4 /* tokens per micro-tile: 4 x (acc, accm, sum, dot) + 8 weight vectors + a scale fit 32 registers */
+#define PQ4K_T 4 /* tokens per micro-tile: 4 x (acc, accm, sum, 2 half sums) + 8 weight vectors + a scale: 29 registers */
+/* row of lane L after vpackssdw of the two sets: 128-bit lane q holds rows 2q, 2q + 1 (set 0), 8 + 2q, 9 + 2q (set 1) */
+static const int32_t pq4k_perm[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+/* lane of row r: the inverse */
+static const int32_t pq4k_inv[16] = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15};
 
-/* Packs rows [0, m) (m <= 16) of W (nb super-blocks each) into P; lanes m..15 repeat row 0 (never stored). */
+/* Packs rows [0, m) (m <= 16) of W (nb super-blocks each) into P; missing rows repeat row 0 (never stored). */
 static void panel_pack_q4_k(const uint8_t *W, size_t w_stride, size_t m, size_t nb, uint8_t *P) {
     _Alignas(64) int32_t off[PANEL_ROWS];
-    for (size_t r = 0; r < PANEL_ROWS; r++) off[r] = r < m ? (int32_t)(r * w_stride) : 0;
+    for (size_t l = 0; l < PANEL_ROWS; l++) off[l] = (size_t)pq4k_perm[l] < m ? (int32_t)(pq4k_perm[l] * w_stride) : 0;
+    _Alignas(32) int32_t off8[2][8];
+    for (size_t s = 0; s < 2; s++)
+        for (size_t r = 0; r < 8; r++) off8[s][r] = 8 * s + r < m ? (int32_t)((8 * s + r) * w_stride) : 0;
     const __m512i vidx = _mm512_load_si512((const void *)off), m4 = _mm512_set1_epi32(0x0f0f0f0f);
     const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x03030303), ff = _mm512_set1_epi32(0xff);
+    const __m256i v8[2] = {_mm256_load_si256((const __m256i *)off8[0]), _mm256_load_si256((const __m256i *)off8[1])};
     for (size_t i = 0; i < nb; i++) {
         const uint8_t *base = W + i * sizeof(flm_block_q4_k);
         uint8_t *pw = P + i * PQ4K_SB_BYTES;
@@ -317,9 +332,10 @@ static void panel_pack_q4_k(const uint8_t *W, size_t w_stride, size_t m, size_t 
         const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4));
         for (int j = 0; j < 4; j++) {
-            _mm512_store_si512((void *)(psc + j * PANEL_ROWS), _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8 * j), ff));
-            _mm512_store_si512((void *)(psc + (j + 4) * PANEL_ROWS),
-                               _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8 * j), ff));
+            const __m512i a = _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8 * j), ff);
+            const __m512i b = _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8 * j), ff);
+            _mm512_store_si512((void *)(psc + j * PANEL_ROWS), _mm512_or_si512(a, _mm512_slli_epi32(a, 16)));
+            _mm512_store_si512((void *)(psc + (j + 4) * PANEL_ROWS), _mm512_or_si512(b, _mm512_slli_epi32(b, 16)));
         }
         for (int p = 0; p < 2; p++) { /* (m_2p, m_2p+1) as int16 pairs */
             const __m512i lo = _mm512_srli_epi32(mn_lo, 16 * p), hi = _mm512_srli_epi32(mn_hi, 16 * p);
@@ -328,12 +344,14 @@ static void panel_pack_q4_k(const uint8_t *W, size_t w_stride, size_t m, size_t 
             _mm512_store_si512((void *)(pmn + (p + 2) * PANEL_ROWS),
                                _mm512_or_si512(_mm512_and_si512(hi, ff), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, 8), ff), 16)));
         }
-        for (int c = 0; c < 4; c++)
-            for (int g = 0; g < 8; g++) {
-                const __m512i q = _mm512_i32gather_epi32(vidx, (const void *)(base + 16 + 32 * c + 4 * g), 1);
-                _mm512_store_si512((void *)(pw + (16 * c + g) * 64), _mm512_and_si512(q, m4));
-                _mm512_store_si512((void *)(pw + (16 * c + 8 + g) * 64), _mm512_and_si512(_mm512_srli_epi32(q, 4), m4));
-            }
+        for (int s8 = 0; s8 < 2; s8++)
+            for (int c = 0; c < 4; c++)
+                for (int s = 0; s < 4; s++) {
+                    const __m512i q = _mm512_i32gather_epi64(v8[s8], (const void *)(base + 16 + 32 * c + 8 * s), 1);
+                    _mm512_store_si512((void *)(pw + (((2 * c) * 4 + s) * 2 + s8) * 64), _mm512_and_si512(q, m4));
+                    _mm512_store_si512((void *)(pw + (((2 * c + 1) * 4 + s) * 2 + s8) * 64),
+                                       _mm512_and_si512(_mm512_srli_epi32(q, 4), m4));
+                }
     }
 }
 
@@ -360,14 +378,16 @@ static inline __attribute__((always_inline)) void panel_rows_q4_k(const uint8_t 
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 const int8_t *qa = ((const flm_block_q8_k *)(x + (size_t)t * xs))[i].qs + 32 * j;
-                __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}; /* two chains: latency */
-#pragma GCC unroll 8
-                for (int g = 0; g < 8; g++) {
-                    int32_t q4;
-                    memcpy(&q4, qa + 4 * g, 4);
-                    dot[g & 1] = _mm512_dpbusd_epi32(dot[g & 1], wv[g], _mm512_set1_epi32(q4));
+                __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                    int64_t q8;
+                    memcpy(&q8, qa + 8 * s, 8);
+                    const __m512i b = _mm512_set1_epi64(q8);
+                    h0 = _mm512_dpbusd_epi32(h0, wv[2 * s], b);
+                    h1 = _mm512_dpbusd_epi32(h1, wv[2 * s + 1], b);
                 }
-                sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(_mm512_add_epi32(dot[0], dot[1]), sc));
+                sum[t] = _mm512_dpwssd_epi32(sum[t], _mm512_packs_epi32(h0, h1), sc);
             }
         }
         const __m512 dw = _mm512_load_ps(pd), dmw = _mm512_load_ps(pd + PANEL_ROWS);
@@ -386,8 +406,10 @@ static inline __attribute__((always_inline)) void panel_rows_q4_k(const uint8_t 
         }
     }
     const __mmask16 keep = (__mmask16)(m >= 16 ? 0xffff : (1u << m) - 1);
+    const __m512i inv = _mm512_loadu_si512((const void *)pq4k_inv);
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, keep, _mm512_sub_ps(acc[t], accm[t]));
+    for (int t = 0; t < nt; t++)
+        _mm512_mask_storeu_ps(y + (size_t)t * ys, keep, _mm512_permutexvar_ps(inv, _mm512_sub_ps(acc[t], accm[t])));
 }
 
 /* flm_vec_dot_tile_fn of q4_k: panels of 16 rows, each packed once and run against every token (PQ4K_T at a time,
