@@ -269,8 +269,118 @@ static void test_simd_vs_scalar(void **state) {
  *     for bit the avx2 kernel's float (they form the same integer sums and then the same float operations, so any
  *     error in the integer part shows as a difference);
  *   - dot (float x) within 1e-5 * sum |w_i * x_i|, axpy within 1e-6 per element (fma against mul + add);
- *   - attention over an f16 cache: bit for bit (kernels.h orders every sum).
+ *   - attention over an f16 cache: bit for bit (kernels.h orders every sum);
+ *   - the FFN activation (check_act) and the f16 rounding (check_round_f16).
  * ------------------------------------------------------------------------------------------------------------- */
+/* A float for the activation tests: mostly "ordinary" pre-activations (uniform in [-12, 12]), then any magnitude
+ * from 1e-40 (subnormal) to 1e38 of either sign, and now and then a special value. */
+static float act_input(uint64_t *rng) {
+    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 88.0f, -88.0f, 88.5f, -88.5f, 87.0f,
+                                    -87.0f, 100.0f, -100.0f, 1e-45f, -1e-45f, 1.17549435e-38f, -4.9f, -5.2f, 3e19f,
+                                    -3e19f, 3.4028235e38f, -3.4028235e38f};
+    const uint64_t r = tu_rand_u64(rng);
+    switch (r % 16) {
+    case 0: return special[(r >> 8) % (sizeof special / sizeof special[0])];
+    case 1: case 2: case 3: {
+        const float mag = powf(10.0f, tu_rand_f32(rng) * 39.0f), v = mag < 1e-40f ? 1e-40f : mag;
+        return (r >> 8) & 1 ? -v : v;
+    }
+    default: return tu_rand_f32(rng) * 12.0f;
+    }
+}
+
+/* k's act against the scalar reference (kernels.h flm_act_fn), gated (u) and not, at lengths that exercise the
+ * tails, in place and not: ReLU, squared ReLU and erf-GELU bit for bit; SiLU and tanh-GELU within
+ * 1e-5 |ref| + 1e-7 |x| |u| (the absolute part covers the reference's own cancellation in 1 + tanh for x < -3 and the
+ * tiny tails the two round differently), the same class for NaN and infinities. Returns the largest relative
+ * error of SiLU / tanh-GELU seen outside those tails (where |ref| >= |x| |u| / 10 and > 1e-30). */
+static double check_act(const flm_kernels *k, uint64_t *rng) {
+    const flm_kernels *s = flm_kernels_scalar();
+    static const size_t lens[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 1000, 4099};
+    enum { MAXN = 4099 };
+    float *x = malloc(MAXN * sizeof(float)), *u = malloc(MAXN * sizeof(float)), *ys = malloc(MAXN * sizeof(float)),
+          *yk = malloc(MAXN * sizeof(float));
+    assert_true(x && u && ys && yk);
+    double worst = 0.0;
+    for (int a = 0; a <= FLM_ACT_RELU2; a++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int gated = 0; gated < 2; gated++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    const size_t n = lens[li];
+                    for (size_t i = 0; i < n; i++) {
+                        x[i] = act_input(rng);
+                        u[i] = tu_rand_f32(rng) * 2.0f;
+                    }
+                    s->act((flm_act)a, ys, x, gated ? u : NULL, n);
+                    if (inplace) {
+                        memcpy(yk, x, n * sizeof(float));
+                        k->act((flm_act)a, yk, yk, gated ? u : NULL, n);
+                    } else {
+                        k->act((flm_act)a, yk, x, gated ? u : NULL, n);
+                    }
+                    const bool exact = a != FLM_ACT_SILU && a != FLM_ACT_GELU_TANH;
+                    for (size_t i = 0; i < n; i++) {
+                        const double r = ys[i], g = yk[i], uu = gated ? fabs((double)u[i]) : 1.0;
+                        bool ok;
+                        if (exact) ok = f32_bits(ys[i]) == f32_bits(yk[i]);
+                        else if (isnan(r) || isinf(r)) ok = isnan(r) ? isnan(g) : r == g;
+                        else ok = isfinite(g) && fabs(r - g) <= 1e-5 * fabs(r) + 1e-7 * fabs((double)x[i]) * uu;
+                        if (!ok)
+                            fail_msg("%s: act %s%s n=%zu i=%zu x=%.9g u=%.9g: %.9g, scalar %.9g", k->name,
+                                     flm_act_name((flm_act)a), gated ? " gated" : "", n, i, (double)x[i],
+                                     gated ? (double)u[i] : 1.0, g, r);
+                        if (!exact && isfinite(r) && fabs(r) > 1e-30 && fabs(r) >= 0.1 * fabs((double)x[i]) * uu &&
+                            fabs(r - g) / fabs(r) > worst)
+                            worst = fabs(r - g) / fabs(r);
+                    }
+                }
+    free(x);
+    free(u);
+    free(ys);
+    free(yk);
+    return worst;
+}
+
+/* k's round_f16 bit for bit against flm_f16_to_f32(flm_f32_to_f16(x)): random bit patterns (every class: NaN with
+ * payloads, infinities, subnormals), values across the half range and its edges (65504, 65520 and up: inf; half
+ * subnormals and the ties at 2^-25), in place and not, at lengths with tails. */
+static void check_round_f16(const flm_kernels *k, uint64_t *rng) {
+    static const uint32_t edges[] = {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x47800000u, 0x33000000u, 0x33000001u,
+                                     0x33800000u, 0x33c00000u, 0x387fe000u, 0x387ff000u, 0x38800000u, 0x00000001u,
+                                     0x807fffffu, 0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x80000000u, 0x3f801000u,
+                                     0x3f803000u};
+    enum { MAXN = 1031 };
+    float *x = malloc(MAXN * sizeof(float)), *y = malloc(MAXN * sizeof(float));
+    assert_true(x && y);
+    size_t n_checked = 0;
+    for (int rep = 0; rep < 64; rep++) {
+        const size_t n = rep % 4 == 3 ? MAXN : 1 + (size_t)rep % 19;
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t r = tu_rand_u64(rng);
+            uint32_t b;
+            switch (r % 4) {
+            case 0: b = (uint32_t)(r >> 32); break;                                            /* any pattern */
+            case 1: b = edges[(r >> 8) % (sizeof edges / sizeof edges[0])] + (uint32_t)((r >> 16) % 3) - 1; break;
+            default: b = (uint32_t)((r >> 32) & 0x807fffffu) | (uint32_t)(97 + (r >> 8) % 48) << 23; /* 2^-30..2^17 */
+            }
+            x[i] = bits_f32(b);
+        }
+        const bool inplace = rep & 1;
+        if (inplace) memcpy(y, x, n * sizeof(float));
+        k->round_f16(y, inplace ? y : x, n);
+        for (size_t i = 0; i < n; i++) {
+            const float want = flm_f16_to_f32(flm_f32_to_f16(x[i]));
+            if (f32_bits(want) != f32_bits(y[i]))
+                fail_msg("%s: round_f16(%08x) = %08x, scalar %08x (n=%zu i=%zu)", k->name, f32_bits(x[i]),
+                         f32_bits(y[i]), f32_bits(want), n, i);
+        }
+        n_checked += n;
+    }
+    assert_true(n_checked > 10000);
+    free(x);
+    free(y);
+}
+
 static void check_level(flm_kernel_level L) {
     const flm_kernels *k = flm_kernels_for_level(L), *s = flm_kernels_scalar();
     const flm_kernels *a2 = flm_kernels_for_level(FLM_KERNELS_AVX2);
@@ -410,8 +520,12 @@ static void check_level(flm_kernel_level L) {
             free(o_s);
             free(o_k);
         }
-    print_message("%s: %zu vec_dots within float rounding of scalar, %zu of them bit for bit the avx2 kernel's\n",
-                  k->name, n_vdot, n_bitsame);
+    const double act_worst = check_act(k, &rng);
+    check_round_f16(k, &rng);
+    print_message("%s: %zu vec_dots within float rounding of scalar, %zu of them bit for bit the avx2 kernel's; act: "
+                  "SiLU / tanh-GELU within %.2g relative of scalar where |act(x)| >= |x| / 10, ReLU / ReLU2 / "
+                  "erf-GELU and round_f16 bit for bit\n",
+                  k->name, n_vdot, n_bitsame, act_worst);
 }
 
 static void test_level_avx2(void **state) {

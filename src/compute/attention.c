@@ -108,13 +108,13 @@ static void att_head(void *arg, size_t hh) {
     size_t koff = (size_t)(h / J->group) * head_dim;
     if (c->elem_bytes == FLM_KV_F16) {
         float qh[FLM_ATT_MAX_HEAD_DIM]; /* q rounded to f16, as llama.cpp multiplies it with its f16 K cache */
-        for (uint32_t i = 0; i < head_dim; i++) qh[i] = flm_f16_to_f32(flm_f32_to_f16(q[(size_t)h * head_dim + i]));
+        k->round_f16(qh, q + (size_t)h * head_dim, head_dim);
         k->attn_scores_f16(qh, (const uint16_t *)flm_kv_key(c, l, first) + koff, c->kv_dim, n, head_dim, scale, a);
         if (J->mask)
             for (uint32_t t = 0; t < n; t++)
                 if (!J->mask[t]) a[t] = -INFINITY;
         flm_softmax(a, n);
-        for (uint32_t t = 0; t < n; t++) a[t] = flm_f16_to_f32(flm_f32_to_f16(a[t])); /* as llama.cpp */
+        k->round_f16(a, a, n); /* as llama.cpp */
         k->attn_values_f16(a, (const uint16_t *)flm_kv_value(c, l, first) + koff, c->kv_dim, n, head_dim, o);
         return;
     }

@@ -213,6 +213,18 @@ static void attn_values_f16(const float *w, const uint16_t *V, size_t stride, si
     }
 }
 
+/* The reference of flm_act_fn: flm_act_eval, as the forward pass always ran it. */
+static void act_f32(flm_act a, float *y, const float *x, const float *u, size_t n) {
+    if (u)
+        for (size_t i = 0; i < n; i++) y[i] = flm_act_eval(a, x[i]) * u[i];
+    else
+        for (size_t i = 0; i < n; i++) y[i] = flm_act_eval(a, x[i]);
+}
+
+static void round_f16(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = flm_f16_to_f32(flm_f32_to_f16(src[i]));
+}
+
 static flm_kernels scalar_kernels;
 static pthread_once_t scalar_once = PTHREAD_ONCE_INIT;
 
@@ -228,6 +240,7 @@ static void scalar_init(void) {
     k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
     flm_quants_fill_scalar(k); /* the other quantized types, and vec_dot of all */
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
+    k->act = act_f32, k->round_f16 = round_f16;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------

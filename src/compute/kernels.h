@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "compute/act.h"
 #include "flashlm.h"
 
 #define FLM_N_TYPES 31 /* table size: type ids are < 31 */
@@ -50,6 +51,18 @@ typedef void (*flm_from_float_fn)(const float *x, void *dst, size_t n);         
 typedef void (*flm_attn_scores_fn)(const float *q, const uint16_t *K, size_t stride, size_t n, size_t d, float scale,
                                    float *out);
 typedef void (*flm_attn_values_fn)(const float *w, const uint16_t *V, size_t stride, size_t n, size_t d, float *out);
+/* The FFN activation (compute/act.h) over n floats: y[i] = act(x[i]) * u[i], or y[i] = act(x[i]) when u is NULL.
+ * y may be x (in place); u does not overlap y unless it is y. The scalar table is flm_act_eval element by element
+ * (libm's expf / tanhf / erff), the reference; the SIMD tables compute SiLU as x / (1 + e^-x) and tanh-GELU as
+ * x / (1 + e^(-2 sqrt(2/pi) (x + 0.044715 x^3))) (= 0.5 x (1 + tanh(...))) with a polynomial e^t (Cephes' expf
+ * scheme, about 1 ulp), within 1e-5 relative of the reference or 1e-7 |x| absolute where the reference's own
+ * 1 + tanh cancels (tests/test_kernels.c); ReLU and squared ReLU bit for bit; erf-GELU stays the reference's.
+ * Non-finite inputs give the reference's class (NaN -> NaN, +inf -> +inf, -inf -> NaN for SiLU / GELU, -0 or +0
+ * where the reference gives a zero). An element's result does not depend on its position or on n. */
+typedef void (*flm_act_fn)(flm_act a, float *y, const float *x, const float *u, size_t n);
+/* dst[i] = src[i] rounded to IEEE half (nearest even) and back: flm_f16_to_f32(flm_f32_to_f16(src[i])) bit for bit
+ * at every level (NaN quieted with its top payload bits, as vcvtps2ph). dst may be src. */
+typedef void (*flm_round_f16_fn)(float *dst, const float *src, size_t n);
 
 typedef struct flm_kernels {
     const char *name;                    /* the level's name: "scalar", "avx2", "avx512", "vnni" */
@@ -65,6 +78,8 @@ typedef struct flm_kernels {
                                                     bytes (the scalar reference rounding, roundf) */
     flm_attn_scores_fn attn_scores_f16;          /* attention over an f16 KV cache (above) */
     flm_attn_values_fn attn_values_f16;
+    flm_act_fn act;                              /* the FFN activation (above) */
+    flm_round_f16_fn round_f16;                  /* f16 rounding of floats (attention's q and weights) */
 } flm_kernels;
 
 /* Kernel levels, lowest first. Each level's table starts as a copy of the level below and overrides only what it

@@ -1,4 +1,5 @@
-/* kernels_avx2.c — L_compute: AVX2 + FMA + F16C kernels (dot, axpy, dequant for every type). See kernels.h.
+/* kernels_avx2.c — L_compute: AVX2 + FMA + F16C kernels (dot, axpy, dequant for every type; the FFN
+ * activation; f16 rounding). See kernels.h.
  *
  * Built with -mavx2 -mfma -mf16c (CMakeLists.txt); only called after kernels.c checked the CPU. x stays float32
  * throughout: quantized rows are widened to float, never the other way round. Float rows take any n (a short tail
@@ -11,6 +12,7 @@
 #endif
 
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -346,6 +348,96 @@ static void attn_values_f16(const float *w, const uint16_t *V, size_t stride, si
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * FFN activation (kernels.h flm_act_fn) and f16 rounding
+ * ------------------------------------------------------------------------------------------------------------- */
+/* e^t for the sigmoid forms below, about 1 ulp: t = n ln2 + r with n = round(t / ln2), |r| <= ln2 / 2 (ln2 in two
+ * parts, Cephes' 0.693359375 - 2.12194440e-4, so n * hi is exact), e^r by Cephes' expf polynomial
+ * 1 + r + r^2 (1/2 + r/6 + ...), times 2^n built in the exponent bits. t is clamped to [-87, 88] so 2^n stays a
+ * normal float; above 88 the result is +inf (x / (1 + e^t) is then the reference's signed zero, or NaN for an
+ * infinite x), below -87 it is e^-87 (only ever added to 1). NaN stays NaN (min/max pass their second operand). */
+static inline __m256 exp_ps(__m256 t) {
+    const __m256 over = _mm256_cmp_ps(t, _mm256_set1_ps(88.0f), _CMP_GT_OQ);
+    const __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), t));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_blendv_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(INFINITY), over);
+}
+
+/* act(x) for 8 values; a is not FLM_ACT_GELU_ERF. SiLU x / (1 + e^-x); tanh-GELU 0.5 x (1 + tanh(y)) =
+ * x / (1 + e^-2y), y = sqrt(2/pi) (x + 0.044715 x^3); ReLU max(0, x) (max gives +0 for -0 and NaN, as
+ * x > 0 ? x : 0 does). */
+static inline __m256 act8(flm_act a, __m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    switch (a) {
+    case FLM_ACT_RELU: return _mm256_max_ps(x, zero);
+    case FLM_ACT_RELU2: {
+        const __m256 r = _mm256_max_ps(x, zero);
+        return _mm256_mul_ps(r, r);
+    }
+    case FLM_ACT_GELU_TANH: {
+        const __m256 k1 = _mm256_set1_ps((float)(-2.0 * 0.79788456080286535588)),
+                     k3 = _mm256_set1_ps((float)(-2.0 * 0.79788456080286535588 * 0.044715));
+        const __m256 t = _mm256_mul_ps(x, _mm256_fmadd_ps(k3, _mm256_mul_ps(x, x), k1)); /* -2y */
+        return _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(t)));
+    }
+    default: return _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(zero, x))));
+    }
+}
+
+/* act_f32 for one activation (a constant after inlining: one loop per activation, no switch inside). */
+static inline __attribute__((always_inline)) void act_loop(flm_act a, float *y, const float *x, const float *u,
+                                                           size_t n) {
+    size_t i = 0;
+    if (u)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(act8(a, _mm256_loadu_ps(x + i)), _mm256_loadu_ps(u + i)));
+    else
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, act8(a, _mm256_loadu_ps(x + i)));
+    if (i < n) { /* the tail through the same vector code, so a value's result never depends on where it sits */
+        float xt[8] = {0}, ut[8] = {0};
+        memcpy(xt, x + i, (n - i) * sizeof(float));
+        __m256 v = act8(a, _mm256_loadu_ps(xt));
+        if (u) {
+            memcpy(ut, u + i, (n - i) * sizeof(float));
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(ut));
+        }
+        _mm256_storeu_ps(xt, v);
+        memcpy(y + i, xt, (n - i) * sizeof(float));
+    }
+}
+
+static void act_f32(flm_act a, float *y, const float *x, const float *u, size_t n) {
+    switch (a) {
+    case FLM_ACT_SILU: act_loop(FLM_ACT_SILU, y, x, u, n); break;
+    case FLM_ACT_RELU: act_loop(FLM_ACT_RELU, y, x, u, n); break;
+    case FLM_ACT_GELU_TANH: act_loop(FLM_ACT_GELU_TANH, y, x, u, n); break;
+    case FLM_ACT_RELU2: act_loop(FLM_ACT_RELU2, y, x, u, n); break;
+    default: flm_kernels_scalar()->act(a, y, x, u, n); /* erf-GELU: no vector erf, the reference's */
+    }
+}
+
+/* vcvtps2ph with an immediate round-to-nearest-even (MXCSR not consulted), then vcvtph2ps: the scalar pair's bits
+ * (tests/test_kernels.c test_f16_vs_hardware and check_level). */
+static void round_f16(float *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++) dst[i] = _cvtsh_ss(_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT));
+}
+
 /* The AVX2 table starts as a copy of the scalar one (so a type without an AVX2 kernel falls back to scalar by
  * construction, never to NULL), then overrides what this file and quants_avx2.c accelerate. */
 static flm_kernels avx2_kernels;
@@ -366,6 +458,7 @@ static void avx2_init(void) {
     k->vec_dot[FLM_TYPE_F32] = vdot_f32, k->vec_dot[FLM_TYPE_F16] = vdot_f16, k->vec_dot[FLM_TYPE_BF16] = vdot_bf16;
     flm_quants_fill_avx2(k);
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
+    k->act = act_f32, k->round_f16 = round_f16;
 }
 
 const flm_kernels *flm_kernels_avx2_table(void) {

@@ -188,11 +188,11 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
     }
 }
 
-void flm_pass_ffn_act(const flm_hparams *hp, size_t count, float *h, const float *u) {
+void flm_pass_ffn_act(const flm_kernels *k, const flm_hparams *hp, size_t count, float *h, const float *u) {
     if (hp->gated)
-        for (size_t i = 0; i < count; i++) h[i] = flm_act_eval(hp->act, h[i]) * u[i];
+        k->act(hp->act, h, h, u, count);
     else
-        for (size_t i = 0; i < count; i++) h[i] = flm_act_eval(hp->act, u[i]);
+        k->act(hp->act, h, u, NULL, count);
 }
 
 void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const float *in, size_t in_stride, float *out,
@@ -207,7 +207,7 @@ void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const flo
         flm_pass_linear(P, &L->ffn_up, L->ffn_up_b.data ? &L->ffn_up_b : NULL, F, d, in, in_stride, U, F);
         if (hp->gated) flm_pass_linear(P, &L->ffn_gate, NULL, F, d, in, in_stride, H, F);
     }
-    flm_pass_ffn_act(hp, (size_t)P->n * F, H, U);
+    flm_pass_ffn_act(P->k, hp, (size_t)P->n * F, H, U);
     flm_pass_linear(P, &L->ffn_down, NULL, d, F, H, F, out, out_stride);
 }
 

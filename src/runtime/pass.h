@@ -71,8 +71,8 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
 
 /* The FFN activation block, on count = n * d_ffn values: gated (hp->gated) h = act(h) * u, where h holds the gate
  * projection and u the up projection; ungated h = act(u). act: hp->act (compute/act.h: SiLU, ReLU, tanh-GELU,
- * erf-GELU, squared ReLU). */
-void flm_pass_ffn_act(const flm_hparams *hp, size_t count, float *h, const float *u);
+ * erf-GELU, squared ReLU), computed by k's act kernel (kernels.h flm_act_fn: the scalar table is the reference). */
+void flm_pass_ffn_act(const flm_kernels *k, const flm_hparams *hp, size_t count, float *h, const float *u);
 
 /* The dense FFN block of layer L with resident weights: out[t] = down(act(gate in[t]) * (up in[t])), or
  * down(act(up in[t])) ungated; out rows of d_model. H and U are [n][d_ffn] scratch. */

@@ -831,7 +831,7 @@ static flm_status synth_layer(synth *S, uint32_t l, double e0, flm_error *err) {
     gen_tensor(S, type, nf, d, row_lowrank, &us, RNG_UP, l);
     fwd_mm(f, type, S->buf, nf, d, f->xn, f->u);
     if ((st = write_buf(S, S->buf, stride_d * nf, err))) return st;
-    flm_pass_ffn_act(&f->hp, (size_t)T * nf, f->g, f->u); /* g = act(gate) * up */
+    flm_pass_ffn_act(f->P.k, &f->hp, (size_t)T * nf, f->g, f->u); /* g = act(gate) * up */
     if ((st = check_finite(f->g, (size_t)T * nf, "FFN activation", l, err))) return st;
     /* down: row 0 zero; scaled to add eta * e0 */
     double eh = mean_energy(f->g, T, nf, 0);
@@ -912,7 +912,7 @@ static flm_status synth_layer_opt(synth *S, uint32_t l, double e0, flm_error *er
         for (uint32_t t = 0; t < T; t++) f->u[(size_t)t * nf + i] += b[i];
     }
     if ((st = write_buf(S, b, (uint64_t)nf * 4, err))) return st;
-    flm_pass_ffn_act(&f->hp, (size_t)T * nf, f->g, f->u); /* g = relu(up . x + b) */
+    flm_pass_ffn_act(f->P.k, &f->hp, (size_t)T * nf, f->g, f->u); /* g = relu(up . x + b) */
     if ((st = check_finite(f->g, (size_t)T * nf, "FFN activation", l, err))) return st;
     double eh = mean_energy(f->g, T, nf, 0);
     normal_spec ds = {.sd = (float)sqrt(eta * e0 / (d * (eh > 1e-30 ? eh : 1e-30)))};
