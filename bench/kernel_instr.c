@@ -6,7 +6,11 @@
  * tokens, inside run_tile(); divide by REPS * 16 * NX for instructions per 256 weights and token:
  *   valgrind --tool=callgrind --toggle-collect=run_tile build/kernel_instr LEVEL TYPE REPS NX Valgrind 3.19 emulates no AVX-512: under it only scalar and avx2 exist (the levels above are
  * refused, exit 2). For those, bench/step_count.c counts the instructions natively by single-stepping:
- *   build/step_count build/kernel_instr LEVEL TYPE REPS   (with KI_STOP set it stops itself around run_kernel) */
+ *   build/step_count build/kernel_instr LEVEL TYPE REPS   (with KI_STOP set it stops itself around run_kernel)
+ * With TYPE an FFN activation (silu, relu, gelu, gelu_erf, relu2: compute/act.h) or round_f16, it runs the level's
+ * act (gated) or round_f16 REPS times over the same 4096 floats in [-8, 8] inside run_act(); divide by REPS * 4096
+ * for instructions per element:
+ *   valgrind --tool=callgrind --toggle-collect=run_act build/kernel_instr LEVEL gelu 256 */
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -31,6 +35,23 @@ __attribute__((noinline)) float run_tile(flm_vec_dot_tile_fn f, const uint8_t *W
     return Y[0];
 }
 
+__attribute__((noinline)) float run_act(const flm_kernels *k, int a, float *h, const float *x, const float *u,
+                                        int reps) {
+    for (int r = 0; r < reps; r++) {
+        if (a < 0) k->round_f16(h, x, N);
+        else k->act((flm_act)a, h, x, u, N);
+    }
+    return h[1];
+}
+
+/* TYPE as an activation name (0..4) or round_f16 (-1); -2 for anything else */
+static int act_of(const char *name) {
+    if (strcmp(name, "round_f16") == 0) return -1;
+    for (int a = 0; a <= FLM_ACT_RELU2; a++)
+        if (strcmp(name, flm_act_name((flm_act)a)) == 0) return a;
+    return -2;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: kernel_instr LEVEL TYPE [REPS]\n");
@@ -38,6 +59,15 @@ int main(int argc, char **argv) {
     }
     const int l = flm_kernel_level_parse(argv[1]);
     const flm_kernels *k = l < 0 ? NULL : flm_kernels_for_level((flm_kernel_level)l);
+    const int act = act_of(argv[2]);
+    if (k && act > -2) {
+        const int reps = argc > 3 ? atoi(argv[3]) : 256;
+        float *h = malloc(N * sizeof(float)), *x = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float));
+        if (!h || !x || !u) return 1;
+        for (size_t i = 0; i < N; i++) x[i] = (float)((int)(i * 7919 % 2001) - 1000) / 125.0f, u[i] = 1.0f;
+        printf("%s %s: %g\n", k->name, argv[2], (double)run_act(k, act, h, x, u, reps));
+        return 0;
+    }
     uint32_t t = 0;
     while (t < FLM_N_TYPES && !(flm_type_name(t) && strcmp(flm_type_name(t), argv[2]) == 0)) t++;
     if (!k || t == FLM_N_TYPES || !k->vec_dot[t]) {
