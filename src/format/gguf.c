@@ -517,6 +517,15 @@ flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size
     return open_common(name, data ? data : empty, data ? size : 0, total, false, out, err);
 }
 
+void flm_gguf_prefault(const flm_gguf_file *f) {
+    const flm_gguf_file_impl *fi = (const flm_gguf_file_impl *)f;
+    if (!f || fi->kind != MAP_MMAP || !f->size) return;
+#ifdef MADV_POPULATE_READ
+    if (madvise((void *)f->map, f->size, MADV_POPULATE_READ) == 0) return;
+#endif
+    (void)madvise((void *)f->map, f->size, MADV_WILLNEED); /* older kernels: read ahead at least */
+}
+
 void flm_gguf_close(flm_gguf_file *f) {
     if (!f) return;
     flm_gguf_file_impl *fi = (flm_gguf_file_impl *)f;

@@ -84,6 +84,12 @@ flm_status flm_gguf_open_buffer_partial(const char *name, const void *data, size
                                         flm_gguf_file **out, flm_error *err);
 void flm_gguf_close(flm_gguf_file *f);
 
+/* Maps every page of an opened file's mapping now (madvise MADV_POPULATE_READ, Linux 5.14+; MADV_WILLNEED read-ahead
+ * where that is missing), so the first forward pass does not take the minor faults of mapping a model that runs
+ * from memory (ram mode). A file read into the heap is already in memory: nothing to do. Best effort: a failure
+ * leaves the pages to fault in on first use, as without the call; nothing is returned. */
+void flm_gguf_prefault(const flm_gguf_file *f);
+
 /* Lookups; NULL when absent. */
 const flm_gguf_kv *flm_gguf_find_kv(const flm_gguf_file *f, const char *key);
 const flm_gguf_tensor *flm_gguf_find_tensor(const flm_gguf_file *f, const char *name);

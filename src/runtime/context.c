@@ -165,6 +165,7 @@ static flm_status open_gguf(flm_ctx *ctx, const char *path, const flm_params *p,
     ctx->mem_resident = f->size;
     ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
     if ((st = flm_plan_gguf(path, f->size, &ctx->model->hp, p, &ctx->plan, err))) return st;
+    flm_gguf_prefault(f); /* ram mode: every weight in memory from the start, not faulted in by the first pass */
     ctx->params.n_ctx = (int)ctx->plan.n_ctx;
     ctx->params.n_batch = (int)ctx->plan.n_batch;
     ctx->k = flm_kernels_best();
