@@ -62,4 +62,31 @@ void flm_attention(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint
                    const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
                    float *out, int n_threads, const uint8_t *mask);
 
+/* The tree of a batch of tree nodes (SpecInfer's tree attention; runtime/pass.h flm_tree): node i sits in KV slot
+ * base + i at position base + depth[i], and sees the slots < base and the slots base + j of its ancestors and itself
+ * (anc[i * n_nodes + j] != 0). */
+typedef struct flm_att_tree {
+    uint32_t base, n_nodes;
+    const int32_t *depth; /* [n_nodes] */
+    const uint8_t *anc;   /* [n_nodes][n_nodes] */
+} flm_att_tree;
+
+/* Attention for a batch of n tokens in consecutive KV slots pos .. pos + n - 1 of layer l (their keys and values
+ * already stored): for each row t, out + t * out_stride gets exactly what
+ *   flm_attention(k, c, l, first_t, pos + t, q + t * q_stride, n_heads, n_kv_heads, head_dim, scale, att, ..., mask_t)
+ * writes, bit for bit (f16 q and softmax weights with an f16 cache, as there), where p_t = pos + t (tree:
+ * tree->base + tree->depth[pos + t - tree->base]), first_t = p_t - window + 1 when window and p_t >= window (a
+ * sliding-window layer of window tokens), else 0, and mask_t NULL (tree NULL: the causal batch) or the tree's row of
+ * node pos + t - base. Computed as blocked matrix products (attention_batch.c): for each KV head and block of tokens,
+ * the scores of all its query rows (the group's heads x the block's tokens) against each cache row, every key and
+ * value row converted once per block (k's attn_scores_tile / attn_values_tile), each sum in the per-token order; split
+ * over n_threads threads of the pool by (KV head, token block[, head group]).
+ * Returns false, writing nothing, when its scratch (about n_threads * 32 rows * (head_dim + the block's span) floats)
+ * cannot be allocated: the caller then runs flm_attention per token. head_dim <= FLM_ATT_MAX_HEAD_DIM,
+ * n_heads a multiple of n_kv_heads, pos + n <= c->n_ctx. */
+bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t pos, uint32_t n,
+                         uint32_t window, const flm_att_tree *tree, const float *q, size_t q_stride, uint32_t n_heads,
+                         uint32_t n_kv_heads, uint32_t head_dim, float scale, float *out, size_t out_stride,
+                         int n_threads);
+
 #endif

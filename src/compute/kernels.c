@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/attn_tile.h"
 #include "compute/kernels_impl.h"
 #include "compute/pool.h"
 #include "compute/quants.h"
@@ -241,6 +242,7 @@ static void scalar_init(void) {
     flm_quants_fill_scalar(k); /* the other quantized types, and vec_dot of all */
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
     k->act = act_f32, k->round_f16 = round_f16;
+    flm_attn_tile_fill_scalar(k); /* a batch's attention tiles (attn_tile.c) */
 }
 
 /* ---------------------------------------------------------------------------------------------------------------

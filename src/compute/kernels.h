@@ -63,6 +63,19 @@ typedef void (*flm_act_fn)(flm_act a, float *y, const float *x, const float *u, 
 /* dst[i] = src[i] rounded to IEEE half (nearest even) and back: flm_f16_to_f32(flm_f32_to_f16(src[i])) bit for bit
  * at every level (NaN quieted with its top payload bits, as vcvtps2ph). dst may be src. */
 typedef void (*flm_round_f16_fn)(float *dst, const float *src, size_t n);
+/* Attention of a block of query rows against the same cache rows (compute/attention_batch.c: a batch's rows that
+ * share a KV head); K and V are n rows of the cache, stride elements apart, of elem_bytes each (2: f16 halves, 4:
+ * floats), of which the first d are the head's; q, w, out, o are arrays of n_rows row pointers:
+ *   scores: out[r][t] = (sum_{i<d} q[r][i] * K[t][i]) * scale, r < n_rows, t < n
+ *   values: o[r][i] += sum_{t<n} w[r][t] * V[t][i], r < n_rows, i < d (o holds a running sum: each element is added
+ *           to in order t = 0, 1, ...)
+ * each sum in order, every product rounded before it is added (no fused multiply-add), exactly as
+ * flm_attn_scores_fn / flm_attn_values_fn (a values call on zeroed rows equals attn_values_f16's bits), while each
+ * cache row is converted once for all the block's rows. Every table gives the scalar loops' bits. */
+typedef void (*flm_attn_scores_tile_fn)(const float *const *q, size_t n_rows, const void *K, uint32_t elem_bytes,
+                                        size_t stride, size_t n, size_t d, float scale, float *const *out);
+typedef void (*flm_attn_values_tile_fn)(const float *const *w, size_t n_rows, const void *V, uint32_t elem_bytes,
+                                        size_t stride, size_t n, size_t d, float *const *o);
 
 typedef struct flm_kernels {
     const char *name;                    /* the level's name: "scalar", "avx2", "avx512", "vnni" */
@@ -80,6 +93,8 @@ typedef struct flm_kernels {
     flm_attn_values_fn attn_values_f16;
     flm_act_fn act;                              /* the FFN activation (above) */
     flm_round_f16_fn round_f16;                  /* f16 rounding of floats (attention's q and weights) */
+    flm_attn_scores_tile_fn attn_scores_tile;   /* a batch's attention (above): rows of several queries */
+    flm_attn_values_tile_fn attn_values_tile;
 } flm_kernels;
 
 /* Kernel levels, lowest first. Each level's table starts as a copy of the level below and overrides only what it

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "compute/attn_tile.h"
 #include "compute/kernels_impl.h"
 #include "compute/quants.h"
 #include "core/types.h"
@@ -459,6 +460,7 @@ static void avx2_init(void) {
     flm_quants_fill_avx2(k);
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
     k->act = act_f32, k->round_f16 = round_f16;
+    flm_attn_tile_fill_avx2(k); /* a batch's attention tiles (attn_tile_avx2.c) */
 }
 
 const flm_kernels *flm_kernels_avx2_table(void) {

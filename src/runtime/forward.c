@@ -173,6 +173,13 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
         flm_kv_store(P->kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
     }
     const flm_tree *T = P->tree;
+    if (P->n > 1) { /* a batch: blocked over the KV cache, the same bits as token by token below */
+        const flm_att_tree at = T ? (flm_att_tree){T->base, T->n_nodes, T->depth, T->anc} : (flm_att_tree){0};
+        if (flm_attention_batch(P->k, P->kv, kv_layer, (uint32_t)P->pos, P->n, L->swa ? hp->n_swa : 0, T ? &at : NULL,
+                                q, q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->attn_scale, out, out_stride,
+                                P->n_threads))
+            return;
+    }
     for (uint32_t t = 0; t < P->n; t++) {
         const uint32_t p = flm_pass_position(P, t), slot = (uint32_t)P->pos + t;
         const uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
