@@ -18,53 +18,9 @@
 
 #include "compute/attention.h"
 #include "compute/attn_tile.h"
+#include "compute/attn_tile_x86.h"
 
-#define PB 16 /* cache rows per transposed block */
 #define RB 4  /* query rows per register block */
-#define INLINE static inline __attribute__((always_inline))
-
-/* Kt[(i + c) * PB + j0 + j] = element i + c of cache row j (j < nb; zero for nb <= j < 8), c < 8: rows j0..j0+7 of
- * the block, elements i..i+7. */
-INLINE void transpose8(const void *X, uint32_t elem_bytes, size_t stride, size_t nb, size_t i, float *Kt) {
-    __m256 c[8];
-    if (elem_bytes == FLM_KV_F16) {
-        const uint16_t *x = X;
-        __m128i r[8], u[8];
-        for (size_t j = 0; j < 8; j++)
-            r[j] = j < nb ? _mm_loadu_si128((const __m128i *)(x + j * stride + i)) : _mm_setzero_si128();
-        for (int j = 0; j < 4; j++) { /* pairs of rows interleaved: a0 b0 a1 b1 ... */
-            u[2 * j] = _mm_unpacklo_epi16(r[2 * j], r[2 * j + 1]);
-            u[2 * j + 1] = _mm_unpackhi_epi16(r[2 * j], r[2 * j + 1]);
-        }
-        __m128i q0 = _mm_unpacklo_epi32(u[0], u[2]), q1 = _mm_unpackhi_epi32(u[0], u[2]);
-        __m128i q2 = _mm_unpacklo_epi32(u[1], u[3]), q3 = _mm_unpackhi_epi32(u[1], u[3]);
-        __m128i q4 = _mm_unpacklo_epi32(u[4], u[6]), q5 = _mm_unpackhi_epi32(u[4], u[6]);
-        __m128i q6 = _mm_unpacklo_epi32(u[5], u[7]), q7 = _mm_unpackhi_epi32(u[5], u[7]);
-        c[0] = _mm256_cvtph_ps(_mm_unpacklo_epi64(q0, q4)), c[1] = _mm256_cvtph_ps(_mm_unpackhi_epi64(q0, q4));
-        c[2] = _mm256_cvtph_ps(_mm_unpacklo_epi64(q1, q5)), c[3] = _mm256_cvtph_ps(_mm_unpackhi_epi64(q1, q5));
-        c[4] = _mm256_cvtph_ps(_mm_unpacklo_epi64(q2, q6)), c[5] = _mm256_cvtph_ps(_mm_unpackhi_epi64(q2, q6));
-        c[6] = _mm256_cvtph_ps(_mm_unpacklo_epi64(q3, q7)), c[7] = _mm256_cvtph_ps(_mm_unpackhi_epi64(q3, q7));
-    } else {
-        const float *x = X;
-        __m256 r[8], t[8], s[8];
-        for (size_t j = 0; j < 8; j++) r[j] = j < nb ? _mm256_loadu_ps(x + j * stride + i) : _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
-            t[2 * j] = _mm256_unpacklo_ps(r[2 * j], r[2 * j + 1]);
-            t[2 * j + 1] = _mm256_unpackhi_ps(r[2 * j], r[2 * j + 1]);
-        }
-        for (int h = 0; h < 2; h++) { /* rows 4h..4h+3: elements (0,4), (1,5), (2,6), (3,7) of each lane half */
-            s[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
-            s[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
-            s[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
-            s[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
-        }
-        for (int j = 0; j < 4; j++) {
-            c[j] = _mm256_permute2f128_ps(s[j], s[4 + j], 0x20);
-            c[4 + j] = _mm256_permute2f128_ps(s[j], s[4 + j], 0x31);
-        }
-    }
-    for (int j = 0; j < 8; j++) _mm256_store_ps(Kt + (i + (size_t)j) * PB, c[j]);
-}
 
 /* out[r][j0 + j] = (q[r] . Kt column j) * scale for r < R, j < nb (nb <= PB) */
 INLINE void scores_rows(const float *const *q, int R, const float *Kt, size_t d, __m256 vs, float *const *out,
@@ -93,8 +49,8 @@ INLINE void scores_rows(const float *const *q, int R, const float *Kt, size_t d,
     }
 }
 
-static void scores_tile(const float *const *q, size_t n_rows, const void *K, uint32_t elem_bytes, size_t stride,
-                        size_t n, size_t d, float scale, float *const *out) {
+void flm_attn_scores_tile_avx2(const float *const *q, size_t n_rows, const void *K, uint32_t elem_bytes, size_t stride,
+                               size_t n, size_t d, float scale, float *const *out) {
     if (d % 8 || d > FLM_ATT_MAX_HEAD_DIM) {
         flm_attn_scores_tile_ref(q, n_rows, K, elem_bytes, stride, n, d, scale, out);
         return;
@@ -103,11 +59,7 @@ static void scores_tile(const float *const *q, size_t n_rows, const void *K, uin
     const __m256 vs = _mm256_set1_ps(scale);
     for (size_t j0 = 0; j0 < n; j0 += PB) {
         const size_t nb = n - j0 < PB ? n - j0 : PB;
-        const uint8_t *X = (const uint8_t *)K + j0 * stride * elem_bytes;
-        for (size_t i = 0; i < d; i += 8) {
-            transpose8(X, elem_bytes, stride, nb, i, Kt);
-            transpose8(X + 8 * stride * elem_bytes, elem_bytes, stride, nb > 8 ? nb - 8 : 0, i, Kt + 8);
-        }
+        transpose_block((const uint8_t *)K + j0 * stride * elem_bytes, elem_bytes, stride, nb, d, Kt);
         size_t r = 0;
         for (; r + RB <= n_rows; r += RB) scores_rows(q + r, RB, Kt, d, vs, out + r, j0, nb);
         switch (n_rows - r) {
@@ -150,8 +102,8 @@ INLINE void values_block(const float *const *w, int R, const void *V, uint32_t e
     if (i < d) values_rows(w, R, 1, V, elem_bytes, stride, n, i, o);
 }
 
-static void values_tile(const float *const *w, size_t n_rows, const void *V, uint32_t elem_bytes, size_t stride,
-                        size_t n, size_t d, float *const *o) {
+void flm_attn_values_tile_avx2(const float *const *w, size_t n_rows, const void *V, uint32_t elem_bytes, size_t stride,
+                               size_t n, size_t d, float *const *o) {
     if (d % 8) {
         flm_attn_values_tile_ref(w, n_rows, V, elem_bytes, stride, n, d, o);
         return;
@@ -167,8 +119,8 @@ static void values_tile(const float *const *w, size_t n_rows, const void *V, uin
 }
 
 void flm_attn_tile_fill_avx2(flm_kernels *k) {
-    k->attn_scores_tile = scores_tile;
-    k->attn_values_tile = values_tile;
+    k->attn_scores_tile = flm_attn_scores_tile_avx2;
+    k->attn_values_tile = flm_attn_values_tile_avx2;
 }
 
 #else

@@ -300,6 +300,7 @@ static void avx512_init(void) {
     avx512_kernels = *flm_kernels_avx2_table();
     avx512_kernels.name = "avx512";
     flm_quants_fill_avx512(&avx512_kernels);
+    flm_attn_tile_fill_avx512(&avx512_kernels); /* a batch's attention tiles (attn_tile_avx512.c) */
 }
 
 static void vnni_init(void) {
