@@ -151,6 +151,21 @@ static void test_batch_vnni(void **state) {
     run_level(FLM_KERNELS_VNNI);
 }
 
+/* A long context: the scores of 32 rows over 9k positions would take the scratch past its 2 MiB, so chunks take
+ * fewer rows; the same bits. */
+static void test_long_context(void **state) {
+    (void)state;
+    const shape s = {4, 1, 256};
+    flm_kv_cache c;
+    uint64_t rng = 99;
+    random_cache(&c, 9100, s.n_kv * s.hd, FLM_KV_F16, &rng);
+    for (int nt = 1; nt <= 2; nt++) {
+        check_batch(flm_kernels_best(), &c, 0, s, 9000, 64, 0, NULL, nt, &rng);
+        check_batch(flm_kernels_best(), &c, 1, s, 9050, 50, 512, NULL, nt, &rng);
+    }
+    flm_kv_cache_free(&c);
+}
+
 /* The tile kernels of every level against the scalar ones on ragged shapes: rows 1..9 (register blocks and their
  * remainders), positions 1..40 (transposed blocks of 16 and tails), head_dim 8..264 and 12 (scalar fallback), values
  * onto non-zero running sums. */
@@ -208,6 +223,7 @@ int main(void) {
         cmocka_unit_test(test_batch_avx2),
         cmocka_unit_test(test_batch_avx512),
         cmocka_unit_test(test_batch_vnni),
+        cmocka_unit_test(test_long_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

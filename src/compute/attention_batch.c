@@ -15,7 +15,8 @@
  * Each score and each output element is thus the per-token path's sum, in its order (the kernels' contract); only
  * which rows share a loaded key or value changes. Chunks run largest first (the last tokens see the most positions).
  * Scratch: one slot per thread that can run a chunk at a time (taken and given back with an atomic flag), so it does
- * not grow with the batch. */
+ * not grow with the batch; chunks have fewer rows where a long context would take the slots past 2 MiB (the scores of
+ * one row over 32k positions: 128 KiB), so the heap it takes for a call stays within the RSS allowance's slack. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 
 #define BATT_ROWS 32    /* query rows a chunk aims at: each key and value row is converted once for them */
 #define BATT_MIN_WORK (1u << 17) /* row x position x head_dim products below which one thread runs the batch */
+#define BATT_SCRATCH (2u << 20) /* bytes of scratch a call aims to stay within (fewer rows per chunk beyond) */
 
 typedef struct batt {
     const flm_kernels *k;
@@ -161,30 +163,36 @@ bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l
     B.tb = BATT_ROWS / B.group ? BATT_ROWS / B.group : 1;
     if (B.tb > n) B.tb = n;
     while (B.tb > 1 && n_kv_heads * ((n + B.tb - 1) / B.tb) < want) B.tb = (B.tb + 1) / 2;
-    B.n_tb = (n + B.tb - 1) / B.tb;
-    B.n_hg = 1;
-    if (n_kv_heads * B.n_tb < want && B.group > 1) {
-        uint32_t split = (want + n_kv_heads * B.n_tb - 1) / (n_kv_heads * B.n_tb);
+    const uint32_t blocks = n_kv_heads * ((n + B.tb - 1) / B.tb);
+    B.hg = B.group;
+    if (blocks < want && B.group > 1) { /* still too few chunks: split each KV head's query heads too */
+        uint32_t split = (want + blocks - 1) / blocks;
         if (split > B.group) split = B.group;
         B.hg = (B.group + split - 1) / split;
+    }
+    size_t n_chunks;
+    for (;;) { /* the scratch within BATT_SCRATCH: fewer rows per chunk (a long context) */
+        B.n_tb = (n + B.tb - 1) / B.tb;
         B.n_hg = (B.group + B.hg - 1) / B.hg;
-    } else {
-        B.hg = B.group;
-    }
-    B.max_rows = B.tb * B.hg;
-    for (uint32_t b = 0; b < B.n_tb; b++) {
-        const uint32_t t0 = b * B.tb, t1 = t0 + B.tb < n ? t0 + B.tb : n;
-        uint32_t lo = UINT32_MAX;
-        for (uint32_t t = t0; t < t1; t++) {
-            const uint32_t f = row_first(&B, t);
-            if (f < lo) lo = f;
+        B.max_rows = B.tb * B.hg;
+        B.max_span = 0;
+        for (uint32_t b = 0; b < B.n_tb; b++) {
+            const uint32_t t0 = b * B.tb, t1 = t0 + B.tb < n ? t0 + B.tb : n;
+            uint32_t lo = UINT32_MAX;
+            for (uint32_t t = t0; t < t1; t++) {
+                const uint32_t f = row_first(&B, t);
+                if (f < lo) lo = f;
+            }
+            if (pos + t1 - lo > B.max_span) B.max_span = pos + t1 - lo;
         }
-        if (pos + t1 - lo > B.max_span) B.max_span = pos + t1 - lo;
+        n_chunks = (size_t)n_kv_heads * B.n_tb * B.n_hg;
+        B.n_slots = (size_t)threads < n_chunks ? threads : (int)n_chunks;
+        B.slot_bytes = (4 * (size_t)B.max_rows * sizeof(float *) +
+                        (size_t)B.max_rows * (head_dim + B.max_span) * sizeof(float) + 63) / 64 * 64;
+        if ((size_t)B.n_slots * B.slot_bytes <= BATT_SCRATCH || (B.tb == 1 && B.hg == 1)) break;
+        if (B.tb > 1) B.tb = (B.tb + 1) / 2;
+        else B.hg = (B.hg + 1) / 2;
     }
-    const size_t n_chunks = (size_t)n_kv_heads * B.n_tb * B.n_hg;
-    B.n_slots = (size_t)threads < n_chunks ? threads : (int)n_chunks;
-    B.slot_bytes = (4 * (size_t)B.max_rows * sizeof(float *) + (size_t)B.max_rows * (head_dim + B.max_span) *
-                    sizeof(float) + 63) / 64 * 64;
     B.scratch = aligned_alloc(64, (size_t)B.n_slots * B.slot_bytes);
     B.busy = calloc((size_t)B.n_slots, sizeof *B.busy);
     if (!B.scratch || !B.busy) {

@@ -65,7 +65,8 @@ void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in
  * sliding-window layers), k and v stored as row (kv_layer, pos + t) of P->kv (q and k are changed in place), then
  * out[t][q_dim] = causal attention over positions first..pos + t (first = pos + t - n_swa + 1 on sliding-window
  * layers, else 0). Tree nodes (P->tree): RoPE at the node's position, stored at its slot, attention over the
- * context's slots and the node's ancestors (flm_attention's mask). */
+ * context's slots and the node's ancestors (flm_attention's mask). A batch (n > 1) runs flm_attention_batch (blocked
+ * over the KV cache; the same bits as flm_attention token by token, which runs when its scratch cannot be had). */
 void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
                         const float *v, float *out, size_t out_stride);
 
