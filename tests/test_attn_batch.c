@@ -166,6 +166,25 @@ static void test_long_context(void **state) {
     flm_kv_cache_free(&c);
 }
 
+/* A head_dim above FLM_ATT_MAX_HEAD_DIM (the tiles' row buffers; `flashlm synth` writes such models, and the
+ * per-token path serves them over an f32 cache): refused, nothing written, so the caller runs flm_attention per token. */
+static void test_head_dim_above_limit(void **state) {
+    (void)state;
+    const uint32_t hd = FLM_ATT_MAX_HEAD_DIM + 8;
+    flm_kv_cache c;
+    uint64_t rng = 3;
+    random_cache(&c, 4, hd, FLM_KV_F32, &rng);
+    float *q = calloc(3 * hd, sizeof(float)), *out = malloc(3 * hd * sizeof(float));
+    assert_non_null(q);
+    assert_non_null(out);
+    memset(out, 0x5a, 3 * hd * sizeof(float));
+    assert_false(flm_attention_batch(flm_kernels_best(), &c, 0, 0, 3, 0, NULL, q, hd, 1, 1, hd, 1.0f, out, hd, 2));
+    for (size_t i = 0; i < 3 * hd; i++) assert_int_equal(((const uint8_t *)out)[4 * i], 0x5a);
+    free(q);
+    free(out);
+    flm_kv_cache_free(&c);
+}
+
 /* The tile kernels of every level against the scalar ones on ragged shapes: rows 1..9 (register blocks and their
  * remainders), positions 1..40 (transposed blocks of 16 and tails), head_dim 8..264 and 12 (scalar fallback), values
  * onto non-zero running sums. */
@@ -224,6 +243,7 @@ int main(void) {
         cmocka_unit_test(test_batch_avx512),
         cmocka_unit_test(test_batch_vnni),
         cmocka_unit_test(test_long_context),
+        cmocka_unit_test(test_head_dim_above_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

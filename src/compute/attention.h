@@ -81,9 +81,9 @@ typedef struct flm_att_tree {
  * the scores of all its query rows (the group's heads x the block's tokens) against each cache row, every key and
  * value row converted once per block (k's attn_scores_tile / attn_values_tile), each sum in the per-token order; split
  * over n_threads threads of the pool by (KV head, token block[, head group]).
- * Returns false, writing nothing, when its scratch (about n_threads * 32 rows * (head_dim + the block's span) floats)
- * cannot be allocated: the caller then runs flm_attention per token. head_dim <= FLM_ATT_MAX_HEAD_DIM,
- * n_heads a multiple of n_kv_heads, pos + n <= c->n_ctx. */
+ * Returns false, writing nothing, when its scratch (about n_threads * 32 rows * (head_dim + the block's span) floats,
+ * at most about 2 MiB) cannot be allocated, or head_dim is above FLM_ATT_MAX_HEAD_DIM: the caller then runs
+ * flm_attention per token. n_heads a multiple of n_kv_heads, pos + n <= c->n_ctx. */
 bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t pos, uint32_t n,
                          uint32_t window, const flm_att_tree *tree, const float *q, size_t q_stride, uint32_t n_heads,
                          uint32_t n_kv_heads, uint32_t head_dim, float scale, float *out, size_t out_stride,

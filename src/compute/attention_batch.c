@@ -151,6 +151,7 @@ bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l
                          uint32_t n_kv_heads, uint32_t head_dim, float scale, float *out, size_t out_stride,
                          int n_threads) {
     if (!n) return true;
+    if (head_dim > FLM_ATT_MAX_HEAD_DIM) return false; /* the tiles' row buffers (synth writes such a model) */
     batt B = {.k = k, .c = c, .l = l, .pos = pos, .n = n, .window = window, .tree = tree, .q = q,
               .q_stride = q_stride, .n_kv = n_kv_heads, .group = n_heads / n_kv_heads, .d = head_dim,
               .scale = scale, .out = out, .out_stride = out_stride};
