@@ -9,7 +9,7 @@
  *      rows (q_r rounded to f16 first with an f16 cache, as flm_attention does); a row's scores outside its own
  *      first_t..slot_t are computed and not used;
  *   2. per row, on its own positions first_t..slot_t: the tree mask (-inf), flm_softmax, the f16 rounding of the
- *      weights (f16 cache): the same calls on the same values as flm_attention;
+ *      weights (f16 cache, k->round_f16): the same calls on the same values as flm_attention;
  *   3. out_r = sum_j w_r[j] V[j] over first_t..slot_t in order of j: k->attn_values_tile over the positions every row
  *      of the block sees (max first_t .. min slot_t) for all rows at once, before that and after it per token.
  * Each score and each output element is thus the per-token path's sum, in its order (the kernels' contract); only
@@ -94,7 +94,7 @@ static void batt_chunk(void *arg, size_t chunk) {
             const float *qr = B->q + t * B->q_stride + hq * d;
             if (f16) { /* q rounded to f16, as flm_attention multiplies it with the f16 K cache */
                 float *x = qh + r * d;
-                for (uint32_t i = 0; i < d; i++) x[i] = flm_f16_to_f32(flm_f32_to_f16(qr[i]));
+                B->k->round_f16(x, qr, d);
                 qp[r] = x;
             } else {
                 qp[r] = qr;
@@ -118,8 +118,7 @@ static void batt_chunk(void *arg, size_t chunk) {
                     if (j >= T->base && !anc[j - T->base]) a[j - first] = -INFINITY;
             }
             flm_softmax(a, m);
-            if (f16)
-                for (uint32_t j = 0; j < m; j++) a[j] = flm_f16_to_f32(flm_f32_to_f16(a[j])); /* as llama.cpp */
+            if (f16) B->k->round_f16(a, a, m); /* as llama.cpp */
         }
     }
 
