@@ -349,7 +349,10 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
         flm_token_stats tok = {0};
         double t0 = flm_now_ms();
         float *out = logits_all ? logits_all + (size_t)i * V : NULL;
-        if ((st = flm_forward(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, NULL, err))) {
+        ctx->skip_logits = !out && i + m < n; /* only the last piece's last token's logits are returned */
+        st = flm_forward(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, NULL, err);
+        ctx->skip_logits = false;
+        if (st) {
             ctx->next_pos = pos0; /* the whole call is undone: the caller evaluates pos0 again */
             return st;
         }

@@ -390,6 +390,10 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         ctx->cur_pos = pos + (int32_t)n - 1;
         return FLM_OK;
     }
+    if (ctx->skip_logits && !logits_all) { /* a prompt piece before the last: its logits are never read */
+        ctx->cur_pos = pos + (int32_t)n - 1;
+        return FLM_OK;
+    }
     const uint32_t rows = output_rows(ctx);
     if (logits_all && n > 1) {
         output(m, &P, R->x, R->h, hs, logits_all, rows);

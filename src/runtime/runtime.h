@@ -207,6 +207,8 @@ struct flm_ctx {
     flm_scratch s;
     int32_t next_pos;        /* the position flm_eval expects next (or 0 to restart) */
     int32_t cur_pos;         /* the position being evaluated (set by flm_forward) */
+    bool skip_logits;        /* flm_eval_batch's pieces before the last: flm_forward computes no logits (nobody reads
+                                them; on a 262k vocabulary one output layer is ~7% of a 128-token prompt) */
     flm_flash *flash;        /* NULL for GGUF (everything in memory) */
     const flm_ffn_source_ops *ffn; /* where the FFN weights come from: chosen once at open */
     void *ffn_state;         /* the source's own state (stream buffer, sparse caches...), freed by ffn->close */
