@@ -160,7 +160,7 @@ typedef struct flm_params {
     int n_threads;      /* compute threads (-t); default: the number of online CPUs */
     int n_ctx;          /* KV cache length in tokens (-c); 0 = min(model's context_length, 2048) */
     int n_batch;        /* tokens one batched forward pass holds (-b): flm_eval_batch runs longer inputs in pieces
-                           of this many; 0 = 64; clamped to n_ctx. Its activations (about 4 * (3 d_model + q_dim +
+                           of this many; 0 = 256; clamped to n_ctx. Its activations (about 4 * (3 d_model + q_dim +
                            2 kv_dim + 2 d_ffn) bytes per token) are part of the memory plan */
     flm_mode mode;      /* default FLM_MODE_AUTO */
     uint64_t mem_bytes; /* memory budget in bytes (--mem); 0 = none. Resident weights + neuron storage + KV cache +

@@ -264,7 +264,7 @@ bool cli_is_help(int argc, char **argv) {
 const char *CLI_MODEL_OPTS_HELP =
     "  -t, --threads N      compute threads (default: all CPUs)\n"
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
-    "  -b, --batch-size N   tokens per batched forward pass (prompts, draft verification; default 64): each\n"
+    "  -b, --batch-size N   tokens per batched forward pass (prompts, draft verification; default 256): each\n"
     "                       weight is read once per batch; its activations count in the memory budget\n"
     "      --mem BYTES|N%   memory budget: bytes (K/M/G/T suffixes: powers of 1024) or percent of the model's\n"
     "                       weight bytes; resident weights + FFN storage + KV cache + scratch must fit, and peak\n"

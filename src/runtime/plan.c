@@ -41,7 +41,7 @@ static uint64_t batch_row_bytes(const flm_hparams *hp) {
 }
 
 uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget) {
-    uint32_t b = p->n_batch > 0 ? (uint32_t)p->n_batch : 64u;
+    uint32_t b = p->n_batch > 0 ? (uint32_t)p->n_batch : 256u; /* one pass for most prompts: a pass reads every weight */
     if (p->n_batch <= 0 && budget) {
         uint64_t per = batch_row_bytes(hp) + 4ull * (uint64_t)(p->n_threads > 0 ? p->n_threads : 1) * hp->d_model;
         while (b > 1 && (uint64_t)b * per > budget / 64) b--;
