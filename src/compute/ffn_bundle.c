@@ -46,23 +46,42 @@ static inline const uint8_t *record_at(const uint8_t *records, const uint8_t *ta
     return j < n_head ? records + j * record_bytes : tail + (j - n_head) * record_bytes;
 }
 
+#define ACT_CHUNK 32 /* neurons (single token) or tokens (batch) whose pre-activations go through k->act at once */
+
+/* The gating decision and coefficient of one neuron from its activation a (k->act of the pre-activation): under a
+ * CATS threshold a neuron at or below it contributes nothing; inactive ReLU neurons need no up row. */
+static inline bool neuron_active(const flm_bundle_desc *b, float a) {
+    return a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold);
+}
+
 static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint8_t *tail,
                       size_t n_head, const uint32_t *rows, size_t i0, size_t i1, const float *x, const act_x *xu,
                       const act_x *xg, float *h, float *acc) {
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, b->d_model * sizeof(float));
-    for (size_t i = i0; i < i1; i++) {
-        const size_t j = rows ? rows[i] : i;
-        const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
-        const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
-        /* a: the activation that decides; under a CATS threshold a neuron at or below it contributes nothing */
-        float a = flm_act_eval(b->act, b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
-                                           : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + bu);
-        float v = 0.0f;
-        if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold)) /* inactive ReLU neurons: no up row */
-            v = b->gated ? a * (row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + bu) : a;
-        h[i] = v;
-        if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
+    float A[ACT_CHUNK]; /* the chunk's pre-activations, then (k->act, in place) its activations */
+    for (size_t c0 = i0; c0 < i1; c0 += ACT_CHUNK) {
+        const size_t nc = i1 - c0 < ACT_CHUNK ? i1 - c0 : ACT_CHUNK;
+        for (size_t r = 0; r < nc; r++) {
+            const size_t j = rows ? rows[c0 + r] : c0 + r;
+            const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
+            A[r] = b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
+                            : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + (b->up_bias ? b->up_bias[j]
+                                                                                                       : 0.0f);
+        }
+        k->act(b->act, A, A, NULL, nc);
+        for (size_t r = 0; r < nc; r++) { /* the down rows in neuron order, as one neuron at a time */
+            const size_t i = c0 + r, j = rows ? rows[i] : i;
+            const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
+            const float a = A[r];
+            float v = 0.0f;
+            if (neuron_active(b, a))
+                v = b->gated ? a * (row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) +
+                                    (b->up_bias ? b->up_bias[j] : 0.0f))
+                             : a;
+            h[i] = v;
+            if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
+        }
     }
 }
 
@@ -204,15 +223,18 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
                 const uint8_t *rs = rec + s * rb;
                 if (tg) tg(rs + b->gate_off, rb, nb, xg->xq + t0 * xg->bytes, xg->bytes, nt, d, G, nb);
                 tu(rs + b->up_off, rb, nb, xu->xq + t0 * xu->bytes, xu->bytes, nt, d, U, nb);
+                if (!b->gated) /* G: the pre-activations up + b_up */
+                    for (size_t t = 0; t < nt; t++)
+                        for (size_t r = 0; r < nb; r++)
+                            G[t * nb + r] = U[t * nb + r] + (b->up_bias ? b->up_bias[i + s + r] : 0.0f);
+                k->act(b->act, G, G, NULL, nt * nb); /* G: the activations */
                 for (size_t r = 0; r < nb; r++) {
                     const size_t j = i + s + r;
                     const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
                     for (size_t t = 0; t < nt; t++) {
-                        const float up = U[t * nb + r];
-                        float a = flm_act_eval(b->act, b->gated ? G[t * nb + r] : up + bu);
+                        const float a = G[t * nb + r];
                         float v = 0.0f;
-                        if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold))
-                            v = b->gated ? a * (up + bu) : a;
+                        if (neuron_active(b, a)) v = b->gated ? a * (U[t * nb + r] + bu) : a;
                         C[t * ng + s + r] = v; /* the coefficients */
                         if (h_abs) h_abs[j] += fabsf(v); /* not part of the FFN's arithmetic */
                     }
@@ -247,16 +269,30 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
         const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
         const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         float sum_abs = 0.0f; /* h_abs only: not part of the FFN's arithmetic */
-        for (size_t t = 0; t < n_x; t++) {
-            if (mask && !mask[t * mask_stride + i]) continue;
-            const float *x = X + t * x_stride;
-            float a = flm_act_eval(b->act, b->gated ? batch_dot(k, b->gate_type, rec + b->gate_off, xg, t, x, d)
-                                                    : batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) + bu);
-            float v = 0.0f;
-            if (a != 0.0f && (b->threshold == 0.0f || fabsf(a) > b->threshold))
-                v = b->gated ? a * (batch_dot(k, b->up_type, rec + b->up_off, xu, t, x, d) + bu) : a;
-            if (v != 0.0f) axpy_down(rec + b->down_off, v, acc + t * d, d);
-            sum_abs += fabsf(v);
+        for (size_t t0 = 0; t0 < n_x;) {
+            /* the next up to ACT_CHUNK tokens that use neuron i: their pre-activations, then k->act on them */
+            uint32_t T[ACT_CHUNK];
+            float A[ACT_CHUNK];
+            size_t nc = 0;
+            for (; t0 < n_x && nc < ACT_CHUNK; t0++) {
+                if (mask && !mask[t0 * mask_stride + i]) continue;
+                const float *x = X + t0 * x_stride;
+                T[nc] = (uint32_t)t0;
+                A[nc++] = b->gated ? batch_dot(k, b->gate_type, rec + b->gate_off, xg, t0, x, d)
+                                   : batch_dot(k, b->up_type, rec + b->up_off, xu, t0, x, d) + bu;
+            }
+            if (nc == 0) break;
+            k->act(b->act, A, A, NULL, nc);
+            for (size_t c = 0; c < nc; c++) {
+                const size_t t = T[c];
+                const float a = A[c];
+                float v = 0.0f;
+                if (neuron_active(b, a))
+                    v = b->gated ? a * (batch_dot(k, b->up_type, rec + b->up_off, xu, t, X + t * x_stride, d) + bu)
+                                 : a;
+                if (v != 0.0f) axpy_down(rec + b->down_off, v, acc + t * d, d);
+                sum_abs += fabsf(v);
+            }
         }
         if (h_abs) h_abs[i] = sum_abs;
     }

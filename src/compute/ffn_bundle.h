@@ -7,6 +7,9 @@
  *     h_i = act(up_i · x)                      (not gated)
  *     (+ b_up[neuron] inside, after the up dot product, when up_bias is set: OPT)
  *     out = sum_i h_i * down_i                 (out has d_model floats)
+ * act is k's act kernel (kernels.h flm_act_fn) in every function here, applied to a few neurons' (or tokens')
+ * pre-activations at a time; its result for a value does not depend on the value's position, so the single-token,
+ * batch and split forms give the same h_i for the same dot products.
  * Neuron order does not matter (Knowl 5), so any subset of bundles in any order gives the FFN restricted to it. */
 #ifndef FLM_COMPUTE_FFN_BUNDLE_H
 #define FLM_COMPUTE_FFN_BUNDLE_H
