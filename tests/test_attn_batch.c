@@ -91,7 +91,7 @@ static void random_cache(flm_kv_cache *c, uint32_t n_ctx, uint32_t kv_dim, uint3
         for (uint32_t t = 0; t < n_ctx; t++) {
             fill(k, kv_dim, rng, 3.0f);
             fill(v, kv_dim, rng, 1.0f);
-            flm_kv_store(c, l, t, k, v);
+            flm_kv_store(flm_kernels_scalar(), c, l, t, k, v); /* the same halves at every level */
         }
     free(k);
     free(v);

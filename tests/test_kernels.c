@@ -270,7 +270,7 @@ static void test_simd_vs_scalar(void **state) {
  *     error in the integer part shows as a difference);
  *   - dot (float x) within 1e-5 * sum |w_i * x_i|, axpy within 1e-6 per element (fma against mul + add);
  *   - attention over an f16 cache: bit for bit (kernels.h orders every sum);
- *   - the FFN activation (check_act) and the f16 rounding (check_round_f16).
+ *   - the FFN activation (check_act) and the f16 rounding and conversion (check_round_f16).
  * ------------------------------------------------------------------------------------------------------------- */
 /* A float for the activation tests: mostly "ordinary" pre-activations (uniform in [-12, 12]), then any magnitude
  * from 1e-40 (subnormal) to 1e38 of either sign, and now and then a special value. */
@@ -341,9 +341,9 @@ static double check_act(const flm_kernels *k, uint64_t *rng) {
     return worst;
 }
 
-/* k's round_f16 bit for bit against flm_f16_to_f32(flm_f32_to_f16(x)): random bit patterns (every class: NaN with
- * payloads, infinities, subnormals), values across the half range and its edges (65504, 65520 and up: inf; half
- * subnormals and the ties at 2^-25), in place and not, at lengths with tails. */
+/* k's round_f16 bit for bit against flm_f16_to_f32(flm_f32_to_f16(x)), and its to_f16 against flm_f32_to_f16(x):
+ * random bit patterns (every class: NaN with payloads, infinities, subnormals), values across the half range and its
+ * edges (65504, 65520 and up: inf; half subnormals and the ties at 2^-25), in place and not, at lengths with tails. */
 static void check_round_f16(const flm_kernels *k, uint64_t *rng) {
     static const uint32_t edges[] = {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x47800000u, 0x33000000u, 0x33000001u,
                                      0x33800000u, 0x33c00000u, 0x387fe000u, 0x387ff000u, 0x38800000u, 0x00000001u,
@@ -351,7 +351,8 @@ static void check_round_f16(const flm_kernels *k, uint64_t *rng) {
                                      0x3f803000u};
     enum { MAXN = 1031 };
     float *x = malloc(MAXN * sizeof(float)), *y = malloc(MAXN * sizeof(float));
-    assert_true(x && y);
+    uint16_t *hv = malloc((MAXN + 1) * sizeof(uint16_t));
+    assert_true(x && y && hv);
     size_t n_checked = 0;
     for (int rep = 0; rep < 64; rep++) {
         const size_t n = rep % 4 == 3 ? MAXN : 1 + (size_t)rep % 19;
@@ -368,17 +369,24 @@ static void check_round_f16(const flm_kernels *k, uint64_t *rng) {
         const bool inplace = rep & 1;
         if (inplace) memcpy(y, x, n * sizeof(float));
         k->round_f16(y, inplace ? y : x, n);
+        hv[n] = 0xbeefu; /* to_f16 writes n halves, not one more */
+        k->to_f16(hv, x, n);
         for (size_t i = 0; i < n; i++) {
             const float want = flm_f16_to_f32(flm_f32_to_f16(x[i]));
             if (f32_bits(want) != f32_bits(y[i]))
                 fail_msg("%s: round_f16(%08x) = %08x, scalar %08x (n=%zu i=%zu)", k->name, f32_bits(x[i]),
                          f32_bits(y[i]), f32_bits(want), n, i);
+            if (hv[i] != flm_f32_to_f16(x[i]))
+                fail_msg("%s: to_f16(%08x) = %04x, scalar %04x (n=%zu i=%zu)", k->name, f32_bits(x[i]), hv[i],
+                         flm_f32_to_f16(x[i]), n, i);
         }
+        assert_int_equal(hv[n], 0xbeefu);
         n_checked += n;
     }
     assert_true(n_checked > 10000);
     free(x);
     free(y);
+    free(hv);
 }
 
 static void check_level(flm_kernel_level L) {
@@ -524,7 +532,7 @@ static void check_level(flm_kernel_level L) {
     check_round_f16(k, &rng);
     print_message("%s: %zu vec_dots within float rounding of scalar, %zu of them bit for bit the avx2 kernel's; act: "
                   "SiLU / tanh-GELU within %.2g relative of scalar where |act(x)| >= |x| / 10, ReLU / ReLU2 / "
-                  "erf-GELU and round_f16 bit for bit\n",
+                  "erf-GELU, round_f16 and to_f16 bit for bit\n",
                   k->name, n_vdot, n_bitsame, act_worst);
 }
 

@@ -37,20 +37,26 @@ static void test_bytes_and_layout(void **state) {
     fill(v, 16, &rng, 0.01f);
     k[0] = 70000.0f; /* overflows to inf, as vcvtps2ph */
     k[1] = 1e-7f;    /* a half subnormal */
-    flm_kv_store(&c, 2, 4, k, v);
-    const uint16_t *kh = flm_kv_key(&c, 2, 4), *vh = flm_kv_value(&c, 2, 4);
-    for (int i = 0; i < 16; i++) {
-        assert_int_equal(kh[i], flm_f32_to_f16(k[i]));
-        assert_true(flm_f16_to_f32(vh[i]) == round_f16(v[i]));
+    for (int lv = 0; lv < FLM_KERNELS_N_LEVELS; lv++) { /* every level's to_f16 stores the same halves */
+        const flm_kernels *kt = flm_kernels_for_level((flm_kernel_level)lv);
+        if (!kt) continue;
+        memset(flm_kv_key(&c, 2, 4), 0, 16 * 2);
+        memset(flm_kv_value(&c, 2, 4), 0, 16 * 2);
+        flm_kv_store(kt, &c, 2, 4, k, v);
+        const uint16_t *kh = flm_kv_key(&c, 2, 4), *vh = flm_kv_value(&c, 2, 4);
+        for (int i = 0; i < 16; i++) {
+            assert_int_equal(kh[i], flm_f32_to_f16(k[i]));
+            assert_true(flm_f16_to_f32(vh[i]) == round_f16(v[i]));
+        }
+        assert_true(isinf(flm_f16_to_f32(kh[0])));
     }
-    assert_true(isinf(flm_f16_to_f32(kh[0])));
     assert_int_equal(((const uint16_t *)flm_kv_key(&c, 2, 3))[0], 0); /* the neighbours are untouched */
     flm_kv_cache_free(&c);
     /* f32: stored as is, in caller memory */
     float mem[2 * 2 * 4 * 16] = {0};
     flm_kv_cache_init_in(&c, 2, 4, 16, FLM_KV_F32, mem);
     assert_ptr_equal(c.v, mem + 2 * 4 * 16);
-    flm_kv_store(&c, 1, 2, k, v);
+    flm_kv_store(flm_kernels_best(), &c, 1, 2, k, v);
     assert_memory_equal(flm_kv_key(&c, 1, 2), k, sizeof k);
     assert_memory_equal(flm_kv_value(&c, 1, 2), v, sizeof v);
     flm_kv_cache_free(&c); /* frees nothing */
@@ -142,8 +148,8 @@ static void test_attention_as_before(void **state) {
             fill(k, kv_dim, &rng, 3.0f);
             fill(v, kv_dim, &rng, 1.0f);
             for (uint32_t i = 0; i < kv_dim; i++) kr[i] = round_f16(k[i]), vr[i] = round_f16(v[i]);
-            flm_kv_store(&c16, l, t, k, v);   /* rounded by the cache */
-            flm_kv_store(&c32, l, t, kr, vr); /* rounded before, as the forward pass did */
+            flm_kv_store(flm_kernels_best(), &c16, l, t, k, v);   /* rounded by the cache */
+            flm_kv_store(flm_kernels_best(), &c32, l, t, kr, vr); /* rounded before, as the forward pass did */
         }
     float q[6 * 64], att_a[6 * 160], att_b[6 * 160], out_a[6 * 64], out_b[6 * 64];
     const flm_kernels *tables[2] = {flm_kernels_scalar(), flm_kernels_best()};

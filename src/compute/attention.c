@@ -54,18 +54,16 @@ void *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos) {
     return (uint8_t *)c->v + ((size_t)l * c->n_ctx + pos) * c->kv_dim * c->elem_bytes;
 }
 
-void flm_kv_store(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *k, const float *v) {
+void flm_kv_store(const flm_kernels *kt, const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *k,
+                  const float *v) {
     void *kr = flm_kv_key(c, l, pos), *vr = flm_kv_value(c, l, pos);
     if (c->elem_bytes == FLM_KV_F32) {
         memcpy(kr, k, c->kv_dim * sizeof(float));
         memcpy(vr, v, c->kv_dim * sizeof(float));
         return;
     }
-    uint16_t *kh = kr, *vh = vr;
-    for (uint32_t i = 0; i < c->kv_dim; i++) {
-        kh[i] = flm_f32_to_f16(k[i]);
-        vh[i] = flm_f32_to_f16(v[i]);
-    }
+    kt->to_f16(kr, k, c->kv_dim);
+    kt->to_f16(vr, v, c->kv_dim);
 }
 
 void flm_rope(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim, uint32_t pos, float theta,

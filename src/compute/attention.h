@@ -38,8 +38,10 @@ void flm_kv_cache_free(flm_kv_cache *c);
 void *flm_kv_key(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 void *flm_kv_value(const flm_kv_cache *c, uint32_t l, uint32_t pos);
 /* Store k[kv_dim] and v[kv_dim] as row (l, pos): copied into an f32 cache; rounded to nearest even half in an f16
- * cache (reading them back gives exactly flm_f16_to_f32(flm_f32_to_f16(x))). */
-void flm_kv_store(const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *k, const float *v);
+ * cache by kt's to_f16 kernel (kernels.h; the same bits at every level: reading them back gives exactly
+ * flm_f16_to_f32(flm_f32_to_f16(x))). */
+void flm_kv_store(const flm_kernels *kt, const flm_kv_cache *c, uint32_t l, uint32_t pos, const float *k,
+                  const float *v);
 
 /* Rotate vec (n_heads heads of head_dim floats) in place for position pos: pair i of each head's first rope_dim
  * dimensions turns by pos * theta^(-2i/rope_dim). neox = false: pairs are (x[2i], x[2i+1]) (llama, "normal");

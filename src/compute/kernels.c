@@ -226,6 +226,10 @@ static void round_f16(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = flm_f16_to_f32(flm_f32_to_f16(src[i]));
 }
 
+static void to_f16(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = flm_f32_to_f16(src[i]);
+}
+
 static flm_kernels scalar_kernels;
 static pthread_once_t scalar_once = PTHREAD_ONCE_INIT;
 
@@ -241,7 +245,7 @@ static void scalar_init(void) {
     k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
     flm_quants_fill_scalar(k); /* the other quantized types, and vec_dot of all */
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
-    k->act = act_f32, k->round_f16 = round_f16;
+    k->act = act_f32, k->round_f16 = round_f16, k->to_f16 = to_f16;
     flm_attn_tile_fill_scalar(k); /* a batch's attention tiles (attn_tile.c) */
 }
 

@@ -76,6 +76,9 @@ typedef void (*flm_attn_scores_tile_fn)(const float *const *q, size_t n_rows, co
                                         size_t stride, size_t n, size_t d, float scale, float *const *out);
 typedef void (*flm_attn_values_tile_fn)(const float *const *w, size_t n_rows, const void *V, uint32_t elem_bytes,
                                         size_t stride, size_t n, size_t d, float *const *o);
+/* dst[i] = src[i] as an IEEE half (nearest even): flm_f32_to_f16(src[i]) bit for bit at every level (NaN quieted
+ * with its top payload bits, as vcvtps2ph). The f16 KV cache's store (flm_kv_store). */
+typedef void (*flm_to_f16_fn)(uint16_t *dst, const float *src, size_t n);
 
 typedef struct flm_kernels {
     const char *name;                    /* the level's name: "scalar", "avx2", "avx512", "vnni" */
@@ -95,6 +98,7 @@ typedef struct flm_kernels {
     flm_round_f16_fn round_f16;                  /* f16 rounding of floats (attention's q and weights) */
     flm_attn_scores_tile_fn attn_scores_tile;   /* a batch's attention (above): rows of several queries */
     flm_attn_values_tile_fn attn_values_tile;
+    flm_to_f16_fn to_f16;                        /* floats to halves (the f16 KV cache's store) */
 } flm_kernels;
 
 /* Kernel levels, lowest first. Each level's table starts as a copy of the level below and overrides only what it

@@ -439,6 +439,14 @@ static void round_f16(float *dst, const float *src, size_t n) {
     for (; i < n; i++) dst[i] = _cvtsh_ss(_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT));
 }
 
+/* vcvtps2ph with an immediate round-to-nearest-even: flm_f32_to_f16's bits (as round_f16). */
+static void to_f16(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
 /* The AVX2 table starts as a copy of the scalar one (so a type without an AVX2 kernel falls back to scalar by
  * construction, never to NULL), then overrides what this file and quants_avx2.c accelerate. */
 static flm_kernels avx2_kernels;
@@ -459,7 +467,7 @@ static void avx2_init(void) {
     k->vec_dot[FLM_TYPE_F32] = vdot_f32, k->vec_dot[FLM_TYPE_F16] = vdot_f16, k->vec_dot[FLM_TYPE_BF16] = vdot_bf16;
     flm_quants_fill_avx2(k);
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
-    k->act = act_f32, k->round_f16 = round_f16;
+    k->act = act_f32, k->round_f16 = round_f16, k->to_f16 = to_f16;
     flm_attn_tile_fill_avx2(k); /* a batch's attention tiles (attn_tile_avx2.c) */
 }
 

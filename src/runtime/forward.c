@@ -170,7 +170,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
             flm_rope(qt, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
             flm_rope(kt, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
         }
-        flm_kv_store(P->kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
+        flm_kv_store(P->k, P->kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
     }
     const flm_tree *T = P->tree;
     if (P->n > 1) { /* a batch: blocked over the KV cache, the same bits as token by token below */
