@@ -1141,35 +1141,79 @@ static void test_layernorm(void **state) {
     for (int j = 0; j < 4; j++) assert_float_equal(out[j], b[j], 1e-6);
 }
 
+/* Every level's softmax kernel (kernels.h flm_softmax_fn, through flm_softmax) against the double-precision
+ * softmax, at lengths with vector tails; masked (-inf) positions exactly 0; no overflow at large inputs. Levels this
+ * CPU lacks are reported as skipped. */
 static void test_softmax(void **state) {
     (void)state;
-    static const size_t lens[] = {1, 2, 7, 100, 32000};
-    uint64_t rng = 6;
-    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
-        size_t n = lens[li];
-        void *xb;
-        float *x = rand_vec(n, &rng, 10.0f, &xb);
-        double *want = malloc(n * sizeof(double));
-        assert_non_null(want);
-        double max = x[0], sum = 0;
-        for (size_t i = 1; i < n; i++) max = fmax(max, x[i]);
-        for (size_t i = 0; i < n; i++) sum += want[i] = exp(x[i] - max);
-        flm_softmax(x, n);
-        /* the float sum of n positive terms drifts by up to ~n*eps/2 relative; a few ulp per element besides */
-        double rtol = 1e-6 + 3e-9 * (double)n, total = 0;
-        for (size_t i = 0; i < n; i++) {
-            want[i] /= sum;
-            total += x[i];
-            if (fabs(x[i] - want[i]) > rtol * want[i] + 1e-12)
-                fail_msg("softmax n=%zu i=%zu: %.9g want %.9g", n, i, x[i], want[i]);
+    static const size_t lens[] = {1, 2, 7, 8, 9, 17, 100, 1000, 32000};
+    for (int lv = 0; lv < FLM_KERNELS_N_LEVELS; lv++) {
+        const flm_kernels *k = flm_kernels_for_level((flm_kernel_level)lv);
+        if (!k) {
+            print_message("softmax: level %s skipped (not on this CPU / build)\n",
+                          flm_kernel_level_name((flm_kernel_level)lv));
+            continue;
         }
-        assert_true(fabs(total - 1.0) < rtol);
-        free(want);
-        free(xb);
+        uint64_t rng = 6;
+        double worst = 0, worst_s = 0; /* against the exact softmax; against the scalar kernel for n <= 1000 */
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int masked = 0; masked < 2; masked++) {
+                size_t n = lens[li];
+                void *xb;
+                float *x = rand_vec(n, &rng, 10.0f, &xb);
+                if (masked) /* a causal / tree mask: -inf at every third position after the first */
+                    for (size_t i = 1; i < n; i += 3) x[i] = -INFINITY;
+                double *want = malloc(n * sizeof(double));
+                assert_non_null(want);
+                double max = x[0], sum = 0;
+                for (size_t i = 1; i < n; i++) max = fmax(max, x[i]);
+                for (size_t i = 0; i < n; i++) sum += want[i] = exp(x[i] - max);
+                float *ref = malloc(n * sizeof(float));
+                assert_non_null(ref);
+                memcpy(ref, x, n * sizeof(float));
+                flm_softmax(flm_kernels_scalar(), ref, n);
+                flm_softmax(k, x, n);
+                /* the float sum of n positive terms drifts by up to ~n*eps/2 relative; a few ulp per element */
+                double rtol = 1e-6 + 3e-9 * (double)n, total = 0;
+                for (size_t i = 0; i < n; i++) {
+                    want[i] /= sum;
+                    total += x[i];
+                    if (masked && i % 3 == 1 && f32_bits(x[i]) != 0)
+                        fail_msg("%s: softmax n=%zu: masked i=%zu gives %.9g, not +0", k->name, n, i, x[i]);
+                    if (fabs(x[i] - want[i]) > rtol * want[i] + 1e-12)
+                        fail_msg("%s: softmax n=%zu i=%zu: %.9g want %.9g", k->name, n, i, x[i], want[i]);
+                    if (want[i] > 1e-30 && fabs(x[i] - want[i]) / want[i] > worst) worst = fabs(x[i] - want[i]) / want[i];
+                    if (n <= 1000 && ref[i] > 1e-30f && fabs((double)x[i] - ref[i]) / ref[i] > worst_s)
+                        worst_s = fabs((double)x[i] - ref[i]) / ref[i];
+                }
+                free(ref);
+                if (masked) { /* the unmasked positions alone give the same bits (a tree row vs the plain row) */
+                    float *u = malloc(n * sizeof(float)), *x2 = malloc(n * sizeof(float));
+                    assert_true(u && x2);
+                    uint64_t r2 = rng;
+                    size_t m = 0;
+                    for (size_t i = 0; i < n; i++) {
+                        x2[i] = i % 3 == 1 ? -INFINITY : 10.0f * tu_rand_f32(&r2);
+                        if (i % 3 != 1) u[m++] = x2[i];
+                    }
+                    flm_softmax(k, x2, n);
+                    flm_softmax(k, u, m);
+                    for (size_t i = 0, j = 0; i < n; i++)
+                        if (i % 3 != 1 && f32_bits(x2[i]) != f32_bits(u[j++]))
+                            fail_msg("%s: softmax n=%zu: masked positions change i=%zu", k->name, n, i);
+                    free(u);
+                    free(x2);
+                }
+                assert_true(fabs(total - 1.0) < rtol);
+                free(want);
+                free(xb);
+            }
+        float big[3] = {1000.0f, 1000.0f, -1000.0f}; /* stable: no overflow */
+        flm_softmax(k, big, 3);
+        assert_true(big[0] == 0.5f && big[1] == 0.5f && big[2] == 0.0f);
+        print_message("softmax %s: within %.2g relative of the exact softmax, %.2g of the scalar one (n <= 1000)\n",
+                      k->name, worst, worst_s);
     }
-    float big[3] = {1000.0f, 1000.0f, -1000.0f}; /* stable: no overflow */
-    flm_softmax(big, 3);
-    assert_true(big[0] == 0.5f && big[1] == 0.5f && big[2] == 0.0f);
 }
 
 int main(void) {

@@ -106,10 +106,11 @@ static void test_kernels_exact(void **state) {
         }
 }
 
-/* The previous flm_attention's f16 branch (f32 cache holding f16-rounded keys and values), as the reference. */
-static void attention_before(const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos, const float *q,
-                             uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale, float *att,
-                             float *out) {
+/* The previous flm_attention's f16 branch (f32 cache holding f16-rounded keys and values), as the reference; its
+ * softmax is kt's (the table flm_attention is given). */
+static void attention_before(const flm_kernels *kt, const flm_kv_cache *c, uint32_t l, uint32_t first, uint32_t pos,
+                             const float *q, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
+                             float *att, float *out) {
     uint32_t group = n_heads / n_kv_heads;
     for (int h = 0; h < (int)n_heads; h++) {
         float qh[FLM_ATT_MAX_HEAD_DIM];
@@ -122,7 +123,7 @@ static void attention_before(const flm_kv_cache *c, uint32_t l, uint32_t first, 
             for (uint32_t i = 0; i < head_dim; i++) s += qh[i] * k[i];
             a[t - first] = s * scale;
         }
-        flm_softmax(a, pos - first + 1);
+        flm_softmax(kt, a, pos - first + 1);
         for (uint32_t t = 0; t <= pos - first; t++) a[t] = round_f16(a[t]);
         float *o = out + (size_t)h * head_dim;
         memset(o, 0, head_dim * sizeof(float));
@@ -160,7 +161,7 @@ static void test_attention_as_before(void **state) {
             for (int nt = 1; nt <= 2; nt++) {
                 uint32_t l = cases[ci][0], first = cases[ci][1], pos = cases[ci][2];
                 fill(q, sizeof q / sizeof *q, &rng, 2.0f);
-                attention_before(&c32, l, first, pos, q, n_heads, n_kv, hd, 0.125f, att_a, out_a);
+                attention_before(tables[kt], &c32, l, first, pos, q, n_heads, n_kv, hd, 0.125f, att_a, out_a);
                 flm_attention(tables[kt], &c16, l, first, pos, q, n_heads, n_kv, hd, 0.125f, att_b, out_b, nt, NULL);
                 if (memcmp(out_a, out_b, sizeof out_a))
                     fail_msg("%s, layer %u, positions %u..%u, %d threads: attention differs from before",

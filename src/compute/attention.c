@@ -111,7 +111,7 @@ static void att_head(void *arg, size_t hh) {
         if (J->mask)
             for (uint32_t t = 0; t < n; t++)
                 if (!J->mask[t]) a[t] = -INFINITY;
-        flm_softmax(a, n);
+        flm_softmax(k, a, n);
         k->round_f16(a, a, n); /* as llama.cpp */
         k->attn_values_f16(a, (const uint16_t *)flm_kv_value(c, l, first) + koff, c->kv_dim, n, head_dim, o);
         return;
@@ -123,7 +123,7 @@ static void att_head(void *arg, size_t hh) {
         for (uint32_t i = 0; i < head_dim; i++) s += qf[i] * kr[i];
         a[t - first] = J->mask && !J->mask[t - first] ? -INFINITY : s * scale;
     }
-    flm_softmax(a, n);
+    flm_softmax(k, a, n);
     memset(o, 0, head_dim * sizeof(float));
     for (uint32_t t = first; t <= pos; t++) {
         const float *v = (const float *)flm_kv_value(c, l, t) + koff;

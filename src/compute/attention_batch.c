@@ -117,7 +117,7 @@ static void batt_chunk(void *arg, size_t chunk) {
                 for (uint32_t j = first; j <= slot_t; j++)
                     if (j >= T->base && !anc[j - T->base]) a[j - first] = -INFINITY;
             }
-            flm_softmax(a, m);
+            flm_softmax(B->k, a, m);
             if (f16) B->k->round_f16(a, a, m); /* as llama.cpp */
         }
     }

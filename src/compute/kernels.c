@@ -230,6 +230,20 @@ static void to_f16(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = flm_f32_to_f16(src[i]);
 }
 
+/* the scalar table's softmax kernel (kernels.h flm_softmax_fn): the reference */
+static void softmax_f32(float *x, size_t n) {
+    if (n == 0) return;
+    float max = x[0];
+    for (size_t i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    for (size_t i = 0; i < n; i++) x[i] /= sum;
+}
+
 static flm_kernels scalar_kernels;
 static pthread_once_t scalar_once = PTHREAD_ONCE_INIT;
 
@@ -245,7 +259,7 @@ static void scalar_init(void) {
     k->dequant[FLM_TYPE_Q4_0] = dequant_q4_0;
     flm_quants_fill_scalar(k); /* the other quantized types, and vec_dot of all */
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
-    k->act = act_f32, k->round_f16 = round_f16, k->to_f16 = to_f16;
+    k->act = act_f32, k->round_f16 = round_f16, k->to_f16 = to_f16, k->softmax = softmax_f32;
     flm_attn_tile_fill_scalar(k); /* a batch's attention tiles (attn_tile.c) */
 }
 
@@ -639,15 +653,4 @@ void flm_layernorm(float *out, const float *x, const float *weight, const float 
     }
 }
 
-void flm_softmax(float *x, size_t n) {
-    if (n == 0) return;
-    float max = x[0];
-    for (size_t i = 1; i < n; i++)
-        if (x[i] > max) max = x[i];
-    float sum = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
-    }
-    for (size_t i = 0; i < n; i++) x[i] /= sum;
-}
+void flm_softmax(const flm_kernels *k, float *x, size_t n) { k->softmax(x, n); }

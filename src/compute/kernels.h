@@ -79,6 +79,13 @@ typedef void (*flm_attn_values_tile_fn)(const float *const *w, size_t n_rows, co
 /* dst[i] = src[i] as an IEEE half (nearest even): flm_f32_to_f16(src[i]) bit for bit at every level (NaN quieted
  * with its top payload bits, as vcvtps2ph). The f16 KV cache's store (flm_kv_store). */
 typedef void (*flm_to_f16_fn)(uint16_t *dst, const float *src, size_t n);
+/* Softmax of x[0..n) in place (attention's weights): m = max x, x[i] = e^(x[i] - m) / sum_j e^(x[j] - m). The
+ * scalar table's is the float loop with libm's expf (the reference); the SIMD tables use the act kernel's polynomial
+ * e^t, within 1e-6 + 3e-9 n relative of the exact softmax (tests/test_kernels.c test_softmax). Every level sums in
+ * index order, and a -inf (a masked position) gets exactly 0 (so does any x[i] - m below -87 at the SIMD levels,
+ * where the reference's expf is below 2^-125): masked positions anywhere in x leave the others' results bit for bit
+ * those of the softmax over the unmasked ones alone. The result depends only on x and n (not on x's address). */
+typedef void (*flm_softmax_fn)(float *x, size_t n);
 
 typedef struct flm_kernels {
     const char *name;                    /* the level's name: "scalar", "avx2", "avx512", "vnni" */
@@ -99,6 +106,7 @@ typedef struct flm_kernels {
     flm_attn_scores_tile_fn attn_scores_tile;   /* a batch's attention (above): rows of several queries */
     flm_attn_values_tile_fn attn_values_tile;
     flm_to_f16_fn to_f16;                        /* floats to halves (the f16 KV cache's store) */
+    flm_softmax_fn softmax;                      /* attention's softmax (above) */
 } flm_kernels;
 
 /* Kernel levels, lowest first. Each level's table starts as a copy of the level below and overrides only what it
@@ -200,6 +208,8 @@ void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, floa
 /* LayerNorm (OPT, GPT-2, Falcon, Phi-2): out = (x - mean(x)) / sqrt(var(x) + eps) * w + b, var the population
  * variance (divided by n, as torch.nn.LayerNorm); bias NULL: none. out may be x. */
 void flm_layernorm(float *out, const float *x, const float *weight, const float *bias, size_t n, float eps);
-void flm_softmax(float *x, size_t n);                                                     /* in place, stable */
+/* Softmax of x[0..n) in place, stable, by k's softmax kernel (flm_softmax_fn above; flm_kernels_scalar(): the
+ * reference). Attention (token by token and batched) calls this, with the pass's table, so both give the same bits. */
+void flm_softmax(const flm_kernels *k, float *x, size_t n);
 
 #endif

@@ -447,6 +447,40 @@ static void to_f16(uint16_t *dst, const float *src, size_t n) {
     for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+/* flm_softmax_fn: the max by max_ps (exact, any order), e^(x - max) by exp_ps (0 below -87: masked -inf positions get
+ * an exact 0; a short row's tail through the same vector code), their sum in index order as the reference's (so
+ * masked positions, exact zeros, leave it unchanged wherever they sit: a tree row's softmax equals the softmax of its
+ * unmasked positions alone, bit for bit, as attention.h promises), and x / sum by division as the reference. */
+static void softmax(float *x, size_t n) {
+    if (n == 0) return;
+    __m256 vm = _mm256_set1_ps(x[0]);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float max = _mm_cvtss_f32(m4);
+    for (size_t j = i; j < n; j++)
+        if (x[j] > max) max = x[j];
+    const __m256 vmax = _mm256_set1_ps(max), lo = _mm256_set1_ps(-87.0f), zero = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmax);
+        _mm256_storeu_ps(x + i, _mm256_blendv_ps(exp_ps(t), zero, _mm256_cmp_ps(t, lo, _CMP_LT_OQ)));
+    }
+    if (i < n) {
+        float xt[8];
+        for (size_t j = 0; j < 8; j++) xt[j] = i + j < n ? x[i + j] : 0.0f;
+        const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(xt), vmax);
+        _mm256_storeu_ps(xt, _mm256_blendv_ps(exp_ps(t), zero, _mm256_cmp_ps(t, lo, _CMP_LT_OQ)));
+        memcpy(x + i, xt, (n - i) * sizeof(float));
+    }
+    float sum = 0.0f;
+    for (i = 0; i < n; i++) sum += x[i];
+    const __m256 vs = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vs));
+    for (; i < n; i++) x[i] /= _mm256_cvtss_f32(vs);
+}
+
 /* The AVX2 table starts as a copy of the scalar one (so a type without an AVX2 kernel falls back to scalar by
  * construction, never to NULL), then overrides what this file and quants_avx2.c accelerate. */
 static flm_kernels avx2_kernels;
@@ -467,7 +501,7 @@ static void avx2_init(void) {
     k->vec_dot[FLM_TYPE_F32] = vdot_f32, k->vec_dot[FLM_TYPE_F16] = vdot_f16, k->vec_dot[FLM_TYPE_BF16] = vdot_bf16;
     flm_quants_fill_avx2(k);
     k->attn_scores_f16 = attn_scores_f16, k->attn_values_f16 = attn_values_f16;
-    k->act = act_f32, k->round_f16 = round_f16, k->to_f16 = to_f16;
+    k->act = act_f32, k->round_f16 = round_f16, k->to_f16 = to_f16, k->softmax = softmax;
     flm_attn_tile_fill_avx2(k); /* a batch's attention tiles (attn_tile_avx2.c) */
 }
 
