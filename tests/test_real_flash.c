@@ -166,6 +166,11 @@ static void test_sparse(void **state) {
     if (rc != 0) fail_msg("calibrate failed (%d): %s", rc, out);
     free(out);
 
+#ifdef FLM_SANITIZED_BUILD /* no quality check there (below): the fewest chunks */
+#define PPL_CHUNKS 2
+#else
+#define PPL_CHUNKS 16 /* 1008 scored tokens: 2 chunks' 126 left the perplexity +/- 27% (see the check below) */
+#endif
     double ppl[3], bytes[3];
     const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_SPARSE, FLM_MODE_AUTO};
     for (int m = 0; m < 3; m++) {
@@ -173,7 +178,7 @@ static void test_sparse(void **state) {
         flm_ctx *c = open_ctx(m == 2 ? tu_model("smollm2-135m") : flm_path, modes[m], 0);
         flm_ppl_result r;
         flm_error err;
-        if (flm_perplexity(c, held, N_CTX, 2, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
+        if (flm_perplexity(c, held, N_CTX, PPL_CHUNKS, NULL, NULL, &r, &err)) fail_msg("perplexity: %s", err.msg);
         flm_stats st;
         flm_get_stats(c, &st);
         ppl[m] = r.ppl;
@@ -186,8 +191,10 @@ static void test_sparse(void **state) {
     assert_true(bytes[1] < 0.5 * 58.5 * 1048576.0);
 #ifndef FLM_SANITIZED_BUILD
     /* the default level (chosen by calibrate's own held-out check, --max-loss 1%) keeps quality within the issue's
-     * 2% of dense on text after the calibration text (measured 26.309 against 25.951, +1.38%; +2.3% when the
-     * default was 1.5%) */
+     * 2% of dense on text after the calibration text. Over 16 chunks (1008 scored tokens): measured +0.42% with
+     * libm's activation in the bundles, +0.90% with the act kernel (over the whole 77 chunks: +1.05%, +0.96%). Over
+     * 2 chunks (126 tokens, perplexity +/- 27%) it was +1.8% and then +3.5%: noise, not a quality change, so the
+     * check takes 16 chunks. */
     assert_true(ppl[1] < 1.02 * ppl[0]);
 #endif
     /* the re-laid q8_0 down columns cost little against the GGUF (wiki, 3 chunks of 512: -0.02%; this short
