@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "compute/attn_tile.h"
+#include "compute/attn_tile_x86.h"
 #include "compute/kernels_impl.h"
 #include "compute/quants.h"
 #include "core/types.h"
@@ -289,23 +290,10 @@ static void attn_scores_f16(const float *q, const uint16_t *K, size_t stride, si
             const uint16_t *k = K + t * stride;
             __m256 acc = _mm256_setzero_ps();
             for (size_t i = 0; i < d; i += 8) {
-                __m128i r[8], u[8], c[8];
-                for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(k + (size_t)j * stride + i));
-                for (int j = 0; j < 4; j++) { /* pairs of rows interleaved: a0 b0 a1 b1 ... */
-                    u[2 * j] = _mm_unpacklo_epi16(r[2 * j], r[2 * j + 1]);
-                    u[2 * j + 1] = _mm_unpackhi_epi16(r[2 * j], r[2 * j + 1]);
-                }
-                /* quads: a0 b0 c0 d0 a1 b1 c1 d1 (rows 0-3) and e0 f0 g0 h0 ... (rows 4-7) */
-                __m128i q0 = _mm_unpacklo_epi32(u[0], u[2]), q1 = _mm_unpackhi_epi32(u[0], u[2]);
-                __m128i q2 = _mm_unpacklo_epi32(u[1], u[3]), q3 = _mm_unpackhi_epi32(u[1], u[3]);
-                __m128i q4 = _mm_unpacklo_epi32(u[4], u[6]), q5 = _mm_unpackhi_epi32(u[4], u[6]);
-                __m128i q6 = _mm_unpacklo_epi32(u[5], u[7]), q7 = _mm_unpackhi_epi32(u[5], u[7]);
-                c[0] = _mm_unpacklo_epi64(q0, q4), c[1] = _mm_unpackhi_epi64(q0, q4);
-                c[2] = _mm_unpacklo_epi64(q1, q5), c[3] = _mm_unpackhi_epi64(q1, q5);
-                c[4] = _mm_unpacklo_epi64(q2, q6), c[5] = _mm_unpackhi_epi64(q2, q6);
-                c[6] = _mm_unpacklo_epi64(q3, q7), c[7] = _mm_unpackhi_epi64(q3, q7);
-                for (int j = 0; j < 8; j++) /* c[j]: element i+j of the 8 positions */
-                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[i + (size_t)j]), _mm256_cvtph_ps(c[j])));
+                __m256 c[8];
+                transpose8_f16(k, stride, 8, i, c); /* c[j]: element i+j of the 8 positions */
+                for (int j = 0; j < 8; j++)
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[i + (size_t)j]), c[j]));
             }
             _mm256_storeu_ps(out + t, _mm256_mul_ps(acc, vs));
         }
