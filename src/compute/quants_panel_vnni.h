@@ -412,22 +412,8 @@ static inline __attribute__((always_inline)) void panel_rows_q4_k(const uint8_t 
         _mm512_mask_storeu_ps(y + (size_t)t * ys, keep, _mm512_permutexvar_ps(inv, _mm512_sub_ps(acc[t], accm[t])));
 }
 
-/* flm_vec_dot_tile_fn of q4_k: panels of 16 rows, each packed once and run against every token (PQ4K_T at a time,
- * the last n_x % PQ4K_T with their exact count). Without memory for the panel: vdot_q4_k_sb per (row, token). */
-static void panel_q4_k(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,
-                       size_t n, float *Y, size_t y_stride) {
-    const size_t nb = n / 256;
-    const uint8_t *x = xq;
-    uint8_t *P = aligned_alloc(64, nb * PQ4K_SB_BYTES);
-    int32_t *bsp = P ? malloc(n_x * nb * 4 * sizeof *bsp + sizeof *bsp) : NULL;
-    if (!P || !bsp) {
-        free(P);
-        free(bsp);
-        for (size_t r = 0; r < rows; r++)
-            for (size_t t = 0; t < n_x; t++)
-                Y[t * y_stride + r] = vdot_q4_k_sb((const uint8_t *)W + r * w_stride, x + t * x_stride, n);
-        return;
-    }
+/* bsp for panel_rows_q4_k: token t's (bs_2p, bs_2p+1) of super-block i as int16 pairs, bs_j = bsums[2j] + bsums[2j+1] */
+static void pq4k_bsums(const uint8_t *x, size_t x_stride, size_t n_x, size_t nb, int32_t *bsp) {
     for (size_t t = 0; t < n_x; t++)
         for (size_t i = 0; i < nb; i++) {
             const flm_block_q8_k *a = (const flm_block_q8_k *)(x + t * x_stride) + i;
@@ -436,23 +422,45 @@ static void panel_q4_k(const void *W, size_t w_stride, size_t rows, const void *
                 bsp[(t * nb + i) * 4 + p] = (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xffff));
             }
         }
-    for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {
-        const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
-        panel_pack_q4_k((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);
-        size_t t0 = 0;
-        for (; t0 + PQ4K_T <= n_x; t0 += PQ4K_T)
-            panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride,
-                            m, PQ4K_T);
-        switch (n_x - t0) {
-        case 3: panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, 3); break;
-        case 2: panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, 2); break;
-        case 1: panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, 1); break;
-        default: break;
-        }
-    }
-    free(P);
-    free(bsp);
 }
+
+/* The flm_vec_dot_tile_fn of a K-quant panel: panels of 16 rows, each packed once (PACK) and run against every token
+ * (ROWS_CALL(nt): PQ4K_T at a time, the last n_x % PQ4K_T with their exact count). BSP: the rows function reads
+ * pq4k_bsums (q4_k). Without memory for the panel: VDOT per (row, token), the same bits. */
+#define PANEL_K_DRIVER(NAME, PACK, ROWS_CALL, SB_BYTES, BSP, VDOT)                                                \
+    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
+                     size_t n, float *Y, size_t y_stride) {                                                        \
+        const size_t nb = n / 256;                                                                                 \
+        const uint8_t *x = xq;                                                                                     \
+        uint8_t *P = aligned_alloc(64, nb * (SB_BYTES));                                                           \
+        int32_t *bsp = P && (BSP) ? malloc(n_x * nb * 4 * sizeof *bsp + sizeof *bsp) : NULL;                       \
+        if (!P || ((BSP) && !bsp)) {                                                                               \
+            free(P);                                                                                               \
+            free(bsp);                                                                                             \
+            for (size_t r = 0; r < rows; r++)                                                                      \
+                for (size_t t = 0; t < n_x; t++)                                                                   \
+                    Y[t * y_stride + r] = VDOT((const uint8_t *)W + r * w_stride, x + t * x_stride, n);            \
+            return;                                                                                                \
+        }                                                                                                          \
+        if (BSP) pq4k_bsums(x, x_stride, n_x, nb, bsp);                                                            \
+        for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {                                                         \
+            const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;                                      \
+            PACK((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);                                          \
+            size_t t0 = 0;                                                                                         \
+            for (; t0 + PQ4K_T <= n_x; t0 += PQ4K_T) ROWS_CALL(PQ4K_T);                                            \
+            switch (n_x - t0) {                                                                                    \
+            case 3: ROWS_CALL(3); break;                                                                           \
+            case 2: ROWS_CALL(2); break;                                                                           \
+            case 1: ROWS_CALL(1); break;                                                                           \
+            default: break;                                                                                        \
+            }                                                                                                      \
+        }                                                                                                          \
+        free(P);                                                                                                   \
+        free(bsp);                                                                                                 \
+    }
+#define PQ4K_ROWS(NT)                                                                                             \
+    panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, NT)
+PANEL_K_DRIVER(panel_q4_k, panel_pack_q4_k, PQ4K_ROWS, PQ4K_SB_BYTES, 1, vdot_q4_k_sb)
 
 /* ---------------------------------------------------------------------------------------------------------------
  * q6_k at this level, in the same per-super-block order: S_i = sum_g sc_g * (sum_{l<16} q_{16g+l} * qa_{16g+l}
@@ -557,36 +565,9 @@ static inline __attribute__((always_inline)) void panel_rows_q6_k(const uint8_t 
     for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, keep, acc[t]);
 }
 
-/* flm_vec_dot_tile_fn of q6_k: as panel_q4_k. Without memory for the panel: VDOT per (row, token). */
-#define PANEL_K_DRIVER(NAME, PACK, ROWS_CALL, SB_BYTES, VDOT)                                                     \
-    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
-                     size_t n, float *Y, size_t y_stride) {                                                        \
-        const size_t nb = n / 256;                                                                                 \
-        const uint8_t *x = xq;                                                                                     \
-        uint8_t *P = aligned_alloc(64, nb * (SB_BYTES));                                                           \
-        if (!P) {                                                                                                  \
-            for (size_t r = 0; r < rows; r++)                                                                      \
-                for (size_t t = 0; t < n_x; t++)                                                                   \
-                    Y[t * y_stride + r] = VDOT((const uint8_t *)W + r * w_stride, x + t * x_stride, n);            \
-            return;                                                                                                \
-        }                                                                                                          \
-        for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {                                                         \
-            const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;                                      \
-            PACK((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);                                          \
-            size_t t0 = 0;                                                                                         \
-            for (; t0 + PQ4K_T <= n_x; t0 += PQ4K_T) ROWS_CALL(PQ4K_T);                                            \
-            switch (n_x - t0) {                                                                                    \
-            case 3: ROWS_CALL(3); break;                                                                           \
-            case 2: ROWS_CALL(2); break;                                                                           \
-            case 1: ROWS_CALL(1); break;                                                                           \
-            default: break;                                                                                        \
-            }                                                                                                      \
-        }                                                                                                          \
-        free(P);                                                                                                   \
-    }
 static float vdot_q6_k_vnni(const void *row, const void *xq, size_t n); /* quants_x512.h */
 #define PQ6K_ROWS(NT) panel_rows_q6_k(P, nb, x + t0 * x_stride, x_stride, Y + t0 * y_stride + r0, y_stride, m, NT)
-PANEL_K_DRIVER(panel_q6_k, panel_pack_q6_k, PQ6K_ROWS, PQ6K_SB_BYTES, vdot_q6_k_vnni)
+PANEL_K_DRIVER(panel_q6_k, panel_pack_q6_k, PQ6K_ROWS, PQ6K_SB_BYTES, 0, vdot_q6_k_vnni)
 
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {
