@@ -438,16 +438,27 @@ typedef struct rows_job {
     float *y;
 } rows_job;
 
+/* rows [r0, r1) of W against xq, each row's bytes asked for FLM_PREFETCH_BYTES ahead of its dot (flm_prefetch) */
+static void rows_range(flm_vec_dot_fn fn, const uint8_t *w, size_t stride, size_t r0, size_t r1, size_t n,
+                       const void *xq, float *y) {
+    const size_t limit = r1 * stride;
+    flm_prefetch(w, r0 * stride, limit, FLM_PREFETCH_BYTES);
+    for (size_t r = r0; r < r1; r++) {
+        flm_prefetch(w, r * stride + FLM_PREFETCH_BYTES, limit, stride);
+        y[r] = fn(w + r * stride, xq, n);
+    }
+}
+
 static void rows_chunk(void *arg, size_t b) {
     const rows_job *J = arg;
     const size_t r1 = (b + 1) * J->c < J->rows ? (b + 1) * J->c : J->rows;
-    for (size_t r = b * J->c; r < r1; r++) J->y[r] = J->fn(J->w + r * J->stride, J->xq, J->n);
+    rows_range(J->fn, J->w, J->stride, b * J->c, r1, J->n, J->xq, J->y);
 }
 
 static void matvec_rows(flm_vec_dot_fn fn, const uint8_t *w, size_t stride, size_t rows, size_t n, const void *xq,
                         float *y, int n_threads) {
     if (n_threads <= 1 || rows < 2 * (size_t)n_threads || rows * n < FLM_MATVEC_MIN_PARALLEL) {
-        for (size_t r = 0; r < rows; r++) y[r] = fn(w + r * stride, xq, n);
+        rows_range(fn, w, stride, 0, rows, n, xq, y);
         return;
     }
     rows_job J = {fn, w, stride, rows, n, chunk_rows(rows, stride, n_threads), xq, y};
@@ -571,9 +582,9 @@ static void multi_chunk(void *arg, size_t b) {
     for (size_t j = 0; j < J->n_jobs && r0 < r1; base += J->jobs[j].rows, j++) {
         const size_t end = base + J->jobs[j].rows;
         if (r0 >= end) continue;
-        const uint8_t *w = J->jobs[j].W;
-        for (; r0 < end && r0 < r1; r0++)
-            J->jobs[j].y[r0 - base] = J->fn[j](w + (r0 - base) * J->stride[j], J->x[j], J->n);
+        const size_t e = end < r1 ? end : r1;
+        rows_range(J->fn[j], J->jobs[j].W, J->stride[j], r0 - base, e - base, J->n, J->x[j], J->jobs[j].y);
+        r0 = e;
     }
 }
 

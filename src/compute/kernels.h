@@ -23,6 +23,28 @@
 
 #define FLM_N_TYPES 31 /* table size: type ids are < 31 */
 
+/* Software prefetch of weights streamed from memory (a decode's matrix-vector products, the FFN bundles of the
+ * flash modes): a kernel that works on one row while the hardware prefetchers fetch the next waits for DRAM at
+ * every row, its compute and its memory time adding up (measured on a 2-core Xeon: 24 ns per 256 q4_k weights
+ * from DRAM, 12 ns from cache, 12 ns to stream the bytes alone). Asking for the bytes FLM_PREFETCH_BYTES ahead of
+ * the kernel overlaps the two (14 ns). */
+#define FLM_PREFETCH_BYTES 8192
+
+/* Prefetch (for reading, into all cache levels) the cache lines of bytes [off, off + bytes) of base that lie below
+ * byte limit (the end of what the caller reads). A prefetch never faults; nothing at or past limit is asked for. */
+static inline void flm_prefetch(const void *base, size_t off, size_t limit, size_t bytes) {
+    if (off >= limit) return;
+    if (limit - off < bytes) bytes = limit - off;
+    const char *a = (const char *)base + off;
+    for (size_t o = 0; o < bytes; o += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        __asm__ volatile("prefetcht0 %0" : : "m"(a[o])); /* GCC drops a loop of __builtin_prefetch as empty */
+#else
+        __builtin_prefetch(a + o, 0, 3);
+#endif
+    }
+}
+
 typedef float (*flm_dot_fn)(const void *row, const float *x, size_t n);          /* sum_i row[i]*x[i] */
 typedef void (*flm_axpy_fn)(const void *row, float a, float *y, size_t n);       /* y[i] += a*row[i]  */
 typedef void (*flm_dequant_fn)(const void *row, float *y, size_t n);             /* y[i]  = row[i]    */
