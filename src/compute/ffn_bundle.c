@@ -59,12 +59,22 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
                       const act_x *xg, float *h, float *acc) {
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, b->d_model * sizeof(float));
+    /* whole records asked for about FLM_PREFETCH_BYTES ahead of the gate dot (kernels.h: flm_prefetch) */
+    const size_t ahead = (size_t)((FLM_PREFETCH_BYTES + b->record_bytes - 1) / b->record_bytes);
+    for (size_t i = i0; i < i1 && i < i0 + ahead; i++)
+        flm_prefetch(record_at(records, tail, n_head, rows ? rows[i] : i, b->record_bytes), 0, b->record_bytes,
+                     b->record_bytes);
     float A[ACT_CHUNK]; /* the chunk's pre-activations, then (k->act, in place) its activations */
     for (size_t c0 = i0; c0 < i1; c0 += ACT_CHUNK) {
         const size_t nc = i1 - c0 < ACT_CHUNK ? i1 - c0 : ACT_CHUNK;
         for (size_t r = 0; r < nc; r++) {
             const size_t j = rows ? rows[c0 + r] : c0 + r;
             const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
+            if (c0 + r + ahead < i1) {
+                const size_t jn = rows ? rows[c0 + r + ahead] : c0 + r + ahead;
+                flm_prefetch(record_at(records, tail, n_head, jn, b->record_bytes), 0, b->record_bytes,
+                             b->record_bytes);
+            }
             A[r] = b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
                             : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + (b->up_bias ? b->up_bias[j]
                                                                                                        : 0.0f);

@@ -28,7 +28,9 @@
  * every row, its compute and its memory time adding up (measured on a 2-core Xeon: 24 ns per 256 q4_k weights
  * from DRAM, 12 ns from cache, 12 ns to stream the bytes alone). Asking for the bytes FLM_PREFETCH_BYTES ahead of
  * the kernel overlaps the two (14 ns). */
+#ifndef FLM_PREFETCH_BYTES
 #define FLM_PREFETCH_BYTES 8192
+#endif
 
 /* Prefetch (for reading, into all cache levels) the cache lines of bytes [off, off + bytes) of base that lie below
  * byte limit (the end of what the caller reads). A prefetch never faults; nothing at or past limit is asked for. */
