@@ -6,7 +6,7 @@
  * The matvec includes quantizing x into the type's activation type once, as the engine does.
  *
  * Usage: bench_kernels [seconds-per-case [type ...]]   (default 0.5 s, all types; e.g. bench_kernels 1 q4_k q6_k)
- * FLASHLM_KERNELS=scalar|avx2|avx512|vnni benchmarks that level (kernels.h). */
+ * FLASHLM_KERNELS=scalar|avx2|avxvnni|avx512|vnni benchmarks that level (kernels.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -417,7 +417,7 @@ typedef struct flm_model_info {
     uint32_t n_ctx;                   /* this context's KV cache length */
     float norm_eps, rope_theta;
     int32_t bos, eos;                 /* token ids, -1 when absent */
-    const char *kernels;              /* kernel level in use: "scalar", "avx2", "avx512", "vnni" (flm_kernels_in_use) */
+    const char *kernels;              /* kernel level in use: "scalar", "avx2", "avxvnni", "avx512", "vnni" (flm_kernels_in_use) */
 } flm_model_info;
 FLM_API void flm_get_info(const flm_ctx *ctx, flm_model_info *info);
 

@@ -42,8 +42,15 @@ static void test_kernels_env(void **state) {
     char *out = NULL;
     assert_int_equal(tu_run_cli("version 2>&1", &out), 0);
     if (!strstr(out, "kernels vnni (this CPU's best: vnni)") &&
-        !strstr(out, "note: FLASHLM_KERNELS=vnni is above this CPU's best level"))
+        !strstr(out, "note: this CPU lacks the FLASHLM_KERNELS=vnni level"))
         fail_msg("FLASHLM_KERNELS=vnni flashlm version:\n%s", out);
+    free(out);
+    setenv("FLASHLM_KERNELS", "avxvnni", 1); /* the side branch: used, or the highest level below it, with a note */
+    assert_int_equal(tu_run_cli("version 2>&1", &out), 0);
+    if (!strstr(out, "kernels avxvnni (this CPU's best: ") &&
+        !(strstr(out, "note: this CPU lacks the FLASHLM_KERNELS=avxvnni level") &&
+          (strstr(out, "kernels avx2 (") || strstr(out, "kernels scalar ("))))
+        fail_msg("FLASHLM_KERNELS=avxvnni flashlm version:\n%s", out);
     free(out);
     unsetenv("FLASHLM_KERNELS");
     expect("version 2>&1", 0, "kernels ");

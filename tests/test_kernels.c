@@ -123,13 +123,22 @@ static void test_tables(void **state) {
     if (!env) env = getenv("FLM_KERNELS");
     const int want = flm_kernel_level_parse(env);
     const flm_kernel_level cpu = flm_kernels_cpu_level();
-    assert_ptr_equal(b, flm_kernels_for_level(want >= 0 && (flm_kernel_level)want < cpu ? (flm_kernel_level)want : cpu));
+    assert_ptr_equal(b, flm_kernels_for_level(flm_kernels_level_capped(want >= 0 ? (flm_kernel_level)want
+                                                                                 : FLM_KERNELS_N_LEVELS)));
+    assert_int_equal(flm_kernels_level_capped(FLM_KERNELS_N_LEVELS), cpu);
+    assert_int_equal(flm_kernels_level_capped(FLM_KERNELS_SCALAR), FLM_KERNELS_SCALAR);
     print_message("kernel levels: this CPU's best is %s; the best table is %s\n", flm_kernel_level_name(cpu), b->name);
-    /* levels: names round-trip; every level up to the CPU's exists and is named for its level, none above */
+    /* levels: names round-trip; every level up to the CPU's exists (avxvnni where cpuid has it) and is named for its
+     * level, none above; asking for a level gives the highest one the CPU has at or below it */
     for (int l = 0; l < FLM_KERNELS_N_LEVELS; l++) {
         assert_int_equal(flm_kernel_level_parse(flm_kernel_level_name((flm_kernel_level)l)), l);
         const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l);
-        if ((flm_kernel_level)l <= cpu) {
+        const bool has = flm_kernels_has_level((flm_kernel_level)l);
+        if (l != FLM_KERNELS_AVXVNNI) assert_int_equal(has, (flm_kernel_level)l <= cpu);
+        const flm_kernel_level c = flm_kernels_level_capped((flm_kernel_level)l);
+        assert_true(c <= (flm_kernel_level)l && flm_kernels_has_level(c));
+        if (has) assert_int_equal(c, l);
+        if (has) {
             assert_non_null(t);
             assert_string_equal(t->name, flm_kernel_level_name((flm_kernel_level)l));
             assert_ptr_equal(t, flm_kernels_for_level((flm_kernel_level)l)); /* built once */
@@ -147,7 +156,8 @@ static void test_tables(void **state) {
     /* each level above avx2 overrides q6_k's int8 dot product (and keeps the rest: quants_x512.h says why) */
     static const uint32_t wide[] = {FLM_TYPE_Q6_K};
     for (int l = FLM_KERNELS_AVX512; l < FLM_KERNELS_N_LEVELS; l++) {
-        const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l), *below = flm_kernels_for_level(l - 1);
+        const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l),
+                          *below = flm_kernels_for_level(l == FLM_KERNELS_AVX512 ? FLM_KERNELS_AVX2 : l - 1); /* base */
         if (!t) continue;
         for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) assert_true(t->vec_dot[wide[i]] != below->vec_dot[wide[i]]);
         assert_true(t->vec_dot[FLM_TYPE_Q5_K] == below->vec_dot[FLM_TYPE_Q5_K]); /* the level below's */
@@ -157,6 +167,18 @@ static void test_tables(void **state) {
         else assert_true(t->vec_dot[FLM_TYPE_Q4_K] == below->vec_dot[FLM_TYPE_Q4_K]);
         assert_true(t->vec_dot[FLM_TYPE_Q8_0] == below->vec_dot[FLM_TYPE_Q8_0]);
         assert_true(t->dot[FLM_TYPE_Q4_K] == below->dot[FLM_TYPE_Q4_K]);
+    }
+    /* avxvnni: avx2's int8 dots rebuilt with -mavxvnni (vpdpbusd for q8_0, vpdpwssd for the K-quants' scales:
+     * quants_y256.h), the float kernels avx2's */
+    const flm_kernels *v = flm_kernels_for_level(FLM_KERNELS_AVXVNNI);
+    if (v) {
+        static const uint32_t int8[] = {FLM_TYPE_Q8_0, FLM_TYPE_Q4_0, FLM_TYPE_Q4_1, FLM_TYPE_Q5_0, FLM_TYPE_Q5_1,
+                                        FLM_TYPE_Q2_K, FLM_TYPE_Q3_K, FLM_TYPE_Q4_K, FLM_TYPE_Q5_K, FLM_TYPE_Q6_K};
+        for (size_t i = 0; i < sizeof int8 / sizeof int8[0]; i++) assert_true(v->vec_dot[int8[i]] != a->vec_dot[int8[i]]);
+        assert_true(v->dot[FLM_TYPE_Q4_K] != NULL && v->vec_dot[FLM_TYPE_F16] == a->vec_dot[FLM_TYPE_F16]);
+        assert_true(v->attn_scores_f16 == a->attn_scores_f16 && v->act == a->act);
+    } else {
+        print_message("avxvnni: this CPU lacks AVX-VNNI\n");
     }
     if (a) assert_string_equal(a->name, "avx2");
     else print_message("avx2 kernels unavailable on this build/CPU\n");
@@ -539,6 +561,10 @@ static void check_level(flm_kernel_level L) {
 static void test_level_avx2(void **state) {
     (void)state;
     check_level(FLM_KERNELS_AVX2);
+}
+static void test_level_avxvnni(void **state) {
+    (void)state;
+    check_level(FLM_KERNELS_AVXVNNI);
 }
 static void test_level_avx512(void **state) {
     (void)state;
@@ -1078,6 +1104,10 @@ static void test_tiles_avx2(void **state) {
     (void)state;
     check_tiles(FLM_KERNELS_AVX2);
 }
+static void test_tiles_avxvnni(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_AVXVNNI);
+}
 static void test_tiles_avx512(void **state) {
     (void)state;
     check_tiles(FLM_KERNELS_AVX512);
@@ -1221,6 +1251,7 @@ int main(void) {
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_level_avx2),
+        cmocka_unit_test(test_level_avxvnni),
         cmocka_unit_test(test_level_avx512),
         cmocka_unit_test(test_level_vnni),
         cmocka_unit_test(test_f16_dequant_all_patterns),
@@ -1237,6 +1268,7 @@ int main(void) {
         cmocka_unit_test(test_matvec),
         cmocka_unit_test(test_tiles_scalar),
         cmocka_unit_test(test_tiles_avx2),
+        cmocka_unit_test(test_tiles_avxvnni),
         cmocka_unit_test(test_tiles_avx512),
         cmocka_unit_test(test_tiles_vnni),
         cmocka_unit_test(test_rmsnorm),

@@ -570,24 +570,22 @@ static const char *MAIN_HELP =
     "  pull       download a model by name (flashlm pull --list); any MODEL argument also takes a NAME\n"
     "  version    print the version\n";
 
-/* FLASHLM_KERNELS (kernels.h levels): an unknown value is refused; one above the CPU's best is capped, with a
- * note. Returns false after printing the refusal. */
+/* FLASHLM_KERNELS (kernels.h levels): an unknown value is refused; one this CPU lacks gives the highest level it has
+ * below it, with a note. Returns false after printing the refusal. */
 static bool check_kernels_env(void) {
     const char *env = getenv("FLASHLM_KERNELS");
     if (!env || !*env) return true; /* unset or empty: the CPU's best */
-    static const char *const levels[] = {"scalar", "avx2", "avx512", "vnni"};
-    int want = -1, best_l = 0;
+    static const char *const levels[] = {"scalar", "avx2", "avxvnni", "avx512", "vnni"};
+    bool known = false;
     const char *best, *used = flm_kernels_in_use(&best);
-    for (int l = 0; l < 4; l++) {
-        if (!strcmp(env, levels[l])) want = l;
-        if (!strcmp(best, levels[l])) best_l = l;
-    }
-    if (want < 0) {
-        fprintf(stderr, "flashlm: FLASHLM_KERNELS=%s: not a kernel level (scalar, avx2, avx512 or vnni)\n", env);
+    for (size_t l = 0; l < sizeof levels / sizeof *levels; l++) known = known || !strcmp(env, levels[l]);
+    if (!known) {
+        fprintf(stderr, "flashlm: FLASHLM_KERNELS=%s: not a kernel level (scalar, avx2, avxvnni, avx512 or vnni)\n",
+                env);
         return false;
     }
-    if (want > best_l)
-        fprintf(stderr, "flashlm: note: FLASHLM_KERNELS=%s is above this CPU's best level (%s): using %s\n", env,
+    if (strcmp(env, used) != 0)
+        fprintf(stderr, "flashlm: note: this CPU lacks the FLASHLM_KERNELS=%s level (its best is %s): using %s\n", env,
                 best, used);
     return true;
 }

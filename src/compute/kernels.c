@@ -271,7 +271,7 @@ const flm_kernels *flm_kernels_scalar(void) {
     return &scalar_kernels;
 }
 
-static const char *const level_names[FLM_KERNELS_N_LEVELS] = {"scalar", "avx2", "avx512", "vnni"};
+static const char *const level_names[FLM_KERNELS_N_LEVELS] = {"scalar", "avx2", "avxvnni", "avx512", "vnni"};
 
 const char *flm_kernel_level_name(flm_kernel_level level) {
     return (unsigned)level < FLM_KERNELS_N_LEVELS ? level_names[level] : NULL;
@@ -290,7 +290,7 @@ static flm_kernel_level cpu_level_detect(void) {
         return FLM_KERNELS_SCALAR;
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
           __builtin_cpu_supports("avx512vl")))
-        return FLM_KERNELS_AVX2;
+        return __builtin_cpu_supports("avxvnni") ? FLM_KERNELS_AVXVNNI : FLM_KERNELS_AVX2;
     if (!__builtin_cpu_supports("avx512vnni")) return FLM_KERNELS_AVX512;
     return FLM_KERNELS_VNNI;
 #else
@@ -308,11 +308,33 @@ flm_kernel_level flm_kernels_cpu_level(void) {
     return (flm_kernel_level)l;
 }
 
+bool flm_kernels_has_level(flm_kernel_level level) {
+    if ((unsigned)level >= FLM_KERNELS_N_LEVELS || level > flm_kernels_cpu_level()) return false;
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
-/* avx512 = the avx2 table + quants_avx512.c; vnni = the avx512 table + quants_vnni.c (each level falls back to the
- * one below for whatever it does not override). Built only once the CPU is known to have the level. */
-static flm_kernels avx512_kernels, vnni_kernels;
-static pthread_once_t avx512_once = PTHREAD_ONCE_INIT, vnni_once = PTHREAD_ONCE_INIT;
+    if (level == FLM_KERNELS_AVXVNNI) return __builtin_cpu_supports("avxvnni"); /* a side branch */
+#endif
+    return true;
+}
+
+flm_kernel_level flm_kernels_level_capped(flm_kernel_level want) {
+    int l = (unsigned)want < FLM_KERNELS_N_LEVELS ? (int)want : FLM_KERNELS_N_LEVELS - 1;
+    while (l > 0 && !flm_kernels_has_level((flm_kernel_level)l)) l--;
+    return (flm_kernel_level)l;
+}
+
+#if defined(__x86_64__) && defined(FLM_HAVE_X86)
+/* avxvnni = the avx2 table + quants_avxvnni.c; avx512 = the avx2 table + quants_avx512.c; vnni = the avx512 table
+ * + quants_vnni.c (each level falls back to its base for whatever it does not override). Built only once the CPU is
+ * known to have the level. */
+static flm_kernels avxvnni_kernels, avx512_kernels, vnni_kernels;
+static pthread_once_t avxvnni_once = PTHREAD_ONCE_INIT, avx512_once = PTHREAD_ONCE_INIT,
+                      vnni_once = PTHREAD_ONCE_INIT;
+
+static void avxvnni_init(void) {
+    avxvnni_kernels = *flm_kernels_avx2_table();
+    avxvnni_kernels.name = "avxvnni";
+    flm_quants_fill_avxvnni(&avxvnni_kernels);
+}
 
 static void avx512_init(void) {
     avx512_kernels = *flm_kernels_avx2_table();
@@ -330,11 +352,12 @@ static void vnni_init(void) {
 #endif
 
 const flm_kernels *flm_kernels_for_level(flm_kernel_level level) {
-    if ((unsigned)level >= FLM_KERNELS_N_LEVELS || level > flm_kernels_cpu_level()) return NULL;
+    if (!flm_kernels_has_level(level)) return NULL;
     switch (level) {
     case FLM_KERNELS_SCALAR: return flm_kernels_scalar();
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
     case FLM_KERNELS_AVX2: return flm_kernels_avx2_table();
+    case FLM_KERNELS_AVXVNNI: pthread_once(&avxvnni_once, avxvnni_init); return &avxvnni_kernels;
     case FLM_KERNELS_AVX512: pthread_once(&avx512_once, avx512_init); return &avx512_kernels;
     case FLM_KERNELS_VNNI: pthread_once(&vnni_once, vnni_init); return &vnni_kernels;
 #endif
@@ -352,9 +375,7 @@ const flm_kernels *flm_kernels_best(void) {
     const char *env = getenv("FLASHLM_KERNELS");
     if (!env) env = getenv("FLM_KERNELS"); /* the older name */
     const int want = flm_kernel_level_parse(env);
-    flm_kernel_level l = flm_kernels_cpu_level();
-    if (want >= 0 && (flm_kernel_level)want < l) l = (flm_kernel_level)want; /* capped at the CPU's best */
-    k = flm_kernels_for_level(l);
+    k = flm_kernels_for_level(flm_kernels_level_capped(want >= 0 ? (flm_kernel_level)want : FLM_KERNELS_N_LEVELS));
     atomic_store_explicit(&cached, k, memory_order_relaxed);
     return k;
 }

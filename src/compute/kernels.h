@@ -133,34 +133,43 @@ typedef struct flm_kernels {
     flm_softmax_fn softmax;                      /* attention's softmax (above) */
 } flm_kernels;
 
-/* Kernel levels, lowest first. Each level's table starts as a copy of the level below and overrides only what it
- * accelerates, so any kernel a level lacks is the lower level's (and, in the end, the scalar reference's). */
+/* Kernel levels, lowest first. Each level's table starts as a copy of a level below (its base: the one before it,
+ * except avx512, whose base is avx2) and overrides only what it accelerates, so any kernel a level lacks is the
+ * lower level's (and, in the end, the scalar reference's). A CPU has every level up to its best except avxvnni, a
+ * side branch: AVX-VNNI (the 256-bit VEX form) comes with Alder Lake and later Intel cores, with or without
+ * AVX-512, and not with some AVX-512 VNNI CPUs (Ice Lake, Zen 4). */
 typedef enum flm_kernel_level {
     FLM_KERNELS_SCALAR = 0, /* "scalar": the reference, always available */
     FLM_KERNELS_AVX2,       /* "avx2": AVX2 + FMA + F16C (kernels_avx2.c, quants_avx2.c) */
+    FLM_KERNELS_AVXVNNI,    /* "avxvnni": the avx2 set plus AVX-VNNI's vpdpbusd / vpdpwssd for the int8 products
+                               (quants_avxvnni.c; the same bits as avx2) */
     FLM_KERNELS_AVX512,     /* "avx512": the avx2 set plus AVX-512 F/BW/VL (quants_avx512.c) */
-    FLM_KERNELS_VNNI,       /* "vnni": the avx512 set plus AVX-512 VNNI (quants_vnni.c). A CPU with AVX-VNNI but
-                               no AVX-512 (256-bit VNNI only) is not served by this level yet: it gets avx2 */
+    FLM_KERNELS_VNNI,       /* "vnni": the avx512 set plus AVX-512 VNNI (quants_vnni.c) */
     FLM_KERNELS_N_LEVELS
 } flm_kernel_level;
 
-/* The level's name ("scalar", "avx2", "avx512", "vnni"), NULL for an out-of-range level. */
+/* The level's name ("scalar", "avx2", "avxvnni", "avx512", "vnni"), NULL for an out-of-range level. */
 const char *flm_kernel_level_name(flm_kernel_level level);
 /* The level named name (exactly one of the names above); -1 for any other string or NULL. */
 int flm_kernel_level_parse(const char *name);
 /* The highest level this build and CPU support (cpuid via __builtin_cpu_supports, which also checks that the OS
  * saves the AVX / AVX-512 registers). Computed once. */
 flm_kernel_level flm_kernels_cpu_level(void);
-/* The table of one level, or NULL when this build or CPU lacks it (level above flm_kernels_cpu_level(), or out of
- * range). Tests and benchmarks select levels through this: it is the forcing FLASHLM_KERNELS uses. */
+/* Whether this build and CPU have level (every level up to flm_kernels_cpu_level() but avxvnni, which needs its own
+ * cpuid bit); false out of range. */
+bool flm_kernels_has_level(flm_kernel_level level);
+/* The level the runtime uses when asked for `want`: the highest level this CPU has that is not above want (so a
+ * level above the CPU's best gives its best, and avxvnni on an AVX-512 CPU without AVX-VNNI gives avx2). */
+flm_kernel_level flm_kernels_level_capped(flm_kernel_level want);
+/* The table of one level, or NULL when this build or CPU lacks it (!flm_kernels_has_level). Tests and benchmarks select levels through this: it is the forcing FLASHLM_KERNELS uses. */
 const flm_kernels *flm_kernels_for_level(flm_kernel_level level);
 
 /* The scalar reference table (always available). */
 const flm_kernels *flm_kernels_scalar(void);
 /* The table the runtime uses, chosen once per process: the CPU's best level (flm_kernels_cpu_level), or the level
- * the environment variable FLASHLM_KERNELS names (scalar|avx2|avx512|vnni; the older FLM_KERNELS is read when
- * FLASHLM_KERNELS is unset), capped at the CPU's best: asking for more than the CPU has gives the CPU's best (the
- * CLI prints a note; the library never prints). An unknown value is ignored (the CLI refuses it). */
+ * the environment variable FLASHLM_KERNELS names (scalar|avx2|avxvnni|avx512|vnni; the older FLM_KERNELS is read
+ * when FLASHLM_KERNELS is unset), capped (flm_kernels_level_capped): asking for more than the CPU has gives the
+ * highest level it has below the one asked for (the CLI prints a note; the library never prints). An unknown value is ignored (the CLI refuses it). */
 const flm_kernels *flm_kernels_best(void);
 /* The AVX2 table, or NULL if this build or CPU lacks it (for tests): flm_kernels_for_level(FLM_KERNELS_AVX2). */
 const flm_kernels *flm_kernels_avx2(void);

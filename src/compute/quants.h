@@ -33,6 +33,9 @@ void flm_q4k_scales(const uint8_t scales[12], uint8_t out[16]);
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
 /* Overrides k's entries with the AVX2+FMA+F16C kernels of quants_avx2.c (CPU support checked by the caller). */
 void flm_quants_fill_avx2(flm_kernels *k);
+/* Overrides k's entries with the AVX-VNNI kernels of quants_avxvnni.c (k: a copy of the avx2 table; CPU support
+ * checked by the caller): the same kernels, the same bits, vpdpbusd / vpdpwssd for the int8 products. */
+void flm_quants_fill_avxvnni(flm_kernels *k);
 /* Overrides k's entries with the AVX-512 F/BW/VL kernels of quants_avx512.c (k: a copy of the avx2 table; CPU
  * support checked by the caller). */
 void flm_quants_fill_avx512(flm_kernels *k);
