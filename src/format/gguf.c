@@ -60,8 +60,9 @@ static uint64_t get_le(const uint8_t *b, size_t n) {
     return v;
 }
 
+/* the n <= 8 low bytes of v, little-endian, at b (n above 8 writes 8: a uint64_t has no more) */
 static void put_le(uint8_t *b, uint64_t v, size_t n) {
-    for (size_t i = 0; i < n; i++, v >>= 8) b[i] = (uint8_t)v;
+    for (size_t i = 0; i < n && i < sizeof v; i++, v >>= 8) b[i] = (uint8_t)v;
 }
 
 static char *dup_bytes(const char *s, size_t n) {
