@@ -290,7 +290,7 @@ static flm_kernel_level cpu_level_detect(void) {
         return FLM_KERNELS_SCALAR;
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
           __builtin_cpu_supports("avx512vl")))
-        return __builtin_cpu_supports("avxvnni") ? FLM_KERNELS_AVXVNNI : FLM_KERNELS_AVX2;
+        return flm_cpu_has_avxvnni() ? FLM_KERNELS_AVXVNNI : FLM_KERNELS_AVX2;
     if (!__builtin_cpu_supports("avx512vnni")) return FLM_KERNELS_AVX512;
     return FLM_KERNELS_VNNI;
 #else
@@ -311,7 +311,7 @@ flm_kernel_level flm_kernels_cpu_level(void) {
 bool flm_kernels_has_level(flm_kernel_level level) {
     if ((unsigned)level >= FLM_KERNELS_N_LEVELS || level > flm_kernels_cpu_level()) return false;
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
-    if (level == FLM_KERNELS_AVXVNNI) return __builtin_cpu_supports("avxvnni"); /* a side branch */
+    if (level == FLM_KERNELS_AVXVNNI) return flm_cpu_has_avxvnni(); /* a side branch */
 #endif
     return true;
 }

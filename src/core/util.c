@@ -23,6 +23,15 @@ bool flm_cpu_has_f16c(void) {
 #endif
 }
 
+bool flm_cpu_has_avxvnni(void) {
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0; /* CPUID leaf 7 subleaf 1: EAX bit 4 is AVX-VNNI */
+    return __get_cpuid_max(0, NULL) >= 7 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+#else
+    return false;
+#endif
+}
+
 bool flm_address_space_limited(void) {
     struct rlimit rl;
     return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;

@@ -55,6 +55,9 @@ static inline float flm_get_f32(const uint8_t *p) {
 double flm_now_ms(void);
 /* true when the CPU has AVX and F16C (CPUID; GCC's and clang's __builtin_cpu_supports do not agree on "f16c"). */
 bool flm_cpu_has_f16c(void);
+/* true when the CPU has AVX-VNNI, the 256-bit VEX vpdpbusd / vpdpwssd (CPUID leaf 7 subleaf 1, EAX bit 4; clang 14's
+ * __builtin_cpu_supports does not know "avxvnni"). The OS's saving of the AVX registers is the caller's check. */
+bool flm_cpu_has_avxvnni(void);
 /* true when the process runs under an address-space limit (RLIMIT_AS, `ulimit -v`). OpenBLAS worker threads that
  * cannot map their buffer there retry forever, so BLAS threads are not raised then. */
 bool flm_address_space_limited(void);
