@@ -16,6 +16,7 @@
  * float product, so results match the scalar reference to float rounding. */
 #include <immintrin.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "compute/quants.h"
@@ -150,28 +151,40 @@ static inline __m256i lane16(__m256i v, int k) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * k)));
 }
 
-/* q4_k: per super-block d*da * sum_j sc_j sum(q*qa) - dmin*da * sum_j m_j (bsums[2j] + bsums[2j+1]) */
-static float vdot_q4_k(const void *row, const void *xq, size_t n) {
-    const flm_block_q4_k *w = row;
+/* q4_k and q5_k: per super-block d*da * sum_j sc_j sum(q*qa) - dmin*da * sum_j m_j (bsums[2j] + bsums[2j+1]). The two
+ * layouts share d, dmin and scales at the start of a block (core/types.h); q is the nibble, plus for q5_k (has_qh)
+ * the fifth bit from qh. Inlined with constant arguments, so each type gets its own loop. */
+static inline __attribute__((always_inline)) float vdot_k45(const uint8_t *w, size_t bb, size_t qs_off,
+                                                             bool has_qh, size_t qh_off, const void *xq, size_t n) {
     const flm_block_q8_k *a = xq;
     const size_t nb = n / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
     for (size_t i = 0; i < nb; i++) {
+        const uint8_t *b = w + i * bb; /* d, dmin, scales: at the same offsets in both */
+        uint16_t hd, hm;
+        memcpy(&hd, b + offsetof(flm_block_q4_k, d), 2);
+        memcpy(&hm, b + offsetof(flm_block_q4_k, dmin), 2);
         uint64_t sc8, mn8;
-        q4k_scales8(w[i].scales, &sc8, &mn8);
+        q4k_scales8(b + offsetof(flm_block_q4_k, scales), &sc8, &mn8);
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
-        const float d = a[i].d * h2f(w[i].d), dmin = a[i].d * h2f(w[i].dmin);
+        const float d = a[i].d * h2f(hd), dmin = a[i].d * h2f(hm);
         /* mins: 8 int16 mins times the 8 pair sums of bsums */
         const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
         const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
         const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs2)), acc_m);
+        const uint8_t *qs = b + qs_off;
+        const __m256i hb = has_qh ? _mm256_loadu_si256((const __m256i *)(b + qh_off)) : _mm256_setzero_si256();
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
-            const __m256i ql = _mm256_and_si256(q4, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i ql = _mm256_and_si256(q4, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            if (has_qh) { /* fifth bits: bit 2j of qh[l] for the low nibbles, bit 2j+1 for the high ones */
+                ql = _mm256_or_si256(ql, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
+                qh = _mm256_or_si256(qh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
+            }
             const __m256i yl = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j));
             const __m256i yh = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j + 32));
             sumi = DPWSSD(sumi, _mm256_maddubs_epi16(ql, yl), lane16(sc16, 2 * j));
@@ -182,40 +195,13 @@ static float vdot_q4_k(const void *row, const void *xq, size_t n) {
     return hsum_ps(acc) - hsum_ps128(acc_m);
 }
 
+static float vdot_q4_k(const void *row, const void *xq, size_t n) {
+    return vdot_k45(row, sizeof(flm_block_q4_k), offsetof(flm_block_q4_k, qs), false, 0, xq, n);
+}
+
 static float vdot_q5_k(const void *row, const void *xq, size_t n) {
-    const flm_block_q5_k *w = row;
-    const flm_block_q8_k *a = xq;
-    const size_t nb = n / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
-    for (size_t i = 0; i < nb; i++) {
-        uint64_t sc8, mn8;
-        q4k_scales8(w[i].scales, &sc8, &mn8);
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
-        const float d = a[i].d * h2f(w[i].d), dmin = a[i].d * h2f(w[i].dmin);
-        /* mins: 8 int16 mins times the 8 pair sums of bsums */
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
-        const __m128i bs2 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs2)), acc_m);
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)w[i].qh);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * j));
-            /* fifth bits: bit 2j of qh[l] for the low nibbles, bit 2j+1 for the high ones */
-            const __m256i hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4);
-            const __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4);
-            const __m256i ql = _mm256_or_si256(_mm256_and_si256(q4, m4), hl);
-            const __m256i qh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hh);
-            const __m256i yl = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j));
-            const __m256i yh = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * j + 32));
-            sumi = DPWSSD(sumi, _mm256_maddubs_epi16(ql, yl), lane16(sc16, 2 * j));
-            sumi = DPWSSD(sumi, _mm256_maddubs_epi16(qh, yh), lane16(sc16, 2 * j + 1));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return hsum_ps(acc) - hsum_ps128(acc_m);
+    return vdot_k45(row, sizeof(flm_block_q5_k), offsetof(flm_block_q5_k, qs), true, offsetof(flm_block_q5_k, qh),
+                    xq, n);
 }
 
 /* q6_k: d*da * sum_g sc_g * sum((q - 32) * qa) = d*da * (sum_g sc_g sum(q*qa) - 32 sum_g sc_g bsums_g) */
