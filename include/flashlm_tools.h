@@ -72,6 +72,7 @@ FLM_API void flm_out_remove_temporaries(void);
  * "<dst>.tmp", fsyncs and renames it onto dst only when complete; on any error removes the temporary file and leaves
  * dst untouched. Down columns of quantized matrices are re-quantized along d_model as q8_0 (src/convert/convert.h),
  * which changes their values slightly; float types are copied exactly. progress (may be NULL): bytes written.
+ * An existing dst is replaced (flm_convert_ex with FLM_OUT_REPLACE; give 0 there to refuse it).
  * Errors: FLM_ERR_IO (read, write), FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED (what flm_open refuses), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err);
 /* What a conversion wrote (filled on success), so nothing has to be read back to report it. */
@@ -88,15 +89,21 @@ typedef struct flm_convert_info {
 
 /* flm_convert with the type quantized down columns are stored in : q8_0 (the
  * default), f16 (a near-exact copy of 4-6-bit source values at 2 bytes per element) or f32; info (may be NULL) gets
- * what was written. Every byte of the output is written once, sequentially (the resident GGUF too).
- * Errors: those of flm_convert, FLM_ERR_ARG for another type. */
-FLM_API flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, flm_progress_fn progress,
-                                  void *user, flm_convert_info *info, flm_error *err);
+ * what was written. Every byte of the output is written once, sequentially (the resident GGUF too). out_flags:
+ * FLM_OUT_REPLACE when an existing dst may be replaced (the CLI's --force), else 0: a dst that exists, or appears
+ * while converting, is left alone and the call fails (FLM_ERR_ARG).
+ * Errors: those of flm_convert, FLM_ERR_ARG for another type or a refused dst. */
+FLM_API flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, unsigned out_flags,
+                                  flm_progress_fn progress, void *user, flm_convert_info *info, flm_error *err);
 /* A Hugging Face model folder into a GGUF file (then flm_open or flm_convert read it). dir holds config.json and
  * model.safetensors, or shards named by model.safetensors.index.json (f32, f16 or bf16 tensors: the parser is
  * src/format/safetensors.h); tok_dir (NULL: dir) holds tokenizer.json (byte-level BPE: model.vocab, model.merges,
- * added_tokens) or vocab.json + merges.txt; ids the tokenizer lacks (or all, without one) become "[UNUSED_i]"; a
- * SentencePiece-style tokenizer.json (byte_fallback, Metaspace) is refused. model_type "opt" (pre-LN,
+ * added_tokens) or vocab.json + merges.txt, and a folder without either is refused; ids the tokenizer lacks become
+ * "[UNUSED_i]"; a SentencePiece-style tokenizer.json (byte_fallback, Metaspace) is refused. flags:
+ * FLM_HF_NO_TOKENIZER converts without a tokenizer (every id a placeholder: prompts as ids only; refused together
+ * with a tok_dir); FLM_OUT_REPLACE lets an existing dst be replaced (the CLI's --force). dst is refused when it is
+ * one of the files read (flm_hf_check_output). Every tensor of the folder must be used by the model config.json
+ * describes (PyTorch's saved buffers aside): a num_hidden_layers smaller than the weights' layers is refused. model_type "opt" (pre-LN,
  * word_embed_proj_dim == hidden_size, relu; the positions' offset of 2 folded), "falcon" (Falcon 7B's layout:
  * parallel_attn, multi_query, no alibi, no bias, gelu), "phi" (Phi-2: gelu_new, no qk_layernorm) and "persimmon"
  * (relu2, qk_layernorm); default (unscaled) RoPE only. The names are mapped onto llama.cpp's for opt, falcon, phi2
@@ -104,9 +111,16 @@ FLM_API flm_status flm_convert_ex(const char *src, const char *dst, uint32_t dow
  * matrices (norms and biases stay f32). Writes "<dst>.tmp" and renames it when complete. Source: src/convert/hf.c.
  * Errors: FLM_ERR_IO, FLM_ERR_FORMAT (config, shapes, the safetensors header: the message names file and tensor),
  * FLM_ERR_UNSUPPORTED (another model_type, or a configuration flashlm does not run: the message names the config
- * key, e.g. post-LN OPT, project_in/out, alibi, another activation, RoPE scaling), FLM_ERR_ARG (type), FLM_ERR_NOMEM. */
-FLM_API flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst, uint32_t type,
+ * key, e.g. post-LN OPT, project_in/out, alibi, another activation, RoPE scaling), FLM_ERR_ARG (type, tok_dir not a
+ * folder, dst refused or existing without FLM_OUT_REPLACE), FLM_ERR_NOMEM. */
+#define FLM_HF_NO_TOKENIZER 0x100u
+FLM_API flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst, uint32_t type, unsigned flags,
                                   flm_error *err);
+/* Refuse dst (FLM_ERR_ARG naming both) when it is, by device and inode, one of the files flm_convert_hf(dir, tok_dir)
+ * reads: config.json, model.safetensors, model.safetensors.index.json and the shards it names, and tok_dir's
+ * tokenizer.json, vocab.json, merges.txt (tok_dir NULL: none). A dst that does not exist passes. For an output
+ * written later from the conversion's result (convert's .flm), so it is refused before any work. */
+FLM_API flm_status flm_hf_check_output(const char *dir, const char *tok_dir, const char *dst, flm_error *err);
 
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -370,11 +384,13 @@ FLM_API uint64_t flm_synth_tensor_bytes(const flm_synth_params *p);
  * generated while the previous one is written in the background: at most two tensor buffers in memory, each the size
  * of the largest tensor, the n_vocab x d_model embedding of p->type: ~270 MB for the default), fsynced and renamed
  * onto path. progress (may be NULL) gets ("synth", bytes of tensor data written, total) as tensors complete. On any
- * error nothing is left behind (no path, no temporary) and an existing file at path is untouched.
- * Errors: FLM_ERR_ARG (bad parameters, as flm_synth_check), FLM_ERR_IO (cannot write), FLM_ERR_NOMEM,
+ * error nothing is left behind (no path, no temporary) and an existing file at path is untouched. out_flags:
+ * FLM_OUT_REPLACE when an existing file at path may be replaced (the CLI's --force), else 0: then a file that
+ * exists, or appears while the model is written, is left alone and the call fails (FLM_ERR_ARG).
+ * Errors: FLM_ERR_ARG (bad parameters, as flm_synth_check; path refused), FLM_ERR_IO (cannot write), FLM_ERR_NOMEM,
  * FLM_ERR_FORMAT (the calibration pass met a non-finite value: should not happen; please report). */
-FLM_API flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_progress_fn progress, void *user,
-                                   flm_error *err);
+FLM_API flm_status flm_synth_write(const char *path, const flm_synth_params *p, unsigned out_flags,
+                                   flm_progress_fn progress, void *user, flm_error *err);
 
 /* true when synth can write matrices of tensor type `type` (a GGUF type id with a quantizer: f32, f16, bf16, q8_0,
  * q4_0, ...); the names are flm_type_name's. */

@@ -43,7 +43,7 @@ static int setup(void **state) {
     p.active = 0.05;
     p.rank = 32;
     flm_error err;
-    if (flm_synth_write(gguf, &p, NULL, NULL, &err) || flm_convert(gguf, flm, NULL, NULL, &err)) {
+    if (flm_synth_write(gguf, &p, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(gguf, flm, NULL, NULL, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }

@@ -219,6 +219,7 @@ static void test_svg_writer(void **state) {
     assert_true(n >= 2 && n <= 8 && first <= 0.013 + 1e-9 * step && first + (n - 1) * step >= 0.0172);
 
     const char *path = tu_tmp("svg", ".svg");
+    svg_set_replace(true); /* one path, written four times */
     const char *evil = "a<b & \"c\" 'd'>\x01";
     double x[4] = {1, 2, NAN, 4}, y[4] = {3, 1, 2, INFINITY};
     svg_line lines[3] = {{evil, x, y, 4, false, true}, {"dashed", x, y, 2, true, false},

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "format/chat_template.h"
+#include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "testutil.h"
 
@@ -541,7 +542,7 @@ static const char *with_template(const char *tmpl) {
     assert_int_equal(flm_gguf_open(tu_data(MODEL), &src, &err), FLM_OK);
     const char *out = tu_tmp("chat-tmpl", ".gguf");
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(out, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < src->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
     assert_int_equal(flm_gguf_writer_kv_str(w, "tokenizer.chat_template", tmpl), FLM_OK);
     for (uint64_t i = 0; i < src->n_tensors; i++) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "testutil.h"
 
@@ -115,7 +116,7 @@ static void write_model_copy(const char *out, const char *drop, const char *set_
     flm_gguf_file *src = NULL;
     assert_int_equal(flm_gguf_open(tu_data(MODEL), &src, &err), FLM_OK);
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(out, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     if (set_key) assert_int_equal(flm_gguf_writer_kv_str(w, set_key, set_val), FLM_OK);
     for (uint64_t i = 0; i < src->n_kv; i++)
         if ((!drop || strcmp(src->kv[i].key, drop)) && (!set_key || strcmp(src->kv[i].key, set_key)))

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "format/flm.h"
+#include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "testutil.h"
 
@@ -266,7 +267,7 @@ static void write_vocab_typed(const char *out, int32_t type) {
     flm_gguf_file *src = NULL;
     assert_int_equal(flm_gguf_open(tu_data(STORIES), &src, &err), FLM_OK);
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(out, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     const flm_gguf_kv *tt = flm_gguf_find_kv(src, "tokenizer.ggml.token_type");
     assert_non_null(tt);
     int32_t *types = malloc(tt->arr_n * sizeof *types);

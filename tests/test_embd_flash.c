@@ -68,7 +68,7 @@ static int setup(void **state) {
     sp.rank = 16;
     sp.n_threads = 1;
     flm_error err;
-    if (flm_synth_write(gguf_path, &sp, NULL, NULL, &err) || flm_convert(gguf_path, flm_path, NULL, NULL, &err) ||
+    if (flm_synth_write(gguf_path, &sp, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(gguf_path, flm_path, NULL, NULL, &err) ||
         flm_convert(tu_data("models/stories260K/stories260K.gguf"), tied_path, NULL, NULL, &err)) {
         fprintf(stderr, "setup: %s\n", err.msg);
         return -1;

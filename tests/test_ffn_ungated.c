@@ -11,6 +11,7 @@
 
 #include "convert/convert.h"
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "format/flm.h"
 #include "format/gguf.h"
 #include "testutil.h"
@@ -27,7 +28,7 @@ static int write_ungated(const char *src, const char *dst) {
     flm_gguf_file *g = NULL;
     flm_gguf_writer *w = NULL;
     if (flm_gguf_open(src, &g, &err)) return fprintf(stderr, "%s\n", err.msg), -1;
-    flm_status st = flm_gguf_writer_create(dst, &w, &err);
+    flm_status st = flm_gguf_writer_create(dst, FLM_OUT_REPLACE, &w, &err);
     for (uint64_t i = 0; i < g->n_kv && !st; i++) st = flm_gguf_writer_kv_copy(w, &g->kv[i]);
     for (uint64_t i = 0; i < g->n_tensors && !st; i++) {
         const flm_gguf_tensor *t = &g->tensors[i];

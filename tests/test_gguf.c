@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "core/types.h"
 
@@ -295,7 +296,7 @@ static void test_buffer_and_copy(void **state) {
     char path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp("copy", ".gguf"));
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(path, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         t = &f->tensors[i];
@@ -387,7 +388,7 @@ static const char *const a_str[] = {"", "hello", "wörld", "<0x0A>"};
 static void write_sample(const char *path, uint8_t *data[N_WT]) {
     flm_gguf_writer *w = NULL;
     flm_error err = {0};
-    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(path, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     assert_int_equal(flm_gguf_writer_kv_str(w, "general.architecture", "llama"), FLM_OK);
     assert_int_equal(flm_gguf_writer_kv_u32(w, "llama.block_count", 3), FLM_OK);
     assert_int_equal(flm_gguf_writer_kv_u32(w, "general.alignment", 32), FLM_OK);
@@ -511,7 +512,7 @@ static void test_writer_empty(void **state) {
     snprintf(path, sizeof path, "%s", tu_tmp("empty", ".gguf"));
     flm_gguf_writer *w = NULL;
     flm_error err = {0};
-    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(path, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
     assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);
     flm_gguf_writer_free(w);
@@ -538,7 +539,7 @@ static void test_writer_errors(void **state) {
         snprintf(path, sizeof path, "%s", tu_tmp("werr", ".gguf"));
         flm_gguf_writer *w = NULL;
         flm_error err = {0};
-        assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+        assert_int_equal(flm_gguf_writer_create(path, FLM_OUT_REPLACE, &w, &err), FLM_OK);
         assert_true(tu_temp_left(path)); /* the writer's unique temporary and lock */
         flm_gguf_writer_kv_u32(w, "k", 1);
         flm_gguf_writer_add_tensor(w, "t", FLM_TYPE_F32, 2, ne);
@@ -578,7 +579,7 @@ static void test_writer_errors(void **state) {
     }
     flm_gguf_writer *w = NULL;
     flm_error err = {0};
-    assert_int_equal(flm_gguf_writer_create("/nonexistent-dir/x.gguf", &w, &err), FLM_ERR_IO);
+    assert_int_equal(flm_gguf_writer_create("/nonexistent-dir/x.gguf", FLM_OUT_REPLACE, &w, &err), FLM_ERR_IO);
     assert_null(w);
     assert_non_null(strstr(err.msg, "/nonexistent-dir/x.gguf"));
     flm_gguf_writer_free(NULL);
@@ -853,7 +854,7 @@ static void test_getters(void **state) {
     char path2[4096];
     snprintf(path2, sizeof path2, "%s", tu_tmp("kvcopy", ".gguf"));
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(path2, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(path2, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
     assert_int_equal(flm_gguf_writer_begin(w, &err), FLM_OK);
     assert_int_equal(flm_gguf_writer_finish(w, &err), FLM_OK);

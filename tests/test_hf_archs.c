@@ -105,9 +105,9 @@ static int setup(void **state) {
             snprintf(rel, sizeof rel, "hf-tiny/%s", a->dir);
             snprintf(dir, sizeof dir, "%s", v ? hf_perturbed_folder(a->dir) : tu_data(rel));
             flm_error err;
-            if (flm_convert_hf(dir, NULL, a->gguf[v], FLM_TYPE_F32, &err))
+            if (flm_convert_hf(dir, NULL, a->gguf[v], FLM_TYPE_F32, FLM_HF_NO_TOKENIZER, &err))
                 return fprintf(stderr, "convert_hf %s: %s\n", a->dir, err.msg), -1;
-            if (flm_convert_ex(a->gguf[v], a->flm[v], FLM_TYPE_F32, NULL, NULL, NULL, &err))
+            if (flm_convert_ex(a->gguf[v], a->flm[v], FLM_TYPE_F32, FLM_OUT_REPLACE, NULL, NULL, NULL, &err))
                 return fprintf(stderr, "convert %s: %s\n", a->dir, err.msg), -1;
             snprintf(rel, sizeof rel, "hf-tiny/%s/%s", a->dir, v ? "perturbed.json" : "reference.json");
             if (read_ref(tu_data(rel), a, v)) return -1;
@@ -235,7 +235,7 @@ static void test_f16_q8_0(void **state) {
             snprintf(rel, sizeof rel, "hf-tiny/%s", a->dir);
             snprintf(dir, sizeof dir, "%s", tu_data(rel));
             flm_error err;
-            if (flm_convert_hf(dir, NULL, path, types[i], &err)) fail_msg("convert_hf: %s", err.msg);
+            if (flm_convert_hf(dir, NULL, path, types[i], FLM_HF_NO_TOKENIZER, &err)) fail_msg("convert_hf: %s", err.msg);
             check_model(a, 0, path, params(FLM_MODE_AUTO, 0, true), 0.05, false, i ? "GGUF q8_0" : "GGUF f16");
             remove(path);
         }
@@ -284,7 +284,7 @@ static void test_cli_prompt_ids(void **state) {
         snprintf(out, sizeof out, "%s", tu_tmp("hf-archs-cli", ".flm"));
         snprintf(rel, sizeof rel, "hf-tiny/%s", a->dir);
         snprintf(dir, sizeof dir, "%s", tu_data(rel));
-        snprintf(args, sizeof args, "convert '%s' '%s' --type f32 2>&1", dir, out);
+        snprintf(args, sizeof args, "convert '%s' '%s' --type f32 --no-tokenizer 2>&1", dir, out);
         char *text = NULL;
         int rc = tu_run_cli(args, &text);
         if (rc) fail_msg("convert: exit %d: %s", rc, text);
@@ -352,7 +352,7 @@ static void test_config_refused(void **state) {
         char out[4096], cfg[4200];
         snprintf(out, sizeof out, "%s", tu_tmp("hf-archs-refused", ".gguf"));
         flm_error err;
-        assert_int_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, &err), FLM_ERR_UNSUPPORTED);
+        assert_int_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, FLM_HF_NO_TOKENIZER, &err), FLM_ERR_UNSUPPORTED);
         print_message("%s, %s: %s\n", R[i].dir, R[i].to, err.msg);
         if (!strstr(err.msg, R[i].needle)) fail_msg("'%s' does not say '%s'", err.msg, R[i].needle);
         snprintf(cfg, sizeof cfg, "%s/config.json", dir);
@@ -373,8 +373,8 @@ static void sparse_case(const arch_case *a) {
     snprintf(g, sizeof g, "%s", tu_tmp("hf-relu2", ".gguf"));
     snprintf(f, sizeof f, "%s", tu_tmp("hf-relu2", ".flm"));
     flm_error err;
-    if (flm_convert_hf(dir, tok, g, FLM_TYPE_F32, &err)) fail_msg("convert_hf: %s", err.msg);
-    if (flm_convert_ex(g, f, FLM_TYPE_F32, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
+    if (flm_convert_hf(dir, tok, g, FLM_TYPE_F32, 0, &err)) fail_msg("convert_hf: %s", err.msg);
+    if (flm_convert_ex(g, f, FLM_TYPE_F32, FLM_OUT_REPLACE, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
     hf_remove_folder(dir);
     hf_remove_tokenizer(tok);
     size_t len;
@@ -437,7 +437,7 @@ static void gguf_with_extra(const char *out, const char *extra) {
     flm_error err;
     if (flm_gguf_open(cases[0].gguf[0], &f, &err)) fail_msg("%s", err.msg);
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(out, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < f->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &f->kv[i]), FLM_OK);
     const flm_gguf_tensor *norm = flm_gguf_find_tensor(f, "blk.0.attn_norm.weight");
     assert_non_null(norm);
@@ -480,7 +480,7 @@ static void test_layouts_refused(void **state) {
         print_message("%s: %s\n", R[i].extra, err.msg);
         assert_non_null(strstr(err.msg, R[i].needle));
         assert_string_equal(plan_msg, err.msg);
-        assert_int_equal(flm_convert_ex(out, flm, FLM_TYPE_F32, NULL, NULL, NULL, &err), FLM_ERR_UNSUPPORTED);
+        assert_int_equal(flm_convert_ex(out, flm, FLM_TYPE_F32, FLM_OUT_REPLACE, NULL, NULL, NULL, &err), FLM_ERR_UNSUPPORTED);
         assert_non_null(strstr(err.msg, R[i].needle));
         remove(out);
     }

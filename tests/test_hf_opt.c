@@ -49,8 +49,8 @@ static int setup(void **state) {
     snprintf(dir, sizeof dir, "%s", tu_data("hf-tiny/opt-125m-style"));
     snprintf(tok, sizeof tok, "%s", tu_data("hf-tiny/tokenizer"));
     flm_error err;
-    if (flm_convert_hf(dir, tok, gguf, FLM_TYPE_F32, &err)) return fprintf(stderr, "convert_hf: %s\n", err.msg), -1;
-    if (flm_convert_ex(gguf, flm, FLM_TYPE_F32, NULL, NULL, NULL, &err))
+    if (flm_convert_hf(dir, tok, gguf, FLM_TYPE_F32, 0, &err)) return fprintf(stderr, "convert_hf: %s\n", err.msg), -1;
+    if (flm_convert_ex(gguf, flm, FLM_TYPE_F32, FLM_OUT_REPLACE, NULL, NULL, NULL, &err))
         return fprintf(stderr, "convert: %s\n", err.msg), -1;
     cJSON *r = read_json(tu_data("hf-tiny/opt-125m-style/reference.json"));
     if (!r) return -1;
@@ -138,7 +138,7 @@ static void test_f16_q8_0(void **state) {
         flm_error err;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", tu_data("hf-tiny/opt-125m-style"));
-        if (flm_convert_hf(dir, NULL, path, types[i], &err)) fail_msg("convert_hf: %s", err.msg);
+        if (flm_convert_hf(dir, NULL, path, types[i], FLM_HF_NO_TOKENIZER, &err)) fail_msg("convert_hf: %s", err.msg);
         flm_ctx *ctx = open_model(path, FLM_MODE_AUTO, 0, &err);
         if (!ctx) fail_msg("open: %s", err.msg);
         const float *logits = NULL;
@@ -238,8 +238,8 @@ static void test_sparse_biases(void **state) {
     snprintf(g2, sizeof g2, "%s", tu_tmp("hf-opt-sparse", ".gguf"));
     snprintf(f2, sizeof f2, "%s", tu_tmp("hf-opt-sparse", ".flm"));
     flm_error err;
-    if (flm_convert_hf(dir, tok, g2, FLM_TYPE_F32, &err)) fail_msg("convert_hf: %s", err.msg);
-    if (flm_convert_ex(g2, f2, FLM_TYPE_F32, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
+    if (flm_convert_hf(dir, tok, g2, FLM_TYPE_F32, 0, &err)) fail_msg("convert_hf: %s", err.msg);
+    if (flm_convert_ex(g2, f2, FLM_TYPE_F32, FLM_OUT_REPLACE, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
     {
         char path[4300];
         snprintf(path, sizeof path, "%s/perturbed.json", dir);
@@ -449,7 +449,7 @@ static void test_sharded(void **state) {
         snprintf(out, sizeof out, "%s", tu_tmp("hf-sharded", ".gguf"));
         char tok[4096];
         snprintf(tok, sizeof tok, "%s", tu_data("hf-tiny/tokenizer"));
-        flm_status st = flm_convert_hf(dir, tok, out, FLM_TYPE_F32, &err);
+        flm_status st = flm_convert_hf(dir, tok, out, FLM_TYPE_F32, 0, &err);
         if (bad) {
             assert_int_equal(st, FLM_ERR_FORMAT);
             print_message("bad weight_map: %s\n", err.msg);
@@ -564,7 +564,7 @@ static void test_config_refused(void **state) {
     flm_error err;
     char out[4096];
     snprintf(out, sizeof out, "%s", tu_tmp("hf-no-final-ln", ".gguf"));
-    assert_int_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, &err), FLM_ERR_UNSUPPORTED);
+    assert_int_equal(flm_convert_hf(dir, NULL, out, FLM_TYPE_F32, FLM_HF_NO_TOKENIZER, &err), FLM_ERR_UNSUPPORTED);
     print_message("no final LayerNorm: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "_remove_final_layer_norm"));
     remove(cfg);

@@ -52,8 +52,8 @@ static int setup(void **state) {
     rp.n_kv_heads = 4;
     flm_error err;
     if (flm_convert(gguf_path, tied_path, NULL, NULL, &err) || flm_convert(gguf_path, cal_path, NULL, NULL, &err) ||
-        flm_synth_write(synth_gguf, &sp, NULL, NULL, &err) || flm_convert(synth_gguf, synth_path, NULL, NULL, &err) ||
-        flm_synth_write(relu_gguf, &rp, NULL, NULL, &err) || flm_convert(relu_gguf, relu_path, NULL, NULL, &err)) {
+        flm_synth_write(synth_gguf, &sp, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(synth_gguf, synth_path, NULL, NULL, &err) ||
+        flm_synth_write(relu_gguf, &rp, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(relu_gguf, relu_path, NULL, NULL, &err)) {
         fprintf(stderr, "setup: %s\n", err.msg);
         return -1;
     }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "session/spec.h" /* spec_ngram_lookup */
 #include "testutil.h"
@@ -135,7 +136,7 @@ static void write_perturbed(const char *src_path, const char *out, float sigma, 
     flm_gguf_file *src = NULL;
     assert_int_equal(flm_gguf_open(src_path, &src, &err), FLM_OK);
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(out, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < src->n_kv; i++) assert_int_equal(flm_gguf_writer_kv_copy(w, &src->kv[i]), FLM_OK);
     for (uint64_t i = 0; i < src->n_tensors; i++) {
         const flm_gguf_tensor *t = &src->tensors[i];
@@ -168,7 +169,7 @@ static void write_other_vocab(const char *src_path, const char *out, int32_t id,
     flm_gguf_file *src = NULL;
     assert_int_equal(flm_gguf_open(src_path, &src, &err), FLM_OK);
     flm_gguf_writer *w = NULL;
-    assert_int_equal(flm_gguf_writer_create(out, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(out, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     for (uint64_t i = 0; i < src->n_kv; i++) {
         const flm_gguf_kv *kv = &src->kv[i];
         if (id >= 0 && !strcmp(kv->key, "tokenizer.ggml.tokens")) {

@@ -49,7 +49,7 @@ static void small_params(flm_synth_params *p) {
 
 static void write_model(const char *path, const flm_synth_params *p) {
     flm_error err;
-    flm_status st = flm_synth_write(path, p, NULL, NULL, &err);
+    flm_status st = flm_synth_write(path, p, FLM_OUT_REPLACE, NULL, NULL, &err);
     if (st) fail_msg("flm_synth_write(%s): %s", path, err.msg);
     assert_true(exists(path));
     assert_false(tmp_exists(path));
@@ -112,7 +112,7 @@ static void expect_bad(const flm_synth_params *p, const char *needle) {
     const char *path = tu_tmp("synth-bad", ".gguf");
     flm_error err;
     memset(&err, 0, sizeof err);
-    flm_status st = flm_synth_write(path, p, NULL, NULL, &err);
+    flm_status st = flm_synth_write(path, p, FLM_OUT_REPLACE, NULL, NULL, &err);
     printf("  expected error: %s\n", err.msg);
     assert_int_equal(st, FLM_ERR_ARG);
     assert_int_equal(err.code, FLM_ERR_ARG);
@@ -171,7 +171,7 @@ static void test_bad_params(void **state) {
     small_params(&p);
     const char *path = FLM_TEST_TMPDIR "/no-such-dir/x.gguf";
     flm_error err;
-    assert_int_equal(flm_synth_write(path, &p, NULL, NULL, &err), FLM_ERR_IO);
+    assert_int_equal(flm_synth_write(path, &p, FLM_OUT_REPLACE, NULL, NULL, &err), FLM_ERR_IO);
     printf("  expected error: %s\n", err.msg);
     assert_false(exists(path));
     assert_false(tmp_exists(path));
@@ -407,7 +407,7 @@ static void test_opt_shape(void **state) {
     /* convert, and the .flm streamed (naive) against the GGUF in memory, token by token */
     char flm[4096];
     snprintf(flm, sizeof flm, "%s", tu_tmp("synth-opt", ".flm"));
-    if (flm_convert_ex(path, flm, FLM_TYPE_F32, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
+    if (flm_convert_ex(path, flm, FLM_TYPE_F32, FLM_OUT_REPLACE, NULL, NULL, NULL, &err)) fail_msg("convert: %s", err.msg);
     flm_params a, b;
     flm_params_default(&a);
     a.n_threads = 1;

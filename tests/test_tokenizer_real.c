@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "flashlm.h"
+#include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "testutil.h"
@@ -426,7 +427,7 @@ static void test_unknown_model(void **state) {
     const char *path = tu_tmp("tok-bert", ".gguf");
     flm_gguf_writer *w = NULL;
     flm_error err;
-    assert_int_equal(flm_gguf_writer_create(path, &w, &err), FLM_OK);
+    assert_int_equal(flm_gguf_writer_create(path, FLM_OUT_REPLACE, &w, &err), FLM_OK);
     assert_int_equal(flm_gguf_writer_kv_str(w, "tokenizer.ggml.model", "bert"), FLM_OK);
     const char *toks[] = {"a", "b"};
     assert_int_equal(flm_gguf_writer_kv_arr(w, "tokenizer.ggml.tokens", GGUF_VT_STRING, toks, 2), FLM_OK);

@@ -1162,6 +1162,7 @@ int cmd_bench(int argc, char **argv) {
     if (!o.params.n_ctx) o.params.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
     /* the outputs: refused now, not after the runs (the checked writer's rules: docs/SECURITY.md) */
     if (o.json && !cli_may_write(o.json, o.model, o.force)) return 1;
+    svg_set_replace(o.force);
     for (int k = 0; o.svg && k < 4; k++) {
         static const char *const names[] = {"latency_breakdown.svg", "latency_over_time.svg", "memory_latency.svg",
                                             "window.svg"};

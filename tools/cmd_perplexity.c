@@ -154,6 +154,7 @@ int cmd_perplexity(int argc, char **argv) {
         return cli_die("%s", "--levels, --no-oracle and --svg go with --curve");
     /* the figure: refused now, not after the curve (the checked writer's rules, docs/SECURITY.md) */
     if (svg && !cli_may_write(svg, model, force)) return 1;
+    svg_set_replace(force);
     if (curve) return run_curve(model, file, &p, chunks, levels, n_levels, no_oracle, svg);
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);

@@ -190,7 +190,7 @@ int flm_cmd_synth(int argc, char **argv) {
     double t0 = cli_now_ms();
     if (!cli_may_write(out, NULL, force)) return 1;
     cli_remove_on_signal(NULL); /* the writer's temporary OUT.gguf.tmp.XXXXXX goes on a signal */
-    if (flm_synth_write(out, &p, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (flm_synth_write(out, &p, force ? FLM_OUT_REPLACE : 0u, cli_progress, NULL, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_remove_on_signal(NULL);
     double s = (cli_now_ms() - t0) / 1e3;
     fprintf(stderr, "flashlm: wrote %s in %.1f s (%.0f MiB/s)\n", out, s, s > 0 ? cli_mib(bytes) / s : 0.0);

@@ -346,7 +346,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     print_stats(ctx, &prompt_stats, per_token, ss->on);
     cli_spec_print_stats(ss, ctx, sess);
     if (stats_json) {
-        if (flm_write_stats_json(ctx, stats_json, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
+        if (flm_write_stats_json(ctx, stats_json, run_force, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
         else fprintf(stderr, "flashlm: statistics written to %s\n", stats_json);
     }
     flm_session_free(sess);
@@ -391,13 +391,16 @@ static int cmd_inspect(int argc, char **argv) {
 
 static const char *CONVERT_HELP =
     "usage: flashlm convert SRC.gguf OUT.flm [--force] [--down-type q8_0|f16|f32]\n"
-    "       flashlm convert HF_DIR OUT.flm|OUT.gguf [--type f32|f16|q8_0] [--tokenizer DIR] [--force] [--down-type ...]\n"
+    "       flashlm convert HF_DIR OUT.flm|OUT.gguf [--type f32|f16|q8_0] [--tokenizer DIR | --no-tokenizer] [--force]\n"
+    "                       [--down-type ...]\n"
     "\n"
     "HF_DIR: a Hugging Face model folder (config.json, model.safetensors or sharded with model.safetensors.index.json,\n"
     "tokenizer.json or vocab.json + merges.txt, or those in --tokenizer DIR): OPT (pre-LN), Falcon 7B, Phi-2 or\n"
     "Persimmon, written with llama.cpp's names for those architectures (opt, falcon, phi2, persimmon). Its matrices\n"
     "are written as --type (default f16; norms and biases f32) into OUT.gguf, or into OUT.flm through a temporary\n"
-    "OUT.flm.hf.gguf.\n"
+    "OUT.flm.hf.gguf. A folder without a tokenizer is refused unless --no-tokenizer (every token a placeholder: run\n"
+    "it with --prompt-ids). Every tensor must belong to the model config.json describes (a num_hidden_layers below\n"
+    "the weights' layers is refused), and OUT may not be one of the files read, even with --force.\n"
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"
@@ -411,14 +414,18 @@ static const char *CONVERT_HELP =
 static int cmd_convert(int argc, char **argv) {
     if (cli_is_help(argc, argv)) { fputs(CONVERT_HELP, stdout); return 0; }
     const char *paths[2] = {NULL, NULL};
-    bool force = false;
+    bool force = false, no_tok = false, type_set = false, down_set = false;
     int np = 0;
     uint32_t down_as = FLM_TYPE_Q8_0, hf_type = FLM_TYPE_F16;
     const char *tok_dir = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--force")) force = true;
-        else if (!strcmp(argv[i], "--tokenizer")) tok_dir = i + 1 < argc ? argv[++i] : "";
-        else if (!strcmp(argv[i], "--type")) {
+        else if (!strcmp(argv[i], "--no-tokenizer")) no_tok = true;
+        else if (!strcmp(argv[i], "--tokenizer")) {
+            if (i + 1 >= argc || !argv[i + 1][0]) return cli_die("%s", "option --tokenizer needs a folder");
+            tok_dir = argv[++i];
+        } else if (!strcmp(argv[i], "--type")) {
+            type_set = true;
             const char *v = i + 1 < argc ? argv[++i] : "";
             if (!strcmp(v, "q8_0")) hf_type = FLM_TYPE_Q8_0;
             else if (!strcmp(v, "f16")) hf_type = FLM_TYPE_F16;
@@ -426,6 +433,7 @@ static int cmd_convert(int argc, char **argv) {
             else return cli_die("bad --type '%s' (f32, f16 or q8_0)", v);
         }
         else if (!strcmp(argv[i], "--down-type")) {
+            down_set = true;
             const char *v = i + 1 < argc ? argv[++i] : "";
             if (!strcmp(v, "q8_0")) down_as = FLM_TYPE_Q8_0;
             else if (!strcmp(v, "f16")) down_as = FLM_TYPE_F16;
@@ -443,9 +451,23 @@ static int cmd_convert(int argc, char **argv) {
     char hf_gguf[4200] = "";
     flm_error err;
     struct stat sb;
-    if (stat(paths[0], &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face folder */
-        size_t n = strlen(dst);
-        bool to_gguf = n >= 5 && !strcmp(dst + n - 5, ".gguf");
+    const bool hf = stat(paths[0], &sb) == 0 && S_ISDIR(sb.st_mode);
+    size_t dn = strlen(dst);
+    const bool to_gguf = dn >= 5 && !strcmp(dst + dn - 5, ".gguf");
+    if (!hf && (tok_dir || no_tok || type_set)) /* never ignored: they only mean something for a folder */
+        return fprintf(stderr, "flashlm: %s is only for a Hugging Face folder; %s is a model file\n",
+                       tok_dir ? "--tokenizer" : no_tok ? "--no-tokenizer" : "--type", paths[0]), 2;
+    if (!hf && to_gguf) /* convert writes the flash layout: a .flm named .gguf would mislead every later reader */
+        return cli_die("%s: convert writes a .flm file from a model file (a GGUF input is already GGUF); name the "
+                       "output OUT.flm", dst);
+    if (hf && to_gguf && down_set)
+        return cli_die("--down-type is for a .flm output; %s is a GGUF file", dst);
+    if (hf && no_tok && tok_dir) return cli_die("%s", "--tokenizer and --no-tokenizer contradict each other");
+    if (hf && flm_hf_check_output(paths[0], no_tok ? NULL : tok_dir ? tok_dir : paths[0], dst, &err)) {
+        fprintf(stderr, "flashlm: %s\n", err.msg); /* never onto a file the conversion reads */
+        return 1;
+    }
+    if (hf) { /* a Hugging Face folder */
         if (to_gguf) snprintf(hf_gguf, sizeof hf_gguf, "%s", dst);
         else snprintf(hf_gguf, sizeof hf_gguf, "%s.hf.gguf", dst);
         if (!to_gguf && access(hf_gguf, F_OK) == 0) { /* the intermediate file: never someone else's */
@@ -454,14 +476,15 @@ static int cmd_convert(int argc, char **argv) {
             return 1;
         }
         cli_remove_on_signal(NULL); /* the writer's temporaries (OUT.tmp.XXXXXX) go on SIGINT, SIGTERM, SIGHUP */
-        if (flm_convert_hf(paths[0], tok_dir, hf_gguf, hf_type, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+        unsigned hf_flags = (no_tok ? FLM_HF_NO_TOKENIZER : 0u) | (to_gguf && force ? FLM_OUT_REPLACE : 0u);
+        if (flm_convert_hf(paths[0], tok_dir, hf_gguf, hf_type, hf_flags, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
         if (to_gguf) { fprintf(stderr, "flashlm: wrote %s\n", dst); return 0; }
         src = hf_gguf;
     }
     if (hf_gguf[0]) cli_remove_on_signal(hf_gguf); /* the intermediate GGUF too */
     else cli_remove_on_signal(NULL); /* the writer's temporary OUT.tmp.XXXXXX and lock OUT.lock */
     flm_convert_info ci;
-    flm_status cst = flm_convert_ex(src, dst, down_as, cli_progress, NULL, &ci, &err);
+    flm_status cst = flm_convert_ex(src, dst, down_as, force ? FLM_OUT_REPLACE : 0u, cli_progress, NULL, &ci, &err);
     if (hf_gguf[0]) unlink(hf_gguf);
     if (cst) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     cli_temp_clear();

@@ -73,11 +73,14 @@ static void text(FILE *f, double x, double y, const char *anchor, int size, cons
 /* The chart being written (one at a time) through the checked writer, and the last error. */
 static flm_out *g_out;
 static flm_error g_err;
+static bool g_replace;
+
+void svg_set_replace(bool replace) { g_replace = replace; }
 
 const char *svg_error(void) { return g_err.msg; }
 
 static FILE *begin(const char *path, const char *title) {
-    if (flm_out_open(path, NULL, FLM_OUT_REPLACE, &g_out, &g_err)) return NULL;
+    if (flm_out_open(path, NULL, g_replace ? FLM_OUT_REPLACE : 0u, &g_out, &g_err)) return NULL;
     FILE *f = flm_out_stream(g_out);
     if (!f) {
         flm_out_abort(g_out);

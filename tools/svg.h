@@ -16,9 +16,13 @@ typedef struct svg_line {
     bool markers; /* a dot on each point */
 } svg_line;
 
-/* Every chart is written through the checked writer (flm_out_open with FLM_OUT_REPLACE: a link, a device or another
- * non-regular file is refused; a unique temporary renamed onto path). Whether an existing file may be replaced, and
- * that path is not the model, the caller checks first (flm_out_check). */
+/* Every chart is written through the checked writer (flm_out_open: a link, a device or another non-regular file is
+ * refused; a unique temporary renamed onto path). An existing file is replaced only after svg_set_replace(true) (the
+ * CLI's --force), also one that appeared while the command ran (RENAME_NOREPLACE); that path is not the model, the
+ * caller checks first (flm_out_check). */
+
+/* Whether the charts written from now on may replace an existing file (default false). */
+void svg_set_replace(bool replace);
 
 /* Write a line chart to path. The y axis starts at 0 (or below, for negative data); the x axis spans the data.
  * Returns false when the file cannot be written (svg_error says why). */

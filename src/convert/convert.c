@@ -136,11 +136,11 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
-    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, progress, user, NULL, err);
+    return flm_convert_ex(src, dst, FLM_TYPE_Q8_0, FLM_OUT_REPLACE, progress, user, NULL, err);
 }
 
-flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, flm_progress_fn progress, void *user,
-                          flm_convert_info *info, flm_error *err) {
+flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, unsigned out_flags,
+                          flm_progress_fn progress, void *user, flm_convert_info *info, flm_error *err) {
     if (info) memset(info, 0, sizeof *info);
     const double t0 = flm_now_ms();
     if (down_as != FLM_TYPE_Q8_0 && down_as != FLM_TYPE_F16 && down_as != FLM_TYPE_F32)
@@ -150,9 +150,9 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, fl
     flm_model *m = NULL;
     /* the checked writer (core/files.h): refuses a link, a device, the source; locks dst; a unique temporary */
     flm_out *w = NULL;
-    flm_status st = flm_out_check(dst, src, FLM_OUT_REPLACE, err); /* refused before the source is read */
+    flm_status st = flm_out_check(dst, src, out_flags & FLM_OUT_REPLACE, err); /* refused before the source is read */
     if (st || (st = flm_gguf_open(src, &g, err))) return st;       /* a source that is no file: said first */
-    if ((st = flm_out_open(dst, src, FLM_OUT_REPLACE, &w, err))) { flm_gguf_close(g); return st; }
+    if ((st = flm_out_open(dst, src, out_flags & FLM_OUT_REPLACE, &w, err))) { flm_gguf_close(g); return st; }
     if ((st = flm_model_from_gguf(g, &m, err))) { flm_out_abort(w); return st; } /* closes g on error */
     const flm_hparams *hp = &m->hp;
     for (uint32_t l = 0; l < hp->n_layers; l++) {

@@ -165,7 +165,8 @@ static flm_status merges_txt(hf_vocab *v, const char *path, flm_error *err) {
 }
 
 /* The tokenizer of folder dir (tokenizer.json, else vocab.json + merges.txt), for a model of n tokens; ids the
- * tokenizer leaves unset get placeholders. No tokenizer file at all: every token a placeholder. */
+ * tokenizer leaves unset get placeholders. dir NULL (FLM_HF_NO_TOKENIZER): every token a placeholder. No tokenizer
+ * file in dir: FLM_ERR_FORMAT naming the folder. */
 static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *found, flm_error *err) {
     memset(v, 0, sizeof *v);
     *found = false;
@@ -175,10 +176,14 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
     if (!v->tokens || !v->types) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     char path[PATH_MAX];
     cJSON *tj = NULL;
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    flm_status st = read_json(path, false, &tj, err);
-    if (st) return st;
-    if (tj) {
+    flm_status st = FLM_OK;
+    if (dir) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        if ((st = read_json(path, false, &tj, err))) return st;
+    }
+    if (!dir) {
+        /* no tokenizer asked for: placeholders only */
+    } else if (tj) {
         *found = true;
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(tj, "model");
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
@@ -192,8 +197,8 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
         if (!st && (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ||
                     (cJSON_IsString(ptt) && !strcmp(ptt->valuestring, "Metaspace"))))
             st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: a SentencePiece-style BPE (byte_fallback or a Metaspace "
-                          "pre-tokenizer) is not read (only byte-level BPE); convert without it (--tokenizer of an "
-                          "empty folder) and run with --prompt-ids", path);
+                          "pre-tokenizer) is not read (only byte-level BPE); convert without it (--no-tokenizer) and "
+                          "run with --prompt-ids", path);
         if (!st)
             st = vocab_bpe(v, path, cJSON_GetObjectItemCaseSensitive(model, "vocab"),
                            cJSON_GetObjectItemCaseSensitive(model, "merges"), err);
@@ -216,6 +221,10 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
             cJSON_Delete(tj);
             snprintf(path, sizeof path, "%s/merges.txt", dir);
             if (!st) st = merges_txt(v, path, err);
+        } else {
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: no tokenizer.json (nor vocab.json + merges.txt): give the "
+                            "folder that has it (--tokenizer DIR), or convert without a tokenizer (--no-tokenizer: "
+                            "every token a placeholder, run with --prompt-ids)", dir);
         }
     }
     for (uint32_t i = 0; !st && i < n; i++)
@@ -680,16 +689,94 @@ static const struct hf_arch {
     {"persimmon", cfg_persimmon, map_persimmon, 16},
 };
 
-flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst, uint32_t type, flm_error *err) {
+/* dst against folder/name: FLM_ERR_ARG when they are one file (device and inode: hard links too). */
+static flm_status not_input(const struct stat *d, const char *dst, const char *folder, const char *name,
+                            flm_error *err) {
+    char path[PATH_MAX];
+    struct stat s;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", folder, name) >= sizeof path) return FLM_OK;
+    if (stat(path, &s) == 0 && s.st_dev == d->st_dev && s.st_ino == d->st_ino)
+        return flm_fail(err, FLM_ERR_ARG, "%s: is %s, which the conversion reads; choose another output path", dst,
+                        path);
+    return FLM_OK;
+}
+
+flm_status flm_hf_check_output(const char *dir, const char *tok_dir, const char *dst, flm_error *err) {
+    struct stat d;
+    if (!dst || lstat(dst, &d) != 0 || !S_ISREG(d.st_mode)) return FLM_OK; /* nothing there to overwrite */
+    static const char *const in_dir[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    static const char *const in_tok[] = {"tokenizer.json", "vocab.json", "merges.txt"};
+    flm_status st = FLM_OK;
+    for (size_t i = 0; i < 3 && !st; i++) st = not_input(&d, dst, dir, in_dir[i], err);
+    for (size_t i = 0; i < 3 && !st && tok_dir; i++) st = not_input(&d, dst, tok_dir, in_tok[i], err);
+    if (st) return st;
+    /* the shards the index names (a bad index is refused later, by the reader) */
+    char path[PATH_MAX];
+    cJSON *idx = NULL;
+    if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= sizeof path) return FLM_OK;
+    flm_error ignored;
+    if (read_json(path, false, &idx, &ignored) || !idx) return FLM_OK;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+    for (const cJSON *e = cJSON_IsObject(wm) ? wm->child : NULL; e && !st; e = e->next)
+        if (cJSON_IsString(e) && e->valuestring && !strchr(e->valuestring, '/'))
+            st = not_input(&d, dst, dir, e->valuestring, err);
+    cJSON_Delete(idx);
+    return st;
+}
+
+/* Ends with suffix. */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* Every tensor of the folder must be one the map uses: a config.json that describes fewer layers (or another shape)
+ * than the weights hold would otherwise convert a different, shorter model without a word. Not weights, and
+ * skipped: PyTorch's saved buffers (rotary inv_freq, GPT-2-style attention masks) and lm_head when tied. */
+static flm_status check_all_used(const flm_st_set *set, const hf_map *maps, size_t nm, const hf_model *h,
+                                 const char *dir, flm_error *err) {
+    uint64_t n_left = 0;
+    char names[512] = "";
+    for (uint32_t f = 0; f < set->n_files; f++)
+        for (uint64_t i = 0; i < set->files[f]->n_tensors; i++) {
+            const flm_st_tensor *t = &set->files[f]->tensors[i];
+            bool used = false;
+            for (size_t k = 0; k < nm && !used; k++) used = maps[k].t == t;
+            if (used || ends_with(t->name, ".rotary_emb.inv_freq") || ends_with(t->name, ".attn.masked_bias") ||
+                ends_with(t->name, ".attn.bias") || (h->tied && !strcmp(t->name, "lm_head.weight")))
+                continue;
+            if (n_left++ < 4)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s'%s'", n_left > 1 ? ", " : "",
+                         t->name);
+        }
+    if (!n_left) return FLM_OK;
+    if (n_left > 4) snprintf(names + strlen(names), sizeof names - strlen(names), " and %llu more", (ull)(n_left - 4));
+    return flm_fail(err, FLM_ERR_FORMAT, "%s: %llu tensor%s not part of the model config.json describes (%s, "
+                    "num_hidden_layers %u): %s; config.json and the weights disagree", dir, (ull)n_left,
+                    n_left == 1 ? " is" : "s are", h->arch, h->L, names);
+}
+
+flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst, uint32_t type, unsigned flags,
+                          flm_error *err) {
     flm_error_clear(err);
     if (type != FLM_TYPE_F32 && type != FLM_TYPE_F16 && type != FLM_TYPE_Q8_0)
         return flm_fail(err, FLM_ERR_ARG, "convert: --type %s is not supported from a Hugging Face folder (f32, f16, "
                         "q8_0)", flm_type_name(type));
+    const bool no_tok = flags & FLM_HF_NO_TOKENIZER;
+    if (no_tok && tok_dir)
+        return flm_fail(err, FLM_ERR_ARG, "convert: --tokenizer %s and --no-tokenizer contradict each other", tok_dir);
+    if (!tok_dir && !no_tok) tok_dir = dir;
+    struct stat ts;
+    if (tok_dir && tok_dir != dir && (stat(tok_dir, &ts) != 0 || !S_ISDIR(ts.st_mode)))
+        return flm_fail(err, FLM_ERR_ARG, "--tokenizer %s: %s", tok_dir,
+                        stat(tok_dir, &ts) != 0 ? strerror(errno) : "not a folder");
+    flm_status st = flm_hf_check_output(dir, tok_dir, dst, err); /* never onto a file being read */
+    if (st) return st;
     char path[PATH_MAX];
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return flm_fail(err, FLM_ERR_ARG, "%s: path too long", dir);
     cJSON *cfg = NULL;
-    flm_status st = read_json(path, true, &cfg, err);
+    st = read_json(path, true, &cfg, err);
     if (st) return st;
     flm_st_set *set = NULL;
     hf_vocab voc = {0};
@@ -730,7 +817,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
 
     if ((st = flm_st_open_dir(dir, &set, err))) goto done;
     bool have_tok = false;
-    if ((st = load_vocab(tok_dir ? tok_dir : dir, h.V, &voc, &have_tok, err))) goto done;
+    if ((st = load_vocab(tok_dir, h.V, &voc, &have_tok, err))) goto done;
     if (!have_tok && strcmp(h.pre, "falcon") == 0) h.pre = "gpt-2"; /* placeholders only: any pre-tokenizer reads */
 
     /* the tensor map */
@@ -739,6 +826,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     if ((st = A->map(&M, &h, err))) goto done;
     const hf_map *maps = M.maps;
     const size_t nm = M.n;
+    if ((st = check_all_used(set, maps, nm, &h, dir, err))) goto done;
     for (size_t i = 0; i < nm; i++)
         if (maps[i].type == FLM_TYPE_Q8_0 && maps[i].ne[0] % 32) {
             st = flm_fail(err, FLM_ERR_ARG, "%s: --type q8_0 needs rows of a multiple of 32 elements; '%s' has %llu",
@@ -747,7 +835,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
         }
 
     /* the GGUF */
-    if ((st = flm_gguf_writer_create(dst, &w, err))) goto done;
+    if ((st = flm_gguf_writer_create(dst, flags & FLM_OUT_REPLACE, &w, err))) goto done;
     char key[96], name[128];
 #define AKEY(s) (snprintf(key, sizeof key, "%s.%s", h.arch, s), key)
     snprintf(name, sizeof name, "%s (from a Hugging Face folder)", h.arch);

@@ -9,9 +9,11 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -140,6 +142,47 @@ static void drop_lock(flm_out *o) {
     o->lock_fd = -1;
 }
 
+/* Remove "<path>.tmp.XXXXXX" (six hex digits: the names flm_out_open makes) left by writers that died without
+ * cleaning up (SIGKILL, a power cut). Called with "<path>.lock" held: every live writer of path holds it from
+ * before its temporary exists until after the temporary is renamed or removed, so any such file now is a dead
+ * writer's. Only regular files are removed; a link or anything else of that name is left alone. */
+static void remove_stale_temporaries(const flm_out *o) {
+    char dir[OUT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", o->path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : o->path;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    const size_t nb = strlen(base);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return;
+    DIR *d = fdopendir(dfd);
+    if (!d) { close(dfd); return; }
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (strlen(n) != nb + 11 || strncmp(n, base, nb) != 0 || strncmp(n + nb, ".tmp.", 5) != 0) continue;
+        bool hex = true;
+        for (int i = 0; i < 6; i++) hex = hex && strchr("0123456789abcdef", n[nb + 5 + i]) && n[nb + 5 + i];
+        struct stat st;
+        if (hex && fstatat(dfd, n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) unlinkat(dfd, n, 0);
+    }
+    closedir(d);
+}
+
+/* Test hook (tests/test_harden33.c, not documented for users): with FLASHLM_TEST_COMMIT_WAIT naming a FIFO, a commit
+ * reads it to its end before its last check and rename, so a test can make a file appear at the path at exactly
+ * that point without sleeping. */
+static void commit_wait_hook(void) {
+    const char *fifo = getenv("FLASHLM_TEST_COMMIT_WAIT");
+    if (!fifo || !*fifo) return;
+    int fd = open(fifo, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char buf[64];
+    while (read(fd, buf, sizeof buf) > 0) {}
+    close(fd);
+}
+
 flm_status flm_out_open(const char *path, const char *src, unsigned flags, flm_out **out, flm_error *err) {
     *out = NULL;
     flm_status st = flm_out_check(path, src, flags, err);
@@ -155,6 +198,7 @@ flm_status flm_out_open(const char *path, const char *src, unsigned flags, flm_o
         free(o);
         return st;
     }
+    remove_stale_temporaries(o); /* the lock is ours: any "<path>.tmp.XXXXXX" is a dead writer's */
     /* a unique temporary beside the output (the same file system, so the rename is atomic); O_EXCL: never someone
      * else's file, never through a link; mode 0644 less the umask, as any new file */
     static unsigned counter;
@@ -219,6 +263,7 @@ flm_status flm_out_commit(flm_out *o, flm_error *err) {
     o->fp = NULL;
     o->fd = -1;
     if (!st && rc != 0) st = flm_fail(err, FLM_ERR_IO, "%s: cannot write (close): %s", o->tmp, strerror(errno));
+    if (!st) commit_wait_hook();
     /* what path is now: it may have changed while the file was written (a link or a device put there) */
     if (!st) st = flm_out_check(o->path, NULL, o->flags, err);
     if (!st) {

@@ -727,7 +727,7 @@ static flm_status w_key(flm_gguf_writer *w, const char *key, uint32_t type) {
     return FLM_OK;
 }
 
-flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err) {
+flm_status flm_gguf_writer_create(const char *path, unsigned out_flags, flm_gguf_writer **out, flm_error *err) {
     *out = NULL;
     flm_gguf_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
@@ -736,7 +736,7 @@ flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_e
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     }
     /* the checked writer: refuses a link or a non-regular file, locks path, a unique temporary */
-    flm_status st = flm_out_open(path, NULL, FLM_OUT_REPLACE, &w->out, err);
+    flm_status st = flm_out_open(path, NULL, out_flags & FLM_OUT_REPLACE, &w->out, err);
     if (!st && !(w->fp = flm_out_stream(w->out))) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     if (!st && !(w->tmp = dup_bytes(flm_out_temp(w->out), strlen(flm_out_temp(w->out)))))
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);

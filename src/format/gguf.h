@@ -109,9 +109,11 @@ flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t el
  * Add all KVs and tensor infos first, then write the header with flm_gguf_writer_begin(), then stream each tensor's data
  * in the order added with flm_gguf_writer_write_tensor() (exactly nbytes each), then flm_gguf_writer_finish(), which pads,
  * fsyncs and renames the unique temporary "<path>.tmp.XXXXXX" onto path (the checked writer, core/files.h: a link or a
- * non-regular path is refused, "<path>.lock" is held meanwhile). On any error the temporary file is removed. */
+ * non-regular path is refused, "<path>.lock" is held meanwhile). On any error the temporary file is removed.
+ * out_flags: FLM_OUT_REPLACE when an existing file at path may be replaced (the CLI's --force; without it one that
+ * appears while writing is not replaced either: RENAME_NOREPLACE), or 0. */
 typedef struct flm_gguf_writer flm_gguf_writer;
-flm_status flm_gguf_writer_create(const char *path, flm_gguf_writer **out, flm_error *err);
+flm_status flm_gguf_writer_create(const char *path, unsigned out_flags, flm_gguf_writer **out, flm_error *err);
 /* A writer that hands every byte to write(user, bytes, n) instead of a file of its own (e.g. straight into a region of
  * a .flm file being written): no temporary file, no fsync or rename; finish() only pads. name stands for the file in
  * messages. write returns FLM_OK or an error (it fills err itself: the writer passes the err of the call). */

@@ -70,10 +70,10 @@ void flm_reset_stats(flm_ctx *ctx) {
     ctx->n_tokens = 0;
 }
 
-flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, flm_error *err) {
+flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, bool replace, flm_error *err) {
     /* the checked writer (core/files.h): no link, device or other non-regular file; a unique temporary, renamed */
     flm_out *w = NULL;
-    flm_status st = flm_out_open(path, NULL, FLM_OUT_REPLACE, &w, err);
+    flm_status st = flm_out_open(path, NULL, replace ? FLM_OUT_REPLACE : 0u, &w, err);
     if (st) return st;
     FILE *f = flm_out_stream(w);
     if (!f) {

@@ -937,8 +937,8 @@ static void synth_free(synth *S) {
     fwd_free(&S->f);
 }
 
-flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_progress_fn progress, void *user,
-                           flm_error *err) {
+flm_status flm_synth_write(const char *path, const flm_synth_params *p, unsigned out_flags, flm_progress_fn progress,
+                           void *user, flm_error *err) {
     flm_status st = flm_synth_check(p, err);
     if (st) return st;
     if (!path || !*path) return flm_fail(err, FLM_ERR_ARG, "synth: no output path");
@@ -994,7 +994,7 @@ flm_status flm_synth_write(const char *path, const flm_synth_params *p, flm_prog
     S.tokens[0] = 1;
     for (uint32_t t = 1; t < T; t++) S.tokens[t] = 3 + (int32_t)(rng_unif(&crng) * (p->n_vocab - 3));
 
-    if ((st = flm_gguf_writer_create(path, &S.w, err))) { vocab_free(&v); synth_free(&S); return st; }
+    if ((st = flm_gguf_writer_create(path, out_flags, &S.w, err))) { vocab_free(&v); synth_free(&S); return st; }
     add_kvs(&S, &v);
     add_tensors(&S);
     st = flm_gguf_writer_begin(S.w, err);

@@ -22,7 +22,7 @@ static void test_convert_verify_inspect(void **state) {
     snprintf(dst, sizeof dst, "%s/public_tools_%d.flm", FLM_TEST_TMPDIR, (int)getpid());
     flm_error err;
     flm_convert_info ci;
-    if (flm_convert_ex(tu_data("models/stories260K/stories260K.gguf"), dst, FLM_TYPE_Q8_0, NULL, NULL, &ci, &err))
+    if (flm_convert_ex(tu_data("models/stories260K/stories260K.gguf"), dst, FLM_TYPE_Q8_0, FLM_OUT_REPLACE, NULL, NULL, &ci, &err))
         fail_msg("convert: %s", err.msg);
     assert_true(ci.file_bytes > 0);
     assert_true(ci.n_layers > 0);
