@@ -369,8 +369,8 @@ FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t 
  * draft: every FFN over its resident neurons, as flm_eval_draft (mode hot). pos <= flm_n_past; the context keeps
  * positions < pos; the nodes stay apart until flm_tree_accept keeps one path (any other evaluation forgets them).
  * Errors: FLM_ERR_ARG (a parent not earlier, ids out of range, pos + n_nodes > n_ctx, first > the nodes held, a path
- * longer than a sliding window, draft outside mode hot, mode sparse or a select hook: they choose neurons per
- * position), FLM_ERR_NOMEM, those of flm_eval; after an error the context holds positions < pos and the nodes before
+ * longer than a sliding window, draft outside mode hot, mode sparse: it chooses neurons per position),
+ * FLM_ERR_NOMEM, those of flm_eval; after an error the context holds positions < pos and the nodes before
  * the failed batch. */
 FLM_API flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes,
                                  uint32_t first, int32_t pos, bool draft, float *logits, flm_error *err);

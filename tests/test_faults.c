@@ -31,6 +31,7 @@
 #include "convert/convert.h"
 #include "format/flm.h"
 #include "io/reader.h"
+#include "runtime/hooks.h"
 #include "runtime/runtime.h"
 #include "calibrate/calibrate.h"
 #include "sparsity/sparsity.h"
@@ -1059,8 +1060,8 @@ static void test_batch_file_truncated(void **state) {
             fb_tap tap = {0, -1, NULL, 0, false};
             flm_ctx *ctx = open_fb(copy, m, FLM_IO_KIND_AUTO); /* the twin: how many FFN calls the call makes */
             fb_prefix(ctx, p0, FT_MODE_NAMES[m]);
-            flm_set_ffn_tap(ctx, fb_tap_fn, &tap);
-            if (flm_eval_batch(ctx, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, NULL, NULL, &err))
+            const flm_ffn_hooks hooks = {.tap = fb_tap_fn, .tap_user = &tap};
+            if (flm_eval_hooked(ctx, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, &hooks, NULL, NULL, &err))
                 fail_msg("twin: %s", err.msg);
             flm_close(ctx);
             assert_true(tap.n > 0);
@@ -1073,9 +1074,8 @@ static void test_batch_file_truncated(void **state) {
             long held0 = held();
             ctx = open_fb(copy, m, FLM_IO_KIND_AUTO);
             fb_prefix(ctx, p0, what);
-            flm_set_ffn_tap(ctx, fb_tap_fn, &tap);
-            flm_status st = flm_eval_batch(ctx, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, got, NULL, &err);
-            flm_set_ffn_tap(ctx, NULL, NULL);
+            flm_status st = flm_eval_hooked(ctx, fb_ids + p0, (uint32_t)(FB_TOKENS - p0), p0, &hooks, got, NULL,
+                                            &err);
             assert_true(tap.done);
             if (st) {
                 fb_expect_named(st, &err, copy, what);

@@ -14,6 +14,7 @@
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
+#include "runtime/hooks.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
 

@@ -528,6 +528,68 @@ static void test_tools_include_public_headers_only(void **state) {
     assert_int_equal(n_bad, 0);
 }
 
+/* Tiers hold (docs/ARCHITECTURE.md): no file of a runtime directory includes the tools tier's public header
+ * (flashlm_tools.h), none of the runtime or the session includes the tools-only runtime/hooks.h (only runtime/
+ * implements it), and the tools tier reads no field of the context: `ctx->` appears in no code of convert/,
+ * calibrate/, synth/ or probe/ (they go through runtime/hooks.h's views and the public API). */
+static bool is_tools_dir(const char *dir) {
+    return !strcmp(dir, "convert") || !strcmp(dir, "calibrate") || !strcmp(dir, "synth") || !strcmp(dir, "probe");
+}
+
+/* Runtime files that still include flashlm_tools.h while their writers move to the tools tier (allowed, not
+ * required: the entry may outlive the include). */
+static const char *const k_runtime_tools_include[] = {"src/core/files.h"};
+
+typedef struct tier_scan {
+    int n_files, n_bad;
+} tier_scan;
+
+static void check_tiers(void *user, int layer, const char *path, const char *rel) {
+    tier_scan *t = user;
+    char *code = read_all(path);
+    assert_non_null(code);
+    t->n_files++;
+    const char *dir = k_layers[layer].dir;
+    const bool tools = is_tools_dir(dir);
+    /* includes, before the string literals are blanked */
+    for (const char *p = code; (p = strstr(p, "#include \"")); p += 10) {
+        const char *inc = p + 10;
+        if (!tools && !strncmp(inc, "flashlm_tools.h\"", 16)) {
+            bool listed = false;
+            for (size_t k = 0; k < sizeof k_runtime_tools_include / sizeof *k_runtime_tools_include; k++)
+                listed = listed || !strcmp(rel, k_runtime_tools_include[k]);
+            if (!listed) {
+                print_error("%s: includes flashlm_tools.h: the runtime tier does not see the tools tier\n", rel);
+                t->n_bad++;
+            }
+        }
+        if (!tools && strcmp(dir, "runtime") && !strncmp(inc, "runtime/hooks.h\"", 16)) {
+            print_error("%s: includes runtime/hooks.h: the tools tier's interface to the runtime\n", rel);
+            t->n_bad++;
+        }
+    }
+    if (tools) {
+        strip_comments(code);
+        for (const char *p = code; (p = strstr(p, "ctx->")); p += 5) {
+            if (p > code && is_ident(p[-1]) ) continue; /* another name ending in ctx */
+            int line = 1;
+            for (const char *q = code; q < p; q++) line += *q == '\n';
+            print_error("%s:%d: reads a field of the context (ctx->): use runtime/hooks.h or the public API\n", rel,
+                        line);
+            t->n_bad++;
+        }
+    }
+    free(code);
+}
+
+static void test_tiers_hold(void **state) {
+    (void)state;
+    tier_scan t = {0};
+    for_each_src_file(check_tiers, &t);
+    assert_true(t.n_files > 10);
+    assert_int_equal(t.n_bad, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_is_layered),
@@ -536,6 +598,7 @@ int main(void) {
         cmocka_unit_test(test_public_call_finder),
         cmocka_unit_test(test_public_calls_respect_layers),
         cmocka_unit_test(test_tools_include_public_headers_only),
+        cmocka_unit_test(test_tiers_hold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

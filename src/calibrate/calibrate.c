@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/types.h"
-#include "runtime/runtime.h"
+#include "runtime/hooks.h"
 #include "sparsity/sparsity.h"
 #include "calibrate/train.h"
 
@@ -196,24 +196,25 @@ typedef struct {
     flm_sparsity *sp;
     uint32_t level;
     float *scratch; /* predictor: max rank + d_ffn floats; oracle: d_ffn */
-    uint32_t pos;
     float **dn;     /* [n_layers][d_ffn] down-column norms (the oracle) */
 } sim_data;
 
 /* the oracle: (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2 */
-static uint32_t sim_select_oracle(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+static uint32_t sim_select_oracle(void *user, uint32_t l, int32_t pos, const float *x, const float *h,
+                                  uint32_t *ids) {
     (void)x;
+    (void)pos;
     sim_data *s = user;
     return flm_contrib_set(h, s->dn[l], s->sp->layers[l].pred.d_ffn, s->sp->layers[l].levels[s->level].tau,
                            s->scratch, ids);
 }
 
-static uint32_t sim_select(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+static uint32_t sim_select(void *user, uint32_t l, int32_t pos, const float *x, const float *h, uint32_t *ids) {
     (void)h;
     sim_data *s = user;
     flm_predictor *p = &s->sp->layers[l].pred;
     p->threshold = s->sp->layers[l].levels[s->level].pred_threshold;
-    if (s->pos == 0) { /* as the sparse source does: the first token of a sequence runs dense */ for (uint32_t i = 0; i < p->d_ffn; i++) ids[i] = i; return p->d_ffn; }
+    if (pos == 0) { /* as the sparse source does: the first token of a sequence runs dense */ for (uint32_t i = 0; i < p->d_ffn; i++) ids[i] = i; return p->d_ffn; }
     return (uint32_t)flm_predictor_predict(p, x, ids, s->scratch);
 }
 
@@ -225,15 +226,15 @@ static uint32_t sim_select(void *user, uint32_t l, const float *x, const float *
  * levels, even below zero). done/total drive the progress callback. */
 static flm_status eval_pass(flm_ctx *ctx, const int32_t *toks, uint32_t n, uint32_t chunk, int32_t bos,
                             const flm_calib_opts *o, uint64_t *done, uint64_t total, float *ref, double *nll,
-                            double *kl, sim_data *sd, flm_error *err) {
+                            double *kl, const flm_ffn_hooks *hooks, flm_error *err) {
     double sum = 0, sum_kl = 0;
     uint64_t cnt = 0;
-    uint32_t V = ctx->model->hp.n_vocab;
+    uint32_t V = flm_ctx_model(ctx)->hp.n_vocab;
     for (uint32_t t = 0; t < n; t++) {
         uint32_t pos = t % chunk;
         const float *logits;
-        if (sd) sd->pos = pos;
-        flm_status st = flm_eval(ctx, pos == 0 && bos >= 0 ? bos : toks[t], (int32_t)pos, &logits, err);
+        const int32_t id = pos == 0 && bos >= 0 ? bos : toks[t];
+        flm_status st = flm_eval_hooked(ctx, &id, 1, (int32_t)pos, hooks, NULL, &logits, err);
         if (st) return st;
         if (pos + 1 < chunk && t + 1 < n) {
             float mx = logits[0];
@@ -268,18 +269,26 @@ static flm_status check_levels(flm_ctx *ctx, flm_sparsity *sp, const int32_t *ev
                                const flm_calib_opts *o, float *scratch, float **dn, uint32_t *def, flm_error *err) {
     int passes = o->curve && dn ? 2 : 1;
     uint64_t done_tok = 0, total = (uint64_t)n_eval * ((uint64_t)passes * sp->n_levels + 1);
-    float *ref = malloc((size_t)n_eval * ctx->model->hp.n_vocab * sizeof(float));
-    if (!ref) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for the held-out check");
+    const flm_hparams *hp = &flm_ctx_model(ctx)->hp;
+    float *ref = malloc((size_t)n_eval * hp->n_vocab * sizeof(float));
+    uint32_t *ids = malloc(hp->d_ffn * sizeof *ids);
+    if (!ref || !ids) {
+        free(ref);
+        free(ids);
+        return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for the held-out check");
+    }
     double dense;
     flm_status st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &dense, NULL, NULL, err);
-    sim_data sd = {sp, 0, scratch, 0, dn};
+    sim_data sd = {sp, 0, scratch, dn};
     *def = 0;
     for (int oracle = 0; oracle < passes && !st; oracle++) {
-        if ((st = flm_set_ffn_select(ctx, oracle ? sim_select_oracle : sim_select, &sd, oracle, err))) break;
+        const flm_ffn_hooks hooks = {.select = oracle ? sim_select_oracle : sim_select, .select_user = &sd,
+                                     .need_h = oracle, .ids = ids};
         for (uint32_t k = 0; k < sp->n_levels; k++) {
             sd.level = k;
             double nll, kl;
-            if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &nll, &kl, &sd, err)))
+            if ((st = eval_pass(ctx, eval_ids, n_eval, o->chunk, bos, o, &done_tok, total, ref, &nll, &kl, &hooks,
+                                err)))
                 break;
             float loss = (float)(exp(kl) - 1.0), dnll = (float)(exp(nll - dense) - 1.0);
             if (oracle) {
@@ -293,8 +302,8 @@ static flm_status check_levels(flm_ctx *ctx, flm_sparsity *sp, const int32_t *ev
             else if (!o->curve) break; /* losses grow with eps: the rest would fail too */
         }
     }
-    flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
     free(ref);
+    free(ids);
     if (!st && o->progress && done_tok < total) /* stopped early: the phase ends here */
         o->progress(o->user, "checking levels", total, total);
     return st;
@@ -586,22 +595,23 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     void *records = NULL;   /* streaming: one layer's FFN region, read from the file */
     flm_file *hdr = NULL;   /* streaming: the file's regions */
     uint32_t L_all = 0;
-    const flm_hparams hp_copy = ctx->model->hp, *hp = &hp_copy; /* outlives ctx when streaming */
-    const flm_kernels *kern = ctx->k;
-    if (!ctx->flash) { /* a GGUF has no bundles */
+    const flm_model *model = flm_ctx_model(ctx);
+    const flm_hparams hp_copy = model->hp, *hp = &hp_copy; /* outlives ctx when streaming */
+    const flm_kernels *kern = flm_ctx_kernels(ctx);
+    if (!flm_ctx_file(ctx)) { /* a GGUF has no bundles */
         st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
         goto done;
     }
     uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
     L_all = L;
     bool relu = flm_act_relu_family(hp->act);
-    if (ctx->model->layers[0].ffn_up_b.data) { /* FFN biases: each layer's b_up, copied (the model may close) */
+    if (model->layers[0].ffn_up_b.data) { /* FFN biases: each layer's b_up, copied (the model may close) */
         if (!(b_up_all = malloc((size_t)L * F * sizeof(float)))) {
             st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
             goto done;
         }
         for (uint32_t l = 0; l < L; l++)
-            memcpy(b_up_all + (size_t)l * F, ctx->model->layers[l].ffn_up_b.data, (size_t)F * sizeof(float));
+            memcpy(b_up_all + (size_t)l * F, model->layers[l].ffn_up_b.data, (size_t)F * sizeof(float));
     }
     /* 0. tokens: the held-out check's from the end of the text, then those recorded */
     size_t n_tok = 0;
@@ -688,23 +698,24 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
                 goto done;
             }
     }
-    flm_set_ffn_tap(ctx, tap, &td);
+    const flm_ffn_hooks hooks = {.tap = tap, .tap_user = &td};
     /* each chunk starts as the model's own sequences do: with BOS when its tokenizer adds one (as flm_perplexity);
      * Qwen2.5 adds none, and an <|endoftext|> forced in front changed its activations (the check's predictor cost
      * read +10% at a level where the sparse mode measured none) */
-    int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
+    int32_t bos = flm_tokenizer_wants_bos(flm_ctx_model(ctx)->tok) ? flm_tokenizer_bos(flm_ctx_model(ctx)->tok) : -1;
     /* chunk by chunk (the first token of each replaced by BOS), in batches of -b tokens */
     if (!(chunk_toks = malloc((size_t)o->chunk * sizeof *chunk_toks))) {
         st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
         goto done;
     }
     for (uint32_t t = 0; t < n;) {
-        uint32_t m = n - t < o->chunk ? n - t : o->chunk, b = (uint32_t)ctx->params.n_batch;
+        uint32_t m = n - t < o->chunk ? n - t : o->chunk, b = (uint32_t)flm_ctx_params(ctx)->n_batch;
         memcpy(chunk_toks, ids + t, (size_t)m * sizeof *chunk_toks);
         if (bos >= 0) chunk_toks[0] = bos;
         for (uint32_t j = 0; j < m; j += b) {
             const float *logits;
-            if ((st = flm_eval_batch(ctx, chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, NULL, &logits, err)))
+            if ((st = flm_eval_hooked(ctx, chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, &hooks, NULL, &logits,
+                                       err)))
                 goto done;
             if (td.err_no) {
                 st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(td.err_no));
@@ -714,7 +725,6 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         }
         t += m;
     }
-    flm_set_ffn_tap(ctx, NULL, NULL);
     if (streaming) { /* the model is not needed again before the check: its memory is training's now */
         flm_close(ctx);
         ctx = NULL;
@@ -879,8 +889,8 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
     float *scratch = NULL;
     uint8_t *region = NULL;
     void *stored = NULL;
-    const flm_hparams *hp = &ctx->model->hp;
-    const flm_file *f = ctx->flash ? ctx->flash->file : NULL;
+    const flm_hparams *hp = &flm_ctx_model(ctx)->hp;
+    const flm_file *f = flm_ctx_file(ctx);
     if (!f || !f->predictor) {
         st = flm_fail(err, FLM_ERR_ARG, "%s: not calibrated: run `flashlm calibrate %s --text FILE` first", path, path);
         goto done;
@@ -919,7 +929,7 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
     /* each chunk starts as the model's own sequences do: with BOS when its tokenizer adds one (as flm_perplexity);
      * Qwen2.5 adds none, and an <|endoftext|> forced in front changed its activations (the check's predictor cost
      * read +10% at a level where the sparse mode measured none) */
-    int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
+    int32_t bos = flm_tokenizer_wants_bos(flm_ctx_model(ctx)->tok) ? flm_tokenizer_bos(flm_ctx_model(ctx)->tok) : -1;
     scratch = malloc(((size_t)max_rank + hp->d_ffn) * sizeof(float));
     if (!scratch) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory for the held-out check"); goto done; }
     for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++) sp.level_loss[k] = sp.level_dnll[k] = NAN;

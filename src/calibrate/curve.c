@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "runtime/runtime.h"
+#include "runtime/hooks.h"
 #include "sparsity/sparsity.h"
 #include "calibrate/train.h"
 
@@ -18,7 +18,8 @@ void flm_curve_opts_default(flm_curve_opts *o) {
 }
 
 typedef struct {
-    flm_ctx *ctx;
+    const flm_kernels *k;
+    int n_threads;
     flm_sparsity *sp;
     uint32_t level;
     float **dn;       /* [n_layers][d_ffn] down-column norms (oracle) */
@@ -33,20 +34,20 @@ static uint32_t all_ids(uint32_t F, uint32_t *ids) {
     return F;
 }
 
-static uint32_t sel_predictor(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+static uint32_t sel_predictor(void *user, uint32_t l, int32_t pos, const float *x, const float *h, uint32_t *ids) {
     (void)h;
     curve_sel *s = user;
     flm_predictor *p = &s->sp->layers[l].pred;
     uint32_t n;
-    if (s->ctx->cur_pos == 0) n = all_ids(p->d_ffn, ids);
+    if (pos == 0) n = all_ids(p->d_ffn, ids);
     else if (!p->A16) { /* a version-1 region (f32 matrices) */
         p->threshold = s->sp->layers[l].levels[s->level].pred_threshold;
         n = (uint32_t)flm_predictor_predict(p, x, ids, s->scratch);
     } else { /* as the sparse mode predicts: the f16 matrices through the kernels */
         float *hp = s->scratch, *z = s->scratch + p->rank, t = s->sp->layers[l].levels[s->level].pred_threshold;
-        int nt = s->ctx->params.n_threads;
-        flm_matvec(s->ctx->k, FLM_TYPE_F16, p->A16, p->rank, p->d_model, x, hp, nt);
-        flm_matvec(s->ctx->k, FLM_TYPE_F16, p->B16, p->d_ffn, p->rank, hp, z, nt);
+        int nt = s->n_threads;
+        flm_matvec(s->k, FLM_TYPE_F16, p->A16, p->rank, p->d_model, x, hp, nt);
+        flm_matvec(s->k, FLM_TYPE_F16, p->B16, p->d_ffn, p->rank, hp, z, nt);
         n = 0;
         for (uint32_t i = 0; i < p->d_ffn; i++)
             if (z[i] + p->c[i] > t) ids[n++] = i;
@@ -57,11 +58,11 @@ static uint32_t sel_predictor(void *user, uint32_t l, const float *x, const floa
 }
 
 /* the level's rule on the real activations: (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2 */
-static uint32_t sel_oracle(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+static uint32_t sel_oracle(void *user, uint32_t l, int32_t pos, const float *x, const float *h, uint32_t *ids) {
     (void)x;
     curve_sel *s = user;
     uint32_t F = s->sp->layers[l].pred.d_ffn, n;
-    if (s->ctx->cur_pos == 0) n = all_ids(F, ids);
+    if (pos == 0) n = all_ids(F, ids);
     else n = flm_contrib_set(h, s->dn[l], F, s->sp->layers[l].levels[s->level].tau, s->scratch, ids);
     s->n_sel += n;
     s->n_calls++;
@@ -100,10 +101,12 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     flm_sparsity sp = {0};
     void *stored = NULL;
     float **dn = NULL, *scratch = NULL;
+    uint32_t *sel_ids = NULL;
     flm_status st = flm_open(path, &p, &ctx, err);
     if (st) return st;
-    const flm_hparams *hp = &ctx->model->hp;
-    const flm_file *f = ctx->flash ? ctx->flash->file : NULL;
+    const flm_hparams *hp = &flm_ctx_model(ctx)->hp;
+    const flm_file *f = flm_ctx_file(ctx);
+    const flm_kernels *kern = flm_ctx_kernels(ctx);
     const uint32_t L = hp->n_layers, F = hp->d_ffn, d = hp->d_model;
     uint32_t lv[FLM_MAX_LEVELS], nlv = 0;
     if (!f) {
@@ -145,28 +148,31 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     }
     uint32_t max_rank = 0;
     for (uint32_t l = 0; l < L; l++) max_rank = sp.layers[l].pred.rank > max_rank ? sp.layers[l].pred.rank : max_rank;
-    if (!(scratch = malloc(((size_t)max_rank + F) * sizeof(float))) || !(dn = calloc(L, sizeof *dn))) {
+    if (!(scratch = malloc(((size_t)max_rank + F) * sizeof(float))) || !(dn = calloc(L, sizeof *dn)) ||
+        !(sel_ids = malloc((size_t)F * sizeof *sel_ids))) {
         st = flm_fail(err, FLM_ERR_NOMEM, "curve: out of memory");
         goto done;
     }
     if (!o->no_oracle) { /* ||down_i|| per neuron, from the records in memory */
         float *col = scratch;
         for (uint32_t l = 0; l < L; l++) {
-            const flm_bundle_desc *b = &ctx->flash->desc[l];
+            const flm_bundle_desc *b;
+            const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer */
             if (!(dn[l] = malloc((size_t)F * sizeof(float)))) {
                 st = flm_fail(err, FLM_ERR_NOMEM, "curve: out of memory");
                 goto done;
             }
             for (uint32_t i = 0; i < F; i++) {
-                ctx->k->dequant[b->down_type](ctx->flash->layer_data[l] + (size_t)i * b->record_bytes + b->down_off,
-                                              col, d);
+                kern->dequant[b->down_type](rec + (size_t)i * b->record_bytes + b->down_off, col, d);
                 double s2 = 0;
                 for (uint32_t j = 0; j < d; j++) s2 += (double)col[j] * col[j];
                 dn[l][i] = (float)sqrt(s2);
             }
         }
     }
-    const double ffn_bytes = (double)L * F * (double)ctx->flash->desc[0].record_bytes;
+    const flm_bundle_desc *b0;
+    flm_ffn_resident_records(ctx, 0, &b0);
+    const double ffn_bytes = (double)L * F * (double)b0->record_bytes;
     curve_progress cp = {o, "quality curve", 0, 0};
     { /* the chunks every point evaluates, for the progress total (flm_perplexity checks the text itself) */
         size_t n_tok = 0;
@@ -180,7 +186,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         if (o->max_chunks > 0 && nc > (size_t)o->max_chunks) nc = (size_t)o->max_chunks;
         cp.total = (int)nc * (1 + per * (int)nlv);
     }
-    curve_sel cs = {ctx, &sp, 0, dn, scratch, 0, 0};
+    curve_sel cs = {kern, flm_ctx_params(ctx)->n_threads, &sp, 0, dn, scratch, 0, 0};
     flm_ppl_result r;
     for (uint32_t j = 0; j <= (uint32_t)per * nlv; j++) {
         flm_curve_point *pt = &pts[j];
@@ -192,11 +198,13 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
             pt->is_default = k == sp.default_level;
             cs.level = k;
             cs.n_sel = cs.n_calls = 0;
-            if ((st = flm_set_ffn_select(ctx, pt->oracle ? sel_oracle : sel_predictor, &cs, pt->oracle, err)))
-                goto done;
         }
+        const flm_ffn_hooks hooks = {.select = pt->oracle ? sel_oracle : sel_predictor, .select_user = &cs,
+                                     .need_h = pt->oracle, .ids = sel_ids};
         double t0 = flm_now_ms();
-        if ((st = flm_perplexity(ctx, text, o->chunk, o->max_chunks, on_chunk, &cp, &r, err))) goto done;
+        if ((st = flm_perplexity_hooked(ctx, text, o->chunk, o->max_chunks, on_chunk, &cp, j > 0 ? &hooks : NULL, &r,
+                                        err)))
+            goto done;
         cp.base += r.n_chunks;
         pt->seconds = (flm_now_ms() - t0) / 1e3;
         pt->ppl = r.ppl;
@@ -207,10 +215,8 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         if (o->on_point) o->on_point(o->user, pt);
     }
 done:
-    if (ctx) {
-        flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
-        flm_close(ctx);
-    }
+    if (ctx) flm_close(ctx);
+    free(sel_ids);
     if (dn)
         for (uint32_t l = 0; l < L; l++) free(dn[l]);
     free(dn);

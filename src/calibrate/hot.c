@@ -4,7 +4,7 @@
  *
  * A neuron's contribution to a token is |h_i| * ||down_i||: the length of what it adds to the layer's output (h_i its
  * activation, down_i its down column). Its score is the sum over the text's tokens. The pass runs the model in ram
- * mode with the FFN select hook (runtime.h), which sees every neuron's activation and keeps them all (the output is
+ * mode with the FFN select hook (runtime/hooks.h), which sees every neuron's activation and keeps them all (the output is
  * the dense model's). The order is written by flm_file_permute_ffn: lossless (Knowl 5).
  *
  * Under a memory budget (flm_hot_opts.mem_bytes / mem_percent) the model does not have to fit: it runs in hybrid
@@ -28,7 +28,7 @@
 #include "core/types.h"
 #include "core/util.h"
 #include "format/tokenizer.h"
-#include "runtime/runtime.h"
+#include "runtime/hooks.h"
 
 typedef struct hot_acc {
     uint32_t n_layers, d_ffn;
@@ -36,8 +36,9 @@ typedef struct hot_acc {
     float *dnorm;    /* [n_layers][d_ffn]: ||down_i|| */
 } hot_acc;
 
-static uint32_t hot_select(void *user, uint32_t l, const float *x, const float *h, uint32_t *ids) {
+static uint32_t hot_select(void *user, uint32_t l, int32_t pos, const float *x, const float *h, uint32_t *ids) {
     (void)x;
+    (void)pos;
     hot_acc *a = user;
     double *s = a->score + (size_t)l * a->d_ffn;
     const float *dn = a->dnorm + (size_t)l * a->d_ffn;
@@ -88,9 +89,12 @@ static flm_status hot_order_ram(const char *path, const char *text, uint32_t max
     int32_t *ids = NULL;
     uint32_t **perm = NULL;
     float *tmp = NULL;
-    const flm_hparams *hp = &ctx->model->hp;
-    if (!ctx->flash) { st = flm_fail(err, FLM_ERR_ARG, "%s: hot order needs a .flm file", path); goto done; }
-    if (ctx->model->layers[0].ffn_up_b.data) { /* before the measurement, not after (flm_file_permute_ffn's refusal) */
+    uint32_t *sel_ids = NULL;
+    const flm_model *model = flm_ctx_model(ctx);
+    const flm_hparams *hp = &model->hp;
+    const flm_file *file = flm_ctx_file(ctx);
+    if (!file) { st = flm_fail(err, FLM_ERR_ARG, "%s: hot order needs a .flm file", path); goto done; }
+    if (model->layers[0].ffn_up_b.data) { /* before the measurement, not after (flm_file_permute_ffn's refusal) */
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the FFN has biases: ordering its neurons is not supported yet",
                       path);
         goto done;
@@ -101,17 +105,18 @@ static flm_status hot_order_ram(const char *path, const char *text, uint32_t max
     a.dnorm = malloc((size_t)a.n_layers * a.d_ffn * sizeof *a.dnorm);
     tmp = malloc(hp->d_model * sizeof *tmp);
     perm = calloc(a.n_layers, sizeof *perm);
-    if (!a.score || !a.dnorm || !tmp || !perm) { st = flm_fail(err, FLM_ERR_NOMEM, "hot order: out of memory"); goto done; }
+    sel_ids = malloc(a.d_ffn * sizeof *sel_ids);
+    if (!a.score || !a.dnorm || !tmp || !perm || !sel_ids) { st = flm_fail(err, FLM_ERR_NOMEM, "hot order: out of memory"); goto done; }
     for (uint32_t l = 0; l < a.n_layers; l++) {
         const flm_bundle_desc *b;
         const uint8_t *rec = flm_ffn_resident_records(ctx, l, &b);
-        if (!rec || ctx->flash->file->ffn[l]->n_records != a.d_ffn) {
+        if (!rec || file->ffn[l]->n_records != a.d_ffn) {
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: layer %u's FFN region does not hold d_ffn = %u neurons", path, l,
                           a.d_ffn);
             goto done;
         }
         for (uint32_t i = 0; i < a.d_ffn; i++) {
-            ctx->k->dequant[b->down_type](rec + (size_t)i * b->record_bytes + b->down_off, tmp, hp->d_model);
+            flm_ctx_kernels(ctx)->dequant[b->down_type](rec + (size_t)i * b->record_bytes + b->down_off, tmp, hp->d_model);
             double ss = 0;
             for (uint32_t j = 0; j < hp->d_model; j++) ss += (double)tmp[j] * tmp[j];
             a.dnorm[(size_t)l * a.d_ffn + i] = (float)sqrt(ss);
@@ -119,16 +124,16 @@ static flm_status hot_order_ram(const char *path, const char *text, uint32_t max
     }
     size_t n_tok = 0;
     if ((st = hot_tokens(ctx, text, &ids, &n_tok, err))) goto done;
-    if ((st = flm_set_ffn_select(ctx, hot_select, &a, true, err))) goto done;
-    const int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
+    const flm_ffn_hooks hooks = {.select = hot_select, .select_user = &a, .need_h = true, .ids = sel_ids};
+    const int32_t bos = flm_tokenizer_wants_bos(model->tok) ? flm_tokenizer_bos(model->tok) : -1;
     const size_t total = n_tok < max_tokens ? n_tok : max_tokens;
     for (size_t t = 0; t < total && !st; t++) {
         size_t pos = t % chunk;
         const float *logits;
-        st = flm_eval(ctx, pos == 0 && bos >= 0 ? bos : ids[t], (int32_t)pos, &logits, err);
+        const int32_t id = pos == 0 && bos >= 0 ? bos : ids[t];
+        st = flm_eval_hooked(ctx, &id, 1, (int32_t)pos, &hooks, NULL, &logits, err);
         if (progress && (t % 16 == 15 || t + 1 == total)) progress(user, "measuring neurons", t + 1, total);
     }
-    flm_set_ffn_select(ctx, NULL, NULL, false, NULL);
     if (st) goto done;
     for (uint32_t l = 0; l < a.n_layers; l++) {
         if (!(perm[l] = malloc(a.d_ffn * sizeof **perm))) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto done; }
@@ -205,11 +210,11 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
     float *dnorm = NULL, *X = NULL, *Wg = NULL, *Wu = NULL, *Zg = NULL, *Zu = NULL, *col = NULL;
     void *records = NULL;
     flm_file *hdr = NULL;
-    const flm_hparams hp = ctx->model->hp; /* outlives ctx */
-    const flm_kernels *k = ctx->k;
+    const flm_hparams hp = flm_ctx_model(ctx)->hp; /* outlives ctx */
+    const flm_kernels *k = flm_ctx_kernels(ctx);
     const uint32_t L = hp.n_layers, d = hp.d_model, F = hp.d_ffn;
-    if (!ctx->flash) { st = flm_fail(err, FLM_ERR_ARG, "%s: hot order needs a .flm file", path); goto done; }
-    if (ctx->model->layers[0].ffn_up_b.data) {
+    if (!flm_ctx_file(ctx)) { st = flm_fail(err, FLM_ERR_ARG, "%s: hot order needs a .flm file", path); goto done; }
+    if (flm_ctx_model(ctx)->layers[0].ffn_up_b.data) {
         st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the FFN has biases: ordering its neurons is not supported yet",
                       path);
         goto done;
@@ -219,7 +224,7 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
     size_t n_tok = 0;
     if ((st = hot_tokens(ctx, text, &ids, &n_tok, err))) goto done;
     const uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
-    const uint64_t need = hot_budget_bytes(ctx->flash->file, &hp, n);
+    const uint64_t need = hot_budget_bytes(flm_ctx_file(ctx), &hp, n);
     if (need > plan.budget) {
         st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold the hot ordering: %.2f MiB (two FFN "
                       "regions of a layer while the new order is written, or one and %u tokens x %u floats of one "
@@ -238,16 +243,17 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(errno));
         goto done;
     }
-    flm_set_ffn_tap(ctx, hot_tap_fn, &td);
-    const int32_t bos = flm_tokenizer_wants_bos(ctx->model->tok) ? flm_tokenizer_bos(ctx->model->tok) : -1;
+    const flm_ffn_hooks hooks = {.tap = hot_tap_fn, .tap_user = &td};
+    const flm_model *model = flm_ctx_model(ctx);
+    const int32_t bos = flm_tokenizer_wants_bos(model->tok) ? flm_tokenizer_bos(model->tok) : -1;
     for (uint32_t t = 0; t < n;) { /* chunks from position 0, the first token BOS when the model adds one (as ram) */
-        const uint32_t m = n - t < chunk ? n - t : chunk, b = (uint32_t)ctx->params.n_batch;
+        const uint32_t m = n - t < chunk ? n - t : chunk, b = (uint32_t)flm_ctx_params(ctx)->n_batch;
         memcpy(chunk_toks, ids + t, (size_t)m * sizeof *chunk_toks);
         if (bos >= 0) chunk_toks[0] = bos;
         for (uint32_t j = 0; j < m; j += b) {
             const float *logits;
             const uint32_t c = m - j < b ? m - j : b;
-            if ((st = flm_eval_batch(ctx, chunk_toks + j, c, (int32_t)j, NULL, &logits, err))) goto done;
+            if ((st = flm_eval_hooked(ctx, chunk_toks + j, c, (int32_t)j, &hooks, NULL, &logits, err))) goto done;
             if (td.err_no) {
                 st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(td.err_no));
                 goto done;
@@ -256,7 +262,6 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
         }
         t += m;
     }
-    flm_set_ffn_tap(ctx, NULL, NULL);
     flm_close(ctx); /* its memory is the scoring's now */
     ctx = NULL;
     if ((st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &hdr, err))) goto done;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/hooks.h"
 #include "runtime/pass.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
@@ -164,11 +165,13 @@ static flm_status open_gguf(flm_ctx *ctx, const char *path, const flm_params *p,
     if (st || (st = flm_model_from_gguf(f, &ctx->model, err))) return st;
     ctx->mem_resident = f->size;
     ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
+    ctx->k = flm_kernels_best();
+    ctx->ffn_env = (flm_ffn_env){.k = ctx->k, .model = ctx->model, .params = &ctx->params, .s = &ctx->s,
+                                 .io = &ctx->io, .log = &ctx->log};
     if ((st = flm_plan_gguf(path, f->size, &ctx->model->hp, p, &ctx->plan, err))) return st;
     flm_gguf_prefault(f); /* ram mode: every weight in memory from the start, not faulted in by the first pass */
     ctx->params.n_ctx = (int)ctx->plan.n_ctx;
     ctx->params.n_batch = (int)ctx->plan.n_batch;
-    ctx->k = flm_kernels_best();
     return FLM_OK;
 }
 
@@ -211,22 +214,6 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     return FLM_OK;
 }
 
-flm_status flm_set_ffn_select(flm_ctx *ctx, flm_ffn_select_fn fn, void *user, bool need_h, flm_error *err) {
-    if (fn && ctx->ffn != &flm_ffn_ram)
-        return flm_fail(err, FLM_ERR_ARG, "the FFN select hook needs a .flm opened in ram mode");
-    if (fn && !ctx->select_ids && !(ctx->select_ids = malloc(ctx->model->hp.d_ffn * sizeof(uint32_t))))
-        return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    ctx->ffn_select = fn;
-    ctx->select_user = fn ? user : NULL;
-    ctx->select_need_h = fn && need_h;
-    return FLM_OK;
-}
-
-void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user) {
-    ctx->ffn_tap = fn;
-    ctx->tap_user = fn ? user : NULL;
-}
-
 void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
     if (!ctx) return;
     ctx->log = (flm_logger){fn, user};
@@ -236,13 +223,12 @@ void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
 
 void flm_close(flm_ctx *ctx) {
     if (!ctx) return;
-    if (ctx->ffn) ctx->ffn->close(ctx);
+    if (ctx->ffn) ctx->ffn->close(&ctx->ffn_env);
     flm_flash_close(ctx->flash);
     flm_scratch_free(&ctx->s);
     flm_kv_cache_free(&ctx->kv);
     flm_arena_free(&ctx->mem); /* the KV cache, the activations, the statistics ring */
     flm_model_free(ctx->model);
-    free(ctx->select_ids);
     free(ctx);
 }
 
@@ -278,35 +264,6 @@ static flm_status check_tokens(const flm_ctx *ctx, const int32_t *tokens, uint32
     return FLM_OK;
 }
 
-flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
-    flm_status st = check_tokens(ctx, &token, 1, pos, err);
-    if (st) return st;
-    ctx->tree_n = 0;
-    ctx->next_pos = pos; /* positions >= pos are forgotten, whatever happens below */
-    flm_token_stats tok = {0};
-    double t0 = flm_now_ms();
-    if ((st = flm_forward(ctx, &token, 1, pos, NULL, &tok, NULL, err))) return st;
-    tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-    record_token(ctx, &tok);
-    ctx->next_pos = pos + 1;
-    *logits = ctx->s.logits;
-    return FLM_OK;
-}
-
-bool flm_has_self_draft(const flm_ctx *ctx) {
-    return ctx && ctx->flash && ctx->flash->plan.mode == FLM_MODE_HOT && ctx->flash->plan.stream;
-}
-
-flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
-    if (!ctx || !ctx->flash || ctx->flash->plan.mode != FLM_MODE_HOT)
-        return flm_fail(err, FLM_ERR_ARG, "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode "
-                        "hot or auto under a budget runs it)");
-    ctx->ffn_draft = true;
-    flm_status st = flm_eval(ctx, token, pos, logits, err);
-    ctx->ffn_draft = false;
-    return st;
-}
-
 /* Record a pass over m tokens: each gets an equal share of its statistics. */
 static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
     const flm_token_stats tok = *pt;
@@ -336,35 +293,96 @@ static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
     }
 }
 
-flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                          const float **logits, flm_error *err) {
-    flm_status st = check_tokens(ctx, tokens, n, pos, err);
+/* sum += a, for one call's pieces (rows_used: a level, the latest) */
+static void stats_add(flm_token_stats *sum, const flm_token_stats *a) {
+    sum->io_ms += a->io_ms;
+    sum->mem_ms += a->mem_ms;
+    sum->compute_ms += a->compute_ms;
+    sum->bytes_read += a->bytes_read;
+    sum->n_reads += a->n_reads;
+    sum->n_predicted += a->n_predicted;
+    sum->n_loaded += a->n_loaded;
+    sum->n_reused += a->n_reused;
+    sum->rows_used = a->rows_used;
+    sum->n_true += a->n_true;
+    sum->n_true_pos += a->n_true_pos;
+}
+
+static bool runs_hot(const flm_ctx *ctx) { return ctx->flash && ctx->flash->plan.mode == FLM_MODE_HOT; }
+
+#define NEEDS_HOT "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode hot or auto under a " \
+                  "budget runs it)"
+
+flm_status flm_eval_run(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err) {
+    flm_status st = check_tokens(ctx, rq->tokens, rq->n, rq->pos, err);
     if (st) return st;
+    if (rq->tree || rq->logits == FLM_LOGITS_HIDDEN || (rq->logits == FLM_LOGITS_ALL) != (rq->logits_all != NULL))
+        return flm_fail(err, FLM_ERR_ARG, "evaluation request: a tree or hidden states (flm_eval_tree's), or "
+                        "logits_all without FLM_LOGITS_ALL (or the reverse)");
+    if (rq->draft && !runs_hot(ctx)) return flm_fail(err, FLM_ERR_ARG, NEEDS_HOT);
+    if (rq->hooks && rq->hooks->select && (ctx->ffn != &flm_ffn_ram || !rq->hooks->ids))
+        return flm_fail(err, FLM_ERR_ARG, "the FFN select hook needs a .flm opened in ram mode (and its ids array)");
     ctx->tree_n = 0;
-    const int32_t pos0 = pos;
-    ctx->next_pos = pos;
-    const uint32_t V = ctx->model->hp.n_vocab, B = (uint32_t)ctx->params.n_batch;
+    const int32_t pos0 = rq->pos;
+    ctx->next_pos = pos0; /* positions >= pos are forgotten, whatever happens below */
+    const uint32_t n = rq->n, V = ctx->model->hp.n_vocab, B = (uint32_t)ctx->params.n_batch;
     for (uint32_t i = 0; i < n;) {
-        uint32_t m = n - i < B ? n - i : B;
-        flm_token_stats tok = {0};
-        double t0 = flm_now_ms();
-        float *out = logits_all ? logits_all + (size_t)i * V : NULL;
-        ctx->skip_logits = !out && i + m < n; /* only the last piece's last token's logits are returned */
-        st = flm_forward(ctx, tokens + i, m, pos0 + (int32_t)i, out, &tok, NULL, err);
-        ctx->skip_logits = false;
-        if (st) {
+        const uint32_t m = n - i < B ? n - i : B;
+        flm_eval_req piece = *rq;
+        piece.tokens = rq->tokens + i;
+        piece.n = m;
+        piece.pos = pos0 + (int32_t)i;
+        if (rq->logits == FLM_LOGITS_ALL) piece.logits_all = rq->logits_all + (size_t)i * V;
+        else if (i + m < n) piece.logits = FLM_LOGITS_NONE; /* only the last piece's last token's are returned */
+        flm_eval_res r = {0};
+        const double t0 = flm_now_ms();
+        if ((st = flm_forward(ctx, &piece, &r, err))) {
             ctx->next_pos = pos0; /* the whole call is undone: the caller evaluates pos0 again */
             return st;
         }
-        tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-        record_batch(ctx, &tok, m);
+        r.stats.compute_ms = flm_now_ms() - t0 - r.stats.io_ms - r.stats.mem_ms;
+        record_batch(ctx, &r.stats, m);
+        stats_add(&res->stats, &r.stats);
+        res->logits = r.logits;
         ctx->next_pos = pos0 + (int32_t)(i + m);
         i += m;
     }
-    if (logits) *logits = logits_all ? logits_all + (size_t)(n - 1) * V : ctx->s.logits;
     return FLM_OK;
 }
 
+flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
+    const flm_eval_req rq = {.tokens = &token, .n = 1, .pos = pos};
+    flm_eval_res res = {0};
+    flm_status st = flm_eval_run(ctx, &rq, &res, err);
+    if (!st) *logits = res.logits;
+    return st;
+}
+
+bool flm_has_self_draft(const flm_ctx *ctx) { return ctx && runs_hot(ctx) && ctx->flash->plan.stream; }
+
+flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
+    if (!ctx) return flm_fail(err, FLM_ERR_ARG, NEEDS_HOT);
+    const flm_eval_req rq = {.tokens = &token, .n = 1, .pos = pos, .draft = true};
+    flm_eval_res res = {0};
+    flm_status st = flm_eval_run(ctx, &rq, &res, err);
+    if (!st) *logits = res.logits;
+    return st;
+}
+
+flm_status flm_eval_hooked(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, const flm_ffn_hooks *h,
+                           float *logits_all, const float **logits, flm_error *err) {
+    const flm_eval_req rq = {.tokens = tokens, .n = n, .pos = pos, .hooks = h, .logits_all = logits_all,
+                             .logits = logits_all ? FLM_LOGITS_ALL : FLM_LOGITS_LAST};
+    flm_eval_res res = {0};
+    flm_status st = flm_eval_run(ctx, &rq, &res, err);
+    if (!st && logits) *logits = logits_all ? logits_all + (size_t)(n - 1) * ctx->model->hp.n_vocab : res.logits;
+    return st;
+}
+
+flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
+                          const float **logits, flm_error *err) {
+    return flm_eval_hooked(ctx, tokens, n, pos, NULL, logits_all, logits, err);
+}
 
 flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
                          int32_t pos, bool draft, float *logits, flm_error *err) {
@@ -376,12 +394,10 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     if (!logits && n_nodes - first > 1 && n_nodes - first > ctx->s.n_batch)
         return flm_fail(err, FLM_ERR_ARG, "tree evaluation without logits: %u nodes, more than one batch holds (%u, "
                         "-b)", n_nodes - first, ctx->s.n_batch);
-    if (draft && (!ctx->flash || ctx->flash->plan.mode != FLM_MODE_HOT))
-        return flm_fail(err, FLM_ERR_ARG, "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode "
-                        "hot or auto under a budget runs it)");
-    if (ctx->ffn_select || (ctx->flash && ctx->flash->plan.mode == FLM_MODE_SPARSE))
-        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: the FFN source chooses neurons per position (mode sparse "
-                        "or a select hook); evaluate a path at a time instead");
+    if (draft && !runs_hot(ctx)) return flm_fail(err, FLM_ERR_ARG, NEEDS_HOT);
+    if (ctx->flash && ctx->flash->plan.mode == FLM_MODE_SPARSE)
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: the FFN source chooses neurons per position (mode "
+                        "sparse); evaluate a path at a time instead");
     if (first > 0 && (ctx->tree_n < first || ctx->tree_pos != pos || ctx->next_pos != pos))
         return flm_fail(err, FLM_ERR_ARG, "tree evaluation from node %u: the cache holds %u nodes of a tree at %d (the "
                         "earlier nodes must come first)", first, ctx->tree_n, ctx->tree_pos);
@@ -415,22 +431,23 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     ctx->tree_n = first;
     ctx->tree_hidden = NULL;
     const uint32_t V = hp->n_vocab, B = (uint32_t)ctx->params.n_batch;
-    const bool was_draft = ctx->ffn_draft;
-    ctx->ffn_draft = draft;
+    const float *hidden = NULL;
     for (uint32_t i = first; i < n_nodes;) {
         uint32_t m = n_nodes - i < B ? n_nodes - i : B;
-        flm_token_stats tok = {0};
+        const flm_eval_req rq = {.tokens = tokens + i, .n = m, .pos = pos + (int32_t)i, .draft = draft, .tree = &tree,
+                                 .logits = logits ? FLM_LOGITS_ALL : FLM_LOGITS_HIDDEN,
+                                 .logits_all = logits ? logits + (size_t)(i - first) * V : NULL};
+        flm_eval_res r = {0};
         double t0 = flm_now_ms();
-        if ((st = flm_forward(ctx, tokens + i, m, pos + (int32_t)i, logits ? logits + (size_t)(i - first) * V : NULL,
-                              &tok, &tree, err)))
-            break;
-        tok.compute_ms = flm_now_ms() - t0 - tok.io_ms - tok.mem_ms;
-        record_batch(ctx, &tok, m);
+        if ((st = flm_forward(ctx, &rq, &r, err))) break;
+        r.stats.compute_ms = flm_now_ms() - t0 - r.stats.io_ms - r.stats.mem_ms;
+        record_batch(ctx, &r.stats, m);
+        hidden = r.hidden;
         i += m;
         ctx->tree_n = i;
     }
-    ctx->ffn_draft = was_draft;
     ctx->next_pos = pos;
+    ctx->tree_hidden = hidden;
     if (st || logits) ctx->tree_hidden = NULL;
     else ctx->tree_hidden_first = first;
     free(mem);

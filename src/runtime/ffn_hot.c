@@ -9,7 +9,7 @@
  *
  * The target pass is exact: the resident prefix and the streamed range make the whole layer, computed by
  * flm_ffn_bundles_split with the thread ranges and summation order of the ram mode's pass over the same file, so the
- * logits are ram mode's bit for bit. A draft pass (ctx->ffn_draft, flm_eval_draft) computes each FFN over its
+ * logits are ram mode's bit for bit. A draft pass (flm_ffn_call.draft: flm_eval_draft, draft trees) computes each FFN over its
  * resident prefix only and reads nothing: the self-draft of speculative decoding.
  *
  * The draft window (plan.window_q16 > 0, flm_params.draft_window; only where a self-draft runs): a share of the
@@ -35,6 +35,7 @@
 #include "core/error.h"
 #include "core/util.h"
 #include "io/async_read.h"
+#include "runtime/hooks.h"
 #include "runtime/runtime.h"
 
 /* Resident records of a layer of n records at share q16 / 65536. */
@@ -154,9 +155,9 @@ typedef struct hot_state {
     uint32_t *free_slots;      /* scratch [largest cap] */
 } hot_state;
 
-static void hot_close(flm_ctx *ctx) {
-    hot_state *S = ctx->ffn_state;
-    ctx->ffn_state = NULL;
+static void hot_close(flm_ffn_env *E) {
+    hot_state *S = E->state;
+    E->state = NULL;
     if (!S) return;
     flm_async_read_stop(S->ahead);
     free(S->head);
@@ -279,10 +280,11 @@ static void window_update(hot_state *S, const flm_region *r, uint32_t l, const u
 }
 
 bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, const uint8_t **records) {
-    const hot_state *S = ctx && ctx->flash && ctx->flash->plan.mode == FLM_MODE_HOT ? ctx->ffn_state : NULL;
+    const flm_flash *fl = ctx ? ctx->flash : NULL;
+    const hot_state *S = fl && fl->plan.mode == FLM_MODE_HOT ? ctx->ffn_env.state : NULL;
     *n = 0;
     *records = NULL;
-    if (!S || !S->win_cap || l >= ctx->flash->file->n_layers || !S->win_cap[l]) return false;
+    if (!S || !S->win_cap || l >= fl->file->n_layers || !S->win_cap[l]) return false;
     *n = S->n_win[l];
     *records = S->win_rec[l];
     if (idx)
@@ -290,13 +292,13 @@ bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, 
     return true;
 }
 
-static flm_status hot_open(flm_ctx *ctx, flm_error *err) {
-    flm_flash *fl = ctx->flash;
+static flm_status hot_open(flm_ffn_env *E, flm_error *err) {
+    flm_flash *fl = E->flash;
     const flm_file *f = fl->file;
     const uint32_t L = f->n_layers;
     hot_state *S = calloc(1, sizeof *S);
     if (!S) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
-    ctx->ffn_state = S;
+    E->state = S;
     S->head = calloc(L, sizeof *S->head);
     S->n_hot = calloc(L, sizeof *S->n_hot);
     if (!S->head || !S->n_hot) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
@@ -343,9 +345,9 @@ static uint32_t next_streamed(const hot_state *S, const flm_file *f, uint32_t l)
 }
 
 /* Layer l's streamed records (tail): read ahead, or read now. */
-static flm_status hot_tail(flm_ctx *ctx, uint32_t l, const uint8_t **tail, flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    hot_state *S = ctx->ffn_state;
+static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = E->flash;
+    hot_state *S = E->state;
     const flm_file *f = fl->file;
     uint64_t off, len, skip;
     stream_span(f->ffn[l], S->n_hot[l], &off, &len, &skip);
@@ -362,7 +364,7 @@ static flm_status hot_tail(flm_ctx *ctx, uint32_t l, const uint8_t **tail, flm_t
         st = flm_reader_read(fl->reader, &e, 1, &io, err);
     }
     tok->io_ms += flm_now_ms() - t0;
-    flm_io_stats_add(&ctx->io, &io);
+    flm_io_stats_add(E->io, &io);
     tok->bytes_read += io.bytes_read;
     tok->n_reads += io.n_requests;
     if (st) return flm_flash_region_error(fl, l, st, err);
@@ -377,41 +379,32 @@ static flm_status hot_tail(flm_ctx *ctx, uint32_t l, const uint8_t **tail, flm_t
     return FLM_OK;
 }
 
-static flm_status hot_compute_n(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride, float *out,
-                                size_t out_stride, flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    hot_state *S = ctx->ffn_state;
+/* one token or a batch (c->n): the prefix, then the streamed tail (or, drafting, the window) */
+static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
+    flm_flash *fl = E->flash;
+    hot_state *S = E->state;
+    const uint32_t l = c->layer, n = c->n;
     const flm_region *r = fl->file->ffn[l];
     const uint8_t *head = S->head[l], *tail = NULL;
     size_t n_rec = r->n_records;
     const bool win = S->win_cap && S->win_cap[l];
-    if (ctx->ffn_draft) { /* the self-draft: what is in memory (the prefix, then the window), nothing read */
+    if (c->draft) { /* the self-draft: what is in memory (the prefix, then the window), nothing read */
         n_rec = S->n_hot[l] + (win ? S->n_win[l] : 0);
         if (win) tail = S->win_rec[l];
     } else if (S->n_hot[l] < r->n_records) {
-        flm_status st = hot_tail(ctx, l, &tail, tok, err);
+        flm_status st = hot_tail(E, l, &tail, c->tok, err);
         if (st) return st;
     }
-    const int nt = ctx->params.n_threads;
-    const bool update = win && !ctx->ffn_draft;
+    const int nt = E->params->n_threads;
+    const bool update = win && !c->draft;
     if (n == 1)
-        flm_ffn_bundles_split(ctx->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, in, out, ctx->s.hb,
+        flm_ffn_bundles_split(E->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, c->in, c->out, E->s->hb,
                               fl->acc, nt);
     else
-        flm_ffn_bundles_batch_split(ctx->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, NULL, 0, n, in,
-                                    in_stride, out, out_stride, fl->acc, update ? S->act : NULL, nt);
-    if (update) window_update(S, r, l, tail, (n == 1 ? ctx->s.hb : S->act) + S->n_hot[l], n);
+        flm_ffn_bundles_batch_split(E->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, NULL, 0, n, c->in,
+                                    c->in_stride, c->out, c->out_stride, fl->acc, update ? S->act : NULL, nt);
+    if (update) window_update(S, r, l, tail, (n == 1 ? E->s->hb : S->act) + S->n_hot[l], n);
     return FLM_OK;
 }
 
-static flm_status hot_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                              flm_error *err) {
-    return hot_compute_n(ctx, l, 1, in, 0, out, 0, tok, err);
-}
-
-static flm_status hot_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
-                                    float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
-    return hot_compute_n(ctx, l, n, in, in_stride, out, out_stride, tok, err);
-}
-
-const flm_ffn_source_ops flm_ffn_hot = {"hot", hot_plan, hot_open, hot_compute, hot_close, hot_compute_batch};
+const flm_ffn_source_ops flm_ffn_hot = {"hot", hot_plan, hot_open, hot_compute, hot_close, hot_compute};

@@ -3,33 +3,27 @@
  *   ram     a .flm file's FFN regions, all read once at open: the bundle FFN over each layer's records */
 #include "compute/act.h"
 #include "core/util.h"
+#include "runtime/hooks.h"
 #include "runtime/pass.h"
 #include "runtime/runtime.h"
 
 /* ---- mapped (GGUF) ---------------------------------------------------------------------------------------------- */
 
-static flm_status mapped_open(flm_ctx *ctx, flm_error *err) { return FLM_OK; } /* the model holds the mapping */
+static flm_status mapped_open(flm_ffn_env *E, flm_error *err) { return FLM_OK; } /* the model holds the mapping */
 
-static flm_status mapped_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                                 flm_error *err) {
-    const flm_pass P = {.k = ctx->k, .hp = &ctx->model->hp, .n_threads = ctx->params.n_threads, .n = 1};
-    flm_pass_ffn_dense(&P, &ctx->model->layers[l], in, ctx->model->hp.d_model, out, ctx->model->hp.d_model,
-                       ctx->s.hb, ctx->s.hb2);
+/* one token: up and gate (matvecs), the activation, then down; a batch: the same as matrix-matrix products into
+ * [n][d_ffn] */
+static flm_status mapped_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
+    const flm_pass P = {.k = E->k, .hp = &E->model->hp, .n_threads = E->params->n_threads, .n = c->n};
+    const bool one = c->n == 1;
+    flm_pass_ffn_dense(&P, &E->model->layers[c->layer], c->in, c->in_stride, c->out, c->out_stride,
+                       one ? E->s->hb : E->s->bh, one ? E->s->hb2 : E->s->bh2);
     return FLM_OK;
 }
 
-/* the batch: up and gate as matrix-matrix products into [n][d_ffn], the activation, then down */
-static flm_status mapped_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
-                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
-    const flm_pass P = {.k = ctx->k, .hp = &ctx->model->hp, .n_threads = ctx->params.n_threads, .n = n};
-    flm_pass_ffn_dense(&P, &ctx->model->layers[l], in, in_stride, out, out_stride, ctx->s.bh, ctx->s.bh2);
-    return FLM_OK;
-}
+static void no_state_close(flm_ffn_env *E) { E->state = NULL; }
 
-static void no_state_close(flm_ctx *ctx) { ctx->ffn_state = NULL; }
-
-const flm_ffn_source_ops flm_ffn_mapped = {"ram", NULL, mapped_open, mapped_compute, no_state_close,
-                                           mapped_compute_batch};
+const flm_ffn_source_ops flm_ffn_mapped = {"ram", NULL, mapped_open, mapped_compute, no_state_close, mapped_compute};
 
 /* ---- ram (.flm) ------------------------------------------------------------------------------------------------- */
 
@@ -42,35 +36,36 @@ static flm_status ram_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
     return FLM_OK;
 }
 
-static flm_status ram_open(flm_ctx *ctx, flm_error *err) {
-    return flm_flash_load_layers(ctx, ctx->flash->plan.n_resident_layers, err);
+static flm_status ram_open(flm_ffn_env *E, flm_error *err) {
+    return flm_flash_load_layers(E, E->flash->plan.n_resident_layers, err);
 }
 
-static flm_status ram_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                              flm_error *err) {
-    if (ctx->ffn_select) { /* analysis: the FFN over the neurons the hook picks */
+static flm_status ram_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
+    const uint32_t l = c->layer;
+    const flm_ffn_hooks *H = c->hooks;
+    if (H && H->select) { /* analysis: the FFN over the neurons the hook picks */
         const float *h = NULL;
-        if (ctx->select_need_h) {
-            flm_flash_bundles(ctx, l, ctx->flash->layer_data[l], in, out);
-            h = ctx->s.hb;
+        if (H->need_h) {
+            flm_flash_bundles(E, l, E->flash->layer_data[l], c->in, c->out);
+            h = E->s->hb;
         }
-        uint32_t n = ctx->ffn_select(ctx->select_user, l, in, h, ctx->select_ids);
+        uint32_t n = H->select(H->select_user, l, c->pos, c->in, h, H->ids);
         if (n == FLM_SELECT_ALL && h) return FLM_OK; /* every neuron: out is the dense FFN computed above */
-        flm_ffn_bundles(ctx->k, &ctx->flash->desc[l], ctx->flash->layer_data[l], ctx->select_ids, n, in, out,
-                        ctx->s.hb2, ctx->flash->acc, ctx->params.n_threads);
+        flm_ffn_bundles(E->k, &E->flash->desc[l], E->flash->layer_data[l], H->ids, n, c->in, c->out, E->s->hb2,
+                        E->flash->acc, E->params->n_threads);
         return FLM_OK;
     }
-    flm_flash_bundles(ctx, l, ctx->flash->layer_data[l], in, out);
+    flm_flash_bundles(E, l, E->flash->layer_data[l], c->in, c->out);
     return FLM_OK;
 }
 
-static flm_status ram_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
-                                    float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
-    flm_flash_bundles_batch(ctx, l, ctx->flash->layer_data[l], n, in, in_stride, out, out_stride);
+static flm_status ram_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
+    flm_flash_bundles_batch(E, c->layer, E->flash->layer_data[c->layer], c->n, c->in, c->in_stride, c->out,
+                            c->out_stride);
     return FLM_OK;
 }
 
-/* the layers' records belong to ctx->flash (calibrate reads them): flm_flash_close frees them */
+/* the layers' records belong to E->flash (calibrate reads them): flm_flash_close frees them */
 const flm_ffn_source_ops flm_ffn_ram = {"ram", ram_plan, ram_open, ram_compute, no_state_close, ram_compute_batch};
 
 const flm_ffn_source_ops *flm_ffn_source_of(flm_mode mode) {

@@ -19,8 +19,41 @@
 #include "flashlm.h"
 #include "format/flm.h"
 #include "model/model.h"
+#include "compute/kernels.h"
+#include "core/error.h"
+#include "io/reader.h"
 
 struct flm_mem_plan;
+struct flm_flash;
+struct flm_scratch;
+struct flm_ffn_hooks;
+
+/* What a source works with: the model, the kernels, the flash side and the FFN scratch, never the context (the
+ * context owns one, filled at open: flm_flash_open). Per-call inputs come in flm_ffn_call. */
+typedef struct flm_ffn_env {
+    const flm_kernels *k;
+    const flm_model *model;     /* hyper-parameters, FFN biases (b_up), the mapped GGUF's matrices */
+    const flm_params *params;   /* n_threads, the sparse ablations, no_read_ahead */
+    struct flm_flash *flash;    /* the .flm side (file, reader, plan, bundle descriptors); NULL for a GGUF */
+    struct flm_scratch *s;      /* FFN scratch: hb, hb2 [d_ffn] (one token), bh, bh2 [n_batch][d_ffn] (a batch) */
+    flm_io_stats *io;           /* the context's reader counters: every read is added */
+    const flm_logger *log;
+    void *state;                /* the source's own (stream buffers, sparse caches...), set by open, freed by close */
+} flm_ffn_env;
+
+/* One FFN call: layer `layer` for n >= 1 tokens at positions pos .. pos + n - 1 (tree nodes: their KV slots); token
+ * t's input (the FFN-normed residual, d_model floats) at in + t * in_stride, its output at out + t * out_stride. */
+typedef struct flm_ffn_call {
+    uint32_t layer, n;
+    int32_t pos;
+    const float *in;
+    size_t in_stride;
+    float *out;
+    size_t out_stride;
+    bool draft;                          /* hot: a self-draft pass, over the resident neurons only, nothing read */
+    const struct flm_ffn_hooks *hooks;   /* NULL, or the select hook (ram only; runtime/hooks.h) */
+    flm_token_stats *tok;                /* gets the I/O and memory-management times and bytes */
+} flm_ffn_call;
 
 typedef struct flm_ffn_source_ops {
     const char *name; /* the mode's name (flm_mode_name) */
@@ -30,23 +63,20 @@ typedef struct flm_ffn_source_ops {
      * NULL for the mapped source (a GGUF holds every weight in memory; flm_open checks its budget). */
     flm_status (*plan)(const flm_file *f, const flm_hparams *hp, uint32_t n_ctx, struct flm_mem_plan *p,
                        flm_error *err);
-    /* open: allocate what the plan holds and read what stays resident; ctx->flash (for .flm) exists, with the plan,
-     * the bundle descriptors and the reader. State goes into ctx->ffn_state. Errors: FLM_ERR_NOMEM, FLM_ERR_IO,
+    /* open: allocate what the plan holds and read what stays resident; E->flash (for .flm) exists, with the plan,
+     * the bundle descriptors and the reader. State goes into E->state. Errors: FLM_ERR_NOMEM, FLM_ERR_IO,
      * FLM_ERR_CHECKSUM, FLM_ERR_BUDGET (sparse: a layer's cache cannot hold a token's neurons). */
-    flm_status (*open)(flm_ctx *ctx, flm_error *err);
-    /* compute: out[d_model] = FFN of layer l on in[d_model] (in is the FFN-normed residual); reads what is not in
-     * memory and adds its I/O time, memory-management time and bytes to tok. Errors: FLM_ERR_IO (the read; nothing is
-     * left half-cached), FLM_ERR_CHECKSUM. */
-    flm_status (*compute)(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                          flm_error *err);
-    /* close: free ctx->ffn_state (may be NULL: open failed part way). */
-    void (*close)(flm_ctx *ctx);
-    /* compute_batch: the same for n tokens at positions ctx->cur_pos .. ctx->cur_pos + n - 1 (a batched forward
-     * pass): token t's input at in + t * in_stride, its output at out + t * out_stride (d_model floats). The
-     * layer's weights are read once for all n tokens. NULL: the forward pass calls compute token by token.
-     * Errors: as compute (the batch is evaluated again from its start). */
-    flm_status (*compute_batch)(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride, float *out,
-                                size_t out_stride, flm_token_stats *tok, flm_error *err);
+    flm_status (*open)(flm_ffn_env *E, flm_error *err);
+    /* compute: one token (c->n == 1): out[d_model] = FFN of layer c->layer on in[d_model]; reads what is not in
+     * memory and adds its I/O time, memory-management time and bytes to c->tok. Errors: FLM_ERR_IO (the read;
+     * nothing is left half-cached), FLM_ERR_CHECKSUM. */
+    flm_status (*compute)(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err);
+    /* close: free E->state (may be NULL: open failed part way). */
+    void (*close)(flm_ffn_env *E);
+    /* compute_batch: the same for c->n > 1 tokens (a batched forward pass); the layer's weights are read once for
+     * all of them. NULL: the forward pass calls compute token by token. Errors: as compute (the batch is evaluated
+     * again from its start). */
+    flm_status (*compute_batch)(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err);
 } flm_ffn_source_ops;
 
 extern const flm_ffn_source_ops flm_ffn_mapped; /* ffn_ram.c */

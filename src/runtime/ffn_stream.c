@@ -70,22 +70,22 @@ typedef struct stream_state {
 
 /* state: the layer buffers (plan.stream bytes, aligned for O_DIRECT, carved from fl->ffn_mem after the resident
  * layers) and the read-ahead thread; NULL when every layer is resident */
-static void stream_close(flm_ctx *ctx) {
-    stream_state *S = ctx->ffn_state;
-    ctx->ffn_state = NULL;
+static void stream_close(flm_ffn_env *E) {
+    stream_state *S = E->state;
+    E->state = NULL;
     if (!S) return;
     flm_async_read_stop(S->ahead); /* a read in flight finishes first: the buffers are the arena's */
     free(S);
 }
 
-static flm_status stream_open(flm_ctx *ctx, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    flm_status st = flm_flash_load_layers(ctx, fl->plan.n_resident_layers, err);
+static flm_status stream_open(flm_ffn_env *E, flm_error *err) {
+    flm_flash *fl = E->flash;
+    flm_status st = flm_flash_load_layers(E, fl->plan.n_resident_layers, err);
     if (st) return st;
     if (!fl->plan.stream) return FLM_OK;
     stream_state *S = calloc(1, sizeof *S);
     if (!S) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the layer stream", fl->file->path);
-    ctx->ffn_state = S;
+    E->state = S;
     S->n_buf = fl->plan.n_stream_buffers == 2 ? 2 : 1;
     S->buf_bytes = fl->plan.stream / S->n_buf;
     for (uint32_t b = 0; b < S->n_buf; b++)
@@ -107,14 +107,14 @@ static uint32_t next_streamed(const flm_flash *fl, uint32_t n_layers, uint32_t l
 }
 
 /* Layer l's records: in memory (a resident layer), read ahead, or read now into a layer buffer. */
-static flm_status layer_records(flm_ctx *ctx, uint32_t l, const uint8_t **out, flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
+static flm_status layer_records(flm_ffn_env *E, uint32_t l, const uint8_t **out, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = E->flash;
     const uint8_t *records = fl->layer_data[l];
     if (records) {
         *out = records;
         return FLM_OK;
     }
-    stream_state *S = ctx->ffn_state;
+    stream_state *S = E->state;
     const flm_region *r = fl->file->ffn[l];
     flm_io_stats io = {0};
     flm_status st = FLM_OK;
@@ -131,13 +131,13 @@ static flm_status layer_records(flm_ctx *ctx, uint32_t l, const uint8_t **out, f
         st = flm_reader_read(fl->reader, &e, 1, &io, err);
     }
     tok->io_ms += flm_now_ms() - t0;
-    flm_io_stats_add(&ctx->io, &io);
+    flm_io_stats_add(E->io, &io);
     tok->bytes_read += io.bytes_read;
     tok->n_reads += io.n_requests;
     if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
     records = S->buf[S->cur];
     if (S->ahead) { /* read the next streamed layer into the other buffer while this one is computed */
-        uint32_t m = next_streamed(fl, ctx->model->hp.n_layers, l), into = 1 - S->cur;
+        uint32_t m = next_streamed(fl, E->model->hp.n_layers, l), into = 1 - S->cur;
         const flm_region *rm = fl->file->ffn[m];
         S->ext = (flm_extent){rm->offset, flm_align_up(rm->size, FLM_ALIGN), S->buf[into]};
         flm_async_read_submit(S->ahead, &S->ext, 1, (uint64_t)m << 1 | into);
@@ -146,22 +146,20 @@ static flm_status layer_records(flm_ctx *ctx, uint32_t l, const uint8_t **out, f
     return FLM_OK;
 }
 
-static flm_status stream_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                                 flm_error *err) {
+static flm_status stream_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
     const uint8_t *records = NULL;
-    flm_status st = layer_records(ctx, l, &records, tok, err);
+    flm_status st = layer_records(E, c->layer, &records, c->tok, err);
     if (st) return st;
-    flm_flash_bundles(ctx, l, records, in, out);
+    flm_flash_bundles(E, c->layer, records, c->in, c->out);
     return FLM_OK;
 }
 
 /* a batch: the layer is read once for all its tokens */
-static flm_status stream_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
-                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
+static flm_status stream_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
     const uint8_t *records = NULL;
-    flm_status st = layer_records(ctx, l, &records, tok, err);
+    flm_status st = layer_records(E, c->layer, &records, c->tok, err);
     if (st) return st;
-    flm_flash_bundles_batch(ctx, l, records, n, in, in_stride, out, out_stride);
+    flm_flash_bundles_batch(E, c->layer, records, c->n, c->in, c->in_stride, c->out, c->out_stride);
     return FLM_OK;
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/types.h"
 #include "io/io_cost.h"
+#include "runtime/hooks.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
@@ -94,30 +95,32 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
                             (unsigned long long)reader_mem, (unsigned long long)flm_mem_plan_total(&fl->plan));
     }
     ctx->ffn = flm_ffn_source_of(fl->plan.mode);
-    st = ctx->ffn->open(ctx, err);
+    ctx->ffn_env = (flm_ffn_env){.k = ctx->k, .model = ctx->model, .params = &ctx->params, .flash = fl, .s = &ctx->s,
+                                 .io = &ctx->io, .log = &ctx->log};
+    st = ctx->ffn->open(&ctx->ffn_env, err);
     return st;
 }
 
-flm_status flm_flash_embedding(flm_ctx *ctx, int32_t token, float *out, flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    const flm_weight *e = &ctx->model->tok_embd;
+flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, float *out, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = E->flash;
+    const flm_weight *e = &E->model->tok_embd;
     if (!fl || !fl->embd_row) /* a planning bug: the embedding is neither in memory nor planned on flash */
         return flm_fail(err, FLM_ERR_ARG, "the token embedding is not in memory");
     uint64_t rb = fl->plan.embd_row;
     flm_extent x = {fl->embd_offset + (uint64_t)token * rb, rb, fl->embd_row};
-    flm_io_stats before = ctx->io;
+    flm_io_stats before = *E->io;
     double t0 = flm_now_ms();
-    flm_status st = flm_reader_read(fl->reader, &x, 1, &ctx->io, err);
+    flm_status st = flm_reader_read(fl->reader, &x, 1, E->io, err);
     tok->io_ms += flm_now_ms() - t0;
-    tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-    tok->n_reads += ctx->io.n_requests - before.n_requests;
+    tok->bytes_read += E->io->bytes_read - before.bytes_read;
+    tok->n_reads += E->io->n_requests - before.n_requests;
     if (st) return st;
-    ctx->k->dequant[e->type](fl->embd_row, out, e->n_in);
+    E->k->dequant[e->type](fl->embd_row, out, e->n_in);
     return FLM_OK;
 }
 
-flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err) {
-    flm_flash *fl = ctx->flash;
+flm_status flm_flash_load_layers(flm_ffn_env *E, uint32_t n, flm_error *err) {
+    flm_flash *fl = E->flash;
     const flm_file *file = fl->file;
     uint64_t planned = fl->plan.ffn_resident + fl->plan.stream;
     if (!fl->ffn_mem.base && planned && flm_arena_init(&fl->ffn_mem, planned))
@@ -149,17 +152,17 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
     return flm_fail(err, st, "%s: FFN region of layer %u: %s", path, l, msg);
 }
 
-void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out) {
-    flm_flash *fl = ctx->flash;
-    flm_ffn_bundles(ctx->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, in, out, ctx->s.hb, fl->acc,
-                    ctx->params.n_threads);
+void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const float *in, float *out) {
+    flm_flash *fl = E->flash;
+    flm_ffn_bundles(E->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, in, out, E->s->hb, fl->acc,
+                    E->params->n_threads);
 }
 
-void flm_flash_bundles_batch(flm_ctx *ctx, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
+void flm_flash_bundles_batch(flm_ffn_env *E, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
                              size_t in_stride, float *out, size_t out_stride) {
-    flm_flash *fl = ctx->flash;
-    flm_ffn_bundles_batch(ctx->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, NULL, 0, n, in, in_stride,
-                          out, out_stride, fl->acc, ctx->params.n_threads);
+    flm_flash *fl = E->flash;
+    flm_ffn_bundles_batch(E->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, NULL, 0, n, in, in_stride,
+                          out, out_stride, fl->acc, E->params->n_threads);
 }
 
 void flm_flash_close(flm_flash *fl) {
@@ -182,3 +185,8 @@ const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const fl
     *desc = &fl->desc[l];
     return fl->layer_data[l];
 }
+
+const flm_model *flm_ctx_model(const flm_ctx *ctx) { return ctx->model; }
+const flm_kernels *flm_ctx_kernels(const flm_ctx *ctx) { return ctx->k; }
+const flm_params *flm_ctx_params(const flm_ctx *ctx) { return &ctx->params; }
+const flm_file *flm_ctx_file(const flm_ctx *ctx) { return ctx->flash ? ctx->flash->file : NULL; }

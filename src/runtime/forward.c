@@ -47,6 +47,7 @@
 #include "core/error.h"
 
 #include "core/types.h"
+#include "runtime/hooks.h"
 #include "runtime/pass.h"
 #include "runtime/runtime.h"
 
@@ -260,7 +261,7 @@ static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, 
             ctx->k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * row_bytes, x,
                                               de);
         } else {
-            flm_status st = flm_flash_embedding(ctx, tokens[t], x, tok, err);
+            flm_status st = flm_flash_embedding(&ctx->ffn_env, tokens[t], x, tok, err);
             if (st) return st;
         }
         if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
@@ -300,28 +301,32 @@ static void output(const flm_model *m, const flm_pass *P, float *X, float *H, si
 
 /* The FFN block of layer l by the mode's source: the tap sees every token's input first (it only observes); one
  * token goes to compute; a batch to compute_batch, or token by token (a source without one; the select hook, which
- * chooses per token), each at ctx->cur_pos = its position. in rows are in_stride apart, out rows d_model. */
-static flm_status ffn(flm_ctx *ctx, uint32_t l, uint32_t n, int32_t pos, const float *in, size_t in_stride, float *out,
-                      flm_token_stats *tok, flm_error *err) {
+ * chooses per token), each at its position. in rows are in_stride apart, out rows d_model. */
+static flm_status ffn(flm_ctx *ctx, const flm_eval_req *rq, uint32_t l, uint32_t n, int32_t pos, const float *in,
+                      size_t in_stride, float *out, flm_token_stats *tok, flm_error *err) {
     const uint32_t d = ctx->model->hp.d_model;
-    if (ctx->ffn_tap)
-        for (uint32_t t = 0; t < n; t++) ctx->ffn_tap(ctx->tap_user, l, in + t * in_stride);
-    if (n == 1) return ctx->ffn->compute(ctx, l, in, out, tok, err);
-    if (ctx->ffn->compute_batch && !ctx->ffn_select)
-        return ctx->ffn->compute_batch(ctx, l, n, in, in_stride, out, d, tok, err);
+    const flm_ffn_hooks *H = rq->hooks;
+    if (H && H->tap)
+        for (uint32_t t = 0; t < n; t++) H->tap(H->tap_user, l, in + t * in_stride);
+    flm_ffn_call c = {.layer = l, .n = n, .pos = pos, .in = in, .in_stride = in_stride, .out = out, .out_stride = d,
+                      .draft = rq->draft, .hooks = H, .tok = tok};
+    if (n == 1) return ctx->ffn->compute(&ctx->ffn_env, &c, err);
+    if (ctx->ffn->compute_batch && !(H && H->select)) return ctx->ffn->compute_batch(&ctx->ffn_env, &c, err);
+    c.n = 1;
     for (uint32_t t = 0; t < n; t++) {
-        ctx->cur_pos = pos + (int32_t)t;
-        flm_status st = ctx->ffn->compute(ctx, l, in + t * in_stride, out + (size_t)t * d, tok, err);
+        c.pos = pos + (int32_t)t;
+        c.in = in + t * in_stride;
+        c.out = out + (size_t)t * d;
+        flm_status st = ctx->ffn->compute(&ctx->ffn_env, &c, err);
         if (st) return st;
     }
-    ctx->cur_pos = pos;
     return FLM_OK;
 }
 
 /* The output rows a pass computes: all, or for a draft pass the draft vocabulary (flm_params.draft_vocab). */
-static uint32_t output_rows(const flm_ctx *ctx) {
+static uint32_t output_rows(const flm_ctx *ctx, bool draft) {
     const uint32_t V = ctx->model->hp.n_vocab;
-    if (!ctx->ffn_draft || ctx->params.draft_vocab < 0) return V;
+    if (!draft || ctx->params.draft_vocab < 0) return V;
     const uint32_t dv = ctx->params.draft_vocab ? (uint32_t)ctx->params.draft_vocab
                         : V > 2u * FLM_DRAFT_VOCAB ? FLM_DRAFT_VOCAB : V;
     return dv < V ? dv : V;
@@ -342,9 +347,11 @@ static bool logits_finite(const float *logits, uint32_t n, uint32_t rows, uint32
 }
 
 /* The pass over n tokens whose activations are R (n = 1: the single-token scratch; else the batch scratch). */
-static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, const rows *R,
-                       float *logits_all, flm_token_stats *tok, const flm_tree *tree, flm_error *err) {
-    ctx->cur_pos = pos; /* the first position (FFN sources see pos .. pos + n - 1) */
+static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_eval_res *res, flm_error *err) {
+    const int32_t *tokens = rq->tokens, pos = rq->pos;
+    const uint32_t n = rq->n;
+    float *logits_all = rq->logits == FLM_LOGITS_ALL ? rq->logits_all : NULL;
+    flm_token_stats *tok = &res->stats;
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     flm_scratch *s = &ctx->s;
@@ -352,7 +359,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
     const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
     const size_t hs = R->h_stride;
     const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n,
-                        .pos = pos, .att = s->att, .tree = tree};
+                        .pos = pos, .att = s->att, .tree = rq->tree};
 
     flm_status st = embed(ctx, &P, tokens, R->x, R->h, hs, tok, err);
     if (st) return st;
@@ -376,25 +383,21 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         flm_pass_residual(&P, R->x, R->o, d, &L->post_attn_norm);
         if (after) flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->x, d);
         else if (!parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
-        if ((st = ffn(ctx, l, n, pos, in, in_stride, R->o, tok, err))) return st;
+        if ((st = ffn(ctx, rq, l, n, pos, in, in_stride, R->o, tok, err))) return st;
         if (L->ffn_down_b.data)
             for (uint32_t t = 0; t < n; t++) add_bias(R->o + (size_t)t * d, &L->ffn_down_b, d);
         if (!all_finite(R->o, n * d)) return not_finite(ctx, "FFN", l, err);
         flm_pass_residual(&P, R->x, R->o, d, &L->post_ffn_norm);
         if (after) flm_pass_norm(&P, fn, fb, d, R->x, d, R->x, d);
     }
-    /* logits: every token's (a batch), or the last one's; none for tree nodes without a logits buffer: their
-     * normed final states stay in R->x for flm_tree_logits */
-    if (tree && !logits_all) {
-        ctx->tree_hidden = R->x;
-        ctx->cur_pos = pos + (int32_t)n - 1;
+    /* logits: every token's (a batch), or the last one's; none for a prompt piece before the last (never read),
+     * none for hidden states: the final states stay in R->x (flm_tree_logits) */
+    if (rq->logits == FLM_LOGITS_HIDDEN) {
+        res->hidden = R->x;
         return FLM_OK;
     }
-    if (ctx->skip_logits && !logits_all) { /* a prompt piece before the last: its logits are never read */
-        ctx->cur_pos = pos + (int32_t)n - 1;
-        return FLM_OK;
-    }
-    const uint32_t rows = output_rows(ctx);
+    if (rq->logits == FLM_LOGITS_NONE) return FLM_OK;
+    const uint32_t rows = output_rows(ctx, rq->draft);
     if (logits_all && n > 1) {
         output(m, &P, R->x, R->h, hs, logits_all, rows);
         if (!logits_finite(logits_all, n, rows, V)) return not_finite(ctx, "output", UINT32_MAX, err);
@@ -408,7 +411,7 @@ static flm_status pass(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t 
         mask_vocab(s->logits, 1, rows, V);
         if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
     }
-    ctx->cur_pos = pos + (int32_t)n - 1;
+    res->logits = s->logits;
     return FLM_OK;
 }
 
@@ -429,21 +432,28 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
     return flm_output_rows(ctx, &x, 1, logits, err);
 }
 
-flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                       flm_token_stats *tok, const flm_tree *tree, flm_error *err) {
+flm_status flm_forward(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     flm_scratch *s = &ctx->s;
-    const uint32_t V = hp->n_vocab;
+    const uint32_t V = hp->n_vocab, n = rq->n;
     const size_t hs = (size_t)flm_hparams_row(hp);
     if (n == 1 || s->n_batch < n) { /* one token (decoding), or more than the batch arrays hold: token by token */
+        if (n > 1 && rq->logits == FLM_LOGITS_HIDDEN)
+            return flm_fail(err, FLM_ERR_ARG, "hidden states of %u tokens: more than one batch holds (%u)", n,
+                            s->n_batch);
         const rows one = {.x = s->x, .h = s->xb, .h_stride = hs, .o = s->xb2, .q = s->q, .k = s->k, .v = s->v};
         for (uint32_t i = 0; i < n; i++) {
-            flm_status st = pass(ctx, tokens + i, 1, pos + (int32_t)i, &one, logits_all ? logits_all + (size_t)i * V
-                                                                                          : NULL, tok, tree, err);
+            flm_eval_req t = *rq;
+            t.tokens = rq->tokens + i;
+            t.n = 1;
+            t.pos = rq->pos + (int32_t)i;
+            if (rq->logits == FLM_LOGITS_ALL) t.logits_all = rq->logits_all + (size_t)i * V;
+            else if (rq->logits == FLM_LOGITS_LAST && i + 1 < n) t.logits = FLM_LOGITS_NONE; /* only the last's */
+            flm_status st = pass(ctx, &t, &one, res, err);
             if (st) return st;
         }
         return FLM_OK;
     }
     const rows batch = {.x = s->bx, .h = s->bxb, .h_stride = hs, .o = s->bxb2, .q = s->bq, .k = s->bk, .v = s->bv};
-    return pass(ctx, tokens, n, pos, &batch, logits_all, tok, tree, err);
+    return pass(ctx, rq, &batch, res, err);
 }

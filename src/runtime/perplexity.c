@@ -3,12 +3,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/hooks.h"
 #include "runtime/runtime.h"
 #include "core/error.h"
 
 flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                           void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
                           flm_ppl_result *out, flm_error *err) {
+    return flm_perplexity_hooked(ctx, text, n_chunk, max_chunks, progress, user, NULL, out, err);
+}
+
+flm_status flm_perplexity_hooked(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
+                                 void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
+                                 const flm_ffn_hooks *hooks, flm_ppl_result *out, flm_error *err) {
     memset(out, 0, sizeof *out);
     if (n_chunk < 4 || n_chunk > ctx->params.n_ctx)
         return flm_fail(err, FLM_ERR_ARG, "perplexity: chunk of %d tokens must be in [4, context %d]", n_chunk,
@@ -49,10 +56,10 @@ flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_c
          * context only, one batched call without logits */
         const int first = n_chunk / 2;
         const float *last;
-        if ((st = flm_eval_batch(ctx, toks, (uint32_t)first, 0, NULL, &last, err))) break;
+        if ((st = flm_eval_hooked(ctx, toks, (uint32_t)first, 0, hooks, NULL, &last, err))) break;
         for (int pos = first; pos < n_chunk - 1 && !st;) {
             uint32_t m = (uint32_t)(n_chunk - 1 - pos) < S ? (uint32_t)(n_chunk - 1 - pos) : S;
-            if ((st = flm_eval_batch(ctx, toks + pos, m, pos, lg, &last, err))) break;
+            if ((st = flm_eval_hooked(ctx, toks + pos, m, pos, hooks, lg, &last, err))) break;
             for (uint32_t j = 0; j < m; j++, pos++) {
                 const float *logits = lg + (size_t)j * n_vocab;
                 float mx = logits[0];

@@ -171,32 +171,20 @@ void flm_flash_close(flm_flash *fl);
  * [0, n) into fl->layer_data carved from it (4 KiB-aligned, checksummed), through the reader; not counted in the
  * statistics (load time). Errors: FLM_ERR_NOMEM, FLM_ERR_BUDGET (the regions exceed the plan: a planning bug),
  * FLM_ERR_IO, FLM_ERR_CHECKSUM naming the layer. */
-flm_status flm_flash_load_layers(flm_ctx *ctx, uint32_t n, flm_error *err);
+flm_status flm_flash_load_layers(flm_ffn_env *E, uint32_t n, flm_error *err);
 /* A failed read of layer l's FFN region: err (the reader's "<path>: what happened") becomes "<path>: FFN region of
  * layer l: what happened", so every error names the file and the region. Returns st. */
 flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st, flm_error *err);
 /* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH), dequantized into
  * out[d_model]. The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
  * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */
-flm_status flm_flash_embedding(flm_ctx *ctx, int32_t token, float *out, flm_token_stats *tok, flm_error *err);
+flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, float *out, flm_token_stats *tok, flm_error *err);
 /* The FFN of layer l from records in memory (n_records bundles). */
-void flm_flash_bundles(flm_ctx *ctx, uint32_t l, const uint8_t *records, const float *in, float *out);
+void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const float *in, float *out);
 /* The same for a batch of n <= plan.n_batch tokens (rows in_stride / out_stride floats apart): each record is read
  * once for all of them. */
-void flm_flash_bundles_batch(flm_ctx *ctx, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
+void flm_flash_bundles_batch(flm_ffn_env *E, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
                              size_t in_stride, float *out, size_t out_stride);
-
-/* The FFN tap: called by the forward pass with each layer's FFN input x[d_model] (the normed residual), before the
- * FFN runs. `flashlm calibrate` records these inputs. */
-typedef void (*flm_ffn_tap_fn)(void *user, uint32_t layer, const float *x);
-
-/* The FFN select hook (analysis: calibrate's held-out check of its operating points, oracle studies). In ram mode
- * (.flm), layer l's FFN is restricted to the neurons fn picks: fn gets the FFN input x[d_model] and, when the hook
- * was installed with need_h, every neuron's activation h[d_ffn] (h_i = act(gate_i . x) * (up_i . x), computed over
- * all neurons first; NULL otherwise), writes the chosen neuron ids (any order, no repeats) into ids[d_ffn] and
- * returns their count; the FFN output is then computed over those neurons alone. */
-typedef uint32_t (*flm_ffn_select_fn)(void *user, uint32_t layer, const float *x, const float *h, uint32_t *ids);
-#define FLM_SELECT_ALL UINT32_MAX /* a select hook's answer (with need_h): every neuron; the dense output stands */
 
 struct flm_ctx {
     flm_model *model;
@@ -206,12 +194,9 @@ struct flm_ctx {
     flm_kv_cache kv;
     flm_scratch s;
     int32_t next_pos;        /* the position flm_eval expects next (or 0 to restart) */
-    int32_t cur_pos;         /* the position being evaluated (set by flm_forward) */
-    bool skip_logits;        /* flm_eval_batch's pieces before the last: flm_forward computes no logits (nobody reads
-                                them; on a 262k vocabulary one output layer is ~7% of a 128-token prompt) */
     flm_flash *flash;        /* NULL for GGUF (everything in memory) */
     const flm_ffn_source_ops *ffn; /* where the FFN weights come from: chosen once at open */
-    void *ffn_state;         /* the source's own state (stream buffer, sparse caches...), freed by ffn->close */
+    flm_ffn_env ffn_env;     /* what the source works with (its state in ffn_env.state, freed by ffn->close) */
     uint64_t mem_resident;   /* for stats: bytes of resident weights */
     flm_plan_info plan;      /* the plan carried out (flm_get_plan) */
     /* statistics */
@@ -220,17 +205,11 @@ struct flm_ctx {
     flm_arena mem;           /* one block: the KV cache, the activations (s) and the statistics ring, carved */
     uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
-    flm_ffn_tap_fn ffn_tap;  /* NULL, or set by flm_set_ffn_tap */
-    void *tap_user;
-    flm_ffn_select_fn ffn_select; /* NULL, or set by flm_set_ffn_select (ram mode only) */
-    void *select_user;
-    bool select_need_h;
-    uint32_t *select_ids;    /* [d_ffn], allocated by flm_set_ffn_select */
-    bool ffn_draft;          /* a draft pass (flm_eval_draft): the hot source computes its resident neurons only */
     int32_t tree_pos;        /* flm_eval_tree: the KV slot of node 0 of the tree the cache holds */
     uint32_t tree_n;         /* its nodes held (slots tree_pos ..); 0: none (any other evaluation forgets them) */
     const float *tree_hidden; /* flm_eval_tree without logits: the final states (before the output norm) of nodes
-                                 [tree_hidden_first, tree_n), d_model floats each (scratch rows), or NULL */
+                                 [tree_hidden_first, tree_n), d_model floats each (scratch rows, what the last pass
+                                 returned in flm_eval_res.hidden), or NULL */
     uint32_t tree_hidden_first;
 };
 
@@ -239,19 +218,6 @@ uint32_t flm_hot_count(uint32_t n, uint32_t q16);
 /* A hot layer of n records at resident share q16 with window share wq16 of that: records [0, *hot) stay resident as
  * the prefix, *win more are the self-draft's window (0 when the whole layer is resident). */
 void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint32_t *win);
-/* The hot mode's draft window of layer l (runtime/ffn_hot.c): *n records at *records (the layer's record_bytes
- * each), and when idx is not NULL their neuron indices (records of the layer's FFN region) into idx[0..*n). false
- * (and *n 0) when ctx has no window for layer l. */
-bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, const uint8_t **records);
-
-/* Install (fn non-NULL) or remove (fn NULL) the FFN tap of ctx. */
-void flm_set_ffn_tap(flm_ctx *ctx, flm_ffn_tap_fn fn, void *user);
-/* Install (fn non-NULL) or remove (fn NULL) the FFN select hook (see flm_ffn_select_fn). Errors: FLM_ERR_ARG (ctx
- * does not run a .flm in ram mode), FLM_ERR_NOMEM. */
-flm_status flm_set_ffn_select(flm_ctx *ctx, flm_ffn_select_fn fn, void *user, bool need_h, flm_error *err);
-/* Layer l's FFN records when all of them are in memory (ram mode; the first layers in hybrid), else NULL; *desc
- * gets the layer's bundle layout. d_ffn records of desc->record_bytes each. */
-const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const flm_bundle_desc **desc);
 /* The sparse source's state when ctx runs sparse, else NULL. */
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
@@ -283,17 +249,57 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
  * flm_output_row (the tile kernels' dots are vec_dot's). Errors: those of flm_output_row. */
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err);
 
-/* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): n >= 1 tokens at positions
- * pos .. pos + n - 1 through the model, keys and values into the KV cache. Fills logits_all[n][n_vocab] when
- * non-NULL, and ctx->s.logits with the last token's logits. n = 1 (decoding) runs on the single-token scratch with
- * matrix-vector products; 1 < n <= ctx->s.n_batch in one batched pass (matrix-matrix products, the FFN source's
- * compute_batch); a larger n token by token. tok gets the I/O and memory-management times and bytes. ctx->cur_pos is
- * the position being evaluated (pos + n - 1 at the end). Errors: FLM_ERR_IO (an embedding row or FFN read),
- * FLM_ERR_CHECKSUM / FLM_ERR_FORMAT (a non-finite output: the message names the file, layer and region),
- * FLM_ERR_ARG (a position past a model's learned positions).
- * tree (NULL: the causal batch above): the tokens are tree nodes (runtime/pass.h flm_tree), pos the KV slot of the
- * first; each node at its own position, attending to the context and its ancestors (flm_eval_tree). */
-flm_status flm_forward(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
-                       flm_token_stats *tok, const struct flm_tree *tree, flm_error *err);
+/* Which logits a forward pass computes. */
+typedef enum flm_logits_want {
+    FLM_LOGITS_LAST = 0, /* the last token's, into ctx->s.logits (flm_eval_res.logits) */
+    FLM_LOGITS_NONE,     /* none: a prompt piece before the last (on a 262k vocabulary one output layer is ~7% of a
+                            128-token prompt) */
+    FLM_LOGITS_ALL,      /* every token's, into logits_all[n][n_vocab]; the last one's into ctx->s.logits too */
+    FLM_LOGITS_HIDDEN,   /* none: the tokens' final states (before the output norm) stay in scratch rows
+                            (flm_eval_res.hidden) for flm_output_rows: tree verification's lazy logits */
+} flm_logits_want;
+
+struct flm_ffn_hooks;
+
+/* Everything a forward pass depends on besides the model, its KV cache and its FFN source: the tokens, where they
+ * go, which logits, whether it is a draft, the tree, the calibration hooks. Nothing of it is kept in the context. */
+typedef struct flm_eval_req {
+    const int32_t *tokens;        /* [n], each < n_vocab (checked by the caller) */
+    uint32_t n;                   /* >= 1 */
+    int32_t pos;                  /* position of the first (a tree: the KV slot of the first node evaluated) */
+    flm_logits_want logits;
+    float *logits_all;            /* FLM_LOGITS_ALL: [n][n_vocab]; else NULL */
+    bool draft;                   /* the self-draft (mode hot): every FFN over its resident neurons, nothing read, and
+                                     the output layer over the draft vocabulary (flm_params.draft_vocab) */
+    const struct flm_tree *tree;  /* NULL: a causal batch; else the tokens are tree nodes (runtime/pass.h flm_tree) */
+    const struct flm_ffn_hooks *hooks; /* NULL, or calibration's tap and select hook (runtime/hooks.h, tools only) */
+} flm_eval_req;
+
+/* What a forward pass returns. */
+typedef struct flm_eval_res {
+    flm_token_stats stats;        /* added to: the pass's I/O and memory-management times, bytes, reads and the
+                                     sparse mode's counts (compute_ms is the caller's: wall time less these) */
+    const float *logits;          /* FLM_LOGITS_LAST / ALL: the last token's n_vocab logits (ctx->s.logits) */
+    const float *hidden;          /* FLM_LOGITS_HIDDEN: the final states, [n][d_model] scratch rows, valid until the
+                                     next pass */
+} flm_eval_res;
+
+/* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): rq->n >= 1 tokens at positions
+ * pos .. pos + n - 1 through the model, keys and values into the KV cache; the logits rq->logits asks for. n = 1
+ * (decoding) runs on the single-token scratch with matrix-vector products; 1 < n <= ctx->s.n_batch in one batched
+ * pass (matrix-matrix products, the FFN source's compute_batch); a larger n token by token. res->stats gets the I/O
+ * and memory-management times and bytes. Errors: FLM_ERR_IO (an embedding row or FFN read), FLM_ERR_CHECKSUM /
+ * FLM_ERR_FORMAT (a non-finite output: the message names the file, layer and region), FLM_ERR_ARG (a position past
+ * a model's learned positions; FLM_LOGITS_HIDDEN with more tokens than one batch holds).
+ * rq->tree (NULL: the causal batch above): the tokens are tree nodes (runtime/pass.h flm_tree), pos the KV slot of
+ * the first; each node at its own position, attending to the context and its ancestors (flm_eval_tree). */
+flm_status flm_forward(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err);
+
+/* Evaluate rq->n tokens from rq->pos (<= flm_n_past) as flm_eval_batch does — in pieces of n_batch, the context
+ * rewound to pos on an error, every token's statistics recorded — with rq's logits, draft and hooks (rq->tree must
+ * be NULL); the public flm_eval, flm_eval_draft and flm_eval_batch are this. res->stats gets the whole call's
+ * (compute_ms included), res->logits the last token's logits (FLM_LOGITS_LAST / ALL). Errors: those of flm_eval_batch,
+ * FLM_ERR_ARG (a draft without mode hot; a select hook outside ram mode). */
+flm_status flm_eval_run(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err);
 
 #endif

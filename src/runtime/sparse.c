@@ -101,9 +101,9 @@ static void sparse_free(flm_sparse *sp) {
 
 /* Load every neuron's record and its down column's norm: the true active set needs all of them (analysis modes
  * only; this memory is outside the budget and reported as such). */
-static flm_status load_full(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    const flm_hparams *hp = &ctx->model->hp;
+static flm_status load_full(flm_ffn_env *E, flm_sparse *sp, flm_error *err) {
+    flm_flash *fl = E->flash;
+    const flm_hparams *hp = &E->model->hp;
     sp->full = calloc(hp->n_layers, sizeof *sp->full);
     sp->dn = calloc(hp->n_layers, sizeof *sp->dn);
     float *col = malloc(hp->d_model * sizeof(float));
@@ -119,7 +119,7 @@ static flm_status load_full(flm_ctx *ctx, flm_sparse *sp, flm_error *err) {
         flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), sp->full[l]};
         if ((st = flm_reader_read(fl->reader, &e, 1, NULL, err))) break;
         for (uint32_t i = 0; i < hp->d_ffn; i++) {
-            ctx->k->dequant[b->down_type](sp->full[l] + i * b->record_bytes + b->down_off, col, hp->d_model);
+            E->k->dequant[b->down_type](sp->full[l] + i * b->record_bytes + b->down_off, col, hp->d_model);
             double s2 = 0;
             for (uint32_t j = 0; j < hp->d_model; j++) s2 += (double)col[j] * col[j];
             sp->dn[l][i] = (float)sqrt(s2);
@@ -278,19 +278,19 @@ done:
     return st;
 }
 
-static void sparse_close(flm_ctx *ctx) {
-    sparse_free(ctx->ffn_state);
-    ctx->ffn_state = NULL;
+static void sparse_close(flm_ffn_env *E) {
+    sparse_free(E->state);
+    E->state = NULL;
 }
 
-static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    const flm_hparams *hp = &ctx->model->hp;
-    const flm_params *pp = &ctx->params;
+static flm_status sparse_open(flm_ffn_env *E, flm_error *err) {
+    flm_flash *fl = E->flash;
+    const flm_hparams *hp = &E->model->hp;
+    const flm_params *pp = E->params;
     uint32_t L = hp->n_layers, F = hp->d_ffn;
     flm_sparse *sp = calloc(1, sizeof *sp);
     if (!sp) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    ctx->ffn_state = sp;
+    E->state = sp;
     flm_status st;
     if (fl->sparsity) { /* the plan read and checked it (flm_sparse_plan_check) */
         sp->sp = *fl->sparsity;
@@ -363,7 +363,7 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
         sp->b_up = calloc(L, sizeof *sp->b_up);
         sp->bias_rows = malloc((F > SPARSE_STREAM_ROWS ? F : SPARSE_STREAM_ROWS) * sizeof(float));
         if (!sp->b_up || !sp->bias_rows) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-        for (uint32_t l = 0; l < L; l++) sp->b_up[l] = ctx->model->layers[l].ffn_up_b.data;
+        for (uint32_t l = 0; l < L; l++) sp->b_up[l] = E->model->layers[l].ffn_up_b.data;
     }
     if (posix_memalign((void **)&sp->sbuf, FLM_ALIGN, sbuf_bytes ? sbuf_bytes : FLM_ALIGN)) sp->sbuf = NULL;
     if (fl->plan.n_batch > 1) {
@@ -384,7 +384,7 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
         !sp->sbuf)
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     /* NULL (--no-read-ahead, or no thread): streamed chunks are read synchronously, 256 records at a time */
-    sp->ahead = ctx->params.no_read_ahead ? NULL : flm_async_read_start(fl->reader);
+    sp->ahead = E->params->no_read_ahead ? NULL : flm_async_read_start(fl->reader);
     for (uint32_t l = 0; l < L; l++) { /* every neuron read is computed exactly, except under a version-1 CATS rule */
         sp->desc[l] = fl->desc[l];
         sp->desc[l].up_bias = NULL; /* cache rows are not neuron ids: FFN biases go by row (rows_desc) */
@@ -403,7 +403,7 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
                             (double)per_layer / 1048576.0, (unsigned long long)fl->desc[l].record_bytes);
         double mean = sp->sp.layers[l].s_agg[0] * F; /* a mean token's predicted set */
         if (cap < mean && !small_cache_logged) {
-            flm_log(&ctx->log, FLM_LOG_WARN, "%s: the neuron cache holds %u neurons per layer, fewer than the %.0f "
+            flm_log(E->log, FLM_LOG_WARN, "%s: the neuron cache holds %u neurons per layer, fewer than the %.0f "
                     "layer %u predicts per token: the rest are streamed each token (slower; more --mem helps)",
                     fl->file->path, cap, mean, l);
             small_cache_logged = true;
@@ -411,27 +411,27 @@ static flm_status sparse_open(flm_ctx *ctx, flm_error *err) {
         if ((st = flm_ncache_create(F, fl->desc[l].record_bytes, cap, k, 0, &sp->cache[l], err))) return st;
         sp->cache_rows += cap;
     }
-    if (pp->no_predictor || pp->verify_predictor) return load_full(ctx, sp, err);
+    if (pp->no_predictor || pp->verify_predictor) return load_full(E, sp, err);
     return FLM_OK;
 }
 
 /* The true active set of layer l for input x (oracle): the level's rule applied to the layer's real weights. */
-static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *x, uint32_t *ids) {
+static uint32_t true_set(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const float *x, uint32_t *ids) {
     flm_bundle_desc bd = sp->desc[l]; /* every record in neuron order: b_up by neuron as it is */
     bd.up_bias = sp->b_up ? sp->b_up[l] : NULL;
     const flm_bundle_desc *b = &bd;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
-    uint32_t n = 0, F = ctx->model->hp.d_ffn;
+    uint32_t n = 0, F = E->model->hp.d_ffn;
     if (S->rule == FLM_RULE_CONTRIB) { /* (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2, every h_i computed */
-        flm_ffn_bundles(ctx->k, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, ctx->flash->acc,
-                        ctx->params.n_threads);
+        flm_ffn_bundles(E->k, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, E->flash->acc,
+                        E->params->n_threads);
         return flm_contrib_set(sp->z, sp->dn[l], F, S->threshold, sp->z, ids);
     }
     uint32_t t = b->gated ? b->gate_type : b->up_type;
     uint64_t off = b->gated ? b->gate_off : b->up_off;
     const float *bias = b->gated ? NULL : b->up_bias; /* the rule's pre-activation: up . x + b_up ungated */
     for (uint32_t i = 0; i < F; i++) {
-        float g = ctx->k->dot[t](sp->full[l] + i * b->record_bytes + off, x, b->d_model) + (bias ? bias[i] : 0.0f);
+        float g = E->k->dot[t](sp->full[l] + i * b->record_bytes + off, x, b->d_model) + (bias ? bias[i] : 0.0f);
         bool on = S->rule == FLM_RULE_RELU ? g > 0.0f : fabsf(flm_act_eval(FLM_ACT_SILU, g)) > S->threshold;
         if (on) ids[n++] = i;
     }
@@ -439,12 +439,12 @@ static uint32_t true_set(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *
 }
 
 /* The predictor (sparsity/predictor.h) with f16 weights: h = A x, z = B h + c, ids = {i : z_i > threshold}. */
-static uint32_t predict_f16(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const float *x) {
+static uint32_t predict_f16(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const float *x) {
     const flm_predictor *p = &sp->sp.layers[l].pred;
     float *h = sp->pscratch, *z = sp->pscratch + p->rank;
-    int nt = ctx->params.n_threads;
-    flm_matvec(ctx->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, x, h, nt);
-    flm_matvec(ctx->k, FLM_TYPE_F16, sp->B16[l], p->d_ffn, p->rank, h, z, nt);
+    int nt = E->params->n_threads;
+    flm_matvec(E->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, x, h, nt);
+    flm_matvec(E->k, FLM_TYPE_F16, sp->B16[l], p->d_ffn, p->rank, h, z, nt);
     uint32_t n = 0;
     for (uint32_t i = 0; i < p->d_ffn; i++) {
         z[i] += p->c[i];
@@ -465,11 +465,11 @@ static int cmp_u32(const void *a, const void *b) {
 /* The last small batch of layer l entered the window as one set (the union of its tokens' sets). When this
  * evaluation starts inside it (its later tokens were rejected drafts), the set is trimmed to the accepted tokens'
  * neurons; when it starts before it, the set leaves the window. */
-static flm_status settle(flm_ctx *ctx, flm_sparse *sp, uint32_t l, flm_error *err) {
+static flm_status settle(flm_sparse *sp, uint32_t l, int32_t pos, flm_error *err) {
     if (!sp->pend_n || !sp->pend_n[l]) return FLM_OK;
     const uint32_t n = sp->pend_n[l];
     sp->pend_n[l] = 0;
-    const int32_t a = ctx->cur_pos - sp->pend_start[l]; /* tokens of the batch that stay */
+    const int32_t a = pos - sp->pend_start[l]; /* tokens of the batch that stay */
     if (a >= (int32_t)n) return FLM_OK;
     if (a <= 0) {
         flm_ncache_unstep(sp->cache[l]);
@@ -486,39 +486,39 @@ static flm_status settle(flm_ctx *ctx, flm_sparse *sp, uint32_t l, flm_error *er
 }
 
 /* Stream the records of neurons ids[0 .. ns) of layer l through the stream buffer and call
- * fn(ctx, sp, records, j0, m, user) for each chunk ids[j0 .. j0 + m) (record j of the chunk at records + j *
+ * fn(E, sp, records, j0, m, user) for each chunk ids[j0 .. j0 + m) (record j of the chunk at records + j *
  * record_bytes), in order. With the read-ahead thread the buffer's two halves alternate, chunks of
  * SPARSE_STREAM_ROWS / 2: the next chunk is read while the current one is computed; without it, chunks of
  * SPARSE_STREAM_ROWS are read and computed in turn. The reader coalesces neighbours by its cost model. I/O counts
  * as the time the computation waits. Errors: the read's, naming the region (nothing is left in flight). */
-typedef void (*chunk_fn)(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user);
+typedef void (*chunk_fn)(flm_ffn_env *E, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user);
 
-static void chunk_extents(const flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t m,
+static void chunk_extents(const flm_ffn_env *E, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t m,
                           uint8_t *dst, flm_extent *ext) {
-    const flm_region *r = ctx->flash->file->ffn[l];
+    const flm_region *r = E->flash->file->ffn[l];
     const uint64_t rb = sp->desc[l].record_bytes;
     for (uint32_t j = 0; j < m; j++) ext[j] = (flm_extent){r->offset + (uint64_t)ids[j] * rb, rb, dst + (size_t)j * rb};
 }
 
 /* With the read-ahead thread: start reading the first chunk (stream_chunks then continues with started = true), so
  * it arrives while the cached neurons are computed. */
-static bool stream_start(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t ns) {
+static bool stream_start(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t ns) {
     if (!sp->ahead || !ns) return false;
     const uint32_t chunk = SPARSE_STREAM_ROWS / 2, m0 = ns < chunk ? ns : chunk;
-    chunk_extents(ctx, sp, l, ids, m0, sp->sbuf, sp->ext);
+    chunk_extents(E, sp, l, ids, m0, sp->sbuf, sp->ext);
     flm_async_read_submit(sp->ahead, sp->ext, m0, 0);
     return true;
 }
 
-static flm_status stream_chunks(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t ns,
+static flm_status stream_chunks(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const uint32_t *ids, uint32_t ns,
                                 bool started, chunk_fn fn, void *user, flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
+    flm_flash *fl = E->flash;
     const uint64_t rb = sp->desc[l].record_bytes;
-    const uint32_t F = ctx->model->hp.d_ffn;
+    const uint32_t F = E->model->hp.d_ffn;
     const uint32_t chunk = sp->ahead ? SPARSE_STREAM_ROWS / 2 : SPARSE_STREAM_ROWS;
     uint8_t *half[2] = {sp->sbuf, sp->sbuf + (size_t)(SPARSE_STREAM_ROWS / 2) * rb};
     flm_extent *ext[2] = {sp->ext, sp->ext + F}; /* ext holds 3 d_ffn entries; a chunk at most d_ffn */
-    if (!started) stream_start(ctx, sp, l, ids, ns);
+    if (!started) stream_start(E, sp, l, ids, ns);
     for (uint32_t j0 = 0, k = 0; j0 < ns; j0 += chunk, k++) {
         uint32_t m = ns - j0 < chunk ? ns - j0 : chunk;
         flm_io_stats io = {0};
@@ -528,11 +528,11 @@ static flm_status stream_chunks(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const 
             uint64_t tag;
             flm_async_read_wait(sp->ahead, &tag, &st, err, &io);
         } else {
-            chunk_extents(ctx, sp, l, ids + j0, m, sp->sbuf, sp->ext);
+            chunk_extents(E, sp, l, ids + j0, m, sp->sbuf, sp->ext);
             st = flm_reader_read(fl->reader, sp->ext, m, &io, err);
         }
         tok->io_ms += flm_now_ms() - t0;
-        flm_io_stats_add(&ctx->io, &io);
+        flm_io_stats_add(E->io, &io);
         tok->bytes_read += io.bytes_read;
         tok->n_reads += io.n_requests;
         if (st) return flm_flash_region_error(fl, l, st, err);
@@ -540,10 +540,10 @@ static flm_status stream_chunks(flm_ctx *ctx, flm_sparse *sp, uint32_t l, const 
         uint32_t j1 = j0 + chunk;
         if (sp->ahead && j1 < ns) { /* the next chunk into the other half while this one is computed */
             uint32_t m1 = ns - j1 < chunk ? ns - j1 : chunk;
-            chunk_extents(ctx, sp, l, ids + j1, m1, half[(k + 1) & 1], ext[(k + 1) & 1]);
+            chunk_extents(E, sp, l, ids + j1, m1, half[(k + 1) & 1], ext[(k + 1) & 1]);
             flm_async_read_submit(sp->ahead, ext[(k + 1) & 1], m1, k + 1);
         }
-        fn(ctx, sp, recs, j0, m, user);
+        fn(E, sp, recs, j0, m, user);
         tok->n_loaded += m;
         sp->streamed += m;
     }
@@ -558,36 +558,37 @@ typedef struct {
     const uint32_t *ids; /* the streamed neurons */
 } token_chunk;
 
-static void token_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
+static void token_chunk_fn(flm_ffn_env *E, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
     token_chunk *c = user;
     flm_bundle_desc tmp;
     const flm_bundle_desc *b = rows_desc(sp, c->l, c->ids + j0, NULL, m, &tmp);
-    flm_ffn_bundles(ctx->k, b, records, NULL, m, c->in, sp->tmp_out, ctx->s.hb, ctx->flash->acc,
-                    ctx->params.n_threads);
+    flm_ffn_bundles(E->k, b, records, NULL, m, c->in, sp->tmp_out, E->s->hb, E->flash->acc,
+                    E->params->n_threads);
     for (uint32_t i = 0; i < b->d_model; i++) c->out[i] += sp->tmp_out[i];
 }
 
-static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, float *out, flm_token_stats *tok,
-                                 flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    flm_sparse *sp = ctx->ffn_state;
-    flm_status sst = settle(ctx, sp, l, err);
+/* one token at position pos */
+static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const float *in, float *out,
+                               flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = E->flash;
+    flm_sparse *sp = E->state;
+    flm_status sst = settle(sp, l, pos, err);
     if (sst) return sst;
-    const flm_params *pp = &ctx->params;
+    const flm_params *pp = E->params;
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n;
     /* 1. which neurons (compute). The first token of a sequence runs dense: its FFN outputs carry the massive
      * activations later tokens attend to (the attention sink), which predictors miss (measured on SmolLM2: held-out
      * perplexity +1.3% with the predictor at the first token, +0.5% without, at 99.7% of neurons predicted). */
-    if (ctx->cur_pos == 0) {
-        n = ctx->model->hp.d_ffn;
+    if (pos == 0) {
+        n = E->model->hp.d_ffn;
         for (uint32_t i = 0; i < n; i++) sp->ids[i] = i;
     } else if (pp->no_predictor) {
-        n = true_set(ctx, sp, l, in, sp->ids);
+        n = true_set(E, sp, l, in, sp->ids);
     } else {
-        n = predict_f16(ctx, sp, l, in);
+        n = predict_f16(E, sp, l, in);
         if (pp->verify_predictor) {
-            uint32_t nt = true_set(ctx, sp, l, in, sp->true_ids), tp = 0;
+            uint32_t nt = true_set(E, sp, l, in, sp->true_ids), tp = 0;
             for (uint32_t i = 0, j = 0; i < nt && j < n;) { /* both sorted */
                 if (sp->true_ids[i] == sp->ids[j]) { tp++; i++; j++; }
                 else if (sp->true_ids[i] < sp->ids[j]) i++;
@@ -599,7 +600,7 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     }
     uint32_t cap = flm_ncache_capacity(sp->cache[l]), n_all = n;
     if (n > cap) { /* the most confident go through the cache; the rest, ids[cap .. n_all), are streamed below */
-        if (!pp->no_predictor && ctx->cur_pos != 0) { /* position 0 predicted nothing: its ids stay in order */
+        if (!pp->no_predictor && pos != 0) { /* position 0 predicted nothing: its ids stay in order */
             const float *z = sp->pscratch + S->pred.rank;
             qsort_r(sp->ids, n, sizeof *sp->ids, cmp_desc_logit, (void *)z);
         }
@@ -622,12 +623,12 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     flm_bundle_desc tmp;
     const flm_bundle_desc *b = &sp->desc[l];
     if (cs.n_loaded) {
-        flm_io_stats before = ctx->io;
+        flm_io_stats before = *E->io;
         if (!pp->no_bundle) {
             for (uint32_t j = 0; j < cs.n_loaded; j++)
                 sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
                                           load_rows[j]};
-            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, E->io, err);
         } else { /* ablation: up, gate and down parts as separate requests, one matrix after the other */
             uint64_t part_off[3] = {b->up_off, b->gate_off, b->down_off};
             uint64_t part_len[3] = {b->gate_off - b->up_off, b->down_off - b->gate_off, b->record_bytes - b->down_off};
@@ -636,12 +637,12 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
                 for (uint32_t j = 0; j < cs.n_loaded; j++)
                     sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes + part_off[q],
                                               part_len[q], load_rows[j] + part_off[q]};
-                st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+                st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, E->io, err);
             }
         }
         tok->io_ms += flm_now_ms() - t1;
-        tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-        tok->n_reads += ctx->io.n_requests - before.n_requests;
+        tok->bytes_read += E->io->bytes_read - before.bytes_read;
+        tok->n_reads += E->io->n_requests - before.n_requests;
         if (st) { /* the appended rows hold bytes never read: take the token's set back out of the window */
             flm_ncache_unstep(sp->cache[l]);
             return flm_flash_region_error(fl, l, st, err);
@@ -652,13 +653,13 @@ static flm_status sparse_compute(flm_ctx *ctx, uint32_t l, const float *in, floa
     tok->n_reused += cs.n_reused;
     tok->rows_used += cs.rows_used;
     /* 4. the FFN over the predicted set's rows (compute), while the first streamed chunk (if any) arrives */
-    bool started = stream_start(ctx, sp, l, sp->ids + n, n_all - n);
-    flm_ffn_bundles(ctx->k, rows_desc(sp, l, sp->ids, rows, n, &tmp), flm_ncache_matrix(sp->cache[l]), rows, n, in,
-                    out, ctx->s.hb, fl->acc, pp->n_threads);
+    bool started = stream_start(E, sp, l, sp->ids + n, n_all - n);
+    flm_ffn_bundles(E->k, rows_desc(sp, l, sp->ids, rows, n, &tmp), flm_ncache_matrix(sp->cache[l]), rows, n, in,
+                    out, E->s->hb, fl->acc, pp->n_threads);
     /* 5. a set larger than the cache: the rest read into the stream buffer, computed, discarded */
     if (n_all > n) {
         token_chunk c = {in, out, l, sp->ids + n};
-        return stream_chunks(ctx, sp, l, sp->ids + n, n_all - n, started, token_chunk_fn, &c, tok, err);
+        return stream_chunks(E, sp, l, sp->ids + n, n_all - n, started, token_chunk_fn, &c, tok, err);
     }
     return FLM_OK;
 }
@@ -675,16 +676,16 @@ typedef struct {
     const uint32_t *stream_ids;
 } batch_chunk;
 
-static void batch_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
+static void batch_chunk_fn(flm_ffn_env *E, flm_sparse *sp, const uint8_t *records, uint32_t j0, uint32_t m, void *user) {
     batch_chunk *c = user;
-    const uint32_t F = ctx->model->hp.d_ffn, d = ctx->model->hp.d_model;
+    const uint32_t F = E->model->hp.d_ffn, d = E->model->hp.d_model;
     uint8_t *R = sp->bmask_rows;
     float *part = sp->bpart; /* [n][d_model] partial outputs */
     for (uint32_t t = 0; t < c->n; t++)
         for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = c->M[(size_t)t * F + c->stream_ids[j0 + j]];
     flm_bundle_desc tmp;
-    flm_ffn_bundles_batch(ctx->k, rows_desc(sp, c->l, c->stream_ids + j0, NULL, m, &tmp), records, NULL, m, R, m,
-                          c->n, c->in, c->in_stride, part, d, ctx->flash->acc, ctx->params.n_threads);
+    flm_ffn_bundles_batch(E->k, rows_desc(sp, c->l, c->stream_ids + j0, NULL, m, &tmp), records, NULL, m, R, m,
+                          c->n, c->in, c->in_stride, part, d, E->flash->acc, E->params->n_threads);
     for (uint32_t t = 0; t < c->n; t++)
         for (uint32_t i = 0; i < d; i++) c->out[t * c->out_stride + i] += part[(size_t)t * d + i];
 }
@@ -699,22 +700,28 @@ static void batch_chunk_fn(flm_ctx *ctx, flm_sparse *sp, const uint8_t *records,
  *     request (its cost model: the disk probe's latency x bandwidth, docs/IO.md), so a dense union is read as a few
  *     large sequential requests, a sparse one neuron by neuron.
  * The ablations (--no-window, --no-bundle, --no-predictor, --verify-predictor) run token by token. */
-static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, const float *in, size_t in_stride,
-                                       float *out, size_t out_stride, flm_token_stats *tok, flm_error *err) {
-    flm_flash *fl = ctx->flash;
-    flm_sparse *sp = ctx->ffn_state;
-    const flm_params *pp = &ctx->params;
-    const int32_t pos0 = ctx->cur_pos;
-    const uint32_t F = ctx->model->hp.d_ffn, d = ctx->model->hp.d_model;
-    flm_status sst = settle(ctx, sp, l, err);
+static flm_status sparse_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
+    return sparse_token(E, c->layer, c->pos, c->in, c->out, c->tok, err);
+}
+
+static flm_status sparse_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
+    flm_flash *fl = E->flash;
+    flm_sparse *sp = E->state;
+    const flm_params *pp = E->params;
+    const uint32_t l = c->layer, n = c->n;
+    const int32_t pos0 = c->pos;
+    const float *in = c->in;
+    const size_t in_stride = c->in_stride, out_stride = c->out_stride;
+    float *out = c->out;
+    flm_token_stats *tok = c->tok;
+    const uint32_t F = E->model->hp.d_ffn, d = E->model->hp.d_model;
+    flm_status sst = settle(sp, l, pos0, err);
     if (sst) return sst;
     if (pp->no_window || pp->no_bundle || pp->no_predictor || pp->verify_predictor || n > sp->n_batch) {
         for (uint32_t t = 0; t < n; t++) {
-            ctx->cur_pos = pos0 + (int32_t)t;
-            flm_status st = sparse_compute(ctx, l, in + t * in_stride, out + t * out_stride, tok, err);
+            flm_status st = sparse_token(E, l, pos0 + (int32_t)t, in + t * in_stride, out + t * out_stride, tok, err);
             if (st) return st;
         }
-        ctx->cur_pos = pos0;
         return FLM_OK;
     }
     /* 1. each token's set, and their union (compute) */
@@ -722,10 +729,10 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
     uint32_t nu = 0;
     { /* the predictors of all tokens as matrix-matrix products: H = A X [n][rank], Z = B H + c [n][d_ffn] */
         const flm_predictor *p = &sp->sp.layers[l].pred;
-        float *H = ctx->s.bh2, *Z = ctx->s.bh; /* n_batch * d_ffn floats each, unused by the bundle kernels */
-        flm_matmat(ctx->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, in, in_stride, n, H, p->rank,
+        float *H = E->s->bh2, *Z = E->s->bh; /* n_batch * d_ffn floats each, unused by the bundle kernels */
+        flm_matmat(E->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, in, in_stride, n, H, p->rank,
                    pp->n_threads);
-        flm_matmat(ctx->k, FLM_TYPE_F16, sp->B16[l], F, p->rank, H, p->rank, n, Z, F, pp->n_threads);
+        flm_matmat(E->k, FLM_TYPE_F16, sp->B16[l], F, p->rank, H, p->rank, n, Z, F, pp->n_threads);
         for (uint32_t t = 0; t < n; t++) {
             uint8_t *mt = M + (size_t)t * F;
             if (pos0 + (int32_t)t == 0) { /* the first token of a sequence runs dense (sparse_compute) */
@@ -765,11 +772,11 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
             for (uint32_t j = 0; j < cs.n_loaded; j++)
                 sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
                                           load_rows[j]};
-            flm_io_stats before = ctx->io;
-            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+            flm_io_stats before = *E->io;
+            st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, E->io, err);
             tok->io_ms += flm_now_ms() - t1;
-            tok->bytes_read += ctx->io.bytes_read - before.bytes_read;
-            tok->n_reads += ctx->io.n_requests - before.n_requests;
+            tok->bytes_read += E->io->bytes_read - before.bytes_read;
+            tok->n_reads += E->io->n_requests - before.n_requests;
             if (st) {
                 flm_ncache_unstep(sp->cache[l]);
                 return flm_flash_region_error(fl, l, st, err);
@@ -791,7 +798,7 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
         flm_bundle_desc tmp;
-        flm_ffn_bundles_batch(ctx->k, rows_desc(sp, l, sp->ids, rows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
+        flm_ffn_bundles_batch(E->k, rows_desc(sp, l, sp->ids, rows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
                               rows, nu, R, nu, n, in, in_stride, out, out_stride, fl->acc, pp->n_threads);
         return FLM_OK;
     }
@@ -811,14 +818,14 @@ static flm_status sparse_compute_batch(flm_ctx *ctx, uint32_t l, uint32_t n, con
         for (uint32_t j = 0; j < nc; j++) R[(size_t)t * nc + j] = M[(size_t)t * F + sp->ids[j]];
         memset(out + t * out_stride, 0, d * sizeof(float));
     }
-    bool started = stream_start(ctx, sp, l, stream_ids, ns); /* arrives while the cached part is computed */
+    bool started = stream_start(E, sp, l, stream_ids, ns); /* arrives while the cached part is computed */
     flm_bundle_desc tmp;
     if (nc)
-        flm_ffn_bundles_batch(ctx->k, rows_desc(sp, l, sp->ids, sp->brows, nc, &tmp), flm_ncache_matrix(sp->cache[l]),
+        flm_ffn_bundles_batch(E->k, rows_desc(sp, l, sp->ids, sp->brows, nc, &tmp), flm_ncache_matrix(sp->cache[l]),
                               sp->brows, nc, R, nc, n, in, in_stride, out, out_stride, fl->acc, pp->n_threads);
     tok->n_reused += nc;
-    batch_chunk c = {n, in, in_stride, out, out_stride, l, M, stream_ids};
-    return stream_chunks(ctx, sp, l, stream_ids, ns, started, batch_chunk_fn, &c, tok, err);
+    batch_chunk bc = {n, in, in_stride, out, out_stride, l, M, stream_ids};
+    return stream_chunks(E, sp, l, stream_ids, ns, started, batch_chunk_fn, &bc, tok, err);
 }
 
 const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, sparse_compute, sparse_close,
@@ -826,5 +833,5 @@ const flm_ffn_source_ops flm_ffn_sparse = {"sparse", sparse_plan, sparse_open, s
 
 
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx) {
-    return ctx->ffn == &flm_ffn_sparse ? ctx->ffn_state : NULL;
+    return ctx->ffn == &flm_ffn_sparse ? ctx->ffn_env.state : NULL;
 }

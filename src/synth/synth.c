@@ -10,7 +10,7 @@
  * linear, attention, FFN activation and residual blocks flm_forward is assembled from), one tensor at a time: it sees
  * each tensor right after it is made, so the scale of attn_output and ffn_down and the gate biases can be chosen from
  * the activations the real model will produce. Finished files are measured by the engine itself (flm_open and
- * flm_eval_batch, with an FFN tap: flm_synth_measure). */
+ * flm_eval_hooked, with an FFN tap: flm_synth_measure). */
 #include "synth/synth.h"
 
 #include <math.h>
@@ -25,7 +25,7 @@
 #include "compute/kernels.h"
 #include "format/gguf.h"
 #include "runtime/pass.h"    /* the forward pass's blocks: calibration while writing */
-#include "runtime/runtime.h" /* the engine and its FFN tap: measurement */
+#include "runtime/hooks.h"   /* the engine and its FFN tap: measurement */
 #include "format/tokenizer.h"
 #include "core/types.h"
 #include "core/util.h"
@@ -1099,11 +1099,12 @@ typedef struct measure {
 static void measure_tap(void *user, uint32_t l, const float *x) {
     measure *M = user;
     flm_synth_activity *a = M->a;
-    const flm_hparams *hp = &M->ctx->model->hp;
-    const flm_layer_weights *L = &M->ctx->model->layers[l];
+    const flm_model *m = flm_ctx_model(M->ctx);
+    const flm_hparams *hp = &m->hp;
+    const flm_layer_weights *L = &m->layers[l];
     const flm_weight *W = hp->gated ? &L->ffn_gate : &L->ffn_up; /* ungated: up . x + b_up */
     const uint32_t nf = a->d_ffn;
-    flm_matvec(M->ctx->k, W->type, W->data, nf, hp->d_model, x, M->g, M->n_threads);
+    flm_matvec(flm_ctx_kernels(M->ctx), W->type, W->data, nf, hp->d_model, x, M->g, M->n_threads);
     if (!hp->gated && L->ffn_up_b.data)
         for (uint32_t i = 0; i < nf; i++) M->g[i] += ((const float *)L->ffn_up_b.data)[i];
     uint32_t *c = a->counts + (size_t)l * nf;
@@ -1146,9 +1147,9 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     flm_ctx *ctx = NULL;
     flm_status st = flm_open(path, &prm, &ctx, err);
     if (st) return st;
-    const flm_hparams *hp = &ctx->model->hp;
+    const flm_hparams *hp = &flm_ctx_model(ctx)->hp;
     const uint32_t T = n_tokens, nf = hp->d_ffn, L = hp->n_layers, V = hp->n_vocab;
-    if (!ctx->model->layers[0].ffn_up.data) {
+    if (!flm_ctx_model(ctx)->layers[0].ffn_up.data) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "synth measure: %s: the FFN weights are not in memory", path);
     }
@@ -1178,7 +1179,7 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
         goto done;
     }
     for (size_t i = 0; i < (size_t)L * nf; i++) M.last[i] = INT32_MIN / 2;
-    int32_t bos = flm_tokenizer_bos(ctx->model->tok);
+    int32_t bos = flm_tokenizer_bos(flm_ctx_model(ctx)->tok);
     uint64_t rng = rng_stream(seed, RNG_MEASURE, 0, 0);
     for (uint32_t t = 0; t < T; t++) {
         int32_t lo = V > SYNTH_N_SPECIAL ? 3 : 0;
@@ -1186,9 +1187,8 @@ flm_status flm_synth_measure(const char *path, uint32_t n_tokens, uint64_t seed,
     }
     if (bos >= 0) tokens[0] = bos;
     /* the engine's forward pass over the tokens (batched), the tap counting each layer's active neurons */
-    flm_set_ffn_tap(ctx, measure_tap, &M);
-    st = flm_eval_batch(ctx, tokens, T, 0, logits, NULL, err);
-    flm_set_ffn_tap(ctx, NULL, NULL);
+    const flm_ffn_hooks hooks = {.tap = measure_tap, .tap_user = &M};
+    st = flm_eval_hooked(ctx, tokens, T, 0, &hooks, logits, NULL, err);
     if (st) goto done;
     for (uint32_t l = 0; l < L; l++) {
         a->layer_reuse[l] = M.act_later[l] ? (double)M.reused[l] / (double)M.act_later[l] : 0.0;
