@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -31,24 +32,42 @@
 #include "cli.h"
 #include "flashlm.h"
 #include "serve.h"
+#include "serve_http.h"
 #include "serve_page.h" /* SERVE_PAGE, SERVE_PAGE_LEN: generated from tools/serve_page.html (CMakeLists.txt) */
 
 static const char *SERVE_HELP =
     "usage: flashlm serve -m MODEL [options]\n"
     "\n"
     "Serve the model over HTTP with OpenAI's API (POST /v1/chat/completions, POST /v1/completions, streaming or not;\n"
-    "GET /v1/models), GET /health, GET /metrics (Prometheus text) and a chat page at /. The model is opened once per\n"
-    "slot under the budget (--mem, shared by the slots); requests queue and run one at a time per slot.\n"
+    "GET /v1/models, /v1/models/ID; the same without /v1), llama-server's (POST /completion, /tokenize, /detokenize,\n"
+    "/apply-template; GET /props, /slots), GET /health, GET /metrics (Prometheus text) and a chat page at /. The model\n"
+    "is opened once per slot under the budget (--mem, shared by the slots); requests queue and run one at a time per\n"
+    "slot.\n"
     "\n"
     "  -m, --model PATH     model file: .gguf or .flm, or a pulled model's name\n"
-    "      --host ADDR      IPv4 address to listen on (default 127.0.0.1: this machine only)\n"
+    "      --host ADDR[,ADDR...]  numeric IPv4/IPv6 addresses (or localhost) to listen on (default 127.0.0.1: this\n"
+    "                       machine only)\n"
     "      --port N         TCP port (default 8080; 0: any free one, printed on stderr)\n"
-    "      --api-key KEY    require \"Authorization: Bearer KEY\" on every endpoint but /health and the page\n"
-    "      --parallel N     slots: N contexts, each with its own KV cache and budget / N (default 1)\n"
+    "      --api-key KEY    require \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\") on every endpoint but /health\n"
+    "                       and the page; any Host and Origin may then call\n"
+    "      --cors ORIGIN    a web page of ORIGIN (\"http://host:port\"; \"localhost\": any loopback origin; \"*\": any)\n"
+    "                       may call (CORS, preflight answered); repeat or separate with commas. Without --api-key\n"
+    "                       only the page's own origin and these may POST, the Host must be localhost or an address\n"
+    "                       listened on, and a POST must be application/json\n"
+    "      --parallel N     slots: N contexts, each with its own KV cache, budget / N and -c / N (default 1)\n"
     "      --queue N        requests that may wait for a busy slot (default 16); beyond: 503\n"
     "      --max-body BYTES largest request body (default 1M); larger: 413\n"
+    "      --max-connections N  open connections (default 2048); beyond: 503 and closed\n"
+    "      --header-timeout S   a request's headers must arrive within S seconds of the connection's start or of the\n"
+    "                       previous answer (default 30; then 408, or an idle connection closed)\n"
+    "      --body-timeout S a request's body must arrive within S seconds of its headers (default 60; then 408)\n"
+    "      --timeout S      a connection with no traffic at all for S seconds is closed (default 600)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES "\n"
     "      --alias NAME     the model's id in the API (default: the file name without its extension)\n"
+    "      --strict-model   a request naming another model gets 404 (default: the served model answers any name)\n"
+    "      --temp T, --seed N, --n-predict N  defaults for requests that do not give temperature, seed, max_tokens\n"
+    "      --slots          answer GET /slots (default: 501)\n"
+    "      --no-ui          no chat page at /\n"
     "      --context-shift  when a reply fills the context, forget the older half after BOS and go on (as run's);\n"
     "                       default: the reply ends there (finish_reason \"length\")\n"
     "  -v, --verbose        print the library's debug messages\n"
@@ -63,13 +82,14 @@ enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_STREAMING, JOB_DONE };
 
 typedef struct job {
     serve_req req;
+    bool native;             /* llama-server's /completion: its response fields, not OpenAI's */
     char id[48];
     long created;
     int refs;                /* the connection and, once queued, the worker: freed at 0 (under srv.mu) */
     enum job_state state;
     bool gone;               /* the client closed the connection (or the server stops): cancel */
     int status;              /* HTTP status when failed (>= 400), with errmsg / errcode */
-    char errmsg[FLM_ERROR_MSG_MAX];
+    char errmsg[FLM_ERROR_MSG_MAX + 256];
     const char *errcode;
     cli_buf out;             /* the response body produced so far */
     size_t sent;             /* bytes of out already handed to libmicrohttpd */
@@ -81,6 +101,12 @@ typedef struct job {
     flm_gen_result res;
     size_t n_prompt, n_reused;
     bool first_chunk;
+    uint64_t seed;           /* the sampler's seed (given or drawn) */
+    int32_t *ids;            /* the tokens generated (native /completion's "tokens") */
+    size_t n_ids, cap_ids;
+    int slot_index;
+    double prompt_ms, gen_ms;
+    bool truncated;          /* the context filled or shifted */
 } job;
 
 typedef struct slot {
@@ -90,6 +116,7 @@ typedef struct slot {
     flm_chat *tmpl;
     pthread_t thread;
     job *cur;
+    long n_past;            /* tokens its cache holds (GET /slots) */
     cli_spec_session *spec; /* speculative decoding: the draft model, the budget's split (tools/spec_cli.c) */
 } slot;
 
@@ -102,6 +129,13 @@ static struct server {
     slot *slots;
     int n_slots;
     const char *model_id;
+    const char *model_path;
+    bool strict_model;       /* --strict-model: a request naming another model is 404 */
+    bool slots_on, no_ui;    /* --slots (GET /slots), --no-ui (no page at /) */
+    bool has_temp, has_seed; /* --temp, --seed: defaults for requests that do not say */
+    float temp;
+    uint64_t seed;
+    long n_predict;          /* --n-predict: the default max_tokens (-1: none) */
     const char *api_key;
     size_t max_body;
     uint32_t n_ctx;
@@ -119,21 +153,19 @@ static void job_unref_locked(job *j) {
     serve_req_free(&j->req);
     cli_buf_free(&j->out);
     cli_buf_free(&j->text);
+    free(j->ids);
     free(j);
 }
 
-/* Whether the client closed its end: poll the socket without reading. */
+/* Whether the client is gone: its socket reports an error or a hang-up (a reset: the peer closed a connection our
+ * writes reached). The end of its sending side alone (a read of 0 bytes) is not: a client may half-close after its
+ * request (`nc -N`, RFC 9112 section 9.6) and still read the answer. A client that closes while nothing is written
+ * to it is noticed at the next write (a stream's next token). */
 static bool client_gone(int fd) {
     if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    struct pollfd p = {.fd = fd, .events = 0};
     if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-    if (p.revents & POLLIN) {
-        char c;
-        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        return n == 0;
-    }
-    return false;
+    return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 /* Wait (srv.mu held) up to 50 ms for progress. */
@@ -237,6 +269,62 @@ static char *error_json(int status, const char *msg, const char *code) {
     return s;
 }
 
+/* llama-server's "timings" of a request (its front ends and tools read them). */
+static cJSON *timings_json(const job *j) {
+    cJSON *t = cJSON_CreateObject();
+    double pn = (double)(j->n_prompt - j->n_reused), gn = (double)j->res.n_gen;
+    cJSON_AddNumberToObject(t, "cache_n", (double)j->n_reused);
+    cJSON_AddNumberToObject(t, "prompt_n", pn);
+    cJSON_AddNumberToObject(t, "prompt_ms", j->prompt_ms);
+    cJSON_AddNumberToObject(t, "prompt_per_token_ms", pn > 0 ? j->prompt_ms / pn : 0);
+    cJSON_AddNumberToObject(t, "prompt_per_second", j->prompt_ms > 0 ? pn * 1e3 / j->prompt_ms : 0);
+    cJSON_AddNumberToObject(t, "predicted_n", gn);
+    cJSON_AddNumberToObject(t, "predicted_ms", j->gen_ms);
+    cJSON_AddNumberToObject(t, "predicted_per_token_ms", gn > 0 ? j->gen_ms / gn : 0);
+    cJSON_AddNumberToObject(t, "predicted_per_second", j->gen_ms > 0 ? gn * 1e3 / j->gen_ms : 0);
+    return t;
+}
+
+static const char *stop_type(const flm_gen_result *r) {
+    return r->eog ? "eos" : r->stopped ? "word" : r->limit || r->ctx_full ? "limit" : "none";
+}
+
+/* llama-server's /completion object: a streamed token's (final = false) or the whole result's. */
+static cJSON *native_json(const job *j, const char *text, size_t len, const int32_t *ids, size_t n_ids, bool final) {
+    cJSON *o = cJSON_CreateObject();
+    char *t = malloc(len + 1);
+    if (t) { memcpy(t, text, len); t[len] = 0; }
+    cJSON_AddNumberToObject(o, "index", 0);
+    cJSON_AddStringToObject(o, "content", t ? t : "");
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; i < n_ids; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "id_slot", j->slot_index);
+    cJSON_AddBoolToObject(o, "stop", final);
+    if (final) {
+        const serve_req *q = &j->req;
+        cJSON_AddStringToObject(o, "model", srv.model_id);
+        cJSON_AddNumberToObject(o, "tokens_predicted", (double)j->res.n_gen);
+        cJSON_AddNumberToObject(o, "tokens_evaluated", (double)j->n_prompt);
+        cJSON *g = cJSON_AddObjectToObject(o, "generation_settings");
+        cJSON_AddNumberToObject(g, "n_predict", (double)(q->max_tokens >= 0 ? q->max_tokens : srv.n_predict));
+        cJSON_AddNumberToObject(g, "seed", (double)j->seed);
+        cJSON_AddNumberToObject(g, "n_ctx", srv.n_ctx);
+        if (q->has_temp) cJSON_AddNumberToObject(g, "temperature", q->temperature);
+        if (q->has_top_p) cJSON_AddNumberToObject(g, "top_p", q->top_p);
+        if (q->top_k >= 0) cJSON_AddNumberToObject(g, "top_k", q->top_k);
+        cJSON_AddStringToObject(o, "prompt", q->prompt ? q->prompt : "");
+        cJSON_AddBoolToObject(o, "has_new_line", t && strchr(t, '\n'));
+        cJSON_AddBoolToObject(o, "truncated", j->truncated);
+        cJSON_AddStringToObject(o, "stop_type", stop_type(&j->res));
+        cJSON_AddStringToObject(o, "stopping_word", j->res.stopped && j->res.stop_index >= 0 &&
+                                                    j->res.stop_index < q->n_stop ? q->stop[j->res.stop_index] : "");
+        cJSON_AddNumberToObject(o, "tokens_cached", (double)(j->n_prompt + (size_t)j->res.n_gen));
+        cJSON_AddItemToObject(o, "timings", timings_json(j));
+    }
+    free(t);
+    return o;
+}
+
 /* ---- the worker ------------------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -247,7 +335,18 @@ static bool on_token(void *user, const flm_gen_token *t) {
     job *j = ((gen_user *)user)->j;
     pthread_mutex_lock(&srv.mu);
     bool go = !j->gone && !srv.stopping;
-    if (go && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
+    if (go && j->native && t->id >= 0 && !t->eog && !j->req.stream && j->req.return_tokens) {
+        if (j->n_ids == j->cap_ids) {
+            size_t cap = j->cap_ids ? 2 * j->cap_ids : 64;
+            int32_t *p = realloc(j->ids, cap * sizeof *p);
+            if (p) { j->ids = p; j->cap_ids = cap; }
+        }
+        if (j->n_ids < j->cap_ids) j->ids[j->n_ids++] = t->id;
+    }
+    if (go && j->native && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
+        go = out_event(j, native_json(j, t->text, t->len, &t->id, t->id >= 0 ? 1 : 0, false));
+        pthread_cond_broadcast(&srv.cv);
+    } else if (go && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
         cJSON *o = chunk_base(j);
         chunk_choice(j, o, t->text, t->len, NULL);
         j->first_chunk = false;
@@ -281,15 +380,28 @@ static void run_job(slot *s, job *j) {
     flm_error err;
     flm_sampler_params sp;
     flm_sampler_params_default(&sp);
+    if (srv.has_temp) sp.temp = srv.temp;
     if (q->has_temp) sp.temp = q->temperature;
     if (q->has_top_p) sp.top_p = q->top_p;
     if (q->top_k >= 0) sp.top_k = q->top_k;
     static _Atomic uint64_t seed_counter;
-    sp.seed = q->has_seed ? q->seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
+    sp.seed = q->has_seed ? q->seed : srv.has_seed ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
+    j->seed = sp.seed;
+    j->slot_index = s->index;
     flm_session_reset_stats(s->sess);
+    if (q->no_cache) flm_session_rewind(s->sess, 0); /* "cache_prompt": false */
     flm_status st = flm_session_sampling(s->sess, &sp, &err);
+    uint32_t nv = flm_vocab_size(s->ctx);
+    for (size_t i = 0; !st && i < q->n_prompt_ids; i++)
+        if ((uint32_t)q->prompt_ids[i] >= nv) {
+            st = FLM_ERR_ARG;
+            snprintf(err.msg, sizeof err.msg, "'prompt': token id %d is outside the vocabulary (0 to %u)",
+                     q->prompt_ids[i], nv ? nv - 1 : 0);
+        }
     if (!st) {
-        if (q->chat)
+        if (q->n_prompt_ids)
+            st = flm_session_prompt(s->sess, q->prompt_ids, q->n_prompt_ids, &j->n_reused, &err);
+        else if (q->chat)
             st = flm_session_prompt_chat(s->sess, s->tmpl, q->msgs, q->n_msgs, &j->n_reused, &err);
         else
             st = flm_session_prompt_text(s->sess, q->prompt, strlen(q->prompt), FLM_TOKENIZE_ADD_SPECIAL,
@@ -297,8 +409,13 @@ static void run_job(slot *s, job *j) {
     }
     pthread_mutex_lock(&srv.mu);
     if (st) {
-        if (st == FLM_ERR_CONTEXT || st == FLM_ERR_ARG)
-            job_fail_locked(j, 400, st == FLM_ERR_CONTEXT ? "context_length_exceeded" : "invalid_prompt", err.msg);
+        if (st == FLM_ERR_CONTEXT) { /* the wording clients map to a context-window error (litellm, llama.cpp's) */
+            char m[FLM_ERROR_MSG_MAX + 160];
+            snprintf(m, sizeof m, "the request exceeds the available context size: this model's maximum context "
+                     "length is %u tokens (per slot); %s", srv.n_ctx, err.msg);
+            job_fail_locked(j, 400, "context_length_exceeded", m);
+        } else if (st == FLM_ERR_ARG)
+            job_fail_locked(j, 400, "invalid_prompt", err.msg);
         else
             job_fail_locked(j, 500, "internal_error", err.msg);
         pthread_mutex_unlock(&srv.mu);
@@ -317,7 +434,7 @@ static void run_job(slot *s, job *j) {
 
     flm_gen_params gp;
     flm_gen_params_default(&gp);
-    gp.max_tokens = q->max_tokens;
+    gp.max_tokens = q->max_tokens >= 0 ? q->max_tokens : srv.n_predict;
     gp.utf8_whole = true;
     for (int i = 0; i < q->n_stop; i++) gp.stop[i] = q->stop[i];
     gp.n_stop = q->n_stop;
@@ -340,6 +457,9 @@ static void run_job(slot *s, job *j) {
     srv.drafted += sps.n_drafted;
     srv.accepted += sps.n_accepted;
     if (ss.gen_ms > 0) srv.last_tps = (double)j->res.n_gen * 1e3 / ss.gen_ms;
+    j->prompt_ms = ss.prompt_ms;
+    j->gen_ms = ss.gen_ms;
+    j->truncated = j->res.ctx_full || ss.n_shifts > 0;
     if (st) {
         if (j->req.stream) { /* headers are sent: the error goes in the stream */
             char *e = error_json(500, err.msg, "internal_error");
@@ -349,6 +469,16 @@ static void run_job(slot *s, job *j) {
             job_fail_locked(j, 500, "internal_error", err.msg);
         }
         flm_session_rewind(s->sess, 0);
+    } else if (j->native) {
+        cJSON *o = native_json(j, j->req.stream ? "" : j->text.p ? j->text.p : "", j->req.stream ? 0 : j->text.len,
+                               j->ids, j->n_ids, true);
+        if (j->req.stream) out_event(j, o);
+        else {
+            char *s2 = cJSON_PrintUnformatted(o);
+            cJSON_Delete(o);
+            if (!s2 || !out_add(j, s2)) job_fail_locked(j, 500, "internal_error", "out of memory");
+            free(s2);
+        }
     } else if (j->req.stream) {
         cJSON *o = chunk_base(j);
         chunk_choice(j, o, "", 0, finish_reason(&j->res));
@@ -356,6 +486,7 @@ static void run_job(slot *s, job *j) {
         o = chunk_base(j); /* the usage chunk (stream_options.include_usage's), always sent */
         cJSON_AddArrayToObject(o, "choices");
         cJSON_AddItemToObject(o, "usage", usage_json(j));
+        cJSON_AddItemToObject(o, "timings", timings_json(j));
         out_event(j, o);
     } else {
         cJSON *o = cJSON_CreateObject();
@@ -377,6 +508,7 @@ static void run_job(slot *s, job *j) {
         }
         cJSON_AddStringToObject(c, "finish_reason", finish_reason(&j->res));
         cJSON_AddItemToObject(o, "usage", usage_json(j));
+        cJSON_AddItemToObject(o, "timings", timings_json(j));
         cJSON *f = cJSON_AddObjectToObject(o, "flashlm");
         cJSON_AddNumberToObject(f, "prompt_ms", ss.prompt_ms);
         cJSON_AddNumberToObject(f, "generation_ms", ss.gen_ms);
@@ -388,7 +520,7 @@ static void run_job(slot *s, job *j) {
         if (!s2 || !out_add(j, s2)) job_fail_locked(j, 500, "internal_error", "out of memory");
         free(s2);
     }
-    if (j->req.stream) out_add(j, "data: [DONE]\n\n");
+    if (j->req.stream && !j->native) out_add(j, "data: [DONE]\n\n"); /* /completion's stream ends with stop: true */
     bool gone = j->gone;
     pthread_mutex_unlock(&srv.mu);
     fprintf(stderr, "flashlm: slot %d: %s: prompt %zu tokens (%zu cached) in %.1f ms; %ld tokens in %.1f ms (%.2f "
@@ -419,6 +551,7 @@ static void *worker(void *arg) {
         j->slot = NULL;
         s->cur = NULL;
         srv.n_running--;
+        s->n_past = (long)flm_session_n_past(s->sess);
         job_unref_locked(j); /* the worker's reference */
         pthread_cond_broadcast(&srv.cv);
     }
@@ -434,25 +567,179 @@ typedef struct conn {
     job *j;          /* the job whose response is being sent */
 } conn;
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const char *body,
-                                 size_t len) {
+/* ---- connections: their limit and timeouts ----------------------------------------------------------------------
+ * libmicrohttpd runs a thread per connection and knows only an inactivity timeout, which a client sending a byte now
+ * and then never reaches (slowloris). Each connection is recorded here (MHD_OPTION_NOTIFY_CONNECTION) with a phase
+ * and a deadline: its request's headers (from the connection's start, or from the previous response's end on a
+ * kept-alive connection) within --header-timeout, its body within --body-timeout; a watchdog thread shuts a late
+ * connection's socket down (the first request answered 408), which ends its thread. No deadline while a request is
+ * being answered (a generation takes what it takes; a client that leaves cancels it). Connections beyond
+ * --max-connections are answered 503 and closed. */
+enum conn_phase { PHASE_HEADERS, PHASE_BODY, PHASE_BUSY };
+
+typedef struct conn_rec {
+    int fd;
+    enum conn_phase phase;
+    double deadline;  /* CLOCK_MONOTONIC seconds; 0: none */
+    bool over;        /* accepted beyond --max-connections */
+    bool answered;    /* a response was sent on it (then an idle timeout closes it silently) */
+    bool expired;
+    struct conn_rec *prev, *next;
+} conn_rec;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    conn_rec *head;
+    int n, max;
+    double header_s, body_s;
+    bool stop;
+    uint64_t timeouts, refused;
+} conns = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    (void)cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_rec *r = calloc(1, sizeof *r);
+        if (!r) return;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        r->fd = ci ? ci->connect_fd : -1;
+        pthread_mutex_lock(&conns.mu);
+        r->over = conns.n >= conns.max;
+        r->phase = PHASE_HEADERS;
+        r->deadline = now_s() + conns.header_s;
+        r->next = conns.head;
+        if (conns.head) conns.head->prev = r;
+        conns.head = r;
+        conns.n++;
+        pthread_mutex_unlock(&conns.mu);
+        *socket_context = r;
+    } else {
+        conn_rec *r = *socket_context;
+        if (!r) return;
+        pthread_mutex_lock(&conns.mu); /* before libmicrohttpd closes the socket: the watchdog never sees a stale fd */
+        if (r->prev) r->prev->next = r->next;
+        else conns.head = r->next;
+        if (r->next) r->next->prev = r->prev;
+        conns.n--;
+        pthread_mutex_unlock(&conns.mu);
+        free(r);
+        *socket_context = NULL;
+    }
+}
+
+static conn_rec *conn_rec_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void conn_phase_set(struct MHD_Connection *c, enum conn_phase ph) {
+    conn_rec *r = conn_rec_of(c);
+    if (!r) return;
+    pthread_mutex_lock(&conns.mu);
+    r->phase = ph;
+    r->deadline = ph == PHASE_HEADERS ? now_s() + conns.header_s : ph == PHASE_BODY ? now_s() + conns.body_s : 0;
+    if (ph == PHASE_HEADERS) r->answered = true; /* after a response: waiting for the next request */
+    pthread_mutex_unlock(&conns.mu);
+}
+
+static void *watchdog(void *arg) {
+    (void)arg;
+    static const char timeout[] = "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json"
+                                  "\r\nContent-Length: 88\r\n\r\n{\"error\":{\"message\":\"request timeout\",\"type\":"
+                                  "\"invalid_request_error\",\"code\":\"timeout\"}}";
+    pthread_mutex_lock(&conns.mu);
+    while (!conns.stop) {
+        double t = now_s();
+        for (conn_rec *r = conns.head; r; r = r->next) {
+            if (r->expired || r->deadline <= 0 || t < r->deadline || r->fd < 0) continue;
+            r->expired = true;
+            conns.timeouts++;
+            /* the first request's headers or a body that came too slowly: say so (nothing else is being written on
+             * the socket in these phases); an idle kept-alive connection is closed silently (RFC 9112 section 9.5) */
+            if (!r->answered || r->phase == PHASE_BODY)
+                (void)!send(r->fd, timeout, sizeof timeout - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            shutdown(r->fd, SHUT_RDWR); /* its thread's next read ends the connection */
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&conns.cv, &conns.mu, &ts);
+    }
+    pthread_mutex_unlock(&conns.mu);
+    return NULL;
+}
+
+/* ---- who may call: Host, Origin, CORS, the key (tools/serve_http.c) --------------------------------------------- */
+
+static serve_access access_cfg;
+
+static const char *req_header(struct MHD_Connection *c, const char *name) {
+    return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+}
+
+/* A response to a request whose Origin may read it carries Access-Control-Allow-Origin (the Fetch standard's CORS
+ * check), and Vary: Origin (a cache must not hand it to another origin). */
+static void add_cors(struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = req_header(c, "Origin");
+    if (!origin) return;
+    MHD_add_response_header(r, "Vary", "Origin");
+    if (serve_origin_allowed(&access_cfg, origin, req_header(c, "Host")))
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+}
+
+static enum MHD_Result send_text_ex(struct MHD_Connection *c, unsigned status, const char *type, const char *body,
+                                    size_t len, bool close) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
     if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (close) MHD_add_response_header(r, "Connection", "close");
+    add_cors(c, r);
+    conn_phase_set(c, PHASE_BUSY);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *code, const char *msg) {
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const char *body,
+                                 size_t len) {
+    return send_text_ex(c, status, type, body, len, false);
+}
+
+static enum MHD_Result send_error_ex(struct MHD_Connection *c, unsigned status, const char *code, const char *msg,
+                                     bool close) {
     char *s = error_json((int)status, msg, code);
     pthread_mutex_lock(&srv.mu);
     srv.requests++;
     srv.errors++;
     pthread_mutex_unlock(&srv.mu);
     if (!s) return MHD_NO;
+    enum MHD_Result r = send_text_ex(c, status, "application/json", s, strlen(s), close);
+    free(s);
+    return r;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *code, const char *msg) {
+    return send_error_ex(c, status, code, msg, false);
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, cJSON *o) {
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return send_error(c, 500, "internal_error", "out of memory");
+    pthread_mutex_lock(&srv.mu);
+    srv.requests++;
+    pthread_mutex_unlock(&srv.mu);
     enum MHD_Result r = send_text(c, status, "application/json", s, strlen(s));
     free(s);
     return r;
@@ -540,6 +827,9 @@ static void stream_free(void *cls) {
 }
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)toe;
+    conn_phase_set(c, PHASE_HEADERS); /* kept alive: the next request's headers within --header-timeout */
     conn *cn = *con_cls;
     if (!cn) return;
     cli_buf_free(&cn->body);
@@ -547,16 +837,16 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
-/* POST /v1/chat/completions (chat) and /v1/completions. */
-static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool chat) {
+/* POST /v1/chat/completions (chat), /v1/completions and llama-server's /completion (native). */
+static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool chat, bool native) {
     serve_req req;
     char msg[SERVE_ERR_MAX];
     int status = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, chat, &req, msg, sizeof msg);
     if (status) return send_error(c, (unsigned)status, status == 400 ? "invalid_request" : "internal_error", msg);
-    if (req.model && strcmp(req.model, srv.model_id)) {
+    if (srv.strict_model && req.model && strcmp(req.model, srv.model_id)) {
         char m[SERVE_ERR_MAX + 64];
-        snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models)", req.model,
-                 srv.model_id);
+        snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models; without "
+                 "--strict-model any name is answered by it)", req.model, srv.model_id);
         serve_req_free(&req);
         return send_error(c, 404, "model_not_found", m);
     }
@@ -566,6 +856,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
         return send_error(c, 500, "internal_error", "out of memory");
     }
     j->req = req;
+    j->native = native;
     j->refs = 2; /* the connection's, the queue's (then the worker's) */
     j->created = (long)time(NULL);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -627,31 +918,309 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    add_cors(c, resp);
     enum MHD_Result r = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
     return r;
 }
 
 static bool authorized(struct MHD_Connection *c) {
-    if (!srv.api_key) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
-    h += 7;
-    size_t n = strlen(srv.api_key), m = strlen(h);
-    unsigned diff = n != m;
-    for (size_t i = 0; i < n; i++) diff |= (unsigned)(srv.api_key[i] ^ (i < m ? h[i] : 0)); /* no early exit */
-    return diff == 0;
+    return serve_key_ok(srv.api_key, req_header(c, "Authorization"), req_header(c, "X-Api-Key"));
+}
+
+/* Every header of the request, for the framing check (duplicates included, as received). */
+typedef struct {
+    serve_hdr h[128];
+    size_t n;
+    bool overflow;
+} hdr_list;
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    hdr_list *l = cls;
+    if (l->n == sizeof l->h / sizeof l->h[0]) {
+        l->overflow = true;
+        return MHD_NO;
+    }
+    l->h[l->n++] = (serve_hdr){key, value};
+    return MHD_YES;
+}
+
+/* OPTIONS: a CORS preflight (the Fetch standard): which methods and headers a page of an allowed origin may use;
+ * nothing for another origin (the browser then refuses the request). */
+static enum MHD_Result send_preflight(struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    const char *origin = req_header(c, "Origin");
+    add_cors(c, r);
+    if (origin && serve_origin_allowed(&access_cfg, origin, req_header(c, "Host"))) {
+        const char *want = req_header(c, "Access-Control-Request-Headers");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                want && strlen(want) < 1024 ? want : "Authorization, Content-Type, X-Api-Key");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    MHD_add_response_header(r, "Allow", "GET, POST, OPTIONS");
+    conn_phase_set(c, PHASE_BUSY);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* The first call, with the headers and before any of the body: refuse what must not be read (answered, then the
+ * connection closed: libmicrohttpd reads nothing more of a request answered early). */
+static enum MHD_Result check_headers(struct MHD_Connection *c, const char *method, const char *version, conn *cn) {
+    conn_rec *rec = conn_rec_of(c);
+    if (rec && rec->over) {
+        pthread_mutex_lock(&conns.mu);
+        conns.refused++;
+        pthread_mutex_unlock(&conns.mu);
+        char m[128];
+        snprintf(m, sizeof m, "too many connections (--max-connections %d): try again later", conns.max);
+        return send_error_ex(c, 503, "too_many_connections", m, true);
+    }
+    hdr_list l = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &l);
+    char msg[256];
+    if (l.overflow) return send_error_ex(c, 431, "invalid_request", "more than 128 request headers", true);
+    int st = serve_check_framing(l.h, l.n, version && !strcmp(version, "HTTP/1.0"), msg, sizeof msg);
+    if (st) return send_error_ex(c, (unsigned)st, "invalid_request", msg, true);
+    if ((st = serve_check_host(&access_cfg, req_header(c, "Host"), msg, sizeof msg)))
+        return send_error_ex(c, (unsigned)st, st == 403 ? "forbidden_host" : "invalid_request", msg, true);
+    if (!strcmp(method, "OPTIONS")) return send_preflight(c);
+    const char *cl = req_header(c, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > srv.max_body) {
+        snprintf(msg, sizeof msg, "the request body is larger than --max-body (%zu bytes)", srv.max_body);
+        return send_error_ex(c, 413, "request_too_large", msg, true);
+    }
+    (void)cn;
+    conn_phase_set(c, PHASE_BODY);
+    return MHD_YES;
+}
+
+static cJSON *model_json(void) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", srv.model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "flashlm");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddNumberToObject(meta, "n_ctx", srv.n_ctx);
+    cJSON_AddNumberToObject(meta, "slots", srv.n_slots);
+    cJSON_AddNumberToObject(meta, "budget_bytes", (double)srv.budget);
+    return m;
+}
+
+/* The body parsed as a JSON object, or NULL after answering 400. */
+static cJSON *body_object(struct MHD_Connection *c, conn *cn, enum MHD_Result *r) {
+    cJSON *o = cJSON_ParseWithLength(cn->body.p ? cn->body.p : "", cn->body.len);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        *r = send_error(c, 400, "invalid_request", "the body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+static bool valid_utf8(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned char b = (unsigned char)s[i];
+        size_t k = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if (((unsigned char)s[i + j] >> 6) != 2) return false;
+        i += k;
+    }
+    return true;
+}
+
+/* A token's bytes as JSON: a string when they are whole UTF-8, else the bytes as numbers (llama-server's
+ * "piece" of a byte token). */
+static cJSON *piece_json(const char *p, size_t n) {
+    if (valid_utf8(p, n)) {
+        char *t = malloc(n + 1);
+        if (!t) return NULL;
+        memcpy(t, p, n);
+        t[n] = 0;
+        cJSON *o = cJSON_CreateString(t);
+        free(t);
+        return o;
+    }
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p[i]));
+    return a;
+}
+
+/* POST /tokenize (llama-server's): {"content", "add_special" (BOS as the model adds it; default false),
+ * "parse_special" (control tokens spelled out become them; default true), "with_pieces"} -> {"tokens": [...]}. */
+static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *cn) {
+    enum MHD_Result r = MHD_NO;
+    cJSON *o = body_object(c, cn, &r);
+    if (!o) return r;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(o, "add_special");
+    const cJSON *parse = cJSON_GetObjectItemCaseSensitive(o, "parse_special");
+    const cJSON *pieces = cJSON_GetObjectItemCaseSensitive(o, "with_pieces");
+    if (!cJSON_IsString(content) || (add && !cJSON_IsBool(add)) || (parse && !cJSON_IsBool(parse)) ||
+        (pieces && !cJSON_IsBool(pieces))) {
+        cJSON_Delete(o);
+        return send_error(c, 400, "invalid_request", "/tokenize takes 'content' (a string) and the booleans "
+                          "'add_special', 'parse_special', 'with_pieces'");
+    }
+    const flm_ctx *ctx = srv.slots[0].ctx;
+    const char *text = content->valuestring;
+    unsigned flags = (cJSON_IsTrue(add) ? FLM_TOKENIZE_ADD_SPECIAL : 0) |
+                     (!parse || cJSON_IsTrue(parse) ? FLM_TOKENIZE_PARSE_SPECIAL : 0);
+    size_t n = flm_tokenize_ex(ctx, text, strlen(text), flags, NULL, 0);
+    int32_t *ids = n == SIZE_MAX ? NULL : malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) {
+        cJSON_Delete(o);
+        return send_error(c, 500, "internal_error", "out of memory");
+    }
+    flm_tokenize_ex(ctx, text, strlen(text), flags, ids, n);
+    cJSON *out = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(out, "tokens");
+    for (size_t i = 0; i < n; i++) {
+        if (cJSON_IsTrue(pieces)) {
+            cJSON *t = cJSON_CreateObject();
+            size_t len;
+            const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
+            cJSON_AddNumberToObject(t, "id", ids[i]);
+            cJSON_AddItemToObject(t, "piece", piece_json(p, len));
+            cJSON_AddItemToArray(a, t);
+        } else {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+        }
+    }
+    free(ids);
+    cJSON_Delete(o);
+    return send_json(c, 200, out);
+}
+
+/* POST /detokenize: {"tokens": [ids]} -> {"content": text}. */
+static enum MHD_Result handle_detokenize(struct MHD_Connection *c, conn *cn) {
+    enum MHD_Result r = MHD_NO;
+    cJSON *o = body_object(c, cn, &r);
+    if (!o) return r;
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *t;
+    const flm_ctx *ctx = srv.slots[0].ctx;
+    uint32_t nv = flm_vocab_size(ctx);
+    bool ok = cJSON_IsArray(toks);
+    if (ok)
+        cJSON_ArrayForEach(t, toks) ok = ok && cJSON_IsNumber(t) && t->valuedouble >= 0 && t->valuedouble < nv &&
+                                         t->valuedouble == floor(t->valuedouble);
+    if (!ok) {
+        cJSON_Delete(o);
+        char m[128];
+        snprintf(m, sizeof m, "/detokenize takes 'tokens': an array of token ids (0 to %u)", nv ? nv - 1 : 0);
+        return send_error(c, 400, "invalid_request", m);
+    }
+    cli_buf b = {0};
+    int32_t prev = -1;
+    cJSON_ArrayForEach(t, toks) {
+        size_t len;
+        const char *p = flm_token_piece(ctx, prev, (int32_t)t->valuedouble, &len);
+        cli_buf_add(&b, p, len);
+        prev = (int32_t)t->valuedouble;
+    }
+    cli_buf_add(&b, "", 1);
+    cJSON_Delete(o);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "content", b.p ? b.p : "");
+    cli_buf_free(&b);
+    return send_json(c, 200, out);
+}
+
+/* POST /apply-template (llama-server's): {"messages"} -> {"prompt": the text the chat template renders}. */
+static enum MHD_Result handle_apply_template(struct MHD_Connection *c, conn *cn) {
+    serve_req req;
+    char msg[SERVE_ERR_MAX];
+    int st = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, true, &req, msg, sizeof msg);
+    if (st) return send_error(c, (unsigned)st, st == 400 ? "invalid_request" : "internal_error", msg);
+    char *text = NULL;
+    flm_error err;
+    flm_status fs = flm_chat_apply(srv.slots[0].tmpl, req.msgs, req.n_msgs, true, &text, NULL, &err);
+    serve_req_free(&req);
+    if (fs) return send_error(c, 500, "internal_error", err.msg);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "prompt", text);
+    free(text);
+    return send_json(c, 200, out);
+}
+
+/* GET /props (llama-server's): the server's settings. */
+static enum MHD_Result handle_props(struct MHD_Connection *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model_path", srv.model_path);
+    cJSON_AddStringToObject(o, "model_alias", srv.model_id);
+    cJSON_AddNumberToObject(o, "total_slots", srv.n_slots);
+    cJSON_AddStringToObject(o, "chat_template", flm_chat_name(srv.slots[0].tmpl));
+    cJSON_AddStringToObject(o, "build_info", "flashlm " FLM_VERSION_STRING);
+    cJSON *d = cJSON_AddObjectToObject(o, "default_generation_settings");
+    cJSON_AddNumberToObject(d, "n_ctx", srv.n_ctx);
+    cJSON *p = cJSON_AddObjectToObject(d, "params");
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp);
+    cJSON_AddNumberToObject(p, "temperature", srv.has_temp ? srv.temp : sp.temp);
+    cJSON_AddNumberToObject(p, "top_k", sp.top_k);
+    cJSON_AddNumberToObject(p, "top_p", sp.top_p);
+    cJSON_AddNumberToObject(p, "n_predict", (double)srv.n_predict);
+    if (srv.has_seed) cJSON_AddNumberToObject(p, "seed", (double)srv.seed);
+    else cJSON_AddNullToObject(p, "seed"); /* a new one per request unless the request gives one */
+    cJSON_AddNumberToObject(o, "max_body_bytes", (double)srv.max_body);
+    return send_json(c, 200, o);
+}
+
+/* GET /slots: each slot's context, whether it runs, the tokens its cache holds (no prompt text: other clients'). */
+static enum MHD_Result handle_slots(struct MHD_Connection *c) {
+    cJSON *a = cJSON_CreateArray();
+    pthread_mutex_lock(&srv.mu);
+    for (int i = 0; i < srv.n_slots; i++) {
+        cJSON *s = cJSON_CreateObject();
+        cJSON_AddNumberToObject(s, "id", i);
+        cJSON_AddNumberToObject(s, "n_ctx", srv.n_ctx);
+        cJSON_AddBoolToObject(s, "is_processing", srv.slots[i].cur != NULL);
+        cJSON_AddNumberToObject(s, "n_past", (double)srv.slots[i].n_past);
+        cJSON_AddItemToArray(a, s);
+    }
+    pthread_mutex_unlock(&srv.mu);
+    return send_json(c, 200, a);
+}
+
+/* Routes: OpenAI's under /v1 and without it (llama.cpp's front ends call /chat/completions, /models), and
+ * llama-server's own. */
+enum route { R_NONE, R_HEALTH, R_CHAT, R_COMPL, R_NATIVE, R_MODELS, R_MODEL, R_METRICS, R_PAGE, R_TOKENIZE,
+             R_DETOKENIZE, R_PROPS, R_SLOTS, R_EMBED, R_RESPONSES, R_TEMPLATE };
+
+static enum route route_of(const char *url, const char **model) {
+    bool v1 = !strncmp(url, "/v1/", 4);
+    const char *p = v1 ? url + 3 : url;
+    if (!strcmp(p, "/health")) return R_HEALTH;
+    if (!strcmp(p, "/chat/completions")) return R_CHAT;
+    if (!strcmp(p, "/completions")) return v1 ? R_COMPL : R_NATIVE; /* llama-server: /completions is its own */
+    if (!strcmp(p, "/completion")) return R_NATIVE;
+    if (!strcmp(p, "/models")) return R_MODELS;
+    if (!strncmp(p, "/models/", 8) && p[8]) { *model = p + 8; return R_MODEL; }
+    if (!strcmp(p, "/embeddings") || !strcmp(p, "/embedding")) return R_EMBED;
+    if (!strcmp(p, "/responses")) return R_RESPONSES;
+    if (v1) return R_NONE;
+    if (!strcmp(p, "/metrics")) return R_METRICS;
+    if (!strcmp(p, "/") || !strcmp(p, "/index.html")) return R_PAGE;
+    if (!strcmp(p, "/tokenize")) return R_TOKENIZE;
+    if (!strcmp(p, "/detokenize")) return R_DETOKENIZE;
+    if (!strcmp(p, "/props")) return R_PROPS;
+    if (!strcmp(p, "/slots")) return R_SLOTS;
+    if (!strcmp(p, "/apply-template")) return R_TEMPLATE;
+    return R_NONE;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)cls;
     conn *cn = *con_cls;
-    if (!cn) { /* the headers: check the body's announced size before reading it */
+    if (!cn) { /* the headers: check them before reading the body */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > srv.max_body) cn->too_big = true;
-        return MHD_YES;
+        return check_headers(c, method, version, cn);
     }
     if (*upload_size) { /* a piece of the body */
         if (!cn->too_big && cn->body.len + *upload_size > srv.max_body) {
@@ -662,56 +1231,78 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    conn_phase_set(c, PHASE_BUSY);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health")) {
+    const char *model = NULL;
+    enum route rt = route_of(url, &model);
+    if (rt == R_HEALTH) {
         const char *ok = "{\"status\":\"ok\"}";
         pthread_mutex_lock(&srv.mu);
         srv.requests++;
         pthread_mutex_unlock(&srv.mu);
         return send_text(c, 200, "application/json", ok, strlen(ok));
     }
-    bool chat = !strcmp(url, "/v1/chat/completions"), compl = !strcmp(url, "/v1/completions");
-    bool known = chat || compl || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strcmp(url, "/") ||
-                 !strcmp(url, "/index.html");
-    if (!known) {
+    if (rt == R_NONE || (rt == R_PAGE && srv.no_ui)) {
         char m[300];
         snprintf(m, sizeof m, "no such endpoint: %.16s %.200s", method, url);
         return send_error(c, 404, "not_found", m);
     }
-    bool page = !strcmp(url, "/") || !strcmp(url, "/index.html"); /* static, holds nothing: a browser cannot send
-                                                                      the key to load it (llama-server's rule too) */
-    if (!page && !authorized(c)) return send_error(c, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
+    /* the page is static and holds nothing: a browser cannot send the key to load it (llama-server's rule too) */
+    if (rt != R_PAGE && !authorized(c))
+        return send_error(c, 401, "invalid_api_key",
+                          "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)");
     if (cn->too_big) {
         char m[128];
         snprintf(m, sizeof m, "the request body is larger than --max-body (%zu bytes)", srv.max_body);
-        return send_error(c, 413, "request_too_large", m);
+        return send_error_ex(c, 413, "request_too_large", m, true);
     }
-    if ((chat || compl) && !post) return send_error(c, 405, "method_not_allowed", "use POST");
-    if (!(chat || compl) && !get) return send_error(c, 405, "method_not_allowed", "use GET");
-    if (chat || compl) return handle_generate(c, cn, chat);
-    pthread_mutex_lock(&srv.mu);
-    srv.requests++;
-    pthread_mutex_unlock(&srv.mu);
-    if (!strcmp(url, "/metrics")) return send_metrics(c);
-    if (!strcmp(url, "/v1/models")) {
-        cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    bool is_post = rt == R_CHAT || rt == R_COMPL || rt == R_NATIVE || rt == R_TOKENIZE || rt == R_DETOKENIZE ||
+                   rt == R_EMBED || rt == R_RESPONSES || rt == R_TEMPLATE;
+    if (is_post && !post) return send_error(c, 405, "method_not_allowed", "use POST");
+    if (!is_post && !get) return send_error(c, 405, "method_not_allowed", "use GET");
+    if (post) {
+        char m[300];
+        int st = serve_check_post(&access_cfg, req_header(c, "Origin"), req_header(c, "Host"),
+                                  req_header(c, "Content-Type"), m, sizeof m);
+        if (st) return send_error(c, (unsigned)st, st == 403 ? "forbidden_origin" : "unsupported_media_type", m);
+    }
+    switch (rt) {
+    case R_CHAT: return handle_generate(c, cn, true, false);
+    case R_COMPL: return handle_generate(c, cn, false, false);
+    case R_NATIVE: return handle_generate(c, cn, false, true);
+    case R_TOKENIZE: return handle_tokenize(c, cn);
+    case R_DETOKENIZE: return handle_detokenize(c, cn);
+    case R_TEMPLATE: return handle_apply_template(c, cn);
+    case R_EMBED:
+        return send_error(c, 501, "not_implemented", "embeddings are not implemented by flashlm serve yet");
+    case R_RESPONSES:
+        return send_error(c, 501, "not_implemented", "the Responses API (/v1/responses) is not implemented: use "
+                          "/v1/chat/completions");
+    case R_PROPS: return handle_props(c);
+    case R_SLOTS:
+        if (!srv.slots_on) return send_error(c, 501, "not_supported", "GET /slots is off: start with --slots");
+        return handle_slots(c);
+    case R_METRICS: return send_metrics(c);
+    case R_MODELS: {
+        cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data");
         cJSON_AddStringToObject(o, "object", "list");
-        cJSON_AddItemToArray(data, m);
-        cJSON_AddStringToObject(m, "id", srv.model_id);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", 0);
-        cJSON_AddStringToObject(m, "owned_by", "flashlm");
-        cJSON *meta = cJSON_AddObjectToObject(m, "meta");
-        cJSON_AddNumberToObject(meta, "n_ctx", srv.n_ctx);
-        cJSON_AddNumberToObject(meta, "slots", srv.n_slots);
-        cJSON_AddNumberToObject(meta, "budget_bytes", (double)srv.budget);
-        char *s = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
-        enum MHD_Result r = s ? send_text(c, 200, "application/json", s, strlen(s)) : MHD_NO;
-        free(s);
-        return r;
+        cJSON_AddItemToArray(data, model_json());
+        return send_json(c, 200, o);
     }
-    return send_text(c, 200, "text/html; charset=utf-8", (const char *)SERVE_PAGE, SERVE_PAGE_LEN);
+    case R_MODEL: {
+        if (strcmp(model, srv.model_id)) {
+            char m[SERVE_ERR_MAX + 64];
+            snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s'", model, srv.model_id);
+            return send_error(c, 404, "model_not_found", m);
+        }
+        return send_json(c, 200, model_json());
+    }
+    default:
+        pthread_mutex_lock(&srv.mu);
+        srv.requests++;
+        pthread_mutex_unlock(&srv.mu);
+        return send_text(c, 200, "text/html; charset=utf-8", (const char *)SERVE_PAGE, SERVE_PAGE_LEN);
+    }
 }
 
 /* ---- the command ------------------------------------------------------------------------------------------------ */
@@ -728,7 +1319,9 @@ static void model_id_of(const char *path, char *out, size_t cap) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *chat_name = NULL, *alias = NULL;
-    long port = 8080, parallel = 1, queue = 16;
+    srv.n_predict = -1;
+    long port = 8080, parallel = 1, queue = 16, max_conns = 2048, header_s = 30, body_s = 60, idle_s = 600;
+    char cors_buf[4096] = "";
     uint64_t max_body = 1u << 20;
     bool verbose = false, shift = false;
     flm_params params;
@@ -747,9 +1340,15 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
         if (!strcmp(a, "--context-shift")) { shift = true; continue; }
+        if (!strcmp(a, "--strict-model")) { srv.strict_model = true; continue; }
+        if (!strcmp(a, "--slots")) { srv.slots_on = true; continue; }
+        if (!strcmp(a, "--no-ui")) { srv.no_ui = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||
-                     !strcmp(a, "--max-body") || !strcmp(a, "--chat-template") || !strcmp(a, "--alias");
+                     !strcmp(a, "--max-body") || !strcmp(a, "--chat-template") || !strcmp(a, "--alias") ||
+                     !strcmp(a, "--cors") || !strcmp(a, "--max-connections") || !strcmp(a, "--header-timeout") ||
+                     !strcmp(a, "--body-timeout") || !strcmp(a, "--timeout") || !strcmp(a, "--cors-origins") ||
+                     !strcmp(a, "--temp") || !strcmp(a, "--seed") || !strcmp(a, "--n-predict");
         if (!takes) return cli_die("unknown option '%s' (see flashlm serve --help)", a);
         if (!val) return cli_die("option %s needs a value (see flashlm serve --help)", a);
         i++;
@@ -759,6 +1358,35 @@ int cmd_serve(int argc, char **argv) {
             if (!*val) return cli_die("%s", "--api-key must not be empty");
             srv.api_key = val;
         } else if (!strcmp(a, "--alias")) alias = val;
+        else if (!strcmp(a, "--temp")) {
+            char *end;
+            double t = strtod(val, &end);
+            if (*end || end == val || !(t >= 0 && t <= 2)) return cli_die("bad --temp '%s' (0..2)", val);
+            srv.has_temp = true;
+            srv.temp = (float)t;
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(val, &end, 10);
+            if (*end || end == val || errno || *val == '-')
+                return cli_die("bad --seed '%s' (a non-negative integer)", val);
+            srv.has_seed = true;
+            srv.seed = v;
+        } else if (!strcmp(a, "--n-predict")) {
+            if (!cli_parse_long(val, -1, 1 << 24, &srv.n_predict)) return cli_die("bad --n-predict '%s' (-1..16M)", val);
+        } else if (!strcmp(a, "--cors") || !strcmp(a, "--cors-origins")) {
+            size_t have = strlen(cors_buf);
+            if (have + strlen(val) + 2 > sizeof cors_buf) return cli_die("%s", "--cors: too many origins");
+            snprintf(cors_buf + have, sizeof cors_buf - have, "%s%s", have ? "," : "", val);
+        } else if (!strcmp(a, "--max-connections")) {
+            if (!cli_parse_long(val, 1, 65536, &max_conns)) return cli_die("bad --max-connections '%s' (1..65536)", val);
+        } else if (!strcmp(a, "--header-timeout")) {
+            if (!cli_parse_long(val, 1, 86400, &header_s)) return cli_die("bad --header-timeout '%s' (1..86400 s)", val);
+        } else if (!strcmp(a, "--body-timeout")) {
+            if (!cli_parse_long(val, 1, 86400, &body_s)) return cli_die("bad --body-timeout '%s' (1..86400 s)", val);
+        } else if (!strcmp(a, "--timeout")) {
+            if (!cli_parse_long(val, 1, 86400, &idle_s)) return cli_die("bad --timeout '%s' (1..86400 s)", val);
+        }
         else if (!strcmp(a, "--port")) {
             if (!cli_parse_long(val, 0, 65535, &port)) return cli_die("bad --port '%s' (0..65535)", val);
         } else if (!strcmp(a, "--parallel")) {
@@ -778,16 +1406,50 @@ int cmd_serve(int argc, char **argv) {
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm serve --help)");
     if (cli_spec_args_check(&sa)) return 2;
     sa.greedy = false; /* requests choose their temperature: a tree keeps its drafts' distributions (budgeted) */
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)port);
-    if (!strcmp(host, "localhost")) host = "127.0.0.1";
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) return cli_die("bad --host '%s' (an IPv4 address)", host);
+    /* the addresses: --host A[,B...], each numeric (IPv4 or IPv6) or localhost */
+    char host_buf[1024];
+    if (strlen(host) >= sizeof host_buf) return cli_die("%s", "--host: too long");
+    snprintf(host_buf, sizeof host_buf, "%s", host);
+    struct sockaddr_storage addrs[SERVE_HOSTS_MAX];
+    int n_addrs = 0;
+    for (char *save = NULL, *h = strtok_r(host_buf, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
+        while (*h == ' ') h++;
+        if (!strcmp(h, "localhost")) h = "127.0.0.1";
+        if (n_addrs == SERVE_HOSTS_MAX) return cli_die("%s", "--host: at most 8 addresses");
+        struct sockaddr_storage *ss = &addrs[n_addrs];
+        memset(ss, 0, sizeof *ss);
+        struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+        if (inet_pton(AF_INET, h, &a4->sin_addr) == 1) a4->sin_family = AF_INET;
+        else if (inet_pton(AF_INET6, h, &a6->sin6_addr) == 1) a6->sin6_family = AF_INET6;
+        else return cli_die("bad --host '%s' (numeric IPv4 or IPv6 addresses or localhost, separated by commas)", h);
+        access_cfg.hosts[n_addrs++] = h;
+    }
+    if (!n_addrs) return cli_die("%s", "--host: no address");
+    access_cfg.n_hosts = n_addrs;
+    for (char *save = NULL, *o = strtok_r(cors_buf, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+        while (*o == ' ') o++;
+        if (!*o) continue;
+        if (access_cfg.n_cors == SERVE_CORS_MAX) return cli_die("%s", "--cors: at most 32 origins");
+        access_cfg.cors[access_cfg.n_cors++] = o;
+    }
+    access_cfg.api_key = srv.api_key != NULL;
+    conns.max = (int)max_conns;
+    conns.header_s = (double)header_s;
+    conns.body_s = (double)body_s;
+    /* one descriptor per connection: raise the soft limit toward the hard one (the default 1024 is below
+     * --max-connections) */
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)max_conns + 256) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (rlim_t)max_conns + 256 ? (rlim_t)max_conns + 256
+                                                                                             : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     char model_buf[4096], id_buf[256];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
     model_id_of(model, id_buf, sizeof id_buf);
     srv.model_id = alias ? alias : id_buf;
+    srv.model_path = model;
     srv.max_body = (size_t)max_body;
     srv.queue_cap = (int)queue;
     cli_env_params(&params, model);
@@ -808,6 +1470,12 @@ int cmd_serve(int argc, char **argv) {
             params.mem_bytes = srv.budget / (uint64_t)parallel;
             params.mem_percent = 0;
         }
+    }
+    /* -c is the context of all slots together, each slot holding -c / --parallel (llama-server's -c); without -c each
+     * slot has the default context */
+    if (params.n_ctx > 0 && parallel > 1) {
+        if (params.n_ctx / parallel < 8) return cli_die("%s", "-c is too small for --parallel (-c is shared by the slots)");
+        params.n_ctx = (int)(params.n_ctx / parallel);
     }
     srv.n_slots = (int)parallel;
     srv.slots = calloc((size_t)parallel, sizeof *srv.slots);
@@ -863,20 +1531,46 @@ int cmd_serve(int argc, char **argv) {
             fprintf(stderr, "flashlm: cannot start a worker thread\n");
             rc = 1;
         }
-    struct MHD_Daemon *d = NULL;
+    struct MHD_Daemon *d[SERVE_HOSTS_MAX] = {0};
+    pthread_t wd;
+    bool wd_started = false;
+    long bound = port;
+    char where[SERVE_HOSTS_MAX * 64] = "";
     if (!rc) {
-        d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, (uint16_t)port, NULL,
-                             NULL, handler, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                             MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL, MHD_OPTION_CONNECTION_LIMIT,
-                             (unsigned)(queue + parallel + 64), MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
-        if (!d) {
-            fprintf(stderr, "flashlm: cannot listen on %s:%ld: %s\n", host, port, strerror(errno));
+        if (pthread_create(&wd, NULL, watchdog, NULL)) {
+            fprintf(stderr, "flashlm: cannot start a thread\n");
             rc = 1;
+        } else {
+            wd_started = true;
         }
     }
+    /* libmicrohttpd: a thread per connection (the handlers block while a request waits or streams), poll() (not
+     * select(), limited to descriptors below 1024), 1 MiB stacks (the JSON parser's recursion, not 8 MiB each) */
+    for (int i = 0; !rc && i < n_addrs; i++) {
+        bool v6 = addrs[i].ss_family == AF_INET6;
+        if (v6) ((struct sockaddr_in6 *)&addrs[i])->sin6_port = htons((uint16_t)bound);
+        else ((struct sockaddr_in *)&addrs[i])->sin_port = htons((uint16_t)bound);
+        d[i] = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                                    (v6 ? MHD_USE_IPv6 : 0),
+                                (uint16_t)bound, NULL, NULL, handler, NULL, MHD_OPTION_SOCK_ADDR,
+                                (struct sockaddr *)&addrs[i], MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL,
+                                MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL, MHD_OPTION_CONNECTION_LIMIT,
+                                (unsigned)(max_conns + 64), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)idle_s,
+                                MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_END);
+        if (!d[i]) {
+            fprintf(stderr, "flashlm: cannot listen on %s port %ld: %s\n", access_cfg.hosts[i], bound, strerror(errno));
+            rc = 1;
+            break;
+        }
+        if (i == 0) { /* --port 0: the others take the port the first was given */
+            const union MHD_DaemonInfo *di = MHD_get_daemon_info(d[0], MHD_DAEMON_INFO_BIND_PORT);
+            if (di && di->port) bound = di->port;
+        }
+        size_t at = strlen(where);
+        snprintf(where + at, sizeof where - at, "%shttp://%s%s%s:%ld/", i ? " and " : "", v6 ? "[" : "",
+                 access_cfg.hosts[i], v6 ? "]" : "", bound);
+    }
     if (!rc) {
-        const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-        long bound = di ? di->port : port;
         const cli_spec_session *ss = srv.slots[0].spec;
         char spec_desc[4200] = "";
         if (ss->on)
@@ -884,8 +1578,9 @@ int cmd_serve(int argc, char **argv) {
                      ss->draft ? "draft " : ss->a.self_draft ? (ss->a.tree ? "self-draft tree" : "self-draft")
                                                               : "n-gram lookup",
                      ss->draft ? ss->draft_path : "", ss->a.n_draft);
-        fprintf(stderr, "flashlm: serving %s on http://%s:%ld/ (%d slot%s, context %u tokens, budget %s%s%s); "
-                "Ctrl-C stops\n", srv.model_id, host, bound, srv.n_slots, srv.n_slots > 1 ? "s" : "", srv.n_ctx,
+        fprintf(stderr, "flashlm: serving %s on %s (%d slot%s, context %u tokens%s, budget %s%s%s); "
+                "Ctrl-C stops\n", srv.model_id, where, srv.n_slots, srv.n_slots > 1 ? "s" : "", srv.n_ctx,
+                srv.n_slots > 1 ? " each" : "",
                 srv.budget ? cli_size(srv.budget).s : "none", srv.n_slots > 1 && srv.budget ? " split evenly" : "",
                 spec_desc);
         int sig = 0;
@@ -900,7 +1595,15 @@ int cmd_serve(int argc, char **argv) {
         if (srv.slots[i].cur) job_abandon_locked(srv.slots[i].cur);
     pthread_cond_broadcast(&srv.cv);
     pthread_mutex_unlock(&srv.mu);
-    if (d) MHD_stop_daemon(d);
+    for (int i = 0; i < n_addrs; i++)
+        if (d[i]) MHD_stop_daemon(d[i]);
+    if (wd_started) {
+        pthread_mutex_lock(&conns.mu);
+        conns.stop = true;
+        pthread_cond_broadcast(&conns.cv);
+        pthread_mutex_unlock(&conns.mu);
+        pthread_join(wd, NULL);
+    }
     for (int i = 0; i < n_threads; i++) pthread_join(srv.slots[i].thread, NULL);
     if (!rc)
         fprintf(stderr, "flashlm: served %" PRIu64 " requests (%" PRIu64 " errors, %" PRIu64 " cancelled); %" PRIu64

@@ -19,14 +19,19 @@ typedef struct serve_req {
     flm_chat_msg *msgs;        /* chat: "messages" (role and content malloc'd; content parts of type "text" joined) */
     size_t n_msgs;
     char *prompt;              /* completions: "prompt" (a string, or an array of one string) */
+    int32_t *prompt_ids;       /* completions: "prompt" as token ids (an array of integers; llama-server's), or NULL;
+                                  the ids are checked against the vocabulary by the server */
+    size_t n_prompt_ids;
+    bool return_tokens;        /* "return_tokens" (llama-server's /completion: the ids generated) */
+    bool no_cache;             /* "cache_prompt": false (llama-server's): evaluate the whole prompt again */
     bool stream;               /* "stream" */
     bool has_temp, has_top_p, has_seed;
     float temperature;         /* "temperature", 0..2 */
     float top_p;               /* "top_p", 0..1 */
     int top_k;                 /* "top_k" (not OpenAI's; llama-server's), 0..: 0 = off; -1 = absent */
     uint64_t seed;             /* "seed" (a non-negative integer) */
-    long max_tokens;           /* "max_tokens" or "max_completion_tokens", >= 0; -1 = absent (until the model ends or
-                                  the context is full) */
+    long max_tokens;           /* "max_tokens", "max_completion_tokens" or llama-server's "n_predict" (-1 there: no
+                                  limit), >= 0; -1 = absent (until the model ends or the context is full) */
     char *stop[FLM_GEN_STOP_MAX]; /* "stop": a string or an array of strings (non-empty, <= FLM_GEN_STOP_LEN bytes) */
     int n_stop;
 } serve_req;

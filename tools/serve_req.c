@@ -19,6 +19,7 @@ void serve_req_free(serve_req *r) {
     }
     free(r->msgs);
     free(r->prompt);
+    free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -120,6 +121,18 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     if (got) r->max_tokens = (long)d;
     if ((got = get_number(root, "max_completion_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
     if (got) r->max_tokens = (long)d;
+    if ((got = get_number(root, "n_predict", -1, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+    if (got) r->max_tokens = (long)d;
+    v = cJSON_GetObjectItemCaseSensitive(root, "return_tokens");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'return_tokens' must be a boolean"); goto fail; }
+        r->return_tokens = cJSON_IsTrue(v);
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "cache_prompt");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'cache_prompt' must be a boolean"); goto fail; }
+        r->no_cache = cJSON_IsFalse(v);
+    }
     if ((got = get_number(root, "n", 1, 1, true, &d, msg, cap)) < 0) {
         snprintf(msg, cap, "'n' must be 1 (one choice per request)");
         goto fail;
@@ -185,9 +198,28 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     } else {
         v = cJSON_GetObjectItemCaseSensitive(root, "prompt");
         if (!v) { snprintf(msg, cap, "'prompt' is required"); goto fail; }
-        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child)) v = v->child;
-        if (!cJSON_IsString(v)) { snprintf(msg, cap, "'prompt' must be a string (or an array of one string)"); goto fail; }
-        if (!(r->prompt = dup_str(v->valuestring))) goto oom;
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
+            v = v->child;
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0 && cJSON_IsNumber(v->child)) { /* token ids */
+            int n = cJSON_GetArraySize(v);
+            if (!(r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids))) goto oom;
+            const cJSON *t;
+            cJSON_ArrayForEach(t, v) {
+                if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble > INT32_MAX ||
+                    t->valuedouble != floor(t->valuedouble)) {
+                    snprintf(msg, cap, "'prompt': token ids must be non-negative integers");
+                    goto fail;
+                }
+                r->prompt_ids[r->n_prompt_ids++] = (int32_t)t->valuedouble;
+            }
+            if (!(r->prompt = dup_str(""))) goto oom;
+        } else {
+            if (!cJSON_IsString(v)) {
+                snprintf(msg, cap, "'prompt' must be a string or an array of token ids (or an array of one of them)");
+                goto fail;
+            }
+            if (!(r->prompt = dup_str(v->valuestring))) goto oom;
+        }
     }
     cJSON_Delete(root);
     return 0;

@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""test_serve_http.py — `flashlm serve`'s HTTP layer over raw sockets (standard library only), run by CTest.
+
+Starts the server on stories260K (tests/data) and checks what a client library would hide:
+- request smuggling (RFC 9112 section 6.1, 6.3): Content-Length with Transfer-Encoding, two different Content-Length
+  values, a Transfer-Encoding that does not end in chunked, one with an unknown coding before chunked (501), a
+  Transfer-Encoding in an HTTP/1.0 request: each answered once with 400 (501) and the connection closed, the bytes
+  after the headers never answered as a second request;
+- a client that half-closes after its request (shutdown of its sending side, as `nc -N`) gets its answer;
+- the header and body timeouts (--header-timeout 1, --body-timeout 1): a client that sends part of its headers, or
+  part of its body, is answered 408 and closed; an idle kept-alive connection is closed; the server answers others
+  meanwhile;
+- the connection limit (--max-connections 4): the fifth connection gets 503 while four idle ones are open, and once
+  they close a new one is served; with the default limit 1000 idle connections do not lock a client out;
+- without --api-key: a Host that is not an address of the server (DNS rebinding) is 403, a cross-origin POST from an
+  origin --cors does not allow is 403, a POST that is not application/json is 415; --cors ORIGIN allows that origin
+  (Access-Control-Allow-Origin on the answer and on the OPTIONS preflight) and no other; "localhost" allows the
+  loopback origins;
+- with --api-key: "bearer" in any case and x-api-key are accepted;
+- the endpoints llama-server's users call: /tokenize and /detokenize (round trip), /props, /slots, /v1/models/{id},
+  /completion (llama-server's fields), the routes without /v1, /v1/responses and /v1/embeddings (501), any model name
+  served unless --strict-model (404), the context-length error's wording.
+No timing assertions: the timeouts are made short by flags and only their effect is checked.
+
+usage: test_serve_http.py FLASHLM_BINARY DATA_DIR
+"""
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+if len(sys.argv) != 3:
+    print(__doc__)
+    sys.exit(2)
+CLI, DATA = sys.argv[1], sys.argv[2]
+STORIES = os.path.join(DATA, "models", "stories260K", "stories260K.gguf")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([CLI, "serve", "-m", STORIES, "--port", "0", "-c", "256", "-t", "1", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log, self.port = [], None
+        while True:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"on http://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if not self.port:
+            self.proc.kill()
+            raise SystemExit("test_serve_http: the server did not start:\n" + "".join(self.log))
+        threading.Thread(target=lambda: [self.log.append(l) for l in self.proc.stderr], daemon=True).start()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return "hung"
+
+
+def connect(port):
+    return socket.create_connection(("127.0.0.1", port), timeout=60)
+
+
+def read_all(s):
+    """Everything until the server closes the connection (None when it keeps it open for 20 s)."""
+    s.settimeout(20)
+    out = b""
+    try:
+        while True:
+            c = s.recv(65536)
+            if not c:
+                return out
+            out += c
+    except socket.timeout:
+        return None
+    except ConnectionResetError:
+        return out
+
+
+def read_response(s):
+    """One response (status, headers dict lower-cased, body) from s, by Content-Length."""
+    s.settimeout(60)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        c = s.recv(65536)
+        if not c:
+            return None
+        buf += c
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {}
+    for l in lines[1:]:
+        k, v = l.split(":", 1)
+        hdrs[k.strip().lower()] = v.strip()
+    n = int(hdrs.get("content-length", "0"))
+    while len(rest) < n:
+        c = s.recv(65536)
+        if not c:
+            break
+        rest += c
+    return status, hdrs, rest[:n]
+
+
+def request(port, method, path, body=None, headers=None, half_close=False):
+    """One request on a new connection: (status, headers, body); the connection is closed after."""
+    h = {"Host": "127.0.0.1:%d" % port}
+    if body is not None:
+        if not isinstance(body, (bytes, str)):
+            body = json.dumps(body)
+        body = body.encode() if isinstance(body, str) else body
+        h["Content-Type"] = "application/json"
+        h["Content-Length"] = str(len(body))
+    h.update(headers or {})
+    raw = "%s %s HTTP/1.1\r\n" % (method, path) + "".join("%s: %s\r\n" % kv for kv in h.items() if kv[1] is not None)
+    s = connect(port)
+    s.sendall(raw.encode() + b"\r\n" + (body or b""))
+    if half_close:
+        s.shutdown(socket.SHUT_WR)
+    r = read_response(s)
+    s.close()
+    return r
+
+
+def n_responses(data):
+    return len(re.findall(rb"HTTP/1\.[01] \d\d\d ", data))
+
+
+def test_smuggling(port):
+    body = b'{"prompt":"Once","max_tokens":2}'
+    smuggled = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    cases = [
+        ("CL and TE", b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n" % (len(body) + 5),
+         b"0\r\n\r\n" + smuggled, 400),
+        ("TE and CL", b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n" + smuggled, 400),
+        ("two Content-Length", b"Content-Length: %d\r\nContent-Length: %d\r\n" % (len(body), len(body) + 10),
+         body + smuggled, 400),
+        ("a Content-Length list that differs", b"Content-Length: %d, 7\r\n" % len(body), body + smuggled, 400),
+        ("Content-Length not a number", b"Content-Length: +%d\r\n" % len(body), body + smuggled, 400),
+        ("unknown Transfer-Encoding", b"Transfer-Encoding: gzip\r\n", body + smuggled, 400),
+        ("chunked not last", b"Transfer-Encoding: chunked, gzip\r\n", body + smuggled, 400),
+        ("chunked twice", b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n" + smuggled,
+         400),
+        ("an unknown coding before chunked", b"Transfer-Encoding: gzip, chunked\r\n", b"0\r\n\r\n" + smuggled, 501),
+    ]
+    for what, hdrs, rest, status in cases:
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + hdrs +
+                  b"\r\n" + rest)
+        data = read_all(s)
+        s.close()
+        if not check(data is not None, "%s: the connection is closed after the answer" % what):
+            continue
+        check(data.startswith(b"HTTP/1.1 %d " % status), "%s: status %d: %r" % (what, status, data[:120]))
+        # the smuggled request after the body is never answered; libmicrohttpd itself refuses a Content-Length that
+        # is not a number (before the server sees the headers), and writes its 400's head twice then (0.9.75):
+        # still one status, the connection closed
+        check(b"HTTP/1.1 200" not in data and b'"status":"ok"' not in data, "%s: nothing smuggled: %r" % (what, data))
+        if b"not a number" not in what.encode() and b"list" not in what.encode():
+            check(n_responses(data) == 1, "%s: one response, not two: %r" % (what, data[:400]))
+        check(b"connection: close" in data.lower(), "%s: Connection: close" % what)
+    # HTTP/1.0 with Transfer-Encoding
+    s = connect(port)
+    s.sendall(b"POST /v1/completions HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled)
+    data = read_all(s)
+    s.close()
+    check(data is not None and data.startswith(b"HTTP/1.") and b" 400 " in data[:16] and n_responses(data) == 1,
+          "HTTP/1.0 with Transfer-Encoding: 400 once: %r" % (data or b"")[:200])
+    # a well-framed chunked request is served (the check refuses only the ambiguous ones)
+    s = connect(port)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    data = read_all(s) or b""
+    s.close()
+    check(data.startswith(b"HTTP/1.1 200 ") and b'"completion_tokens":2' in data, "chunked body served: %r" %
+          data[:200])
+
+
+def test_half_close(port):
+    st, _, body = request(port, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 3, "temperature": 0},
+                          half_close=True)
+    check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, "half-closed client answered: %s" % st)
+    st, _, body = request(port, "GET", "/health", half_close=True)
+    check(st == 200, "half-closed GET answered: %s" % st)
+
+
+def test_timeouts():
+    srv = Server("--header-timeout", "1", "--body-timeout", "1")
+    try:
+        # headers that never end
+        s = connect(srv.port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        data = read_all(s)
+        check(data is not None and data.startswith(b"HTTP/1.1 408"), "slow headers: 408 and closed: %r" % data)
+        s.close()
+        # headers trickled a byte at a time keep the connection active but do not extend the deadline
+        s = connect(srv.port)
+        closed = False
+        for ch in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200:
+            try:
+                s.sendall(bytes([ch]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.05)
+            s.setblocking(False)
+            try:
+                if s.recv(1 << 16, socket.MSG_PEEK) is not None:
+                    closed = True
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed = True
+                break
+            finally:
+                s.setblocking(True)
+        check(closed, "a slowloris client is cut off by the header deadline")
+        s.close()
+        # a body that never completes
+        s = connect(srv.port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"prompt\":")
+        data = read_all(s)
+        check(data is not None and data.startswith(b"HTTP/1.1 408"), "slow body: 408 and closed: %r" % data)
+        s.close()
+        # a kept-alive connection left idle is closed (silently) after its answer
+        s = connect(srv.port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        r = read_response(s)
+        check(r is not None and r[0] == 200, "kept-alive: first answer")
+        data = read_all(s)
+        check(data == b"", "an idle kept-alive connection is closed without a response: %r" % data)
+        s.close()
+        check(request(srv.port, "GET", "/health")[0] == 200, "served after the timeouts")
+    finally:
+        check(srv.stop() == 0, "timeouts server: SIGTERM exit 0")
+
+
+def test_connection_limit():
+    srv = Server("--max-connections", "4")
+    try:
+        idle = [connect(srv.port) for _ in range(4)]
+        time.sleep(0.2)  # the server has accepted them (their order against the fifth is what matters)
+        st, hdrs, body = request(srv.port, "GET", "/health")
+        check(st == 503 and json.loads(body)["error"]["code"] == "too_many_connections" and
+              hdrs.get("connection") == "close", "the fifth connection: 503 %s %r" % (st, body[:200]))
+        for s in idle:
+            s.close()
+        deadline = time.time() + 30
+        st = None
+        while time.time() < deadline:
+            st = request(srv.port, "GET", "/health")[0]
+            if st == 200:
+                break
+            time.sleep(0.1)
+        check(st == 200, "served once the idle connections closed: %s" % st)
+    finally:
+        check(srv.stop() == 0, "limit server: SIGTERM exit 0")
+    # the default limit: 1000 idle connections do not lock a client out (this process needs the descriptors too)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        print("test_serve_http: the hard limit on open files (%d) is below 1100: the 1000-connection part skipped" %
+              hard)
+        return
+    if soft != resource.RLIM_INFINITY and soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1100 if hard == resource.RLIM_INFINITY else min(hard, 4096), hard))
+    srv = Server()
+    try:
+        idle = []
+        for _ in range(1000):
+            idle.append(connect(srv.port))
+        st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})
+        check(st == 200, "answered under 1000 idle connections: %s %r" % (st, body[:200]))
+        for s in idle:
+            s.close()
+    finally:
+        check(srv.stop() == 0, "1000 connections server: SIGTERM exit 0")
+
+
+def test_browser_rules(port):
+    ok = {"prompt": "Once", "max_tokens": 1}
+    st, _, body = request(port, "GET", "/health", headers={"Host": "evil.example:%d" % port})
+    check(st == 403, "a foreign Host (DNS rebinding) is refused: %s" % st)
+    st, _, _ = request(port, "GET", "/health", headers={"Host": "localhost:%d" % port})
+    check(st == 200, "Host localhost is served: %s" % st)
+    st, _, body = request(port, "POST", "/v1/completions", ok, headers={"Origin": "http://evil.example"})
+    check(st == 403 and b"--cors" in body, "a cross-origin POST is refused: %s %r" % (st, body[:200]))
+    st, _, body = request(port, "POST", "/v1/completions", ok, headers={"Content-Type": "text/plain"})
+    check(st == 415, "a text/plain POST is refused: %s" % st)
+    st, _, body = request(port, "POST", "/v1/completions", ok,
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+    check(st == 415, "a form POST is refused: %s" % st)
+    st, hdrs, _ = request(port, "POST", "/v1/completions", ok, headers={"Origin": "http://127.0.0.1:%d" % port})
+    check(st == 200 and hdrs.get("access-control-allow-origin") == "http://127.0.0.1:%d" % port,
+          "a same-origin POST (the page) is served: %s %s" % (st, hdrs))
+    st, hdrs, _ = request(port, "OPTIONS", "/v1/chat/completions",
+                          headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    check(st == 200 and "access-control-allow-origin" not in hdrs, "preflight of a foreign origin: no CORS headers")
+
+
+def test_cors():
+    srv = Server("--cors", "http://app.example:3000", "--cors", "localhost")
+    try:
+        port = srv.port
+        st, hdrs, _ = request(port, "OPTIONS", "/v1/chat/completions",
+                              headers={"Origin": "http://app.example:3000", "Access-Control-Request-Method": "POST",
+                                       "Access-Control-Request-Headers": "content-type, authorization"})
+        check(st == 200 and hdrs.get("access-control-allow-origin") == "http://app.example:3000" and
+              "POST" in hdrs.get("access-control-allow-methods", "") and
+              "authorization" in hdrs.get("access-control-allow-headers", ""), "preflight allowed: %s %s" % (st, hdrs))
+        st, hdrs, body = request(port, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 1},
+                                 headers={"Origin": "http://app.example:3000"})
+        check(st == 200 and hdrs.get("access-control-allow-origin") == "http://app.example:3000",
+              "--cors origin served with Access-Control-Allow-Origin: %s" % st)
+        for o in ("http://localhost:5173", "http://127.0.0.1", "http://[::1]:8000"):
+            st, hdrs, _ = request(port, "OPTIONS", "/v1/completions", headers={"Origin": o})
+            check(hdrs.get("access-control-allow-origin") == o, "--cors localhost allows %s" % o)
+        for o in ("http://app.example:3001", "http://localhost.evil.example", "http://evil.example"):
+            st, hdrs, _ = request(port, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 1},
+                                  headers={"Origin": o})
+            check(st == 403, "origin %s not in --cors: 403 (%s)" % (o, st))
+    finally:
+        check(srv.stop() == 0, "cors server: SIGTERM exit 0")
+
+
+def test_key():
+    srv = Server("--api-key", "k-123", "--strict-model")
+    try:
+        port = srv.port
+        body = {"prompt": "Once", "max_tokens": 1}
+        for h in ({"Authorization": "Bearer k-123"}, {"Authorization": "bearer k-123"},
+                  {"Authorization": "BEARER  k-123"}, {"x-api-key": "k-123"}):
+            st = request(port, "POST", "/v1/completions", body, headers=h)[0]
+            check(st == 200, "key accepted as %s: %s" % (h, st))
+        for h in ({}, {"Authorization": "Bearer k-12"}, {"Authorization": "Basic k-123"}, {"x-api-key": "k-1234"}):
+            st = request(port, "POST", "/v1/completions", body, headers=h)[0]
+            check(st == 401, "key refused as %s: %s" % (h, st))
+        # with a key, any Host and Origin may call (the key is the gate)
+        st = request(port, "POST", "/v1/completions", body,
+                     headers={"x-api-key": "k-123", "Host": "box.lan", "Origin": "http://ui.example"})[0]
+        check(st == 200, "with --api-key any Host/Origin: %s" % st)
+        st, _, b = request(port, "POST", "/v1/completions", dict(body, model="gpt-4"), headers={"x-api-key": "k-123"})
+        check(st == 404 and json.loads(b)["error"]["code"] == "model_not_found", "--strict-model: 404 (%s)" % st)
+    finally:
+        check(srv.stop() == 0, "key server: SIGTERM exit 0")
+
+
+def test_endpoints(port):
+    text = "Once upon a time, there was a little dog."
+    st, _, b = request(port, "POST", "/tokenize", {"content": text})
+    ids = json.loads(b)["tokens"] if st == 200 else []
+    check(st == 200 and len(ids) > 5 and all(isinstance(i, int) for i in ids), "/tokenize: %s %r" % (st, b[:100]))
+    st, _, b2 = request(port, "POST", "/tokenize", {"content": text, "add_special": True})
+    ids_bos = json.loads(b2)["tokens"]
+    check(ids_bos[0] == 1 and ids_bos[1:] == ids, "/tokenize add_special: BOS (1) first: %r" % ids_bos[:4])
+    st, _, b = request(port, "POST", "/detokenize", {"tokens": ids})
+    check(st == 200 and json.loads(b)["content"].strip() == text, "/detokenize round trip: %r" % b[:100])
+    st, _, b = request(port, "POST", "/tokenize", {"content": "caf\u00e9 \U0001F917", "with_pieces": True})
+    toks = json.loads(b)["tokens"] if st == 200 else []
+    check(st == 200 and toks and all("id" in t and "piece" in t for t in toks), "/tokenize with_pieces")
+    # the byte tokens of the emoji come as byte values; joined, the pieces give the text back
+    raw = b"".join(t["piece"].encode() if isinstance(t["piece"], str) else bytes(t["piece"]) for t in toks)
+    check(raw.decode().strip() == "caf\u00e9 \U0001F917", "pieces join to the text: %r" % raw)
+    st, _, b = request(port, "POST", "/detokenize", {"tokens": [1, 99999]})
+    check(st == 400, "/detokenize of an id outside the vocabulary: 400 (%s)" % st)
+    st, _, b = request(port, "GET", "/props")
+    p = json.loads(b)
+    check(st == 200 and p["total_slots"] == 2 and p["default_generation_settings"]["n_ctx"] == 128 and
+          p["model_path"].endswith("stories260K.gguf"), "/props: %r" % p)
+    st, _, b = request(port, "GET", "/slots")
+    check(st == 501, "/slots without --slots: 501 (%s)" % st)
+    st, _, b = request(port, "GET", "/v1/models/stories260K")
+    check(st == 200 and json.loads(b)["id"] == "stories260K", "/v1/models/{id}: %s" % st)
+    st, _, b = request(port, "GET", "/v1/models/nope")
+    check(st == 404, "/v1/models/{another id}: 404 (%s)" % st)
+    for path in ("/models", "/v1/models"):
+        st, _, b = request(port, "GET", path)
+        check(st == 200 and json.loads(b)["data"][0]["id"] == "stories260K", "GET %s" % path)
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+    st, _, b = request(port, "POST", "/v1/completions", body)
+    want = json.loads(b)["choices"][0]["text"]
+    st, _, b = request(port, "POST", "/completions", body)  # llama-server's own response at /completions
+    r = json.loads(b)
+    check(st == 200 and r["content"] == want and r["stop"] is True and r["stop_type"] == "limit" and
+          r["timings"]["predicted_n"] == 6 and r["tokens_predicted"] == 6 and r["truncated"] is False,
+          "/completions (llama-server's fields): %r" % r)
+    st, _, b = request(port, "POST", "/completion", {"prompt": ids_bos[:5], "n_predict": 4, "temperature": 0,
+                                                     "return_tokens": True})
+    r = json.loads(b)
+    check(st == 200 and len(r["tokens"]) == 4 and r["timings"]["prompt_n"] + r["timings"]["cache_n"] == 5,
+          "/completion with token ids: %r" % r)
+    st, _, b = request(port, "POST", "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                           "max_tokens": 3, "model": "gpt-3.5-turbo"})
+    check(st == 200 and json.loads(b)["usage"]["completion_tokens"] == 3, "/chat/completions, any model name")
+    st, _, b = request(port, "POST", "/v1/responses", {"input": "hi"})
+    check(st == 501 and "/v1/chat/completions" in json.loads(b)["error"]["message"], "/v1/responses: 501")
+    st, _, b = request(port, "POST", "/v1/completions", {"prompt": "Once upon a time " * 100, "max_tokens": 4})
+    msg = json.loads(b)["error"]["message"] if st == 400 else ""
+    check(st == 400 and "maximum context length" in msg and "exceeds the available context size" in msg,
+          "context error wording (litellm, llama.cpp): %r" % msg)
+
+
+def main():
+    srv = Server("--parallel", "2")
+    try:
+        test_smuggling(srv.port)
+        test_half_close(srv.port)
+        test_browser_rules(srv.port)
+        test_endpoints(srv.port)
+        check(request(srv.port, "GET", "/health")[0] == 200, "/health after all")
+    finally:
+        check(srv.stop() == 0, "SIGTERM: exit status 0")
+    test_cors()
+    test_key()
+    test_timeouts()
+    test_connection_limit()
+    if failures:
+        print("test_serve_http: %d FAILED" % len(failures))
+        sys.exit(1)
+    print("test_serve_http: all passed")
+
+
+if __name__ == "__main__":
+    main()
