@@ -188,8 +188,11 @@ typedef struct flm_params {
                             in memory that holds, per layer, the records of the streamed neurons most active in the
                             recent target passes (a window the self-draft, flm_eval_draft, computes over besides the
                             hottest prefix) instead of a longer prefix. Costs reads (those neurons are still
-                            streamed), so it pays only with a self-draft; 0 (default): none. Ignored when the FFN has
-                            biases (OPT, Phi-2), in other modes and when the whole model fits */
+                            streamed), so it pays only with a self-draft. 0 (default): FLM_AUTO_DRAFT_WINDOW where
+                            mode auto runs the self-draft (flm_plan_info.self_draft), else none; < 0: none. Ignored
+                            when the FFN has biases (OPT, Phi-2), in other modes and when the whole model fits */
+    bool no_draft;      /* --no-draft (or another draft source: a draft model, the n-gram lookup): mode auto running
+                           hot does not decode with the self-draft, and the plan holds no room for its buffers */
     float sparse_level; /* --sparse-level: the stored operating point (eps, the share of each layer's FFN output
                            energy left out; `flashlm calibrate` lists them) to run at; 0 = calibrate's default */
     bool kv_f32;        /* --kv-f32: keep keys, values and attention weights in f32. Default (false): store keys and
@@ -212,6 +215,14 @@ typedef struct flm_params {
  * frequent tokens first, so a large vocabulary's first ids carry nearly all the draft's likely proposals at a fifth
  * of the output layer's cost (Qwen2.5: 32768 of 151936). */
 #define FLM_DRAFT_VOCAB 32768
+
+/* Mode auto's speculative decoding (flm_plan_info.self_draft): where auto runs hot with neurons streamed, a session
+ * (flm_session_create) decodes with the self-draft as a tree of FLM_AUTO_DRAFT_TREE nodes, FLM_AUTO_DRAFT_DEPTH
+ * levels deep, the draft length chosen from measured costs; the self-draft's window takes FLM_AUTO_DRAFT_WINDOW of
+ * the FFN memory. Measured on Qwen2.5-Coder-1.5B at --mem 50% (docs/SPECULATIVE.md). */
+#define FLM_AUTO_DRAFT_TREE 12
+#define FLM_AUTO_DRAFT_DEPTH 6
+#define FLM_AUTO_DRAFT_WINDOW 0.2
 
 /* Fill p with the defaults above. */
 FLM_API void flm_params_default(flm_params *p);
@@ -250,7 +261,8 @@ typedef enum flm_plan_embd {
 
 #define FLM_PLAN_REASON_MAX 512
 /* A plan. Every size in bytes. total = resident + kv + scratch + reader + ffn_resident + stream + predictors +
- * cache, and equals what flm_get_stats reports once open (mem_resident + mem_ffn + mem_kv + mem_scratch). */
+ * cache + spec; all but spec are what flm_get_stats reports once open (mem_resident + mem_ffn + mem_kv +
+ * mem_scratch), spec is what a session's speculative decoding allocates (flm_session_create). */
 typedef struct flm_plan_info {
     flm_mode mode;            /* the mode flm_open runs: never FLM_MODE_AUTO */
     char reason[FLM_PLAN_REASON_MAX]; /* why this mode, one line without a newline ("asked for", "the whole model
@@ -274,6 +286,14 @@ typedef struct flm_plan_info {
                                  layers; sparse: neurons past the cache and the batches' sets) */
     uint64_t predictors;      /* sparse: the predictors */
     uint64_t cache;           /* sparse: the neuron caches of all layers (the rest of the budget) */
+    uint64_t spec;            /* the buffers of auto's speculative decoding (flm_spec_buffer_bytes of the tree below,
+                                 sampling), held inside the budget: the model's parts are planned under budget - spec;
+                                 0 unless self_draft */
+    /* speculative decoding, as mode auto decides it: the session applies it (flm_session_create) */
+    bool self_draft;          /* mode auto runs hot with neurons streamed (and no flm_params.no_draft): decode with the
+                                 self-draft */
+    int draft_tree;           /* self_draft: the tree's nodes (FLM_AUTO_DRAFT_TREE) */
+    int draft_depth;          /* self_draft: its levels, the draft length's bound (FLM_AUTO_DRAFT_DEPTH) */
     /* details */
     flm_plan_embd embd;       /* where the token embedding lives */
     uint64_t embd_bytes;      /* its bytes */
@@ -302,6 +322,10 @@ typedef struct flm_plan_info {
  * cannot hold the plan: every part's size in the message), FLM_ERR_NOMEM; *out is then all zero. Source:
  * docs/ARCHITECTURE.md, "Memory budget". */
 FLM_API flm_status flm_plan(const char *path, const flm_params *p, flm_plan_info *out, flm_error *err);
+/* The budget in bytes p asks for with the model at path (mem_bytes, or mem_percent of its weight bytes: a .flm's
+ * resident and FFN regions, a GGUF's size), without planning: what --parallel slots or two models share.
+ * *budget 0: none. Errors: FLM_ERR_IO, FLM_ERR_FORMAT (a .flm header that cannot be read). */
+FLM_API flm_status flm_plan_budget_bytes(const char *path, const flm_params *p, uint64_t *budget, flm_error *err);
 /* The plan an open context carries out (as flm_plan gave it; reader holds the reader's real size when that was
  * larger than planned). */
 FLM_API void flm_get_plan(const flm_ctx *ctx, flm_plan_info *out);
@@ -657,7 +681,10 @@ FLM_API void flm_sampler_free(flm_sampler *s);
 typedef struct flm_session flm_session;
 
 /* A session over ctx (borrowed), holding no tokens, greedy sampling (temp 0) until flm_session_sampling, no context
- * shift. Allocates the token history (n_ctx int32) and a small text buffer, outside the memory plan.
+ * shift. Allocates the token history (n_ctx int32) and a small text buffer, outside the memory plan. When ctx's plan
+ * says so (mode auto running hot: flm_plan_info.self_draft), it decodes speculatively with the self-draft as the plan
+ * sizes it (a tree of draft_tree nodes, draft_depth deep, adaptive), in the buffers the plan held inside the budget
+ * (spec); flm_session_speculate replaces or (NULL) ends that.
  * Errors: FLM_ERR_ARG (ctx or out NULL), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err);
 /* Free the session (NULL: nothing); the context stays open, holding what was evaluated. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "flashlm.h"
 #include "calibrate/calibrate.h"
@@ -19,7 +20,7 @@
 #include "testutil.h"
 
 static char gguf_path[4096], tied_path[4096], cal_path[4096], synth_gguf[4096], synth_path[4096], relu_gguf[4096],
-    relu_path[4096];
+    relu_path[4096], hot_path[4096];
 
 static int setup(void **state) {
     (void)state;
@@ -30,6 +31,7 @@ static int setup(void **state) {
     snprintf(synth_path, sizeof synth_path, "%s", tu_tmp("plan-synth", ".flm"));
     snprintf(relu_gguf, sizeof relu_gguf, "%s", tu_tmp("plan-relu", ".gguf"));
     snprintf(relu_path, sizeof relu_path, "%s", tu_tmp("plan-relu", ".flm"));
+    snprintf(hot_path, sizeof hot_path, "%s", tu_tmp("plan-hot", ".flm"));
     flm_synth_params sp;
     flm_synth_params_default(&sp);
     sp.d_model = 64;
@@ -55,6 +57,17 @@ static int setup(void **state) {
         flm_synth_write(synth_gguf, &sp, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(synth_gguf, synth_path, NULL, NULL, &err) ||
         flm_synth_write(relu_gguf, &rp, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(relu_gguf, relu_path, NULL, NULL, &err)) {
         fprintf(stderr, "setup: %s\n", err.msg);
+        return -1;
+    }
+    /* stories260K stored hottest first: auto runs it hot, with the self-draft, under a budget */
+    size_t hlen;
+    char *htext = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &hlen);
+    htext[hlen < 30000 ? hlen : 30000] = 0;
+    flm_status hst = flm_convert(gguf_path, hot_path, NULL, NULL, &err);
+    if (!hst) hst = flm_hot_order(hot_path, htext, 512, 128, 1, NULL, NULL, &err);
+    free(htext);
+    if (hst) {
+        fprintf(stderr, "setup (hot order): %s\n", err.msg);
         return -1;
     }
     const char *texts[2] = {"text/tinystories_sample.txt", "text/sentences.txt"}, *paths[2] = {cal_path, relu_path};
@@ -84,11 +97,13 @@ static int teardown(void **state) {
     remove(synth_path);
     remove(relu_gguf);
     remove(relu_path);
+    remove(hot_path);
     return 0;
 }
 
 static uint64_t parts_sum(const flm_plan_info *p) {
-    return p->resident + p->kv + p->scratch + p->reader + p->ffn_resident + p->stream + p->predictors + p->cache;
+    return p->resident + p->kv + p->scratch + p->reader + p->ffn_resident + p->stream + p->predictors + p->cache +
+           p->spec;
 }
 
 /* flm_plan, then flm_open with the same parameters: both refuse with the same code and message, or the context runs
@@ -119,7 +134,8 @@ static int check_same(const char *path, const flm_params *p, flm_plan_info *out)
     if (strcmp(st.mode, flm_mode_name(plan.mode)))
         fail_msg("%s, budget %llu / %g%%: planned %s (%s), runs %s", path, (unsigned long long)p->mem_bytes,
                  p->mem_percent, flm_mode_name(plan.mode), plan.reason, st.mode);
-    uint64_t opened = st.mem_resident + st.mem_ffn + st.mem_kv + st.mem_scratch;
+    /* the context holds every part but auto's speculative buffers, which its session allocates */
+    uint64_t opened = st.mem_resident + st.mem_ffn + st.mem_kv + st.mem_scratch + plan.spec;
     if (opened != plan.total)
         fail_msg("%s, mode %s, budget %llu / %g%%: planned %llu bytes, open reports %llu (resident %llu/%llu, ffn "
                  "%llu, kv %llu/%llu, scratch %llu/%llu+%llu)", path, flm_mode_name(plan.mode),
@@ -333,6 +349,124 @@ static void test_cli_plan(void **state) {
     free(out);
 }
 
+/* The lines of out that start with prefix, each NUL-terminated in a fresh array (free both). */
+static char **lines_with(const char *out, const char *prefix, int *n) {
+    char **v = calloc(256, sizeof *v);
+    *n = 0;
+    for (const char *p = out; p && *p && *n < 256;) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (!strncmp(p, prefix, strlen(prefix))) v[(*n)++] = strndup(p, len);
+        p = e ? e + 1 : NULL;
+    }
+    return v;
+}
+
+static void free_lines(char **v, int n) {
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+/* Every "flashlm: plan:" line `flashlm plan` prints appears in out (what run, chat or serve printed). */
+static void same_plan_lines(const char *plan_out, const char *out, const char *who) {
+    int n;
+    char **v = lines_with(plan_out, "flashlm: plan:", &n);
+    assert_true(n >= 8);
+    for (int i = 0; i < n; i++)
+        if (!strstr(out, v[i])) fail_msg("%s does not print flashlm plan's line\n%s\nin:\n%s", who, v[i], out);
+    free_lines(v, n);
+}
+
+/* Mode auto's whole decision is the library's (flm_plan): on a file stored hottest first under a budget it runs hot
+ * and decodes with the self-draft, whose buffers are inside the budget; `flashlm plan`, `run --stats`, `chat -v`,
+ * `serve -v` and `bench` print the same plan, and --no-draft takes the buffers away in every one of them. */
+static void test_auto_self_draft_everywhere(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    p.mem_percent = 80;
+    flm_plan_info plan, off;
+    flm_error err;
+    assert_int_equal(flm_plan(hot_path, &p, &plan, &err), FLM_OK);
+    assert_int_equal(plan.mode, FLM_MODE_HOT);
+    assert_true(plan.self_draft);
+    assert_int_equal(plan.draft_tree, FLM_AUTO_DRAFT_TREE);
+    assert_int_equal(plan.draft_depth, FLM_AUTO_DRAFT_DEPTH);
+    flm_spec_params sp; /* the buffers a sampling session allocates for that tree */
+    flm_spec_params_default(&sp);
+    sp.self_draft = true;
+    sp.tree = plan.draft_tree;
+    sp.n_draft = plan.draft_depth;
+    assert_int_equal(plan.spec, flm_spec_buffer_bytes(plan.n_vocab, plan.n_ctx, &sp, false, false));
+    assert_true(plan.total <= plan.budget);
+    assert_int_equal(check_same(hot_path, &p, NULL), 1);
+    /* the session applies it */
+    flm_ctx *ctx = NULL;
+    flm_session *sess = NULL;
+    assert_int_equal(flm_open(hot_path, &p, &ctx, &err), FLM_OK);
+    assert_int_equal(flm_session_create(ctx, &sess, &err), FLM_OK);
+    assert_int_equal(flm_session_prompt_text(sess, "Once upon a time", 16, FLM_TOKENIZE_ADD_SPECIAL, NULL, &err),
+                     FLM_OK);
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = 12;
+    assert_int_equal(flm_session_generate(sess, &gp, NULL, NULL, NULL, &err), FLM_OK);
+    flm_spec_stats ss;
+    flm_session_spec_stats(sess, &ss);
+    assert_true(ss.n_passes > 0 && ss.n_gen > 0);
+    flm_session_free(sess);
+    flm_close(ctx);
+    p.no_draft = true; /* no self-draft: no buffers, the same budget */
+    assert_int_equal(flm_plan(hot_path, &p, &off, &err), FLM_OK);
+    assert_int_equal(off.mode, FLM_MODE_HOT);
+    assert_false(off.self_draft);
+    assert_int_equal(off.spec, 0);
+    assert_int_equal(off.budget, plan.budget);
+    assert_int_equal(check_same(hot_path, &p, NULL), 1);
+
+    char args[16384], *po = NULL, *out = NULL;
+    for (int no = 0; no < 2; no++) {
+        const char *nd = no ? " --no-draft" : "";
+        snprintf(args, sizeof args, "plan -m '%s' --mem 80%% -c 64 -t 1%s 2>&1", hot_path, nd);
+        if (tu_run_cli(args, &po)) fail_msg("plan failed: %s", po);
+        assert_true((strstr(po, "plan:   self-draft") != NULL) == !no);
+        snprintf(args, sizeof args, "run -m '%s' --mem 80%% -c 64 -t 1%s -p 'Once upon a time' -n 8 --temp 0 --stats "
+                 "2>&1", hot_path, nd);
+        if (tu_run_cli(args, &out)) fail_msg("run failed: %s", out);
+        same_plan_lines(po, out, "run --stats");
+        assert_true((strstr(out, "self-draft buffers") != NULL) == !no);
+        free(out);
+        snprintf(args, sizeof args, "chat -m '%s' --mem 80%% -c 64 -t 1%s -n 4 -v < /dev/null 2>&1", hot_path, nd);
+        if (tu_run_cli(args, &out)) fail_msg("chat failed: %s", out);
+        same_plan_lines(po, out, "chat -v");
+        free(out);
+        /* serve prints its slot's plan before it listens; stopped by SIGINT once it did */
+        char log[1024];
+        snprintf(log, sizeof log, "%.1000s", tu_tmp("plan-serve", ".log"));
+        snprintf(args, sizeof args, "serve -m '%s' --mem 80%% -c 64 -t 1%s -v --port %d > '%s' 2>&1 & P=$!; "
+                 "for i in $(seq 300); do grep -q 'plan:   FFN' '%s' && break; sleep 0.1; done; kill -INT $P; wait $P; "
+                 "cat '%s'", hot_path, nd, 20000 + (int)(getpid() % 20000), log, log, log);
+        tu_run_cli(args, &out);
+        remove(log);
+        same_plan_lines(po, out, "serve -v");
+        free(out);
+        snprintf(args, sizeof args, "bench -m '%s' --mem 80%% -c 64 -t 1%s --modes auto --prompt-tokens 4 "
+                 "--gen-tokens 4 2>&1", hot_path, nd);
+        if (tu_run_cli(args, &out)) fail_msg("bench failed: %s", out);
+        const flm_plan_info *want = no ? &off : &plan;
+        char part[256];
+        snprintf(part, sizeof part, "plan auto: mode hot, budget %.2f MiB", want->budget / 1048576.0);
+        if (!strstr(out, part)) fail_msg("'%s' missing from bench's:\n%s", part, out);
+        snprintf(part, sizeof part, "MiB = %.2f MiB", want->total / 1048576.0);
+        if (!strstr(out, part)) fail_msg("'%s' missing from bench's:\n%s", part, out);
+        assert_true((strstr(out, "+ self-draft") != NULL) == !no);
+        free(out);
+        free(po);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_is_what_open_does),
@@ -340,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_auto_reasons),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_cli_plan),
+        cmocka_unit_test(test_auto_self_draft_everywhere),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

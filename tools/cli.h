@@ -165,14 +165,12 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
 /* ---- speculative decoding on the command line (tools/spec_cli.c; the engine is the library's session:
  * flm_session_speculate) ---- */
 #define CLI_SPEC_DRAFT_MAX FLM_SPEC_DRAFT_MAX
-#define CLI_SPEC_AUTO_TREE 12 /* mode auto running hot: the self-draft's tree (nodes; depth CLI_SPEC_AUTO_DEPTH) */
-#define CLI_SPEC_AUTO_DEPTH 6
 typedef struct cli_spec_args {
     const char *draft; /* --draft MODEL (a path or a pulled name), or NULL */
     int n_draft;       /* --draft-n N (default 4) */
     bool n_draft_set;
     bool ngram;        /* --draft-ngram */
-    bool self_draft;   /* --draft-self (or mode auto running hot: cli_spec_open_draft) */
+    bool self_draft;   /* --draft-self (or mode auto running hot: the plan's, cli_spec_begin) */
     bool no_draft;     /* --no-draft */
     int tree;          /* --draft-tree N: the self-draft proposes a tree of up to N nodes (0: a chain) */
     bool greedy;       /* the caller samples greedily (temp 0): a tree then keeps no draft distributions */
@@ -180,9 +178,9 @@ typedef struct cli_spec_args {
                             CLI_DRAFT_WINDOW_DEFAULT */
     bool draft_window_set;
 } cli_spec_args;
-/* The self-draft's window share when the self-draft runs (flm_params.draft_window): measured, see
- * docs/SPECULATIVE.md */
-#define CLI_DRAFT_WINDOW_DEFAULT 0.2
+/* The self-draft's window share when the self-draft runs (flm_params.draft_window): the library's, measured (see
+ * docs/SPECULATIVE.md) */
+#define CLI_DRAFT_WINDOW_DEFAULT FLM_AUTO_DRAFT_WINDOW
 #define CLI_STR_(x) #x
 #define CLI_STR(x) CLI_STR_(x) /* a macro's value as a string literal (help texts) */
 void cli_spec_args_default(cli_spec_args *a);
@@ -213,18 +211,22 @@ typedef struct cli_spec_session {
     uint64_t target_budget;  /* the budget the target was opened with (0: none) */
     uint64_t target_bytes;   /* the target's plan */
 } cli_spec_session;
-/* Before the target is opened (params as parsed; target: its resolved path): with --draft or a budget, split the
- * budget between the draft (ram mode, the same -t -c and KV type), the speculative decoding buffers and the target
- * with flm_plan_split (the library's one owner of the plan), open the draft with its share and leave the target its
- * own (params->mem_bytes). verbose: print the draft's plan line (and the n-gram buffers' share). Returns 0, or 1
- * after printing why (naming the draft and the target when nothing is left for the target). */
+/* Before the target is opened (params as parsed; target: its resolved path). Mode auto without a draft source: the
+ * library's plan decides its self-draft (flm_plan_info.self_draft) and holds its buffers; this passes --no-draft and
+ * --draft-window on (flm_params.no_draft, draft_window). A draft source asked for (--draft, --draft-ngram,
+ * --draft-self): with --draft or a budget, split the budget between the draft (ram mode, the same -t -c and KV type),
+ * the speculative decoding buffers and the target with flm_plan_split (the library's one owner of the plan), open the
+ * draft with its share and leave the target its own (params->mem_bytes). verbose: print the draft's plan line (and
+ * the n-gram buffers' share). Returns 0, or 1 after printing why (naming the draft and the target when nothing is
+ * left for the target). */
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose);
 /* When flm_open refused the target with code: say what the draft took of the budget. */
 void cli_spec_target_refused(const cli_spec_session *ss, flm_status code);
 /* The engine's parameters for these arguments (after cli_spec_open_draft). */
 void cli_spec_params(const cli_spec_args *a, flm_spec_params *p);
 /* After the target is open and its session created: check that the draft shares its tokenizer (refused with both
- * files named), turn speculative decoding on in sess (flm_session_speculate). Returns 0, or 1 after printing why. */
+ * files named), turn speculative decoding on in sess (flm_session_speculate); or take up what the session applied
+ * from the target's plan (mode auto's self-draft). Returns 0, or 1 after printing why. */
 int cli_spec_begin(cli_spec_session *ss, flm_ctx *target, const char *target_path, flm_session *sess);
 /* The speculative statistics on stderr (sess's, flm_session_spec_stats): drafted, accepted, acceptance rate, target
  * passes, tokens per pass, per generated token the target's ms, bytes read and neurons loaded (and the draft's), and

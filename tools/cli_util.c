@@ -179,15 +179,23 @@ void cli_print_plan(const flm_plan_info *p) {
                 cli_mib(p->ffn_resident + p->stream), p->n_resident_layers, p->n_layers, cli_mib(p->ffn_resident),
                 stream);
     }
+    if (p->self_draft)
+        fprintf(stderr, "flashlm: plan:   self-draft       %10.2f MiB  speculative decoding's buffers: a tree of %d "
+                "nodes, %d deep (mode auto runs hot; --no-draft: none)\n", cli_mib(p->spec), p->draft_tree,
+                p->draft_depth);
 }
 
 void cli_print_plan_line(const char *label, const flm_plan_info *p) {
     char head[64] = "none";
     if (p->budget) snprintf(head, sizeof head, "%.2f MiB", cli_mib(p->budget));
-    fprintf(stderr, "flashlm: plan %s: mode %s, budget %s: resident %.2f + FFN %.2f + KV %.2f + scratch %.2f MiB = "
+    char spec[96] = "";
+    if (p->self_draft)
+        snprintf(spec, sizeof spec, " + self-draft %.2f (tree %d, depth %d)", cli_mib(p->spec), p->draft_tree,
+                 p->draft_depth);
+    fprintf(stderr, "flashlm: plan %s: mode %s, budget %s: resident %.2f + FFN %.2f + KV %.2f + scratch %.2f%s MiB = "
             "%.2f MiB (%s)\n", label, flm_mode_name(p->mode), head, cli_mib(p->resident),
             cli_mib(p->ffn_resident + p->stream + p->predictors + p->cache), cli_mib(p->kv),
-            cli_mib(p->scratch + p->reader), cli_mib(p->total), p->reason);
+            cli_mib(p->scratch + p->reader), spec, cli_mib(p->total), p->reason);
 }
 
 void cli_env_params(flm_params *p, const char *model) {

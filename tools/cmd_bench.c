@@ -150,12 +150,31 @@ static void summarize(const bench_tok *t, int m, bench_result *r) {
     free(idx);
 }
 
+/* The parameters a run opens its model with: a speculative row's buffers are held inside the budget, as `flashlm run`
+ * holds them (flm_plan_split: the target gets the rest; mode auto's self-draft is the plan's own). Returns 0, or 1
+ * after printing why the budget cannot hold them. */
+static int run_params(const bench_opts *o, const bench_run *run, flm_params *p) {
+    *p = run->params;
+    p->mode = run->mode;
+    cli_env_params(p, o->model);
+    if (!run->spec) return 0;
+    cli_spec_session ss;
+    memset(&ss, 0, sizeof ss);
+    cli_spec_args_default(&ss.a);
+    ss.a.self_draft = run->spec == 1;
+    ss.a.ngram = run->spec == 2;
+    ss.a.tree = run->tree;
+    ss.a.n_draft = run->n_draft;
+    ss.a.greedy = true; /* bench samples greedily */
+    ss.a.draft_window = p->draft_window;
+    return cli_spec_open_draft(&ss, o->model, p, false);
+}
+
 /* The run's memory plan on stderr, one line (flm_plan: what flm_open will carry out; a refusal is the run's to
  * report). */
 static void print_plan(const bench_opts *o, const bench_run *run) {
-    flm_params p = run->params;
-    p.mode = run->mode;
-    cli_env_params(&p, o->model);
+    flm_params p;
+    if (run_params(o, run, &p)) return;
     p.log = NULL;
     flm_plan_info plan;
     flm_error err;
@@ -184,9 +203,11 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     *series = NULL;
     flm_ctx *ctx = NULL;
     flm_error err;
-    flm_params p = run->params;
-    p.mode = run->mode;
-    cli_env_params(&p, o->model);
+    flm_params p;
+    if (run_params(o, run, &p)) {
+        snprintf(r->err, sizeof r->err, "the budget cannot hold the speculative decoding buffers beside the model");
+        return;
+    }
     if (flm_open(o->model, &p, &ctx, &err)) {
         snprintf(r->err, sizeof r->err, "%s", err.msg);
         return;
@@ -196,11 +217,13 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         flm_close(ctx);
         return;
     }
-    bench_run eff = *run; /* auto runs as `flashlm run` would: the self-draft where the plan runs hot */
-    if (run->mode == FLM_MODE_AUTO && !run->spec && flm_has_self_draft(ctx)) {
-        eff.spec = 1; /* as cli_spec_open_draft: a tree */
-        eff.n_draft = CLI_SPEC_AUTO_DEPTH;
-        eff.tree = CLI_SPEC_AUTO_TREE;
+    bench_run eff = *run; /* auto runs as `flashlm run` would: the plan's self-draft (flm_session_create applies it) */
+    flm_plan_info plan;
+    flm_get_plan(ctx, &plan);
+    if (run->mode == FLM_MODE_AUTO && !run->spec && plan.self_draft) {
+        eff.spec = 1;
+        eff.n_draft = plan.draft_depth;
+        eff.tree = plan.draft_tree;
     }
     run = &eff;
     flm_model_info info;
@@ -526,9 +549,12 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
     }
     /* the draft window only where a self-draft runs (+self, and auto, which self-drafts when it runs hot): it costs
      * reads */
-    if (run->spec == 1 || run->mode == FLM_MODE_AUTO)
+    if (run->spec == 1)
         run->params.draft_window = wshare >= 0 ? wshare : CLI_DRAFT_WINDOW_DEFAULT;
+    else if (run->mode == FLM_MODE_AUTO && wshare >= 0) /* auto: the plan's default unless asked (0: none) */
+        run->params.draft_window = wshare > 0 ? wshare : -1;
     else if (wshare >= 0) return false;
+    if (run->spec) run->params.no_draft = true; /* a draft source of its own: auto holds no self-draft besides */
     return true;
 }
 
@@ -1100,7 +1126,9 @@ static const char *BENCH_HELP =
     "                          MODE+self[N] decodes speculatively with the self-draft (mode hot: the hottest\n"
     "                          neurons in memory draft N tokens, default 4), MODE+ngram[N] with n-gram lookup;\n"
     "                          MODE+self[N]/wS and auto/wS: the self-draft's window share S (--draft-window;\n"
-    "                          default " CLI_STR(CLI_DRAFT_WINDOW_DEFAULT) ", /w0: none)\n"
+    "                          default " CLI_STR(CLI_DRAFT_WINDOW_DEFAULT) ", /w0: none); auto runs what `flashlm\n"
+    "                          plan` prints (on a file stored hottest first: hot with the self-draft)\n"
+    "      --no-draft          auto rows without the self-draft (as run --no-draft)\n"
     "      --prompt-tokens N   prompt length (default 16); the prompt table reports its time (the time to first\n"
     "                          token), tokens/s and bytes read, against the same mode token by token\n"
     "      --gen-tokens N      generated tokens (default 32)\n"
@@ -1139,6 +1167,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--json")) { NEEDVAL(); o.json = val; }
         else if (!strcmp(a, "--svg")) { NEEDVAL(); o.svg = val; }
         else if (!strcmp(a, "--force")) { o.force = true; }
+        else if (!strcmp(a, "--no-draft")) { o.params.no_draft = true; }
         else if (!strcmp(a, "--sweep")) { NEEDVAL(); if (parse_sweep(val, &o)) return 2; }
         else if (!strcmp(a, "--prompt-tokens")) {
             NEEDVAL(); if (!cli_parse_long(val, 1, 1 << 20, &v)) return cli_die("bad --prompt-tokens '%s'", val);

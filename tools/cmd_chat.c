@@ -40,7 +40,8 @@ static const char *CHAT_HELP_MORE =
     "                       then keeps only its end\n"
     "      --keep N         with --context-shift, the tokens kept at the start besides BOS (always kept); default\n"
     "                       (and -1): the system part, i.e. everything before the first user message's text\n"
-    "  -v, --verbose        after each reply, say on stderr which positions the turn evaluated\n"
+    "  -v, --verbose        print the memory plan; after each reply, say on stderr which positions the turn\n"
+    "                       evaluated\n"
     "  -h, --help           this help\n";
 
 typedef struct {
@@ -215,6 +216,8 @@ int cmd_chat(int argc, char **argv) {
     if (cli_spec_args_check(&ss.a)) return 2;
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf); /* a pulled model's name */
+    cli_env_params(&params, model); /* the log, the disk probe's cost model: as run's */
+    cli_log_verbose(&params, verbose); /* -v: the memory plan too */
 
     flm_error err;
     flm_ctx *ctx = NULL;

@@ -1458,14 +1458,10 @@ int cmd_serve(int argc, char **argv) {
     /* one budget for all slots: each opens the model with an equal share */
     flm_error err;
     if (params.mem_bytes || params.mem_percent > 0) {
-        flm_plan_info plan;
-        flm_params one = params;
-        if (parallel > 1 && params.mem_percent > 0) one.mode = FLM_MODE_AUTO;
-        if (flm_plan(model, &one, &plan, &err) && !(parallel > 1 && err.code == FLM_ERR_BUDGET && plan.budget)) {
+        if (flm_plan_budget_bytes(model, &params, &srv.budget, &err)) { /* --mem N% in bytes; each slot plans its own */
             fprintf(stderr, "flashlm: %s\n", err.msg);
             return 1;
         }
-        srv.budget = plan.budget ? plan.budget : params.mem_bytes;
         if (parallel > 1) {
             params.mem_bytes = srv.budget / (uint64_t)parallel;
             params.mem_percent = 0;

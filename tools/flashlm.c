@@ -530,7 +530,9 @@ static const char *PLAN_HELP =
     "budget cannot hold the plan, saying how big each part is.\n"
     "\n"
     "options:\n"
-    "  -m, --model PATH     model file (.gguf or .flm) or a pulled name\n";
+    "  -m, --model PATH     model file (.gguf or .flm) or a pulled name\n"
+    "      --no-draft       mode auto running hot: no self-draft (its buffers and window are then not held)\n"
+    "      --draft-window S the self-draft's window share (0..0.9; default " CLI_STR(CLI_DRAFT_WINDOW_DEFAULT) ")\n";
 
 static int cmd_plan(int argc, char **argv) {
     if (cli_is_help(argc, argv)) {
@@ -540,31 +542,33 @@ static int cmd_plan(int argc, char **argv) {
     flm_params params;
     flm_params_default(&params);
     const char *model = NULL;
+    cli_spec_session ss; /* --no-draft and --draft-window: auto's self-draft as `run` applies them */
+    memset(&ss, 0, sizeof ss);
+    cli_spec_args_default(&ss.a);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_parse_model_opt(argc, argv, &i, &params);
+        if (!r) r = cli_parse_spec_opt(argc, argv, &i, &ss.a);
         if (r < 0) return 2;
         if (r) continue;
         if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) model = argv[++i];
         else return cli_die("unknown option '%s' (see flashlm plan --help)", a);
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm plan --help)");
+    if (cli_spec_args_check(&ss.a)) return 2;
+    if (cli_spec_active(&ss.a))
+        return cli_die("%s", "flashlm plan prints one model's plan: --draft, --draft-ngram, --draft-self and "
+                       "--draft-tree split the budget when `run --stats` opens the models (--no-draft and "
+                       "--draft-window apply here)");
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
     cli_env_params(&params, model);
+    if (cli_spec_open_draft(&ss, model, &params, false)) return 1;
     flm_plan_info plan;
     flm_error err;
     if (flm_plan(model, &params, &plan, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
-    }
-    if (params.mode == FLM_MODE_AUTO && plan.mode == FLM_MODE_HOT && plan.stream) {
-        /* as `run` would: auto running hot decodes with the self-draft, and so holds its window */
-        params.draft_window = CLI_DRAFT_WINDOW_DEFAULT;
-        if (flm_plan(model, &params, &plan, &err)) {
-            fprintf(stderr, "flashlm: %s\n", err.msg);
-            return 1;
-        }
     }
     cli_print_plan(&plan);
     return 0;

@@ -90,22 +90,13 @@ static uint64_t ctx_bytes(const flm_ctx *ctx, flm_stats *st) {
 
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose) {
     ss->verbose = verbose;
-    if (!cli_spec_active(&ss->a) && !ss->a.no_draft && params->mode == FLM_MODE_AUTO) {
-        /* auto: where the plan runs hot with neurons streamed, the self-draft decodes speculatively, its draft length
-         * chosen from measured costs (0 when drafting does not pay) */
-        flm_plan_info pi;
-        flm_error perr;
-        flm_params pp = *params;
-        pp.log = NULL;
-        if (!flm_plan(target, &pp, &pi, &perr) && pi.mode == FLM_MODE_HOT && pi.stream) {
-            ss->a.self_draft = true;
-            ss->auto_self = true;
-            if (!ss->a.tree) ss->a.tree = CLI_SPEC_AUTO_TREE; /* measured best (docs/SPECULATIVE.md) */
-            if (!ss->a.n_draft_set) ss->a.n_draft = CLI_SPEC_AUTO_DEPTH;
-        }
+    if (!cli_spec_active(&ss->a)) { /* mode auto's self-draft is the plan's (flm_plan_info.self_draft) */
+        params->no_draft = ss->a.no_draft;
+        if (ss->a.draft_window_set) params->draft_window = ss->a.draft_window > 0 ? ss->a.draft_window : -1;
+        return 0;
     }
-    if (!cli_spec_active(&ss->a)) return 0;
-    if (ss->a.self_draft && !ss->auto_self && params->mode == FLM_MODE_AUTO)
+    params->no_draft = true; /* another source than auto's: the plan holds no self-draft of its own */
+    if (ss->a.self_draft && params->mode == FLM_MODE_AUTO)
         params->mode = FLM_MODE_HOT; /* --draft-self asked: what it drafts from */
     if (ss->a.self_draft) params->draft_window = ss->a.draft_window; /* the window pays only with a self-draft */
     flm_params dp;
@@ -202,18 +193,31 @@ void cli_spec_params(const cli_spec_args *a, flm_spec_params *p) {
 }
 
 int cli_spec_begin(cli_spec_session *ss, flm_ctx *target, const char *target_path, flm_session *sess) {
-    if (!cli_spec_active(&ss->a)) return 0;
+    flm_stats st;
+    if (!cli_spec_active(&ss->a)) {
+        flm_plan_info plan; /* mode auto running hot: the session decodes with the plan's self-draft */
+        flm_get_plan(target, &plan);
+        if (!plan.self_draft) return 0;
+        ss->auto_self = ss->a.self_draft = ss->on = true;
+        ss->a.tree = plan.draft_tree;
+        ss->a.n_draft = plan.draft_depth;
+        ss->buf_bytes = plan.spec;
+        ss->budget = plan.budget;
+        ss->target_budget = plan.budget - plan.spec;
+        ss->target_bytes = ctx_bytes(target, &st);
+        if (ss->verbose)
+            fprintf(stderr, "flashlm: plan: mode auto runs hot, so it decodes speculatively with the self-draft (the "
+                    "hottest and the recently active neurons in memory propose a tree of up to %d tokens, %d deep; its "
+                    "buffers %.2f MiB are inside the budget; --no-draft turns it off)\n", ss->a.tree, ss->a.n_draft,
+                    cli_mib(plan.spec));
+        return 0;
+    }
     flm_error err;
     if (ss->draft && flm_spec_check_vocab(target, target_path, ss->draft, ss->draft_path, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
-    flm_stats st;
     ss->target_bytes = ctx_bytes(target, &st); /* the budget was split before the target opened (cli_spec_open_draft) */
-    if (ss->verbose && ss->auto_self)
-        fprintf(stderr, "flashlm: plan: mode auto runs hot, so it decodes speculatively with the self-draft (the "
-                "hottest and the recently active neurons in memory propose a tree of up to %d tokens, %d deep; "
-                "--no-draft turns it off)\n", ss->a.tree, ss->a.n_draft);
     flm_spec_params o;
     cli_spec_params(&ss->a, &o);
     if (flm_session_speculate(sess, &o, ss->draft, &err)) {

@@ -114,8 +114,8 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         p->scratch += rq->embd_row; /* the buffer a row is read into */
     }
     p->n_stream_buffers = rq->no_read_ahead ? 1 : 2; /* the most the source may plan (ffn_stream.c) */
-    if (mode == FLM_MODE_HOT && rq->params && rq->params->draft_window > 0) { /* the self-draft's window (hot_plan) */
-        double w = rq->params->draft_window < 0.9 ? rq->params->draft_window : 0.9;
+    if (mode == FLM_MODE_HOT && rq->draft_window > 0) { /* the self-draft's window (hot_plan) */
+        double w = rq->draft_window < 0.9 ? rq->draft_window : 0.9;
         p->window_q16 = (uint32_t)(w * 65536.0 + 0.5);
     }
     flm_error serr;

@@ -149,7 +149,7 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
     ctx->mem_resident = ctx->flash->plan.resident;
     /* the reader's real size, when larger than planned */
     ctx->plan.reader = ctx->flash->plan.reader;
-    ctx->plan.total = flm_mem_plan_total(&ctx->flash->plan);
+    ctx->plan.total = flm_mem_plan_total(&ctx->flash->plan) + ctx->flash->plan.spec;
     return FLM_OK;
 fail:
     if (sparsity) flm_sparsity_free(sparsity);

@@ -82,6 +82,60 @@ flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_pa
                          r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size, err);
 }
 
+static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
+    uint64_t V = n_vocab, N = n_draft > 0 ? (uint64_t)n_draft : 0; /* the history counted though the session has it */
+    return 4 * ((N + 1) * V + (with_draft_model ? N * V : 0) + V) + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
+}
+
+/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the drafts' distributions when sampling
+ * (!greedy), the nodes. */
+static uint64_t tree_bytes(uint32_t n_vocab, int tree, bool greedy) {
+    uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0;
+    return 4 * (T * V + (greedy ? 0 : T * V) + T * (3 + FLM_SPEC_TREE_K)) + T;
+}
+
+uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p, bool with_draft_model,
+                               bool greedy) {
+    if (!p) return 0;
+    return chain_bytes(n_vocab, n_ctx, p->n_draft, with_draft_model || p->self_draft) +
+           (p->tree ? tree_bytes(n_vocab, p->tree, greedy) : 0);
+}
+
+/* Mode auto chose hot with neurons streamed (mp, planned under the whole budget): it decodes with the self-draft, a
+ * tree of FLM_AUTO_DRAFT_TREE nodes FLM_AUTO_DRAFT_DEPTH deep, whose buffers (for sampling, the larger) the budget
+ * holds beside the model and whose window of recently active neurons takes flm_params.draft_window (default
+ * FLM_AUTO_DRAFT_WINDOW) of the FFN memory: the model is planned again under budget - buffers. When that does not fit
+ * (or no longer streams), mp stays as it was, without speculative decoding, and its reason says so. */
+static flm_status plan_self_draft(const flm_file *f, const flm_hparams *hp, const flm_params *p,
+                                  const flm_plan_request *rq, flm_mem_plan *mp) {
+    flm_spec_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_draft = FLM_AUTO_DRAFT_DEPTH;
+    sp.tree = FLM_AUTO_DRAFT_TREE;
+    sp.self_draft = true;
+    const uint64_t spec = flm_spec_buffer_bytes(hp->n_vocab, rq->n_ctx, &sp, false, false);
+    flm_plan_request r2 = *rq;
+    r2.budget = rq->budget > spec ? rq->budget - spec : 0;
+    r2.draft_window = p->draft_window > 0 ? p->draft_window : p->draft_window < 0 ? 0 : FLM_AUTO_DRAFT_WINDOW;
+    flm_mem_plan with;
+    flm_error e2;
+    size_t n = strlen(mp->reason);
+    if (!r2.budget || flm_budget_plan(f, hp, &r2, &with, &e2) || with.mode != FLM_MODE_HOT || !with.stream) {
+        snprintf(mp->reason + n, sizeof mp->reason - n, "; no room for the self-draft's buffers (%.2f MiB): no "
+                 "speculative decoding", flm_mib(spec));
+        return FLM_OK;
+    }
+    *mp = with;
+    mp->spec = spec;
+    mp->self_draft = true;
+    mp->draft_tree = sp.tree;
+    mp->draft_depth = sp.n_draft;
+    n = strlen(mp->reason);
+    snprintf(mp->reason + n, sizeof mp->reason - n, "; it decodes with the self-draft (a tree of %d nodes, %d deep)",
+             sp.tree, sp.n_draft);
+    return FLM_OK;
+}
+
 flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
                         struct flm_sparsity **keep, flm_error *err) {
     const uint64_t budget = flm_plan_budget(p, file_weight_bytes(f));
@@ -100,17 +154,20 @@ flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_para
                            flm_kv_elem_bytes(p),
                            pending ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
                            : flm_file_tail_bytes(f) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
-                           flm_row_bytes(e->type, e->ne[0]), p->no_read_ahead};
-    return flm_budget_plan(f, hp, &rq, mp, err);
+                           flm_row_bytes(e->type, e->ne[0]), p->no_read_ahead,
+                           p->mode == FLM_MODE_HOT && p->draft_window > 0 ? p->draft_window : 0};
+    flm_status st = flm_budget_plan(f, hp, &rq, mp, err);
+    if (st || p->mode != FLM_MODE_AUTO || p->no_draft || mp->mode != FLM_MODE_HOT || !mp->stream) return st;
+    return plan_self_draft(f, hp, p, &rq, mp);
 }
 
 void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_info *o) {
     memset(o, 0, sizeof *o);
     o->mode = mp->mode;
     snprintf(o->reason, sizeof o->reason, "%s", mp->reason);
-    o->budget = mp->budget;
+    o->budget = mp->budget + mp->spec; /* the parts were planned under budget - spec */
     o->model_bytes = mp->model_bytes;
-    o->total = flm_mem_plan_total(mp);
+    o->total = flm_mem_plan_total(mp) + mp->spec;
     o->resident = mp->resident;
     o->kv = mp->kv;
     o->scratch = mp->scratch;
@@ -119,6 +176,10 @@ void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_in
     o->stream = mp->stream;
     o->predictors = mp->predictors;
     o->cache = mp->cache;
+    o->spec = mp->spec;
+    o->self_draft = mp->self_draft;
+    o->draft_tree = mp->draft_tree;
+    o->draft_depth = mp->draft_depth;
     o->embd = (flm_plan_embd)mp->embd;
     o->embd_bytes = mp->embd_bytes;
     o->embd_row = mp->embd_row;
@@ -285,6 +346,22 @@ static flm_status weight_bytes(const char *path, uint64_t *out, flm_error *err) 
     }
     struct stat sb;
     if (stat(path, &sb) == 0) *out = (uint64_t)sb.st_size; /* else the target's plan says why, naming the file */
+    return FLM_OK;
+}
+
+flm_status flm_plan_budget_bytes(const char *path, const flm_params *p, uint64_t *budget, flm_error *err) {
+    *budget = 0;
+    flm_params def;
+    if (!p) { flm_params_default(&def); p = &def; }
+    uint64_t w = 0;
+    if (!p->mem_bytes && p->mem_percent > 0) {
+        struct stat sb;
+        if (!flm_file_is_flm(path) && stat(path, &sb) != 0) /* a model that is not there */
+            return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        flm_status st = weight_bytes(path, &w, err);
+        if (st) return st;
+    }
+    *budget = flm_plan_budget(p, w);
     return FLM_OK;
 }
 

@@ -68,8 +68,17 @@ typedef struct flm_mem_plan {
                                      or the FFN has biases) */
     uint64_t window;              /* hot: bytes of the windows (records, indices, scores), inside ffn_resident */
     size_t reader_bounce;         /* bounce_bytes to give the reader */
+    uint64_t spec;                /* auto's speculative decoding buffers, held inside the budget beside the parts
+                                     above (budget counts them: the parts are planned under budget - spec); 0 unless
+                                     self_draft */
+    bool self_draft;              /* auto runs hot with neurons streamed: the session decodes with the self-draft */
+    int draft_tree, draft_depth;  /* its tree's nodes and levels */
     char reason[FLM_PLAN_REASON_MAX]; /* why this mode (flm_plan_info.reason) */
 } flm_mem_plan;
+
+/* Children a draft tree's node offers (session/spec.c): its draft's most likely tokens (greedy) or draws; the tree's
+ * buffers (flm_spec_buffer_bytes, runtime/plan.c) hold them. */
+#define FLM_SPEC_TREE_K 4
 
 /* What to plan for (runtime/budget.c). */
 typedef struct flm_plan_request {
@@ -85,6 +94,8 @@ typedef struct flm_plan_request {
                                flm_file_tail_bytes; the plan decides); else why it is in memory */
     uint64_t embd_row;      /* bytes of one embedding row */
     bool no_read_ahead;     /* flm_params.no_read_ahead: one layer buffer */
+    double draft_window;    /* mode hot: the self-draft's window share (0: none); flm_plan_flm resolves
+                               flm_params.draft_window */
 } flm_plan_request;
 
 /* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the

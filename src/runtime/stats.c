@@ -35,7 +35,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     st->kv_type = ctx->kv.elem_bytes == FLM_KV_F16 ? "f16" : "f32";
     st->n_ctx = (uint32_t)ctx->params.n_ctx;
     if (fl) {
-        st->mem_budget = fl->plan.budget;
+        st->mem_budget = fl->plan.budget + fl->plan.spec; /* the parts' and auto's speculative buffers' */
         st->mem_resident = fl->plan.resident;
         st->mem_embd_flash = fl->plan.embd == FLM_EMBD_FLASH ? fl->plan.embd_bytes : 0;
         st->mem_ffn = fl->plan.ffn_resident + fl->plan.stream;

@@ -60,6 +60,20 @@ flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory creating a session");
     }
     atomic_init(&s->cancel, 0);
+    flm_plan_info plan; /* mode auto's speculative decoding, as the plan decided it (runtime/plan.c) */
+    flm_get_plan(ctx, &plan);
+    if (plan.self_draft) {
+        flm_spec_params sp;
+        flm_spec_params_default(&sp);
+        sp.self_draft = sp.adaptive = true;
+        sp.tree = plan.draft_tree;
+        sp.n_draft = plan.draft_depth;
+        flm_status st = flm_session_speculate(s, &sp, NULL, err);
+        if (st) {
+            flm_session_free(s);
+            return st;
+        }
+    }
     *out = s;
     return FLM_OK;
 }

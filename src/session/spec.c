@@ -60,26 +60,6 @@ struct spec {
     double ms_token;  /* ms per generated token of the tree steps, decayed */
 };
 
-/* The engine's buffers for a chain of n_draft (the history counted though the session holds it). */
-static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
-    uint64_t V = n_vocab, N = n_draft > 0 ? (uint64_t)n_draft : 0;
-    return 4 * ((N + 1) * V + (with_draft_model ? N * V : 0) + V) + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
-}
-
-/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the drafts' distributions when sampling
- * (!greedy), the nodes. */
-static uint64_t tree_bytes(uint32_t n_vocab, int tree, bool greedy) {
-    uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0;
-    return 4 * (T * V + (greedy ? 0 : T * V) + T * (3 + SPEC_TREE_K)) + T;
-}
-
-uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p, bool with_draft_model,
-                               bool greedy) {
-    if (!p) return 0;
-    return chain_bytes(n_vocab, n_ctx, p->n_draft, with_draft_model || p->self_draft) +
-           (p->tree ? tree_bytes(n_vocab, p->tree, greedy) : 0);
-}
-
 void flm_spec_params_default(flm_spec_params *p) {
     memset(p, 0, sizeof *p);
     p->n_draft = 4;

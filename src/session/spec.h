@@ -10,9 +10,10 @@
 #include <stdint.h>
 
 #include "flashlm.h"
+#include "runtime/runtime.h" /* FLM_SPEC_TREE_K: the buffers the plan sizes (flm_spec_buffer_bytes) */
 
 #define SPEC_NGRAM_MAX 3 /* the n-gram lookup tries the last 3, then 2, then 1 tokens */
-#define SPEC_TREE_K 4    /* children considered per node: its draft's most likely tokens (greedy) or draws */
+#define SPEC_TREE_K FLM_SPEC_TREE_K /* children considered per node: its draft's most likely tokens (greedy) or draws */
 #define SPEC_TREE_W 8    /* nodes added per level at most */
 
 typedef struct spec spec;
