@@ -145,6 +145,10 @@ static struct server {
     uint64_t requests, errors, prompt_tokens, reused_tokens, gen_tokens, bytes_read, cancelled;
     uint64_t passes, drafted, accepted; /* speculative decoding: target passes while generating, drafts */
     double gen_ms, prompt_ms, io_ms, compute_ms;
+    uint64_t n_decode, n_tokens_max; /* model passes (prompt batches, generation steps); most tokens a slot held */
+    double last_prompt_tps;
+    int n_batch;             /* the prompt's batch (-b), for counting passes */
+    double start_unix;
     double last_tps;
 } srv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
@@ -280,8 +284,9 @@ static cJSON *timings_json(const job *j) {
     cJSON_AddNumberToObject(t, "prompt_per_second", j->prompt_ms > 0 ? pn * 1e3 / j->prompt_ms : 0);
     cJSON_AddNumberToObject(t, "predicted_n", gn);
     cJSON_AddNumberToObject(t, "predicted_ms", j->gen_ms);
-    cJSON_AddNumberToObject(t, "predicted_per_token_ms", gn > 0 ? j->gen_ms / gn : 0);
-    cJSON_AddNumberToObject(t, "predicted_per_second", j->gen_ms > 0 ? gn * 1e3 / j->gen_ms : 0);
+    /* the first token comes from the prompt's logits: the rate is over the n - 1 decode steps (llama-server's) */
+    cJSON_AddNumberToObject(t, "predicted_per_token_ms", gn > 1 ? j->gen_ms / (gn - 1) : 0);
+    cJSON_AddNumberToObject(t, "predicted_per_second", gn > 1 && j->gen_ms > 0 ? (gn - 1) * 1e3 / j->gen_ms : 0);
     return t;
 }
 
@@ -347,6 +352,16 @@ static bool on_token(void *user, const flm_gen_token *t) {
         go = out_event(j, native_json(j, t->text, t->len, &t->id, t->id >= 0 ? 1 : 0, false));
         pthread_cond_broadcast(&srv.cv);
     } else if (go && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
+        if (j->req.chat && j->first_chunk) { /* the role first, alone (content null), as OpenAI and llama-server */
+            cJSON *r = chunk_base(j), *c = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(c, "delta");
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+            cJSON_AddNumberToObject(c, "index", 0);
+            cJSON_AddStringToObject(d, "role", "assistant");
+            cJSON_AddNullToObject(d, "content");
+            cJSON_AddNullToObject(c, "finish_reason");
+            j->first_chunk = false;
+            if (!out_event(j, r)) go = false;
+        }
         cJSON *o = chunk_base(j);
         chunk_choice(j, o, t->text, t->len, NULL);
         j->first_chunk = false;
@@ -447,6 +462,14 @@ static void run_job(slot *s, job *j) {
 
     pthread_mutex_lock(&srv.mu);
     srv.prompt_tokens += j->n_prompt - j->n_reused;
+    srv.prompt_ms += ss.prompt_ms;
+    {
+        uint64_t pn = j->n_prompt - j->n_reused, nb = (uint64_t)(srv.n_batch > 0 ? srv.n_batch : 256);
+        uint64_t steps = sps.n_passes ? sps.n_passes : j->res.n_gen > 1 ? (uint64_t)j->res.n_gen - 1 : 0;
+        srv.n_decode += (pn + nb - 1) / nb + steps;
+        if (j->n_prompt + (uint64_t)j->res.n_gen > srv.n_tokens_max) srv.n_tokens_max = j->n_prompt + j->res.n_gen;
+        if (ss.prompt_ms > 0 && pn) srv.last_prompt_tps = (double)pn * 1e3 / ss.prompt_ms;
+    }
     srv.reused_tokens += j->n_reused;
     srv.gen_tokens += (uint64_t)j->res.n_gen;
     srv.gen_ms += ss.gen_ms;
@@ -754,6 +777,7 @@ static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     cli_buf b = {0};
     char line[512];
     pthread_mutex_lock(&srv.mu);
+    srv.requests++;
 #define METRIC(name, type, help, fmt, val)                                                                         \
     do {                                                                                                           \
         snprintf(line, sizeof line, "# HELP flashlm_" name " " help "\n# TYPE flashlm_" name " " type "\nflashlm_"  \
@@ -787,8 +811,45 @@ static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     METRIC("memory_budget_bytes", "gauge", "The memory budget (--mem; 0: none).", "%" PRIu64, srv.budget);
     METRIC("context_tokens", "gauge", "Context length of each slot.", "%u", srv.n_ctx);
 #undef METRIC
+    /* the same under llama-server's names (its dashboards and tools read these) */
+#define LMETRIC(name, type, help, fmt, val)                                                                        \
+    do {                                                                                                           \
+        snprintf(line, sizeof line, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " " type              \
+                 "\nllamacpp:" name " " fmt "\n", val);                                                             \
+        cli_buf_add(&b, line, strlen(line));                                                                       \
+    } while (0)
+    LMETRIC("prompt_tokens_total", "counter", "Prompt tokens evaluated.", "%" PRIu64, srv.prompt_tokens);
+    LMETRIC("prompt_tokens_cached_total", "counter", "Prompt tokens kept from a slot's cache.", "%" PRIu64,
+            srv.reused_tokens);
+    LMETRIC("prompt_seconds_total", "counter", "Seconds evaluating prompts.", "%.6f", srv.prompt_ms / 1e3);
+    LMETRIC("tokens_predicted_total", "counter", "Tokens generated.", "%" PRIu64, srv.gen_tokens);
+    LMETRIC("tokens_predicted_seconds_total", "counter", "Seconds generating.", "%.6f", srv.gen_ms / 1e3);
+    LMETRIC("n_decode_total", "counter", "Model passes: prompt batches and generation steps.", "%" PRIu64,
+            srv.n_decode);
+    LMETRIC("n_tokens_max", "counter", "Most tokens a slot held after a request.", "%" PRIu64, srv.n_tokens_max);
+    LMETRIC("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", "%" PRIu64, srv.drafted);
+    LMETRIC("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", "%" PRIu64, srv.accepted);
+    LMETRIC("spec_decode_num_drafts_total", "counter", "Target passes verifying drafts.", "%" PRIu64, srv.passes);
+    LMETRIC("prompt_tokens_seconds", "gauge", "Prompt tokens per second of the last request.", "%.3f",
+            srv.last_prompt_tps);
+    LMETRIC("predicted_tokens_seconds", "gauge", "Generation speed of the last request.", "%.3f", srv.last_tps);
+    LMETRIC("requests_processing", "gauge", "Requests being generated.", "%d", srv.n_running);
+    LMETRIC("requests_deferred", "gauge", "Requests waiting for a slot.", "%d", srv.n_queued);
+    LMETRIC("n_busy_slots_per_decode", "gauge", "Slots running a request (each decodes alone).", "%d", srv.n_running);
+#undef LMETRIC
     pthread_mutex_unlock(&srv.mu);
-    enum MHD_Result r = b.p ? send_text(c, 200, "text/plain; version=0.0.4", b.p, b.len) : MHD_NO;
+    enum MHD_Result r = MHD_NO;
+    struct MHD_Response *resp = b.p ? MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_COPY) : NULL;
+    if (resp) {
+        char t[32];
+        snprintf(t, sizeof t, "%.0f", srv.start_unix);
+        MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+        MHD_add_response_header(resp, "Process-Start-Time-Unix", t); /* llama-server's: a restart resets counters */
+        add_cors(c, resp);
+        conn_phase_set(c, PHASE_BUSY);
+        r = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+    }
     cli_buf_free(&b);
     return r;
 }
@@ -1450,6 +1511,8 @@ int cmd_serve(int argc, char **argv) {
     model_id_of(model, id_buf, sizeof id_buf);
     srv.model_id = alias ? alias : id_buf;
     srv.model_path = model;
+    srv.start_unix = (double)time(NULL);
+    srv.n_batch = params.n_batch;
     srv.max_body = (size_t)max_body;
     srv.queue_cap = (int)queue;
     cli_env_params(&params, model);

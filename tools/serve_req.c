@@ -198,8 +198,20 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     } else {
         v = cJSON_GetObjectItemCaseSensitive(root, "prompt");
         if (!v) { snprintf(msg, cap, "'prompt' is required"); goto fail; }
-        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
+            (cJSON_IsString(v->child) || cJSON_IsArray(v->child) || cJSON_IsObject(v->child)))
             v = v->child;
+        if (cJSON_IsObject(v)) { /* llama-server's {"prompt_string": ..., "multimodal_data": [...]} */
+            if (cJSON_GetObjectItemCaseSensitive(v, "multimodal_data")) {
+                snprintf(msg, cap, "'prompt': multimodal_data is not supported (flashlm runs text models)");
+                goto fail;
+            }
+            v = cJSON_GetObjectItemCaseSensitive(v, "prompt_string");
+            if (!cJSON_IsString(v)) { snprintf(msg, cap, "'prompt': an object needs 'prompt_string', a string"); goto fail; }
+        } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 1 && !cJSON_IsNumber(v->child)) {
+            snprintf(msg, cap, "'prompt': several prompts in one request are not supported (send one per request)");
+            goto fail;
+        }
         if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0 && cJSON_IsNumber(v->child)) { /* token ids */
             int n = cJSON_GetArraySize(v);
             if (!(r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids))) goto oom;
