@@ -102,12 +102,16 @@ def read_response(s):
     """One response (status, headers dict lower-cased, body) from s, by Content-Length."""
     s.settimeout(60)
     buf = b""
-    while b"\r\n\r\n" not in buf:
-        c = s.recv(65536)
-        if not c:
-            return None
-        buf += c
-    head, rest = buf.split(b"\r\n\r\n", 1)
+    while True:
+        while b"\r\n\r\n" not in buf:
+            c = s.recv(65536)
+            if not c:
+                return None
+            buf += c
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        if not re.match(rb"HTTP/1\.[01] 1\d\d ", head):
+            break
+        buf = rest  # an interim 1xx response (a half-closed client gets a 100 Continue): the final one follows
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     hdrs = {}
@@ -144,7 +148,7 @@ def request(port, method, path, body=None, headers=None, half_close=False):
 
 
 def n_responses(data):
-    return len(re.findall(rb"HTTP/1\.[01] \d\d\d ", data))
+    return len(re.findall(rb"HTTP/1\.[01] [2-5]\d\d ", data))
 
 
 def test_smuggling(port):
@@ -204,6 +208,37 @@ def test_half_close(port):
     check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, "half-closed client answered: %s" % st)
     st, _, body = request(port, "GET", "/health", half_close=True)
     check(st == 200, "half-closed GET answered: %s" % st)
+
+
+def metric(port, name):
+    st, _, body = request(port, "GET", "/metrics")
+    m = re.search(r"^flashlm_%s (\S+)$" % name, body.decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_client_leaves():
+    """A client that closes its connection while its (non-streamed) reply is generated cancels it: its end of input
+    alone does not (half-close), but the interim 100 Continue the server then sends draws a reset from a closed
+    socket."""
+    srv = Server("-c", "2048", "--slots")  # a long reply: greedy stories260K fills 2048 tokens before it ends
+    try:
+        before = metric(srv.port, "requests_cancelled_total")
+        s = connect(srv.port)
+        body = json.dumps({"prompt": "I believe the meaning of life is", "max_tokens": 100000,
+                           "temperature": 0}).encode()
+        s.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.time() + 30
+        while time.time() < deadline and metric(srv.port, "requests_running") != 1:
+            time.sleep(0.02)
+        s.close()
+        while time.time() < deadline and metric(srv.port, "requests_cancelled_total") <= before:
+            time.sleep(0.05)
+        check(metric(srv.port, "requests_cancelled_total") > before, "a client that left is cancelled")
+        st, _, b = request(srv.port, "GET", "/slots")
+        check(st == 200 and not json.loads(b)[0]["is_processing"], "its slot is free: %r" % b[:200])
+    finally:
+        check(srv.stop() == 0, "leaving client server: SIGTERM exit 0")
 
 
 def test_timeouts():
@@ -433,6 +468,7 @@ def main():
         check(request(srv.port, "GET", "/health")[0] == 200, "/health after all")
     finally:
         check(srv.stop() == 0, "SIGTERM: exit status 0")
+    test_client_leaves()
     test_cors()
     test_key()
     test_timeouts()

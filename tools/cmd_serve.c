@@ -172,6 +172,16 @@ static bool client_gone(int fd) {
     return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+/* Whether the client has closed its sending side (a read would give 0 bytes): it either half-closed or left. */
+static bool client_eof(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & POLLRDHUP) return true;
+    char c;
+    return (p.revents & POLLIN) && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 /* Wait (srv.mu held) up to 50 ms for progress. */
 static void wait_a_little(void) {
     struct timespec ts;
@@ -587,6 +597,7 @@ static void *worker(void *arg) {
 typedef struct conn {
     cli_buf body;
     bool too_big;
+    bool http11;     /* an HTTP/1.1 request: may be sent an interim 100 (RFC 9110 section 15.2) */
     job *j;          /* the job whose response is being sent */
 } conn;
 
@@ -937,9 +948,18 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
     srv.tail = j;
     srv.n_queued++;
     pthread_cond_broadcast(&srv.cv);
-    /* wait for the prompt to be evaluated (then a stream starts) or, without streaming, for the whole reply */
+    /* wait for the prompt to be evaluated (then a stream starts) or, without streaming, for the whole reply. A
+     * client whose sending side ended either half-closed (it waits for the answer) or left: an interim
+     * "100 Continue" (which an HTTP/1.1 client must accept before the final response, RFC 9110 section 15.2) tells
+     * them apart: a client that left answers it with a reset, which client_gone sees */
+    bool probed = false;
     for (;;) {
         if (j->state == JOB_DONE || (j->req.stream && j->state == JOB_STREAMING) || j->gone) break;
+        if (!probed && cn->http11 && client_eof(j->fd)) {
+            static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+            probed = true;
+            (void)!send(j->fd, cont, sizeof cont - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        }
         if (srv.stopping || client_gone(j->fd)) {
             job_abandon_locked(j);
             break;
@@ -1281,6 +1301,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!cn) { /* the headers: check them before reading the body */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        cn->http11 = version && !strcmp(version, "HTTP/1.1");
         return check_headers(c, method, version, cn);
     }
     if (*upload_size) { /* a piece of the body */
