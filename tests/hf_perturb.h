@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "core/types.h"
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 #include "testutil.h"
 
 static bool hf_ends_with(const char *s, const char *suffix) {

@@ -18,7 +18,7 @@
 #include "convert/convert.h"
 #include "core/types.h"
 #include "format/flm.h"
-#include "format/flm_write.h"
+#include "write/flm_write.h"
 #include "io/reader.h"
 #include "synth/synth.h"
 #include "runtime/runtime.h"

@@ -30,6 +30,7 @@
 #include "flashlm.h"
 #include "convert/convert.h"
 #include "format/flm.h"
+#include "write/flm_write.h"
 #include "io/reader.h"
 #include "runtime/hooks.h"
 #include "runtime/runtime.h"

@@ -14,6 +14,7 @@
 #include "flashlm_tools.h"
 #include "format/flm.h"
 #include "format/gguf.h"
+#include "write/gguf_write.h"
 #include "testutil.h"
 
 #define N_VOCAB 512

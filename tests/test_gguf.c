@@ -10,6 +10,7 @@
 
 #include "flashlm_tools.h"
 #include "format/gguf.h"
+#include "write/gguf_write.h"
 #include "core/types.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"

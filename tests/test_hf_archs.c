@@ -31,6 +31,7 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
+#include "write/gguf_write.h"
 #include "hf_perturb.h"
 #include "testutil.h"
 

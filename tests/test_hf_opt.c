@@ -23,7 +23,7 @@
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 #include "hf_perturb.h"
 #include "testutil.h"
 

@@ -17,6 +17,7 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
+#include "write/gguf_write.h"
 #include "session/spec.h" /* spec_ngram_lookup */
 #include "testutil.h"
 

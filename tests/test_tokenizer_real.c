@@ -16,6 +16,7 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
+#include "write/gguf_write.h"
 #include "format/tokenizer.h"
 #include "testutil.h"
 

@@ -1,6 +1,7 @@
 /* calibrate.c — record, fix the rule and the levels, train predictors, choose the default level, store
  * (docs/SPARSITY.md). */
 #include "calibrate/calibrate.h"
+#include "write/flm_write.h"
 
 #include <cblas.h>
 #include <errno.h>

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "calibrate/calibrate.h"
+#include "write/flm_write.h"
 #include "compute/act.h"
 #include "core/error.h"
 #include "core/types.h"

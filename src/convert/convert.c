@@ -13,7 +13,8 @@
 #include "core/files.h"
 #include "core/types.h"
 #include "core/util.h"
-#include "format/flm_write.h"
+#include "write/flm_write.h"
+#include "write/gguf_write.h"
 #include "model/model.h"
 
 uint32_t flm_down_column_type(uint32_t down_type, uint32_t quantized_as) {

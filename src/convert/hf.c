@@ -22,7 +22,8 @@
 #include "core/types.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
-#include "format/safetensors.h"
+#include "write/gguf_write.h"
+#include "convert/safetensors.h"
 
 typedef unsigned long long ull;
 

@@ -1,7 +1,6 @@
-/* flm.c — the .flm flash layout (docs/FORMAT.md): open/validate, verify, the header writer, region replacement.
- * Converting a GGUF model into this layout is convert/convert.c. */
+/* flm.c — the .flm flash layout (docs/FORMAT.md): open/validate, verify, read a region. Writing (the header, region
+ * replacement, the hot order) is the tools tier's: write/flm_write.c; converting a GGUF model is convert/convert.c. */
 #include "format/flm.h"
-#include "format/flm_write.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,8 +29,8 @@ flm_bundle_layout flm_bundle_layout_of(uint32_t d_model, uint32_t up_type, uint3
     return b;
 }
 
-static flm_status pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path, const char *what,
-                            flm_error *err) {
+flm_status flm_file_pread(int fd, void *buf, size_t n, uint64_t off, const char *path, const char *what,
+                          flm_error *err) {
     uint8_t *p = buf;
     while (n) {
         ssize_t r = pread(fd, p, n, (off_t)off);
@@ -173,7 +172,7 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
                       (unsigned long long)f->file_size);
         goto done;
     }
-    if ((st = pread_all(fd, fixed, sizeof fixed, 0, path, "header", err))) goto done;
+    if ((st = flm_file_pread(fd, fixed, sizeof fixed, 0, path, "header", err))) goto done;
     if (memcmp(fixed, FLM_FILE_MAGIC, 8) != 0) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: header: bad magic (not a .flm file)", path);
         goto done;
@@ -205,7 +204,7 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
     hdr = malloc(f->header_bytes);
     f->regions = calloc(f->n_regions, sizeof *f->regions);
     if (!hdr || !f->regions) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    if ((st = pread_all(fd, hdr, f->header_bytes, 0, path, "header", err))) goto done;
+    if ((st = flm_file_pread(fd, hdr, f->header_bytes, 0, path, "header", err))) goto done;
     if (XXH64(hdr + 32, f->header_bytes - 32, 0) != header_sum) {
         st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: header: checksum mismatch (the file is corrupt)", path);
         goto done;
@@ -242,7 +241,7 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
         goto done;
     }
     f->resident_loaded = n;
-    if ((st = pread_all(fd, f->resident_data, (size_t)n, res->offset, path, "resident region", err))) goto done;
+    if ((st = flm_file_pread(fd, f->resident_data, (size_t)n, res->offset, path, "resident region", err))) goto done;
     if ((st = check_resident(f, f->resident_data, n, err))) goto done;
 #ifdef POSIX_FADV_DONTNEED
     posix_fadvise(fd, (off_t)res->offset, (off_t)n, POSIX_FADV_DONTNEED);
@@ -285,7 +284,7 @@ flm_status flm_file_load_tail(flm_file *f, flm_error *err) {
                         (unsigned long long)n);
     int fd = open(f->path, O_RDONLY);
     flm_status st = fd < 0 ? flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno))
-                           : pread_all(fd, f->tail_data, (size_t)n, r->offset + head, f->path, "resident region", err);
+                           : flm_file_pread(fd, f->tail_data, (size_t)n, r->offset + head, f->path, "resident region", err);
     XXH64_state_t *h = st ? NULL : XXH64_createState();
     if (!st && !h) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
     if (!st) {
@@ -345,7 +344,7 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
         bool head_ok = true;
         for (uint64_t o = 0; o < r->size && !st; o += chunk) {
             size_t n = (size_t)(r->size - o < chunk ? r->size - o : chunk);
-            if ((st = pread_all(fd, buf, n, r->offset + o, f->path, what, err))) break;
+            if ((st = flm_file_pread(fd, buf, n, r->offset + o, f->path, what, err))) break;
             if (r->head_bytes && o < r->head_bytes && o + n >= r->head_bytes) { /* the head ends in this chunk */
                 XXH64_update(h, buf, (size_t)(r->head_bytes - o));
                 head_ok = XXH64_digest(h) == r->head_checksum;
@@ -372,57 +371,6 @@ done:
     return st;
 }
 
-/* ---- writing ------------------------------------------------------------------------------------------------- */
-
-flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *err) {
-    if (n && fwrite(p, 1, n, o->fp) != n)
-        return flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", o->path, strerror(errno));
-    if (o->h) XXH64_update(o->h, p, n);
-    o->pos += n;
-    return FLM_OK;
-}
-
-flm_status flm_out_pad(flm_out_file *o, flm_error *err) {
-    static const uint8_t zeros[FLM_ALIGN];
-    uint64_t pad = flm_align_up(o->pos, FLM_ALIGN) - o->pos;
-    XXH64_state_t *h = o->h;
-    o->h = NULL; /* padding is not part of any checksum */
-    flm_status st = flm_out_write(o, zeros, (size_t)pad, err);
-    o->h = h;
-    return st;
-}
-
-void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *regions, uint32_t n_regions,
-                         uint64_t file_size) {
-    memset(hdr, 0, header_bytes);
-    memcpy(hdr, FLM_FILE_MAGIC, 8);
-    flm_put_u32(hdr + 8, FLM_FILE_VERSION);
-    flm_put_u32(hdr + 12, n_regions);
-    flm_put_u64(hdr + 16, file_size);
-    flm_put_u32(hdr + 32, header_bytes);
-    for (uint32_t i = 0; i < n_regions; i++) {
-        uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
-        const flm_region *r = &regions[i];
-        flm_put_u32(e, r->kind);
-        flm_put_u32(e + 4, r->layer);
-        flm_put_u64(e + 8, r->offset);
-        flm_put_u64(e + 16, r->size);
-        flm_put_u64(e + 24, r->checksum);
-        flm_put_u32(e + 32, r->up_type);
-        flm_put_u32(e + 36, r->gate_type);
-        flm_put_u32(e + 40, r->down_type);
-        flm_put_u32(e + 44, r->n_records);
-        if (r->kind == FLM_REGION_RESIDENT) {
-            flm_put_u64(e + 48, r->head_bytes);
-            flm_put_u64(e + 56, r->head_checksum);
-        } else {
-            flm_put_u64(e + 48, r->record_bytes);
-            flm_put_u64(e + 56, r->flags);
-        }
-    }
-    flm_put_u64(hdr + 24, XXH64(hdr + 32, header_bytes - 32, 0));
-}
-
 flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err) {
     *out = NULL;
     if (r->size > SIZE_MAX - 1) return flm_fail(err, FLM_ERR_NOMEM, "%s: region too large", f->path);
@@ -433,189 +381,11 @@ flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **o
     if (fd < 0) { free(buf); return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno)); }
     char what[64];
     region_name(r, what, sizeof what);
-    flm_status st = pread_all(fd, buf, (size_t)r->size, r->offset, f->path, what, err);
+    flm_status st = flm_file_pread(fd, buf, (size_t)r->size, r->offset, f->path, what, err);
     close(fd);
     if (!st && XXH64(buf, (size_t)r->size, 0) != r->checksum)
         st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s: checksum mismatch (the file is corrupt)", f->path, what);
     if (st) { free(buf); return st; }
     *out = buf;
     return FLM_OK;
-}
-
-/* Write n bytes at file offset off, looping: one pwrite(2) transfers at most 0x7ffff000 bytes on Linux and may return
- * early (a full disk, a signal); EINTR is retried. Errors: FLM_ERR_IO naming path, what and the offset (a write
- * that makes no progress reports ENOSPC). */
-static flm_status pwrite_all(int fd, const void *buf, uint64_t n, uint64_t off, const char *path, const char *what,
-                             flm_error *err) {
-    const uint8_t *p = buf;
-    while (n) {
-        size_t m = n > (UINT64_C(1) << 30) ? (size_t)1 << 30 : (size_t)n;
-        ssize_t w = pwrite(fd, p, m, (off_t)off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return flm_fail(err, FLM_ERR_IO, "%s: %s: write at byte %llu failed: %s", path, what,
-                                    (unsigned long long)off, strerror(w < 0 ? errno : ENOSPC));
-        p += w;
-        n -= (uint64_t)w;
-        off += (uint64_t)w;
-    }
-    return FLM_OK;
-}
-
-flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err) {
-    flm_file *f = NULL;
-    /* the header and regions only: the regions are copied as they are, nothing is loaded (calibrate under a memory
-     * budget smaller than the resident region calls this) */
-    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &f, err);
-    if (st) return st;
-    /* keep every region but the one being replaced; they stay where they are */
-    flm_region *regions = calloc(f->n_regions + 1, sizeof *regions);
-    uint8_t *hdr = calloc(f->header_bytes, 1);
-    const char *tmp = NULL;
-    flm_out *w = NULL; /* the checked writer (core/files.h): path replaced by a unique temporary, renamed */
-    int in = -1, out = -1;
-    if (!regions || !hdr) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    uint32_t n = 0;
-    uint64_t end = f->header_bytes;
-    for (uint32_t i = 0; i < f->n_regions; i++) {
-        if (f->regions[i].kind == kind) continue;
-        regions[n++] = f->regions[i];
-        uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
-        if (e > end) end = e;
-    }
-    if (FLM_HEADER_FIXED + (uint64_t)(n + 1) * FLM_REGION_ENTRY_BYTES > f->header_bytes) {
-        st = flm_fail(err, FLM_ERR_FORMAT, "%s: the header has no room for another region; convert the model again",
-                      path);
-        goto done;
-    }
-    regions[n] = (flm_region){.kind = kind, .offset = end, .size = size, .checksum = XXH64(payload, size, 0)};
-    uint64_t file_size = flm_align_up(end + size, FLM_ALIGN);
-    flm_build_header(hdr, f->header_bytes, regions, n + 1, file_size);
-    if ((in = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto done;
-    }
-    if ((st = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &w, err))) goto done;
-    tmp = flm_out_temp(w);
-    out = flm_out_fd(w);
-    /* copy [header_bytes, end) — the kept regions — then write the new region and the header */
-    uint64_t off = f->header_bytes;
-    while (off < end) {
-        loff_t a = (loff_t)off, b = (loff_t)off;
-        ssize_t k = copy_file_range(in, &a, out, &b, (size_t)(end - off < (1u << 30) ? end - off : (1u << 30)), 0);
-        if (k < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
-            uint8_t buf[1 << 16]; /* fallback: plain copy */
-            size_t m = (size_t)(end - off < sizeof buf ? end - off : sizeof buf);
-            if ((st = pread_all(in, buf, m, off, path, "copy", err))) goto done;
-            if ((st = pwrite_all(out, buf, m, off, tmp, "copy", err))) goto done;
-            k = (ssize_t)m;
-        }
-        if (k <= 0) { st = flm_fail(err, FLM_ERR_IO, "%s: copy failed: %s", tmp, strerror(errno)); goto done; }
-        off += (uint64_t)k;
-    }
-    static const uint8_t zeros[FLM_ALIGN];
-    if ((st = pwrite_all(out, payload, size, end, tmp, "region", err)) ||
-        (st = pwrite_all(out, zeros, file_size - end - size, end + size, tmp, "padding", err)) ||
-        (st = pwrite_all(out, hdr, f->header_bytes, 0, tmp, "header", err)))
-        goto done;
-    st = flm_out_commit(w, err); /* fsync, close, rename; frees w */
-    w = NULL;
-done:
-    if (in >= 0) close(in);
-    flm_out_abort(w); /* an error before the commit: the temporary is removed */
-    free(hdr);
-    free(regions);
-    flm_file_close(f);
-    return st;
-}
-
-flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err) {
-    flm_file *f = NULL;
-    flm_status st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &f, err); /* the GGUF metadata: FFN biases? */
-    if (st) return st;
-    flm_region *regions = calloc(f->n_regions, sizeof *regions);
-    uint8_t *hdr = calloc(f->header_bytes, 1), *next = NULL, *seen = NULL;
-    void *cur = NULL;
-    const char *tmp = NULL;
-    flm_out *w = NULL; /* the checked writer (core/files.h): path replaced by a unique temporary, renamed */
-    int in = -1, out = -1;
-    if (!regions || !hdr) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    for (uint32_t i = 0; i < f->meta->n_tensors; i++)
-        if (strstr(f->meta->tensors[i].name, "ffn_up.bias")) {
-            st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the FFN has biases (%s): ordering its neurons is not "
-                          "supported yet", path, f->meta->tensors[i].name);
-            goto done;
-        }
-    /* keep the resident and FFN regions where they are; drop the predictor region (the last one: file order) */
-    uint32_t n = 0;
-    uint64_t end = f->header_bytes;
-    for (uint32_t i = 0; i < f->n_regions; i++) {
-        if (f->regions[i].kind == FLM_REGION_PREDICTOR) continue;
-        regions[n++] = f->regions[i];
-        uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
-        if (e > end) end = e;
-    }
-    if ((in = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-        st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto done;
-    }
-    if ((st = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &w, err))) goto done;
-    tmp = flm_out_temp(w);
-    out = flm_out_fd(w);
-    /* the resident region as it is */
-    {
-        const flm_region *r = f->resident;
-        uint64_t len = flm_align_up(r->size, FLM_ALIGN);
-        uint8_t buf[1 << 16];
-        for (uint64_t o = 0; o < len; o += sizeof buf) {
-            size_t m = (size_t)(len - o < sizeof buf ? len - o : sizeof buf);
-            if ((st = pread_all(in, buf, m, r->offset + o, path, "resident region", err)) ||
-                (st = pwrite_all(out, buf, m, r->offset + o, tmp, "resident region", err)))
-                goto done;
-        }
-    }
-    static const uint8_t zeros[FLM_ALIGN];
-    for (uint32_t i = 0; i < n; i++) {
-        flm_region *r = &regions[i];
-        if (r->kind != FLM_REGION_FFN) continue;
-        const uint32_t *p = perm[r->layer];
-        const uint64_t rb = r->record_bytes;
-        free(cur);
-        cur = NULL;
-        if ((st = flm_file_read_region(f, f->ffn[r->layer], &cur, err))) goto done;
-        free(next);
-        free(seen);
-        next = malloc(r->size ? r->size : 1);
-        seen = calloc(r->n_records ? r->n_records : 1, 1);
-        if (!next || !seen) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-        for (uint32_t j = 0; j < r->n_records; j++) {
-            if (p[j] >= r->n_records || seen[p[j]]) {
-                st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u: the new neuron order is not a permutation", path,
-                              r->layer);
-                goto done;
-            }
-            seen[p[j]] = 1;
-            memcpy(next + (uint64_t)j * rb, (const uint8_t *)cur + (uint64_t)p[j] * rb, rb);
-        }
-        r->checksum = XXH64(next, r->size, 0);
-        r->flags |= FLM_FFN_HOT_ORDER;
-        uint64_t pad = flm_align_up(r->size, FLM_ALIGN) - r->size;
-        if ((st = pwrite_all(out, next, r->size, r->offset, tmp, "FFN region", err)) ||
-            (st = pwrite_all(out, zeros, pad, r->offset + r->size, tmp, "padding", err)))
-            goto done;
-    }
-    uint32_t header_bytes = f->header_bytes;
-    flm_build_header(hdr, header_bytes, regions, n, end);
-    if ((st = pwrite_all(out, hdr, header_bytes, 0, tmp, "header", err))) goto done;
-    st = flm_out_commit(w, err); /* fsync, close, rename; frees w */
-    w = NULL;
-done:
-    if (in >= 0) close(in);
-    flm_out_abort(w); /* an error before the commit: the temporary is removed */
-    free(hdr);
-    free(regions);
-    free(cur);
-    free(next);
-    free(seen);
-    flm_file_close(f);
-    return st;
 }

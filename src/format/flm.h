@@ -1,5 +1,5 @@
 /* flm.h — the .flm flash layout: reader, verifier and region replacement. Internal. The writer of whole files from
- * GGUF (`flashlm convert`) is convert/convert.h; its building blocks are format/flm_write.h.
+ * GGUF (`flashlm convert`) is convert/convert.h; its building blocks are write/flm_write.h.
  * Specification: docs/FORMAT.md. Paper: row-column bundling (Knowl 4), resident attention/embeddings (Knowl 2).
  *
  *   [header]              magic, version, region table, checksum of the header; padded to a multiple of 4096
@@ -134,21 +134,9 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
  * Errors: FLM_ERR_IO, FLM_ERR_CHECKSUM, FLM_ERR_NOMEM. */
 flm_status flm_file_read_region(const flm_file *f, const flm_region *r, void **out, flm_error *err);
 
-/* Add, or replace, the file's single region of `kind` (FLM_REGION_PREDICTOR) with payload[0, size): writes
- * a unique temporary "<path>.tmp.XXXXXX" (the checked writer, core/files.h, which also locks "<path>.lock") holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
- * onto path, so the file is valid and checksummed at every moment. Only the header is read into memory (the regions
- * are copied file to file). Errors: FLM_ERR_IO, FLM_ERR_FORMAT (the header has no room for another region: convert
- * again), errors of flm_file_open_ex with FLM_FILE_HEADER_ONLY. */
-flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
-
-/* Store every layer's FFN records in a new order: record i of layer l becomes the old record perm[l][i] (perm[l] a
- * permutation of [0, d_ffn)), and mark each FFN region FLM_FFN_HOT_ORDER. Neuron order does not change the FFN
- * (Knowl 5), so the model computes the same function. A predictor region (its neuron ids are the old ones) is dropped:
- * calibrate again. Writes a unique "<path>.tmp.XXXXXX" (the checked writer, core/files.h) (header, resident region copied, FFN regions permuted and checksummed), fsyncs
- * and renames it onto path. Memory: one FFN region at a time, twice. Errors: FLM_ERR_IO, FLM_ERR_NOMEM,
- * FLM_ERR_CHECKSUM (a region read back does not match its checksum: nothing is written), FLM_ERR_ARG (a perm[l] that
- * is not a permutation), FLM_ERR_UNSUPPORTED (FFN biases: blk.N.ffn_up.bias would need the same order), errors of
- * flm_file_open. */
-flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err);
+/* Read n bytes at file offset off of fd, looping over short reads and EINTR (the writers share it: write/).
+ * Errors: FLM_ERR_IO naming path, what and the offset; FLM_ERR_FORMAT when the file ends first (truncated). */
+flm_status flm_file_pread(int fd, void *buf, size_t n, uint64_t off, const char *path, const char *what,
+                          flm_error *err);
 
 #endif

@@ -1,4 +1,4 @@
-/* gguf.c — GGUF reader (v2/v3) and writer (v3). See gguf.h. */
+/* gguf.c — GGUF reader (v2/v3). See gguf.h. The writer is the tools tier's (write/gguf_write.c). */
 #include "format/gguf.h"
 
 #include <errno.h>
@@ -29,7 +29,7 @@ typedef unsigned long long ull; /* for printf: uint64_t may be long or long long
  * ------------------------------------------------------------------------------------------------------------- */
 
 /* Byte size of a fixed-size value type; 0 for STRING, ARRAY and unknown types. */
-static size_t vt_size(uint32_t t) {
+size_t flm_gguf_vt_size(uint32_t t) {
     switch (t) {
     case GGUF_VT_UINT8: case GGUF_VT_INT8: case GGUF_VT_BOOL: return 1;
     case GGUF_VT_UINT16: case GGUF_VT_INT16: return 2;
@@ -45,12 +45,12 @@ static const char *vt_name(uint32_t t) {
     return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
 }
 
-static bool vt_is_signed(uint32_t t) {
+bool flm_gguf_vt_is_signed(uint32_t t) {
     return t == GGUF_VT_INT8 || t == GGUF_VT_INT16 || t == GGUF_VT_INT32 || t == GGUF_VT_INT64;
 }
 
 static bool vt_is_int(uint32_t t) {
-    return vt_is_signed(t) || t == GGUF_VT_UINT8 || t == GGUF_VT_UINT16 || t == GGUF_VT_UINT32 ||
+    return flm_gguf_vt_is_signed(t) || t == GGUF_VT_UINT8 || t == GGUF_VT_UINT16 || t == GGUF_VT_UINT32 ||
            t == GGUF_VT_UINT64;
 }
 
@@ -58,11 +58,6 @@ static uint64_t get_le(const uint8_t *b, size_t n) {
     uint64_t v = 0;
     for (size_t i = n; i-- > 0;) v = v << 8 | b[i];
     return v;
-}
-
-/* the n <= 8 low bytes of v, little-endian, at b (n above 8 writes 8: a uint64_t has no more) */
-static void put_le(uint8_t *b, uint64_t v, size_t n) {
-    for (size_t i = 0; i < n && i < sizeof v; i++, v >>= 8) b[i] = (uint8_t)v;
 }
 
 static char *dup_bytes(const char *s, size_t n) {
@@ -75,7 +70,7 @@ static char *dup_bytes(const char *s, size_t n) {
 }
 
 /* Grow *arr (elements of size elem) so that it holds at least need elements; doubling, capped at max. */
-static bool grow(void **arr, uint64_t *cap, uint64_t need, uint64_t max, size_t elem) {
+bool flm_gguf_grow(void **arr, uint64_t *cap, uint64_t need, uint64_t max, size_t elem) {
     if (need <= *cap) return true;
     uint64_t n = *cap ? *cap : 16;
     while (n < need) n = n > max / 2 ? max : n * 2;
@@ -176,7 +171,7 @@ static flm_status rd_name(rd *r, const char *field, char **out) {
 
 /* One fixed-size scalar of type t into kv->v. */
 static flm_status rd_scalar(rd *r, const char *field, uint32_t t, flm_gguf_kv *kv) {
-    size_t n = vt_size(t);
+    size_t n = flm_gguf_vt_size(t);
     uint64_t u;
     flm_status st = rd_uint(r, field, n, &u);
     if (st != FLM_OK) return st;
@@ -187,7 +182,7 @@ static flm_status rd_scalar(rd *r, const char *field, uint32_t t, flm_gguf_kv *k
         kv->v.f64 = f;
     } else if (t == GGUF_VT_FLOAT64) {
         memcpy(&kv->v.f64, &u, sizeof u);
-    } else if (vt_is_signed(t) && n < 8) { /* sign-extend without implementation-defined conversions */
+    } else if (flm_gguf_vt_is_signed(t) && n < 8) { /* sign-extend without implementation-defined conversions */
         kv->v.i64 = u >> (8 * n - 1) ? (int64_t)u - ((int64_t)1 << (8 * n)) : (int64_t)u;
     } else { /* unsigned, bool, and i64 (the same bits through the union) */
         if (t == GGUF_VT_BOOL && u > 1)
@@ -202,7 +197,7 @@ static flm_status rd_array(rd *r, flm_gguf_kv *kv) {
     if (st != FLM_OK) return st;
     uint32_t et = kv->arr_type;
     if (et == GGUF_VT_ARRAY) return rd_fail(r, FLM_ERR_UNSUPPORTED, "value", "nested arrays are not supported");
-    size_t esize = et == GGUF_VT_STRING ? 8 : vt_size(et);
+    size_t esize = et == GGUF_VT_STRING ? 8 : flm_gguf_vt_size(et);
     if (esize == 0) return rd_fail(r, FLM_ERR_FORMAT, "array element type", "unknown value type %u", et);
     if ((st = rd_uint(r, "array count", 8, &kv->arr_n)) != FLM_OK) return st;
     if (kv->arr_n > rd_left(r) / esize)
@@ -220,7 +215,7 @@ static flm_status rd_array(rd *r, flm_gguf_kv *kv) {
     }
     uint64_t cap = 0;
     for (uint64_t i = 0; i < kv->arr_n; i++) {
-        if (!grow((void **)&kv->arr_str, &cap, i + 1, kv->arr_n, sizeof *kv->arr_str))
+        if (!flm_gguf_grow((void **)&kv->arr_str, &cap, i + 1, kv->arr_n, sizeof *kv->arr_str))
             return rd_fail(r, FLM_ERR_NOMEM, "value", "out of memory for %llu strings", (ull)kv->arr_n);
         char field[48];
         snprintf(field, sizeof field, "element %llu", (ull)i);
@@ -237,7 +232,7 @@ static flm_status rd_kv(rd *r, uint64_t i, flm_gguf_kv *kv) {
     if ((st = rd_u32(r, "value type", &kv->type)) != FLM_OK) return st;
     if (kv->type == GGUF_VT_ARRAY) return rd_array(r, kv);
     if (kv->type == GGUF_VT_STRING) return rd_str(r, "value", &kv->v.str);
-    if (vt_size(kv->type) == 0) return rd_fail(r, FLM_ERR_FORMAT, "value type", "unknown value type %u", kv->type);
+    if (flm_gguf_vt_size(kv->type) == 0) return rd_fail(r, FLM_ERR_FORMAT, "value type", "unknown value type %u", kv->type);
     return rd_scalar(r, "value", kv->type, kv);
 }
 
@@ -338,7 +333,7 @@ static flm_status check_duplicates(rd *r, flm_gguf_file *f) {
 /* Integer value of kv as uint64 when it is a non-negative integer. */
 static bool kv_uint(const flm_gguf_kv *kv, uint64_t *out) {
     if (!vt_is_int(kv->type)) return false;
-    if (vt_is_signed(kv->type) && kv->v.i64 < 0) return false;
+    if (flm_gguf_vt_is_signed(kv->type) && kv->v.i64 < 0) return false;
     *out = kv->v.u64; /* non-negative: same bits in both union members */
     return true;
 }
@@ -372,7 +367,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
     uint64_t n_kv = f->n_kv, n_tensors = f->n_tensors, cap = 0;
     f->n_kv = f->n_tensors = 0;
     for (uint64_t i = 0; i < n_kv; i++) {
-        if (!grow((void **)&f->kv, &cap, i + 1, n_kv, sizeof *f->kv))
+        if (!flm_gguf_grow((void **)&f->kv, &cap, i + 1, n_kv, sizeof *f->kv))
             return flm_fail(r->err, FLM_ERR_NOMEM, "%s: out of memory for %llu kvs", r->path, (ull)n_kv);
         f->n_kv = i + 1;
         if ((st = rd_kv(r, i, &f->kv[i])) != FLM_OK) return st;
@@ -380,7 +375,7 @@ static flm_status parse(rd *r, flm_gguf_file *f) {
     }
     cap = 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
-        if (!grow((void **)&f->tensors, &cap, i + 1, n_tensors, sizeof *f->tensors))
+        if (!flm_gguf_grow((void **)&f->tensors, &cap, i + 1, n_tensors, sizeof *f->tensors))
             return flm_fail(r->err, FLM_ERR_NOMEM, "%s: out of memory for %llu tensors", r->path, (ull)n_tensors);
         f->n_tensors = i + 1;
         if ((st = rd_tensor_info(r, i, &f->tensors[i])) != FLM_OK) return st;
@@ -579,7 +574,7 @@ flm_status flm_gguf_get_u32(const flm_gguf_file *f, const char *key, bool requir
     if (!vt_is_int(kv->type)) return type_error(f, kv, "an integer", err);
     uint64_t v = 0;
     if (!kv_uint(kv, &v) || v > UINT32_MAX) {
-        if (vt_is_signed(kv->type))
+        if (flm_gguf_vt_is_signed(kv->type))
             return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s': value %lld does not fit in u32", f->path, key,
                             (long long)kv->v.i64);
         return flm_fail(err, FLM_ERR_FORMAT, "%s: key '%s': value %llu does not fit in u32", f->path, key, (ull)v);
@@ -595,7 +590,7 @@ flm_status flm_gguf_get_f32(const flm_gguf_file *f, const char *key, bool requir
     double d;
     if (kv->type == GGUF_VT_FLOAT32 || kv->type == GGUF_VT_FLOAT64)
         d = kv->v.f64;
-    else if (vt_is_signed(kv->type))
+    else if (flm_gguf_vt_is_signed(kv->type))
         d = (double)kv->v.i64;
     else if (vt_is_int(kv->type))
         d = (double)kv->v.u64;
@@ -630,366 +625,4 @@ flm_status flm_gguf_get_arr(const flm_gguf_file *f, const char *key, uint32_t el
     }
     *out = kv;
     return FLM_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------------------------
- * Writer
- * ------------------------------------------------------------------------------------------------------------- */
-
-enum { W_BUILD, W_BEGUN, W_DONE, W_FAILED };
-
-typedef struct wtensor {
-    char *name;
-    uint32_t type, n_dims;
-    uint64_t ne[4], nbytes, offset;
-} wtensor;
-
-struct flm_gguf_writer {
-    char *path, *tmp;
-    FILE *fp;
-    flm_out *out;            /* the checked writer (core/files.h) behind fp and tmp */
-    flm_gguf_write_fn write; /* stream writer: every byte goes to write(user, ...); fp and tmp stay NULL */
-    void *user;
-    int state;
-    flm_error err;          /* first error of the kv/tensor adders, reported by begin() */
-    uint8_t *kv;            /* serialized KVs */
-    uint64_t kv_len, kv_cap, n_kv;
-    char **keys;
-    uint64_t keys_cap;
-    wtensor *t;
-    uint64_t n_t, t_cap;
-    uint64_t next;          /* next tensor to write */
-    uint64_t pos;           /* bytes written to the file */
-};
-
-static flm_status w_note(flm_gguf_writer *w, flm_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-/* Remember the first adder error (reported by begin()) and return st. */
-static flm_status w_note(flm_gguf_writer *w, flm_status st, const char *fmt, ...) {
-    if (w->err.code == FLM_OK) {
-        int n = snprintf(w->err.msg, sizeof w->err.msg, "%s: ", w->path);
-        va_list ap;
-        va_start(ap, fmt);
-        if (n > 0 && (size_t)n < sizeof w->err.msg) vsnprintf(w->err.msg + n, sizeof w->err.msg - (size_t)n, fmt, ap);
-        va_end(ap);
-        w->err.code = st;
-    }
-    return st;
-}
-
-/* Close and remove the temporary file; the writer is then failed. Returns st. */
-static flm_status w_abort(flm_gguf_writer *w, flm_status st) {
-    if (w->out) { /* closes fp, removes the temporary and the lock */
-        flm_out_abort(w->out);
-        w->out = NULL;
-        w->fp = NULL;
-    }
-    w->state = W_FAILED;
-    return st;
-}
-
-static bool w_put(flm_gguf_writer *w, const void *p, size_t n) {
-    if (n == 0) return true;
-    if (!grow((void **)&w->kv, &w->kv_cap, w->kv_len + n, UINT64_MAX, 1)) return false;
-    memcpy(w->kv + w->kv_len, p, n);
-    w->kv_len += n;
-    return true;
-}
-
-static bool w_put_uint(flm_gguf_writer *w, uint64_t v, size_t n) {
-    uint8_t b[8];
-    if (n > sizeof b) return false;
-    put_le(b, v, n);
-    return w_put(w, b, n);
-}
-
-static bool w_put_strn(flm_gguf_writer *w, const char *s, size_t n) { return w_put_uint(w, n, 8) && w_put(w, s, n); }
-
-static bool w_put_str(flm_gguf_writer *w, const char *s) { return w_put_strn(w, s, strlen(s)); }
-
-/* Validate the key and write it with the value type; the caller writes the value. */
-static flm_status w_key(flm_gguf_writer *w, const char *key, uint32_t type) {
-    if (!w) return FLM_ERR_ARG;
-    if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "kv '%s' added after flm_gguf_writer_begin()", key ? key : "");
-    if (!key || !*key) return w_note(w, FLM_ERR_ARG, "kv %llu: empty key", (ull)w->n_kv);
-    if (strcmp(key, "general.alignment") == 0 && type != GGUF_VT_UINT32)
-        return w_note(w, FLM_ERR_ARG, "kv 'general.alignment': must be a u32 (and 32: the writer aligns to 32)");
-    for (uint64_t i = 0; i < w->n_kv; i++)
-        if (strcmp(w->keys[i], key) == 0) return w_note(w, FLM_ERR_ARG, "kv '%s': duplicate key", key);
-    if (!grow((void **)&w->keys, &w->keys_cap, w->n_kv + 1, UINT64_MAX, sizeof *w->keys) ||
-        !(w->keys[w->n_kv] = dup_bytes(key, strlen(key))) || !w_put_str(w, key) || !w_put_uint(w, type, 4))
-        return w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
-    w->n_kv++;
-    return FLM_OK;
-}
-
-flm_status flm_gguf_writer_create(const char *path, unsigned out_flags, flm_gguf_writer **out, flm_error *err) {
-    *out = NULL;
-    flm_gguf_writer *w = calloc(1, sizeof *w);
-    size_t n = strlen(path);
-    if (!w || !(w->path = dup_bytes(path, n))) {
-        flm_gguf_writer_free(w);
-        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
-    }
-    /* the checked writer: refuses a link or a non-regular file, locks path, a unique temporary */
-    flm_status st = flm_out_open(path, NULL, out_flags & FLM_OUT_REPLACE, &w->out, err);
-    if (!st && !(w->fp = flm_out_stream(w->out))) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
-    if (!st && !(w->tmp = dup_bytes(flm_out_temp(w->out), strlen(flm_out_temp(w->out)))))
-        st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
-    if (st) {
-        flm_gguf_writer_free(w);
-        return st;
-    }
-    *out = w;
-    return FLM_OK;
-}
-
-flm_status flm_gguf_writer_create_stream(const char *name, flm_gguf_write_fn write, void *user, flm_gguf_writer **out,
-                                         flm_error *err) {
-    *out = NULL;
-    if (!name || !write) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_create_stream: NULL name or write");
-    flm_gguf_writer *w = calloc(1, sizeof *w);
-    if (!w || !(w->path = dup_bytes(name, strlen(name)))) {
-        free(w);
-        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", name);
-    }
-    w->write = write;
-    w->user = user;
-    *out = w;
-    return FLM_OK;
-}
-
-flm_status flm_gguf_writer_kv_u32(flm_gguf_writer *w, const char *key, uint32_t v) {
-    if (w && key && strcmp(key, "general.alignment") == 0 && v != GGUF_DEFAULT_ALIGNMENT)
-        return w_note(w, FLM_ERR_ARG, "kv 'general.alignment': %u is not supported: the writer aligns to 32", v);
-    flm_status st = w_key(w, key, GGUF_VT_UINT32);
-    if (st == FLM_OK && !w_put_uint(w, v, 4)) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
-    return st;
-}
-
-flm_status flm_gguf_writer_kv_bool(flm_gguf_writer *w, const char *key, bool v) {
-    flm_status st = w_key(w, key, GGUF_VT_BOOL);
-    const uint8_t b = v ? 1 : 0;
-    if (st == FLM_OK && !w_put(w, &b, 1)) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
-    return st;
-}
-
-flm_status flm_gguf_writer_kv_f32(flm_gguf_writer *w, const char *key, float v) {
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    flm_status st = w_key(w, key, GGUF_VT_FLOAT32);
-    if (st == FLM_OK && !w_put_uint(w, u, 4)) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
-    return st;
-}
-
-flm_status flm_gguf_writer_kv_str(flm_gguf_writer *w, const char *key, const char *v) {
-    flm_status st = w_key(w, key, GGUF_VT_STRING);
-    if (st == FLM_OK && !w_put_str(w, v ? v : "")) st = w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
-    return st;
-}
-
-flm_status flm_gguf_writer_kv_arr(flm_gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n) {
-    if (!w) return FLM_ERR_ARG;
-    const char *k = key ? key : "";
-    size_t es = vt_size(elem_type);
-    if (elem_type != GGUF_VT_STRING && es == 0)
-        return w_note(w, FLM_ERR_ARG, "kv '%s': bad array element type %u", k, elem_type);
-    if (n > 0 && !data) return w_note(w, FLM_ERR_ARG, "kv '%s': NULL array data", k);
-    if (elem_type != GGUF_VT_STRING && n > SIZE_MAX / es)
-        return w_note(w, FLM_ERR_ARG, "kv '%s': array of %llu elements is too large", k, (ull)n);
-    for (uint64_t i = 0; elem_type == GGUF_VT_BOOL && i < n; i++)
-        if (((const uint8_t *)data)[i] > 1)
-            return w_note(w, FLM_ERR_ARG, "kv '%s': element %llu: bool value is not 0 or 1", k, (ull)i);
-    flm_status st = w_key(w, key, GGUF_VT_ARRAY);
-    if (st != FLM_OK) return st;
-    bool ok = w_put_uint(w, elem_type, 4) && w_put_uint(w, n, 8);
-    if (elem_type == GGUF_VT_STRING) {
-        const char *const *s = data;
-        for (uint64_t i = 0; ok && i < n; i++) ok = w_put_str(w, s[i] ? s[i] : "");
-    } else if (ok) {
-        /* raw elements, converted to little-endian (a no-op copy on little-endian hosts) */
-        const uint8_t *p = data;
-        for (uint64_t i = 0; ok && i < n; i++) {
-            uint64_t v = 0;
-            memcpy(&v, p + i * es, es); /* host-endian value in the low bytes on LE hosts */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-            v >>= 8 * (8 - es);
-#endif
-            ok = w_put_uint(w, v, es);
-        }
-    }
-    return ok ? FLM_OK : w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", key);
-}
-
-flm_status flm_gguf_writer_kv_copy(flm_gguf_writer *w, const flm_gguf_kv *kv) {
-    if (!w) return FLM_ERR_ARG;
-    if (!kv || !kv->key) return w_note(w, FLM_ERR_ARG, "kv_copy: NULL kv");
-    if (strcmp(kv->key, "general.alignment") == 0) return FLM_OK;
-    bool arr = kv->type == GGUF_VT_ARRAY;
-    uint32_t t = arr ? kv->arr_type : kv->type;
-    size_t es = vt_size(t);
-    if (t != GGUF_VT_STRING && es == 0) return w_note(w, FLM_ERR_ARG, "kv '%s': bad value type %u", kv->key, t);
-    flm_status st = w_key(w, kv->key, kv->type);
-    if (st != FLM_OK) return st;
-    bool ok = true;
-    if (arr) {
-        ok = w_put_uint(w, t, 4) && w_put_uint(w, kv->arr_n, 8);
-        if (t == GGUF_VT_STRING)
-            for (uint64_t i = 0; ok && i < kv->arr_n; i++)
-                ok = w_put_strn(w, kv->arr_str[i].data, (size_t)kv->arr_str[i].len);
-        else if (ok)
-            ok = w_put(w, kv->arr_data, (size_t)(kv->arr_n * es)); /* already little-endian */
-    } else if (t == GGUF_VT_STRING) {
-        ok = w_put_strn(w, kv->v.str.data, (size_t)kv->v.str.len);
-    } else if (t == GGUF_VT_FLOAT32 || t == GGUF_VT_FLOAT64) {
-        float f = (float)kv->v.f64;
-        uint32_t u32;
-        uint64_t u64;
-        memcpy(&u32, &f, 4);
-        memcpy(&u64, &kv->v.f64, 8);
-        ok = t == GGUF_VT_FLOAT32 ? w_put_uint(w, u32, 4) : w_put_uint(w, u64, 8);
-    } else { /* integers and bool: two's complement bits of the widened value, truncated */
-        ok = w_put_uint(w, vt_is_signed(t) ? (uint64_t)kv->v.i64 : kv->v.u64, es);
-    }
-    return ok ? FLM_OK : w_note(w, FLM_ERR_NOMEM, "kv '%s': out of memory", kv->key);
-}
-
-flm_status flm_gguf_writer_add_tensor(flm_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
-                                  const uint64_t *ne) {
-    if (!w) return FLM_ERR_ARG;
-    if (!name || !*name) return w_note(w, FLM_ERR_ARG, "tensor %llu: empty name", (ull)w->n_t);
-    if (w->state != W_BUILD) return w_note(w, FLM_ERR_ARG, "tensor '%s' added after flm_gguf_writer_begin()", name);
-    if (!flm_type_supported(type))
-        return w_note(w, FLM_ERR_UNSUPPORTED, "tensor '%s': unsupported type %u%s%s%s", name, type,
-                      flm_type_name(type) ? " (" : "", flm_type_name(type) ? flm_type_name(type) : "",
-                      flm_type_name(type) ? ")" : "");
-    if (n_dims < 1 || n_dims > 4 || !ne)
-        return w_note(w, FLM_ERR_ARG, "tensor '%s': %u dimensions (must be 1..4)", name, n_dims);
-    wtensor t = {.type = type, .n_dims = n_dims, .ne = {1, 1, 1, 1}};
-    uint64_t n = 1;
-    for (uint32_t d = 0; d < n_dims; d++) {
-        if (ne[d] == 0 || ne[d] > UINT64_MAX / n)
-            return w_note(w, FLM_ERR_ARG, "tensor '%s': bad ne[%u] = %llu", name, d, (ull)ne[d]);
-        n *= (t.ne[d] = ne[d]);
-    }
-    uint64_t row = flm_row_bytes(type, ne[0]), rows = n / ne[0];
-    if (row == 0 || rows > UINT64_MAX / row / 2)
-        return w_note(w, FLM_ERR_ARG, "tensor '%s': ne[0] = %llu is not a multiple of the %s block size, or the "
-                      "size overflows", name, (ull)ne[0], flm_type_name(type));
-    t.nbytes = row * rows;
-    for (uint64_t i = 0; i < w->n_t; i++)
-        if (strcmp(w->t[i].name, name) == 0) return w_note(w, FLM_ERR_ARG, "tensor '%s': duplicate name", name);
-    if (!grow((void **)&w->t, &w->t_cap, w->n_t + 1, UINT64_MAX, sizeof *w->t) ||
-        !(t.name = dup_bytes(name, strlen(name))))
-        return w_note(w, FLM_ERR_NOMEM, "tensor '%s': out of memory", name);
-    w->t[w->n_t++] = t;
-    return FLM_OK;
-}
-
-/* Write n bytes to the file (data, or zeros when p is NULL). */
-static flm_status w_write(flm_gguf_writer *w, const void *p, uint64_t n, flm_error *err) {
-    static const uint8_t zeros[GGUF_DEFAULT_ALIGNMENT];
-    if (w->write) {
-        flm_status st = w->write(w->user, p ? p : zeros, (size_t)n, err);
-        if (st) return w_abort(w, st);
-        w->pos += n;
-        return FLM_OK;
-    }
-    if (p ? fwrite(p, 1, (size_t)n, w->fp) != n : fwrite(zeros, 1, (size_t)n, w->fp) != n)
-        return w_abort(w, flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno)));
-    w->pos += n;
-    return FLM_OK;
-}
-
-static flm_status w_pad(flm_gguf_writer *w, flm_error *err) {
-    uint64_t pad = (GGUF_DEFAULT_ALIGNMENT - w->pos % GGUF_DEFAULT_ALIGNMENT) % GGUF_DEFAULT_ALIGNMENT;
-    return pad ? w_write(w, NULL, pad, err) : FLM_OK;
-}
-
-flm_status flm_gguf_writer_begin(flm_gguf_writer *w, flm_error *err) {
-    if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_begin: NULL writer");
-    if (w->err.code != FLM_OK) {
-        if (err) *err = w->err;
-        return w_abort(w, w->err.code);
-    }
-    if (w->state != W_BUILD) return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: begin called twice", w->path));
-    uint8_t hdr[24];
-    memcpy(hdr, "GGUF", 4);
-    put_le(hdr + 4, 3, 4);
-    put_le(hdr + 8, w->n_t, 8);
-    put_le(hdr + 16, w->n_kv, 8);
-    flm_status st = w_write(w, hdr, sizeof hdr, err);
-    if (st == FLM_OK) st = w_write(w, w->kv, w->kv_len, err);
-    uint64_t off = 0;
-    for (uint64_t i = 0; st == FLM_OK && i < w->n_t; i++) {
-        wtensor *t = &w->t[i];
-        uint8_t b[8 + 4 + 8 * 4 + 4 + 8];
-        size_t len = strlen(t->name), k;
-        t->offset = off;
-        off += flm_align_up(t->nbytes, GGUF_DEFAULT_ALIGNMENT);
-        put_le(b, len, 8);
-        if ((st = w_write(w, b, 8, err)) != FLM_OK || (st = w_write(w, t->name, len, err)) != FLM_OK) break;
-        put_le(b, t->n_dims, 4);
-        k = 4;
-        for (uint32_t d = 0; d < t->n_dims; d++, k += 8) put_le(b + k, t->ne[d], 8);
-        put_le(b + k, t->type, 4);
-        put_le(b + k + 4, t->offset, 8);
-        st = w_write(w, b, k + 12, err);
-    }
-    if (st == FLM_OK) st = w_pad(w, err);
-    if (st == FLM_OK) w->state = W_BEGUN;
-    return st;
-}
-
-flm_status flm_gguf_writer_write_tensor(flm_gguf_writer *w, const void *data, uint64_t nbytes, flm_error *err) {
-    if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_write_tensor: NULL writer");
-    if (w->state != W_BEGUN)
-        return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: write_tensor outside begin..finish", w->path));
-    if (w->next >= w->n_t)
-        return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: more tensors written than the %llu added", w->path,
-                                   (ull)w->n_t));
-    const wtensor *t = &w->t[w->next];
-    if (nbytes != t->nbytes || (nbytes && !data))
-        return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: tensor %llu '%s': %llu bytes given, %llu expected",
-                                   w->path, (ull)w->next, t->name, (ull)nbytes, (ull)t->nbytes));
-    flm_status st = w_write(w, data, nbytes, err);
-    if (st == FLM_OK) st = w_pad(w, err);
-    if (st == FLM_OK) w->next++;
-    return st;
-}
-
-flm_status flm_gguf_writer_finish(flm_gguf_writer *w, flm_error *err) {
-    if (!w) return flm_fail(err, FLM_ERR_ARG, "flm_gguf_writer_finish: NULL writer");
-    if (w->state != W_BEGUN) return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: finish without begin", w->path));
-    if (w->next != w->n_t)
-        return w_abort(w, flm_fail(err, FLM_ERR_ARG, "%s: only %llu of %llu tensors written", w->path, (ull)w->next,
-                                   (ull)w->n_t));
-    flm_status st = w_pad(w, err);
-    if (st != FLM_OK) return st;
-    if (w->write) {
-        w->state = W_DONE;
-        return FLM_OK;
-    }
-    st = flm_out_commit(w->out, err); /* flush, fsync, close, rename, fsync the folder; frees out */
-    w->out = NULL;
-    w->fp = NULL;
-    w->state = st ? W_FAILED : W_DONE;
-    return st;
-}
-
-void flm_gguf_writer_free(flm_gguf_writer *w) {
-    if (!w) return;
-    if (w->state != W_DONE) w_abort(w, FLM_OK);
-    for (uint64_t i = 0; i < w->n_kv; i++) free(w->keys[i]);
-    for (uint64_t i = 0; i < w->n_t; i++) free(w->t[i].name);
-    free(w->keys);
-    free(w->t);
-    free(w->kv);
-    free(w->path);
-    free(w->tmp);
-    free(w);
 }

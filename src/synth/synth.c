@@ -24,6 +24,7 @@
 #include "compute/attention.h"
 #include "compute/kernels.h"
 #include "format/gguf.h"
+#include "write/gguf_write.h"
 #include "runtime/pass.h"    /* the forward pass's blocks: calibration while writing */
 #include "runtime/hooks.h"   /* the engine and its FFN tap: measurement */
 #include "format/tokenizer.h"

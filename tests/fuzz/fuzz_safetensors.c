@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — the safetensors reader (src/format/safetensors.c) on arbitrary bytes: the header length, the
+/* fuzz_safetensors.c — the safetensors reader (src/convert/safetensors.c) on arbitrary bytes: the header length, the
  * JSON header, each entry's dtype, shape and data_offsets. On success every tensor's bytes must lie inside the input,
  * agree with its shape and dtype, and no two tensors may overlap; every byte of every tensor is read (ASan catches a
  * range the checks let through). On failure the error has a message. Seeds: tests/fuzz/seeds/fuzz_safetensors (small
@@ -6,7 +6,7 @@
 #include "fuzz_common.h"
 
 #include "flashlm.h"
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     flm_st_file *f = NULL;

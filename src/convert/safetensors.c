@@ -1,5 +1,5 @@
 /* safetensors.c — the safetensors reader (see safetensors.h). */
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 
 #include <cJSON.h>
 #include <errno.h>
