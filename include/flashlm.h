@@ -668,6 +668,41 @@ FLM_API bool flm_sampler_greedy(const flm_sampler *s);
 FLM_API void flm_sampler_free(flm_sampler *s);
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * Constrained decoding: grammars and JSON schemas (src/session/grammar.c, json_schema.c; docs/STRUCTURED.md)
+ *
+ * A grammar constrains a generation (flm_gen_params.grammar): before each token is taken, a token whose bytes cannot
+ * continue the text under the grammar is replaced by a draw from the tokens that can (the logits of the others set
+ * to -inf), an end-of-generation token is allowed only when the text is a complete sentence, and the generation ends
+ * by itself when the sentence is complete and nothing may follow (flm_gen_result.complete). Grammars are written in
+ * a subset of llama.cpp's GBNF (grammars/README.md): rules "name ::= alternatives", literals "..." with \n \t \r
+ * \\ \" \xHH \uHHHH escapes, classes [a-z] [^...] (non-ASCII only as single characters of a positive class), ".",
+ * groups, | * + ? {m} {m,} {m,n} (n <= 4096), comments; no token references, no left recursion. A JSON schema is
+ * compiled to such a grammar (the keywords supported are listed in docs/STRUCTURED.md; another is refused by name).
+ * A grammar holds its automaton's caches (states, token masks): one generation at a time uses it.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct flm_grammar flm_grammar;
+/* Parse GBNF text (len bytes) with start rule root (NULL: "root").
+ * Errors: FLM_ERR_ARG (text or out NULL), FLM_ERR_FORMAT (a syntax error, an undefined rule, no start rule: the
+ * message gives the line), FLM_ERR_UNSUPPORTED (a construct outside the subset, left recursion: named),
+ * FLM_ERR_NOMEM. *out is NULL after an error. */
+FLM_API flm_status flm_grammar_parse(const char *text, size_t len, const char *root, flm_grammar **out,
+                                     flm_error *err);
+/* Compile a JSON schema (len bytes of JSON) to GBNF text whose start rule is `name` (NULL: "root"; letters, digits
+ * and '-'), every other rule named "name-..." (so that several compiled schemas can be joined into one grammar).
+ * *out: malloc'd, NUL-terminated; *out_len (may be NULL) its length. Errors: FLM_ERR_FORMAT (not JSON; a keyword
+ * with a value of the wrong type; a $ref to nothing), FLM_ERR_UNSUPPORTED (a keyword outside the subset, e.g.
+ * "pattern", "format", "minimum": the message names it), FLM_ERR_ARG, FLM_ERR_NOMEM. */
+FLM_API flm_status flm_json_schema_to_gbnf(const char *schema, size_t len, const char *name, char **out,
+                                           size_t *out_len, flm_error *err);
+/* flm_json_schema_to_gbnf then flm_grammar_parse. Errors: theirs. */
+FLM_API flm_status flm_grammar_json_schema(const char *schema, size_t len, flm_grammar **out, flm_error *err);
+/* Run text (len bytes) through the grammar from its start: FLM_OK when every byte can be taken (*complete, may be
+ * NULL: and the text is a complete sentence), FLM_ERR_FORMAT when some byte cannot. Errors: FLM_ERR_ARG,
+ * FLM_ERR_NOMEM, FLM_ERR_UNSUPPORTED (the automaton's limits). */
+FLM_API flm_status flm_grammar_match(flm_grammar *g, const char *text, size_t len, bool *complete, flm_error *err);
+FLM_API void flm_grammar_free(flm_grammar *g);
+
+/* ---------------------------------------------------------------------------------------------------------------
  * Sessions: prompts, generation, stop strings, streaming, cancellation (what `run`, `chat` and `serve` share)
  *
  * A session drives one open context: it holds the tokens the context's KV cache holds, feeds prompts (token ids,
@@ -774,6 +809,8 @@ typedef struct flm_gen_params {
     int n_stop;               /* how many of stop[] are used, 0..FLM_GEN_STOP_MAX */
     bool utf8_whole;          /* release text only in whole UTF-8 characters (an incomplete sequence at the end is
                                  held until the next token completes it, or released at the end) */
+    flm_grammar *grammar;     /* NULL, or the text generated must follow this grammar from its start (borrowed for
+                                 the call; its caches grow): see "Constrained decoding" above */
 } flm_gen_params;
 /* max_tokens -1, nothing else. */
 FLM_API void flm_gen_params_default(flm_gen_params *p);
@@ -800,6 +837,7 @@ typedef struct flm_gen_result {
     bool stopped;      /* ended by a stop string (stop_index says which) */
     int stop_index;    /* -1 unless stopped */
     bool cancelled;    /* ended by flm_session_cancel or the callback */
+    bool complete;     /* ended by the grammar: the text is a complete sentence and nothing may follow */
     double ms;         /* wall-clock ms of the call */
 } flm_gen_result;
 

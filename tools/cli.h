@@ -115,6 +115,24 @@ int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t);
 /* A token stream through one context: tokens fed so far occupy positions [0, pos). Everything goes through the
  * library's session (flm_session_*: feeding, sampling, stops, the context shift, speculative decoding when
  * flm_session_speculate turned it on). */
+/* Constrained decoding (tools/cli_grammar.c): --grammar GBNF, --grammar-file FILE, -j/--json-schema SCHEMA (inline
+ * JSON, or a file's path when it does not start with '{'), -jf/--json-schema-file FILE. */
+typedef struct cli_grammar_args {
+    const char *text, *file; /* one of them, or neither */
+    bool schema;             /* a JSON schema (else GBNF) */
+    const char *opt;         /* the option given, for messages */
+} cli_grammar_args;
+#define CLI_GRAMMAR_OPTS_HELP \
+    "      --grammar GBNF   constrain the output to a grammar (a subset of llama.cpp's GBNF; docs/STRUCTURED.md)\n" \
+    "      --grammar-file FILE  the same from a file\n" \
+    "  -j, --json-schema SCHEMA  constrain the output to JSON valid under a JSON schema (inline JSON, or a file's\n" \
+    "                       path); the generation ends when the value is complete\n" \
+    "  -jf, --json-schema-file FILE  the same from a file\n"
+/* 1 when argv[*i] is one of these options (its value taken), 0 when not, -1 after printing an error. */
+int cli_parse_grammar_opt(int argc, char **argv, int *i, cli_grammar_args *g);
+/* The grammar the options give (*out NULL when none). Returns 0, or 1 after printing the error (file, message). */
+int cli_grammar_load(const cli_grammar_args *a, flm_grammar **out);
+
 typedef struct cli_gen {
     flm_ctx *ctx;
     flm_session *sess;     /* the session over ctx */
@@ -130,6 +148,7 @@ typedef struct cli_gen {
     bool print_ids;        /* --print-ids: cli_gen_reply prints each sampled id ("17,33,...": one line, an
                               end-of-generation id included) instead of its text */
     long n_printed;        /* ids printed so far (print_ids) */
+    flm_grammar *grammar;  /* each reply follows this grammar (--grammar, --json-schema), or NULL */
 } cli_gen;
 /* The session's state in g's fields (pos, the shifts: what run and chat print), after a call on g->sess. */
 void cli_gen_sync(cli_gen *g);

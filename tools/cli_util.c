@@ -709,6 +709,7 @@ int cli_gen_reply(cli_gen *g, long n_predict, bool feed_last, cli_buf *text, cli
     flm_gen_params_default(&gp);
     gp.max_tokens = n_predict;
     gp.feed_last = feed_last;
+    gp.grammar = g->grammar;
     gen_prepare(g);
     flm_gen_result res;
     flm_error err;

@@ -139,6 +139,7 @@ static cli_spec_session run_spec; /* run's speculative decoding (large: a path b
 static bool run_force;            /* --force: replace an existing --stats-json file */
 static const char *run_prompt_file; /* -f FILE (- for standard input), or NULL */
 static char *run_prompt_buf;        /* its text, once read */
+static flm_grammar *run_grammar;    /* --grammar / --json-schema, or NULL */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
@@ -151,6 +152,7 @@ static int cmd_run(int argc, char **argv) {
     cli_spec_args sa;
     cli_spec_args_default(&sa);
     cli_shift_opts shift = {false, CLI_KEEP_DEFAULT};
+    cli_grammar_args grammar = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -159,11 +161,12 @@ static int cmd_run(int argc, char **argv) {
         if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
         if (!used) used = cli_parse_spec_opt(argc, argv, &i, &sa);
         if (!used) used = cli_parse_shift_opt(argc, argv, &i, &shift);
+        if (!used) used = cli_parse_grammar_opt(argc, argv, &i, &grammar);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s%s%s\nshared options:\n%s%s", RUN_HELP, CLI_SAMPLING_OPTS_HELP, CLI_SPEC_OPTS_HELP,
-                   RUN_HELP_MORE, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
+            printf("%s%s%s%s%s\nshared options:\n%s%s", RUN_HELP, CLI_SAMPLING_OPTS_HELP, CLI_GRAMMAR_OPTS_HELP,
+                   CLI_SPEC_OPTS_HELP, RUN_HELP_MORE, CLI_MODEL_OPTS_HELP, RUN_HELP_TAIL);
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
@@ -192,10 +195,12 @@ static int cmd_run(int argc, char **argv) {
     if ((run_prompt_ids || run_print_ids) && (chat || sa.draft || sa.ngram))
         return cli_die("%s", "--prompt-ids and --print-ids do not go with --chat or drafting");
     run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */
+    if (cli_grammar_load(&grammar, &run_grammar)) return 1; /* before the model: a bad grammar fails at once */
     int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
                             &sp, &sa, &shift);
     cli_spec_session_close(&run_spec); /* the draft model, after the target */
     free(run_prompt_buf);
+    flm_grammar_free(run_grammar);
     return rc;
 }
 
@@ -311,7 +316,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t_prompt = 0, t_gen = 0;
     flm_stats prompt_stats;
     memset(&prompt_stats, 0, sizeof prompt_stats);
-    cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1, .print_ids = run_print_ids};
+    cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1, .print_ids = run_print_ids,
+                   .grammar = run_grammar};
     /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
     long keep = shift->keep == -1 ? (long)n_prompt : shift->keep < 0 ? 0 : shift->keep;
     keep += n_prompt && ids[0] == info.bos && shift->keep != -1;

@@ -8,6 +8,7 @@
  * Layer: above src/runtime (it calls the public runtime entry points only: flm_eval_batch, flm_kv_shift, the
  * tokenizer, the chat templates, the statistics) and core (the clock, errors). */
 #include <limits.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "flashlm.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "session/grammar.h"
 #include "session/spec.h"
 
 struct flm_session {
@@ -38,6 +40,8 @@ struct flm_session {
     char *conv;            /* a conversation (flm_session_chat_turn): the text the cache holds, NUL-terminated */
     size_t conv_len, conv_cap;
     bool conv_on;          /* conv describes the tokens held (a plain feed, prompt or rewind turns it off) */
+    gvocab *gv;            /* the vocabulary as grammars see it (built at the first constrained generation) */
+    float *masked;         /* [n_vocab]: logits under a grammar's mask */
 };
 
 flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
@@ -81,6 +85,8 @@ flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
 void flm_session_free(flm_session *s) {
     if (!s) return;
     spec_free(s->spec);
+    gvocab_free(s->gv);
+    free(s->masked);
     flm_sampler_free(s->smp);
     free(s->ids);
     free(s->hold);
@@ -489,8 +495,33 @@ static bool release(flm_session *s, flm_gen_fn fn, void *user, flm_gen_token *t,
     return go;
 }
 
+/* Under grammar g in state gst: *tok when it may come next, else a draw of the session's sampler from the logits with
+ * every token the grammar refuses set to -inf (llama.cpp's order: sample, check, resample under the mask). */
+static flm_status gram_pick(flm_session *s, flm_grammar *g, int32_t gst, const float *logits, int32_t *tok,
+                            flm_error *err) {
+    int ok = gram_token_ok(g, s->gv, gst, *tok, err);
+    if (ok < 0) return err->code;
+    if (ok) return FLM_OK;
+    const uint32_t *m = gram_mask(g, s->gv, gst, err);
+    if (!m) return err->code;
+    int32_t first = -1;
+    for (uint32_t i = 0; i < s->n_vocab; i++) {
+        bool a = m[i >> 5] >> (i & 31) & 1;
+        s->masked[i] = a ? logits[i] : -INFINITY;
+        if (a && first < 0) first = (int32_t)i;
+    }
+    if (first < 0)
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "no token of the vocabulary can continue the grammar here");
+    int32_t t = flm_sampler_sample(s->smp, s->masked);
+    if (t < 0 || (uint32_t)t >= s->n_vocab || !(m[t >> 5] >> (t & 31) & 1)) t = first; /* NaN logits */
+    *tok = t;
+    return FLM_OK;
+}
+
 flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_gen_fn fn, void *user,
                                 flm_gen_result *r, flm_error *err) {
+    flm_error err_local;
+    if (!err) err = &err_local;
     flm_gen_result rr;
     if (!r) r = &rr;
     memset(r, 0, sizeof *r);
@@ -515,6 +546,19 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         atomic_store(&s->cancel, 0);
         return flm_fail(err, FLM_ERR_ARG, "nothing to generate after: feed a prompt first");
     }
+    flm_grammar *gram = gp->grammar;
+    int32_t gst = GRAM_DEAD;
+    if (gram) {
+        flm_status gs = FLM_OK;
+        if (!s->gv) gs = gvocab_build(s->ctx, &s->gv, err);
+        if (!gs && !s->masked && !(s->masked = malloc((size_t)s->n_vocab * sizeof *s->masked)))
+            gs = flm_fail(err, FLM_ERR_NOMEM, "out of memory for a grammar's mask");
+        if (!gs) gs = gram_start(gram, &gst, err);
+        if (gs) {
+            atomic_store(&s->cancel, 0);
+            return gs;
+        }
+    }
     long max = gp->max_tokens < 0 ? LONG_MAX : gp->max_tokens;
     flm_stats a, b;
     flm_get_stats(s->ctx, &a);
@@ -532,13 +576,29 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
     flm_spec_stats *ss = s->spec ? spec_stats(s->spec) : NULL;
     while (r->n_gen < max && s->logits) {
         if (atomic_load(&s->cancel)) { r->cancelled = true; break; }
+        if (gram) { /* the grammar's sentence is complete and nothing may follow: the end */
+            int c = gram_complete(gram, gst, err);
+            if (c < 0) { st = err->code; break; }
+            if (c) { r->complete = true; break; }
+        }
         int32_t next;
         bool held = false; /* next is an accepted draft: evaluated by the step */
         if (qi < qn) {
             next = queue[qi++];
             held = qi < qn;
+            if (gram) { /* a decided token the grammar refuses: a draw under the mask from its row instead, and
+                           the drafts after it are dropped (the verification itself is unchanged) */
+                int32_t t = next;
+                if ((st = gram_pick(s, gram, gst, s->logits, &t, err))) break;
+                if (t != next) {
+                    next = t;
+                    held = false;
+                    qn = qi;
+                }
+            }
         } else {
             next = flm_sampler_sample(s->smp, s->logits);
+            if (gram && (st = gram_pick(s, gram, gst, s->logits, &next, err))) break;
         }
         r->n_gen++;
         if (ss) ss->n_gen++;
@@ -558,6 +618,16 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         }
         size_t len;
         const char *p = flm_token_piece(s->ctx, s->n_past > 0 ? s->ids[s->n_past - 1] : -1, next, &len);
+        if (gram) {
+            int32_t ns = gram_advance(gram, gst, p, len, err);
+            if (ns == -2) { st = err->code; break; }
+            if (ns < 0) { /* a token's bytes after this predecessor differ from its mask's (SentencePiece's space) */
+                st = flm_fail(err, FLM_ERR_UNSUPPORTED, "token %d's text after token %d does not continue the "
+                              "grammar", (int)next, (int)(s->n_past > 0 ? s->ids[s->n_past - 1] : -1));
+                break;
+            }
+            gst = ns;
+        }
         if (!hold_add(s, p, len)) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
         int stop_at;
         size_t out = releasable(s, gp, &stop_at);
@@ -605,7 +675,8 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         if (ss) ss->n_passes++;
         if (st) break;
     }
-    if (!st && !r->eog && !r->stopped && !r->cancelled && !r->ctx_full && r->n_gen >= max) r->limit = true;
+    if (!st && !r->eog && !r->stopped && !r->cancelled && !r->ctx_full && !r->complete && r->n_gen >= max)
+        r->limit = true;
     if (s->hold_len && !r->stopped && !st) { /* the end: what was held back cannot begin a stop string any more */
         t.id = -1;
         t.stats = (flm_token_stats){0};
