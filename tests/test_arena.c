@@ -65,12 +65,12 @@ static void test_ffn_storage_is_the_plan(void **state) {
         }
         /* the KV cache, activations and statistics ring: one block, the KV cache at its start */
         /* f16 keys and values by default (--kv-f32 off): half the bytes of the f32 cache */
-        assert_int_equal(ctx->kv.elem_bytes, FLM_KV_F16);
+        assert_int_equal(ctx->be.kv.elem_bytes, FLM_KV_F16);
         uint64_t kv = flm_kv_cache_bytes(5, 32, ctx->model->hp.n_kv_heads * ctx->model->hp.head_dim, FLM_KV_F16);
         assert_int_equal(2 * kv, flm_kv_cache_bytes(5, 32, ctx->model->hp.n_kv_heads * ctx->model->hp.head_dim,
                                                     FLM_KV_F32));
-        assert_ptr_equal((uint8_t *)ctx->kv.k, ctx->mem.base);
-        assert_ptr_equal((uint8_t *)ctx->kv.v, ctx->mem.base + kv / 2);
+        assert_ptr_equal((uint8_t *)ctx->be.kv.k, ctx->mem.base);
+        assert_ptr_equal((uint8_t *)ctx->be.kv.v, ctx->mem.base + kv / 2);
         assert_true(ctx->mem.used >= kv + flm_scratch_bytes(&ctx->model->hp, 32, (uint32_t)ctx->params.n_batch));
         assert_true(ctx->mem.used <= ctx->mem.size);
         assert_true((uint8_t *)ctx->tokens + FLM_STATS_TOKENS * sizeof *ctx->tokens <= ctx->mem.base + ctx->mem.used);

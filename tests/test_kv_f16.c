@@ -191,7 +191,7 @@ static void test_context_kv(void **state) {
         assert_int_equal(s.mem_kv, f32 ? f32_bytes : f32_bytes / 2);
         assert_string_equal(s.kv_type, f32 ? "f32" : "f16");
         assert_int_equal(s.n_ctx, 64);
-        assert_int_equal(ctx->kv.elem_bytes, f32 ? FLM_KV_F32 : FLM_KV_F16);
+        assert_int_equal(ctx->be.kv.elem_bytes, f32 ? FLM_KV_F32 : FLM_KV_F16);
         flm_close(ctx);
     }
 }

@@ -114,20 +114,20 @@ static double pair_err(const flm_ctx *ctx, const float *got, const double *want)
 /* A's cache after a shift of (keep, D) against B's (the same tokens, not shifted): see the top of the file. */
 static void check_shifted_cache(const shift_case *c, flm_ctx *A, flm_ctx *B, int D) {
     const flm_hparams *hp = &A->model->hp;
-    const uint32_t kv_dim = hp->n_kv_heads * hp->head_dim, eb = A->kv.elem_bytes;
+    const uint32_t kv_dim = hp->n_kv_heads * hp->head_dim, eb = A->be.kv.elem_bytes;
     float *ka = malloc(kv_dim * sizeof(float)), *kb = malloc(kv_dim * sizeof(float));
     double *ref = malloc(kv_dim * sizeof(double)), *same = malloc(kv_dim * sizeof(double));
     double worst = 0, unturned = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         for (int p = 0; p < c->keep; p++) {
-            assert_memory_equal(flm_kv_key(&A->kv, l, (uint32_t)p), flm_kv_key(&B->kv, l, (uint32_t)p), kv_dim * eb);
-            assert_memory_equal(flm_kv_value(&A->kv, l, (uint32_t)p), flm_kv_value(&B->kv, l, (uint32_t)p), kv_dim * eb);
+            assert_memory_equal(flm_kv_key(&A->be.kv, l, (uint32_t)p), flm_kv_key(&B->be.kv, l, (uint32_t)p), kv_dim * eb);
+            assert_memory_equal(flm_kv_value(&A->be.kv, l, (uint32_t)p), flm_kv_value(&B->be.kv, l, (uint32_t)p), kv_dim * eb);
         }
         for (int j = c->keep; j < c->n - D; j++) {
             const uint32_t old = (uint32_t)(j + D);
-            assert_memory_equal(flm_kv_value(&A->kv, l, (uint32_t)j), flm_kv_value(&B->kv, l, old), kv_dim * eb);
-            get_row(&A->kv, true, l, (uint32_t)j, ka);
-            get_row(&B->kv, true, l, old, kb);
+            assert_memory_equal(flm_kv_value(&A->be.kv, l, (uint32_t)j), flm_kv_value(&B->be.kv, l, old), kv_dim * eb);
+            get_row(&A->be.kv, true, l, (uint32_t)j, ka);
+            get_row(&B->be.kv, true, l, old, kb);
             ref_turn(A, l, old, (uint32_t)j, kb, ref);
             double e = pair_err(A, ka, ref);
             if (e > worst) worst = e;
@@ -162,8 +162,8 @@ static flm_ctx *check_layer0_fresh(const shift_case *c, flm_ctx *A, const int32_
     double *want = malloc(kv_dim * sizeof(double));
     double worst = 0;
     for (int j = 0; j < m; j++) {
-        get_row(&A->kv, true, 0, (uint32_t)j, ka);
-        get_row(&F->kv, true, 0, (uint32_t)j, kf);
+        get_row(&A->be.kv, true, 0, (uint32_t)j, ka);
+        get_row(&F->be.kv, true, 0, (uint32_t)j, kf);
         for (uint32_t i = 0; i < kv_dim; i++) want[i] = kf[i];
         double e = pair_err(A, ka, want);
         if (e > worst) worst = e;
@@ -181,19 +181,19 @@ static flm_ctx *check_layer0_fresh(const shift_case *c, flm_ctx *A, const int32_
  * D, keys turned by the test's RoPE (turn = false: not turned, a wrong rebuild), rounded as the cache stores them. */
 static void rebuild(flm_ctx *R, const shift_case *c, int D, bool turn) {
     const flm_hparams *hp = &R->model->hp;
-    const uint32_t kv_dim = hp->n_kv_heads * hp->head_dim, eb = R->kv.elem_bytes;
+    const uint32_t kv_dim = hp->n_kv_heads * hp->head_dim, eb = R->be.kv.elem_bytes;
     float *k = malloc(kv_dim * sizeof(float)), *kf = malloc(kv_dim * sizeof(float));
     double *ref = malloc(kv_dim * sizeof(double));
     for (uint32_t l = 0; l < hp->n_layers; l++)
         for (int j = c->keep; j < c->n - D; j++) { /* upwards: row j + D is read before anything overwrites it */
             const uint32_t old = (uint32_t)(j + D);
-            get_row(&R->kv, true, l, old, k);
+            get_row(&R->be.kv, true, l, old, k);
             ref_turn(R, l, old, turn ? (uint32_t)j : old, k, ref);
             for (uint32_t i = 0; i < kv_dim; i++) kf[i] = (float)ref[i];
-            void *dst = flm_kv_key(&R->kv, l, (uint32_t)j);
+            void *dst = flm_kv_key(&R->be.kv, l, (uint32_t)j);
             if (eb == FLM_KV_F32) memcpy(dst, kf, kv_dim * sizeof(float));
             else for (uint32_t i = 0; i < kv_dim; i++) ((uint16_t *)dst)[i] = flm_f32_to_f16(kf[i]);
-            memcpy(flm_kv_value(&R->kv, l, (uint32_t)j), flm_kv_value(&R->kv, l, old), kv_dim * eb);
+            memcpy(flm_kv_value(&R->be.kv, l, (uint32_t)j), flm_kv_value(&R->be.kv, l, old), kv_dim * eb);
         }
     R->next_pos = c->n - D;
     free(k);
@@ -236,9 +236,9 @@ static void run_case(const shift_case *c) {
     /* generation continues: A against B rebuilt by hand, and W rebuilt without the turn: W is the fresh context,
      * given B's cache (in ram mode a context's state is its KV cache and its next position) */
     flm_ctx *W = check_layer0_fresh(c, A, ids);
-    const size_t half = flm_kv_cache_bytes(B->kv.n_layers, B->kv.n_ctx, B->kv.kv_dim, B->kv.elem_bytes) / 2;
-    memcpy(W->kv.k, B->kv.k, half);
-    memcpy(W->kv.v, B->kv.v, half);
+    const size_t half = flm_kv_cache_bytes(B->be.kv.n_layers, B->be.kv.n_ctx, B->be.kv.kv_dim, B->be.kv.elem_bytes) / 2;
+    memcpy(W->be.kv.k, B->be.kv.k, half);
+    memcpy(W->be.kv.v, B->be.kv.v, half);
     W->next_pos = B->next_pos;
     rebuild(B, c, c->discard, true);
     rebuild(W, c, c->discard, false);
@@ -338,10 +338,10 @@ static void test_shift_arguments(void **state) {
     size_t n_ids = 0;
     int32_t *ids = flm_tokenize_all(A, TEXT, true, &n_ids);
     eval_all(A, ids, c.n, c.name);
-    const size_t bytes = flm_kv_cache_bytes(A->kv.n_layers, A->kv.n_ctx, A->kv.kv_dim, A->kv.elem_bytes);
+    const size_t bytes = flm_kv_cache_bytes(A->be.kv.n_layers, A->be.kv.n_ctx, A->be.kv.kv_dim, A->be.kv.elem_bytes);
     uint8_t *before = malloc(bytes);
-    memcpy(before, A->kv.k, bytes / 2);
-    memcpy(before + bytes / 2, A->kv.v, bytes / 2);
+    memcpy(before, A->be.kv.k, bytes / 2);
+    memcpy(before + bytes / 2, A->be.kv.v, bytes / 2);
     const struct { int keep, discard; } bad[] = {{-1, 1}, {0, -1}, {19, 2}, {0, 21}, {21, 0}, {INT32_MAX, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         flm_error err = {0};
@@ -354,12 +354,12 @@ static void test_shift_arguments(void **state) {
     assert_int_equal(flm_kv_shift(NULL, 0, 1, &err), FLM_ERR_ARG);
     assert_int_equal(flm_kv_shift(A, 5, 0, &err), FLM_OK); /* nothing to do */
     assert_int_equal(flm_n_past(A), 20);
-    assert_memory_equal(before, A->kv.k, bytes / 2);
-    assert_memory_equal(before + bytes / 2, A->kv.v, bytes / 2);
+    assert_memory_equal(before, A->be.kv.k, bytes / 2);
+    assert_memory_equal(before + bytes / 2, A->be.kv.v, bytes / 2);
     /* everything after the first 3 */
     assert_int_equal(flm_kv_shift(A, 3, 17, &err), FLM_OK);
     assert_int_equal(flm_n_past(A), 3);
-    assert_memory_equal(before, A->kv.k, 3 * A->kv.kv_dim * A->kv.elem_bytes); /* layer 0's first rows untouched */
+    assert_memory_equal(before, A->be.kv.k, 3 * A->be.kv.kv_dim * A->be.kv.elem_bytes); /* layer 0's first rows untouched */
     const float *logits;
     assert_int_equal(flm_eval(A, ids[3], 4, &logits, &err), FLM_ERR_ARG); /* past the next position */
     assert_int_equal(flm_eval(A, ids[3], 3, &logits, &err), FLM_OK);

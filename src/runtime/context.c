@@ -166,7 +166,7 @@ static flm_status open_gguf(flm_ctx *ctx, const char *path, const flm_params *p,
     ctx->mem_resident = f->size;
     ctx->ffn = &flm_ffn_mapped; /* every weight mapped: the dense FFN */
     ctx->k = flm_kernels_best();
-    ctx->ffn_env = (flm_ffn_env){.k = ctx->k, .model = ctx->model, .params = &ctx->params, .s = &ctx->s,
+    ctx->ffn_env = (flm_ffn_env){.be = &ctx->be, .k = ctx->k, .model = ctx->model, .params = &ctx->params, .s = &ctx->s,
                                  .io = &ctx->io, .log = &ctx->log};
     if ((st = flm_plan_gguf(path, f->size, &ctx->model->hp, p, &ctx->plan, err))) return st;
     flm_gguf_prefault(f); /* ram mode: every weight in memory from the start, not faulted in by the first pass */
@@ -176,6 +176,11 @@ static flm_status open_gguf(flm_ctx *ctx, const char *path, const flm_params *p,
 }
 
 flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_error *err) {
+    return flm_open_backend(path, p, &flm_backend_cpu, out, err);
+}
+
+flm_status flm_open_backend(const char *path, const flm_params *p, const flm_backend_ops *be, flm_ctx **out,
+                            flm_error *err) {
     *out = NULL;
     flm_params def;
     if (!p) { flm_params_default(&def); p = &def; }
@@ -185,6 +190,7 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     if (!ctx) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     ctx->params = *p;
     ctx->log = (flm_logger){p->log, p->log_user};
+    ctx->be = (flm_backend){.ops = be, .k = flm_kernels_best(), .n_threads = p->n_threads};
     if ((st = flm_file_is_flm(path) ? open_flm(ctx, path, p, err) : open_gguf(ctx, path, p, err))) {
         flm_close(ctx);
         return st;
@@ -196,13 +202,13 @@ flm_status flm_open(const char *path, const flm_params *p, flm_ctx **out, flm_er
     uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
     const uint32_t n_batch = (uint32_t)ctx->params.n_batch;
     uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
-    if (flm_arena_init(&ctx->mem, mem)) {
+    if (ctx->be.ops->mem_init(&ctx->be, &ctx->mem, mem, NULL)) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the KV cache and activations", path,
                         (unsigned long long)mem);
     }
     void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
-    if (kv_mem) flm_kv_cache_init_in(&ctx->kv, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
+    if (kv_mem) ctx->be.ops->kv_init(&ctx->be, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
     if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, n_batch, &ctx->mem, err)) ||
         !(ctx->tokens = flm_arena_alloc(&ctx->mem, FLM_STATS_TOKENS * sizeof *ctx->tokens, FLM_CARVE_ALIGN))) {
         flm_close(ctx);
@@ -226,8 +232,8 @@ void flm_close(flm_ctx *ctx) {
     if (ctx->ffn) ctx->ffn->close(&ctx->ffn_env);
     flm_flash_close(ctx->flash);
     flm_scratch_free(&ctx->s);
-    flm_kv_cache_free(&ctx->kv);
-    flm_arena_free(&ctx->mem); /* the KV cache, the activations, the statistics ring */
+    flm_kv_cache_free(&ctx->be.kv);
+    if (ctx->be.ops) ctx->be.ops->mem_free(&ctx->be, &ctx->mem); /* the KV cache, the activations, the stats ring */
     flm_model_free(ctx->model);
     free(ctx);
 }
@@ -493,15 +499,9 @@ flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint
         if (path[k] >= ctx->tree_n || path[k] < k || (k && path[k] <= path[k - 1]))
             return flm_fail(err, FLM_ERR_ARG, "tree accept: node %u at depth %u is not a node of the path (the cache "
                             "holds %u)", path[k], k, ctx->tree_n);
-    const flm_kv_cache *c = &ctx->kv;
-    const size_t row = (size_t)c->kv_dim * c->elem_bytes;
-    for (uint32_t l = 0; l < c->n_layers; l++)
-        for (uint32_t k = 0; k < m; k++) {
-            if (path[k] == k) continue;
-            /* slot pos + k <= pos + path[k]; a later source pos + path[k'] > pos + k is never overwritten first */
-            memcpy(flm_kv_key(c, l, (uint32_t)pos + k), flm_kv_key(c, l, (uint32_t)pos + path[k]), row);
-            memcpy(flm_kv_value(c, l, (uint32_t)pos + k), flm_kv_value(c, l, (uint32_t)pos + path[k]), row);
-        }
+    for (uint32_t k = 0; k < m; k++) /* slot pos + k <= pos + path[k]; a later source pos + path[k'] > pos + k is
+                                        never overwritten first */
+        if (path[k] != k) ctx->be.ops->kv_copy(&ctx->be, (uint32_t)pos + k, (uint32_t)pos + path[k]);
     ctx->tree_n = 0;
     ctx->tree_hidden = NULL;
     ctx->next_pos = pos + (int32_t)m;

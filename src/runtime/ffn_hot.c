@@ -395,14 +395,13 @@ static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
         flm_status st = hot_tail(E, l, &tail, c->tok, err);
         if (st) return st;
     }
-    const int nt = E->params->n_threads;
     const bool update = win && !c->draft;
     if (n == 1)
-        flm_ffn_bundles_split(E->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, c->in, c->out, E->s->hb,
-                              fl->acc, nt);
+        E->be->ops->bundles_split(E->be, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, c->in, c->out,
+                                  E->s->hb, fl->acc);
     else
-        flm_ffn_bundles_batch_split(E->k, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, NULL, 0, n, c->in,
-                                    c->in_stride, c->out, c->out_stride, fl->acc, update ? S->act : NULL, nt);
+        E->be->ops->bundles_batch_split(E->be, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, NULL, 0, n,
+                                        c->in, c->in_stride, c->out, c->out_stride, fl->acc, update ? S->act : NULL);
     if (update) window_update(S, r, l, tail, (n == 1 ? E->s->hb : S->act) + S->n_hot[l], n);
     return FLM_OK;
 }

@@ -14,9 +14,9 @@ static flm_status mapped_open(flm_ffn_env *E, flm_error *err) { return FLM_OK; }
 /* one token: up and gate (matvecs), the activation, then down; a batch: the same as matrix-matrix products into
  * [n][d_ffn] */
 static flm_status mapped_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
-    const flm_pass P = {.k = E->k, .hp = &E->model->hp, .n_threads = E->params->n_threads, .n = c->n};
+    const flm_pass P = {.be = E->be, .k = E->k, .hp = &E->model->hp, .n_threads = E->params->n_threads, .n = c->n};
     const bool one = c->n == 1;
-    flm_pass_ffn_dense(&P, &E->model->layers[c->layer], c->in, c->in_stride, c->out, c->out_stride,
+    E->be->ops->ffn_dense(&P, &E->model->layers[c->layer], c->in, c->in_stride, c->out, c->out_stride,
                        one ? E->s->hb : E->s->bh, one ? E->s->hb2 : E->s->bh2);
     return FLM_OK;
 }
@@ -51,8 +51,8 @@ static flm_status ram_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
         }
         uint32_t n = H->select(H->select_user, l, c->pos, c->in, h, H->ids);
         if (n == FLM_SELECT_ALL && h) return FLM_OK; /* every neuron: out is the dense FFN computed above */
-        flm_ffn_bundles(E->k, &E->flash->desc[l], E->flash->layer_data[l], H->ids, n, c->in, c->out, E->s->hb2,
-                        E->flash->acc, E->params->n_threads);
+        E->be->ops->bundles(E->be, &E->flash->desc[l], E->flash->layer_data[l], H->ids, n, c->in, c->out,
+                            E->s->hb2, E->flash->acc);
         return FLM_OK;
     }
     flm_flash_bundles(E, l, E->flash->layer_data[l], c->in, c->out);

@@ -11,8 +11,8 @@
  *
  * The mode is chosen once, by the plan (runtime/plan.c, flm_plan; auto's rule in runtime/budget.c, flm_budget_plan),
  * which flm_open carries out; flm_ffn_source_of() gives its source; the
- * forward pass calls compute() for every layer of every token and knows nothing of modes. Adding a mode (or a device
- * backend) means one more flm_ffn_source_ops. */
+ * forward pass calls compute() for every layer of every token and knows nothing of modes. Adding a mode means one more
+ * flm_ffn_source_ops; a device is a backend (runtime/backend.h), whose bundle operations the sources call. */
 #ifndef FLM_RUNTIME_FFN_SOURCE_H
 #define FLM_RUNTIME_FFN_SOURCE_H
 #include <stdint.h>
@@ -27,11 +27,14 @@ struct flm_mem_plan;
 struct flm_flash;
 struct flm_scratch;
 struct flm_ffn_hooks;
+struct flm_backend;
 
 /* What a source works with: the model, the kernels, the flash side and the FFN scratch, never the context (the
  * context owns one, filled at open: flm_flash_open). Per-call inputs come in flm_ffn_call. */
 typedef struct flm_ffn_env {
-    const flm_kernels *k;
+    const struct flm_backend *be; /* the device the FFN runs on: the bundle FFN and the dense block go through its
+                                     operations (runtime/backend.h) */
+    const flm_kernels *k;       /* host kernels: the sparse predictors, records read on the host */
     const flm_model *model;     /* hyper-parameters, FFN biases (b_up), the mapped GGUF's matrices */
     const flm_params *params;   /* n_threads, the sparse ablations, no_read_ahead */
     struct flm_flash *flash;    /* the .flm side (file, reader, plan, bundle descriptors); NULL for a GGUF */

@@ -95,15 +95,14 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
                             (unsigned long long)reader_mem, (unsigned long long)flm_mem_plan_total(&fl->plan));
     }
     ctx->ffn = flm_ffn_source_of(fl->plan.mode);
-    ctx->ffn_env = (flm_ffn_env){.k = ctx->k, .model = ctx->model, .params = &ctx->params, .flash = fl, .s = &ctx->s,
-                                 .io = &ctx->io, .log = &ctx->log};
+    ctx->ffn_env = (flm_ffn_env){.be = &ctx->be, .k = ctx->k, .model = ctx->model, .params = &ctx->params,
+                                 .flash = fl, .s = &ctx->s, .io = &ctx->io, .log = &ctx->log};
     st = ctx->ffn->open(&ctx->ffn_env, err);
     return st;
 }
 
-flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, float *out, flm_token_stats *tok, flm_error *err) {
+flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, const void **row, flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = E->flash;
-    const flm_weight *e = &E->model->tok_embd;
     if (!fl || !fl->embd_row) /* a planning bug: the embedding is neither in memory nor planned on flash */
         return flm_fail(err, FLM_ERR_ARG, "the token embedding is not in memory");
     uint64_t rb = fl->plan.embd_row;
@@ -115,7 +114,7 @@ flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, float *out, flm_to
     tok->bytes_read += E->io->bytes_read - before.bytes_read;
     tok->n_reads += E->io->n_requests - before.n_requests;
     if (st) return st;
-    E->k->dequant[e->type](fl->embd_row, out, e->n_in);
+    *row = fl->embd_row;
     return FLM_OK;
 }
 
@@ -154,15 +153,14 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
 
 void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const float *in, float *out) {
     flm_flash *fl = E->flash;
-    flm_ffn_bundles(E->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, in, out, E->s->hb, fl->acc,
-                    E->params->n_threads);
+    E->be->ops->bundles(E->be, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, in, out, E->s->hb, fl->acc);
 }
 
 void flm_flash_bundles_batch(flm_ffn_env *E, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
                              size_t in_stride, float *out, size_t out_stride) {
     flm_flash *fl = E->flash;
-    flm_ffn_bundles_batch(E->k, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, NULL, 0, n, in, in_stride,
-                          out, out_stride, fl->acc, E->params->n_threads);
+    E->be->ops->bundles_batch(E->be, &fl->desc[l], records, NULL, fl->file->ffn[l]->n_records, NULL, 0, n, in,
+                              in_stride, out, out_stride, fl->acc);
 }
 
 void flm_flash_close(flm_flash *fl) {

@@ -34,11 +34,15 @@
  * batch) and the FFN source's compute_batch (or its compute token by token: a source without one, the select hook).
  * A batch larger than the scratch holds, or a context without batch arrays, runs token by token.
  *
+ * Every block is the backend's (runtime/backend.h: ctx->be.ops; the CPU backend runs the blocks below), so this
+ * file reads as the sequence above, and a device is a backend, not an edit here.
+ *
  * Corrupt weights: streamed FFN regions are not checksummed per token (flashlm verify does that), and a GGUF's
  * weights never are, so a NaN or Inf weight would flow into the logits and the sampler would print garbage with exit
- * 0. Each layer's attention and FFN outputs (d_model floats per token) and the logits are checked to be finite — one
- * pass of integer compares, nothing next to the matrix products — and a non-finite one stops the pass with an error
- * naming the file, the layer and the region (FLM_ERR_CHECKSUM for .flm data, FLM_ERR_FORMAT for a GGUF's). */
+ * 0. Each layer's attention and FFN outputs (d_model floats per token) and the logits are watched by the backend
+ * (the CPU's: one pass of integer compares, nothing next to the matrix products), which keeps the first non-finite
+ * one; its verdict is asked once per pass, and a non-finite output fails the pass with an error naming the file, the
+ * layer and the region (FLM_ERR_CHECKSUM for .flm data, FLM_ERR_FORMAT for a GGUF's). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,17 +71,6 @@ static void head_norm(float *v, const flm_weight *w, const flm_weight *b, bool l
         if (layer) flm_layernorm(x, x, w->data, b->data, head_dim, eps);
         else flm_rmsnorm(x, x, w->data, head_dim, eps);
     }
-}
-
-/* true when none of v[0..n) is NaN or Inf (exponent bits all ones) */
-static bool all_finite(const float *v, uint32_t n) {
-    uint32_t bad = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &v[i], sizeof u);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return bad == 0;
 }
 
 /* The error for a non-finite output of `what` ("FFN", "attention", "output") in layer l (UINT32_MAX: none). */
@@ -241,62 +234,66 @@ typedef struct rows {
     float *q, *k, *v; /* [n][q_dim], [n][kv_dim] x 2 */
 } rows;
 
-/* x[t] = row token[t] of the embedding (memory or flash; every row first: a failed read changes nothing), scaled by
- * sqrt(d_model) (EMBD_SCALE), projected by proj_in when the model has one (the rows, d_embd floats, are read into H,
- * rows hs apart, then X = proj_in H), plus the learned position row (FLM_POS_LEARNED; read into H). */
+/* x[t] = row token[t] of the embedding (memory or flash; a row read from flash is dequantized before the next is
+ * read), scaled by sqrt(d_model) (EMBD_SCALE), projected by proj_in when the model has one (the rows, d_embd floats,
+ * are read into H, rows hs apart, then X = proj_in H), plus the learned position row (FLM_POS_LEARNED; read into H).
+ * Every step is the backend's (embed_rows, linear, residual). */
 static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, float *X, float *H, size_t hs,
                         flm_token_stats *tok, flm_error *err) {
+    const flm_backend_ops *B = ctx->be.ops;
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
-    const uint32_t d = hp->d_model, de = hp->d_embd, n = P->n;
+    const uint32_t d = hp->d_model, n = P->n;
     const int32_t pos = P->pos;
     const bool proj = m->proj_in.data != NULL;
     if (m->pos_embd.data && (uint64_t)pos + n > m->pos_embd.n_out)
         return flm_fail(err, FLM_ERR_ARG, "position %lld is past the model's %llu learned positions",
                         (long long)pos + n - 1, (unsigned long long)m->pos_embd.n_out);
-    for (uint32_t t = 0; t < n; t++) {
-        float *x = proj ? H + t * hs : X + (size_t)t * d;
-        if (m->tok_embd.data) {
-            size_t row_bytes = flm_row_bytes(m->tok_embd.type, m->tok_embd.n_in);
-            ctx->k->dequant[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * row_bytes, x,
-                                              de);
-        } else {
-            flm_status st = flm_flash_embedding(&ctx->ffn_env, tokens[t], x, tok, err);
+    const float scale = hp->arch->flags & FLM_ARCH_EMBD_SCALE ? sqrtf((float)d) : 0.0f;
+    float *E = proj ? H : X;
+    const size_t es = proj ? hs : d;
+    if (m->tok_embd.data) {
+        B->embed_rows(P, &m->tok_embd, NULL, tokens, scale, E, es);
+    } else {
+        flm_pass one = *P;
+        one.n = 1;
+        for (uint32_t t = 0; t < n; t++) {
+            const void *row = NULL;
+            flm_status st = flm_flash_embedding(&ctx->ffn_env, tokens[t], &row, tok, err);
             if (st) return st;
-        }
-        if (hp->arch->flags & FLM_ARCH_EMBD_SCALE) {
-            const float sc = sqrtf((float)d);
-            for (uint32_t i = 0; i < de; i++) x[i] *= sc;
+            B->embed_rows(&one, &m->tok_embd, row, NULL, scale, E + t * es, es);
         }
     }
-    if (proj) flm_pass_linear(P, &m->proj_in, NULL, d, de, H, hs, X, d);
-    if (m->pos_embd.data)
+    if (proj) B->linear(P, &m->proj_in, NULL, d, hp->d_embd, H, hs, X, d);
+    if (m->pos_embd.data) {
+        flm_pass one = *P;
+        one.n = 1;
+        const flm_weight none = {0};
         for (uint32_t t = 0; t < n; t++) {
-            float *x = X + (size_t)t * d;
-            size_t row_bytes = flm_row_bytes(m->pos_embd.type, m->pos_embd.n_in);
-            ctx->k->dequant[m->pos_embd.type]((const uint8_t *)m->pos_embd.data +
-                                                  (size_t)flm_pass_position(P, t) * row_bytes, H, d);
-            for (uint32_t i = 0; i < d; i++) x[i] += H[i];
+            const int32_t p = (int32_t)flm_pass_position(P, t);
+            B->embed_rows(&one, &m->pos_embd, NULL, &p, 0.0f, H, hs);
+            B->residual(&one, X + (size_t)t * d, H, hs, &none);
         }
+    }
     return FLM_OK;
 }
 
 /* The logits of the n tokens of P (rows of X, d_model floats; changed in place): the output norm when the model has
  * one, proj_out when it has one (into H, rows hs apart), the classifier (+ its bias) into logits (rows of n_vocab;
  * its first `rows` rows: a draft's vocabulary, output_rows). */
-static void output(const flm_model *m, const flm_pass *P, float *X, float *H, size_t hs, float *logits,
-                   uint32_t rows) {
+static void output(const flm_backend_ops *B, const flm_model *m, const flm_pass *P, float *X, float *H, size_t hs,
+                   float *logits, uint32_t rows) {
     const flm_hparams *hp = &m->hp;
     const uint32_t d = hp->d_model;
-    if (m->output_norm.data) flm_pass_norm(P, &m->output_norm, &m->output_norm_b, d, X, d, X, d);
+    if (m->output_norm.data) B->norm(P, &m->output_norm, &m->output_norm_b, d, X, d, X, d);
     const float *in = X;
     size_t stride = d;
     if (m->proj_out.data) {
-        flm_pass_linear(P, &m->proj_out, NULL, hp->d_embd, d, X, d, H, hs);
+        B->linear(P, &m->proj_out, NULL, hp->d_embd, d, X, d, H, hs);
         in = H;
         stride = hs;
     }
-    flm_pass_linear(P, &m->output, &m->output_b, rows, hp->d_embd, in, stride, logits, hp->n_vocab);
+    B->linear(P, &m->output, &m->output_b, rows, hp->d_embd, in, stride, logits, hp->n_vocab);
 }
 
 /* The FFN block of layer l by the mode's source: the tap sees every token's input first (it only observes); one
@@ -339,26 +336,39 @@ static void mask_vocab(float *logits, uint32_t n, uint32_t rows, uint32_t V) {
         for (uint32_t i = rows; i < V; i++) logits[(size_t)t * V + i] = -INFINITY;
 }
 
-/* The finite check of n rows of V logits, over their first `rows`. */
-static bool logits_finite(const float *logits, uint32_t n, uint32_t rows, uint32_t V) {
-    for (uint32_t t = 0; t < n; t++)
-        if (!all_finite(logits + (size_t)t * V, rows)) return false;
-    return true;
+/* The pass's finite verdict, asked once (flm_backend_ops.verdict): FLM_OK, or the error naming the first non-finite
+ * output the backend noted. */
+static flm_status verdict(flm_ctx *ctx, flm_error *err) {
+    uint32_t l;
+    int what;
+    if (ctx->be.ops->verdict(&ctx->be, &l, &what)) return FLM_OK;
+    return not_finite(ctx, what == FLM_WATCH_ATTENTION ? "attention" : what == FLM_WATCH_FFN ? "FFN" : "output", l,
+                      err);
 }
 
-/* The pass over n tokens whose activations are R (n = 1: the single-token scratch; else the batch scratch). */
-static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_eval_res *res, flm_error *err) {
+/* Watch n rows of V logits, their first `rows` (FLM_WATCH_OUTPUT). */
+static void watch_logits(flm_backend *be, const float *logits, uint32_t n, uint32_t rows, uint32_t V) {
+    for (uint32_t t = 0; t < n; t++) be->ops->watch(be, logits + (size_t)t * V, rows, UINT32_MAX, FLM_WATCH_OUTPUT);
+}
+
+/* The pass over n tokens whose activations are R (n = 1: the single-token scratch; else the batch scratch). Every
+ * block is the backend's; each layer's attention and FFN outputs and the logits are watched, and the backend's
+ * verdict is asked once, by pass(). */
+static flm_status pass_blocks(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_eval_res *res,
+                              flm_error *err) {
     const int32_t *tokens = rq->tokens, pos = rq->pos;
     const uint32_t n = rq->n;
     float *logits_all = rq->logits == FLM_LOGITS_ALL ? rq->logits_all : NULL;
     flm_token_stats *tok = &res->stats;
+    flm_backend *be = &ctx->be;
+    const flm_backend_ops *B = be->ops;
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     flm_scratch *s = &ctx->s;
     const uint32_t d = hp->d_model, V = hp->n_vocab, q_dim = hp->n_heads * hp->head_dim;
     const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
     const size_t hs = R->h_stride;
-    const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n,
+    const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = n,
                         .pos = pos, .att = s->att, .tree = rq->tree};
 
     flm_status st = embed(ctx, &P, tokens, R->x, R->h, hs, tok, err);
@@ -371,24 +381,23 @@ static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const flm_layer_weights *L = &m->layers[l];
         /* attention */
-        if (!after) flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->h, hs);
-        flm_pass_qkv(&P, L, in, in_stride, R->q, R->k, R->v);
-        flm_pass_attention(&P, L, l, R->q, R->k, R->v, R->h, hs);
-        flm_pass_linear(&P, &L->wo, &L->bo, d, q_dim, R->h, hs, R->o, d);
-        if (!all_finite(R->o, n * d)) return not_finite(ctx, "attention", l, err);
+        if (!after) B->norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->h, hs);
+        B->qkv(&P, L, in, in_stride, R->q, R->k, R->v);
+        B->attention(&P, L, l, R->q, R->k, R->v, R->h, hs);
+        B->linear(&P, &L->wo, &L->bo, d, q_dim, R->h, hs, R->o, d);
+        B->watch(be, R->o, (size_t)n * d, l, FLM_WATCH_ATTENTION);
         /* FFN: its input from x after the attention's residual, or (parallel) before it */
         const flm_weight *fn = parallel && !L->ffn_norm.data ? &L->attn_norm : &L->ffn_norm;
         const flm_weight *fb = parallel && !L->ffn_norm.data ? &L->attn_norm_b : &L->ffn_norm_b;
-        if (parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
-        flm_pass_residual(&P, R->x, R->o, d, &L->post_attn_norm);
-        if (after) flm_pass_norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->x, d);
-        else if (!parallel) flm_pass_norm(&P, fn, fb, d, R->x, d, R->h, hs);
+        if (parallel) B->norm(&P, fn, fb, d, R->x, d, R->h, hs);
+        B->residual(&P, R->x, R->o, d, &L->post_attn_norm);
+        if (after) B->norm(&P, &L->attn_norm, &L->attn_norm_b, d, R->x, d, R->x, d);
+        else if (!parallel) B->norm(&P, fn, fb, d, R->x, d, R->h, hs);
         if ((st = ffn(ctx, rq, l, n, pos, in, in_stride, R->o, tok, err))) return st;
-        if (L->ffn_down_b.data)
-            for (uint32_t t = 0; t < n; t++) add_bias(R->o + (size_t)t * d, &L->ffn_down_b, d);
-        if (!all_finite(R->o, n * d)) return not_finite(ctx, "FFN", l, err);
-        flm_pass_residual(&P, R->x, R->o, d, &L->post_ffn_norm);
-        if (after) flm_pass_norm(&P, fn, fb, d, R->x, d, R->x, d);
+        if (L->ffn_down_b.data) B->add_bias(&P, R->o, d, &L->ffn_down_b, d);
+        B->watch(be, R->o, (size_t)n * d, l, FLM_WATCH_FFN);
+        B->residual(&P, R->x, R->o, d, &L->post_ffn_norm);
+        if (after) B->norm(&P, fn, fb, d, R->x, d, R->x, d);
     }
     /* logits: every token's (a batch), or the last one's; none for a prompt piece before the last (never read),
      * none for hidden states: the final states stay in R->x (flm_tree_logits) */
@@ -399,33 +408,46 @@ static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_
     if (rq->logits == FLM_LOGITS_NONE) return FLM_OK;
     const uint32_t rows = output_rows(ctx, rq->draft);
     if (logits_all && n > 1) {
-        output(m, &P, R->x, R->h, hs, logits_all, rows);
-        if (!logits_finite(logits_all, n, rows, V)) return not_finite(ctx, "output", UINT32_MAX, err);
+        output(B, m, &P, R->x, R->h, hs, logits_all, rows);
+        watch_logits(be, logits_all, n, rows, V);
         mask_vocab(logits_all, n, rows, V);
-        memcpy(s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
+        B->read(be, s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
     } else {
         flm_pass last = P;
         last.n = 1;
-        output(m, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits, rows);
-        if (!all_finite(s->logits, rows)) return not_finite(ctx, "output", UINT32_MAX, err);
+        output(B, m, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits, rows);
+        watch_logits(be, s->logits, 1, rows, V);
         mask_vocab(s->logits, 1, rows, V);
-        if (logits_all) memcpy(logits_all, s->logits, V * sizeof(float));
+        if (logits_all) B->read(be, logits_all, s->logits, V * sizeof(float));
     }
     res->logits = s->logits;
     return FLM_OK;
 }
 
+/* pass_blocks, then the backend's verdict once (also after an error: it clears the pass's notes) */
+static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_eval_res *res, flm_error *err) {
+    flm_status st = pass_blocks(ctx, rq, R, res, err);
+    if (st) {
+        uint32_t l;
+        int what;
+        ctx->be.ops->verdict(&ctx->be, &l, &what);
+        return st;
+    }
+    return verdict(ctx, err);
+}
+
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
-    const flm_pass P = {.k = ctx->k, .hp = hp, .kv = &ctx->kv, .n_threads = ctx->params.n_threads, .n = n};
+    flm_backend *be = &ctx->be;
+    const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = n};
     float *buf = malloc((size_t)n * ((size_t)hp->d_model + hp->d_embd) * sizeof(float));
     if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for %u tokens' output layer", n);
     for (uint32_t i = 0; i < n; i++) memcpy(buf + (size_t)i * hp->d_model, x[i], hp->d_model * sizeof(float));
-    output(m, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab);
+    output(be->ops, m, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab);
     free(buf);
-    if (!logits_finite(logits, n, hp->n_vocab, hp->n_vocab)) return not_finite(ctx, "output", UINT32_MAX, err);
-    return FLM_OK;
+    watch_logits(be, logits, n, hp->n_vocab, hp->n_vocab);
+    return verdict(ctx, err);
 }
 
 flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err) {

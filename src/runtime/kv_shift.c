@@ -52,6 +52,37 @@ static void turn_angles(uint32_t from, uint32_t to, float theta, uint32_t rope_d
     }
 }
 
+void flm_kv_shift_rows(const flm_backend *be, const flm_model *m, uint32_t from, uint32_t to0, uint32_t n_move,
+                       int n_threads) {
+    const flm_hparams *hp = &m->hp;
+    const flm_kv_cache *kv = &be->kv;
+    const size_t row = (size_t)kv->kv_dim * kv->elem_bytes;
+    const uint32_t n_discard = from - to0;
+    /* 1. move rows [from, from + n_move) down to [to0, to0 + n_move), every layer: keys and values */
+    for (uint32_t l = 0; l < hp->n_layers && n_move; l++) {
+        memmove(flm_kv_key(kv, l, to0), flm_kv_key(kv, l, from), n_move * row);
+        memmove(flm_kv_value(kv, l, to0), flm_kv_value(kv, l, from), n_move * row);
+    }
+    /* 2. turn the moved keys from their old positions to their new ones, with each layer's RoPE base (the local one
+     * on sliding-window layers) */
+    const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
+    const bool two_bases = hp->rope_theta_local != hp->rope_theta;
+    int nt = n_threads > 1 && n_move >= 64 ? n_threads : 1;
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t j = 0; j < (int64_t)n_move; j++) {
+        const uint32_t to = to0 + (uint32_t)j, old = to + n_discard;
+        double c[FLM_ATT_MAX_HEAD_DIM / 2], s[FLM_ATT_MAX_HEAD_DIM / 2];     /* global base */
+        double cl[FLM_ATT_MAX_HEAD_DIM / 2], sl[FLM_ATT_MAX_HEAD_DIM / 2];   /* local base (sliding-window layers) */
+        turn_angles(old, to, hp->rope_theta, hp->rope_dim, c, s);
+        if (two_bases) turn_angles(old, to, hp->rope_theta_local, hp->rope_dim, cl, sl);
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            const bool local = two_bases && m->layers[l].swa;
+            turn_row(kv, flm_kv_key(kv, l, to), hp->n_kv_heads, hp->head_dim, hp->rope_dim, neox, local ? cl : c,
+                     local ? sl : s);
+        }
+    }
+}
+
 flm_status flm_kv_shift(flm_ctx *ctx, int32_t n_keep, int32_t n_discard, flm_error *err) {
     if (!ctx) return flm_fail(err, FLM_ERR_ARG, "context shift: no context");
     ctx->tree_n = 0; /* a tree's nodes sit past n_past: forgotten */
@@ -60,33 +91,8 @@ flm_status flm_kv_shift(flm_ctx *ctx, int32_t n_keep, int32_t n_discard, flm_err
         return flm_fail(err, FLM_ERR_ARG, "context shift: cannot keep %d and discard %d tokens: the context holds %d "
                         "(n_keep >= 0, n_discard >= 0, n_keep + n_discard <= %d)", n_keep, n_discard, n_past, n_past);
     if (n_discard == 0) return FLM_OK;
-    const flm_hparams *hp = &ctx->model->hp;
-    const flm_kv_cache *kv = &ctx->kv;
     const uint32_t from = (uint32_t)(n_keep + n_discard), n_move = (uint32_t)n_past - from;
-    const size_t row = (size_t)kv->kv_dim * kv->elem_bytes;
-    /* 1. move rows [from, n_past) down to [n_keep, n_past - n_discard), every layer: keys and values */
-    for (uint32_t l = 0; l < hp->n_layers && n_move; l++) {
-        memmove(flm_kv_key(kv, l, (uint32_t)n_keep), flm_kv_key(kv, l, from), n_move * row);
-        memmove(flm_kv_value(kv, l, (uint32_t)n_keep), flm_kv_value(kv, l, from), n_move * row);
-    }
-    /* 2. turn the moved keys from their old positions to their new ones, with each layer's RoPE base (the local one
-     * on sliding-window layers) */
-    const bool neox = hp->arch->rope == FLM_ROPE_NEOX;
-    const bool two_bases = hp->rope_theta_local != hp->rope_theta;
-    int nt = ctx->params.n_threads > 1 && n_move >= 64 ? ctx->params.n_threads : 1;
-    #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t j = 0; j < (int64_t)n_move; j++) {
-        const uint32_t to = (uint32_t)n_keep + (uint32_t)j, old = to + (uint32_t)n_discard;
-        double c[FLM_ATT_MAX_HEAD_DIM / 2], s[FLM_ATT_MAX_HEAD_DIM / 2];     /* global base */
-        double cl[FLM_ATT_MAX_HEAD_DIM / 2], sl[FLM_ATT_MAX_HEAD_DIM / 2];   /* local base (sliding-window layers) */
-        turn_angles(old, to, hp->rope_theta, hp->rope_dim, c, s);
-        if (two_bases) turn_angles(old, to, hp->rope_theta_local, hp->rope_dim, cl, sl);
-        for (uint32_t l = 0; l < hp->n_layers; l++) {
-            const bool local = two_bases && ctx->model->layers[l].swa;
-            turn_row(kv, flm_kv_key(kv, l, to), hp->n_kv_heads, hp->head_dim, hp->rope_dim, neox, local ? cl : c,
-                     local ? sl : s);
-        }
-    }
+    ctx->be.ops->kv_shift(&ctx->be, ctx->model, from, (uint32_t)n_keep, n_move, ctx->params.n_threads);
     ctx->next_pos = n_past - n_discard;
     return FLM_OK;
 }

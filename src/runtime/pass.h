@@ -25,8 +25,12 @@ typedef struct flm_tree {
     uint8_t *mask;        /* scratch of n_ctx bytes (the attention mask of one row) */
 } flm_tree;
 
+struct flm_backend;
+
 /* What every block of one batch shares. */
 typedef struct flm_pass {
+    const struct flm_backend *be; /* the backend running the pass (runtime/backend.h); NULL: the CPU blocks below
+                                     called directly (synth) */
     const flm_kernels *k;
     const flm_hparams *hp;  /* dimensions, eps, RoPE bases and the descriptor (hp->arch) */
     const flm_kv_cache *kv; /* the attention block stores each token's key and value here, and reads them back */

@@ -9,6 +9,7 @@
 #include "format/flm.h"
 #include "io/reader.h"
 #include "model/model.h"
+#include "runtime/backend.h"
 #include "runtime/ffn_source.h"
 #include "core/util.h"
 
@@ -186,10 +187,11 @@ flm_status flm_flash_load_layers(flm_ffn_env *E, uint32_t n, flm_error *err);
 /* A failed read of layer l's FFN region: err (the reader's "<path>: what happened") becomes "<path>: FFN region of
  * layer l: what happened", so every error names the file and the region. Returns st. */
 flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st, flm_error *err);
-/* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH), dequantized into
- * out[d_model]. The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
+/* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH) into a host buffer
+ * of the flash side, *row (token_embd's type, valid until the next call; the backend's embed_rows dequantizes it).
+ * The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
  * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */
-flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, float *out, flm_token_stats *tok, flm_error *err);
+flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, const void **row, flm_token_stats *tok, flm_error *err);
 /* The FFN of layer l from records in memory (n_records bundles). */
 void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const float *in, float *out);
 /* The same for a batch of n <= plan.n_batch tokens (rows in_stride / out_stride floats apart): each record is read
@@ -202,7 +204,7 @@ struct flm_ctx {
     flm_params params;
     flm_logger log;          /* params.log, replaced by flm_set_log_callback; the reader logs through it too */
     const flm_kernels *k;
-    flm_kv_cache kv;
+    flm_backend be;          /* the device: its operations, its memory (mem) and the KV cache in it (be.kv) */
     flm_scratch s;
     int32_t next_pos;        /* the position flm_eval expects next (or 0 to restart) */
     flm_flash *flash;        /* NULL for GGUF (everything in memory) */
@@ -213,7 +215,8 @@ struct flm_ctx {
     /* statistics */
     flm_token_stats total;
     flm_token_stats *tokens; /* ring [FLM_STATS_TOKENS]: token n's record at n % FLM_STATS_TOKENS (in mem) */
-    flm_arena mem;           /* one block: the KV cache, the activations (s) and the statistics ring, carved */
+    flm_arena mem;           /* one block of the backend's memory (be.ops->mem_init): the KV cache, the activations (s)
+                                and the statistics ring, carved */
     uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
     int32_t tree_pos;        /* flm_eval_tree: the KV slot of node 0 of the tree the cache holds */
@@ -259,6 +262,10 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
  * classifier as one matrix-matrix product (each weight row read once for the n tokens), every row's bits those of
  * flm_output_row (the tile kernels' dots are vec_dot's). Errors: those of flm_output_row. */
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err);
+
+/* flm_open on backend `be` (flm_open: &flm_backend_cpu; tests/test_backend.c: a stub over it). */
+flm_status flm_open_backend(const char *path, const flm_params *p, const flm_backend_ops *be, flm_ctx **out,
+                            flm_error *err);
 
 /* Which logits a forward pass computes. */
 typedef enum flm_logits_want {

@@ -423,8 +423,7 @@ static uint32_t true_set(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const float
     const flm_layer_sparsity *S = &sp->sp.layers[l];
     uint32_t n = 0, F = E->model->hp.d_ffn;
     if (S->rule == FLM_RULE_CONTRIB) { /* (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2, every h_i computed */
-        flm_ffn_bundles(E->k, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, E->flash->acc,
-                        E->params->n_threads);
+        E->be->ops->bundles(E->be, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, E->flash->acc);
         return flm_contrib_set(sp->z, sp->dn[l], F, S->threshold, sp->z, ids);
     }
     uint32_t t = b->gated ? b->gate_type : b->up_type;
@@ -562,8 +561,7 @@ static void token_chunk_fn(flm_ffn_env *E, flm_sparse *sp, const uint8_t *record
     token_chunk *c = user;
     flm_bundle_desc tmp;
     const flm_bundle_desc *b = rows_desc(sp, c->l, c->ids + j0, NULL, m, &tmp);
-    flm_ffn_bundles(E->k, b, records, NULL, m, c->in, sp->tmp_out, E->s->hb, E->flash->acc,
-                    E->params->n_threads);
+    E->be->ops->bundles(E->be, b, records, NULL, m, c->in, sp->tmp_out, E->s->hb, E->flash->acc);
     for (uint32_t i = 0; i < b->d_model; i++) c->out[i] += sp->tmp_out[i];
 }
 
@@ -654,8 +652,8 @@ static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const fl
     tok->rows_used += cs.rows_used;
     /* 4. the FFN over the predicted set's rows (compute), while the first streamed chunk (if any) arrives */
     bool started = stream_start(E, sp, l, sp->ids + n, n_all - n);
-    flm_ffn_bundles(E->k, rows_desc(sp, l, sp->ids, rows, n, &tmp), flm_ncache_matrix(sp->cache[l]), rows, n, in,
-                    out, E->s->hb, fl->acc, pp->n_threads);
+    E->be->ops->bundles(E->be, rows_desc(sp, l, sp->ids, rows, n, &tmp), flm_ncache_matrix(sp->cache[l]), rows, n,
+                        in, out, E->s->hb, fl->acc);
     /* 5. a set larger than the cache: the rest read into the stream buffer, computed, discarded */
     if (n_all > n) {
         token_chunk c = {in, out, l, sp->ids + n};
@@ -684,8 +682,8 @@ static void batch_chunk_fn(flm_ffn_env *E, flm_sparse *sp, const uint8_t *record
     for (uint32_t t = 0; t < c->n; t++)
         for (uint32_t j = 0; j < m; j++) R[(size_t)t * m + j] = c->M[(size_t)t * F + c->stream_ids[j0 + j]];
     flm_bundle_desc tmp;
-    flm_ffn_bundles_batch(E->k, rows_desc(sp, c->l, c->stream_ids + j0, NULL, m, &tmp), records, NULL, m, R, m,
-                          c->n, c->in, c->in_stride, part, d, E->flash->acc, E->params->n_threads);
+    E->be->ops->bundles_batch(E->be, rows_desc(sp, c->l, c->stream_ids + j0, NULL, m, &tmp), records, NULL, m, R,
+                              m, c->n, c->in, c->in_stride, part, d, E->flash->acc);
     for (uint32_t t = 0; t < c->n; t++)
         for (uint32_t i = 0; i < d; i++) c->out[t * c->out_stride + i] += part[(size_t)t * d + i];
 }
@@ -798,8 +796,8 @@ static flm_status sparse_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, fl
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
         flm_bundle_desc tmp;
-        flm_ffn_bundles_batch(E->k, rows_desc(sp, l, sp->ids, rows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
-                              rows, nu, R, nu, n, in, in_stride, out, out_stride, fl->acc, pp->n_threads);
+        E->be->ops->bundles_batch(E->be, rows_desc(sp, l, sp->ids, rows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
+                                  rows, nu, R, nu, n, in, in_stride, out, out_stride, fl->acc);
         return FLM_OK;
     }
     /* larger than the cache: the cached part in place, the rest streamed (the window is kept for decoding) */
@@ -821,8 +819,9 @@ static flm_status sparse_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, fl
     bool started = stream_start(E, sp, l, stream_ids, ns); /* arrives while the cached part is computed */
     flm_bundle_desc tmp;
     if (nc)
-        flm_ffn_bundles_batch(E->k, rows_desc(sp, l, sp->ids, sp->brows, nc, &tmp), flm_ncache_matrix(sp->cache[l]),
-                              sp->brows, nc, R, nc, n, in, in_stride, out, out_stride, fl->acc, pp->n_threads);
+        E->be->ops->bundles_batch(E->be, rows_desc(sp, l, sp->ids, sp->brows, nc, &tmp),
+                                  flm_ncache_matrix(sp->cache[l]), sp->brows, nc, R, nc, n, in, in_stride, out,
+                                  out_stride, fl->acc);
     tok->n_reused += nc;
     batch_chunk bc = {n, in, in_stride, out, out_stride, l, M, stream_ids};
     return stream_chunks(E, sp, l, stream_ids, ns, started, batch_chunk_fn, &bc, tok, err);

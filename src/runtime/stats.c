@@ -31,8 +31,8 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     const flm_hparams *hp = &ctx->model->hp;
     st->n_layers = hp->n_layers;
     st->mem_kv = flm_kv_cache_bytes(hp->n_layers, (uint32_t)ctx->params.n_ctx, hp->n_kv_heads * hp->head_dim,
-                                    ctx->kv.elem_bytes);
-    st->kv_type = ctx->kv.elem_bytes == FLM_KV_F16 ? "f16" : "f32";
+                                    ctx->be.kv.elem_bytes);
+    st->kv_type = ctx->be.kv.elem_bytes == FLM_KV_F16 ? "f16" : "f32";
     st->n_ctx = (uint32_t)ctx->params.n_ctx;
     if (fl) {
         st->mem_budget = fl->plan.budget + fl->plan.spec; /* the parts' and auto's speculative buffers' */
