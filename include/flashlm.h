@@ -45,11 +45,15 @@ extern "C" {
 FLM_API int flm_version(const char **str);
 
 /* The compute kernels' level this process uses, chosen once per process from the CPU's features (cpuid):
- * "scalar" (the reference), "avx2" (AVX2+FMA+F16C), "avx512" (+ AVX-512 F/BW/VL) or "vnni" (+ AVX-512 VNNI), the
- * highest the CPU has; or the level the environment variable FLASHLM_KERNELS names (one of those four), capped at
- * the CPU's: a request above it gets the CPU's best. An unknown FLASHLM_KERNELS value is ignored. *cpu_best (may be
- * NULL) gets the CPU's best level. The same string as flm_model_info.kernels. Never fails; static strings. */
+ * "scalar" (the reference), "avx2" (AVX2+FMA+F16C), "avxvnni" (avx2 + AVX-VNNI), "avx512" (avx2 + AVX-512 F/BW/VL)
+ * or "vnni" (+ AVX-512 VNNI), the highest the CPU has; or the level the environment variable FLASHLM_KERNELS names
+ * (one of flm_kernels_level_name's), capped at the CPU's: a request above it gets the highest level it has below it. An
+ * unknown FLASHLM_KERNELS value is ignored. *cpu_best (may be NULL) gets the CPU's best level. The same string as
+ * flm_model_info.kernels. Never fails; static strings. */
 FLM_API const char *flm_kernels_in_use(const char **cpu_best);
+/* The name of kernel level i (0: "scalar", the lowest; the list docs/ARCHITECTURE.md tabulates), NULL for i past the
+ * last: what FLASHLM_KERNELS may name. Static strings. */
+FLM_API const char *flm_kernels_level_name(int i);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Errors

@@ -608,13 +608,17 @@ static const char *MAIN_HELP =
 static bool check_kernels_env(void) {
     const char *env = getenv("FLASHLM_KERNELS");
     if (!env || !*env) return true; /* unset or empty: the CPU's best */
-    static const char *const levels[] = {"scalar", "avx2", "avxvnni", "avx512", "vnni"};
     bool known = false;
     const char *best, *used = flm_kernels_in_use(&best);
-    for (size_t l = 0; l < sizeof levels / sizeof *levels; l++) known = known || !strcmp(env, levels[l]);
+    char names[128] = "";
+    size_t n = 0;
+    for (int l = 0; flm_kernels_level_name(l); l++) { /* the library's list of levels */
+        known = known || !strcmp(env, flm_kernels_level_name(l));
+        n += (size_t)snprintf(names + n, n < sizeof names ? sizeof names - n : 0, "%s%s", l ? ", " : "",
+                              flm_kernels_level_name(l));
+    }
     if (!known) {
-        fprintf(stderr, "flashlm: FLASHLM_KERNELS=%s: not a kernel level (scalar, avx2, avxvnni, avx512 or vnni)\n",
-                env);
+        fprintf(stderr, "flashlm: FLASHLM_KERNELS=%s: not a kernel level (%s)\n", env, names);
         return false;
     }
     if (strcmp(env, used) != 0)

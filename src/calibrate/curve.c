@@ -37,20 +37,16 @@ static uint32_t all_ids(uint32_t F, uint32_t *ids) {
 static uint32_t sel_predictor(void *user, uint32_t l, int32_t pos, const float *x, const float *h, uint32_t *ids) {
     (void)h;
     curve_sel *s = user;
-    flm_predictor *p = &s->sp->layers[l].pred;
+    const flm_predictor *p = &s->sp->layers[l].pred;
+    const float t = s->sp->layers[l].levels[s->level].pred_threshold; /* the level's; the loaded one stays */
     uint32_t n;
     if (pos == 0) n = all_ids(p->d_ffn, ids);
     else if (!p->A16) { /* a version-1 region (f32 matrices) */
-        p->threshold = s->sp->layers[l].levels[s->level].pred_threshold;
-        n = (uint32_t)flm_predictor_predict(p, x, ids, s->scratch);
-    } else { /* as the sparse mode predicts: the f16 matrices through the kernels */
-        float *hp = s->scratch, *z = s->scratch + p->rank, t = s->sp->layers[l].levels[s->level].pred_threshold;
-        int nt = s->n_threads;
-        flm_matvec(s->k, FLM_TYPE_F16, p->A16, p->rank, p->d_model, x, hp, nt);
-        flm_matvec(s->k, FLM_TYPE_F16, p->B16, p->d_ffn, p->rank, hp, z, nt);
-        n = 0;
-        for (uint32_t i = 0; i < p->d_ffn; i++)
-            if (z[i] + p->c[i] > t) ids[n++] = i;
+        flm_predictor q = *p;
+        q.threshold = t;
+        n = (uint32_t)flm_predictor_predict(&q, x, ids, s->scratch);
+    } else { /* as the sparse mode predicts (runtime/sparse.c) */
+        n = flm_predictor_predict_f16(s->k, p, p->A16, p->B16, t, x, s->scratch, ids, s->n_threads);
     }
     s->n_sel += n;
     s->n_calls++;

@@ -249,7 +249,7 @@ static pthread_once_t scalar_once = PTHREAD_ONCE_INIT;
 
 static void scalar_init(void) {
     flm_kernels *k = &scalar_kernels;
-    k->name = "scalar";
+    k->name = flm_kernel_level_name(FLM_KERNELS_SCALAR);
     k->dot[FLM_TYPE_F32] = dot_f32, k->dot[FLM_TYPE_F16] = dot_f16, k->dot[FLM_TYPE_BF16] = dot_bf16;
     k->dot[FLM_TYPE_Q8_0] = dot_q8_0, k->dot[FLM_TYPE_Q4_0] = dot_q4_0;
     k->axpy[FLM_TYPE_F32] = axpy_f32, k->axpy[FLM_TYPE_F16] = axpy_f16, k->axpy[FLM_TYPE_BF16] = axpy_bf16;
@@ -332,13 +332,13 @@ static pthread_once_t avxvnni_once = PTHREAD_ONCE_INIT, avx512_once = PTHREAD_ON
 
 static void avxvnni_init(void) {
     avxvnni_kernels = *flm_kernels_avx2_table();
-    avxvnni_kernels.name = "avxvnni";
+    avxvnni_kernels.name = flm_kernel_level_name(FLM_KERNELS_AVXVNNI);
     flm_quants_fill_avxvnni(&avxvnni_kernels);
 }
 
 static void avx512_init(void) {
     avx512_kernels = *flm_kernels_avx2_table();
-    avx512_kernels.name = "avx512";
+    avx512_kernels.name = flm_kernel_level_name(FLM_KERNELS_AVX512);
     flm_quants_fill_avx512(&avx512_kernels);
     flm_attn_tile_fill_avx512(&avx512_kernels); /* a batch's attention tiles (attn_tile_avx512.c) */
 }
@@ -346,7 +346,7 @@ static void avx512_init(void) {
 static void vnni_init(void) {
     pthread_once(&avx512_once, avx512_init);
     vnni_kernels = avx512_kernels;
-    vnni_kernels.name = "vnni";
+    vnni_kernels.name = flm_kernel_level_name(FLM_KERNELS_VNNI);
     flm_quants_fill_vnni(&vnni_kernels);
 }
 #endif

@@ -112,7 +112,7 @@ typedef void (*flm_to_f16_fn)(uint16_t *dst, const float *src, size_t n);
 typedef void (*flm_softmax_fn)(float *x, size_t n);
 
 typedef struct flm_kernels {
-    const char *name;                    /* the level's name: "scalar", "avx2", "avx512", "vnni" */
+    const char *name;                    /* the level's name (flm_kernel_level_name) */
     flm_dot_fn dot[FLM_N_TYPES];         /* indexed by flm_type; NULL for unsupported types */
     flm_axpy_fn axpy[FLM_N_TYPES];
     flm_dequant_fn dequant[FLM_N_TYPES];

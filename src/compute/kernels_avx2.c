@@ -477,7 +477,7 @@ static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
 static void avx2_init(void) {
     flm_kernels *k = &avx2_kernels;
     *k = *flm_kernels_scalar();
-    k->name = "avx2";
+    k->name = flm_kernel_level_name(FLM_KERNELS_AVX2);
     k->dot[FLM_TYPE_F32] = dot_f32, k->dot[FLM_TYPE_F16] = dot_f16, k->dot[FLM_TYPE_BF16] = dot_bf16;
     k->dot[FLM_TYPE_Q8_0] = dot_q8_0, k->dot[FLM_TYPE_Q4_0] = dot_q4_0;
     k->axpy[FLM_TYPE_F32] = axpy_f32, k->axpy[FLM_TYPE_F16] = axpy_f16, k->axpy[FLM_TYPE_BF16] = axpy_bf16;

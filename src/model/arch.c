@@ -1,6 +1,8 @@
 /* arch.c — the architecture descriptors (see arch.h). */
 #include "model/arch.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 static const flm_arch archs[] = {
@@ -48,4 +50,16 @@ const flm_arch *flm_arch_find(const char *name) {
     return NULL;
 }
 
-const char *flm_arch_names(void) { return "llama, qwen2, gemma3, opt, falcon, phi2, persimmon"; }
+static char arch_names[256];
+static void arch_names_init(void) {
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        n += (size_t)snprintf(arch_names + n, n < sizeof arch_names ? sizeof arch_names - n : 0, "%s%s", i ? ", " : "",
+                              archs[i].name);
+}
+
+const char *flm_arch_names(void) { /* the table's names, ", "-separated, built once */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, arch_names_init);
+    return arch_names;
+}

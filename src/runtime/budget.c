@@ -59,9 +59,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         flm_params bp = {.n_batch = (int)rq->n_batch, .n_threads = rq->n_threads};
         p->n_batch = flm_batch_size(&bp, hp, rq->n_ctx, budget);
     }
-    p->scratch = flm_scratch_bytes(hp, rq->n_ctx, p->n_batch) +
-                 4ull * (uint64_t)rq->n_threads * p->n_batch * hp->d_model +
-                 (uint64_t)hp->n_vocab * 96 + flm_compute_threads_bytes(rq->n_threads);
+    p->scratch = flm_plan_scratch(hp, rq->n_ctx, p->n_batch, rq->n_threads, true);
     /* reader bounce buffers: 1/16 of the budget, between 32 KiB and 8 MiB, plus its plan arrays and ring (~32 KiB;
      * flm_flash_open replaces the estimate with flm_reader_memory() once the reader exists) */
     uint64_t bounce = budget ? budget / 16 : (8u << 20);

@@ -571,6 +571,8 @@ const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t
     return flm_tokenizer_piece(ctx->model->tok, prev, id, len);
 }
 
+const char *flm_kernels_level_name(int i) { return i < 0 ? NULL : flm_kernel_level_name((flm_kernel_level)i); }
+
 const char *flm_kernels_in_use(const char **cpu_best) {
     if (cpu_best) *cpu_best = flm_kernel_level_name(flm_kernels_cpu_level());
     return flm_kernels_best()->name;

@@ -58,6 +58,12 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_bat
     return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
+uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, bool flash) {
+    uint64_t s = flm_scratch_bytes(hp, n_ctx, n_batch) + flm_compute_threads_bytes(n_threads);
+    if (flash) s += 4ull * (uint64_t)n_threads * n_batch * hp->d_model + (uint64_t)hp->n_vocab * 96;
+    return s;
+}
+
 /* A .flm file's weight bytes: the resident region and the FFN regions (4 KiB-padded). */
 static uint64_t file_weight_bytes(const flm_file *f) {
     uint64_t ffn, largest;
@@ -239,7 +245,7 @@ flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparam
     o->n_batch = flm_batch_size(p, hp, o->n_ctx, o->budget);
     o->kv_elem_bytes = flm_kv_elem_bytes(p);
     o->kv = flm_kv_cache_bytes(hp->n_layers, o->n_ctx, hp->n_kv_heads * hp->head_dim, o->kv_elem_bytes);
-    o->scratch = flm_scratch_bytes(hp, o->n_ctx, o->n_batch) + flm_compute_threads_bytes(p->n_threads);
+    o->scratch = flm_plan_scratch(hp, o->n_ctx, o->n_batch, p->n_threads, false);
     o->total = o->resident + o->kv + o->scratch;
     o->embd = FLM_PLAN_EMBD_MEMORY;
     o->n_layers = o->n_resident_layers = hp->n_layers;

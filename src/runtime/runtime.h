@@ -102,7 +102,9 @@ typedef struct flm_plan_request {
 /* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the
  * file in naive, sparse and hybrid — hybrid keeps it when every layer and it fit — when the request allows), the FFN
  * part by the mode's source (flm_ffn_source_ops.plan). AUTO is decided here and only here: ram when everything
- * fits, else sparse when calibrated and flm_sparse_plan_check accepts it, else hybrid; p->reason says why.
+ * fits, else sparse when calibrated and flm_sparse_plan_check accepts it, else hot when every FFN region is stored
+ * hottest first (flashlm calibrate), else hybrid; p->reason says why. (Whether hot then decodes with the self-draft
+ * is plan.c's, plan_self_draft.)
  * Errors: FLM_ERR_BUDGET, with every part's size in the message. (The entry points are runtime/plan.c's.) */
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *plan,
                            flm_error *err);
@@ -243,10 +245,15 @@ const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 /* Bytes of scratch for these hyper-parameters, context length and batch size (tokens; <= 1: no batch arrays).
  * (runtime/plan.c, with flm_batch_size: the plan's sizes.) */
 uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch);
+/* The plan's scratch part (flm_plan_info.scratch), the one formula: flm_scratch_bytes (the activations and the
+ * statistics ring, carved at open), the compute threads past the allowance's (flm_compute_threads_bytes), and for a
+ * .flm file (flash) the per-thread FFN accumulators of a batch (4 n_threads n_batch d_model) and the tokenizer's
+ * copies (~96 bytes a token: pieces twice, hash, entries). The embedding row buffer is the budget plan's own. */
+uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, bool flash);
 /* Carve the activations from a (FLM_CARVE_ALIGN-aligned arrays, zero). Errors: FLM_ERR_BUDGET (a is too small). */
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
                             flm_error *err);
-/* The batch size (tokens) for these parameters: params->n_batch when set, else 64, or under a budget (bytes; 0:
+/* The batch size (tokens) for these parameters: params->n_batch when set, else 256, or under a budget (bytes; 0:
  * none) fewer, so that the batch's activations and FFN accumulators take at most 1/64 of it; clamped to
  * [1, n_ctx]. */
 uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_ctx, uint64_t budget);

@@ -440,16 +440,8 @@ static uint32_t true_set(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const float
 /* The predictor (sparsity/predictor.h) with f16 weights: h = A x, z = B h + c, ids = {i : z_i > threshold}. */
 static uint32_t predict_f16(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const float *x) {
     const flm_predictor *p = &sp->sp.layers[l].pred;
-    float *h = sp->pscratch, *z = sp->pscratch + p->rank;
-    int nt = E->params->n_threads;
-    flm_matvec(E->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, x, h, nt);
-    flm_matvec(E->k, FLM_TYPE_F16, sp->B16[l], p->d_ffn, p->rank, h, z, nt);
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < p->d_ffn; i++) {
-        z[i] += p->c[i];
-        if (z[i] > p->threshold) sp->ids[n++] = i;
-    }
-    return n;
+    return flm_predictor_predict_f16(E->k, p, sp->A16[l], sp->B16[l], p->threshold, x, sp->pscratch, sp->ids,
+                                     E->params->n_threads);
 }
 
 static int cmp_desc_logit(const void *a, const void *b, void *z) {

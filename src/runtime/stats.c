@@ -48,8 +48,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors + fl->plan.stream; /* + its stream buffer */
     } else {
         st->mem_resident = ctx->mem_resident;
-        st->mem_scratch = flm_scratch_bytes(hp, (uint32_t)ctx->params.n_ctx, (uint32_t)ctx->params.n_batch) +
-                          flm_compute_threads_bytes(ctx->params.n_threads); /* as flm_plan_gguf */
+        st->mem_scratch = ctx->plan.scratch; /* flm_plan_gguf's */
         st->model_bytes = ctx->mem_resident;
         st->n_ffn_resident_layers = hp->n_layers;
     }

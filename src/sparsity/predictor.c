@@ -195,3 +195,17 @@ flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_
     if (consumed) *consumed = (size_t)need;
     return FLM_OK;
 }
+
+uint32_t flm_predictor_predict_f16(const flm_kernels *k, const flm_predictor *p, const uint16_t *A16,
+                                   const uint16_t *B16, float threshold, const float *x, float *scratch,
+                                   uint32_t *ids, int n_threads) {
+    float *h = scratch, *z = scratch + p->rank;
+    flm_matvec(k, FLM_TYPE_F16, A16, p->rank, p->d_model, x, h, n_threads);
+    flm_matvec(k, FLM_TYPE_F16, B16, p->d_ffn, p->rank, h, z, n_threads);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->d_ffn; i++) {
+        z[i] += p->c[i];
+        if (z[i] > threshold) ids[n++] = i;
+    }
+    return n;
+}

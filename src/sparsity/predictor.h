@@ -88,4 +88,13 @@ void flm_predictor_serialize(const flm_predictor *p, uint8_t *dst);
 flm_status flm_predictor_deserialize(flm_predictor *p, const uint8_t *src, size_t len, size_t *consumed,
                                      const char *what, flm_error *err);
 
+/* The prediction the sparse mode runs (runtime/sparse.c) and the quality curve measures (calibrate/curve.c), with the
+ * half-precision matrices A16 [rank x d_model] and B16 [d_ffn x rank] (p's, or a copy of them) through the kernels k:
+ * h = A x, z = B h + c, ids = {i : z_i > threshold}, increasing. scratch: rank + d_ffn floats; z is left at
+ * scratch + rank. Rows split over n_threads. Returns the count. */
+struct flm_kernels;
+uint32_t flm_predictor_predict_f16(const struct flm_kernels *k, const flm_predictor *p, const uint16_t *A16,
+                                   const uint16_t *B16, float threshold, const float *x, float *scratch,
+                                   uint32_t *ids, int n_threads);
+
 #endif
