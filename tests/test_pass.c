@@ -1,5 +1,6 @@
-/* test_pass.c — the forward pass's blocks (runtime/pass.h) and the descriptor options no shipped architecture uses
- * yet (model/arch.h): LayerNorm, learned absolute positions, parallel attention/FFN.
+/* test_pass.c — the forward pass's blocks (runtime/pass.h) and the descriptor options (model/arch.h) the llama-shaped
+ * test model does not use itself: LayerNorm (OPT, Falcon, Phi-2, Persimmon), learned absolute positions (OPT),
+ * parallel attention/FFN (Falcon, Phi-2); here they are swapped into stories260K's descriptor one at a time.
  *
  *   - the linear block: one token goes through flm_matvec, a batch through flm_matmat, every row bit-identical, with
  *     the bias added;

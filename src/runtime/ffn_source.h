@@ -89,7 +89,7 @@ extern const flm_ffn_source_ops flm_ffn_hybrid; /* ffn_stream.c */
 extern const flm_ffn_source_ops flm_ffn_sparse; /* sparse.c */
 extern const flm_ffn_source_ops flm_ffn_hot;    /* ffn_hot.c */
 
-/* The source of a .flm mode (RAM, NAIVE, HYBRID, SPARSE); NULL for AUTO or an unknown mode. */
+/* The source of a .flm mode (RAM, NAIVE, HYBRID, SPARSE, HOT); NULL for AUTO or an unknown mode. */
 const flm_ffn_source_ops *flm_ffn_source_of(flm_mode mode);
 
 #endif
