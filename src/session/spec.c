@@ -448,26 +448,48 @@ static int32_t tree_prune(spec *s, int32_t N, double draft_ms, int32_t *map) {
     return k;
 }
 
-/* A tree step (o.tree): the self-draft grows a tree of candidates a level at a time (each level's nodes in one
- * flm_eval_tree with draft = true): every node of the frontier offers its SPEC_TREE_K most likely tokens
- * (greedy; scored by the path's draft probability) or SPEC_TREE_K draws from its draft distribution (sampling),
- * and the best SPEC_TREE_W by path probability join, while the tree has room (o.tree nodes) and the depth is
- * below o.n_draft. Greedy trees also hold the n-gram lookup's continuation as a branch (merged where the draft
- * agrees). The target evaluates the whole tree in one flm_eval_tree and walks down from the root: at each node its
- * token (greedy: the argmax; sampling: flm_sampler_accept_multi over the node's draws, so the text keeps the target's
- * distribution) continues into the child that holds it, or ends the step. flm_tree_accept keeps the path. Same
- * contract as step(). */
-static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
-    const int32_t H = s->n_hist;
+/* The candidates one drafted level offers (their logits at s->rows, row u - lo for frontier node u in [lo, hi)): each
+ * node's SPEC_TREE_K most likely tokens (greedy) or SPEC_TREE_K draws from its draft distribution (sampling; the
+ * draws and the distribution kept in tdraw / tq for the walk), scored by the path's draft probability. An
+ * end-of-generation node offers none. Returns their count in cand. */
+static int tree_level_cands(spec *s, int32_t lo, int32_t hi, bool greedy, tree_cand *cand) {
     const size_t V = s->n_vocab;
-    const bool greedy = flm_sampler_greedy(s->smp);
     const int K = SPEC_TREE_K;
-    const double t_step = flm_now_ms();
-    s->hist[H] = last;
-    int32_t cap = s->o.tree;
-    if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
-    long depth_max = s->o.n_draft;
-    if (depth_max > max_new - 1) depth_max = max_new - 1;
+    int nc = 0;
+    for (int32_t u = lo; u < hi; u++) {
+        if (flm_token_is_eog(s->target, s->ttok[u])) continue;
+        const float *lg = s->rows + (size_t)(u - lo) * V;
+        int32_t tk[SPEC_TREE_K];
+        float pr[SPEC_TREE_K];
+        int nk;
+        if (greedy) nk = top_k_probs(lg, V, K, tk, pr);
+        else { /* K draws from the draft's distribution: distinct ones become candidates */
+            float *q = s->tq + (size_t)u * V;
+            flm_sampler_probs(s->smp, lg, q);
+            nk = 0;
+            for (int j = 0; j < K; j++) {
+                int32_t x = flm_sampler_sample_probs(s->smp, q);
+                if (x < 0) break;
+                s->tdraw[u * K + s->tndraw[u]++] = x;
+                bool seen = false;
+                for (int i = 0; i < nk; i++) seen |= tk[i] == x;
+                if (!seen) { tk[nk] = x; pr[nk] = q[x]; nk++; }
+            }
+        }
+        for (int j = 0; j < nk; j++) cand[nc++] = (tree_cand){u, tk[j], s->tscore[u] * pr[j]};
+    }
+    return nc;
+}
+
+/* Draft: the self-draft grows a tree from the root `last` (node 0, at position H) a level at a time, each level's
+ * frontier in one flm_eval_tree with draft = true: the best SPEC_TREE_W candidates by path probability
+ * (tree_level_cands) join while the tree has room (cap nodes) and the depth is below depth_max, and another level
+ * pays by the measured costs (c_level against what the frontier can add). Greedy trees also hold the n-gram lookup's
+ * continuation as a branch (merged where the draft agrees). *n_nodes gets the tree's size; draft_tokens and draft_ms
+ * are counted. Errors: those of flm_eval_tree. */
+static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long depth_max, int32_t *n_nodes,
+                             double *draft_ms, flm_error *err) {
+    const bool greedy = flm_sampler_greedy(s->smp);
     int32_t N = 1;
     s->ttok[0] = last;
     s->tpar[0] = -1;
@@ -480,7 +502,7 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
     if (greedy && depth_max > 0)
         n_ng = spec_ngram_lookup(s->hist, (size_t)H + 1, SPEC_NGRAM_MAX, ng, (uint32_t)depth_max);
     flm_status st = FLM_OK;
-    double t0 = flm_now_ms();
+    const double t0 = flm_now_ms();
     tree_cand cand[SPEC_TREE_W * SPEC_TREE_K + 1];
     int32_t lo = 0, hi = 1;
     for (long d = 0; d < depth_max && lo < hi && N < cap; d++) {
@@ -497,29 +519,7 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
             return st;
         ema(&s->c_level, flm_now_ms() - tl);
         s->st.draft_tokens += (uint64_t)(hi - lo);
-        int nc = 0;
-        for (int32_t u = lo; u < hi; u++) {
-            if (flm_token_is_eog(s->target, s->ttok[u])) continue;
-            const float *lg = s->rows + (size_t)(u - lo) * V;
-            int32_t tk[SPEC_TREE_K];
-            float pr[SPEC_TREE_K];
-            int nk;
-            if (greedy) nk = top_k_probs(lg, V, K, tk, pr);
-            else { /* K draws from the draft's distribution: distinct ones become candidates */
-                float *q = s->tq + (size_t)u * V;
-                flm_sampler_probs(s->smp, lg, q);
-                nk = 0;
-                for (int j = 0; j < K; j++) {
-                    int32_t x = flm_sampler_sample_probs(s->smp, q);
-                    if (x < 0) break;
-                    s->tdraw[u * K + s->tndraw[u]++] = x;
-                    bool seen = false;
-                    for (int i = 0; i < nk; i++) seen |= tk[i] == x;
-                    if (!seen) { tk[nk] = x; pr[nk] = q[x]; nk++; }
-                }
-            }
-            for (int j = 0; j < nk; j++) cand[nc++] = (tree_cand){u, tk[j], s->tscore[u] * pr[j]};
-        }
+        int nc = tree_level_cands(s, lo, hi, greedy, cand);
         if (ng_node >= 0 && (uint32_t)d < n_ng) { /* the n-gram's next token after its node: always in */
             bool merged = false;
             for (int i = 0; i < nc; i++)
@@ -545,19 +545,23 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
         lo = first_new;
         hi = N;
     }
-    const double step_draft_ms = flm_now_ms() - t0;
-    s->st.draft_ms += step_draft_ms;
-    int32_t map[FLM_SPEC_DRAFT_MAX];
-    N = tree_prune(s, N, step_draft_ms, map);
-    double promised = 0;
-    for (int32_t i = 1; i < N; i++) promised += s->tscore[i];
+    *draft_ms = flm_now_ms() - t0;
+    s->st.draft_ms += *draft_ms;
+    *n_nodes = N;
+    return FLM_OK;
+}
+
+/* Verify: the target evaluates the pruned tree of N nodes at H in one flm_eval_tree; the output layer only for the
+ * nodes the walk visits (flm_tree_logits) when the tree fits one batch (*lazy), else every node's logits into
+ * s->rows. The pass's ms feeds the verification cost model (v_*) and the statistics. Errors: those of
+ * flm_eval_tree. */
+static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_error *err) {
     const double tv = flm_now_ms();
-    /* the output layer only for the nodes the walk visits (flm_tree_logits), when the tree fits one batch */
     flm_stats fs;
     flm_get_stats(s->target, &fs);
-    const bool lazy = N == 1 || (uint32_t)N <= fs.n_batch;
-    if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, lazy ? NULL : s->rows, err)))
-        return st;
+    *lazy = N == 1 || (uint32_t)N <= fs.n_batch;
+    flm_status st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, *lazy ? NULL : s->rows, err);
+    if (st) return st;
     const double dv = flm_now_ms() - tv;
     s->v_w = 0.95 * s->v_w + 1.0;
     s->v_x = 0.95 * s->v_x + N;
@@ -570,7 +574,22 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
     s->st.n_steps++;
     s->st.n_drafted += (uint64_t)(N - 1);
     if (N == 1) s->st.n_plain++;
-    t0 = flm_now_ms();
+    return FLM_OK;
+}
+
+/* Walk and accept: from the root down, each node's token (greedy: the argmax; sampling: flm_sampler_accept_multi over
+ * the node's draws, so the text keeps the target's distribution; map: a node's index when drafted) continues into
+ * the child that holds it, or ends the step; flm_tree_accept keeps the path. out[0..k] get the tokens decided (*k
+ * accepted drafts), row j of s->rows the logits after out[j - 1], hist the accepted drafts. Lazy: the nodes the walk
+ * will likely visit get their logits first, in one classifier pass. Errors: those of flm_tree_logits(_n) and
+ * flm_tree_accept. */
+static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, const int32_t *map, int32_t *out,
+                                   uint32_t *k_out, flm_error *err) {
+    const size_t V = s->n_vocab;
+    const bool greedy = flm_sampler_greedy(s->smp);
+    const int K = SPEC_TREE_K;
+    flm_status st;
+    const double t0 = flm_now_ms();
     /* Lazy: the nodes the walk will likely visit first, in one classifier pass (flm_tree_logits_n reads the output
      * weights once for all of them; one node at a time reads them once per node, which on Qwen2.5-Coder-1.5B at
      * --mem 50% cost ~70 ms per generated token): the root and every node whose path's draft probability (tscore) is
@@ -632,6 +651,33 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
             memcpy(s->rows + (size_t)j * V, s->rows + (size_t)path[j] * V, V * sizeof *s->rows);
     }
     s->st.n_accepted += k;
+    *k_out = k;
+    return FLM_OK;
+}
+
+/* A tree step (o.tree): draft a tree (tree_draft), prune it to the nodes that pay (tree_prune), verify it in one pass
+ * (tree_verify), walk and accept (tree_walk_accept), then update the acceptance and cost estimates. Same contract as
+ * step(). */
+static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+    const int32_t H = s->n_hist;
+    const double t_step = flm_now_ms();
+    s->hist[H] = last;
+    int32_t cap = s->o.tree;
+    if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
+    long depth_max = s->o.n_draft;
+    if (depth_max > max_new - 1) depth_max = max_new - 1;
+    int32_t N;
+    double step_draft_ms;
+    flm_status st = tree_draft(s, H, last, cap, depth_max, &N, &step_draft_ms, err);
+    if (st) return st;
+    int32_t map[FLM_SPEC_DRAFT_MAX];
+    N = tree_prune(s, N, step_draft_ms, map);
+    double promised = 0;
+    for (int32_t i = 1; i < N; i++) promised += s->tscore[i];
+    bool lazy;
+    uint32_t k;
+    if ((st = tree_verify(s, H, N, &lazy, err)) || (st = tree_walk_accept(s, H, N, lazy, map, out, &k, err)))
+        return st;
     s->acc_a = 0.9 * s->acc_a + (double)k;
     s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
     s->k_num = 0.9 * s->k_num + (double)k;
