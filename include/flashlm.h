@@ -535,6 +535,24 @@ FLM_API size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, 
 /* Encode the whole text into a malloc'd array (caller frees) of *n ids, as flm_tokenize; NULL when out of
  * memory. */
 FLM_API int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n);
+/* A text file read as a stream of tokens, piece by piece, only as far as the caller reads: at most 256 KiB of text
+ * and its tokens are held at a time, whatever the file's size (a 50 MB text, /dev/zero, a pipe). Each piece ends
+ * after its last newline (else its last space, else a character boundary) and is tokenized on its own, as
+ * flm_tokenize would tokenize it (add_bos: BOS before the first piece and EOS after the last as the model adds
+ * them); a text under 256 KiB gives exactly flm_tokenize's ids. path "-": standard input. A NUL byte ends the
+ * stream with an error (FLM_ERR_FORMAT naming the file and the offset: a text has none).
+ * open: FLM_ERR_IO (cannot open: the message names the file), FLM_ERR_NOMEM. read: up to cap ids into ids, *n of
+ * them; *n < cap only at the end of the text. Errors: FLM_ERR_IO (a read failed), FLM_ERR_FORMAT (NUL),
+ * FLM_ERR_NOMEM. */
+typedef struct flm_text_stream flm_text_stream;
+FLM_API flm_status flm_text_stream_open(const flm_ctx *ctx, const char *path, bool add_bos, flm_text_stream **out,
+                                        flm_error *err);
+FLM_API flm_status flm_text_stream_read(flm_text_stream *s, int32_t *ids, size_t cap, size_t *n, flm_error *err);
+FLM_API void flm_text_stream_close(flm_text_stream *s);
+/* The first max tokens of the text file at path (max 0: all of them), through flm_text_stream: *ids malloc'd (the
+ * caller frees), *n of them. Nothing past those tokens' piece is read. Errors: those of flm_text_stream_*. */
+FLM_API flm_status flm_tokenize_file(const flm_ctx *ctx, const char *path, bool add_bos, size_t max, int32_t **ids,
+                                     size_t *n, flm_error *err);
 /* Bytes that token id decodes to, given the previous token (a leading space after BOS is dropped); not
  * NUL-terminated, *len bytes, valid while ctx lives. */
 FLM_API const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id, size_t *len);
@@ -626,6 +644,14 @@ typedef struct flm_ppl_result {
 FLM_API flm_status flm_perplexity(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                           void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
                           flm_ppl_result *out, flm_error *err);
+/* flm_perplexity of the text file at path ("-": standard input), read as a stream (flm_text_stream): one chunk's
+ * tokens at a time, and nothing past the last chunk evaluated (max_chunks > 0), so a text of any size costs the same
+ * memory. progress gets n_chunks = max_chunks, or 0 when evaluating to the end (the count is not known ahead). A
+ * text over 256 KiB is tokenized in pieces (flm_text_stream), so its ids can differ from flm_perplexity's at the
+ * pieces' seams. Errors: those of flm_perplexity and of flm_text_stream_* (FLM_ERR_IO, FLM_ERR_FORMAT for a NUL). */
+FLM_API flm_status flm_perplexity_file(flm_ctx *ctx, const char *path, int n_chunk, int max_chunks,
+                                       void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
+                                       flm_ppl_result *out, flm_error *err);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Sampling

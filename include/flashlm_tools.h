@@ -129,7 +129,10 @@ FLM_API flm_status flm_hf_check_output(const char *dir, const char *tok_dir, con
  * training, BLAS/LAPACK: src/calibrate/train.c).
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct flm_calib_opts {
-    const char *text;        /* calibration text (UTF-8) */
+    const char *text;        /* calibration text (UTF-8), or NULL with text_file */
+    const char *text_file;   /* or the text file at this path, read as a stream (flm_text_stream) only as far as the
+                                tokens used (max_tokens + eval_tokens; the held-out ones are then those right after
+                                the recorded ones): a text of any size, /dev/zero, a pipe cost what a short one does */
     uint32_t max_tokens;     /* tokens recorded (default 4096); 80% train the predictors, 20% set the thresholds */
     uint32_t chunk;          /* tokens per sequence (each starts at position 0 with BOS; default 128) */
     uint32_t rank;           /* predictor rank of most layers (default min(128, d_model / 2)) */
@@ -240,6 +243,7 @@ FLM_API flm_status flm_hot_order(const char *path, const char *text, uint32_t ma
                                  int n_threads, flm_progress_fn progress, void *user, flm_error *err);
 /* Options of flm_hot_order_ex (flm_hot_opts_default fills them). */
 typedef struct flm_hot_opts {
+    const char *text_file;    /* when the text argument is NULL: the text file, read only as far as max_tokens */
     uint32_t max_tokens;      /* tokens of the text the scores are measured on (default 1024; at least one chunk) */
     uint32_t chunk;           /* tokens per sequence, each from position 0 (default 128) */
     int n_threads;            /* default 2 */
@@ -300,6 +304,8 @@ typedef struct flm_curve_point {
 } flm_curve_point;
 
 typedef struct flm_curve_opts {
+    const char *text_file;  /* when the text argument is NULL: the text file, read as a stream for each point
+                               (flm_perplexity_file), never held whole */
     int chunk;              /* tokens per chunk (-c; default 512, as llama.cpp's wiki numbers) */
     int max_chunks;         /* at most this many chunks; 0 = all */
     const float *levels;    /* the stored levels to measure (eps values, each must be stored); NULL = all */

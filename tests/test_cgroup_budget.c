@@ -484,6 +484,52 @@ static void test_long_prompt_in_budget(void **state) {
     remove(big);
 }
 
+/* Issue 33 #5: calibrate and perplexity read and tokenized the whole text whatever --tokens or --chunks said (a 5 MB
+ * text took 257 MB; `calibrate --text /dev/zero` grew to 21.7 GB). The text is now a stream read only as far as the
+ * tokens used: a 50 MB text completes under budget + allowance, and /dev/zero is refused at its first byte. */
+static void test_large_texts_in_budget(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    const char *big = tu_tmp("cg-text", ".txt");
+    size_t len = 50u << 20;
+    char *text = malloc(len);
+    assert_non_null(text);
+    static const char line[] = "once upon a time there was a little fox who liked to read long stories.\n";
+    for (size_t i = 0; i < len; i++) text[i] = line[i % (sizeof line - 1)];
+    tu_write_file(big, text, len);
+    free(text);
+    char cal[4096];
+    snprintf(cal, sizeof cal, "%s", tu_tmp("cg-text-cal", ".flm"));
+    size_t n;
+    uint8_t *b = tu_read_file(syn_flm, &n);
+    tu_write_file(cal, b, n);
+    free(b);
+    uint64_t budget = syn_bytes / 2, limit = budget + FLM_RSS_ALLOWANCE;
+    char args[16384];
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 --hot-tokens 64 --chunk 32 --epochs 2 --rank 32 "
+             "--rank-last 32 -t 2 --mem %llu", cal, big, (unsigned long long)budget);
+    expect_completes("calibrate --text (50 MB) --mem 50%", args, limit, "calibrated in");
+    snprintf(args, sizeof args, "perplexity -m '%s' --mode hybrid --mem %llu -f '%s' -c 64 --chunks 2 -t 2", syn_flm,
+             (unsigned long long)budget, big);
+    expect_completes("perplexity -f (50 MB) --chunks 2 --mem 50%", args, limit, "perplexity ");
+    const char *zero[] = {"calibrate '%s' --text /dev/zero --tokens 64 --hot-tokens 64 --chunk 32 --epochs 2 --rank 32 "
+                          "--rank-last 32 -t 2 --mem %llu",
+                          "perplexity -m '%s' --mode hybrid --mem %llu -f /dev/zero -c 64 --chunks 2 -t 2"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, zero[k], k ? syn_flm : cal, (unsigned long long)budget);
+        cg_result r;
+        cg_run(args, limit, &r);
+        if (r.rc != 1 || !strstr(r.out, "/dev/zero: a NUL byte at offset 0"))
+            fail_msg("%s /dev/zero: exit %d, want 1 and the NUL error (cgroup peak %.2f MiB):\n%s",
+                     k ? "perplexity -f" : "calibrate --text", r.rc, r.peak_mib, r.out);
+        print_message("%s /dev/zero refused, cgroup peak %.2f MiB\n", k ? "perplexity -f" : "calibrate --text",
+                      r.peak_mib);
+        free(r.out);
+    }
+    remove(cal);
+    remove(big);
+}
+
 /* A budget below the resident weights is refused with a message under budget + allowance, not killed. And the
  * limits are hard: the whole model in memory without a budget, under the same limit, is killed. */
 static void test_too_small_refused(void **state) {
@@ -621,6 +667,7 @@ int main(void) {
         cmocka_unit_test(test_serve_under_limit),
         cmocka_unit_test(test_threads_in_budget),
         cmocka_unit_test(test_long_prompt_in_budget),
+        cmocka_unit_test(test_large_texts_in_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

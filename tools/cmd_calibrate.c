@@ -1,8 +1,10 @@
 /* cmd_calibrate.c — `flashlm calibrate`: activation rules and predictors, stored into the .flm file. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "flashlm.h"
@@ -27,7 +29,8 @@ static const char *CAL_HELP =
     "pays more). A file already stored hottest first keeps its order; --levels-only keeps it too. The ordering\n"
     "drops stored predictors; they are trained again right after. The file is replaced atomically each time.\n"
     "\n"
-    "      --text FILE      calibration text (required); its last tokens are held out for the check\n"
+    "      --text FILE      calibration text (required; - for standard input), read as a stream only as far as the\n"
+    "                       tokens used: --tokens, then --eval-tokens held out for the check\n"
     "      --no-hot         keep the neurons' order (no hot ordering; the hot mode and the self-draft need it)\n"
     "      --hot-only       only order the neurons hottest first (seconds to minutes), no predictors\n"
     "      --hot            order the neurons hottest first (the default; kept for scripts)\n"
@@ -126,9 +129,14 @@ int cmd_calibrate(int argc, char **argv) {
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
     if (cli_blas_reserve("calibrate")) return 1;
-    char *buf = cli_read_text(text);
-    if (!buf) return 1;
-    o.text = buf;
+    /* the text is read as a stream by the library, only as far as the tokens it uses (a 50 MB text or /dev/zero
+     * costs what a short one does); said now if it cannot be read at all */
+    if (strcmp(text, "-") && access(text, R_OK) != 0) {
+        fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", text, strerror(errno));
+        return 1;
+    }
+    char *buf = NULL;
+    o.text_file = text;
     o.progress = cli_progress;
     char spill[4200];
     snprintf(spill, sizeof spill, "%s.x.tmp", model); /* --mem: the recorded inputs */
@@ -159,7 +167,8 @@ int cmd_calibrate(int argc, char **argv) {
         ho.mem_bytes = o.mem_bytes;
         ho.mem_percent = o.mem_percent;
         ho.progress = cli_progress;
-        flm_status hs = flm_hot_order_ex(model, buf, &ho, &err);
+        ho.text_file = text;
+        flm_status hs = flm_hot_order_ex(model, NULL, &ho, &err);
         free(buf);
         if (hs) {
             fprintf(stderr, "flashlm: %s\n", err.msg);
@@ -209,7 +218,7 @@ int cmd_calibrate(int argc, char **argv) {
             printf("\n(not measured: the held-out check holds the model in memory, which --mem leaves no room for; the\n"
                    "training level is the default. `flashlm calibrate --levels-only` measures the levels where it fits)\n");
         printf("\n(neurons: share of d_ffn per token, mean over layers; the predictor's on held-out recorded tokens.\n"
-               "perplexity cost on the held-out end of the text: exp(mean KL(dense || sparse)) - 1, which picks the\n"
+               "perplexity cost on the held-out tokens after the recorded ones: exp(mean KL(dense || sparse)) - 1, which picks the\n"
                "default against --max-loss %g; in brackets the perplexity ratio - 1 on the same tokens, noisier)\n\n",
                (double)o.max_loss);
     }

@@ -30,7 +30,8 @@ static const char *PPL_HELP =
 
 static void progress(void *user, int chunk, int n_chunks, double ppl) {
     (void)user;
-    fprintf(stderr, "[%d/%d] %.4f\n", chunk, n_chunks, ppl);
+    if (n_chunks > 0) fprintf(stderr, "[%d/%d] %.4f\n", chunk, n_chunks, ppl);
+    else fprintf(stderr, "[%d] %.4f\n", chunk, ppl); /* to the end of a text read as a stream: no count ahead */
 }
 
 /* "0.0005,0.002" -> at most 8 values in (0, 1) */
@@ -59,10 +60,9 @@ static int run_curve(const char *model, const char *file, const flm_params *p, l
                      uint32_t n_levels, bool no_oracle, const char *svg) {
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
-    char *text = cli_read_text(file);
-    if (!text) return 1;
     flm_curve_opts o;
     flm_curve_opts_default(&o);
+    o.text_file = file; /* read as a stream, as far as the chunks asked for */
     o.chunk = p->n_ctx;
     o.max_chunks = (int)chunks;
     o.levels = n_levels ? levels : NULL;
@@ -74,8 +74,7 @@ static int run_curve(const char *model, const char *file, const flm_params *p, l
     flm_curve_point pts[1 + 2 * 8];
     uint32_t n = 0;
     flm_error err;
-    flm_status st = flm_sparsity_curve(model, text, &o, pts, 1 + 2 * 8, &n, &err);
-    free(text);
+    flm_status st = flm_sparsity_curve(model, NULL, &o, pts, 1 + 2 * 8, &n, &err);
     if (st) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         if (!n) return 1;
@@ -158,18 +157,18 @@ int cmd_perplexity(int argc, char **argv) {
     if (curve) return run_curve(model, file, &p, chunks, levels, n_levels, no_oracle, svg);
     char model_buf[4096];
     model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
-    char *text = cli_read_text(file);
-    if (!text) return 1;
     int chunk = p.n_ctx;
     flm_error err;
     flm_ctx *ctx = NULL;
     cli_env_params(&p, model);
-    if (flm_open(model, &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); free(text); return 1; }
-    if (cli_after_open(ctx)) { flm_close(ctx); free(text); return 1; }
+    if (flm_open(model, &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
+    if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     flm_ppl_result r;
     double t0 = cli_now_ms();
     int rc = 0;
-    if (flm_perplexity(ctx, text, chunk, (int)chunks, progress, NULL, &r, &err)) {
+    /* the text as a stream: one chunk's tokens at a time, nothing read past the last chunk (a 50 MB text or
+     * /dev/zero costs what a short one does) */
+    if (flm_perplexity_file(ctx, file, chunk, (int)chunks, progress, NULL, &r, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         rc = 1;
     } else {
@@ -180,6 +179,5 @@ int cmd_perplexity(int argc, char **argv) {
                (cli_now_ms() - t0) / 1e3);
     }
     flm_close(ctx);
-    free(text);
     return rc;
 }

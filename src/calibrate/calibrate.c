@@ -528,6 +528,16 @@ int flm_calib_lock(const char *path, flm_status *st, flm_error *err) {
     return fd;
 }
 
+flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, bool add_bos, size_t max,
+                            int32_t **ids, size_t *n, flm_error *err) {
+    *ids = NULL;
+    *n = 0;
+    if (!text && !text_file) return flm_fail(err, FLM_ERR_ARG, "calibrate: no text given");
+    if (!text) return flm_tokenize_file(ctx, text_file, add_bos, max, ids, n, err);
+    if (!(*ids = flm_tokenize_all(ctx, text, add_bos, n))) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    return FLM_OK;
+}
+
 static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
                                    flm_error *err);
 static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err);
@@ -559,7 +569,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
                                    flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
-    if (!o->text || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
+    if ((!o->text && !o->text_file) || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
         !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f) ||
         !(o->mem_percent >= 0))
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
@@ -615,9 +625,11 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             memcpy(b_up_all + (size_t)l * F, model->layers[l].ffn_up_b.data, (size_t)F * sizeof(float));
     }
     /* 0. tokens: the held-out check's from the end of the text, then those recorded */
-    size_t n_tok = 0;
-    ids = flm_tokenize_all(ctx, o->text, true, &n_tok);
-    if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
+    size_t n_tok = 0; /* a text file: read only as far as the tokens used (recorded, then held out) */
+    const bool need_eval = !relu && o->level == 0.0f;
+    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, true,
+                               (size_t)o->max_tokens + (need_eval ? o->eval_tokens : 0u), &ids, &n_tok, err)))
+        goto done;
     uint32_t n_eval = 0;
     if (!relu && o->level == 0.0f) {
         size_t cap = n_tok / 4;
@@ -656,6 +668,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             flm_hot_opts ho;
             flm_hot_opts_default(&ho);
             ho.max_tokens = o->hot_tokens;
+            ho.text_file = o->text_file;
             ho.chunk = o->chunk;
             ho.n_threads = o->n_threads;
             ho.mem_bytes = o->mem_bytes;
@@ -880,7 +893,7 @@ done:
 static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
-    if (!o->text || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
+    if ((!o->text && !o->text_file) || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
         return flm_fail(err, FLM_ERR_ARG, "calibrate --levels-only: bad options (chunk >= 16, 0 < max_loss < 1)");
     flm_ctx *ctx = NULL;
     flm_status st = open_ram(path, o, &ctx, err);
@@ -916,9 +929,8 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
         for (size_t i = 0; i < na; i++) q->A[i] = flm_f16_to_f32(q->A16[i]);
         for (size_t i = 0; i < nb; i++) q->B[i] = flm_f16_to_f32(q->B16[i]);
     }
-    size_t n_tok = 0;
-    ids = flm_tokenize_all(ctx, o->text, true, &n_tok);
-    if (!ids) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); goto done; }
+    size_t n_tok = 0; /* a text file: only its first eval_tokens tokens are read */
+    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, true, o->eval_tokens, &ids, &n_tok, err))) goto done;
     uint32_t n_eval = (uint32_t)(o->eval_tokens < n_tok ? o->eval_tokens : n_tok);
     n_eval -= n_eval % o->chunk;
     if (n_eval < 2 * o->chunk) {

@@ -12,6 +12,12 @@
 
 /* flm_calib_opts and flm_calib_opts_default are public: include/flashlm_tools.h. */
 
+/* The tokens of a calibration text: text (tokenized whole), or when it is NULL the first max (0: all) tokens of the
+ * file text_file read as a stream (flm_tokenize_file: nothing past them is read). *ids malloc'd. Errors:
+ * FLM_ERR_ARG (neither given), those of flm_tokenize_file, FLM_ERR_NOMEM. */
+flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, bool add_bos, size_t max,
+                            int32_t **ids, size_t *n, flm_error *err);
+
 /* The standard levels (eps values) calibrate measures for gated non-ReLU FFNs, ascending; returns their count. */
 uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);
 
@@ -50,7 +56,8 @@ flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, struct fl
 flm_status flm_hot_order_unlocked(const char *path, const char *text, const flm_hot_opts *o, flm_error *err);
 
 /* Choose the default level of an already calibrated .flm again, on new text, without recording or training: the
- * held-out check above on the last eval_tokens tokens of o->text, against o->max_loss (o->curve: every level). The
+ * held-out check above on the last eval_tokens tokens of o->text (of a text_file: the eval_tokens read after
+ * the recorded ones), against o->max_loss (o->curve: every level). The
  * stored predictors, thresholds and s_agg are kept (s_agg stays the one measured at the old default level).
  * Errors: FLM_ERR_ARG (not calibrated, a single-level (ReLU) calibration, text shorter than 2 chunks), those of
  * flm_open and flm_file_put_region, FLM_ERR_NOMEM. */

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "runtime/hooks.h"
 #include "sparsity/sparsity.h"
+#include "calibrate/calibrate.h"
 #include "calibrate/train.h"
 
 void flm_curve_opts_default(flm_curve_opts *o) {
@@ -85,7 +86,8 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         flm_curve_opts_default(&def);
         o = &def;
     }
-    if (!path || !text || !pts || !n_pts) return flm_fail(err, FLM_ERR_ARG, "curve: NULL argument");
+    if (!path || (!text && !o->text_file) || !pts || !n_pts)
+        return flm_fail(err, FLM_ERR_ARG, "curve: NULL argument");
     *n_pts = 0;
     if (o->chunk < 4) return flm_fail(err, FLM_ERR_ARG, "curve: chunk of %d tokens is too short", o->chunk);
     flm_params p;
@@ -171,12 +173,12 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     const double ffn_bytes = (double)L * F * (double)b0->record_bytes;
     curve_progress cp = {o, "quality curve", 0, 0};
     { /* the chunks every point evaluates, for the progress total (flm_perplexity checks the text itself) */
-        size_t n_tok = 0;
-        int32_t *ids = flm_tokenize_all(ctx, text, true, &n_tok);
-        if (!ids) {
-            st = flm_fail(err, FLM_ERR_NOMEM, "curve: out of memory");
+        size_t n_tok = 0; /* a text file: counted as far as the chunks asked for (all of it with max_chunks 0) */
+        int32_t *ids = NULL;
+        if ((st = flm_calib_tokens(ctx, text, o->text_file, true,
+                                   o->max_chunks > 0 ? (size_t)o->max_chunks * (size_t)o->chunk : 0, &ids, &n_tok,
+                                   err)))
             goto done;
-        }
         free(ids);
         size_t nc = n_tok / (size_t)o->chunk;
         if (o->max_chunks > 0 && nc > (size_t)o->max_chunks) nc = (size_t)o->max_chunks;
@@ -198,8 +200,10 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         const flm_ffn_hooks hooks = {.select = pt->oracle ? sel_oracle : sel_predictor, .select_user = &cs,
                                      .need_h = pt->oracle, .ids = sel_ids};
         double t0 = flm_now_ms();
-        if ((st = flm_perplexity_hooked(ctx, text, o->chunk, o->max_chunks, on_chunk, &cp, j > 0 ? &hooks : NULL, &r,
-                                        err)))
+        if ((st = text ? flm_perplexity_hooked(ctx, text, o->chunk, o->max_chunks, on_chunk, &cp,
+                                               j > 0 ? &hooks : NULL, &r, err)
+                       : flm_perplexity_file_hooked(ctx, o->text_file, o->chunk, o->max_chunks, on_chunk, &cp,
+                                                    j > 0 ? &hooks : NULL, &r, err)))
             goto done;
         cp.base += r.n_chunks;
         pt->seconds = (flm_now_ms() - t0) / 1e3;

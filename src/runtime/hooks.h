@@ -47,6 +47,10 @@ flm_status flm_eval_hooked(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int3
 flm_status flm_perplexity_hooked(flm_ctx *ctx, const char *text, int n_chunk, int max_chunks,
                                  void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
                                  const flm_ffn_hooks *h, flm_ppl_result *out, flm_error *err);
+/* flm_perplexity_file with hooks h (NULL: none). */
+flm_status flm_perplexity_file_hooked(flm_ctx *ctx, const char *path, int n_chunk, int max_chunks,
+                                      void (*progress)(void *user, int chunk, int n_chunks, double ppl), void *user,
+                                      const flm_ffn_hooks *h, flm_ppl_result *out, flm_error *err);
 
 /* Read-only views of an open context. */
 const flm_model *flm_ctx_model(const flm_ctx *ctx);

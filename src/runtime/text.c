@@ -1,5 +1,8 @@
 /* text.c — the public API's access to the model's text side: the vocabulary (flm_vocab_size, flm_token_text,
- * flm_add_bos) and its chat template (flm_chat_*: src/format/chat_template.h chosen from the model's metadata). */
+ * flm_add_bos), its chat template (flm_chat_*: src/format/chat_template.h chosen from the model's metadata), and text
+ * files read as a stream of tokens (flm_text_stream_*, flm_tokenize_file: calibrate's and perplexity's texts). */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,4 +70,155 @@ void flm_chat_close(flm_chat *c) {
     if (!c) return;
     flm_chat_template_free(&c->t);
     free(c);
+}
+
+/* ---- text files as a stream of tokens ------------------------------------------------------------------------ */
+
+#define TEXT_PIECE (256u << 10) /* bytes tokenized at a time */
+
+struct flm_text_stream {
+    const flm_ctx *ctx;
+    FILE *f;
+    bool own, eof, first, add_eos;
+    unsigned flags;         /* the model's special-token flags (FLM_TOKENIZE_ADD_BOS / _ADD_EOS), or 0 */
+    char path[1024];
+    char *buf;              /* TEXT_PIECE bytes: [0, have) read, not yet tokenized */
+    size_t have;
+    uint64_t offset;        /* bytes of the file before buf[0] */
+    int32_t *ids;           /* tokens of the last piece not handed out yet: ids[pos, n) */
+    size_t n, pos, cap;
+};
+
+flm_status flm_text_stream_open(const flm_ctx *ctx, const char *path, bool add_bos, flm_text_stream **out,
+                                flm_error *err) {
+    *out = NULL;
+    if (!ctx || !path) return flm_fail(err, FLM_ERR_ARG, "flm_text_stream_open: NULL argument");
+    flm_text_stream *s = calloc(1, sizeof *s);
+    if (!s || !(s->buf = malloc(TEXT_PIECE))) {
+        free(s);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(s->path, sizeof s->path, "%s", strcmp(path, "-") ? path : "(standard input)");
+    s->own = strcmp(path, "-") != 0;
+    s->f = s->own ? fopen(path, "rb") : stdin;
+    if (!s->f) {
+        int e = errno;
+        free(s->buf);
+        free(s);
+        return flm_fail(err, FLM_ERR_IO, "%s: cannot open the text: %s", path, strerror(e));
+    }
+    s->ctx = ctx;
+    s->first = true;
+    s->flags = add_bos ? flm_tokenizer_special_flags(ctx->model->tok) : 0u;
+    s->add_eos = s->flags & FLM_TOKENIZE_ADD_EOS;
+    *out = s;
+    return FLM_OK;
+}
+
+void flm_text_stream_close(flm_text_stream *s) {
+    if (!s) return;
+    if (s->own && s->f) fclose(s->f);
+    free(s->buf);
+    free(s->ids);
+    free(s);
+}
+
+/* Where to cut buf[0, n) (a full piece): after its last newline, else its last space, else at a UTF-8 character
+ * boundary; returns the bytes to tokenize now. */
+static size_t piece_cut(const char *b, size_t n) {
+    for (size_t i = n; i > n / 2; i--)
+        if (b[i - 1] == '\n') return i;
+    for (size_t i = n; i > n / 2; i--)
+        if (b[i - 1] == ' ') return i;
+    size_t i = n;
+    for (int k = 0; k < 3 && i > 0 && ((unsigned char)b[i - 1] & 0xc0) == 0x80; k++) i--; /* continuation bytes */
+    if (i > 0 && (unsigned char)b[i - 1] >= 0xc0) i--; /* the lead byte of a character cut short */
+    return i ? i : n;
+}
+
+/* Read and tokenize the next piece into s->ids. */
+static flm_status next_piece(flm_text_stream *s, flm_error *err) {
+    while (!s->eof && s->have < TEXT_PIECE) {
+        size_t got = fread(s->buf + s->have, 1, TEXT_PIECE - s->have, s->f);
+        if (got == 0) {
+            if (ferror(s->f)) return flm_fail(err, FLM_ERR_IO, "%s: cannot read the text: %s", s->path, strerror(errno));
+            s->eof = true;
+        }
+        const char *nul = memchr(s->buf + s->have, 0, got);
+        if (nul)
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: a NUL byte at offset %llu: not a text file", s->path,
+                            (unsigned long long)(s->offset + (size_t)(nul - s->buf)));
+        s->have += got;
+    }
+    size_t take = s->eof ? s->have : piece_cut(s->buf, s->have);
+    unsigned f = (s->first ? s->flags & FLM_TOKENIZE_ADD_BOS : 0u) | (s->eof && s->add_eos ? FLM_TOKENIZE_ADD_EOS : 0u);
+    s->first = false;
+    if (s->eof) s->add_eos = false;
+    size_t need = flm_tokenizer_encode_ex(s->ctx->model->tok, s->buf, take, f, s->ids, s->cap);
+    if (need != SIZE_MAX && need > s->cap) { /* byte fallback can give several tokens per byte */
+        int32_t *more = realloc(s->ids, need * sizeof *more);
+        if (!more) need = SIZE_MAX;
+        else {
+            s->ids = more;
+            s->cap = need;
+            need = flm_tokenizer_encode_ex(s->ctx->model->tok, s->buf, take, f, s->ids, s->cap);
+        }
+    }
+    if (need == SIZE_MAX) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory tokenizing the text", s->path);
+    s->n = need;
+    s->pos = 0;
+    memmove(s->buf, s->buf + take, s->have - take);
+    s->have -= take;
+    s->offset += take;
+    return FLM_OK;
+}
+
+flm_status flm_text_stream_read(flm_text_stream *s, int32_t *ids, size_t cap, size_t *n, flm_error *err) {
+    *n = 0;
+    while (*n < cap) {
+        if (s->pos == s->n) {
+            if (s->eof && !s->have && !s->add_eos && !s->first) break;
+            flm_status st = next_piece(s, err);
+            if (st) return st;
+            continue;
+        }
+        size_t k = s->n - s->pos < cap - *n ? s->n - s->pos : cap - *n;
+        memcpy(ids + *n, s->ids + s->pos, k * sizeof *ids);
+        s->pos += k;
+        *n += k;
+    }
+    return FLM_OK;
+}
+
+flm_status flm_tokenize_file(const flm_ctx *ctx, const char *path, bool add_bos, size_t max, int32_t **ids, size_t *n,
+                             flm_error *err) {
+    *ids = NULL;
+    *n = 0;
+    flm_text_stream *s = NULL;
+    flm_status st = flm_text_stream_open(ctx, path, add_bos, &s, err);
+    if (st) return st;
+    size_t cap = 0, len = 0;
+    int32_t *v = NULL;
+    for (;;) {
+        size_t want = max ? max - len : 1u << 16, got = 0;
+        if (!want) break;
+        if (len + want > cap) {
+            size_t nc = max ? max : (cap ? cap * 2 : want);
+            if (nc < len + want) nc = len + want;
+            int32_t *more = realloc(v, nc * sizeof *more);
+            if (!more) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for its tokens", path); break; }
+            v = more;
+            cap = nc;
+        }
+        if ((st = flm_text_stream_read(s, v + len, want, &got, err))) break;
+        len += got;
+        if (got < want) break;
+    }
+    flm_text_stream_close(s);
+    if (st) { free(v); return st; }
+    if (!v) v = malloc(sizeof *v); /* an empty text: a valid, empty array */
+    if (!v) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+    *ids = v;
+    *n = len;
+    return FLM_OK;
 }
