@@ -423,7 +423,7 @@ static void test_threads_in_budget(void **state) {
     char args[8192];
     cg_result r;
     /* 70% with 256 threads: their 19 MiB leave the layers too little: refused, not killed */
-    snprintf(args, sizeof args, "run -m '%s' --mode hybrid --mem %llu -c 256 -p hi -n 4 -t 256", syn_flm,
+    snprintf(args, sizeof args, "run -m '%s' --mode hybrid --mem %llu -c 256 -p hi -n 4 -t 256 --threads-force", syn_flm,
              (unsigned long long)budget);
     cg_run(args, budget + FLM_RSS_ALLOWANCE, &r);
     if (r.rc != 1 || !strstr(r.out, "too small"))
@@ -435,7 +435,7 @@ static void test_threads_in_budget(void **state) {
     budget += 20u << 20;
     assert_true(budget < model + (8u << 20)); /* still streaming: the budget is used */
     snprintf(args, sizeof args, "run -m '%s' --mode hybrid --mem %llu -c 256 -p 'Once upon a time' -n 8 --temp 0 "
-             "-t 256 --stats", syn_flm, (unsigned long long)budget);
+             "-t 256 --threads-force --stats", syn_flm, (unsigned long long)budget);
     cg_run(args, budget + FLM_RSS_ALLOWANCE, &r);
     if (r.rc != 0 || strstr(r.out, "MORE than"))
         fail_msg("hybrid -t 256 at --mem %.2f MiB under a hard limit of %.2f MiB: exit %d (cgroup peak %.2f MiB):\n%s",

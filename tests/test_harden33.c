@@ -5,6 +5,7 @@
  * perplexity on texts far larger than their budget. Each case failed before its fix. Small models only. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
+#include "serve.h"
 #include "testutil.h"
 
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* paths in fixed buffers: ours are short */
@@ -347,11 +349,96 @@ static void test_convert_gguf_name(void **state) {
     assert_int_equal(access(out, F_OK), -1);
 }
 
+/* 6. A NUL byte in a prompt: before, `run -f`, a chat line and a serve message's content were cut at it and the rest
+ * dropped, exit 0. Now run refuses the file, chat refuses the turn (and exits 1 at the end), serve answers 400
+ * naming the field. */
+static void test_nul_in_prompt(void **state) {
+    (void)state;
+    const char *flm = stories_flm();
+    const char *f = tu_tmp("nul", ".txt");
+    tu_write_file(f, "Once upon\0 a time", 17);
+    char args[8192];
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 2", flm, f);
+    expect(args, 1, "a NUL byte at offset 9: a prompt is text");
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 --chat-template chatml < '%s'", flm, f);
+    expect(args, 1, "this turn has a NUL byte at byte 9");
+    remove(f);
+    static const struct {
+        bool chat;
+        const char *body, *field;
+    } cases[] = {
+        {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"user\", \"content\": "
+               "\"a\\u0000b\"}]}", "messages[1].content: a NUL character"},
+        {false, "{\"prompt\": \"x\\u0000y\", \"max_tokens\": 2}", "prompt: a NUL character"},
+        {false, "{\"prompt\": \"x\", \"stop\": [\"a\", \"\\u0000\"]}", "stop[1]: a NUL character"},
+        {true, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"\\u0000\"}]}]}",
+         "messages[0].content[0].text: a NUL character"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        serve_req r;
+        char msg[512];
+        int status = serve_parse_request(cases[i].body, strlen(cases[i].body), cases[i].chat, &r, msg, sizeof msg);
+        print_message("%s -> %d %s\n", cases[i].body, status, msg);
+        assert_int_equal(status, 400);
+        if (!strstr(msg, cases[i].field)) fail_msg("'%s' does not name '%s'", msg, cases[i].field);
+    }
+    /* an escaped backslash before "u0000" is text, not a NUL */
+    const char *ok = "{\"prompt\": \"C:\\\\u0000 is a path\", \"max_tokens\": 2}";
+    serve_req r;
+    char msg[512];
+    assert_int_equal(serve_parse_request(ok, strlen(ok), false, &r, msg, sizeof msg), 0);
+    assert_non_null(strstr(r.prompt, "\\u0000 is a path"));
+    serve_req_free(&r);
+}
+
+/* 7. No prompt: --help says generation starts from BOS. Before, SmolLM2 (whose tokenizer adds no BOS) said "cannot
+ * tokenize the prompt", exit 1. Now it starts from its BOS token, as stories260K does. */
+static void test_no_prompt_starts_from_bos(void **state) {
+    (void)state;
+    char args[8192];
+    snprintf(args, sizeof args, "run -m '%s' -n 3 --temp 0", stories_flm());
+    expect(args, 0, "generation");
+    const char *smol = tu_model("smollm2-135m");
+    if (!smol) { print_message("SmolLM2 not pulled: its case skipped\n"); return; }
+    snprintf(args, sizeof args, "run -m '%s' -n 3 --temp 0 -c 64", smol);
+    char *out = expect_out(args, 0, "prompt        1 tokens");
+    free(out);
+}
+
+/* Threads: -t above the cores made a prompt 20x slower (-t 64 on 2 cores) or never reached its first token (-t 512).
+ * It is lowered to the cores with a note; --threads-force keeps it, with a warning. */
+static void test_threads_clamped(void **state) {
+    (void)state;
+    const char *flm = stories_flm();
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    const int cores = CPU_COUNT(&set);
+    char args[8192], want[256];
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 -t 512", flm);
+    char *out = expect_out(args, 0, "is more than the");
+    snprintf(want, sizeof want, "using %d (--threads-force keeps 512", cores);
+    if (!strstr(out, want)) fail_msg("no '%s' in:\n%s", want, out);
+    snprintf(want, sizeof want, ", %d threads, ", cores);
+    if (!strstr(out, want)) fail_msg("not run on %d threads:\n%s", cores, out);
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 -t %d --threads-force", flm, cores + 1);
+    out = expect_out(args, 0, "with --threads-force");
+    snprintf(want, sizeof want, ", %d threads, ", cores + 1);
+    if (!strstr(out, want)) fail_msg("not run on %d threads:\n%s", cores + 1, out);
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 -t %d", flm, cores); /* at the cores: no note */
+    out = expect_out(args, 0, NULL);
+    assert_null(strstr(out, "is more than the"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_appearing_output),     cmocka_unit_test(test_stale_temporaries),
         cmocka_unit_test(test_hf_output_is_input),   cmocka_unit_test(test_hf_tokenizer_required),
         cmocka_unit_test(test_hf_layers_left_over),  cmocka_unit_test(test_convert_gguf_name),
+        cmocka_unit_test(test_nul_in_prompt),        cmocka_unit_test(test_no_prompt_starts_from_bos),
+        cmocka_unit_test(test_threads_clamped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
 double cli_mib(uint64_t bytes);
 /* Print "flashlm: <fmt with a>" to stderr; returns 2 (usage error exit status). */
 int cli_die(const char *fmt, const char *a);
+/* The cores this process may run on (its CPU affinity; else the online CPUs; at least 1). */
+int cli_cores(void);
 /* Whole-string numbers in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_parse_float(const char *s, float lo, float hi, float *out);

@@ -1,5 +1,6 @@
 #include <cblas.h>
 #include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -198,7 +199,36 @@ void cli_print_plan_line(const char *label, const flm_plan_info *p) {
             cli_mib(p->scratch + p->reader), spec, cli_mib(p->total), p->reason);
 }
 
+static int g_threads_asked;   /* -t N as given (0: not given) */
+static bool g_threads_force;  /* --threads-force: keep -t N above the cores */
+
+int cli_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 void cli_env_params(flm_params *p, const char *model) {
+    /* more compute threads than cores only take turns on them: each product waits for its slowest chunk, whose
+     * thread waits for a core (-t 64 on 2 cores made a prompt 20x slower than -t 1; -t 512 never reached its first
+     * token). Clamped, said once; --threads-force keeps the count. */
+    const int cores = cli_cores();
+    if (g_threads_asked > cores && p->n_threads == g_threads_asked && !g_threads_force) {
+        static bool said;
+        if (!said)
+            fprintf(stderr, "flashlm: -t %d is more than the %d cores this process may run on: using %d "
+                    "(--threads-force keeps %d; the threads would take turns on the cores)\n", g_threads_asked, cores,
+                    cores, g_threads_asked);
+        said = true;
+        p->n_threads = cores;
+    } else if (g_threads_asked > cores && p->n_threads == g_threads_asked) {
+        static bool said_forced;
+        if (!said_forced)
+            fprintf(stderr, "flashlm: warning: -t %d with --threads-force on %d cores: the threads will take turns "
+                    "(slower, not faster)\n", g_threads_asked, cores);
+        said_forced = true;
+    }
     p->log = log_to_stderr;
     p->log_user = NULL;
     static char probe[4096];
@@ -270,7 +300,9 @@ bool cli_is_help(int argc, char **argv) {
 }
 
 const char *CLI_MODEL_OPTS_HELP =
-    "  -t, --threads N      compute threads (default: all CPUs)\n"
+    "  -t, --threads N      compute threads (default: all CPUs); more than the cores this process may run on is\n"
+    "                       lowered to them, with a note\n"
+    "      --threads-force  keep -t N above the cores (the threads take turns on them)\n"
     "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
     "  -b, --batch-size N   tokens per batched forward pass (prompts, draft verification; default 256): each\n"
     "                       weight is read once per batch; its activations count in the memory budget\n"
@@ -334,6 +366,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
                  !strcmp(a, "-b") || !strcmp(a, "--batch-size") ||
                  !strcmp(a, "--mem") || !strcmp(a, "--mode") || !strcmp(a, "--io") || !strcmp(a, "--io-threads") ||
                  !strcmp(a, "--window") || !strcmp(a, "--sparse-level");
+    if (!strcmp(a, "--threads-force")) { g_threads_force = true; return 1; }
     if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
     if (!strcmp(a, "--kv-f32")) { p->kv_f32 = true; return 1; }
     if (!strcmp(a, "--no-window")) { p->no_window = true; return 1; }
@@ -348,10 +381,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
     if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad -t value '%s' (1..1024)", val); return -1; }
         p->n_threads = (int)v;
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        if (cpus > 0 && v > cpus)
-            fprintf(stderr, "flashlm: warning: -t %ld is more than the %ld CPUs here: the threads will take turns "
-                    "(slower, not faster)\n", v, cpus);
+        g_threads_asked = (int)v; /* checked against the cores in cli_env_params, once --threads-force is known */
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!cli_parse_long(val, 0, 1 << 20, &v)) { cli_die("bad -c value '%s'", val); return -1; }
         p->n_ctx = (int)v;

@@ -286,6 +286,13 @@ int cmd_chat(int argc, char **argv) {
                     "context (%u tokens); raise -c\n", line_max, per_token, info.n_ctx);
             continue;
         }
+        const char *nul = memchr(line, 0, line_len);
+        if (nul) { /* as C text it would end there, the rest dropped without a word: refused, the conversation goes on */
+            refused = true;
+            fprintf(stderr, "flashlm: this turn has a NUL byte at byte %zu: a prompt is text, not sent\n",
+                    (size_t)(nul - line));
+            continue;
+        }
         if (!strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
             msgs_truncate(&msgs, system ? 1 : 0);

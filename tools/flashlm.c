@@ -101,7 +101,8 @@ static const char *RUN_HELP =
     "\n"
     "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
-    "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS)\n"
+    "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS, also for a model whose tokenizer adds none;\n"
+    "                       a model without a BOS token needs a prompt)\n"
     "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
     "      --prompt-ids IDS the prompt as token ids, comma-separated (\"2,17,33\"; no BOS added), instead of -p\n"
     "      --print-ids      print the generated ids (one line, comma-separated) instead of their text\n"
@@ -245,6 +246,14 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             fprintf(stderr, "flashlm: the prompt (%s: more than %zu bytes, at most %zu bytes per token) is longer than "
                     "the context (%u tokens); raise -c\n", run_prompt_file, max, per_token, info.n_ctx);
         if (!prompt_buf) { flm_close(ctx); return 1; }
+        const char *nul = memchr(prompt_buf, 0, len);
+        if (nul) { /* as C text it would end there, the rest dropped without a word */
+            fprintf(stderr, "flashlm: %s: a NUL byte at offset %zu: a prompt is text\n", run_prompt_file,
+                    (size_t)(nul - prompt_buf));
+            free(prompt_buf);
+            flm_close(ctx);
+            return 1;
+        }
         prompt = run_prompt_buf = prompt_buf;
     }
 
@@ -286,10 +295,22 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             ids[n_prompt++] = (int32_t)v;
             c = *end ? end + 1 : end;
         }
+    } else if (!*prompt) { /* no prompt: start from BOS, also where the tokenizer adds none (SmolLM2) */
+        ids = malloc(sizeof *ids);
+        n_prompt = ids ? flm_tokenize_ex(ctx, "", 0, FLM_TOKENIZE_BOS, ids, 1) : 0;
+        if (n_prompt == SIZE_MAX) { free(ids); ids = NULL; n_prompt = 0; } /* out of memory: said below */
+        if (ids && n_prompt == 0) {
+            fprintf(stderr, "flashlm: no prompt: generation starts from BOS, and this model's vocabulary has none; give "
+                    "a prompt (-p, -f or --prompt-ids)\n");
+            free(ids);
+            flm_close(ctx);
+            return 1;
+        }
     } else {
         ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     }
-    const char *refuse = !ids ? "out of memory" : n_prompt == 0 ? "cannot tokenize the prompt" : NULL;
+    const char *refuse = !ids ? "out of memory" : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops "
+                                                                   "all of its bytes)" : NULL;
     if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
     else if (n_prompt > info.n_ctx) /* as llama.cpp: an error, not a truncation */
         fprintf(stderr, "flashlm: the prompt (%zu tokens) is longer than the context (%u tokens); raise -c\n",

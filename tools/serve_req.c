@@ -81,6 +81,56 @@ static int get_number(const cJSON *root, const char *name, double lo, double hi,
     return 1;
 }
 
+/* The field of a valid JSON body[0, len) whose string holds an escaped NUL ("\u0000"), as a path ("messages[1].content",
+ * "stop[0]", "prompt") in path[cap]; false when there is none. cJSON would hand such a string over cut at the NUL,
+ * the rest dropped without a word. A key with one is named by its object's path and "(a key)". */
+static bool nul_field(const char *b, size_t len, char *path, size_t cap) {
+    enum { DEPTH = 32 };
+    struct frame { bool obj, want_key; size_t index; char key[48]; } st[DEPTH];
+    int depth = 0; /* frames st[0 .. depth), deeper ones counted only */
+    int deep = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = b[i];
+        if (c == '{' || c == '[') {
+            if (depth < DEPTH) st[depth++] = (struct frame){c == '{', c == '{', 0, ""};
+            else deep++;
+        } else if (c == '}' || c == ']') {
+            if (deep) deep--;
+            else if (depth) depth--;
+        } else if (c == ',' && depth && !deep) {
+            if (st[depth - 1].obj) st[depth - 1].want_key = true;
+            else st[depth - 1].index++;
+        } else if (c == '"') {
+            const bool is_key = depth && !deep && st[depth - 1].obj && st[depth - 1].want_key;
+            size_t k = 0;
+            bool nul = false;
+            for (i++; i < len && b[i] != '"'; i++) {
+                if (b[i] == '\\' && i + 1 < len) {
+                    if (b[i + 1] == 'u' && i + 5 < len && !memcmp(b + i + 2, "0000", 4)) nul = true;
+                    i++;
+                    if (is_key && k + 1 < sizeof st[0].key) st[depth - 1].key[k++] = b[i];
+                } else if (is_key && k + 1 < sizeof st[0].key) st[depth - 1].key[k++] = b[i];
+            }
+            if (is_key) {
+                st[depth - 1].key[k] = 0;
+                st[depth - 1].want_key = false;
+            }
+            if (nul) {
+                size_t n = 0;
+                path[0] = 0;
+                for (int d = 0; d < depth && n < cap; d++) {
+                    if (st[d].obj) n += (size_t)snprintf(path + n, cap - n, "%s%s", n ? "." : "", st[d].key);
+                    else n += (size_t)snprintf(path + n, cap - n, "[%zu]", st[d].index);
+                }
+                if (is_key && n < cap) snprintf(path + n, cap - n, " (a key)");
+                if (!path[0]) snprintf(path, cap, "the body");
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
@@ -95,6 +145,11 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     }
     if (!cJSON_IsObject(root)) {
         snprintf(msg, cap, "the body must be a JSON object");
+        goto fail;
+    }
+    char field[256];
+    if (nul_field(body, len, field, sizeof field)) {
+        snprintf(msg, cap, "%s: a NUL character (\\u0000); text with one is refused (it would be cut there)", field);
         goto fail;
     }
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
