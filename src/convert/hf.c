@@ -817,9 +817,6 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     if (cJSON_IsNumber(je) && je->valuedouble >= 0 && je->valuedouble < h.V) h.eos = (uint32_t)je->valuedouble;
 
     if ((st = flm_st_open_dir(dir, &set, err))) goto done;
-    bool have_tok = false;
-    if ((st = load_vocab(tok_dir, h.V, &voc, &have_tok, err))) goto done;
-    if (!have_tok && strcmp(h.pre, "falcon") == 0) h.pre = "gpt-2"; /* placeholders only: any pre-tokenizer reads */
 
     /* the tensor map */
     M = (hf_mapper){.set = set, .dir = dir, .cap = 8 + (size_t)h.L * A->per_layer, .wt = type};
@@ -828,6 +825,11 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     const hf_map *maps = M.maps;
     const size_t nm = M.n;
     if ((st = check_all_used(set, maps, nm, &h, dir, err))) goto done;
+    /* the vocabulary after the tensors: vocab_size is checked against the embedding's rows before anything of its
+     * size is allocated (a forged 4e9 allocated 32 GB of token pointers first) */
+    bool have_tok = false;
+    if ((st = load_vocab(tok_dir, h.V, &voc, &have_tok, err))) goto done;
+    if (!have_tok && strcmp(h.pre, "falcon") == 0) h.pre = "gpt-2"; /* placeholders only: any pre-tokenizer reads */
     for (size_t i = 0; i < nm; i++)
         if (maps[i].type == FLM_TYPE_Q8_0 && maps[i].ne[0] % 32) {
             st = flm_fail(err, FLM_ERR_ARG, "%s: --type q8_0 needs rows of a multiple of 32 elements; '%s' has %llu",
