@@ -222,7 +222,8 @@ typedef struct flm_calib_report {
 #define FLM_CALIB_HOT_UNSUPPORTED 3
 
 /* Calibrate the .flm file at path with the text o->text and store the result into it, in place and atomically (the
- * file is never left half-written). One calibration of a file at a time: an exclusive advisory lock (flock) on path
+ * file is never left half-written): with the hot order (o->hot_tokens), the ordered copy "<path>.cal.tmp" is
+ * calibrated and then renamed onto path, so the model is replaced once at the end, or not at all on any error. One calibration of a file at a time: an exclusive advisory lock (flock) on path
  * is held throughout. levels_only: choose the default level of an already calibrated file again on new text,
  * without recording or training (the held-out check on the last o->eval_tokens tokens against o->max_loss; the
  * stored predictors are kept). report (may be NULL) gets what was measured. Progress goes to o->progress; prints
@@ -244,6 +245,8 @@ FLM_API flm_status flm_hot_order(const char *path, const char *text, uint32_t ma
 /* Options of flm_hot_order_ex (flm_hot_opts_default fills them). */
 typedef struct flm_hot_opts {
     const char *text_file;    /* when the text argument is NULL: the text file, read only as far as max_tokens */
+    const char *out_path;     /* write the ordered model there (replaced if it exists), leaving path as it was; NULL:
+                                 onto path */
     uint32_t max_tokens;      /* tokens of the text the scores are measured on (default 1024; at least one chunk) */
     uint32_t chunk;           /* tokens per sequence, each from position 0 (default 128) */
     int n_threads;            /* default 2 */

@@ -432,13 +432,52 @@ static void test_threads_clamped(void **state) {
     free(out);
 }
 
+/* A calibrate that fails leaves the model exactly as it was. Before, the hot order replaced the model first and the
+ * predictors were stored by a second replacement: with 1.1-1.5 MB free the first fit, the second did not, and the
+ * model was left reordered with exit 1. Here a file-size limit (ulimit -f, SIGXFSZ ignored: EFBIG) lets a copy of the
+ * model be written but not one with the predictors. */
+static void test_calibrate_fails_atomically(void **state) {
+    (void)state;
+    char flm[4096], args[9000], cal_tmp[4200];
+    snprintf(flm, sizeof flm, "%s", tu_tmp("atomic", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s'", tu_data(STORIES), flm);
+    expect(args, 0, "wrote");
+    struct stat sb;
+    assert_int_equal(stat(flm, &sb), 0);
+    const uint64_t h = file_hash(flm);
+    const long long kib = (long long)(sb.st_size + 1023) / 1024 + 1; /* the ordered copy fits, not the predictors */
+    snprintf(args, sizeof args, "bash -c \"trap '' XFSZ; ulimit -f %lld; exec '%s' calibrate '%s' --text '%s' --chunk 16 "
+             "--tokens 256\" 2>&1", kib, FLM_CLI, flm, tu_data("text/tinystories_sample.txt"));
+    FILE *p = popen(args, "r");
+    assert_non_null(p);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    print_message("calibrate under ulimit -f %lld KiB: status %d: %s\n", kib, rc, out);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    assert_null(strstr(out, "hottest first"));
+    assert_true(file_hash(flm) == h); /* exactly as it was: not reordered */
+    assert_false(flm_is_hot_ordered(flm));
+    snprintf(cal_tmp, sizeof cal_tmp, "%s.cal.tmp", flm);
+    assert_int_equal(access(cal_tmp, F_OK), -1);
+    assert_false(tu_temp_left(flm));
+    /* without the limit: ordered and calibrated in one replacement */
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --chunk 16 --tokens 256", flm,
+             tu_data("text/tinystories_sample.txt"));
+    expect(args, 0, "hottest first");
+    assert_true(flm_is_hot_ordered(flm));
+    assert_int_equal(access(cal_tmp, F_OK), -1);
+    remove(flm);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_appearing_output),     cmocka_unit_test(test_stale_temporaries),
         cmocka_unit_test(test_hf_output_is_input),   cmocka_unit_test(test_hf_tokenizer_required),
         cmocka_unit_test(test_hf_layers_left_over),  cmocka_unit_test(test_convert_gguf_name),
         cmocka_unit_test(test_nul_in_prompt),        cmocka_unit_test(test_no_prompt_starts_from_bos),
-        cmocka_unit_test(test_threads_clamped),
+        cmocka_unit_test(test_threads_clamped),      cmocka_unit_test(test_calibrate_fails_atomically),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,8 @@ static const char *CAL_HELP =
     "the hot mode keeps each layer's hottest neurons in memory, reads the rest as one range, and drafts from them\n"
     "(mode auto then runs hot with the self-draft under a budget the model does not fit, unless the sparse mode\n"
     "pays more). A file already stored hottest first keeps its order; --levels-only keeps it too. The ordering\n"
-    "drops stored predictors; they are trained again right after. The file is replaced atomically each time.\n"
+    "drops stored predictors; they are trained again right after, on an ordered copy (MODEL.cal.tmp) that replaces\n"
+    "the model once, atomically, when calibrated: a calibrate that fails (a full disk) leaves the model as it was.\n"
     "\n"
     "      --text FILE      calibration text (required; - for standard input), read as a stream only as far as the\n"
     "                       tokens used: --tokens, then --eval-tokens held out for the check\n"
@@ -141,6 +142,9 @@ int cmd_calibrate(int argc, char **argv) {
     char spill[4200];
     snprintf(spill, sizeof spill, "%s.x.tmp", model); /* --mem: the recorded inputs */
     cli_remove_on_signal(spill); /* and the checked writer's temporary (flm_out_remove_temporaries) */
+    char ordered[4200];
+    snprintf(ordered, sizeof ordered, "%s.cal.tmp", model); /* the hot-ordered copy being calibrated */
+    cli_temp_register(ordered);
     flm_error err;
     flm_calib_report rep;
     double t0 = cli_now_ms();

@@ -575,7 +575,10 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
                         "0 < max_loss < 1, 0 < train_eps < 1, mem_percent >= 0)");
     /* the result is written next to the model: find out now, not after minutes of work */
-    char spill[4200];
+    char spill[4200], work_buf[4200];
+    const char *work = path; /* the file being calibrated: the model, or its hot-ordered copy (work_buf) */
+    snprintf(work_buf, sizeof work_buf, "%s.cal.tmp", path);
+    unlink(work_buf); /* a calibrate killed meanwhile left it: ours now (the calibration lock is held) */
     snprintf(spill, sizeof spill, "%s.x.tmp", path); /* only while the model is locked (flm_calib_lock) */
     {   /* the checked writer's rules, a temporary created and removed (core/files.h) */
         flm_out *t = NULL;
@@ -586,7 +589,6 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
      * held across the phases; without one, in ram mode, one context for everything. */
     const bool streaming = has_budget(o);
-    int relock = -1; /* the lock on the file the hot order wrote, when it ran */
     flm_ctx *ctx = NULL;
     flm_status st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err);
     if (st) return st;
@@ -675,6 +677,10 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
             ho.mem_percent = o->mem_percent;
             ho.progress = o->progress;
             ho.user = o->user;
+            /* the ordered model goes to a copy beside it ("<path>.cal.tmp", ours while the calibration lock is held),
+             * which is calibrated and renamed onto the model at the end: one replacement, or none on any error (a
+             * full disk after the ordering left the model ordered but uncalibrated, exit 1) */
+            ho.out_path = work_buf;
             st = flm_hot_order_unlocked(path, o->text, &ho, err);
             if (st == FLM_ERR_UNSUPPORTED) { /* FFN biases: calibrate in the old order */
                 if (hot) *hot = FLM_CALIB_HOT_UNSUPPORTED;
@@ -682,10 +688,9 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
                 goto done;
             } else {
                 if (hot) *hot = FLM_CALIB_HOT_DONE;
-                /* the lock our caller holds is on the file the rename replaced: lock the new one too */
-                if ((relock = flm_calib_lock(path, &st, err)) < 0) goto done;
+                work = work_buf;
             }
-            if ((st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) goto done;
+            if ((st = open_mode(work, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) goto done;
         }
     }
     /* 1. record the FFN inputs of every layer on the text */
@@ -742,7 +747,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     if (streaming) { /* the model is not needed again before the check: its memory is training's now */
         flm_close(ctx);
         ctx = NULL;
-        if ((st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &hdr, err))) goto done;
+        if ((st = flm_file_open_ex(work, FLM_FILE_HEADER_ONLY, &hdr, err))) goto done;
     }
     /* 2. the levels */
     sp.n_layers = L;
@@ -830,7 +835,7 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         uint64_t preds = 0;
         for (uint32_t l = 0; l < L; l++)
             preds += ((uint64_t)sp.layers[l].pred.rank * (d + F) + F) * 6;
-        if (open_ram(path, o, &ctx, err) == FLM_OK) {
+        if (open_ram(work, o, &ctx, err) == FLM_OK) {
             flm_stats s;
             flm_get_stats(ctx, &s);
             uint64_t held = s.mem_resident + s.mem_ffn + s.mem_kv + s.mem_scratch + preds +
@@ -863,9 +868,24 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
     if ((st = flm_sparsity_serialize(&sp, &region, &len, err))) goto done;
     flm_close(ctx); /* the file is replaced below */
     ctx = NULL;
-    if ((st = flm_file_put_region(path, FLM_REGION_PREDICTOR, region, len, err))) goto done;
+    if ((st = flm_file_put_region(work, FLM_REGION_PREDICTOR, region, len, err))) goto done;
+    if (work != path) { /* the one replacement of the model: its ordered, calibrated copy */
+        if (rename(work, path) != 0) {
+            st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", work, path, strerror(errno));
+            goto done;
+        }
+        work = path;
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = 0;
+        else *slash = 0;
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) { fsync(dfd); close(dfd); }
+    }
 done:
-    if (relock >= 0) close(relock);
+    if (work != path) unlink(work); /* an error after the ordering: the model is as it was */
     if (ctx) flm_close(ctx);
     if (td.fd >= 0) {
         close(td.fd);

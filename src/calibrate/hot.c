@@ -76,7 +76,8 @@ static flm_status hot_tokens(flm_ctx *ctx, const char *text, const char *text_fi
     return FLM_OK;
 }
 
-static flm_status hot_order_ram(const char *path, const char *text, const char *text_file, uint32_t max_tokens, uint32_t chunk, int n_threads,
+static flm_status hot_order_ram(const char *path, const char *out_path, const char *text, const char *text_file,
+                                uint32_t max_tokens, uint32_t chunk, int n_threads,
                                 flm_progress_fn progress, void *user, flm_error *err) {
     flm_params p;
     flm_params_default(&p);
@@ -145,7 +146,7 @@ static flm_status hot_order_ram(const char *path, const char *text, const char *
     flm_close(ctx);
     ctx = NULL;
     if (progress) progress(user, "writing the hot order", 0, 1);
-    st = flm_file_permute_ffn(path, (const uint32_t *const *)perm, err);
+    st = flm_file_permute_ffn_to(path, out_path ? out_path : path, (const uint32_t *const *)perm, err);
     if (!st && progress) progress(user, "writing the hot order", 1, 1);
 done:
     if (ctx) flm_close(ctx);
@@ -355,7 +356,7 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
         qsort(perm[l], F, sizeof **perm, by_score_desc);
     }
     if (o->progress) o->progress(o->user, "writing the hot order", 0, 1);
-    st = flm_file_permute_ffn(path, (const uint32_t *const *)perm, err);
+    st = flm_file_permute_ffn_to(path, o->out_path ? o->out_path : path, (const uint32_t *const *)perm, err);
     if (!st && o->progress) o->progress(o->user, "writing the hot order", 1, 1);
 done:
     if (ctx) flm_close(ctx);
@@ -398,7 +399,7 @@ flm_status flm_hot_order_unlocked(const char *path, const char *text, const flm_
     if (c.chunk < 2) c.chunk = 128;
     if (c.max_tokens < c.chunk) c.max_tokens = c.chunk;
     if (c.mem_bytes || c.mem_percent > 0) return hot_order_budget(path, text, &c, err);
-    return hot_order_ram(path, text, c.text_file, c.max_tokens, c.chunk, c.n_threads, c.progress, c.user, err);
+    return hot_order_ram(path, c.out_path, text, c.text_file, c.max_tokens, c.chunk, c.n_threads, c.progress, c.user, err);
 }
 
 flm_status flm_hot_order_ex(const char *path, const char *text, const flm_hot_opts *o, flm_error *err) {

@@ -155,6 +155,10 @@ done:
 }
 
 flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err) {
+    return flm_file_permute_ffn_to(path, path, perm, err);
+}
+
+flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint32_t *const *perm, flm_error *err) {
     flm_file *f = NULL;
     flm_status st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &f, err); /* the GGUF metadata: FFN biases? */
     if (st) return st;
@@ -184,7 +188,7 @@ flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, f
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto done;
     }
-    if ((st = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &w, err))) goto done;
+    if ((st = flm_out_open(dst, path, (strcmp(dst, path) ? 0u : FLM_OUT_SELF) | FLM_OUT_REPLACE, &w, err))) goto done;
     tmp = flm_out_temp(w);
     out = flm_out_fd(w);
     /* the resident region as it is */

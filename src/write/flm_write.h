@@ -43,5 +43,8 @@ flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payl
  * is not a permutation), FLM_ERR_UNSUPPORTED (FFN biases: blk.N.ffn_up.bias would need the same order), errors of
  * flm_file_open. */
 flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err);
+/* The same, written to dst (replaced when it exists) instead of onto path, which is left as it was (calibrate's one
+ * replacement at the end: the ordered copy is calibrated, then renamed onto the model). */
+flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint32_t *const *perm, flm_error *err);
 
 #endif
