@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build run run-sparse test asan fuzz clean
+.PHONY: all deps build run run-sparse test asan fuzz clean cross-arm64 test-arm64 check-arm64-logits
 all: build
 
 deps:
@@ -56,5 +56,25 @@ fuzz: deps
 	 cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_targets flashlm-cli && \
 	 ./tests/fuzz/run.sh $(BUILD)-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS); fi
 
+# 64-bit Arm (README "64-bit Arm"): cross-compiled with Debian's gcc-aarch64-linux-gnu and the arm64 multiarch -dev
+# packages (installed if missing), through the CMake toolchain file cmake/aarch64-linux-gnu.cmake; the tests run under
+# qemu-aarch64 (-cpu max: NEON, dot product, i8mm), which ctest calls for every test program.
+ARM64_BUILD ?= build-arm64
+# the tests that run under qemu: kernels at every Arm level, quantized formats, tokenizers, GGUF / .flm formats,
+# model loading and evaluation, the flash reader and modes (the ones that start the flashlm program itself are left
+# out: a qemu-user process cannot exec an arm64 program without binfmt_misc)
+ARM64_TESTS ?= test_kernels test_quants test_attn_batch test_kv_f16 test_pool test_arena test_gguf test_tokenizer \
+	test_tokenizer_real test_reference test_reader test_flash test_embd_flash test_plan test_neuron_cache test_pass \
+	test_ffn_ungated test_sparse test_predictor test_layers test_data_sums
+cross-arm64:
+	@./scripts/install-deps-arm64.sh
+	@cmake -S . -B $(ARM64_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(ARM64_BUILD) -j $(JOBS) --target flashlm-cli $(filter-out test_data_sums,$(ARM64_TESTS))
+
+test-arm64: cross-arm64
+	cd $(ARM64_BUILD) && ctest --output-on-failure -j $(JOBS) -R '^($(subst $(eval) ,|,$(strip $(ARM64_TESTS))))$$'
+	@echo "flashlm: the dot-product level's detection: test_kernels on a CPU without it (qemu -cpu cortex-a72)"
+	qemu-aarch64-static -cpu cortex-a72 $(ARM64_BUILD)/tests/test_kernels 2>&1 | grep -q "this CPU's best is neon"
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(ARM64_BUILD)

@@ -134,7 +134,10 @@ static void test_tables(void **state) {
         assert_int_equal(flm_kernel_level_parse(flm_kernel_level_name((flm_kernel_level)l)), l);
         const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l);
         const bool has = flm_kernels_has_level((flm_kernel_level)l);
-        if (l != FLM_KERNELS_AVXVNNI) assert_int_equal(has, (flm_kernel_level)l <= cpu);
+        /* a level of another instruction set than the CPU's best (x86 levels on Arm, Arm levels on x86) never */
+        const bool same_isa = strcmp(flm_kernel_level_isa((flm_kernel_level)l), "any") == 0 ||
+                              strcmp(flm_kernel_level_isa((flm_kernel_level)l), flm_kernel_level_isa(cpu)) == 0;
+        if (l != FLM_KERNELS_AVXVNNI) assert_int_equal(has, (flm_kernel_level)l <= cpu && same_isa);
         const flm_kernel_level c = flm_kernels_level_capped((flm_kernel_level)l);
         assert_true(c <= (flm_kernel_level)l && flm_kernels_has_level(c));
         if (has) assert_int_equal(c, l);
@@ -149,13 +152,30 @@ static void test_tables(void **state) {
     assert_int_equal(flm_kernel_level_parse("AVX2"), -1);
     assert_int_equal(flm_kernel_level_parse(""), -1);
     assert_int_equal(flm_kernel_level_parse(NULL), -1);
+    assert_string_equal(flm_kernel_level_isa(FLM_KERNELS_SCALAR), "any");
+    assert_string_equal(flm_kernel_level_isa(FLM_KERNELS_AVX2), "x86-64");
+    assert_string_equal(flm_kernel_level_isa(FLM_KERNELS_NEON), "aarch64");
+    assert_null(flm_kernel_level_isa(FLM_KERNELS_N_LEVELS));
+    /* the Arm levels: dotprod is neon's table with SDOT int8 dot products (quants_dotprod.c), the rest neon's */
+    const flm_kernels *ne = flm_kernels_for_level(FLM_KERNELS_NEON), *dp = flm_kernels_for_level(FLM_KERNELS_DOTPROD);
+    if (ne) {
+        assert_true(ne->vec_dot[FLM_TYPE_Q4_K] != s->vec_dot[FLM_TYPE_Q4_K]);
+        assert_true(ne->attn_scores_f16 != s->attn_scores_f16 && ne->act != s->act);
+    }
+    if (dp) {
+        assert_non_null(ne);
+        static const uint32_t int8[] = {FLM_TYPE_Q8_0, FLM_TYPE_Q4_0, FLM_TYPE_Q4_1, FLM_TYPE_Q5_0, FLM_TYPE_Q5_1,
+                                        FLM_TYPE_Q2_K, FLM_TYPE_Q3_K, FLM_TYPE_Q4_K, FLM_TYPE_Q5_K, FLM_TYPE_Q6_K};
+        for (size_t i = 0; i < sizeof int8 / sizeof int8[0]; i++) assert_true(dp->vec_dot[int8[i]] != ne->vec_dot[int8[i]]);
+        assert_true(dp->vec_dot[FLM_TYPE_F16] == ne->vec_dot[FLM_TYPE_F16] && dp->act == ne->act);
+    }
     assert_null(flm_kernel_level_name(FLM_KERNELS_N_LEVELS));
     assert_null(flm_kernels_for_level(FLM_KERNELS_N_LEVELS));
     assert_ptr_equal(flm_kernels_for_level(FLM_KERNELS_SCALAR), s);
     assert_ptr_equal(flm_kernels_for_level(FLM_KERNELS_AVX2), a);
     /* each level above avx2 overrides q6_k's int8 dot product (and keeps the rest: quants_x512.h says why) */
     static const uint32_t wide[] = {FLM_TYPE_Q6_K};
-    for (int l = FLM_KERNELS_AVX512; l < FLM_KERNELS_N_LEVELS; l++) {
+    for (int l = FLM_KERNELS_AVX512; l <= FLM_KERNELS_VNNI; l++) {
         const flm_kernels *t = flm_kernels_for_level((flm_kernel_level)l),
                           *below = flm_kernels_for_level(l == FLM_KERNELS_AVX512 ? FLM_KERNELS_AVX2 : l - 1); /* base */
         if (!t) continue;
@@ -491,7 +511,15 @@ static void check_level(flm_kernel_level L) {
                 n_vdot++;
                 /* the same bits as avx2 where a level keeps avx2's float order (all but vnni's q4_k and q6_k, whose
                  * float order is their panels': quants_panel_vnni.h; they are checked against scalar above) */
-                if (L > FLM_KERNELS_AVX2 && at != FLM_TYPE_F32 &&
+                /* the Arm levels: the scalar reference's bits (quants_neon.h: its integer sums, then its float
+                 * operations in its order) */
+                if ((L == FLM_KERNELS_NEON || L == FLM_KERNELS_DOTPROD) && at != FLM_TYPE_F32) {
+                    if (memcmp(&vs, &vk, sizeof vs) != 0)
+                        fail_msg("%s: vec_dot %s n=%zu: %.9g, scalar %.9g: not the same bits", k->name,
+                                 flm_type_name(t), n, vk, vs);
+                    n_bitsame++;
+                }
+                if (L > FLM_KERNELS_AVX2 && L <= FLM_KERNELS_VNNI && at != FLM_TYPE_F32 &&
                     !(L == FLM_KERNELS_VNNI && (t == FLM_TYPE_Q4_K || t == FLM_TYPE_Q6_K))) {
                     const float va = a2->vec_dot[t](row, xq, n);
                     if (memcmp(&va, &vk, sizeof va) != 0)
@@ -552,10 +580,10 @@ static void check_level(flm_kernel_level L) {
         }
     const double act_worst = check_act(k, &rng);
     check_round_f16(k, &rng);
-    print_message("%s: %zu vec_dots within float rounding of scalar, %zu of them bit for bit the avx2 kernel's; act: "
+    print_message("%s: %zu vec_dots within float rounding of scalar, %zu of them bit for bit the %s kernel's; act: "
                   "SiLU / tanh-GELU within %.2g relative of scalar where |act(x)| >= |x| / 10, ReLU / ReLU2 / "
                   "erf-GELU, round_f16 and to_f16 bit for bit\n",
-                  k->name, n_vdot, n_bitsame, act_worst);
+                  k->name, n_vdot, n_bitsame, L >= FLM_KERNELS_NEON ? "scalar" : "avx2", act_worst);
 }
 
 static void test_level_avx2(void **state) {
@@ -573,6 +601,14 @@ static void test_level_avx512(void **state) {
 static void test_level_vnni(void **state) {
     (void)state;
     check_level(FLM_KERNELS_VNNI);
+}
+static void test_level_neon(void **state) {
+    (void)state;
+    check_level(FLM_KERNELS_NEON);
+}
+static void test_level_dotprod(void **state) {
+    (void)state;
+    check_level(FLM_KERNELS_DOTPROD);
 }
 
 /* Every f16 bit pattern through both dequant tables (the scalar bit-twiddling against F16C). */
@@ -1116,6 +1152,14 @@ static void test_tiles_vnni(void **state) {
     (void)state;
     check_tiles(FLM_KERNELS_VNNI);
 }
+static void test_tiles_neon(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_NEON);
+}
+static void test_tiles_dotprod(void **state) {
+    (void)state;
+    check_tiles(FLM_KERNELS_DOTPROD);
+}
 
 static void test_rmsnorm(void **state) {
     (void)state;
@@ -1254,6 +1298,8 @@ int main(void) {
         cmocka_unit_test(test_level_avxvnni),
         cmocka_unit_test(test_level_avx512),
         cmocka_unit_test(test_level_vnni),
+        cmocka_unit_test(test_level_neon),
+        cmocka_unit_test(test_level_dotprod),
         cmocka_unit_test(test_f16_dequant_all_patterns),
         cmocka_unit_test(test_f16_specials),
         cmocka_unit_test(test_f16_all_round_trip),
@@ -1271,6 +1317,8 @@ int main(void) {
         cmocka_unit_test(test_tiles_avxvnni),
         cmocka_unit_test(test_tiles_avx512),
         cmocka_unit_test(test_tiles_vnni),
+        cmocka_unit_test(test_tiles_neon),
+        cmocka_unit_test(test_tiles_dotprod),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_softmax),

@@ -271,15 +271,28 @@ const flm_kernels *flm_kernels_scalar(void) {
     return &scalar_kernels;
 }
 
-static const char *const level_names[FLM_KERNELS_N_LEVELS] = {"scalar", "avx2", "avxvnni", "avx512", "vnni"};
+/* The levels (kernels.h flm_kernel_level): name and instruction set, in the enum's order; the names FLASHLM_KERNELS
+ * takes and the CLI lists come from here. */
+static const struct {
+    const char *name, *isa;
+} levels[FLM_KERNELS_N_LEVELS] = {
+    [FLM_KERNELS_SCALAR] = {"scalar", "any"},   [FLM_KERNELS_AVX2] = {"avx2", "x86-64"},
+    [FLM_KERNELS_AVXVNNI] = {"avxvnni", "x86-64"}, [FLM_KERNELS_AVX512] = {"avx512", "x86-64"},
+    [FLM_KERNELS_VNNI] = {"vnni", "x86-64"},    [FLM_KERNELS_NEON] = {"neon", "aarch64"},
+    [FLM_KERNELS_DOTPROD] = {"dotprod", "aarch64"},
+};
 
 const char *flm_kernel_level_name(flm_kernel_level level) {
-    return (unsigned)level < FLM_KERNELS_N_LEVELS ? level_names[level] : NULL;
+    return (unsigned)level < FLM_KERNELS_N_LEVELS ? levels[level].name : NULL;
+}
+
+const char *flm_kernel_level_isa(flm_kernel_level level) {
+    return (unsigned)level < FLM_KERNELS_N_LEVELS ? levels[level].isa : NULL;
 }
 
 int flm_kernel_level_parse(const char *name) {
     for (int l = 0; name && l < FLM_KERNELS_N_LEVELS; l++)
-        if (strcmp(name, level_names[l]) == 0) return l;
+        if (strcmp(name, levels[l].name) == 0) return l;
     return -1;
 }
 
@@ -293,6 +306,10 @@ static flm_kernel_level cpu_level_detect(void) {
         return flm_cpu_has_avxvnni() ? FLM_KERNELS_AVXVNNI : FLM_KERNELS_AVX2;
     if (!__builtin_cpu_supports("avx512vnni")) return FLM_KERNELS_AVX512;
     return FLM_KERNELS_VNNI;
+#elif defined(__aarch64__) && defined(FLM_HAVE_ARM64)
+    const flm_arm_caps c = flm_cpu_arm_caps();
+    if (!c.neon) return FLM_KERNELS_SCALAR;
+    return c.dotprod ? FLM_KERNELS_DOTPROD : FLM_KERNELS_NEON;
 #else
     return FLM_KERNELS_SCALAR;
 #endif
@@ -310,6 +327,9 @@ flm_kernel_level flm_kernels_cpu_level(void) {
 
 bool flm_kernels_has_level(flm_kernel_level level) {
     if ((unsigned)level >= FLM_KERNELS_N_LEVELS || level > flm_kernels_cpu_level()) return false;
+    if (level == FLM_KERNELS_SCALAR) return true;
+    /* the CPU's best level is of this build's instruction set (or scalar); a level of another is never had */
+    if (strcmp(levels[level].isa, levels[flm_kernels_cpu_level()].isa) != 0) return false;
 #if defined(__x86_64__) && defined(FLM_HAVE_X86)
     if (level == FLM_KERNELS_AVXVNNI) return flm_cpu_has_avxvnni(); /* a side branch */
 #endif
@@ -351,6 +371,18 @@ static void vnni_init(void) {
 }
 #endif
 
+#if defined(__aarch64__) && defined(FLM_HAVE_ARM64)
+/* dotprod = the neon table + quants_dotprod.c (SDOT), built once the CPU is known to have it. */
+static flm_kernels dotprod_kernels;
+static pthread_once_t dotprod_once = PTHREAD_ONCE_INIT;
+
+static void dotprod_init(void) {
+    dotprod_kernels = *flm_kernels_neon_table();
+    dotprod_kernels.name = "dotprod";
+    flm_quants_fill_dotprod(&dotprod_kernels);
+}
+#endif
+
 const flm_kernels *flm_kernels_for_level(flm_kernel_level level) {
     if (!flm_kernels_has_level(level)) return NULL;
     switch (level) {
@@ -360,6 +392,10 @@ const flm_kernels *flm_kernels_for_level(flm_kernel_level level) {
     case FLM_KERNELS_AVXVNNI: pthread_once(&avxvnni_once, avxvnni_init); return &avxvnni_kernels;
     case FLM_KERNELS_AVX512: pthread_once(&avx512_once, avx512_init); return &avx512_kernels;
     case FLM_KERNELS_VNNI: pthread_once(&vnni_once, vnni_init); return &vnni_kernels;
+#endif
+#if defined(__aarch64__) && defined(FLM_HAVE_ARM64)
+    case FLM_KERNELS_NEON: return flm_kernels_neon_table();
+    case FLM_KERNELS_DOTPROD: pthread_once(&dotprod_once, dotprod_init); return &dotprod_kernels;
 #endif
     default: return NULL;
     }

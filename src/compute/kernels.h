@@ -134,10 +134,11 @@ typedef struct flm_kernels {
 } flm_kernels;
 
 /* Kernel levels, lowest first. Each level's table starts as a copy of a level below (its base: the one before it,
- * except avx512, whose base is avx2) and overrides only what it accelerates, so any kernel a level lacks is the
- * lower level's (and, in the end, the scalar reference's). A CPU has every level up to its best except avxvnni, a
- * side branch: AVX-VNNI (the 256-bit VEX form) comes with Alder Lake and later Intel cores, with or without
- * AVX-512, and not with some AVX-512 VNNI CPUs (Ice Lake, Zen 4). */
+ * except avx512, whose base is avx2, and neon, whose base is scalar) and overrides only what it accelerates, so any
+ * kernel a level lacks is the lower level's (and, in the end, the scalar reference's). Levels belong to one
+ * instruction set (flm_kernel_level_isa): a build has the scalar level and its own architecture's. A CPU has every
+ * level of its architecture up to its best except avxvnni, a side branch: AVX-VNNI (the 256-bit VEX form) comes with
+ * Alder Lake and later Intel cores, with or without AVX-512, and not with some AVX-512 VNNI CPUs (Ice Lake, Zen 4). */
 typedef enum flm_kernel_level {
     FLM_KERNELS_SCALAR = 0, /* "scalar": the reference, always available */
     FLM_KERNELS_AVX2,       /* "avx2": AVX2 + FMA + F16C (kernels_avx2.c, quants_avx2.c) */
@@ -145,21 +146,31 @@ typedef enum flm_kernel_level {
                                (quants_avxvnni.c; the same bits as avx2) */
     FLM_KERNELS_AVX512,     /* "avx512": the avx2 set plus AVX-512 F/BW/VL (quants_avx512.c) */
     FLM_KERNELS_VNNI,       /* "vnni": the avx512 set plus AVX-512 VNNI (quants_vnni.c) */
+    FLM_KERNELS_NEON,       /* "neon": 64-bit Arm Advanced SIMD, ARMv8.0-A (kernels_neon.c, quants_neon.c); its int8
+                               dot products give the scalar reference's bits */
+    FLM_KERNELS_DOTPROD,    /* "dotprod": the neon set with ARMv8.2-A SDOT for the int8 products
+                               (quants_dotprod.c; the same bits as neon) */
     FLM_KERNELS_N_LEVELS
 } flm_kernel_level;
 
-/* The level's name ("scalar", "avx2", "avxvnni", "avx512", "vnni"), NULL for an out-of-range level. */
+/* The instruction set a level belongs to: "any" (scalar), "x86-64" or "aarch64"; NULL out of range. */
+const char *flm_kernel_level_isa(flm_kernel_level level);
+/* The level's name ("scalar", "avx2", "avxvnni", "avx512", "vnni", "neon", "dotprod"), NULL for an out-of-range
+ * level. */
 const char *flm_kernel_level_name(flm_kernel_level level);
 /* The level named name (exactly one of the names above); -1 for any other string or NULL. */
 int flm_kernel_level_parse(const char *name);
-/* The highest level this build and CPU support (cpuid via __builtin_cpu_supports, which also checks that the OS
- * saves the AVX / AVX-512 registers). Computed once. */
+/* The highest level this build and CPU support (x86-64: cpuid via __builtin_cpu_supports, which also checks that
+ * the OS saves the AVX / AVX-512 registers; aarch64: getauxval's HWCAP words, core/util.h flm_cpu_arm_caps).
+ * Computed once. */
 flm_kernel_level flm_kernels_cpu_level(void);
-/* Whether this build and CPU have level (every level up to flm_kernels_cpu_level() but avxvnni, which needs its own
- * cpuid bit); false out of range. */
+/* Whether this build and CPU have level (scalar, and every level of this build's instruction set up to
+ * flm_kernels_cpu_level() but avxvnni, which needs its own cpuid bit); false out of range and for the levels of
+ * another instruction set. */
 bool flm_kernels_has_level(flm_kernel_level level);
 /* The level the runtime uses when asked for `want`: the highest level this CPU has that is not above want (so a
- * level above the CPU's best gives its best, and avxvnni on an AVX-512 CPU without AVX-VNNI gives avx2). */
+ * level above the CPU's best gives its best, avxvnni on an AVX-512 CPU without AVX-VNNI gives avx2, and another
+ * instruction set's level the highest of this one's below it in the enum: an x86 level on Arm gives scalar). */
 flm_kernel_level flm_kernels_level_capped(flm_kernel_level want);
 /* The table of one level, or NULL when this build or CPU lacks it (!flm_kernels_has_level). Tests and benchmarks select levels through this: it is the forcing FLASHLM_KERNELS uses. */
 const flm_kernels *flm_kernels_for_level(flm_kernel_level level);
@@ -167,7 +178,7 @@ const flm_kernels *flm_kernels_for_level(flm_kernel_level level);
 /* The scalar reference table (always available). */
 const flm_kernels *flm_kernels_scalar(void);
 /* The table the runtime uses, chosen once per process: the CPU's best level (flm_kernels_cpu_level), or the level
- * the environment variable FLASHLM_KERNELS names (scalar|avx2|avxvnni|avx512|vnni; the older FLM_KERNELS is read
+ * the environment variable FLASHLM_KERNELS names (scalar|avx2|avxvnni|avx512|vnni|neon|dotprod; the older FLM_KERNELS is read
  * when FLASHLM_KERNELS is unset), capped (flm_kernels_level_capped): asking for more than the CPU has gives the
  * highest level it has below the one asked for (the CLI prints a note; the library never prints). An unknown value is ignored (the CLI refuses it). */
 const flm_kernels *flm_kernels_best(void);

@@ -9,4 +9,10 @@
 const flm_kernels *flm_kernels_avx2_table(void);
 #endif
 
+#if defined(__aarch64__) && defined(FLM_HAVE_ARM64)
+/* The NEON table (kernels_neon.c, ARMv8.0-A Advanced SIMD) and the dot-product one (its copy with quants_dotprod.c's
+ * SDOT kernels). Returned unconditionally: the caller checks the CPU (flm_cpu_arm_caps) first. */
+const flm_kernels *flm_kernels_neon_table(void);
+#endif
+
 #endif

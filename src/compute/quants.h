@@ -44,4 +44,13 @@ void flm_quants_fill_avx512(flm_kernels *k);
 void flm_quants_fill_vnni(flm_kernels *k);
 #endif
 
+#if defined(__aarch64__) && defined(FLM_HAVE_ARM64)
+/* Overrides k's entries with the NEON (ARMv8.0-A) int8 dot products and activation quantizers of quants_neon.c: the
+ * scalar reference's integer sums, then its float operations in its order, so the same bits as scalar. */
+void flm_quants_fill_neon(flm_kernels *k);
+/* The same kernels with SDOT for the int8 products (quants_dotprod.c, -march=armv8.2-a+dotprod; k: a copy of the
+ * neon table; CPU support checked by the caller): the same bits as neon. */
+void flm_quants_fill_dotprod(flm_kernels *k);
+#endif
+
 #endif

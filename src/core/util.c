@@ -7,6 +7,9 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 double flm_now_ms(void) {
     struct timespec ts;
@@ -30,6 +33,17 @@ bool flm_cpu_has_avxvnni(void) {
 #else
     return false;
 #endif
+}
+
+flm_arm_caps flm_cpu_arm_caps(void) {
+    flm_arm_caps c = {false, false, false};
+#if defined(__aarch64__) && defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    c.neon = (hw >> 1) & 1;     /* HWCAP_ASIMD */
+    c.dotprod = (hw >> 20) & 1; /* HWCAP_ASIMDDP */
+    c.i8mm = (hw2 >> 13) & 1;   /* HWCAP2_I8MM */
+#endif
+    return c;
 }
 
 bool flm_address_space_limited(void) {

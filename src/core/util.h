@@ -58,6 +58,15 @@ bool flm_cpu_has_f16c(void);
 /* true when the CPU has AVX-VNNI, the 256-bit VEX vpdpbusd / vpdpwssd (CPUID leaf 7 subleaf 1, EAX bit 4; clang 14's
  * __builtin_cpu_supports does not know "avxvnni"). The OS's saving of the AVX registers is the caller's check. */
 bool flm_cpu_has_avxvnni(void);
+/* The 64-bit Arm extensions the kernel levels use, from the kernel's hardware capability words
+ * (getauxval(AT_HWCAP / AT_HWCAP2), Linux's arch/arm64 hwcaps: HWCAP_ASIMD bit 1, HWCAP_ASIMDDP bit 20, HWCAP2_I8MM
+ * bit 13); all false on other architectures and systems. */
+typedef struct flm_arm_caps {
+    bool neon;    /* Advanced SIMD (ARMv8.0-A; every Linux aarch64 CPU has it) */
+    bool dotprod; /* SDOT / UDOT (ARMv8.2-A dot product extension, FEAT_DotProd) */
+    bool i8mm;    /* SMMLA / UMMLA / USDOT (ARMv8.6-A int8 matrix multiply, FEAT_I8MM) */
+} flm_arm_caps;
+flm_arm_caps flm_cpu_arm_caps(void);
 /* true when the process runs under an address-space limit (RLIMIT_AS, `ulimit -v`). OpenBLAS worker threads that
  * cannot map their buffer there retry forever, so BLAS threads are not raised then. */
 bool flm_address_space_limited(void);
