@@ -44,10 +44,11 @@ extern "C" {
  * gets FLM_VERSION_STRING. A program built against other headers can compare the two. */
 FLM_API int flm_version(const char **str);
 
-/* The compute kernels' level this process uses, chosen once per process from the CPU's features (cpuid):
- * "scalar" (the reference), "avx2" (AVX2+FMA+F16C), "avxvnni" (avx2 + AVX-VNNI), "avx512" (avx2 + AVX-512 F/BW/VL)
- * or "vnni" (+ AVX-512 VNNI), the highest the CPU has; or the level the environment variable FLASHLM_KERNELS names
- * (one of flm_kernels_level_name's), capped at the CPU's: a request above it gets the highest level it has below it. An
+/* The compute kernels' level this process uses, chosen once per process from the CPU's features (cpuid on x86-64,
+ * getauxval's HWCAP on aarch64): "scalar" (the reference), "avx2" (AVX2+FMA+F16C), "avxvnni" (avx2 + AVX-VNNI),
+ * "avx512" (avx2 + AVX-512 F/BW/VL) or "vnni" (+ AVX-512 VNNI) on x86-64, "neon" (Advanced SIMD) or "dotprod"
+ * (+ SDOT) on aarch64, the highest the CPU has; or the level the environment variable FLASHLM_KERNELS names (one of
+ * flm_kernels_level_name's), capped at the CPU's: a request above it gets the highest level it has below it. An
  * unknown FLASHLM_KERNELS value is ignored. *cpu_best (may be NULL) gets the CPU's best level. The same string as
  * flm_model_info.kernels. Never fails; static strings. */
 FLM_API const char *flm_kernels_in_use(const char **cpu_best);
@@ -445,7 +446,8 @@ typedef struct flm_model_info {
     uint32_t n_ctx;                   /* this context's KV cache length */
     float norm_eps, rope_theta;
     int32_t bos, eos;                 /* token ids, -1 when absent */
-    const char *kernels;              /* kernel level in use: "scalar", "avx2", "avxvnni", "avx512", "vnni" (flm_kernels_in_use) */
+    const char *kernels;              /* kernel level in use: "scalar", "avx2", "avxvnni", "avx512", "vnni", "neon",
+                                         "dotprod" (flm_kernels_in_use) */
 } flm_model_info;
 FLM_API void flm_get_info(const flm_ctx *ctx, flm_model_info *info);
 

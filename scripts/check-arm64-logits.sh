@@ -9,7 +9,8 @@
 #     the x86 scalar reference's (the spread the kernels' contracts allow on x86 itself: int8 products exact, float
 #     sums, the FFN activation's polynomial and softmax within float rounding, amplified by the model; limit: 1.5 times
 #     that spread, at least 1e-3 of the row's largest |logit|), with the same argmax at every position;
-#   - the two builds' scalar reference levels agree within 1e-5 (the same C code; libm's expf may differ by an ulp).
+#   - the two builds' scalar reference levels agree within 1e-5 (the same C code; libm's expf may differ by an ulp;
+#     measured: bit for bit, on both models).
 # Exit 1 on any difference beyond those.
 set -eu
 X86=${1:-build}
@@ -22,12 +23,12 @@ done
 tmp=$(mktemp -d /tmp/flashlm-arm64-logits.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
-check() { # name model prompt
-    name=$1 model=$2 prompt=$3
+check() { # name model prompt levels
+    name=$1 model=$2 prompt=$3 levels=$4
     [ -f "$model" ] || { echo "$name: $model not found: skipped"; return 0; }
     "$X86/logits_dump" "$model" "$prompt" 16 "$tmp/$name.x86.f32" > "$tmp/$name.x86.txt"
     FLASHLM_KERNELS=scalar "$X86/logits_dump" "$model" "$prompt" 16 "$tmp/$name.x86s.f32" > "$tmp/$name.x86s.txt"
-    for lv in scalar neon dotprod; do
+    for lv in $levels; do
         t0=$(date +%s)
         FLASHLM_KERNELS=$lv "$QEMU" -cpu max "$ARM/logits_dump" "$model" "$prompt" 16 "$tmp/$name.$lv.f32" \
             > "$tmp/$name.$lv.txt"
@@ -58,12 +59,15 @@ def cmp(tag_a, tag_b, tol):
           f"{'ok' if ok else 'FAIL'}")
 spread = rel(load("x86")[0], load("x86s")[0])
 print(f"{name}: x86 {load('x86')[1]} vs x86 scalar: max |logit diff| / max |logit| {spread:.3g} (the x86 build's own spread)")
-cmp("scalar", "x86s", 1e-5)
-cmp("neon", "x86", max(1e-3, 1.5 * spread))
-cmp("dotprod", "x86", max(1e-3, 1.5 * spread))
+import os
+for lv in ["scalar", "neon", "dotprod"]:
+    if os.path.exists(f"{tmp}/{name}.{lv}.f32"):
+        cmp(lv, "x86s", 1e-5) if lv == "scalar" else cmp(lv, "x86", max(1e-3, 1.5 * spread))
 sys.exit(1 if bad else 0)
 PY
 }
-check stories260K tests/data/models/stories260K/stories260K.gguf "Once upon a time"
-check smollm2-135m "$HOME/.cache/flashlm/models/smollm2-135m.gguf" "The capital of France is"
+# the scalar level of SmolLM2 under qemu takes minutes: set ARM64_LOGITS_LEVELS="scalar neon dotprod" for it
+check stories260K tests/data/models/stories260K/stories260K.gguf "Once upon a time" "scalar neon dotprod"
+check smollm2-135m "$HOME/.cache/flashlm/models/smollm2-135m.gguf" "The capital of France is" \
+    "${ARM64_LOGITS_LEVELS:-neon dotprod}"
 [ "$fail" -eq 0 ] && echo "check-arm64-logits: ok" || { echo "check-arm64-logits: FAILED" >&2; exit 1; }
