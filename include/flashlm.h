@@ -175,6 +175,11 @@ typedef struct flm_params {
     flm_io_kind io;     /* reader back end (--io); default auto: io_uring when available */
     int io_threads;     /* reader threads (--io-threads); default 32 */
     bool no_direct;     /* do not try O_DIRECT (testing only: measurements then depend on the page cache) */
+    bool no_verify_reads; /* --no-verify-reads: do not check what is read from flash against the file's record sums
+                             (docs/IO.md, "Checked reads"). By default every FFN record and token-embedding row read
+                             from a .flm is hashed (XXH3) and compared before it is used; a mismatch is read again
+                             once, then FLM_ERR_CHECKSUM naming the layer and record. A file without record sums
+                             (format version 1) is refused in the streaming modes unless this is set */
     /* sparse mode (and its ablations, Knowl 8) */
     int window;         /* k, tokens whose active neurons stay cached (--window); 0 = chosen from the budget */
     bool no_window;     /* --no-window: cache only the current token's neurons (k = 1) */
@@ -500,6 +505,12 @@ typedef struct flm_stats {
     const char *kv_type;     /* KV cache element type: "f16" (default) or "f32" (--kv-f32) */
     uint32_t n_ctx;          /* KV cache length, tokens */
     uint32_t n_batch;        /* tokens per batched forward pass (flm_eval_batch) */
+    /* checked reads (flm_params.no_verify_reads) */
+    bool reads_verified;     /* every unit read from flash is checked against its record sum */
+    uint64_t bytes_verified; /* bytes hashed and compared (the reads since the last reset; retries included) */
+    uint64_t n_verify_retries; /* units whose first check failed and were read again (then matched) */
+    double verify_ms;        /* CPU ms spent hashing, summed over the threads that did it (mostly reader threads,
+                                beside the computation): the cost of checking */
 } flm_stats;
 
 /* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,

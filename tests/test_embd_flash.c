@@ -216,7 +216,8 @@ static void test_budget(void **state) {
     flm_ctx *ctx = open_mode(flm_path, FLM_MODE_NAIVE, 64u << 20, FLM_OK, &err);
     const uint64_t tail = flm_file_tail_bytes(ctx->flash->file), row = ctx->flash->plan.embd_row;
     const flm_mem_plan *pl = &ctx->flash->plan; /* with one layer buffer (the second is read-ahead's, optional) */
-    const uint64_t c = flm_mem_plan_total(pl) - pl->reader - (pl->stream - pl->stream / pl->n_stream_buffers);
+    const uint64_t c = flm_mem_plan_total(pl) - pl->reader + pl->reader_checks - /* the record sums are fixed */
+                       (pl->stream - pl->stream / pl->n_stream_buffers);
     flm_close(ctx);
     const uint64_t budget = (c + (36u << 10)) * 16 / 15 + 8192;
     ctx = open_mode(flm_path, FLM_MODE_NAIVE, budget, FLM_OK, &err);
@@ -294,7 +295,8 @@ static void test_read_error(void **state) {
 }
 
 /* Checksums: a corrupt head fails at open in every mode; a corrupt embedding fails where the region is read whole
- * (ram mode, flashlm verify), and, like the streamed FFN regions, not at a streaming mode's open. */
+ * (ram mode, flashlm verify, naming the row), and in a streaming mode when the bad row is read (its record sum), not
+ * at open. */
 static void test_corruption(void **state) {
     (void)state;
     flm_file *f = NULL;
@@ -314,12 +316,20 @@ static void test_corruption(void **state) {
     orig[head_at] ^= 0x10;
     orig[tail_at] ^= 0x10;
     tu_write_file(bad, orig, len);
-    flm_close(open_mode(bad, FLM_MODE_NAIVE, 0, FLM_OK, &err));
+    flm_ctx *ctx = open_mode(bad, FLM_MODE_NAIVE, 0, FLM_OK, &err);
+    const uint64_t bad_row = 100 / ctx->flash->plan.embd_row;
+    char row[64];
+    snprintf(row, sizeof row, "token embedding, row %llu", (unsigned long long)bad_row);
+    const float *lg;
+    assert_int_equal(flm_eval(ctx, (int32_t)bad_row + 1, 0, &lg, &err), FLM_OK); /* another row */
+    assert_int_equal(flm_eval(ctx, (int32_t)bad_row, 1, &lg, &err), FLM_ERR_CHECKSUM);
+    assert_non_null(strstr(err.msg, row));
+    flm_close(ctx);
     open_mode(bad, FLM_MODE_RAM, 0, FLM_ERR_CHECKSUM, &err);
     assert_non_null(strstr(err.msg, "resident region: checksum mismatch"));
     assert_int_equal(flm_file_open_ex(bad, FLM_FILE_LAZY_TAIL, &f, &err), FLM_OK);
     assert_int_equal(flm_file_verify(f, NULL, NULL, &err), FLM_ERR_CHECKSUM);
-    assert_non_null(strstr(err.msg, "resident region"));
+    assert_non_null(strstr(err.msg, row)); /* the same row the streaming mode named */
     assert_int_equal(flm_file_load_tail(f, &err), FLM_ERR_CHECKSUM);
     assert_true(flm_file_tail_pending(f)); /* nothing half-loaded */
     flm_file_close(f);

@@ -332,6 +332,9 @@ const char *CLI_MODEL_OPTS_HELP =
     "      --io KIND        reader back end: auto | uring | threads (default auto)\n"
     "      --io-threads N   reader threads (default 32)\n"
     "      --no-direct      buffered reads instead of O_DIRECT (the page cache is still dropped after reads)\n"
+    "      --no-verify-reads  do not check reads from flash against the file's record sums (default: every FFN\n"
+    "                       record and embedding row read is hashed and compared before use; a mismatch is read\n"
+    "                       again once, then an error naming the layer and record); for measuring without it\n"
     "      --kv-f32         f32 keys, values and attention weights (default: an f16 KV cache, half the memory,\n"
     "                       as llama.cpp's)\n";
 
@@ -368,6 +371,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
                  !strcmp(a, "--window") || !strcmp(a, "--sparse-level");
     if (!strcmp(a, "--threads-force")) { g_threads_force = true; return 1; }
     if (!strcmp(a, "--no-direct")) { p->no_direct = true; return 1; }
+    if (!strcmp(a, "--no-verify-reads")) { p->no_verify_reads = true; return 1; }
     if (!strcmp(a, "--kv-f32")) { p->kv_f32 = true; return 1; }
     if (!strcmp(a, "--no-window")) { p->no_window = true; return 1; }
     if (!strcmp(a, "--no-bundle")) { p->no_bundle = true; return 1; }

@@ -499,6 +499,12 @@ static bool parse_mode_spec(const char *name, const bench_opts *o, bench_run *ru
         snprintf(stem, sizeof stem, "%.*s", (int)(wsuf - name) < 79 ? (int)(wsuf - name) : 79, name);
         name = stem;
     }
+    size_t nl = strlen(name);
+    if (nl > 9 && !strcmp(name + nl - 9, "-noverify")) { /* MODE-noverify: reads not checked (--no-verify-reads) */
+        snprintf(stem, sizeof stem, "%.*s", (int)(nl - 9) < 79 ? (int)(nl - 9) : 79, name);
+        name = stem;
+        run->params.no_verify_reads = true;
+    }
     if (!strcmp(name, "predictor-only") || !strcmp(name, "sparse-nowindow")) {
         run->mode = FLM_MODE_SPARSE; run->params.no_window = true; run->params.no_bundle = true;
     } else if (!strcmp(name, "sparse-nobundle")) {
@@ -1119,7 +1125,8 @@ static const char *BENCH_HELP =
     "      --mem BYTES|N%      memory budget for the streaming modes and the window sweep (default 50%)\n"
     "      --modes LIST        comma-separated, from ram, naive, hybrid, sparse and the ablations predictor-only\n"
     "                          (sparse without window and bundling), sparse-nobundle, sparse-oracle (true active\n"
-    "                          sets), naive-noahead, hybrid-noahead, sparse-noahead (no read-ahead)\n"
+    "                          sets), naive-noahead, hybrid-noahead, sparse-noahead (no read-ahead);\n"
+    "                          MODE-noverify: reads not checked against the record sums (--no-verify-reads)\n"
     "                          (default ram,naive,hybrid,sparse; a mode that does not fit is skipped);\n"
     "                          MODE@bN runs the prompt in batches of N tokens (@b1: token by token), e.g.\n"
     "                          --modes naive@b1,naive,sparse@b1,sparse for the prompt table's speed-ups;\n"

@@ -97,9 +97,11 @@ done:
     return st;
 }
 
-/* Write the FFN region of one layer: d_ffn bundles (up row | gate row | down column). */
+/* Write the FFN region of one layer: d_ffn bundles (up row | gate row | down column), and each bundle's record sum
+ * (XXH3_64bits, little-endian) into sums[8 * i]. */
 static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t l, flm_region *r, float *downT,
-                                  uint8_t *chunk, size_t chunk_records, uint32_t down_as, flm_error *err) {
+                                  uint8_t *chunk, size_t chunk_records, uint32_t down_as, uint8_t *sums,
+                                  flm_error *err) {
     const flm_hparams *hp = &m->hp;
     const flm_layer_weights *L = &m->layers[l];
     const flm_kernels *k = flm_kernels_scalar();
@@ -127,6 +129,7 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
             if (b.gate_bytes)
                 memcpy(rec + b.gate_off, (const uint8_t *)L->ffn_gate.data + (size_t)i * b.gate_bytes, b.gate_bytes);
             flm_quantize_row(col_type, downT + (size_t)i * d, rec + b.down_off, d);
+            flm_put_u64(sums + 8ull * i, XXH3_64bits(rec, (size_t)b.record_bytes)); /* its record sum */
         }
         flm_status st = flm_out_write(o, chunk, (size_t)n * b.record_bytes, err);
         if (st) return st;
@@ -165,7 +168,7 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
                             flm_type_name(ct), hp->d_model, flm_type_block_elems(ct));
     }
     const char *tmp = flm_out_temp(w);
-    uint32_t n_regions = 1 + hp->n_layers;
+    uint32_t n_regions = 2 + hp->n_layers; /* resident, FFN layers, record sums */
     flm_region *regions = calloc(n_regions, sizeof *regions);
     /* one spare table entry: `flashlm calibrate` adds the predictor region without moving any other */
     uint32_t header_bytes = (uint32_t)flm_align_up(FLM_HEADER_FIXED + (uint64_t)(n_regions + 1) * FLM_REGION_ENTRY_BYTES,
@@ -182,7 +185,26 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
     float *downT = malloc(((size_t)hp->d_ffn * hp->d_model + hp->d_ffn) * sizeof(float));
     uint8_t *chunk = malloc(chunk_records * max_rec);
     flm_out_file o = {NULL, dst, 0, XXH64_createState()};
-    if (!regions || !hdr || !downT || !chunk || !o.h) {
+    /* the record sums (docs/FORMAT.md, "Record sums"): one table per FFN layer, then the token embedding's rows */
+    const flm_gguf_tensor *embd = flm_gguf_find_tensor(m->gguf, "token_embd.weight");
+    uint32_t n_tab = hp->n_layers + (embd && embd->n_dims == 2 ? 1 : 0);
+    flm_sums_table *tab = calloc(n_tab ? n_tab : 1, sizeof *tab);
+    uint8_t *sums = NULL;
+    uint64_t sums_bytes = 0;
+    if (tab) {
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            const flm_layer_weights *L = &m->layers[l];
+            flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, L->ffn_up.type, L->ffn_gate.type,
+                                                       flm_down_column_type(L->ffn_down.type, down_as), hp->gated);
+            tab[l] = (flm_sums_table){.kind = FLM_SUMS_FFN, .layer = l, .unit_bytes = b.record_bytes,
+                                      .n_units = hp->d_ffn};
+        }
+        if (n_tab > hp->n_layers) /* offset: known once the resident region is written (its head) */
+            tab[hp->n_layers] = (flm_sums_table){.kind = FLM_SUMS_EMBD, .unit_bytes = flm_row_bytes(embd->type,
+                                                 embd->ne[0]), .n_units = embd->ne[1]};
+        sums = flm_sums_payload_new(tab, n_tab, &sums_bytes);
+    }
+    if (!regions || !hdr || !downT || !chunk || !o.h || !tab || !sums) {
         st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst);
         goto done;
     }
@@ -200,9 +222,32 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
     if ((st = flm_out_pad(&o, err))) goto done;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         if (progress) progress(user, "FFN layers", l, hp->n_layers);
-        if ((st = write_ffn_layer(&o, m, l, &regions[1 + l], downT, chunk, chunk_records, down_as, err))) goto done;
+        if ((st = write_ffn_layer(&o, m, l, &regions[1 + l], downT, chunk, chunk_records, down_as, sums + tab[l].pos,
+                                  err)))
+            goto done;
     }
     if (progress) progress(user, "FFN layers", hp->n_layers, hp->n_layers);
+    if (n_tab > hp->n_layers) { /* the embedding's rows, as written last in the resident region (the tail) */
+        flm_sums_table *t = &tab[hp->n_layers];
+        if (!regions[0].head_bytes || t->unit_bytes * t->n_units > regions[0].size - regions[0].head_bytes) {
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: the token embedding is not the resident region's tail", src);
+            goto done;
+        }
+        t->offset = regions[0].head_bytes;
+        flm_put_u64(sums + FLM_SUMS_HEAD + (size_t)hp->n_layers * FLM_SUMS_ENTRY + 8, t->offset);
+        for (uint64_t i = 0; i < t->n_units; i++)
+            flm_put_u64(sums + t->pos + 8 * i,
+                        XXH3_64bits((const uint8_t *)embd->data + i * t->unit_bytes, (size_t)t->unit_bytes));
+    }
+    regions[1 + hp->n_layers] = (flm_region){.kind = FLM_REGION_SUMS, .offset = o.pos, .size = sums_bytes,
+                                             .checksum = XXH64(sums, (size_t)sums_bytes, 0)};
+    {
+        XXH64_state_t *h = o.h;
+        o.h = NULL; /* checksummed above */
+        st = flm_out_write(&o, sums, (size_t)sums_bytes, err);
+        o.h = h;
+        if (st || (st = flm_out_pad(&o, err))) goto done;
+    }
     /* the header, now that every region is known */
     flm_build_header(hdr, header_bytes, regions, n_regions, o.pos);
     if (fseek(o.fp, 0, SEEK_SET) != 0 || fwrite(hdr, 1, header_bytes, o.fp) != header_bytes || fflush(o.fp) != 0) {
@@ -227,6 +272,8 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
 done:
     flm_out_abort(w); /* an error before the commit: removes the temporary and the lock */
     XXH64_freeState(o.h);
+    free(tab);
+    free(sums);
     free(regions);
     free(hdr);
     free(downT);

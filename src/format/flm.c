@@ -66,6 +66,7 @@ static void region_name(const flm_region *r, char *out, size_t n) {
     if (r->kind == FLM_REGION_RESIDENT) snprintf(out, n, "resident region");
     else if (r->kind == FLM_REGION_FFN) snprintf(out, n, "FFN region of layer %u", r->layer);
     else if (r->kind == FLM_REGION_PREDICTOR) snprintf(out, n, "predictor region");
+    else if (r->kind == FLM_REGION_SUMS) snprintf(out, n, "record-sums region");
     else snprintf(out, n, "region of kind %u", r->kind);
 }
 
@@ -74,7 +75,8 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
     uint32_t n_layers = 0;
     for (uint32_t i = 0; i < f->n_regions; i++) {
         const flm_region *r = &f->regions[i];
-        if (r->kind != FLM_REGION_RESIDENT && r->kind != FLM_REGION_FFN && r->kind != FLM_REGION_PREDICTOR)
+        if (r->kind != FLM_REGION_RESIDENT && r->kind != FLM_REGION_FFN && r->kind != FLM_REGION_PREDICTOR &&
+            r->kind != FLM_REGION_SUMS)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: unknown kind %u", path, i, r->kind);
         if (r->offset % FLM_ALIGN || r->offset < f->header_bytes)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: offset %llu is not 4096-aligned after the header",
@@ -97,6 +99,12 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
         } else if (r->kind == FLM_REGION_PREDICTOR) {
             if (f->predictor) return flm_fail(err, FLM_ERR_FORMAT, "%s: more than one predictor region", path);
             f->predictor = r;
+        } else if (r->kind == FLM_REGION_SUMS) {
+            if (f->sums) return flm_fail(err, FLM_ERR_FORMAT, "%s: more than one record-sums region", path);
+            if (f->version < 2)
+                return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: a record-sums region in a version-%u file", path,
+                                i, f->version);
+            f->sums = r;
         } else {
             if (r->layer != n_layers)
                 return flm_fail(err, FLM_ERR_FORMAT, "%s: region %u: FFN layer %u out of order (expected %u)", path,
@@ -119,6 +127,8 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
         }
     }
     if (!f->resident) return flm_fail(err, FLM_ERR_FORMAT, "%s: no resident region", path);
+    if (f->version >= 2 && !f->sums)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: a version-%u file without its record-sums region", path, f->version);
     f->n_layers = n_layers;
     f->ffn = calloc(n_layers ? n_layers : 1, sizeof *f->ffn);
     if (!f->ffn) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
@@ -178,9 +188,9 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
         goto done;
     }
     f->version = flm_get_u32(fixed + 8);
-    if (f->version != FLM_FILE_VERSION) {
-        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: header: version %u is not supported (this flashlm reads %u); "
-                      "convert the model again", path, f->version, FLM_FILE_VERSION);
+    if (f->version < FLM_FILE_VERSION_MIN || f->version > FLM_FILE_VERSION) {
+        st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: header: version %u is not supported (this flashlm reads %u to "
+                      "%u); convert the model again", path, f->version, FLM_FILE_VERSION_MIN, FLM_FILE_VERSION);
         goto done;
     }
     f->n_regions = flm_get_u32(fixed + 12);
@@ -326,14 +336,158 @@ void flm_file_close(flm_file *f) {
     free(f);
 }
 
+/* ---- record sums ---------------------------------------------------------------------------------------------- */
+
+void flm_sums_free(flm_sums *s) {
+    if (!s) return;
+    free(s->tables);
+    free(s->ffn);
+    free(s->data);
+    memset(s, 0, sizeof *s);
+}
+
+/* Parse and check the SUMS payload p[0, size) of f into s (tables pointing into p, which s takes; the sums are
+ * converted to host order in place when to_host). */
+static flm_status sums_parse(const flm_file *f, uint8_t *p, uint64_t size, bool to_host, flm_sums *s,
+                             flm_error *err) {
+    const char *path = f->path;
+    memset(s, 0, sizeof *s);
+    if (size < FLM_SUMS_HEAD)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: %llu bytes is too short", path,
+                        (unsigned long long)size);
+    uint32_t n = flm_get_u32(p);
+    if (n > f->n_layers + 1u || flm_get_u32(p + 4) != 0 || (uint64_t)FLM_SUMS_HEAD + (uint64_t)n * FLM_SUMS_ENTRY > size)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: %u tables do not fit its %llu bytes (at most "
+                        "one per FFN layer and one embedding)", path, n, (unsigned long long)size);
+    s->tables = calloc(n ? n : 1, sizeof *s->tables);
+    s->ffn = calloc(f->n_layers ? f->n_layers : 1, sizeof *s->ffn);
+    if (!s->tables || !s->ffn) {
+        flm_sums_free(s);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the record sums", path);
+    }
+    s->n_tables = n;
+    uint64_t pos = FLM_SUMS_HEAD + (uint64_t)n * FLM_SUMS_ENTRY;
+    flm_status st = FLM_OK;
+    for (uint32_t i = 0; i < n && !st; i++) {
+        const uint8_t *e = p + FLM_SUMS_HEAD + (size_t)i * FLM_SUMS_ENTRY;
+        flm_sums_table *t = &s->tables[i];
+        *t = (flm_sums_table){flm_get_u32(e), flm_get_u32(e + 4), flm_get_u64(e + 8), flm_get_u64(e + 16),
+                              flm_get_u64(e + 24), NULL, pos};
+        if (t->n_units > (size - pos) / 8) {
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: table %u's %llu sums run past its %llu bytes",
+                          path, i, (unsigned long long)t->n_units, (unsigned long long)size);
+            break;
+        }
+        pos += t->n_units * 8;
+        if (t->kind == FLM_SUMS_FFN) {
+            const flm_region *r = t->layer < f->n_layers ? f->ffn[t->layer] : NULL;
+            if (!r || s->ffn[t->layer] || t->offset != 0 || t->unit_bytes != r->record_bytes ||
+                t->n_units != r->n_records)
+                st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: table %u (layer %u: %llu units of %llu "
+                              "bytes at %llu) does not match an FFN region's records, or repeats one", path, i,
+                              t->layer, (unsigned long long)t->n_units, (unsigned long long)t->unit_bytes,
+                              (unsigned long long)t->offset);
+            else
+                s->ffn[t->layer] = t;
+        } else if (t->kind == FLM_SUMS_EMBD) {
+            const flm_region *r = f->resident;
+            if (s->embd || t->layer || (r->head_bytes && t->offset != r->head_bytes) || !t->unit_bytes ||
+                t->offset > r->size || t->n_units > (r->size - t->offset) / t->unit_bytes)
+                st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: table %u (%llu embedding rows of %llu "
+                              "bytes at %llu) does not lie in the resident region (its tail), or repeats one", path, i,
+                              (unsigned long long)t->n_units, (unsigned long long)t->unit_bytes,
+                              (unsigned long long)t->offset);
+            else
+                s->embd = t;
+        } else {
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: table %u has unknown kind %u", path, i,
+                          t->kind);
+        }
+    }
+    if (!st && pos != size)
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: %llu bytes, its tables need %llu", path,
+                      (unsigned long long)size, (unsigned long long)pos);
+    for (uint32_t l = 0; l < f->n_layers && !st; l++)
+        if (!s->ffn[l])
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: no table for the FFN region of layer %u", path,
+                          l);
+    if (st) {
+        flm_sums_free(s);
+        return st;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        flm_sums_table *t = &s->tables[i];
+        uint64_t *v = (uint64_t *)(void *)(p + t->pos); /* pos is a multiple of 8 in a malloc'd block */
+        if (to_host)
+            for (uint64_t k = 0; k < t->n_units; k++) v[k] = flm_get_u64((const uint8_t *)&v[k]);
+        t->sums = v;
+    }
+    s->data = (uint64_t *)(void *)p;
+    s->bytes = size + n * sizeof *s->tables + f->n_layers * sizeof *s->ffn;
+    return FLM_OK;
+}
+
+flm_status flm_sums_load(const flm_file *f, flm_sums *s, flm_error *err) {
+    memset(s, 0, sizeof *s);
+    if (!f->sums)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: no record sums (a version-%u file, written before flashlm stored "
+                        "them): convert the model again", f->path, f->version);
+    void *p = NULL;
+    flm_status st = flm_file_read_region(f, f->sums, &p, err);
+    if (st) return st;
+    if ((st = sums_parse(f, p, f->sums->size, true, s, err))) free(p);
+    return st;
+}
+
+void flm_sums_table_name(const flm_sums_table *t, char *out, size_t n) {
+    if (t->kind == FLM_SUMS_FFN) snprintf(out, n, "FFN region of layer %u", t->layer);
+    else snprintf(out, n, "token embedding");
+}
+
+const char *flm_sums_unit_name(const flm_sums_table *t) { return t->kind == FLM_SUMS_FFN ? "record" : "row"; }
+
+/* flm_file_verify's unit checks within one region: the table of its units, and a streaming XXH3 of the unit the
+ * chunks are in the middle of. */
+typedef struct unit_check {
+    const flm_sums_table *t;
+    XXH3_state_t *h;
+} unit_check;
+
+/* Bytes [o, o + n) of the region's payload are in buf: hash the units of u->t they hold, comparing each when its
+ * last byte has been hashed. */
+static flm_status check_units(const flm_file *f, const flm_region *r, unit_check *u, const uint8_t *buf, uint64_t o,
+                              uint64_t n, flm_error *err) {
+    const flm_sums_table *t = u->t;
+    const uint64_t t0 = t->offset, t1 = t->offset + t->n_units * t->unit_bytes;
+    uint64_t pos = o > t0 ? o : t0, end = o + n < t1 ? o + n : t1;
+    while (pos < end) {
+        uint64_t k = (pos - t0) / t->unit_bytes, us = t0 + k * t->unit_bytes, ue = us + t->unit_bytes;
+        if (pos == us) XXH3_64bits_reset(u->h);
+        uint64_t take = (ue < end ? ue : end) - pos;
+        XXH3_64bits_update(u->h, buf + (pos - o), (size_t)take);
+        pos += take;
+        if (pos == ue && XXH3_64bits_digest(u->h) != t->sums[k]) {
+            char what[48];
+            flm_sums_table_name(t, what, sizeof what);
+            return flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s, %s %llu (file bytes %llu..%llu): checksum mismatch (the "
+                            "file is corrupt)", f->path, what, flm_sums_unit_name(t), (unsigned long long)k,
+                            (unsigned long long)(r->offset + us), (unsigned long long)(r->offset + ue));
+        }
+    }
+    return FLM_OK;
+}
+
 flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *user, flm_error *err) {
     int fd = open(f->path, O_RDONLY);
     if (fd < 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno));
     const size_t chunk = 8u << 20;
     uint8_t *buf = malloc(chunk);
     XXH64_state_t *h = XXH64_createState();
+    flm_sums sums = {0};
+    unit_check u = {NULL, XXH3_createState()};
     flm_status st = FLM_OK;
-    if (!buf || !h) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path); goto done; }
+    if (!buf || !h || !u.h) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path); goto done; }
+    if (f->sums && (st = flm_sums_load(f, &sums, err))) goto done; /* the record sums, checked, before the records */
     uint64_t total = 0, done_bytes = 0;
     for (uint32_t i = 0; i < f->n_regions; i++) total += f->regions[i].size;
     for (uint32_t i = 0; i < f->n_regions && !st; i++) {
@@ -342,9 +496,12 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
         region_name(r, what, sizeof what);
         XXH64_reset(h, 0);
         bool head_ok = true;
+        u.t = !f->sums ? NULL : r->kind == FLM_REGION_FFN ? sums.ffn[r->layer]
+                              : r->kind == FLM_REGION_RESIDENT ? sums.embd : NULL;
         for (uint64_t o = 0; o < r->size && !st; o += chunk) {
             size_t n = (size_t)(r->size - o < chunk ? r->size - o : chunk);
             if ((st = flm_file_pread(fd, buf, n, r->offset + o, f->path, what, err))) break;
+            if (u.t && (st = check_units(f, r, &u, buf, o, n, err))) break;
             if (r->head_bytes && o < r->head_bytes && o + n >= r->head_bytes) { /* the head ends in this chunk */
                 XXH64_update(h, buf, (size_t)(r->head_bytes - o));
                 head_ok = XXH64_digest(h) == r->head_checksum;
@@ -366,6 +523,8 @@ flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *us
     }
 done:
     XXH64_freeState(h);
+    XXH3_freeState(u.h);
+    flm_sums_free(&sums);
     free(buf);
     close(fd);
     return st;

@@ -18,7 +18,8 @@
 #include "format/gguf.h"
 
 #define FLM_FILE_MAGIC "FLASHLM\0"
-#define FLM_FILE_VERSION 1u
+#define FLM_FILE_VERSION 2u     /* written when the file has a SUMS region (every file convert writes) */
+#define FLM_FILE_VERSION_MIN 1u /* read: version 1 (no SUMS region: its reads from flash cannot be checked) */
 #define FLM_ALIGN 4096u
 #define FLM_HEADER_FIXED 64u       /* fixed part of the header; the region table follows */
 #define FLM_REGION_ENTRY_BYTES 64u
@@ -30,6 +31,7 @@ typedef enum flm_region_kind {
     FLM_REGION_RESIDENT = 1,  /* a GGUF file: metadata, tokenizer, every non-FFN tensor */
     FLM_REGION_FFN = 2,       /* one layer's neuron bundles */
     FLM_REGION_PREDICTOR = 3, /* activation rules and predictors of every layer (written by flashlm calibrate) */
+    FLM_REGION_SUMS = 4,      /* record sums: an XXH3 of every FFN record and token-embedding row (version 2) */
 } flm_region_kind;
 
 /* One region table entry (64 bytes on disk, little-endian, fields in this order). */
@@ -80,6 +82,7 @@ typedef struct flm_file {
     const flm_region **ffn;   /* [n_layers]: the FFN region of each layer */
     const flm_region *resident;
     const flm_region *predictor; /* NULL until the model is calibrated */
+    const flm_region *sums;   /* the record sums (FLM_REGION_SUMS); NULL in a version-1 file */
     void *resident_data;      /* the RESIDENT payload in memory, checksummed: all of it, or its head only (the first
                                  resident->head_bytes bytes) while the tail is in the file (flm_file_tail_pending) */
     void *tail_data;          /* the tail [head_bytes, size) when loaded apart from the head (flm_file_load_tail) */
@@ -117,6 +120,44 @@ uint64_t flm_file_tail_bytes(const flm_file *f);
 flm_status flm_file_load_tail(flm_file *f, flm_error *err);
 void flm_file_close(flm_file *f);
 
+/* ---- record sums (docs/FORMAT.md, "Record sums") --------------------------------------------------------------
+ * The SUMS region holds tables of XXH3_64bits (seed 0) checksums of fixed-size units: every FFN region's records,
+ * one table per layer, and the token embedding's rows in the resident region's tail. Streaming reads are checked
+ * against them unit by unit (io/reader.h, "Checked reads"). */
+#define FLM_SUMS_FFN 1u  /* the records of the FFN region of `layer` */
+#define FLM_SUMS_EMBD 2u /* the rows of token_embd.weight, in the resident region */
+#define FLM_SUMS_HEAD 8u /* u32 n_tables, u32 reserved */
+#define FLM_SUMS_ENTRY 32u
+
+typedef struct flm_sums_table {
+    uint32_t kind;        /* FLM_SUMS_FFN or FLM_SUMS_EMBD */
+    uint32_t layer;       /* FFN: the layer; EMBD: 0 */
+    uint64_t offset;      /* of unit 0, from the start of its region's payload (FFN: 0; EMBD: the head's end) */
+    uint64_t unit_bytes;  /* FFN: record_bytes; EMBD: bytes of one row */
+    uint64_t n_units;     /* FFN: n_records; EMBD: rows (the vocabulary) */
+    const uint64_t *sums; /* [n_units], host order (flm_sums_load) */
+    uint64_t pos;         /* byte position of the first sum in the region's payload */
+} flm_sums_table;
+
+typedef struct flm_sums {
+    uint32_t n_tables;
+    flm_sums_table *tables;
+    const flm_sums_table **ffn; /* [n_layers]: the table of each layer's FFN records */
+    const flm_sums_table *embd; /* the token embedding's rows, or NULL */
+    uint64_t *data;             /* the region's payload (its sums converted to host order in place) */
+    uint64_t bytes;             /* memory held */
+} flm_sums;
+
+/* Read the SUMS region (checking its region checksum), check every table against the file (one FFN table per layer
+ * matching its region's records; an embedding table inside the resident region's tail) and point s at it.
+ * Errors: FLM_ERR_FORMAT (no SUMS region: a version-1 file; a table that does not match the file, naming it),
+ * FLM_ERR_CHECKSUM, FLM_ERR_IO, FLM_ERR_NOMEM. */
+flm_status flm_sums_load(const flm_file *f, flm_sums *s, flm_error *err);
+void flm_sums_free(flm_sums *s);
+/* How errors name a table and its units: "FFN region of layer 3" / "record", "token embedding" / "row". */
+void flm_sums_table_name(const flm_sums_table *t, char *out, size_t n);
+const char *flm_sums_unit_name(const flm_sums_table *t);
+
 /* true when data (the region's payload, r->size bytes) matches the region's checksum. */
 bool flm_region_checksum_ok(const flm_region *r, const void *data);
 
@@ -126,8 +167,10 @@ bool flm_file_is_flm(const char *path);
 /* Progress callback: done/total in bytes; what names the stage. */
 typedef void (*flm_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
 
-/* Re-read every region and check its checksum (and the resident head's). Errors: FLM_ERR_CHECKSUM naming the region,
- * FLM_ERR_IO. */
+/* Re-read every region and check its checksum (and the resident head's), and, in a version-2 file, every FFN record
+ * and token-embedding row against its record sum: the same sums, and the same error for a bad record ("FFN region of
+ * layer L, record R"), as the runtime's checked reads. Errors: FLM_ERR_CHECKSUM naming the region (and record),
+ * FLM_ERR_FORMAT (a SUMS region that does not match the file), FLM_ERR_IO, FLM_ERR_NOMEM. */
 flm_status flm_file_verify(const flm_file *f, flm_progress_fn progress, void *user, flm_error *err);
 
 /* Read a whole region's payload into memory and check its checksum. *out is malloc'd (caller frees).

@@ -28,6 +28,9 @@ void flm_io_stats_add(flm_io_stats *to, const flm_io_stats *d) {
     to->n_extents += d->n_extents;
     for (int b = 0; b < FLM_IO_HIST_BUCKETS; b++) to->hist[b] += d->hist[b];
     to->ms += d->ms;
+    to->bytes_checked += d->bytes_checked;
+    to->n_check_retries += d->n_check_retries;
+    to->check_ms += d->check_ms;
 }
 
 static void *async_main(void *arg) {

@@ -76,6 +76,7 @@ static flm_status emit_group(flm_read_plan *plan, sext *m, size_t nm, uint64_t a
         if (zero_copy) {
             op->dst = m[0].dst + (o0 - m[0].off);
             op->need = op->length;
+            op->ext = m[0].idx;
         } else {
             while (lo < nm && m[lo].pmax <= o0) lo++;
             uint64_t need_end = o0;
@@ -84,7 +85,7 @@ static flm_status emit_group(flm_read_plan *plan, sext *m, size_t nm, uint64_t a
                 uint64_t s = m[i].off > o0 ? m[i].off : o0, e = m[i].end < o1 ? m[i].end : o1;
                 if (!grow((void **)&plan->pieces, &plan->pieces_cap, plan->n_pieces + 1, sizeof *plan->pieces))
                     return flm_fail(err, FLM_ERR_NOMEM, "read plan: out of memory for %zu copies", plan->n_pieces + 1);
-                plan->pieces[plan->n_pieces++] = (flm_read_piece){s - o0, e - s, m[i].dst + (s - m[i].off)};
+                plan->pieces[plan->n_pieces++] = (flm_read_piece){s - o0, e - s, m[i].dst + (s - m[i].off), m[i].idx};
                 if (e > need_end) need_end = e;
             }
             op->n_pieces = plan->n_pieces - op->first_piece;

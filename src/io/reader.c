@@ -14,6 +14,16 @@
 #ifdef FLM_HAVE_URING
 #include <liburing.h>
 #endif
+#include <xxhash.h>
+#if defined(__x86_64__) && defined(__has_include)
+#if __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h> /* libxxhash's run-time dispatch: XXH3 with AVX2 where the CPU has it (2x SSE2's speed) */
+#define FLM_UNIT_HASH(p, n) XXH3_64bits_dispatch(p, n)
+#endif
+#endif
+#ifndef FLM_UNIT_HASH
+#define FLM_UNIT_HASH(p, n) XXH3_64bits(p, n)
+#endif
 
 #include "core/error.h"
 #include "core/util.h"
@@ -40,6 +50,14 @@ typedef struct uslot {
 } uslot;
 #endif
 
+/* Checked reads: a run of n consecutive units first .. first + n - 1 of table `table`, whose bytes are at dst. */
+typedef struct rcheck {
+    uint8_t *dst;
+    uint64_t first;
+    uint32_t table;
+    uint32_t n;
+} rcheck;
+
 struct flm_reader {
     char *path;
     int fd_direct; /* O_DIRECT descriptor, -1 when there is none */
@@ -60,6 +78,20 @@ struct flm_reader {
 
     atomic_int fault_kind;
     atomic_uint_fast64_t fault_at, fault_count;
+
+    /* checked reads (flm_reader_set_checks): the tables, sorted by offset; per read, the runs to check after each
+     * request (op_chk[i] .. op_chk[i + 1]) and after the whole read (late: units split between requests); units that
+     * failed their first check (fails, under fail_mu: reader threads add to it) */
+    flm_check_table *tables;
+    size_t n_tables;
+    rcheck *chk, *late, *fails;
+    size_t n_chk, chk_cap, n_late, late_cap, n_fails, fails_cap;
+    size_t *op_chk;
+    size_t op_chk_cap;
+    bool fails_lost; /* a failure could not be recorded (out of memory) */
+    pthread_mutex_t fail_mu;
+    bool fail_mu_ready;
+    atomic_uint_fast64_t chk_bytes, chk_ns; /* this read's hashing, from every thread */
 
     pthread_mutex_t call_mu; /* one flm_reader_read at a time (a read-ahead thread and the caller may share it) */
     bool call_mu_ready;
@@ -145,6 +177,17 @@ static uint64_t fault_truncate(int fault, const flm_read_op *op, uint64_t got) {
     return got;
 }
 
+/* The byte FLM_FAULT_CORRUPT flips in request op's buffer: one the caller asked for (a zero-copy request's middle, or
+ * its first piece's fourth byte: the high byte of a little-endian f32), so that a checked read sees it. */
+static uint64_t fault_byte(const flm_reader *r, const flm_read_op *op) {
+    if (op->dst) return (op->need / 2) | 3;
+    if (op->n_pieces) {
+        const flm_read_piece *p = &r->plan.pieces[op->first_piece];
+        return p->src + (p->length > 3 ? 3 : 0);
+    }
+    return op->need - 1;
+}
+
 /* Buffered reads leave the pages they read in the page cache; drop them so the next token pays for flash again.
  * Whole pages only are dropped by the kernel, so widen the range to page (alignment) boundaries. */
 static void drop_cache(flm_reader *r, uint64_t off, uint64_t len) {
@@ -216,7 +259,180 @@ static flm_status exec_op(flm_reader *r, const flm_read_op *op, uint8_t *buf, ui
     }
     if (buffered) drop_cache(r, op->offset, done);
     if (done < op->need) return short_read(r, op, done, err);
+    if (fault == FLM_FAULT_CORRUPT) buf[fault_byte(r, op)] ^= 0x5a;
     scatter(r, op, buf);
+    return FLM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Checked reads: each unit of a table wholly inside an extent is hashed once its bytes are in the destination, in
+ * the completion of the request that brought them (check_op) or, when two requests brought it, after the read
+ * (finish_checks); a mismatch is read again once (recheck).
+ * ------------------------------------------------------------------------------------------------------------- */
+
+static bool grow_array(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static uint64_t table_end(const flm_check_table *t) { return t->offset + t->unit_bytes * t->n_units; }
+
+/* The runs for the file bytes [s, s + len) of extent e that land at d: units wholly inside them go to the current
+ * request's list (chk), a unit that starts inside them and ends past them (split between requests) to the late list
+ * when the extent holds it whole. */
+static bool plan_segment(flm_reader *r, uint64_t s, uint64_t len, uint8_t *d, const flm_extent *e) {
+    const uint64_t end = s + len;
+    size_t lo = 0, hi = r->n_tables; /* the first table ending after s */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (table_end(&r->tables[mid]) <= s) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t ti = lo; ti < r->n_tables && r->tables[ti].offset < end; ti++) {
+        const flm_check_table *t = &r->tables[ti];
+        const uint64_t ub = t->unit_bytes, a = s > t->offset ? s : t->offset, tend = table_end(t);
+        const uint64_t b = end < tend ? end : tend;
+        const uint64_t u0 = (a - t->offset + ub - 1) / ub;  /* the first unit starting at or after a */
+        const uint64_t u_full = (b - t->offset) / ub;       /* units before it end by b */
+        const uint64_t u_start = (b - t->offset + ub - 1) / ub; /* units before it start before b */
+        if (u_full > u0) {
+            for (uint64_t u = u0; u < u_full;) { /* runs of at most 2^32 - 1 units */
+                uint64_t m = u_full - u > UINT32_MAX ? UINT32_MAX : u_full - u;
+                if (!grow_array((void **)&r->chk, &r->chk_cap, r->n_chk + 1, sizeof *r->chk)) return false;
+                r->chk[r->n_chk++] = (rcheck){d + (t->offset + u * ub - s), u, (uint32_t)ti, (uint32_t)m};
+                u += m;
+            }
+        }
+        for (uint64_t u = u_full > u0 ? u_full : u0; u < u_start; u++) { /* at most one: it ends past b */
+            uint64_t us = t->offset + u * ub;
+            if (us < e->offset || us + ub > e->offset + e->length) continue; /* not all of it is asked for */
+            if (!grow_array((void **)&r->late, &r->late_cap, r->n_late + 1, sizeof *r->late)) return false;
+            r->late[r->n_late++] = (rcheck){d + (us - s), u, (uint32_t)ti, 1};
+        }
+    }
+    return true;
+}
+
+/* The checks of the planned read of ext[0 .. n). */
+static flm_status plan_checks(flm_reader *r, const flm_extent *ext, flm_error *err) {
+    r->n_chk = r->n_late = r->n_fails = 0;
+    r->fails_lost = false;
+    atomic_store(&r->chk_bytes, 0);
+    atomic_store(&r->chk_ns, 0);
+    const flm_read_plan *p = &r->plan;
+    if (!grow_array((void **)&r->op_chk, &r->op_chk_cap, p->n_ops + 1, sizeof *r->op_chk))
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the read checks", r->path);
+    for (size_t i = 0; i < p->n_ops; i++) {
+        const flm_read_op *op = &p->ops[i];
+        r->op_chk[i] = r->n_chk;
+        bool ok = true;
+        if (op->dst) {
+            ok = plan_segment(r, op->offset, op->need, op->dst, &ext[op->ext]);
+        } else {
+            for (size_t j = 0; ok && j < op->n_pieces; j++) {
+                const flm_read_piece *pc = &p->pieces[op->first_piece + j];
+                ok = plan_segment(r, op->offset + pc->src, pc->length, pc->dst, &ext[pc->ext]);
+            }
+        }
+        if (!ok) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the read checks", r->path);
+    }
+    r->op_chk[p->n_ops] = r->n_chk;
+    return FLM_OK;
+}
+
+static void note_fail(flm_reader *r, uint8_t *dst, uint32_t table, uint64_t unit) {
+    pthread_mutex_lock(&r->fail_mu);
+    if (grow_array((void **)&r->fails, &r->fails_cap, r->n_fails + 1, sizeof *r->fails))
+        r->fails[r->n_fails++] = (rcheck){dst, unit, table, 1};
+    else
+        r->fails_lost = true;
+    pthread_mutex_unlock(&r->fail_mu);
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Hash runs c[0 .. n) and note the units that do not match. */
+static void check_runs(flm_reader *r, const rcheck *c, size_t n) {
+    if (!n) return;
+    uint64_t t0 = now_ns(), bytes = 0;
+    for (size_t k = 0; k < n; k++) {
+        const flm_check_table *t = &r->tables[c[k].table];
+        for (uint32_t j = 0; j < c[k].n; j++) {
+            const uint8_t *p = c[k].dst + (uint64_t)j * t->unit_bytes;
+            if (FLM_UNIT_HASH(p, (size_t)t->unit_bytes) != t->sums[c[k].first + j])
+                note_fail(r, (uint8_t *)p, c[k].table, c[k].first + j);
+        }
+        bytes += c[k].n * t->unit_bytes;
+    }
+    atomic_fetch_add(&r->chk_ns, now_ns() - t0);
+    atomic_fetch_add(&r->chk_bytes, bytes);
+}
+
+/* Request number i of the plan arrived (and was scattered): check the units it completed. */
+static void check_op(flm_reader *r, const flm_read_op *op) {
+    if (!r->n_tables) return;
+    size_t i = (size_t)(op - r->plan.ops);
+    check_runs(r, r->chk + r->op_chk[i], r->op_chk[i + 1] - r->op_chk[i]);
+}
+
+static flm_status mismatch(const flm_reader *r, const rcheck *f, const char *how, flm_error *err) {
+    const flm_check_table *t = &r->tables[f->table];
+    return flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s, %s %llu (file bytes %llu..%llu): checksum mismatch %s (the "
+                    "file is corrupt)", r->path, t->what, t->unit, (unsigned long long)f->first,
+                    (unsigned long long)(t->offset + f->first * t->unit_bytes),
+                    (unsigned long long)(t->offset + (f->first + 1) * t->unit_bytes), how);
+}
+
+/* Read failed unit f again (one synchronous request through the bounce memory, which no batch uses now) into its
+ * destination and check it once more. */
+static flm_status recheck(flm_reader *r, const rcheck *f, uint64_t *nread, flm_io_stats *stats, flm_error *err) {
+    const flm_check_table *t = &r->tables[f->table];
+    const uint64_t us = t->offset + f->first * t->unit_bytes, ue = us + t->unit_bytes;
+    uint64_t done = 0;
+    while (us + done < ue) { /* a unit larger than the bounce memory: in pieces */
+        uint64_t at = us + done, o0 = flm_align_down(at, r->align);
+        uint64_t o1 = flm_align_up(ue, r->align);
+        if (o1 - o0 > r->bounce_cap) o1 = o0 + r->bounce_cap;
+        flm_read_op op = {.offset = o0, .length = o1 - o0, .need = (ue < o1 ? ue : o1) - o0};
+        flm_status st = exec_op(r, &op, r->bounce, nread, err);
+        if (st) return st;
+        memcpy(f->dst + done, r->bounce + (at - o0), (size_t)(o0 + op.need - at));
+        done += o0 + op.need - at;
+    }
+    uint64_t t0 = now_ns();
+    bool ok = FLM_UNIT_HASH(f->dst, (size_t)t->unit_bytes) == t->sums[f->first];
+    if (stats) {
+        stats->check_ms += (double)(now_ns() - t0) / 1e6;
+        stats->bytes_checked += t->unit_bytes;
+        stats->n_check_retries++;
+    }
+    return ok ? FLM_OK : mismatch(r, f, "on two reads", err);
+}
+
+/* After a read: the units split between requests, then every failed unit read again once. */
+static flm_status finish_checks(flm_reader *r, uint64_t *nread, flm_io_stats *stats, flm_error *err) {
+    check_runs(r, r->late, r->n_late);
+    if (stats) {
+        stats->bytes_checked += atomic_load(&r->chk_bytes);
+        stats->check_ms += (double)atomic_load(&r->chk_ns) / 1e6;
+    }
+    if (r->fails_lost && r->n_fails) return mismatch(r, &r->fails[0], "(too many units to read again)", err);
+    if (r->fails_lost)
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory while checking a read that did not match", r->path);
+    for (size_t k = 0; k < r->n_fails; k++) {
+        flm_status st = recheck(r, &r->fails[k], nread, stats, err);
+        if (st) return st;
+    }
     return FLM_OK;
 }
 
@@ -240,6 +456,7 @@ static void *worker_main(void *arg) {
         flm_error e;
         uint64_t nread = 0;
         flm_status st = skip ? FLM_OK : exec_op(r, op, buf, &nread, &e);
+        if (!skip && st == FLM_OK) check_op(r, op); /* hashed here, beside the other reads */
 
         pthread_mutex_lock(&r->mu);
         r->batch_bytes += nread;
@@ -255,7 +472,11 @@ static void *worker_main(void *arg) {
 
 static flm_status run_threads(flm_reader *r, const flm_read_op *ops, uint8_t *const *bufs, size_t n,
                               uint64_t *nread, flm_error *err) {
-    if (n == 1) return exec_op(r, &ops[0], bufs[0], nread, err); /* no hand-off for a single request */
+    if (n == 1) { /* no hand-off for a single request */
+        flm_status st = exec_op(r, &ops[0], bufs[0], nread, err);
+        if (st == FLM_OK) check_op(r, &ops[0]);
+        return st;
+    }
     pthread_mutex_lock(&r->mu);
     r->ops = ops;
     r->op_bufs = bufs;
@@ -381,7 +602,9 @@ static flm_status run_uring(flm_reader *r, const flm_read_op *ops, uint8_t *cons
                 if (sl->done < op->need) {
                     if (st == FLM_OK) st = short_read(r, op, sl->done, err);
                 } else if (st == FLM_OK) {
+                    if (sl->fault == FLM_FAULT_CORRUPT) bufs[sl->op][fault_byte(r, op)] ^= 0x5a;
                     scatter(r, op, bufs[sl->op]);
+                    check_op(r, op); /* hashed while the other reads are in flight */
                 }
             }
             r->free_slots[n_free++] = (int)(sl - r->slots);
@@ -520,6 +743,13 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot create the reader's lock", path);
     }
     r->call_mu_ready = true;
+    if (pthread_mutex_init(&r->fail_mu, NULL)) {
+        flm_reader_close(r);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot create the reader's lock", path);
+    }
+    r->fail_mu_ready = true;
+    atomic_init(&r->chk_bytes, 0);
+    atomic_init(&r->chk_ns, 0);
     atomic_init(&r->direct, false);
     atomic_init(&r->fallback_noted, false);
     atomic_init(&r->fault_kind, FLM_FAULT_NONE);
@@ -575,6 +805,7 @@ static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, fl
             r->bufs_cap = r->plan.n_ops;
         }
     }
+    if (st == FLM_OK && r->n_tables) st = plan_checks(r, ext, err);
     uint64_t nread = 0;
     const flm_read_op *ops = r->plan.ops;
     size_t n_ops = st == FLM_OK ? r->plan.n_ops : 0;
@@ -598,6 +829,7 @@ static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, fl
             st = run_threads(r, ops + i, r->bufs + i, j - i, &nread, err);
         i = j;
     }
+    if (st == FLM_OK && r->n_tables) st = finish_checks(r, &nread, stats, err);
     if (stats) {
         for (size_t i = 0; i < n; i++) stats->bytes_requested += ext[i].length;
         stats->n_extents += n;
@@ -637,7 +869,9 @@ bool flm_reader_uring_works(void) {
 size_t flm_reader_memory(const flm_reader *r) {
     if (!r) return 0;
     size_t m = sizeof *r + strlen(r->path) + 1 + r->bounce_cap + flm_plan_memory(&r->plan) +
-               r->bufs_cap * sizeof *r->bufs + (size_t)r->n_threads * sizeof *r->threads;
+               r->bufs_cap * sizeof *r->bufs + (size_t)r->n_threads * sizeof *r->threads +
+               r->n_tables * sizeof *r->tables + (r->chk_cap + r->late_cap + r->fails_cap) * sizeof(rcheck) +
+               r->op_chk_cap * sizeof *r->op_chk;
     if (r->n_threads > FLM_READER_THREADS_FREE) /* the threads past the allowance's (core/util.h) */
         m += (size_t)(r->n_threads - FLM_READER_THREADS_FREE) * FLM_THREAD_BYTES;
 #ifdef FLM_HAVE_URING
@@ -679,5 +913,70 @@ void flm_reader_close(flm_reader *r) {
     free(r->bounce);
     free(r->path);
     if (r->call_mu_ready) pthread_mutex_destroy(&r->call_mu);
+    if (r->fail_mu_ready) pthread_mutex_destroy(&r->fail_mu);
+    free(r->tables);
+    free(r->chk);
+    free(r->late);
+    free(r->fails);
+    free(r->op_chk);
     free(r);
+}
+
+static int cmp_table(const void *a, const void *b) {
+    const flm_check_table *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+flm_status flm_reader_set_checks(flm_reader *r, const flm_check_table *t, size_t n, flm_error *err) {
+    if (!r || (n && !t)) return flm_fail(err, FLM_ERR_ARG, "flm_reader_set_checks: NULL reader or table list");
+    flm_check_table *c = NULL;
+    if (n) {
+        if (!(c = malloc(n * sizeof *c))) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", r->path);
+        memcpy(c, t, n * sizeof *c);
+        qsort(c, n, sizeof *c, cmp_table);
+        for (size_t i = 0; i < n; i++) {
+            const flm_check_table *x = &c[i];
+            bool bad = x->unit_bytes == 0 || (x->n_units && !x->sums) || x->offset > (UINT64_C(1) << 62) ||
+                       x->n_units > ((UINT64_C(1) << 62) - x->offset) / x->unit_bytes;
+            if (!bad && i > 0 && x->offset < table_end(&c[i - 1])) bad = true;
+            if (bad) {
+                free(c);
+                return flm_fail(err, FLM_ERR_ARG, "%s: check table '%s' (offset %llu, %llu units of %llu bytes) is "
+                                "empty of bytes, overlaps another or ends beyond 2^62", r->path, x->what,
+                                (unsigned long long)x->offset, (unsigned long long)x->n_units,
+                                (unsigned long long)x->unit_bytes);
+            }
+        }
+    }
+    pthread_mutex_lock(&r->call_mu); /* not while a read (a read-ahead thread's) uses the old tables */
+    free(r->tables);
+    r->tables = c;
+    r->n_tables = n;
+    pthread_mutex_unlock(&r->call_mu);
+    return FLM_OK;
+}
+
+bool flm_reader_checks(const flm_reader *r) { return r && r->n_tables > 0; }
+
+flm_status flm_reader_check(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
+    if (!r || (n && !ext)) return flm_fail(err, FLM_ERR_ARG, "flm_reader_check: NULL reader or extent list");
+    pthread_mutex_lock(&r->call_mu);
+    flm_status st = FLM_OK;
+    uint64_t nread = 0;
+    if (r->n_tables) {
+        r->n_chk = r->n_late = r->n_fails = 0;
+        r->fails_lost = false;
+        atomic_store(&r->chk_bytes, 0);
+        atomic_store(&r->chk_ns, 0);
+        for (size_t i = 0; i < n && !st; i++)
+            if (ext[i].length && !plan_segment(r, ext[i].offset, ext[i].length, ext[i].dst, &ext[i]))
+                st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the read checks", r->path);
+        if (!st) {
+            check_runs(r, r->chk, r->n_chk);
+            st = finish_checks(r, &nread, stats, err);
+        }
+        if (stats) stats->bytes_read += nread;
+    }
+    pthread_mutex_unlock(&r->call_mu);
+    return st;
 }

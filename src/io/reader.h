@@ -35,6 +35,15 @@
  * weights for free on the next token (readahead is disabled with POSIX_FADV_RANDOM). On systems without O_DIRECT
  * the reader is always buffered (macOS: F_NOCACHE when available).
  *
+ * Checked reads (flm_reader_set_checks): the caller may give the reader tables of checksums, one 64-bit XXH3 per
+ * fixed-size unit of the file (a .flm FFN record, a token-embedding row: docs/FORMAT.md, "Record sums"). Every unit of
+ * a table that lies wholly inside an extent is hashed as soon as its bytes are in the extent's destination — in the
+ * completion path of the request that brought them (a reader thread, or the io_uring loop), while the data is still
+ * in the cache and other reads are in flight; a unit split between two requests after the last of them — and
+ * flm_reader_read returns only once every such unit matched. A mismatch is read again once (a fresh device read of
+ * that unit) and checked again; a second mismatch is FLM_ERR_CHECKSUM naming the table and the unit. Units only
+ * partly inside an extent are not checked (the caller reads whole units, or checks them with flm_reader_check).
+ *
  * Errors: every failure is returned as an flm_status with a message in flm_error naming the file. A read that
  * hits end of file before all requested bytes arrived is FLM_ERR_IO "short read" (path, offset, length); a
  * failing read is FLM_ERR_IO with strerror. EINTR/EAGAIN and partial reads that are not at end of file are retried
@@ -100,6 +109,11 @@ typedef struct flm_io_stats {
                                            512 B count in bucket 0, sizes >= 8 GiB in bucket 23.
                                            The buckets sum to n_requests. */
     double ms;                /* wall-clock milliseconds spent in flm_reader_read */
+    /* checked reads (flm_reader_set_checks) */
+    uint64_t bytes_checked;   /* bytes of whole units hashed and compared with their sums (retries included) */
+    uint64_t n_check_retries; /* units whose first check failed and were read again */
+    double check_ms;          /* CPU milliseconds spent hashing, summed over the threads that hashed (reader threads
+                                 and callers): the cost of checking, most of it beside the computation */
 } flm_io_stats;
 
 /* Histogram bucket of a request of `bytes` bytes (see flm_io_stats.hist). */
@@ -138,6 +152,29 @@ bool flm_reader_uring_works(void);
 /* Stop the back end, free everything. NULL is fine. */
 void flm_reader_close(flm_reader *r);
 
+/* One table of unit checksums for checked reads: units i = 0 .. n_units - 1 are the file bytes
+ * [offset + i * unit_bytes, offset + (i + 1) * unit_bytes), and sums[i] is XXH3_64bits (seed 0) of unit i. what and
+ * unit name it in errors ("FFN region of layer 3", "record" -> "FFN region of layer 3, record 17"). */
+typedef struct flm_check_table {
+    uint64_t offset;
+    uint64_t unit_bytes;  /* > 0 */
+    uint64_t n_units;
+    const uint64_t *sums; /* [n_units]; the caller's, valid while the reader uses the table */
+    char what[48];
+    char unit[16];
+} flm_check_table;
+
+/* Check every later read against tables t[0 .. n) (copied; their sums are not: they must outlive the reader or the
+ * next call), replacing any earlier tables; n 0 turns checking off. Tables must not overlap each other.
+ * Errors: FLM_ERR_ARG (a unit of 0 bytes, tables that overlap or end beyond 2^62), FLM_ERR_NOMEM. */
+flm_status flm_reader_set_checks(flm_reader *r, const flm_check_table *t, size_t n, flm_error *err);
+/* true when reads are checked (tables set). */
+bool flm_reader_checks(const flm_reader *r);
+/* Check extents whose destinations were already filled by earlier reads (e.g. a record read in parts): every whole
+ * unit inside each extent is hashed and compared, a mismatch read again once, as flm_reader_read does. stats may be
+ * NULL. Nothing to do without tables. Errors: FLM_ERR_CHECKSUM, FLM_ERR_IO (the second read), FLM_ERR_NOMEM. */
+flm_status flm_reader_check(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err);
+
 /* Test hook: fault injection, identical in both back ends. Counting from this call, device requests are numbered
  * 0, 1, 2, ...; request number after_n_requests fails once (later requests are not affected):
  *   FLM_FAULT_SHORT:   its first read returns half the bytes, every retry returns 0 (end of file) -> "short read"
@@ -146,6 +183,9 @@ void flm_reader_close(flm_reader *r);
  *                      succeeds (a buffered reader reports FLM_ERR_IO "Invalid argument")
  *   FLM_FAULT_PARTIAL: its first read returns half the bytes, retries are real -> the read succeeds
  *   FLM_FAULT_EINTR:   its first read fails with EINTR -> retried, the read succeeds
+ *   FLM_FAULT_CORRUPT: one byte the caller asked for (the middle of a zero-copy request, else the fourth byte of
+ *                      its first piece) arrives flipped, once (a transient corruption on the way from the device)
+ *                      -> with checked reads the unit holding it is read again and the read succeeds
  * FLM_FAULT_NONE disarms. */
 enum {
     FLM_FAULT_NONE = 0,
@@ -154,6 +194,7 @@ enum {
     FLM_FAULT_EINVAL = 3,
     FLM_FAULT_PARTIAL = 4,
     FLM_FAULT_EINTR = 5,
+    FLM_FAULT_CORRUPT = 6,
 };
 void flm_reader_set_fault(flm_reader *r, int fault_kind, uint64_t after_n_requests);
 
@@ -166,6 +207,7 @@ typedef struct flm_read_piece {
     uint64_t src;
     uint64_t length;
     void *dst;
+    size_t ext; /* the extent (index in the caller's list) the bytes belong to */
 } flm_read_piece;
 
 /* One device request. */
@@ -178,6 +220,7 @@ typedef struct flm_read_op {
                            pieces[first_piece .. first_piece + n_pieces) */
     size_t first_piece;
     size_t n_pieces;
+    size_t ext;         /* zero-copy: the extent read into dst (index in the caller's list) */
 } flm_read_op;
 
 /* A plan: requests sorted by offset. The arrays are owned by the plan and reused by the next flm_plan_reads on the

@@ -68,6 +68,9 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     bounce = bounce / FLM_ALIGN * FLM_ALIGN;
     p->reader_bounce = (size_t)bounce;
     p->reader = bounce + (32u << 10) + flm_reader_threads_bytes(rq->params);
+    if (f->sums && !(rq->params && rq->params->no_verify_reads)) /* checked reads: the record sums, the read checks */
+        p->reader_checks = f->sums->size + 128ull * (f->n_layers + 1) + 3ull * 24 * hp->d_ffn;
+    p->reader += p->reader_checks;
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     flm_mode mode = rq->mode;
     const bool chosen = mode == FLM_MODE_AUTO; /* auto may fall back from sparse to hybrid below */

@@ -35,6 +35,47 @@ static flm_status place_embedding(flm_ctx *ctx, flm_error *err) {
     return FLM_OK;
 }
 
+/* Checked reads (docs/IO.md): give the reader the record sums of every FFN region and of the token embedding's rows,
+ * so that every read from flash is checked before it is used. A file without them (format version 1) runs only in
+ * ram mode, whose regions are checked whole as they load, unless the caller turned checking off. */
+static flm_status setup_checks(flm_ctx *ctx, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_file *file = fl->file;
+    if (ctx->params.no_verify_reads) return FLM_OK;
+    if (!file->sums) {
+        if (fl->plan.mode == FLM_MODE_RAM) return FLM_OK;
+        return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the file has no record sums (format version %u, converted by "
+                        "an older flashlm), so what mode %s reads from flash cannot be checked: convert the model "
+                        "again (flashlm convert), or pass --no-verify-reads", file->path, file->version,
+                        flm_mode_name(fl->plan.mode));
+    }
+    flm_status st = flm_sums_load(file, &fl->sums, err);
+    if (st) return st;
+    uint32_t n = 0;
+    flm_check_table *t = calloc(fl->sums.n_tables ? fl->sums.n_tables : 1, sizeof *t);
+    if (!t) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", file->path);
+    for (uint32_t i = 0; i < fl->sums.n_tables; i++) {
+        const flm_sums_table *s = &fl->sums.tables[i];
+        const flm_region *r = s->kind == FLM_SUMS_FFN ? file->ffn[s->layer] : file->resident;
+        t[n] = (flm_check_table){r->offset + s->offset, s->unit_bytes, s->n_units, s->sums, "", ""};
+        flm_sums_table_name(s, t[n].what, sizeof t[n].what);
+        snprintf(t[n].unit, sizeof t[n].unit, "%s", flm_sums_unit_name(s));
+        if (s->kind == FLM_SUMS_EMBD && fl->plan.embd == FLM_EMBD_FLASH &&
+            (t[n].offset != fl->embd_offset || t[n].unit_bytes != fl->plan.embd_row)) {
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: record-sums region: its token-embedding rows (%llu bytes at "
+                          "%llu) are not the embedding's (%llu bytes at %llu)", file->path,
+                          (unsigned long long)t[n].unit_bytes, (unsigned long long)t[n].offset,
+                          (unsigned long long)fl->plan.embd_row, (unsigned long long)fl->embd_offset);
+            free(t);
+            return st;
+        }
+        n++;
+    }
+    st = flm_reader_set_checks(fl->reader, t, n, err);
+    free(t);
+    return st;
+}
+
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_sparsity *sparsity,
                           flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
@@ -86,7 +127,8 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
     ro.bounce_bytes = fl->plan.reader_bounce;
     if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
     if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
-    uint64_t reader_mem = flm_reader_memory(fl->reader);
+    if ((st = setup_checks(ctx, err))) return st;
+    uint64_t reader_mem = flm_reader_memory(fl->reader) + fl->sums.bytes;
     if (reader_mem > fl->plan.reader) { /* the estimate was short: account the real figure */
         fl->plan.reader = reader_mem;
         if (budget && flm_mem_plan_total(&fl->plan) > budget)
@@ -134,7 +176,8 @@ flm_status flm_flash_load_layers(flm_ffn_env *E, uint32_t n, flm_error *err) {
         flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), fl->layer_data[l]};
         flm_status st = flm_reader_read(fl->reader, &e, 1, NULL, err);
         if (st) return flm_flash_region_error(fl, l, st, err);
-        if (!flm_region_checksum_ok(r, fl->layer_data[l])) /* read whole anyway: checking costs ~1% of the read */
+        /* every record was checked as it arrived (checked reads); else the region's checksum: read whole anyway */
+        if (!flm_reader_checks(fl->reader) && !flm_region_checksum_ok(r, fl->layer_data[l]))
             return flm_fail(err, FLM_ERR_CHECKSUM, "%s: FFN region of layer %u: checksum mismatch (the file is corrupt)",
                             file->path, l);
     }
@@ -146,6 +189,9 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
     const char *path = fl->file->path, *what = err->msg;
     size_t n = strlen(path);
     if (!strncmp(what, path, n) && !strncmp(what + n, ": ", 2)) what += n + 2; /* the reader named the file */
+    char region[48];
+    snprintf(region, sizeof region, "FFN region of layer %u", l);
+    if (!strncmp(what, region, strlen(region))) return st; /* a checked read named the region (and record) */
     char msg[FLM_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", what);
     return flm_fail(err, st, "%s: FFN region of layer %u: %s", path, l, msg);
@@ -166,6 +212,7 @@ void flm_flash_bundles_batch(flm_ffn_env *E, uint32_t l, const uint8_t *records,
 void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
     flm_reader_close(fl->reader);
+    flm_sums_free(&fl->sums); /* after the reader, which checked against it */
     flm_arena_free(&fl->ffn_mem); /* every layer_data[l] */
     free(fl->layer_data);
     free(fl->desc);

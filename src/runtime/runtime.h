@@ -50,7 +50,9 @@ typedef struct flm_mem_plan {
     flm_embd_place embd;          /* where the token embedding lives */
     uint64_t embd_bytes;          /* its bytes in the file (the resident region's tail; 0 when the file is not split) */
     uint64_t embd_row;            /* FLM_EMBD_FLASH: bytes of one row (the buffer a row is read into, in scratch) */
-    uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues */
+    uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues, and the
+                                     record sums and read checks of checked reads (reader_checks) */
+    uint64_t reader_checks;       /* the part of reader that checked reads hold: the record sums, the per-read checks */
     uint32_t n_ctx;               /* KV cache length, tokens */
     uint32_t n_batch;             /* tokens per batched forward pass (their activations are in scratch) */
     uint32_t kv_elem_bytes;       /* FLM_KV_F16 or FLM_KV_F32 */
@@ -173,6 +175,7 @@ typedef struct flm_flash {
     uint64_t embd_offset;     /* FLM_EMBD_FLASH: file offset of the token embedding's row 0 */
     void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
     struct flm_sparsity *sparsity; /* the predictor region as the plan parsed it (auto), until sparse_open takes it */
+    flm_sums sums;            /* the record sums the reader checks reads against (empty with --no-verify-reads) */
 } flm_flash;
 
 /* Carry out plan (flm_plan_flm's, for this file and ctx->params): open the reader and the plan's FFN source

@@ -629,6 +629,12 @@ static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const fl
                                               part_len[q], load_rows[j] + part_off[q]};
                 st = flm_reader_read(fl->reader, sp->ext, cs.n_loaded, E->io, err);
             }
+            if (!st && flm_reader_checks(fl->reader)) { /* each record whole now: checked against its sum */
+                for (uint32_t j = 0; j < cs.n_loaded; j++)
+                    sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
+                                              load_rows[j]};
+                st = flm_reader_check(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+            }
         }
         tok->io_ms += flm_now_ms() - t1;
         tok->bytes_read += E->io->bytes_read - before.bytes_read;

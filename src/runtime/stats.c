@@ -53,6 +53,10 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->n_ffn_resident_layers = hp->n_layers;
     }
     st->n_batch = (uint32_t)ctx->params.n_batch;
+    st->reads_verified = fl && flm_reader_checks(fl->reader);
+    st->bytes_verified = ctx->io.bytes_checked;
+    st->n_verify_retries = ctx->io.n_check_retries;
+    st->verify_ms = ctx->io.check_ms;
     st->peak_rss = peak_rss_bytes();
     st->n_tokens_kept = ctx->n_tokens < FLM_STATS_TOKENS ? ctx->n_tokens : FLM_STATS_TOKENS;
 }
@@ -89,6 +93,9 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, bool repla
             ", \"read_gbps\": %.4f},\n", s.total.io_ms, s.total.mem_ms, s.total.compute_ms, total_ms,
             s.total.bytes_read, s.total.n_reads, s.bytes_requested,
             s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0);
+    fprintf(f, "  \"verify_reads\": {\"enabled\": %s, \"bytes\": %" PRIu64 ", \"retries\": %" PRIu64
+            ", \"hash_ms\": %.4f},\n", s.reads_verified ? "true" : "false", s.bytes_verified, s.n_verify_retries,
+            s.verify_ms);
     fprintf(f, "  \"sparse\": {\"window\": %u, \"cache_rows\": %" PRIu64 ", \"n_predicted\": %" PRIu64
             ", \"n_loaded\": %" PRIu64 ", \"n_reused\": %" PRIu64 ", \"n_true\": %" PRIu64 ", \"n_true_pos\": %" PRIu64
             ", \"n_streamed\": %" PRIu64 "},\n", s.window, s.cache_rows, s.total.n_predicted, s.total.n_loaded,

@@ -41,7 +41,10 @@ void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *reg
                          uint64_t file_size) {
     memset(hdr, 0, header_bytes);
     memcpy(hdr, FLM_FILE_MAGIC, 8);
-    flm_put_u32(hdr + 8, FLM_FILE_VERSION);
+    uint32_t version = 1; /* the version a file's regions need: 2 with record sums */
+    for (uint32_t i = 0; i < n_regions; i++)
+        if (regions[i].kind == FLM_REGION_SUMS) version = 2;
+    flm_put_u32(hdr + 8, version);
     flm_put_u32(hdr + 12, n_regions);
     flm_put_u64(hdr + 16, file_size);
     flm_put_u32(hdr + 32, header_bytes);
@@ -154,6 +157,29 @@ done:
     return st;
 }
 
+uint8_t *flm_sums_payload_new(flm_sums_table *t, uint32_t n, uint64_t *size) {
+    uint64_t pos = FLM_SUMS_HEAD + (uint64_t)n * FLM_SUMS_ENTRY;
+    for (uint32_t i = 0; i < n; i++) {
+        if (t[i].n_units > (UINT64_C(1) << 40)) return NULL;
+        t[i].pos = pos;
+        pos += t[i].n_units * 8;
+    }
+    if (pos > SIZE_MAX) return NULL;
+    uint8_t *p = calloc((size_t)pos, 1);
+    if (!p) return NULL;
+    flm_put_u32(p, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *e = p + FLM_SUMS_HEAD + (size_t)i * FLM_SUMS_ENTRY;
+        flm_put_u32(e, t[i].kind);
+        flm_put_u32(e + 4, t[i].layer);
+        flm_put_u64(e + 8, t[i].offset);
+        flm_put_u64(e + 16, t[i].unit_bytes);
+        flm_put_u64(e + 24, t[i].n_units);
+    }
+    *size = pos;
+    return p;
+}
+
 flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, flm_error *err) {
     return flm_file_permute_ffn_to(path, path, perm, err);
 }
@@ -165,6 +191,7 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
     flm_region *regions = calloc(f->n_regions, sizeof *regions);
     uint8_t *hdr = calloc(f->header_bytes, 1), *next = NULL, *seen = NULL;
     void *cur = NULL;
+    flm_sums sums = {0}; /* the record sums: the FFN tables are computed again in the new order */
     const char *tmp = NULL;
     flm_out *w = NULL; /* the checked writer (core/files.h): path replaced by a unique temporary, renamed */
     int in = -1, out = -1;
@@ -184,6 +211,7 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
         uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
         if (e > end) end = e;
     }
+    if (f->sums && (st = flm_sums_load(f, &sums, err))) goto done;
     if ((in = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
         st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto done;
@@ -214,6 +242,7 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
         if ((st = flm_file_read_region(f, f->ffn[r->layer], &cur, err))) goto done;
         free(next);
         free(seen);
+    flm_sums_free(&sums);
         next = malloc(r->size ? r->size : 1);
         seen = calloc(r->n_records ? r->n_records : 1, 1);
         if (!next || !seen) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
@@ -228,12 +257,28 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
         }
         r->checksum = XXH64(next, r->size, 0);
         r->flags |= FLM_FFN_HOT_ORDER;
+        if (sums.data) /* the layer's record sums, in the new order */
+            for (uint32_t j = 0; j < r->n_records; j++)
+                ((uint64_t *)sums.ffn[r->layer]->sums)[j] = XXH3_64bits(next + (uint64_t)j * rb, (size_t)rb);
         uint64_t pad = flm_align_up(r->size, FLM_ALIGN) - r->size;
         if ((st = pwrite_all(out, next, r->size, r->offset, tmp, "FFN region", err)) ||
             (st = pwrite_all(out, zeros, pad, r->offset + r->size, tmp, "padding", err)))
             goto done;
     }
     uint32_t header_bytes = f->header_bytes;
+    for (uint32_t i = 0; i < n; i++) { /* the record sums, rewritten (little-endian, as stored) */
+        flm_region *r = &regions[i];
+        if (r->kind != FLM_REGION_SUMS) continue;
+        for (uint32_t k = 0; k < sums.n_tables; k++) {
+            const flm_sums_table *t = &sums.tables[k];
+            for (uint64_t j = 0; j < t->n_units; j++) flm_put_u64((uint8_t *)&((uint64_t *)t->sums)[j], t->sums[j]);
+        }
+        r->checksum = XXH64(sums.data, r->size, 0);
+        if ((st = pwrite_all(out, sums.data, r->size, r->offset, tmp, "record-sums region", err)) ||
+            (st = pwrite_all(out, zeros, flm_align_up(r->size, FLM_ALIGN) - r->size, r->offset + r->size, tmp,
+                             "padding", err)))
+            goto done;
+    }
     flm_build_header(hdr, header_bytes, regions, n, end);
     if ((st = pwrite_all(out, hdr, header_bytes, 0, tmp, "header", err))) goto done;
     st = flm_out_commit(w, err); /* fsync, close, rename; frees w */

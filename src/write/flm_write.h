@@ -22,10 +22,15 @@ flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *er
 /* Append zeros up to the next multiple of FLM_ALIGN (not part of any checksum). Errors: FLM_ERR_IO. */
 flm_status flm_out_pad(flm_out_file *o, flm_error *err);
 
+/* A new SUMS region payload (zeroed sums) for tables t[0 .. n) (kind, layer, offset, unit_bytes, n_units set; pos is
+ * filled: where each table's sums go, each a little-endian u64 XXH3_64bits of its unit). *size gets its bytes.
+ * NULL when out of memory or too large. */
+uint8_t *flm_sums_payload_new(flm_sums_table *t, uint32_t n, uint64_t *size);
+
 /* Serialize the header (fixed part, n_regions 64-byte table entries, XXH64 of bytes [32, header_bytes)) into
  * hdr[0, header_bytes), which it zeroes first. header_bytes must hold FLM_HEADER_FIXED + n_regions * 64 bytes. */
 void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *regions, uint32_t n_regions,
-                      uint64_t file_size);
+                      uint64_t file_size); /* version 2 when a SUMS region is among them, else 1 */
 
 /* Add, or replace, the file's single region of `kind` (FLM_REGION_PREDICTOR) with payload[0, size): writes
  * a unique temporary "<path>.tmp.XXXXXX" (the checked writer, core/files.h, which also locks "<path>.lock") holding the header, the resident and FFN regions (copied) and the new region, fsyncs and renames it
@@ -35,8 +40,9 @@ void flm_build_header(uint8_t *hdr, uint32_t header_bytes, const flm_region *reg
 flm_status flm_file_put_region(const char *path, uint32_t kind, const void *payload, uint64_t size, flm_error *err);
 
 /* Store every layer's FFN records in a new order: record i of layer l becomes the old record perm[l][i] (perm[l] a
- * permutation of [0, d_ffn)), and mark each FFN region FLM_FFN_HOT_ORDER. Neuron order does not change the FFN
- * (Knowl 5), so the model computes the same function. A predictor region (its neuron ids are the old ones) is dropped:
+ * permutation of [0, d_ffn)), and mark each FFN region FLM_FFN_HOT_ORDER; the record sums of the FFN tables are
+ * computed again in the new order. Neuron order does not change the FFN (Knowl 5), so the model computes the same
+ * function. A predictor region (its neuron ids are the old ones) is dropped:
  * calibrate again. Writes a unique "<path>.tmp.XXXXXX" (the checked writer, core/files.h) (header, resident region copied, FFN regions permuted and checksummed), fsyncs
  * and renames it onto path. Memory: one FFN region at a time, twice. Errors: FLM_ERR_IO, FLM_ERR_NOMEM,
  * FLM_ERR_CHECKSUM (a region read back does not match its checksum: nothing is written), FLM_ERR_ARG (a perm[l] that
