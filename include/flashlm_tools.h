@@ -577,7 +577,7 @@ FLM_API flm_status flm_inspect(const char *path, const flm_params *params, char 
  * Verify: read every region of a .flm file and check its xxh64 checksum. Source: src/convert/verify.c.
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct flm_verify_info {
-    uint32_t n_regions;   /* regions checked (resident, FFN layers, predictors) */
+    uint32_t n_regions;   /* regions checked (resident, FFN layers, record sums, predictors) */
     uint64_t file_bytes;  /* the file's size */
 } flm_verify_info;
 /* Open path (a .flm file), read every region and compare its checksum; progress (may be NULL) in bytes read. Then

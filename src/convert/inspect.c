@@ -40,13 +40,16 @@ flm_status flm_inspect(const char *path, const flm_params *params, char **text, 
             return flm_fail(perr, st, "%s", err.msg);
         }
         f = ff->meta;
-        fprintf(fp, "file        %s\nformat      .flm v%u, %.2f MiB, %u regions (%s)\n", path, ff->version,
-               (double)ff->file_size / 1048576.0, ff->n_regions, ff->predictor ? "calibrated" : "not calibrated");
+        fprintf(fp, "file        %s\nformat      .flm v%u, %.2f MiB, %u regions (%s; %s)\n", path, ff->version,
+               (double)ff->file_size / 1048576.0, ff->n_regions, ff->predictor ? "calibrated" : "not calibrated",
+               ff->sums ? "record sums: reads from flash are checked"
+                        : "no record sums: streaming modes need --no-verify-reads, or convert again");
         fprintf(fp, "\nregions:\n  %-8s %6s %14s %14s %-6s %-6s %-6s %9s %12s\n", "kind", "layer", "offset", "bytes",
                "up", "gate", "down", "records", "record bytes");
         for (uint32_t i = 0; i < ff->n_regions; i++) {
             const flm_region *r = &ff->regions[i];
-            const char *kind = r->kind == FLM_REGION_RESIDENT ? "resident" : r->kind == FLM_REGION_FFN ? "ffn" : "predict";
+            const char *kind = r->kind == FLM_REGION_RESIDENT ? "resident" : r->kind == FLM_REGION_FFN ? "ffn"
+                               : r->kind == FLM_REGION_SUMS ? "sums" : "predict";
             char b1[24], b2[24], b3[24];
             bool ffn = r->kind == FLM_REGION_FFN;
             fprintf(fp, "  %-8s %6u %14llu %14llu %-6s %-6s %-6s %9u %12llu\n", kind, r->layer,

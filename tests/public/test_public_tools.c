@@ -29,7 +29,7 @@ static void test_convert_verify_inspect(void **state) {
     flm_verify_info vi;
     assert_int_equal(flm_verify(dst, NULL, NULL, &vi, &err), FLM_OK);
     assert_int_equal(vi.file_bytes, ci.file_bytes);
-    assert_int_equal(vi.n_regions, 1 + ci.n_layers); /* resident + one per layer, no predictors yet */
+    assert_int_equal(vi.n_regions, 2 + ci.n_layers); /* resident + one per layer + record sums, no predictors yet */
     char *text = NULL;
     bool runnable = false;
     assert_int_equal(flm_inspect(dst, NULL, &text, &runnable, &err), FLM_OK);
