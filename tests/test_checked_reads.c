@@ -137,7 +137,7 @@ static int setup(void **state) {
     sp.type = FLM_TYPE_Q8_0;
     sp.rank = 16;
     sp.n_threads = 1;
-    if (flm_synth_write(g_synth, &sp, NULL, NULL, &err) || flm_convert(g_synth, g_synth_flm, NULL, NULL, &err)) {
+    if (flm_synth_write(g_synth, &sp, FLM_OUT_REPLACE, NULL, NULL, &err) || flm_convert(g_synth, g_synth_flm, NULL, NULL, &err)) {
         fprintf(stderr, "synth: %s\n", err.msg);
         return -1;
     }

@@ -633,7 +633,7 @@ static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const fl
                 for (uint32_t j = 0; j < cs.n_loaded; j++)
                     sp->ext[j] = (flm_extent){r->offset + (uint64_t)load_ids[j] * b->record_bytes, b->record_bytes,
                                               load_rows[j]};
-                st = flm_reader_check(fl->reader, sp->ext, cs.n_loaded, &ctx->io, err);
+                st = flm_reader_check(fl->reader, sp->ext, cs.n_loaded, E->io, err);
             }
         }
         tok->io_ms += flm_now_ms() - t1;
