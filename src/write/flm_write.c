@@ -242,7 +242,6 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
         if ((st = flm_file_read_region(f, f->ffn[r->layer], &cur, err))) goto done;
         free(next);
         free(seen);
-    flm_sums_free(&sums);
         next = malloc(r->size ? r->size : 1);
         seen = calloc(r->n_records ? r->n_records : 1, 1);
         if (!next || !seen) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
@@ -291,6 +290,7 @@ done:
     free(cur);
     free(next);
     free(seen);
+    flm_sums_free(&sums);
     flm_file_close(f);
     return st;
 }
