@@ -76,6 +76,9 @@ static const char *SERVE_HELP =
     "Speculative decoding (as flashlm run; per slot, inside the slot's share of --mem: a --draft model is opened in\n"
     "each slot):\n";
 
+/* OpenAI's system_fingerprint: the backend that answered (opaque to clients). */
+#define SYSTEM_FINGERPRINT "flashlm-" FLM_VERSION_STRING
+
 /* ---- jobs and slots --------------------------------------------------------------------------------------------- */
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_STREAMING, JOB_DONE };
@@ -240,6 +243,7 @@ static cJSON *chunk_base(const job *j) {
     cJSON_AddStringToObject(o, "object", j->req.chat ? "chat.completion.chunk" : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)j->created);
     cJSON_AddStringToObject(o, "model", srv.model_id);
+    cJSON_AddStringToObject(o, "system_fingerprint", SYSTEM_FINGERPRINT);
     return o;
 }
 
@@ -527,6 +531,7 @@ static void run_job(slot *s, job *j) {
         cJSON_AddStringToObject(o, "object", q->chat ? "chat.completion" : "text_completion");
         cJSON_AddNumberToObject(o, "created", (double)j->created);
         cJSON_AddStringToObject(o, "model", srv.model_id);
+        cJSON_AddStringToObject(o, "system_fingerprint", SYSTEM_FINGERPRINT);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
         cJSON_AddItemToArray(choices, c);
         cJSON_AddNumberToObject(c, "index", 0);
