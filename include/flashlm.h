@@ -391,6 +391,14 @@ FLM_API bool flm_has_self_draft(const flm_ctx *ctx);
  * the context holds positions < pos (as before the call). */
 FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                                   const float **logits, flm_error *err);
+
+/* The embedding of n tokens as llama.cpp's server gives it with --embeddings --pooling mean: the tokens' final
+ * states (after the output norm, the classifier's input), averaged over the tokens and scaled to unit Euclidean
+ * length (its default normalisation). out: the caller's d_model floats (flm_model_info.d_model). The tokens are
+ * evaluated from position 0 of ctx: its KV cache then holds them (whatever it held before is forgotten, as
+ * flm_eval_batch at 0). Errors: FLM_ERR_ARG (n == 0, ids NULL or out of range, n > n_ctx, out NULL), FLM_ERR_NOMEM,
+ * those of flm_eval_batch; after an error the context holds nothing. */
+FLM_API flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, flm_error *err);
 /* Tree evaluation (tree attention: SpecInfer, Miao et al. 2024; SpecExec; Sequoia): n_nodes candidate tokens
  * tokens[i] whose parents are parent[i] (an earlier node, or -1: the node follows the context directly). Node i takes
  * KV cache slot pos + i and position pos + depth(i) (a root's depth is 0); it attends to the context's positions

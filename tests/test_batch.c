@@ -5,7 +5,10 @@
  *   - a prompt fed in chunks then decoded token by token equals the same sequence token by token;
  *   - going back to an earlier position (rewind) gives the logits of a fresh run;
  *   - a batch reads each streamed layer once: naive reads per batch what it reads per token;
- *   - bad arguments are refused without changing the context.
+ *   - bad arguments are refused without changing the context;
+ *   - flm_embed (mean-pooled, normalised final states after the output norm, llama-server's --embeddings): the
+ *     classifier applied to the embedding is parallel to the sum of the tokens' logits (flm_eval_batch's), and for
+ *     one token to its logits, with the classifier read from the GGUF here: the states the logits come from.
  * stories260K from tests/data, calibrated here for the sparse mode; SmolLM2 (q4_1 / q8_0) when pulled. */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +17,7 @@
 
 #include "flashlm.h"
 #include "calibrate/calibrate.h"
+#include "format/gguf.h"
 #include "convert/convert.h"
 #include "sparsity/sparsity.h"
 #include "testutil.h"
@@ -259,6 +263,73 @@ static void test_batch_reads_layers_once(void **state) {
     flm_close(ctx);
 }
 
+/* W e (the classifier, output.weight [n_vocab][d] f32 in stories260K, applied to e) against the logits it should be
+ * parallel to: cosine within 1e-5 of 1. */
+static double cos_w(const float *W, uint32_t V, uint32_t d, const float *e, const double *want) {
+    double dot = 0, a = 0, b = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        double we = 0;
+        for (uint32_t c = 0; c < d; c++) we += (double)W[(size_t)v * d + c] * e[c];
+        dot += we * want[v];
+        a += we * we;
+        b += want[v] * want[v];
+    }
+    return dot / sqrt(a * b);
+}
+
+static void test_embed_matches_logits(void **state) {
+    (void)state;
+    flm_error err;
+    flm_gguf_file *g;
+    assert_int_equal(flm_gguf_open(gguf_path, &g, &err), FLM_OK);
+    const flm_gguf_tensor *w = flm_gguf_find_tensor(g, "output.weight");
+    assert_non_null(w);
+    assert_int_equal(w->type, 0); /* F32 */
+    flm_ctx *ctx;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_batch = 16; /* 40 tokens: three pieces, the last shorter */
+    p.kv_f32 = true;
+    assert_int_equal(flm_open(gguf_path, &p, &ctx, &err), FLM_OK);
+    flm_model_info info;
+    flm_get_info(ctx, &info);
+    const uint32_t d = info.d_model, V = info.n_vocab;
+    assert_int_equal(w->ne[0], d);
+    assert_int_equal(w->ne[1], V);
+    float *e = malloc(d * sizeof *e), *all = malloc((size_t)T_TOK * V * sizeof *all);
+    double *sum = calloc(V, sizeof *sum);
+    for (int k = 0; k < 2; k++) {
+        const uint32_t n = k ? T_TOK : 1;
+        assert_int_equal(flm_embed(ctx, toks, n, e, &err), FLM_OK);
+        double norm = 0;
+        for (uint32_t c = 0; c < d; c++) norm += (double)e[c] * e[c];
+        assert_true(fabs(norm - 1) < 1e-5);
+        assert_int_equal(flm_n_past(ctx), (int32_t)n); /* the context holds the tokens */
+        assert_int_equal(flm_eval_batch(ctx, toks, n, 0, all, NULL, &err), FLM_OK);
+        memset(sum, 0, V * sizeof *sum);
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t v = 0; v < V; v++) sum[v] += all[(size_t)t * V + v];
+        double cs = cos_w((const float *)w->data, V, d, e, sum);
+        print_message("flm_embed of %u tokens: cos(W e, sum of logits) = %.9f\n", n, cs);
+        assert_true(cs > 1 - 1e-5);
+    }
+    /* the mean, not one token's: W e is not parallel to the last token's logits alone */
+    double last[512];
+    assert_true(V <= 512);
+    for (uint32_t v = 0; v < V; v++) last[v] = all[(size_t)(T_TOK - 1) * V + v];
+    assert_true(cos_w((const float *)w->data, V, d, e, last) < 0.999);
+    /* bad arguments */
+    assert_int_equal(flm_embed(ctx, toks, 0, e, &err), FLM_ERR_ARG);
+    int32_t bad = (int32_t)V;
+    assert_int_equal(flm_embed(ctx, &bad, 1, e, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_embed(ctx, toks, 1, NULL, &err), FLM_ERR_ARG);
+    free(e);
+    free(all);
+    free(sum);
+    flm_close(ctx);
+    flm_gguf_close(g);
+}
+
 static void test_batch_bad_arguments(void **state) {
     (void)state;
     run_cfg c = {flm_path, FLM_MODE_RAM, 0, false, 8};
@@ -362,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_batch_under_budgets),
         cmocka_unit_test(test_batch_reads_layers_once),
         cmocka_unit_test(test_batch_bad_arguments),
+        cmocka_unit_test(test_embed_matches_logits),
         cmocka_unit_test(test_sparse_window_after_rejection),
         cmocka_unit_test(test_batch_real_model),
     };

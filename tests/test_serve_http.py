@@ -18,7 +18,7 @@ Starts the server on stories260K (tests/data) and checks what a client library w
   loopback origins;
 - with --api-key: "bearer" in any case and x-api-key are accepted;
 - the endpoints llama-server's users call: /tokenize and /detokenize (round trip), /props, /slots, /v1/models/{id},
-  /completion (llama-server's fields), the routes without /v1, /v1/responses and /v1/embeddings (501), any model name
+  /completion (llama-server's fields), the routes without /v1, /v1/embeddings, /v1/responses (501), any model name
   served unless --strict-model (404), the context-length error's wording.
 No timing assertions: the timeouts are made short by flags and only their effect is checked.
 
@@ -450,6 +450,25 @@ def test_endpoints(port):
     st, _, b = request(port, "POST", "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
                                                            "max_tokens": 3, "model": "gpt-3.5-turbo"})
     check(st == 200 and json.loads(b)["usage"]["completion_tokens"] == 3, "/chat/completions, any model name")
+    # embeddings: unit length, base64 the same floats, each input of a batch as alone; the slot's cache is reset
+    # after (a greedy completion afterwards is the one before)
+    st, _, b = request(port, "POST", "/v1/embeddings", {"input": ["Once upon a time", "The dog"], "model": "x"})
+    r = json.loads(b)
+    vecs = [d["embedding"] for d in r["data"]] if st == 200 else []
+    check(st == 200 and len(vecs) == 2 and r["usage"]["prompt_tokens"] > 4 and
+          all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vecs), "/v1/embeddings: %s %r" % (st, b[:200]))
+    st, _, b = request(port, "POST", "/v1/embeddings", {"input": "The dog", "encoding_format": "base64"})
+    import base64, struct
+    raw = base64.b64decode(json.loads(b)["data"][0]["embedding"]) if st == 200 else b""
+    one = list(struct.unpack("<%df" % (len(raw) // 4), raw))
+    check(len(vecs) == 2 and len(one) == len(vecs[1]) and max(abs(a - c) for a, c in zip(one, vecs[1])) < 1e-6,
+          "/v1/embeddings base64 equals the floats, and an input alone equals it in a batch")
+    for bad in ({"input": ""}, {"input": []}, {"input": [[1, 99999]]}, {"input": "x", "dimensions": 8},
+                {"input": "x", "encoding_format": "int8"}):
+        st = request(port, "POST", "/v1/embeddings", bad)[0]
+        check(st == 400, "/v1/embeddings %r: 400 (%s)" % (bad, st))
+    st, _, b = request(port, "POST", "/v1/completions", body)
+    check(json.loads(b)["choices"][0]["text"] == want, "a completion after embeddings is unchanged")
     st, _, b = request(port, "POST", "/v1/responses", {"input": "hi"})
     check(st == 501 and "/v1/chat/completions" in json.loads(b)["error"]["message"], "/v1/responses: 501")
     st, _, b = request(port, "POST", "/v1/completions", {"prompt": "Once upon a time " * 100, "max_tokens": 4})

@@ -86,6 +86,11 @@ enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_STREAMING, JOB_DONE };
 typedef struct job {
     serve_req req;
     bool native;             /* llama-server's /completion: its response fields, not OpenAI's */
+    bool embed;              /* POST /v1/embeddings: emb_ids[i] (emb_n[i] tokens each) to embed */
+    bool emb_base64;         /* "encoding_format": "base64" */
+    int32_t **emb_ids;
+    uint32_t *emb_n;
+    size_t n_emb;
     char id[48];
     long created;
     int refs;                /* the connection and, once queued, the worker: freed at 0 (under srv.mu) */
@@ -161,6 +166,9 @@ static void job_unref_locked(job *j) {
     cli_buf_free(&j->out);
     cli_buf_free(&j->text);
     free(j->ids);
+    for (size_t i = 0; i < j->n_emb; i++) free(j->emb_ids[i]);
+    free(j->emb_ids);
+    free(j->emb_n);
     free(j);
 }
 
@@ -567,6 +575,86 @@ static void run_job(slot *s, job *j) {
             st ? "failed" : gone || j->res.cancelled ? "cancelled: the client left" : finish_reason(&j->res));
 }
 
+/* base64 (RFC 4648) of n bytes into a NUL-terminated malloc'd string. */
+static char *base64(const unsigned char *p, size_t n) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *o = malloc((n + 2) / 3 * 4 + 1), *w = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        *w++ = tab[v >> 18 & 63];
+        *w++ = tab[v >> 12 & 63];
+        *w++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+        *w++ = i + 2 < n ? tab[v & 63] : '=';
+    }
+    *w = 0;
+    return o;
+}
+
+/* POST /v1/embeddings on slot s: each input through flm_embed (the slot's cache is then forgotten: the session
+ * starts over), the answer as OpenAI's list of embeddings. */
+static void run_embed(slot *s, job *j) {
+    flm_model_info info;
+    flm_get_info(s->ctx, &info);
+    float *vec = malloc((size_t)info.d_model * sizeof *vec);
+    cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddStringToObject(o, "model", srv.model_id);
+    size_t total = 0;
+    flm_status st = vec ? FLM_OK : FLM_ERR_NOMEM;
+    flm_error err = {0};
+    if (!vec) snprintf(err.msg, sizeof err.msg, "out of memory");
+    double t0 = cli_now_ms();
+    for (size_t i = 0; !st && i < j->n_emb; i++) {
+        if (j->gone) break;
+        if (j->emb_n[i] > info.n_ctx) {
+            st = FLM_ERR_CONTEXT;
+            snprintf(err.msg, sizeof err.msg, "input[%zu] has %u tokens", i, j->emb_n[i]);
+            break;
+        }
+        if ((st = flm_embed(s->ctx, j->emb_ids[i], j->emb_n[i], vec, &err))) break;
+        total += j->emb_n[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "object", "embedding");
+        cJSON_AddNumberToObject(e, "index", (double)i);
+        if (j->emb_base64) {
+            char *b = base64((const unsigned char *)vec, (size_t)info.d_model * sizeof *vec); /* little-endian */
+            cJSON_AddStringToObject(e, "embedding", b ? b : "");
+            free(b);
+        } else {
+            cJSON *a = cJSON_AddArrayToObject(e, "embedding");
+            for (uint32_t c = 0; c < info.d_model; c++) cJSON_AddItemToArray(a, cJSON_CreateNumber(vec[c]));
+        }
+        cJSON_AddItemToArray(data, e);
+    }
+    double ms = cli_now_ms() - t0;
+    flm_session_rewind(s->sess, 0); /* flm_embed overwrote the cache from position 0 */
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)total);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)total);
+    char *txt = st ? NULL : cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    free(vec);
+    pthread_mutex_lock(&srv.mu);
+    srv.prompt_tokens += total;
+    srv.prompt_ms += ms;
+    if (st == FLM_ERR_CONTEXT || st == FLM_ERR_ARG) {
+        char m[FLM_ERROR_MSG_MAX + 160];
+        snprintf(m, sizeof m, "the request exceeds the available context size: this model's maximum context length "
+                 "is %u tokens (per slot); %s", info.n_ctx, err.msg);
+        job_fail_locked(j, 400, st == FLM_ERR_CONTEXT ? "context_length_exceeded" : "invalid_request",
+                        st == FLM_ERR_CONTEXT ? m : err.msg);
+    } else if (st) {
+        job_fail_locked(j, 500, "internal_error", err.msg);
+    } else if (!j->gone && (!txt || !out_add(j, txt))) {
+        job_fail_locked(j, 500, "internal_error", "out of memory");
+    }
+    pthread_mutex_unlock(&srv.mu);
+    free(txt);
+    fprintf(stderr, "flashlm: slot %d: %s: %zu inputs, %zu tokens embedded in %.1f ms%s\n", s->index, j->id,
+            j->n_emb, total, ms, st ? ": failed" : "");
+}
+
 static void *worker(void *arg) {
     slot *s = arg;
     pthread_mutex_lock(&srv.mu);
@@ -582,7 +670,8 @@ static void *worker(void *arg) {
         s->cur = j;
         srv.n_running++;
         pthread_mutex_unlock(&srv.mu);
-        run_job(s, j);
+        if (j->embed) run_embed(s, j);
+        else run_job(s, j);
         pthread_mutex_lock(&srv.mu);
         if (j->status >= 400) srv.errors++;
         j->state = JOB_DONE;
@@ -914,6 +1003,8 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
+static enum MHD_Result serve_job(struct MHD_Connection *c, conn *cn, job *j, const char *id_prefix);
+
 /* POST /v1/chat/completions (chat), /v1/completions and llama-server's /completion (native). */
 static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool chat, bool native) {
     serve_req req;
@@ -934,12 +1025,17 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
     }
     j->req = req;
     j->native = native;
+    return serve_job(c, cn, j, chat ? "chatcmpl" : "cmpl");
+}
+
+/* Queue job j (its request filled in), wait for its answer and send it (streams: start the stream). */
+static enum MHD_Result serve_job(struct MHD_Connection *c, conn *cn, job *j, const char *id_prefix) {
     j->refs = 2; /* the connection's, the queue's (then the worker's) */
     j->created = (long)time(NULL);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_lock(&srv.mu);
-    snprintf(j->id, sizeof j->id, "%s-%ld", chat ? "chatcmpl" : "cmpl", ++srv.next_id);
+    snprintf(j->id, sizeof j->id, "%s-%ld", id_prefix, ++srv.next_id);
     if (srv.stopping || srv.n_queued >= srv.queue_cap + (srv.n_slots - srv.n_running)) { /* idle slots take one each */
         bool stopping = srv.stopping;
         j->refs = 1;
@@ -1272,6 +1368,100 @@ static enum MHD_Result handle_slots(struct MHD_Connection *c) {
     return send_json(c, 200, a);
 }
 
+/* POST /v1/embeddings (OpenAI's; llama-server's --embeddings --pooling mean): "input" a string, an array of
+ * strings, an array of token ids or an array of those; "encoding_format" float (default) or base64; "model" as for
+ * completions. Each input tokenized as /tokenize with add_special (BOS), embedded by a slot (flm_embed). */
+static enum MHD_Result handle_embeddings(struct MHD_Connection *c, conn *cn) {
+    enum MHD_Result r = MHD_NO;
+    cJSON *o = body_object(c, cn, &r);
+    if (!o) return r;
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "input");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "encoding_format");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    const cJSON *dims = cJSON_GetObjectItemCaseSensitive(o, "dimensions");
+    const char *bad = NULL;
+    if (fmt && !cJSON_IsNull(fmt) && !(cJSON_IsString(fmt) && (!strcmp(fmt->valuestring, "float") ||
+                                                               !strcmp(fmt->valuestring, "base64"))))
+        bad = "'encoding_format' must be \"float\" or \"base64\"";
+    else if (dims && !cJSON_IsNull(dims))
+        bad = "'dimensions' is not supported (the embedding has the model's d_model)";
+    else if (model && !cJSON_IsNull(model) && !cJSON_IsString(model))
+        bad = "'model' must be a string";
+    else if (!in || !(cJSON_IsString(in) || (cJSON_IsArray(in) && cJSON_GetArraySize(in) >= 1 &&
+                                              cJSON_GetArraySize(in) <= 2048)))
+        bad = "'input' must be a string, token ids, or an array of 1 to 2048 of them";
+    if (bad) {
+        cJSON_Delete(o);
+        return send_error(c, 400, "invalid_request", bad);
+    }
+    if (srv.strict_model && cJSON_IsString(model) && strcmp(model->valuestring, srv.model_id)) {
+        char m[SERVE_ERR_MAX + 64];
+        snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s'", model->valuestring,
+                 srv.model_id);
+        cJSON_Delete(o);
+        return send_error(c, 404, "model_not_found", m);
+    }
+    /* the inputs: one string or id list, or an array of them */
+    bool one = cJSON_IsString(in) || (cJSON_IsArray(in) && cJSON_IsNumber(in->child));
+    size_t n = one ? 1 : (size_t)cJSON_GetArraySize(in);
+    job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->embed = true;
+        j->emb_base64 = cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "base64");
+        j->emb_ids = calloc(n, sizeof *j->emb_ids);
+        j->emb_n = calloc(n, sizeof *j->emb_n);
+    }
+    if (!j || !j->emb_ids || !j->emb_n) {
+        if (j) { free(j->emb_ids); free(j->emb_n); free(j); }
+        cJSON_Delete(o);
+        return send_error(c, 500, "internal_error", "out of memory");
+    }
+    const flm_ctx *ctx = srv.slots[0].ctx;
+    uint32_t nv = flm_vocab_size(ctx);
+    char m[160] = "";
+    const cJSON *item = one ? in : in->child;
+    for (size_t i = 0; i < n && !m[0]; i++, item = item->next) {
+        size_t k = 0;
+        int32_t *ids = NULL;
+        if (cJSON_IsString(item)) {
+            const char *t = item->valuestring;
+            k = flm_tokenize_ex(ctx, t, strlen(t), FLM_TOKENIZE_ADD_SPECIAL, NULL, 0);
+            if (k != SIZE_MAX && k > 0 && (ids = malloc(k * sizeof *ids)))
+                flm_tokenize_ex(ctx, t, strlen(t), FLM_TOKENIZE_ADD_SPECIAL, ids, k);
+            if (k == 0 || !*t) snprintf(m, sizeof m, "input[%zu] is empty", i);
+        } else if (cJSON_IsArray(item) && cJSON_GetArraySize(item) >= 1 && cJSON_GetArraySize(item) <= 1 << 20) {
+            k = (size_t)cJSON_GetArraySize(item);
+            if ((ids = malloc(k * sizeof *ids))) {
+                size_t t = 0;
+                const cJSON *x;
+                cJSON_ArrayForEach(x, item) {
+                    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= nv ||
+                        x->valuedouble != floor(x->valuedouble)) {
+                        snprintf(m, sizeof m, "input[%zu]: token ids must be integers from 0 to %u", i, nv - 1);
+                        break;
+                    }
+                    ids[t++] = (int32_t)x->valuedouble;
+                }
+            }
+        } else {
+            snprintf(m, sizeof m, "input[%zu] must be a string or an array of token ids", i);
+        }
+        if (!m[0] && !ids) snprintf(m, sizeof m, "out of memory");
+        j->emb_ids[i] = ids;
+        j->emb_n[i] = (uint32_t)(k > UINT32_MAX ? UINT32_MAX : k);
+        j->n_emb = i + 1;
+    }
+    cJSON_Delete(o);
+    if (m[0]) {
+        pthread_mutex_lock(&srv.mu);
+        j->refs = 1;
+        job_unref_locked(j);
+        pthread_mutex_unlock(&srv.mu);
+        return send_error(c, strcmp(m, "out of memory") ? 400 : 500, "invalid_request", m);
+    }
+    return serve_job(c, cn, j, "embd");
+}
+
 /* Routes: OpenAI's under /v1 and without it (llama.cpp's front ends call /chat/completions, /models), and
  * llama-server's own. */
 enum route { R_NONE, R_HEALTH, R_CHAT, R_COMPL, R_NATIVE, R_MODELS, R_MODEL, R_METRICS, R_PAGE, R_TOKENIZE,
@@ -1360,8 +1550,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     case R_TOKENIZE: return handle_tokenize(c, cn);
     case R_DETOKENIZE: return handle_detokenize(c, cn);
     case R_TEMPLATE: return handle_apply_template(c, cn);
-    case R_EMBED:
-        return send_error(c, 501, "not_implemented", "embeddings are not implemented by flashlm serve yet");
+    case R_EMBED: return handle_embeddings(c, cn);
     case R_RESPONSES:
         return send_error(c, 501, "not_implemented", "the Responses API (/v1/responses) is not implemented: use "
                           "/v1/chat/completions");

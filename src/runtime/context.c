@@ -390,6 +390,56 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
     return flm_eval_hooked(ctx, tokens, n, pos, NULL, logits_all, logits, err);
 }
 
+flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, flm_error *err) {
+    if (!ctx || !out) return flm_fail(err, FLM_ERR_ARG, "embedding: no context or no output");
+    flm_status st = check_tokens(ctx, ids, n, 0, err);
+    if (st) return st;
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    const uint32_t d = hp->d_model, B = ctx->s.n_batch ? ctx->s.n_batch : 1;
+    float *row = malloc((size_t)d * sizeof *row);
+    double *sum = calloc(d, sizeof *sum);
+    if (!row || !sum) {
+        free(row);
+        free(sum);
+        return flm_fail(err, FLM_ERR_NOMEM, "embedding: out of memory");
+    }
+    ctx->tree_n = 0;
+    ctx->next_pos = 0;
+    flm_backend *be = &ctx->be;
+    const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = 1};
+    for (uint32_t i = 0; i < n && !st;) {
+        /* one batched pass per piece (hidden states need the whole piece in one pass), a token alone at the end */
+        const uint32_t k = n - i < B ? n - i : B;
+        flm_eval_req rq = {.tokens = ids + i, .n = k, .pos = (int32_t)i, .logits = FLM_LOGITS_HIDDEN};
+        flm_eval_res r = {0};
+        const double t0 = flm_now_ms();
+        if ((st = flm_forward(ctx, &rq, &r, err))) break;
+        r.stats.compute_ms = flm_now_ms() - t0 - r.stats.io_ms - r.stats.mem_ms;
+        record_batch(ctx, &r.stats, k);
+        for (uint32_t t = 0; t < k; t++) {
+            const float *h = r.hidden + (size_t)t * d;
+            if (m->output_norm.data) flm_pass_norm(&P, &m->output_norm, &m->output_norm_b, d, h, d, row, d);
+            else memcpy(row, h, (size_t)d * sizeof *row);
+            for (uint32_t c = 0; c < d; c++) sum[c] += row[c];
+        }
+        ctx->next_pos = (int32_t)(i + k);
+        i += k;
+    }
+    if (!st) {
+        double norm = 0;
+        for (uint32_t c = 0; c < d; c++) norm += (sum[c] / n) * (sum[c] / n);
+        norm = sqrt(norm);
+        for (uint32_t c = 0; c < d; c++) out[c] = norm > 0 ? (float)(sum[c] / n / norm) : 0.0f;
+        for (uint32_t c = 0; c < d && !st; c++)
+            if (!isfinite(out[c])) st = flm_fail(err, FLM_ERR_FORMAT, "embedding: a non-finite final state");
+    }
+    if (st) ctx->next_pos = 0;
+    free(row);
+    free(sum);
+    return st;
+}
+
 flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
                          int32_t pos, bool draft, float *logits, flm_error *err) {
     if (!ctx || !parent || first >= n_nodes)
