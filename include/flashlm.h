@@ -678,22 +678,64 @@ FLM_API flm_status flm_perplexity_file(flm_ctx *ctx, const char *path, int n_chu
  * Sampling
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct flm_sampler flm_sampler;
+/* One entry of a logit bias (OpenAI's logit_bias): bias added to token's logit before sampling (-INFINITY bans it). */
+typedef struct flm_logit_bias {
+    int32_t token;
+    float bias;
+} flm_logit_bias;
+/* Zero is "off" for every field after seed (a designated initializer of the first four samples as before). */
 typedef struct flm_sampler_params {
-    float temp;     /* 0 = greedy (argmax, lowest id on ties) */
+    float temp;     /* 0 = greedy (argmax of the edited logits, lowest id on ties) */
     int top_k;      /* keep the k most likely tokens; <= 0 = all */
     float top_p;    /* nucleus: keep the smallest set with probability >= top_p; >= 1 = all */
-    uint64_t seed;  /* RNG seed (xorshift64*); the same seed gives the same text */
+    uint64_t seed;  /* the noise's seed: the token at key (position) k is a function of (seed, k, its distribution) */
+    float min_p;    /* llama.cpp's min-p: keep the tokens with probability >= min_p * the largest; 0 = off */
+    float repeat_penalty;    /* llama.cpp's --repeat-penalty: a logit l of a token in the window becomes l / r when
+                                positive, l * r when negative; 0 or 1 = off */
+    float presence_penalty;  /* OpenAI's: minus this for a token that occurs in the window (-2..2 in the API) */
+    float frequency_penalty; /* OpenAI's: minus this times the token's count in the window */
+    int penalty_last_n;      /* the window: the last N tokens of the history (the prompt's included, as llama.cpp's
+                                penalties sampler); -1 = all of it; 0 = off (flm_sampler_params_default: 64) */
+    const flm_logit_bias *bias; /* n_bias entries (copied by flm_sampler_create; ids outside the vocabulary ignored) */
+    size_t n_bias;
 } flm_sampler_params;
-FLM_API void flm_sampler_params_default(flm_sampler_params *p); /* temp 0.8, top_k 40, top_p 0.95, seed 42 */
-/* NULL on allocation failure or n_vocab == 0. */
+/* temp 0.8, top_k 40, top_p 0.95, seed 42, min_p 0, repeat_penalty 1, no presence/frequency penalty,
+ * penalty_last_n 64, no bias. */
+FLM_API void flm_sampler_params_default(flm_sampler_params *p);
+/* NULL on allocation failure, n_vocab == 0, or n_bias > 0 with bias NULL. */
 FLM_API flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab);
-/* Pick the next token from n_vocab logits (not modified). */
+/* Pick the token at noise key `key` (the position the token will take: a session's n_past) from n_vocab logits (not
+ * modified), after the tokens hist[0..n_hist) (the history the penalties look at; NULL/0: none). The pipeline: the
+ * logits edited (logit_bias, repeat penalty, presence and frequency penalties), then greedy (temp <= 0: argmax) or
+ * softmax(logits / temp), top-k, top-p and min-p, and the token drawn by an exponential race (Gumbel-max) with noise
+ * from a hash of (seed, key, token): argmin_i E_i / p_i with E_i ~ Exp(1), which is token i with probability p_i
+ * exactly. The same (seed, key, distribution) gives the same token whoever computed the logits, so a seeded text is
+ * the same in every mode and with or without speculative decoding (a draft is accepted when it is this token). */
+FLM_API int32_t flm_sampler_sample_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist,
+                                      size_t n_hist);
+#define FLM_SAMPLER_DRAWS_MAX 16
+/* The first k (1..FLM_SAMPLER_DRAWS_MAX) tokens of flm_sampler_sample_at's race, best first (Gumbel-top-k: k draws
+ * without replacement; tok[0] is flm_sampler_sample_at's token), and when prob is not NULL their probabilities in the
+ * processed distribution; greedy: the k largest edited logits, prob 1 for the first and 0 for the others. Fewer when
+ * fewer tokens are kept. Returns how many (>= 1 when k >= 1). */
+FLM_API int flm_sampler_draws_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist,
+                                 size_t n_hist, int k, int32_t *tok, float *prob);
+/* flm_sampler_sample_at with the key a count of this sampler's calls of flm_sampler_sample (0, 1, ...) and no
+ * history (no penalties). */
 FLM_API int32_t flm_sampler_sample(flm_sampler *s, const float *logits);
+/* The model's log-probabilities (log softmax of the logits at temperature 1 over the whole vocabulary, before any
+ * sampler setting: what OpenAI's logprobs and llama-server's n_probs report): returns token's (-INFINITY when out of
+ * range), and top_id/top_lp (n_top entries each) get the n_top most likely tokens, most likely first (the lowest id
+ * on ties), n_top clamped to [0, n]. */
+FLM_API float flm_logprobs(const float *logits, size_t n, int32_t token, int n_top, int32_t *top_id, float *top_lp);
 /* The distribution flm_sampler_sample draws from: probs (the caller's n_vocab floats) gets every token's probability
- * after temperature, top-k and top-p — 0 for the tokens they leave out, the kept ones renormalized to sum to 1. With
- * temp 0 (greedy): 1 for the argmax (the lowest id on ties), 0 elsewhere. Uses no random number. */
+ * after logit_bias, temperature, top-k, top-p and min-p (no penalties: they need a history) — 0 for the tokens they
+ * leave out, the kept ones renormalized to sum to 1. With temp 0 (greedy): 1 for the argmax (the lowest id on ties),
+ * 0 elsewhere. Uses no random number. */
 FLM_API void flm_sampler_probs(flm_sampler *s, const float *logits, float *probs);
-/* Draw a token from probs (n_vocab non-negative weights; normalized here, so they need not sum to 1) with the
+/* The classic rules below draw from the sampler's own RNG stream (xorshift64* from seed); a session no longer uses
+ * them (it accepts a draft when it is flm_sampler_sample_at's token), they stay for callers that have a q.
+ * Draw a token from probs (n_vocab non-negative weights; normalized here, so they need not sum to 1) with the
  * sampler's RNG (one draw). Returns -1, drawing nothing, when no weight is positive or one is negative, NaN or
  * infinite. */
 FLM_API int32_t flm_sampler_sample_probs(flm_sampler *s, const float *probs);
@@ -777,9 +819,12 @@ FLM_API flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error
 FLM_API void flm_session_free(flm_session *s);
 /* The context the session drives. */
 FLM_API flm_ctx *flm_session_ctx(const flm_session *s);
-/* Replace the session's sampler by a new one with these parameters (its RNG starts again from p->seed); the sampler
- * then lives across generations (a conversation's replies draw one RNG stream). Errors: FLM_ERR_NOMEM (the old
- * sampler is kept). */
+/* Replace the session's sampler by a new one with these parameters; the sampler then lives across generations. A
+ * token is drawn with the noise of its position (flm_sampler_sample_at with key = its position, plus the positions a
+ * context shift discarded since the text began), so a seed and a prompt give the same text in every mode, at every
+ * budget, with or without speculative decoding; generating again at the same positions (a prompt again, a rewind)
+ * gives the same tokens, and the penalties see the tokens the context holds. Errors: FLM_ERR_NOMEM (the old sampler
+ * is kept). */
 FLM_API flm_status flm_session_sampling(flm_session *s, const flm_sampler_params *p, flm_error *err);
 /* The context shift (llama.cpp's --context-shift, flm_kv_shift): when on, a generation or flm_session_feed_shift
  * that finds the context full forgets half of positions [n_keep, n_past) (more when needed) and goes on; when off,
@@ -862,7 +907,12 @@ typedef struct flm_gen_params {
                                  held until the next token completes it, or released at the end) */
     flm_grammar *grammar;     /* NULL, or the text generated must follow this grammar from its start (borrowed for
                                  the call; its caches grow): see "Constrained decoding" above */
+    bool logprobs;            /* give each token's log-probability (flm_gen_token.logprob: flm_logprobs, the model's
+                                 softmax at temperature 1, from the logits that gave the token, a verified row under
+                                 speculative decoding) and its top_logprobs most likely alternatives */
+    int top_logprobs;         /* 0..FLM_GEN_TOP_LOGPROBS_MAX, with logprobs */
 } flm_gen_params;
+#define FLM_GEN_TOP_LOGPROBS_MAX 20 /* OpenAI's limit */
 /* max_tokens -1, nothing else. */
 FLM_API void flm_gen_params_default(flm_gen_params *p);
 
@@ -876,6 +926,10 @@ typedef struct flm_gen_token {
     size_t len;
     double ms;                    /* wall-clock ms since the previous call (the first: since the generation began) */
     flm_token_stats stats;        /* the evaluation whose logits gave this token (per-token share of a batch) */
+    float logprob;                /* with flm_gen_params.logprobs: the token's log-probability (flm_logprobs) */
+    int n_top;                    /* with logprobs: the alternatives given, top_logprobs (fewer for a tiny vocabulary) */
+    int32_t top_id[FLM_GEN_TOP_LOGPROBS_MAX];    /* the most likely tokens, most likely first */
+    float top_logprob[FLM_GEN_TOP_LOGPROBS_MAX]; /* their log-probabilities */
 } flm_gen_token;
 /* Return false to stop the generation (flm_gen_result.cancelled). */
 typedef bool (*flm_gen_fn)(void *user, const flm_gen_token *t);
@@ -985,9 +1039,9 @@ FLM_API flm_status flm_session_speculate(flm_session *s, const flm_spec_params *
 /* The speculative counts so far (zeros when the session does not speculate). */
 FLM_API void flm_session_spec_stats(const flm_session *s, flm_spec_stats *st);
 /* Bytes of the engine's buffers for these sizes (what flm_session_speculate allocates): the verification logits
- * ((max(n_draft, tree) + 1) x n_vocab floats), the drafts' distributions (with a draft model or the self-draft), a
- * tree's nodes and, when !greedy, its drafts' distributions, the token histories (n_ctx int32). For a budget that
- * holds them beside the models (flm_plan_split's extra_bytes). */
+ * ((max(n_draft, tree) + 1) x n_vocab floats), a tree's nodes, the token histories (n_ctx int32); with_draft_model
+ * and greedy no longer change it (drafts draw with the target's noise: no draft distribution is kept). For a budget
+ * that holds them beside the models (flm_plan_split's extra_bytes). */
 FLM_API uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p,
                                        bool with_draft_model, bool greedy);
 /* Whether draft can draft for target: the same vocabulary size (logits), every token's string and piece identical,

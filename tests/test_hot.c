@@ -282,7 +282,8 @@ static void test_self_draft_window_greedy(void **state) {
 
 /* Sampling through the self-draft keeps the model's distribution: the joint of the first 3 tokens (top-k 3: 27
  * cells) computed exactly from ram mode, against the counts of many speculative generations in mode hot (drafts from
- * the hot neurons, rejections replaced from max(0, p - q)); and the self-draft's own joint is far from it (the test
+ * the hot neurons, drawn with the noise of their positions, accepted when they are the target's draw there); and the
+ * self-draft's own joint is far from it (the test
  * can fail). */
 static void check_self_draft_sampling(int tree) {
     flm_ctx *ref = open_mode(g_hot, FLM_MODE_RAM, 0, 0, N_CTX);
@@ -321,8 +322,12 @@ static void check_self_draft_sampling(int tree) {
 #endif
     double count[27] = {0};
     for (int i = 0; i < M; i++) {
-        /* the prompt again: its last token evaluated again for its logits, the rest kept */
+        /* the prompt again: its last token evaluated again for its logits, the rest kept; a new seed each time (a
+         * seed is a seed: the same one would give the same text), so the counts are over seeds */
         assert_int_equal(flm_session_prompt(s, prompt, (size_t)n_prompt, NULL, &err), FLM_OK);
+        flm_sampler_params si = sp;
+        si.seed = sp.seed + 1000003u * (uint64_t)i;
+        assert_int_equal(flm_session_sampling(s, &si, &err), FLM_OK);
         int32_t toks[4];
         collect c = {toks, 0, 4};
         flm_gen_params gp;
@@ -359,8 +364,8 @@ static void test_self_draft_sampling(void **state) {
     check_self_draft_sampling(0);
 }
 
-/* the same with a draft tree: each node's children are independent draws from its draft distribution, accepted by
- * SpecInfer's multi-step rule (flm_sampler_accept_multi) */
+/* the same with a draft tree: each node's children are the first draws of its draft's race (Gumbel-top-k), the walk
+ * follows the target's own draw */
 static void test_self_draft_tree_sampling(void **state) {
     (void)state;
     check_self_draft_sampling(8);

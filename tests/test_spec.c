@@ -463,8 +463,8 @@ static void test_greedy_ngram(void **state) {
 
 /* With top-k 3 every token has 3 candidates, so the joint distribution of the first three generated tokens has 27
  * cells: computed exactly from the target's distributions, and counted over many speculative generations (each of 4
- * tokens: the first from the prompt's logits, then a step with 2 drafts: acceptances, rejections with a replacement
- * from max(0, p - q), the extra token). */
+ * tokens: the first from the prompt's logits, then a step with drafts drawn with the noise of their positions:
+ * accepted when they are the target's draw there, else replaced by it, the extra token), one seed per generation. */
 
 static void test_sampling_distribution(void **state) {
     (void)state;
@@ -504,8 +504,12 @@ static void test_sampling_distribution(void **state) {
 #endif
     double count[27] = {0};
     for (int i = 0; i < M; i++) {
-        /* the prompt again: its last token evaluated again for its logits, the rest kept */
+        /* the prompt again: its last token evaluated again for its logits, the rest kept; a new seed each time (a
+         * seed is a seed: the same one would give the same text), so the counts are over seeds */
         assert_int_equal(flm_session_prompt(s, prompt, (size_t)n_prompt, NULL, &err), FLM_OK);
+        flm_sampler_params si = sp;
+        si.seed = sp.seed + 1000003u * (uint64_t)i;
+        assert_int_equal(flm_session_sampling(s, &si, &err), FLM_OK);
         int32_t toks[4];
         collect c = {toks, 0, 4, s, n_prompt};
         flm_gen_params gp;
@@ -541,6 +545,52 @@ static void test_sampling_distribution(void **state) {
 }
 
 /* ---- refusals ----------------------------------------------------------------------------------------------------- */
+
+/* A seed is a seed with a draft model too: sampled text with the draft (lambda 1, 4, 8) equals plain sampling's with
+ * the same seed token for token, drafts accepted and rejected (the draft is a perturbed copy: its races end as the
+ * target's only when their distributions agree). */
+static void test_seed_draft_model(void **state) {
+    (void)state;
+    flm_ctx *ref = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX);
+    int n_prompt;
+    int32_t *prompt = tokenize(ref, "Once upon a time there was a", &n_prompt);
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp);
+    sp.seed = 7;
+    enum { N = 64 };
+    int32_t want[N], got[N];
+    flm_session *s = NULL;
+    flm_error err;
+    if (flm_session_create(ref, &s, &err) || flm_session_sampling(s, &sp, &err)) fail_msg("session: %s", err.msg);
+    assert_int_equal(flm_session_feed(s, prompt, (size_t)n_prompt, &err), FLM_OK);
+    collect c = {want, 0, N, s, n_prompt};
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = N;
+    assert_int_equal(flm_session_generate(s, &gp, collect_gen, &c, NULL, &err), FLM_OK);
+    const int n_want = c.n;
+    assert_true(n_want >= N / 2);
+    flm_session_free(s);
+    flm_close(ref);
+    const int lambdas[] = {1, 4, 8};
+    uint64_t acc = 0, drafted = 0;
+    for (int l = 0; l < 3; l++) {
+        flm_ctx *target = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX), *draft = open_model(g_draft, FLM_MODE_RAM, N_CTX);
+        flm_spec_stats st;
+        int n = gen_spec(target, draft, false, lambdas[l], &sp, prompt, n_prompt, N, got, &st);
+        print_message("seed 7, draft model, --draft-n %d: %d tokens, %llu passes, drafted %llu, accepted %llu\n",
+                      lambdas[l], n, (unsigned long long)st.n_passes, (unsigned long long)st.n_drafted,
+                      (unsigned long long)st.n_accepted);
+        assert_int_equal(n, n_want);
+        assert_memory_equal(got, want, (size_t)n * sizeof *got);
+        acc += st.n_accepted;
+        drafted += st.n_drafted;
+        flm_close(target);
+        flm_close(draft);
+    }
+    assert_true(acc > 0 && acc < drafted);
+    free(prompt);
+}
 
 static void test_vocab_mismatch(void **state) {
     (void)state;
@@ -744,6 +794,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_draft_flash),
         cmocka_unit_test(test_greedy_ngram),
         cmocka_unit_test(test_sampling_distribution),
+        cmocka_unit_test(test_seed_draft_model),
         cmocka_unit_test(test_vocab_mismatch),
         cmocka_unit_test(test_real_qwen_pair),
         cmocka_unit_test(test_cli),

@@ -88,23 +88,22 @@ flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_pa
                          r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size, err);
 }
 
-static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft, bool with_draft_model) {
+static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft) {
     uint64_t V = n_vocab, N = n_draft > 0 ? (uint64_t)n_draft : 0; /* the history counted though the session has it */
-    return 4 * ((N + 1) * V + (with_draft_model ? N * V : 0) + V) + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
+    return 4 * (N + 1) * V + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
 }
 
-/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the drafts' distributions when sampling
- * (!greedy), the nodes. */
-static uint64_t tree_bytes(uint32_t n_vocab, int tree, bool greedy) {
+/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the nodes (token, parent, score). */
+static uint64_t tree_bytes(uint32_t n_vocab, int tree) {
     uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0;
-    return 4 * (T * V + (greedy ? 0 : T * V) + T * (3 + FLM_SPEC_TREE_K)) + T;
+    return 4 * (T * V + T * 3);
 }
 
 uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p, bool with_draft_model,
                                bool greedy) {
+    (void)with_draft_model, (void)greedy; /* drafts draw with the target's noise: no draft distributions are kept */
     if (!p) return 0;
-    return chain_bytes(n_vocab, n_ctx, p->n_draft, with_draft_model || p->self_draft) +
-           (p->tree ? tree_bytes(n_vocab, p->tree, greedy) : 0);
+    return chain_bytes(n_vocab, n_ctx, p->n_draft) + (p->tree ? tree_bytes(n_vocab, p->tree) : 0);
 }
 
 /* Mode auto chose hot with neurons streamed (mp, planned under the whole budget): it decodes with the self-draft, a

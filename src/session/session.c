@@ -29,6 +29,8 @@ struct flm_session {
     int32_t n_valid;       /* positions [0, n_valid) hold what evaluating ids[0..n_valid) from 0 gives (no shift
                               moved them): the prefix flm_session_prompt may keep */
     const float *logits;   /* the next-token logits after ids[n_past - 1] (NULL: none yet) */
+    uint64_t key_off;      /* the sampler's noise key for position i is i + key_off: the positions context shifts
+                              discarded since the text began (a new prompt starts again at 0) */
     flm_token_stats last;  /* statistics of the evaluation that gave logits */
     bool shift;
     int32_t n_keep;
@@ -160,6 +162,7 @@ int32_t flm_session_n_past(const flm_session *s) { return s->n_past; }
 /* Forget positions >= n (flm_session_rewind, keeping a conversation's text). */
 static void rewind_to(flm_session *s, int32_t n) {
     if (n < 0) n = 0;
+    if (n == 0) s->key_off = 0;
     if (n >= s->n_past) return;
     s->n_past = n;
     if (s->n_valid > n) s->n_valid = n;
@@ -261,6 +264,7 @@ static bool room(flm_session *s, size_t n) {
     if (flm_kv_shift(s->ctx, keep, (int32_t)discard, NULL)) return false; /* cannot happen: the arguments are in range */
     memmove(s->ids + keep, s->ids + keep + discard, (size_t)(s->n_past - keep - discard) * sizeof *s->ids);
     s->n_past -= (int32_t)discard;
+    s->key_off += (uint64_t)discard;
     if (s->n_valid > keep) s->n_valid = keep; /* the moved keys were turned, not evaluated there */
     s->st.n_shifts++;
     s->st.n_discarded += (long)discard;
@@ -298,6 +302,7 @@ static flm_status prompt_ids(flm_session *s, const int32_t *ids, size_t n, size_
     while (common < (size_t)s->n_valid && common < n && s->ids[common] == ids[common]) common++;
     if (common == n) common = n - 1; /* the last token again, for its logits */
     rewind_to(s, (int32_t)common);
+    s->key_off = 0; /* the held prefix (common <= n_valid) was evaluated where it is: positions are the text's again */
     flm_status st = feed_counted(s, ids + common, n - common, (int32_t)common, err);
     if (st) return st;
     s->st.n_reused += common;
@@ -512,7 +517,9 @@ static flm_status gram_pick(flm_session *s, flm_grammar *g, int32_t gst, const f
     }
     if (first < 0)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "no token of the vocabulary can continue the grammar here");
-    int32_t t = flm_sampler_sample(s->smp, s->masked);
+    /* the same noise as the first draw (the position's key): the winner of the race over the allowed tokens, so
+     * "sample, check, resample" is exactly a draw from the masked distribution, and a seed still reproduces it */
+    int32_t t = flm_sampler_sample_at(s->smp, s->masked, (uint64_t)s->n_past + s->key_off, s->ids, (size_t)s->n_past);
     if (t < 0 || (uint32_t)t >= s->n_vocab || !(m[t >> 5] >> (t & 31) & 1)) t = first; /* NaN logits */
     *tok = t;
     return FLM_OK;
@@ -541,6 +548,11 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             atomic_store(&s->cancel, 0);
             return flm_fail(err, FLM_ERR_ARG, "stop string %d is %s", i, ls ? "too long" : "empty");
         }
+    }
+    if (gp->logprobs && (gp->top_logprobs < 0 || gp->top_logprobs > FLM_GEN_TOP_LOGPROBS_MAX)) {
+        atomic_store(&s->cancel, 0);
+        return flm_fail(err, FLM_ERR_ARG, "top_logprobs %d is outside 0..%d", gp->top_logprobs,
+                        FLM_GEN_TOP_LOGPROBS_MAX);
     }
     if (!s->logits) {
         atomic_store(&s->cancel, 0);
@@ -597,8 +609,13 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
                 }
             }
         } else {
-            next = flm_sampler_sample(s->smp, s->logits);
+            next = flm_sampler_sample_at(s->smp, s->logits, (uint64_t)s->n_past + s->key_off, s->ids,
+                                         (size_t)s->n_past);
             if (gram && (st = gram_pick(s, gram, gst, s->logits, &next, err))) break;
+        }
+        if (gp->logprobs) { /* s->logits gave next (a queued token's row too) */
+            t.n_top = gp->top_logprobs < (int)s->n_vocab ? gp->top_logprobs : (int)s->n_vocab;
+            t.logprob = flm_logprobs(s->logits, s->n_vocab, next, t.n_top, t.top_id, t.top_logprob);
         }
         r->n_gen++;
         if (ss) ss->n_gen++;
@@ -654,6 +671,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         if (s->spec && r->n_gen < max) { /* next and the drafts after it in one pass */
             uint32_t m = 0;
             const int32_t H = s->n_past;
+            spec_set_key_off(s->spec, s->key_off);
             st = spec_step(s->spec, H, next, max - r->n_gen, queue, &m, &qrows, err);
             if (st) { /* the context holds positions < H at most; its logits are gone */
                 s->logits = NULL;
@@ -679,6 +697,8 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         r->limit = true;
     if (s->hold_len && !r->stopped && !st) { /* the end: what was held back cannot begin a stop string any more */
         t.id = -1;
+        t.logprob = 0;
+        t.n_top = 0;
         t.stats = (flm_token_stats){0};
         t.ms = 0;
         release(s, fn, user, &t, s->hold_len);

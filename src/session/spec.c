@@ -7,8 +7,11 @@
  *   1. the draft proposes d1..dN (a draft model from its own logits after hist + last, or the n-gram lookup);
  *   2. the target evaluates [last, d1, ..., dN] at positions H .. H + N in one flm_eval_batch with every row's logits:
  *      row i is the target's next-token distribution after d_i (row 0: after last);
- *   3. d_i is accepted as long as flm_sampler_accept says so (greedy: while it is the target's argmax); the first
- *      rejection gives the target's own token instead; when all are accepted, row N gives one more;
+ *   3. row i's token is the one plain decoding would take there: flm_sampler_sample_at with the noise key of its
+ *      position (greedy: the argmax); d_i is accepted while it equals row i - 1's token, the first that differs is
+ *      replaced by it, and when all are accepted row N gives one more. So the text is plain decoding's token for
+ *      token, greedy or sampling with a seed (the drafts drew from the same noise: they agree with the target as
+ *      often as their distributions allow);
  *   4. the target now holds hist + last + the accepted drafts; the rows after them are forgotten by the next step,
  *      which evaluates from there (flm_eval_batch with an earlier pos rewinds). The draft model keeps a record of the
  *      tokens it holds and re-evaluates from the first one that differs from the text (usually just the last
@@ -39,19 +42,16 @@ struct spec {
     int32_t n_dtok;
     int32_t *batch;      /* [n_draft + 1]: last, d1 .. dN */
     float *rows;         /* [(n_draft + 1) * n_vocab]: the target's logits for the batch */
-    float *q;            /* [n_draft * n_vocab]: the draft's distribution for each proposal (draft model only) */
-    float *p;            /* [n_vocab]: the target's distribution, one row at a time */
+    uint64_t key_off;    /* the noise key of position i is i + key_off (spec_set_key_off) */
     flm_spec_stats st;
     /* adaptive draft length (o.adaptive): running estimates, ms */
     double acc_a, acc_n;          /* accepted and drafted tokens, decayed */
     double c_draft;               /* ms per drafted token (0: not measured yet) */
     double c_verify[FLM_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
     uint64_t n_choices;
-    /* tree drafts (o.tree): nodes, parents, path probabilities, depths; each drafted node's draws (sampling) and
-     * draft distribution */
-    int32_t *ttok, *tpar, *tdraw;
-    float *tscore, *tq;
-    uint8_t *tndraw;
+    /* tree drafts (o.tree): nodes, parents, path probabilities */
+    int32_t *ttok, *tpar;
+    float *tscore;
     /* tree pruning (tree_prune): the verification's ms against its rows (decayed sums of a linear fit), and how
      * many tokens the draft's path probabilities promise against how many are accepted (decayed) */
     double v_w, v_x, v_y, v_xx, v_xy;
@@ -70,14 +70,9 @@ void spec_free(spec *s) {
     free(s->dtok);
     free(s->batch);
     free(s->rows);
-    free(s->q);
-    free(s->p);
     free(s->ttok);
     free(s->tpar);
-    free(s->tdraw);
     free(s->tscore);
-    free(s->tq);
-    free(s->tndraw);
     free(s);
 }
 
@@ -121,21 +116,16 @@ flm_status spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, int32_
     s->dtok = draft ? malloc((size_t)s->draft_n_ctx * sizeof *s->dtok) : NULL;
     s->batch = malloc((N + 1) * sizeof *s->batch);
     s->rows = malloc((N + 1) * V * sizeof *s->rows);
-    s->q = draft || o->self_draft ? malloc(N * V * sizeof *s->q) : NULL;
-    s->p = malloc(V * sizeof *s->p);
     if (T) {
         s->ttok = malloc(T * sizeof *s->ttok);
         s->tpar = malloc(T * sizeof *s->tpar);
         s->tscore = malloc(T * sizeof *s->tscore);
-        s->tdraw = malloc(T * SPEC_TREE_K * sizeof *s->tdraw);
-        s->tndraw = malloc(T);
-        s->tq = flm_sampler_greedy(smp) ? NULL : malloc(T * V * sizeof *s->tq);
     }
-    if (T && (!s->ttok || !s->tpar || !s->tscore || !s->tdraw || !s->tndraw || (!flm_sampler_greedy(smp) && !s->tq))) {
+    if (T && (!s->ttok || !s->tpar || !s->tscore)) {
         spec_free(s);
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree of %zu nodes", T);
     }
-    if (!s->hist || (draft && (!s->dtok || !s->q)) || (o->self_draft && !s->q) || !s->batch || !s->rows || !s->p) {
+    if (!s->hist || (draft && !s->dtok) || !s->batch || !s->rows) {
         spec_free(s);
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the speculative decoding buffers (%.2f MiB)",
                         flm_spec_buffer_bytes(ti.n_vocab, ti.n_ctx, o, draft != NULL, flm_sampler_greedy(smp)) /
@@ -175,6 +165,14 @@ flm_status flm_spec_check_vocab(const flm_ctx *target, const char *target_path, 
 
 void spec_set_sampler(spec *s, flm_sampler *smp) { s->smp = smp; }
 
+void spec_set_key_off(spec *s, uint64_t key_off) { s->key_off = key_off; }
+
+/* The token plain decoding takes at position pos from logits (the history hist[0..pos) written): the session's
+ * sampler at the position's noise key. */
+static int32_t pick(spec *s, const float *logits, int32_t pos) {
+    return flm_sampler_sample_at(s->smp, logits, (uint64_t)pos + s->key_off, s->hist, (size_t)pos);
+}
+
 flm_spec_stats *spec_stats(spec *s) { return &s->st; }
 
 /* Bring the draft model to hold seq[0..n) (n <= its context): evaluate from the first token it holds that differs
@@ -203,8 +201,9 @@ flm_status spec_prompted(spec *s, int32_t n, flm_error *err) {
     return draft_sync(s, s->hist, n, false, &dl, err);
 }
 
-/* Propose up to n tokens after seq[0..len) into out with the draft model, their distributions into s->q (row i for
- * out[i]); stops after an end-of-generation token. Returns how many (0 when the draft's context has no room). */
+/* Propose up to n tokens after seq[0..len) (seq = s->hist) into out with the draft model, each drawn from the draft's
+ * logits with the noise of its position (pick: coupled with the target's draw there) and written to seq too; stops
+ * after an end-of-generation token. Returns how many (0 when the draft's context has no room). */
 static flm_status draft_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
                                 uint32_t *n_out, flm_error *err) {
     *n_out = 0;
@@ -213,14 +212,10 @@ static flm_status draft_propose(spec *s, const int32_t *seq, int32_t len, uint32
     double t0 = flm_now_ms();
     const float *logits;
     flm_status st = draft_sync(s, seq, len, true, &logits, err);
-    const size_t V = s->n_vocab;
     uint32_t i = 0;
     for (; !st && i < n; i++) {
-        float *q = s->q + i * V;
-        flm_sampler_probs(s->smp, logits, q);
-        int32_t d = flm_sampler_sample_probs(s->smp, q);
-        if (d < 0) break; /* no usable distribution (non-finite logits): propose nothing more */
-        out[i] = d;
+        const int32_t d = pick(s, logits, len + (int32_t)i);
+        out[i] = s->hist[len + i] = d;
         if (i + 1 == n || flm_token_is_eog(s->draft, d)) { i++; break; }
         st = flm_eval(s->draft, d, len + (int32_t)i, &logits, err);
         if (!st) {
@@ -236,13 +231,12 @@ static flm_status draft_propose(spec *s, const int32_t *seq, int32_t len, uint32
 
 /* Propose up to n tokens after seq[0..len) with the self-draft: the target's own pass over its resident neurons
  * (flm_eval_draft), from position len - 1 (seq[len - 1], the step's `last`, not yet evaluated), with the target's
- * exact keys and values for the positions before. Its distributions go to s->q. The approximate keys and values it
+ * exact keys and values for the positions before; each token drawn as draft_propose's. The approximate keys and values it
  * stores at len - 1 .. len + n - 2 are all overwritten by the verification batch, which starts at len - 1. */
 static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
                                uint32_t *n_out, flm_error *err) {
     *n_out = 0;
     double t0 = flm_now_ms();
-    const size_t V = s->n_vocab;
     int32_t tok = seq[len - 1];
     flm_status st = FLM_OK;
     uint32_t i = 0;
@@ -250,11 +244,8 @@ static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_
         const float *logits;
         if ((st = flm_eval_draft(s->target, tok, len - 1 + (int32_t)i, &logits, err))) break;
         s->st.draft_tokens++;
-        float *q = s->q + i * V;
-        flm_sampler_probs(s->smp, logits, q);
-        int32_t d = flm_sampler_sample_probs(s->smp, q);
-        if (d < 0) break;
-        out[i] = tok = d;
+        const int32_t d = pick(s, logits, len + (int32_t)i);
+        out[i] = tok = s->hist[len + i] = d;
         if (flm_token_is_eog(s->target, d)) { i++; break; }
     }
     s->st.draft_ms += flm_now_ms() - t0;
@@ -344,24 +335,20 @@ static flm_status step(spec *s, int32_t last, long max_new, int32_t *out, uint32
     s->st.n_drafted += nd;
     if (nd == 0) s->st.n_plain++;
     t0 = flm_now_ms();
+    /* row k's token is plain decoding's at position L + k (the drafts before it in the history); d_{k+1} is accepted
+     * when it is that token; the first that is not is replaced by it; all accepted: row nd gives one more */
+    memcpy(s->hist + L, s->batch + 1, nd * sizeof *s->hist);
     uint32_t k = 0;
-    for (; k < nd; k++) {
-        flm_sampler_probs(s->smp, s->rows + k * V, s->p);
-        int32_t t;
-        if (!flm_sampler_accept(s->smp, s->p, s->q ? s->q + k * V : NULL, s->batch[1 + k], &t)) {
-            out[k] = t;
-            break;
-        }
-        out[k] = s->batch[1 + k];
+    for (;; k++) {
+        out[k] = pick(s, s->rows + k * V, L + (int32_t)k);
+        if (k == nd || out[k] != s->batch[1 + k]) break;
     }
-    if (k == nd) out[k] = flm_sampler_sample(s->smp, s->rows + k * V); /* all accepted: one more from the target */
     s->st.draft_select_ms += flm_now_ms() - t0;
     s->st.n_accepted += k;
     /* the acceptance of one draft token: accepted ones over accepted ones and the first rejection (the drafts after
      * it were never tested); decayed, as the text changes */
     s->acc_a = 0.9 * s->acc_a + (double)k;
     s->acc_n = 0.9 * s->acc_n + (double)k + (k < nd ? 1.0 : 0.0);
-    memcpy(s->hist + L, s->batch + 1, k * sizeof *s->hist);
     s->n_hist = L + (int32_t)k;
     *m = k + 1;
     return FLM_OK;
@@ -449,10 +436,11 @@ static int32_t tree_prune(spec *s, int32_t N, double draft_ms, int32_t *map) {
 }
 
 /* The candidates one drafted level offers (their logits at s->rows, row u - lo for frontier node u in [lo, hi)): each
- * node's SPEC_TREE_K most likely tokens (greedy) or SPEC_TREE_K draws from its draft distribution (sampling; the
- * draws and the distribution kept in tdraw / tq for the walk), scored by the path's draft probability. An
+ * node's SPEC_TREE_K most likely tokens (greedy) or the first SPEC_TREE_K of its draft's race with the noise of the
+ * children's position H + d + 1 (sampling: flm_sampler_draws_at, Gumbel-top-k), scored by the path's draft
+ * probability. An
  * end-of-generation node offers none. Returns their count in cand. */
-static int tree_level_cands(spec *s, int32_t lo, int32_t hi, bool greedy, tree_cand *cand) {
+static int tree_level_cands(spec *s, int32_t H, long d, int32_t lo, int32_t hi, bool greedy, tree_cand *cand) {
     const size_t V = s->n_vocab;
     const int K = SPEC_TREE_K;
     int nc = 0;
@@ -463,19 +451,9 @@ static int tree_level_cands(spec *s, int32_t lo, int32_t hi, bool greedy, tree_c
         float pr[SPEC_TREE_K];
         int nk;
         if (greedy) nk = top_k_probs(lg, V, K, tk, pr);
-        else { /* K draws from the draft's distribution: distinct ones become candidates */
-            float *q = s->tq + (size_t)u * V;
-            flm_sampler_probs(s->smp, lg, q);
-            nk = 0;
-            for (int j = 0; j < K; j++) {
-                int32_t x = flm_sampler_sample_probs(s->smp, q);
-                if (x < 0) break;
-                s->tdraw[u * K + s->tndraw[u]++] = x;
-                bool seen = false;
-                for (int i = 0; i < nk; i++) seen |= tk[i] == x;
-                if (!seen) { tk[nk] = x; pr[nk] = q[x]; nk++; }
-            }
-        }
+        else /* the draft's race at the children's position (the penalties see the history before the tree) */
+            nk = flm_sampler_draws_at(s->smp, lg, (uint64_t)(H + d + 1) + s->key_off, s->hist, (size_t)H + 1, K, tk,
+                                      pr);
         for (int j = 0; j < nk; j++) cand[nc++] = (tree_cand){u, tk[j], s->tscore[u] * pr[j]};
     }
     return nc;
@@ -494,7 +472,6 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long
     s->ttok[0] = last;
     s->tpar[0] = -1;
     s->tscore[0] = 1.0f;
-    memset(s->tndraw, 0, (size_t)s->o.tree);
     /* the n-gram continuation (greedy): a branch from the root, as far as it is in the tree */
     int32_t ng[FLM_SPEC_DRAFT_MAX];
     uint32_t n_ng = 0;
@@ -519,7 +496,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long
             return st;
         ema(&s->c_level, flm_now_ms() - tl);
         s->st.draft_tokens += (uint64_t)(hi - lo);
-        int nc = tree_level_cands(s, lo, hi, greedy, cand);
+        int nc = tree_level_cands(s, H, d, lo, hi, greedy, cand);
         if (ng_node >= 0 && (uint32_t)d < n_ng) { /* the n-gram's next token after its node: always in */
             bool merged = false;
             for (int i = 0; i < nc; i++)
@@ -577,8 +554,8 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_err
     return FLM_OK;
 }
 
-/* Walk and accept: from the root down, each node's token (greedy: the argmax; sampling: flm_sampler_accept_multi over
- * the node's draws, so the text keeps the target's distribution; map: a node's index when drafted) continues into
+/* Walk and accept: from the root down, each node's token (pick: the token plain decoding takes at its position,
+ * greedy or sampling, so the text is plain decoding's; map: a node's index when drafted) continues into
  * the child that holds it, or ends the step; flm_tree_accept keeps the path. out[0..k] get the tokens decided (*k
  * accepted drafts), row j of s->rows the logits after out[j - 1], hist the accepted drafts. Lazy: the nodes the walk
  * will likely visit get their logits first, in one classifier pass. Errors: those of flm_tree_logits(_n) and
@@ -626,21 +603,14 @@ static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, con
                 return st;
             lg = s->rows + (size_t)k * V;
         }
-        int32_t t;
-        if (greedy) t = flm_sampler_sample(s->smp, lg);
-        else {
-            flm_sampler_probs(s->smp, lg, s->p);
-            const int32_t o = map[u]; /* the node's index when drafted: its draws and distribution */
-            if (s->tndraw[o]) flm_sampler_accept_multi(s->smp, s->p, s->tq + (size_t)o * V, s->tdraw + o * K,
-                                                       s->tndraw[o], &t);
-            else t = flm_sampler_sample_probs(s->smp, s->p);
-        }
+        const int32_t t = pick(s, lg, H + 1 + (int32_t)k); /* hist[H + 1 .. H + k]: the path so far */
         out[k] = t;
         int32_t c = -1;
         for (int32_t j = u + 1; j < N && c < 0; j++)
             if (s->tpar[j] == u && s->ttok[j] == t) c = j;
         if (c < 0) break;
         path[++k] = (uint32_t)c;
+        s->hist[H + k] = t;
         u = c;
     }
     s->st.draft_select_ms += flm_now_ms() - t0;
@@ -695,10 +665,6 @@ flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, int32_t *ou
     if (H < 0 || H >= s->n_ctx || max_new < 1)
         return flm_fail(err, FLM_ERR_ARG, "speculative step at position %d (context %d), %ld tokens", (int)H,
                         (int)s->n_ctx, max_new);
-    if (s->o.tree && !s->tq && !flm_sampler_greedy(s->smp)) { /* sampling since: the drafts' distributions */
-        s->tq = malloc((size_t)s->o.tree * s->n_vocab * sizeof *s->tq);
-        if (!s->tq) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree's distributions");
-    }
     s->n_hist = H;
     flm_status st = (s->o.tree ? tree_step : step)(s, last, max_new, out, m, err);
     if (st) {

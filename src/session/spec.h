@@ -27,6 +27,9 @@ flm_status spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, int32_
 void spec_free(spec *s);
 /* The sampler the next steps use (the session replaced its own). */
 void spec_set_sampler(spec *s, flm_sampler *smp);
+/* The noise key of position i is i + key_off from now on (the session's: the positions a context shift discarded,
+ * so that a key is never used twice for one text). */
+void spec_set_key_off(spec *s, uint64_t key_off);
 
 /* After the target was fed up to hist[0..n) (a prompt): bring a draft model up to the same tokens now, so the
  * prompt's time is not charged to generation. Errors: those of the draft's flm_eval_batch. */

@@ -1,0 +1,215 @@
+/* test_seed.c — a seed is a seed (issue 30): with temperature > 0 and a seed, a session's text is a function of the
+ * seed and the prompt only (flm_sampler_sample_at: each position's token drawn by an exponential race with noise
+ * keyed by (seed, position); src/session/spec.c accepts a draft when it is that token):
+ *   - the same seed twice gives the same text, another seed another text (the test can fail);
+ *   - the same text in every mode whose logits are ram mode's (ram, hybrid, hot at budgets that stream) and with the
+ *     self-draft as a chain and as a tree (auto's shape: tree 12, depth 6, window 0.2) and the n-gram lookup, with
+ *     drafts accepted and rejected; with penalties too (they see each position's own history);
+ *   - the same on SmolLM2-135M (when pulled) at --mem 75%.
+ * (The draft-model case is tests/test_spec.c's test_seed_draft_model.) stories260K from tests/data. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashlm.h"
+#include "flashlm_tools.h"
+#include "testutil.h"
+
+#define MODEL "models/stories260K/stories260K.gguf"
+#define TEXT "text/tinystories_sample.txt"
+#define N_CTX 256
+
+static char g_hot[4096];
+static char *g_text;
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_hot, sizeof g_hot, "%s", tu_tmp("seed-hot", ".flm"));
+    flm_error err;
+    if (flm_convert(tu_data(MODEL), g_hot, NULL, NULL, &err)) {
+        fprintf(stderr, "convert: %s\n", err.msg);
+        return -1;
+    }
+    size_t len;
+    g_text = (char *)tu_read_file(tu_data(TEXT), &len);
+    g_text[len < 30000 ? len : 30000] = 0;
+    if (flm_hot_order(g_hot, g_text, 512, 128, 2, NULL, NULL, &err)) {
+        fprintf(stderr, "hot order: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(g_hot);
+    free(g_text);
+    return 0;
+}
+
+static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, double pct, double window) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = N_CTX;
+    p.mode = mode;
+    p.mem_bytes = mem;
+    p.mem_percent = pct;
+    p.draft_window = window;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(path, &p, &ctx, &err)) fail_msg("open %s (%s): %s", path, flm_mode_name(mode), err.msg);
+    return ctx;
+}
+
+typedef struct collect {
+    int32_t *tok;
+    int n, cap;
+} collect;
+
+static bool collect_gen(void *user, const flm_gen_token *t) {
+    collect *c = user;
+    if (t->eog || t->id < 0) return true;
+    if (c->n >= c->cap) fail_msg("more tokens than asked for");
+    c->tok[c->n++] = t->id;
+    return true;
+}
+
+/* What draft a session uses. */
+typedef enum { PLAIN, NGRAM, SELF_CHAIN, SELF_TREE } draft_kind;
+
+/* Generate up to n tokens after text with sampler sp in ctx (speculating as kind says); returns how many, the spec
+ * statistics in *st. */
+static int gen(flm_ctx *ctx, draft_kind kind, const flm_sampler_params *sp, const char *text, int n, int32_t *out,
+               flm_spec_stats *st) {
+    flm_session *s = NULL;
+    flm_error err;
+    if (flm_session_create(ctx, &s, &err) || flm_session_sampling(s, sp, &err)) fail_msg("session: %s", err.msg);
+    if (kind != PLAIN) {
+        flm_spec_params o;
+        flm_spec_params_default(&o);
+        o.n_draft = kind == SELF_TREE ? 6 : 4;
+        o.ngram = kind == NGRAM;
+        o.self_draft = kind == SELF_CHAIN || kind == SELF_TREE;
+        o.tree = kind == SELF_TREE ? 12 : 0;
+        o.adaptive = kind == SELF_CHAIN; /* the draft length follows measured timings: the text must not */
+        if (flm_session_speculate(s, &o, NULL, &err)) fail_msg("speculate: %s", err.msg);
+    }
+    if (flm_session_prompt_text(s, text, strlen(text), FLM_TOKENIZE_ADD_SPECIAL, NULL, &err))
+        fail_msg("prompt: %s", err.msg);
+    collect c = {out, 0, n};
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = n;
+    if (flm_session_generate(s, &gp, collect_gen, &c, NULL, &err)) fail_msg("generate: %s", err.msg);
+    if (st) flm_session_spec_stats(s, st);
+    flm_session_free(s);
+    return c.n;
+}
+
+/* The reference (ram, plain) against every mode and draft: the same tokens. */
+static void check_path(const char *path, double pct_hybrid, uint64_t mem_hot, double pct_hot, const flm_sampler_params *sp,
+                       const char *text, int N) {
+    int32_t *ref = malloc((size_t)N * sizeof *ref), *got = malloc((size_t)N * sizeof *got);
+    flm_ctx *ram = open_mode(path, FLM_MODE_RAM, 0, 0, 0);
+    const int n_ref = gen(ram, PLAIN, sp, text, N, ref, NULL);
+    assert_true(n_ref >= N / 2);
+    /* the same seed again: the same text; another seed: another text */
+    assert_int_equal(gen(ram, PLAIN, sp, text, N, got, NULL), n_ref);
+    assert_memory_equal(got, ref, (size_t)n_ref * sizeof *ref);
+    flm_sampler_params other = *sp;
+    other.seed = sp->seed + 1;
+    int n_other = gen(ram, PLAIN, &other, text, N, got, NULL);
+    assert_true(n_other != n_ref || memcmp(got, ref, (size_t)n_ref * sizeof *ref) != 0);
+    /* the n-gram lookup in ram mode */
+    flm_spec_stats st;
+    int n = gen(ram, NGRAM, sp, text, N, got, &st);
+    print_message("%s: ram + n-gram: %d tokens, drafted %llu, accepted %llu\n", path, n,
+                  (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted);
+    assert_int_equal(n, n_ref);
+    assert_memory_equal(got, ref, (size_t)n * sizeof *ref);
+    flm_close(ram);
+    /* hybrid at a budget that streams */
+    flm_ctx *hyb = open_mode(path, FLM_MODE_HYBRID, 0, pct_hybrid, 0);
+    n = gen(hyb, PLAIN, sp, text, N, got, NULL);
+    flm_stats fs;
+    flm_get_stats(hyb, &fs);
+    print_message("%s: hybrid at %.0f%%: %llu bytes read\n", path, pct_hybrid, (unsigned long long)fs.total.bytes_read);
+    assert_true(fs.total.bytes_read > 0);
+    assert_int_equal(n, n_ref);
+    assert_memory_equal(got, ref, (size_t)n * sizeof *ref);
+    flm_close(hyb);
+    /* hot, plain and with the self-draft (a chain with the adaptive length; auto's tree with its window) */
+    const draft_kind kinds[] = {PLAIN, SELF_CHAIN, SELF_TREE};
+    for (int k = 0; k < 3; k++) {
+        flm_ctx *hot = open_mode(path, FLM_MODE_HOT, mem_hot, pct_hot, kinds[k] == SELF_TREE ? 0.2 : 0);
+        n = gen(hot, kinds[k], sp, text, N, got, &st);
+        flm_plan_info pi;
+        flm_get_plan(hot, &pi);
+        print_message("%s: hot %.1f%%, %s: %d tokens, %llu passes, drafted %llu, accepted %llu\n", path,
+                      100 * pi.hot_share, kinds[k] == PLAIN ? "plain" : kinds[k] == SELF_CHAIN ? "chain" : "tree",
+                      n, (unsigned long long)st.n_passes, (unsigned long long)st.n_drafted,
+                      (unsigned long long)st.n_accepted);
+        assert_int_equal(pi.mode, FLM_MODE_HOT);
+        assert_true(pi.hot_share < 1.0);
+        assert_int_equal(n, n_ref);
+        assert_memory_equal(got, ref, (size_t)n * sizeof *ref);
+        if (kinds[k] != PLAIN) {
+            assert_true(st.n_accepted > 0);             /* drafts help ... */
+            assert_true(st.n_accepted < st.n_drafted);  /* ... and some are rejected */
+        }
+        flm_close(hot);
+    }
+    free(ref);
+    free(got);
+}
+
+static void test_seed_stories(void **state) {
+    (void)state;
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp); /* temp 0.8, top-k 40, top-p 0.95 */
+    sp.seed = 7;
+    const uint64_t mem = tu_hot_budget_for_share(g_hot, 0.3, 0.6, N_CTX);
+    check_path(g_hot, 85, mem, 0, &sp, "Once upon a time, there was a little girl", 96);
+    /* all tokens (no top-k or top-p), a high temperature: more rejections */
+    flm_sampler_params wide = {.temp = 1.2f, .top_k = 0, .top_p = 1.0f, .seed = 1234};
+    check_path(g_hot, 85, mem, 0, &wide, "One day, a little boy named Tim", 64);
+    /* the penalties and a bias: each position's own history, under speculation too */
+    flm_logit_bias bias[] = {{13, -1.5f}};
+    flm_sampler_params pen = sp;
+    pen.repeat_penalty = 1.3f;
+    pen.presence_penalty = 0.4f;
+    pen.frequency_penalty = 0.2f;
+    pen.bias = bias;
+    pen.n_bias = 1;
+    check_path(g_hot, 85, mem, 0, &pen, "Once upon a time, there was a little girl", 64);
+}
+
+static void test_seed_smollm2(void **state) {
+    (void)state;
+    const char *flm = tu_convert_pulled("smollm2-135m", "seed-real");
+    if (!flm) skip();
+    char path[4096];
+    snprintf(path, sizeof path, "%s", flm);
+    flm_error err;
+    if (flm_hot_order(path, g_text, 96, 96, 2, NULL, NULL, &err)) fail_msg("hot order %s: %s", path, err.msg);
+    flm_sampler_params sp;
+    flm_sampler_params_default(&sp);
+    sp.seed = 7;
+#ifdef FLM_SANITIZED_BUILD
+    const int N = 16;
+#else
+    const int N = 48;
+#endif
+    check_path(path, 75, 0, 75, &sp, "Once upon a time, in a small village by the sea,", N);
+    remove(path);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seed_stories),
+        cmocka_unit_test(test_seed_smollm2),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
