@@ -293,11 +293,14 @@ static void test_probs_match_sample(void **state) {
     enum { V = 8 };
     const float logits[V] = {1.0f, 3.0f, -2.0f, 2.5f, 0.0f, 2.5f, -1.0f, 1.5f};
     float probs[V];
-    struct { float temp; int top_k; float top_p; int support; } cases[] = {
-        {0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 8}, {0.7f, 3, 1.0f, 3}, {1.3f, 0, 0.8f, -1}, {1.0f, 4, 0.9f, -1},
+    struct { float temp; int top_k; float top_p; float min_p; int support; } cases[] = {
+        {0.0f, 0, 1.0f, 0, 1}, {1.0f, 0, 1.0f, 0, 8}, {0.7f, 3, 1.0f, 0, 3}, {1.3f, 0, 0.8f, 0, -1}, {1.0f, 4, 0.9f, 0, -1},
+        /* min-p 0.3: the logits within log(0.3) of the largest (3.0): 3.0, 2.5, 2.5 */
+        {1.0f, 0, 1.0f, 0.3f, 3}, {1.0f, 5, 0.99f, 0.3f, 3},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        flm_sampler_params sp = {.temp = cases[c].temp, .top_k = cases[c].top_k, .top_p = cases[c].top_p, .seed = 99};
+        flm_sampler_params sp = {.temp = cases[c].temp, .top_k = cases[c].top_k, .top_p = cases[c].top_p, .seed = 99,
+                                 .min_p = cases[c].min_p};
         flm_sampler *s = flm_sampler_create(&sp, V);
         flm_sampler_probs(s, logits, probs);
         double sum = 0, pd[V], count[V] = {0};
@@ -350,6 +353,100 @@ static void test_top_k_large_vocab(void **state) {
     free(logits);
     free(probs);
     free(ids);
+}
+
+/* The logit edits against a hand-computed reference on stories260K's logits after a prompt: logit_bias (one token
+ * +1.5, one banned), llama.cpp's repeat penalty and OpenAI's presence and frequency penalties over the last 8 tokens
+ * of the history (bias first, as llama.cpp's chain): greedy takes the edited logits' order, sampling their softmax
+ * (counted over keys), a banned token never comes; the log-probabilities are the raw logits' log-softmax. */
+static void test_penalties_bias_logprobs(void **state) {
+    (void)state;
+    flm_ctx *ctx = open_model(tu_data(MODEL), FLM_MODE_RAM, N_CTX);
+    const uint32_t V = n_vocab_of(ctx);
+    int n;
+    int32_t *hist = tokenize(ctx, "Once upon a time there was a little girl. The little girl had a little dog", &n);
+    assert_true(n > 12);
+    const float *lg;
+    flm_error err;
+    assert_int_equal(flm_eval_batch(ctx, hist, (uint32_t)n, 0, NULL, &lg, &err), FLM_OK);
+    float *logits = malloc(V * sizeof *logits), *want = malloc(V * sizeof *want);
+    memcpy(logits, lg, V * sizeof *logits);
+    /* the reference: the 5th most likely token boosted, the 2nd banned; the 8 last tokens' counts */
+    int32_t *order = malloc(V * sizeof *order), *worder = malloc(V * sizeof *worder);
+    for (uint32_t i = 0; i < V; i++) order[i] = (int32_t)i;
+    qsort_r(order, V, sizeof *order, by_logit_desc, logits);
+    const int32_t boosted = order[4], banned = order[1];
+    flm_logit_bias bias[] = {{boosted, 1.5f}, {banned, -INFINITY}, {(int32_t)V + 5, 3.0f} /* out of range: ignored */};
+    const float rp = 1.3f, pres = 0.5f, freq = 0.3f;
+    memcpy(want, logits, V * sizeof *want);
+    want[boosted] += 1.5f;
+    want[banned] = -INFINITY;
+    int in_window = 0;
+    for (uint32_t t = 0; t < V; t++) {
+        int c = 0;
+        for (int i = n - 8; i < n; i++) c += hist[i] == (int32_t)t;
+        if (!c) continue;
+        in_window++;
+        want[t] = want[t] > 0 ? want[t] / rp : want[t] * rp;
+        want[t] -= (float)c * freq + pres;
+    }
+    assert_true(in_window >= 5);
+    flm_sampler_params sp = {.temp = 0, .top_k = 0, .top_p = 1, .seed = 3, .repeat_penalty = rp,
+                             .presence_penalty = pres, .frequency_penalty = freq, .penalty_last_n = 8,
+                             .bias = bias, .n_bias = 3};
+    flm_sampler *g = flm_sampler_create(&sp, V);
+    int32_t top[FLM_SAMPLER_DRAWS_MAX];
+    assert_int_equal(flm_sampler_draws_at(g, logits, 0, hist, (size_t)n, FLM_SAMPLER_DRAWS_MAX, top, NULL),
+                     FLM_SAMPLER_DRAWS_MAX);
+    for (uint32_t i = 0; i < V; i++) worder[i] = (int32_t)i;
+    qsort_r(worder, V, sizeof *worder, by_logit_desc, want);
+    assert_memory_equal(top, worder, sizeof top);
+    assert_int_equal(flm_sampler_sample_at(g, logits, 9, hist, (size_t)n), worder[0]);
+    flm_sampler_free(g);
+    /* sampling at temperature 1: the softmax of the edited logits, counted over keys */
+    sp.temp = 1.0f;
+    flm_sampler *smp = flm_sampler_create(&sp, V);
+    double *count = calloc(V, sizeof *count), *pd = malloc(V * sizeof *pd), sum = 0;
+    for (uint32_t i = 0; i < V; i++) sum += pd[i] = exp((double)want[i] - want[worder[0]]);
+    for (uint32_t i = 0; i < V; i++) pd[i] /= sum;
+    const int M = 200000;
+    for (int k = 0; k < M; k++) count[flm_sampler_sample_at(smp, logits, (uint64_t)k, hist, (size_t)n)]++;
+    tu_expect_freqs(count, pd, (int)V, M, "penalties and bias: frequencies vs the hand-computed softmax");
+    assert_true(count[banned] == 0);
+    /* without a history the penalties do nothing: only the bias */
+    flm_sampler_params nb = sp;
+    nb.temp = 0;
+    flm_sampler *b = flm_sampler_create(&nb, V);
+    float biased_max = -INFINITY;
+    int32_t bmax = -1;
+    for (uint32_t i = 0; i < V; i++) {
+        float x = logits[i] + (i == (uint32_t)boosted ? 1.5f : 0) + (i == (uint32_t)banned ? -INFINITY : 0);
+        if (x > biased_max) { biased_max = x; bmax = (int32_t)i; }
+    }
+    assert_int_equal(flm_sampler_sample_at(b, logits, 0, NULL, 0), bmax);
+    flm_sampler_free(b);
+    /* log-probabilities: the raw logits' log-softmax (no edit, temperature 1) */
+    double lse = 0;
+    for (uint32_t i = 0; i < V; i++) lse += exp((double)logits[i] - logits[order[0]]);
+    lse = log(lse) + logits[order[0]];
+    int32_t tid[5];
+    float tlp[5];
+    const float lp = flm_logprobs(logits, V, order[3], 5, tid, tlp);
+    assert_true(fabs(lp - (logits[order[3]] - lse)) < 1e-5);
+    for (int j = 0; j < 5; j++) {
+        assert_int_equal(tid[j], order[j]);
+        assert_true(fabs(tlp[j] - (logits[order[j]] - lse)) < 1e-5);
+    }
+    assert_true(flm_logprobs(logits, V, (int32_t)V, 0, tid, tlp) == -INFINITY);
+    flm_sampler_free(smp);
+    free(count);
+    free(pd);
+    free(logits);
+    free(want);
+    free(order);
+    free(worder);
+    free(hist);
+    flm_close(ctx);
 }
 
 static void test_ngram_lookup(void **state) {
@@ -789,6 +886,7 @@ int main(void) {
         cmocka_unit_test(test_accept_keeps_p),
         cmocka_unit_test(test_probs_match_sample),
         cmocka_unit_test(test_top_k_large_vocab),
+        cmocka_unit_test(test_penalties_bias_logprobs),
         cmocka_unit_test(test_ngram_lookup),
         cmocka_unit_test(test_greedy_draft_ram),
         cmocka_unit_test(test_greedy_draft_flash),
