@@ -926,6 +926,8 @@ typedef struct flm_gen_token {
     size_t len;
     double ms;                    /* wall-clock ms since the previous call (the first: since the generation began) */
     flm_token_stats stats;        /* the evaluation whose logits gave this token (per-token share of a batch) */
+    int32_t prev;                 /* the token before it in the context (-1: none): flm_token_piece(ctx, prev, id) is
+                                     its piece (the alternatives' too) */
     float logprob;                /* with flm_gen_params.logprobs: the token's log-probability (flm_logprobs) */
     int n_top;                    /* with logprobs: the alternatives given, top_logprobs (fewer for a tiny vocabulary) */
     int32_t top_id[FLM_GEN_TOP_LOGPROBS_MAX];    /* the most likely tokens, most likely first */

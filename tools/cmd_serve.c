@@ -115,6 +115,10 @@ typedef struct job {
     int slot_index;
     double prompt_ms, gen_ms;
     bool truncated;          /* the context filled or shifted */
+    cJSON *lp;               /* "logprobs" (non-streaming, with logprobs): chat's {"content": [...]}, completions'
+                                {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
+    size_t lp_off;           /* completions' text_offset: bytes of the pieces so far */
+    flm_ctx *ctx;            /* the slot's (the pieces of the alternatives) */
 } job;
 
 typedef struct slot {
@@ -169,6 +173,7 @@ static void job_unref_locked(job *j) {
     for (size_t i = 0; i < j->n_emb; i++) free(j->emb_ids[i]);
     free(j->emb_ids);
     free(j->emb_n);
+    cJSON_Delete(j->lp);
     free(j);
 }
 
@@ -352,6 +357,102 @@ static cJSON *native_json(const job *j, const char *text, size_t len, const int3
     return o;
 }
 
+/* ---- logprobs (OpenAI's: the model's log-softmax at temperature 1, flm_logprobs) -------------------------------- */
+
+/* A token's piece as a JSON string: valid UTF-8 as it is, else each byte of an incomplete or invalid sequence as
+ * "\\xNN" (a byte-level token can end inside a character; the "bytes" array has the exact bytes). */
+static cJSON *piece_string(const char *p, size_t n) {
+    char *t = malloc(4 * n + 1);
+    if (!t) return cJSON_CreateString("");
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)p[i];
+        size_t want = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        bool ok = want > 0 && i + want <= n && !(c == 0);
+        for (size_t k = 1; ok && k < want; k++) ok = ((unsigned char)p[i + k] & 0xC0) == 0x80;
+        if (ok) { memcpy(t + o, p + i, want); o += want; i += want; }
+        else { o += (size_t)sprintf(t + o, "\\x%02x", c); i++; }
+    }
+    t[o] = 0;
+    cJSON *js = cJSON_CreateString(t);
+    free(t);
+    return js;
+}
+
+static cJSON *bytes_array(const char *p, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p[i]));
+    return a;
+}
+
+/* One token into a "logprobs" object (created when *lp is NULL): chat's content entry {token, logprob, bytes,
+ * top_logprobs: [{token, logprob, bytes}]}, or completions' parallel arrays. */
+static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
+    size_t n;
+    const char *piece = flm_token_piece(j->ctx, t->prev, t->id, &n);
+    const bool chat_style = j->req.chat || j->native; /* llama-server's completion_probabilities: the same entries */
+    if (!*lp) {
+        *lp = cJSON_CreateObject();
+        if (chat_style) {
+            cJSON_AddArrayToObject(*lp, "content");
+            cJSON_AddNullToObject(*lp, "refusal");
+        } else {
+            cJSON_AddArrayToObject(*lp, "tokens");
+            cJSON_AddArrayToObject(*lp, "token_logprobs");
+            cJSON_AddArrayToObject(*lp, "top_logprobs");
+            cJSON_AddArrayToObject(*lp, "text_offset");
+        }
+    }
+    if (chat_style) {
+        cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+        if (j->native) cJSON_AddNumberToObject(e, "id", t->id);
+        cJSON_AddItemToObject(e, "token", piece_string(piece, n));
+        cJSON_AddNumberToObject(e, "logprob", t->logprob);
+        cJSON_AddItemToObject(e, "bytes", bytes_array(piece, n));
+        for (int k = 0; k < t->n_top; k++) {
+            size_t m;
+            const char *q = flm_token_piece(j->ctx, t->prev, t->top_id[k], &m);
+            cJSON *a = cJSON_CreateObject();
+            if (j->native) cJSON_AddNumberToObject(a, "id", t->top_id[k]);
+            cJSON_AddItemToObject(a, "token", piece_string(q, m));
+            cJSON_AddNumberToObject(a, "logprob", t->top_logprob[k]);
+            cJSON_AddItemToObject(a, "bytes", bytes_array(q, m));
+            cJSON_AddItemToArray(top, a);
+        }
+        cJSON_AddItemToObject(e, "top_logprobs", top);
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "content"), e);
+    } else {
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "tokens"), piece_string(piece, n));
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "token_logprobs"), cJSON_CreateNumber(t->logprob));
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < t->n_top; k++) {
+            size_t m;
+            const char *q = flm_token_piece(j->ctx, t->prev, t->top_id[k], &m);
+            cJSON *key = piece_string(q, m);
+            if (!cJSON_GetObjectItemCaseSensitive(top, key->valuestring)) /* two ids, one text: the likelier */
+                cJSON_AddNumberToObject(top, key->valuestring, t->top_logprob[k]);
+            cJSON_Delete(key);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "top_logprobs"), top);
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "text_offset"), cJSON_CreateNumber((double)j->lp_off));
+        j->lp_off += n;
+    }
+}
+
+/* An empty "logprobs" object (a reply of no tokens). */
+static void lp_add_empty(job *j) {
+    j->lp = cJSON_CreateObject();
+    if (j->req.chat || j->native) {
+        cJSON_AddArrayToObject(j->lp, "content");
+        cJSON_AddNullToObject(j->lp, "refusal");
+    } else {
+        cJSON_AddArrayToObject(j->lp, "tokens");
+        cJSON_AddArrayToObject(j->lp, "token_logprobs");
+        cJSON_AddArrayToObject(j->lp, "top_logprobs");
+        cJSON_AddArrayToObject(j->lp, "text_offset");
+    }
+}
+
 /* ---- the worker ------------------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -371,7 +472,14 @@ static bool on_token(void *user, const flm_gen_token *t) {
         if (j->n_ids < j->cap_ids) j->ids[j->n_ids++] = t->id;
     }
     if (go && j->native && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
-        go = out_event(j, native_json(j, t->text, t->len, &t->id, t->id >= 0 ? 1 : 0, false));
+        cJSON *o = native_json(j, t->text, t->len, &t->id, t->id >= 0 ? 1 : 0, false);
+        if (j->req.logprobs && t->id >= 0) { /* llama-server's n_probs: this token's entry */
+            cJSON *lp = NULL;
+            lp_add(j, &lp, t);
+            cJSON_AddItemToObject(o, "completion_probabilities", cJSON_DetachItemFromObject(lp, "content"));
+            cJSON_Delete(lp);
+        }
+        go = out_event(j, o);
         pthread_cond_broadcast(&srv.cv);
     } else if (go && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
         if (j->req.chat && j->first_chunk) { /* the role first, alone (content null), as OpenAI and llama-server */
@@ -385,8 +493,14 @@ static bool on_token(void *user, const flm_gen_token *t) {
             if (!out_event(j, r)) go = false;
         }
         cJSON *o = chunk_base(j);
-        chunk_choice(j, o, t->text, t->len, NULL);
+        cJSON *ch = chunk_choice(j, o, t->text, t->len, NULL);
         j->first_chunk = false;
+        if (j->req.logprobs && t->id >= 0) { /* this token's, in its chunk */
+            cJSON *lp = NULL;
+            lp_add(j, &lp, t);
+            cJSON_DeleteItemFromObjectCaseSensitive(ch, "logprobs");
+            cJSON_AddItemToObject(ch, "logprobs", lp);
+        }
         if (t->id >= 0) { /* the engine's per-token statistics (extra fields, ignored by OpenAI clients) */
             cJSON *f = cJSON_AddObjectToObject(o, "flashlm");
             cJSON_AddNumberToObject(f, "token", t->id);
@@ -401,6 +515,7 @@ static bool on_token(void *user, const flm_gen_token *t) {
     } else if (go && !j->req.stream && t->len && !cli_buf_add(&j->text, t->text, t->len)) {
         go = false;
     }
+    if (go && !j->req.stream && j->req.logprobs && t->id >= 0 && !t->eog) lp_add(j, &j->lp, t);
     pthread_mutex_unlock(&srv.mu);
     return go;
 }
@@ -421,6 +536,14 @@ static void run_job(slot *s, job *j) {
     if (q->has_temp) sp.temp = q->temperature;
     if (q->has_top_p) sp.top_p = q->top_p;
     if (q->top_k >= 0) sp.top_k = q->top_k;
+    sp.presence_penalty = q->presence_penalty;
+    sp.frequency_penalty = q->frequency_penalty;
+    if (q->repeat_penalty > 0) sp.repeat_penalty = q->repeat_penalty;
+    if (q->repeat_last_n >= -1) sp.penalty_last_n = q->repeat_last_n;
+    if (q->min_p >= 0) sp.min_p = q->min_p;
+    sp.bias = q->bias;
+    sp.n_bias = q->n_bias;
+    j->ctx = s->ctx;
     static _Atomic uint64_t seed_counter;
     sp.seed = q->has_seed ? q->seed : srv.has_seed ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
     j->seed = sp.seed;
@@ -429,6 +552,12 @@ static void run_job(slot *s, job *j) {
     if (q->no_cache) flm_session_rewind(s->sess, 0); /* "cache_prompt": false */
     flm_status st = flm_session_sampling(s->sess, &sp, &err);
     uint32_t nv = flm_vocab_size(s->ctx);
+    for (size_t i = 0; !st && i < q->n_bias; i++)
+        if ((uint32_t)q->bias[i].token >= nv) {
+            st = FLM_ERR_ARG;
+            snprintf(err.msg, sizeof err.msg, "'logit_bias': token id %d is outside the vocabulary (0 to %u)",
+                     q->bias[i].token, nv ? nv - 1 : 0);
+        }
     for (size_t i = 0; !st && i < q->n_prompt_ids; i++)
         if ((uint32_t)q->prompt_ids[i] >= nv) {
             st = FLM_ERR_ARG;
@@ -475,6 +604,8 @@ static void run_job(slot *s, job *j) {
     gp.utf8_whole = true;
     for (int i = 0; i < q->n_stop; i++) gp.stop[i] = q->stop[i];
     gp.n_stop = q->n_stop;
+    gp.logprobs = q->logprobs;
+    gp.top_logprobs = q->top_logprobs;
     gen_user u = {j};
     st = flm_session_generate(s->sess, &gp, on_token, &u, &j->res, &err);
     flm_session_stats ss;
@@ -517,6 +648,10 @@ static void run_job(slot *s, job *j) {
     } else if (j->native) {
         cJSON *o = native_json(j, j->req.stream ? "" : j->text.p ? j->text.p : "", j->req.stream ? 0 : j->text.len,
                                j->ids, j->n_ids, true);
+        if (!j->req.stream && q->logprobs) {
+            if (!j->lp) lp_add_empty(j);
+            cJSON_AddItemToObject(o, "completion_probabilities", cJSON_DetachItemFromObject(j->lp, "content"));
+        }
         if (j->req.stream) out_event(j, o);
         else {
             char *s2 = cJSON_PrintUnformatted(o);
@@ -550,6 +685,12 @@ static void run_job(slot *s, job *j) {
             cJSON_AddStringToObject(m, "content", text);
         } else {
             cJSON_AddStringToObject(c, "text", text);
+        }
+        if (q->logprobs) { /* every token sampled (an end-of-generation one not: it has no text) */
+            if (!j->lp) lp_add_empty(j);
+            cJSON_AddItemToObject(c, "logprobs", j->lp);
+            j->lp = NULL;
+        } else {
             cJSON_AddNullToObject(c, "logprobs");
         }
         cJSON_AddStringToObject(c, "finish_reason", finish_reason(&j->res));

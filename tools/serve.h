@@ -34,7 +34,19 @@ typedef struct serve_req {
                                   limit), >= 0; -1 = absent (until the model ends or the context is full) */
     char *stop[FLM_GEN_STOP_MAX]; /* "stop": a string or an array of strings (non-empty, <= FLM_GEN_STOP_LEN bytes) */
     int n_stop;
+    float presence_penalty;    /* "presence_penalty", -2..2 (OpenAI's); 0 = off */
+    float frequency_penalty;   /* "frequency_penalty", -2..2 */
+    float repeat_penalty;      /* "repeat_penalty" (llama-server's), 0..10; 0 = absent */
+    int repeat_last_n;         /* "repeat_last_n" (llama-server's), -1..; -2 = absent (64) */
+    float min_p;               /* "min_p" (llama-server's), 0..1; -1 = absent (0: off) */
+    flm_logit_bias *bias;      /* "logit_bias": {"id": bias} (OpenAI's) or [[id, bias], ...] (llama-server's); bias
+                                  -100..100, or false (llama-server's: banned, -inf); ids checked by the server */
+    size_t n_bias;
+    bool logprobs;             /* chat: "logprobs": true; completions: "logprobs": N (N >= 0) or llama-server's
+                                  "n_probs" > 0 */
+    int top_logprobs;          /* chat: "top_logprobs" 0..20 (needs "logprobs": true); completions: N, 0..20 */
 } serve_req;
+#define SERVE_MAX_BIAS 1024    /* logit_bias entries per request */
 
 /* Parse a request body (len bytes, not necessarily NUL-terminated) for the chat (chat = true) or the text
  * completions endpoint. Returns 0 and fills *r, or an HTTP status (400: malformed JSON, a field of the wrong type or

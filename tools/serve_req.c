@@ -1,7 +1,9 @@
 /* serve_req.c — parse an OpenAI chat or text completion request (JSON, with cJSON) into a serve_req, checking every
  * field's type and range (tools/serve.h). Nothing here trusts the body: lengths come from the caller, cJSON parses
  * with that length, and every string is copied. */
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,7 @@ void serve_req_free(serve_req *r) {
     }
     free(r->msgs);
     free(r->prompt);
+    free(r->bias);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
@@ -188,6 +191,90 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'cache_prompt' must be a boolean"); goto fail; }
         r->no_cache = cJSON_IsFalse(v);
     }
+    /* the logit edits (flm_sampler_params: OpenAI's penalties, llama-server's, logit_bias) */
+    r->repeat_last_n = -2;
+    r->min_p = -1;
+    if ((got = get_number(root, "presence_penalty", -2, 2, false, &d, msg, cap)) < 0) goto fail;
+    if (got) r->presence_penalty = (float)d;
+    if ((got = get_number(root, "frequency_penalty", -2, 2, false, &d, msg, cap)) < 0) goto fail;
+    if (got) r->frequency_penalty = (float)d;
+    if ((got = get_number(root, "repeat_penalty", 0, 10, false, &d, msg, cap)) < 0) goto fail;
+    if (got) r->repeat_penalty = (float)d;
+    if ((got = get_number(root, "repeat_last_n", -1, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+    if (got) r->repeat_last_n = (int)d;
+    if ((got = get_number(root, "min_p", 0, 1, false, &d, msg, cap)) < 0) goto fail;
+    if (got) r->min_p = (float)d;
+    v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (v && !cJSON_IsNull(v)) {
+        const bool obj = cJSON_IsObject(v);
+        if (!obj && !cJSON_IsArray(v)) {
+            snprintf(msg, cap, "'logit_bias' must be an object {\"token id\": bias} or an array of [token id, bias]");
+            goto fail;
+        }
+        int n = cJSON_GetArraySize(v);
+        if (n > SERVE_MAX_BIAS) { snprintf(msg, cap, "'logit_bias': at most %d entries", SERVE_MAX_BIAS); goto fail; }
+        if (n > 0 && !(r->bias = calloc((size_t)n, sizeof *r->bias))) goto oom;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            const cJSON *tok = e, *val = e;
+            long id = -1;
+            if (obj) { /* "1234": bias */
+                char *end;
+                errno = 0;
+                id = strtol(e->string, &end, 10);
+                if (!e->string[0] || *end || errno || id < 0 || id > INT32_MAX) {
+                    snprintf(msg, cap, "'logit_bias': key '%.40s' is not a token id (a non-negative integer)", e->string);
+                    goto fail;
+                }
+            } else { /* [id, bias] */
+                if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) {
+                    snprintf(msg, cap, "'logit_bias': each entry must be [token id, bias]");
+                    goto fail;
+                }
+                tok = e->child;
+                val = e->child->next;
+                if (cJSON_IsString(tok)) {
+                    snprintf(msg, cap, "'logit_bias': a token given as a string is not supported (give its id; "
+                             "/tokenize gives it)");
+                    goto fail;
+                }
+                if (!cJSON_IsNumber(tok) || tok->valuedouble < 0 || tok->valuedouble > INT32_MAX ||
+                    tok->valuedouble != floor(tok->valuedouble)) {
+                    snprintf(msg, cap, "'logit_bias': a token id must be a non-negative integer");
+                    goto fail;
+                }
+                id = (long)tok->valuedouble;
+            }
+            float b;
+            if (cJSON_IsFalse(val)) b = -INFINITY; /* llama-server's: never this token */
+            else if (cJSON_IsNumber(val) && isfinite(val->valuedouble) && val->valuedouble >= -100 &&
+                     val->valuedouble <= 100) b = (float)val->valuedouble;
+            else {
+                snprintf(msg, cap, "'logit_bias': token %ld: the bias must be a number between -100 and 100", id);
+                goto fail;
+            }
+            r->bias[r->n_bias].token = (int32_t)id;
+            r->bias[r->n_bias].bias = b;
+            r->n_bias++;
+        }
+    }
+    /* logprobs: chat's boolean + top_logprobs; completions' integer (the alternatives), llama-server's n_probs */
+    v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (chat && v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'logprobs' must be a boolean"); goto fail; }
+        r->logprobs = cJSON_IsTrue(v);
+    } else if (!chat && (got = get_number(root, "logprobs", 0, FLM_GEN_TOP_LOGPROBS_MAX, true, &d, msg, cap)) != 0) {
+        if (got < 0) goto fail;
+        r->logprobs = true;
+        r->top_logprobs = (int)d;
+    }
+    if (chat && (got = get_number(root, "top_logprobs", 0, FLM_GEN_TOP_LOGPROBS_MAX, true, &d, msg, cap)) != 0) {
+        if (got < 0) goto fail;
+        if (!r->logprobs) { snprintf(msg, cap, "'top_logprobs' needs 'logprobs': true"); goto fail; }
+        r->top_logprobs = (int)d;
+    }
+    if ((got = get_number(root, "n_probs", 0, FLM_GEN_TOP_LOGPROBS_MAX, true, &d, msg, cap)) < 0) goto fail;
+    if (got && d > 0) { r->logprobs = true; r->top_logprobs = (int)d; }
     if ((got = get_number(root, "n", 1, 1, true, &d, msg, cap)) < 0) {
         snprintf(msg, cap, "'n' must be 1 (one choice per request)");
         goto fail;

@@ -613,6 +613,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
                                          (size_t)s->n_past);
             if (gram && (st = gram_pick(s, gram, gst, s->logits, &next, err))) break;
         }
+        t.prev = s->n_past > 0 ? s->ids[s->n_past - 1] : -1;
         if (gp->logprobs) { /* s->logits gave next (a queued token's row too) */
             t.n_top = gp->top_logprobs < (int)s->n_vocab ? gp->top_logprobs : (int)s->n_vocab;
             t.logprob = flm_logprobs(s->logits, s->n_vocab, next, t.n_top, t.top_id, t.top_logprob);
@@ -697,6 +698,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         r->limit = true;
     if (s->hold_len && !r->stopped && !st) { /* the end: what was held back cannot begin a stop string any more */
         t.id = -1;
+        t.prev = -1;
         t.logprob = 0;
         t.n_top = 0;
         t.stats = (flm_token_stats){0};
