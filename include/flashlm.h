@@ -587,6 +587,11 @@ FLM_API const char *flm_token_piece(const flm_ctx *ctx, int32_t prev, int32_t id
 /* Encode len bytes of UTF-8 text (need not be NUL-terminated) into at most cap ids with FLM_TOKENIZE_* flags.
  * Returns how many ids the whole text needs (only the first cap are written), or SIZE_MAX when out of memory. */
 FLM_API size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap);
+/* flm_tokenize_ex where, with FLM_TOKENIZE_PARSE_SPECIAL, no control token is matched that overlaps one of the n_plain
+ * byte ranges [plain[2i], plain[2i + 1]) of text (sorted, disjoint: a chat's message contents, flm_chat_apply_spans):
+ * their text gives the tokens plain text gives, so a message cannot spell "<|im_end|>" into a control token. */
+FLM_API size_t flm_tokenize_spans(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, const size_t *plain,
+                                  size_t n_plain, int32_t *ids, size_t cap);
 /* true for the tokens that end a generation or a chat turn (EOS, EOT, "<|im_end|>", "<end_of_turn>", ...). */
 FLM_API bool flm_token_is_eog(const flm_ctx *ctx, int32_t id);
 /* Tokens in the model's vocabulary (tokenizer.ggml.tokens): ids 0 .. flm_vocab_size - 1. It may differ from
@@ -639,10 +644,19 @@ FLM_API const char *flm_chat_origin(const flm_chat *c);
 FLM_API const char *flm_chat_system_prompt(const flm_chat *c);
 /* Render n messages into the prompt text the template gives them, followed by the assistant turn's opening when
  * add_assistant (Jinja's add_generation_prompt); the template's default system prompt goes first when msgs[0] is
- * not a system message. *out: malloc'd, NUL-terminated (the caller frees it); *out_len (may be NULL) its length in
+ * not a system message. With add_assistant, a final assistant message is a prefill (llama-server's): the messages
+ * before it with the assistant's opening, then its content as it is, left open (no end of turn), so that a
+ * generation continues it. *out: malloc'd, NUL-terminated (the caller frees it); *out_len (may be NULL) its length in
  * bytes. Errors: FLM_ERR_ARG (c, out or a role/content NULL), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_chat_apply(const flm_chat *c, const flm_chat_msg *msgs, size_t n, bool add_assistant,
                                   char **out, size_t *out_len, flm_error *err);
+/* flm_chat_apply, and *spans (malloc'd, the caller frees it; NULL when none) gets *n_spans byte ranges
+ * [spans[2i], spans[2i + 1]) of *out: where the messages' contents are (sorted, disjoint), for flm_tokenize_spans.
+ * Found by rendering the messages again with each content replaced by a marker and aligning the two renderings; a
+ * content the template rewrote beyond trimming (llama2's system prompt joined to the first user message) gets no
+ * range. Errors: those of flm_chat_apply. */
+FLM_API flm_status flm_chat_apply_spans(const flm_chat *c, const flm_chat_msg *msgs, size_t n, bool add_assistant,
+                                        char **out, size_t *out_len, size_t **spans, size_t *n_spans, flm_error *err);
 FLM_API void flm_chat_close(flm_chat *c);
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -855,8 +869,14 @@ FLM_API flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t
  * flm_tokenize with add_bos). Errors: those of flm_session_prompt; FLM_ERR_ARG (no tokens), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags,
                                            size_t *n_reused, flm_error *err);
-/* The prompt of a chat request: msgs rendered through t (flm_chat_apply with the assistant's opening), tokenized with
- * FLM_TOKENIZE_PARSE_SPECIAL and BOS when flm_add_bos (the tokens `flashlm run --chat` feeds), then
+/* Whether control tokens spelled out in chat message contents ("<|im_end|>") are parsed as control tokens
+ * (--allow-special-in-content); by default (false) a content tokenizes as plain text does (flm_chat_apply_spans and
+ * flm_tokenize_spans), so a message cannot close its turn and forge another. For flm_session_prompt_chat and
+ * flm_session_chat_turn. */
+FLM_API void flm_session_set_special_in_content(flm_session *s, bool allow);
+/* The prompt of a chat request: msgs rendered through t (flm_chat_apply with the assistant's opening; a final
+ * assistant message is continued), tokenized with FLM_TOKENIZE_PARSE_SPECIAL outside the contents (see
+ * flm_session_set_special_in_content) and BOS when flm_add_bos (the tokens `flashlm run --chat` feeds), then
  * flm_session_prompt. Errors: those of flm_chat_apply and flm_session_prompt_text. */
 FLM_API flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
                                            size_t *n_reused, flm_error *err);

@@ -97,6 +97,10 @@ void cli_buf_free(cli_buf *b);
  * *i past its value. Returns 1 when consumed, 0 when not one of them, -1 after printing an error. -n -1 (as
  * llama.cpp): CLI_N_PREDICT_ALL, until the end of text or the context is full; --seed -1: a random seed (printed). */
 #define CLI_N_PREDICT_ALL (1L << 40)
+#define CLI_BIAS_MAX 256
+extern bool cli_allow_special; /* --allow-special-in-content (run --chat, chat, serve) */
+/* The sampling options (CLI_SAMPLING_OPTS_HELP) into sp: 1 when argv[*i] was one (*i past its value), 0 when not,
+ * -1 after an error was printed. --logit-bias points sp->bias at a static table. */
 int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sampler_params *sp);
 /* Help lines for --temp --top-k --top-p --seed (-n is described by each command). */
 extern const char *CLI_SAMPLING_OPTS_HELP;

@@ -578,13 +578,30 @@ const char *CLI_SAMPLING_OPTS_HELP =
     "      --temp T         temperature; 0 = greedy (default 0.8)\n"
     "      --top-k K        top-k sampling; 0 = off (default 40)\n"
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
-    "      --seed S         RNG seed (default 42; -1: a random one, printed)\n";
+    "      --seed S         the noise's seed: a token is a function of (seed, its position, its distribution), so\n"
+    "                       a seed gives the same text in every mode and with or without drafting (default 42;\n"
+    "                       -1: a random one, printed)\n"
+    "      --min-p P        min-p sampling: drop tokens below P times the most likely one; 0 = off (default 0)\n"
+    "      --repeat-penalty R  a token among the last --repeat-last-n: a positive logit / R, a negative one * R\n"
+    "                       (llama.cpp's; default 1 = off)\n"
+    "      --repeat-last-n N   the penalties' window: the last N tokens, prompt included; -1 = the context, 0 = off\n"
+    "                       (default 64)\n"
+    "      --presence-penalty P   OpenAI's: minus P for a token in the window (default 0)\n"
+    "      --frequency-penalty F  OpenAI's: minus F times the token's count in the window (default 0)\n"
+    "      --logit-bias ID(+|-)B  add B to token ID's logit (llama.cpp's -l; -inf bans it), repeatable\n"
+    "      --allow-special-in-content  chat: a message's \"<|im_end|>\" is the control token (default: plain text)\n";
+
+bool cli_allow_special; /* --allow-special-in-content */
+static flm_logit_bias cli_bias[CLI_BIAS_MAX];
 
 int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sampler_params *sp) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     long v;
+    if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; return 1; }
     if (strcmp(a, "-n") && strcmp(a, "--n-predict") && strcmp(a, "--temp") && strcmp(a, "--top-k") &&
-        strcmp(a, "--top-p") && strcmp(a, "--seed"))
+        strcmp(a, "--top-p") && strcmp(a, "--seed") && strcmp(a, "--min-p") && strcmp(a, "--repeat-penalty") &&
+        strcmp(a, "--repeat-last-n") && strcmp(a, "--presence-penalty") && strcmp(a, "--frequency-penalty") &&
+        strcmp(a, "--logit-bias") && strcmp(a, "-l"))
         return 0;
     if (!val) { cli_die("option %s needs a value", a); return -1; }
     (*i)++;
@@ -599,6 +616,47 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
         sp->top_k = (int)v;
     } else if (!strcmp(a, "--top-p")) {
         if (!cli_parse_float(val, 0.0f, 1.0f, &sp->top_p)) { cli_die("bad --top-p value '%s'", val); return -1; }
+    } else if (!strcmp(a, "--min-p")) {
+        if (!cli_parse_float(val, 0.0f, 1.0f, &sp->min_p)) { cli_die("bad --min-p value '%s' (0..1)", val); return -1; }
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if (!cli_parse_float(val, 0.0f, 10.0f, &sp->repeat_penalty)) {
+            cli_die("bad --repeat-penalty value '%s' (0..10)", val);
+            return -1;
+        }
+    } else if (!strcmp(a, "--repeat-last-n")) {
+        if (!cli_parse_long(val, -1, 1 << 24, &v)) { cli_die("bad --repeat-last-n value '%s' (-1..)", val); return -1; }
+        sp->penalty_last_n = (int)v;
+    } else if (!strcmp(a, "--presence-penalty")) {
+        if (!cli_parse_float(val, -2.0f, 2.0f, &sp->presence_penalty)) {
+            cli_die("bad --presence-penalty value '%s' (-2..2)", val);
+            return -1;
+        }
+    } else if (!strcmp(a, "--frequency-penalty")) {
+        if (!cli_parse_float(val, -2.0f, 2.0f, &sp->frequency_penalty)) {
+            cli_die("bad --frequency-penalty value '%s' (-2..2)", val);
+            return -1;
+        }
+    } else if (!strcmp(a, "--logit-bias") || !strcmp(a, "-l")) { /* llama.cpp's TOKEN_ID(+/-)BIAS, "-inf" bans */
+        char *end;
+        errno = 0;
+        long id = strtol(val, &end, 10);
+        float b = 0;
+        bool ok = end != val && !errno && id >= 0 && id <= INT32_MAX && (*end == '+' || *end == '-');
+        if (ok && !strcmp(end, "-inf")) b = -INFINITY;
+        else if (ok) {
+            char *e2;
+            b = strtof(end, &e2);
+            ok = *e2 == 0 && isfinite(b);
+        }
+        if (!ok) { cli_die("bad --logit-bias value '%s' (TOKEN_ID+BIAS, TOKEN_ID-BIAS or TOKEN_ID-inf)", val); return -1; }
+        if (sp->n_bias >= CLI_BIAS_MAX) { cli_die("%s", "at most 256 --logit-bias"); return -1; }
+        if (sp->bias != cli_bias) { /* the first: the table is ours */
+            sp->bias = cli_bias;
+            sp->n_bias = 0;
+        }
+        cli_bias[sp->n_bias].token = (int32_t)id;
+        cli_bias[sp->n_bias].bias = b;
+        sp->n_bias++;
     } else { /* --seed */
         char *end;
         errno = 0;

@@ -239,10 +239,20 @@ int cmd_chat(int argc, char **argv) {
     if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
     flm_session *sess = NULL; /* the library's token loop, speculative or not */
     int bad = 0;
+    for (size_t b = 0; b < sp.n_bias; b++)
+        if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) {
+            fprintf(stderr, "flashlm: --logit-bias: token id %d is outside the vocabulary (%u tokens)\n",
+                    (int)sp.bias[b].token, flm_vocab_size(ctx));
+            flm_chat_close(tmpl);
+            flm_close(ctx);
+            cli_spec_session_close(&ss);
+            return 1;
+        }
     if (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         bad = 1;
     } else {
+        flm_session_set_special_in_content(sess, cli_allow_special);
         bad = cli_spec_begin(&ss, ctx, model, sess);
     }
     if (bad) {

@@ -63,6 +63,7 @@ static const char *SERVE_HELP =
     "      --body-timeout S a request's body must arrive within S seconds of its headers (default 60; then 408)\n"
     "      --timeout S      a connection with no traffic at all for S seconds is closed (default 600)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES "\n"
+    "      --allow-special-in-content  a message's \"<|im_end|>\" is the control token (default: plain text)\n"
     "      --alias NAME     the model's id in the API (default: the file name without its extension)\n"
     "      --strict-model   a request naming another model gets 404 (default: the served model answers any name)\n"
     "      --temp T, --seed N, --n-predict N  defaults for requests that do not give temperature, seed, max_tokens\n"
@@ -1760,6 +1761,7 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--strict-model")) { srv.strict_model = true; continue; }
         if (!strcmp(a, "--slots")) { srv.slots_on = true; continue; }
         if (!strcmp(a, "--no-ui")) { srv.no_ui = true; continue; }
+        if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||
                      !strcmp(a, "--max-body") || !strcmp(a, "--chat-template") || !strcmp(a, "--alias") ||
@@ -1921,6 +1923,7 @@ int cmd_serve(int argc, char **argv) {
             rc = 1;
             break;
         }
+        flm_session_set_special_in_content(s->sess, cli_allow_special);
         if (cli_spec_begin(s->spec, s->ctx, model, s->sess)) {
             n_open++;
             rc = 1;

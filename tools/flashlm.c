@@ -109,8 +109,9 @@ static const char *RUN_HELP =
     "\n"
     "  -m, --model PATH     model file: .gguf (runs in memory) or .flm (made by flashlm convert; streams FFN\n"
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
-    "  -p, --prompt TEXT    prompt (default: empty, i.e. start from BOS, also for a model whose tokenizer adds none;\n"
-    "                       a model without a BOS token needs a prompt)\n"
+    "  -p, --prompt TEXT    prompt, as plain text: control tokens spelled in it stay text (default: empty, i.e.\n"
+    "                       start from BOS, also for a model whose tokenizer adds none; a model without a BOS\n"
+    "                       token needs a prompt)\n"
     "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
     "      --prompt-ids IDS the prompt as token ids, comma-separated (\"2,17,33\"; no BOS added), instead of -p\n"
     "      --print-ids      print the generated ids (one line, comma-separated) instead of their text\n"
@@ -272,16 +273,27 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); return 1; }
         flm_chat_msg msgs[2] = {{"system", system ? system : ""}, {"user", prompt}};
         char *text = NULL;
-        size_t len = 0;
-        if (flm_chat_apply(tmpl, system ? msgs : msgs + 1, system ? 2 : 1, true, &text, &len, &err)) {
+        size_t len = 0, *spans = NULL, n_spans = 0; /* the contents: plain text unless --allow-special-in-content */
+        if (cli_allow_special ? flm_chat_apply(tmpl, system ? msgs : msgs + 1, system ? 2 : 1, true, &text, &len, &err)
+                              : flm_chat_apply_spans(tmpl, system ? msgs : msgs + 1, system ? 2 : 1, true, &text, &len,
+                                                     &spans, &n_spans, &err)) {
             fprintf(stderr, "flashlm: %s\n", err.msg);
             flm_chat_close(tmpl);
             flm_close(ctx);
             return 1;
         }
         flm_chat_close(tmpl);
-        ids = cli_tokenize(ctx, text, len, FLM_TOKENIZE_PARSE_SPECIAL | (flm_add_bos(ctx) ? FLM_TOKENIZE_BOS : 0u),
-                           &n_prompt);
+        const unsigned fl = FLM_TOKENIZE_PARSE_SPECIAL | (flm_add_bos(ctx) ? FLM_TOKENIZE_BOS : 0u);
+        size_t cap = len + 16;
+        ids = malloc(cap * sizeof *ids);
+        size_t need = ids ? flm_tokenize_spans(ctx, text, len, fl, spans, n_spans, ids, cap) : SIZE_MAX;
+        if (need != SIZE_MAX && need > cap) {
+            int32_t *more = realloc(ids, need * sizeof *ids);
+            need = more ? flm_tokenize_spans(ctx, text, len, fl, spans, n_spans, ids = more, need) : SIZE_MAX;
+        }
+        if (need == SIZE_MAX) { free(ids); ids = NULL; }
+        n_prompt = ids ? need : 0;
+        free(spans);
         free(text);
         if (!ids) { flm_close(ctx); return 1; }
     } else if (run_prompt_ids) { /* "2,17,33": the ids as they are (no BOS added) */
@@ -319,6 +331,8 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     }
     const char *refuse = !ids ? "out of memory" : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops "
                                                                    "all of its bytes)" : NULL;
+    for (size_t b = 0; !refuse && b < sp.n_bias; b++)
+        if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) refuse = "a --logit-bias token id is outside the vocabulary";
     if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
     else if (n_prompt > info.n_ctx) /* as llama.cpp: an error, not a truncation */
         fprintf(stderr, "flashlm: the prompt (%zu tokens) is longer than the context (%u tokens); raise -c\n",

@@ -307,8 +307,24 @@ static bool encode_fragment(const flm_tokenizer *t, const char *text, size_t len
     return spm_fragment(t, text, len, t->add_space_prefix && prev_special, o);
 }
 
+/* Whether [p, q) overlaps one of the n sorted, disjoint spans plain[2i .. 2i + 1). */
+static bool in_plain(const size_t *plain, size_t n, size_t p, size_t q) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) { /* the first span that ends after p */
+        size_t m = (lo + hi) / 2;
+        if (plain[2 * m + 1] <= p) lo = m + 1;
+        else hi = m;
+    }
+    return lo < n && plain[2 * lo] < q;
+}
+
 size_t flm_tokenizer_encode_ex(const flm_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t *ids,
                                size_t cap) {
+    return flm_tokenizer_encode_spans(t, text, len, flags, NULL, 0, ids, cap);
+}
+
+size_t flm_tokenizer_encode_spans(const flm_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                  const size_t *plain, size_t n_plain, int32_t *ids, size_t cap) {
     tok_out o = {ids, cap, 0};
     if ((flags & FLM_TOKENIZE_ADD_BOS) && t->bos >= 0) tok_emit(&o, t->bos);
     bool parse = (flags & FLM_TOKENIZE_PARSE_SPECIAL) != 0;
@@ -320,7 +336,8 @@ size_t flm_tokenizer_encode_ex(const flm_tokenizer *t, const char *text, size_t 
         uint32_t node = t->root[(uint8_t)text[p]];
         for (size_t q = p + 1; node; q++) {
             int32_t id = t->trie[node].id;
-            if (id >= 0 && (parse || t->tok[id].type == FLM_TOK_USER)) {
+            if (id >= 0 && (t->tok[id].type == FLM_TOK_USER ||
+                            (parse && !(n_plain && in_plain(plain, n_plain, p, q))))) {
                 if (n_occ == cap_occ) {
                     size_t c = cap_occ ? 2 * cap_occ : 64;
                     occurrence *v = realloc(occ, c * sizeof *v);

@@ -60,6 +60,11 @@ int32_t flm_tokenizer_eos(const flm_tokenizer *t);
  * encoding needs (only the first cap are written), or SIZE_MAX when out of memory. */
 size_t flm_tokenizer_encode_ex(const flm_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t *ids,
                                size_t cap);
+/* flm_tokenizer_encode_ex where, with FLM_TOKENIZE_PARSE_SPECIAL, no control token is matched that overlaps one of the
+ * n_plain spans [plain[2i], plain[2i + 1]) (sorted, disjoint byte ranges of text: e.g. chat message contents), so
+ * their text tokenizes as plain text does (user-defined tokens are matched everywhere, as without the flag). */
+size_t flm_tokenizer_encode_spans(const flm_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                  const size_t *plain, size_t n_plain, int32_t *ids, size_t cap);
 /* The id whose vocabulary string is exactly piece (e.g. "<|im_end|>"), or -1. */
 int32_t flm_tokenizer_find(const flm_tokenizer *t, const char *piece);
 /* true for the tokens that end a generation or a chat turn: EOS, EOT, and control tokens such as "<|im_end|>",

@@ -588,11 +588,16 @@ size_t flm_tokenize(const flm_ctx *ctx, const char *text, bool add_bos, int32_t 
     return flm_tokenizer_encode_ex(ctx->model->tok, text, strlen(text), legacy_flags(ctx, add_bos), ids, cap);
 }
 
-size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap) {
+size_t flm_tokenize_spans(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, const size_t *plain,
+                          size_t n_plain, int32_t *ids, size_t cap) {
     unsigned f = (flags & FLM_TOKENIZE_ADD_SPECIAL) ? flm_tokenizer_special_flags(ctx->model->tok) : 0u;
     if (flags & FLM_TOKENIZE_PARSE_SPECIAL) f |= FLM_TOKENIZE_PARSE_SPECIAL;
     if (flags & FLM_TOKENIZE_BOS) f |= FLM_TOKENIZE_ADD_BOS;
-    return flm_tokenizer_encode_ex(ctx->model->tok, text, len, f, ids, cap);
+    return flm_tokenizer_encode_spans(ctx->model->tok, text, len, f, plain, n_plain, ids, cap);
+}
+
+size_t flm_tokenize_ex(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, int32_t *ids, size_t cap) {
+    return flm_tokenize_spans(ctx, text, len, flags, NULL, 0, ids, cap);
 }
 
 int32_t *flm_tokenize_all(const flm_ctx *ctx, const char *text, bool add_bos, size_t *n) {

@@ -63,7 +63,92 @@ const char *flm_chat_system_prompt(const flm_chat *c) { return c ? c->t.default_
 flm_status flm_chat_apply(const flm_chat *c, const flm_chat_msg *msgs, size_t n, bool add_assistant, char **out,
                           size_t *out_len, flm_error *err) {
     if (!c || !out) return flm_fail(err, FLM_ERR_ARG, "flm_chat_apply: NULL template or output");
-    return flm_chat_render(&c->t, msgs, n, add_assistant, out, out_len, err);
+    if (!add_assistant || n == 0 || !msgs || !msgs[n - 1].role || strcmp(msgs[n - 1].role, "assistant") ||
+        !msgs[n - 1].content)
+        return flm_chat_render(&c->t, msgs, n, add_assistant, out, out_len, err);
+    /* a final assistant message is a prefill (llama-server's): the turns before it with the assistant's opening, then
+     * its content left open, so that generation continues it */
+    char *head = NULL;
+    size_t hl = 0, cl = strlen(msgs[n - 1].content);
+    flm_status st = flm_chat_render(&c->t, msgs, n - 1, true, &head, &hl, err);
+    if (st) return st;
+    char *all = realloc(head, hl + cl + 1);
+    if (!all) {
+        free(head);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory rendering a chat");
+    }
+    memcpy(all + hl, msgs[n - 1].content, cl + 1);
+    *out = all;
+    if (out_len) *out_len = hl + cl;
+    return FLM_OK;
+}
+
+/* The marker that stands for message i's content in the skeleton rendering (no whitespace: trimming keeps it). */
+#define SPAN_MARK_FMT "\x01\x02flm%zu\x03"
+
+flm_status flm_chat_apply_spans(const flm_chat *c, const flm_chat_msg *msgs, size_t n, bool add_assistant, char **out,
+                                size_t *out_len, size_t **spans, size_t *n_spans, flm_error *err) {
+    *spans = NULL;
+    *n_spans = 0;
+    size_t len = 0;
+    flm_status st = flm_chat_apply(c, msgs, n, add_assistant, out, &len, err);
+    if (out_len) *out_len = len;
+    if (st || n == 0) return st;
+    flm_chat_msg *mk = calloc(n, sizeof *mk);
+    char *marks = malloc(n * 32), *skel = NULL;
+    size_t *sp = malloc(2 * n * sizeof *sp), slen = 0;
+    if (!mk || !marks || !sp) goto oom;
+    for (size_t i = 0; i < n; i++) {
+        mk[i].role = msgs[i].role;
+        snprintf(marks + 32 * i, 32, SPAN_MARK_FMT, i);
+        mk[i].content = marks + 32 * i;
+    }
+    if ((st = flm_chat_apply(c, mk, n, add_assistant, &skel, &slen, err))) goto done;
+    /* align: skel = L0 M(i0) L1 M(i1) ... and text = L0 C(i0) L1 C(i1) ..., C a content as it is or trimmed */
+    const char *text = *out;
+    size_t ps = 0, pt = 0, k = 0;
+    for (;;) {
+        const char *m = memmem(skel + ps, slen - ps, "\x01\x02flm", 5);
+        size_t lit = m ? (size_t)(m - (skel + ps)) : slen - ps;
+        if (pt + lit > len || memcmp(text + pt, skel + ps, lit)) break;
+        pt += lit;
+        if (!m) break;
+        char *end;
+        size_t i = strtoul(m + 5, &end, 10);
+        if (i >= n || *end != '\x03') break;
+        ps = (size_t)(end + 1 - skel);
+        const char *nm = memmem(skel + ps, slen - ps, "\x01\x02flm", 5);
+        size_t nlit = nm ? (size_t)(nm - (skel + ps)) : slen - ps; /* the literal after it */
+        const char *ct = msgs[i].content;
+        size_t cl = strlen(ct), b = 0, e = cl;
+        while (b < e && (ct[b] == ' ' || (ct[b] >= '\t' && ct[b] <= '\r'))) b++;
+        while (e > b && (ct[e - 1] == ' ' || (ct[e - 1] >= '\t' && ct[e - 1] <= '\r'))) e--;
+        const size_t cand[4][2] = {{0, cl}, {b, e}, {b, cl}, {0, e}}; /* as it is, trimmed, either end */
+        bool found = false;
+        for (int q = 0; q < 4 && !found; q++) {
+            size_t cb = cand[q][0], ce = cand[q][1], w = ce - cb;
+            if (pt + w + nlit <= len && !memcmp(text + pt, ct + cb, w) && !memcmp(text + pt + w, skel + ps, nlit)) {
+                if (w) { sp[2 * k] = pt; sp[2 * k + 1] = pt + w; k++; }
+                pt += w;
+                found = true;
+            }
+        }
+        if (!found) break; /* rewritten: no range for it or the contents after it */
+    }
+    *spans = k ? sp : NULL;
+    *n_spans = k;
+    if (k) sp = NULL;
+    goto done;
+oom:
+    st = flm_fail(err, FLM_ERR_NOMEM, "out of memory rendering a chat");
+    free(*out);
+    *out = NULL;
+done:
+    free(mk);
+    free(marks);
+    free(skel);
+    free(sp);
+    return st;
 }
 
 void flm_chat_close(flm_chat *c) {

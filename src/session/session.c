@@ -42,6 +42,7 @@ struct flm_session {
     char *conv;            /* a conversation (flm_session_chat_turn): the text the cache holds, NUL-terminated */
     size_t conv_len, conv_cap;
     bool conv_on;          /* conv describes the tokens held (a plain feed, prompt or rewind turns it off) */
+    bool special_content;  /* flm_session_set_special_in_content: control tokens spelled in contents are parsed */
     gvocab *gv;            /* the vocabulary as grammars see it (built at the first constrained generation) */
     float *masked;         /* [n_vocab]: logits under a grammar's mask */
 };
@@ -316,19 +317,20 @@ flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size
     return prompt_ids(s, ids, n, n_reused, err);
 }
 
-/* text[0..len) tokenized with flags into *out (malloc'd, *n ids). Errors: FLM_ERR_NOMEM. */
-static flm_status tokenize_alloc(flm_session *s, const char *text, size_t len, unsigned flags, int32_t **out,
-                                 size_t *n, flm_error *err) {
+/* text[0..len) tokenized with flags into *out (malloc'd, *n ids), no control token matched in the n_plain ranges
+ * plain (flm_tokenize_spans). Errors: FLM_ERR_NOMEM. */
+static flm_status tokenize_spans(flm_session *s, const char *text, size_t len, unsigned flags, const size_t *plain,
+                                 size_t n_plain, int32_t **out, size_t *n, flm_error *err) {
     *out = NULL;
     *n = 0;
     size_t cap = len + 16;
     int32_t *ids = malloc(cap * sizeof *ids);
-    size_t need = ids ? flm_tokenize_ex(s->ctx, text, len, flags, ids, cap) : SIZE_MAX;
+    size_t need = ids ? flm_tokenize_spans(s->ctx, text, len, flags, plain, n_plain, ids, cap) : SIZE_MAX;
     if (need != SIZE_MAX && need > cap) { /* byte fallback can give several tokens per byte */
         int32_t *more = realloc(ids, need * sizeof *ids);
         if (more) {
             ids = more;
-            need = flm_tokenize_ex(s->ctx, text, len, flags, ids, need);
+            need = flm_tokenize_spans(s->ctx, text, len, flags, plain, n_plain, ids, need);
         } else {
             need = SIZE_MAX;
         }
@@ -340,6 +342,23 @@ static flm_status tokenize_alloc(flm_session *s, const char *text, size_t len, u
     *out = ids;
     *n = need;
     return FLM_OK;
+}
+
+static flm_status tokenize_alloc(flm_session *s, const char *text, size_t len, unsigned flags, int32_t **out,
+                                 size_t *n, flm_error *err) {
+    return tokenize_spans(s, text, len, flags, NULL, 0, out, n, err);
+}
+
+void flm_session_set_special_in_content(flm_session *s, bool allow) { s->special_content = allow; }
+
+/* Render msgs through t (with the assistant's opening) into *text, and the contents' byte ranges into *spans unless
+ * the session parses control tokens in contents (then NULL). */
+static flm_status render_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n, char **text,
+                              size_t *len, size_t **spans, size_t *n_spans, flm_error *err) {
+    *spans = NULL;
+    *n_spans = 0;
+    if (s->special_content) return flm_chat_apply(t, msgs, n, true, text, len, err);
+    return flm_chat_apply_spans(t, msgs, n, true, text, len, spans, n_spans, err);
 }
 
 flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags, size_t *n_reused,
@@ -356,12 +375,18 @@ flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len,
 
 flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
                                    size_t *n_reused, flm_error *err) {
+    if (n_reused) *n_reused = 0;
     char *text = NULL;
-    size_t len = 0;
-    flm_status st = flm_chat_apply(t, msgs, n, true, &text, &len, err);
+    size_t len = 0, *spans, n_spans;
+    flm_status st = render_chat(s, t, msgs, n, &text, &len, &spans, &n_spans, err);
     if (st) return st;
     unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL | (flm_add_bos(s->ctx) ? FLM_TOKENIZE_BOS : 0u);
-    st = flm_session_prompt_text(s, text, len, flags, n_reused, err);
+    int32_t *ids;
+    size_t n_ids;
+    st = tokenize_spans(s, text, len, flags, spans, n_spans, &ids, &n_ids, err);
+    if (!st) st = flm_session_prompt(s, ids, n_ids, n_reused, err);
+    free(ids);
+    free(spans);
     free(text);
     return st;
 }
@@ -373,8 +398,8 @@ flm_status flm_session_chat_turn(flm_session *s, const flm_chat *t, const flm_ch
     memset(info, 0, sizeof *info);
     atomic_store(&s->cancel, 0);
     char *text = NULL;
-    size_t len = 0;
-    flm_status st = flm_chat_apply(t, msgs, n, true, &text, &len, err);
+    size_t len = 0, *spans, n_spans;
+    flm_status st = render_chat(s, t, msgs, n, &text, &len, &spans, &n_spans, err);
     if (st) return st;
     /* the text the cache holds begins the rendering: only the rest; else the whole rendering from the start */
     const bool held = s->conv_on && s->n_past > 0;
@@ -385,7 +410,16 @@ flm_status flm_session_chat_turn(flm_session *s, const flm_chat *t, const flm_ch
     const unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL | (!append && flm_add_bos(s->ctx) ? FLM_TOKENIZE_BOS : 0u);
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if ((st = tokenize_alloc(s, text + from, len - from, flags, &ids, &n_ids, err))) {
+    size_t k = 0; /* the contents' ranges within text[from..): shifted, the first clipped */
+    for (size_t i = 0; i < n_spans; i++) {
+        if (spans[2 * i + 1] <= from) continue;
+        spans[2 * k] = (spans[2 * i] > from ? spans[2 * i] : from) - from;
+        spans[2 * k + 1] = spans[2 * i + 1] - from;
+        k++;
+    }
+    st = tokenize_spans(s, text + from, len - from, flags, spans, k, &ids, &n_ids, err);
+    free(spans);
+    if (st) {
         free(text);
         return st;
     }
