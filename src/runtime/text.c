@@ -84,7 +84,7 @@ flm_status flm_chat_apply(const flm_chat *c, const flm_chat_msg *msgs, size_t n,
 }
 
 /* The marker that stands for message i's content in the skeleton rendering (no whitespace: trimming keeps it). */
-#define SPAN_MARK_FMT "\x01\x02flm%zu\x03"
+#define SPAN_MARK_FMT "\x01\x02" "flm%zu\x03"
 
 flm_status flm_chat_apply_spans(const flm_chat *c, const flm_chat_msg *msgs, size_t n, bool add_assistant, char **out,
                                 size_t *out_len, size_t **spans, size_t *n_spans, flm_error *err) {
@@ -108,7 +108,7 @@ flm_status flm_chat_apply_spans(const flm_chat *c, const flm_chat_msg *msgs, siz
     const char *text = *out;
     size_t ps = 0, pt = 0, k = 0;
     for (;;) {
-        const char *m = memmem(skel + ps, slen - ps, "\x01\x02flm", 5);
+        const char *m = memmem(skel + ps, slen - ps, "\x01\x02" "flm", 5);
         size_t lit = m ? (size_t)(m - (skel + ps)) : slen - ps;
         if (pt + lit > len || memcmp(text + pt, skel + ps, lit)) break;
         pt += lit;
@@ -117,7 +117,7 @@ flm_status flm_chat_apply_spans(const flm_chat *c, const flm_chat_msg *msgs, siz
         size_t i = strtoul(m + 5, &end, 10);
         if (i >= n || *end != '\x03') break;
         ps = (size_t)(end + 1 - skel);
-        const char *nm = memmem(skel + ps, slen - ps, "\x01\x02flm", 5);
+        const char *nm = memmem(skel + ps, slen - ps, "\x01\x02" "flm", 5);
         size_t nlit = nm ? (size_t)(nm - (skel + ps)) : slen - ps; /* the literal after it */
         const char *ct = msgs[i].content;
         size_t cl = strlen(ct), b = 0, e = cl;
