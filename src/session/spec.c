@@ -563,8 +563,6 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_err
 static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, const int32_t *map, int32_t *out,
                                    uint32_t *k_out, flm_error *err) {
     const size_t V = s->n_vocab;
-    const bool greedy = flm_sampler_greedy(s->smp);
-    const int K = SPEC_TREE_K;
     flm_status st;
     const double t0 = flm_now_ms();
     /* Lazy: the nodes the walk will likely visit first, in one classifier pass (flm_tree_logits_n reads the output
