@@ -91,20 +91,31 @@ static void test_nonfinite_weights(void **state) {
     const char *modes[] = {"naive", "hybrid", hybrid1, "sparse"};
     for (int m = 0; m < 4; m++)
         for (int t = 0; t < 2; t++) {
+            /* the checked reads (on by default) stop it at the record's sum, before its values are used; without
+             * them the pass's finite check still refuses the output */
             snprintf(args, sizeof args, "run -m '%s' --mode %s -p 'Once upon a time' -n 8 --temp %s", f, modes[m],
                      t ? "0.8" : "0");
-            char *out = expect_out(args, 1, want);
-            assert_non_null(strstr(out, "flashlm verify"));
+            expect(args, 1, "FFN region of layer 1, record 0");
+            snprintf(args, sizeof args, "run -m '%s' --mode %s -p 'Once upon a time' -n 8 --temp %s --no-verify-reads",
+                     f, modes[m], t ? "0.8" : "0");
+            /* a layer the plan holds resident is read whole at open and checked against its region's sum (so at
+             * hybrid's budgets the message can be that one); naive streams every layer: the finite check */
+            char *out = expect_out(args, 1, "FFN region of layer 1");
+            if (m == 0) {
+                assert_non_null(strstr(out, want));
+                assert_non_null(strstr(out, "flashlm verify"));
+            }
             free(out);
         }
-    snprintf(args, sizeof args, "perplexity -m '%s' --mode naive -f '%s' -c 32 --chunks 1", f, tu_data(TEXT));
+    snprintf(args, sizeof args, "perplexity -m '%s' --mode naive -f '%s' -c 32 --chunks 1 --no-verify-reads", f,
+             tu_data(TEXT));
     expect(args, 1, want);
-    /* ram mode reads the region whole at open and checks its checksum */
+    /* ram mode checks each record's sum as it loads */
     snprintf(args, sizeof args, "run -m '%s' --mode ram -p hi -n 2", f);
-    expect(args, 1, "FFN region of layer 1: checksum mismatch");
+    expect(args, 1, "FFN region of layer 1, record 0");
     /* verify names it too */
     snprintf(args, sizeof args, "verify '%s'", f);
-    expect(args, 1, "FFN region of layer 1: checksum mismatch");
+    expect(args, 1, "FFN region of layer 1, record 0");
 
     /* a GGUF (never checksummed): a NaN in an f32 FFN weight of stories260K */
     size_t len;
