@@ -155,6 +155,7 @@ done:
     free(perm);
     free(ids);
     free(tmp);
+    free(sel_ids);
     free(a.score);
     free(a.dnorm);
     return st;

@@ -835,7 +835,7 @@ flm_status flm_grammar_parse(const char *text, size_t len, const char *root, flm
                 g->rule_nalt[i] = (uint32_t)P.r[i].n;
                 for (size_t k = 0; k < P.r[i].n; k++) {
                     g->alt_start[a++] = (uint32_t)e;
-                    memcpy(g->el + e, P.r[i].alts[k].e, P.r[i].alts[k].n * sizeof *g->el);
+                    if (P.r[i].alts[k].n) memcpy(g->el + e, P.r[i].alts[k].e, P.r[i].alts[k].n * sizeof *g->el);
                     e += P.r[i].alts[k].n;
                     g->el[e++] = (gel){EL_END, 0};
                 }
