@@ -627,13 +627,27 @@ static flm_status run_uring(flm_reader *r, const flm_read_op *ops, uint8_t *cons
  * ------------------------------------------------------------------------------------------------------------- */
 
 /* Direct-I/O alignment of the file: statx(STATX_DIOALIGN) where available, at least MIN_ALIGN.
- * *supported is set false when the file system reports that it has no direct I/O at all. */
+ * *supported is set false when the file system reports that it has no direct I/O at all.
+ * qemu-user (7.2, 8.x) passes the host kernel's result mask through but copies neither the DIO fields nor stx_mnt_id
+ * (both read 0): a mask with STATX_MNT_ID, mount id 0 and zero DIO fields marks such an emulator (a kernel gives mount
+ * id 0 at most to the boot-time rootfs), whose zero DIO fields say nothing: O_DIRECT is then tried, and an open or a
+ * read that fails with EINVAL still falls back to buffered reads (so a misreading costs one failed attempt). */
 static uint64_t dio_align(int fd, bool *supported) {
     uint64_t a = MIN_ALIGN;
     *supported = true;
 #if defined(__linux__) && defined(STATX_DIOALIGN)
     struct statx sx;
-    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    memset(&sx, 0, sizeof sx);
+    unsigned want = STATX_DIOALIGN;
+#ifdef STATX_MNT_ID
+    want |= STATX_MNT_ID;
+#endif
+    if (statx(fd, "", AT_EMPTY_PATH, want, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+#ifdef STATX_MNT_ID
+        if ((sx.stx_mask & STATX_MNT_ID) && sx.stx_mnt_id == 0 && sx.stx_dio_offset_align == 0 &&
+            sx.stx_dio_mem_align == 0)
+            return a; /* an emulator's unfilled fields (above) */
+#endif
         if (sx.stx_dio_offset_align == 0) *supported = false;
         uint64_t m = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
         if (m > a && (m & (m - 1)) == 0 && m <= (UINT64_C(1) << 20)) a = m;
