@@ -60,20 +60,31 @@ fuzz: deps
 # packages (installed if missing), through the CMake toolchain file cmake/aarch64-linux-gnu.cmake; the tests run under
 # qemu-aarch64 (-cpu max: NEON, dot product, i8mm), which ctest calls for every test program.
 ARM64_BUILD ?= build-arm64
-# the tests that run under qemu (README "64-bit Arm": about 5 minutes on 2 cores): kernels at every Arm level,
-# quantized formats against the gguf package's dequantizers, tokenizers (stories260K's and the pulled models'), GGUF,
-# the reference model's logits, the flash modes, the neuron cache, the worker pool
-ARM64_TESTS ?= test_kernels test_quants test_kv_f16 test_pool test_arena test_gguf test_tokenizer test_reference \
-	test_flash test_hot_window test_neuron_cache test_pass test_ffn_ungated \
-	test_layers test_data_sums
+# the tests that run under qemu (README "64-bit Arm"; measured with the whole `make test-arm64` there): kernels at every
+# Arm level, quantized formats against the gguf package's dequantizers, tokenizers (stories260K's and the pulled
+# models'), GGUF, the reference model's logits, the flash modes, the reader (threads: qemu-user has no io_uring;
+# O_DIRECT), the embedding on flash, the neuron cache, the worker pool, the probe, the token tree, and the fuzz
+# targets' regression inputs and seeds (every parser on hostile bytes).
+# Left out, each over 60 s of wall time under qemu on the loaded 2-core machine (several CLI runs, calibrations or
+# real-model evaluations each; README "64-bit Arm"): test_backend, test_attn_batch, test_batch, test_faults,
+# test_checked_reads, test_plan, test_kv_shift, test_seed, test_hot, test_harden, test_harden33, test_grammar,
+# test_predictor, test_sparse, test_synth, test_spec, test_session, test_chat; not tried: test_cli*, test_real_*,
+# test_scale_*, test_hf_*, test_serve*, test_bench, test_hot_calibrate, test_docs (CLI and real-model runs by the
+# dozen), test_pull (the network), test_cgroup_budget (cgroups), test_public_*, test_runtime_deps (host tools).
+ARM64_TESTS ?= test_kernels test_quants test_kv_f16 test_pool test_arena test_gguf test_tokenizer test_tokenizer_real \
+	test_reference test_flash test_hot_window test_neuron_cache test_pass test_ffn_ungated test_reader \
+	test_embd_flash test_probe test_tree test_layers test_data_sums
+ARM64_FUZZ ?= gguf flm tokenizer chat sparsity probe safetensors hf serve serve_http
 QEMU_AARCH64 ?= $(shell command -v qemu-aarch64-static || command -v qemu-aarch64)
 cross-arm64:
 	@./scripts/install-deps-arm64.sh
 	@cmake -S . -B $(ARM64_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(ARM64_BUILD) -j $(JOBS) --target flashlm-cli logits_dump $(filter-out test_data_sums,$(ARM64_TESTS))
+	@cmake --build $(ARM64_BUILD) -j $(JOBS) --target flashlm-cli logits_dump $(filter-out test_data_sums,$(ARM64_TESTS)) \
+		$(addprefix replay_,$(ARM64_FUZZ))
 
 test-arm64: cross-arm64
-	cd $(ARM64_BUILD) && ctest --output-on-failure -j $(JOBS) -R '^($(subst $(eval) ,|,$(strip $(ARM64_TESTS))))$$'
+	cd $(ARM64_BUILD) && ctest --output-on-failure -j $(JOBS) \
+		-R '^($(subst $(eval) ,|,$(strip $(ARM64_TESTS) $(addprefix fuzz_replay_,$(ARM64_FUZZ)))))$$'
 	@echo "flashlm: the kernel level's detection: test_kernels on a CPU without the dot product (qemu -cpu cortex-a72)"
 	$(QEMU_AARCH64) -cpu cortex-a72 $(ARM64_BUILD)/tests/test_kernels > $(ARM64_BUILD)/test_kernels_a72.log 2>&1
 	grep -q "this CPU's best is neon" $(ARM64_BUILD)/test_kernels_a72.log

@@ -7,7 +7,7 @@
 set -eu
 B=${1:-build-arm64}
 LEVELS=${2:-scalar neon dotprod}
-TYPES=${3:-q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k}
+TYPES=${3:-q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k f16 f32}
 QEMU=$(command -v qemu-aarch64-static || command -v qemu-aarch64)
 log=$(mktemp /tmp/flashlm-arm64-instr.XXXXXX)
 trap 'rm -f "$log"' EXIT
