@@ -410,10 +410,12 @@ FLM_API flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float
  * from the previous call on the same tree (same pos, same earlier nodes): a draft grows its tree a level at a time.
  * draft: every FFN over its resident neurons, as flm_eval_draft (mode hot). pos <= flm_n_past; the context keeps
  * positions < pos; the nodes stay apart until flm_tree_accept keeps one path (any other evaluation forgets them).
- * Errors: FLM_ERR_ARG (a parent not earlier, ids out of range, pos + n_nodes > n_ctx, first > the nodes held, a path
- * longer than a sliding window, draft outside mode hot, mode sparse: it chooses neurons per position),
- * FLM_ERR_NOMEM, those of flm_eval; after an error the context holds positions < pos and the nodes before
+ * A tree has at most FLM_TREE_MAX_NODES nodes (its ancestor matrix is carved at open, in the plan's scratch).
+ * Errors: FLM_ERR_ARG (a parent not earlier, ids out of range, pos + n_nodes > n_ctx, more than FLM_TREE_MAX_NODES
+ * nodes, first > the nodes held, a path longer than a sliding window, draft outside mode hot, mode sparse: it chooses
+ * neurons per position), those of flm_eval; after an error the context holds positions < pos and the nodes before
  * the failed batch. */
+#define FLM_TREE_MAX_NODES 256
 FLM_API flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes,
                                  uint32_t first, int32_t pos, bool draft, float *logits, flm_error *err);
 /* logits[n_vocab] of node `node` of the last flm_eval_tree called without logits (node in its [first, n_nodes)), equal

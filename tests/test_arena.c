@@ -71,7 +71,7 @@ static void test_ffn_storage_is_the_plan(void **state) {
                                                     FLM_KV_F32));
         assert_ptr_equal((uint8_t *)ctx->be.kv.k, ctx->mem.base);
         assert_ptr_equal((uint8_t *)ctx->be.kv.v, ctx->mem.base + kv / 2);
-        assert_true(ctx->mem.used >= kv + flm_scratch_bytes(&ctx->model->hp, 32, (uint32_t)ctx->params.n_batch));
+        assert_true(ctx->mem.used >= kv + flm_scratch_bytes(&ctx->model->hp, 32, (uint32_t)ctx->params.n_batch, ctx->params.n_threads));
         assert_true(ctx->mem.used <= ctx->mem.size);
         assert_true((uint8_t *)ctx->tokens + FLM_STATS_TOKENS * sizeof *ctx->tokens <= ctx->mem.base + ctx->mem.used);
         const float *logits;

@@ -64,7 +64,7 @@ static void check_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l,
                       want + t * out_stride, threads, m);
     }
     assert_true(flm_attention_batch(k, c, l, pos, n, window, tree, q, q_stride, s.n_heads, s.n_kv, s.hd, 0.0883883f,
-                                    got, out_stride, threads));
+                                    got, out_stride, threads, NULL));
     if (memcmp(want, got, n * out_stride * sizeof(float))) {
         size_t i = 0;
         while (!memcmp(want + i, got + i, sizeof(float))) i++;
@@ -178,7 +178,7 @@ static void test_head_dim_above_limit(void **state) {
     assert_non_null(q);
     assert_non_null(out);
     memset(out, 0x5a, 3 * hd * sizeof(float));
-    assert_false(flm_attention_batch(flm_kernels_best(), &c, 0, 0, 3, 0, NULL, q, hd, 1, 1, hd, 1.0f, out, hd, 2));
+    assert_false(flm_attention_batch(flm_kernels_best(), &c, 0, 0, 3, 0, NULL, q, hd, 1, 1, hd, 1.0f, out, hd, 2, NULL));
     for (size_t i = 0; i < 3 * hd; i++) assert_int_equal(((const uint8_t *)out)[4 * i], 0x5a);
     free(q);
     free(out);

@@ -1083,7 +1083,7 @@ static void check_tiles(flm_kernel_level L) {
         for (size_t b = 0; b < n_x; b++) flm_matvec(k, t, W, rows, n, X + b * n, want + b * rows, 1);
         for (int th = 1; th <= 2; th++) {
             for (size_t i = 0; i < n_x * rows; i++) got[i] = NAN;
-            flm_matmat(k, t, W, rows, n, X, n, n_x, got, rows, th);
+            flm_matmat(k, t, W, rows, n, X, n, n_x, got, rows, th, NULL);
             if (memcmp(want, got, n_x * rows * sizeof(float)) != 0)
                 fail_msg("%s: matmat %s threads=%d differs from matvec token by token", k->name, flm_type_name(t),
                          th);

@@ -650,7 +650,7 @@ static void test_ffn_bundles_mixed(void **state) {
             for (int k = 0; k < 2; k++) {
                 if (!tabs[k]) continue;
                 for (int th = 1; th <= 3; th++) {
-                    flm_ffn_bundles(tabs[k], &b, rec, NULL, n, x, th == 1 ? out1 : out, h, acc, th);
+                    flm_ffn_bundles(tabs[k], &b, rec, NULL, n, x, th == 1 ? out1 : out, h, acc, th, NULL);
                     const float *o = th == 1 ? out1 : out;
                     for (uint32_t j = 0; j < d; j++)
                         /* int8 x: ~1e-2 of the magnitudes; float sums besides */

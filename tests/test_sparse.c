@@ -40,11 +40,11 @@ static void test_sparse_ffn_equals_dense(void **state) {
             }
         for (uint32_t j = 0; j < d; j++) x[j] = tu_rand_f32(&rng);
         float *dense = calloc(d, 4), *sub = calloc(d, 4), *h = calloc(F, 4), *acc = calloc(2 * d, 4);
-        flm_ffn_bundles(k, &b, rec, NULL, F, x, dense, h, acc, 1);
+        flm_ffn_bundles(k, &b, rec, NULL, F, x, dense, h, acc, 1, NULL);
         /* the full set through a row list in natural order: exactly the same bits */
         uint32_t *rows = malloc(F * sizeof *rows);
         for (uint32_t i = 0; i < F; i++) rows[i] = i;
-        flm_ffn_bundles(k, &b, rec, rows, F, x, sub, h, acc, 1);
+        flm_ffn_bundles(k, &b, rec, rows, F, x, sub, h, acc, 1, NULL);
         assert_memory_equal(dense, sub, d * sizeof(float));
         /* the oracle set (neurons with relu(gate . x) > 0), shuffled: equal to float rounding */
         uint32_t n = 0;
@@ -56,10 +56,10 @@ static void test_sparse_ffn_equals_dense(void **state) {
             rows[i] = rows[j];
             rows[j] = tmp;
         }
-        flm_ffn_bundles(k, &b, rec, rows, n, x, sub, h, acc, 2);
+        flm_ffn_bundles(k, &b, rec, rows, n, x, sub, h, acc, 2, NULL);
         for (uint32_t j = 0; j < d; j++) assert_true(fabsf(dense[j] - sub[j]) <= 1e-5f * (1.0f + fabsf(dense[j])));
         /* and a set missing an active neuron differs: the check above can fail */
-        flm_ffn_bundles(k, &b, rec, rows + 1, n - 1, x, sub, h, acc, 1);
+        flm_ffn_bundles(k, &b, rec, rows + 1, n - 1, x, sub, h, acc, 1, NULL);
         double diff = 0;
         for (uint32_t j = 0; j < d; j++) diff += fabs((double)dense[j] - sub[j]);
         assert_true(diff > 1e-4);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include "flashlm.h"
 #include "compute/kernels.h"
+#include "core/arena.h"
 
 #define FLM_ATT_MAX_HEAD_DIM 1024
 
@@ -83,12 +84,18 @@ typedef struct flm_att_tree {
  * the scores of all its query rows (the group's heads x the block's tokens) against each cache row, every key and
  * value row converted once per block (k's attn_scores_tile / attn_values_tile), each sum in the per-token order; split
  * over n_threads threads of the pool by (KV head, token block[, head group]).
- * Returns false, writing nothing, when its scratch (about n_threads * 32 rows * (head_dim + the block's span) floats,
- * at most about 2 MiB) cannot be allocated, or head_dim is above FLM_ATT_MAX_HEAD_DIM: the caller then runs
- * flm_attention per token. n_heads a multiple of n_kv_heads, pos + n <= c->n_ctx. */
+ * Its scratch (about n_threads * 32 rows * (head_dim + the block's span) floats, at most about 2 MiB unless one row
+ * per thread over the context is more) comes from the work area ws (compute/work.h; the heap when ws is NULL or too
+ * small). Returns false, writing nothing, when that scratch cannot be had, or head_dim is above
+ * FLM_ATT_MAX_HEAD_DIM: the caller then runs flm_attention per token. n_heads a multiple of n_kv_heads,
+ * pos + n <= c->n_ctx. */
 bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t pos, uint32_t n,
                          uint32_t window, const flm_att_tree *tree, const float *q, size_t q_stride, uint32_t n_heads,
                          uint32_t n_kv_heads, uint32_t head_dim, float scale, float *out, size_t out_stride,
-                         int n_threads);
+                         int n_threads, flm_arena *ws);
+/* The most bytes of work area flm_attention_batch takes for batches of up to n_batch tokens in a cache of n_ctx
+ * positions with these heads and n_threads threads (0 when n_batch <= 1: no batch runs). */
+size_t flm_attention_batch_work(uint32_t n_ctx, uint32_t n_batch, uint32_t n_heads, uint32_t n_kv_heads,
+                                uint32_t head_dim, int n_threads);
 
 #endif

@@ -16,7 +16,8 @@
  * which rows share a loaded key or value changes. Chunks run largest first (the last tokens see the most positions).
  * Scratch: one slot per thread that can run a chunk at a time (taken and given back with an atomic flag), so it does
  * not grow with the batch; chunks have fewer rows where a long context would take the slots past 2 MiB (the scores of
- * one row over 32k positions: 128 KiB), so the heap it takes for a call stays within the RSS allowance's slack. */
+ * one row over 32k positions: 128 KiB). The slots come from the caller's work area (compute/work.h), which the plan
+ * sizes with flm_attention_batch_work. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 #include "compute/attention.h"
 #include "compute/kernels.h"
 #include "compute/pool.h"
+#include "compute/work.h"
 
 #define BATT_ROWS 32    /* query rows a chunk aims at: each key and value row is converted once for them */
 #define BATT_MIN_WORK (1u << 17) /* row x position x head_dim products below which one thread runs the batch */
@@ -148,7 +150,7 @@ static void batt_chunk(void *arg, size_t chunk) {
 bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l, uint32_t pos, uint32_t n,
                          uint32_t window, const flm_att_tree *tree, const float *q, size_t q_stride, uint32_t n_heads,
                          uint32_t n_kv_heads, uint32_t head_dim, float scale, float *out, size_t out_stride,
-                         int n_threads) {
+                         int n_threads, flm_arena *ws) {
     if (!n) return true;
     if (head_dim > FLM_ATT_MAX_HEAD_DIM) return false; /* the tiles' row buffers (synth writes such a model) */
     batt B = {.k = k, .c = c, .l = l, .pos = pos, .n = n, .window = window, .tree = tree, .q = q,
@@ -193,16 +195,36 @@ bool flm_attention_batch(const flm_kernels *k, const flm_kv_cache *c, uint32_t l
         if (B.tb > 1) B.tb = (B.tb + 1) / 2;
         else B.hg = (B.hg + 1) / 2;
     }
-    B.scratch = aligned_alloc(64, (size_t)B.n_slots * B.slot_bytes);
-    B.busy = calloc((size_t)B.n_slots, sizeof *B.busy);
-    if (!B.scratch || !B.busy) {
-        free(B.scratch);
-        free(B.busy);
-        return false;
+    const uint64_t mark = flm_work_mark(ws);
+    flm_work_buf sb = flm_work_get(ws, (size_t)B.n_slots * B.slot_bytes);
+    flm_work_buf bb = flm_work_get(ws, (size_t)B.n_slots * sizeof *B.busy);
+    B.scratch = sb.p;
+    B.busy = bb.p;
+    if (B.scratch && B.busy) {
+        for (int i = 0; i < B.n_slots; i++) atomic_init(&B.busy[i], 0);
+        flm_pool_run(threads, n_chunks, batt_chunk, &B);
     }
-    for (int i = 0; i < B.n_slots; i++) atomic_init(&B.busy[i], 0);
-    flm_pool_run(threads, n_chunks, batt_chunk, &B);
-    free(B.scratch);
-    free(B.busy);
-    return true;
+    flm_work_put(ws, mark, &sb);
+    flm_work_put(ws, mark, &bb);
+    return B.scratch && B.busy;
+}
+
+/* bytes of the slots of n_slots chunks of `rows` query rows over `span` positions (flm_attention_batch's sizing) */
+static size_t slots_bytes(size_t n_slots, size_t rows, size_t head_dim, size_t span) {
+    return n_slots * ((4 * rows * sizeof(float *) + rows * (head_dim + span) * sizeof(float) + 63) / 64 * 64);
+}
+
+size_t flm_attention_batch_work(uint32_t n_ctx, uint32_t n_batch, uint32_t n_heads, uint32_t n_kv_heads,
+                                uint32_t head_dim, int n_threads) {
+    if (n_batch <= 1 || !n_kv_heads) return 0;
+    const size_t T = n_threads > 1 ? (n_threads < 256 ? (size_t)n_threads : 256) : 1;
+    const uint32_t group = n_heads / n_kv_heads ? n_heads / n_kv_heads : 1;
+    uint32_t tb = BATT_ROWS / group ? BATT_ROWS / group : 1;
+    if (tb > n_batch) tb = n_batch;
+    /* the first sizing (rows only shrink from it), else where the halving stops: within BATT_SCRATCH, or one row */
+    const size_t first = slots_bytes(T, (size_t)tb * group, head_dim, n_ctx), last = slots_bytes(T, 1, head_dim, n_ctx);
+    size_t s = first;
+    if (s > BATT_SCRATCH) s = last > BATT_SCRATCH ? last : BATT_SCRATCH;
+    if (s > first) s = first;
+    return s + ((T * sizeof(atomic_int) + 63) & ~(size_t)63) + 2 * 64; /* the busy flags, the carves' alignment */
 }

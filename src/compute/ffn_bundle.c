@@ -1,5 +1,6 @@
 #include "compute/ffn_bundle.h"
 #include "compute/pool.h"
+#include "compute/work.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -17,20 +18,20 @@
  * then the float-x dot is used instead. */
 typedef struct act_x {
     const void *xq;
-    void *heap; /* to free */
+    flm_work_buf w; /* to give back (flm_work_put) */
 } act_x;
 
 #define ACT_STACK_BYTES 16384
 
-static void act_prepare(uint32_t t, const float *x, size_t n, uint8_t *stack, act_x *a) {
+static void act_prepare(uint32_t t, const float *x, size_t n, uint8_t *stack, flm_arena *ws, act_x *a) {
     const flm_type_traits *tt = flm_type_traits_of(t);
-    a->heap = NULL;
+    a->w = (flm_work_buf){NULL, NULL};
     if (tt->vec_dot_type == FLM_TYPE_F32) {
         a->xq = x;
         return;
     }
     size_t ab = flm_act_bytes(t, n);
-    void *buf = ab <= ACT_STACK_BYTES ? (void *)stack : (a->heap = malloc(ab));
+    void *buf = ab <= ACT_STACK_BYTES ? (void *)stack : (a->w = flm_work_get(ws, ab)).p;
     if (buf) flm_act_quantize(t, x, n, buf);
     a->xq = buf;
 }
@@ -160,39 +161,43 @@ static void one_range(const void *arg, size_t i0, size_t i1, float *acc) {
 
 void flm_ffn_bundles_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                            const uint8_t *tail, const uint32_t *rows, size_t n, const float *x, float *out, float *h,
-                           float *acc, int n_threads) {
+                           float *acc, int n_threads, flm_arena *ws) {
     /* x quantized once for the up and gate rows (one buffer when both types share a vec_dot_type) */
     _Alignas(64) uint8_t su[ACT_STACK_BYTES], sg[ACT_STACK_BYTES];
+    const uint64_t mark = flm_work_mark(ws);
     act_x xu, xg;
-    act_prepare(b->up_type, x, b->d_model, su, &xu);
+    act_prepare(b->up_type, x, b->d_model, su, ws, &xu);
     xg = xu;
-    xg.heap = NULL;
+    xg.w = (flm_work_buf){NULL, NULL};
     if (b->gated && flm_type_traits_of(b->gate_type)->vec_dot_type != flm_type_traits_of(b->up_type)->vec_dot_type)
-        act_prepare(b->gate_type, x, b->d_model, sg, &xg);
+        act_prepare(b->gate_type, x, b->d_model, sg, ws, &xg);
     one_args args = {k, b, head, tail, n_head, rows, x, &xu, &xg, h};
     split_reduce(n, n_threads, b->d_model, b->d_model, one_range, &args, acc, out, b->d_model);
-    free(xu.heap);
-    free(xg.heap);
+    flm_work_put(ws, mark, &xu.w);
+    flm_work_put(ws, mark, &xg.w);
 }
 
 void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
-                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads) {
-    flm_ffn_bundles_split(k, b, records, SIZE_MAX, NULL, rows, n, x, out, h, acc, n_threads);
+                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads, flm_arena *ws) {
+    flm_ffn_bundles_split(k, b, records, SIZE_MAX, NULL, rows, n, x, out, h, acc, n_threads, ws);
 }
 
 /* x_b prepared for the dot products with one weight type, for a batch: xq + b * bytes, or NULL (float x). */
 typedef struct act_batch {
     uint8_t *xq;
     size_t bytes;
+    flm_work_buf w; /* to give back (flm_work_put) */
 } act_batch;
 
-static void act_batch_prepare(uint32_t t, const float *X, size_t x_stride, size_t n_x, size_t n, act_batch *a) {
+static void act_batch_prepare(uint32_t t, const float *X, size_t x_stride, size_t n_x, size_t n, flm_arena *ws,
+                              act_batch *a) {
     const flm_type_traits *tt = flm_type_traits_of(t);
     a->xq = NULL;
     a->bytes = 0;
+    a->w = (flm_work_buf){NULL, NULL};
     if (tt->vec_dot_type == FLM_TYPE_F32) return;
     a->bytes = (flm_act_bytes(t, n) + 63) & ~(size_t)63;
-    if (!(a->xq = aligned_alloc(64, a->bytes * n_x))) return;
+    if (!(a->xq = (a->w = flm_work_get(ws, a->bytes * n_x)).p)) return;
     for (size_t b = 0; b < n_x; b++) flm_act_quantize(t, X + b * x_stride, n, a->xq + b * a->bytes);
 }
 
@@ -331,29 +336,38 @@ static void batch_range(const void *arg, size_t i0, size_t i1, float *acc) {
 void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                                  const uint8_t *tail, const uint32_t *rows, size_t n, const uint8_t *mask,
                                  size_t mask_stride, size_t n_x, const float *X, size_t x_stride, float *OUT,
-                                 size_t out_stride, float *acc, float *h_abs, int n_threads) {
+                                 size_t out_stride, float *acc, float *h_abs, int n_threads, flm_arena *ws) {
     const size_t d = b->d_model;
+    const uint64_t mark = flm_work_mark(ws);
     act_batch xu, xg;
-    act_batch_prepare(b->up_type, X, x_stride, n_x, d, &xu);
+    act_batch_prepare(b->up_type, X, x_stride, n_x, d, ws, &xu);
     bool own_g = b->gated &&
                  flm_type_traits_of(b->gate_type)->vec_dot_type != flm_type_traits_of(b->up_type)->vec_dot_type;
-    if (own_g) act_batch_prepare(b->gate_type, X, x_stride, n_x, d, &xg);
+    if (own_g) act_batch_prepare(b->gate_type, X, x_stride, n_x, d, ws, &xg);
     else xg = xu;
     if ((xu.bytes && !xu.xq) || (own_g && xg.bytes && !xg.xq)) { /* no memory: float-x dots for both */
-        free(xu.xq);
-        if (own_g) free(xg.xq);
-        xu = xg = (act_batch){NULL, 0};
+        flm_work_put(ws, mark, &xu.w);
+        if (own_g) flm_work_put(ws, mark, &xg.w);
+        xu = xg = (act_batch){NULL, 0, {NULL, NULL}};
         own_g = false;
     }
     batch_args args = {k, b, head, tail, n_head, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg, h_abs};
     split_reduce(n, n_threads, n_x * d, d, batch_range, &args, acc, OUT, out_stride);
-    free(xu.xq);
-    if (own_g) free(xg.xq);
+    flm_work_put(ws, mark, &xu.w);
+    if (own_g) flm_work_put(ws, mark, &xg.w);
+}
+
+size_t flm_ffn_bundles_work(size_t d_model, size_t n_x) {
+    const size_t ab = flm_act_bytes_max(d_model);
+    /* one token: the up and gate activations on the stack up to ACT_STACK_BYTES each; a batch: n_x of each */
+    const size_t one = ab > ACT_STACK_BYTES ? 2 * ab : 0, batch = n_x > 1 ? 2 * n_x * ab : 0;
+    return (one > batch ? one : batch) + 2 * 64;
 }
 
 void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
                            const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
-                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads) {
+                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads,
+                           flm_arena *ws) {
     flm_ffn_bundles_batch_split(k, b, records, SIZE_MAX, NULL, rows, n, mask, mask_stride, n_x, X, x_stride, OUT,
-                                out_stride, acc, NULL, n_threads);
+                                out_stride, acc, NULL, n_threads, ws);
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include "compute/act.h"
 #include "compute/kernels.h"
+#include "core/arena.h"
 
 typedef struct flm_bundle_desc {
     uint32_t d_model;
@@ -38,7 +39,7 @@ typedef struct flm_bundle_desc {
  * records + i * record_bytes when rows is NULL. h receives the n activations h_i (0 for neurons below the threshold).
  * acc is scratch of n_threads * d_model floats. n_threads <= 1: serial. */
 void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
-                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads);
+                     size_t n, const float *x, float *out, float *h, float *acc, int n_threads, flm_arena *ws);
 
 /* The FFN of a batch of n_x tokens over the same n bundles (records / rows as flm_ffn_bundles): for token b,
  * out_b = sum over the bundles i it uses of h_bi * down_i, with x_b = X + b * x_stride and out_b = OUT + b * out_stride
@@ -46,10 +47,12 @@ void flm_ffn_bundles(const flm_kernels *k, const flm_bundle_desc *b, const uint8
  * non-zero (a sparse batch: each token over its own predicted set within the union the bundles hold). Each bundle is
  * read once for all tokens. Every out_b equals flm_ffn_bundles on that token's bundles to float rounding (the
  * order of the partial sums may differ). acc is scratch of n_threads * n_x * d_model floats; x_b are quantized into
- * heap scratch (n_x * the activation bytes; if that fails, the float-x dot products are used). */
+ * the work area ws (compute/work.h: n_x * the activation bytes; the heap when ws is NULL or too small; if that fails,
+ * the float-x dot products are used). */
 void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
                            const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
-                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads);
+                           const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc, int n_threads,
+                           flm_arena *ws);
 
 /* The same two over a layer whose records lie in two places (the hot mode, runtime/ffn_hot.c): bundle j < n_head at
  * head + j * record_bytes (the resident hottest neurons), bundle j >= n_head at tail + (j - n_head) * record_bytes
@@ -60,10 +63,12 @@ void flm_ffn_bundles_batch(const flm_kernels *k, const flm_bundle_desc *b, const
  * ranks; the threads own disjoint bundle ranges, and it takes no part in the FFN's arithmetic. */
 void flm_ffn_bundles_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                            const uint8_t *tail, const uint32_t *rows, size_t n, const float *x, float *out, float *h,
-                           float *acc, int n_threads);
+                           float *acc, int n_threads, flm_arena *ws);
 void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                                  const uint8_t *tail, const uint32_t *rows, size_t n, const uint8_t *mask,
                                  size_t mask_stride, size_t n_x, const float *X, size_t x_stride, float *OUT,
-                                 size_t out_stride, float *acc, float *h_abs, int n_threads);
+                                 size_t out_stride, float *acc, float *h_abs, int n_threads, flm_arena *ws);
+/* The most bytes of work area the four calls above take for a layer of d_model and batches of up to n_x tokens. */
+size_t flm_ffn_bundles_work(size_t d_model, size_t n_x);
 
 #endif

@@ -1,6 +1,7 @@
 /* kernels.c — L_compute: scalar reference kernels, type conversions, quantizers, matvec, rmsnorm, softmax, and the
  * run-time choice of kernel table. See kernels.h. */
 #include "compute/kernels.h"
+#include "compute/work.h"
 
 #include <assert.h>
 #include <math.h>
@@ -585,7 +586,7 @@ static void mm_chunk(void *arg, size_t b) {
 }
 
 void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
-                size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads) {
+                size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads, flm_arena *ws) {
     const flm_type_traits *tt = flm_type_traits_of(t);
     assert(tt && tt->is_tensor && t < FLM_N_TYPES && k->vec_dot[t]);
     if (n_x == 0) return;
@@ -593,7 +594,9 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     const bool f32 = tt->vec_dot_type == FLM_TYPE_F32;
     const size_t ab = f32 ? 0 : (flm_act_bytes(t, n) + 63) & ~(size_t)63;
     uint8_t *xq = NULL;
-    if (!f32 && (n_x == 1 || !(xq = aligned_alloc(64, ab * n_x)))) { /* one token, or no memory: matvec */
+    const uint64_t mark = flm_work_mark(ws);
+    flm_work_buf wb = {NULL, NULL};
+    if (!f32 && (n_x == 1 || !(xq = (wb = flm_work_get(ws, ab * n_x)).p))) { /* one token, or no memory: matvec */
         for (size_t b = 0; b < n_x; b++) flm_matvec(k, t, W, rows, n, X + b * x_stride, Y + b * y_stride, n_threads);
         return;
     }
@@ -613,13 +616,13 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
         rb = (rb + 15) & ~(size_t)15; /* whole panels of 16 rows (quants_panel_vnni.h) */
         tile_job J = {tile, W, stride, rows, rb, xq, ab, n_x, n, Y, y_stride};
         flm_pool_run(nt, (rows + rb - 1) / rb, tile_chunk, &J);
-        free(xq);
+        flm_work_put(ws, mark, &wb);
         return;
     }
     mm_job J = {fn, W, stride, rows, f32, X, x_stride, xq, ab, n_x, n, Y, y_stride,
                 nt > 1 ? chunk_rows(rows, stride, nt) : rows};
     flm_pool_run(nt, (rows + J.c - 1) / J.c, mm_chunk, &J);
-    free(xq);
+    flm_work_put(ws, mark, &wb);
 }
 
 /* flm_matvec_multi's chunks: global rows [b * c, (b + 1) * c) of the jobs laid end to end */

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "core/arena.h"
 #include "compute/act.h"
 #include "flashlm.h"
 
@@ -197,14 +198,14 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
 
 /* A batch of matrix-vector products with one matrix (the matrix-matrix product of a batched forward pass):
  * y_b[r] = dot(W row r, x_b) for r < rows and b < n_x, where x_b = X + b * x_stride (n floats) and
- * y_b = Y + b * y_stride. Every x_b is quantized once into W's vec_dot_type (heap scratch of n_x * flm_act_bytes(t, n)
- * bytes), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Where the table has
+ * y_b = Y + b * y_stride. Every x_b is quantized once into W's vec_dot_type (n_x * flm_act_bytes(t, n) bytes, each
+ * rounded up to 64, from the work area ws: compute/work.h; the heap when ws is NULL or too small), then each row of W is read once for all n_x tokens: the weight traffic a batch shares. Where the table has
  * a vec_dot_tile[t], rows go in blocks (multiples of 16 rows) that stay in L2 (about 192 KiB of weights) and the tile kernel unpacks each
  * weight block once per few tokens; else vec_dot per (row, token). Every y_b[r] equals flm_matvec's bit for bit.
  * Rows split over n_threads threads of the pool (compute/pool.h). When the scratch cannot be allocated it runs flm_matvec token by token
  * (the same values). n as flm_matvec. */
 void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *X,
-                size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads);
+                size_t x_stride, size_t n_x, float *Y, size_t y_stride, int n_threads, flm_arena *ws);
 
 /* One matrix of flm_matvec_multi: y[r] = dot(W row r, x) for r < rows, W of type `type`, rows of n elements. */
 typedef struct flm_matvec_job {

@@ -104,6 +104,8 @@ struct flm_backend {
     const flm_kernels *k; /* the CPU backend's kernel table (compute/kernels.h), chosen once per process */
     int n_threads;        /* compute threads */
     flm_kv_cache kv;      /* the KV cache, in the device's memory (kv_init) */
+    flm_arena *work;      /* the compute calls' temporary buffers (compute/work.h), carved at open from the plan's
+                             scratch (flm_scratch.work); NULL: the heap */
     void *state;          /* a backend's own */
     bool bad;             /* the CPU backend's watch: a non-finite output noted this pass, and the first one's */
     uint32_t bad_layer;

@@ -64,20 +64,20 @@ static void cpu_add_bias(const flm_pass *P, float *x, size_t x_stride, const flm
 
 static void cpu_bundles(const flm_backend *be, const flm_bundle_desc *b, const uint8_t *records, const uint32_t *rows,
                         size_t n, const float *x, float *out, float *h, float *acc) {
-    flm_ffn_bundles(be->k, b, records, rows, n, x, out, h, acc, be->n_threads);
+    flm_ffn_bundles(be->k, b, records, rows, n, x, out, h, acc, be->n_threads, be->work);
 }
 
 static void cpu_bundles_batch(const flm_backend *be, const flm_bundle_desc *b, const uint8_t *records,
                               const uint32_t *rows, size_t n, const uint8_t *mask, size_t mask_stride, size_t n_x,
                               const float *X, size_t x_stride, float *OUT, size_t out_stride, float *acc) {
     flm_ffn_bundles_batch(be->k, b, records, rows, n, mask, mask_stride, n_x, X, x_stride, OUT, out_stride, acc,
-                          be->n_threads);
+                          be->n_threads, be->work);
 }
 
 static void cpu_bundles_split(const flm_backend *be, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
                               const uint8_t *tail, const uint32_t *rows, size_t n, const float *x, float *out,
                               float *h, float *acc) {
-    flm_ffn_bundles_split(be->k, b, head, n_head, tail, rows, n, x, out, h, acc, be->n_threads);
+    flm_ffn_bundles_split(be->k, b, head, n_head, tail, rows, n, x, out, h, acc, be->n_threads, be->work);
 }
 
 static void cpu_bundles_batch_split(const flm_backend *be, const flm_bundle_desc *b, const uint8_t *head,
@@ -85,7 +85,7 @@ static void cpu_bundles_batch_split(const flm_backend *be, const flm_bundle_desc
                                     const uint8_t *mask, size_t mask_stride, size_t n_x, const float *X,
                                     size_t x_stride, float *OUT, size_t out_stride, float *acc, float *h_abs) {
     flm_ffn_bundles_batch_split(be->k, b, head, n_head, tail, rows, n, mask, mask_stride, n_x, X, x_stride, OUT,
-                                out_stride, acc, h_abs, be->n_threads);
+                                out_stride, acc, h_abs, be->n_threads, be->work);
 }
 
 /* one pass of integer compares over the exponent bits, nothing next to the matrix products */

@@ -69,8 +69,8 @@ bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
     return true;
 }
 
-flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
-                            flm_error *err) {
+flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads,
+                            flm_arena *a, flm_error *err) {
     size_t q_dim = (size_t)hp->n_heads * hp->head_dim;
     size_t xb = (size_t)flm_hparams_row(hp);
     memset(s, 0, sizeof *s);
@@ -100,8 +100,14 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
         batch_ok = s->bx && s->bxb && s->bxb2 && s->bq && s->bk && s->bv && s->bh && s->bh2;
     }
 #undef CARVE
+    const uint64_t T = flm_scratch_tree_nodes(n_ctx), wb = flm_scratch_work_bytes(hp, n_ctx, n_batch, n_threads);
+    s->tree = flm_arena_alloc(a, 4 * T + T * T + n_ctx, FLM_CARVE_ALIGN);
+    s->out_rows = flm_arena_alloc(a, 4ull * FLM_OUTPUT_ROWS_MAX(n_batch) * ((uint64_t)hp->d_model + hp->d_embd),
+                                  FLM_CARVE_ALIGN);
+    uint8_t *work = wb ? flm_arena_alloc(a, wb, FLM_CARVE_ALIGN) : NULL;
+    s->work = (flm_arena){.base = work, .size = work ? wb : 0, .used = 0};
     if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
-        !batch_ok) {
+        !batch_ok || !s->tree || !s->out_rows || (wb && !work)) {
         flm_scratch_free(s);
         return flm_fail(err, FLM_ERR_BUDGET, "the activations exceed the memory planned for them");
     }
@@ -201,7 +207,7 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
     const uint32_t kv_elem = flm_kv_elem_bytes(p);
     uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
     const uint32_t n_batch = (uint32_t)ctx->params.n_batch;
-    uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
+    uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch, p->n_threads) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
     if (ctx->be.ops->mem_init(&ctx->be, &ctx->mem, mem, NULL)) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the KV cache and activations", path,
@@ -209,12 +215,13 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
     }
     void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
     if (kv_mem) ctx->be.ops->kv_init(&ctx->be, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
-    if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, n_batch, &ctx->mem, err)) ||
+    if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, n_batch, p->n_threads, &ctx->mem, err)) ||
         !(ctx->tokens = flm_arena_alloc(&ctx->mem, FLM_STATS_TOKENS * sizeof *ctx->tokens, FLM_CARVE_ALIGN))) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_BUDGET, "%s: the KV cache and activations exceed the %llu bytes planned", path,
                         (unsigned long long)mem);
     }
+    ctx->be.work = &ctx->s.work;
     ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     *out = ctx;
     return FLM_OK;
@@ -459,14 +466,16 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
                         "earlier nodes must come first)", first, ctx->tree_n, ctx->tree_pos);
     const flm_hparams *hp = &ctx->model->hp;
     const size_t N = n_nodes;
-    uint8_t *mem = malloc(N * sizeof(int32_t) + N * N + (size_t)ctx->params.n_ctx);
-    if (!mem) return flm_fail(err, FLM_ERR_NOMEM, "tree evaluation: out of memory for %u nodes", n_nodes);
+    if (n_nodes > flm_scratch_tree_nodes((uint32_t)ctx->params.n_ctx))
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: %u nodes, more than a tree may have (%u: "
+                        "FLM_TREE_MAX_NODES, at most the context)", n_nodes,
+                        flm_scratch_tree_nodes((uint32_t)ctx->params.n_ctx));
+    uint8_t *mem = ctx->s.tree; /* carved at open: depth [N], ancestors [N][N], a row's mask [n_ctx] */
     int32_t *depth = (int32_t *)mem;
     uint8_t *anc = mem + N * sizeof(int32_t), *mask = anc + N * N;
     for (size_t i = 0; i < N; i++) {
         const int32_t p = parent[i];
         if (p < -1 || p >= (int32_t)i) {
-            free(mem);
             return flm_fail(err, FLM_ERR_ARG, "tree evaluation: node %zu's parent %d is not an earlier node (or -1)", i,
                             p);
         }
@@ -476,7 +485,6 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
         anc[i * N + i] = 1;
         if (hp->n_swa && (uint32_t)depth[i] >= hp->n_swa) {
             const int32_t len = depth[i] + 1;
-            free(mem);
             return flm_fail(err, FLM_ERR_ARG, "tree evaluation: a path of %d nodes is longer than the sliding window "
                             "(%u)", len, hp->n_swa);
         }
@@ -506,7 +514,6 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     ctx->tree_hidden = hidden;
     if (st || logits) ctx->tree_hidden = NULL;
     else ctx->tree_hidden_first = first;
-    free(mem);
     return st;
 }
 
@@ -518,7 +525,6 @@ flm_status flm_tree_logits(flm_ctx *ctx, uint32_t node, float *logits, flm_error
     return flm_output_row(ctx, ctx->tree_hidden + (size_t)(node - ctx->tree_hidden_first) * d, logits, err);
 }
 
-#define FLM_TREE_LOGITS_MAX 64 /* nodes per classifier pass of flm_tree_logits_n (the state pointers on the stack) */
 
 flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_error *err) {
     if (!ctx || !logits || !nodes || n == 0 || !ctx->tree_hidden)
@@ -530,8 +536,9 @@ flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, fl
                             "without logits", nodes[i]);
     const uint32_t d = ctx->model->hp.d_model;
     const float *x[FLM_TREE_LOGITS_MAX];
-    for (uint32_t done = 0; done < n;) { /* FLM_TREE_LOGITS_MAX nodes per classifier pass */
-        const uint32_t m = n - done < FLM_TREE_LOGITS_MAX ? n - done : FLM_TREE_LOGITS_MAX;
+    const uint32_t per = FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch); /* nodes per classifier pass (flm_output_rows') */
+    for (uint32_t done = 0; done < n;) {
+        const uint32_t m = n - done < per ? n - done : per;
         for (uint32_t i = 0; i < m; i++)
             x[i] = ctx->tree_hidden + (size_t)(nodes[done + i] - ctx->tree_hidden_first) * d;
         flm_status st = flm_output_rows(ctx, x, m, logits + (size_t)done * ctx->model->hp.n_vocab, err);

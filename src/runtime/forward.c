@@ -110,7 +110,8 @@ void flm_pass_norm(const flm_pass *P, const flm_weight *w, const flm_weight *b, 
 void flm_pass_linear(const flm_pass *P, const flm_weight *W, const flm_weight *b, size_t rows, size_t cols,
                      const float *in, size_t in_stride, float *out, size_t out_stride) {
     if (P->n == 1) flm_matvec(P->k, W->type, W->data, rows, cols, in, out, P->n_threads);
-    else flm_matmat(P->k, W->type, W->data, rows, cols, in, in_stride, P->n, out, out_stride, P->n_threads);
+    else flm_matmat(P->k, W->type, W->data, rows, cols, in, in_stride, P->n, out, out_stride, P->n_threads,
+                    P->be ? P->be->work : NULL);
     if (b)
         for (uint32_t t = 0; t < P->n; t++) add_bias(out + t * out_stride, b, (uint32_t)rows);
 }
@@ -171,7 +172,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
         const flm_att_tree at = T ? (flm_att_tree){T->base, T->n_nodes, T->depth, T->anc} : (flm_att_tree){0};
         if (flm_attention_batch(P->k, P->kv, kv_layer, (uint32_t)P->pos, P->n, L->swa ? hp->n_swa : 0, T ? &at : NULL,
                                 q, q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->attn_scale, out, out_stride,
-                                P->n_threads))
+                                P->n_threads, P->be ? P->be->work : NULL))
             return;
     }
     for (uint32_t t = 0; t < P->n; t++) {
@@ -441,11 +442,12 @@ flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, floa
     const flm_hparams *hp = &m->hp;
     flm_backend *be = &ctx->be;
     const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = n};
-    float *buf = malloc((size_t)n * ((size_t)hp->d_model + hp->d_embd) * sizeof(float));
-    if (!buf) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for %u tokens' output layer", n);
+    if (n > FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch))
+        return flm_fail(err, FLM_ERR_ARG, "output layer of %u rows: more than the %u planned", n,
+                        FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch));
+    float *buf = ctx->s.out_rows; /* carved at open */
     for (uint32_t i = 0; i < n; i++) memcpy(buf + (size_t)i * hp->d_model, x[i], hp->d_model * sizeof(float));
     output(be->ops, m, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab);
-    free(buf);
     watch_logits(be, logits, n, hp->n_vocab, hp->n_vocab);
     return verdict(ctx, err);
 }

@@ -15,6 +15,7 @@
 #include "core/files.h"
 #include "core/util.h"
 #include "core/types.h"
+#include "compute/work.h"
 
 _Static_assert((int)FLM_PLAN_EMBD_MEMORY == (int)FLM_EMBD_MEMORY && (int)FLM_PLAN_EMBD_FLASH == (int)FLM_EMBD_FLASH &&
                    (int)FLM_PLAN_EMBD_TIED == (int)FLM_EMBD_TIED && (int)FLM_PLAN_EMBD_UNSPLIT == (int)FLM_EMBD_UNSPLIT,
@@ -50,16 +51,32 @@ uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_c
     return b ? b : 1;
 }
 
-uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
+uint32_t flm_scratch_tree_nodes(uint32_t n_ctx) { return n_ctx < FLM_TREE_MAX_NODES ? n_ctx : FLM_TREE_MAX_NODES; }
+
+uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads) {
+    uint64_t dim = flm_hparams_row(hp); /* the widest input of a matrix product: d_model, q_dim, d_embd or d_ffn */
+    if (hp->d_ffn > dim) dim = hp->d_ffn;
+    const uint64_t mm = n_batch > 1 ? (uint64_t)n_batch * flm_act_bytes_max(dim) + 64 : 0;
+    const uint64_t att = flm_attention_batch_work(n_ctx, n_batch, hp->n_heads, hp->n_kv_heads, hp->head_dim, n_threads);
+    const uint64_t ffn = flm_ffn_bundles_work(hp->d_model, n_batch);
+    uint64_t w = mm > att ? mm : att;
+    return w > ffn ? w : ffn;
+}
+
+uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads) {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t xb = flm_hparams_row(hp), kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     uint64_t one = (uint64_t)hp->d_model * 2 + xb + 2ull * hp->d_ffn + q_dim + 2 * kv_dim; /* a token's rows */
     uint64_t batch = n_batch > 1 ? (uint64_t)n_batch * batch_row_bytes(hp) : 0;
-    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + FLM_STATS_TOKENS * sizeof(flm_token_stats);
+    const uint64_t T = flm_scratch_tree_nodes(n_ctx);
+    const uint64_t tree = 4 * T + T * T + n_ctx;
+    const uint64_t out_rows = 4ull * FLM_OUTPUT_ROWS_MAX(n_batch) * ((uint64_t)hp->d_model + hp->d_embd);
+    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + tree + out_rows +
+           flm_scratch_work_bytes(hp, n_ctx, n_batch, n_threads) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
 uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, bool flash) {
-    uint64_t s = flm_scratch_bytes(hp, n_ctx, n_batch) + flm_compute_threads_bytes(n_threads);
+    uint64_t s = flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_compute_threads_bytes(n_threads);
     if (flash) s += 4ull * (uint64_t)n_threads * n_batch * hp->d_model + (uint64_t)hp->n_vocab * 96;
     return s;
 }

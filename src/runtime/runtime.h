@@ -30,7 +30,17 @@ typedef struct flm_scratch {
     float *bx, *bxb, *bxb2; /* [n_batch][d_model], [n_batch][max(d_model, q_dim)], [n_batch][d_model] */
     float *bq, *bk, *bv;    /* [n_batch][q_dim], [n_batch][kv_dim] x 2 */
     float *bh, *bh2;        /* [n_batch][d_ffn] x 2 */
+    /* what the token path would otherwise allocate per call, carved once (flm_scratch_bytes counts it) */
+    uint8_t *tree;          /* flm_eval_tree: depth int32 [T], ancestors [T][T], a row's mask [n_ctx]; T =
+                               flm_scratch_tree_nodes */
+    float *out_rows;        /* flm_output_rows: [FLM_OUTPUT_ROWS_MAX(n_batch)][d_model + d_embd] */
+    flm_arena work;         /* the compute calls' temporary buffers (compute/work.h: quantized activations of a
+                               batch, attention tiles), flm_scratch_work_bytes of them; the backend's `work` */
 } flm_scratch;
+
+/* Rows one flm_output_rows call takes (flm_tree_logits_n's classifier pass): FLM_TREE_LOGITS_MAX, at most n_batch. */
+#define FLM_TREE_LOGITS_MAX 64
+#define FLM_OUTPUT_ROWS_MAX(n_batch) ((n_batch) < 1 ? 1u : (n_batch) < FLM_TREE_LOGITS_MAX ? (n_batch) : FLM_TREE_LOGITS_MAX)
 
 /* Where the token embedding (token_embd.weight) lives, as the plan decided. */
 typedef enum flm_embd_place {
@@ -241,21 +251,29 @@ void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint3
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
 /* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 10 activation arrays, 8 batch
- * arrays, the statistics ring): the arena holds their bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
+ * arrays, the tree, output rows and work area, the statistics ring): the arena holds their bytes plus
+ * FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
 #define FLM_CARVE_ALIGN 64u
-#define FLM_CTX_CARVES 20u
+#define FLM_CTX_CARVES 23u
 
-/* Bytes of scratch for these hyper-parameters, context length and batch size (tokens; <= 1: no batch arrays).
- * (runtime/plan.c, with flm_batch_size: the plan's sizes.) */
-uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch);
+/* Bytes of scratch for these hyper-parameters, context length, batch size (tokens; <= 1: no batch arrays) and
+ * compute threads: the activations, the tree and output-row buffers, the work area (flm_scratch_work_bytes) and the
+ * statistics ring (runtime/plan.c, with flm_batch_size: the plan's sizes). */
+uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads);
+/* Nodes the tree buffer holds: FLM_TREE_MAX_NODES, at most n_ctx. */
+uint32_t flm_scratch_tree_nodes(uint32_t n_ctx);
+/* The work area: the largest of what one compute call of the token path takes at once (flm_matmat's quantized
+ * batch, flm_attention_batch's tiles, the bundle FFN's quantized batch: compute/work.h), for batches of up to
+ * n_batch tokens over n_threads threads. */
+uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads);
 /* The plan's scratch part (flm_plan_info.scratch), the one formula: flm_scratch_bytes (the activations and the
  * statistics ring, carved at open), the compute threads past the allowance's (flm_compute_threads_bytes), and for a
  * .flm file (flash) the per-thread FFN accumulators of a batch (4 n_threads n_batch d_model) and the tokenizer's
  * copies (~96 bytes a token: pieces twice, hash, entries). The embedding row buffer is the budget plan's own. */
 uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, bool flash);
 /* Carve the activations from a (FLM_CARVE_ALIGN-aligned arrays, zero). Errors: FLM_ERR_BUDGET (a is too small). */
-flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, flm_arena *a,
-                            flm_error *err);
+flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads,
+                            flm_arena *a, flm_error *err);
 /* The batch size (tokens) for these parameters: params->n_batch when set, else 256, or under a budget (bytes; 0:
  * none) fewer, so that the batch's activations and FFN accumulators take at most 1/64 of it; clamped to
  * [1, n_ctx]. */
@@ -270,7 +288,8 @@ struct flm_tree;
 flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error *err);
 /* flm_output_row of n tokens at once: x[i] is token i's d_model floats (not changed), logits n rows of n_vocab; the
  * classifier as one matrix-matrix product (each weight row read once for the n tokens), every row's bits those of
- * flm_output_row (the tile kernels' dots are vec_dot's). Errors: those of flm_output_row. */
+ * flm_output_row (the tile kernels' dots are vec_dot's); the rows are copied into scratch carved at open. Errors:
+ * FLM_ERR_ARG (n above FLM_OUTPUT_ROWS_MAX(n_batch)), those of flm_output_row. */
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err);
 
 /* flm_open on backend `be` (flm_open: &flm_backend_cpu; tests/test_backend.c: a stub over it). */

@@ -727,8 +727,8 @@ static flm_status sparse_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, fl
         const flm_predictor *p = &sp->sp.layers[l].pred;
         float *H = E->s->bh2, *Z = E->s->bh; /* n_batch * d_ffn floats each, unused by the bundle kernels */
         flm_matmat(E->k, FLM_TYPE_F16, sp->A16[l], p->rank, p->d_model, in, in_stride, n, H, p->rank,
-                   pp->n_threads);
-        flm_matmat(E->k, FLM_TYPE_F16, sp->B16[l], F, p->rank, H, p->rank, n, Z, F, pp->n_threads);
+                   pp->n_threads, E->be->work);
+        flm_matmat(E->k, FLM_TYPE_F16, sp->B16[l], F, p->rank, H, p->rank, n, Z, F, pp->n_threads, E->be->work);
         for (uint32_t t = 0; t < n; t++) {
             uint8_t *mt = M + (size_t)t * F;
             if (pos0 + (int32_t)t == 0) { /* the first token of a sequence runs dense (sparse_compute) */

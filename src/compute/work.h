@@ -1,0 +1,35 @@
+/* work.h — the temporary buffers of one compute call (quantized activations, attention tiles), carved from a work
+ * area the caller planned (the context's: flm_scratch.work, counted in the plan's scratch) instead of the heap.
+ * Internal.
+ *
+ * A call takes a mark (flm_work_mark), carves what it needs (flm_work_get) and gives it all back (flm_work_put): the
+ * area is a stack, so nested calls need the sum of what is held at once and sequential calls the largest. Without an
+ * area (ws NULL: tools, tests, benchmarks), or when a request does not fit in what is left, the buffer comes from the
+ * heap and flm_work_heap_count() counts it: the token path of a context never takes that branch
+ * (tests/test_work.c). */
+#ifndef FLM_COMPUTE_WORK_H
+#define FLM_COMPUTE_WORK_H
+#include <stddef.h>
+#include <stdint.h>
+#include "core/arena.h"
+
+/* What flm_work_get handed out: the buffer, and what flm_work_put gives back. */
+typedef struct flm_work_buf {
+    void *p;       /* 64-byte aligned; NULL when neither the area nor the heap had the bytes */
+    void *heap;    /* the heap block to free, or NULL (carved from the area) */
+} flm_work_buf;
+
+/* ws's fill level, to restore with flm_work_put (0 for no area) */
+static inline uint64_t flm_work_mark(const flm_arena *ws) { return ws ? ws->used : 0; }
+/* bytes (> 0) 64-byte aligned from ws, else from the heap (counted). */
+flm_work_buf flm_work_get(flm_arena *ws, size_t bytes);
+/* Give back everything carved from ws since mark, and free b's heap block (b may be NULL). */
+void flm_work_put(flm_arena *ws, uint64_t mark, flm_work_buf *b);
+/* Heap blocks flm_work_get has handed out in this process (a work area was absent or too small). */
+uint64_t flm_work_heap_count(void);
+
+/* The largest flm_act_bytes(t, n) over the weight types t (bytes n floats take quantized for any dot product),
+ * rounded up to 64: the per-token size of a quantized activation buffer. */
+size_t flm_act_bytes_max(size_t n);
+
+#endif
