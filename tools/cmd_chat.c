@@ -172,25 +172,50 @@ done:
     return keep;
 }
 
-int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *chat_name = NULL, *system = NULL;
-    bool verbose = false;
-    long n_predict = 512;
+/* The command line of `flashlm chat`. */
+typedef struct chat_args {
+    const char *model, *chat_name, *system;
+    bool verbose;
+    long n_predict;
     flm_params params;
-    flm_params_default(&params);
     flm_sampler_params sp;
-    flm_sampler_params_default(&sp);
-    static cli_spec_session ss; /* speculative decoding (large: a path buffer) */
-    memset(&ss, 0, sizeof ss);
-    cli_spec_args_default(&ss.a);
-    cli_shift_opts shift = {false, CLI_KEEP_DEFAULT};
+    cli_shift_opts shift;
+} chat_args;
+
+/* One conversation: the model, its session and template, the messages, and the counts the summary prints. */
+typedef struct chat_state {
+    flm_ctx *ctx;
+    flm_chat *tmpl;
+    flm_session *sess; /* the library's token loop, speculative or not */
+    flm_model_info info;
+    cli_gen gen;
+    msg_list msgs;
+    const char *system;
+    bool verbose;
+    long n_predict;
+    size_t per_token, line_max; /* a turn's bytes: at most line_max, per_token bytes per token */
+    int n_turns;
+    bool full;                  /* the context ran out: only /reset or /exit are accepted */
+    bool refused;               /* a turn got no reply for want of context: exit status 1 */
+    uint64_t n_prompt_tok, n_gen_tok;
+    size_t n_forgotten;         /* messages dropped by chat_forget */
+    double ms_prompt, ms_gen;
+} chat_state;
+
+/* Parse the options into A (and the speculative ones into ss->a). Returns -1 to go on, else the exit status. */
+static int chat_parse(int argc, char **argv, chat_args *A, cli_spec_session *ss) {
+    A->n_predict = 512;
+    flm_params_default(&A->params);
+    flm_sampler_params_default(&A->sp);
+    cli_spec_args_default(&ss->a);
+    A->shift = (cli_shift_opts){false, CLI_KEEP_DEFAULT};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int used = cli_parse_model_opt(argc, argv, &i, &params);
-        if (!used) used = cli_parse_gen_opt(argc, argv, &i, &n_predict, &sp);
-        if (!used) used = cli_parse_spec_opt(argc, argv, &i, &ss.a);
-        if (!used) used = cli_parse_shift_opt(argc, argv, &i, &shift);
+        int used = cli_parse_model_opt(argc, argv, &i, &A->params);
+        if (!used) used = cli_parse_gen_opt(argc, argv, &i, &A->n_predict, &A->sp);
+        if (!used) used = cli_parse_spec_opt(argc, argv, &i, &ss->a);
+        if (!used) used = cli_parse_shift_opt(argc, argv, &i, &A->shift);
         if (used < 0) return 2;
         if (used) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -198,234 +223,275 @@ int cmd_chat(int argc, char **argv) {
                    CHAT_HELP_MORE, CLI_MODEL_OPTS_HELP);
             return 0;
         }
-        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { A->verbose = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system") ||
                      !strcmp(a, "--chat-template");
         if (!takes) return cli_die("unknown option '%s' (see flashlm chat --help)", a);
         if (!val) return cli_die("option %s needs a value (see flashlm chat --help)", a);
         i++;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = val;
-        else if (!strcmp(a, "--system")) system = val;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) A->model = val;
+        else if (!strcmp(a, "--system")) A->system = val;
         else {
             if (!flm_chat_name_valid(val))
                 return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);
-            chat_name = val;
+            A->chat_name = val;
         }
     }
-    if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
-    if (cli_spec_args_check(&ss.a)) return 2;
-    char model_buf[4096];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf); /* a pulled model's name */
-    cli_env_params(&params, model); /* the log, the disk probe's cost model: as run's */
-    cli_log_verbose(&params, verbose); /* -v: the memory plan too */
+    if (!A->model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
+    if (cli_spec_args_check(&ss->a)) return 2;
+    return -1;
+}
 
+/* Open the draft model (if any), the model, its chat template and the session. Returns 0, or 1 with everything
+ * opened closed again (the draft model's ss too). */
+static int chat_open(chat_args *A, cli_spec_session *ss, chat_state *c) {
     flm_error err;
-    flm_ctx *ctx = NULL;
     /* speculative decoding: the draft model first, inside the budget; the target gets what it leaves */
-    ss.a.greedy = sp.temp <= 0.0f;
-    if (cli_spec_open_draft(&ss, model, &params, verbose)) { cli_spec_session_close(&ss); return 1; }
-    if (flm_open(model, &params, &ctx, &err)) {
+    ss->a.greedy = A->sp.temp <= 0.0f;
+    if (cli_spec_open_draft(ss, A->model, &A->params, A->verbose)) { cli_spec_session_close(ss); return 1; }
+    if (flm_open(A->model, &A->params, &c->ctx, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
-        cli_spec_target_refused(&ss, err.code);
-        cli_spec_session_close(&ss);
+        cli_spec_target_refused(ss, err.code);
+        cli_spec_session_close(ss);
         return 1;
     }
-    if (cli_after_open(ctx)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
-    flm_model_info info;
-    flm_get_info(ctx, &info);
-    fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",
-            model, info.arch, info.n_layers, info.d_model, info.n_ctx, info.kernels, params.n_threads);
-    flm_chat *tmpl = NULL;
-    if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); cli_spec_session_close(&ss); return 1; }
-    flm_session *sess = NULL; /* the library's token loop, speculative or not */
-    int bad = 0;
-    for (size_t b = 0; b < sp.n_bias; b++)
-        if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) {
+    int bad = cli_after_open(c->ctx);
+    if (!bad) {
+        flm_get_info(c->ctx, &c->info);
+        fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",
+                A->model, c->info.arch, c->info.n_layers, c->info.d_model, c->info.n_ctx, c->info.kernels,
+                A->params.n_threads);
+        bad = cli_chat_template(c->ctx, A->chat_name, &c->tmpl);
+    }
+    for (size_t b = 0; !bad && b < A->sp.n_bias; b++)
+        if ((uint32_t)A->sp.bias[b].token >= flm_vocab_size(c->ctx)) {
             fprintf(stderr, "flashlm: --logit-bias: token id %d is outside the vocabulary (%u tokens)\n",
-                    (int)sp.bias[b].token, flm_vocab_size(ctx));
-            flm_chat_close(tmpl);
-            flm_close(ctx);
-            cli_spec_session_close(&ss);
-            return 1;
+                    (int)A->sp.bias[b].token, flm_vocab_size(c->ctx));
+            bad = 1;
         }
-    if (flm_session_create(ctx, &sess, &err) || flm_session_sampling(sess, &sp, &err)) {
+    if (!bad && (flm_session_create(c->ctx, &c->sess, &err) || flm_session_sampling(c->sess, &A->sp, &err))) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         bad = 1;
-    } else {
-        flm_session_set_special_in_content(sess, cli_allow_special);
-        bad = cli_spec_begin(&ss, ctx, model, sess);
+    } else if (!bad) {
+        flm_session_set_special_in_content(c->sess, cli_allow_special);
+        bad = cli_spec_begin(ss, c->ctx, A->model, c->sess);
     }
     if (bad) {
-        flm_session_free(sess);
-        flm_chat_close(tmpl);
-        flm_close(ctx);
-        cli_spec_session_close(&ss);
+        flm_session_free(c->sess);
+        flm_chat_close(c->tmpl);
+        flm_close(c->ctx);
+        cli_spec_session_close(ss);
         return 1;
     }
+    return 0;
+}
+
+/* What a line asks for besides a turn. */
+enum { TURN_NEXT, TURN_END, TURN_FAIL, TURN_OOM, TURN_TAKE };
+
+/* A line that is no turn: too long, with a NUL, /exit, /reset, empty, or any while the context is full (TURN_NEXT,
+ * TURN_END); else TURN_TAKE. */
+static int chat_line(chat_state *c, const char *line, size_t line_len, bool too_long) {
+    if (too_long) { /* as a turn that does not fit: refused, the conversation goes on */
+        c->refused = true;
+        fprintf(stderr, "flashlm: this turn (more than %zu bytes, at most %zu bytes per token) is longer than the "
+                "context (%u tokens); raise -c\n", c->line_max, c->per_token, c->info.n_ctx);
+        return TURN_NEXT;
+    }
+    const char *nul = memchr(line, 0, line_len);
+    if (nul) { /* as C text it would end there, the rest dropped without a word: refused, the conversation goes on */
+        c->refused = true;
+        fprintf(stderr, "flashlm: this turn has a NUL byte at byte %zu: a prompt is text, not sent\n",
+                (size_t)(nul - line));
+        return TURN_NEXT;
+    }
+    if (!strcmp(line, "/exit")) return TURN_END;
+    if (!strcmp(line, "/reset")) {
+        msgs_truncate(&c->msgs, c->system ? 1 : 0);
+        flm_session_chat_reset(c->sess);
+        c->gen.pos = 0;
+        c->gen.last = -1;
+        c->full = false;
+        fprintf(stderr, "flashlm: new conversation\n");
+        return TURN_NEXT;
+    }
+    if (line_len == 0) return TURN_NEXT;
+    if (c->full) {
+        c->refused = true;
+        fprintf(stderr, "flashlm: the context (%u tokens) is full: /reset starts a new conversation, /exit ends "
+                "(or raise -c)\n", c->info.n_ctx);
+        return TURN_NEXT;
+    }
+    return TURN_TAKE;
+}
+
+/* After a reply with the context shifted: the session's text of what the cache holds, the oldest turns forgotten. */
+static int chat_forget_shifted(chat_state *c) {
+    flm_error err;
+    size_t held_len;
+    const char *held = flm_session_chat_text(c->sess, &held_len);
+    cli_buf done = {0};
+    if (!cli_buf_add(&done, held, held_len)) return TURN_OOM;
+    size_t dropped = chat_forget(&c->msgs, &done, c->tmpl, c->system ? 1 : 0, (size_t)c->info.n_ctx * c->per_token);
+    c->n_forgotten += dropped;
+    bool ok = !dropped || !flm_session_chat_set_text(c->sess, done.p, done.len, &err);
+    cli_buf_free(&done);
+    return ok ? TURN_NEXT : TURN_OOM;
+}
+
+/* One user turn: the session evaluates what follows the text its cache holds, then the reply is generated and
+ * printed. Returns TURN_NEXT, TURN_FAIL (rc 1) or TURN_OOM. */
+static int chat_turn(chat_state *c, const char *line, size_t line_len) {
+    flm_error err;
+    cli_gen *gen = &c->gen;
+    const uint32_t n_ctx = c->info.n_ctx;
+    size_t n_before = c->msgs.n;
+    if (!msgs_push(&c->msgs, "user", line, line_len)) return TURN_OOM;
+    /* the session renders the conversation and evaluates only what follows the text its cache holds (all of it when
+     * the rendering rewrote that text) */
+    double t0 = cli_now_ms();
+    long shifts0 = gen->n_shifts;
+    flm_chat_turn_info ti;
+    flm_status tst = flm_session_chat_turn(c->sess, c->tmpl, c->msgs.m, c->msgs.n, &ti, &err);
+    cli_gen_sync(gen);
+    if (ti.rewrote)
+        fprintf(stderr, "flashlm: the template rewrote earlier turns: evaluating the conversation again from the "
+                "first token that differs\n");
+    if (tst == FLM_ERR_CONTEXT && !gen->shift) {
+        if (ti.from_start)
+            fprintf(stderr, "flashlm: this turn (%zu tokens) and its reply do not fit the context of %u tokens; "
+                    "raise -c\n", ti.n_new, n_ctx);
+        else
+            fprintf(stderr, "flashlm: the context (%u tokens) is full: this turn needs %zu more tokens after %d; "
+                    "/reset starts a new conversation, /exit ends (or raise -c, or pass --context-shift)\n", n_ctx,
+                    ti.n_new, gen->pos);
+        msgs_truncate(&c->msgs, n_before);
+        c->full = !ti.from_start;
+        c->refused = true;
+        return TURN_NEXT;
+    }
+    if (tst == FLM_ERR_CONTEXT) { /* the kept start leaves no room: as a full context */
+        fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing to "
+                "discard: /reset starts a new conversation, /exit ends (or lower --keep, raise -c)\n", n_ctx,
+                gen->n_keep);
+        msgs_truncate(&c->msgs, n_before);
+        c->full = c->refused = true;
+        return TURN_NEXT;
+    }
+    if (tst) {
+        fprintf(stderr, "flashlm: %s\n", err.msg);
+        return tst == FLM_ERR_NOMEM ? TURN_OOM : TURN_FAIL;
+    }
+    size_t n_ids = ti.n_new;
+    int32_t pos0 = ti.pos0;
+    double t1 = cli_now_ms();
+    c->n_prompt_tok += n_ids;
+    c->ms_prompt += t1 - t0;
+    cli_buf reply = {0};
+    cli_reply r;
+    if (cli_gen_reply(gen, c->n_predict, true, &reply, &r)) { cli_buf_free(&reply); return TURN_FAIL; }
+    c->ms_gen += cli_now_ms() - t1;
+    c->n_gen_tok += (uint64_t)r.n_gen;
+    c->n_turns++;
+    if (!cli_stdout_put("\n", 1)) { cli_stdout_failed(); cli_buf_free(&reply); return TURN_FAIL; } /* a full disk, a
+                                                                                                       closed pipe */
+    if (c->verbose && gen->n_shifts == shifts0)
+        fprintf(stderr, "flashlm: turn %d: prompt tokens at positions [%d, %d), reply of %ld tokens%s; the "
+                "cache holds %d tokens\n", c->n_turns, pos0, pos0 + (int32_t)n_ids, r.n_gen,
+                r.eog ? " (ended by the model)" : "", gen->pos);
+    else if (c->verbose)
+        fprintf(stderr, "flashlm: turn %d: %zu prompt tokens from position %d, reply of %ld tokens%s; the context "
+                "shifted %ld time%s (%ld tokens discarded in all, the first %d kept); the cache holds %d tokens\n",
+                c->n_turns, n_ids, pos0, r.n_gen, r.eog ? " (ended by the model)" : "", gen->n_shifts - shifts0,
+                gen->n_shifts - shifts0 > 1 ? "s" : "", gen->n_discarded, gen->n_keep, gen->pos);
+    bool pushed = msgs_push(&c->msgs, "assistant", reply.p ? reply.p : "", reply.len);
+    cli_buf_free(&reply);
+    if (!pushed) return TURN_OOM;
+    if (gen->shift && gen->n_shifts && chat_forget_shifted(c) == TURN_OOM) return TURN_OOM;
+    if (r.ctx_full) {
+        c->full = true;
+        if (gen->shift)
+            fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing "
+                    "to discard: the reply was cut; /reset starts a new conversation, /exit ends (or lower --keep, "
+                    "raise -c)\n", n_ctx, gen->n_keep);
+        else
+            fprintf(stderr, "flashlm: the context (%u tokens) is full: the reply was cut; /reset starts a new "
+                    "conversation, /exit ends (or raise -c, or pass --context-shift)\n", n_ctx);
+    }
+    return TURN_NEXT;
+}
+
+/* The conversation's closing lines on stderr: replies, speeds, speculative counts, context shifts. */
+static void chat_summary(const chat_state *c, cli_spec_session *ss) {
+    fprintf(stderr, "flashlm: %d replies; prompt %llu tokens in %.2f ms = %.2f tokens/s; generation %llu tokens in "
+            "%.2f ms = %.2f tokens/s\n", c->n_turns, (unsigned long long)c->n_prompt_tok, c->ms_prompt,
+            c->ms_prompt > 0 ? c->n_prompt_tok * 1e3 / c->ms_prompt : 0.0, (unsigned long long)c->n_gen_tok, c->ms_gen,
+            c->ms_gen > 0 ? c->n_gen_tok * 1e3 / c->ms_gen : 0.0);
+    cli_spec_print_stats(ss, c->ctx, c->sess);
+    if (c->gen.n_shifts)
+        fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept); %zu "
+                "messages held, %zu older ones forgotten\n", c->gen.n_shifts, c->gen.n_shifts > 1 ? "s" : "",
+                c->gen.n_discarded, c->gen.n_keep, c->msgs.n, c->n_forgotten);
+}
+
+int cmd_chat(int argc, char **argv) {
+    static chat_args A;
+    static cli_spec_session ss; /* speculative decoding (large: a path buffer) */
+    memset(&A, 0, sizeof A);
+    memset(&ss, 0, sizeof ss);
+    int rc = chat_parse(argc, argv, &A, &ss);
+    if (rc >= 0) return rc;
+    char model_buf[4096];
+    A.model = flm_cli_resolve_model(A.model, model_buf, sizeof model_buf); /* a pulled model's name */
+    cli_env_params(&A.params, A.model); /* the log, the disk probe's cost model: as run's */
+    cli_log_verbose(&A.params, A.verbose); /* -v: the memory plan too */
+    static chat_state c;
+    memset(&c, 0, sizeof c);
+    if (chat_open(&A, &ss, &c)) return 1;
+    c.system = A.system;
+    c.verbose = A.verbose;
+    c.n_predict = A.n_predict;
     bool tty = isatty(0);
     if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
-
-    cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1};
-    msg_list msgs = {0};
+    c.gen = (cli_gen){.ctx = c.ctx, .sess = c.sess, .n_ctx = c.info.n_ctx, .last = -1};
     char *line = NULL;
     size_t line_cap = 0, line_len;
-    int rc = 0, n_turns = 0;
-    bool full = false;    /* the context ran out: only /reset or /exit are accepted */
-    bool refused = false; /* a turn got no reply for want of context: exit status 1 */
-    uint64_t n_prompt_tok = 0, n_gen_tok = 0;
-    size_t n_forgotten = 0; /* messages dropped by chat_forget */
-    double ms_prompt = 0, ms_gen = 0;
-    if (system && !msgs_push(&msgs, "system", system, strlen(system))) goto oom;
-    if (shift.on) { /* what a context shift keeps: --keep N tokens after BOS, else the system part */
-        gen.shift = true;
-        bool bos = flm_add_bos(ctx);
-        if (shift.keep >= 0) gen.n_keep = (int32_t)shift.keep + bos;
-        else gen.n_keep = system_part(ctx, tmpl, &msgs, FLM_TOKENIZE_PARSE_SPECIAL | (bos ? FLM_TOKENIZE_BOS : 0u));
-        if (verbose) fprintf(stderr, "flashlm: context shift on: the first %d tokens are kept\n", gen.n_keep);
+    rc = 0;
+    int what = TURN_NEXT;
+    if (A.system && !msgs_push(&c.msgs, "system", A.system, strlen(A.system))) what = TURN_OOM;
+    if (what == TURN_NEXT && A.shift.on) { /* what a context shift keeps: --keep N tokens after BOS, else the system
+                                              part */
+        c.gen.shift = true;
+        bool bos = flm_add_bos(c.ctx);
+        if (A.shift.keep >= 0) c.gen.n_keep = (int32_t)A.shift.keep + bos;
+        else c.gen.n_keep = system_part(c.ctx, c.tmpl, &c.msgs,
+                                        FLM_TOKENIZE_PARSE_SPECIAL | (bos ? FLM_TOKENIZE_BOS : 0u));
+        if (A.verbose) fprintf(stderr, "flashlm: context shift on: the first %d tokens are kept\n", c.gen.n_keep);
     }
-    flm_session_set_shift(sess, gen.shift, gen.n_keep);
-
-    size_t per_token, line_max = cli_prompt_max_bytes(ctx, info.n_ctx, &per_token);
-    for (;;) {
+    if (what == TURN_NEXT) {
+        flm_session_set_shift(c.sess, c.gen.shift, c.gen.n_keep);
+        c.line_max = cli_prompt_max_bytes(c.ctx, c.info.n_ctx, &c.per_token);
+    }
+    while (what == TURN_NEXT) {
         if (tty) { fprintf(stderr, "> "); fflush(stderr); }
         bool too_long, oom;
-        if (!read_line(&line, &line_cap, &line_len, line_max, &too_long, &oom)) { if (oom) goto oom; break; }
-        if (too_long) { /* as a turn that does not fit: refused, the conversation goes on */
-            refused = true;
-            fprintf(stderr, "flashlm: this turn (more than %zu bytes, at most %zu bytes per token) is longer than the "
-                    "context (%u tokens); raise -c\n", line_max, per_token, info.n_ctx);
-            continue;
-        }
-        const char *nul = memchr(line, 0, line_len);
-        if (nul) { /* as C text it would end there, the rest dropped without a word: refused, the conversation goes on */
-            refused = true;
-            fprintf(stderr, "flashlm: this turn has a NUL byte at byte %zu: a prompt is text, not sent\n",
-                    (size_t)(nul - line));
-            continue;
-        }
-        if (!strcmp(line, "/exit")) break;
-        if (!strcmp(line, "/reset")) {
-            msgs_truncate(&msgs, system ? 1 : 0);
-            flm_session_chat_reset(sess);
-            gen.pos = 0;
-            gen.last = -1;
-            full = false;
-            fprintf(stderr, "flashlm: new conversation\n");
-            continue;
-        }
-        if (line_len == 0) continue;
-        if (full) {
-            refused = true;
-            fprintf(stderr, "flashlm: the context (%u tokens) is full: /reset starts a new conversation, /exit ends "
-                    "(or raise -c)\n", info.n_ctx);
-            continue;
-        }
-        size_t n_before = msgs.n;
-        if (!msgs_push(&msgs, "user", line, line_len)) goto oom;
-        /* the session renders the conversation and evaluates only what follows the text its cache holds (all of it
-         * when the rendering rewrote that text) */
-        double t0 = cli_now_ms();
-        long shifts0 = gen.n_shifts;
-        flm_chat_turn_info ti;
-        flm_status tst = flm_session_chat_turn(sess, tmpl, msgs.m, msgs.n, &ti, &err);
-        cli_gen_sync(&gen);
-        if (ti.rewrote)
-            fprintf(stderr, "flashlm: the template rewrote earlier turns: evaluating the conversation again from the "
-                    "first token that differs\n");
-        if (tst == FLM_ERR_CONTEXT && !gen.shift) {
-            if (ti.from_start)
-                fprintf(stderr, "flashlm: this turn (%zu tokens) and its reply do not fit the context of %u tokens; "
-                        "raise -c\n", ti.n_new, info.n_ctx);
-            else
-                fprintf(stderr, "flashlm: the context (%u tokens) is full: this turn needs %zu more tokens after %d; "
-                        "/reset starts a new conversation, /exit ends (or raise -c, or pass --context-shift)\n", info.n_ctx,
-                        ti.n_new, gen.pos);
-            msgs_truncate(&msgs, n_before);
-            full = !ti.from_start;
-            refused = true;
-            continue;
-        }
-        if (tst == FLM_ERR_CONTEXT) { /* the kept start leaves no room: as a full context */
-            fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing to "
-                    "discard: /reset starts a new conversation, /exit ends (or lower --keep, raise -c)\n", info.n_ctx,
-                    gen.n_keep);
-            msgs_truncate(&msgs, n_before);
-            full = refused = true;
-            continue;
-        }
-        if (tst) {
-            fprintf(stderr, "flashlm: %s\n", err.msg);
-            if (tst == FLM_ERR_NOMEM) goto oom;
-            rc = 1;
+        if (!read_line(&line, &line_cap, &line_len, c.line_max, &too_long, &oom)) {
+            what = oom ? TURN_OOM : TURN_END;
             break;
         }
-        size_t n_ids = ti.n_new;
-        int32_t pos0 = ti.pos0;
-        double t1 = cli_now_ms();
-        n_prompt_tok += n_ids;
-        ms_prompt += t1 - t0;
-        cli_buf reply = {0};
-        cli_reply r;
-        if (cli_gen_reply(&gen, n_predict, true, &reply, &r)) { cli_buf_free(&reply); rc = 1; break; }
-        ms_gen += cli_now_ms() - t1;
-        n_gen_tok += (uint64_t)r.n_gen;
-        n_turns++;
-        if (!cli_stdout_put("\n", 1)) { cli_stdout_failed(); rc = 1; break; } /* a full disk, a closed pipe */
-        if (verbose && gen.n_shifts == shifts0)
-            fprintf(stderr, "flashlm: turn %d: prompt tokens at positions [%d, %d), reply of %ld tokens%s; the "
-                    "cache holds %d tokens\n", n_turns, pos0, pos0 + (int32_t)n_ids, r.n_gen,
-                    r.eog ? " (ended by the model)" : "", gen.pos);
-        else if (verbose)
-            fprintf(stderr, "flashlm: turn %d: %zu prompt tokens from position %d, reply of %ld tokens%s; the context "
-                    "shifted %ld time%s (%ld tokens discarded in all, the first %d kept); the cache holds %d tokens\n",
-                    n_turns, n_ids, pos0, r.n_gen, r.eog ? " (ended by the model)" : "", gen.n_shifts - shifts0,
-                    gen.n_shifts - shifts0 > 1 ? "s" : "", gen.n_discarded, gen.n_keep, gen.pos);
-        bool pushed = msgs_push(&msgs, "assistant", reply.p ? reply.p : "", reply.len);
-        cli_buf_free(&reply);
-        if (!pushed) goto oom;
-        if (gen.shift && gen.n_shifts) { /* the session's text of what the cache holds: forget the oldest turns */
-            size_t held_len;
-            const char *held = flm_session_chat_text(sess, &held_len);
-            cli_buf done = {0};
-            if (!cli_buf_add(&done, held, held_len)) goto oom;
-            size_t dropped = chat_forget(&msgs, &done, tmpl, system ? 1 : 0, (size_t)info.n_ctx * per_token);
-            n_forgotten += dropped;
-            bool ok = !dropped || !flm_session_chat_set_text(sess, done.p, done.len, &err);
-            cli_buf_free(&done);
-            if (!ok) goto oom;
-        }
-        if (r.ctx_full) {
-            full = true;
-            if (gen.shift)
-                fprintf(stderr, "flashlm: the context (%u tokens) is full and the %d kept tokens (--keep) leave nothing "
-                        "to discard: the reply was cut; /reset starts a new conversation, /exit ends (or lower --keep, "
-                        "raise -c)\n", info.n_ctx, gen.n_keep);
-            else
-                fprintf(stderr, "flashlm: the context (%u tokens) is full: the reply was cut; /reset starts a new "
-                        "conversation, /exit ends (or raise -c, or pass --context-shift)\n", info.n_ctx);
-        }
+        what = chat_line(&c, line, line_len, too_long);
+        if (what == TURN_TAKE) what = chat_turn(&c, line, line_len);
     }
-    if (0) {
-oom:
-        fprintf(stderr, "flashlm: out of memory\n");
-        rc = 1;
-    }
-    fprintf(stderr, "flashlm: %d replies; prompt %llu tokens in %.2f ms = %.2f tokens/s; generation %llu tokens in "
-            "%.2f ms = %.2f tokens/s\n", n_turns, (unsigned long long)n_prompt_tok, ms_prompt,
-            ms_prompt > 0 ? n_prompt_tok * 1e3 / ms_prompt : 0.0, (unsigned long long)n_gen_tok, ms_gen,
-            ms_gen > 0 ? n_gen_tok * 1e3 / ms_gen : 0.0);
-    cli_spec_print_stats(&ss, ctx, sess);
-    if (gen.n_shifts)
-        fprintf(stderr, "flashlm: context shift: %ld time%s, %ld tokens discarded in all (the first %d kept); %zu "
-                "messages held, %zu older ones forgotten\n", gen.n_shifts, gen.n_shifts > 1 ? "s" : "",
-                gen.n_discarded, gen.n_keep, msgs.n, n_forgotten);
-    if (refused && !rc) rc = 1;
+    if (what == TURN_OOM) fprintf(stderr, "flashlm: out of memory\n");
+    if (what == TURN_OOM || what == TURN_FAIL) rc = 1;
+    chat_summary(&c, &ss);
+    if (c.refused && !rc) rc = 1;
     free(line);
-    msgs_truncate(&msgs, 0);
-    free(msgs.m);
-    flm_session_free(sess);
-    flm_chat_close(tmpl);
-    flm_close(ctx);
+    msgs_truncate(&c.msgs, 0);
+    free(c.msgs.m);
+    flm_session_free(c.sess);
+    flm_chat_close(c.tmpl);
+    flm_close(c.ctx);
     cli_spec_session_close(&ss); /* the draft model, after the target */
     return rc;
 }

@@ -565,318 +565,354 @@ flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_s
     return st;
 }
 
-static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
-                                   flm_error *err) {
-    flm_calib_opts dflt;
-    if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
+/* One calibration's state across its steps (calibrate_locked): what each step leaves for the next and what
+ * calib_run_free releases. */
+typedef struct calib_run {
+    const char *path;
+    const flm_calib_opts *o;
+    int *hot;
+    char spill[4200], work_buf[4200];
+    const char *work;       /* the file being calibrated: the model, or its hot-ordered copy (work_buf) */
+    bool streaming;         /* under a budget: recorded in hybrid mode, nothing else held across the phases */
+    flm_ctx *ctx;
+    uint64_t budget;        /* --mem in bytes, as the plan resolved it (runtime/plan.c) */
+    flm_hparams hp;         /* a copy: outlives ctx when streaming */
+    const flm_kernels *kern;
+    uint32_t L, d, F;
+    bool relu;
+    flm_sparsity sp;
+    tap_data td;
+    int32_t *chunk_toks;
+    uint32_t n_x;           /* entries of td.X */
+    int32_t *ids;
+    size_t n_tok;
+    uint32_t n, n_eval;     /* tokens recorded; held out for the check */
+    const int32_t *eval_ids;
+    int32_t bos;
+    uint32_t train_level, rank, rank_last, n_tr, max_rank, def;
+    layer_work w;
+    uint8_t *region;
+    float *sim_scratch, *xbuf;
+    float **dn_all;
+    float *b_up_all;        /* FFN biases: [n_layers][d_ffn] b_up, NULL without */
+    void *records;          /* streaming: one layer's FFN region, read from the file */
+    flm_file *hdr;          /* streaming: the file's regions */
+    uint32_t L_all;
+} calib_run;
+
+static flm_status calib_check_opts(const flm_calib_opts *o, flm_error *err) {
     if ((!o->text && !o->text_file) || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
         !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f) ||
         !(o->mem_percent >= 0))
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
                         "0 < max_loss < 1, 0 < train_eps < 1, mem_percent >= 0)");
-    /* the result is written next to the model: find out now, not after minutes of work */
-    char spill[4200], work_buf[4200];
-    const char *work = path; /* the file being calibrated: the model, or its hot-ordered copy (work_buf) */
-    snprintf(work_buf, sizeof work_buf, "%s.cal.tmp", path);
-    unlink(work_buf); /* a calibrate killed meanwhile left it: ours now (the calibration lock is held) */
-    snprintf(spill, sizeof spill, "%s.x.tmp", path); /* only while the model is locked (flm_calib_lock) */
-    {   /* the checked writer's rules, a temporary created and removed (core/files.h) */
-        flm_out *t = NULL;
-        flm_status cs = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &t, err);
-        if (cs) return cs;
-        flm_out_abort(t);
-    }
-    /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
-     * held across the phases; without one, in ram mode, one context for everything. */
-    const bool streaming = has_budget(o);
-    flm_ctx *ctx = NULL;
-    flm_status st = open_mode(path, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err);
+    return FLM_OK;
+}
+
+/* Open the model (hybrid under a budget, else ram), copy what outlives the context (hyper-parameters, FFN biases). */
+static flm_status calib_open(calib_run *c, flm_error *err) {
+    flm_status st = open_mode(c->path, c->o, c->streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &c->ctx, err);
     if (st) return st;
     flm_plan_info plan;
-    flm_get_plan(ctx, &plan);
-    const uint64_t budget = plan.budget; /* --mem in bytes, as the plan resolved it (runtime/plan.c) */
-    flm_sparsity sp = {0};
-    tap_data td = {.fd = -1, .spill_path = spill};
-    int32_t *chunk_toks = NULL;
-    uint32_t n_x = 0; /* entries of td.X */
-    int32_t *ids = NULL;
-    layer_work w = {0};
-    uint8_t *region = NULL;
-    float *sim_scratch = NULL, *xbuf = NULL;
-    float **dn_all = NULL;
-    float *b_up_all = NULL; /* FFN biases: [n_layers][d_ffn] b_up, NULL without */
-    void *records = NULL;   /* streaming: one layer's FFN region, read from the file */
-    flm_file *hdr = NULL;   /* streaming: the file's regions */
-    uint32_t L_all = 0;
-    const flm_model *model = flm_ctx_model(ctx);
-    const flm_hparams hp_copy = model->hp, *hp = &hp_copy; /* outlives ctx when streaming */
-    const flm_kernels *kern = flm_ctx_kernels(ctx);
-    if (!flm_ctx_file(ctx)) { /* a GGUF has no bundles */
-        st = flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", path);
-        goto done;
-    }
-    uint32_t L = hp->n_layers, d = hp->d_model, F = hp->d_ffn;
-    L_all = L;
-    bool relu = flm_act_relu_family(hp->act);
+    flm_get_plan(c->ctx, &plan);
+    c->budget = plan.budget;
+    const flm_model *model = flm_ctx_model(c->ctx);
+    c->hp = model->hp;
+    c->kern = flm_ctx_kernels(c->ctx);
+    if (!flm_ctx_file(c->ctx)) /* a GGUF has no bundles */
+        return flm_fail(err, FLM_ERR_ARG, "%s: calibrate needs a .flm file", c->path);
+    c->L = c->hp.n_layers, c->d = c->hp.d_model, c->F = c->hp.d_ffn;
+    c->L_all = c->L;
+    c->relu = flm_act_relu_family(c->hp.act);
+    const uint32_t L = c->L, F = c->F;
     if (model->layers[0].ffn_up_b.data) { /* FFN biases: each layer's b_up, copied (the model may close) */
-        if (!(b_up_all = malloc((size_t)L * F * sizeof(float)))) {
-            st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
-            goto done;
-        }
+        if (!(c->b_up_all = malloc((size_t)L * F * sizeof(float))))
+            return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
         for (uint32_t l = 0; l < L; l++)
-            memcpy(b_up_all + (size_t)l * F, model->layers[l].ffn_up_b.data, (size_t)F * sizeof(float));
+            memcpy(c->b_up_all + (size_t)l * F, model->layers[l].ffn_up_b.data, (size_t)F * sizeof(float));
     }
-    /* 0. tokens: the held-out check's from the end of the text, then those recorded */
-    size_t n_tok = 0; /* a text file: read only as far as the tokens used (recorded, then held out) */
-    const bool need_eval = !relu && o->level == 0.0f;
-    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, true,
-                               (size_t)o->max_tokens + (need_eval ? o->eval_tokens : 0u), &ids, &n_tok, err)))
-        goto done;
-    uint32_t n_eval = 0;
-    if (!relu && o->level == 0.0f) {
+    return FLM_OK;
+}
+
+/* 0. tokens: the held-out check's from the end of the text, then those recorded; under a budget, training's memory
+ * checked before anything is recorded. */
+static flm_status calib_tokens(calib_run *c, flm_error *err) {
+    const flm_calib_opts *o = c->o;
+    const bool need_eval = !c->relu && o->level == 0.0f;
+    flm_status st = flm_calib_tokens(c->ctx, o->text, o->text_file, true,
+                                     (size_t)o->max_tokens + (need_eval ? o->eval_tokens : 0u), &c->ids, &c->n_tok,
+                                     err);
+    if (st) return st;
+    const size_t n_tok = c->n_tok; /* a text file: read only as far as the tokens used (recorded, then held out) */
+    c->n_eval = 0;
+    if (need_eval) {
         size_t cap = n_tok / 4;
-        n_eval = (uint32_t)(o->eval_tokens < cap ? o->eval_tokens : cap);
-        n_eval -= n_eval % o->chunk;
-        if (n_eval < 2 * o->chunk) n_eval = 0; /* too short to measure: the training level is the default */
+        c->n_eval = (uint32_t)(o->eval_tokens < cap ? o->eval_tokens : cap);
+        c->n_eval -= c->n_eval % o->chunk;
+        if (c->n_eval < 2 * o->chunk) c->n_eval = 0; /* too short to measure: the training level is the default */
     }
-    size_t avail = n_tok - n_eval;
+    size_t avail = n_tok - c->n_eval;
     uint32_t n = (uint32_t)(avail < o->max_tokens ? avail : o->max_tokens);
     n -= n % o->chunk; /* whole chunks */
-    if (n < 64) {
-        st = flm_fail(err, FLM_ERR_ARG, "calibrate: the text gives %zu tokens; at least %u are needed (chunks of %u)",
-                      n_tok, o->chunk > 64 ? o->chunk : 64, o->chunk);
-        goto done;
-    }
-    const int32_t *eval_ids = ids + (n_tok - n_eval);
-    if (streaming) { /* what training holds must fit the budget: find out before recording */
+    if (n < 64)
+        return flm_fail(err, FLM_ERR_ARG, "calibrate: the text gives %zu tokens; at least %u are needed (chunks of %u)",
+                        n_tok, o->chunk > 64 ? o->chunk : 64, o->chunk);
+    c->n = n;
+    c->eval_ids = c->ids + (n_tok - c->n_eval);
+    if (c->streaming) { /* what training holds must fit the budget: find out before recording */
         flm_calib_opts on = *o;
         on.max_tokens = n;
-        uint64_t need = flm_calibrate_train_bytes(hp, &on);
-        if (need > budget) {
-            st = flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold calibrate's training: %.2f MiB "
-                          "for %u tokens x %u neurons and the predictors of %u layers; raise --mem or lower --tokens "
-                          "(or --rank)", path, flm_size(budget).s, flm_mib(need), n, F, L);
-            goto done;
-        }
+        uint64_t need = flm_calibrate_train_bytes(&c->hp, &on);
+        if (need > c->budget)
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: a memory budget of %s cannot hold calibrate's training: %.2f MiB "
+                            "for %u tokens x %u neurons and the predictors of %u layers; raise --mem or lower --tokens "
+                            "(or --rank)", c->path, flm_size(c->budget).s, flm_mib(need), n, c->F, c->L);
     }
-    /* 0b. the hot order (o->hot_tokens): after the checks above, which need no work, before anything is recorded
-     * (the predictors are trained on the new order). The ordering opens the model itself: ours is closed meanwhile. */
-    if (o->hot_tokens) {
-        if (flm_is_hot_ordered(path)) {
-            if (hot) *hot = FLM_CALIB_HOT_KEPT;
-        } else {
-            flm_close(ctx);
-            ctx = NULL;
-            flm_hot_opts ho;
-            flm_hot_opts_default(&ho);
-            ho.max_tokens = o->hot_tokens;
-            ho.text_file = o->text_file;
-            ho.chunk = o->chunk;
-            ho.n_threads = o->n_threads;
-            ho.mem_bytes = o->mem_bytes;
-            ho.mem_percent = o->mem_percent;
-            ho.progress = o->progress;
-            ho.user = o->user;
-            /* the ordered model goes to a copy beside it ("<path>.cal.tmp", ours while the calibration lock is held),
-             * which is calibrated and renamed onto the model at the end: one replacement, or none on any error (a
-             * full disk after the ordering left the model ordered but uncalibrated, exit 1) */
-            ho.out_path = work_buf;
-            st = flm_hot_order_unlocked(path, o->text, &ho, err);
-            if (st == FLM_ERR_UNSUPPORTED) { /* FFN biases: calibrate in the old order */
-                if (hot) *hot = FLM_CALIB_HOT_UNSUPPORTED;
-            } else if (st) {
-                goto done;
-            } else {
-                if (hot) *hot = FLM_CALIB_HOT_DONE;
-                work = work_buf;
-            }
-            if ((st = open_mode(work, o, streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &ctx, err))) goto done;
-        }
+    return FLM_OK;
+}
+
+/* 0b. the hot order (o->hot_tokens): after the checks above, which need no work, before anything is recorded (the
+ * predictors are trained on the new order). The ordering opens the model itself: ours is closed meanwhile. */
+static flm_status calib_hot_order(calib_run *c, flm_error *err) {
+    const flm_calib_opts *o = c->o;
+    if (!o->hot_tokens) return FLM_OK;
+    if (flm_is_hot_ordered(c->path)) {
+        if (c->hot) *c->hot = FLM_CALIB_HOT_KEPT;
+        return FLM_OK;
     }
-    /* 1. record the FFN inputs of every layer on the text */
-    td.d_model = d;
-    td.n = n;
-    if (!(td.next = calloc(L, sizeof *td.next))) {
-        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
-        goto done;
-    }
-    if (streaming) {
-        td.fd = open(spill, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600); /* never through a link */
-        if (td.fd < 0) {
-            st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(errno));
-            goto done;
-        }
+    flm_close(c->ctx);
+    c->ctx = NULL;
+    flm_hot_opts ho;
+    flm_hot_opts_default(&ho);
+    ho.max_tokens = o->hot_tokens;
+    ho.text_file = o->text_file;
+    ho.chunk = o->chunk;
+    ho.n_threads = o->n_threads;
+    ho.mem_bytes = o->mem_bytes;
+    ho.mem_percent = o->mem_percent;
+    ho.progress = o->progress;
+    ho.user = o->user;
+    /* the ordered model goes to a copy beside it ("<path>.cal.tmp", ours while the calibration lock is held), which
+     * is calibrated and renamed onto the model at the end: one replacement, or none on any error (a full disk after
+     * the ordering left the model ordered but uncalibrated, exit 1) */
+    ho.out_path = c->work_buf;
+    flm_status st = flm_hot_order_unlocked(c->path, o->text, &ho, err);
+    if (st == FLM_ERR_UNSUPPORTED) { /* FFN biases: calibrate in the old order */
+        if (c->hot) *c->hot = FLM_CALIB_HOT_UNSUPPORTED;
+    } else if (st) {
+        return st;
     } else {
-        td.X = calloc(L, sizeof *td.X);
-        n_x = L;
-        if (!td.X) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-        for (uint32_t l = 0; l < L; l++)
-            if (!(td.X[l] = malloc((size_t)n * d * sizeof(float)))) {
-                st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs "
-                              "(calibrate --mem BYTES streams them through a file)", n, L);
-                goto done;
-            }
+        if (c->hot) *c->hot = FLM_CALIB_HOT_DONE;
+        c->work = c->work_buf;
     }
-    const flm_ffn_hooks hooks = {.tap = tap, .tap_user = &td};
+    return open_mode(c->work, o, c->streaming ? FLM_MODE_HYBRID : FLM_MODE_RAM, &c->ctx, err);
+}
+
+/* 1. record the FFN inputs of every layer on the text (in memory, or through the spill file under a budget) */
+static flm_status calib_record(calib_run *c, flm_error *err) {
+    const flm_calib_opts *o = c->o;
+    const uint32_t L = c->L, n = c->n;
+    tap_data *td = &c->td;
+    td->d_model = c->d;
+    td->n = n;
+    if (!(td->next = calloc(L, sizeof *td->next))) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    if (c->streaming) {
+        td->fd = open(c->spill, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600); /* never through a link */
+        if (td->fd < 0)
+            return flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", c->spill, strerror(errno));
+    } else {
+        td->X = calloc(L, sizeof *td->X);
+        c->n_x = L;
+        if (!td->X) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+        for (uint32_t l = 0; l < L; l++)
+            if (!(td->X[l] = malloc((size_t)n * c->d * sizeof(float))))
+                return flm_fail(err, FLM_ERR_NOMEM, "calibrate: cannot hold %u tokens x %u layers of FFN inputs "
+                                "(calibrate --mem BYTES streams them through a file)", n, L);
+    }
+    const flm_ffn_hooks hooks = {.tap = tap, .tap_user = td};
     /* each chunk starts as the model's own sequences do: with BOS when its tokenizer adds one (as flm_perplexity);
      * Qwen2.5 adds none, and an <|endoftext|> forced in front changed its activations (the check's predictor cost
      * read +10% at a level where the sparse mode measured none) */
-    int32_t bos = flm_tokenizer_wants_bos(flm_ctx_model(ctx)->tok) ? flm_tokenizer_bos(flm_ctx_model(ctx)->tok) : -1;
+    const flm_model *model = flm_ctx_model(c->ctx);
+    c->bos = flm_tokenizer_wants_bos(model->tok) ? flm_tokenizer_bos(model->tok) : -1;
     /* chunk by chunk (the first token of each replaced by BOS), in batches of -b tokens */
-    if (!(chunk_toks = malloc((size_t)o->chunk * sizeof *chunk_toks))) {
-        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
-        goto done;
-    }
+    if (!(c->chunk_toks = malloc((size_t)o->chunk * sizeof *c->chunk_toks)))
+        return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
     for (uint32_t t = 0; t < n;) {
-        uint32_t m = n - t < o->chunk ? n - t : o->chunk, b = (uint32_t)flm_ctx_params(ctx)->n_batch;
-        memcpy(chunk_toks, ids + t, (size_t)m * sizeof *chunk_toks);
-        if (bos >= 0) chunk_toks[0] = bos;
+        uint32_t m = n - t < o->chunk ? n - t : o->chunk, b = (uint32_t)flm_ctx_params(c->ctx)->n_batch;
+        memcpy(c->chunk_toks, c->ids + t, (size_t)m * sizeof *c->chunk_toks);
+        if (c->bos >= 0) c->chunk_toks[0] = c->bos;
         for (uint32_t j = 0; j < m; j += b) {
             const float *logits;
-            if ((st = flm_eval_hooked(ctx, chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, &hooks, NULL, &logits,
-                                       err)))
-                goto done;
-            if (td.err_no) {
-                st = flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", spill, strerror(td.err_no));
-                goto done;
-            }
+            flm_status st = flm_eval_hooked(c->ctx, c->chunk_toks + j, m - j < b ? m - j : b, (int32_t)j, &hooks, NULL,
+                                            &logits, err);
+            if (st) return st;
+            if (td->err_no)
+                return flm_fail(err, FLM_ERR_IO, "%s: cannot write the recorded inputs: %s", c->spill,
+                                strerror(td->err_no));
             if (o->progress) o->progress(o->user, "recording tokens", t + (m - j < b ? m : j + b), n);
         }
         t += m;
     }
-    if (streaming) { /* the model is not needed again before the check: its memory is training's now */
-        flm_close(ctx);
-        ctx = NULL;
-        if ((st = flm_file_open_ex(work, FLM_FILE_HEADER_ONLY, &hdr, err))) goto done;
+    if (c->streaming) { /* the model is not needed again before the check: its memory is training's now */
+        flm_close(c->ctx);
+        c->ctx = NULL;
+        return flm_file_open_ex(c->work, FLM_FILE_HEADER_ONLY, &c->hdr, err);
     }
-    /* 2. the levels */
-    sp.n_layers = L;
-    sp.layers = calloc(L, sizeof *sp.layers);
-    if (!sp.layers) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-    uint32_t train_level = 0;
-    if (relu) {
-        sp.n_levels = 1;
-        sp.level_eps[0] = 0.0f;
+    return FLM_OK;
+}
+
+/* 2. the levels: one for ReLU models; else the standard ones with the training level and a forced one */
+static flm_status calib_levels(calib_run *c, flm_error *err) {
+    const flm_calib_opts *o = c->o;
+    flm_sparsity *sp = &c->sp;
+    sp->n_layers = c->L;
+    sp->layers = calloc(c->L, sizeof *sp->layers);
+    if (!sp->layers) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    c->train_level = 0;
+    if (c->relu) {
+        sp->n_levels = 1;
+        sp->level_eps[0] = 0.0f;
     } else {
-        sp.n_levels = flm_calib_standard_levels(sp.level_eps, FLM_MAX_LEVELS);
+        sp->n_levels = flm_calib_standard_levels(sp->level_eps, FLM_MAX_LEVELS);
         float extra[2] = {o->train_eps, o->level};
         for (int e = 0; e < 2; e++) { /* the training level and a forced one join the list, kept ascending */
-            if (extra[e] <= 0.0f || flm_sparsity_find_level(&sp, extra[e]) >= 0) continue;
-            if (sp.n_levels == FLM_MAX_LEVELS) sp.n_levels--; /* drop the most aggressive standard level */
-            uint32_t k = sp.n_levels;
-            while (k > 0 && sp.level_eps[k - 1] > extra[e]) { sp.level_eps[k] = sp.level_eps[k - 1]; k--; }
-            sp.level_eps[k] = extra[e];
-            sp.n_levels++;
+            if (extra[e] <= 0.0f || flm_sparsity_find_level(sp, extra[e]) >= 0) continue;
+            if (sp->n_levels == FLM_MAX_LEVELS) sp->n_levels--; /* drop the most aggressive standard level */
+            uint32_t k = sp->n_levels;
+            while (k > 0 && sp->level_eps[k - 1] > extra[e]) { sp->level_eps[k] = sp->level_eps[k - 1]; k--; }
+            sp->level_eps[k] = extra[e];
+            sp->n_levels++;
         }
-        train_level = (uint32_t)flm_sparsity_find_level(&sp, o->train_eps);
+        c->train_level = (uint32_t)flm_sparsity_find_level(sp, o->train_eps);
     }
     for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++)
-        sp.level_loss[k] = sp.level_loss_oracle[k] = sp.level_dnll[k] = sp.level_dnll_oracle[k] = NAN;
-    /* 3. per layer: rule, levels, predictor */
-    uint32_t rank, rank_last;
-    calib_ranks(hp, o, &rank, &rank_last);
-    uint32_t n_tr = relu ? n : n - (n / 5) / o->chunk * o->chunk; /* the last fifth (whole chunks) sets thresholds */
-    if (!relu && n_tr == n) n_tr = n - n / 5;
-    uint32_t n_ho = n - n_tr, max_rank = rank > rank_last ? rank : rank_last;
-    w.Wg = malloc((size_t)F * d * sizeof(float));
-    w.Wu = malloc((size_t)F * d * sizeof(float));
-    dn_all = calloc(L, sizeof *dn_all);
-    for (uint32_t l = 0; dn_all && l < L; l++)
-        if (!(dn_all[l] = malloc((size_t)F * sizeof(float)))) { free(w.Wg); w.Wg = NULL; }
-    w.col = malloc((size_t)d * sizeof(float));
-    w.Zg = malloc((size_t)n * F * sizeof(float));
-    w.E = malloc((size_t)n * F * sizeof(float));
-    w.Zp = malloc(((size_t)n_ho * F + 1) * sizeof(float));
-    w.Hp = malloc(((size_t)n_ho * max_rank + 1) * sizeof(float));
-    w.Y = malloc((size_t)n * F);
-    w.h = malloc(sizeof *w.h);
-    if (streaming) xbuf = malloc((size_t)n * d * sizeof(float));
-    if (!dn_all || !w.Wg || !w.Wu || !w.col || !w.Zg || !w.E || !w.Zp || !w.Hp || !w.Y || !w.h || (streaming && !xbuf)) {
-        st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for %u tokens x %u neurons", n, F);
-        goto done;
-    }
+        sp->level_loss[k] = sp->level_loss_oracle[k] = sp->level_dnll[k] = sp->level_dnll_oracle[k] = NAN;
+    return FLM_OK;
+}
+
+/* 3. per layer: rule, levels, predictor (training's buffers in c->w) */
+static flm_status calib_train(calib_run *c, flm_error *err) {
+    const flm_calib_opts *o = c->o;
+    const flm_hparams *hp = &c->hp;
+    const uint32_t L = c->L, d = c->d, F = c->F, n = c->n;
+    layer_work *w = &c->w;
+    calib_ranks(hp, o, &c->rank, &c->rank_last);
+    uint32_t n_tr = c->relu ? n : n - (n / 5) / o->chunk * o->chunk; /* the last fifth (whole chunks): thresholds */
+    if (!c->relu && n_tr == n) n_tr = n - n / 5;
+    c->n_tr = n_tr;
+    const uint32_t n_ho = n - n_tr;
+    c->max_rank = c->rank > c->rank_last ? c->rank : c->rank_last;
+    w->Wg = malloc((size_t)F * d * sizeof(float));
+    w->Wu = malloc((size_t)F * d * sizeof(float));
+    c->dn_all = calloc(L, sizeof *c->dn_all);
+    for (uint32_t l = 0; c->dn_all && l < L; l++)
+        if (!(c->dn_all[l] = malloc((size_t)F * sizeof(float)))) { free(w->Wg); w->Wg = NULL; }
+    w->col = malloc((size_t)d * sizeof(float));
+    w->Zg = malloc((size_t)n * F * sizeof(float));
+    w->E = malloc((size_t)n * F * sizeof(float));
+    w->Zp = malloc(((size_t)n_ho * F + 1) * sizeof(float));
+    w->Hp = malloc(((size_t)n_ho * c->max_rank + 1) * sizeof(float));
+    w->Y = malloc((size_t)n * F);
+    w->h = malloc(sizeof *w->h);
+    if (c->streaming) c->xbuf = malloc((size_t)n * d * sizeof(float));
+    if (!c->dn_all || !w->Wg || !w->Wu || !w->col || !w->Zg || !w->E || !w->Zp || !w->Hp || !w->Y || !w->h ||
+        (c->streaming && !c->xbuf))
+        return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for %u tokens x %u neurons", n, F);
     for (uint32_t l = 0; l < L; l++) {
-        uint32_t r = l >= L - (L + 3) / 4 ? rank_last : rank;
-        w.dn = dn_all[l];
+        uint32_t r = l >= L - (L + 3) / 4 ? c->rank_last : c->rank;
+        w->dn = c->dn_all[l];
         const uint8_t *rec;
         const flm_bundle_desc *b = NULL;
         flm_bundle_desc desc;
-        if (streaming) { /* the layer's FFN region from the file (checksummed), its layout from the header */
-            const flm_region *reg = hdr->ffn[l];
+        const float *b_up = c->b_up_all ? c->b_up_all + (size_t)l * F : NULL;
+        if (c->streaming) { /* the layer's FFN region from the file (checksummed), its layout from the header */
+            const flm_region *reg = c->hdr->ffn[l];
             flm_bundle_layout bl = flm_bundle_layout_of(d, reg->up_type, reg->gate_type, reg->down_type, hp->gated);
             desc = (flm_bundle_desc){d, reg->up_type, reg->gate_type, reg->down_type, bl.up_off, bl.gate_off,
-                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f,
-                                     b_up_all ? b_up_all + (size_t)l * F : NULL};
+                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f, b_up};
             b = &desc;
-            free(records);
-            records = NULL;
-            if ((st = flm_file_read_region(hdr, reg, &records, err))) goto done;
-            rec = records;
+            free(c->records);
+            c->records = NULL;
+            flm_status st = flm_file_read_region(c->hdr, reg, &c->records, err);
+            if (st) return st;
+            rec = c->records;
         } else {
-            rec = flm_ffn_resident_records(ctx, l, &b); /* opened in ram mode: every layer resident */
-            if (!rec) { st = flm_fail(err, FLM_ERR_ARG, "layer %u's FFN is not in memory", l); goto done; }
+            rec = flm_ffn_resident_records(c->ctx, l, &b); /* opened in ram mode: every layer resident */
+            if (!rec) return flm_fail(err, FLM_ERR_ARG, "layer %u's FFN is not in memory", l);
         }
-        const float *X = layer_x(&td, l, 0, n, xbuf, err);
-        if (!X) { st = FLM_ERR_IO; goto done; }
-        if ((st = calibrate_layer(hp, kern, rec, b, b_up_all ? b_up_all + (size_t)l * F : NULL, o, l, X, n, n_tr,
-                                  &sp, train_level, r, &w, err)))
-            goto done;
+        const float *X = layer_x(&c->td, l, 0, n, c->xbuf, err);
+        if (!X) return FLM_ERR_IO;
+        flm_status st = calibrate_layer(hp, c->kern, rec, b, b_up, o, l, X, n, n_tr, &c->sp, c->train_level, r, w, err);
+        if (st) return st;
         if (o->progress) o->progress(o->user, "training predictors", l + 1, L);
     }
-    free(records);
-    records = NULL;
-    /* 4. the default level: forced, measured on held-out text, or the training level */
-    uint32_t def = train_level;
-    if (o->level > 0.0f && !relu) def = (uint32_t)flm_sparsity_find_level(&sp, o->level);
-    if (n_eval && streaming) {
+    free(c->records);
+    c->records = NULL;
+    return FLM_OK;
+}
+
+/* 4. the default level: forced, measured on held-out text, or the training level; then the union statistics */
+static flm_status calib_default_level(calib_run *c, flm_error *err) {
+    const flm_calib_opts *o = c->o;
+    const uint32_t L = c->L, d = c->d, F = c->F, n = c->n;
+    flm_sparsity *sp = &c->sp;
+    c->def = c->train_level;
+    if (o->level > 0.0f && !c->relu) c->def = (uint32_t)flm_sparsity_find_level(sp, o->level);
+    if (c->n_eval && c->streaming) {
         /* the check runs the model in memory (ram mode), beside the reference logits: only when both fit what the
          * budget has left besides the predictors; training's buffers are not needed again */
-        layer_work_free(&w);
+        layer_work_free(&c->w);
         uint64_t preds = 0;
         for (uint32_t l = 0; l < L; l++)
-            preds += ((uint64_t)sp.layers[l].pred.rank * (d + F) + F) * 6;
-        if (open_ram(work, o, &ctx, err) == FLM_OK) {
+            preds += ((uint64_t)sp->layers[l].pred.rank * (d + F) + F) * 6;
+        if (open_ram(c->work, o, &c->ctx, err) == FLM_OK) {
             flm_stats s;
-            flm_get_stats(ctx, &s);
+            flm_get_stats(c->ctx, &s);
             uint64_t held = s.mem_resident + s.mem_ffn + s.mem_kv + s.mem_scratch + preds +
-                            (uint64_t)n_eval * hp->n_vocab * sizeof(float);
-            if (held > budget) { flm_close(ctx); ctx = NULL; }
+                            (uint64_t)c->n_eval * c->hp.n_vocab * sizeof(float);
+            if (held > c->budget) { flm_close(c->ctx); c->ctx = NULL; }
         } else {
-            ctx = NULL; /* the budget cannot hold the model in memory: not measured */
+            c->ctx = NULL; /* the budget cannot hold the model in memory: not measured */
         }
-        if (!ctx) n_eval = 0;
+        if (!c->ctx) c->n_eval = 0;
     }
-    if (n_eval) {
-        uint32_t scratch_floats = max_rank + F;
-        sim_scratch = malloc(scratch_floats * sizeof(float));
-        if (!sim_scratch) { st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory"); goto done; }
-        if ((st = check_levels(ctx, &sp, eval_ids, n_eval, bos, o, sim_scratch, dn_all, &def, err))) goto done;
+    if (c->n_eval) {
+        uint32_t scratch_floats = c->max_rank + F;
+        c->sim_scratch = malloc(scratch_floats * sizeof(float));
+        if (!c->sim_scratch) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+        flm_status st = check_levels(c->ctx, sp, c->eval_ids, c->n_eval, c->bos, o, c->sim_scratch, c->dn_all, &c->def,
+                                     err);
+        if (st) return st;
     }
-    sp.default_level = def;
-    sp.target_sparsity = sp.level_eps[def];
-    flm_sparsity_use_level(&sp, def);
+    sp->default_level = c->def;
+    sp->target_sparsity = sp->level_eps[c->def];
+    flm_sparsity_use_level(sp, c->def);
     for (uint32_t l = 0; l < L; l++) {
         uint32_t na = n < 1024 ? n : 1024; /* the union statistics, on the last tokens recorded */
         na -= na % o->chunk;
         if (na == 0) na = n;
-        const float *X = layer_x(&td, l, n - na, na, xbuf, err);
-        if (!X) { st = FLM_ERR_IO; goto done; }
-        aggregate(&sp.layers[l].pred, X, na, o->chunk, sp.layers[l].s_agg);
+        const float *X = layer_x(&c->td, l, n - na, na, c->xbuf, err);
+        if (!X) return FLM_ERR_IO;
+        aggregate(&sp->layers[l].pred, X, na, o->chunk, sp->layers[l].s_agg);
     }
-    /* 5. store */
+    return FLM_OK;
+}
+
+/* 5. store: the predictor region into the working file, then (a hot-ordered copy) the one rename onto the model */
+static flm_status calib_store(calib_run *c, flm_error *err) {
     size_t len = 0;
-    if ((st = flm_sparsity_serialize(&sp, &region, &len, err))) goto done;
-    flm_close(ctx); /* the file is replaced below */
-    ctx = NULL;
-    if ((st = flm_file_put_region(work, FLM_REGION_PREDICTOR, region, len, err))) goto done;
-    if (work != path) { /* the one replacement of the model: its ordered, calibrated copy */
-        if (rename(work, path) != 0) {
-            st = flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", work, path, strerror(errno));
-            goto done;
-        }
-        work = path;
+    flm_status st = flm_sparsity_serialize(&c->sp, &c->region, &len, err);
+    if (st) return st;
+    flm_close(c->ctx); /* the file is replaced below */
+    c->ctx = NULL;
+    if ((st = flm_file_put_region(c->work, FLM_REGION_PREDICTOR, c->region, len, err))) return st;
+    if (c->work != c->path) { /* the one replacement of the model: its ordered, calibrated copy */
+        if (rename(c->work, c->path) != 0)
+            return flm_fail(err, FLM_ERR_IO, "%s: cannot rename onto %s: %s", c->work, c->path, strerror(errno));
+        c->work = c->path;
         char dir[4200];
-        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(dir, sizeof dir, "%s", c->path);
         char *slash = strrchr(dir, '/');
         if (!slash) snprintf(dir, sizeof dir, ".");
         else if (slash == dir) dir[1] = 0;
@@ -884,29 +920,69 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd >= 0) { fsync(dfd); close(dfd); }
     }
-done:
-    if (work != path) unlink(work); /* an error after the ordering: the model is as it was */
-    if (ctx) flm_close(ctx);
-    if (td.fd >= 0) {
-        close(td.fd);
-        remove(spill);
+    return FLM_OK;
+}
+
+/* Release everything c holds; on an error after the ordering, remove the ordered copy (the model is as it was). */
+static void calib_run_free(calib_run *c) {
+    if (c->work != c->path) unlink(c->work);
+    if (c->ctx) flm_close(c->ctx);
+    if (c->td.fd >= 0) {
+        close(c->td.fd);
+        remove(c->spill);
     }
-    flm_file_close(hdr);
-    free(records);
-    free(xbuf);
-    for (uint32_t l = 0; td.X && l < n_x; l++) free(td.X[l]);
-    free(td.X);
-    free(td.next);
-    free(chunk_toks);
-    free(ids);
-    layer_work_free(&w);
-    for (uint32_t l = 0; dn_all && l < L_all; l++) free(dn_all[l]);
-    free(dn_all);
-    free(b_up_all);
-    free(region);
-    free(sim_scratch);
-    if (!st && report) *report = sp;
-    else flm_sparsity_free(&sp);
+    flm_file_close(c->hdr);
+    free(c->records);
+    free(c->xbuf);
+    for (uint32_t l = 0; c->td.X && l < c->n_x; l++) free(c->td.X[l]);
+    free(c->td.X);
+    free(c->td.next);
+    free(c->chunk_toks);
+    free(c->ids);
+    layer_work_free(&c->w);
+    for (uint32_t l = 0; c->dn_all && l < c->L_all; l++) free(c->dn_all[l]);
+    free(c->dn_all);
+    free(c->b_up_all);
+    free(c->region);
+    free(c->sim_scratch);
+}
+
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
+                                   flm_error *err) {
+    flm_calib_opts dflt;
+    if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
+    flm_status st = calib_check_opts(o, err);
+    if (st) return st;
+    calib_run *c = calloc(1, sizeof *c);
+    if (!c) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    c->path = c->work = path;
+    c->o = o;
+    c->hot = hot;
+    c->td.fd = -1;
+    c->td.spill_path = c->spill;
+    /* the result is written next to the model: find out now, not after minutes of work */
+    snprintf(c->work_buf, sizeof c->work_buf, "%s.cal.tmp", path);
+    unlink(c->work_buf); /* a calibrate killed meanwhile left it: ours now (the calibration lock is held) */
+    snprintf(c->spill, sizeof c->spill, "%s.x.tmp", path); /* only while the model is locked (flm_calib_lock) */
+    {   /* the checked writer's rules, a temporary created and removed (core/files.h) */
+        flm_out *t = NULL;
+        if ((st = flm_out_open(path, path, FLM_OUT_SELF | FLM_OUT_REPLACE, &t, err))) {
+            free(c);
+            return st;
+        }
+        flm_out_abort(t);
+    }
+    /* Under a budget the model is recorded in hybrid mode (streamed as far as the budget needs) and nothing else is
+     * held across the phases; without one, in ram mode, one context for everything. */
+    c->streaming = has_budget(o);
+    if (!(st = calib_open(c, err)) && !(st = calib_tokens(c, err)) && !(st = calib_hot_order(c, err)) &&
+        !(st = calib_record(c, err)) && !(st = calib_levels(c, err)) && !(st = calib_train(c, err)) &&
+        !(st = calib_default_level(c, err)))
+        st = calib_store(c, err);
+    calib_run_free(c);
+    if (!st && report) *report = c->sp;
+    else flm_sparsity_free(&c->sp);
+    free(c);
     return st;
 }
 
