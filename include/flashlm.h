@@ -539,14 +539,7 @@ FLM_API void flm_get_stats(const flm_ctx *ctx, flm_stats *st);
 FLM_API bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out);
 /* Clear the counters and the per-token record (e.g. between prompt and generation). */
 FLM_API void flm_reset_stats(flm_ctx *ctx);
-/* Write the statistics (totals, histogram, memory plan, the kept tokens from "first_token" on) as JSON to path,
- * through the checked writer (flashlm_tools.h, flm_out_open: a unique temporary renamed onto path; a link, a device
- * or another non-regular file is refused). An existing file at path is replaced only when replace (the CLI's
- * --force), also one that appeared while the run went on (RENAME_NOREPLACE); whether path is the model is the
- * caller's check (flm_out_check).
- * Errors: FLM_ERR_IO (the file cannot be written; nothing is left half-written), FLM_ERR_ARG (path refused, or
- * it exists without replace). */
-FLM_API flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, bool replace, flm_error *err);
+/* (The statistics as a JSON file: flm_write_stats_json, include/flashlm_tools.h: the runtime writes no file.) */
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Tokenizer (SentencePiece BPE or GPT-2 byte-level BPE, from the model's metadata)

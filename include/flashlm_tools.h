@@ -64,6 +64,14 @@ FLM_API void flm_out_abort(flm_out *o);
 /* Remove the temporaries and locks of the writers open now (unlink only: async-signal-safe, for a SIGINT/SIGTERM
  * handler that then ends the process). */
 FLM_API void flm_out_remove_temporaries(void);
+/* Write a context's statistics (totals, histogram, memory plan, the kept tokens from "first_token" on: flm_get_stats,
+ * flm_get_token_stats) as JSON to path, through the checked writer above (a unique temporary renamed onto path; a
+ * link, a device or another non-regular file is refused). An existing file at path is replaced only when replace
+ * (the CLI's --force), also one that appeared while the run went on (RENAME_NOREPLACE); whether path is the model is
+ * the caller's check (flm_out_check). Source: src/write/stats_json.c.
+ * Errors: FLM_ERR_IO (the file cannot be written; nothing is left half-written), FLM_ERR_ARG (path refused, or
+ * it exists without replace). */
+FLM_API flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, bool replace, flm_error *err);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Convert: a GGUF model into the .flm flash layout (docs/FORMAT.md). Source: src/convert/convert.c.

@@ -35,11 +35,11 @@ static const layer k_layers[] = {
     /* sessions (prompts, generation, stop strings, streaming): above the runtime, through its public calls */
     {"session", {"runtime", "format", "core", NULL}},
     /* the tools tier (libflashlm_tools), above the runtime; write: the GGUF and .flm writers */
-    {"write", {"format", "core", NULL}},
+    {"write", {"runtime", "format", "core", NULL}},
     {"convert", {"write", "runtime", "model", "format", "compute", "core", NULL}},
     {"calibrate", {"write", "runtime", "sparsity", "model", "format", "compute", "io", "cache", "core", NULL}},
     {"synth", {"write", "runtime", "model", "format", "compute", "core", NULL}},
-    {"probe", {"io", "core", NULL}},
+    {"probe", {"write", "io", "core", NULL}},
 };
 #define N_LAYERS (int)(sizeof k_layers / sizeof k_layers[0])
 

@@ -17,6 +17,7 @@
 #include "compute/act.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "flashlm_tools.h" /* the checked writer (write/out.c) */
 #include "core/types.h"
 #include "runtime/hooks.h"
 #include "sparsity/sparsity.h"

@@ -11,6 +11,7 @@
 #include "compute/kernels.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "flashlm_tools.h" /* the checked writer (write/out.c) */
 #include "core/types.h"
 #include "core/util.h"
 #include "write/flm_write.h"

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "flashlm_tools.h" /* the checked writer (write/out.c) */
 #include "core/util.h"
 
 #define KiB ((uint64_t)1 << 10)

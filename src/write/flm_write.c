@@ -15,6 +15,7 @@
 #include "core/types.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "flashlm_tools.h" /* the checked writer (write/out.c) */
 #include "core/util.h"
 
 /* ---- writing ------------------------------------------------------------------------------------------------- */

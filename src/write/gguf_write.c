@@ -11,6 +11,7 @@
 #include "core/types.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "flashlm_tools.h" /* the checked writer (write/out.c) */
 #include "core/util.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -37,7 +38,7 @@ typedef struct wtensor {
 struct flm_gguf_writer {
     char *path, *tmp;
     FILE *fp;
-    flm_out *out;            /* the checked writer (core/files.h) behind fp and tmp */
+    flm_out *out;            /* the checked writer (write/out.c) behind fp and tmp */
     flm_gguf_write_fn write; /* stream writer: every byte goes to write(user, ...); fp and tmp stay NULL */
     void *user;
     int state;
