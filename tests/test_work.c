@@ -1,6 +1,6 @@
 /* test_work.c — the token path allocates nothing beyond the plan (docs/ARCHITECTURE.md, "Memory budget"):
  *   - a counting allocator in this test binary (the linker's --wrap of malloc, calloc, realloc, aligned_alloc and
- *     posix_memalign: tests/CMakeLists.txt) sees no allocation by the library while a context evaluates a prompt
+ *     posix_memalign: CMakeLists.txt) sees no allocation by the library while a context evaluates a prompt
  *     batch with every row's logits, decodes, evaluates a tree with and without logits (lazy flm_tree_logits_n),
  *     accepts a path and runs a self-draft tree (mode hot), in ram, hot and hybrid (FFN streamed), and SmolLM2-135M
  *     in ram when pulled (at kernel level avx2: the vnni panels still allocate, main() below); and the compute
