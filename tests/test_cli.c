@@ -11,13 +11,7 @@
 
 #define MODEL "models/stories260K/stories260K.gguf"
 
-static void expect(const char *args, int want_rc, const char *want_text) {
-    char *out = NULL;
-    int rc = tu_run_cli(args, &out);
-    if (rc != want_rc) fail_msg("flashlm %s: exit %d, want %d; output:\n%s", args, rc, want_rc, out);
-    if (want_text && !strstr(out, want_text)) fail_msg("flashlm %s: output lacks '%s':\n%s", args, want_text, out);
-    free(out);
-}
+static void expect(const char *args, int want_rc, const char *want_text) { free(tu_cli_expect(args, want_rc, want_text)); }
 
 static void test_help(void **state) {
     (void)state;

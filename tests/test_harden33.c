@@ -25,15 +25,7 @@
 #define STORIES "models/stories260K/stories260K.gguf"
 
 /* Run the CLI with args (stderr joined); fail unless it exits want_rc and its output holds want_text. */
-static char *expect_out(const char *args, int want_rc, const char *want_text) {
-    char *out = NULL;
-    char full[8300];
-    snprintf(full, sizeof full, "%s 2>&1", args);
-    int rc = tu_run_cli(full, &out);
-    if (rc != want_rc) fail_msg("flashlm %s: exit %d, want %d; output:\n%s", args, rc, want_rc, out);
-    if (want_text && !strstr(out, want_text)) fail_msg("flashlm %s: output lacks '%s':\n%s", args, want_text, out);
-    return out;
-}
+static char *expect_out(const char *args, int want_rc, const char *want_text) { return tu_cli_expect(args, want_rc, want_text); }
 
 static void expect(const char *args, int want_rc, const char *want_text) { free(expect_out(args, want_rc, want_text)); }
 

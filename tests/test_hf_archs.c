@@ -139,13 +139,6 @@ static flm_params params(flm_mode mode, uint64_t mem, bool kv_f32) {
     return p;
 }
 
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 /* max_i |got_i - ref_i| / max_i |ref_i| */
 static double rel_err(const float *got, const float *ref, int n) {
     double num = 0, den = 0;
@@ -173,7 +166,7 @@ static void check_model(const arch_case *a, int v, const char *path, flm_params 
     assert_true(rel <= tol);
     int32_t pos = a->n_prompt, got[16];
     for (int s = 0; s < 16; s++) {
-        got[s] = argmax(logits, 1024);
+        got[s] = tu_argmax(logits, 1024);
         if (s < 15 && flm_eval(ctx, got[s], pos++, &logits, &err)) fail_msg("eval: %s", err.msg);
     }
     for (int s = 0; s < (exact ? 16 : 1); s++)

@@ -83,13 +83,6 @@ static flm_ctx *open_model(const char *path, flm_mode mode, uint64_t mem, flm_er
     return ctx;
 }
 
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 /* The prompt's last logits against the reference, then 16 greedy steps. */
 static void check_model(const char *path, flm_mode mode, uint64_t mem, const char *what) {
     flm_error err;
@@ -108,7 +101,7 @@ static void check_model(const char *path, flm_mode mode, uint64_t mem, const cha
     assert_true(num / den <= 1e-4);
     int32_t pos = n_prompt, got[16];
     for (int s = 0; s < 16; s++) {
-        got[s] = argmax(logits, n_ref);
+        got[s] = tu_argmax(logits, n_ref);
         if (s < 15 && flm_eval(ctx, got[s], pos++, &logits, &err)) fail_msg("eval: %s", err.msg);
     }
     for (int s = 0; s < 16; s++)
@@ -151,7 +144,7 @@ static void test_f16_q8_0(void **state) {
         }
         print_message("%s: relative max error %.3g\n", i ? "q8_0" : "f16", num / den);
         assert_true(num / den < 0.05);
-        assert_int_equal(argmax(logits, n_ref), greedy[0]);
+        assert_int_equal(tu_argmax(logits, n_ref), greedy[0]);
         flm_close(ctx);
         remove(path);
     }
@@ -179,7 +172,7 @@ static void run_greedy(flm_ctx *ctx, float *last, int32_t *got) {
     memcpy(last, logits, sizeof(float) * 1024);
     int32_t pos = n_prompt;
     for (int s = 0; s < 16; s++) {
-        got[s] = argmax(logits, n_ref);
+        got[s] = tu_argmax(logits, n_ref);
         if (s < 15 && flm_eval(ctx, got[s], pos++, &logits, &err)) fail_msg("eval: %s", err.msg);
     }
 }

@@ -35,17 +35,14 @@ static int setup(void **state) {
     snprintf(g_plain, sizeof g_plain, "%s", tu_tmp("hot-plain", ".flm"));
     snprintf(g_hot, sizeof g_hot, "%s", tu_tmp("hot-ordered", ".flm"));
     flm_error err;
-    if (flm_convert(tu_data(MODEL), g_plain, NULL, NULL, &err) || flm_convert(tu_data(MODEL), g_hot, NULL, NULL, &err)) {
+    if (flm_convert(tu_data(MODEL), g_plain, NULL, NULL, &err)) {
         fprintf(stderr, "convert: %s\n", err.msg);
         return -1;
     }
+    if (tu_stories_hot(g_hot, 30000)) return -1;
     size_t len;
     g_text = (char *)tu_read_file(tu_data(TEXT), &len);
     g_text[len < 30000 ? len : 30000] = 0;
-    if (flm_hot_order(g_hot, g_text, 512, 128, 2, NULL, NULL, &err)) {
-        fprintf(stderr, "hot order: %s\n", err.msg);
-        return -1;
-    }
     return 0;
 }
 
@@ -58,18 +55,7 @@ static int teardown(void **state) {
 }
 
 static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, double pct, int n_ctx) {
-    flm_params p;
-    flm_params_default(&p);
-    p.n_threads = 2;
-    p.n_ctx = n_ctx;
-    p.mode = mode;
-    p.mem_bytes = mem;
-    p.mem_percent = pct;
-    p.draft_window = mode == FLM_MODE_HOT ? g_window : 0;
-    flm_ctx *ctx = NULL;
-    flm_error err;
-    if (flm_open(path, &p, &ctx, &err)) fail_msg("open %s (%s): %s", path, flm_mode_name(mode), err.msg);
-    return ctx;
+    return tu_open_mode(path, mode, mem, pct, n_ctx, mode == FLM_MODE_HOT ? g_window : 0);
 }
 
 
@@ -180,13 +166,6 @@ static flm_session *self_session(flm_ctx *target, int n_draft, int tree, const f
     return s;
 }
 
-static int argmax(const float *x, uint32_t n) {
-    int b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = (int)i;
-    return b;
-}
-
 /* plain greedy: up to n tokens after prompt */
 static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, int32_t *out) {
     const float *lg = NULL;
@@ -195,7 +174,7 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
     const uint32_t V = tu_vocab(ctx);
     int k = 0, pos = n_prompt;
     while (k < n) {
-        int32_t t = argmax(lg, V);
+        int32_t t = tu_argmax(lg, V);
         if (flm_token_is_eog(ctx, t)) break;
         out[k++] = t;
         if (k < n && flm_eval(ctx, t, pos++, &lg, &err)) fail_msg("eval: %s", err.msg);

@@ -210,12 +210,6 @@ static double logit_diff(const float *a, const float *b, uint32_t n) {
     return worst / scale;
 }
 
-static int32_t argmax(const float *v, uint32_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++) if (v[i] > v[best]) best = i;
-    return (int32_t)best;
-}
-
 static void run_case(const shift_case *c) {
     if (!c->path) { skip(); return; }
     flm_ctx *A = open_case(c), *B = open_case(c);
@@ -242,7 +236,7 @@ static void run_case(const shift_case *c) {
     W->next_pos = B->next_pos;
     rebuild(B, c, c->discard, true);
     rebuild(W, c, c->discard, false);
-    int32_t tok = argmax(last, V);
+    int32_t tok = tu_argmax(last, V);
     double worst = 0, wrong = 0;
     int differ = 0;     /* steps at which the wrong rebuild would pick another token */
     int near_ties = 0;  /* steps at which the rebuilt cache picks another token within the tolerance */
@@ -254,16 +248,16 @@ static void run_case(const shift_case *c) {
         if (flm_eval(B, tok, pos, &lb, &err) || flm_eval(W, tok, pos, &lw, &err)) fail_msg("%s: %s", c->name, err.msg);
         worst = fmax(worst, logit_diff(last, lb, V));
         wrong = fmax(wrong, logit_diff(lw, lb, V));
-        tok = argmax(last, V);
+        tok = tu_argmax(last, V);
         /* the same greedy token, unless the rebuilt cache's top two are within the tolerance (a near tie) */
-        const int32_t tb = argmax(lb, V);
+        const int32_t tb = tu_argmax(lb, V);
         double scale = 1;
         for (uint32_t i = 0; i < V; i++) scale = fmax(scale, fabs((double)lb[i]));
         if (tok != tb && (double)lb[tb] - lb[tok] > c->logit_tol * scale)
             fail_msg("%s: step %d after the shift picks token %d, the rebuilt cache %d (%g higher)", c->name, t, tok,
                      tb, (double)lb[tb] - lb[tok]);
         near_ties += tok != tb;
-        differ += argmax(lw, V) != tok;
+        differ += tu_argmax(lw, V) != tok;
     }
     print_message("%s: 8 tokens after the shift: the rebuilt cache's greedy tokens (%d near ties), logits within "
                   "%.2g (tolerance %g); without the turn %.2g, %d other tokens\n", c->name, near_ties, worst,

@@ -47,13 +47,6 @@ static flm_ctx *open_ctx(const char *path, int n_ctx) {
     return ctx;
 }
 
-static int32_t argmax(const float *v, uint32_t n) {
-    int32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (v[i] > v[best]) best = (int32_t)i;
-    return best;
-}
-
 /* Greedy continuation of every prompt of greedy.jsonl from its reference prompt ids. */
 static void check_greedy(const real_model *rm) {
     const char *path = tu_model(rm->name);
@@ -91,7 +84,7 @@ static void check_greedy(const real_model *rm) {
         char text[4096];
         size_t tl = 0, cl = strlen(completion);
         for (int g = 0; g < N_GREEDY; g++) {
-            int32_t next = argmax(logits, info.n_vocab);
+            int32_t next = tu_argmax(logits, info.n_vocab);
             prev = tok;
             size_t n;
             const char *piece = flm_token_piece(ctx, prev, next, &n);

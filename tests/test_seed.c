@@ -26,18 +26,10 @@ static char *g_text;
 static int setup(void **state) {
     (void)state;
     snprintf(g_hot, sizeof g_hot, "%s", tu_tmp("seed-hot", ".flm"));
-    flm_error err;
-    if (flm_convert(tu_data(MODEL), g_hot, NULL, NULL, &err)) {
-        fprintf(stderr, "convert: %s\n", err.msg);
-        return -1;
-    }
+    if (tu_stories_hot(g_hot, 30000)) return -1;
     size_t len;
     g_text = (char *)tu_read_file(tu_data(TEXT), &len);
     g_text[len < 30000 ? len : 30000] = 0;
-    if (flm_hot_order(g_hot, g_text, 512, 128, 2, NULL, NULL, &err)) {
-        fprintf(stderr, "hot order: %s\n", err.msg);
-        return -1;
-    }
     return 0;
 }
 
@@ -49,18 +41,7 @@ static int teardown(void **state) {
 }
 
 static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, double pct, double window) {
-    flm_params p;
-    flm_params_default(&p);
-    p.n_threads = 2;
-    p.n_ctx = N_CTX;
-    p.mode = mode;
-    p.mem_bytes = mem;
-    p.mem_percent = pct;
-    p.draft_window = window;
-    flm_ctx *ctx = NULL;
-    flm_error err;
-    if (flm_open(path, &p, &ctx, &err)) fail_msg("open %s (%s): %s", path, flm_mode_name(mode), err.msg);
-    return ctx;
+    return tu_open_mode(path, mode, mem, pct, N_CTX, window);
 }
 
 typedef struct collect {

@@ -48,13 +48,6 @@ static uint32_t n_vocab_of(const flm_ctx *ctx) {
     return in.n_vocab;
 }
 
-static int32_t argmax(const float *x, uint32_t n) {
-    int32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = (int32_t)i;
-    return b;
-}
-
 /* Plain greedy decoding, one flm_eval per token: up to n tokens after prompt into out (an end-of-generation token
  * ends it, not stored). Returns the count. */
 static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, int32_t *out) {
@@ -66,7 +59,7 @@ static int gen_plain(flm_ctx *ctx, const int32_t *prompt, int n_prompt, int n, i
     uint32_t V = n_vocab_of(ctx);
     int k = 0;
     while (k < n) {
-        int32_t t = argmax(logits, V);
+        int32_t t = tu_argmax(logits, V);
         if (flm_token_is_eog(ctx, t)) break;
         out[k++] = t;
         if (k < n && flm_eval(ctx, t, pos++, &logits, &err)) fail_msg("eval: %s", err.msg);

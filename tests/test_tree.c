@@ -31,21 +31,7 @@ static char g_hot[4096];
 static int setup(void **state) {
     (void)state;
     snprintf(g_hot, sizeof g_hot, "%s", tu_tmp("tree-hot", ".flm"));
-    flm_error err;
-    if (flm_convert(tu_data(MODEL), g_hot, NULL, NULL, &err)) {
-        fprintf(stderr, "convert: %s\n", err.msg);
-        return -1;
-    }
-    size_t len;
-    char *text = (char *)tu_read_file(tu_data(TEXT), &len);
-    text[len < 20000 ? len : 20000] = 0;
-    flm_status st = flm_hot_order(g_hot, text, 512, 128, 2, NULL, NULL, &err);
-    free(text);
-    if (st) {
-        fprintf(stderr, "hot order: %s\n", err.msg);
-        return -1;
-    }
-    return 0;
+    return tu_stories_hot(g_hot, 20000);
 }
 
 static int teardown(void **state) {

@@ -77,6 +77,28 @@ int tu_run_cli(const char *args, char **out) {
     return -1;
 }
 
+char *tu_cli_expect(const char *args, int want_rc, const char *want_text) {
+    char *out = NULL;
+    char full[8300];
+    snprintf(full, sizeof full, "%s 2>&1", args);
+    const int rc = tu_run_cli(full, &out);
+    const bool bad_rc = rc != want_rc, bad_text = !bad_rc && want_text && !strstr(out, want_text);
+    if (bad_rc) print_error("flashlm %s: exit %d, want %d; output:\n%s\n", args, rc, want_rc, out);
+    if (bad_text) print_error("flashlm %s: output lacks '%s':\n%s\n", args, want_text, out);
+    if (bad_rc || bad_text) {
+        free(out); /* fail() leaves the test by longjmp */
+        fail();
+    }
+    return out;
+}
+
+int32_t tu_argmax(const float *x, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
 uint64_t tu_rand_u64(uint64_t *s) {
     uint64_t x = *s ? *s : 0x9E3779B97F4A7C15ull;
     x ^= x << 13; x ^= x >> 7; x ^= x << 17;

@@ -22,9 +22,14 @@ void tu_write_file(const char *path, const void *data, size_t len);
 /* Run the flashlm CLI with the given argument string through /bin/sh (append "2>&1" to capture stderr); capture stdout (malloc'd, NUL-ended)
  * into *out when non-NULL; return the exit status (or -1 when killed by a signal). */
 int tu_run_cli(const char *args, char **out);
+/* Run the CLI with args, stderr joined to stdout; fail the test (the command and its output in the message) unless it
+ * exits want_rc and, when want_text is not NULL, its output holds want_text. Returns the output (malloc'd). */
+char *tu_cli_expect(const char *args, int want_rc, const char *want_text);
 /* Convert the pulled model `name` (tu_model) into a temporary .flm named after tag with `flashlm convert`; returns
  * its path (valid until the next call), or NULL when the model is not pulled. A failed convert fails the test. */
 const char *tu_convert_pulled(const char *name, const char *tag);
+/* The index of the largest of x[0..n) (the first on ties): greedy decoding's choice. */
+int32_t tu_argmax(const float *x, uint32_t n);
 /* Simple deterministic RNG for tests. */
 uint64_t tu_rand_u64(uint64_t *state);
 float tu_rand_f32(uint64_t *state); /* uniform in [-1, 1) */
@@ -54,5 +59,14 @@ void tu_joint3(struct flm_ctx *ref, const int32_t *prompt, int n_prompt, struct 
 double tu_hot_share_at(const char *path, uint64_t mem, int n_ctx);
 /* A budget at which mode hot keeps between lo and hi of every layer of path (fails the test when none does). */
 uint64_t tu_hot_budget_for_share(const char *path, double lo, double hi, int n_ctx);
+
+/* tests/testutil_tools.c (the tools tier; not in test_public_api): */
+/* Convert stories260K (tests/data) to the .flm path and store its FFN neurons hottest first (flm_hot_order: 512 tokens
+ * of the first max_chars characters of the TinyStories sample, chunks of 128, 2 threads). 0, or -1 with the error on
+ * stderr (for a cmocka setup). */
+int tu_stories_hot(const char *path, size_t max_chars);
+/* flm_open of path with 2 threads, n_ctx, mode, budget mem bytes or pct percent, and the draft window; fails the test
+ * on error. The mode is an flm_mode. */
+struct flm_ctx *tu_open_mode(const char *path, int mode, uint64_t mem, double pct, int n_ctx, double window);
 
 #endif
