@@ -348,12 +348,10 @@ flm_status flm_eval_run(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res,
         if (rq->logits == FLM_LOGITS_ALL) piece.logits_all = rq->logits_all + (size_t)i * V;
         else if (i + m < n) piece.logits = FLM_LOGITS_NONE; /* only the last piece's last token's are returned */
         flm_eval_res r = {0};
-        const double t0 = flm_now_ms();
         if ((st = flm_forward(ctx, &piece, &r, err))) {
             ctx->next_pos = pos0; /* the whole call is undone: the caller evaluates pos0 again */
             return st;
         }
-        r.stats.compute_ms = flm_now_ms() - t0 - r.stats.io_ms - r.stats.mem_ms;
         record_batch(ctx, &r.stats, m);
         stats_add(&res->stats, &r.stats);
         res->logits = r.logits;
@@ -420,9 +418,7 @@ flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, f
         const uint32_t k = n - i < B ? n - i : B;
         flm_eval_req rq = {.tokens = ids + i, .n = k, .pos = (int32_t)i, .logits = FLM_LOGITS_HIDDEN};
         flm_eval_res r = {0};
-        const double t0 = flm_now_ms();
         if ((st = flm_forward(ctx, &rq, &r, err))) break;
-        r.stats.compute_ms = flm_now_ms() - t0 - r.stats.io_ms - r.stats.mem_ms;
         record_batch(ctx, &r.stats, k);
         for (uint32_t t = 0; t < k; t++) {
             const float *h = r.hidden + (size_t)t * d;
@@ -502,9 +498,7 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
                                  .logits = logits ? FLM_LOGITS_ALL : FLM_LOGITS_HIDDEN,
                                  .logits_all = logits ? logits + (size_t)(i - first) * V : NULL};
         flm_eval_res r = {0};
-        double t0 = flm_now_ms();
         if ((st = flm_forward(ctx, &rq, &r, err))) break;
-        r.stats.compute_ms = flm_now_ms() - t0 - r.stats.io_ms - r.stats.mem_ms;
         record_batch(ctx, &r.stats, m);
         hidden = r.hidden;
         i += m;

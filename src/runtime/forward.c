@@ -456,7 +456,7 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
     return flm_output_rows(ctx, &x, 1, logits, err);
 }
 
-flm_status flm_forward(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err) {
+static flm_status forward_passes(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     flm_scratch *s = &ctx->s;
     const uint32_t V = hp->n_vocab, n = rq->n;
@@ -480,4 +480,12 @@ flm_status flm_forward(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, 
     }
     const rows batch = {.x = s->bx, .h = s->bxb, .h_stride = hs, .o = s->bxb2, .q = s->bq, .k = s->bk, .v = s->bv};
     return pass(ctx, rq, &batch, res, err);
+}
+
+flm_status flm_forward(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res, flm_error *err) {
+    /* the call's compute time: its wall time less the I/O and memory-management times its passes added */
+    const double t0 = flm_now_ms(), io0 = res->stats.io_ms, mem0 = res->stats.mem_ms;
+    const flm_status st = forward_passes(ctx, rq, res, err);
+    res->stats.compute_ms += flm_now_ms() - t0 - (res->stats.io_ms - io0) - (res->stats.mem_ms - mem0);
+    return st;
 }

@@ -324,8 +324,9 @@ typedef struct flm_eval_req {
 
 /* What a forward pass returns. */
 typedef struct flm_eval_res {
-    flm_token_stats stats;        /* added to: the pass's I/O and memory-management times, bytes, reads and the
-                                     sparse mode's counts (compute_ms is the caller's: wall time less these) */
+    flm_token_stats stats;        /* added to by the call: its passes' I/O and memory-management times, bytes, reads
+                                     and the sparse mode's counts, and compute_ms (the call's wall time less those
+                                     two times): the call's own statistics, nothing diffed from the totals */
     const float *logits;          /* FLM_LOGITS_LAST / ALL: the last token's n_vocab logits (ctx->s.logits) */
     const float *hidden;          /* FLM_LOGITS_HIDDEN: the final states, [n][d_model] scratch rows, valid until the
                                      next pass */
@@ -335,7 +336,7 @@ typedef struct flm_eval_res {
  * pos .. pos + n - 1 through the model, keys and values into the KV cache; the logits rq->logits asks for. n = 1
  * (decoding) runs on the single-token scratch with matrix-vector products; 1 < n <= ctx->s.n_batch in one batched
  * pass (matrix-matrix products, the FFN source's compute_batch); a larger n token by token. res->stats gets the I/O
- * and memory-management times and bytes. Errors: FLM_ERR_IO (an embedding row or FFN read), FLM_ERR_CHECKSUM /
+ * and memory-management times and bytes, and the call's compute time (wall time less those). Errors: FLM_ERR_IO (an embedding row or FFN read), FLM_ERR_CHECKSUM /
  * FLM_ERR_FORMAT (a non-finite output: the message names the file, layer and region), FLM_ERR_ARG (a position past
  * a model's learned positions; FLM_LOGITS_HIDDEN with more tokens than one batch holds).
  * rq->tree (NULL: the causal batch above): the tokens are tree nodes (runtime/pass.h flm_tree), pos the KV slot of
