@@ -47,7 +47,7 @@ asan: deps
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 # The libFuzzer targets (tests/fuzz/README.md): clang, ASan+UBSan, FUZZ_SECONDS each (default 60); fails on any
-# finding. FUZZ_TARGETS chooses some (gguf flm tokenizer chat probe sparsity safetensors serve).
+# finding. FUZZ_TARGETS chooses some (gguf flm tokenizer chat probe sparsity safetensors serve serve_http hf).
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 fuzz: deps

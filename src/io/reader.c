@@ -201,7 +201,7 @@ static void drop_cache(flm_reader *r, uint64_t off, uint64_t len) {
 }
 
 static void scatter(const flm_reader *r, const flm_read_op *op, const uint8_t *buf) {
-    if (op->dst) return;
+    if (op->dst || op->n_pieces == 0) return; /* a recheck's op has no pieces (and the plan may have none: NULL) */
     const flm_read_piece *p = r->plan.pieces + op->first_piece;
     for (size_t i = 0; i < op->n_pieces; i++) memcpy(p[i].dst, buf + p[i].src, p[i].length);
 }

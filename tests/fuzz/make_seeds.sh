@@ -10,6 +10,7 @@
 #   fuzz_tokenizer  lines of tests/data/text for every tokenizer index, with and without special-token parsing
 #   fuzz_safetensors the head of tests/data/hf-tiny's OPT model.safetensors
 #   fuzz_serve      only its committed seeds (requests as OpenAI's SDK sends them)
+#   fuzz_serve_http, fuzz_hf   only their committed seeds (request heads; crafted Hugging Face folders)
 # the fixtures are tests/data (FLM_DATA_DIR overrides); the model cache is flashlm pull's.
 set -eu
 [ $# -eq 2 ] || { echo "usage: $0 FLASHLM OUTDIR" >&2; exit 2; }
@@ -21,7 +22,7 @@ if [ -n "${FLASHLM_CACHE:-}" ]; then cache=$FLASHLM_CACHE; else cache=${XDG_CACH
 tool="python3 $here/seedtool.py"
 work=$out/.work
 mkdir -p "$work"
-for t in gguf flm tokenizer chat probe sparsity safetensors serve; do
+for t in gguf flm tokenizer chat probe sparsity safetensors serve serve_http hf; do
     mkdir -p "$out/fuzz_$t"
     [ -d "$here/seeds/fuzz_$t" ] && cp "$here/seeds/fuzz_$t/"* "$out/fuzz_$t/" 2>/dev/null || true
 done
@@ -66,6 +67,6 @@ done
 opt=$data/hf-tiny/opt-125m-style/model.safetensors
 [ -f "$opt" ] && head -c 4096 "$opt" > "$out/fuzz_safetensors/opt-tiny-4k"
 rm -rf "$work"
-for t in gguf flm tokenizer chat probe sparsity safetensors serve; do
+for t in gguf flm tokenizer chat probe sparsity safetensors serve serve_http hf; do
     echo "make_seeds: fuzz_$t: $(ls "$out/fuzz_$t" | wc -l) seeds"
 done

@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "$1" && pwd)
 secs=$2
 shift 2
-targets=${*:-gguf flm tokenizer chat probe sparsity safetensors serve hf}
+targets=${*:-gguf flm tokenizer chat probe sparsity safetensors serve serve_http hf}
 "$here/make_seeds.sh" "$build/flashlm" "$build/fuzz-seeds" || exit 1
 mkdir -p "$build/fuzz-artifacts"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
