@@ -959,12 +959,13 @@ flm_status flm_reader_set_checks(flm_reader *r, const flm_check_table *t, size_t
             bool bad = x->unit_bytes == 0 || (x->n_units && !x->sums) || x->offset > (UINT64_C(1) << 62) ||
                        x->n_units > ((UINT64_C(1) << 62) - x->offset) / x->unit_bytes;
             if (!bad && i > 0 && x->offset < table_end(&c[i - 1])) bad = true;
-            if (bad) {
+            if (bad) { /* the message before c (which x points into) is freed */
+                flm_status st = flm_fail(err, FLM_ERR_ARG, "%s: check table '%s' (offset %llu, %llu units of %llu "
+                                         "bytes) is empty of bytes, overlaps another or ends beyond 2^62", r->path,
+                                         x->what, (unsigned long long)x->offset, (unsigned long long)x->n_units,
+                                         (unsigned long long)x->unit_bytes);
                 free(c);
-                return flm_fail(err, FLM_ERR_ARG, "%s: check table '%s' (offset %llu, %llu units of %llu bytes) is "
-                                "empty of bytes, overlaps another or ends beyond 2^62", r->path, x->what,
-                                (unsigned long long)x->offset, (unsigned long long)x->n_units,
-                                (unsigned long long)x->unit_bytes);
+                return st;
             }
         }
     }
