@@ -168,6 +168,9 @@ typedef struct flm_params {
                            of this many; 0 = 256; clamped to n_ctx. Its activations (about 4 * (3 d_model + q_dim +
                            2 kv_dim + 2 d_ffn) bytes per token) are part of the memory plan */
     flm_mode mode;      /* default FLM_MODE_AUTO */
+    int n_seq;          /* sequences the context holds (0 or 1: one; at most FLM_SEQ_MAX): the weights once, and per
+                           sequence a KV cache of n_ctx tokens, its position and its logits row, all planned in the
+                           budget (flm_plan_info.kv counts every sequence's cache). flm_seq_acquire selects one */
     uint64_t mem_bytes; /* memory budget in bytes (--mem); 0 = none. Resident weights + neuron storage + KV cache +
                            scratch + reader buffers must fit (docs/ARCHITECTURE.md, "Memory budget") */
     double mem_percent; /* alternatively, a budget as a percentage of the model's weight bytes (--mem 50%); used
@@ -435,6 +438,23 @@ FLM_API flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *pa
 
 /* The next position flm_eval expects (tokens held in the context). */
 FLM_API int32_t flm_n_past(const flm_ctx *ctx);
+
+/* ---- sequences: one model, several KV caches (flm_params.n_seq) ----
+ * A context opened with n_seq > 1 holds the weights once and n_seq sequences, each its own KV cache, position
+ * (flm_n_past), tree and logits row. Every call on the context (flm_eval*, flm_eval_tree, flm_tree_*, flm_kv_shift,
+ * flm_embed, flm_n_past) works on the current sequence; sequence 0 is current after flm_open. Threads that share a
+ * context each take it with flm_seq_acquire (a mutex: one evaluation at a time) and give it back with
+ * flm_seq_release; logits returned for a sequence stay valid while other sequences are evaluated (each sequence has
+ * its own row), until that sequence's next evaluation. The statistics (flm_get_stats) count every sequence's
+ * tokens. */
+#define FLM_SEQ_MAX 256
+/* The sequences ctx holds (flm_params.n_seq, at least 1). */
+FLM_API uint32_t flm_n_seq(const flm_ctx *ctx);
+/* Lock ctx (blocking while another thread holds it) and make sequence seq current. Errors: FLM_ERR_ARG (seq >=
+ * flm_n_seq; nothing is locked then). */
+FLM_API flm_status flm_seq_acquire(flm_ctx *ctx, uint32_t seq, flm_error *err);
+/* Unlock ctx after flm_seq_acquire (the sequence stays current until the next acquire). */
+FLM_API void flm_seq_release(flm_ctx *ctx);
 
 /* The context shift (llama.cpp's --context-shift; llama_memory_seq_rm + llama_memory_seq_add): make room in a full
  * context without evaluating anything again. The context holds positions [0, n_past) (n_past = flm_n_past); this
@@ -824,6 +844,12 @@ typedef struct flm_session flm_session;
  * (spec); flm_session_speculate replaces or (NULL) ends that.
  * Errors: FLM_ERR_ARG (ctx or out NULL), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err);
+/* flm_session_create on sequence seq of ctx (flm_params.n_seq): the session's every call into ctx takes it with
+ * flm_seq_acquire(ctx, seq) and gives it back, so sessions on different sequences of one context may run on
+ * different threads at once (their evaluations take turns); its statistics count its own evaluations only. The
+ * self-draft buffers the plan holds are per sequence. Errors: those of flm_session_create; FLM_ERR_ARG (seq >=
+ * flm_n_seq). */
+FLM_API flm_status flm_session_create_seq(flm_ctx *ctx, uint32_t seq, flm_session **out, flm_error *err);
 /* Free the session (NULL: nothing); the context stays open, holding what was evaluated. */
 FLM_API void flm_session_free(flm_session *s);
 /* The context the session drives. */

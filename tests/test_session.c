@@ -2,7 +2,11 @@
  * generation equals the plain evaluate-and-argmax loop, stop strings end the text before them and never release a
  * part of one, a new prompt keeps the common prefix and still gives the same continuation, cancellation, max_tokens,
  * a full context, the context shift, per-request statistics; speculative decoding through the session gives the same
- * tokens, text, stops and held tokens as plain decoding. */
+ * tokens, text, stops and held tokens as plain decoding. Sequences (flm_params.n_seq, flm_session_create_seq): four
+ * sessions on one context of four sequences, interleaved on one thread or running on four threads at once (plain
+ * and with n-gram speculation, GGUF and a .flm streamed under a budget), each give the tokens its prompt gives alone
+ * in a context of one sequence; the plan counts a KV cache and a logits row per sequence. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -581,6 +585,181 @@ static void test_chat_turns(void **state) {
     assert_true(strlen(plain[0]) > 0);
 }
 
+/* ---- sequences: one context, several sessions ------------------------------------------------------------------ */
+
+#define SEQ_N 4
+#define SEQ_GEN 48
+static const char *const SEQ_PROMPTS[SEQ_N] = {"Once upon a time", "Lily and Tom went to the park",
+                                               "The big dog", "One day, a little bird"};
+static char g_seq_flm[4096];
+
+/* A context of the model (the .flm under a budget when flm), n_seq sequences. */
+static flm_ctx *open_seq(bool flm, int n_seq) {
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 128;
+    p.n_seq = n_seq;
+    if (flm) {
+        p.mode = FLM_MODE_HYBRID; /* layers streamed from the file: the FFN source is shared by the sequences */
+        p.mem_bytes = 2u << 20;
+    }
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(flm ? g_seq_flm : tu_data(MODEL), &p, &ctx, &err)) fail_msg("%s", err.msg);
+    return ctx;
+}
+
+typedef struct seq_job {
+    flm_session *s;
+    const char *prompt;
+    bool ngram;
+    collect c;
+    flm_gen_result r;
+    flm_session_stats st;
+} seq_job;
+
+static void *seq_run(void *arg) {
+    seq_job *j = arg;
+    flm_error err;
+    memset(&j->c, 0, sizeof j->c);
+    if (flm_session_prompt_text(j->s, j->prompt, strlen(j->prompt), FLM_TOKENIZE_ADD_SPECIAL, NULL, &err))
+        return "prompt";
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = SEQ_GEN;
+    if (flm_session_generate(j->s, &gp, on_token, &j->c, &j->r, &err)) return "generate";
+    flm_session_get_stats(j->s, &j->st);
+    return NULL;
+}
+
+static void seq_speculate(flm_session *s, bool ngram) {
+    if (!ngram) return;
+    flm_spec_params sp;
+    flm_spec_params_default(&sp);
+    sp.ngram = true;
+    sp.n_draft = 4;
+    flm_error err;
+    assert_int_equal(flm_session_speculate(s, &sp, NULL, &err), FLM_OK);
+}
+
+/* Each prompt alone, in a context of one sequence (the reference), against the four on one context of four: on four
+ * threads (threads) or one after another token by token is not possible from outside, so the unthreaded case runs
+ * them one after another on the shared context, each on its own sequence, twice (the second round reuses each
+ * sequence's cached prompt: the caches are apart). */
+static void seq_case(bool flm, bool ngram, bool threads) {
+    seq_job ref[SEQ_N], got[SEQ_N];
+    flm_error err;
+    flm_ctx *one = open_seq(flm, 1);
+    for (int i = 0; i < SEQ_N; i++) {
+        ref[i].prompt = SEQ_PROMPTS[i];
+        ref[i].ngram = ngram;
+        assert_int_equal(flm_session_create(one, &ref[i].s, &err), FLM_OK);
+        seq_speculate(ref[i].s, ngram);
+        assert_null(seq_run(&ref[i]));
+        assert_true(ref[i].c.n_ids > 8);
+        flm_session_free(ref[i].s);
+    }
+    flm_close(one);
+    flm_ctx *ctx = open_seq(flm, SEQ_N);
+    assert_int_equal(flm_n_seq(ctx), SEQ_N);
+    for (int i = 0; i < SEQ_N; i++) {
+        got[i].prompt = SEQ_PROMPTS[i];
+        assert_int_equal(flm_session_create_seq(ctx, (uint32_t)i, &got[i].s, &err), FLM_OK);
+        seq_speculate(got[i].s, ngram);
+    }
+    for (int round = 0; round < 2; round++) {
+        if (threads) {
+            pthread_t th[SEQ_N];
+            for (int i = 0; i < SEQ_N; i++) assert_int_equal(pthread_create(&th[i], NULL, seq_run, &got[i]), 0);
+            for (int i = 0; i < SEQ_N; i++) {
+                void *rv = NULL;
+                pthread_join(th[i], &rv);
+                assert_null(rv);
+            }
+        } else {
+            for (int i = SEQ_N - 1; i >= 0; i--) assert_null(seq_run(&got[i]));
+        }
+        for (int i = 0; i < SEQ_N; i++) {
+            assert_int_equal(got[i].c.n_ids, ref[i].c.n_ids);
+            for (int t = 0; t < ref[i].c.n_ids; t++) assert_int_equal(got[i].c.ids[t], ref[i].c.ids[t]);
+            assert_int_equal(got[i].c.len, ref[i].c.len);
+            assert_memory_equal(got[i].c.text, ref[i].c.text, ref[i].c.len);
+            /* its own statistics: the tokens its passes evaluated (the others' are not counted) */
+            assert_true(got[i].st.gen.compute_ms >= 0);
+        }
+    }
+    for (int i = 0; i < SEQ_N; i++) flm_session_free(got[i].s);
+    flm_close(ctx);
+}
+
+static void test_sequences_equal_alone(void **state) {
+    (void)state;
+    seq_case(false, false, false);
+    seq_case(false, false, true);
+    seq_case(false, true, true);
+    seq_case(true, false, true);
+}
+
+/* The plan holds a KV cache and a logits row per sequence; sequences out of range are refused by name. */
+static void test_sequences_plan(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 128;
+    flm_plan_info a, b;
+    flm_error err;
+    assert_int_equal(flm_plan(tu_data(MODEL), &p, &a, &err), FLM_OK);
+    p.n_seq = SEQ_N;
+    assert_int_equal(flm_plan(tu_data(MODEL), &p, &b, &err), FLM_OK);
+    assert_int_equal(b.kv, SEQ_N * a.kv);
+    const uint64_t row = ((uint64_t)a.n_vocab * 4 + 63) / 64 * 64;
+    assert_int_equal(b.scratch, a.scratch + (SEQ_N - 1) * row);
+    assert_int_equal(b.resident, a.resident);
+    p.n_seq = FLM_SEQ_MAX + 1;
+    assert_int_equal(flm_plan(tu_data(MODEL), &p, &b, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "sequences"));
+    flm_ctx *ctx = open_seq(false, 2);
+    flm_stats st;
+    flm_get_stats(ctx, &st);
+    assert_int_equal(st.mem_kv, 2 * a.kv);
+    assert_int_equal(flm_seq_acquire(ctx, 2, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "sequence 2"));
+    flm_session *s = NULL;
+    assert_int_equal(flm_session_create_seq(ctx, 2, &s, &err), FLM_ERR_ARG);
+    assert_null(s);
+    /* positions are per sequence */
+    const float *logits = NULL;
+    const int32_t ids[3] = {1, 2, 3};
+    assert_int_equal(flm_seq_acquire(ctx, 1, &err), FLM_OK);
+    assert_int_equal(flm_eval_batch(ctx, ids, 3, 0, NULL, &logits, &err), FLM_OK);
+    assert_int_equal(flm_n_past(ctx), 3);
+    flm_seq_release(ctx);
+    assert_int_equal(flm_seq_acquire(ctx, 0, &err), FLM_OK);
+    assert_int_equal(flm_n_past(ctx), 0);
+    flm_seq_release(ctx);
+    flm_close(ctx);
+}
+
+static int seq_setup(void **state) {
+    (void)state;
+    snprintf(g_seq_flm, sizeof g_seq_flm, "%s", tu_tmp("seq", ".flm"));
+    char args[8192];
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data(MODEL), g_seq_flm);
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc) fprintf(stderr, "convert failed (%d): %s\n", rc, out);
+    free(out);
+    return rc;
+}
+
+static int seq_teardown(void **state) {
+    (void)state;
+    remove(g_seq_flm);
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_plain_loop),
@@ -590,6 +769,8 @@ int main(void) {
         cmocka_unit_test(test_spec_equals_plain),
         cmocka_unit_test(test_spec_tree_equals_plain),
         cmocka_unit_test(test_chat_turns),
+        cmocka_unit_test(test_sequences_plan),
+        cmocka_unit_test(test_sequences_equal_alone),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, seq_setup, seq_teardown);
 }

@@ -2,8 +2,10 @@
  * (flm_session_*), and a chat page at / (tools/serve_page.html, embedded at build time).
  *
  * Threads: libmicrohttpd runs one thread per connection; it parses the request (tools/serve_req.c) and queues a job.
- * Each slot (--parallel N; default 1) is a worker thread with its own context (its own KV cache; the weights are
- * not shared between contexts: each slot opens the model with budget / N) and session; it takes jobs in order,
+ * Each slot (--parallel N; default 1) is a worker thread with a session on its own sequence of one shared context
+ * (flm_params.n_seq = N: the weights held once, a KV cache per slot, one budget; the slots' passes take turns on
+ * the context, flm_seq_acquire); with an explicit speculative option (--draft, --draft-ngram, --draft-self) each
+ * slot opens its own context instead, with budget / N and its own draft model. A slot takes jobs in order,
  * feeds the prompt (keeping the prefix its cache already holds) and generates, appending the response (server-sent
  * events when streaming) to the job's buffer, which the connection's thread sends. A connection that closes cancels
  * its job (queued: dropped; running: flm_session_cancel), so its slot serves the next request. A full queue (--queue)
@@ -41,8 +43,8 @@ static const char *SERVE_HELP =
     "Serve the model over HTTP with OpenAI's API (POST /v1/chat/completions, POST /v1/completions, streaming or not;\n"
     "GET /v1/models, /v1/models/ID; the same without /v1), llama-server's (POST /completion, /tokenize, /detokenize,\n"
     "/apply-template; GET /props, /slots), GET /health, GET /metrics (Prometheus text) and a chat page at /. The model\n"
-    "is opened once per slot under the budget (--mem, shared by the slots); requests queue and run one at a time per\n"
-    "slot.\n"
+    "is opened once, its weights shared by the slots, each slot a sequence with its own KV cache, all under the one\n"
+    "budget (--mem); requests queue and run one at a time per slot, the slots' passes taking turns.\n"
     "\n"
     "  -m, --model PATH     model file: .gguf or .flm, or a pulled model's name\n"
     "      --host ADDR[,ADDR...]  numeric IPv4/IPv6 addresses (or localhost) to listen on (default 127.0.0.1: this\n"
@@ -54,7 +56,8 @@ static const char *SERVE_HELP =
     "                       may call (CORS, preflight answered); repeat or separate with commas. Without --api-key\n"
     "                       only the page's own origin and these may POST, the Host must be localhost or an address\n"
     "                       listened on, and a POST must be application/json\n"
-    "      --parallel N     slots: N contexts, each with its own KV cache, budget / N and -c / N (default 1)\n"
+    "      --parallel N     slots: N sequences of one context, each with its own KV cache of -c / N tokens (default\n"
+    "                       1); with --draft, --draft-ngram or --draft-self: N contexts of budget / N each\n"
     "      --queue N        requests that may wait for a busy slot (default 16); beyond: 503\n"
     "      --max-body BYTES largest request body (default 1M); larger: 413\n"
     "      --max-connections N  open connections (default 2048); beyond: 503 and closed\n"
@@ -124,7 +127,8 @@ typedef struct job {
 
 typedef struct slot {
     int index;
-    flm_ctx *ctx;
+    flm_ctx *ctx;           /* the shared context (its sequence `index`), or the slot's own (sequence 0) */
+    uint32_t seq;
     flm_session *sess;
     flm_chat *tmpl;
     pthread_t thread;
@@ -754,7 +758,10 @@ static void run_embed(slot *s, job *j) {
             snprintf(err.msg, sizeof err.msg, "input[%zu] has %u tokens", i, j->emb_n[i]);
             break;
         }
-        if ((st = flm_embed(s->ctx, j->emb_ids[i], j->emb_n[i], vec, &err))) break;
+        if ((st = flm_seq_acquire(s->ctx, s->seq, &err))) break;
+        st = flm_embed(s->ctx, j->emb_ids[i], j->emb_n[i], vec, &err);
+        flm_seq_release(s->ctx);
+        if (st) break;
         total += j->emb_n[i];
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "object", "embedding");
@@ -1876,14 +1883,16 @@ int cmd_serve(int argc, char **argv) {
     cli_env_params(&params, model);
     cli_log_verbose(&params, verbose);
 
-    /* one budget for all slots: each opens the model with an equal share */
+    /* one budget for all slots: one context holding a sequence per slot, or (explicit speculative decoding) each slot
+     * opens the model with an equal share */
+    const bool shared = parallel > 1 && !cli_spec_active(&sa);
     flm_error err;
     if (params.mem_bytes || params.mem_percent > 0) {
         if (flm_plan_budget_bytes(model, &params, &srv.budget, &err)) { /* --mem N% in bytes; each slot plans its own */
             fprintf(stderr, "flashlm: %s\n", err.msg);
             return 1;
         }
-        if (parallel > 1) {
+        if (parallel > 1 && !shared) {
             params.mem_bytes = srv.budget / (uint64_t)parallel;
             params.mem_percent = 0;
         }
@@ -1894,6 +1903,7 @@ int cmd_serve(int argc, char **argv) {
         if (params.n_ctx / parallel < 8) return cli_die("%s", "-c is too small for --parallel (-c is shared by the slots)");
         params.n_ctx = (int)(params.n_ctx / parallel);
     }
+    if (shared) params.n_seq = (int)parallel;
     srv.n_slots = (int)parallel;
     srv.slots = calloc((size_t)parallel, sizeof *srv.slots);
     if (!srv.slots) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
@@ -1901,6 +1911,26 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < srv.n_slots; i++, n_open++) {
         slot *s = &srv.slots[i];
         s->index = i;
+        if (shared && i > 0) { /* the next sequence of slot 0's context */
+            s->ctx = srv.slots[0].ctx;
+            s->seq = (uint32_t)i;
+            s->spec = calloc(1, sizeof *s->spec);
+            if (!s->spec) { fprintf(stderr, "flashlm: out of memory\n"); rc = 1; break; }
+            s->spec->a = sa;
+            if (flm_chat_open(s->ctx, chat_name, &s->tmpl, &err) || flm_session_create_seq(s->ctx, s->seq, &s->sess, &err)) {
+                fprintf(stderr, "flashlm: %s\n", err.msg);
+                n_open++;
+                rc = 1;
+                break;
+            }
+            flm_session_set_special_in_content(s->sess, cli_allow_special);
+            if (cli_spec_begin(s->spec, s->ctx, model, s->sess)) {
+                n_open++;
+                rc = 1;
+                break;
+            }
+            continue;
+        }
         /* speculative decoding as run's: the slot's draft model first, inside the slot's budget; the target gets
          * what it leaves (and mode auto running hot drafts with the model itself) */
         flm_params sp = params;
@@ -1910,7 +1940,9 @@ int cmd_serve(int argc, char **argv) {
         if (cli_spec_open_draft(s->spec, model, &sp, verbose || i == 0)) { rc = 1; break; }
         if (flm_open(model, &sp, &s->ctx, &err)) {
             fprintf(stderr, "flashlm: %s%s\n", err.msg,
-                    parallel > 1 && err.code == FLM_ERR_BUDGET ? " (each of the --parallel slots gets budget / N)" : "");
+                    parallel > 1 && err.code == FLM_ERR_BUDGET
+                        ? shared ? " (the budget holds the weights once and a KV cache per --parallel slot)"
+                                 : " (each of the --parallel slots gets budget / N)" : "");
             cli_spec_target_refused(s->spec, err.code);
             rc = 1;
             break;
@@ -1999,7 +2031,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "flashlm: serving %s on %s (%d slot%s, context %u tokens%s, budget %s%s%s); "
                 "Ctrl-C stops\n", srv.model_id, where, srv.n_slots, srv.n_slots > 1 ? "s" : "", srv.n_ctx,
                 srv.n_slots > 1 ? " each" : "",
-                srv.budget ? cli_size(srv.budget).s : "none", srv.n_slots > 1 && srv.budget ? " split evenly" : "",
+                srv.budget ? cli_size(srv.budget).s : "none", srv.n_slots > 1 && srv.budget ? shared ? " shared" : " split evenly" : "",
                 spec_desc);
         int sig = 0;
         sigwait(&sigs, &sig);
@@ -2031,11 +2063,12 @@ int cmd_serve(int argc, char **argv) {
         if (i < n_open) {
             flm_session_free(srv.slots[i].sess);
             flm_chat_close(srv.slots[i].tmpl);
-            flm_close(srv.slots[i].ctx);
+            if (!shared) flm_close(srv.slots[i].ctx);
         }
         if (srv.slots[i].spec) cli_spec_session_close(srv.slots[i].spec); /* the draft model, after the target */
         free(srv.slots[i].spec);
     }
+    if (shared) flm_close(srv.slots[0].ctx); /* the shared context once, after its sessions */
     free(srv.slots);
     return rc;
 }

@@ -41,6 +41,13 @@ double flm_mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 uint32_t flm_kv_elem_bytes(const flm_params *p) { return p->kv_f32 ? FLM_KV_F32 : FLM_KV_F16; }
 
+uint32_t flm_n_seq_of(const flm_params *p) { return p && p->n_seq > 1 ? (uint32_t)p->n_seq : 1u; }
+
+uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq) {
+    const uint64_t row = ((uint64_t)hp->n_vocab * 4 + FLM_CARVE_ALIGN - 1) / FLM_CARVE_ALIGN * FLM_CARVE_ALIGN;
+    return n_seq > 1 ? (n_seq - 1) * row : 0;
+}
+
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *p,
                            flm_error *err) {
     memset(p, 0, sizeof *p);
@@ -53,13 +60,14 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     p->budget = budget;
     p->n_ctx = rq->n_ctx;
     p->kv_elem_bytes = rq->kv_elem_bytes;
-    p->kv = flm_kv_cache_bytes(hp->n_layers, rq->n_ctx, hp->n_kv_heads * hp->head_dim, rq->kv_elem_bytes);
+    const uint32_t n_seq = flm_n_seq_of(rq->params); /* a KV cache and a logits row per sequence */
+    p->kv = n_seq * flm_kv_cache_bytes(hp->n_layers, rq->n_ctx, hp->n_kv_heads * hp->head_dim, rq->kv_elem_bytes);
     /* activations, per-thread FFN accumulators, and the tokenizer's copies (~ pieces twice + hash + entries) */
     {
         flm_params bp = {.n_batch = (int)rq->n_batch, .n_threads = rq->n_threads};
         p->n_batch = flm_batch_size(&bp, hp, rq->n_ctx, budget);
     }
-    p->scratch = flm_plan_scratch(hp, rq->n_ctx, p->n_batch, rq->n_threads, true);
+    p->scratch = flm_plan_scratch(hp, rq->n_ctx, p->n_batch, rq->n_threads, true) + flm_seq_scratch_bytes(hp, n_seq);
     /* reader bounce buffers: 1/16 of the budget, between 32 KiB and 8 MiB, plus its plan arrays and ring (~32 KiB;
      * flm_flash_open replaces the estimate with flm_reader_memory() once the reader exists) */
     uint64_t bounce = budget ? budget / 16 : (8u << 20);

@@ -118,9 +118,10 @@ void flm_scratch_free(flm_scratch *s) { memset(s, 0, sizeof *s); } /* the arrays
 
 flm_status flm_params_check(const flm_params *p, flm_error *err) {
     if (p->n_threads < 1 || p->n_threads > 1024 || p->n_ctx < 0 || !flm_mode_name(p->mode) || p->mem_percent < 0 ||
-        p->n_batch < 0 || p->n_batch > 65536)
+        p->n_batch < 0 || p->n_batch > 65536 || p->n_seq < 0 || p->n_seq > FLM_SEQ_MAX)
         return flm_fail(err, FLM_ERR_ARG, "bad parameters: threads %d (1..1024), context %d, batch %d (0..65536), "
-                        "mode %d", p->n_threads, p->n_ctx, p->n_batch, (int)p->mode);
+                        "mode %d, sequences %d (0..%d)", p->n_threads, p->n_ctx, p->n_batch, (int)p->mode, p->n_seq,
+                        FLM_SEQ_MAX);
     return FLM_OK;
 }
 
@@ -203,25 +204,47 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
     }
     const flm_hparams *hp = &ctx->model->hp;
     const uint32_t n_ctx = (uint32_t)ctx->params.n_ctx;
-    /* KV cache, activations and the per-token statistics ring: one block of the planned size, carved */
-    const uint32_t kv_elem = flm_kv_elem_bytes(p);
+    /* KV caches (one per sequence), activations, the other sequences' logits rows and the per-token statistics
+     * ring: one block of the planned size, carved */
+    const uint32_t kv_elem = flm_kv_elem_bytes(p), n_seq = flm_n_seq_of(p);
     uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
     const uint32_t n_batch = (uint32_t)ctx->params.n_batch;
-    uint64_t mem = kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch, p->n_threads) + FLM_CTX_CARVES * FLM_CARVE_ALIGN;
+    uint64_t mem = n_seq * kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch, p->n_threads) + flm_seq_scratch_bytes(hp, n_seq) +
+                   (FLM_CTX_CARVES + n_seq) * FLM_CARVE_ALIGN;
+    ctx->n_seq = n_seq;
+    if (!(ctx->seq = calloc(n_seq, sizeof *ctx->seq)) || pthread_mutex_init(&ctx->seq_mu, NULL)) {
+        flm_close(ctx);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
+    }
+    ctx->seq_mu_init = true;
     if (ctx->be.ops->mem_init(&ctx->be, &ctx->mem, mem, NULL)) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the KV cache and activations", path,
                         (unsigned long long)mem);
     }
-    void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
-    if (kv_mem) ctx->be.ops->kv_init(&ctx->be, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
-    if (!kv_mem || (st = flm_scratch_init(&ctx->s, hp, n_ctx, n_batch, p->n_threads, &ctx->mem, err)) ||
+    bool carved = true;
+    for (uint32_t i = 0; i < n_seq && carved; i++) { /* sequence 0's cache is be.kv; the others wait in seq[] */
+        void *kv_mem = flm_arena_alloc(&ctx->mem, kv_bytes, FLM_CARVE_ALIGN);
+        if (!(carved = kv_mem != NULL)) break;
+        ctx->be.ops->kv_init(&ctx->be, hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem, kv_mem);
+        ctx->seq[i].kv = ctx->be.kv;
+    }
+    if (carved) ctx->be.kv = ctx->seq[0].kv;
+    if (!carved || (st = flm_scratch_init(&ctx->s, hp, n_ctx, n_batch, p->n_threads, &ctx->mem, err)) ||
         !(ctx->tokens = flm_arena_alloc(&ctx->mem, FLM_STATS_TOKENS * sizeof *ctx->tokens, FLM_CARVE_ALIGN))) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_BUDGET, "%s: the KV cache and activations exceed the %llu bytes planned", path,
                         (unsigned long long)mem);
     }
     ctx->be.work = &ctx->s.work;
+    ctx->seq[0].logits = ctx->s.logits;
+    for (uint32_t i = 1; i < n_seq; i++)
+        if (!(ctx->seq[i].logits = flm_arena_alloc(&ctx->mem, (uint64_t)hp->n_vocab * sizeof(float),
+                                                   FLM_CARVE_ALIGN))) {
+            flm_close(ctx);
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: the logits rows of %u sequences exceed the %llu bytes planned",
+                            path, n_seq, (unsigned long long)mem);
+        }
     ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     *out = ctx;
     return FLM_OK;
@@ -234,6 +257,38 @@ void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
     ctx->params.log_user = user;
 }
 
+/* Keep the current sequence's state in seq[cur_seq], and make seq i's current. */
+static void seq_switch(flm_ctx *ctx, uint32_t i) {
+    if (i == ctx->cur_seq) return;
+    flm_seq_state *o = &ctx->seq[ctx->cur_seq], *n = &ctx->seq[i];
+    *o = (flm_seq_state){.kv = ctx->be.kv, .logits = ctx->s.logits, .next_pos = ctx->next_pos,
+                         .tree_pos = ctx->tree_pos, .tree_n = ctx->tree_n, .tree_hidden = ctx->tree_hidden,
+                         .tree_hidden_first = ctx->tree_hidden_first};
+    ctx->be.kv = n->kv;
+    ctx->s.logits = n->logits;
+    ctx->next_pos = n->next_pos;
+    ctx->tree_pos = n->tree_pos;
+    ctx->tree_n = n->tree_n;
+    ctx->tree_hidden = n->tree_hidden;
+    ctx->tree_hidden_first = n->tree_hidden_first;
+    ctx->cur_seq = i;
+}
+
+uint32_t flm_n_seq(const flm_ctx *ctx) { return ctx ? ctx->n_seq : 0; }
+
+flm_status flm_seq_acquire(flm_ctx *ctx, uint32_t seq, flm_error *err) {
+    if (!ctx || seq >= ctx->n_seq)
+        return flm_fail(err, FLM_ERR_ARG, "sequence %u: the context holds %u (flm_params.n_seq)", seq,
+                        ctx ? ctx->n_seq : 0);
+    pthread_mutex_lock(&ctx->seq_mu);
+    seq_switch(ctx, seq);
+    return FLM_OK;
+}
+
+void flm_seq_release(flm_ctx *ctx) {
+    if (ctx) pthread_mutex_unlock(&ctx->seq_mu);
+}
+
 void flm_close(flm_ctx *ctx) {
     if (!ctx) return;
     if (ctx->ffn) ctx->ffn->close(&ctx->ffn_env);
@@ -242,6 +297,8 @@ void flm_close(flm_ctx *ctx) {
     flm_kv_cache_free(&ctx->be.kv);
     if (ctx->be.ops) ctx->be.ops->mem_free(&ctx->be, &ctx->mem); /* the KV cache, the activations, the stats ring */
     flm_model_free(ctx->model);
+    if (ctx->seq_mu_init) pthread_mutex_destroy(&ctx->seq_mu);
+    free(ctx->seq);
     free(ctx);
 }
 

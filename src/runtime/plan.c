@@ -135,7 +135,8 @@ static flm_status plan_self_draft(const flm_file *f, const flm_hparams *hp, cons
     sp.n_draft = FLM_AUTO_DRAFT_DEPTH;
     sp.tree = FLM_AUTO_DRAFT_TREE;
     sp.self_draft = true;
-    const uint64_t spec = flm_spec_buffer_bytes(hp->n_vocab, rq->n_ctx, &sp, false, false);
+    /* a session per sequence, each with its buffers */
+    const uint64_t spec = flm_n_seq_of(p) * flm_spec_buffer_bytes(hp->n_vocab, rq->n_ctx, &sp, false, false);
     flm_plan_request r2 = *rq;
     r2.budget = rq->budget > spec ? rq->budget - spec : 0;
     r2.draft_window = p->draft_window > 0 ? p->draft_window : p->draft_window < 0 ? 0 : FLM_AUTO_DRAFT_WINDOW;
@@ -260,8 +261,9 @@ flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparam
     o->n_ctx = flm_plan_n_ctx(p, hp);
     o->n_batch = flm_batch_size(p, hp, o->n_ctx, o->budget);
     o->kv_elem_bytes = flm_kv_elem_bytes(p);
-    o->kv = flm_kv_cache_bytes(hp->n_layers, o->n_ctx, hp->n_kv_heads * hp->head_dim, o->kv_elem_bytes);
-    o->scratch = flm_plan_scratch(hp, o->n_ctx, o->n_batch, p->n_threads, false);
+    const uint32_t n_seq = flm_n_seq_of(p); /* a KV cache and a logits row per sequence */
+    o->kv = n_seq * flm_kv_cache_bytes(hp->n_layers, o->n_ctx, hp->n_kv_heads * hp->head_dim, o->kv_elem_bytes);
+    o->scratch = flm_plan_scratch(hp, o->n_ctx, o->n_batch, p->n_threads, false) + flm_seq_scratch_bytes(hp, n_seq);
     o->total = o->resident + o->kv + o->scratch;
     o->embd = FLM_PLAN_EMBD_MEMORY;
     o->n_layers = o->n_resident_layers = hp->n_layers;

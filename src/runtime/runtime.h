@@ -1,6 +1,8 @@
 /* runtime.h — the context behind the public flm_ctx, and the token loop's pieces. Internal. */
 #ifndef FLM_RUNTIME_RUNTIME_H
 #define FLM_RUNTIME_RUNTIME_H
+#include <pthread.h>
+
 #include "flashlm.h"
 #include "compute/attention.h"
 #include "compute/kernels.h"
@@ -214,6 +216,16 @@ void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const
 void flm_flash_bundles_batch(flm_ffn_env *E, uint32_t l, const uint8_t *records, uint32_t n, const float *in,
                              size_t in_stride, float *out, size_t out_stride);
 
+/* A sequence's own state (flm_params.n_seq): what flm_seq_acquire swaps in and out of the context's fields of the
+ * same names (be.kv, next_pos, the tree, s.logits). The cache and the logits row are carved from ctx->mem. */
+typedef struct flm_seq_state {
+    flm_kv_cache kv;
+    float *logits;                /* [n_vocab] */
+    int32_t next_pos, tree_pos;
+    uint32_t tree_n, tree_hidden_first;
+    const float *tree_hidden;
+} flm_seq_state;
+
 struct flm_ctx {
     flm_model *model;
     flm_params params;
@@ -240,6 +252,11 @@ struct flm_ctx {
                                  [tree_hidden_first, tree_n), d_model floats each (scratch rows, what the last pass
                                  returned in flm_eval_res.hidden), or NULL */
     uint32_t tree_hidden_first;
+    /* sequences (flm_params.n_seq): the current one's state lives in the fields above, the others' in seq[] */
+    uint32_t n_seq, cur_seq;
+    flm_seq_state *seq;      /* [n_seq] (calloc) */
+    pthread_mutex_t seq_mu;  /* flm_seq_acquire / flm_seq_release */
+    bool seq_mu_init;
 };
 
 /* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
@@ -266,6 +283,10 @@ uint32_t flm_scratch_tree_nodes(uint32_t n_ctx);
  * batch, flm_attention_batch's tiles, the bundle FFN's quantized batch: compute/work.h), for batches of up to
  * n_batch tokens over n_threads threads. */
 uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads);
+/* Sequences these parameters ask for (flm_params.n_seq: 0 -> 1). */
+uint32_t flm_n_seq_of(const flm_params *p);
+/* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned). */
+uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq);
 /* The plan's scratch part (flm_plan_info.scratch), the one formula: flm_scratch_bytes (the activations and the
  * statistics ring, carved at open), the compute threads past the allowance's (flm_compute_threads_bytes), and for a
  * .flm file (flash) the per-thread FFN accumulators of a batch (4 n_threads n_batch d_model) and the tokenizer's

@@ -30,7 +30,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     st->bytes_requested = ctx->io.bytes_requested;
     const flm_hparams *hp = &ctx->model->hp;
     st->n_layers = hp->n_layers;
-    st->mem_kv = flm_kv_cache_bytes(hp->n_layers, (uint32_t)ctx->params.n_ctx, hp->n_kv_heads * hp->head_dim,
+    st->mem_kv = ctx->n_seq * flm_kv_cache_bytes(hp->n_layers, (uint32_t)ctx->params.n_ctx, hp->n_kv_heads * hp->head_dim,
                                     ctx->be.kv.elem_bytes);
     st->kv_type = ctx->be.kv.elem_bytes == FLM_KV_F16 ? "f16" : "f32";
     st->n_ctx = (uint32_t)ctx->params.n_ctx;

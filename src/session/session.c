@@ -21,6 +21,11 @@
 
 struct flm_session {
     flm_ctx *ctx;
+    uint32_t seq;          /* the context's sequence (flm_session_create_seq) */
+    bool shared;           /* the context holds several sequences: every call into it takes it (flm_seq_acquire) */
+    flm_stats own;         /* n_tokens and total: the context's statistics of this session's evaluations (the
+                              differences over each turn it held the context) */
+    flm_stats in;          /* the context's statistics when the current turn began */
     uint32_t n_ctx, n_vocab;
     flm_sampler *smp;
     int32_t *ids;          /* [n_ctx + 1]: the tokens at positions [0, n_past) (the speculative engine's history too:
@@ -47,14 +52,45 @@ struct flm_session {
     float *masked;         /* [n_vocab]: logits under a grammar's mask */
 };
 
+/* The session's turn on the context: take it (a context of several sequences: flm_seq_acquire on the session's
+ * sequence) and note its statistics; leave() adds what the turn evaluated to s->own and gives the context back. */
+static void enter(flm_session *s) {
+    if (s->shared) flm_seq_acquire(s->ctx, s->seq, NULL); /* cannot fail: seq was checked at creation */
+    flm_get_stats(s->ctx, &s->in);
+}
+
+static void leave(flm_session *s) {
+    flm_stats b;
+    flm_get_stats(s->ctx, &b);
+    s->own.n_tokens += b.n_tokens - s->in.n_tokens;
+    s->own.total.io_ms += b.total.io_ms - s->in.total.io_ms;
+    s->own.total.mem_ms += b.total.mem_ms - s->in.total.mem_ms;
+    s->own.total.compute_ms += b.total.compute_ms - s->in.total.compute_ms;
+    s->own.total.bytes_read += b.total.bytes_read - s->in.total.bytes_read;
+    s->own.total.n_reads += b.total.n_reads - s->in.total.n_reads;
+    s->own.total.n_predicted += b.total.n_predicted - s->in.total.n_predicted;
+    s->own.total.n_loaded += b.total.n_loaded - s->in.total.n_loaded;
+    s->own.total.n_reused += b.total.n_reused - s->in.total.n_reused;
+    if (s->shared) flm_seq_release(s->ctx);
+}
+
 flm_status flm_session_create(flm_ctx *ctx, flm_session **out, flm_error *err) {
+    return flm_session_create_seq(ctx, 0, out, err);
+}
+
+flm_status flm_session_create_seq(flm_ctx *ctx, uint32_t seq, flm_session **out, flm_error *err) {
     if (out) *out = NULL;
     if (!ctx || !out) return flm_fail(err, FLM_ERR_ARG, "flm_session_create: ctx and out must not be NULL");
+    if (seq >= flm_n_seq(ctx))
+        return flm_fail(err, FLM_ERR_ARG, "flm_session_create_seq: sequence %u, but the context holds %u "
+                        "(flm_params.n_seq)", seq, flm_n_seq(ctx));
     flm_model_info info;
     flm_get_info(ctx, &info);
     flm_session *s = calloc(1, sizeof *s);
     if (!s) return flm_fail(err, FLM_ERR_NOMEM, "out of memory creating a session");
     s->ctx = ctx;
+    s->seq = seq;
+    s->shared = flm_n_seq(ctx) > 1;
     s->n_ctx = info.n_ctx;
     s->n_vocab = info.n_vocab;
     s->ids = malloc(((size_t)info.n_ctx + 1) * sizeof *s->ids);
@@ -216,7 +252,10 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
         return flm_fail(err, FLM_ERR_CONTEXT, "%zu tokens after position %d do not fit the context of %u tokens", n,
                         (int)pos, s->n_ctx);
     const float *logits = NULL;
+    enter(s);
     flm_status st = flm_eval_batch(s->ctx, ids, (uint32_t)n, pos, NULL, &logits, err);
+    if (!st) note_last(s);
+    leave(s);
     if (st) { /* the context holds positions < pos; a conversation's text no longer says what it holds */
         s->conv_on = false;
         flm_session_rewind(s, pos);
@@ -226,20 +265,22 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
     s->n_past = pos + (int32_t)n;
     if (s->n_valid >= pos) s->n_valid = s->n_past; /* contiguous with the valid prefix: still valid */
     s->logits = logits;
-    note_last(s);
     return FLM_OK;
 }
 
 /* Prompt evaluation with its statistics. */
 static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int32_t pos, flm_error *err) {
-    flm_stats a, b;
-    flm_get_stats(s->ctx, &a);
+    flm_stats a = s->own, b;
     double t0 = flm_now_ms();
     flm_status st = eval_at(s, ids, n, pos, err);
-    if (!st && s->spec && (st = spec_prompted(s->spec, s->n_past, err))) /* a draft model follows */
-        flm_session_rewind(s, pos);
+    if (!st && s->spec) { /* a draft model follows */
+        enter(s);
+        st = spec_prompted(s->spec, s->n_past, err);
+        leave(s);
+        if (st) flm_session_rewind(s, pos);
+    }
     s->st.prompt_ms += flm_now_ms() - t0;
-    flm_get_stats(s->ctx, &b);
+    b = s->own;
     stats_add(&s->st.prompt, &a, &b);
     if (!st) s->st.n_prompt += n;
     return st;
@@ -262,7 +303,10 @@ static bool room(flm_session *s, size_t n) {
     int64_t discard = left / 2, need = (int64_t)s->n_past + (int64_t)n - s->n_ctx;
     if (discard < need) discard = need;
     if (discard < 1 || discard > left) return false;
-    if (flm_kv_shift(s->ctx, keep, (int32_t)discard, NULL)) return false; /* cannot happen: the arguments are in range */
+    enter(s);
+    const flm_status sst = flm_kv_shift(s->ctx, keep, (int32_t)discard, NULL);
+    leave(s);
+    if (sst) return false; /* cannot happen: the arguments are in range */
     memmove(s->ids + keep, s->ids + keep + discard, (size_t)(s->n_past - keep - discard) * sizeof *s->ids);
     s->n_past -= (int32_t)discard;
     s->key_off += (uint64_t)discard;
@@ -606,8 +650,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         }
     }
     long max = gp->max_tokens < 0 ? LONG_MAX : gp->max_tokens;
-    flm_stats a, b;
-    flm_get_stats(s->ctx, &a);
+    flm_stats a = s->own, b;
     double t0 = flm_now_ms(), t_prev = t0;
     s->hold_len = 0;
     flm_status st = FLM_OK;
@@ -707,7 +750,10 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             uint32_t m = 0;
             const int32_t H = s->n_past;
             spec_set_key_off(s->spec, s->key_off);
+            enter(s); /* the step's passes, trees and logits in one turn */
             st = spec_step(s->spec, H, next, max - r->n_gen, queue, &m, &qrows, err);
+            if (!st) note_last(s);
+            leave(s);
             if (st) { /* the context holds positions < H at most; its logits are gone */
                 s->logits = NULL;
                 s->conv_on = false;
@@ -718,7 +764,6 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             if (s->n_valid == H) s->n_valid++;
             s->n_past = H + 1;
             s->logits = qrows;
-            note_last(s);
             qi = 0;
             qn = m;
             continue;
@@ -740,7 +785,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         release(s, fn, user, &t, s->hold_len);
     }
     s->hold_len = 0;
-    flm_get_stats(s->ctx, &b);
+    b = s->own;
     stats_add(&s->st.gen, &a, &b);
     if (ss) { /* the target's share of the speculative counts */
         ss->target_tokens += b.n_tokens - a.n_tokens;
