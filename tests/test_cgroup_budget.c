@@ -6,7 +6,9 @@
  * reclaimable. Also `flashlm convert` and `flashlm calibrate` (with its default hot order) under a hard limit smaller
  * than the model (they must stream), a budget too small refused with a message (exit 1), not killed, and `flashlm
  * serve` answering requests (streamed and not) under the same limit as run, then stopped by SIGTERM (exit 0), also
- * drafting (the self-draft's tree per slot).
+ * drafting (the self-draft's tree per slot), and `flashlm serve --parallel 4` (one context, a KV cache per slot:
+ * SmolLM2 at --mem 90% -c 256, Qwen2.5-Coder-1.5B at --mem 50% when pulled) with four concurrent streaming clients
+ * and long prompts.
  *
  * Models: a synthetic one (flashlm synth: 8 layers, 42 MiB; calibrated for sparse) and SmolLM2-135M (q4_1, 98 MB)
  * when pulled. Needs root and a memory controller in which this process may create groups; otherwise every test is
@@ -14,6 +16,7 @@
  * subtree_control enables memory) or of the v2 root, entered by the run's own process before it executes flashlm
  * (a leaf), removed afterwards. */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -657,6 +660,142 @@ static void test_serve_under_limit(void **state) {
     serve_under_limit("hot", smol_flm[0] ? 80 : 70, "--draft-tree 16");
 }
 
+/* A POST for a client thread (no cmocka asserts off the main thread): the raw answer (malloc'd), or NULL. */
+static char *post_quiet(int port, const char *path, const char *body) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return NULL;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char *req = malloc(strlen(body) + 512);
+    if (!req || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { free(req); close(fd); return NULL; }
+    int n = sprintf(req, "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", path, strlen(body), body);
+    bool ok = write(fd, req, (size_t)n) == n;
+    free(req);
+    size_t cap = 1 << 16, len = 0;
+    char *out = ok ? malloc(cap) : NULL;
+    for (ssize_t got; out && (got = read(fd, out + len, cap - 1 - len)) > 0;) {
+        len += (size_t)got;
+        if (len + 1 == cap) {
+            char *more = realloc(out, cap *= 2);
+            if (!more) { free(out); out = NULL; }
+            else out = more;
+        }
+    }
+    close(fd);
+    if (out) out[len] = 0;
+    return out;
+}
+
+typedef struct par_client { int port; char body[16384]; char *answer; } par_client;
+
+static void *par_run(void *arg) {
+    par_client *c = arg;
+    c->answer = post_quiet(c->port, "/v1/completions", c->body);
+    return NULL;
+}
+
+/* flashlm serve --parallel 4 of path at --mem pct% -c n_ctx (one context, the weights once, a KV cache per slot)
+ * under a hard limit of budget + FLM_RSS_ALLOWANCE: four clients at once, each streaming 16 tokens after a prompt of
+ * `words` words, are all answered; SIGTERM stops it (exit 0); no OOM kill. */
+static void serve_parallel_under_limit(const char *what, const char *path, int pct, int n_ctx, int words) {
+    uint64_t budget = file_bytes(path) * (uint64_t)pct / 100, limit = budget + FLM_RSS_ALLOWANCE;
+    char g[BIGCAP + 64], num[32], f[BIGCAP + 128], outp[PATHCAP], cmd[16384];
+    snprintf(g, sizeof g, "%s/flm-budget-%d-%d", cg.base, (int)getpid(), cg.n++);
+    if (mkdir(g, 0755) != 0) fail_msg("cannot make cgroup %s: %s", g, strerror(errno));
+    snprintf(num, sizeof num, "%llu", (unsigned long long)limit);
+    snprintf(f, sizeof f, cg.version == 2 ? "%s/memory.max" : "%s/memory.limit_in_bytes", g);
+    if (!write_str(f, num)) fail_msg("%s: %s", f, strerror(errno));
+    snprintf(f, sizeof f, cg.version == 2 ? "%s/memory.swap.max" : "%s/memory.memsw.limit_in_bytes", g);
+    if (access(f, F_OK) == 0 && !write_str(f, cg.version == 2 ? "0" : num)) fail_msg("%s: %s", f, strerror(errno));
+    snprintf(outp, sizeof outp, "%s", tu_tmp("cgroup-serve-par", ".txt"));
+    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --parallel 4 --mem %llu -c %d -t 2 --port 0 > '%s' 2>&1",
+             FLM_CLI, path, (unsigned long long)budget, n_ctx, outp);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char procs[BIGCAP + 128], me[32];
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", g);
+        snprintf(me, sizeof me, "%d", (int)getpid());
+        if (!write_str(procs, me)) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int port = 0, status = 0;
+    for (int i = 0; i < 2400 && !port; i++) {
+        char buf[8192] = "";
+        read_small(outp, buf, sizeof buf);
+        const char *at = strstr(buf, "on http://127.0.0.1:");
+        if (at) port = atoi(at + strlen("on http://127.0.0.1:"));
+        else if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("serve exited (status %d):\n%s", status, buf);
+        else { struct timespec ts = {0, 50 * 1000 * 1000}; nanosleep(&ts, NULL); }
+    }
+    if (!port) { kill(pid, SIGKILL); fail_msg("serve did not start"); }
+    static const char *const W[] = {"river", "stone", "garden", "light", "window", "morning", "quiet", "story"};
+    par_client cl[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        char prompt[12000] = "";
+        size_t at = 0;
+        for (int w = 0; w < words && at + 16 < sizeof prompt; w++)
+            at += (size_t)snprintf(prompt + at, sizeof prompt - at, "%s%s", w ? " " : "", W[(w * 3 + i) % 8]);
+        cl[i].port = port;
+        snprintf(cl[i].body, sizeof cl[i].body, "{\"prompt\": \"%s\", \"max_tokens\": 16, \"temperature\": 0, "
+                 "\"stream\": true, \"stream_options\": {\"include_usage\": true}}", prompt);
+        assert_int_equal(pthread_create(&th[i], NULL, par_run, &cl[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    kill(pid, SIGTERM);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    int ooms = (int)(cg.version == 2 ? read_key(g, "memory.events", "oom_kill ") : read_key(g, "memory.oom_control", "oom_kill "));
+    long peak = cg.version == 2 ? read_key(g, "memory.peak", NULL) : read_key(g, "memory.max_usage_in_bytes", NULL);
+    for (int i = 0; rmdir(g) != 0 && i < 200; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    size_t n;
+    char *out = (char *)tu_read_file(outp, &n);
+    out = realloc(out, n + 1);
+    out[n] = 0;
+    remove(outp);
+    for (int i = 0; i < 4; i++) {
+        const char *r = cl[i].answer;
+        if (!r || !strstr(r, " 200 ") || !strstr(r, "\"completion_tokens\":16") || !strstr(r, "data: [DONE]"))
+            fail_msg("serve --parallel 4 (%s) under a hard limit of %.2f MiB: client %d answered:\n%.2000s\n%s", what,
+                     limit / MIB, i, r ? r : "(nothing)", out);
+        free(cl[i].answer);
+    }
+    if (rc != 0 || ooms > 0)
+        fail_msg("serve --parallel 4 under a hard limit of %.2f MiB: exit %d, %d OOM kills:\n%s", limit / MIB, rc, ooms,
+                 out);
+    print_message("serve --parallel 4 (%s at --mem %d%%: %.2f MiB, -c %d): 4 concurrent streams of %d-word prompts "
+                  "answered under a hard limit of %.2f MiB; the group's peak %.2f MiB\n", what, pct, budget / MIB,
+                  n_ctx, words, limit / MIB, peak >= 0 ? peak / MIB : -1.0);
+    free(out);
+}
+
+static void test_serve_parallel_under_limit(void **state) {
+    (void)state;
+    NEED_CGROUP();
+    if (smol_flm[0]) serve_parallel_under_limit("SmolLM2", smol_flm, 90, 256, 24); /* refused before issue 31 */
+    else serve_parallel_under_limit("synthetic", syn_flm, 75, 256, 24);
+    const char *qwen = tu_model("qwen2.5-coder-1.5b");
+    if (!qwen) {
+        print_message("qwen2.5-coder-1.5b not pulled: its --parallel 4 at --mem 50%% skipped\n");
+        return;
+    }
+    char qflm[PATHCAP], args[16384];
+    snprintf(qflm, sizeof qflm, "%s", tu_tmp("cg-qwen15", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s' --force 2>&1", qwen, qflm);
+    char *o = NULL;
+    if (tu_run_cli(args, &o) != 0) fail_msg("convert %s: %s", qwen, o);
+    free(o);
+    serve_parallel_under_limit("Qwen2.5-Coder-1.5B", qflm, 50, 2048, 300);
+    remove(qflm);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_convert_under_limit),
@@ -665,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_run_smollm2_every_mode),
         cmocka_unit_test(test_too_small_refused),
         cmocka_unit_test(test_serve_under_limit),
+        cmocka_unit_test(test_serve_parallel_under_limit),
         cmocka_unit_test(test_threads_in_budget),
         cmocka_unit_test(test_long_prompt_in_budget),
         cmocka_unit_test(test_large_texts_in_budget),

@@ -196,24 +196,39 @@ def test_basic(srv, model, ctx):
     return reply
 
 
-def test_concurrent(srv, ctx):
+def concurrent_equal_alone(srv, prompts, what, chat_mode=False, max_tokens=40, rounds=2):
+    """Each prompt alone (one at a time, not streamed), then all at once, streamed and not: every client gets the
+    tokens it got alone (the slots are sequences of one context: their passes take turns, bit for bit)."""
     mid = model_id(srv)
-    prompts = ["Once upon a time", "The little dog", "Lily and Ben went"]
-    alone = [srv.client().completions.create(model=mid, prompt=p, max_tokens=40, temperature=0).choices[0].text
-             for p in prompts]
+
+    def ask(p, stream):
+        if chat_mode:
+            r = srv.client().chat.completions.create(model=mid, messages=[{"role": "user", "content": p}],
+                                                     max_tokens=max_tokens, temperature=0, stream=stream)
+            return stream_text(r)[0] if stream else r.choices[0].message.content
+        r = srv.client().completions.create(model=mid, prompt=p, max_tokens=max_tokens, temperature=0, stream=stream)
+        return stream_text(r, chat_mode=False)[0] if stream else r.choices[0].text
+
+    alone = [ask(p, False) for p in prompts]
     got = [None] * len(prompts)
+    for rnd in range(rounds):
+        stream = rnd % 2 == 1
 
-    def one(i):
-        got[i] = srv.client().completions.create(model=mid, prompt=prompts[i], max_tokens=40,
-                                                 temperature=0).choices[0].text
+        def one(i):
+            got[i] = ask(prompts[i], stream)
 
-    for rnd in range(2):
         ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
-        check(got == alone, "concurrent clients get their own answers (round %d): %r vs %r" % (rnd, got, alone))
+        check(got == alone, "%s: %d concurrent clients (%s) get their own answers (round %d): %r vs %r" %
+              (what, len(prompts), "streamed" if stream else "not streamed", rnd, got, alone))
+
+
+def test_concurrent(srv, ctx):
+    concurrent_equal_alone(srv, ["Once upon a time", "The little dog", "Lily and Ben went", "One day a bird"],
+                           "stories260K", rounds=3)
 
 
 def start_stream(srv, body):
@@ -362,7 +377,7 @@ def test_speculative():
 
 def main():
     ctx = 256  # per slot: -c is shared by the slots (llama-server's)
-    srv = Server(STORIES, "-c", str(2 * ctx), "--parallel", "2", "--api-key", KEY, "--max-body", "256K", "-t", "1")
+    srv = Server(STORIES, "-c", str(4 * ctx), "--parallel", "4", "--api-key", KEY, "--max-body", "256K", "-t", "1")
     try:
         check(srv.health(), "/health")
         test_basic(srv, STORIES, ctx)
@@ -392,6 +407,23 @@ def main():
             check(text == reply, "SmolLM2: streamed equals non-streamed")
         finally:
             check(srv.stop() == 0, "SmolLM2 server: SIGTERM exit 0")
+        # one model, four sequences (issue 31): the .flm at --mem 90% -c 256 --parallel 4, streamed from flash, its
+        # resident weights held once (four contexts of budget / 4 were refused); four concurrent clients as alone
+        flm = os.path.join(os.environ.get("TMPDIR", "/tmp"), "test_serve_smol_%d.flm" % os.getpid())
+        r = subprocess.run([CLI, "convert", smol, flm, "--force"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=600)
+        check(r.returncode == 0, "convert SmolLM2: %s" % r.stderr)
+        srv = Server(flm, "--mem", "90%", "-c", "256", "--parallel", "4", "--api-key", KEY, "-t", "2")
+        try:
+            concurrent_equal_alone(srv, ["What is the capital of France?", "Name three colors.",
+                                         "Write a haiku about the sea.", "Explain gravity briefly."],
+                                   "SmolLM2 .flm --mem 90% --parallel 4", chat_mode=True, max_tokens=16)
+            rss, budget = srv.metric("peak_rss_bytes"), srv.metric("memory_budget_bytes")
+            check(rss is not None and budget and rss <= budget + 16 * 2**20,
+                  "SmolLM2 --parallel 4: peak RSS %s within the budget %s + 16 MiB" % (rss, budget))
+        finally:
+            check(srv.stop() == 0, "SmolLM2 .flm --parallel 4 server: SIGTERM exit 0")
+            os.remove(flm)
     elif os.environ.get("FLASHLM_REQUIRE_MODELS") == "1":
         check(False, "smollm2-135m is not pulled (FLASHLM_REQUIRE_MODELS=1): flashlm pull smollm2-135m")
     else:
