@@ -504,6 +504,18 @@ typedef struct flm_token_stats {
     uint64_t n_true_pos;    /* --verify-predictor: truly active and predicted */
 } flm_token_stats;
 
+/* ---- sequences (above): joined evaluations ---- */
+/* Evaluate n tokens at positions pos .. pos + n - 1 of sequence seq (pos <= that sequence's n_past: later positions
+ * are forgotten, as flm_eval_batch), from any thread, without flm_seq_acquire: calls on other sequences that wait at
+ * the same time join one forward pass (continuous batching: every row attends over its own sequence's cache, each
+ * weight is read once for all rows, a streamed FFN layer read once per pass), as many as one batch holds (n_batch
+ * rows; a longer evaluation runs alone in pieces). *logits gets the last token's n_vocab logits, the sequence's own
+ * row (valid until that sequence's next evaluation); stats, when not NULL, gets its rows' share of the pass (added
+ * to). The tokens are bit for bit those of evaluating each sequence alone. Mode sparse runs the joined requests one
+ * after another. Errors: FLM_ERR_ARG (seq >= flm_n_seq, no tokens or no logits), and those of flm_eval_batch. */
+FLM_API flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
+                                const float **logits, flm_token_stats *stats, flm_error *err);
+
 #define FLM_STATS_HIST 24
 typedef struct flm_stats {
     const char *mode;        /* the mode in effect: "ram", "naive", "hybrid" */
@@ -511,6 +523,8 @@ typedef struct flm_stats {
     bool direct_io;          /* reads bypass the page cache with O_DIRECT */
     uint64_t n_tokens;       /* tokens evaluated */
     flm_token_stats total;   /* sums over all tokens */
+    uint64_t n_joined;       /* forward passes that joined several sequences' evaluations (flm_eval_seq) */
+    uint64_t rows_joined;    /* the rows (tokens) of those passes: rows_joined / n_joined sequences' tokens a pass */
     uint64_t read_hist[FLM_STATS_HIST]; /* read requests by size: bucket b counts [2^(b+9), 2^(b+10)) bytes */
     uint64_t bytes_requested;           /* bytes the engine asked for (before alignment / coalescing) */
     /* memory plan, bytes */

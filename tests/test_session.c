@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
+#include "runtime/runtime.h" /* the joined passes' queue, to hold requests until they wait together */
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
@@ -715,7 +717,7 @@ static void test_sequences_plan(void **state) {
     assert_int_equal(flm_plan(tu_data(MODEL), &p, &b, &err), FLM_OK);
     assert_int_equal(b.kv, SEQ_N * a.kv);
     const uint64_t row = ((uint64_t)a.n_vocab * 4 + 63) / 64 * 64;
-    assert_int_equal(b.scratch, a.scratch + (SEQ_N - 1) * row);
+    assert_int_equal(b.scratch, a.scratch + (2 * SEQ_N - 1) * row + 64); /* theirs, and a joined pass's */
     assert_int_equal(b.resident, a.resident);
     p.n_seq = FLM_SEQ_MAX + 1;
     assert_int_equal(flm_plan(tu_data(MODEL), &p, &b, &err), FLM_ERR_ARG);
@@ -740,6 +742,102 @@ static void test_sequences_plan(void **state) {
     assert_int_equal(flm_n_past(ctx), 0);
     flm_seq_release(ctx);
     flm_close(ctx);
+}
+
+/* ---- joined passes (flm_eval_seq): three sequences' rows in one forward pass ------------------------------------ */
+
+typedef struct join_job {
+    flm_ctx *ctx;
+    uint32_t seq, n;
+    const int32_t *ids;
+    int32_t pos;
+    float *logits; /* [n_vocab]: a copy of what it got */
+    flm_status st;
+} join_job;
+
+static void *join_run_one(void *arg) {
+    join_job *j = arg;
+    const float *lg = NULL;
+    flm_error err;
+    flm_token_stats ts = {0};
+    j->st = flm_eval_seq(j->ctx, j->seq, j->ids, j->n, j->pos, &lg, &ts, &err);
+    if (!j->st) memcpy(j->logits, lg, (size_t)flm_vocab_size(j->ctx) * sizeof(float));
+    return NULL;
+}
+
+/* Three threads evaluate at once while the context is held (flm_seq_acquire on a fourth sequence): the first takes
+ * its own request and waits for the context, the other two queue; released, the first runs alone and the other two
+ * join one pass. Every thread's logits equal, bit for bit, those of its sequence evaluated alone. */
+static void join_step(flm_ctx *ctx, join_job *jobs, const float *want, uint32_t V) {
+    flm_error err;
+    flm_stats a, b;
+    flm_get_stats(ctx, &a);
+    assert_int_equal(flm_seq_acquire(ctx, 3, &err), FLM_OK);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, join_run_one, &jobs[i]), 0);
+    for (bool ready = false; !ready;) { /* a leader waiting for the context, two requests queued */
+        pthread_mutex_lock(&ctx->join_mu);
+        ready = ctx->join_leading && ctx->join_head && ctx->join_head != ctx->join_tail;
+        pthread_mutex_unlock(&ctx->join_mu);
+        if (!ready) { struct timespec ts = {0, 1000000}; nanosleep(&ts, NULL); }
+    }
+    flm_seq_release(ctx);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    flm_get_stats(ctx, &b);
+    assert_int_equal(b.n_joined, a.n_joined + 1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(jobs[i].st, FLM_OK);
+        assert_memory_equal(jobs[i].logits, want + (size_t)i * V, (size_t)V * sizeof(float));
+    }
+}
+
+static int32_t argmax(const float *x, uint32_t V) {
+    int32_t best = 0;
+    for (uint32_t v = 1; v < V; v++)
+        if (x[v] > x[best]) best = (int32_t)v;
+    return best;
+}
+
+static void joined_case(bool flm) {
+    static const char *const P[3] = {"Once upon a time", "The big dog ran to the", "Lily"};
+    flm_ctx *one = open_seq(flm, 1);
+    const uint32_t V = flm_vocab_size(one);
+    int32_t *ids[3];
+    size_t n[3];
+    float *want = malloc((size_t)6 * V * sizeof(float)), *got = malloc((size_t)3 * V * sizeof(float));
+    assert_non_null(want);
+    assert_non_null(got);
+    int32_t next[3];
+    flm_error err;
+    for (int i = 0; i < 3; i++) { /* alone: the prompt's logits, then the next token's */
+        ids[i] = flm_tokenize_all(one, P[i], true, &n[i]);
+        assert_non_null(ids[i]);
+        const float *lg = NULL;
+        assert_int_equal(flm_eval_batch(one, ids[i], (uint32_t)n[i], 0, NULL, &lg, &err), FLM_OK);
+        memcpy(want + (size_t)i * V, lg, (size_t)V * sizeof(float));
+        next[i] = argmax(lg, V);
+        assert_int_equal(flm_eval(one, next[i], (int32_t)n[i], &lg, &err), FLM_OK);
+        memcpy(want + (size_t)(3 + i) * V, lg, (size_t)V * sizeof(float));
+    }
+    flm_close(one);
+    flm_ctx *ctx = open_seq(flm, 4);
+    join_job jobs[3];
+    for (int i = 0; i < 3; i++) /* the prompts, joined (rows of 4, 6 and 2 tokens in one pass) */
+        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK};
+    join_step(ctx, jobs, want, V);
+    for (int i = 0; i < 3; i++) /* then one token each: decoding rows of three sequences in one pass */
+        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK};
+    join_step(ctx, jobs, want + (size_t)3 * V, V);
+    flm_close(ctx);
+    for (int i = 0; i < 3; i++) free(ids[i]);
+    free(want);
+    free(got);
+}
+
+static void test_joined_pass_equals_alone(void **state) {
+    (void)state;
+    joined_case(false);
+    joined_case(true);
 }
 
 static int seq_setup(void **state) {
@@ -771,6 +869,7 @@ int main(void) {
         cmocka_unit_test(test_chat_turns),
         cmocka_unit_test(test_sequences_plan),
         cmocka_unit_test(test_sequences_equal_alone),
+        cmocka_unit_test(test_joined_pass_equals_alone),
     };
     return cmocka_run_group_tests(tests, seq_setup, seq_teardown);
 }

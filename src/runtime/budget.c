@@ -45,7 +45,7 @@ uint32_t flm_n_seq_of(const flm_params *p) { return p && p->n_seq > 1 ? (uint32_
 
 uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq) {
     const uint64_t row = ((uint64_t)hp->n_vocab * 4 + FLM_CARVE_ALIGN - 1) / FLM_CARVE_ALIGN * FLM_CARVE_ALIGN;
-    return n_seq > 1 ? (n_seq - 1) * row : 0;
+    return n_seq > 1 ? (2ull * n_seq - 1) * row + FLM_CARVE_ALIGN : 0;
 }
 
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *p,

@@ -217,6 +217,26 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
         return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
     }
     ctx->seq_mu_init = true;
+    if (n_seq > 1) {
+        if (pthread_mutex_init(&ctx->join_mu, NULL)) {
+            flm_close(ctx);
+            return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot make a mutex", path);
+        }
+        if (pthread_cond_init(&ctx->join_cv, NULL)) {
+            pthread_mutex_destroy(&ctx->join_mu);
+            flm_close(ctx);
+            return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot make a condition variable", path);
+        }
+        ctx->join_init = true;
+        const size_t B = n_batch ? n_batch : 1;
+        ctx->join_tok = malloc(B * sizeof *ctx->join_tok);
+        ctx->join_pos = malloc(B * sizeof *ctx->join_pos);
+        ctx->join_kv = malloc(B * sizeof *ctx->join_kv);
+        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv) {
+            flm_close(ctx);
+            return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
+        }
+    }
     if (ctx->be.ops->mem_init(&ctx->be, &ctx->mem, mem, NULL)) {
         flm_close(ctx);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the KV cache and activations", path,
@@ -238,6 +258,12 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
     }
     ctx->be.work = &ctx->s.work;
     ctx->seq[0].logits = ctx->s.logits;
+    if (n_seq > 1 && !(ctx->join_logits = flm_arena_alloc(&ctx->mem, (uint64_t)n_seq * hp->n_vocab * sizeof(float),
+                                                          FLM_CARVE_ALIGN))) {
+        flm_close(ctx);
+        return flm_fail(err, FLM_ERR_BUDGET, "%s: the logits rows of %u sequences exceed the %llu bytes planned", path,
+                        n_seq, (unsigned long long)mem);
+    }
     for (uint32_t i = 1; i < n_seq; i++)
         if (!(ctx->seq[i].logits = flm_arena_alloc(&ctx->mem, (uint64_t)hp->n_vocab * sizeof(float),
                                                    FLM_CARVE_ALIGN))) {
@@ -298,6 +324,13 @@ void flm_close(flm_ctx *ctx) {
     if (ctx->be.ops) ctx->be.ops->mem_free(&ctx->be, &ctx->mem); /* the KV cache, the activations, the stats ring */
     flm_model_free(ctx->model);
     if (ctx->seq_mu_init) pthread_mutex_destroy(&ctx->seq_mu);
+    if (ctx->join_init) {
+        pthread_mutex_destroy(&ctx->join_mu);
+        pthread_cond_destroy(&ctx->join_cv);
+    }
+    free(ctx->join_tok);
+    free(ctx->join_pos);
+    free(ctx->join_kv);
     free(ctx->seq);
     free(ctx);
 }
@@ -450,6 +483,183 @@ flm_status flm_eval_hooked(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int3
 flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                           const float **logits, flm_error *err) {
     return flm_eval_hooked(ctx, tokens, n, pos, NULL, logits_all, logits, err);
+}
+
+/* ---- joined passes: several sequences' evaluations in one forward pass (flm_eval_seq) -------------------------- */
+
+/* A waiting evaluation (on its caller's stack until done). */
+typedef struct flm_join_req {
+    uint32_t seq, n;
+    const int32_t *tokens;
+    int32_t pos;
+    const float *logits;
+    flm_token_stats stats;
+    flm_status st;
+    flm_error err;
+    bool done;
+    struct flm_join_req *next;
+} flm_join_req;
+
+/* The current sequence's state back into seq[cur_seq] (park), and out of it (unpark). */
+static void seq_park(flm_ctx *ctx) {
+    ctx->seq[ctx->cur_seq] = (flm_seq_state){.kv = ctx->be.kv, .logits = ctx->s.logits, .next_pos = ctx->next_pos,
+                                             .tree_pos = ctx->tree_pos, .tree_n = ctx->tree_n,
+                                             .tree_hidden = ctx->tree_hidden,
+                                             .tree_hidden_first = ctx->tree_hidden_first};
+}
+
+static void seq_unpark(flm_ctx *ctx) {
+    const flm_seq_state *n = &ctx->seq[ctx->cur_seq];
+    ctx->be.kv = n->kv;
+    ctx->s.logits = n->logits;
+    ctx->next_pos = n->next_pos;
+    ctx->tree_pos = n->tree_pos;
+    ctx->tree_n = n->tree_n;
+    ctx->tree_hidden = n->tree_hidden;
+    ctx->tree_hidden_first = n->tree_hidden_first;
+}
+
+/* One request alone: its sequence made current, flm_eval_run as flm_eval_batch. */
+static void join_alone(flm_ctx *ctx, flm_join_req *r) {
+    seq_switch(ctx, r->seq);
+    const flm_eval_req rq = {.tokens = r->tokens, .n = r->n, .pos = r->pos};
+    flm_eval_res res = {0};
+    r->st = flm_eval_run(ctx, &rq, &res, &r->err);
+    r->logits = res.logits;
+    r->stats = res.stats;
+}
+
+/* The k requests (k >= 2, different sequences, rows <= the batch) in one pass: every row through the model at its
+ * sequence's cache and position (the linear layers and the FFN read once for all rows), then the classifier over
+ * each request's last row, its logits copied to its sequence's row. A request the checks refuse, mode sparse (its
+ * FFN chooses neurons per position) or a context without batch arrays: each alone. Holds seq_mu. */
+static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
+    const flm_hparams *hp = &ctx->model->hp;
+    uint32_t rows = 0;
+    bool joinable = ctx->flash == NULL || ctx->flash->plan.mode != FLM_MODE_SPARSE;
+    seq_park(ctx);
+    for (uint32_t i = 0; i < k && joinable; i++) {
+        const flm_join_req *r = req[i];
+        const flm_seq_state *q = &ctx->seq[r->seq];
+        joinable = r->n >= 1 && r->pos >= 0 && r->pos <= q->next_pos && (int64_t)r->pos + r->n <= ctx->params.n_ctx;
+        for (uint32_t t = 0; t < r->n && joinable; t++)
+            joinable = r->tokens[t] >= 0 && (uint32_t)r->tokens[t] < hp->n_vocab;
+        rows += r->n;
+    }
+    if (!joinable || k < 2 || rows > ctx->s.n_batch) {
+        for (uint32_t i = 0; i < k; i++) join_alone(ctx, req[i]);
+        return;
+    }
+    uint32_t row = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        flm_join_req *r = req[i];
+        flm_seq_state *q = &ctx->seq[r->seq];
+        q->next_pos = r->pos; /* positions >= pos are forgotten, whatever happens below */
+        q->tree_n = 0;
+        q->tree_hidden = NULL;
+        for (uint32_t t = 0; t < r->n; t++, row++) {
+            ctx->join_tok[row] = r->tokens[t];
+            ctx->join_pos[row] = r->pos + (int32_t)t;
+            ctx->join_kv[row] = &q->kv;
+        }
+    }
+    seq_unpark(ctx); /* the current sequence's forgotten positions and tree */
+    const flm_eval_req rq = {.tokens = ctx->join_tok, .n = rows, .logits = FLM_LOGITS_HIDDEN,
+                             .row_kv = ctx->join_kv, .row_pos = ctx->join_pos};
+    flm_eval_res res = {0};
+    flm_error e;
+    const double t0 = flm_now_ms();
+    flm_status st = flm_forward(ctx, &rq, &res, &e);
+    const float *x[FLM_SEQ_MAX];
+    row = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        row += req[i]->n;
+        x[i] = res.hidden ? res.hidden + (size_t)(row - 1) * hp->d_model : NULL;
+    }
+    if (!st) st = flm_output_rows(ctx, x, k, ctx->join_logits, &e);
+    res.stats.compute_ms = flm_now_ms() - t0 - res.stats.io_ms - res.stats.mem_ms;
+    if (!st) {
+        record_batch(ctx, &res.stats, rows);
+        ctx->n_joined++;
+        ctx->rows_joined += rows;
+    }
+    seq_park(ctx);
+    for (uint32_t i = 0; i < k; i++) {
+        flm_join_req *r = req[i];
+        flm_seq_state *q = &ctx->seq[r->seq];
+        r->st = st;
+        if (st) {
+            r->err = e;
+            continue;
+        }
+        memcpy(q->logits, ctx->join_logits + (size_t)i * hp->n_vocab, (size_t)hp->n_vocab * sizeof(float));
+        q->next_pos = r->pos + (int32_t)r->n;
+        r->logits = q->logits;
+        flm_token_stats sh = res.stats; /* its rows' share of the pass */
+        const double f = (double)r->n / rows;
+        sh.io_ms *= f;
+        sh.mem_ms *= f;
+        sh.compute_ms *= f;
+        sh.bytes_read = (uint64_t)(sh.bytes_read * f);
+        sh.n_reads = (uint64_t)(sh.n_reads * f);
+        r->stats = sh;
+    }
+    seq_unpark(ctx);
+}
+
+flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
+                        const float **logits, flm_token_stats *stats, flm_error *err) {
+    if (!ctx || seq >= ctx->n_seq || !logits || !tokens || n == 0)
+        return flm_fail(err, FLM_ERR_ARG, "flm_eval_seq: sequence %u of %u, %u tokens, logits %s", seq,
+                        ctx ? ctx->n_seq : 0, n, logits ? "given" : "NULL");
+    flm_join_req me = {.seq = seq, .n = n, .tokens = tokens, .pos = pos};
+    if (ctx->n_seq == 1) { /* nothing to join */
+        pthread_mutex_lock(&ctx->seq_mu);
+        join_alone(ctx, &me);
+        pthread_mutex_unlock(&ctx->seq_mu);
+    } else {
+        pthread_mutex_lock(&ctx->join_mu);
+        if (ctx->join_tail) ctx->join_tail->next = &me;
+        else ctx->join_head = &me;
+        ctx->join_tail = &me;
+        while (!me.done) {
+            if (ctx->join_leading) {
+                pthread_cond_wait(&ctx->join_cv, &ctx->join_mu);
+                continue;
+            }
+            /* lead: the waiting requests from the head, in order, while their rows fit one batch and their
+             * sequences differ (a long one alone) */
+            ctx->join_leading = true;
+            flm_join_req *req[FLM_SEQ_MAX];
+            uint32_t k = 0, rows = 0;
+            for (flm_join_req *r = ctx->join_head; r && k < FLM_SEQ_MAX; r = r->next) {
+                bool dup = false;
+                for (uint32_t i = 0; i < k; i++) dup |= req[i]->seq == r->seq;
+                if (k && (dup || rows + r->n > ctx->s.n_batch)) break;
+                req[k++] = r;
+                rows += r->n;
+            }
+            ctx->join_head = req[k - 1]->next;
+            if (!ctx->join_head) ctx->join_tail = NULL;
+            pthread_mutex_unlock(&ctx->join_mu);
+            pthread_mutex_lock(&ctx->seq_mu);
+            if (k == 1) join_alone(ctx, req[0]);
+            else join_run(ctx, req, k);
+            pthread_mutex_unlock(&ctx->seq_mu);
+            pthread_mutex_lock(&ctx->join_mu);
+            for (uint32_t i = 0; i < k; i++) req[i]->done = true;
+            ctx->join_leading = false;
+            pthread_cond_broadcast(&ctx->join_cv);
+        }
+        pthread_mutex_unlock(&ctx->join_mu);
+    }
+    if (me.st) {
+        if (err) *err = me.err;
+        return me.st;
+    }
+    *logits = me.logits;
+    if (stats) stats_add(stats, &me.stats);
+    return FLM_OK;
 }
 
 flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, flm_error *err) {

@@ -157,7 +157,8 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
     const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
     for (uint32_t t = 0; t < P->n; t++) {
         float *qt = q + t * q_dim, *kt = k + t * kv_dim;
-        const uint32_t p = flm_pass_position(P, t), slot = (uint32_t)P->pos + t;
+        const uint32_t p = flm_pass_position(P, t), slot = P->row_pos ? p : (uint32_t)P->pos + t;
+        const flm_kv_cache *kv = P->row_kv ? P->row_kv[t] : P->kv;
         const bool layer = hp->arch->norm == FLM_NORM_LAYER;
         head_norm(qt, &L->q_norm, &L->q_norm_b, layer, hp->n_heads, hp->head_dim, hp->norm_eps);
         head_norm(kt, &L->k_norm, &L->k_norm_b, layer, hp->n_kv_heads, hp->head_dim, hp->norm_eps);
@@ -165,10 +166,10 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
             flm_rope(qt, hp->n_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
             flm_rope(kt, hp->n_kv_heads, hp->head_dim, hp->rope_dim, p, theta, neox);
         }
-        flm_kv_store(P->k, P->kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
+        flm_kv_store(P->k, kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
     }
     const flm_tree *T = P->tree;
-    if (P->n > 1) { /* a batch: blocked over the KV cache, the same bits as token by token below */
+    if (P->n > 1 && !P->row_kv) { /* a batch: blocked over the KV cache, the same bits as token by token below */
         const flm_att_tree at = T ? (flm_att_tree){T->base, T->n_nodes, T->depth, T->anc} : (flm_att_tree){0};
         if (flm_attention_batch(P->k, P->kv, kv_layer, (uint32_t)P->pos, P->n, L->swa ? hp->n_swa : 0, T ? &at : NULL,
                                 q, q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->attn_scale, out, out_stride,
@@ -176,7 +177,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
             return;
     }
     for (uint32_t t = 0; t < P->n; t++) {
-        const uint32_t p = flm_pass_position(P, t), slot = (uint32_t)P->pos + t;
+        const uint32_t p = flm_pass_position(P, t), slot = P->row_pos ? p : (uint32_t)P->pos + t;
         const uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
         const uint8_t *mask = NULL;
         if (T) { /* the context's slots first .. base - 1, then the node's ancestors and itself */
@@ -185,7 +186,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
                 T->mask[j - first] = j < T->base || T->anc[(size_t)i * T->n_nodes + (j - T->base)];
             mask = T->mask;
         }
-        flm_attention(P->k, P->kv, kv_layer, first, slot, q + t * q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+        flm_attention(P->k, P->row_kv ? P->row_kv[t] : P->kv, kv_layer, first, slot, q + t * q_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
                       hp->attn_scale, P->att, out + t * out_stride, P->n_threads, mask);
     }
 }
@@ -245,11 +246,11 @@ static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, 
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const uint32_t d = hp->d_model, n = P->n;
-    const int32_t pos = P->pos;
     const bool proj = m->proj_in.data != NULL;
-    if (m->pos_embd.data && (uint64_t)pos + n > m->pos_embd.n_out)
-        return flm_fail(err, FLM_ERR_ARG, "position %lld is past the model's %llu learned positions",
-                        (long long)pos + n - 1, (unsigned long long)m->pos_embd.n_out);
+    for (uint32_t t = 0; m->pos_embd.data && t < n; t++)
+        if (flm_pass_position(P, t) >= m->pos_embd.n_out)
+            return flm_fail(err, FLM_ERR_ARG, "position %lld is past the model's %llu learned positions",
+                            (long long)flm_pass_position(P, t), (unsigned long long)m->pos_embd.n_out);
     const float scale = hp->arch->flags & FLM_ARCH_EMBD_SCALE ? sqrtf((float)d) : 0.0f;
     float *E = proj ? H : X;
     const size_t es = proj ? hs : d;
@@ -370,7 +371,7 @@ static flm_status pass_blocks(flm_ctx *ctx, const flm_eval_req *rq, const rows *
     const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
     const size_t hs = R->h_stride;
     const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = n,
-                        .pos = pos, .att = s->att, .tree = rq->tree};
+                        .pos = pos, .att = s->att, .tree = rq->tree, .row_kv = rq->row_kv, .row_pos = rq->row_pos};
 
     flm_status st = embed(ctx, &P, tokens, R->x, R->h, hs, tok, err);
     if (st) return st;

@@ -39,10 +39,15 @@ typedef struct flm_pass {
     int32_t pos;            /* position of the first; token t is at pos + t (a tree: KV slot of the first) */
     float *att;             /* attention scratch: [n_heads * kv->n_ctx] floats */
     const flm_tree *tree;   /* NULL: the causal batch above; else tree nodes (positions, mask: flm_tree) */
+    /* rows of several sequences (a joined pass, flm_eval_seq): row t's KV cache and position (its KV slot); NULL:
+     * every row in kv at pos + t */
+    const flm_kv_cache *const *row_kv;
+    const int32_t *row_pos;
 } flm_pass;
 
 /* Position of the batch's row t: pos + t, or a tree node's base + depth. */
 static inline uint32_t flm_pass_position(const flm_pass *P, uint32_t t) {
+    if (P->row_pos) return (uint32_t)P->row_pos[t];
     if (!P->tree) return (uint32_t)P->pos + t;
     return P->tree->base + (uint32_t)P->tree->depth[(uint32_t)P->pos - P->tree->base + t];
 }
@@ -70,7 +75,9 @@ void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in
  * out[t][q_dim] = causal attention over positions first..pos + t (first = pos + t - n_swa + 1 on sliding-window
  * layers, else 0). Tree nodes (P->tree): RoPE at the node's position, stored at its slot, attention over the
  * context's slots and the node's ancestors (flm_attention's mask). A batch (n > 1) runs flm_attention_batch (blocked
- * over the KV cache; the same bits as flm_attention token by token, which runs when its scratch cannot be had). */
+ * over the KV cache; the same bits as flm_attention token by token, which runs when its scratch cannot be had).
+ * Rows of several sequences (P->row_kv): row t's key and value go to P->row_kv[t] at slot P->row_pos[t], and it
+ * attends over that cache alone (flm_attention row by row). */
 void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
                         const float *v, float *out, size_t out_stride);
 

@@ -257,6 +257,17 @@ struct flm_ctx {
     flm_seq_state *seq;      /* [n_seq] (calloc) */
     pthread_mutex_t seq_mu;  /* flm_seq_acquire / flm_seq_release */
     bool seq_mu_init;
+    /* joined passes (flm_eval_seq): the waiting requests, whether a thread is running a pass for them, and the
+     * pass's arrays: every sequence's logits row [n_seq][n_vocab] (carved), each row's token, position and KV cache
+     * [n_batch] (malloc'd with seq: 16 bytes a row) */
+    pthread_mutex_t join_mu;
+    pthread_cond_t join_cv;
+    bool join_init, join_leading;
+    struct flm_join_req *join_head, *join_tail;
+    uint64_t n_joined, rows_joined; /* flm_stats' */
+    float *join_logits;
+    int32_t *join_tok, *join_pos;
+    const flm_kv_cache **join_kv;
 };
 
 /* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
@@ -285,7 +296,8 @@ uint32_t flm_scratch_tree_nodes(uint32_t n_ctx);
 uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads);
 /* Sequences these parameters ask for (flm_params.n_seq: 0 -> 1). */
 uint32_t flm_n_seq_of(const flm_params *p);
-/* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned). */
+/* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned), and for
+ * a joined pass (flm_eval_seq) a logits row per sequence. */
 uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq);
 /* The plan's scratch part (flm_plan_info.scratch), the one formula: flm_scratch_bytes (the activations and the
  * statistics ring, carved at open), the compute threads past the allowance's (flm_compute_threads_bytes), and for a
@@ -341,6 +353,10 @@ typedef struct flm_eval_req {
                                      the output layer over the draft vocabulary (flm_params.draft_vocab) */
     const struct flm_tree *tree;  /* NULL: a causal batch; else the tokens are tree nodes (runtime/pass.h flm_tree) */
     const struct flm_ffn_hooks *hooks; /* NULL, or calibration's tap and select hook (runtime/hooks.h, tools only) */
+    /* rows of several sequences in one pass (flm_eval_seq's joined pass; pos is then 0, tree and hooks NULL, logits
+     * FLM_LOGITS_HIDDEN): row t goes to KV cache row_kv[t] at position row_pos[t]. NULL: one sequence, be.kv */
+    const flm_kv_cache *const *row_kv;
+    const int32_t *row_pos;
 } flm_eval_req;
 
 /* What a forward pass returns. */

@@ -26,6 +26,8 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     st->direct_io = strcmp(st->io_backend, "none") != 0 && flm_reader_is_direct(fl->reader);
     st->n_tokens = ctx->n_tokens;
     st->total = ctx->total;
+    st->n_joined = ctx->n_joined;
+    st->rows_joined = ctx->rows_joined;
     for (int b = 0; b < FLM_STATS_HIST && b < FLM_IO_HIST_BUCKETS; b++) st->read_hist[b] = ctx->io.hist[b];
     st->bytes_requested = ctx->io.bytes_requested;
     const flm_hparams *hp = &ctx->model->hp;
@@ -71,4 +73,5 @@ void flm_reset_stats(flm_ctx *ctx) {
     memset(&ctx->total, 0, sizeof ctx->total);
     memset(&ctx->io, 0, sizeof ctx->io);
     ctx->n_tokens = 0;
+    ctx->n_joined = ctx->rows_joined = 0;
 }

@@ -22,7 +22,9 @@
 struct flm_session {
     flm_ctx *ctx;
     uint32_t seq;          /* the context's sequence (flm_session_create_seq) */
-    bool shared;           /* the context holds several sequences: every call into it takes it (flm_seq_acquire) */
+    bool shared;           /* the context holds several sequences: every call into it takes it (flm_seq_acquire),
+                              evaluations join the others' (flm_eval_seq) */
+    uint32_t n_batch;      /* the context's batch (rows per pass) */
     flm_stats own;         /* n_tokens and total: the context's statistics of this session's evaluations (the
                               differences over each turn it held the context) */
     flm_stats in;          /* the context's statistics when the current turn began */
@@ -105,6 +107,7 @@ flm_status flm_session_create_seq(flm_ctx *ctx, uint32_t seq, flm_session **out,
     atomic_init(&s->cancel, 0);
     flm_plan_info plan; /* mode auto's speculative decoding, as the plan decided it (runtime/plan.c) */
     flm_get_plan(ctx, &plan);
+    s->n_batch = plan.n_batch ? plan.n_batch : 1;
     if (plan.self_draft) {
         flm_spec_params sp;
         flm_spec_params_default(&sp);
@@ -252,10 +255,37 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
         return flm_fail(err, FLM_ERR_CONTEXT, "%zu tokens after position %d do not fit the context of %u tokens", n,
                         (int)pos, s->n_ctx);
     const float *logits = NULL;
-    enter(s);
-    flm_status st = flm_eval_batch(s->ctx, ids, (uint32_t)n, pos, NULL, &logits, err);
-    if (!st) note_last(s);
-    leave(s);
+    flm_status st = FLM_OK;
+    if (s->shared) { /* joined with the other sequences' evaluations (flm_eval_seq), a batch's worth at a time so
+                        that a long prompt lets the others' tokens through between its pieces */
+        for (size_t i = 0; i < n && !st;) {
+            const size_t m = n - i < s->n_batch ? n - i : s->n_batch;
+            flm_token_stats ts = {0};
+            st = flm_eval_seq(s->ctx, s->seq, ids + i, (uint32_t)m, pos + (int32_t)i, &logits, &ts, err);
+            if (st) break;
+            s->own.n_tokens += m;
+            s->own.total.io_ms += ts.io_ms;
+            s->own.total.mem_ms += ts.mem_ms;
+            s->own.total.compute_ms += ts.compute_ms;
+            s->own.total.bytes_read += ts.bytes_read;
+            s->own.total.n_reads += ts.n_reads;
+            s->own.total.n_predicted += ts.n_predicted;
+            s->own.total.n_loaded += ts.n_loaded;
+            s->own.total.n_reused += ts.n_reused;
+            s->last = ts; /* the last piece's share per token */
+            s->last.io_ms /= (double)m;
+            s->last.mem_ms /= (double)m;
+            s->last.compute_ms /= (double)m;
+            s->last.bytes_read /= m;
+            s->last.n_reads /= m;
+            i += m;
+        }
+    } else {
+        enter(s);
+        st = flm_eval_batch(s->ctx, ids, (uint32_t)n, pos, NULL, &logits, err);
+        if (!st) note_last(s);
+        leave(s);
+    }
     if (st) { /* the context holds positions < pos; a conversation's text no longer says what it holds */
         s->conv_on = false;
         flm_session_rewind(s, pos);
