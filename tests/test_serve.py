@@ -418,6 +418,8 @@ def main():
             concurrent_equal_alone(srv, ["What is the capital of France?", "Name three colors.",
                                          "Write a haiku about the sea.", "Explain gravity briefly."],
                                    "SmolLM2 .flm --mem 90% --parallel 4", chat_mode=True, max_tokens=16)
+            check(srv.metric("joined_passes_total") is not None and srv.metric("joined_rows_total") is not None,
+                  "/metrics: joined passes and rows")
             rss, budget = srv.metric("peak_rss_bytes"), srv.metric("memory_budget_bytes")
             check(os.environ.get("FLM_SANITIZED") == "1" or  # ASan's shadow memory counts in its RSS
                   (rss is not None and budget and rss <= budget + 16 * 2**20),

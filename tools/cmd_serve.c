@@ -167,6 +167,7 @@ static struct server {
     int n_batch;             /* the prompt's batch (-b), for counting passes */
     double start_unix;
     double last_tps;
+    bool shared;             /* the slots are sequences of one context (slots[0].ctx) */
 } srv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static void job_unref_locked(job *j) {
@@ -1030,6 +1031,11 @@ static uint64_t peak_rss(void) {
 static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     cli_buf b = {0};
     char line[512];
+    flm_stats fs = {0}; /* the shared context's joined passes (taken between passes, before srv.mu) */
+    if (srv.shared && !flm_seq_acquire(srv.slots[0].ctx, 0, NULL)) {
+        flm_get_stats(srv.slots[0].ctx, &fs);
+        flm_seq_release(srv.slots[0].ctx);
+    }
     pthread_mutex_lock(&srv.mu);
     srv.requests++;
 #define METRIC(name, type, help, fmt, val)                                                                         \
@@ -1061,6 +1067,10 @@ static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     METRIC("requests_queued", "gauge", "Requests waiting for a slot.", "%d", srv.n_queued);
     METRIC("requests_running", "gauge", "Requests being generated.", "%d", srv.n_running);
     METRIC("slots", "gauge", "Slots (--parallel).", "%d", srv.n_slots);
+    METRIC("joined_passes_total", "counter", "Forward passes that joined several slots' tokens (continuous batching).",
+           "%" PRIu64, fs.n_joined);
+    METRIC("joined_rows_total", "counter", "Tokens (rows) of those passes: divided by the passes, the mean batch.",
+           "%" PRIu64, fs.rows_joined);
     METRIC("peak_rss_bytes", "gauge", "Peak resident set size of the process.", "%" PRIu64, peak_rss());
     METRIC("memory_budget_bytes", "gauge", "The memory budget (--mem; 0: none).", "%" PRIu64, srv.budget);
     METRIC("context_tokens", "gauge", "Context length of each slot.", "%u", srv.n_ctx);
@@ -1904,6 +1914,7 @@ int cmd_serve(int argc, char **argv) {
         params.n_ctx = (int)(params.n_ctx / parallel);
     }
     if (shared) params.n_seq = (int)parallel;
+    srv.shared = shared;
     srv.n_slots = (int)parallel;
     srv.slots = calloc((size_t)parallel, sizeof *srv.slots);
     if (!srv.slots) { fprintf(stderr, "flashlm: out of memory\n"); return 1; }
