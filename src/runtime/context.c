@@ -576,7 +576,9 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         row += req[i]->n;
         x[i] = res.hidden ? res.hidden + (size_t)(row - 1) * hp->d_model : NULL;
     }
-    if (!st) st = flm_output_rows(ctx, x, k, ctx->join_logits, &e);
+    const uint32_t per = FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch); /* the classifier's rows, as many at once as planned */
+    for (uint32_t i = 0; i < k && !st; i += per)
+        st = flm_output_rows(ctx, x + i, k - i < per ? k - i : per, ctx->join_logits + (size_t)i * hp->n_vocab, &e);
     res.stats.compute_ms = flm_now_ms() - t0 - res.stats.io_ms - res.stats.mem_ms;
     if (!st) {
         record_batch(ctx, &res.stats, rows);
