@@ -831,7 +831,7 @@ static flm_status calib_train(calib_run *c, flm_error *err) {
             const flm_region *reg = c->hdr->ffn[l];
             flm_bundle_layout bl = flm_bundle_layout_of(d, reg->up_type, reg->gate_type, reg->down_type, hp->gated);
             desc = (flm_bundle_desc){d, reg->up_type, reg->gate_type, reg->down_type, bl.up_off, bl.gate_off,
-                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f, b_up};
+                                     bl.down_off, bl.record_bytes, hp->gated, hp->act, 0.0f, b_up, NULL, 0, NULL};
             b = &desc;
             free(c->records);
             c->records = NULL;

@@ -3,11 +3,14 @@
 #include "compute/work.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/types.h"
+#include "core/unit_hash.h"
 
 #ifdef _OPENMP
 #endif
@@ -49,6 +52,34 @@ static inline const uint8_t *record_at(const uint8_t *records, const uint8_t *ta
 
 #define ACT_CHUNK 32 /* neurons (single token) or tokens (batch) whose pre-activations go through k->act at once */
 
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Fused checked reads (flm_bundle_desc.sums): hash the records of bundles i0 .. i0 + n - 1 (n <= 64; bundle i is
+ * neuron rows[i], or i) that b checks, right before their first use; returns the mask of those that did not match
+ * (bit r: bundle i0 + r) and adds the count, the bytes and the time to b->check. 0 when b checks nothing here. */
+static uint64_t check_bundles(const flm_bundle_desc *b, const uint8_t *records, const uint8_t *tail, size_t n_head,
+                              const uint32_t *rows, size_t i0, size_t n) {
+    if (!b->sums) return 0;
+    const uint64_t rb = b->record_bytes;
+    uint64_t bad = 0, bytes = 0, t0 = 0;
+    for (size_t r = 0; r < n; r++) {
+        const size_t j = rows ? rows[i0 + r] : i0 + r;
+        if (j < b->check_from) continue;
+        if (!bytes) t0 = mono_ns();
+        if (flm_unit_hash(record_at(records, tail, n_head, j, rb), (size_t)rb) != b->sums[j]) bad |= UINT64_C(1) << r;
+        bytes += rb;
+    }
+    if (!bytes) return 0;
+    atomic_fetch_add_explicit(&b->check->ns, mono_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->check->bytes, bytes, memory_order_relaxed);
+    if (bad) atomic_fetch_add_explicit(&b->check->bad, (uint64_t)__builtin_popcountll(bad), memory_order_relaxed);
+    return bad;
+}
+
 /* The gating decision and coefficient of one neuron from its activation a (k->act of the pre-activation): under a
  * CATS threshold a neuron at or below it contributes nothing; inactive ReLU neurons need no up row. */
 static inline bool neuron_active(const flm_bundle_desc *b, float a) {
@@ -68,6 +99,7 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     float A[ACT_CHUNK]; /* the chunk's pre-activations, then (k->act, in place) its activations */
     for (size_t c0 = i0; c0 < i1; c0 += ACT_CHUNK) {
         const size_t nc = i1 - c0 < ACT_CHUNK ? i1 - c0 : ACT_CHUNK;
+        const uint64_t bad = check_bundles(b, records, tail, n_head, rows, c0, nc); /* the chunk, now in cache */
         for (size_t r = 0; r < nc; r++) {
             const size_t j = rows ? rows[c0 + r] : c0 + r;
             const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
@@ -76,7 +108,8 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
                 flm_prefetch(record_at(records, tail, n_head, jn, b->record_bytes), 0, b->record_bytes,
                              b->record_bytes);
             }
-            A[r] = b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
+            A[r] = bad >> r & 1 ? 0.0f /* left out (check_bundles) */
+                 : b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
                             : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + (b->up_bias ? b->up_bias[j]
                                                                                                        : 0.0f);
         }
@@ -84,7 +117,7 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
         for (size_t r = 0; r < nc; r++) { /* the down rows in neuron order, as one neuron at a time */
             const size_t i = c0 + r, j = rows ? rows[i] : i;
             const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
-            const float a = A[r];
+            const float a = bad >> r & 1 ? 0.0f : A[r];
             float v = 0.0f;
             if (neuron_active(b, a))
                 v = b->gated ? a * (row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) +
@@ -231,6 +264,7 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
         size_t ng = i1 - i < TILE_NG ? i1 - i : TILE_NG;
         if (i < n_head && i + ng > n_head) ng = n_head - i; /* a group never straddles the resident/streamed seam */
         const uint8_t *rec = record_at(records, tail, n_head, i, rb);
+        const uint64_t bad = check_bundles(b, records, tail, n_head, NULL, i, ng); /* the group, now in cache */
         for (size_t t0 = 0; t0 < n_x; t0 += TILE_NX) {
             const size_t nt = n_x - t0 < TILE_NX ? n_x - t0 : TILE_NX;
             for (size_t s = 0; s < ng; s += TILE_NB) {
@@ -249,7 +283,7 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
                     for (size_t t = 0; t < nt; t++) {
                         const float a = G[t * nb + r];
                         float v = 0.0f;
-                        if (neuron_active(b, a)) v = b->gated ? a * (U[t * nb + r] + bu) : a;
+                        if (neuron_active(b, a) && !(bad >> (s + r) & 1)) v = b->gated ? a * (U[t * nb + r] + bu) : a;
                         C[t * ng + s + r] = v; /* the coefficients */
                         if (h_abs) h_abs[j] += fabsf(v); /* not part of the FFN's arithmetic */
                     }
@@ -284,6 +318,10 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
         const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
         const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         float sum_abs = 0.0f; /* h_abs only: not part of the FFN's arithmetic */
+        if (check_bundles(b, records, tail, n_head, rows, i, 1)) { /* left out: did not match */
+            if (h_abs) h_abs[i] = 0.0f;
+            continue;
+        }
         for (size_t t0 = 0; t0 < n_x;) {
             /* the next up to ACT_CHUNK tokens that use neuron i: their pre-activations, then k->act on them */
             uint32_t T[ACT_CHUNK];

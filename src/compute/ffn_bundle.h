@@ -33,7 +33,23 @@ typedef struct flm_bundle_desc {
                                             where j = rows[i] (rows given) or i, so records must hold the layer's
                                             neurons in their order (a whole FFN region; not the sparse mode's cache
                                             rows, which are not neuron ids) */
+    /* Checked reads fused into the FFN (docs/IO.md, "Checked reads"): NULL, or the record sums of the layer's
+     * records in neuron order (sums[j]: core/unit_hash.h of bundle j's record_bytes, as the .flm stores them).
+     * Bundles j >= check_from (the records just read from flash; below it: resident ones, checked when they
+     * loaded) are hashed right before their first use, while their bytes come into the cache for it; a bundle
+     * that does not match is left out (h_j 0; in the tiled batch form its coefficients 0) and counted in
+     * check->bad, and the caller must not use the result: it checks the read again and computes once more.
+     * Only for calls without rows (the bundle index is the neuron). */
+    const uint64_t *sums;
+    size_t check_from;
+    struct flm_ffn_check *check;
 } flm_bundle_desc;
+
+/* What the fused checks of one FFN call found (flm_bundle_desc.sums): records that did not match, bytes hashed and
+ * nanoseconds spent hashing (CLOCK_MONOTONIC, summed over the threads). Zero it before the call. */
+typedef struct flm_ffn_check {
+    _Atomic uint64_t bad, bytes, ns;
+} flm_ffn_check;
 
 /* out[d_model] = FFN over n bundles (see above): bundle i is records + rows[i] * record_bytes, or
  * records + i * record_bytes when rows is NULL. h receives the n activations h_i (0 for neurons below the threshold).

@@ -14,6 +14,7 @@ struct flm_async_read {
     bool pending; /* submitted and not yet taken by wait */
     bool done;    /* the read finished (st, err, io hold its result) */
     const flm_extent *ext;
+    bool unchecked; /* the pending request: flm_reader_read_unchecked */
     size_t n;
     uint64_t tag;
     flm_status st;
@@ -41,10 +42,12 @@ static void *async_main(void *arg) {
         if (a->stop) break;
         const flm_extent *ext = a->ext;
         size_t n = a->n;
+        const bool unchecked = a->unchecked;
         pthread_mutex_unlock(&a->mu);
         flm_io_stats io = {0};
         flm_error err = {0};
-        flm_status st = flm_reader_read(a->reader, ext, n, &io, &err);
+        flm_status st = unchecked ? flm_reader_read_unchecked(a->reader, ext, n, &io, &err)
+                                  : flm_reader_read(a->reader, ext, n, &io, &err);
         pthread_mutex_lock(&a->mu);
         a->st = st;
         a->err = err;
@@ -97,16 +100,25 @@ void flm_async_read_stop(flm_async_read *a) {
     free(a);
 }
 
-void flm_async_read_submit(flm_async_read *a, const flm_extent *ext, size_t n, uint64_t tag) {
+static void submit(flm_async_read *a, const flm_extent *ext, size_t n, uint64_t tag, bool unchecked) {
     pthread_mutex_lock(&a->mu);
     while (a->pending && !a->done) pthread_cond_wait(&a->cv, &a->mu);
     a->ext = ext;
+    a->unchecked = unchecked;
     a->n = n;
     a->tag = tag;
     a->pending = true;
     a->done = false;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
+}
+
+void flm_async_read_submit(flm_async_read *a, const flm_extent *ext, size_t n, uint64_t tag) {
+    submit(a, ext, n, tag, false);
+}
+
+void flm_async_read_submit_unchecked(flm_async_read *a, const flm_extent *ext, size_t n, uint64_t tag) {
+    submit(a, ext, n, tag, true);
 }
 
 bool flm_async_read_wait(flm_async_read *a, uint64_t *tag, flm_status *st, flm_error *err, flm_io_stats *io) {

@@ -24,6 +24,8 @@ void flm_async_read_stop(flm_async_read *a);
 /* Start reading ext[0 .. n) (flm_reader_read's extents); tag is returned by wait. A request still pending is waited
  * for first and its result dropped. */
 void flm_async_read_submit(flm_async_read *a, const flm_extent *ext, size_t n, uint64_t tag);
+/* The same with flm_reader_read_unchecked: the caller checks the units itself before their first use. */
+void flm_async_read_submit_unchecked(flm_async_read *a, const flm_extent *ext, size_t n, uint64_t tag);
 
 /* Wait for the pending request. Returns false when there is none. Else *tag is its tag, *st its status (with err
  * filled when it failed, as flm_reader_read would) and io (may be NULL) accumulates its I/O statistics. */

@@ -14,18 +14,8 @@
 #ifdef FLM_HAVE_URING
 #include <liburing.h>
 #endif
-#include <xxhash.h>
-#if defined(__x86_64__) && defined(__has_include)
-#if __has_include(<xxh_x86dispatch.h>)
-#include <xxh_x86dispatch.h> /* libxxhash's run-time dispatch: XXH3 with AVX2 where the CPU has it (2x SSE2's speed) */
-#define FLM_UNIT_HASH(p, n) XXH3_64bits_dispatch(p, n)
-#endif
-#endif
-#ifndef FLM_UNIT_HASH
-#define FLM_UNIT_HASH(p, n) XXH3_64bits(p, n)
-#endif
-
 #include "core/error.h"
+#include "core/unit_hash.h"
 #include "core/util.h"
 
 #define DEFAULT_THREADS 32
@@ -92,6 +82,7 @@ struct flm_reader {
     pthread_mutex_t fail_mu;
     bool fail_mu_ready;
     atomic_uint_fast64_t chk_bytes, chk_ns; /* this read's hashing, from every thread */
+    bool checking; /* this read checks its units (tables set, not flm_reader_read_unchecked) */
 
     pthread_mutex_t call_mu; /* one flm_reader_read at a time (a read-ahead thread and the caller may share it) */
     bool call_mu_ready;
@@ -375,7 +366,7 @@ static void check_runs(flm_reader *r, const rcheck *c, size_t n) {
         const flm_check_table *t = &r->tables[c[k].table];
         for (uint32_t j = 0; j < c[k].n; j++) {
             const uint8_t *p = c[k].dst + (uint64_t)j * t->unit_bytes;
-            if (FLM_UNIT_HASH(p, (size_t)t->unit_bytes) != t->sums[c[k].first + j])
+            if (flm_unit_hash(p, (size_t)t->unit_bytes) != t->sums[c[k].first + j])
                 note_fail(r, (uint8_t *)p, c[k].table, c[k].first + j);
         }
         bytes += c[k].n * t->unit_bytes;
@@ -386,7 +377,7 @@ static void check_runs(flm_reader *r, const rcheck *c, size_t n) {
 
 /* Request number i of the plan arrived (and was scattered): check the units it completed. */
 static void check_op(flm_reader *r, const flm_read_op *op) {
-    if (!r->n_tables) return;
+    if (!r->checking) return;
     size_t i = (size_t)(op - r->plan.ops);
     check_runs(r, r->chk + r->op_chk[i], r->op_chk[i + 1] - r->op_chk[i]);
 }
@@ -416,7 +407,7 @@ static flm_status recheck(flm_reader *r, const rcheck *f, uint64_t *nread, flm_i
         done += o0 + op.need - at;
     }
     uint64_t t0 = now_ns();
-    bool ok = FLM_UNIT_HASH(f->dst, (size_t)t->unit_bytes) == t->sums[f->first];
+    bool ok = flm_unit_hash(f->dst, (size_t)t->unit_bytes) == t->sums[f->first];
     if (stats) {
         stats->check_ms += (double)(now_ns() - t0) / 1e6;
         stats->bytes_checked += t->unit_bytes;
@@ -805,12 +796,24 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
 
 static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err);
 
-flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
+static flm_status read_call(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, bool checked,
+                            flm_error *err) {
     if (!r || (n && !ext)) return flm_fail(err, FLM_ERR_ARG, "flm_reader_read: NULL reader or extent list");
     pthread_mutex_lock(&r->call_mu);
+    r->checking = checked && r->n_tables;
     flm_status st = read_locked(r, ext, n, stats, err);
+    r->checking = false;
     pthread_mutex_unlock(&r->call_mu);
     return st;
+}
+
+flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
+    return read_call(r, ext, n, stats, true, err);
+}
+
+flm_status flm_reader_read_unchecked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats,
+                                     flm_error *err) {
+    return read_call(r, ext, n, stats, false, err);
 }
 
 static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
@@ -825,7 +828,7 @@ static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, fl
             r->bufs_cap = r->plan.n_ops;
         }
     }
-    if (st == FLM_OK && r->n_tables) st = plan_checks(r, ext, err);
+    if (st == FLM_OK && r->checking) st = plan_checks(r, ext, err);
     uint64_t nread = 0;
     const flm_read_op *ops = r->plan.ops;
     size_t n_ops = st == FLM_OK ? r->plan.n_ops : 0;
@@ -849,7 +852,7 @@ static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, fl
             st = run_threads(r, ops + i, r->bufs + i, j - i, &nread, err);
         i = j;
     }
-    if (st == FLM_OK && r->n_tables) st = finish_checks(r, &nread, stats, err);
+    if (st == FLM_OK && r->checking) st = finish_checks(r, &nread, stats, err);
     if (stats) {
         for (size_t i = 0; i < n; i++) stats->bytes_requested += ext[i].length;
         stats->n_extents += n;

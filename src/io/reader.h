@@ -133,6 +133,11 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
  * FLM_ERR_IO ("short read" when the file ends before an extent does; an I/O error with strerror).
  * Several threads may call it on one reader (a read-ahead thread and its caller): calls run one at a time. */
 flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err);
+/* flm_reader_read without the checks of the units inside ext (checked reads): the caller hashes each unit before its
+ * first use and calls flm_reader_check on the extents when one does not match (the FFN kernels: runtime/flash.c
+ * flm_flash_ffn). Without tables, the same as flm_reader_read. */
+flm_status flm_reader_read_unchecked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats,
+                                     flm_error *err);
 
 /* "io_uring" or "threads". */
 const char *flm_reader_backend_name(const flm_reader *r);

@@ -345,7 +345,8 @@ static uint32_t next_streamed(const hot_state *S, const flm_file *f, uint32_t l)
 }
 
 /* Layer l's streamed records (tail): read ahead, or read now. */
-static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm_token_stats *tok, flm_error *err) {
+static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm_extent *src, flm_token_stats *tok,
+                           flm_error *err) {
     flm_flash *fl = E->flash;
     hot_state *S = E->state;
     const flm_file *f = fl->file;
@@ -361,7 +362,7 @@ static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm
     } else {
         memset(&io, 0, sizeof io);
         flm_extent e = {off, len, S->buf[S->cur]};
-        st = flm_reader_read(fl->reader, &e, 1, &io, err);
+        st = flm_flash_stream_read(fl, &e, &io, err);
     }
     tok->io_ms += flm_now_ms() - t0;
     flm_io_stats_add(E->io, &io);
@@ -369,12 +370,13 @@ static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm
     tok->n_reads += io.n_requests;
     if (st) return flm_flash_region_error(fl, l, st, err);
     *tail = S->buf[S->cur] + skip;
+    *src = (flm_extent){off, len, S->buf[S->cur]};
     if (S->ahead) {
         uint32_t m = next_streamed(S, f, l), into = 1 - S->cur;
         uint64_t mo, ml, ms;
         stream_span(f->ffn[m], S->n_hot[m], &mo, &ml, &ms);
         S->ext = (flm_extent){mo, ml, S->buf[into]};
-        flm_async_read_submit(S->ahead, &S->ext, 1, (uint64_t)m << 1 | into);
+        flm_flash_stream_submit(fl, S->ahead, &S->ext, (uint64_t)m << 1 | into);
     }
     return FLM_OK;
 }
@@ -391,17 +393,17 @@ static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
     if (c->draft) { /* the self-draft: what is in memory (the prefix, then the window), nothing read */
         n_rec = S->n_hot[l] + (win ? S->n_win[l] : 0);
         if (win) tail = S->win_rec[l];
-    } else if (S->n_hot[l] < r->n_records) {
-        flm_status st = hot_tail(E, l, &tail, c->tok, err);
+    }
+    flm_extent src = {0};
+    if (!c->draft && S->n_hot[l] < r->n_records) {
+        flm_status st = hot_tail(E, l, &tail, &src, c->tok, err);
         if (st) return st;
     }
     const bool update = win && !c->draft;
-    if (n == 1)
-        E->be->ops->bundles_split(E->be, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, c->in, c->out,
-                                  E->s->hb, fl->acc);
-    else
-        E->be->ops->bundles_batch_split(E->be, &fl->desc[l], head, S->n_hot[l], tail, NULL, n_rec, NULL, 0, n,
-                                        c->in, c->in_stride, c->out, c->out_stride, fl->acc, update ? S->act : NULL);
+    /* the streamed tail's records are checked (flm_flash_ffn); the prefix and the window were when they loaded */
+    flm_status st = flm_flash_ffn(E, c, head, S->n_hot[l], tail, n_rec, src.dst ? &src : NULL,
+                                  n > 1 && update ? S->act : NULL, err);
+    if (st) return st;
     if (update) window_update(S, r, l, tail, (n == 1 ? E->s->hb : S->act) + S->n_hot[l], n);
     return FLM_OK;
 }

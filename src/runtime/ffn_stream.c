@@ -11,6 +11,7 @@
  * depends on the layer's input). io_ms counts only the time the computation waits for a read; bytes and requests
  * are counted for the token that uses them. A read that fails is reported when its layer is needed, as a failed
  * synchronous read would be, and the buffer is read again next time. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,8 +107,10 @@ static uint32_t next_streamed(const flm_flash *fl, uint32_t n_layers, uint32_t l
     return l;
 }
 
-/* Layer l's records: in memory (a resident layer), read ahead, or read now into a layer buffer. */
-static flm_status layer_records(flm_ffn_env *E, uint32_t l, const uint8_t **out, flm_token_stats *tok, flm_error *err) {
+/* Layer l's records: in memory (a resident layer: *src unchanged), read ahead, or read now into a layer buffer
+ * (*src: the read that brought them, for flm_flash_ffn's checks). */
+static flm_status layer_records(flm_ffn_env *E, uint32_t l, const uint8_t **out, flm_extent *src,
+                                flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = E->flash;
     const uint8_t *records = fl->layer_data[l];
     if (records) {
@@ -128,7 +131,7 @@ static flm_status layer_records(flm_ffn_env *E, uint32_t l, const uint8_t **out,
          * counted); the region is padded to 4096 in the file, so the aligned length is readable and zero-copy */
         memset(&io, 0, sizeof io);
         flm_extent e = {r->offset, flm_align_up(r->size, FLM_ALIGN), S->buf[S->cur]};
-        st = flm_reader_read(fl->reader, &e, 1, &io, err);
+        st = flm_flash_stream_read(fl, &e, &io, err);
     }
     tok->io_ms += flm_now_ms() - t0;
     flm_io_stats_add(E->io, &io);
@@ -136,34 +139,28 @@ static flm_status layer_records(flm_ffn_env *E, uint32_t l, const uint8_t **out,
     tok->n_reads += io.n_requests;
     if (st) return flm_flash_region_error(fl, l, st, err); /* the layer buffer is read whole again next time */
     records = S->buf[S->cur];
+    *src = (flm_extent){r->offset, flm_align_up(r->size, FLM_ALIGN), S->buf[S->cur]};
     if (S->ahead) { /* read the next streamed layer into the other buffer while this one is computed */
         uint32_t m = next_streamed(fl, E->model->hp.n_layers, l), into = 1 - S->cur;
         const flm_region *rm = fl->file->ffn[m];
         S->ext = (flm_extent){rm->offset, flm_align_up(rm->size, FLM_ALIGN), S->buf[into]};
-        flm_async_read_submit(S->ahead, &S->ext, 1, (uint64_t)m << 1 | into);
+        flm_flash_stream_submit(fl, S->ahead, &S->ext, (uint64_t)m << 1 | into);
     }
     *out = records;
     return FLM_OK;
 }
 
+/* one token or a batch (c->n): a batch reads the layer once for all its tokens */
 static flm_status stream_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
     const uint8_t *records = NULL;
-    flm_status st = layer_records(E, c->layer, &records, c->tok, err);
+    flm_extent src = {0};
+    flm_status st = layer_records(E, c->layer, &records, &src, c->tok, err);
     if (st) return st;
-    flm_flash_bundles(E, c->layer, records, c->in, c->out);
-    return FLM_OK;
-}
-
-/* a batch: the layer is read once for all its tokens */
-static flm_status stream_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, flm_error *err) {
-    const uint8_t *records = NULL;
-    flm_status st = layer_records(E, c->layer, &records, c->tok, err);
-    if (st) return st;
-    flm_flash_bundles_batch(E, c->layer, records, c->n, c->in, c->in_stride, c->out, c->out_stride);
-    return FLM_OK;
+    return flm_flash_ffn(E, c, records, SIZE_MAX, NULL, E->flash->file->ffn[c->layer]->n_records,
+                         src.dst ? &src : NULL, NULL, err);
 }
 
 const flm_ffn_source_ops flm_ffn_naive = {"naive", naive_plan, stream_open, stream_compute, stream_close,
-                                          stream_compute_batch};
+                                          stream_compute};
 const flm_ffn_source_ops flm_ffn_hybrid = {"hybrid", hybrid_plan, stream_open, stream_compute, stream_close,
-                                           stream_compute_batch};
+                                           stream_compute};

@@ -1,10 +1,13 @@
 /* flash.c — what every FFN source of a .flm file shares: the plan, the bundle descriptors, the reader, resident
  * layers; opening the mode's source (runtime/ffn_source.h). */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/types.h"
+#include "io/async_read.h"
 #include "io/io_cost.h"
 #include "runtime/hooks.h"
 #include "runtime/runtime.h"
@@ -73,7 +76,15 @@ static flm_status setup_checks(flm_ctx *ctx, flm_error *err) {
     }
     st = flm_reader_set_checks(fl->reader, t, n, err);
     free(t);
-    return st;
+    if (st) return st;
+    /* the streamed FFN records are hashed by the kernels that use them, where their bytes come into the cache
+     * anyway (docs/IO.md, "Checked reads"): naive, hybrid and hot read whole records in neuron order */
+    fl->fused_checks = fl->sums.ffn != NULL;
+    for (uint32_t l = 0; fl->fused_checks && l < file->n_layers; l++)
+        fl->fused_checks = fl->sums.ffn[l] && fl->sums.ffn[l]->offset == 0 &&
+                           fl->sums.ffn[l]->n_units == file->ffn[l]->n_records &&
+                           fl->sums.ffn[l]->unit_bytes == fl->desc[l].record_bytes;
+    return FLM_OK;
 }
 
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_sparsity *sparsity,
@@ -107,7 +118,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
         flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, r->up_type, r->gate_type, r->down_type, hp->gated);
         fl->desc[l] = (flm_bundle_desc){hp->d_model, r->up_type, r->gate_type, r->down_type, b.up_off, b.gate_off,
                                         b.down_off, b.record_bytes, hp->gated, hp->act, 0.0f,
-                                        ctx->model->layers[l].ffn_up_b.data};
+                                        ctx->model->layers[l].ffn_up_b.data, NULL, 0, NULL};
     }
     flm_reader_opts ro;
     flm_reader_opts_default(&ro);
@@ -195,6 +206,54 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
     char msg[FLM_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", what);
     return flm_fail(err, st, "%s: FFN region of layer %u: %s", path, l, msg);
+}
+
+flm_status flm_flash_stream_read(const flm_flash *fl, const flm_extent *ext, flm_io_stats *io, flm_error *err) {
+    return fl->fused_checks ? flm_reader_read_unchecked(fl->reader, ext, 1, io, err)
+                            : flm_reader_read(fl->reader, ext, 1, io, err);
+}
+
+void flm_flash_stream_submit(const flm_flash *fl, flm_async_read *a, const flm_extent *ext, uint64_t tag) {
+    if (fl->fused_checks) flm_async_read_submit_unchecked(a, ext, 1, tag);
+    else flm_async_read_submit(a, ext, 1, tag);
+}
+
+flm_status flm_flash_ffn(flm_ffn_env *E, const flm_ffn_call *c, const uint8_t *head, size_t n_head,
+                         const uint8_t *tail, size_t n_rec, const flm_extent *src, float *h_abs, flm_error *err) {
+    flm_flash *fl = E->flash;
+    const uint32_t l = c->layer;
+    flm_bundle_desc d = fl->desc[l];
+    flm_ffn_check chk;
+    if (src && fl->fused_checks) { /* the reader did not check what src brought: the kernels do */
+        d.sums = fl->sums.ffn[l]->sums;
+        d.check_from = n_head == SIZE_MAX ? 0 : n_head;
+        d.check = &chk;
+    }
+    for (;;) {
+        atomic_init(&chk.bad, 0);
+        atomic_init(&chk.bytes, 0);
+        atomic_init(&chk.ns, 0);
+        if (c->n == 1)
+            E->be->ops->bundles_split(E->be, &d, head, n_head, tail, NULL, n_rec, c->in, c->out, E->s->hb, fl->acc);
+        else
+            E->be->ops->bundles_batch_split(E->be, &d, head, n_head, tail, NULL, n_rec, NULL, 0, c->n, c->in,
+                                            c->in_stride, c->out, c->out_stride, fl->acc, h_abs);
+        if (!d.sums) return FLM_OK;
+        E->io->bytes_checked += atomic_load(&chk.bytes);
+        E->io->check_ms += (double)atomic_load(&chk.ns) / 1e6;
+        if (!atomic_load(&chk.bad)) return FLM_OK;
+        /* a record did not match: the reader checks the read again (a mismatch read again once, then an error naming
+         * the layer and record); when it passes, every record matches: compute once more without the kernels' check */
+        flm_io_stats io = {0};
+        double t0 = flm_now_ms();
+        flm_status st = flm_reader_check(fl->reader, src, 1, &io, err);
+        c->tok->io_ms += flm_now_ms() - t0;
+        flm_io_stats_add(E->io, &io);
+        c->tok->bytes_read += io.bytes_read;
+        c->tok->n_reads += io.n_check_retries;
+        if (st) return flm_flash_region_error(fl, l, st, err);
+        d.sums = NULL;
+    }
 }
 
 void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const float *in, float *out) {

@@ -188,6 +188,8 @@ typedef struct flm_flash {
     void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
     struct flm_sparsity *sparsity; /* the predictor region as the plan parsed it (auto), until sparse_open takes it */
     flm_sums sums;            /* the record sums the reader checks reads against (empty with --no-verify-reads) */
+    bool fused_checks;        /* checked reads, and the FFN records a layer streams are checked by the FFN kernels
+                                 right before their first use (flm_flash_ffn) instead of by the reader */
 } flm_flash;
 
 /* Carry out plan (flm_plan_flm's, for this file and ctx->params): open the reader and the plan's FFN source
@@ -209,6 +211,22 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
  * The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
  * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */
 flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, const void **row, flm_token_stats *tok, flm_error *err);
+/* The FFN of call c's layer l over n_rec bundles: bundle j < n_head at head + j * record_bytes, the rest at tail
+ * (flm_ffn_bundles_split; n_head SIZE_MAX: all at head), one token (c->n 1: h into the scratch's hb) or a batch
+ * (h_abs as flm_ffn_bundles_batch_split's). src: NULL when every record is in memory and was checked as it loaded,
+ * else the read that just brought the records j >= n_head (all of them when n_head is SIZE_MAX) into memory. With
+ * fl->fused_checks, src is a read the reader did not check (flm_flash_stream_read) and the kernels hash each of
+ * those records right before its first use; when one does not match, the read is checked again through the reader
+ * (flm_reader_check: the record read again once) and the FFN computed once more; a second mismatch is
+ * FLM_ERR_CHECKSUM naming the layer and record, and c->out must not be used. The hashing's bytes and time go to the
+ * context's I/O statistics (bytes_checked, check_ms), a record read again to c->tok too. */
+flm_status flm_flash_ffn(flm_ffn_env *E, const flm_ffn_call *c, const uint8_t *head, size_t n_head,
+                         const uint8_t *tail, size_t n_rec, const flm_extent *src, float *h_abs, flm_error *err);
+struct flm_async_read;
+/* A streamed FFN read (naive, hybrid, hot): ext read now, or submitted to the read-ahead thread a, with the
+ * reader's checks (flm_reader_read) or, when fl->fused_checks, without them (flm_flash_ffn checks the records). */
+flm_status flm_flash_stream_read(const flm_flash *fl, const flm_extent *ext, flm_io_stats *io, flm_error *err);
+void flm_flash_stream_submit(const flm_flash *fl, struct flm_async_read *a, const flm_extent *ext, uint64_t tag);
 /* The FFN of layer l from records in memory (n_records bundles). */
 void flm_flash_bundles(flm_ffn_env *E, uint32_t l, const uint8_t *records, const float *in, float *out);
 /* The same for a batch of n <= plan.n_batch tokens (rows in_stride / out_stride floats apart): each record is read
