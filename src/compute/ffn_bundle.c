@@ -58,26 +58,36 @@ static uint64_t mono_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Fused checked reads (flm_bundle_desc.sums): hash the records of bundles i0 .. i0 + n - 1 (n <= 64; bundle i is
- * neuron rows[i], or i) that b checks, right before their first use; returns the mask of those that did not match
- * (bit r: bundle i0 + r) and adds the count, the bytes and the time to b->check. 0 when b checks nothing here. */
-static uint64_t check_bundles(const flm_bundle_desc *b, const uint8_t *records, const uint8_t *tail, size_t n_head,
-                              const uint32_t *rows, size_t i0, size_t n) {
-    if (!b->sums) return 0;
-    const uint64_t rb = b->record_bytes;
-    uint64_t bad = 0, bytes = 0, t0 = 0;
-    for (size_t r = 0; r < n; r++) {
-        const size_t j = rows ? rows[i0 + r] : i0 + r;
-        if (j < b->check_from) continue;
-        if (!bytes) t0 = mono_ns();
-        if (flm_unit_hash(record_at(records, tail, n_head, j, rb), (size_t)rb) != b->sums[j]) bad |= UINT64_C(1) << r;
-        bytes += rb;
+/* Fused checked reads (flm_bundle_desc.sums), one thread's tally: records hashed (n), their bytes, mismatches, and
+ * the time of every 16th hash (clock reads on every record would cost a tenth of the hashing itself). */
+typedef struct check_acc {
+    uint64_t n, bytes, bad, sampled_bytes, sampled_ns;
+} check_acc;
+
+/* Hash bundle j's record rec right before its first use when b checks it (j >= check_from); true when it does not
+ * match its sum (the caller leaves it out). */
+static inline bool check_record(const flm_bundle_desc *b, const uint8_t *rec, size_t j, check_acc *c) {
+    if (!b->sums || j < b->check_from) return false;
+    const size_t rb = (size_t)b->record_bytes;
+    const bool timed = (c->n++ & 15) == 0;
+    const uint64_t t0 = timed ? mono_ns() : 0;
+    const bool bad = flm_unit_hash(rec, rb) != b->sums[j];
+    if (timed) {
+        c->sampled_ns += mono_ns() - t0;
+        c->sampled_bytes += rb;
     }
-    if (!bytes) return 0;
-    atomic_fetch_add_explicit(&b->check->ns, mono_ns() - t0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->check->bytes, bytes, memory_order_relaxed);
-    if (bad) atomic_fetch_add_explicit(&b->check->bad, (uint64_t)__builtin_popcountll(bad), memory_order_relaxed);
+    c->bytes += rb;
+    c->bad += bad;
     return bad;
+}
+
+/* Add a thread's tally to b->check (the time scaled from the sampled hashes to all of them). */
+static void check_flush(const flm_bundle_desc *b, const check_acc *c) {
+    if (!c->n) return;
+    const double ns = c->sampled_bytes ? (double)c->sampled_ns * (double)c->bytes / (double)c->sampled_bytes : 0.0;
+    atomic_fetch_add_explicit(&b->check->ns, (uint64_t)ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->check->bytes, c->bytes, memory_order_relaxed);
+    if (c->bad) atomic_fetch_add_explicit(&b->check->bad, c->bad, memory_order_relaxed);
 }
 
 /* The gating decision and coefficient of one neuron from its activation a (k->act of the pre-activation): under a
@@ -97,9 +107,10 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
         flm_prefetch(record_at(records, tail, n_head, rows ? rows[i] : i, b->record_bytes), 0, b->record_bytes,
                      b->record_bytes);
     float A[ACT_CHUNK]; /* the chunk's pre-activations, then (k->act, in place) its activations */
+    check_acc ca = {0};
     for (size_t c0 = i0; c0 < i1; c0 += ACT_CHUNK) {
         const size_t nc = i1 - c0 < ACT_CHUNK ? i1 - c0 : ACT_CHUNK;
-        const uint64_t bad = check_bundles(b, records, tail, n_head, rows, c0, nc); /* the chunk, now in cache */
+        uint64_t bad = 0; /* records of the chunk that did not match (bit r) */
         for (size_t r = 0; r < nc; r++) {
             const size_t j = rows ? rows[c0 + r] : c0 + r;
             const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
@@ -108,7 +119,9 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
                 flm_prefetch(record_at(records, tail, n_head, jn, b->record_bytes), 0, b->record_bytes,
                              b->record_bytes);
             }
-            A[r] = bad >> r & 1 ? 0.0f /* left out (check_bundles) */
+            /* hashed right before the gate dot: the same bytes, brought into L1 once */
+            if (check_record(b, rec, j, &ca)) bad |= UINT64_C(1) << r;
+            A[r] = bad >> r & 1 ? 0.0f /* left out */
                  : b->gated ? row_dot(k, b->gate_type, rec + b->gate_off, xg, x, b->d_model)
                             : row_dot(k, b->up_type, rec + b->up_off, xu, x, b->d_model) + (b->up_bias ? b->up_bias[j]
                                                                                                        : 0.0f);
@@ -127,6 +140,7 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
             if (v != 0.0f) axpy_down(rec + b->down_off, v, acc, b->d_model);
         }
     }
+    check_flush(b, &ca);
 }
 
 /* One thread's share: bundles [i0, i1) into acc (overwritten). */
@@ -258,13 +272,16 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
     const flm_axpy_tile_fn at = k->axpy_tile[b->down_type];
     const flm_vec_dot_tile_fn tg = b->gated ? k->vec_dot_tile[b->gate_type] : NULL, tu = k->vec_dot_tile[b->up_type];
     float G[TILE_NB * TILE_NX], U[TILE_NB * TILE_NX], C[TILE_NG * TILE_NX];
+    check_acc ca = {0};
     if (h_abs)
         for (size_t i = i0; i < i1; i++) h_abs[i] = 0.0f;
     for (size_t i = i0; i < i1;) {
         size_t ng = i1 - i < TILE_NG ? i1 - i : TILE_NG;
         if (i < n_head && i + ng > n_head) ng = n_head - i; /* a group never straddles the resident/streamed seam */
         const uint8_t *rec = record_at(records, tail, n_head, i, rb);
-        const uint64_t bad = check_bundles(b, records, tail, n_head, NULL, i, ng); /* the group, now in cache */
+        uint64_t bad = 0; /* the group's records that did not match (bit r), hashed before the group uses them */
+        for (size_t r = 0; r < ng; r++)
+            if (check_record(b, rec + r * rb, i + r, &ca)) bad |= UINT64_C(1) << r;
         for (size_t t0 = 0; t0 < n_x; t0 += TILE_NX) {
             const size_t nt = n_x - t0 < TILE_NX ? n_x - t0 : TILE_NX;
             for (size_t s = 0; s < ng; s += TILE_NB) {
@@ -298,6 +315,7 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
         }
         i += ng;
     }
+    check_flush(b, &ca);
 }
 
 /* bundles [i0, i1) for every token into acc (n_x rows of d_model floats, overwritten) */
@@ -313,12 +331,13 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
         ffn_range_batch_tiled(k, b, records, tail, n_head, i0, i1, n_x, xu, xg, acc, h_abs);
         return;
     }
+    check_acc ca = {0};
     for (size_t i = i0; i < i1; i++) {
         const size_t j = rows ? rows[i] : i;
         const uint8_t *rec = record_at(records, tail, n_head, j, b->record_bytes);
         const float bu = b->up_bias ? b->up_bias[j] : 0.0f;
         float sum_abs = 0.0f; /* h_abs only: not part of the FFN's arithmetic */
-        if (check_bundles(b, records, tail, n_head, rows, i, 1)) { /* left out: did not match */
+        if (check_record(b, rec, j, &ca)) { /* left out: did not match */
             if (h_abs) h_abs[i] = 0.0f;
             continue;
         }
@@ -349,6 +368,7 @@ static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, cons
         }
         if (h_abs) h_abs[i] = sum_abs;
     }
+    check_flush(b, &ca);
 }
 
 typedef struct batch_args {
