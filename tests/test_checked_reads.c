@@ -13,6 +13,7 @@
  *     --no-verify-reads and in ram mode; a file whose records were reordered (hot order) keeps matching sums. */
 #include <fcntl.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,9 @@
 
 #include "flashlm.h"
 #include "calibrate/calibrate.h"
+#include "compute/ffn_bundle.h"
+#include "compute/kernels.h"
+#include "core/unit_hash.h"
 #include "convert/convert.h"
 #include "format/flm.h"
 #include "write/flm_write.h"
@@ -28,6 +32,7 @@
 #include "runtime/runtime.h"
 #include "synth/synth.h"
 #include "testutil.h"
+#include <xxhash.h>
 
 #define MODEL "models/stories260K/stories260K.gguf"
 #define BAD_LAYER 3u
@@ -480,6 +485,96 @@ static void test_permuted_sums(void **state) {
     free(perm);
 }
 
+/* flm_unit_hash (the inlined, vectorised XXH3 the kernels and the reader check with) equals libxxhash's XXH3_64bits,
+ * which the writer stores, on every length around xxHash's internal boundaries and at every alignment. */
+static void test_unit_hash_is_xxh3(void **state) {
+    (void)state;
+    assert_true(flm_unit_hash("", 0) == UINT64_C(0x2D06800538D394C2)); /* xxHash's published value for no input */
+    enum { CAP = 70000 };
+    uint8_t *b = malloc(CAP + 64);
+    uint64_t x = 88172645463325252u;
+    for (size_t i = 0; i < CAP + 64; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (uint8_t)x;
+    }
+    const size_t lens[] = {1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 3360, 4096, 65537, CAP};
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++)
+        for (size_t a = 0; a < 8; a++)
+            if (flm_unit_hash(b + a, lens[k]) != XXH3_64bits(b + a, lens[k]))
+                fail_msg("length %zu at offset %zu", lens[k], a);
+    for (size_t n = 0; n <= 600; n++) assert_true(flm_unit_hash(b + 3, n) == XXH3_64bits(b + 3, n));
+    free(b);
+}
+
+/* The checks fused into the FFN kernels (flm_bundle_desc.sums), on layer 1 of the converted model: with the right sums
+ * the output is the unchecked call's bit for bit and every record is counted; a record with one byte flipped is
+ * counted bad and left out (its h 0); records below check_from are not hashed. One token and a batch. */
+static void test_fused_kernel_check(void **state) {
+    (void)state;
+    flm_status st;
+    flm_error err;
+    flm_ctx *ctx = open_mode(g_flm, FLM_MODE_NAIVE, 0, FLM_IO_KIND_AUTO, false, &st, &err);
+    if (!ctx) fail_msg("open: %s", err.msg);
+    const flm_flash *fl = ctx->flash;
+    assert_true(fl->fused_checks);
+    const uint32_t l = 1;
+    const flm_region *r = fl->file->ffn[l];
+    const flm_bundle_desc *b = &fl->desc[l];
+    const size_t n = r->n_records, d = b->d_model, rb = (size_t)r->record_bytes;
+    uint8_t *rec = malloc(n * rb);
+    int fd = open(g_flm, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, rec, n * rb, (off_t)r->offset), (ssize_t)(n * rb));
+    close(fd);
+    const flm_kernels *k = flm_kernels_for_level(flm_kernels_cpu_level());
+    enum { NX = 3 };
+    float *x = malloc(NX * d * sizeof(float)), *want = malloc(NX * d * sizeof(float));
+    float *got = malloc(NX * d * sizeof(float)), *h = malloc(n * sizeof(float)), *h2 = malloc(n * sizeof(float));
+    float *acc = malloc(4 * NX * d * sizeof(float));
+    for (size_t i = 0; i < NX * d; i++) x[i] = sinf(0.37f * (float)i);
+    flm_ffn_check chk;
+    flm_bundle_desc c = *b;
+    c.sums = fl->sums.ffn[l]->sums;
+    c.check = &chk;
+    for (int threads = 1; threads <= 2; threads++) {
+        for (size_t nx = 1; nx <= NX; nx += NX - 1) { /* one token, then a batch */
+            for (size_t from = 0; from <= n / 2; from += n / 2) {
+                c.check_from = from;
+                atomic_init(&chk.bad, 0);
+                atomic_init(&chk.bytes, 0);
+                atomic_init(&chk.ns, 0);
+                if (nx == 1) {
+                    flm_ffn_bundles(k, b, rec, NULL, n, x, want, h, acc, threads);
+                    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, threads);
+                } else {
+                    flm_ffn_bundles_batch(k, b, rec, NULL, n, NULL, 0, nx, x, d, want, d, acc, threads);
+                    flm_ffn_bundles_batch(k, &c, rec, NULL, n, NULL, 0, nx, x, d, got, d, acc, threads);
+                }
+                assert_memory_equal(want, got, nx * d * sizeof(float));
+                assert_int_equal(atomic_load(&chk.bad), 0);
+                assert_int_equal(atomic_load(&chk.bytes), (n - from) * rb);
+            }
+        }
+    }
+    rec[(n - 5) * rb + 7] ^= 0x10; /* record n - 5: counted bad and left out */
+    c.check_from = 0;
+    atomic_init(&chk.bad, 0);
+    atomic_init(&chk.bytes, 0);
+    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, 1);
+    assert_int_equal(atomic_load(&chk.bad), 1);
+    assert_true(h2[n - 5] == 0.0f);
+    assert_true(h[n - 5] != 0.0f); /* the clean run's: the record counted */
+    atomic_init(&chk.bad, 0);
+    flm_ffn_bundles_batch(k, &c, rec, NULL, n, NULL, 0, NX, x, d, got, d, acc, 2);
+    assert_int_equal(atomic_load(&chk.bad), 1);
+    c.check_from = n - 4; /* the flipped record is below: not hashed */
+    atomic_init(&chk.bad, 0);
+    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, 1);
+    assert_int_equal(atomic_load(&chk.bad), 0);
+    free(rec), free(x), free(want), free(got), free(h), free(h2), free(acc);
+    flm_close(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corrupt_record_every_mode),
@@ -490,6 +585,8 @@ int main(void) {
         cmocka_unit_test(test_mid_generation),
         cmocka_unit_test(test_version1),
         cmocka_unit_test(test_permuted_sums),
+        cmocka_unit_test(test_unit_hash_is_xxh3),
+        cmocka_unit_test(test_fused_kernel_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -68,7 +68,7 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
     if (strcmp(s.io_backend, "none") || s.reads_verified) { /* whether what was read from flash was checked */
         if (s.reads_verified)
             fprintf(stderr, "flashlm: reads verified: every record read was checked against its record sum (XXH3): "
-                    "%.2f MiB, %.1f ms of hashing (CPU, mostly beside the computation), %llu read again\n",
+                    "%.2f MiB, %.1f ms of hashing (streamed FFN records: in the FFN kernels, right before use), %llu read again\n",
                     cli_mib(s.bytes_verified), s.verify_ms, (unsigned long long)s.n_verify_retries);
         else
             fprintf(stderr, "flashlm: reads NOT verified (--no-verify-reads)\n");
