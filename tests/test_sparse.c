@@ -30,7 +30,7 @@ static void test_sparse_ffn_equals_dense(void **state) {
     for (size_t ti = 0; ti < 3; ti++) {
         uint32_t t = types[ti];
         size_t rb = (size_t)(t == FLM_TYPE_F32 ? 4 * d : t == FLM_TYPE_F16 ? 2 * d : d / 32 * 34);
-        flm_bundle_desc b = {d, t, t, t, 0, rb, 2 * rb, 3 * rb, true, true, 0.0f, NULL};
+        flm_bundle_desc b = {d, t, t, t, 0, rb, 2 * rb, 3 * rb, true, true, 0.0f, NULL, NULL, 0, NULL};
         uint8_t *rec = malloc(F * b.record_bytes);
         float *row = malloc(d * sizeof(float)), *x = malloc(d * sizeof(float));
         for (uint32_t i = 0; i < F; i++)

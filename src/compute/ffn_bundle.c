@@ -59,7 +59,10 @@ static uint64_t mono_ns(void) {
 }
 
 /* Fused checked reads (flm_bundle_desc.sums), one thread's tally: records hashed (n), their bytes, mismatches, and
- * the time of every 16th hash (clock reads on every record would cost a tenth of the hashing itself). */
+ * the time of every 16th hash (CLOCK_MONOTONIC, read without a system call: ~20 ns; timing every record would add a
+ * tenth to the hashing). A sample longer than 20 us plus 1 ns per byte is dropped: the thread was preempted inside it
+ * (a busy machine's time slices are milliseconds; thread CPU time is a system call here, 0.3-1.3 us, which costs and
+ * skews more than it measures). */
 typedef struct check_acc {
     uint64_t n, bytes, bad, sampled_bytes, sampled_ns;
 } check_acc;
@@ -73,8 +76,11 @@ static inline bool check_record(const flm_bundle_desc *b, const uint8_t *rec, si
     const uint64_t t0 = timed ? mono_ns() : 0;
     const bool bad = flm_unit_hash(rec, rb) != b->sums[j];
     if (timed) {
-        c->sampled_ns += mono_ns() - t0;
-        c->sampled_bytes += rb;
+        const uint64_t dt = mono_ns() - t0;
+        if (dt <= 20000 + (uint64_t)rb) { /* else preempted: dropped */
+            c->sampled_ns += dt;
+            c->sampled_bytes += rb;
+        }
     }
     c->bytes += rb;
     c->bad += bad;

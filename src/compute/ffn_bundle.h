@@ -46,7 +46,9 @@ typedef struct flm_bundle_desc {
 } flm_bundle_desc;
 
 /* What the fused checks of one FFN call found (flm_bundle_desc.sums): records that did not match, bytes hashed and
- * nanoseconds spent hashing (CLOCK_MONOTONIC, summed over the threads). Zero it before the call. */
+ * nanoseconds spent hashing, summed over the threads (estimated from every 16th record's hash, preempted samples
+ * dropped; it includes bringing the bytes in from memory, which the kernel would otherwise do). Zero it before the
+ * call. */
 typedef struct flm_ffn_check {
     _Atomic uint64_t bad, bytes, ns;
 } flm_ffn_check;
