@@ -286,8 +286,11 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
         if (i < n_head && i + ng > n_head) ng = n_head - i; /* a group never straddles the resident/streamed seam */
         const uint8_t *rec = record_at(records, tail, n_head, i, rb);
         uint64_t bad = 0; /* the group's records that did not match (bit r), hashed before the group uses them */
-        for (size_t r = 0; r < ng; r++)
+        for (size_t r = 0; r < ng; r++) {
+            if (b->sums && i + ng + r < i1) /* the next group's records come in while this one is hashed */
+                flm_prefetch(record_at(records, tail, n_head, i + ng + r, rb), 0, rb, rb);
             if (check_record(b, rec + r * rb, i + r, &ca)) bad |= UINT64_C(1) << r;
+        }
         for (size_t t0 = 0; t0 < n_x; t0 += TILE_NX) {
             const size_t nt = n_x - t0 < TILE_NX ? n_x - t0 : TILE_NX;
             for (size_t s = 0; s < ng; s += TILE_NB) {
