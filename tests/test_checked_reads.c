@@ -544,11 +544,11 @@ static void test_fused_kernel_check(void **state) {
                 atomic_init(&chk.bytes, 0);
                 atomic_init(&chk.ns, 0);
                 if (nx == 1) {
-                    flm_ffn_bundles(k, b, rec, NULL, n, x, want, h, acc, threads);
-                    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, threads);
+                    flm_ffn_bundles(k, b, rec, NULL, n, x, want, h, acc, threads, NULL);
+                    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, threads, NULL);
                 } else {
-                    flm_ffn_bundles_batch(k, b, rec, NULL, n, NULL, 0, nx, x, d, want, d, acc, threads);
-                    flm_ffn_bundles_batch(k, &c, rec, NULL, n, NULL, 0, nx, x, d, got, d, acc, threads);
+                    flm_ffn_bundles_batch(k, b, rec, NULL, n, NULL, 0, nx, x, d, want, d, acc, threads, NULL);
+                    flm_ffn_bundles_batch(k, &c, rec, NULL, n, NULL, 0, nx, x, d, got, d, acc, threads, NULL);
                 }
                 assert_memory_equal(want, got, nx * d * sizeof(float));
                 assert_int_equal(atomic_load(&chk.bad), 0);
@@ -560,16 +560,16 @@ static void test_fused_kernel_check(void **state) {
     c.check_from = 0;
     atomic_init(&chk.bad, 0);
     atomic_init(&chk.bytes, 0);
-    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, 1);
+    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, 1, NULL);
     assert_int_equal(atomic_load(&chk.bad), 1);
     assert_true(h2[n - 5] == 0.0f);
     assert_true(h[n - 5] != 0.0f); /* the clean run's: the record counted */
     atomic_init(&chk.bad, 0);
-    flm_ffn_bundles_batch(k, &c, rec, NULL, n, NULL, 0, NX, x, d, got, d, acc, 2);
+    flm_ffn_bundles_batch(k, &c, rec, NULL, n, NULL, 0, NX, x, d, got, d, acc, 2, NULL);
     assert_int_equal(atomic_load(&chk.bad), 1);
     c.check_from = n - 4; /* the flipped record is below: not hashed */
     atomic_init(&chk.bad, 0);
-    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, 1);
+    flm_ffn_bundles(k, &c, rec, NULL, n, x, got, h2, acc, 1, NULL);
     assert_int_equal(atomic_load(&chk.bad), 0);
     free(rec), free(x), free(want), free(got), free(h), free(h2), free(acc);
     flm_close(ctx);
