@@ -319,6 +319,84 @@ def test_bad_requests(srv, ctx):
     check(st == 200 and b"<html" in data.lower() and b"/v1/chat/completions" in data, "the chat page at /")
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "langs": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+          "required": ["name", "age", "langs"], "additionalProperties": False}
+
+
+def valid_person(v):
+    """PERSON's schema checked by hand: the keys in order, their types, no others."""
+    return (isinstance(v, dict) and list(v) == ["name", "age", "langs"] and isinstance(v["name"], str) and
+            isinstance(v["age"], int) and not isinstance(v["age"], bool) and isinstance(v["langs"], list) and
+            len(v["langs"]) <= 3 and all(isinstance(x, str) for x in v["langs"]))
+
+
+def test_structured(srv):
+    """response_format (json_object, json_schema), llama-server's json_schema and grammar, through the library's
+    constrained decoding (Qwen2.5-Coder-0.5B): the outputs parse and validate, streamed equals non-streamed, an
+    unsupported keyword is a 400 that names it."""
+    mid = model_id(srv)
+    c = srv.client()
+    ask = [{"role": "user", "content": "Describe a programmer called Ann, 31 years old, as JSON."}]
+    # json_object: any JSON object (raw HTTP)
+    cat = [{"role": "user", "content": "Give me a JSON object describing a cat named Tom, 3 years old."}]
+    st, data = srv.raw("POST", "/v1/chat/completions", {"model": mid, "messages": cat, "temperature": 0,
+                                                        "max_tokens": 80, "response_format": {"type": "json_object"}})
+    ok = check(st == 200, "json_object: status %d %r" % (st, data[:300]))
+    if ok:
+        r = json.loads(data)["choices"][0]
+        try:
+            v = json.loads(r["message"]["content"])
+            check(isinstance(v, dict), "json_object: an object: %r" % v)
+        except ValueError:
+            check(False, "json_object: not JSON: %r" % r["message"]["content"])
+        check(r["finish_reason"] == "stop", "json_object: ends by itself: %s" % r["finish_reason"])
+    # json_schema (the openai client): parses and validates; streamed the same text
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+    r = c.chat.completions.create(model=mid, messages=ask, temperature=0, max_tokens=100, response_format=rf)
+    text = r.choices[0].message.content
+    try:
+        check(valid_person(json.loads(text)), "json_schema: validates: %r" % text)
+    except ValueError:
+        check(False, "json_schema: not JSON: %r" % text)
+    check(r.choices[0].finish_reason == "stop", "json_schema: ends by itself: %s" % r.choices[0].finish_reason)
+    s = c.chat.completions.create(model=mid, messages=ask, temperature=0, max_tokens=100, response_format=rf,
+                                  stream=True)
+    stext, finish, _, _ = stream_text(s)
+    check(stext == text and finish == "stop", "json_schema streamed equals non-streamed: %r vs %r" % (stext, text))
+    # llama-server's json_schema field, on /completion too; its grammar field (GBNF)
+    st, data = srv.raw("POST", "/v1/chat/completions", {"messages": ask, "temperature": 0, "max_tokens": 100,
+                                                        "json_schema": PERSON})
+    check(st == 200 and json.loads(data)["choices"][0]["message"]["content"] == text,
+          "llama-server's json_schema field: %d %r" % (st, data[:300]))
+    st, data = srv.raw("POST", "/completion", {"prompt": "Is the sky blue? Answer:", "temperature": 0,
+                                               "n_predict": 10, "grammar": 'root ::= " yes" | " no"'})
+    check(st == 200 and json.loads(data)["content"] in (" yes", " no"), "grammar: %d %r" % (st, data[:300]))
+    # refused: an unsupported keyword (named), a bad type, two constraints, a broken grammar
+    bad = dict(PERSON, properties=dict(PERSON["properties"], name={"type": "string", "pattern": "^A"}))
+    st, data = srv.raw("POST", "/v1/chat/completions", {"messages": ask, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": bad}}})
+    check(st == 400 and "'pattern'" in json.loads(data)["error"]["message"],
+          "a schema with 'pattern': 400 naming it: %d %r" % (st, data[:300]))
+    try:
+        c.chat.completions.create(model=mid, messages=ask, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "integer", "minimum": 3}}})
+        check(False, "openai: a schema with 'minimum' raises")
+    except openai.BadRequestError as e:
+        check("'minimum'" in str(e), "openai: the error names 'minimum': %s" % e)
+    expect_error(srv, 400, "POST", "/v1/chat/completions", {"messages": ask, "response_format": {"type": "xml"}},
+                 what="response_format type xml")
+    expect_error(srv, 400, "POST", "/v1/chat/completions", {"messages": ask, "response_format": {
+        "type": "json_object"}, "grammar": 'root ::= "a"'}, what="response_format and grammar")
+    expect_error(srv, 400, "POST", "/v1/chat/completions", {"messages": ask, "grammar": "root ::= ("},
+                 what="a broken grammar")
+    # {"type": "text"} is no constraint: the plain reply
+    a = c.chat.completions.create(model=mid, messages=ask, temperature=0, max_tokens=12,
+                                  response_format={"type": "text"}).choices[0].message.content
+    b = c.chat.completions.create(model=mid, messages=ask, temperature=0, max_tokens=12).choices[0].message.content
+    check(a == b, "response_format text: the plain reply: %r vs %r" % (a, b))
+
+
 def test_queue_full():
     """--parallel 1 --queue 0: while one stream runs, the next request gets 503; afterwards it is served."""
     srv = Server(STORIES, "-c", "2048", "--queue", "0", "-t", "1")
@@ -431,6 +509,18 @@ def main():
         check(False, "smollm2-135m is not pulled (FLASHLM_REQUIRE_MODELS=1): flashlm pull smollm2-135m")
     else:
         print("test_serve: smollm2-135m not pulled: its part skipped")
+    # structured output and tools need a model whose template has a tool format: Qwen2.5-Coder-0.5B-Instruct
+    qwen = os.path.join(cache, "models", "qwen2.5-coder-0.5b.gguf")
+    if os.path.exists(qwen):
+        srv = Server(qwen, "-c", "2048", "--api-key", KEY)
+        try:
+            test_structured(srv)
+        finally:
+            check(srv.stop() == 0, "Qwen2.5 server: SIGTERM exit 0")
+    elif os.environ.get("FLASHLM_REQUIRE_MODELS") == "1":
+        check(False, "qwen2.5-coder-0.5b is not pulled (FLASHLM_REQUIRE_MODELS=1): flashlm pull qwen2.5-coder-0.5b")
+    else:
+        print("test_serve: qwen2.5-coder-0.5b not pulled: structured output and tools skipped")
     if failures:
         print("test_serve: %d FAILED" % len(failures))
         sys.exit(1)

@@ -289,7 +289,7 @@ static cJSON *chunk_choice(const job *j, cJSON *o, const char *text, size_t len,
 }
 
 static const char *finish_reason(const flm_gen_result *r) {
-    return r->eog || r->stopped ? "stop" : "length";
+    return r->eog || r->stopped || r->complete ? "stop" : "length";
 }
 
 /* An OpenAI-shaped error body. */
@@ -324,7 +324,7 @@ static cJSON *timings_json(const job *j) {
 }
 
 static const char *stop_type(const flm_gen_result *r) {
-    return r->eog ? "eos" : r->stopped ? "word" : r->limit || r->ctx_full ? "limit" : "none";
+    return r->eog || r->complete ? "eos" : r->stopped ? "word" : r->limit || r->ctx_full ? "limit" : "none";
 }
 
 /* llama-server's /completion object: a streamed token's (final = false) or the whole result's. */
@@ -612,6 +612,7 @@ static void run_job(slot *s, job *j) {
     gp.n_stop = q->n_stop;
     gp.logprobs = q->logprobs;
     gp.top_logprobs = q->top_logprobs;
+    gp.grammar = q->grammar; /* response_format, json_schema, grammar (compiled by serve_parse_request) */
     gen_user u = {j};
     st = flm_session_generate(s->sess, &gp, on_token, &u, &j->res, &err);
     flm_session_stats ss;

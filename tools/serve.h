@@ -45,6 +45,9 @@ typedef struct serve_req {
     bool logprobs;             /* chat: "logprobs": true; completions: "logprobs": N (N >= 0) or llama-server's
                                   "n_probs" > 0 */
     int top_logprobs;          /* chat: "top_logprobs" 0..20 (needs "logprobs": true); completions: N, 0..20 */
+    flm_grammar *grammar;      /* the constraint of "response_format" (json_object, json_schema), llama-server's
+                                  "json_schema" or "grammar" (GBNF), compiled (flm_grammar_*); NULL: none */
+    const char *grammar_from;  /* the field it came from (static), for messages */
 } serve_req;
 #define SERVE_MAX_BIAS 1024    /* logit_bias entries per request */
 

@@ -24,6 +24,7 @@ void serve_req_free(serve_req *r) {
     free(r->bias);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    flm_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -132,6 +133,92 @@ static bool nul_field(const char *b, size_t len, char *path, size_t cap) {
         }
     }
     return false;
+}
+
+/* The output constraint: "response_format" (OpenAI's {"type": "text" | "json_object" | "json_schema"}, the last with
+ * "json_schema": {"name", "description", "schema", "strict"}; llama-server's "schema" beside "type" too), or
+ * llama-server's "json_schema" (a schema) or "grammar" (GBNF text); at most one of them. The schema or grammar is
+ * compiled here (a keyword the library does not support: 400 naming it). 0, or an HTTP status with msg set. */
+static int parse_constraint(const cJSON *root, serve_req *r, char *msg, size_t cap) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(root, "json_schema");
+    const cJSON *gr = cJSON_GetObjectItemCaseSensitive(root, "grammar");
+    const cJSON *schema = NULL;
+    const char *from = NULL, *gbnf = NULL;
+    bool any_object = false;
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(type)) {
+            snprintf(msg, cap, "'response_format' must be an object {\"type\": \"text\" | \"json_object\" | "
+                     "\"json_schema\"}");
+            return 400;
+        }
+        const char *t = type->valuestring;
+        if (!strcmp(t, "json_object")) {
+            from = "response_format";
+            schema = cJSON_GetObjectItemCaseSensitive(rf, "schema"); /* llama-server's: a schema beside the type */
+            if (cJSON_IsNull(schema)) schema = NULL;
+            any_object = !schema;
+        } else if (!strcmp(t, "json_schema")) {
+            from = "response_format.json_schema.schema";
+            const cJSON *o = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            if (!o) { /* llama-server's older form: {"type": "json_schema", "schema": {...}} */
+                schema = cJSON_GetObjectItemCaseSensitive(rf, "schema");
+                from = "response_format.schema";
+            } else {
+                if (!cJSON_IsObject(o)) {
+                    snprintf(msg, cap, "'response_format.json_schema' must be an object {\"name\", \"schema\", "
+                             "\"strict\"}");
+                    return 400;
+                }
+                const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+                const cJSON *strict = cJSON_GetObjectItemCaseSensitive(o, "strict");
+                const cJSON *desc = cJSON_GetObjectItemCaseSensitive(o, "description");
+                if ((name && !cJSON_IsString(name)) || (desc && !cJSON_IsString(desc) && !cJSON_IsNull(desc)) ||
+                    (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))) {
+                    snprintf(msg, cap, "'response_format.json_schema': 'name' and 'description' must be strings, "
+                             "'strict' a boolean");
+                    return 400;
+                }
+                schema = cJSON_GetObjectItemCaseSensitive(o, "schema");
+            }
+            if (!cJSON_IsObject(schema)) {
+                snprintf(msg, cap, "'%s' must be a JSON schema (an object)", from);
+                return 400;
+            }
+        } else if (strcmp(t, "text")) {
+            snprintf(msg, cap, "'response_format.type' must be text, json_object or json_schema, not '%.40s'", t);
+            return 400;
+        }
+    }
+    if (js && !cJSON_IsNull(js)) {
+        if (from) { snprintf(msg, cap, "'json_schema' and '%s' both constrain the output: give one", from); return 400; }
+        if (!cJSON_IsObject(js)) { snprintf(msg, cap, "'json_schema' must be a JSON schema (an object)"); return 400; }
+        schema = js;
+        from = "json_schema";
+    }
+    if (gr && !cJSON_IsNull(gr)) {
+        if (from) { snprintf(msg, cap, "'grammar' and '%s' both constrain the output: give one", from); return 400; }
+        if (!cJSON_IsString(gr)) { snprintf(msg, cap, "'grammar' must be a string (GBNF)"); return 400; }
+        gbnf = gr->valuestring;
+        from = "grammar";
+    }
+    if (!from) return 0;
+    flm_error err;
+    flm_status st;
+    if (gbnf) {
+        st = flm_grammar_parse(gbnf, strlen(gbnf), NULL, &r->grammar, &err);
+    } else {
+        char *text = any_object ? NULL : cJSON_PrintUnformatted(schema);
+        if (!any_object && !text) { snprintf(msg, cap, "out of memory parsing the request"); return 500; }
+        static const char OBJECT[] = "{\"type\": \"object\"}"; /* json_object: any JSON object */
+        st = flm_grammar_json_schema(text ? text : OBJECT, text ? strlen(text) : sizeof OBJECT - 1, &r->grammar, &err);
+        free(text);
+    }
+    if (st == FLM_ERR_NOMEM) { snprintf(msg, cap, "out of memory compiling '%s'", from); return 500; }
+    if (st) { snprintf(msg, cap, "'%s': %s", from, err.msg); return 400; }
+    r->grammar_from = from;
+    return 0;
 }
 
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap) {
@@ -298,6 +385,10 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
             if (!(r->stop[r->n_stop] = dup_str(item->valuestring))) goto oom;
             r->n_stop++;
         }
+    }
+    if ((got = parse_constraint(root, r, msg, cap)) != 0) {
+        status = got;
+        goto fail;
     }
     if (chat) {
         v = cJSON_GetObjectItemCaseSensitive(root, "messages");
