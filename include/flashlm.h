@@ -688,6 +688,51 @@ FLM_API flm_status flm_chat_apply_spans(const flm_chat *c, const flm_chat_msg *m
                                         char **out, size_t *out_len, size_t **spans, size_t *n_spans, flm_error *err);
 FLM_API void flm_chat_close(flm_chat *c);
 
+/* ---- Tools: OpenAI's function tools in the model's own tool-call format (src/format/chat_tools.c) ----
+ * Qwen2.5's ("qwen", from its template): the tools as JSON lines inside <tools></tools> in a "# Tools" block ending
+ * the system turn; each call "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>" in the assistant's
+ * turn; each tool's result "<tool_response>\nRESULT\n</tool_response>" in a user turn (consecutive ones in one).
+ * JSON in the prompt is written as the template's tojson writes it (Python's json.dumps). */
+/* The model's tool-call format, static: "qwen" when the model's own chat template has Qwen2.5's, NULL when it has
+ * none (another family, no template, or a format chosen by name). */
+FLM_API const char *flm_chat_tool_format(const flm_chat *c);
+/* The markers around one call in a generation (static): "<tool_call>" and "</tool_call>" for "qwen". false (NULLs)
+ * without a tool format. */
+FLM_API bool flm_chat_tool_tags(const flm_chat *c, const char **open_tag, const char **close_tag);
+/* A conversation with tools rewritten into plain messages (roles system, user, assistant) that flm_chat_apply renders
+ * exactly as the model's template renders the original: tools (a JSON array of OpenAI tools, {"type": "function",
+ * "function": {"name", "description", "parameters"}}; NULL or "[]": none) in the system message (the template's
+ * default one when msgs has none), each run of role "tool" messages as one user turn, an assistant message i with
+ * tool_calls[i] (a JSON array of OpenAI calls {"id", "type", "function": {"name", "arguments": a JSON string}}; the
+ * array, or tool_calls[i], may be NULL) with its calls after its content. *out (*n_out messages; roles static,
+ * contents malloc'd): free with flm_chat_msgs_free. Errors: FLM_ERR_UNSUPPORTED (no tool format), FLM_ERR_FORMAT
+ * (tools or a message's tool_calls not of that shape: named), FLM_ERR_ARG, FLM_ERR_NOMEM. */
+FLM_API flm_status flm_chat_tools_messages(const flm_chat *c, const flm_chat_msg *msgs, const char *const *tool_calls,
+                                           size_t n, const char *tools, flm_chat_msg **out, size_t *n_out,
+                                           flm_error *err);
+FLM_API void flm_chat_msgs_free(flm_chat_msg *m, size_t n);
+/* One tool call parsed out of a generation. */
+typedef struct flm_tool_call {
+    char *name;       /* the function's name */
+    char *arguments;  /* its arguments: a JSON object, compact (an OpenAI call's "arguments" string) */
+} flm_tool_call;
+/* The calls in a generated text[0..len): every complete block whose JSON is {"name": a string, "arguments": an
+ * object (or a JSON string of one)}, in order; *content (malloc'd, NUL-terminated) gets the text outside them,
+ * trimmed of whitespace when there are calls (a block that is not a call, or not closed, stays in it). *calls
+ * (malloc'd, *n_calls of them; NULL when none): free with flm_tool_calls_free. Errors: FLM_ERR_UNSUPPORTED (no tool
+ * format), FLM_ERR_ARG, FLM_ERR_NOMEM. */
+FLM_API flm_status flm_chat_parse_tool_calls(const flm_chat *c, const char *text, size_t len, char **content,
+                                             flm_tool_call **calls, size_t *n_calls, flm_error *err);
+FLM_API void flm_tool_calls_free(flm_tool_call *calls, size_t n);
+/* GBNF (flm_grammar_parse) for a reply made only of calls in the model's format: one call (parallel: one or more,
+ * separated by a newline) of one of the tools (only the one named `name` when not NULL), its arguments valid
+ * against the tool's "parameters" schema (flm_json_schema_to_gbnf; none: any object). *out: malloc'd.
+ * Errors: FLM_ERR_UNSUPPORTED (no tool format; a keyword of a parameters schema: the message names the tool and the
+ * keyword), FLM_ERR_FORMAT (tools not a non-empty array of named functions), FLM_ERR_ARG (no tool called name),
+ * FLM_ERR_NOMEM. */
+FLM_API flm_status flm_chat_tool_grammar(const flm_chat *c, const char *tools, const char *name, bool parallel,
+                                         char **out, flm_error *err);
+
 /* ---------------------------------------------------------------------------------------------------------------
  * Perplexity (teacher-forced, as llama.cpp's perplexity tool computes it)
  * ------------------------------------------------------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "format/chat_template.h"
+#include "session/grammar.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
 #include "write/gguf_write.h"
@@ -275,6 +276,114 @@ static void test_default_system_inline(void **state) {
     /* the first plain literal after expression ones is taken (Qwen's layout) */
     expect_system("{{- '<|im_start|>system\\n' }}{% else %}{{- '<|im_start|>system\\n' + m + '<|im_end|>\\n' }}"
                   "{% else %}{{- '<|im_start|>system\\nDefault.<|im_end|>\\n' }}", "Default.");
+}
+
+/* Tools in Qwen2.5's format (src/format/chat_tools.c), without a model: the format detected from the template's
+ * markers; a conversation with tools, an assistant's calls (arguments as OpenAI's JSON string) and two tool results
+ * rewritten and rendered equals the Qwen2.5 template's rendering (jinja2 3.1.6 as the header says, tojson =
+ * json.dumps(ensure_ascii=False), the calls' arguments as objects); calls parsed out of a reply (content trimmed, a
+ * block that is not a call and an unclosed one left as text); the grammar of calls accepts a valid call and refuses
+ * a wrong name, a missing required argument and a wrong type. */
+static void test_tools_inline(void **state) {
+    (void)state;
+    static const char QWEN_T[] = "{%- if tools %}<tools>{%- endif %}<|im_start|><tool_call><tool_response>";
+    assert_int_equal(flm_chat_tools_detect(QWEN_T, sizeof QWEN_T - 1), FLM_CHAT_TOOLS_QWEN);
+    assert_int_equal(flm_chat_tools_detect("<|im_start|><tool_call>", 23), FLM_CHAT_TOOLS_NONE);
+    assert_int_equal(flm_chat_tools_detect(NULL, 0), FLM_CHAT_TOOLS_NONE);
+    flm_chat_template t = {.format = FLM_CHAT_CHATML, .tools = FLM_CHAT_TOOLS_QWEN,
+                           .default_system = (char *)"You are Qwen, created by Alibaba Cloud. You are a helpful assistant."};
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"\xc3\x9cn\xc3\xaf" "code "
+                        "\\\"q\\\"\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+                        "\"x\":{\"type\":\"number\"}},\"required\":[\"a\"]}}}]";
+    const flm_chat_msg msgs[] = {{"user", "Call f."}, {"assistant", "Sure."}, {"tool", "one"}, {"tool", "two"},
+                                 {"user", "Thanks."}};
+    const char *calls[] = {NULL,
+                           "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+                           "\"{\\\"a\\\":1,\\\"x\\\":0.5}\"}},{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                           "\"arguments\":\"{\\\"a\\\": 2}\"}}]",
+                           NULL, NULL, NULL};
+    static const char WANT[] =
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may "
+        "call one or more functions to assist with the user query.\n\nYou are provided with function signatures within "
+        "<tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": "
+        "\"\xc3\x9cn\xc3\xaf" "code \\\"q\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+        "\"integer\"}, \"x\": {\"type\": \"number\"}}, \"required\": [\"a\"]}}}\n</tools>\n\nFor each function call, "
+        "return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\n"
+        "Call f.<|im_end|>\n<|im_start|>assistant\nSure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, "
+        "\"x\": 0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2}}\n</tool_call><|im_end|>"
+        "\n<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n";
+    flm_chat_msg *m = NULL;
+    size_t n = 0;
+    flm_error err;
+    assert_int_equal(flm_chat_tools_rewrite(&t, t.tools, msgs, calls, 5, tools, &m, &n, &err), FLM_OK);
+    char *text = NULL;
+    assert_int_equal(flm_chat_render(&t, m, n, true, &text, NULL, &err), FLM_OK);
+    if (strcmp(text, WANT)) fail_msg("tools rendering:\n[%s]\nwant\n[%s]", text, WANT);
+    free(text);
+    flm_chat_tools_msgs_free(m, n);
+    /* malformed: tools not an array, a call without a name; no tool format */
+    assert_int_equal(flm_chat_tools_rewrite(&t, t.tools, msgs, NULL, 5, "{}", &m, &n, &err), FLM_ERR_FORMAT);
+    const char *bad[] = {NULL, "[{\"function\":{\"arguments\":\"{}\"}}]", NULL, NULL, NULL};
+    assert_int_equal(flm_chat_tools_rewrite(&t, t.tools, msgs, bad, 5, NULL, &m, &n, &err), FLM_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "messages[1].tool_calls[0]"));
+    assert_int_equal(flm_chat_tools_rewrite(&t, FLM_CHAT_TOOLS_NONE, msgs, NULL, 5, tools, &m, &n, &err),
+                     FLM_ERR_UNSUPPORTED);
+
+    /* parsing a reply */
+    static const char REPLY[] = "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+                                "<tool_call>{\"name\": \"g\", \"arguments\": \"{\\\"b\\\": [2, 3]}\"}</tool_call>\n"
+                                "<tool_call>not json</tool_call> <tool_call>{\"name\": \"h\"";
+    char *content = NULL;
+    flm_tool_call *tc = NULL;
+    size_t nc = 0;
+    assert_int_equal(flm_chat_tools_parse(FLM_CHAT_TOOLS_QWEN, REPLY, sizeof REPLY - 1, &content, &tc, &nc, &err),
+                     FLM_OK);
+    assert_int_equal(nc, 2);
+    assert_string_equal(tc[0].name, "f");
+    assert_string_equal(tc[0].arguments, "{\"a\":1}");
+    assert_string_equal(tc[1].name, "g");
+    assert_string_equal(tc[1].arguments, "{\"b\":[2,3]}");
+    assert_string_equal(content, "Sure.\n\n\n<tool_call>not json</tool_call> <tool_call>{\"name\": \"h\"");
+    free(content);
+    flm_chat_tools_calls_free(tc, nc);
+    assert_int_equal(flm_chat_tools_parse(FLM_CHAT_TOOLS_QWEN, " plain ", 7, &content, &tc, &nc, &err), FLM_OK);
+    assert_int_equal(nc, 0);
+    assert_null(tc);
+    assert_string_equal(content, " plain "); /* no calls: the text as it is */
+    free(content);
+
+    /* the grammar of calls (named f; and any of the tools, several) */
+    char *gbnf = NULL;
+    flm_grammar *g = NULL;
+    bool complete = false;
+    assert_int_equal(gram_tool_calls(tools, "f", false, &gbnf, &err), FLM_OK);
+    assert_int_equal(flm_grammar_parse(gbnf, strlen(gbnf), NULL, &g, &err), FLM_OK);
+    static const char OK1[] = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 7, \"x\": 1.5}}\n</tool_call>";
+    assert_int_equal(flm_grammar_match(g, OK1, sizeof OK1 - 1, &complete, &err), FLM_OK);
+    assert_true(complete);
+    const char *refused[] = {"<tool_call>\n{\"name\": \"g\"", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}",
+                             "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"7\""};
+    for (int i = 0; i < 3; i++)
+        if (flm_grammar_match(g, refused[i], strlen(refused[i]), NULL, &err) != FLM_ERR_FORMAT)
+            fail_msg("the calls' grammar took [%s]", refused[i]);
+    flm_grammar_free(g);
+    free(gbnf);
+    assert_int_equal(gram_tool_calls(tools, NULL, true, &gbnf, &err), FLM_OK);
+    assert_int_equal(flm_grammar_parse(gbnf, strlen(gbnf), NULL, &g, &err), FLM_OK);
+    char two[256];
+    snprintf(two, sizeof two, "%s\n%s", OK1, OK1);
+    assert_int_equal(flm_grammar_match(g, two, strlen(two), &complete, &err), FLM_OK);
+    assert_true(complete);
+    flm_grammar_free(g);
+    free(gbnf);
+    assert_int_equal(gram_tool_calls(tools, "nope", false, &gbnf, &err), FLM_ERR_ARG);
+    const char *fmt_tool = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                           "\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}}}]";
+    assert_int_equal(gram_tool_calls(fmt_tool, NULL, false, &gbnf, &err),
+                     FLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "'format'"));
 }
 
 static void test_render_builtin(void **state) {
@@ -693,6 +802,7 @@ int main(void) {
         cmocka_unit_test(test_format_names),
         cmocka_unit_test(test_detect_inline),
         cmocka_unit_test(test_default_system_inline),
+        cmocka_unit_test(test_tools_inline),
         cmocka_unit_test(test_render_builtin),
         cmocka_unit_test(test_real_templates),
         cmocka_unit_test(test_content_is_text),

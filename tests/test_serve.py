@@ -28,6 +28,9 @@ if len(sys.argv) != 3:
     sys.exit(2)
 CLI, DATA = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(DATA, "models", "stories260K", "stories260K.gguf")
+CACHE = os.environ.get("FLASHLM_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "flashlm")
+QWEN = os.path.join(CACHE, "models", "qwen2.5-coder-0.5b.gguf")
 KEY = "test-key-123"
 
 try:
@@ -301,6 +304,13 @@ def test_bad_requests(srv, ctx):
     expect_error(srv, 401, "GET", "/metrics", key=None, what="metrics without a key")
     expect_error(srv, 404, "GET", "/v2/nothing", what="unknown route")
     expect_error(srv, 405, "GET", compl, what="GET on a POST endpoint")
+    # a model whose template has no tool-call format (stories260K: none, chatml by default): tools are refused by name
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for body in ({"messages": [{"role": "user", "content": "x"}], "tools": [tool]},
+                 {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "1"}]}):
+        st, data = srv.raw("POST", chat_path, body)
+        check(st == 400 and "no tool-call format" in json.loads(data)["error"]["message"],
+              "tools without a tool format: 400 naming it: %d %r" % (st, data[:300]))
     long_prompt = " ".join(["Once upon a time there was a cat."] * (ctx // 4))
     expect_error(srv, 400, "POST", compl, {"model": mid, "prompt": long_prompt, "max_tokens": 4},
                  what="a prompt longer than the context", code="context_length_exceeded")
@@ -395,6 +405,146 @@ def test_structured(srv):
                                   response_format={"type": "text"}).choices[0].message.content
     b = c.chat.completions.create(model=mid, messages=ask, temperature=0, max_tokens=12).choices[0].message.content
     check(a == b, "response_format text: the plain reply: %r vs %r" % (a, b))
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+
+
+def valid_weather_args(a):
+    return (isinstance(a, dict) and isinstance(a.get("city"), str) and set(a) <= {"city", "unit"} and
+            a.get("unit", "celsius") in ("celsius", "fahrenheit"))
+
+
+def jinja_reference(messages, tools):
+    """The model's own chat template (tokenizer.chat_template of the GGUF) rendered by jinja2 as Hugging Face's
+    apply_chat_template does (tojson = json.dumps(ensure_ascii=False); a call's arguments as an object): the
+    independent reference for /apply-template. None when gguf or jinja2 is not installed."""
+    try:
+        import jinja2
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    f = GGUFReader(QWEN).fields["tokenizer.chat_template"]
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    tmpl = env.from_string(bytes(f.parts[f.data[0]]).decode())
+    msgs = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [dict(c, function=dict(c["function"], arguments=json.loads(c["function"]["arguments"])))
+                               for c in m["tool_calls"]]
+        msgs.append(m)
+    return tmpl.render(messages=msgs, tools=tools, add_generation_prompt=True)
+
+
+def test_tools(srv):
+    """OpenAI's tools with Qwen2.5-Coder-0.5B: the prompt is the model's template's (checked against jinja2), tool
+    messages and assistant tool_calls rendered back, tool_choice required / named give valid calls (non-streamed
+    and streamed deltas that reassemble to the same), none and auto, the refusals."""
+    mid = model_id(srv)
+    c = srv.client()
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    # the rendering of tools, a call and its result, against the template itself
+    convo = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21, \"sky\": \"clear\"}"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "14:05"}]
+    st, data = srv.raw("POST", "/apply-template", {"messages": convo, "tools": [WEATHER, TIME]})
+    check(st == 200, "apply-template with tools: %d %r" % (st, data[:300]))
+    prompt = json.loads(data)["prompt"] if st == 200 else ""
+    want = jinja_reference(convo, [WEATHER, TIME])
+    if want is None:
+        if os.environ.get("FLASHLM_REQUIRE_MODELS") == "1":
+            check(False, "jinja2 and gguf are needed for the template reference (FLASHLM_REQUIRE_MODELS=1)")
+        check("<tools>\n" + json.dumps(WEATHER) + "\n" in prompt and "<tool_response>\n14:05\n</tool_response>" in
+              prompt, "apply-template: tools and results rendered: %r" % prompt)
+    else:
+        check(prompt == want, "apply-template equals the model's Jinja template:\n%r\nvs\n%r" % (prompt, want))
+    # tool_choice required: a valid call, finish_reason tool_calls, content null
+    r = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER, TIME], tool_choice="required",
+                                  temperature=0, max_tokens=80)
+    ch = r.choices[0]
+    calls = ch.message.tool_calls or []
+    check(ch.finish_reason == "tool_calls" and len(calls) >= 1, "required: tool_calls: %s %r" % (ch.finish_reason, ch))
+    for k, call in enumerate(calls):
+        check(call.type == "function" and call.id and call.function.name in ("get_weather", "get_time"),
+              "required: call %d: %r" % (k, call))
+        try:
+            a = json.loads(call.function.arguments)
+            check(valid_weather_args(a) if call.function.name == "get_weather" else isinstance(a.get("city"), str),
+                  "required: call %d arguments validate: %r" % (k, a))
+        except ValueError:
+            check(False, "required: arguments not JSON: %r" % call.function.arguments)
+    check(ch.message.content is None, "required: content null: %r" % ch.message.content)
+    # named: that function; streamed deltas reassemble to the non-streamed call
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER, TIME], tool_choice=named, temperature=0,
+                                  max_tokens=80)
+    calls = r.choices[0].message.tool_calls or []
+    check(len(calls) == 1 and calls[0].function.name == "get_weather" and
+          valid_weather_args(json.loads(calls[0].function.arguments)), "named: one get_weather call: %r" % calls)
+    s = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER, TIME], tool_choice=named, temperature=0,
+                                  max_tokens=80, stream=True)
+    got, finish, content, first = {}, None, "", None
+    for chunk in s:
+        for chc in chunk.choices:
+            d = chc.delta
+            if d.content:
+                content += d.content
+            for tc in d.tool_calls or []:
+                e = got.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                if tc.id:
+                    check(e["id"] is None, "stream: the id once per call")
+                    e["id"] = tc.id
+                if tc.function and tc.function.name:
+                    e["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    e["arguments"] += tc.function.arguments
+            if chc.finish_reason:
+                finish = chc.finish_reason
+    check(finish == "tool_calls" and content == "" and list(got) == [0], "named streamed: %s %r %r" % (finish, content, got))
+    if calls and 0 in got:
+        check(got[0]["name"] == calls[0].function.name and got[0]["arguments"] == calls[0].function.arguments and
+              got[0]["id"], "streamed deltas reassemble to the call: %r vs %r" % (got[0], calls[0]))
+    # the result sent back: the model answers in text (auto), the call rendered as the template does
+    back = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21, \"unit\": \"celsius\"}"}]
+    r = c.chat.completions.create(model=mid, messages=back, tools=[WEATHER], temperature=0, max_tokens=40)
+    ch = r.choices[0]
+    check(ch.finish_reason in ("stop", "length", "tool_calls") and (ch.message.content or ch.message.tool_calls),
+          "after the tool's result: a reply %r" % ch.message)
+    # none: plain text, no calls; the same as without tools
+    a = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], tool_choice="none", temperature=0,
+                                  max_tokens=16).choices[0]
+    b = c.chat.completions.create(model=mid, messages=ask, temperature=0, max_tokens=16).choices[0]
+    check(not a.message.tool_calls and a.message.content == b.message.content,
+          "tool_choice none: the reply without tools: %r vs %r" % (a.message.content, b.message.content))
+    # refused, by name
+    for body, what, needle in (
+            ({"messages": ask, "functions": [WEATHER["function"]]}, "legacy functions", "'functions'"),
+            ({"messages": ask, "tools": [WEATHER], "function_call": "auto"}, "legacy function_call", "'function_call'"),
+            ({"messages": ask, "tools": [{"type": "retrieval"}]}, "a non-function tool", "tools[0]"),
+            ({"messages": ask, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+             "tool_choice naming an unknown function", "'nope'"),
+            ({"messages": ask, "tool_choice": "required"}, "required without tools", "'tools'"),
+            ({"messages": ask, "tools": [dict(WEATHER, function=dict(WEATHER["function"], parameters={
+                "type": "object", "properties": {"city": {"type": "string", "format": "city"}}}))],
+              "tool_choice": "required"}, "a parameters keyword the grammar lacks", "'format'"),
+            ({"messages": ask, "tools": [WEATHER], "tool_choice": "required",
+              "response_format": {"type": "json_object"}}, "required and response_format", "response_format")):
+        st, data = srv.raw("POST", "/v1/chat/completions", body)
+        msg = json.loads(data)["error"]["message"] if st == 400 else ""
+        check(st == 400 and needle in msg, "%s: 400 naming %s: %d %r" % (what, needle, st, data[:300]))
 
 
 def test_queue_full():
@@ -510,11 +660,11 @@ def main():
     else:
         print("test_serve: smollm2-135m not pulled: its part skipped")
     # structured output and tools need a model whose template has a tool format: Qwen2.5-Coder-0.5B-Instruct
-    qwen = os.path.join(cache, "models", "qwen2.5-coder-0.5b.gguf")
-    if os.path.exists(qwen):
-        srv = Server(qwen, "-c", "2048", "--api-key", KEY)
+    if os.path.exists(QWEN):
+        srv = Server(QWEN, "-c", "2048", "--api-key", KEY)
         try:
             test_structured(srv)
+            test_tools(srv)
         finally:
             check(srv.stop() == 0, "Qwen2.5 server: SIGTERM exit 0")
     elif os.environ.get("FLASHLM_REQUIRE_MODELS") == "1":

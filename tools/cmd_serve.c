@@ -123,6 +123,9 @@ typedef struct job {
                                 {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
     size_t lp_off;           /* completions' text_offset: bytes of the pieces so far */
     flm_ctx *ctx;            /* the slot's (the pieces of the alternatives) */
+    serve_tool_stream ts;    /* with tools: the reply split into content and calls (tools/serve_tools.c) */
+    cJSON *calls;            /* with tools, non-streaming: the message's "tool_calls" */
+    bool tool_fail;          /* out of memory giving out content or calls */
 } job;
 
 typedef struct slot {
@@ -180,6 +183,8 @@ static void job_unref_locked(job *j) {
     free(j->emb_ids);
     free(j->emb_n);
     cJSON_Delete(j->lp);
+    cJSON_Delete(j->calls);
+    serve_tool_stream_free(&j->ts);
     free(j);
 }
 
@@ -286,6 +291,71 @@ static cJSON *chunk_choice(const job *j, cJSON *o, const char *text, size_t len,
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     return c;
+}
+
+/* A chat chunk whose one choice has this delta (taken) and no finish_reason. */
+static cJSON *delta_chunk(const job *j, cJSON *delta) {
+    cJSON *o = chunk_base(j), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddItemToObject(c, "delta", delta);
+    cJSON_AddNullToObject(c, "finish_reason");
+    return o;
+}
+
+/* A chat stream's first chunk: the role alone (content null), as OpenAI and llama-server send it. */
+static bool role_chunk(job *j) {
+    if (!j->first_chunk) return true;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddNullToObject(d, "content");
+    j->first_chunk = false;
+    return out_event(j, delta_chunk(j, d));
+}
+
+/* ---- tools: the reply's content and calls (serve_tool_stream) into the response ---- */
+
+static void tool_content(void *user, const char *text, size_t len) {
+    job *j = user;
+    if (!len) return;
+    if (!j->req.stream) {
+        if (!cli_buf_add(&j->text, text, len)) j->tool_fail = true;
+        return;
+    }
+    if (!role_chunk(j)) j->tool_fail = true;
+    cJSON *o = chunk_base(j);
+    chunk_choice(j, o, text, len, NULL);
+    if (!out_event(j, o)) j->tool_fail = true;
+}
+
+/* A call: non-streaming, into the message's tool_calls; streamed as OpenAI sends it, a delta with the call's index,
+ * id, type and name (arguments ""), then one with its arguments. */
+static void tool_call(void *user, int index, const char *name, const char *args) {
+    job *j = user;
+    char id[96];
+    snprintf(id, sizeof id, "call_%s_%d", j->id, index);
+    cJSON *c = cJSON_CreateObject(), *f;
+    if (j->req.stream) cJSON_AddNumberToObject(c, "index", index);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    f = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", j->req.stream ? "" : args);
+    if (!j->req.stream) {
+        if (!j->calls) j->calls = cJSON_CreateArray();
+        if (!j->calls || !cJSON_AddItemToArray(j->calls, c)) { cJSON_Delete(c); j->tool_fail = true; }
+        return;
+    }
+    if (!role_chunk(j)) j->tool_fail = true;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), c);
+    if (!out_event(j, delta_chunk(j, d))) j->tool_fail = true;
+    c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", index);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "arguments", args);
+    d = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), c);
+    if (!out_event(j, delta_chunk(j, d))) j->tool_fail = true;
 }
 
 static const char *finish_reason(const flm_gen_result *r) {
@@ -487,17 +557,20 @@ static bool on_token(void *user, const flm_gen_token *t) {
         }
         go = out_event(j, o);
         pthread_cond_broadcast(&srv.cv);
-    } else if (go && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
-        if (j->req.chat && j->first_chunk) { /* the role first, alone (content null), as OpenAI and llama-server */
-            cJSON *r = chunk_base(j), *c = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(c, "delta");
-            cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-            cJSON_AddNumberToObject(c, "index", 0);
-            cJSON_AddStringToObject(d, "role", "assistant");
-            cJSON_AddNullToObject(d, "content");
-            cJSON_AddNullToObject(c, "finish_reason");
-            j->first_chunk = false;
-            if (!out_event(j, r)) go = false;
+    } else if (go && j->req.parse_tools && (t->len || t->id >= 0) && !t->eog) { /* content and calls apart */
+        serve_tool_stream_feed(&j->ts, t->text, t->len, false, tool_content, tool_call, j);
+        if (j->req.stream && j->req.logprobs && t->id >= 0) { /* this token's, in a chunk of its own */
+            cJSON *lp = NULL, *o;
+            lp_add(j, &lp, t);
+            if (!role_chunk(j)) go = false;
+            o = delta_chunk(j, cJSON_CreateObject());
+            cJSON_AddItemToObject(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "logprobs", lp);
+            if (!out_event(j, o)) go = false;
         }
+        if (j->tool_fail || j->ts.oom) go = false;
+        pthread_cond_broadcast(&srv.cv);
+    } else if (go && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
+        if (j->req.chat && !role_chunk(j)) go = false; /* the role first, alone (content null) */
         cJSON *o = chunk_base(j);
         cJSON *ch = chunk_choice(j, o, t->text, t->len, NULL);
         j->first_chunk = false;
@@ -550,6 +623,7 @@ static void run_job(slot *s, job *j) {
     sp.bias = q->bias;
     sp.n_bias = q->n_bias;
     j->ctx = s->ctx;
+    j->ts.tmpl = s->tmpl;
     static _Atomic uint64_t seed_counter;
     sp.seed = q->has_seed ? q->seed : srv.has_seed ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
     j->seed = sp.seed;
@@ -643,6 +717,14 @@ static void run_job(slot *s, job *j) {
     j->prompt_ms = ss.prompt_ms;
     j->gen_ms = ss.gen_ms;
     j->truncated = j->res.ctx_full || ss.n_shifts > 0;
+    if (!st && q->parse_tools) { /* the rest of the reply: an unfinished call is text */
+        serve_tool_stream_feed(&j->ts, "", 0, true, tool_content, tool_call, j);
+        if (j->tool_fail || j->ts.oom) {
+            st = FLM_ERR_NOMEM;
+            snprintf(err.msg, sizeof err.msg, "out of memory giving out the reply's tool calls");
+        }
+    }
+    const char *finish = j->ts.n_calls > 0 ? "tool_calls" : finish_reason(&j->res);
     if (st) {
         if (j->req.stream) { /* headers are sent: the error goes in the stream */
             char *e = error_json(500, err.msg, "internal_error");
@@ -668,7 +750,7 @@ static void run_job(slot *s, job *j) {
         }
     } else if (j->req.stream) {
         cJSON *o = chunk_base(j);
-        chunk_choice(j, o, "", 0, finish_reason(&j->res));
+        chunk_choice(j, o, "", 0, finish);
         out_event(j, o);
         o = chunk_base(j); /* the usage chunk (stream_options.include_usage's), always sent */
         cJSON_AddArrayToObject(o, "choices");
@@ -689,7 +771,12 @@ static void run_job(slot *s, job *j) {
         if (q->chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", text);
+            if (j->calls && !text[0]) cJSON_AddNullToObject(m, "content"); /* OpenAI's: only calls */
+            else cJSON_AddStringToObject(m, "content", text);
+            if (j->calls) {
+                cJSON_AddItemToObject(m, "tool_calls", j->calls);
+                j->calls = NULL;
+            }
         } else {
             cJSON_AddStringToObject(c, "text", text);
         }
@@ -700,7 +787,7 @@ static void run_job(slot *s, job *j) {
         } else {
             cJSON_AddNullToObject(c, "logprobs");
         }
-        cJSON_AddStringToObject(c, "finish_reason", finish_reason(&j->res));
+        cJSON_AddStringToObject(c, "finish_reason", finish);
         cJSON_AddItemToObject(o, "usage", usage_json(j));
         cJSON_AddItemToObject(o, "timings", timings_json(j));
         cJSON *f = cJSON_AddObjectToObject(o, "flashlm");
@@ -720,7 +807,7 @@ static void run_job(slot *s, job *j) {
     fprintf(stderr, "flashlm: slot %d: %s: prompt %zu tokens (%zu cached) in %.1f ms; %ld tokens in %.1f ms (%.2f "
             "tokens/s, %.2f MiB read from flash); %s\n", s->index, j->id, j->n_prompt, j->n_reused, ss.prompt_ms,
             j->res.n_gen, ss.gen_ms, ss.gen_ms > 0 ? j->res.n_gen * 1e3 / ss.gen_ms : 0.0, cli_mib(ss.gen.bytes_read),
-            st ? "failed" : gone || j->res.cancelled ? "cancelled: the client left" : finish_reason(&j->res));
+            st ? "failed" : gone || j->res.cancelled ? "cancelled: the client left" : finish);
 }
 
 /* base64 (RFC 4648) of n bytes into a NUL-terminated malloc'd string. */
@@ -1170,7 +1257,11 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
     serve_req req;
     char msg[SERVE_ERR_MAX];
     int status = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, chat, &req, msg, sizeof msg);
-    if (status) return send_error(c, (unsigned)status, status == 400 ? "invalid_request" : "internal_error", msg);
+    if (!status && chat) status = serve_tools_prepare(&req, srv.slots[0].tmpl, msg, sizeof msg);
+    if (status) {
+        serve_req_free(&req);
+        return send_error(c, (unsigned)status, status == 400 ? "invalid_request" : "internal_error", msg);
+    }
     if (srv.strict_model && req.model && strcmp(req.model, srv.model_id)) {
         char m[SERVE_ERR_MAX + 64];
         snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models; without "
@@ -1477,6 +1568,8 @@ static enum MHD_Result handle_apply_template(struct MHD_Connection *c, conn *cn)
     serve_req req;
     char msg[SERVE_ERR_MAX];
     int st = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, true, &req, msg, sizeof msg);
+    if (!st) st = serve_tools_prepare(&req, srv.slots[0].tmpl, msg, sizeof msg);
+    if (st) serve_req_free(&req);
     if (st) return send_error(c, (unsigned)st, st == 400 ? "invalid_request" : "internal_error", msg);
     char *text = NULL;
     flm_error err;

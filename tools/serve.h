@@ -48,7 +48,16 @@ typedef struct serve_req {
     flm_grammar *grammar;      /* the constraint of "response_format" (json_object, json_schema), llama-server's
                                   "json_schema" or "grammar" (GBNF), compiled (flm_grammar_*); NULL: none */
     const char *grammar_from;  /* the field it came from (static), for messages */
+    /* tools (tools/serve_tools.c) */
+    char **tool_calls;         /* chat: per message, an assistant's "tool_calls" (a JSON array, printed), or NULL */
+    bool tool_turns;           /* a "tool" message or an assistant message with tool_calls */
+    char *tools;               /* "tools": OpenAI's function tools (a JSON array, printed), NULL when none */
+    int tool_choice;           /* SERVE_TOOL_* ("auto" with tools, "none" without, unless given) */
+    char *tool_name;           /* SERVE_TOOL_NAMED: the function it must call */
+    bool parallel_tool_calls;  /* "parallel_tool_calls" (default true): required may make several calls */
+    bool parse_tools;          /* set by serve_tools_prepare: the reply's calls become "tool_calls" */
 } serve_req;
+enum { SERVE_TOOL_NONE, SERVE_TOOL_AUTO, SERVE_TOOL_REQUIRED, SERVE_TOOL_NAMED };
 #define SERVE_MAX_BIAS 1024    /* logit_bias entries per request */
 
 /* Parse a request body (len bytes, not necessarily NUL-terminated) for the chat (chat = true) or the text
@@ -57,5 +66,36 @@ typedef struct serve_req {
  * and *r freed. Unknown fields are ignored, as OpenAI's SDKs send extras. */
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap);
 void serve_req_free(serve_req *r);
+
+/* ---- tools (tools/serve_tools.c) ---- */
+struct cJSON;
+/* The request's "tools", "tool_choice", "parallel_tool_calls", and the deprecated "functions" / "function_call"
+ * (refused by name) into r (chat: the endpoint; elsewhere tools are refused). 0, or 400 / 500 with msg. */
+int serve_parse_tools(const struct cJSON *root, bool chat, serve_req *r, char *msg, size_t cap);
+/* Message i's "tool_calls" (an assistant's: [{"id", "type": "function", "function": {"name", "arguments": a JSON
+ * string}}]) checked and printed into *out (NULL when absent, null or empty). 0, or 400 / 500 with msg. */
+int serve_parse_msg_tool_calls(const struct cJSON *m, size_t i, char **out, char *msg, size_t cap);
+/* With the served chat format: a request with tools or tool turns and a template without a tool format is 400
+ * naming 'tools'; the messages are rewritten in the model's format (flm_chat_tools_messages); tool_choice required
+ * or named compiles the calls' grammar (with response_format too: 400); parse_tools set. 0, or 400 / 500 with msg. */
+int serve_tools_prepare(serve_req *r, const flm_chat *tmpl, char *msg, size_t cap);
+
+/* The reply split as it streams: content text, and each complete call block in the model's format as a call. The
+ * text that may still begin a call is held back, and trailing whitespace until more content follows (dropped at the
+ * end when there were calls). */
+typedef struct serve_tool_stream {
+    const flm_chat *tmpl;
+    char *buf, *ws;            /* text not yet given out; whitespace held */
+    size_t len, cap, n_ws, cap_ws;
+    bool in_call;
+    int n_calls;
+    bool oom;
+} serve_tool_stream;
+typedef void (*serve_content_fn)(void *user, const char *text, size_t len);
+typedef void (*serve_call_fn)(void *user, int index, const char *name, const char *arguments);
+/* Feed len bytes of the reply (final: the end; all is given out). */
+void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, bool final, serve_content_fn content,
+                            serve_call_fn call, void *user);
+void serve_tool_stream_free(serve_tool_stream *t);
 
 #endif

@@ -25,6 +25,11 @@ void serve_req_free(serve_req *r) {
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     flm_grammar_free(r->grammar);
+    if (r->tool_calls)
+        for (size_t i = 0; i < r->n_msgs; i++) free(r->tool_calls[i]);
+    free(r->tool_calls);
+    free(r->tools);
+    free(r->tool_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -38,7 +43,7 @@ static char *dup_str(const char *s) {
 /* A message's content: a string, or an array of parts {"type": "text", "text": "..."} joined (other parts refused),
  * or null (an empty string). NULL with msg set on error. */
 static char *content_text(const cJSON *c, size_t i, char *msg, size_t cap, int *status) {
-    if (cJSON_IsNull(c)) return dup_str("");
+    if (!c || cJSON_IsNull(c)) return dup_str(""); /* null, or absent beside tool_calls */
     if (cJSON_IsString(c)) return dup_str(c->valuestring);
     if (!cJSON_IsArray(c)) {
         snprintf(msg, cap, "messages[%zu].content must be a string or an array of text parts", i);
@@ -386,6 +391,10 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
             r->n_stop++;
         }
     }
+    if ((got = serve_parse_tools(root, chat, r, msg, cap)) != 0) {
+        status = got;
+        goto fail;
+    }
     if ((got = parse_constraint(root, r, msg, cap)) != 0) {
         status = got;
         goto fail;
@@ -400,6 +409,7 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
             goto fail;
         }
         if (!(r->msgs = calloc((size_t)n, sizeof *r->msgs))) goto oom;
+        if (!(r->tool_calls = calloc((size_t)n, sizeof *r->tool_calls))) goto oom;
         const cJSON *m;
         cJSON_ArrayForEach(m, v) {
             size_t i = r->n_msgs;
@@ -409,12 +419,23 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
                 goto fail;
             }
             const char *rs = role->valuestring;
-            if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "developer")) {
-                snprintf(msg, cap, "messages[%zu].role must be system, developer, user or assistant", i);
+            if (!strcmp(rs, "function")) {
+                snprintf(msg, cap, "messages[%zu].role 'function' (OpenAI's deprecated function calling) is not "
+                         "supported: send the result as role 'tool'", i);
                 goto fail;
             }
+            if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "developer") &&
+                strcmp(rs, "tool")) {
+                snprintf(msg, cap, "messages[%zu].role must be system, developer, user, assistant or tool", i);
+                goto fail;
+            }
+            if (!strcmp(rs, "assistant") && (got = serve_parse_msg_tool_calls(m, i, &r->tool_calls[i], msg, cap))) {
+                status = got;
+                goto fail;
+            }
+            if (r->tool_calls[i] || !strcmp(rs, "tool")) r->tool_turns = true;
             const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-            if (!content) { snprintf(msg, cap, "messages[%zu].content is required", i); goto fail; }
+            if (!content && !r->tool_calls[i]) { snprintf(msg, cap, "messages[%zu].content is required", i); goto fail; }
             status = 500;
             char *text = content_text(content, i, msg, cap, &status);
             if (!text) {

@@ -111,6 +111,7 @@ flm_status flm_chat_template_init(flm_chat_template *t, const char *name, const 
                             "the model's chat template (tokenizer.chat_template, %zu bytes) is of no family flashlm "
                             "knows; choose one with --chat-template NAME (%s)", tmpl_len, FLM_CHAT_FORMAT_NAMES);
         t->origin = "the model's template";
+        if (t->format == FLM_CHAT_CHATML) t->tools = flm_chat_tools_detect(tmpl, tmpl_len);
         if (t->format == FLM_CHAT_CHATML && flm_chat_default_system(tmpl, tmpl_len, &t->default_system))
             return flm_fail(err, FLM_ERR_NOMEM, "out of memory reading the chat template's system prompt");
         return FLM_OK;

@@ -54,9 +54,16 @@ flm_chat_format flm_chat_from_arch(const char *arch);
  * template has none. Errors: FLM_ERR_NOMEM. */
 flm_status flm_chat_default_system(const char *tmpl, size_t len, char **out);
 
+/* A model's tool-call format (chat_tools.c). */
+typedef enum { FLM_CHAT_TOOLS_NONE = 0, FLM_CHAT_TOOLS_QWEN } flm_chat_tools;
+/* FLM_CHAT_TOOLS_QWEN when a chatml template source carries Qwen2.5's tool format (the markers <tools>, <tool_call>
+ * and <tool_response>), else NONE. */
+flm_chat_tools flm_chat_tools_detect(const char *tmpl, size_t len);
+
 /* A resolved chat format. */
 typedef struct flm_chat_template {
     flm_chat_format format;
+    flm_chat_tools tools;  /* the model's tool-call format (only from the model's own template) */
     char *default_system;  /* malloc'd, or NULL: the system turn added when the conversation has none */
     const char *origin;    /* static: how the format was chosen: "--chat-template", "the model's template",
                               "the architecture", "the default: the model has no chat template" */
@@ -79,5 +86,15 @@ void flm_chat_template_free(flm_chat_template *t);
  * length (may be NULL). Errors: FLM_ERR_ARG (a NULL role or content, an unknown format), FLM_ERR_NOMEM. */
 flm_status flm_chat_render(const flm_chat_template *t, const flm_chat_msg *msgs, size_t n, bool add_assistant,
                            char **out, size_t *out_len, flm_error *err);
+
+/* ---- tools (chat_tools.c; the public flm_chat_tools_messages, flm_chat_parse_tool_calls in include/flashlm.h say
+ * what they do; the calls' grammar is the session's: src/session/tool_grammar.c) ---- */
+flm_status flm_chat_tools_rewrite(const flm_chat_template *t, flm_chat_tools kind, const flm_chat_msg *msgs,
+                                  const char *const *tool_calls, size_t n, const char *tools, flm_chat_msg **out,
+                                  size_t *n_out, flm_error *err);
+void flm_chat_tools_msgs_free(flm_chat_msg *m, size_t n);
+flm_status flm_chat_tools_parse(flm_chat_tools kind, const char *text, size_t len, char **content,
+                                flm_tool_call **calls, size_t *n_calls, flm_error *err);
+void flm_chat_tools_calls_free(flm_tool_call *c, size_t n);
 
 #endif

@@ -83,6 +83,34 @@ flm_status flm_chat_apply(const flm_chat *c, const flm_chat_msg *msgs, size_t n,
     return FLM_OK;
 }
 
+const char *flm_chat_tool_format(const flm_chat *c) {
+    return c && c->t.tools == FLM_CHAT_TOOLS_QWEN ? "qwen" : NULL;
+}
+
+bool flm_chat_tool_tags(const flm_chat *c, const char **open_tag, const char **close_tag) {
+    const bool on = c && c->t.tools == FLM_CHAT_TOOLS_QWEN;
+    if (open_tag) *open_tag = on ? "<tool_call>" : NULL;
+    if (close_tag) *close_tag = on ? "</tool_call>" : NULL;
+    return on;
+}
+
+flm_status flm_chat_tools_messages(const flm_chat *c, const flm_chat_msg *msgs, const char *const *tool_calls,
+                                   size_t n, const char *tools, flm_chat_msg **out, size_t *n_out, flm_error *err) {
+    if (!c || !out || !n_out || (n && !msgs)) return flm_fail(err, FLM_ERR_ARG, "flm_chat_tools_messages: NULL argument");
+    return flm_chat_tools_rewrite(&c->t, c->t.tools, msgs, tool_calls, n, tools, out, n_out, err);
+}
+
+void flm_chat_msgs_free(flm_chat_msg *m, size_t n) { flm_chat_tools_msgs_free(m, n); }
+
+flm_status flm_chat_parse_tool_calls(const flm_chat *c, const char *text, size_t len, char **content,
+                                     flm_tool_call **calls, size_t *n_calls, flm_error *err) {
+    if (!c || (!text && len) || !content || !calls || !n_calls)
+        return flm_fail(err, FLM_ERR_ARG, "flm_chat_parse_tool_calls: NULL argument");
+    return flm_chat_tools_parse(c->t.tools, text ? text : "", len, content, calls, n_calls, err);
+}
+
+void flm_tool_calls_free(flm_tool_call *calls, size_t n) { flm_chat_tools_calls_free(calls, n); }
+
 /* The marker that stands for message i's content in the skeleton rendering (no whitespace: trimming keeps it). */
 #define SPAN_MARK_FMT "\x01\x02" "flm%zu\x03"
 

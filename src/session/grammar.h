@@ -12,6 +12,11 @@
 
 #include "flashlm.h"
 
+/* GBNF for a reply made only of tool calls in Qwen2.5's format (tool_grammar.c; flm_chat_tool_grammar says what).
+ * Errors: FLM_ERR_FORMAT (tools), FLM_ERR_ARG (no tool named only), FLM_ERR_UNSUPPORTED (a parameters keyword),
+ * FLM_ERR_NOMEM. */
+flm_status gram_tool_calls(const char *tools, const char *only, bool parallel, char **out, flm_error *err);
+
 #define GRAM_DEAD (-1) /* no state: the byte or token cannot follow */
 
 /* The vocabulary as the automaton sees it: every token's decoded bytes (flm_token_piece with no previous token), a
