@@ -18,14 +18,23 @@
 
 #define MAX_HDRS 64
 
-/* The last comma-separated element of a Transfer-Encoding list, trimmed, without parameters: whether it is
- * "chunked" (independent of serve_http.c's list walker). */
+/* The last non-empty comma-separated element of a Transfer-Encoding list, trimmed, without parameters: whether it is
+ * "chunked" (independent of serve_http.c's list walker). Empty elements ("chunked, ,") are ignored, as RFC 9110
+ * section 5.6.1 tells a recipient to. */
 static int last_is_chunked(const char *v) {
-    const char *last = strrchr(v, ',');
-    last = last ? last + 1 : v;
-    while (*last == ' ' || *last == '\t') last++;
-    size_t n = strcspn(last, "; \t");
-    return n == 7 && !strncasecmp(last, "chunked", 7);
+    const char *end = v + strlen(v);
+    for (;;) {
+        const char *last = end;
+        while (last > v && last[-1] != ',') last--;
+        const char *b = last;
+        while (b < end && (*b == ' ' || *b == '\t')) b++;
+        if (b < end) {
+            size_t n = strcspn(b, "; \t,");
+            return n == 7 && !strncasecmp(b, "chunked", 7);
+        }
+        if (last == v) return 0; /* no element at all */
+        end = last - 1;          /* an empty element: the one before it */
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
