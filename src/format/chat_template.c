@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/strbuf.h"
 
 static const char *const FORMAT_NAMES[] = {
     [FLM_CHAT_UNKNOWN] = "unknown", [FLM_CHAT_CHATML] = "chatml", [FLM_CHAT_LLAMA2] = "llama2",
@@ -134,113 +135,88 @@ void flm_chat_template_free(flm_chat_template *t) {
 
 /* ---- rendering ---------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void put_n(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) {
-            if (cap > SIZE_MAX / 2) { b->oom = true; return; }
-            cap *= 2;
-        }
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = true; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void put(sbuf *b, const char *s) { put_n(b, s, strlen(s)); }
 
 static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 /* s without leading and trailing ASCII whitespace (Jinja's trim / Python's str.strip() on ASCII text). */
-static void put_trimmed(sbuf *b, const char *s) {
+static void put_trimmed(flm_strbuf *b, const char *s) {
     size_t n = strlen(s), i = 0;
     while (i < n && is_space(s[i])) i++;
     while (n > i && is_space(s[n - 1])) n--;
-    put_n(b, s + i, n - i);
+    flm_sb_put_n(b, s + i, n - i);
 }
 
 static bool is_role(const flm_chat_msg *m, const char *role) { return !strcmp(m->role, role); }
 
 /* chatml (Qwen2.5, SmolLM2): every message as <|im_start|>ROLE\nCONTENT<|im_end|>\n, content untrimmed. */
-static void render_chatml(sbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
+static void render_chatml(flm_strbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|im_start|>"); put(b, m[i].role); put(b, "\n"); put(b, m[i].content); put(b, "<|im_end|>\n");
+        flm_sb_put(b, "<|im_start|>"); flm_sb_put(b, m[i].role); flm_sb_put(b, "\n"); flm_sb_put(b, m[i].content); flm_sb_put(b, "<|im_end|>\n");
     }
-    if (add_ass) put(b, "<|im_start|>assistant\n");
+    if (add_ass) flm_sb_put(b, "<|im_start|>assistant\n");
 }
 
 /* Gemma 3 (google/gemma-3-*-it chat_template): no system role; a first system message becomes a prefix
  * "SYSTEM\n\n" of the first turn's content; "assistant" is "model"; contents are trimmed. */
-static void render_gemma(sbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
+static void render_gemma(flm_strbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
     const char *sys = NULL;
     size_t start = 0;
     if (n && is_role(&m[0], "system")) { sys = m[0].content; start = 1; }
     for (size_t i = start; i < n; i++) {
-        put(b, "<start_of_turn>");
-        put(b, is_role(&m[i], "assistant") ? "model" : m[i].role);
-        put(b, "\n");
-        if (i == start && sys) { put(b, sys); put(b, "\n\n"); }
+        flm_sb_put(b, "<start_of_turn>");
+        flm_sb_put(b, is_role(&m[i], "assistant") ? "model" : m[i].role);
+        flm_sb_put(b, "\n");
+        if (i == start && sys) { flm_sb_put(b, sys); flm_sb_put(b, "\n\n"); }
         put_trimmed(b, m[i].content);
-        put(b, "<end_of_turn>\n");
+        flm_sb_put(b, "<end_of_turn>\n");
     }
-    if (add_ass) put(b, "<start_of_turn>model\n");
+    if (add_ass) flm_sb_put(b, "<start_of_turn>model\n");
 }
 
 /* Llama 3 (Meta-Llama-3-*-Instruct chat_template, BOS left to the tokenizer). */
-static void render_llama3(sbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
+static void render_llama3(flm_strbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|start_header_id|>"); put(b, m[i].role); put(b, "<|end_header_id|>\n\n");
+        flm_sb_put(b, "<|start_header_id|>"); flm_sb_put(b, m[i].role); flm_sb_put(b, "<|end_header_id|>\n\n");
         put_trimmed(b, m[i].content);
-        put(b, "<|eot_id|>");
+        flm_sb_put(b, "<|eot_id|>");
     }
-    if (add_ass) put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (add_ass) flm_sb_put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* Llama 2 chat (Llama-2-*-chat-hf chat_template): user turns "<s>[INST] CONTENT [/INST]" (the first <s> left to
  * the tokenizer), the system prompt inside the first turn as "<<SYS>>\nSYS\n<</SYS>>\n\n", assistant turns
  * " CONTENT </s>"; contents stripped. The assistant opening is empty: the reply follows " [/INST]". */
-static void render_llama2(sbuf *b, const flm_chat_msg *m, size_t n) {
+static void render_llama2(flm_strbuf *b, const flm_chat_msg *m, size_t n) {
     const char *sys = NULL;
     size_t start = 0;
     if (n && is_role(&m[0], "system")) { sys = m[0].content; start = 1; }
     for (size_t i = start; i < n; i++) {
         if (is_role(&m[i], "assistant")) {
-            put(b, " "); put_trimmed(b, m[i].content); put(b, " </s>");
+            flm_sb_put(b, " "); put_trimmed(b, m[i].content); flm_sb_put(b, " </s>");
             continue;
         }
-        if (i > start) put(b, "<s>");
-        put(b, "[INST] ");
+        if (i > start) flm_sb_put(b, "<s>");
+        flm_sb_put(b, "[INST] ");
         if (i == start && sys) {
             /* the template strips "<<SYS>>\n" + sys + "\n<</SYS>>\n\n" + content as one string */
-            sbuf c = {0};
-            put(&c, "<<SYS>>\n"); put(&c, sys); put(&c, "\n<</SYS>>\n\n"); put(&c, m[i].content);
+            flm_strbuf c = {0};
+            flm_sb_put(&c, "<<SYS>>\n"); flm_sb_put(&c, sys); flm_sb_put(&c, "\n<</SYS>>\n\n"); flm_sb_put(&c, m[i].content);
             if (c.oom) b->oom = true;
             else put_trimmed(b, c.p);
             free(c.p);
         } else {
             put_trimmed(b, m[i].content);
         }
-        put(b, " [/INST]");
+        flm_sb_put(b, " [/INST]");
     }
 }
 
 /* Phi-3 and Zephyr (llama.cpp's renderings): <|ROLE|>\nCONTENT<END>\n, then <|assistant|>\n. */
-static void render_tagged(sbuf *b, const flm_chat_msg *m, size_t n, bool add_ass, const char *end) {
+static void render_tagged(flm_strbuf *b, const flm_chat_msg *m, size_t n, bool add_ass, const char *end) {
     for (size_t i = 0; i < n; i++) {
-        put(b, "<|"); put(b, m[i].role); put(b, "|>\n"); put(b, m[i].content); put(b, end); put(b, "\n");
+        flm_sb_put(b, "<|"); flm_sb_put(b, m[i].role); flm_sb_put(b, "|>\n"); flm_sb_put(b, m[i].content); flm_sb_put(b, end); flm_sb_put(b, "\n");
     }
-    if (add_ass) put(b, "<|assistant|>\n");
+    if (add_ass) flm_sb_put(b, "<|assistant|>\n");
 }
 
 flm_status flm_chat_render(const flm_chat_template *t, const flm_chat_msg *msgs, size_t n, bool add_assistant,
@@ -263,8 +239,8 @@ flm_status flm_chat_render(const flm_chat_template *t, const flm_chat_msg *msgs,
         m = with_sys;
         n++;
     }
-    sbuf b = {0};
-    put(&b, ""); /* an empty conversation still gives an (empty) string */
+    flm_strbuf b = {0};
+    flm_sb_put(&b, ""); /* an empty conversation still gives an (empty) string */
     switch (t->format) {
     case FLM_CHAT_CHATML: render_chatml(&b, m, n, add_assistant); break;
     case FLM_CHAT_GEMMA: render_gemma(&b, m, n, add_assistant); break;

@@ -17,31 +17,8 @@
 #include <cjson/cJSON.h>
 
 #include "core/error.h"
+#include "core/strbuf.h"
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} tbuf;
-
-static void tput_n(tbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) {
-            if (cap > SIZE_MAX / 2) { b->oom = true; return; }
-            cap *= 2;
-        }
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = true; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-static void tput(tbuf *b, const char *s) { tput_n(b, s, strlen(s)); }
 
 static const char QWEN_TOOLS_HEAD[] =
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
@@ -65,32 +42,32 @@ flm_chat_tools flm_chat_tools_detect(const char *tmpl, size_t len) {
 }
 
 /* A JSON string as Python's json.dumps(ensure_ascii=False) writes it. */
-static void py_string(tbuf *b, const char *s) {
-    tput(b, "\"");
+static void py_string(flm_strbuf *b, const char *s) {
+    flm_sb_put(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         char e[8];
         switch (*p) {
-        case '"': tput(b, "\\\""); break;
-        case '\\': tput(b, "\\\\"); break;
-        case '\n': tput(b, "\\n"); break;
-        case '\r': tput(b, "\\r"); break;
-        case '\t': tput(b, "\\t"); break;
-        case '\b': tput(b, "\\b"); break;
-        case '\f': tput(b, "\\f"); break;
+        case '"': flm_sb_put(b, "\\\""); break;
+        case '\\': flm_sb_put(b, "\\\\"); break;
+        case '\n': flm_sb_put(b, "\\n"); break;
+        case '\r': flm_sb_put(b, "\\r"); break;
+        case '\t': flm_sb_put(b, "\\t"); break;
+        case '\b': flm_sb_put(b, "\\b"); break;
+        case '\f': flm_sb_put(b, "\\f"); break;
         default:
             if (*p < 0x20) {
                 snprintf(e, sizeof e, "\\u%04x", *p);
-                tput(b, e);
+                flm_sb_put(b, e);
             } else {
-                tput_n(b, (const char *)p, 1);
+                flm_sb_put_n(b, (const char *)p, 1);
             }
         }
     }
-    tput(b, "\"");
+    flm_sb_put(b, "\"");
 }
 
 /* A number as Python writes it: an integral value within 2^53 as an integer, else the shortest repr that reads back. */
-static void py_number(tbuf *b, double v) {
+static void py_number(flm_strbuf *b, double v) {
     char s[40];
     if (!isfinite(v)) snprintf(s, sizeof s, v != v ? "NaN" : v > 0 ? "Infinity" : "-Infinity");
     else if (v == floor(v) && fabs(v) < 9007199254740992.0) snprintf(s, sizeof s, "%.0f", v);
@@ -100,37 +77,37 @@ static void py_number(tbuf *b, double v) {
             if (strtod(s, NULL) == v) break;
         }
     }
-    tput(b, s);
+    flm_sb_put(b, s);
 }
 
 /* Jinja's tojson (Python's json.dumps with ", " and ": "). */
-static void py_json(tbuf *b, const cJSON *v) {
-    if (cJSON_IsNull(v)) tput(b, "null");
-    else if (cJSON_IsTrue(v)) tput(b, "true");
-    else if (cJSON_IsFalse(v)) tput(b, "false");
+static void py_json(flm_strbuf *b, const cJSON *v) {
+    if (cJSON_IsNull(v)) flm_sb_put(b, "null");
+    else if (cJSON_IsTrue(v)) flm_sb_put(b, "true");
+    else if (cJSON_IsFalse(v)) flm_sb_put(b, "false");
     else if (cJSON_IsNumber(v)) py_number(b, v->valuedouble);
     else if (cJSON_IsString(v)) py_string(b, v->valuestring);
     else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
         const bool obj = cJSON_IsObject(v);
-        tput(b, obj ? "{" : "[");
+        flm_sb_put(b, obj ? "{" : "[");
         for (const cJSON *e = v->child; e; e = e->next) {
-            if (e != v->child) tput(b, ", ");
+            if (e != v->child) flm_sb_put(b, ", ");
             if (obj) {
                 py_string(b, e->string ? e->string : "");
-                tput(b, ": ");
+                flm_sb_put(b, ": ");
             }
             py_json(b, e);
         }
-        tput(b, obj ? "}" : "]");
+        flm_sb_put(b, obj ? "}" : "]");
     } else {
-        tput(b, "null");
+        flm_sb_put(b, "null");
     }
 }
 
 /* One call of an assistant message as the template writes it: "<tool_call>\n{"name": "NAME", "arguments": ARGS}\n
  * </tool_call>"; an OpenAI call {"function": {"name", "arguments": a JSON string}} (or the bare function), the
  * arguments string parsed so that tojson writes the object (as llama.cpp does), kept as a string when it is not JSON. */
-static flm_status put_call(tbuf *b, const cJSON *call, size_t msg_i, size_t k, flm_error *err) {
+static flm_status put_call(flm_strbuf *b, const cJSON *call, size_t msg_i, size_t k, flm_error *err) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
     if (!fn) fn = call;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -138,9 +115,9 @@ static flm_status put_call(tbuf *b, const cJSON *call, size_t msg_i, size_t k, f
     if (!cJSON_IsObject(fn) || !cJSON_IsString(name))
         return flm_fail(err, FLM_ERR_FORMAT, "messages[%zu].tool_calls[%zu]: a call needs function.name (a string)",
                         msg_i, k);
-    tput(b, "<tool_call>\n{\"name\": \"");
-    tput(b, name->valuestring);
-    tput(b, "\", \"arguments\": ");
+    flm_sb_put(b, "<tool_call>\n{\"name\": \"");
+    flm_sb_put(b, name->valuestring);
+    flm_sb_put(b, "\", \"arguments\": ");
     if (cJSON_IsString(args)) {
         cJSON *parsed = cJSON_Parse(args->valuestring);
         py_json(b, parsed ? parsed : args);
@@ -148,13 +125,13 @@ static flm_status put_call(tbuf *b, const cJSON *call, size_t msg_i, size_t k, f
     } else if (args) {
         py_json(b, args);
     } else {
-        tput(b, "{}");
+        flm_sb_put(b, "{}");
     }
-    tput(b, "}\n</tool_call>");
+    flm_sb_put(b, "}\n</tool_call>");
     return FLM_OK;
 }
 
-static char *take(tbuf *b) {
+static char *take(flm_strbuf *b) {
     if (b->oom) { free(b->p); return NULL; }
     if (!b->p) return calloc(1, 1);
     return b->p;
@@ -193,32 +170,32 @@ flm_status flm_chat_tools_rewrite(const flm_chat_template *t, flm_chat_tools kin
     size_t k = 0, i = 0;
     flm_status st = FLM_OK;
     if (tl && cJSON_GetArraySize(tl) > 0) {
-        tbuf b = {0};
+        flm_strbuf b = {0};
         if (n && !strcmp(msgs[0].role, "system")) {
-            tput(&b, msgs[0].content);
+            flm_sb_put(&b, msgs[0].content);
             i = 1;
         } else {
-            tput(&b, t->default_system ? t->default_system : QWEN_DEFAULT_SYSTEM);
+            flm_sb_put(&b, t->default_system ? t->default_system : QWEN_DEFAULT_SYSTEM);
         }
-        tput(&b, QWEN_TOOLS_HEAD);
+        flm_sb_put(&b, QWEN_TOOLS_HEAD);
         for (const cJSON *tool = tl->child; tool; tool = tool->next) {
-            tput(&b, "\n");
+            flm_sb_put(&b, "\n");
             py_json(&b, tool);
         }
-        tput(&b, QWEN_TOOLS_TAIL);
+        flm_sb_put(&b, QWEN_TOOLS_TAIL);
         m[k].role = "system";
         if (!(m[k].content = take(&b))) goto oom;
         k++;
     }
     for (; i < n; i++) {
         const char *role = msgs[i].role;
-        tbuf b = {0};
+        flm_strbuf b = {0};
         if (!strcmp(role, "tool")) {
             for (; i < n && !strcmp(msgs[i].role, "tool"); i++) {
-                if (b.len) tput(&b, "\n");
-                tput(&b, "<tool_response>\n");
-                tput(&b, msgs[i].content);
-                tput(&b, "\n</tool_response>");
+                if (b.len) flm_sb_put(&b, "\n");
+                flm_sb_put(&b, "<tool_response>\n");
+                flm_sb_put(&b, msgs[i].content);
+                flm_sb_put(&b, "\n</tool_response>");
             }
             i--;
             role = "user";
@@ -229,10 +206,10 @@ flm_status flm_chat_tools_rewrite(const flm_chat_template *t, flm_chat_tools kin
                 st = flm_fail(err, FLM_ERR_FORMAT, "messages[%zu].tool_calls: not a JSON array", i);
                 goto fail;
             }
-            tput(&b, msgs[i].content);
+            flm_sb_put(&b, msgs[i].content);
             size_t c = 0;
             for (const cJSON *call = calls->child; call; call = call->next, c++) {
-                if (b.len) tput(&b, "\n");
+                if (b.len) flm_sb_put(&b, "\n");
                 if ((st = put_call(&b, call, i, c, err))) break;
             }
             cJSON_Delete(calls);
@@ -242,7 +219,7 @@ flm_status flm_chat_tools_rewrite(const flm_chat_template *t, flm_chat_tools kin
             }
             role = "assistant";
         } else {
-            tput(&b, msgs[i].content);
+            flm_sb_put(&b, msgs[i].content);
             role = !strcmp(role, "system") ? "system" : !strcmp(role, "assistant") ? "assistant" : "user";
         }
         m[k].role = role;
@@ -310,7 +287,7 @@ flm_status flm_chat_tools_parse(flm_chat_tools kind, const char *text, size_t le
     if (kind != FLM_CHAT_TOOLS_QWEN) return flm_fail(err, FLM_ERR_UNSUPPORTED, "no tool-call format");
     static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
     const size_t lo = sizeof OPEN - 1, lc = sizeof CLOSE - 1;
-    tbuf b = {0};
+    flm_strbuf b = {0};
     flm_tool_call *c = NULL;
     size_t nc = 0, cap = 0;
     bool oom = false;
@@ -319,12 +296,12 @@ flm_status flm_chat_tools_parse(flm_chat_tools kind, const char *text, size_t le
         const char *o = memmem(text + p, len - p, OPEN, lo);
         const char *e = o ? memmem(o + lo, (size_t)(text + len - (o + lo)), CLOSE, lc) : NULL;
         if (!o || !e) {
-            tput_n(&b, text + p, len - p);
+            flm_sb_put_n(&b, text + p, len - p);
             break;
         }
         flm_tool_call one = {0};
         if (!parse_call(o + lo, (size_t)(e - (o + lo)), &one, &oom)) { /* not a call: text */
-            tput_n(&b, text + p, (size_t)(e + lc - (text + p)));
+            flm_sb_put_n(&b, text + p, (size_t)(e + lc - (text + p)));
             p = (size_t)(e + lc - text);
             continue;
         }
@@ -341,7 +318,7 @@ flm_status flm_chat_tools_parse(flm_chat_tools kind, const char *text, size_t le
             cap = nc2;
         }
         c[nc++] = one;
-        tput_n(&b, text + p, (size_t)(o - (text + p)));
+        flm_sb_put_n(&b, text + p, (size_t)(o - (text + p)));
         p = (size_t)(e + lc - text);
     }
     char *s = take(&b);

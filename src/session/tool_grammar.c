@@ -10,52 +10,29 @@
 
 #include "flashlm.h"
 #include "core/error.h"
+#include "core/strbuf.h"
 #include "session/grammar.h"
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} tgbuf;
-
-static void tg_put_n(tgbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) {
-            if (cap > SIZE_MAX / 2) { b->oom = true; return; }
-            cap *= 2;
-        }
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = true; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-static void tg_put(tgbuf *b, const char *s) { tg_put_n(b, s, strlen(s)); }
 
 /* GBNF literal text of s (quotes, backslashes, control bytes escaped). */
-static void gbnf_lit(tgbuf *b, const char *s) {
-    tg_put(b, "\"");
+static void gbnf_lit(flm_strbuf *b, const char *s) {
+    flm_sb_put(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         char e[8];
         if (*p == '"' || *p == '\\') {
             e[0] = '\\';
             e[1] = (char)*p;
-            tg_put_n(b, e, 2);
+            flm_sb_put_n(b, e, 2);
         } else if (*p == '\n') {
-            tg_put(b, "\\n");
+            flm_sb_put(b, "\\n");
         } else if (*p < 0x20 || *p == 0x7F) {
             snprintf(e, sizeof e, "\\x%02X", *p);
-            tg_put(b, e);
+            flm_sb_put(b, e);
         } else {
-            tg_put_n(b, (const char *)p, 1);
+            flm_sb_put_n(b, (const char *)p, 1);
         }
     }
-    tg_put(b, "\"");
+    flm_sb_put(b, "\"");
 }
 
 flm_status gram_tool_calls(const char *tools, const char *only, bool parallel, char **out, flm_error *err) {
@@ -65,7 +42,7 @@ flm_status gram_tool_calls(const char *tools, const char *only, bool parallel, c
         cJSON_Delete(tl);
         return flm_fail(err, FLM_ERR_FORMAT, "tools: not a non-empty JSON array");
     }
-    tgbuf b = {0}, alts = {0};
+    flm_strbuf b = {0}, alts = {0};
     flm_status st = FLM_OK;
     int i = 0, n_alt = 0;
     for (const cJSON *tool = tl->child; tool; tool = tool->next, i++) {
@@ -88,31 +65,31 @@ flm_status gram_tool_calls(const char *tools, const char *only, bool parallel, c
             st = flm_fail(err, st, "tools[%d] (%.64s) parameters: %s", i, name->valuestring, m);
             break;
         }
-        tg_put(&b, gbnf);
-        tg_put(&b, "\n");
+        flm_sb_put(&b, gbnf);
+        flm_sb_put(&b, "\n");
         free(gbnf);
         char head[160];
         snprintf(head, sizeof head, "call%d ::= ", i);
-        tg_put(&b, head);
-        tgbuf lit = {0};
-        tg_put(&lit, "<tool_call>\n{\"name\": \"");
-        tg_put(&lit, name->valuestring);
-        tg_put(&lit, "\", \"arguments\": ");
+        flm_sb_put(&b, head);
+        flm_strbuf lit = {0};
+        flm_sb_put(&lit, "<tool_call>\n{\"name\": \"");
+        flm_sb_put(&lit, name->valuestring);
+        flm_sb_put(&lit, "\", \"arguments\": ");
         if (lit.oom) { b.oom = true; free(lit.p); break; }
         gbnf_lit(&b, lit.p);
         free(lit.p);
         snprintf(head, sizeof head, " args%d \"}\\n</tool_call>\"\n", i);
-        tg_put(&b, head);
+        flm_sb_put(&b, head);
         snprintf(head, sizeof head, "%scall%d", n_alt ? " | " : "", i);
-        tg_put(&alts, head);
+        flm_sb_put(&alts, head);
         n_alt++;
     }
     cJSON_Delete(tl);
     if (!st && !n_alt) st = flm_fail(err, FLM_ERR_ARG, "no tool named '%.64s'", only ? only : "");
     if (!st) {
-        tg_put(&b, "calls ::= ");
-        tg_put(&b, alts.p ? alts.p : "");
-        tg_put(&b, parallel ? "\nroot ::= calls (\"\\n\" calls)*\n" : "\nroot ::= calls\n");
+        flm_sb_put(&b, "calls ::= ");
+        flm_sb_put(&b, alts.p ? alts.p : "");
+        flm_sb_put(&b, parallel ? "\nroot ::= calls (\"\\n\" calls)*\n" : "\nroot ::= calls\n");
         if (b.oom || alts.oom) st = flm_fail(err, FLM_ERR_NOMEM, "out of memory building the tools' grammar");
     }
     free(alts.p);
