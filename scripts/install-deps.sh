@@ -27,3 +27,10 @@ if ! python3 -c "import openai" 2>/dev/null; then
     python3 -m pip install -q openai 2>/dev/null || python3 -m pip install -q --break-system-packages openai ||
         echo "flashlm: could not install openai: test_serve will be skipped" >&2
 fi
+# tests/test_serve.py's reference for /apply-template and the tool prompts: the model's own template rendered by jinja2
+# (without it that part is skipped, unless FLASHLM_REQUIRE_MODELS=1), so a failed install only warns.
+if ! python3 -c "import jinja2" 2>/dev/null; then
+    echo "flashlm: installing the Python package jinja2 (the template reference of tests/test_serve.py)" >&2
+    python3 -m pip install -q jinja2 2>/dev/null || python3 -m pip install -q --break-system-packages jinja2 ||
+        echo "flashlm: could not install jinja2: test_serve's template reference will be skipped" >&2
+fi
