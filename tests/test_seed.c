@@ -136,9 +136,13 @@ static void check_path(const char *path, double pct_hybrid, uint64_t mem_hot, do
         assert_true(pi.hot_share < 1.0);
         assert_int_equal(n, n_ref);
         assert_memory_equal(got, ref, (size_t)n * sizeof *ref);
-        if (kinds[k] != PLAIN) {
+        if (kinds[k] == SELF_TREE) { /* a fixed tree (not adaptive): what it drafts does not follow timings */
             assert_true(st.n_accepted > 0);             /* drafts help ... */
             assert_true(st.n_accepted < st.n_drafted);  /* ... and some are rejected */
+        } else if (kinds[k] == SELF_CHAIN) {
+            /* the adaptive chain's lengths follow measured costs (under ASan it may draft little and keep none):
+             * only the text is checked, above */
+            assert_true(st.n_accepted <= st.n_drafted);
         }
         flm_close(hot);
     }
