@@ -283,13 +283,16 @@ void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
     ctx->params.log_user = user;
 }
 
-/* Keep the current sequence's state in seq[cur_seq], and make seq i's current. */
-static void seq_switch(flm_ctx *ctx, uint32_t i) {
-    if (i == ctx->cur_seq) return;
-    flm_seq_state *o = &ctx->seq[ctx->cur_seq], *n = &ctx->seq[i];
-    *o = (flm_seq_state){.kv = ctx->be.kv, .logits = ctx->s.logits, .next_pos = ctx->next_pos,
-                         .tree_pos = ctx->tree_pos, .tree_n = ctx->tree_n, .tree_hidden = ctx->tree_hidden,
-                         .tree_hidden_first = ctx->tree_hidden_first};
+/* The current sequence's state back into seq[cur_seq] (park), and out of it (unpark). */
+static void seq_park(flm_ctx *ctx) {
+    ctx->seq[ctx->cur_seq] = (flm_seq_state){.kv = ctx->be.kv, .logits = ctx->s.logits, .next_pos = ctx->next_pos,
+                                             .tree_pos = ctx->tree_pos, .tree_n = ctx->tree_n,
+                                             .tree_hidden = ctx->tree_hidden,
+                                             .tree_hidden_first = ctx->tree_hidden_first};
+}
+
+static void seq_unpark(flm_ctx *ctx) {
+    const flm_seq_state *n = &ctx->seq[ctx->cur_seq];
     ctx->be.kv = n->kv;
     ctx->s.logits = n->logits;
     ctx->next_pos = n->next_pos;
@@ -297,7 +300,14 @@ static void seq_switch(flm_ctx *ctx, uint32_t i) {
     ctx->tree_n = n->tree_n;
     ctx->tree_hidden = n->tree_hidden;
     ctx->tree_hidden_first = n->tree_hidden_first;
+}
+
+/* Keep the current sequence's state in seq[cur_seq], and make seq i's current. */
+static void seq_switch(flm_ctx *ctx, uint32_t i) {
+    if (i == ctx->cur_seq) return;
+    seq_park(ctx);
     ctx->cur_seq = i;
+    seq_unpark(ctx);
 }
 
 uint32_t flm_n_seq(const flm_ctx *ctx) { return ctx ? ctx->n_seq : 0; }
@@ -499,25 +509,6 @@ typedef struct flm_join_req {
     bool done;
     struct flm_join_req *next;
 } flm_join_req;
-
-/* The current sequence's state back into seq[cur_seq] (park), and out of it (unpark). */
-static void seq_park(flm_ctx *ctx) {
-    ctx->seq[ctx->cur_seq] = (flm_seq_state){.kv = ctx->be.kv, .logits = ctx->s.logits, .next_pos = ctx->next_pos,
-                                             .tree_pos = ctx->tree_pos, .tree_n = ctx->tree_n,
-                                             .tree_hidden = ctx->tree_hidden,
-                                             .tree_hidden_first = ctx->tree_hidden_first};
-}
-
-static void seq_unpark(flm_ctx *ctx) {
-    const flm_seq_state *n = &ctx->seq[ctx->cur_seq];
-    ctx->be.kv = n->kv;
-    ctx->s.logits = n->logits;
-    ctx->next_pos = n->next_pos;
-    ctx->tree_pos = n->tree_pos;
-    ctx->tree_n = n->tree_n;
-    ctx->tree_hidden = n->tree_hidden;
-    ctx->tree_hidden_first = n->tree_hidden_first;
-}
 
 /* One request alone: its sequence made current, flm_eval_run as flm_eval_batch. */
 static void join_alone(flm_ctx *ctx, flm_join_req *r) {
