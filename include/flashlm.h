@@ -555,6 +555,11 @@ typedef struct flm_stats {
     uint64_t n_verify_retries; /* units whose first check failed and were read again (then matched) */
     double verify_ms;        /* CPU ms spent hashing, summed over the threads that did it (mostly reader threads,
                                 beside the computation): the cost of checking */
+    double io_busy_ms;       /* wall-clock ms since the last reset during which the context's reader had a read in
+                                flight (a read-ahead's included; calls never overlap, so this is at most the wall time
+                                since the reset): over a generation's wall time, the disk's busy share (issue 30's
+                                "the disk never waits on the CPU": 1 when it always has work). 0 when nothing is read
+                                from flash after load (ram mode, a GGUF) */
 } flm_stats;
 
 /* What the memory budget does not model, and the process's peak RSS may exceed it by: program text and libraries,
@@ -1046,6 +1051,8 @@ typedef struct flm_gen_result {
     bool cancelled;    /* ended by flm_session_cancel or the callback */
     bool complete;     /* ended by the grammar: the text is a complete sentence and nothing may follow */
     double ms;         /* wall-clock ms of the call */
+    double io_busy_ms; /* of ms, the time the context's reader had a read in flight (flm_stats.io_busy_ms): the
+                          disk's busy share of the generation is io_busy_ms / ms (0 in ram mode) */
 } flm_gen_result;
 
 /* Sample after the tokens held (the prompt fed last, or the last generated token), up to gp->max_tokens, streaming

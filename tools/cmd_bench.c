@@ -56,6 +56,9 @@ typedef struct bench_result {
     int spec;                 /* 1: a speculative run */
     double gen_ms;            /* wall ms for the n_gen + 1 generated tokens */
     double tok_per_pass, accept_rate, draft_ms_tok, verify_ms_tok;
+    /* the reader's busy share (flm_stats.io_busy_ms): of the generation's wall time wall_ms (every generated token,
+     * the first included), the busy_ms during which a read was in flight */
+    double wall_ms, busy_ms, busy_share;
     int n_series;      /* per-token records: every generated token, the first included (<= BENCH_MAX_SERIES) */
     bench_tok *series; /* parent side only (the child's pointer value is meaningless) */
 } bench_result;
@@ -78,7 +81,10 @@ typedef struct bench_opts {
     uint64_t mem_bytes;
     double mem_pct;
     int n_sweep_mem, n_sweep_win;
+    bool mem_list; /* --mem B1,B2,...: the budget table (its budgets in sweep_mem) */
     char sweep_mem[BENCH_MAX_SWEEP][32]; /* budgets as given */
+    uint64_t sweep_bytes[BENCH_MAX_SWEEP]; /* the same in bytes (flm_plan_budget_bytes) */
+    uint64_t weight_bytes;                 /* the model's weights: what N% budgets are a share of */
     int sweep_win[BENCH_MAX_SWEEP];
     int argc;
     char **argv;
@@ -280,6 +286,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->prompt_bytes = ps.total.bytes_read;
         r->n_batch = (int)ps.n_batch;
     }
+    double w0 = cli_now_ms(); /* before the reset: the busy time counted from it lies within the wall time */
     flm_reset_stats(ctx);
     if (run->spec) { /* speculative: the whole generation timed; the target's statistics summed */
         flm_session *sess = NULL;
@@ -325,6 +332,9 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->accept_rate = ss.n_drafted ? (double)ss.n_accepted / (double)ss.n_drafted : 0;
         r->draft_ms_tok = ss.draft_ms / g;
         r->verify_ms_tok = (r->gen_ms - ss.draft_ms - ss.draft_select_ms) / g;
+        r->wall_ms = res.ms;
+        r->busy_ms = res.io_busy_ms;
+        r->busy_share = res.ms > 0 ? res.io_busy_ms / res.ms : 0;
         context_result(&s, r);
         flm_sampler_free(smp);
         free(ids);
@@ -336,6 +346,13 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         if (flm_eval(ctx, tok, pos, &logits, &err)) goto fail;
         tok = flm_sampler_sample(smp, logits);
     }
+    {
+        flm_stats gs;
+        flm_get_stats(ctx, &gs); /* before the wall time ends: busy <= wall */
+        r->wall_ms = cli_now_ms() - w0;
+        r->busy_ms = gs.io_busy_ms;
+        r->busy_share = r->wall_ms > 0 ? r->busy_ms / r->wall_ms : 0;
+    }
     bench_tok *t = calloc((size_t)(n_gen > 0 ? n_gen : 1), sizeof *t);
     int got = 0;
     for (; got < n_gen; got++) {
@@ -345,6 +362,7 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
                              s.n_reused};
     }
     r->n_prompt = n_prompt;
+    r->tok_per_pass = 1;
     r->first_ms = got > 0 ? tok_total(&t[0]) : 0;
     summarize(t + 1, got > 1 ? got - 1 : 0, r);
     r->n_series = got < BENCH_MAX_SERIES ? got : BENCH_MAX_SERIES;
@@ -578,10 +596,14 @@ static bool parse_modes(const char *list, const bench_opts *o, bench_run *runs, 
     return true;
 }
 
-/* Print "flashlm: bad --sweep 'spec': why" and return 2. */
+/* Parsing --mem B1,B2,... (through parse_sweep, as "mem=B1,B2,..."): errors name --mem and the list. */
+static bool g_parsing_mem_list;
+
+/* Print "flashlm: bad --sweep 'spec': why" (or "bad --mem 'list': why") and return 2. */
 static int sweep_error(const char *spec, const char *why) {
     char msg[512];
-    snprintf(msg, sizeof msg, "bad --sweep '%.200s': %.280s", spec, why);
+    if (g_parsing_mem_list) snprintf(msg, sizeof msg, "bad --mem '%.200s': %.280s", spec + 4, why);
+    else snprintf(msg, sizeof msg, "bad --sweep '%.200s': %.280s", spec, why);
     return cli_die("%s", msg);
 }
 
@@ -689,15 +711,17 @@ static void print_main_tables(const bench_opts *o, const bench_run *runs, const 
                        cli_mib((uint64_t)r->bytes_per_tok), r->tot_med, cli_mib(r->peak_rss));
         }
     }
-    printf("\n| mode | bytes read/token | reads/token | GB read per s of I/O wait | reader | layers resident | peak RSS MiB "
-           "| budget MiB |\n|---|---:|---:|---:|---|---:|---:|---:|\n");
+    printf("\n(reader busy: the share of the generation's wall time during which a read was in flight)\n\n"
+           "| mode | bytes read/token | reads/token | GB read per s of I/O wait | reader busy | reader | layers resident "
+           "| peak RSS MiB | budget MiB |\n|---|---:|---:|---:|---:|---|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
         if (!r->ok) continue;
         char budget[32] = "none";
         if (r->budget) snprintf(budget, sizeof budget, "%.1f", cli_mib(r->budget));
-        printf("| %s | %.0f (%.2f MiB) | %.1f | %.2f | %s%s | %u/%u | %.1f | %s |\n", runs[i].label, r->bytes_per_tok,
-               cli_mib((uint64_t)r->bytes_per_tok), r->reads_per_tok, r->gbps, r->backend,
+        printf("| %s | %.0f (%.2f MiB) | %.1f | %.2f | %.1f%% | %s%s | %u/%u | %.1f | %s |\n", runs[i].label,
+               r->bytes_per_tok, cli_mib((uint64_t)r->bytes_per_tok), r->reads_per_tok, r->gbps, 100 * r->busy_share,
+               r->backend,
                strcmp(r->backend, "none") ? (r->direct ? " O_DIRECT" : " buffered") : "", r->res_layers, r->n_layers,
                cli_mib(r->peak_rss), budget);
     }
@@ -722,6 +746,48 @@ static void print_mem_sweep(const bench_opts *o, const bench_run *runs, int nm, 
         for (int m = 0; m < nm; m++)
             if (row[m].ok) printf(" %.3f |", cli_mib((uint64_t)row[m].bytes_per_tok)); else printf(" skipped |");
         printf("\n");
+    }
+}
+
+/* A message fit for a markdown table cell: '|' and line breaks replaced. */
+static void cell_text(char *dst, size_t cap, const char *src) {
+    snprintf(dst, cap, "%s", src);
+    for (char *p = dst; *p; p++)
+        if (*p == '|') *p = '/';
+        else if (*p == '\n' || *p == '\r') *p = ' ';
+}
+
+/* One row of the budget table. */
+static void budget_row(const char *budget, const char *label, const bench_result *r, const bench_result *ram) {
+    if (!r->ok) {
+        char why[sizeof r->err];
+        cell_text(why, sizeof why, r->err);
+        printf("| %s | %s | refused: %s | | | | | | | |\n", budget, label, why);
+        return;
+    }
+    char vs[32] = "n/a";
+    if (ram && ram->tot_med > 0) snprintf(vs, sizeof vs, "%.2fx", r->tot_med / ram->tot_med);
+    printf("| %s | %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.1f%% | %.1f |\n", budget, label, r->mode, r->tot_med, vs,
+           r->tok_per_pass, cli_mib((uint64_t)r->bytes_per_tok), r->io_med, 100 * r->busy_share, cli_mib(r->peak_rss));
+}
+
+/* --mem B1,B2,...: one row per budget and mode (ram once, without a budget: the reference), a refused run as a row
+ * that says why. */
+static void print_budget_table(const bench_opts *o, const bench_run *runs, const bench_result *res, int n,
+                               const bench_run *mruns, int nm, const bench_result *mres) {
+    const bench_result *ram = NULL;
+    for (int i = 0; i < n; i++) if (runs[i].mode == FLM_MODE_RAM && res[i].ok) ram = &res[i];
+    printf("\n%s: ms/token against the memory budget, %d prompt tokens, %d generated (ms/token: the median decoding "
+           "token; a speculative row, auto stored hottest first, the generation's wall time per token; x ram: ms/token "
+           "over ram's; reader busy: the share of the generation's wall time during which a read was in flight)\n\n"
+           "| budget | mode | ran as | ms/token | x ram | tokens per pass | MiB read per token | flash I/O ms/token "
+           "| reader busy | peak RSS MiB |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+           o->model, o->prompt_tokens, o->gen_tokens);
+    for (int i = 0; i < n; i++) budget_row("none", runs[i].label, &res[i], ram);
+    for (int b = 0; b < o->n_sweep_mem; b++) {
+        char budget[64];
+        snprintf(budget, sizeof budget, "%s (%.1f MiB)", o->sweep_mem[b], cli_mib(o->sweep_bytes[b]));
+        for (int m = 0; m < nm; m++) budget_row(budget, mruns[m].label, &mres[b * nm + m], ram);
     }
 }
 
@@ -832,6 +898,14 @@ static void json_result(FILE *f, const char *label, const bench_result *r, const
     json_num(f, r->reads_per_tok);
     fprintf(f, ", \"read_gbps\": ");
     json_num(f, r->gbps);
+    fprintf(f, ",\n%s \"gen_wall_ms\": ", ind);
+    json_num(f, r->wall_ms);
+    fprintf(f, ", \"io_busy_ms\": ");
+    json_num(f, r->busy_ms);
+    fprintf(f, ", \"io_busy_share\": ");
+    json_num(f, r->busy_share);
+    fprintf(f, ", \"tokens_per_pass\": ");
+    json_num(f, r->tok_per_pass);
     fprintf(f, ",\n%s \"neurons_predicted_per_token\": ", ind);
     json_num(f, r->pred_per_tok);
     fprintf(f, ", \"neurons_loaded_per_token\": ");
@@ -966,6 +1040,7 @@ static int write_json(const bench_opts *o, const bench_run *runs, const bench_re
         for (int b = 0; b < o->n_sweep_mem; b++) {
             fprintf(f, "%s\n    {\"budget\": ", b ? "," : "");
             json_str(f, o->sweep_mem[b]);
+            fprintf(f, ", \"budget_bytes\": %llu", (unsigned long long)o->sweep_bytes[b]);
             fprintf(f, ", \"runs\": [");
             for (int m = 0; m < nm; m++) {
                 fprintf(f, "%s\n      ", m ? "," : "");
@@ -1111,7 +1186,107 @@ static int write_svgs(const bench_opts *o, const bench_run *runs, const bench_re
     return 0;
 }
 
+/* --mem B1,B2,... --svg FILE: ms/token against the budget (as a share of the model's weights), one line per mode
+ * (the paper's figure of latency against memory); ram, run without a budget, a dashed level line across. */
+static int write_budget_svg(const bench_opts *o, const bench_run *runs, const bench_result *res, int n,
+                            const bench_run *mruns, int nm, const bench_result *mres) {
+    figure *fig = calloc(1, sizeof *fig);
+    if (!fig) return cli_die("%s", "out of memory"), 1;
+    const char *base = strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 : o->model;
+    double xlo = INFINITY, xhi = -INFINITY;
+    for (int b = 0; b < o->n_sweep_mem; b++) {
+        double x = o->weight_bytes ? 100.0 * (double)o->sweep_bytes[b] / (double)o->weight_bytes : NAN;
+        if (isfinite(x)) { xlo = fmin(xlo, x); xhi = fmax(xhi, x); }
+    }
+    static char level_names[BENCH_MAX_MODES][120];
+    for (int i = 0; i < n; i++) {
+        if (!res[i].ok || !(xlo <= xhi)) continue;
+        snprintf(level_names[i], sizeof level_names[i], "%.80s (no budget)", runs[i].label);
+        int l = fig_line(fig, level_names[i], true, false);
+        fig_point(fig, l, xlo, res[i].tot_med);
+        fig_point(fig, l, xhi, res[i].tot_med);
+    }
+    for (int m = 0; m < nm; m++) {
+        int l = fig_line(fig, mruns[m].label, false, true);
+        for (int b = 0; b < o->n_sweep_mem; b++) {
+            const bench_result *r = &mres[b * nm + m];
+            if (r->ok && o->weight_bytes)
+                fig_point(fig, l, 100.0 * (double)o->sweep_bytes[b] / (double)o->weight_bytes, r->tot_med);
+        }
+    }
+    char title[512];
+    snprintf(title, sizeof title, "Latency against the memory budget (%s, %d generated tokens)", base, o->gen_tokens);
+    bool ok = svg_line_chart(o->svg, title, "memory budget, % of the model's weights", "ms per token", fig->line,
+                             fig->n);
+    free(fig);
+    if (!ok) { fprintf(stderr, "flashlm: cannot write %s: %s\n", o->svg, svg_error()); return 1; }
+    return 0;
+}
+
 /* ---- the command ------------------------------------------------------------------------------------------- */
+
+/* --mem B1,B2,...: ram once without a budget, the other modes of --modes (default naive, hybrid, sparse when the model
+ * is calibrated for it, auto) at each budget; the table, and --json / --svg FILE. */
+static int bench_budgets(bench_opts *o) {
+    flm_error err;
+    flm_params wp = o->params; /* the model's weight bytes: a budget of 100% */
+    wp.mem_bytes = 0;
+    wp.mem_percent = 100;
+    if (flm_plan_budget_bytes(o->model, &wp, &o->weight_bytes, &err)) return cli_die("%s", err.msg), 1;
+    for (int b = 0; b < o->n_sweep_mem; b++) {
+        flm_params bp = o->params;
+        flm_parse_mem(o->sweep_mem[b], &bp.mem_bytes, &bp.mem_percent); /* validated by parse_sweep */
+        if (flm_plan_budget_bytes(o->model, &bp, &o->sweep_bytes[b], &err)) return cli_die("%s", err.msg), 1;
+    }
+    const char *list = o->modes;
+    char dflt[64] = "ram,naive,hybrid,auto";
+    if (!list) { /* sparse when the model has its predictors (flm_plan says why not, without a budget) */
+        flm_params sp = o->params;
+        sp.mode = FLM_MODE_SPARSE;
+        sp.mem_bytes = 0;
+        sp.mem_percent = 0;
+        cli_env_params(&sp, o->model);
+        sp.log = NULL;
+        flm_plan_info pi;
+        if (flm_plan(o->model, &sp, &pi, &err) == FLM_OK) snprintf(dflt, sizeof dflt, "ram,naive,hybrid,sparse,auto");
+        else fprintf(stderr, "flashlm bench: no sparse rows: %s\n", err.msg);
+        list = o->modes = dflt;
+    }
+    bench_run all[BENCH_MAX_MODES], runs[BENCH_MAX_MODES], mruns[BENCH_MAX_MODES];
+    int na = 0, n = 0, nm = 0;
+    if (!parse_modes(list, o, all, &na)) return 2;
+    for (int i = 0; i < na; i++) { /* ram is the reference without a budget; the others run at each budget */
+        if (all[i].mode == FLM_MODE_RAM) runs[n++] = all[i];
+        else mruns[nm++] = all[i];
+    }
+    bench_result res[BENCH_MAX_MODES];
+    bench_result *mres = calloc((size_t)(o->n_sweep_mem * nm + 1), sizeof *mres); /* budget-major */
+    if (!mres) return cli_die("%s", "out of memory");
+    for (int i = 0; i < n; i++) run_one(o, &runs[i], &res[i]);
+    for (int b = 0; b < o->n_sweep_mem; b++) {
+        uint64_t bytes;
+        double pct;
+        flm_parse_mem(o->sweep_mem[b], &bytes, &pct);
+        for (int m = 0; m < nm; m++) {
+            bench_run r = mruns[m];
+            r.params.mem_bytes = bytes;
+            r.params.mem_percent = pct;
+            snprintf(r.label, sizeof r.label, "%.40s @ %s", mruns[m].label, o->sweep_mem[b]);
+            print_plan(o, &r);
+            run_one(o, &r, &mres[b * nm + m]);
+        }
+    }
+    print_budget_table(o, runs, res, n, mruns, nm, mres);
+    fflush(stdout);
+    calib_agg cal = {0};
+    int rc = 0;
+    if (o->json) rc |= write_json(o, runs, res, n, mruns, nm, mres, NULL, &cal);
+    if (o->svg) rc |= write_budget_svg(o, runs, res, n, mruns, nm, mres);
+    for (int i = 0; i < n; i++) free(res[i].series);
+    for (int i = 0; i < o->n_sweep_mem * nm; i++) free(mres[i].series);
+    free(mres);
+    return rc;
+}
 
 static const char *BENCH_HELP =
     "usage: flashlm bench -m MODEL [options]\n"
@@ -1123,6 +1298,11 @@ static const char *BENCH_HELP =
     "\n"
     "  -m, --model PATH        .flm (all modes) or .gguf (ram only)\n"
     "      --mem BYTES|N%      memory budget for the streaming modes and the window sweep (default 50%)\n"
+    "      --mem B1,B2,...     a list of budgets (e.g. 100%,50%,35%,25%): one table of ms/token, tokens per pass,\n"
+    "                          MiB read per token and the reader's busy share per mode and budget (ram once,\n"
+    "                          without a budget; the modes default to naive, hybrid, sparse when calibrated for\n"
+    "                          it, auto); a budget a mode cannot run under is a row saying why; --svg FILE then\n"
+    "                          writes one figure, ms/token against the budget per mode\n"
     "      --modes LIST        comma-separated, from ram, naive, hybrid, sparse and the ablations predictor-only\n"
     "                          (sparse without window and bundling), sparse-nobundle, sparse-oracle (true active\n"
     "                          sets), naive-noahead, hybrid-noahead, sparse-noahead (no read-ahead);\n"
@@ -1147,7 +1327,7 @@ static const char *BENCH_HELP =
     "      --json FILE         also write the results as JSON: every run with its per-token series (up to 4096\n"
     "                          tokens), the machine, the model, the flags\n"
     "      --svg DIR           also write figures: latency_breakdown.svg, latency_over_time.svg, and with the sweeps\n"
-    "                          memory_latency.svg, window.svg\n"
+    "                          memory_latency.svg, window.svg (with a --mem list: --svg FILE, the one figure)\n"
     "      --force             replace existing --json and --svg files (else they are refused before the runs)\n"
     "\nshared options (here -c defaults to prompt + generated tokens, --mem to 50%, and --mode is set per run by\n--modes):\n";
 
@@ -1190,7 +1370,17 @@ int cmd_bench(int argc, char **argv) {
     if (!o.model) return cli_die("%s", "no model given: use -m MODEL (see flashlm bench --help)");
     char model_buf[4096];
     o.model = flm_cli_resolve_model(o.model, model_buf, sizeof model_buf);
-    if (!flm_parse_mem(o.mem, &o.mem_bytes, &o.mem_pct)) return cli_die("bad --mem '%s'", o.mem);
+    if (strchr(o.mem, ',')) { /* a list: the budget table */
+        if (o.n_sweep_mem || o.n_sweep_win)
+            return cli_die("%s", "--mem with a list of budgets is a sweep of its own: no --sweep beside it");
+        char spec[sizeof o.sweep_mem + 8];
+        snprintf(spec, sizeof spec, "mem=%s", o.mem);
+        g_parsing_mem_list = true;
+        int bad = parse_sweep(spec, &o);
+        g_parsing_mem_list = false;
+        if (bad) return bad;
+        o.mem_list = true;
+    } else if (!flm_parse_mem(o.mem, &o.mem_bytes, &o.mem_pct)) return cli_die("bad --mem '%s'", o.mem);
     if (o.n_sweep_win && o.params.no_window)
         return cli_die("%s", "--sweep window contradicts --no-window (a window of 1 is --sweep window=1)");
     if (access(o.model, R_OK) != 0) return cli_die("cannot read model '%s'", o.model), 1;
@@ -1199,7 +1389,8 @@ int cmd_bench(int argc, char **argv) {
     /* the outputs: refused now, not after the runs (the checked writer's rules: docs/SECURITY.md) */
     if (o.json && !cli_may_write(o.json, o.model, o.force)) return 1;
     svg_set_replace(o.force);
-    for (int k = 0; o.svg && k < 4; k++) {
+    if (o.mem_list && o.svg && !cli_may_write(o.svg, o.model, o.force)) return 1; /* one figure: a file */
+    for (int k = 0; o.svg && !o.mem_list && k < 4; k++) {
         static const char *const names[] = {"latency_breakdown.svg", "latency_over_time.svg", "memory_latency.svg",
                                             "window.svg"};
         char path[4096];
@@ -1209,6 +1400,7 @@ int cmd_bench(int argc, char **argv) {
 
     bench_run runs[BENCH_MAX_MODES], mruns[BENCH_MAX_MODES];
     int n = 0, nm = 0;
+    if (o.mem_list) return bench_budgets(&o);
     if (!parse_modes(o.modes ? o.modes : "ram,naive,hybrid,sparse", &o, runs, &n)) return 2;
     if (o.n_sweep_mem && !parse_modes(o.modes ? o.modes : "naive,hybrid,sparse", &o, mruns, &nm)) return 2;
     bench_result res[BENCH_MAX_MODES], wres[BENCH_MAX_SWEEP];

@@ -87,6 +87,12 @@ struct flm_reader {
     pthread_mutex_t call_mu; /* one flm_reader_read at a time (a read-ahead thread and the caller may share it) */
     bool call_mu_ready;
 
+    /* busy time (flm_reader_busy_ns): the calls' durations, which never overlap (call_mu), and the start of the one
+     * running; under busy_mu, so that a query from another thread sees a call either running or added, never both */
+    pthread_mutex_t busy_mu;
+    bool busy_mu_ready;
+    uint64_t busy_ns, busy_since; /* busy_since: 0 when no call runs */
+
     /* the batch in flight */
     const flm_read_op *ops;
     uint8_t *const *op_bufs;
@@ -754,6 +760,11 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot create the reader's lock", path);
     }
     r->call_mu_ready = true;
+    if (pthread_mutex_init(&r->busy_mu, NULL)) {
+        flm_reader_close(r);
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot create the reader's lock", path);
+    }
+    r->busy_mu_ready = true;
     if (pthread_mutex_init(&r->fail_mu, NULL)) {
         flm_reader_close(r);
         return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot create the reader's lock", path);
@@ -796,12 +807,45 @@ flm_status flm_reader_open(const char *path, const flm_reader_opts *opts, flm_re
 
 static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err);
 
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+/* A read call starts (under call_mu) or ends: the reader's busy time (flm_reader_busy_ns). */
+static void busy_begin(flm_reader *r) {
+    pthread_mutex_lock(&r->busy_mu);
+    r->busy_since = mono_ns() | 1; /* never 0 (0: idle) */
+    pthread_mutex_unlock(&r->busy_mu);
+}
+
+static void busy_end(flm_reader *r) {
+    pthread_mutex_lock(&r->busy_mu);
+    uint64_t now = mono_ns();
+    if (r->busy_since && now > r->busy_since) r->busy_ns += now - r->busy_since;
+    r->busy_since = 0;
+    pthread_mutex_unlock(&r->busy_mu);
+}
+
+uint64_t flm_reader_busy_ns(const flm_reader *r) {
+    if (!r) return 0;
+    flm_reader *w = (flm_reader *)r; /* the lock only */
+    pthread_mutex_lock(&w->busy_mu);
+    uint64_t t = w->busy_ns, since = w->busy_since, now = since ? mono_ns() : 0;
+    pthread_mutex_unlock(&w->busy_mu);
+    return since && now > since ? t + (now - since) : t;
+}
+
 static flm_status read_call(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, bool checked,
                             flm_error *err) {
     if (!r || (n && !ext)) return flm_fail(err, FLM_ERR_ARG, "flm_reader_read: NULL reader or extent list");
     pthread_mutex_lock(&r->call_mu);
     r->checking = checked && r->n_tables;
+    const bool busy = n > 0; /* an empty list reads nothing */
+    if (busy) busy_begin(r);
     flm_status st = read_locked(r, ext, n, stats, err);
+    if (busy) busy_end(r);
     r->checking = false;
     pthread_mutex_unlock(&r->call_mu);
     return st;
@@ -936,6 +980,7 @@ void flm_reader_close(flm_reader *r) {
     free(r->bounce);
     free(r->path);
     if (r->call_mu_ready) pthread_mutex_destroy(&r->call_mu);
+    if (r->busy_mu_ready) pthread_mutex_destroy(&r->busy_mu);
     if (r->fail_mu_ready) pthread_mutex_destroy(&r->fail_mu);
     free(r->tables);
     free(r->chk);

@@ -139,6 +139,13 @@ flm_status flm_reader_read(flm_reader *r, const flm_extent *ext, size_t n, flm_i
 flm_status flm_reader_read_unchecked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats,
                                      flm_error *err);
 
+/* The reader's busy time: wall-clock nanoseconds, since open, during which a read call (flm_reader_read, _unchecked,
+ * from any thread: the caller's or a read-ahead's) had taken the reader — from planning its requests until the last
+ * of them arrived and was copied out (and checked), so at least one device request is in flight for all of it but
+ * the planning and the last copies (microseconds). Calls run one at a time, so their times add without overlap; a
+ * call still running counts up to now. Safe from any thread. 0 for NULL. Divided by the wall time of a generation,
+ * the share of it during which the disk had work (runtime: flm_stats.io_busy_ms). */
+uint64_t flm_reader_busy_ns(const flm_reader *r);
 /* "io_uring" or "threads". */
 const char *flm_reader_backend_name(const flm_reader *r);
 /* true while reads go through O_DIRECT (false after a fallback, or when opened with direct = false). */

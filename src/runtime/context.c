@@ -272,6 +272,7 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
                             path, n_seq, (unsigned long long)mem);
         }
     ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
+    ctx->io_busy_base = flm_ctx_io_busy_ns(ctx); /* the load's reads are not the statistics' */
     *out = ctx;
     return FLM_OK;
 }

@@ -162,6 +162,8 @@ uint64_t flm_mem_plan_total(const flm_mem_plan *p);
  * asks for it or auto finds no io_uring). */
 uint64_t flm_compute_threads_bytes(int n_threads);
 uint64_t flm_reader_threads_bytes(const flm_params *p);
+/* The busy time of ctx's reader since it was opened (flm_reader_busy_ns), ns; 0 without one (ram mode, a GGUF). */
+uint64_t flm_ctx_io_busy_ns(const flm_ctx *ctx);
 /* b bytes in MiB (for messages). */
 double flm_mib(uint64_t b);
 /* Bytes of all FFN regions of f and of the largest one, each rounded up to FLM_ALIGN (as they lie in the file). */
@@ -264,6 +266,7 @@ struct flm_ctx {
                                 and the statistics ring, carved */
     uint64_t n_tokens;       /* evaluated since the last reset */
     flm_io_stats io;         /* reader counters since the last reset */
+    uint64_t io_busy_base;   /* the reader's busy ns (flm_reader_busy_ns) at the last reset */
     int32_t tree_pos;        /* flm_eval_tree: the KV slot of node 0 of the tree the cache holds */
     uint32_t tree_n;         /* its nodes held (slots tree_pos ..); 0: none (any other evaluation forgets them) */
     const float *tree_hidden; /* flm_eval_tree without logits: the final states (before the output norm) of nodes

@@ -59,6 +59,8 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
     st->bytes_verified = ctx->io.bytes_checked;
     st->n_verify_retries = ctx->io.n_check_retries;
     st->verify_ms = ctx->io.check_ms;
+    uint64_t busy = flm_ctx_io_busy_ns(ctx);
+    st->io_busy_ms = busy > ctx->io_busy_base ? (double)(busy - ctx->io_busy_base) / 1e6 : 0;
     st->peak_rss = peak_rss_bytes();
     st->n_tokens_kept = ctx->n_tokens < FLM_STATS_TOKENS ? ctx->n_tokens : FLM_STATS_TOKENS;
 }
@@ -69,7 +71,12 @@ bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out) {
     return true;
 }
 
+uint64_t flm_ctx_io_busy_ns(const flm_ctx *ctx) {
+    return ctx && ctx->flash ? flm_reader_busy_ns(ctx->flash->reader) : 0;
+}
+
 void flm_reset_stats(flm_ctx *ctx) {
+    ctx->io_busy_base = flm_ctx_io_busy_ns(ctx);
     memset(&ctx->total, 0, sizeof ctx->total);
     memset(&ctx->io, 0, sizeof ctx->io);
     ctx->n_tokens = 0;

@@ -16,6 +16,7 @@
 #include "flashlm.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "runtime/runtime.h"
 #include "session/grammar.h"
 #include "session/spec.h"
 
@@ -682,6 +683,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
     long max = gp->max_tokens < 0 ? LONG_MAX : gp->max_tokens;
     flm_stats a = s->own, b;
     double t0 = flm_now_ms(), t_prev = t0;
+    const uint64_t busy0 = flm_ctx_io_busy_ns(s->ctx); /* the reader's busy time over the call (thread-safe) */
     s->hold_len = 0;
     flm_status st = FLM_OK;
     flm_gen_token t;
@@ -824,6 +826,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         ss->bytes_read += b.total.bytes_read - a.total.bytes_read;
         ss->n_loaded += b.total.n_loaded - a.total.n_loaded;
     }
+    r->io_busy_ms = (double)(flm_ctx_io_busy_ns(s->ctx) - busy0) / 1e6; /* read before the end: <= ms */
     r->ms = flm_now_ms() - t0;
     s->st.gen_ms += r->ms;
     s->st.n_gen += (uint64_t)r->n_gen;
