@@ -291,6 +291,12 @@ static double check_run(const cJSON *r, int gen_tokens) {
         assert_true(j_at(loaded, i) <= j_at(pred, i));
     }
     assert_true(sum == total); /* exact: integers */
+    /* the reader's busy share: of the generation's wall time, at most all of it; above 0 when anything was read */
+    double busy = j_num(r, "io_busy_ms"), wall = j_num(r, "gen_wall_ms"), share = j_num(r, "io_busy_share");
+    assert_true(busy >= 0 && busy <= wall);
+    near(share, wall > 0 ? busy / wall : 0, 1e-6, "busy share");
+    if (total > 0) assert_true(busy > 0);
+    if (!strcmp(j_str(r, "mode"), "ram")) assert_true(busy == 0);
     return bpt;
 }
 
@@ -443,6 +449,87 @@ static void test_bench_sweeps(void **state) {
     rmdir(dir);
 }
 
+/* --mem B1,B2,...: ram once without a budget, then naive, hybrid, sparse (calibrated here) and auto at each budget, in
+ * one table; a budget too small is a row per mode saying why, not a failure; --svg FILE is one figure with one line
+ * per mode; the JSON holds every run with its budget in bytes. */
+static void test_bench_budget_list(void **state) {
+    (void)state;
+    const char *json = tu_tmp("budgets", ".json"), *svg = tu_tmp("budgets", ".svg");
+    char args[16384];
+    const int gen = 6;
+    snprintf(args, sizeof args, "bench -m '%s' --mem 200%%,80%%,1K -t 2 --prompt-tokens 4 --gen-tokens %d --json '%s' "
+             "--svg '%s' 2>&1", flm_path, gen, json, svg);
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc != 0) fail_msg("flashlm %s: exit %d\n%s", args, rc, out);
+    assert_non_null(strstr(out, "| budget | mode | ran as | ms/token | x ram | tokens per pass | MiB read per token"));
+    assert_non_null(strstr(out, "| none | ram | ram |"));
+    const char *modes[] = {"naive", "hybrid", "sparse", "auto"};
+    for (int m = 0; m < 4; m++) {
+        char row[128];
+        snprintf(row, sizeof row, "| 200%% (2.0 MiB) | %s | ", modes[m]);
+        assert_non_null(strstr(out, row));
+        snprintf(row, sizeof row, "| 1K (0.0 MiB) | %s | refused: ", modes[m]); /* with the plan's reason */
+        const char *at = strstr(out, row);
+        if (!at || !strstr(at, "too small")) fail_msg("no refused row for %s at 1K:\n%s", modes[m], out);
+    }
+    assert_non_null(strstr(out, "| 200% (2.0 MiB) | naive | naive |")); /* ran as itself */
+    free(out);
+
+    char *text = read_text(json);
+    cJSON *d = j_parse(text);
+    const cJSON *ram = j_get(d, "modes", J_ARR);
+    assert_int_equal(j_len(ram), 1);
+    check_run(find_run(ram, "ram"), gen);
+    const cJSON *ms = j_get(d, "sweep_mem", J_ARR);
+    assert_int_equal(j_len(ms), 3);
+    for (int b = 0; b < 3; b++) {
+        const cJSON *e = cJSON_GetArrayItem(ms, b);
+        const cJSON *runs = j_get(e, "runs", J_ARR);
+        assert_int_equal(j_len(runs), 4);
+        if (b == 2) {
+            assert_true(j_num(e, "budget_bytes") == 1024);
+            for (int m = 0; m < 4; m++) {
+                const cJSON *r = find_run(runs, modes[m]);
+                assert_false(cJSON_IsTrue(j_get(r, "ok", J_BOOL)));
+                assert_non_null(strstr(j_str(r, "error"), "too small"));
+            }
+            continue;
+        }
+        const cJSON *nv = find_run(runs, "naive");
+        check_run(nv, gen);
+        near(j_num(nv, "budget"), j_num(e, "budget_bytes"), 1e-9, "budget bytes");
+        near(j_num(nv, "budget"), j_num(nv, "model_bytes") * (b ? 0.8 : 2.0), 1e-6, "budget");
+        assert_true(j_num(nv, "io_busy_share") > 0 && j_num(nv, "io_busy_share") <= 1);
+        assert_true(j_num(nv, "tokens_per_pass") == 1);
+    }
+    cJSON_Delete(d);
+    free(text);
+    remove(json);
+
+    char *doc = read_text(svg);
+    check_xml(doc, "svg", svg);
+    int lines = 0;
+    for (const char *p = doc; (p = strstr(p, "<polyline")); p++) lines++;
+    assert_int_equal(lines, 5); /* ram's level and one line per mode */
+    const char *names[] = {">ram (no budget)<", ">naive<", ">hybrid<", ">sparse<", ">auto<",
+                           ">memory budget, % of the model&apos;s weights<", ">ms per token<"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strstr(doc, names[i])) fail_msg("the figure lacks %s", names[i]);
+    free(doc);
+    remove(svg);
+
+    /* a bad list is refused before anything runs, naming --mem */
+    snprintf(args, sizeof args, "bench -m '%s' --mem 50%%,,25%% 2>&1", flm_path);
+    rc = tu_run_cli(args, &out);
+    if (rc != 2 || !strstr(out, "bad --mem '50%,,25%'")) fail_msg("flashlm %s: exit %d\n%s", args, rc, out);
+    free(out);
+    snprintf(args, sizeof args, "bench -m '%s' --mem 50%%,25%% --sweep window=1 2>&1", flm_path);
+    rc = tu_run_cli(args, &out);
+    if (rc != 2 || !strstr(out, "no --sweep beside it")) fail_msg("flashlm %s: exit %d\n%s", args, rc, out);
+    free(out);
+}
+
 static void test_bench_bad_sweeps(void **state) {
     (void)state;
     struct { const char *opts, *msg; } cases[] = {
@@ -538,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_svg_writer),
         cmocka_unit_test(test_bench_json_and_svg),
         cmocka_unit_test(test_bench_sweeps),
+        cmocka_unit_test(test_bench_budget_list),
         cmocka_unit_test(test_bench_bad_sweeps),
         cmocka_unit_test(test_bench_synthetic_hot),
     };

@@ -8,6 +8,7 @@
 #include "flashlm.h"
 #include "convert/convert.h"
 #include "format/flm.h"
+#include "core/util.h"
 #include "testutil.h"
 
 #define N_VOCAB 512
@@ -121,6 +122,55 @@ static void test_every_mode_matches_reference(void **state) {
             for (int b = 0; b < FLM_STATS_HIST; b++) hist += s.read_hist[b];
             assert_int_equal(hist, s.total.n_reads);
         }
+        flm_close(ctx);
+    }
+}
+
+/* The reader's busy time (flm_stats.io_busy_ms, flm_gen_result.io_busy_ms): 0 where nothing is read after load (ram),
+ * else above 0 exactly when reads were counted, and never more than the wall time it is a share of (the clocks'
+ * order only: no timing thresholds). A reset starts it again; a generation reports its own. */
+static void test_busy_share(void **state) {
+    (void)state;
+    const flm_mode modes[] = {FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID};
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+        flm_error err;
+        uint64_t mem = modes[i] == FLM_MODE_RAM ? 0 : (1u << 20) + (100u << 10);
+        flm_ctx *ctx = open_flm(modes[i], mem, FLM_OK, &err);
+        flm_stats s;
+        flm_get_stats(ctx, &s);
+        assert_true(s.io_busy_ms == 0); /* the load's reads are not counted */
+        double t0 = flm_now_ms();
+        flm_reset_stats(ctx);
+        max_logit_error(ctx);
+        flm_get_stats(ctx, &s);
+        double wall = flm_now_ms() - t0;
+        printf("mode %-6s: reader busy %.3f ms of %.3f ms (%.1f%%), %llu reads\n", s.mode, s.io_busy_ms, wall,
+               100 * s.io_busy_ms / wall, (unsigned long long)s.total.n_reads);
+        assert_true(s.io_busy_ms <= wall);
+        if (modes[i] == FLM_MODE_RAM) {
+            assert_int_equal(s.total.n_reads, 0);
+            assert_true(s.io_busy_ms == 0);
+        } else {
+            assert_true(s.total.n_reads > 0);
+            assert_true(s.io_busy_ms > 0);
+        }
+        /* a generation's own share */
+        flm_session *sess = NULL;
+        assert_int_equal(flm_session_create(ctx, &sess, &err), FLM_OK);
+        const int32_t prompt[] = {1, 403, 407};
+        assert_int_equal(flm_session_feed(sess, prompt, 3, &err), FLM_OK);
+        flm_gen_params gp;
+        flm_gen_params_default(&gp);
+        gp.max_tokens = 8;
+        flm_gen_result res;
+        flm_reset_stats(ctx);
+        assert_int_equal(flm_session_generate(sess, &gp, NULL, NULL, &res, &err), FLM_OK);
+        flm_get_stats(ctx, &s);
+        assert_true(res.io_busy_ms >= 0 && res.io_busy_ms <= res.ms);
+        assert_true(res.io_busy_ms <= s.io_busy_ms + 1e-9); /* within the time since the reset */
+        if (modes[i] == FLM_MODE_RAM) assert_true(res.io_busy_ms == 0);
+        else assert_true(res.io_busy_ms > 0);
+        flm_session_free(sess);
         flm_close(ctx);
     }
 }
@@ -420,6 +470,7 @@ static void test_stats_json(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_mode_matches_reference),
+        cmocka_unit_test(test_busy_share),
         cmocka_unit_test(test_read_ahead),
         cmocka_unit_test(test_budget_too_small_is_refused),
         cmocka_unit_test(test_gguf_rejects_flash_options),

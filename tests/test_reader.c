@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "io/reader.h"
+#include "io/async_read.h"
+#include "core/util.h"
 
 #define KiB ((uint64_t)1 << 10)
 #define MiB ((uint64_t)1 << 20)
@@ -498,6 +500,49 @@ static void test_read_stats(void **state) {
     assert_int_equal(flm_io_hist_bucket(UINT64_MAX), FLM_IO_HIST_BUCKETS - 1);
 }
 
+/* The busy time (flm_reader_busy_ns): 0 until a read, grows by each read by at most the read's own wall time (the
+ * calls are timed inside the caller's span), not by an empty call; a read-ahead thread's read (async_read) counts the
+ * same way; the counts hold in both back ends. No timing thresholds: only the order of the clocks. */
+static void test_busy_time(void **state) {
+    (void)state;
+    flm_io_backend be[] = {FLM_IO_THREADS, FLM_IO_URING};
+    for (int i = 0; i < 2; i++) {
+        flm_reader *r = open_or_skip(be[i], true, 0, 0, 0);
+        if (!r) continue;
+        assert_int_equal(flm_reader_busy_ns(r), 0);
+        uint8_t *a = arena_new(4 * MiB);
+        flm_extent e[] = {{17, 3 * MiB, a}};
+        flm_error err = {0};
+        uint64_t before = flm_reader_busy_ns(r);
+        double t0 = flm_now_ms();
+        assert_int_equal(flm_reader_read(r, e, 1, NULL, &err), FLM_OK);
+        double wall = flm_now_ms() - t0;
+        uint64_t after = flm_reader_busy_ns(r);
+        assert_true(after > before);
+        assert_true((double)(after - before) / 1e6 <= wall + 1e-3);
+        assert_int_equal(flm_reader_read(r, NULL, 0, NULL, &err), FLM_OK); /* nothing read: not busy */
+        assert_int_equal(flm_reader_busy_ns(r), after);
+        flm_async_read *ar = flm_async_read_start(r); /* a read on another thread */
+        assert_non_null(ar);
+        t0 = flm_now_ms();
+        flm_async_read_submit(ar, e, 1, 7);
+        uint64_t tag = 0;
+        flm_status st = FLM_ERR_IO;
+        flm_io_stats io = {0};
+        assert_true(flm_async_read_wait(ar, &tag, &st, &err, &io));
+        wall = flm_now_ms() - t0;
+        assert_int_equal(st, FLM_OK);
+        assert_true(io.n_requests > 0);
+        uint64_t after2 = flm_reader_busy_ns(r);
+        assert_true(after2 > after);
+        assert_true((double)(after2 - after) / 1e6 <= wall + 1e-3);
+        flm_async_read_stop(ar);
+        free(a);
+        flm_reader_close(r);
+    }
+    assert_int_equal(flm_reader_busy_ns(NULL), 0);
+}
+
 /* Fault injection: the 3rd request fails; the error is FLM_ERR_IO with a message; the reader keeps working. */
 static void fault_case(flm_io_backend be, bool direct, int kind, const char *want) {
     flm_reader *r = open_or_skip(be, direct, 4, 0, 0);
@@ -675,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_read_buffered),
         cmocka_unit_test(test_read_small_bounce),
         cmocka_unit_test(test_read_stats),
+        cmocka_unit_test(test_busy_time),
         cmocka_unit_test(test_faults),
         cmocka_unit_test(test_past_eof),
         cmocka_unit_test(test_buffered_drops_cache),
