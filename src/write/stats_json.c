@@ -24,9 +24,9 @@ flm_status flm_write_stats_json(const flm_ctx *ctx, const char *path, bool repla
             ",\n", s.mode, s.io_backend, s.direct_io ? "true" : "false", s.n_tokens);
     fprintf(f, "  \"total\": {\"io_ms\": %.4f, \"mem_ms\": %.4f, \"compute_ms\": %.4f, \"total_ms\": %.4f, "
             "\"bytes_read\": %" PRIu64 ", \"n_reads\": %" PRIu64 ", \"bytes_requested\": %" PRIu64
-            ", \"read_gbps\": %.4f},\n", s.total.io_ms, s.total.mem_ms, s.total.compute_ms, total_ms,
-            s.total.bytes_read, s.total.n_reads, s.bytes_requested,
-            s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0);
+            ", \"read_gbps\": %.4f, \"io_busy_ms\": %.4f},\n", s.total.io_ms, s.total.mem_ms, s.total.compute_ms,
+            total_ms, s.total.bytes_read, s.total.n_reads, s.bytes_requested,
+            s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0.0, s.io_busy_ms);
     fprintf(f, "  \"verify_reads\": {\"enabled\": %s, \"bytes\": %" PRIu64 ", \"retries\": %" PRIu64
             ", \"hash_ms\": %.4f},\n", s.reads_verified ? "true" : "false", s.bytes_verified, s.n_verify_retries,
             s.verify_ms);
