@@ -324,6 +324,12 @@ typedef struct flm_plan_info {
     uint32_t kv_elem_bytes;   /* 2 (f16) or 4 (f32, --kv-f32) */
     uint32_t kv_dim;          /* keys (and values) per token and layer: n_kv_heads * head_dim */
     uint32_t n_vocab;         /* the model's vocabulary (logits per token) */
+    uint64_t out_flash_bytes; /* the classifier's bytes left on flash and read every pass (0: all in memory): when
+                                 the plan does not fit otherwise in a mode that streams (docs/ARCHITECTURE.md,
+                                 "Memory budget"); not part of resident */
+    uint32_t out_rows_resident; /* classifier rows held in memory (the first ones: the self-draft's vocabulary when
+                                   it fits; n_vocab when nothing streams) */
+    uint64_t out_chunk;       /* out_flash_bytes > 0: bytes read per request into the chunk buffer (in scratch) */
 } flm_plan_info;
 
 /* The plan flm_open would carry out for path and p (NULL: defaults), without opening the model: reads the .flm

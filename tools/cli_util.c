@@ -115,8 +115,9 @@ void cli_print_plan(const flm_plan_info *p) {
     fprintf(stderr, "flashlm: plan: mode %s, budget %s, model %.2f MiB; planned %.2f MiB:\n", flm_mode_name(p->mode),
             head, cli_mib(p->model_bytes), cli_mib(p->total));
     fprintf(stderr, "flashlm: plan:   why              %s\n", p->reason);
-    fprintf(stderr, "flashlm: plan:   resident weights %10.2f MiB  attention, norms, output, tokenizer%s\n",
-            cli_mib(p->resident), p->embd == FLM_PLAN_EMBD_FLASH ? "" : ", token embedding");
+    fprintf(stderr, "flashlm: plan:   resident weights %10.2f MiB  attention, norms%s, tokenizer%s\n",
+            cli_mib(p->resident), !p->out_flash_bytes ? ", output" : p->out_rows_resident ? ", output's first rows" : "",
+            p->embd == FLM_PLAN_EMBD_FLASH ? "" : ", token embedding");
     switch (p->embd) {
     case FLM_PLAN_EMBD_FLASH:
         fprintf(stderr, "flashlm: plan:   token embedding  %10.2f MiB  on flash, not in memory: one %llu-byte row read "
@@ -137,6 +138,10 @@ void cli_print_plan(const flm_plan_info *p) {
                 cli_mib(p->embd_bytes));
         break;
     }
+    if (p->out_flash_bytes)
+        fprintf(stderr, "flashlm: plan:   classifier       %10.2f MiB  on flash, not in memory: read every pass, %.2f "
+                "MiB a request (its first %u rows in memory)\n", cli_mib(p->out_flash_bytes), cli_mib(p->out_chunk),
+                p->out_rows_resident);
     fprintf(stderr, "flashlm: plan:   KV cache         %10.2f MiB  %s, %u tokens x %u layers x %u keys and values\n",
             cli_mib(p->kv), p->kv_elem_bytes == 2 ? "f16" : "f32 (--kv-f32)", p->n_ctx, p->n_layers, p->kv_dim);
     fprintf(stderr, "flashlm: plan:   scratch          %10.2f MiB  activations (batches of %u tokens, -b), FFN "

@@ -285,8 +285,90 @@ uint64_t flm_file_tail_bytes(const flm_file *f) {
     return r->head_bytes ? r->size - r->head_bytes : 0;
 }
 
+flm_status flm_file_load_head_skip(flm_file *f, uint64_t skip_lo, uint64_t skip_hi, uint64_t unit, uint64_t *sums,
+                                   flm_error *err) {
+    const flm_region *r = f->resident;
+    const bool split = r->head_bytes > 0 && r->head_bytes < r->size;
+    const uint64_t n = split ? r->head_bytes : r->size, d0 = f->meta ? f->meta->data_offset : 0;
+    if (!f->meta || f->resident_loaded || f->head_kept || skip_lo < d0 || skip_hi < skip_lo || skip_hi > n || !unit)
+        return flm_fail(err, FLM_ERR_ARG, "%s: resident region: cannot skip bytes [%llu, %llu) of its head", f->path,
+                        (unsigned long long)skip_lo, (unsigned long long)skip_hi);
+    for (uint64_t i = 0; i < f->meta->n_tensors; i++) {
+        const flm_gguf_tensor *t = &f->meta->tensors[i];
+        const uint64_t a = d0 + t->offset, b = a + t->nbytes;
+        if (a < skip_hi && b > skip_hi)
+            return flm_fail(err, FLM_ERR_ARG, "%s: resident region: tensor '%s' crosses byte %llu, where a skip ends",
+                            f->path, t->name, (unsigned long long)skip_hi);
+    }
+    const uint64_t skip = skip_hi - skip_lo, keep = n - d0 - skip;
+    if (keep > SIZE_MAX || !(f->head_kept = malloc(keep ? (size_t)keep : 1)))
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot allocate %llu bytes for the resident weights", f->path,
+                        (unsigned long long)keep);
+    const size_t piece = 1u << 20;
+    uint8_t *buf = malloc(piece);
+    XXH64_state_t *h = XXH64_createState();
+    XXH3_state_t *u = XXH3_createState();
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    flm_status st = FLM_OK;
+    if (!buf || !h || !u) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
+    else if (fd < 0) st = flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno));
+    if (!st) XXH64_reset(h, 0);
+    uint8_t *kept = f->head_kept;
+    for (uint64_t o = 0; !st && o < n;) {
+        const size_t m = n - o < piece ? (size_t)(n - o) : piece;
+        if ((st = flm_file_pread(fd, buf, m, r->offset + o, f->path, "resident region", err))) break;
+        XXH64_update(h, buf, m);
+        for (uint64_t p = o; p < o + m;) { /* the piece in parts: header, kept data, skipped units */
+            uint64_t end = o + m;
+            if (p < d0) {
+                p = end < d0 ? end : d0;
+            } else if (p < skip_lo || p >= skip_hi) {
+                if (p < skip_lo && end > skip_lo) end = skip_lo;
+                memcpy(kept + (p < skip_lo ? p - d0 : p - d0 - skip), buf + (p - o), (size_t)(end - p));
+                p = end;
+            } else { /* units of the skipped bytes, hashed as they pass */
+                const uint64_t k = (p - skip_lo) / unit, us = skip_lo + k * unit;
+                const uint64_t ue = us + unit < skip_hi ? us + unit : skip_hi;
+                if (end > ue) end = ue;
+                if (p == us) XXH3_64bits_reset(u);
+                XXH3_64bits_update(u, buf + (p - o), (size_t)(end - p));
+                if (end == ue) sums[k] = XXH3_64bits_digest(u);
+                p = end;
+            }
+        }
+        o += m;
+    }
+    if (!st) {
+        const uint64_t want = split ? r->head_checksum : r->checksum;
+        if (XXH64_digest(h) != want)
+            st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: resident region%s: checksum mismatch (the file is corrupt)",
+                          f->path, split ? " (head)" : "");
+    }
+#ifdef POSIX_FADV_DONTNEED
+    if (fd >= 0) posix_fadvise(fd, (off_t)r->offset, (off_t)n, POSIX_FADV_DONTNEED);
+#endif
+    if (fd >= 0) close(fd);
+    free(buf);
+    XXH64_freeState(h);
+    XXH3_freeState(u);
+    if (st) {
+        free(f->head_kept);
+        f->head_kept = NULL;
+        return st;
+    }
+    for (uint64_t i = 0; i < f->meta->n_tensors; i++) {
+        flm_gguf_tensor *t = &f->meta->tensors[i];
+        const uint64_t a = d0 + t->offset;
+        t->data = a >= n || (a >= skip_lo && a < skip_hi) ? NULL : kept + (a < skip_lo ? a - d0 : a - d0 - skip);
+    }
+    f->resident_loaded = n;
+    return FLM_OK;
+}
+
 flm_status flm_file_load_tail(flm_file *f, flm_error *err) {
     if (!flm_file_tail_pending(f)) return FLM_OK;
+    if (f->head_kept)
+        return flm_fail(err, FLM_ERR_ARG, "%s: the token embedding cannot be loaded after a partial head", f->path);
     const flm_region *r = f->resident;
     uint64_t head = f->resident_loaded, n = r->size - head;
     if (n > SIZE_MAX || !(f->tail_data = malloc((size_t)n)))
@@ -330,6 +412,7 @@ void flm_file_close(flm_file *f) {
     flm_gguf_close(f->meta);
     free(f->resident_data);
     free(f->tail_data);
+    free(f->head_kept);
     free(f->regions);
     free(f->ffn);
     free(f->path);

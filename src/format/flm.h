@@ -89,6 +89,8 @@ typedef struct flm_file {
     uint64_t resident_loaded; /* bytes of the payload in memory: resident->size, or head_bytes while the tail waits */
     flm_gguf_file *meta;      /* parsed from resident_data (+ tail_data); while the tail is pending, token_embd.weight
                                  has data NULL */
+    void *head_kept;          /* flm_file_load_head_skip: the head's tensor data less the bytes it skipped (the GGUF
+                                 header stays in resident_data) */
 } flm_file;
 
 /* flm_file_open_ex flags */
@@ -109,6 +111,17 @@ flm_status flm_file_open(const char *path, flm_file **out, flm_error *err);
  * is checked; the whole region's is checked by flm_file_load_tail, or by flm_file_verify); a tensor other than
  * token_embd.weight outside the head is FLM_ERR_FORMAT. Files without a head load whole, as flm_file_open. */
 flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, flm_error *err);
+/* Load the head of f's resident region (its whole payload when it has no head) except the payload bytes
+ * [skip_lo, skip_hi), which lie in the GGUF data section: f is open with FLM_FILE_HEADER_ONLY and f->meta is parsed
+ * from resident_data (the GGUF header; the caller's). The head is read in pieces and its checksum checked (the whole
+ * region's when it has no head) over every byte, the skipped ones too; the other tensor data is kept in f->head_kept
+ * and every tensor's data points there: NULL for a tensor wholly skipped or in the tail, valid up to skip_lo for one
+ * the skip starts in. sums (n = ceil((skip_hi - skip_lo) / unit) entries) gets XXH3_64bits (seed 0) of each unit of
+ * the skipped bytes, unit bytes each (the last one shorter), so later reads of them can be checked. The tail stays
+ * pending; flm_file_load_tail then refuses (its checksum needs the head). Errors: FLM_ERR_ARG (a skip outside the
+ * data section, or a tensor that crosses skip_hi), FLM_ERR_IO, FLM_ERR_NOMEM, FLM_ERR_CHECKSUM. */
+flm_status flm_file_load_head_skip(flm_file *f, uint64_t skip_lo, uint64_t skip_hi, uint64_t unit, uint64_t *sums,
+                                   flm_error *err);
 /* true while the resident region's tail (the token embedding) is in the file only. */
 bool flm_file_tail_pending(const flm_file *f);
 /* Bytes of the resident region that FLM_FILE_LAZY_TAIL can leave in the file: size - head_bytes when the region is

@@ -48,7 +48,45 @@ uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq) {
     return n_seq > 1 ? (2ull * n_seq - 1) * row + FLM_CARVE_ALIGN : 0;
 }
 
+/* Rows per read of the classifier on flash: about budget / 64 (64 KiB .. 4 MiB), a multiple of 64 rows (the units
+ * checked, FLM_OUT_UNIT_ROWS, divide it), at most the rows streamed. */
+static uint32_t out_chunk_rows(uint64_t budget, uint64_t row, uint32_t rows) {
+    uint64_t b = budget / 64;
+    if (b < (64u << 10)) b = 64u << 10;
+    if (b > (4u << 20)) b = 4u << 20;
+    uint64_t n = b / row / 64 * 64;
+    if (n < 64) n = 64;
+    return n < rows ? (uint32_t)n : rows;
+}
+
+static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *p,
+                           flm_error *err);
+
+/* The plan with the classifier in memory; when that does not fit in a mode that streams, with the classifier on
+ * flash past the self-draft's rows, then wholly on flash (plan_try's out_try). The first that fits is the plan; when
+ * none does, the last one's refusal (every part listed). */
 flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *p,
+                           flm_error *err) {
+    flm_status st = plan_try(f, hp, rq, p, err);
+    const bool fits = !st && (!p->budget || flm_mem_plan_total(p) + p->spec <= p->budget);
+    if (st != FLM_ERR_BUDGET || fits || rq->out_try || !rq->out_row || p->mode == FLM_MODE_RAM ||
+        rq->mode == FLM_MODE_RAM || (rq->tied && !flm_file_tail_bytes(f)))
+        return st;
+    flm_plan_request r = *rq;
+    for (r.out_try = 1; r.out_try <= 2; r.out_try++) {
+        if (r.out_try == 1 && (rq->tied || rq->out_rows_draft == 0 || rq->out_rows_draft >= hp->n_vocab)) continue;
+        flm_error e;
+        st = plan_try(f, hp, &r, p, &e);
+        if (st != FLM_ERR_BUDGET) {
+            if (st && err) *err = e;
+            return st;
+        }
+        if (err) *err = e;
+    }
+    return st;
+}
+
+static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_plan_request *rq, flm_mem_plan *p,
                            flm_error *err) {
     memset(p, 0, sizeof *p);
     const uint64_t region = f->resident->size;
@@ -116,9 +154,27 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
      * costs a 4 KiB read, against a whole layer's megabytes for the FFN storage it makes room for) */
     p->embd = rq->embd;
     p->embd_bytes = flm_file_tail_bytes(f) ? flm_file_tail_bytes(f) : (uint64_t)hp->n_vocab * rq->embd_row;
-    if (rq->embd == FLM_EMBD_FLASH && (mode == FLM_MODE_RAM || !flm_file_tail_bytes(f))) p->embd = FLM_EMBD_MEMORY;
+    if (rq->embd == FLM_EMBD_FLASH && (mode == FLM_MODE_RAM || !flm_file_tail_bytes(f)))
+        p->embd = rq->tied ? FLM_EMBD_TIED : FLM_EMBD_MEMORY;
+    if (rq->embd == FLM_EMBD_FLASH && rq->tied && !rq->out_try) p->embd = FLM_EMBD_TIED; /* the classifier's too */
+    p->out_row = rq->out_row;
+    p->out_bytes = (uint64_t)hp->n_vocab * rq->out_row;
+    if (rq->out_try) { /* the classifier on flash, but the draft's rows (out_try 1); tied: the embedding with it */
+        p->out_flash = true;
+        p->out_rows_res = rq->out_try == 1 ? rq->out_rows_draft : 0;
+        p->out_chunk_rows = out_chunk_rows(budget, rq->out_row, hp->n_vocab - p->out_rows_res);
+        p->scratch += (uint64_t)p->out_chunk_rows * rq->out_row + FLM_ALIGN; /* the buffer chunks are read into */
+        if (!rq->tied) { /* it lies in the head: the rows on flash are not loaded, and their sums are made at load */
+            const uint64_t on_flash = (uint64_t)(hp->n_vocab - p->out_rows_res) * rq->out_row;
+            p->resident -= on_flash;
+            p->out_unit_rows = FLM_OUT_UNIT_ROWS;
+            const uint64_t units = (hp->n_vocab - p->out_rows_res + FLM_OUT_UNIT_ROWS - 1) / FLM_OUT_UNIT_ROWS;
+            p->reader += 8 * units;
+            p->reader_checks += 8 * units;
+        }
+    }
     if (p->embd == FLM_EMBD_FLASH) {
-        p->resident = region - p->embd_bytes;
+        p->resident -= p->embd_bytes;
         p->embd_row = rq->embd_row;
         p->scratch += rq->embd_row; /* the buffer a row is read into */
     }
@@ -143,7 +199,7 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
         if (err) *err = serr;
         return st;
     }
-    if (mode == FLM_MODE_HYBRID && p->embd == FLM_EMBD_FLASH && p->n_resident_layers == f->n_layers &&
+    if (mode == FLM_MODE_HYBRID && p->embd == FLM_EMBD_FLASH && !p->out_flash && p->n_resident_layers == f->n_layers &&
         budget && flm_mem_plan_total(p) - p->embd_row + p->embd_bytes <= budget) {
         p->embd = FLM_EMBD_MEMORY; /* every layer fits, and the embedding too: nothing is read per token */
         p->resident = region;
@@ -152,9 +208,14 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
     }
     if (mode == FLM_MODE_SPARSE) return FLM_OK; /* runtime/sparse.c sized the caches from p->cache and checked them */
     if (budget && flm_mem_plan_total(p) > budget) {
-        char embd[96] = "";
+        char embd[192] = "";
         if (p->embd == FLM_EMBD_FLASH)
             snprintf(embd, sizeof embd, " (token embedding %.2f MiB left on flash)", flm_mib(p->embd_bytes));
+        if (p->out_flash) {
+            size_t n = strlen(embd);
+            snprintf(embd + n, sizeof embd - n, " (classifier %.2f MiB on flash, %u of its rows in memory)",
+                     flm_mib((uint64_t)(hp->n_vocab - p->out_rows_res) * p->out_row), p->out_rows_res);
+        }
         return flm_fail(err, FLM_ERR_BUDGET,
                         "%s: a memory budget of %s is too small for mode %s: resident weights %.2f MiB%s + KV "
                         "cache %.2f MiB (-c %u, %s) + scratch %.2f MiB + reader %.2f MiB + FFN %s %.2f MiB = %.2f MiB "

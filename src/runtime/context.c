@@ -125,34 +125,50 @@ flm_status flm_params_check(const flm_params *p, flm_error *err) {
     return FLM_OK;
 }
 
-/* Open a .flm file as its plan says: the plan first (runtime/plan.c: from the header, nothing loaded that the budget
- * cannot hold; then from the resident region's head), then the resident region (its tail too when the plan keeps
- * the token embedding in memory), the model, and flm_flash_open carries out the rest. */
+/* Open a .flm file as its plan says: the plan first (runtime/plan.c: from the header and the resident region's GGUF
+ * header, nothing loaded that the budget cannot hold), then the resident region (its tail too when the plan keeps
+ * the token embedding in memory; without the classifier's rows the plan leaves on flash), the model, and
+ * flm_flash_open carries out the rest. */
 static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, flm_error *err) {
-    flm_file *h = NULL, *ff = NULL;
-    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &h, err);
-    if (!st) st = flm_plan_check_head(path, h, p, err);
-    flm_file_close(h);
-    if (st) return st;
+    flm_file *ff = NULL;
     flm_hparams hp;
     flm_mem_plan mp;
     flm_sparsity *sparsity = NULL; /* auto's check parsed the predictor region: sparse_open takes it */
-    if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) || (st = flm_hparams_from_gguf(ff->meta, &hp, err)))
+    uint64_t *out_sums = NULL;     /* a classifier on flash: the sums of its units, made as the head loads */
+    /* the plan from the header and the resident region's GGUF header (what flm_plan reads), then what it keeps */
+    flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &ff, err);
+    if (st || (st = flm_plan_read_meta(ff, err)) || (st = flm_plan_check_head(path, ff, p, err)) ||
+        (st = flm_hparams_from_gguf(ff->meta, &hp, err)))
         goto fail;
     hp.gated = ff->ffn[0]->gate_type != FLM_GATE_NONE;
     if (ff->n_layers != hp.n_layers) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, ff->n_layers, hp.n_layers);
         goto fail;
     }
-    if ((st = flm_plan_flm(ff, &hp, p, &mp, &sparsity, err)) ||
-        (flm_file_tail_pending(ff) && mp.embd != FLM_EMBD_FLASH && (st = flm_file_load_tail(ff, err))) ||
-        (st = flm_model_from_flm(ff, &ctx->model, err)))
-        goto fail;
+    if ((st = flm_plan_flm(ff, &hp, p, &mp, &sparsity, err))) goto fail;
+    const flm_gguf_tensor *ow = flm_gguf_find_tensor(ff->meta, "output.weight");
+    if (mp.out_flash && ow) { /* the classifier's rows on flash lie in the head: load it without them */
+        const uint64_t lo = ff->meta->data_offset + ow->offset + (uint64_t)mp.out_rows_res * mp.out_row;
+        const uint64_t hi = ff->meta->data_offset + ow->offset + ow->nbytes, unit = FLM_OUT_UNIT_ROWS * mp.out_row;
+        if (!(out_sums = malloc(((hi - lo + unit - 1) / unit + 1) * sizeof *out_sums))) {
+            st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        if ((st = flm_file_load_head_skip(ff, lo, hi, unit, out_sums, err))) goto fail;
+    } else { /* the head (and the tail when the plan keeps the token embedding), checksummed */
+        flm_file_close(ff);
+        ff = NULL;
+        if ((st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &ff, err)) ||
+            (flm_file_tail_pending(ff) && mp.embd != FLM_EMBD_FLASH && (st = flm_file_load_tail(ff, err))))
+            goto fail;
+    }
+    if ((st = flm_model_from_flm(ff, &ctx->model, err))) goto fail;
     ctx->params.n_ctx = (int)mp.n_ctx;
     ctx->params.n_batch = (int)mp.n_batch;
     ctx->k = flm_kernels_best();
     flm_plan_info_of(&mp, &ctx->model->hp, &ctx->plan);
-    if ((st = flm_flash_open(ctx, ff, &mp, sparsity, err))) return st; /* owns ff and sparsity now */
+    st = flm_flash_open(ctx, ff, &mp, sparsity, out_sums, err); /* owns ff, sparsity and out_sums now */
+    if (st) return st;
     ctx->mem_resident = ctx->flash->plan.resident;
     /* the reader's real size, when larger than planned */
     ctx->plan.reader = ctx->flash->plan.reader;
@@ -161,6 +177,7 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
 fail:
     if (sparsity) flm_sparsity_free(sparsity);
     free(sparsity);
+    free(out_sums);
     flm_file_close(ff);
     return st;
 }

@@ -10,6 +10,7 @@
 #include "io/async_read.h"
 #include "io/io_cost.h"
 #include "runtime/hooks.h"
+#include "runtime/pass.h"
 #include "runtime/runtime.h"
 #include "sparsity/sparsity.h"
 #include "core/error.h"
@@ -55,7 +56,7 @@ static flm_status setup_checks(flm_ctx *ctx, flm_error *err) {
     flm_status st = flm_sums_load(file, &fl->sums, err);
     if (st) return st;
     uint32_t n = 0;
-    flm_check_table *t = calloc(fl->sums.n_tables ? fl->sums.n_tables : 1, sizeof *t);
+    flm_check_table *t = calloc(fl->sums.n_tables + 2, sizeof *t);
     if (!t) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", file->path);
     for (uint32_t i = 0; i < fl->sums.n_tables; i++) {
         const flm_sums_table *s = &fl->sums.tables[i];
@@ -74,6 +75,16 @@ static flm_status setup_checks(flm_ctx *ctx, flm_error *err) {
         }
         n++;
     }
+    if (fl->out_sums) { /* the classifier's rows on flash: units of FLM_OUT_UNIT_ROWS rows, their sums made at load */
+        const uint64_t rows = ctx->model->hp.n_vocab - fl->plan.out_rows_res, unit = fl->plan.out_unit_rows;
+        const uint64_t first = fl->out_offset + fl->plan.out_rows_res * fl->plan.out_row;
+        if (rows / unit)
+            t[n++] = (flm_check_table){first, unit * fl->plan.out_row, rows / unit, fl->out_sums, "classifier",
+                                       "rows"};
+        if (rows % unit)
+            t[n++] = (flm_check_table){first + rows / unit * unit * fl->plan.out_row, rows % unit * fl->plan.out_row,
+                                       1, fl->out_sums + rows / unit, "classifier", "last rows"};
+    }
     st = flm_reader_set_checks(fl->reader, t, n, err);
     free(t);
     if (st) return st;
@@ -87,8 +98,24 @@ static flm_status setup_checks(flm_ctx *ctx, flm_error *err) {
     return FLM_OK;
 }
 
+/* The classifier on flash (plan.out_flash): where its row 0 lies in the file, and the buffer chunks of its rows are
+ * read into. */
+static flm_status place_output(flm_ctx *ctx, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    if (!fl->plan.out_flash) return FLM_OK;
+    const flm_file *file = fl->file;
+    const flm_gguf_tensor *t = flm_gguf_find_tensor(file->meta, "output.weight");
+    if (!t) t = flm_gguf_find_tensor(file->meta, "token_embd.weight"); /* tied: the embedding's rows */
+    fl->out_offset = file->resident->offset + file->meta->data_offset + t->offset;
+    const uint64_t bytes = (uint64_t)fl->plan.out_chunk_rows * fl->plan.out_row;
+    if (posix_memalign(&fl->out_buf, FLM_ALIGN, flm_align_up(bytes, FLM_ALIGN))) fl->out_buf = NULL;
+    if (!fl->out_buf)
+        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the classifier's buffer", file->path);
+    return FLM_OK;
+}
+
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_sparsity *sparsity,
-                          flm_error *err) {
+                          uint64_t *out_sums, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     flm_flash *fl = calloc(1, sizeof *fl);
@@ -96,14 +123,16 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
         flm_file_close(file);
         if (sparsity) flm_sparsity_free(sparsity);
         free(sparsity);
+        free(out_sums);
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     }
     fl->file = file;
     fl->sparsity = sparsity;
+    fl->out_sums = out_sums;
     ctx->flash = fl;
     fl->plan = *plan; /* decided by runtime/plan.c: carried out here, not revisited */
     flm_status st;
-    if ((st = place_embedding(ctx, err))) return st;
+    if ((st = place_embedding(ctx, err)) || (st = place_output(ctx, err))) return st;
     uint64_t budget = fl->plan.budget;
     if (pp->mode == FLM_MODE_AUTO && fl->plan.mode == FLM_MODE_HYBRID) /* why auto did not take sparse */
         flm_log(&ctx->log, FLM_LOG_WARN, "%s", fl->plan.reason);
@@ -168,6 +197,40 @@ flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, const void **row, 
     tok->n_reads += E->io->n_requests - before.n_requests;
     if (st) return st;
     *row = fl->embd_row;
+    return FLM_OK;
+}
+
+flm_status flm_flash_output(flm_ctx *ctx, const flm_pass *P, const float *in, size_t in_stride, float *logits,
+                            uint32_t rows, flm_token_stats *tok, flm_error *err) {
+    flm_flash *fl = ctx->flash;
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    const flm_backend_ops *B = ctx->be.ops;
+    const uint32_t V = hp->n_vocab, R = fl->plan.out_rows_res, C = fl->plan.out_chunk_rows;
+    const uint64_t rb = fl->plan.out_row;
+    const bool bias = m->output_b.data != NULL;
+    if (R) {
+        const uint32_t n = rows < R ? rows : R;
+        const flm_weight W = {m->output.type, m->output.n_in, n, m->output.data};
+        B->linear(P, &W, bias ? &m->output_b : NULL, n, hp->d_embd, in, in_stride, logits, V);
+    }
+    for (uint32_t r = R; r < rows; r += C) {
+        const uint32_t c = rows - r < C ? rows - r : C, rd = V - r < C ? V - r : C; /* whole chunks: checked units */
+        flm_extent x = {fl->out_offset + (uint64_t)r * rb, (uint64_t)rd * rb, fl->out_buf};
+        flm_io_stats io = {0};
+        const double t0 = flm_now_ms();
+        flm_status st = flm_reader_read(fl->reader, &x, 1, &io, err);
+        if (tok) {
+            tok->io_ms += flm_now_ms() - t0;
+            tok->bytes_read += io.bytes_read;
+            tok->n_reads += io.n_requests;
+        }
+        flm_io_stats_add(&ctx->io, &io);
+        if (st) return st;
+        const flm_weight W = {m->output.type, m->output.n_in, c, fl->out_buf};
+        const flm_weight b = {FLM_TYPE_F32, c, 1, bias ? (const float *)m->output_b.data + r : NULL};
+        B->linear(P, &W, bias ? &b : NULL, c, hp->d_embd, in, in_stride, logits + r, V);
+    }
     return FLM_OK;
 }
 
@@ -277,6 +340,8 @@ void flm_flash_close(flm_flash *fl) {
     free(fl->desc);
     free(fl->acc);
     free(fl->embd_row);
+    free(fl->out_buf);
+    free(fl->out_sums); /* after the reader, which checked against them */
     if (fl->sparsity) flm_sparsity_free(fl->sparsity); /* sparse_open did not take it (it failed first) */
     free(fl->sparsity);
     flm_file_close(fl->file);

@@ -282,9 +282,12 @@ static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, 
 
 /* The logits of the n tokens of P (rows of X, d_model floats; changed in place): the output norm when the model has
  * one, proj_out when it has one (into H, rows hs apart), the classifier (+ its bias) into logits (rows of n_vocab;
- * its first `rows` rows: a draft's vocabulary, output_rows). */
-static void output(const flm_backend_ops *B, const flm_model *m, const flm_pass *P, float *X, float *H, size_t hs,
-                   float *logits, uint32_t rows) {
+ * its first `rows` rows: a draft's vocabulary, output_rows) — from memory, or read from flash past the rows the plan
+ * keeps (flm_flash_output; its I/O counted in tok, which may be NULL). Errors: a read's. */
+static flm_status output(flm_ctx *ctx, const flm_pass *P, float *X, float *H, size_t hs, float *logits, uint32_t rows,
+                         flm_token_stats *tok, flm_error *err) {
+    const flm_backend_ops *B = ctx->be.ops;
+    const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const uint32_t d = hp->d_model;
     if (m->output_norm.data) B->norm(P, &m->output_norm, &m->output_norm_b, d, X, d, X, d);
@@ -295,7 +298,9 @@ static void output(const flm_backend_ops *B, const flm_model *m, const flm_pass 
         in = H;
         stride = hs;
     }
+    if (ctx->flash && ctx->flash->plan.out_flash) return flm_flash_output(ctx, P, in, stride, logits, rows, tok, err);
     B->linear(P, &m->output, &m->output_b, rows, hp->d_embd, in, stride, logits, hp->n_vocab);
+    return FLM_OK;
 }
 
 /* The FFN block of layer l by the mode's source: the tap sees every token's input first (it only observes); one
@@ -325,10 +330,7 @@ static flm_status ffn(flm_ctx *ctx, const flm_eval_req *rq, uint32_t l, uint32_t
 /* The output rows a pass computes: all, or for a draft pass the draft vocabulary (flm_params.draft_vocab). */
 static uint32_t output_rows(const flm_ctx *ctx, bool draft) {
     const uint32_t V = ctx->model->hp.n_vocab;
-    if (!draft || ctx->params.draft_vocab < 0) return V;
-    const uint32_t dv = ctx->params.draft_vocab ? (uint32_t)ctx->params.draft_vocab
-                        : V > 2u * FLM_DRAFT_VOCAB ? FLM_DRAFT_VOCAB : V;
-    return dv < V ? dv : V;
+    return draft ? flm_draft_vocab_rows(&ctx->params, V) : V;
 }
 
 /* Logits of ids >= rows (outside a draft's vocabulary): -inf, rows of V floats. */
@@ -410,14 +412,14 @@ static flm_status pass_blocks(flm_ctx *ctx, const flm_eval_req *rq, const rows *
     if (rq->logits == FLM_LOGITS_NONE) return FLM_OK;
     const uint32_t rows = output_rows(ctx, rq->draft);
     if (logits_all && n > 1) {
-        output(B, m, &P, R->x, R->h, hs, logits_all, rows);
+        if ((st = output(ctx, &P, R->x, R->h, hs, logits_all, rows, tok, err))) return st;
         watch_logits(be, logits_all, n, rows, V);
         mask_vocab(logits_all, n, rows, V);
         B->read(be, s->logits, logits_all + (size_t)(n - 1) * V, V * sizeof(float));
     } else {
         flm_pass last = P;
         last.n = 1;
-        output(B, m, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits, rows);
+        if ((st = output(ctx, &last, R->x + (size_t)(n - 1) * d, R->h, hs, s->logits, rows, tok, err))) return st;
         watch_logits(be, s->logits, 1, rows, V);
         mask_vocab(s->logits, 1, rows, V);
         if (logits_all) B->read(be, logits_all, s->logits, V * sizeof(float));
@@ -448,7 +450,13 @@ flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, floa
                         FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch));
     float *buf = ctx->s.out_rows; /* carved at open */
     for (uint32_t i = 0; i < n; i++) memcpy(buf + (size_t)i * hp->d_model, x[i], hp->d_model * sizeof(float));
-    output(be->ops, m, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab);
+    flm_status st = output(ctx, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab, NULL, err);
+    if (st) {
+        uint32_t l;
+        int what;
+        be->ops->verdict(be, &l, &what); /* clears the pass's notes */
+        return st;
+    }
     watch_logits(be, logits, n, hp->n_vocab, hp->n_vocab);
     return verdict(ctx, err);
 }

@@ -28,6 +28,13 @@ uint64_t flm_plan_budget(const flm_params *p, uint64_t model_bytes) {
     return b ? b : 1; /* a percentage is a budget, never "none" */
 }
 
+uint32_t flm_draft_vocab_rows(const flm_params *p, uint32_t n_vocab) {
+    if (p->draft_vocab < 0) return n_vocab;
+    const uint32_t dv = p->draft_vocab ? (uint32_t)p->draft_vocab
+                        : n_vocab > 2u * FLM_DRAFT_VOCAB ? FLM_DRAFT_VOCAB : n_vocab;
+    return dv < n_vocab ? dv : n_vocab;
+}
+
 uint32_t flm_plan_n_ctx(const flm_params *p, const flm_hparams *hp) {
     uint32_t n_ctx = (uint32_t)p->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048;
@@ -101,8 +108,11 @@ static flm_status resident_fits(const char *path, const flm_file *f, uint64_t bu
 
 flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_params *p, flm_error *err) {
     const flm_region *r = f->resident;
-    return resident_fits(path, f, flm_plan_budget(p, file_weight_bytes(f)),
-                         r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size, err);
+    uint64_t bytes = r->head_bytes && r->head_bytes < r->size ? r->head_bytes : r->size;
+    /* a classifier in the head may stay on flash in a mode that streams (flm_budget_plan): not loaded */
+    const flm_gguf_tensor *o = f->meta && p->mode != FLM_MODE_RAM ? flm_gguf_find_tensor(f->meta, "output.weight") : NULL;
+    if (o && o->nbytes < bytes) bytes -= o->nbytes;
+    return resident_fits(path, f, flm_plan_budget(p, file_weight_bytes(f)), bytes, err);
 }
 
 static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft) {
@@ -164,9 +174,10 @@ flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_para
     const uint64_t budget = flm_plan_budget(p, file_weight_bytes(f));
     /* the token embedding: the resident region's tail stays in the file unless ram mode or a tied classifier needs
      * it now (then the whole region must fit before it is loaded); the budget plan decides for the other modes */
-    const bool tied = !flm_gguf_find_tensor(f->meta, "output.weight");
+    const flm_gguf_tensor *ow = flm_gguf_find_tensor(f->meta, "output.weight");
+    const bool tied = !ow;
     bool pending = flm_file_tail_bytes(f) && flm_file_tail_pending(f);
-    if (pending && (p->mode == FLM_MODE_RAM || tied)) {
+    if (pending && p->mode == FLM_MODE_RAM) {
         flm_status st = resident_fits(f->path, f, budget, f->resident->size, err);
         if (st) return st;
         pending = false;
@@ -178,7 +189,10 @@ flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_para
                            pending ? FLM_EMBD_FLASH : tied ? FLM_EMBD_TIED
                            : flm_file_tail_bytes(f) ? FLM_EMBD_MEMORY : FLM_EMBD_UNSPLIT,
                            flm_row_bytes(e->type, e->ne[0]), p->no_read_ahead,
-                           p->mode == FLM_MODE_HOT && p->draft_window > 0 ? p->draft_window : 0};
+                           p->mode == FLM_MODE_HOT && p->draft_window > 0 ? p->draft_window : 0, tied,
+                           tied ? flm_row_bytes(e->type, e->ne[0]) : flm_row_bytes(ow->type, ow->ne[0]),
+                           flm_draft_vocab_rows(p, hp->n_vocab), 0};
+    if (!tied && (ow->ne[1] != hp->n_vocab || hp->d_embd != ow->ne[0])) rq.out_row = 0; /* checked at load */
     flm_status st = flm_budget_plan(f, hp, &rq, mp, err);
     if (st || p->mode != FLM_MODE_AUTO || p->no_draft || mp->mode != FLM_MODE_HOT || !mp->stream) return st;
     return plan_self_draft(f, hp, p, &rq, mp);
@@ -218,6 +232,9 @@ void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_in
     o->kv_elem_bytes = mp->kv_elem_bytes;
     o->kv_dim = hp->n_kv_heads * hp->head_dim;
     o->n_vocab = hp->n_vocab;
+    o->out_flash_bytes = mp->out_flash ? (uint64_t)(hp->n_vocab - mp->out_rows_res) * mp->out_row : 0;
+    o->out_rows_resident = mp->out_flash ? mp->out_rows_res : hp->n_vocab;
+    o->out_chunk = mp->out_flash ? (uint64_t)mp->out_chunk_rows * mp->out_row : 0;
 }
 
 /* ---- GGUF: every weight mapped ---------------------------------------------------------------------------------- */
@@ -281,7 +298,7 @@ flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparam
 
 /* Parse the GGUF header at the start of f's resident region into f->meta (tensor data not read): the first 256 KiB,
  * then twice as much until the header fits. */
-static flm_status read_meta(flm_file *f, flm_error *err) {
+flm_status flm_plan_read_meta(flm_file *f, flm_error *err) {
     const flm_region *r = f->resident;
     int fd = open(f->path, O_RDONLY);
     if (fd < 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", f->path, strerror(errno));
@@ -341,7 +358,7 @@ static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_inf
     if ((st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &f, err))) return st;
     flm_hparams hp;
     flm_mem_plan mp;
-    if (!(st = flm_plan_check_head(path, f, pin, err)) && !(st = read_meta(f, err)) &&
+    if (!(st = flm_plan_read_meta(f, err)) && !(st = flm_plan_check_head(path, f, pin, err)) &&
         !(st = flm_hparams_from_gguf(f->meta, &hp, err))) {
         hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE;
         if (f->n_layers != hp.n_layers)

@@ -88,12 +88,24 @@ typedef struct flm_mem_plan {
                                      self_draft */
     bool self_draft;              /* auto runs hot with neurons streamed: the session decodes with the self-draft */
     int draft_tree, draft_depth;  /* its tree's nodes and levels */
+    /* the classifier on flash: when the plan does not fit with it in memory (a streaming mode), its rows from
+     * out_rows_res on are read per pass, out_chunk bytes at a time, into a buffer counted in scratch; the first
+     * out_rows_res rows (the self-draft's vocabulary, when that fits) stay in memory */
+    bool out_flash;
+    uint32_t out_rows_res;        /* out_flash: classifier rows held in memory (the first ones) */
+    uint64_t out_row;             /* bytes of one classifier row */
+    uint64_t out_bytes;           /* the classifier's bytes (all rows); out_flash: less out_rows_res rows on flash */
+    uint32_t out_chunk_rows;      /* out_flash: rows read per request (the chunk buffer: out_chunk_rows * out_row) */
+    uint32_t out_unit_rows;       /* out_flash, untied: rows per checked unit (the sums computed at load) */
     char reason[FLM_PLAN_REASON_MAX]; /* why this mode (flm_plan_info.reason) */
 } flm_mem_plan;
 
 /* Children a draft tree's node offers (session/spec.c): its draft's most likely tokens (greedy) or draws; the tree's
  * buffers (flm_spec_buffer_bytes, runtime/plan.c) hold them. */
 #define FLM_SPEC_TREE_K 4
+
+/* Rows of a classifier on flash per checked unit: their sums are made while the resident region loads. */
+#define FLM_OUT_UNIT_ROWS 16u
 
 /* What to plan for (runtime/budget.c). */
 typedef struct flm_plan_request {
@@ -111,6 +123,11 @@ typedef struct flm_plan_request {
     bool no_read_ahead;     /* flm_params.no_read_ahead: one layer buffer */
     double draft_window;    /* mode hot: the self-draft's window share (0: none); flm_plan_flm resolves
                                flm_params.draft_window */
+    bool tied;              /* the classifier is the token embedding (no output.weight) */
+    uint64_t out_row;       /* bytes of one classifier row (0: the classifier cannot stream) */
+    uint32_t out_rows_draft; /* rows of the self-draft's vocabulary (flm_params.draft_vocab resolved) */
+    int out_try;            /* internal (flm_budget_plan): 0 classifier in memory, 1 on flash but the draft's rows,
+                               2 all of it on flash */
 } flm_plan_request;
 
 /* Plan memory for a .flm model under the request's budget: the fixed parts here (the token embedding stays in the
@@ -125,11 +142,19 @@ flm_status flm_budget_plan(const flm_file *f, const flm_hparams *hp, const flm_p
 /* The budget in bytes params ask for with a model of model_bytes weight bytes: mem_bytes, or mem_percent of
  * model_bytes (at least 1 byte), or 0 (none). The one place --mem N% is resolved (runtime/plan.c). */
 uint64_t flm_plan_budget(const flm_params *p, uint64_t model_bytes);
+/* Rows of the classifier a self-draft pass computes (flm_params.draft_vocab resolved): all n_vocab when
+ * draft_vocab < 0, draft_vocab when > 0, else FLM_DRAFT_VOCAB for a vocabulary larger than twice that; at most
+ * n_vocab. */
+uint32_t flm_draft_vocab_rows(const flm_params *p, uint32_t n_vocab);
 /* The KV cache length params ask for: n_ctx, or min(the model's context_length, 2048), or 512. */
 uint32_t flm_plan_n_ctx(const flm_params *p, const flm_hparams *hp);
-/* Refuse a budget that cannot hold the resident region's head (header-only f): checked before anything is loaded.
- * Errors: FLM_ERR_BUDGET naming path, the budget and the sizes. */
+/* Refuse a budget that cannot hold the resident region's head (header-only f): checked before anything but the GGUF
+ * header is loaded; with f->meta parsed, a classifier in the head is not counted outside ram mode (it may stay on
+ * flash). Errors: FLM_ERR_BUDGET naming path, the budget and the sizes. */
 flm_status flm_plan_check_head(const char *path, const flm_file *f, const flm_params *p, flm_error *err);
+/* Parse the GGUF header at the start of header-only f's resident region into f->meta (tensor data not read; the
+ * header's bytes in f->resident_data). Errors: FLM_ERR_IO, FLM_ERR_NOMEM, the GGUF parser's. */
+flm_status flm_plan_read_meta(flm_file *f, flm_error *err);
 /* The whole plan for .flm file f, whose meta (the resident region's GGUF header) is parsed and hp read from it:
  * where the token embedding goes (a whole resident region that must be loaded is checked against the budget), then
  * flm_budget_plan. flm_open and flm_plan both call this. */
@@ -192,13 +217,23 @@ typedef struct flm_flash {
     flm_sums sums;            /* the record sums the reader checks reads against (empty with --no-verify-reads) */
     bool fused_checks;        /* checked reads, and the FFN records a layer streams are checked by the FFN kernels
                                  right before their first use (flm_flash_ffn) instead of by the reader */
+    uint64_t out_offset;      /* plan.out_flash: file offset of the classifier's row 0 */
+    void *out_buf;            /* plan.out_flash: [out_chunk_rows * out_row] bytes, the rows being read */
+    uint64_t *out_sums;       /* plan.out_flash, classifier in the head: the sums of its units on flash (made at load) */
 } flm_flash;
 
 /* Carry out plan (flm_plan_flm's, for this file and ctx->params): open the reader and the plan's FFN source
  * (ctx->ffn); takes ownership of file and sparsity (NULL, or the predictor region the plan parsed). Decides nothing. Errors: the reader's (its real size past the budget:
  * FLM_ERR_BUDGET) and the source's open. */
 flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, struct flm_sparsity *sparsity,
-                          flm_error *err);
+                          uint64_t *out_sums, flm_error *err);
+/* The classifier when the plan leaves it on flash (plan.out_flash): logits rows [0, rows) of the n = P->n tokens whose
+ * inputs are in (d_embd floats, rows in_stride apart) into logits (rows of n_vocab floats): the rows in memory, then
+ * the rest read out_chunk_rows at a time (checked reads) and multiplied as they arrive; each logit is the same sum
+ * as with the whole classifier in memory. I/O counts in ctx->io and tok (may be NULL). Errors: the reader's. */
+struct flm_pass;
+flm_status flm_flash_output(flm_ctx *ctx, const struct flm_pass *P, const float *in, size_t in_stride, float *logits,
+                            uint32_t rows, flm_token_stats *tok, flm_error *err);
 void flm_flash_close(flm_flash *fl);
 /* Allocate fl->ffn_mem (plan.ffn_resident + plan.stream bytes) when not yet done, then read the FFN regions of layers
  * [0, n) into fl->layer_data carved from it (4 KiB-aligned, checksummed), through the reader; not counted in the
