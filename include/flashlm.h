@@ -971,6 +971,11 @@ FLM_API void flm_session_set_special_in_content(flm_session *s, bool allow);
  * flm_session_prompt. Errors: those of flm_chat_apply and flm_session_prompt_text. */
 FLM_API flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
                                            size_t *n_reused, flm_error *err);
+/* The tokens flm_session_prompt_chat makes the context hold (rendered and tokenized the same way), without evaluating
+ * anything: *ids malloc'd (the caller frees it; NULL after an error), *n_ids of them. For a server that reports the
+ * prompt (its length when it does not fit, its text). Errors: those of flm_chat_apply, FLM_ERR_NOMEM. */
+FLM_API flm_status flm_session_chat_tokens(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                           int32_t **ids, size_t *n_ids, flm_error *err);
 
 /* ---- a conversation held in a session (what `flashlm chat` does, as llama.cpp's conversation mode) ----
  * The session keeps the text its cache holds for the conversation: the renderings fed and the replies as generated

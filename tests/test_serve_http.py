@@ -19,7 +19,12 @@ Starts the server on stories260K (tests/data) and checks what a client library w
 - with --api-key: "bearer" in any case and x-api-key are accepted;
 - the endpoints llama-server's users call: /tokenize and /detokenize (round trip), /props, /slots, /v1/models/{id},
   /completion (llama-server's fields), the routes without /v1, /v1/embeddings, /v1/responses (501), any model name
-  served unless --strict-model (404), the context-length error's wording.
+  served unless --strict-model (404), the context-length error's wording (and llama-server's fields beside it:
+  exceed_context_size_error, n_prompt_tokens, n_ctx);
+- llama-server's request fields: response_fields, verbose (__verbose: the prompt as text), logit_bias by text (equal to
+  the bias of its token ids), stream_options.include_usage on /v1/completions, add_generation_prompt and
+  continue_final_message, post_sampling_probs (refused), /v1/chat/completions/input_tokens, a JSON schema tuple;
+  without --cors a loopback origin may call, a foreign one may not;
 No timing assertions: the timeouts are made short by flags and only their effect is checked.
 
 usage: test_serve_http.py FLASHLM_BINARY DATA_DIR
@@ -477,6 +482,116 @@ def test_endpoints(port):
           "context error wording (litellm, llama.cpp): %r" % msg)
 
 
+def sse(port, path, body):
+    """A streamed request: the list of its events' JSON objects (until [DONE] or the end)."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = []
+    for line in r.read().decode().split("\n"):
+        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+            out.append(json.loads(line[6:]))
+    c.close()
+    return out
+
+
+def test_llama_fields(port):
+    prompt = "I believe the meaning of life is"
+    # response_fields: only those, "a/b" from inside a; "prompt" is the prompt's tokens as text (BOS spelled out)
+    st, _, b = request(port, "POST", "/completion", {"prompt": prompt, "n_predict": 5, "temperature": 0,
+                                                     "response_fields": ["content", "generation_settings/n_predict",
+                                                                         "prompt", "nothing/here"]})
+    r = json.loads(b)
+    check(st == 200 and sorted(r) == ["content", "generation_settings/n_predict", "prompt"] and
+          r["generation_settings/n_predict"] == 5 and r["prompt"] == "<s> " + prompt,
+          "/completion response_fields: %r" % r)
+    full = json.loads(request(port, "POST", "/completion", {"prompt": prompt, "n_predict": 5, "temperature": 0})[2])
+    check(full["content"] == r.get("content") and full["prompt"] == "<s> " + prompt, "/completion prompt: %r" % full)
+    # verbose: __verbose carries the prompt as text: BOS, then the template's rendering (/apply-template)
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    st, _, b = request(port, "POST", "/apply-template", {"messages": msgs})
+    rendered = json.loads(b)["prompt"]
+    st, _, b = request(port, "POST", "/chat/completions", {"messages": msgs, "max_tokens": 2, "verbose": True})
+    r = json.loads(b)
+    check(st == 200 and r["__verbose"]["prompt"] == "<s> " + rendered, "verbose: %r" % r.get("__verbose"))
+    st, _, b = request(port, "POST", "/chat/completions", {"messages": msgs, "max_tokens": 2, "verbose": False})
+    check(st == 200 and "__verbose" not in json.loads(b), "verbose false: no __verbose")
+    # input_tokens: the prompt tokens a completion of those messages evaluates
+    n_prompt = r["usage"]["prompt_tokens"]
+    st, _, b = request(port, "POST", "/v1/chat/completions/input_tokens", {"messages": msgs})
+    check(st == 200 and json.loads(b)["input_tokens"] == n_prompt, "input_tokens %r vs %d" % (b, n_prompt))
+    # logit_bias by text: each of its tokens, the same as by their ids; it changes the greedy reply
+    base = {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0, "return_tokens": True}
+    r0 = json.loads(request(port, "POST", "/completion", base)[2])
+    first = json.loads(request(port, "POST", "/detokenize", {"tokens": r0["tokens"][:1]})[2])["content"]
+    ids = json.loads(request(port, "POST", "/tokenize", {"content": first, "parse_special": False})[2])["tokens"]
+    r1 = json.loads(request(port, "POST", "/completion", dict(base, logit_bias=[[first, False]]))[2])
+    r2 = json.loads(request(port, "POST", "/completion", dict(base, logit_bias=[[i, False] for i in ids]))[2])
+    r3 = json.loads(request(port, "POST", "/completion", dict(base, logit_bias={first: -100}))[2])
+    check(r1["tokens"] == r2["tokens"] == r3["tokens"] and r1["tokens"][0] != r0["tokens"][0] and
+          not set(ids) & set(r1["tokens"]), "logit_bias by text %r: %r %r %r (unbiased %r)" %
+          (first, r1["tokens"], r2["tokens"], r3["tokens"], r0["tokens"]))
+    st = request(port, "POST", "/completion", dict(base, logit_bias={"-3": 1}))[0]
+    check(st == 400, "logit_bias key '-3': 400 (%s)" % st)
+    # /v1/completions streamed: every chunk has a choice; the usage on the last, or alone with include_usage
+    body = {"prompt": "Once", "max_tokens": 3, "temperature": 0, "stream": True}
+    ev = sse(port, "/v1/completions", body)
+    check(ev and all(len(e["choices"]) == 1 for e in ev) and ev[-1]["usage"]["completion_tokens"] == 3 and
+          ev[-1]["choices"][0]["finish_reason"] == "length", "completions stream usage on the last chunk: %r" % ev[-1:])
+    ev = sse(port, "/v1/completions", dict(body, stream_options={"include_usage": True}))
+    check(ev and ev[-1]["choices"] == [] and ev[-1]["usage"]["completion_tokens"] == 3 and
+          all(len(e["choices"]) == 1 for e in ev[:-1]), "include_usage: a last chunk of usage alone: %r" % ev[-1:])
+    ev = sse(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "stream": True, "verbose": True})
+    fin = [e for e in ev if e["choices"] and e["choices"][0]["finish_reason"]]
+    check(fin and fin[0]["__verbose"]["prompt"] == "<s> " + rendered, "streamed verbose: %r" % fin[:1])
+    # prefill spellings: continue_final_message continues the final assistant message as without it
+    pre = msgs + [{"role": "assistant", "content": "Once"}]
+    a = json.loads(request(port, "POST", "/chat/completions", {"messages": pre, "max_tokens": 4, "temperature": 0})[2])
+    b2 = json.loads(request(port, "POST", "/chat/completions", {"messages": pre, "max_tokens": 4, "temperature": 0,
+                                                                "continue_final_message": True,
+                                                                "add_generation_prompt": False})[2])
+    check(a["choices"][0]["message"]["content"] == b2["choices"][0]["message"]["content"],
+          "continue_final_message: the prefill's reply: %r %r" % (a, b2))
+    for bad, word in (({"continue_final_message": True, "add_generation_prompt": True, "messages": pre},
+                       "add_generation_prompt"),
+                      ({"continue_final_message": True, "messages": msgs}, "continue_final_message"),
+                      ({"add_generation_prompt": False, "messages": msgs}, "add_generation_prompt"),
+                      ({"continue_final_message": False, "messages": pre}, "continue_final_message"),
+                      ({"messages": pre + [{"role": "assistant", "content": "x"}]}, "two assistant messages"),
+                      ({"messages": msgs, "post_sampling_probs": True}, "post_sampling_probs")):
+        st, _, b = request(port, "POST", "/chat/completions", dict(bad, max_tokens=1))
+        check(st == 400 and word in json.loads(b)["error"]["message"], "%r: 400 naming %s (%s %r)" % (bad, word, st, b))
+    # a JSON schema tuple: exactly those items
+    st, _, b = request(port, "POST", "/chat/completions", {"messages": msgs, "max_tokens": 40, "json_schema": {
+        "items": [{"enum": [1, 2]}, {"type": "boolean"}]}})
+    out = json.loads(json.loads(b)["choices"][0]["message"]["content"]) if st == 200 else None
+    check(isinstance(out, list) and len(out) == 2 and out[0] in (1, 2) and isinstance(out[1], bool),
+          "a tuple schema: %s %r" % (st, b[:300]))
+    # the context error: llama-server's type and fields beside OpenAI's code
+    long = "Once upon a time " * 100
+    n = len(json.loads(request(port, "POST", "/tokenize", {"content": long, "add_special": True})[2])["tokens"])
+    st, _, b = request(port, "POST", "/v1/completions", {"prompt": long, "max_tokens": 4})
+    e = json.loads(b)["error"]
+    check(st == 400 and e["type"] == "exceed_context_size_error" and e["code"] == "context_length_exceeded" and
+          e["n_prompt_tokens"] == n and e["n_ctx"] == 128, "context error fields: %r (%d tokens)" % (e, n))
+    # embeddings count their prompt batches among llama-server's decodes
+    def decodes():
+        m = re.search(r"^llamacpp:n_decode_total (\S+)$", request(port, "GET", "/metrics")[2].decode(), re.M)
+        return float(m.group(1))
+    d0 = decodes()
+    request(port, "POST", "/v1/embeddings", {"input": ["Once upon a time", "The dog"]})
+    check(decodes() - d0 == 2, "embeddings: one decode per short input (%s)" % (decodes() - d0))
+    # without --cors a page on this machine (a loopback origin, any port) may call; a remote one may not
+    for o in ("http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]"):
+        st, hdrs, _ = request(port, "OPTIONS", "/completions", headers={"Origin": o,
+                                                                         "Access-Control-Request-Method": "POST"})
+        check(st == 200 and hdrs.get("access-control-allow-origin") == o, "loopback origin %s allowed: %s" % (o, hdrs))
+    st, hdrs, _ = request(port, "OPTIONS", "/completions", headers={"Origin": "http://localhost.evil.example",
+                                                                     "Access-Control-Request-Method": "POST"})
+    check("access-control-allow-origin" not in hdrs, "localhost.evil.example is not loopback: %s" % hdrs)
+
+
 def main():
     srv = Server("--parallel", "2")
     try:
@@ -484,6 +599,7 @@ def main():
         test_half_close(srv.port)
         test_browser_rules(srv.port)
         test_endpoints(srv.port)
+        test_llama_fields(srv.port)
         check(request(srv.port, "GET", "/health")[0] == 200, "/health after all")
     finally:
         check(srv.stop() == 0, "SIGTERM: exit status 0")

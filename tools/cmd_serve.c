@@ -114,6 +114,10 @@ typedef struct job {
     size_t n_prompt, n_reused;
     bool first_chunk;
     uint64_t seed;           /* the sampler's seed (given or drawn) */
+    int32_t *pids;           /* the prompt's tokens (what the slot's context is made to hold) */
+    size_t n_pids;
+    char *ptext;             /* their text, control tokens spelled out (llama-server's "prompt"; "__verbose") */
+    long err_n_prompt;       /* a prompt that does not fit: its tokens (llama-server's error fields), else -1 */
     int32_t *ids;            /* the tokens generated (native /completion's "tokens") */
     size_t n_ids, cap_ids;
     int slot_index;
@@ -179,6 +183,8 @@ static void job_unref_locked(job *j) {
     cli_buf_free(&j->out);
     cli_buf_free(&j->text);
     free(j->ids);
+    free(j->pids);
+    free(j->ptext);
     for (size_t i = 0; i < j->n_emb; i++) free(j->emb_ids[i]);
     free(j->emb_ids);
     free(j->emb_n);
@@ -362,12 +368,19 @@ static const char *finish_reason(const flm_gen_result *r) {
     return r->eog || r->stopped || r->complete ? "stop" : "length";
 }
 
-/* An OpenAI-shaped error body. */
-static char *error_json(int status, const char *msg, const char *code) {
+/* An OpenAI-shaped error body. A prompt that does not fit the context (code "context_length_exceeded") has
+ * llama-server's type "exceed_context_size_error" and its fields n_prompt_tokens (when n_prompt >= 0) and n_ctx. */
+static char *error_json_ex(int status, const char *msg, const char *code, long n_prompt) {
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    const bool ctx = code && !strcmp(code, "context_length_exceeded");
     cJSON_AddStringToObject(e, "message", msg);
     cJSON_AddStringToObject(e, "type", status == 401 ? "authentication_error" : status >= 500 ? "server_error"
-                                       : status == 404 ? "not_found_error" : "invalid_request_error");
+                                       : status == 404 ? "not_found_error" : ctx ? "exceed_context_size_error"
+                                       : "invalid_request_error");
+    if (ctx) {
+        if (n_prompt >= 0) cJSON_AddNumberToObject(e, "n_prompt_tokens", (double)n_prompt);
+        cJSON_AddNumberToObject(e, "n_ctx", srv.n_ctx);
+    }
     cJSON_AddNullToObject(e, "param");
     if (code) cJSON_AddStringToObject(e, "code", code);
     else cJSON_AddNullToObject(e, "code");
@@ -375,6 +388,8 @@ static char *error_json(int status, const char *msg, const char *code) {
     cJSON_Delete(o);
     return s;
 }
+
+static char *error_json(int status, const char *msg, const char *code) { return error_json_ex(status, msg, code, -1); }
 
 /* llama-server's "timings" of a request (its front ends and tools read them). */
 static cJSON *timings_json(const job *j) {
@@ -420,7 +435,7 @@ static cJSON *native_json(const job *j, const char *text, size_t len, const int3
         if (q->has_temp) cJSON_AddNumberToObject(g, "temperature", q->temperature);
         if (q->has_top_p) cJSON_AddNumberToObject(g, "top_p", q->top_p);
         if (q->top_k >= 0) cJSON_AddNumberToObject(g, "top_k", q->top_k);
-        cJSON_AddStringToObject(o, "prompt", q->prompt ? q->prompt : "");
+        cJSON_AddStringToObject(o, "prompt", j->ptext ? j->ptext : "");
         cJSON_AddBoolToObject(o, "has_new_line", t && strchr(t, '\n'));
         cJSON_AddBoolToObject(o, "truncated", j->truncated);
         cJSON_AddStringToObject(o, "stop_type", stop_type(&j->res));
@@ -513,6 +528,48 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "text_offset"), cJSON_CreateNumber((double)j->lp_off));
         j->lp_off += n;
     }
+}
+
+/* The text of n prompt tokens as llama-server shows a prompt: each token's piece, control tokens (BOS, "<|im_start|>")
+ * spelled out, the first piece without the space a SentencePiece vocabulary puts before a text; bytes that are not
+ * whole UTF-8 (token ids in) as piece_string writes them. malloc'd, NULL when out of memory. */
+static char *ids_text(const flm_ctx *ctx, const int32_t *ids, size_t n) {
+    int32_t bos = -1;
+    if (flm_tokenize_ex(ctx, "", 0, FLM_TOKENIZE_BOS, &bos, 1) != 1) bos = -1;
+    cli_buf b = {0};
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; i++) {
+        size_t len;
+        const char *p = flm_token_piece(ctx, i ? -1 : bos, ids[i], &len);
+        if (!len) { p = flm_token_text(ctx, ids[i]); len = strlen(p); }
+        ok = cli_buf_add(&b, p, len);
+    }
+    cJSON *str = ok ? piece_string(b.p ? b.p : "", b.len) : NULL;
+    cli_buf_free(&b);
+    char *out = str && cJSON_IsString(str) ? strdup(str->valuestring) : NULL;
+    cJSON_Delete(str);
+    return out;
+}
+
+/* Only the request's "response_fields" of o (llama-server's: "a/b" is member b of object a, put at the top level as
+ * "a/b"; a missing one is left out); o itself when the request names none. Takes o. */
+static cJSON *pick_fields(cJSON *o, const serve_req *q) {
+    if (!q->n_fields || !o) return o;
+    cJSON *r = cJSON_CreateObject();
+    for (int i = 0; i < q->n_fields; i++) {
+        const cJSON *v = o;
+        char path[256];
+        snprintf(path, sizeof path, "%s", q->fields[i]);
+        for (char *tok = path, *next; v && tok; tok = next) {
+            next = strchr(tok, '/');
+            if (next) *next++ = 0;
+            v = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, tok) : NULL;
+        }
+        if (v && !cJSON_GetObjectItemCaseSensitive(r, q->fields[i]))
+            cJSON_AddItemToObject(r, q->fields[i], cJSON_Duplicate(v, true));
+    }
+    cJSON_Delete(o);
+    return r;
 }
 
 /* An empty "logprobs" object (a reply of no tokens). */
@@ -622,6 +679,27 @@ static void run_job(slot *s, job *j) {
     if (q->min_p >= 0) sp.min_p = q->min_p;
     sp.bias = q->bias;
     sp.n_bias = q->n_bias;
+    flm_logit_bias *bias_all = NULL; /* with llama-server's text entries: the ids and each text's tokens */
+    if (q->n_bias_text) {
+        size_t n = q->n_bias;
+        for (size_t i = 0; i < q->n_bias_text; i++) {
+            size_t k = flm_tokenize_ex(s->ctx, q->bias_text[i], strlen(q->bias_text[i]), 0, NULL, 0);
+            n += k == SIZE_MAX ? 0 : k;
+        }
+        bias_all = malloc((n ? n : 1) * sizeof *bias_all);
+        if (bias_all) {
+            if (q->n_bias) memcpy(bias_all, q->bias, q->n_bias * sizeof *bias_all);
+            size_t m = q->n_bias;
+            for (size_t i = 0; i < q->n_bias_text && m < n; i++) {
+                int32_t *t = malloc((n - m) * sizeof *t);
+                size_t k = t ? flm_tokenize_ex(s->ctx, q->bias_text[i], strlen(q->bias_text[i]), 0, t, n - m) : 0;
+                for (size_t x = 0; x < k && m < n; x++) bias_all[m++] = (flm_logit_bias){.token = t[x], .bias = q->bias_text_val[i]};
+                free(t);
+            }
+            sp.bias = bias_all;
+            sp.n_bias = m;
+        }
+    }
     j->ctx = s->ctx;
     j->ts.tmpl = s->tmpl;
     static _Atomic uint64_t seed_counter;
@@ -630,7 +708,9 @@ static void run_job(slot *s, job *j) {
     j->slot_index = s->index;
     flm_session_reset_stats(s->sess);
     if (q->no_cache) flm_session_rewind(s->sess, 0); /* "cache_prompt": false */
-    flm_status st = flm_session_sampling(s->sess, &sp, &err);
+    flm_status st = q->n_bias_text && !bias_all ? FLM_ERR_NOMEM : flm_session_sampling(s->sess, &sp, &err);
+    if (st == FLM_ERR_NOMEM && !bias_all) snprintf(err.msg, sizeof err.msg, "out of memory");
+    free(bias_all); /* the sampler keeps its own copy */
     uint32_t nv = flm_vocab_size(s->ctx);
     for (size_t i = 0; !st && i < q->n_bias; i++)
         if ((uint32_t)q->bias[i].token >= nv) {
@@ -644,14 +724,25 @@ static void run_job(slot *s, job *j) {
             snprintf(err.msg, sizeof err.msg, "'prompt': token id %d is outside the vocabulary (0 to %u)",
                      q->prompt_ids[i], nv ? nv - 1 : 0);
         }
-    if (!st) {
-        if (q->n_prompt_ids)
-            st = flm_session_prompt(s->sess, q->prompt_ids, q->n_prompt_ids, &j->n_reused, &err);
-        else if (q->chat)
-            st = flm_session_prompt_chat(s->sess, s->tmpl, q->msgs, q->n_msgs, &j->n_reused, &err);
-        else
-            st = flm_session_prompt_text(s->sess, q->prompt, strlen(q->prompt), FLM_TOKENIZE_ADD_SPECIAL,
-                                         &j->n_reused, &err);
+    if (!st) { /* the prompt's tokens (kept: their count when they do not fit, their text), then evaluated */
+        if (q->n_prompt_ids) {
+            if ((j->pids = malloc(q->n_prompt_ids * sizeof *j->pids))) {
+                memcpy(j->pids, q->prompt_ids, q->n_prompt_ids * sizeof *j->pids);
+                j->n_pids = q->n_prompt_ids;
+            }
+        } else if (q->chat) {
+            st = flm_session_chat_tokens(s->sess, s->tmpl, q->msgs, q->n_msgs, &j->pids, &j->n_pids, &err);
+        } else {
+            size_t n = flm_tokenize_ex(s->ctx, q->prompt, strlen(q->prompt), FLM_TOKENIZE_ADD_SPECIAL, NULL, 0);
+            if (n != SIZE_MAX && (j->pids = malloc((n ? n : 1) * sizeof *j->pids)))
+                j->n_pids = flm_tokenize_ex(s->ctx, q->prompt, strlen(q->prompt), FLM_TOKENIZE_ADD_SPECIAL, j->pids, n);
+        }
+        if (!st && !j->pids) {
+            st = FLM_ERR_NOMEM;
+            snprintf(err.msg, sizeof err.msg, "out of memory tokenizing the prompt");
+        }
+        if (!st) st = flm_session_prompt(s->sess, j->pids, j->n_pids, &j->n_reused, &err);
+        if (!st && (j->native || q->verbose)) j->ptext = ids_text(s->ctx, j->pids, j->n_pids);
     }
     pthread_mutex_lock(&srv.mu);
     if (st) {
@@ -660,6 +751,7 @@ static void run_job(slot *s, job *j) {
             snprintf(m, sizeof m, "the request exceeds the available context size: this model's maximum context "
                      "length is %u tokens (per slot); %s", srv.n_ctx, err.msg);
             job_fail_locked(j, 400, "context_length_exceeded", m);
+            j->err_n_prompt = (long)j->n_pids;
         } else if (st == FLM_ERR_ARG)
             job_fail_locked(j, 400, "invalid_prompt", err.msg);
         else
@@ -741,6 +833,7 @@ static void run_job(slot *s, job *j) {
             if (!j->lp) lp_add_empty(j);
             cJSON_AddItemToObject(o, "completion_probabilities", cJSON_DetachItemFromObject(j->lp, "content"));
         }
+        o = pick_fields(o, q);
         if (j->req.stream) out_event(j, o);
         else {
             char *s2 = cJSON_PrintUnformatted(o);
@@ -751,12 +844,22 @@ static void run_job(slot *s, job *j) {
     } else if (j->req.stream) {
         cJSON *o = chunk_base(j);
         chunk_choice(j, o, "", 0, finish);
-        out_event(j, o);
-        o = chunk_base(j); /* the usage chunk (stream_options.include_usage's), always sent */
-        cJSON_AddArrayToObject(o, "choices");
-        cJSON_AddItemToObject(o, "usage", usage_json(j));
-        cJSON_AddItemToObject(o, "timings", timings_json(j));
-        out_event(j, o);
+        if (q->verbose) cJSON_AddItemToObject(o, "__verbose", native_json(j, "", 0, NULL, 0, true));
+        /* chat: a last chunk with the usage and no choices, always (llama-server's front ends read it); text
+         * completions: that chunk when stream_options.include_usage asks for it (OpenAI's), else the usage on the
+         * finishing chunk (llama-server's), so that a client reading choices[0] of every chunk does not break */
+        if (!q->chat && !q->include_usage) {
+            cJSON_AddItemToObject(o, "usage", usage_json(j));
+            cJSON_AddItemToObject(o, "timings", timings_json(j));
+            out_event(j, o);
+        } else {
+            out_event(j, o);
+            o = chunk_base(j);
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", usage_json(j));
+            cJSON_AddItemToObject(o, "timings", timings_json(j));
+            out_event(j, o);
+        }
     } else {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "id", j->id);
@@ -790,6 +893,8 @@ static void run_job(slot *s, job *j) {
         cJSON_AddStringToObject(c, "finish_reason", finish);
         cJSON_AddItemToObject(o, "usage", usage_json(j));
         cJSON_AddItemToObject(o, "timings", timings_json(j));
+        if (q->verbose) /* llama-server's: its native answer, the prompt as text among its fields */
+            cJSON_AddItemToObject(o, "__verbose", native_json(j, text, strlen(text), j->ids, j->n_ids, true));
         cJSON *f = cJSON_AddObjectToObject(o, "flashlm");
         cJSON_AddNumberToObject(f, "prompt_ms", ss.prompt_ms);
         cJSON_AddNumberToObject(f, "generation_ms", ss.gen_ms);
@@ -876,6 +981,9 @@ static void run_embed(slot *s, job *j) {
     pthread_mutex_lock(&srv.mu);
     srv.prompt_tokens += total;
     srv.prompt_ms += ms;
+    for (size_t i = 0; i < j->n_emb; i++) /* each input's prompt batches */
+        srv.n_decode += (j->emb_n[i] + (uint64_t)(srv.n_batch > 0 ? srv.n_batch : 256) - 1) /
+                        (uint64_t)(srv.n_batch > 0 ? srv.n_batch : 256);
     if (st == FLM_ERR_CONTEXT || st == FLM_ERR_ARG) {
         char m[FLM_ERROR_MSG_MAX + 160];
         snprintf(m, sizeof m, "the request exceeds the available context size: this model's maximum context length "
@@ -1082,9 +1190,9 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
     return send_text_ex(c, status, type, body, len, false);
 }
 
-static enum MHD_Result send_error_ex(struct MHD_Connection *c, unsigned status, const char *code, const char *msg,
-                                     bool close) {
-    char *s = error_json((int)status, msg, code);
+static enum MHD_Result send_error_n(struct MHD_Connection *c, unsigned status, const char *code, const char *msg,
+                                    bool close, long n_prompt) {
+    char *s = error_json_ex((int)status, msg, code, n_prompt);
     pthread_mutex_lock(&srv.mu);
     srv.requests++;
     srv.errors++;
@@ -1093,6 +1201,11 @@ static enum MHD_Result send_error_ex(struct MHD_Connection *c, unsigned status, 
     enum MHD_Result r = send_text_ex(c, status, "application/json", s, strlen(s), close);
     free(s);
     return r;
+}
+
+static enum MHD_Result send_error_ex(struct MHD_Connection *c, unsigned status, const char *code, const char *msg,
+                                     bool close) {
+    return send_error_n(c, status, code, msg, close, -1);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *code, const char *msg) {
@@ -1282,6 +1395,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
 /* Queue job j (its request filled in), wait for its answer and send it (streams: start the stream). */
 static enum MHD_Result serve_job(struct MHD_Connection *c, conn *cn, job *j, const char *id_prefix) {
     j->refs = 2; /* the connection's, the queue's (then the worker's) */
+    j->err_n_prompt = -1;
     j->created = (long)time(NULL);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
@@ -1324,10 +1438,11 @@ static enum MHD_Result serve_job(struct MHD_Connection *c, conn *cn, job *j, con
         snprintf(m, sizeof m, "%s", j->errmsg);
         int st = j->status;
         const char *code = j->errcode;
+        long n_prompt = j->err_n_prompt;
         srv.requests--; /* send_error counts it */
         job_unref_locked(j);
         pthread_mutex_unlock(&srv.mu);
-        return send_error(c, (unsigned)st, code, m);
+        return send_error_n(c, (unsigned)st, code, m, false, n_prompt);
     }
     if (j->gone) {
         bool stopping = srv.stopping;
@@ -1582,6 +1697,29 @@ static enum MHD_Result handle_apply_template(struct MHD_Connection *c, conn *cn)
     return send_json(c, 200, out);
 }
 
+/* POST /v1/chat/completions/input_tokens (llama-server's): a chat request -> {"input_tokens": the tokens its prompt
+ * has} (the rendering and tokenization a completion would evaluate; nothing is evaluated). */
+static enum MHD_Result handle_input_tokens(struct MHD_Connection *c, conn *cn) {
+    serve_req req;
+    char msg[SERVE_ERR_MAX];
+    int st = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, true, &req, msg, sizeof msg);
+    if (!st) st = serve_tools_prepare(&req, srv.slots[0].tmpl, msg, sizeof msg);
+    if (st) serve_req_free(&req);
+    if (st) return send_error(c, (unsigned)st, st == 400 ? "invalid_request" : "internal_error", msg);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    flm_error err;
+    /* reads the session's settings and the tokenizer only: safe beside the slot's running generation */
+    flm_status fs = flm_session_chat_tokens(srv.slots[0].sess, srv.slots[0].tmpl, req.msgs, req.n_msgs, &ids, &n,
+                                            &err);
+    serve_req_free(&req);
+    free(ids);
+    if (fs) return send_error(c, 500, "internal_error", err.msg);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "input_tokens", (double)n);
+    return send_json(c, 200, out);
+}
+
 /* GET /props (llama-server's): the server's settings. */
 static enum MHD_Result handle_props(struct MHD_Connection *c) {
     cJSON *o = cJSON_CreateObject();
@@ -1718,13 +1856,14 @@ static enum MHD_Result handle_embeddings(struct MHD_Connection *c, conn *cn) {
 /* Routes: OpenAI's under /v1 and without it (llama.cpp's front ends call /chat/completions, /models), and
  * llama-server's own. */
 enum route { R_NONE, R_HEALTH, R_CHAT, R_COMPL, R_NATIVE, R_MODELS, R_MODEL, R_METRICS, R_PAGE, R_TOKENIZE,
-             R_DETOKENIZE, R_PROPS, R_SLOTS, R_EMBED, R_RESPONSES, R_TEMPLATE };
+             R_DETOKENIZE, R_PROPS, R_SLOTS, R_EMBED, R_RESPONSES, R_TEMPLATE, R_INPUT_TOKENS };
 
 static enum route route_of(const char *url, const char **model) {
     bool v1 = !strncmp(url, "/v1/", 4);
     const char *p = v1 ? url + 3 : url;
     if (!strcmp(p, "/health")) return R_HEALTH;
     if (!strcmp(p, "/chat/completions")) return R_CHAT;
+    if (!strcmp(p, "/chat/completions/input_tokens")) return R_INPUT_TOKENS;
     if (!strcmp(p, "/completions")) return v1 ? R_COMPL : R_NATIVE; /* llama-server: /completions is its own */
     if (!strcmp(p, "/completion")) return R_NATIVE;
     if (!strcmp(p, "/models")) return R_MODELS;
@@ -1787,7 +1926,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_error_ex(c, 413, "request_too_large", m, true);
     }
     bool is_post = rt == R_CHAT || rt == R_COMPL || rt == R_NATIVE || rt == R_TOKENIZE || rt == R_DETOKENIZE ||
-                   rt == R_EMBED || rt == R_RESPONSES || rt == R_TEMPLATE;
+                   rt == R_EMBED || rt == R_RESPONSES || rt == R_TEMPLATE || rt == R_INPUT_TOKENS;
     if (is_post && !post) return send_error(c, 405, "method_not_allowed", "use POST");
     if (!is_post && !get) return send_error(c, 405, "method_not_allowed", "use GET");
     if (post) {
@@ -1803,6 +1942,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     case R_TOKENIZE: return handle_tokenize(c, cn);
     case R_DETOKENIZE: return handle_detokenize(c, cn);
     case R_TEMPLATE: return handle_apply_template(c, cn);
+    case R_INPUT_TOKENS: return handle_input_tokens(c, cn);
     case R_EMBED: return handle_embeddings(c, cn);
     case R_RESPONSES:
         return send_error(c, 501, "not_implemented", "the Responses API (/v1/responses) is not implemented: use "

@@ -25,6 +25,11 @@ typedef struct serve_req {
     bool return_tokens;        /* "return_tokens" (llama-server's /completion: the ids generated) */
     bool no_cache;             /* "cache_prompt": false (llama-server's): evaluate the whole prompt again */
     bool stream;               /* "stream" */
+    bool include_usage;        /* "stream_options": {"include_usage": true}: a last chunk with usage, no choices */
+    bool verbose;              /* llama-server's "verbose": the answer carries "__verbose" (the prompt as text) */
+    char **fields;             /* llama-server's "response_fields" (/completion): only these fields of the answer,
+                                  "a/b" taking b of object a to the top level as "a/b"; NULL: all */
+    int n_fields;
     bool has_temp, has_top_p, has_seed;
     float temperature;         /* "temperature", 0..2 */
     float top_p;               /* "top_p", 0..1 */
@@ -42,6 +47,10 @@ typedef struct serve_req {
     flm_logit_bias *bias;      /* "logit_bias": {"id": bias} (OpenAI's) or [[id, bias], ...] (llama-server's); bias
                                   -100..100, or false (llama-server's: banned, -inf); ids checked by the server */
     size_t n_bias;
+    char **bias_text;          /* "logit_bias" entries given as text (llama-server's): each of its tokens (tokenized
+                                  plainly, no BOS, by the server) gets bias_text_val[i] */
+    float *bias_text_val;
+    size_t n_bias_text;
     bool logprobs;             /* chat: "logprobs": true; completions: "logprobs": N (N >= 0) or llama-server's
                                   "n_probs" > 0 */
     int top_logprobs;          /* chat: "top_logprobs" 0..20 (needs "logprobs": true); completions: N, 0..20 */

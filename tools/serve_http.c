@@ -191,6 +191,9 @@ bool serve_origin_allowed(const serve_access *a, const char *origin, const char 
         else if (!strncasecmp(origin, "https://", 8)) h = origin + 8;
         if (h && !strcasecmp(h, host)) return true;
     }
+    /* without --cors: a page served from this machine (a loopback origin, any port) may call, as llama-server's
+     * default; a remote site may not (its Origin names its own host, also when DNS rebinding points it here) */
+    if (a->n_cors == 0 && origin_is_loopback(origin)) return true;
     return a->api_key && a->n_cors == 0;
 }
 

@@ -41,7 +41,8 @@ typedef struct serve_access {
 int serve_check_host(const serve_access *a, const char *host, char *msg, size_t cap);
 
 /* Whether a request with this Origin header (RFC 6454) may read the response: the same origin as the Host, a
- * --cors origin, or any origin when an API key guards the server and --cors is not given. false for NULL. */
+ * --cors origin; without --cors, a loopback origin (http(s) on localhost, 127.0.0.0/8 or [::1], any port: a page
+ * served from this machine), or any origin when an API key guards the server. false for NULL. */
 bool serve_origin_allowed(const serve_access *a, const char *origin, const char *host);
 
 /* A POST's browser checks: 0, or 403 (an Origin that may not call) or 415 (without --api-key, a body that is not

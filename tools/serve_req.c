@@ -22,6 +22,11 @@ void serve_req_free(serve_req *r) {
     free(r->msgs);
     free(r->prompt);
     free(r->bias);
+    for (size_t i = 0; i < r->n_bias_text; i++) free(r->bias_text[i]);
+    free(r->bias_text);
+    free(r->bias_text_val);
+    for (int i = 0; i < r->n_fields; i++) free(r->fields[i]);
+    free(r->fields);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     flm_grammar_free(r->grammar);
@@ -257,6 +262,43 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'stream' must be a boolean"); goto fail; }
         r->stream = cJSON_IsTrue(v);
     }
+    v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (v && !cJSON_IsNull(v)) {
+        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(v, "include_usage");
+        if (!cJSON_IsObject(v) || (iu && !cJSON_IsBool(iu) && !cJSON_IsNull(iu))) {
+            snprintf(msg, cap, "'stream_options' must be an object whose 'include_usage' is a boolean");
+            goto fail;
+        }
+        r->include_usage = cJSON_IsTrue(iu);
+    }
+    static const char *const BOOLS[] = {"verbose", "post_sampling_probs", "backend_sampling"};
+    for (size_t k = 0; k < sizeof BOOLS / sizeof *BOOLS; k++) {
+        v = cJSON_GetObjectItemCaseSensitive(root, BOOLS[k]);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) { snprintf(msg, cap, "'%s' must be a boolean", BOOLS[k]); goto fail; }
+    }
+    r->verbose = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "verbose"));
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "post_sampling_probs"))) {
+        snprintf(msg, cap, "'post_sampling_probs' is not supported: logprobs and n_probs give the model's "
+                 "log-probabilities at temperature 1, before the sampler's filters");
+        goto fail;
+    }
+    /* "backend_sampling" (llama-server's: sample on its GPU backend or its CPU): flashlm has the one sampler, so
+     * either value gives the same tokens and probabilities; checked above, nothing to choose */
+    v = cJSON_GetObjectItemCaseSensitive(root, "response_fields");
+    if (v && !cJSON_IsNull(v)) {
+        int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+        if (n < 0 || n > 64) { snprintf(msg, cap, "'response_fields' must be an array of at most 64 strings"); goto fail; }
+        if (n && !(r->fields = calloc((size_t)n, sizeof *r->fields))) goto oom;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (!cJSON_IsString(e) || !e->valuestring[0]) {
+                snprintf(msg, cap, "'response_fields' must be an array of at most 64 strings");
+                goto fail;
+            }
+            if (!(r->fields[r->n_fields] = dup_str(e->valuestring))) goto oom;
+            r->n_fields++;
+        }
+    }
     double d;
     int got;
     if ((got = get_number(root, "temperature", 0, 2, false, &d, msg, cap)) < 0) goto fail;
@@ -306,17 +348,26 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         int n = cJSON_GetArraySize(v);
         if (n > SERVE_MAX_BIAS) { snprintf(msg, cap, "'logit_bias': at most %d entries", SERVE_MAX_BIAS); goto fail; }
         if (n > 0 && !(r->bias = calloc((size_t)n, sizeof *r->bias))) goto oom;
+        if (n > 0 && !(r->bias_text = calloc((size_t)n, sizeof *r->bias_text))) goto oom;
+        if (n > 0 && !(r->bias_text_val = calloc((size_t)n, sizeof *r->bias_text_val))) goto oom;
         const cJSON *e;
         cJSON_ArrayForEach(e, v) {
             const cJSON *tok = e, *val = e;
             long id = -1;
-            if (obj) { /* "1234": bias */
+            const char *text = NULL; /* a text whose tokens get the bias (llama-server's) */
+            if (obj) { /* "1234": bias, or "text": bias */
                 char *end;
                 errno = 0;
                 id = strtol(e->string, &end, 10);
                 if (!e->string[0] || *end || errno || id < 0 || id > INT32_MAX) {
-                    snprintf(msg, cap, "'logit_bias': key '%.40s' is not a token id (a non-negative integer)", e->string);
-                    goto fail;
+                    const char *q = e->string;
+                    while (*q == ' ') q++;
+                    if (*q == '-' || (*q >= '0' && *q <= '9') || !e->string[0]) { /* a number, but not an id */
+                        snprintf(msg, cap, "'logit_bias': key '%.40s' is not a token id (a non-negative integer)",
+                                 e->string);
+                        goto fail;
+                    }
+                    text = e->string;
                 }
             } else { /* [id, bias] */
                 if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) {
@@ -325,25 +376,27 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
                 }
                 tok = e->child;
                 val = e->child->next;
-                if (cJSON_IsString(tok)) {
-                    snprintf(msg, cap, "'logit_bias': a token given as a string is not supported (give its id; "
-                             "/tokenize gives it)");
-                    goto fail;
-                }
-                if (!cJSON_IsNumber(tok) || tok->valuedouble < 0 || tok->valuedouble > INT32_MAX ||
+                if (cJSON_IsString(tok) && tok->valuestring[0]) text = tok->valuestring;
+                else if (!cJSON_IsNumber(tok) || tok->valuedouble < 0 || tok->valuedouble > INT32_MAX ||
                     tok->valuedouble != floor(tok->valuedouble)) {
                     snprintf(msg, cap, "'logit_bias': a token id must be a non-negative integer");
                     goto fail;
                 }
-                id = (long)tok->valuedouble;
+                else id = (long)tok->valuedouble;
             }
             float b;
             if (cJSON_IsFalse(val)) b = -INFINITY; /* llama-server's: never this token */
             else if (cJSON_IsNumber(val) && isfinite(val->valuedouble) && val->valuedouble >= -100 &&
                      val->valuedouble <= 100) b = (float)val->valuedouble;
             else {
-                snprintf(msg, cap, "'logit_bias': token %ld: the bias must be a number between -100 and 100", id);
+                snprintf(msg, cap, "'logit_bias': %s%.40s: the bias must be a number between -100 and 100",
+                         text ? "text " : "token ", text ? text : (snprintf(field, sizeof field, "%ld", id), field));
                 goto fail;
+            }
+            if (text) {
+                if (!(r->bias_text[r->n_bias_text] = dup_str(text))) goto oom;
+                r->bias_text_val[r->n_bias_text++] = b;
+                continue;
             }
             r->bias[r->n_bias].token = (int32_t)id;
             r->bias[r->n_bias].bias = b;
@@ -448,6 +501,37 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
             r->msgs[i].role = rc;
             r->msgs[i].content = text;
             r->n_msgs++;
+        }
+        /* a final assistant message is continued (prefill, llama-server's); vLLM's spelling of that choice */
+        const bool last_asst = !strcmp(r->msgs[r->n_msgs - 1].role, "assistant");
+        if (last_asst && r->n_msgs >= 2 && !strcmp(r->msgs[r->n_msgs - 2].role, "assistant")) {
+            snprintf(msg, cap, "'messages': two assistant messages at the end (the last one is continued as the "
+                     "reply's beginning: join them into one)");
+            goto fail;
+        }
+        const cJSON *agp = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
+        const cJSON *cfm = cJSON_GetObjectItemCaseSensitive(root, "continue_final_message");
+        if ((agp && !cJSON_IsNull(agp) && !cJSON_IsBool(agp)) || (cfm && !cJSON_IsNull(cfm) && !cJSON_IsBool(cfm))) {
+            snprintf(msg, cap, "'add_generation_prompt' and 'continue_final_message' must be booleans");
+            goto fail;
+        }
+        if (cJSON_IsTrue(agp) && cJSON_IsTrue(cfm)) {
+            snprintf(msg, cap, "'add_generation_prompt' and 'continue_final_message' cannot both be true");
+            goto fail;
+        }
+        if (cJSON_IsTrue(cfm) && !last_asst) {
+            snprintf(msg, cap, "'continue_final_message': the last message must be the assistant's (it is continued)");
+            goto fail;
+        }
+        if (cJSON_IsFalse(agp) && !last_asst) {
+            snprintf(msg, cap, "'add_generation_prompt': false is supported only with a final assistant message to "
+                     "continue (else the reply would continue the user's turn)");
+            goto fail;
+        }
+        if (cJSON_IsFalse(cfm) && last_asst) {
+            snprintf(msg, cap, "'continue_final_message': false is not supported: a final assistant message is "
+                     "continued (prefill)");
+            goto fail;
         }
     } else {
         v = cJSON_GetObjectItemCaseSensitive(root, "prompt");

@@ -249,10 +249,42 @@ static int object_rule(sc *c, const cJSON *s) {
 
 static int array_rule(sc *c, const cJSON *s) {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
-    if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items))
-        return fail(c, FLM_ERR_UNSUPPORTED, "'items' must be a schema (tuple arrays are not supported)");
     long lo = 0, hi = -1;
     if (!get_count(c, s, "minItems", &lo) || !get_count(c, s, "maxItems", &hi)) return -1;
+    if (cJSON_IsArray(items)) { /* a tuple (draft 4-2019's array form): exactly these items, in order, as
+                                  llama.cpp's converter makes it (a subset of what the schema accepts) */
+        long n = cJSON_GetArraySize(items);
+        if (n < lo || (hi >= 0 && n > hi))
+            return fail(c, FLM_ERR_UNSUPPORTED, "a tuple 'items' of %ld schemas outside minItems/maxItems", n);
+        int *ir = n ? malloc((size_t)n * sizeof *ir) : NULL;
+        if (n && !ir) return fail(c, FLM_ERR_NOMEM, "out of memory");
+        long k = 0;
+        for (const cJSON *e = items->child; e; e = e->next, k++) {
+            if (!cJSON_IsObject(e) && !cJSON_IsTrue(e)) {
+                free(ir);
+                return fail(c, FLM_ERR_UNSUPPORTED, "'items'[%ld] must be a schema", k);
+            }
+            if ((ir[k] = compile(c, cJSON_IsObject(e) ? e : NULL)) < 0) { free(ir); return -1; }
+        }
+        int rule = new_rule(c);
+        sbuf b = {0};
+        sb_fmt(&b, "\"[\" %s-ws ", c->pfx);
+        for (k = 0; k < n; k++) {
+            if (k) sb_fmt(&b, " %s-ws \",\" %s-ws ", c->pfx, c->pfx);
+            rule_ref(c, &b, ir[k]);
+        }
+        sb_fmt(&b, " %s-ws \"]\"", c->pfx);
+        free(ir);
+        rule_head(c, rule);
+        sb_put(&c->out, b.p ? b.p : "", b.n);
+        sb_str(&c->out, "\n");
+        bool oom = b.nomem;
+        free(b.p);
+        if (oom) return fail(c, FLM_ERR_NOMEM, "out of memory");
+        return rule;
+    }
+    if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items))
+        return fail(c, FLM_ERR_UNSUPPORTED, "'items' must be a schema or an array of schemas (a tuple)");
     if (hi >= 0 && hi < lo) return fail(c, FLM_ERR_UNSUPPORTED, "maxItems is below minItems");
     int rule = new_rule(c);
     if (items && cJSON_IsFalse(items)) {

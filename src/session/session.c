@@ -448,21 +448,29 @@ flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len,
     return st;
 }
 
-flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
-                                   size_t *n_reused, flm_error *err) {
-    if (n_reused) *n_reused = 0;
+flm_status flm_session_chat_tokens(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                   int32_t **ids, size_t *n_ids, flm_error *err) {
+    *ids = NULL;
+    *n_ids = 0;
     char *text = NULL;
     size_t len = 0, *spans, n_spans;
     flm_status st = render_chat(s, t, msgs, n, &text, &len, &spans, &n_spans, err);
     if (st) return st;
     unsigned flags = FLM_TOKENIZE_PARSE_SPECIAL | (flm_add_bos(s->ctx) ? FLM_TOKENIZE_BOS : 0u);
-    int32_t *ids;
-    size_t n_ids;
-    st = tokenize_spans(s, text, len, flags, spans, n_spans, &ids, &n_ids, err);
-    if (!st) st = flm_session_prompt(s, ids, n_ids, n_reused, err);
-    free(ids);
+    st = tokenize_spans(s, text, len, flags, spans, n_spans, ids, n_ids, err);
     free(spans);
     free(text);
+    return st;
+}
+
+flm_status flm_session_prompt_chat(flm_session *s, const flm_chat *t, const flm_chat_msg *msgs, size_t n,
+                                   size_t *n_reused, flm_error *err) {
+    if (n_reused) *n_reused = 0;
+    int32_t *ids;
+    size_t n_ids;
+    flm_status st = flm_session_chat_tokens(s, t, msgs, n, &ids, &n_ids, err);
+    if (!st) st = flm_session_prompt(s, ids, n_ids, n_reused, err);
+    free(ids);
     return st;
 }
 
