@@ -31,7 +31,8 @@ BUDGETS ?= 70%,50%
 # against 23.0, bench --mem 80%); the order is cached with the converted model until the binary changes
 HOT_TOKENS ?= 256
 HOT_TEXT ?= tests/data/text/wiki.test.raw
-BENCH_TEXT ?= tests/data/text/prideprejudice.txt
+# the bench prompt: code, the model's kind of text (the first 16 tokens of a source file of this project)
+BENCH_TEXT ?= src/io/async_read.c
 FLM = $(BUILD)/$(MODEL).flm
 
 # The main job: pull a real model, convert it to the flash layout and store every layer's FFN neurons hottest first
