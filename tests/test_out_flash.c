@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "flashlm.h"
+#include "calibrate/calibrate.h"
 #include "convert/convert.h"
 #include "format/gguf.h"
 #include "format/flm.h"
@@ -279,6 +280,48 @@ static void test_smollm2_half(void **state) {
     remove(smol);
 }
 
+/* Mode auto on a file stored hottest first, at a budget where it runs hot with the self-draft and the classifier on
+ * flash: draft passes, trees (their logits by flm_output_rows) and verification read the classifier, and the greedy
+ * text is ram mode's. */
+static void test_auto_hot_self_draft(void **state) {
+    (void)state;
+    const char *hot = tu_tmp("outflash-hot", ".flm");
+    flm_error err;
+    size_t hlen;
+    char *htext = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &hlen);
+    htext[hlen < 30000 ? hlen : 30000] = 0;
+    flm_status hst = flm_convert(tu_data("models/stories260K/stories260K.gguf"), hot, NULL, NULL, &err);
+    if (!hst) hst = flm_hot_order(hot, htext, 512, 128, 1, NULL, NULL, &err);
+    free(htext);
+    if (hst) fail_msg("hot order: %s", err.msg);
+    uint64_t mem = 0;
+    flm_plan_info plan;
+    for (uint64_t m = 4u << 20; m >= (64u << 10) && !mem; m -= 1024) {
+        flm_params p;
+        params(&p, FLM_MODE_AUTO, m);
+        if (!flm_plan(hot, &p, &plan, &err) && plan.out_flash_bytes && plan.self_draft) mem = m;
+    }
+    assert_true(mem > 0);
+    assert_int_equal(plan.mode, FLM_MODE_HOT);
+    char args[8192], *ram = NULL, *at = NULL, *ram_err = NULL, *at_err = NULL;
+    uint64_t peak;
+    const char *gen = "-c 64 -t 2 -p 'Once upon a time' -n 40 --temp 0";
+    snprintf(args, sizeof args, "run -m '%s' --mode ram %s", hot, gen);
+    assert_int_equal(run_rss(args, &peak, &ram, &ram_err), 0);
+    snprintf(args, sizeof args, "run -m '%s' --mem %llu --stats %s", hot, (unsigned long long)mem, gen);
+    if (run_rss(args, &peak, &at, &at_err)) fail_msg("auto at %llu bytes failed:\n%s", (unsigned long long)mem, at_err);
+    if (!strstr(at_err, "classifier") || !strstr(at_err, "self-draft"))
+        fail_msg("auto at %llu bytes does not run the self-draft with the classifier on flash:\n%s",
+                 (unsigned long long)mem, at_err);
+    assert_true(strlen(ram) > 40);
+    if (strcmp(ram, at)) fail_msg("auto with the classifier on flash printed another text:\nram:  %s\nauto: %s", ram, at);
+    free(ram);
+    free(at);
+    free(ram_err);
+    free(at_err);
+    remove(hot);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied),
@@ -286,6 +329,7 @@ int main(void) {
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_corrupt_row),
         cmocka_unit_test(test_smollm2_half),
+        cmocka_unit_test(test_auto_hot_self_draft),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
