@@ -23,7 +23,8 @@ Starts the server on stories260K (tests/data) and checks what a client library w
   exceed_context_size_error, n_prompt_tokens, n_ctx);
 - llama-server's request fields: response_fields, verbose (__verbose: the prompt as text), logit_bias by text (equal to
   the bias of its token ids), stream_options.include_usage on /v1/completions, add_generation_prompt and
-  continue_final_message, post_sampling_probs (refused), /v1/chat/completions/input_tokens, a JSON schema tuple;
+  continue_final_message, post_sampling_probs (refused), /v1/chat/completions/input_tokens, a JSON schema tuple,
+  several prompts in one request (each answered as alone), a mixed sequence of ids and text, "n" choices;
   without --cors a loopback origin may call, a foreign one may not;
 No timing assertions: the timeouts are made short by flags and only their effect is checked.
 
@@ -582,6 +583,40 @@ def test_llama_fields(port):
     d0 = decodes()
     request(port, "POST", "/v1/embeddings", {"input": ["Once upon a time", "The dog"]})
     check(decodes() - d0 == 2, "embeddings: one decode per short input (%s)" % (decodes() - d0))
+    # several prompts (llama-server's): an array of answers, each the prompt's alone; a mixed sequence of ids and text
+    one = lambda pr: json.loads(request(port, "POST", "/completion", {"prompt": pr, "n_predict": 4,
+                                                                      "temperature": 0})[2])["content"]
+    ids = json.loads(request(port, "POST", "/tokenize", {"content": prompt, "add_special": True})[2])["tokens"]
+    st, _, b = request(port, "POST", "/completion", {"prompt": [ids, prompt, {"prompt_string": prompt}, ids[:3]],
+                                                     "n_predict": 4, "temperature": 0})
+    r = json.loads(b)
+    alone = [one(ids), one(prompt), one(ids[:3])]
+    check(st == 200 and isinstance(r, list) and [x["content"] for x in r] == alone[:2] + alone[1:],
+          "several prompts: %s %r vs %r" % (st, b[:300], alone))
+    tail = json.loads(request(port, "POST", "/tokenize", {"content": " is"})[2])["tokens"]
+    check(one(ids[:3] + ["meaning of life", 2]) ==
+          one(ids[:3] + json.loads(request(port, "POST", "/tokenize", {"content": "meaning of life"})[2])["tokens"]
+              + [2]) and tail, "a mixed sequence of ids and text")
+    st, _, b = request(port, "POST", "/v1/completions", {"prompt": ["Once", "The dog"], "max_tokens": 3,
+                                                         "temperature": 0})
+    r = json.loads(b)
+    texts = [json.loads(request(port, "POST", "/v1/completions", {"prompt": p, "max_tokens": 3,
+                                                                  "temperature": 0})[2])["choices"][0]["text"]
+             for p in ("Once", "The dog")]
+    check(st == 200 and [c["text"] for c in r["choices"]] == texts and [c["index"] for c in r["choices"]] == [0, 1]
+          and r["usage"]["completion_tokens"] == 6, "/v1/completions with two prompts: %r vs %r" % (b[:300], texts))
+    # "n": choices, choice i sampled with seed + i (each as the request alone with that seed)
+    q = {"messages": msgs, "max_tokens": 6, "temperature": 1, "seed": 7}
+    st, _, b = request(port, "POST", "/v1/chat/completions", dict(q, n=3))
+    r = json.loads(b)
+    want = [json.loads(request(port, "POST", "/v1/chat/completions", dict(q, seed=7 + i))[2])["choices"][0]["message"]
+            ["content"] for i in range(3)]
+    check(st == 200 and [c["message"]["content"] for c in r["choices"]] == want and
+          r["usage"]["completion_tokens"] == 18 and r["usage"]["prompt_tokens"] == n_prompt,
+          "n 3: %r vs %r" % (b[:400], want))
+    for bad in ({"n": 9}, {"n": 2, "stream": True}):
+        st = request(port, "POST", "/v1/chat/completions", dict(q, **bad))[0]
+        check(st == 400, "%r: 400 (%s)" % (bad, st))
     # without --cors a page on this machine (a loopback origin, any port) may call; a remote one may not
     for o in ("http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]"):
         st, hdrs, _ = request(port, "OPTIONS", "/completions", headers={"Origin": o,

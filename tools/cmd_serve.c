@@ -117,6 +117,8 @@ typedef struct job {
     int32_t *pids;           /* the prompt's tokens (what the slot's context is made to hold) */
     size_t n_pids;
     char *ptext;             /* their text, control tokens spelled out (llama-server's "prompt"; "__verbose") */
+    int choice;              /* its index among the request's jobs (several prompts, "n" choices) */
+    bool first_of_prompt;    /* the first choice of its prompt (the usage counts a prompt once) */
     long err_n_prompt;       /* a prompt that does not fit: its tokens (llama-server's error fields), else -1 */
     int32_t *ids;            /* the tokens generated (native /completion's "tokens") */
     size_t n_ids, cap_ids;
@@ -1365,31 +1367,245 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 static enum MHD_Result serve_job(struct MHD_Connection *c, conn *cn, job *j, const char *id_prefix);
 
-/* POST /v1/chat/completions (chat), /v1/completions and llama-server's /completion (native). */
+/* llama-server's prompt forms that hold more than one request or need the tokenizer, rewritten before parsing:
+ * "prompt" an array whose first element is not a number holds several prompts (each a string, token ids, an object
+ * {"prompt_string"} or a mixed sequence): one body each in bodies[]; a mixed sequence (ids and strings, its first an
+ * id) becomes token ids (each string tokenized with control tokens parsed, BOS before a string that comes first).
+ * 0 with *n = 0 when the body is used as it is, else *n malloc'd bodies; or 400 / 500 with msg. */
+static int mixed_ids(cJSON *seq, cJSON **out, char *msg, size_t cap) {
+    *out = cJSON_CreateArray();
+    if (!*out) { snprintf(msg, cap, "out of memory"); return 500; }
+    const flm_ctx *ctx = srv.slots[0].ctx;
+    int k = 0;
+    for (cJSON *e = seq->child; e; e = e->next, k++) {
+        if (cJSON_IsNumber(e)) { cJSON_AddItemToArray(*out, cJSON_CreateNumber(e->valuedouble)); continue; }
+        if (!cJSON_IsString(e)) {
+            snprintf(msg, cap, "'prompt': a sequence holds token ids and strings only");
+            return 400;
+        }
+        unsigned fl = FLM_TOKENIZE_PARSE_SPECIAL | (k == 0 ? FLM_TOKENIZE_ADD_SPECIAL : 0u);
+        size_t len = strlen(e->valuestring), m = flm_tokenize_ex(ctx, e->valuestring, len, fl, NULL, 0);
+        int32_t *ids = m == SIZE_MAX ? NULL : malloc((m ? m : 1) * sizeof *ids);
+        if (!ids) { snprintf(msg, cap, "out of memory tokenizing the prompt"); return 500; }
+        m = flm_tokenize_ex(ctx, e->valuestring, len, fl, ids, m);
+        for (size_t i = 0; i < m; i++) cJSON_AddItemToArray(*out, cJSON_CreateNumber(ids[i]));
+        free(ids);
+    }
+    return 0;
+}
+
+static bool has_string(const cJSON *a) {
+    for (const cJSON *e = a->child; e; e = e->next)
+        if (cJSON_IsString(e)) return true;
+    return false;
+}
+
+static int split_prompts(const char *body, size_t len, char **bodies, int *n, char *msg, size_t cap) {
+    *n = 0;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *p = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "prompt") : NULL;
+    int st = 0;
+    if (!cJSON_IsArray(p) || !p->child) goto done; /* the parser says what is wrong, if anything */
+    if (cJSON_IsNumber(p->child)) { /* one prompt: token ids, mixed with strings? */
+        if (!has_string(p)) goto done;
+        cJSON *ids;
+        if ((st = mixed_ids(p, &ids, msg, cap))) { cJSON_Delete(ids); goto done; }
+        cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", ids);
+        if (!(bodies[0] = cJSON_PrintUnformatted(root))) { snprintf(msg, cap, "out of memory"); st = 500; goto done; }
+        *n = 1;
+        goto done;
+    }
+    int k = cJSON_GetArraySize(p);
+    if (k == 1) goto done; /* an array of one prompt: the parser takes it */
+    if (k > SERVE_MAX_CHOICES) {
+        snprintf(msg, cap, "'prompt': at most %d prompts in one request", SERVE_MAX_CHOICES);
+        st = 400;
+        goto done;
+    }
+    cJSON *all = cJSON_DetachItemFromObjectCaseSensitive(root, "prompt");
+    for (cJSON *e = all->child; e && !st; e = e->next) {
+        cJSON *one = NULL;
+        if (cJSON_IsArray(e) && has_string(e)) st = mixed_ids(e, &one, msg, cap);
+        else one = cJSON_Duplicate(e, true);
+        if (!st) {
+            cJSON_AddItemToObject(root, "prompt", one);
+            one = NULL;
+            if (!(bodies[*n] = cJSON_PrintUnformatted(root))) { snprintf(msg, cap, "out of memory"); st = 500; }
+            else (*n)++;
+            cJSON_DeleteItemFromObjectCaseSensitive(root, "prompt");
+        }
+        cJSON_Delete(one);
+    }
+    cJSON_Delete(all);
+done:
+    cJSON_Delete(root);
+    if (st) {
+        for (int i = 0; i < *n; i++) free(bodies[i]);
+        *n = 0;
+    }
+    return st;
+}
+
+static enum MHD_Result serve_many(struct MHD_Connection *c, conn *cn, job **jobs, int k, bool chat, bool native);
+
+/* POST /v1/chat/completions (chat), /v1/completions and llama-server's /completion (native). Several prompts
+ * (llama-server's) or "n" choices: one job each, run on the slots as they come free, answered together. */
 static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool chat, bool native) {
-    serve_req req;
     char msg[SERVE_ERR_MAX];
-    int status = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, chat, &req, msg, sizeof msg);
-    if (!status && chat) status = serve_tools_prepare(&req, srv.slots[0].tmpl, msg, sizeof msg);
+    char *bodies[SERVE_MAX_CHOICES];
+    int n_bodies = 0;
+    int status = chat ? 0 : split_prompts(cn->body.p ? cn->body.p : "", cn->body.len, bodies, &n_bodies, msg,
+                                          sizeof msg);
+    if (status) return send_error(c, (unsigned)status, status == 400 ? "invalid_request" : "internal_error", msg);
+    const int n_prompts = n_bodies ? n_bodies : 1;
+    job *jobs[SERVE_MAX_CHOICES * SERVE_MAX_CHOICES];
+    int k = 0, n_choices = 1;
+    for (int p = 0; p < n_prompts && !status; p++) {
+        for (int ch = 0; ch < n_choices && !status; ch++) {
+            serve_req req;
+            const char *b = n_bodies ? bodies[p] : cn->body.p ? cn->body.p : "";
+            size_t bl = n_bodies ? strlen(bodies[p]) : cn->body.len;
+            status = serve_parse_request(b, bl, chat, &req, msg, sizeof msg);
+            if (!status && chat) status = serve_tools_prepare(&req, srv.slots[0].tmpl, msg, sizeof msg);
+            if (!status && n_prompts > 1 && req.stream) {
+                status = 400;
+                snprintf(msg, sizeof msg, "several prompts with 'stream' are not supported (one per request)");
+            }
+            if (status) { serve_req_free(&req); break; }
+            if (p == 0 && ch == 0) n_choices = req.n_choices;
+            if (ch > 0 && req.has_seed) req.seed += (uint64_t)ch; /* each choice its own, reproducible, seed */
+            if (srv.strict_model && req.model && strcmp(req.model, srv.model_id)) {
+                char m[SERVE_ERR_MAX + 64];
+                snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models; "
+                         "without --strict-model any name is answered by it)", req.model, srv.model_id);
+                serve_req_free(&req);
+                for (int i = 0; i < k; i++) { serve_req_free(&jobs[i]->req); free(jobs[i]); }
+                for (int i = 0; i < n_bodies; i++) free(bodies[i]);
+                return send_error(c, 404, "model_not_found", m);
+            }
+            job *j = calloc(1, sizeof *j);
+            if (!j) {
+                serve_req_free(&req);
+                status = 500;
+                snprintf(msg, sizeof msg, "out of memory");
+                break;
+            }
+            j->req = req;
+            j->native = native;
+            j->choice = k;
+            j->first_of_prompt = ch == 0;
+            jobs[k++] = j;
+        }
+    }
+    for (int i = 0; i < n_bodies; i++) free(bodies[i]);
     if (status) {
-        serve_req_free(&req);
+        for (int i = 0; i < k; i++) { serve_req_free(&jobs[i]->req); free(jobs[i]); }
         return send_error(c, (unsigned)status, status == 400 ? "invalid_request" : "internal_error", msg);
     }
-    if (srv.strict_model && req.model && strcmp(req.model, srv.model_id)) {
-        char m[SERVE_ERR_MAX + 64];
-        snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models; without "
-                 "--strict-model any name is answered by it)", req.model, srv.model_id);
-        serve_req_free(&req);
-        return send_error(c, 404, "model_not_found", m);
+    if (k == 1) return serve_job(c, cn, jobs[0], chat ? "chatcmpl" : "cmpl");
+    return serve_many(c, cn, jobs, k, chat, native);
+}
+
+/* Several jobs of one request (not streamed): queued together, answered when all are done: llama-server's several
+ * prompts as an array of their answers (native), or one OpenAI answer whose choices are the jobs' (index i), with the
+ * usage summed (a prompt's tokens counted once). The first error, if any, is the answer. */
+static enum MHD_Result serve_many(struct MHD_Connection *c, conn *cn, job **jobs, int k, bool chat, bool native) {
+    (void)cn;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&srv.mu);
+    long id = ++srv.next_id;
+    if (srv.stopping || srv.n_queued + k > srv.queue_cap + (srv.n_slots - srv.n_running)) {
+        bool stopping = srv.stopping;
+        pthread_mutex_unlock(&srv.mu);
+        for (int i = 0; i < k; i++) { serve_req_free(&jobs[i]->req); free(jobs[i]); }
+        return send_error(c, 503, stopping ? "shutting_down" : "queue_full",
+                          stopping ? "the server is shutting down" : "the queue is full: try again later");
     }
-    job *j = calloc(1, sizeof *j);
-    if (!j) {
-        serve_req_free(&req);
-        return send_error(c, 500, "internal_error", "out of memory");
+    for (int i = 0; i < k; i++) {
+        job *j = jobs[i];
+        j->refs = 2;
+        j->err_n_prompt = -1;
+        j->created = (long)time(NULL);
+        j->fd = ci ? ci->connect_fd : -1;
+        snprintf(j->id, sizeof j->id, "%s-%ld", chat ? "chatcmpl" : "cmpl", id);
+        if (srv.tail) srv.tail->next = j;
+        else srv.head = j;
+        srv.tail = j;
+        srv.n_queued++;
     }
-    j->req = req;
-    j->native = native;
-    return serve_job(c, cn, j, chat ? "chatcmpl" : "cmpl");
+    pthread_cond_broadcast(&srv.cv);
+    bool gone = false;
+    for (;;) {
+        int done = 0;
+        for (int i = 0; i < k; i++) done += jobs[i]->state == JOB_DONE || jobs[i]->gone;
+        if (done == k) break;
+        if (srv.stopping || client_gone(jobs[0]->fd)) {
+            for (int i = 0; i < k; i++) job_abandon_locked(jobs[i]);
+            gone = true;
+            break;
+        }
+        wait_a_little();
+    }
+    srv.requests++;
+    int err = -1;
+    for (int i = 0; i < k && err < 0; i++)
+        if (jobs[i]->status >= 400) err = i;
+    char *out = NULL;
+    if (!gone && err < 0) {
+        if (native) {
+            cli_buf b = {0};
+            bool ok = cli_buf_add(&b, "[", 1);
+            for (int i = 0; i < k; i++)
+                ok = ok && (!i || cli_buf_add(&b, ",", 1)) && cli_buf_add(&b, jobs[i]->out.p ? jobs[i]->out.p : "{}",
+                                                                       jobs[i]->out.len);
+            ok = ok && cli_buf_add(&b, "]", 2);
+            out = ok ? strdup(b.p) : NULL;
+            cli_buf_free(&b);
+        } else {
+            cJSON *base = cJSON_ParseWithLength(jobs[0]->out.p ? jobs[0]->out.p : "", jobs[0]->out.len);
+            cJSON *choices = cJSON_GetObjectItemCaseSensitive(base, "choices");
+            cJSON *usage = cJSON_GetObjectItemCaseSensitive(base, "usage");
+            double pt = 0, ct = 0;
+            for (int i = 0; base && i < k; i++) {
+                pt += jobs[i]->first_of_prompt ? (double)jobs[i]->n_prompt : 0;
+                ct += (double)jobs[i]->res.n_gen;
+                if (!i) continue;
+                cJSON *o = cJSON_ParseWithLength(jobs[i]->out.p ? jobs[i]->out.p : "", jobs[i]->out.len);
+                cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "choices");
+                cJSON *c0 = cJSON_IsArray(cs) ? cJSON_DetachItemFromArray(cs, 0) : NULL;
+                if (c0) {
+                    cJSON_ReplaceItemInObjectCaseSensitive(c0, "index", cJSON_CreateNumber(i));
+                    cJSON_AddItemToArray(choices, c0);
+                }
+                cJSON_Delete(o);
+            }
+            if (usage) {
+                cJSON_ReplaceItemInObjectCaseSensitive(usage, "prompt_tokens", cJSON_CreateNumber(pt));
+                cJSON_ReplaceItemInObjectCaseSensitive(usage, "completion_tokens", cJSON_CreateNumber(ct));
+                cJSON_ReplaceItemInObjectCaseSensitive(usage, "total_tokens", cJSON_CreateNumber(pt + ct));
+            }
+            out = base ? cJSON_PrintUnformatted(base) : NULL;
+            cJSON_Delete(base);
+        }
+    }
+    char m[sizeof jobs[0]->errmsg];
+    int st = err >= 0 ? jobs[err]->status : 0;
+    const char *code = err >= 0 ? jobs[err]->errcode : NULL;
+    long n_prompt = err >= 0 ? jobs[err]->err_n_prompt : -1;
+    if (err >= 0) snprintf(m, sizeof m, "%s", jobs[err]->errmsg);
+    bool stopping = srv.stopping;
+    for (int i = 0; i < k; i++) job_unref_locked(jobs[i]);
+    srv.requests--; /* the sender counts it */
+    pthread_mutex_unlock(&srv.mu);
+    if (err >= 0) return send_error_n(c, (unsigned)st, code, m, false, n_prompt);
+    if (gone) return stopping ? send_error(c, 503, "shutting_down", "the server is shutting down") : MHD_NO;
+    if (!out) return send_error(c, 500, "internal_error", "out of memory");
+    pthread_mutex_lock(&srv.mu);
+    srv.requests++;
+    pthread_mutex_unlock(&srv.mu);
+    enum MHD_Result r = send_text(c, 200, "application/json", out, strlen(out));
+    free(out);
+    return r;
 }
 
 /* Queue job j (its request filled in), wait for its answer and send it (streams: start the stream). */

@@ -25,6 +25,7 @@ typedef struct serve_req {
     bool return_tokens;        /* "return_tokens" (llama-server's /completion: the ids generated) */
     bool no_cache;             /* "cache_prompt": false (llama-server's): evaluate the whole prompt again */
     bool stream;               /* "stream" */
+    int n_choices;             /* "n": choices, 1..SERVE_MAX_CHOICES (each a generation of its own; not with stream) */
     bool include_usage;        /* "stream_options": {"include_usage": true}: a last chunk with usage, no choices */
     bool verbose;              /* llama-server's "verbose": the answer carries "__verbose" (the prompt as text) */
     char **fields;             /* llama-server's "response_fields" (/completion): only these fields of the answer,
@@ -68,6 +69,7 @@ typedef struct serve_req {
 } serve_req;
 enum { SERVE_TOOL_NONE, SERVE_TOOL_AUTO, SERVE_TOOL_REQUIRED, SERVE_TOOL_NAMED };
 #define SERVE_MAX_BIAS 1024    /* logit_bias entries per request */
+#define SERVE_MAX_CHOICES 8    /* "n" at most; also prompts per request (llama-server's several prompts) */
 
 /* Parse a request body (len bytes, not necessarily NUL-terminated) for the chat (chat = true) or the text
  * completions endpoint. Returns 0 and fills *r, or an HTTP status (400: malformed JSON, a field of the wrong type or

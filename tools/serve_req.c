@@ -420,8 +420,14 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     }
     if ((got = get_number(root, "n_probs", 0, FLM_GEN_TOP_LOGPROBS_MAX, true, &d, msg, cap)) < 0) goto fail;
     if (got && d > 0) { r->logprobs = true; r->top_logprobs = (int)d; }
-    if ((got = get_number(root, "n", 1, 1, true, &d, msg, cap)) < 0) {
-        snprintf(msg, cap, "'n' must be 1 (one choice per request)");
+    r->n_choices = 1;
+    if ((got = get_number(root, "n", 1, SERVE_MAX_CHOICES, true, &d, msg, cap)) < 0) {
+        snprintf(msg, cap, "'n' must be 1 to %d (choices per request)", SERVE_MAX_CHOICES);
+        goto fail;
+    }
+    if (got) r->n_choices = (int)d;
+    if (r->n_choices > 1 && r->stream) {
+        snprintf(msg, cap, "'n' > 1 with 'stream' is not supported (ask for the choices without streaming)");
         goto fail;
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "stop");
