@@ -521,6 +521,12 @@ typedef struct flm_token_stats {
  * after another. Errors: FLM_ERR_ARG (seq >= flm_n_seq, no tokens or no logits), and those of flm_eval_batch. */
 FLM_API flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
                                 const float **logits, flm_token_stats *stats, flm_error *err);
+/* Say that sequence seq evaluates nothing more for now (its generation ended). A sequence that took part in a joined
+ * pass is expected back: the next pass waits for its next flm_eval_seq (a few milliseconds at most, so that the
+ * sequences decoding together stay in one pass instead of alternating between smaller ones); after this call it is
+ * not waited for. flm_seq_acquire (a turn alone) does the same. Sessions call it when a generation ends. NULL ctx or
+ * seq out of range: nothing. */
+FLM_API void flm_seq_leave(flm_ctx *ctx, uint32_t seq);
 
 #define FLM_STATS_HIST 24
 typedef struct flm_stats {

@@ -239,7 +239,13 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot make a mutex", path);
         }
-        if (pthread_cond_init(&ctx->join_cv, NULL)) {
+        pthread_condattr_t ca;
+        bool cv_ok = pthread_condattr_init(&ca) == 0;
+        if (cv_ok) {
+            cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&ctx->join_cv, &ca) == 0;
+            pthread_condattr_destroy(&ca);
+        }
+        if (!cv_ok) {
             pthread_mutex_destroy(&ctx->join_mu);
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: cannot make a condition variable", path);
@@ -249,7 +255,8 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
         ctx->join_tok = malloc(B * sizeof *ctx->join_tok);
         ctx->join_pos = malloc(B * sizeof *ctx->join_pos);
         ctx->join_kv = malloc(B * sizeof *ctx->join_kv);
-        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv) {
+        ctx->join_expect = calloc(n_seq, 1);
+        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_expect) {
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
         }
@@ -330,13 +337,28 @@ static void seq_switch(flm_ctx *ctx, uint32_t i) {
 
 uint32_t flm_n_seq(const flm_ctx *ctx) { return ctx ? ctx->n_seq : 0; }
 
+/* The joined passes no longer wait for seq (flm_eval_seq); wakes a leader waiting for it. */
+static void seq_unexpect(flm_ctx *ctx, uint32_t seq) {
+    pthread_mutex_lock(&ctx->join_mu);
+    if (ctx->join_expect[seq]) {
+        ctx->join_expect[seq] = 0;
+        pthread_cond_broadcast(&ctx->join_cv);
+    }
+    pthread_mutex_unlock(&ctx->join_mu);
+}
+
 flm_status flm_seq_acquire(flm_ctx *ctx, uint32_t seq, flm_error *err) {
     if (!ctx || seq >= ctx->n_seq)
         return flm_fail(err, FLM_ERR_ARG, "sequence %u: the context holds %u (flm_params.n_seq)", seq,
                         ctx ? ctx->n_seq : 0);
+    if (ctx->join_init) seq_unexpect(ctx, seq); /* a turn alone: the joined passes need not wait for it */
     pthread_mutex_lock(&ctx->seq_mu);
     seq_switch(ctx, seq);
     return FLM_OK;
+}
+
+void flm_seq_leave(flm_ctx *ctx, uint32_t seq) {
+    if (ctx && ctx->join_init && seq < ctx->n_seq) seq_unexpect(ctx, seq);
 }
 
 void flm_seq_release(flm_ctx *ctx) {
@@ -359,6 +381,7 @@ void flm_close(flm_ctx *ctx) {
     free(ctx->join_tok);
     free(ctx->join_pos);
     free(ctx->join_kv);
+    free(ctx->join_expect);
     free(ctx->seq);
     free(ctx);
 }
@@ -618,6 +641,26 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     seq_unpark(ctx);
 }
 
+/* The leader's wait (join_mu held, released while waiting): until every sequence expected back has a request
+ * queued, the queue's rows fill a batch, or FLM_JOIN_WAIT_US have passed. */
+static void join_wait(flm_ctx *ctx) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += FLM_JOIN_WAIT_US * 1000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    for (;;) {
+        uint32_t missing = 0, rows = 0;
+        for (uint32_t s = 0; s < ctx->n_seq; s++) missing += ctx->join_expect[s]; /* queued ones are cleared */
+        for (const flm_join_req *r = ctx->join_head; r; r = r->next) rows += r->n;
+        if (!missing || rows >= ctx->s.n_batch) return;
+        if (pthread_cond_timedwait(&ctx->join_cv, &ctx->join_mu, &until) == ETIMEDOUT) {
+            memset(ctx->join_expect, 0, ctx->n_seq); /* late ones: no longer waited for until they join again */
+            return;
+        }
+    }
+}
+
 flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
                         const float **logits, flm_token_stats *stats, flm_error *err) {
     if (!ctx || seq >= ctx->n_seq || !logits || !tokens || n == 0)
@@ -633,14 +676,19 @@ flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint3
         if (ctx->join_tail) ctx->join_tail->next = &me;
         else ctx->join_head = &me;
         ctx->join_tail = &me;
+        ctx->join_expect[seq] = 0;
+        if (ctx->join_leading) pthread_cond_broadcast(&ctx->join_cv); /* a leader may be waiting for this one */
         while (!me.done) {
             if (ctx->join_leading) {
                 pthread_cond_wait(&ctx->join_cv, &ctx->join_mu);
                 continue;
             }
-            /* lead: the waiting requests from the head, in order, while their rows fit one batch and their
+            /* lead: first wait (up to FLM_JOIN_WAIT_US) for the sequences expected back, those of the last pass
+             * still generating, so that they join this pass instead of running a pass of their own after it; then
+             * take the waiting requests from the head, in order, while their rows fit one batch and their
              * sequences differ (a long one alone) */
             ctx->join_leading = true;
+            join_wait(ctx);
             flm_join_req *req[FLM_SEQ_MAX];
             uint32_t k = 0, rows = 0;
             for (flm_join_req *r = ctx->join_head; r && k < FLM_SEQ_MAX; r = r->next) {
@@ -658,7 +706,10 @@ flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint3
             else join_run(ctx, req, k);
             pthread_mutex_unlock(&ctx->seq_mu);
             pthread_mutex_lock(&ctx->join_mu);
-            for (uint32_t i = 0; i < k; i++) req[i]->done = true;
+            for (uint32_t i = 0; i < k; i++) {
+                req[i]->done = true;
+                ctx->join_expect[req[i]->seq] = 1; /* its next token will likely follow */
+            }
             ctx->join_leading = false;
             pthread_cond_broadcast(&ctx->join_cv);
         }

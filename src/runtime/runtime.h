@@ -42,6 +42,10 @@ typedef struct flm_scratch {
 
 /* Rows one flm_output_rows call takes (flm_tree_logits_n's classifier pass): FLM_TREE_LOGITS_MAX, at most n_batch. */
 #define FLM_TREE_LOGITS_MAX 64
+/* How long the leader of a joined pass (flm_eval_seq) waits for the sequences expected back, in microseconds: a
+ * sequence of the last pass samples its next token and asks again within far less (its sampling, a callback); one that
+ * does not (its client reads slowly, it decodes alone) costs the others at most this once, then is not waited for. */
+#define FLM_JOIN_WAIT_US 5000
 #define FLM_OUTPUT_ROWS_MAX(n_batch) ((n_batch) < 1 ? 1u : (n_batch) < FLM_TREE_LOGITS_MAX ? (n_batch) : FLM_TREE_LOGITS_MAX)
 
 /* Where the token embedding (token_embd.weight) lives, as the plan decided. */
@@ -321,6 +325,9 @@ struct flm_ctx {
     bool join_init, join_leading;
     struct flm_join_req *join_head, *join_tail;
     uint64_t n_joined, rows_joined; /* flm_stats' */
+    uint8_t *join_expect;    /* [n_seq]: 1 while the sequence is expected back (it was in the last joined pass and has
+                                neither left, flm_seq_leave, nor taken the context alone, flm_seq_acquire): the next
+                                pass waits for it, up to FLM_JOIN_WAIT_US */
     float *join_logits;
     int32_t *join_tok, *join_pos;
     const flm_kv_cache **join_kv;

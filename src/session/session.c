@@ -825,6 +825,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         release(s, fn, user, &t, s->hold_len);
     }
     s->hold_len = 0;
+    if (s->shared) flm_seq_leave(s->ctx, s->seq); /* the joined passes need not wait for this sequence now */
     b = s->own;
     stats_add(&s->st.gen, &a, &b);
     if (ss) { /* the target's share of the speculative counts */
