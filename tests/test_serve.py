@@ -648,6 +648,57 @@ def main_tools():
     print("test_serve: all passed")
 
 
+def test_drop_mid_batch():
+    """Disconnect mid-batch (issue 31): a streaming client leaves while three others decode in the same joined
+    passes; it is cancelled, the three get the tokens they get alone, and its slot serves the next request. Its own
+    server: --context-shift, so that the stream to drop runs until it is dropped."""
+    srv = Server(STORIES, "-c", "1024", "--parallel", "4", "--context-shift", "--api-key", KEY, "-t", "1")
+    try:
+        drop_mid_batch(srv)
+    finally:
+        check(srv.stop() == 0, "--context-shift server: SIGTERM exit 0")
+
+
+def drop_mid_batch(srv):
+    mid = model_id(srv)
+    prompts = ["The little dog", "Lily and Ben went", "One day a bird"]
+    alone = [srv.client().completions.create(model=mid, prompt=p, max_tokens=60, temperature=0).choices[0].text
+             for p in prompts]
+    before = srv.metric("requests_cancelled_total")
+    s, got = start_stream(srv, {"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0,
+                                "stream": True})
+    check(got.startswith(b"HTTP/1.1 200") and b"data: " in got, "the stream to drop started: %r" % got[:200])
+    got_text, started = [None] * len(prompts), threading.Event()
+
+    def one(i):
+        text = ""
+        for ch in srv.client().completions.create(model=mid, prompt=prompts[i], max_tokens=60, temperature=0,
+                                                  stream=True):
+            for c in ch.choices:
+                if c.text:
+                    text += c.text
+                    started.set()
+        got_text[i] = text
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    check(started.wait(60), "the three streams started")
+    s.close()  # while the others decode beside it
+    for t in ts:
+        t.join()
+    check(got_text == alone, "beside a client dropped mid-batch, each gets its answer alone: %r vs %r" %
+          (got_text, alone))
+    deadline = time.time() + 30
+    while time.time() < deadline and srv.metric("requests_cancelled_total") <= before:
+        time.sleep(0.1)
+    check(srv.metric("requests_cancelled_total") > before, "the client dropped mid-batch was cancelled")
+    while time.time() < deadline and srv.metric("requests_running") != 0:
+        time.sleep(0.1)
+    check(srv.metric("requests_running") == 0, "nothing runs after the drop")
+    concurrent_equal_alone(srv, ["Once upon a time"] + prompts, "after a drop mid-batch", rounds=1)
+
+
 def main():
     if PART:
         return main_tools()
@@ -663,6 +714,7 @@ def main():
         rc = srv.stop()
         check(rc == 0, "SIGTERM: exit status 0 (got %s)" % rc)
         check(any("stopping" in l for l in srv.log), "the server says it stops")
+    test_drop_mid_batch()
     test_queue_full()
     test_speculative()
     # a real chat model from the cache (flashlm pull smollm2-135m), as the other tests
