@@ -659,6 +659,46 @@ def test_drop_mid_batch():
         check(srv.stop() == 0, "--context-shift server: SIGTERM exit 0")
 
 
+def test_request_memory():
+    """Under --mem the requests in flight may hold what the plan leaves of the budget plus half the 16 MiB allowance
+    (issue 31), each counted at 64 KiB + 24 bytes per body byte from its headers on: a body that could never fit is
+    413 and one that does not fit beside those in flight 503, each saying so; once they end it is served."""
+    srv = Server(STORIES, "--mem", "4M", "-c", "256", "--parallel", "2", "--api-key", KEY, "-t", "1")
+    try:
+        cap, budget = srv.metric("request_memory_limit_bytes"), srv.metric("memory_budget_bytes")
+        check(budget == 4 * 2**20 and cap and 8 * 2**20 <= cap <= budget + 8 * 2**20,
+              "request memory: limit %s within the budget's room + 8 MiB" % cap)
+        cost = lambda n: 64 * 1024 + 24 * n
+        big = int((cap - 64 * 1024) / 24) + 1  # needs more than the limit alone
+        st, data = srv.raw("POST", "/v1/completions", b'{"prompt": "Once", "max_tokens": 3}' + b" " * (big - 35))
+        check(st == 413 and b"request_too_large" in data and b"memory budget" in data,
+              "a body needing more than the budget leaves for requests: 413 saying so: %d %r" % (st, data[:300]))
+        n = int((cap / 2 - 64 * 1024) / 24)  # two such requests fit, a third does not
+        hold = []
+        for _ in range(2):  # headers only: counted until they end
+            h = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+            h.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode() +
+                      b"\r\nContent-Type: application/json\r\nContent-Length: " + str(n).encode() + b"\r\n\r\n")
+            hold.append(h)
+        deadline = time.time() + 30
+        while time.time() < deadline and srv.metric("request_memory_bytes") < 2 * cost(n):
+            time.sleep(0.05)
+        check(srv.metric("request_memory_bytes") == 2 * cost(n), "two requests in flight counted")
+        body = b'{"prompt": "Once", "max_tokens": 3}' + b" " * (n - 35)
+        st, data = srv.raw("POST", "/v1/completions", body)
+        check(st == 503 and b"server_busy" in data and b"in flight" in data,
+              "a third beside them: 503 saying why: %d %r" % (st, data[:300]))
+        for h in hold:
+            h.close()
+        while time.time() < deadline and srv.metric("request_memory_bytes") != 0:
+            time.sleep(0.05)
+        check(srv.metric("request_memory_bytes") == 0, "given back when they end")
+        st, data = srv.raw("POST", "/v1/completions", body)
+        check(st == 200 and json.loads(data)["usage"]["completion_tokens"] == 3, "then it is served: %d" % st)
+    finally:
+        check(srv.stop() == 0, "--mem 4M server: SIGTERM exit 0")
+
+
 def drop_mid_batch(srv):
     mid = model_id(srv)
     prompts = ["The little dog", "Lily and Ben went", "One day a bird"]
@@ -715,6 +755,7 @@ def main():
         check(rc == 0, "SIGTERM: exit status 0 (got %s)" % rc)
         check(any("stopping" in l for l in srv.log), "the server says it stops")
     test_drop_mid_batch()
+    test_request_memory()
     test_queue_full()
     test_speculative()
     # a real chat model from the cache (flashlm pull smollm2-135m), as the other tests

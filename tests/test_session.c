@@ -765,13 +765,15 @@ static void *join_run_one(void *arg) {
     return NULL;
 }
 
-/* Three threads evaluate at once while the context is held (flm_seq_acquire on a fourth sequence): the first takes
- * its own request and waits for the context, the other two queue; released, the first runs alone and the other two
- * join one pass. Every thread's logits equal, bit for bit, those of its sequence evaluated alone. */
+/* Three threads evaluate at once while the context is held (flm_seq_acquire on a fourth sequence), none of them
+ * expected back (flm_seq_leave): the first takes its own request and waits for the context, the other two queue;
+ * released, the first runs alone and the other two join one pass. Every thread's logits equal, bit for bit, those
+ * of its sequence evaluated alone. */
 static void join_step(flm_ctx *ctx, join_job *jobs, const float *want, uint32_t V) {
     flm_error err;
     flm_stats a, b;
     flm_get_stats(ctx, &a);
+    for (uint32_t q = 0; q < 3; q++) flm_seq_leave(ctx, q); /* not expected back: the leader does not wait for them */
     assert_int_equal(flm_seq_acquire(ctx, 3, &err), FLM_OK);
     pthread_t th[3];
     for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, join_run_one, &jobs[i]), 0);

@@ -166,6 +166,9 @@ static struct server {
     size_t max_body;
     uint32_t n_ctx;
     uint64_t budget;
+    uint64_t planned;        /* what the contexts' plans hold (flm_plan_info.total, every slot's) */
+    uint64_t req_cap, req_held; /* memory for requests in flight (0: no --mem, no limit): what they may hold, what
+                                   they hold (REQ_COST each, from its headers to its end) */
     long next_id;
     /* metrics */
     uint64_t requests, errors, prompt_tokens, reused_tokens, gen_tokens, bytes_read, cancelled;
@@ -1036,8 +1039,19 @@ static void *worker(void *arg) {
 
 /* ---- HTTP ------------------------------------------------------------------------------------------------------- */
 
+/* Memory a request holds while it is answered, counted from its body's length: the body, its JSON tree, the
+ * rendered prompt, the tokens and the tokenizer's work (REQ_FACTOR bytes per body byte, as measured), plus
+ * REQ_BASE for the rest (the job, the response's buffers). Under --mem the requests in flight may hold
+ * srv.req_cap: the part of the budget the plan leaves, plus half of FLM_RSS_ALLOWANCE (the other half is the
+ * program's own, docs/ARCHITECTURE.md); one that could never fit is 413, one that does not fit now 503. */
+#define REQ_FACTOR 24 /* measured: 4 concurrent chat requests of 0.94 MiB (588920 tokens, refused after tokenizing:
+                        longer than the context) raised SmolLM2's server's peak RSS by 19.3 bytes per body byte */
+#define REQ_BASE ((uint64_t)64 << 10)
+#define REQ_COST(len) (REQ_BASE + REQ_FACTOR * (uint64_t)(len))
+
 typedef struct conn {
     cli_buf body;
+    uint64_t held;   /* its share of srv.req_held (REQ_COST), given back when the request ends */
     bool too_big;
     bool http11;     /* an HTTP/1.1 request: may be sent an interim 100 (RFC 9110 section 15.2) */
     job *j;          /* the job whose response is being sent */
@@ -1268,6 +1282,11 @@ static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     METRIC("spec_accepted_total", "counter", "Draft tokens accepted (speculative decoding).", "%" PRIu64,
            srv.accepted);
     METRIC("requests_queued", "gauge", "Requests waiting for a slot.", "%d", srv.n_queued);
+    METRIC("request_memory_bytes", "gauge", "Memory the requests in flight are counted to hold (REQ_COST each).",
+           "%" PRIu64, srv.req_held);
+    METRIC("request_memory_limit_bytes", "gauge",
+           "What they may hold under --mem: the budget's unplanned part + half the RSS allowance (0: no limit).",
+           "%" PRIu64, srv.req_cap);
     METRIC("requests_running", "gauge", "Requests being generated.", "%d", srv.n_running);
     METRIC("slots", "gauge", "Slots (--parallel).", "%d", srv.n_slots);
     METRIC("joined_passes_total", "counter", "Forward passes that joined several slots' tokens (continuous batching).",
@@ -1361,6 +1380,11 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     conn *cn = *con_cls;
     if (!cn) return;
     cli_buf_free(&cn->body);
+    if (cn->held) {
+        pthread_mutex_lock(&srv.mu);
+        srv.req_held -= cn->held;
+        pthread_mutex_unlock(&srv.mu);
+    }
     free(cn);
     *con_cls = NULL;
 }
@@ -1745,7 +1769,7 @@ static enum MHD_Result check_headers(struct MHD_Connection *c, const char *metho
     }
     hdr_list l = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &l);
-    char msg[256];
+    char msg[400];
     if (l.overflow) return send_error_ex(c, 431, "invalid_request", "more than 128 request headers", true);
     int st = serve_check_framing(l.h, l.n, version && !strcmp(version, "HTTP/1.0"), msg, sizeof msg);
     if (st) return send_error_ex(c, (unsigned)st, "invalid_request", msg, true);
@@ -1757,7 +1781,27 @@ static enum MHD_Result check_headers(struct MHD_Connection *c, const char *metho
         snprintf(msg, sizeof msg, "the request body is larger than --max-body (%zu bytes)", srv.max_body);
         return send_error_ex(c, 413, "request_too_large", msg, true);
     }
-    (void)cn;
+    if (srv.req_cap && strcmp(method, "GET")) { /* what the request will hold, out of the budget's room for requests */
+        const uint64_t len = cl ? strtoull(cl, NULL, 10) : srv.max_body, cost = REQ_COST(len);
+        if (cost > srv.req_cap) {
+            snprintf(msg, sizeof msg, "a request body of %" PRIu64 " bytes needs about %s while it is parsed, rendered "
+                     "and tokenized; the memory budget (--mem %s) leaves %s for requests: send a shorter one or "
+                     "raise --mem", len, cli_size(cost).s, cli_size(srv.budget).s, cli_size(srv.req_cap).s);
+            return send_error_ex(c, 413, "request_too_large", msg, true);
+        }
+        pthread_mutex_lock(&srv.mu);
+        const uint64_t held = srv.req_held;
+        const bool fits = held + cost <= srv.req_cap;
+        if (fits) srv.req_held += cost;
+        pthread_mutex_unlock(&srv.mu);
+        if (!fits) {
+            snprintf(msg, sizeof msg, "the requests in flight hold %s of the %s the memory budget (--mem %s) leaves "
+                     "for requests, and this one needs about %s: try again later", cli_size(held).s,
+                     cli_size(srv.req_cap).s, cli_size(srv.budget).s, cli_size(cost).s);
+            return send_error_ex(c, 503, "server_busy", msg, true);
+        }
+        cn->held = cost;
+    }
     conn_phase_set(c, PHASE_BODY);
     return MHD_YES;
 }
@@ -2427,6 +2471,14 @@ int cmd_serve(int argc, char **argv) {
         flm_model_info info;
         flm_get_info(srv.slots[0].ctx, &info);
         srv.n_ctx = info.n_ctx;
+        for (int i = 0; i < srv.n_slots; i++) {
+            if (i > 0 && srv.slots[i].ctx == srv.slots[0].ctx) continue;
+            flm_plan_info pi;
+            flm_get_plan(srv.slots[i].ctx, &pi);
+            srv.planned += pi.total;
+        }
+        if (srv.budget) /* the budget's unplanned part and half the allowance (the other half: the program itself) */
+            srv.req_cap = (srv.budget > srv.planned ? srv.budget - srv.planned : 0) + FLM_RSS_ALLOWANCE / 2;
         for (int i = 0; i < srv.n_slots; i++) /* keep BOS (and nothing more) when the context shifts */
             flm_session_set_shift(srv.slots[i].sess, shift, flm_add_bos(srv.slots[i].ctx) ? 1 : 0);
     }
