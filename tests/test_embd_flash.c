@@ -208,6 +208,28 @@ static void test_naive_matches_ram(void **state) {
     flm_close(naive);
 }
 
+/* A batch reads its rows FLM_EMBD_READ_ROWS at a time, each group in one reader call: a batch of more rows than
+ * one group (a token repeated in it too) gives every row ram's logits bit for bit, and reads each group's rows. */
+static void test_batch_rows(void **state) {
+    (void)state;
+    flm_error err;
+    enum { N = FLM_EMBD_READ_ROWS + 5 };
+    int32_t tok[N];
+    for (int t = 0; t < N; t++) tok[t] = TOKENS[t * 3 % N_TOK]; /* every row of TOKENS, repeated */
+    flm_ctx *ram = open_mode(flm_path, FLM_MODE_RAM, 0, FLM_OK, &err);
+    flm_ctx *naive = open_mode(flm_path, FLM_MODE_NAIVE, 0, FLM_OK, &err);
+    assert_int_equal(naive->flash->plan.embd, FLM_EMBD_FLASH);
+    float *want = malloc((size_t)N * N_VOCAB * sizeof(float)), *got = malloc((size_t)N * N_VOCAB * sizeof(float));
+    const float *last;
+    assert_int_equal(flm_eval_batch(ram, tok, N, 0, want, &last, &err), FLM_OK);
+    assert_int_equal(flm_eval_batch(naive, tok, N, 0, got, &last, &err), FLM_OK);
+    assert_memory_equal(got, want, (size_t)N * N_VOCAB * sizeof(float));
+    free(want);
+    free(got);
+    flm_close(ram);
+    flm_close(naive);
+}
+
 static void test_budget(void **state) {
     (void)state;
     flm_error err;
@@ -230,7 +252,7 @@ static void test_budget(void **state) {
     ctx = open_mode(old_path, FLM_MODE_NAIVE, budget, FLM_ERR_BUDGET, &err);
     assert_non_null(strstr(err.msg, old_path));
     assert_non_null(strstr(err.msg, "resident weights"));
-    /* at a budget that holds both: the plans differ by the embedding's bytes (less the one-row buffer); same logits */
+    /* at a budget that holds both: the plans differ by the embedding's bytes (less the rows' buffer); same logits */
     ctx = open_mode(old_path, FLM_MODE_NAIVE, 64u << 20, FLM_OK, &err);
     assert_int_equal(ctx->flash->plan.embd, FLM_EMBD_UNSPLIT);
     assert_non_null(ctx->model->tok_embd.data);
@@ -239,7 +261,7 @@ static void test_budget(void **state) {
     float *old_logits = run_tokens(ctx, 3);
     flm_close(ctx);
     ctx = open_mode(flm_path, FLM_MODE_NAIVE, 64u << 20, FLM_OK, &err);
-    assert_int_equal(unsplit - flm_mem_plan_total(&ctx->flash->plan), tail - row);
+    assert_int_equal(unsplit - flm_mem_plan_total(&ctx->flash->plan), tail - FLM_EMBD_READ_ROWS * row);
     float *new_logits = run_tokens(ctx, 3);
     assert_memory_equal(old_logits, new_logits, 3 * N_VOCAB * sizeof(float));
     flm_close(ctx);
@@ -427,6 +449,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_naive_matches_ram),
+        cmocka_unit_test(test_batch_rows),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_read_error),
         cmocka_unit_test(test_corruption),

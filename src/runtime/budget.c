@@ -176,7 +176,7 @@ static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_p
     if (p->embd == FLM_EMBD_FLASH) {
         p->resident -= p->embd_bytes;
         p->embd_row = rq->embd_row;
-        p->scratch += rq->embd_row; /* the buffer a row is read into */
+        p->scratch += FLM_EMBD_READ_ROWS * rq->embd_row; /* the buffer a pass's rows are read into */
     }
     p->n_stream_buffers = rq->no_read_ahead ? 1 : 2; /* the most the source may plan (ffn_stream.c) */
     if (mode == FLM_MODE_HOT && rq->draft_window > 0) { /* the self-draft's window (hot_plan) */
@@ -200,10 +200,10 @@ static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_p
         return st;
     }
     if (mode == FLM_MODE_HYBRID && p->embd == FLM_EMBD_FLASH && !p->out_flash && p->n_resident_layers == f->n_layers &&
-        budget && flm_mem_plan_total(p) - p->embd_row + p->embd_bytes <= budget) {
+        budget && flm_mem_plan_total(p) - FLM_EMBD_READ_ROWS * p->embd_row + p->embd_bytes <= budget) {
         p->embd = FLM_EMBD_MEMORY; /* every layer fits, and the embedding too: nothing is read per token */
         p->resident = region;
-        p->scratch -= p->embd_row;
+        p->scratch -= FLM_EMBD_READ_ROWS * p->embd_row;
         p->embd_row = 0;
     }
     if (mode == FLM_MODE_SPARSE) return FLM_OK; /* runtime/sparse.c sized the caches from p->cache and checked them */

@@ -26,8 +26,11 @@
  *
  * Read-ahead, as ffn_stream.c: with two range buffers, the next layer's range is read while this one is computed;
  * after the last layer the first layer's range of the next pass is read (overlapping the output layer, sampling and
- * a self-draft, which reads nothing). Resident prefixes are read once at open and not checksummed (the region's
- * checksum covers the whole region; flashlm verify checks it). */
+ * a self-draft, which reads no FFN record). When speculation runs (this target pass came right after a draft pass),
+ * that read waits until the next pass's first FFN call: the next pass is then likely a draft, whose token-embedding
+ * rows (read through the same reader, which serves one call at a time) would otherwise wait behind the whole range;
+ * the range is still read under the draft's compute, which is longer. Resident prefixes are read once at open and
+ * not checksummed (the region's checksum covers the whole region; flashlm verify checks it). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +148,10 @@ typedef struct hot_state {
     uint64_t buf_bytes;
     flm_async_read *ahead;
     flm_extent ext;
+    uint64_t ext_tag;          /* the read-ahead's tag for ext (layer << 1 | buffer) */
+    bool ext_deferred;         /* ext (the next pass's first range) is submitted by the next compute call */
+    bool pass_draft;           /* the pass of the last compute call is a draft */
+    bool after_draft;          /* the target pass under way follows a draft pass (speculation runs) */
     /* the draft window (all NULL / 0 without one); layer l's streamed neuron k is record n_hot[l] + k */
     uint32_t *win_cap, *n_win; /* [n_layers]: records the window holds at most, and now */
     uint8_t **win_rec;         /* [n_layers]: n_win[l] records, compact */
@@ -376,7 +383,9 @@ static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm
         uint64_t mo, ml, ms;
         stream_span(f->ffn[m], S->n_hot[m], &mo, &ml, &ms);
         S->ext = (flm_extent){mo, ml, S->buf[into]};
-        flm_flash_stream_submit(fl, S->ahead, &S->ext, (uint64_t)m << 1 | into);
+        S->ext_tag = (uint64_t)m << 1 | into;
+        S->ext_deferred = m <= l && S->after_draft; /* the next pass's: after its embedding rows (head comment) */
+        if (!S->ext_deferred) flm_flash_stream_submit(fl, S->ahead, &S->ext, S->ext_tag);
     }
     return FLM_OK;
 }
@@ -390,6 +399,14 @@ static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
     const uint8_t *head = S->head[l], *tail = NULL;
     size_t n_rec = r->n_records;
     const bool win = S->win_cap && S->win_cap[l];
+    if (l == 0) { /* a pass begins (every pass calls layer 0 first) */
+        S->after_draft = !c->draft && S->pass_draft;
+        S->pass_draft = c->draft;
+    }
+    if (S->ext_deferred) { /* the range the last target pass left for this one: its embedding rows are read */
+        S->ext_deferred = false;
+        flm_flash_stream_submit(fl, S->ahead, &S->ext, S->ext_tag);
+    }
     if (c->draft) { /* the self-draft: what is in memory (the prefix, then the window), nothing read */
         n_rec = S->n_hot[l] + (win ? S->n_win[l] : 0);
         if (win) tail = S->win_rec[l];

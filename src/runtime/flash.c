@@ -34,7 +34,7 @@ static flm_status place_embedding(flm_ctx *ctx, flm_error *err) {
     }
     const flm_gguf_tensor *t = flm_gguf_find_tensor(file->meta, "token_embd.weight");
     fl->embd_offset = file->resident->offset + file->meta->data_offset + t->offset;
-    if (!fl->embd_row && !(fl->embd_row = malloc(fl->plan.embd_row)))
+    if (!fl->embd_row && !(fl->embd_row = malloc(FLM_EMBD_READ_ROWS * fl->plan.embd_row)))
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     return FLM_OK;
 }
@@ -183,20 +183,26 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
     return st;
 }
 
-flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, const void **row, flm_token_stats *tok, flm_error *err) {
+flm_status flm_flash_embedding(flm_ffn_env *E, const int32_t *tokens, uint32_t n, const void **rows,
+                               flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = E->flash;
     if (!fl || !fl->embd_row) /* a planning bug: the embedding is neither in memory nor planned on flash */
         return flm_fail(err, FLM_ERR_ARG, "the token embedding is not in memory");
-    uint64_t rb = fl->plan.embd_row;
-    flm_extent x = {fl->embd_offset + (uint64_t)token * rb, rb, fl->embd_row};
+    if (n < 1 || n > FLM_EMBD_READ_ROWS)
+        return flm_fail(err, FLM_ERR_ARG, "%u token-embedding rows asked at once, outside 1..%d", n,
+                        FLM_EMBD_READ_ROWS);
+    const uint64_t rb = fl->plan.embd_row;
+    flm_extent x[FLM_EMBD_READ_ROWS];
+    for (uint32_t t = 0; t < n; t++)
+        x[t] = (flm_extent){fl->embd_offset + (uint64_t)tokens[t] * rb, rb, (uint8_t *)fl->embd_row + t * rb};
     flm_io_stats before = *E->io;
     double t0 = flm_now_ms();
-    flm_status st = flm_reader_read(fl->reader, &x, 1, E->io, err);
+    flm_status st = flm_reader_read(fl->reader, x, n, E->io, err);
     tok->io_ms += flm_now_ms() - t0;
     tok->bytes_read += E->io->bytes_read - before.bytes_read;
     tok->n_reads += E->io->n_requests - before.n_requests;
     if (st) return st;
-    *row = fl->embd_row;
+    *rows = fl->embd_row;
     return FLM_OK;
 }
 

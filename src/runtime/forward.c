@@ -236,9 +236,10 @@ typedef struct rows {
     float *q, *k, *v; /* [n][q_dim], [n][kv_dim] x 2 */
 } rows;
 
-/* x[t] = row token[t] of the embedding (memory or flash; a row read from flash is dequantized before the next is
- * read), scaled by sqrt(d_model) (EMBD_SCALE), projected by proj_in when the model has one (the rows, d_embd floats,
- * are read into H, rows hs apart, then X = proj_in H), plus the learned position row (FLM_POS_LEARNED; read into H).
+/* x[t] = row token[t] of the embedding (memory or flash: up to FLM_EMBD_READ_ROWS rows in one read, dequantized
+ * before the next read; every row is read before anything but the pass's activations changes), scaled by
+ * sqrt(d_model) (EMBD_SCALE), projected by proj_in when the model has one (the rows, d_embd floats, are read into H,
+ * rows hs apart, then X = proj_in H), plus the learned position row (FLM_POS_LEARNED; read into H).
  * Every step is the backend's (embed_rows, linear, residual). */
 static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, float *X, float *H, size_t hs,
                         flm_token_stats *tok, flm_error *err) {
@@ -259,11 +260,15 @@ static flm_status embed(flm_ctx *ctx, const flm_pass *P, const int32_t *tokens, 
     } else {
         flm_pass one = *P;
         one.n = 1;
-        for (uint32_t t = 0; t < n; t++) {
-            const void *row = NULL;
-            flm_status st = flm_flash_embedding(&ctx->ffn_env, tokens[t], &row, tok, err);
+        const uint64_t rb = ctx->flash->plan.embd_row;
+        for (uint32_t t0 = 0; t0 < n;) { /* up to FLM_EMBD_READ_ROWS rows in one reader call */
+            const uint32_t k = n - t0 < FLM_EMBD_READ_ROWS ? n - t0 : FLM_EMBD_READ_ROWS;
+            const void *rows = NULL;
+            flm_status st = flm_flash_embedding(&ctx->ffn_env, tokens + t0, k, &rows, tok, err);
             if (st) return st;
-            B->embed_rows(&one, &m->tok_embd, row, NULL, scale, E + t * es, es);
+            for (uint32_t t = 0; t < k; t++)
+                B->embed_rows(&one, &m->tok_embd, (const uint8_t *)rows + t * rb, NULL, scale, E + (t0 + t) * es, es);
+            t0 += k;
         }
     }
     if (proj) B->linear(P, &m->proj_in, NULL, d, hp->d_embd, H, hs, X, d);

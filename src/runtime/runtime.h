@@ -216,7 +216,7 @@ typedef struct flm_flash {
                                  outgrow the plan */
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
     uint64_t embd_offset;     /* FLM_EMBD_FLASH: file offset of the token embedding's row 0 */
-    void *embd_row;           /* FLM_EMBD_FLASH: [plan.embd_row] bytes, the row being read */
+    void *embd_row;           /* FLM_EMBD_FLASH: [FLM_EMBD_READ_ROWS * plan.embd_row] bytes, the rows being read */
     struct flm_sparsity *sparsity; /* the predictor region as the plan parsed it (auto), until sparse_open takes it */
     flm_sums sums;            /* the record sums the reader checks reads against (empty with --no-verify-reads) */
     bool fused_checks;        /* checked reads, and the FFN records a layer streams are checked by the FFN kernels
@@ -247,11 +247,17 @@ flm_status flm_flash_load_layers(flm_ffn_env *E, uint32_t n, flm_error *err);
 /* A failed read of layer l's FFN region: err (the reader's "<path>: what happened") becomes "<path>: FFN region of
  * layer l: what happened", so every error names the file and the region. Returns st. */
 flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st, flm_error *err);
-/* Row `token` of the token embedding, read from the file (the plan left it there: FLM_EMBD_FLASH) into a host buffer
- * of the flash side, *row (token_embd's type, valid until the next call; the backend's embed_rows dequantizes it).
- * The row's aligned 4 KiB span(s) are read through the reader; the time, bytes and requests go to tok.
- * Errors: FLM_ERR_IO naming the file (nothing else is touched: the token can be evaluated again). */
-flm_status flm_flash_embedding(flm_ffn_env *E, int32_t token, const void **row, flm_token_stats *tok, flm_error *err);
+/* Rows of the token embedding a pass reads at once (flm_flash_embedding): the buffer they are read into is this many
+ * rows (plan.embd_row bytes each), in the plan's scratch. */
+#define FLM_EMBD_READ_ROWS 16
+/* Rows tokens[0..n) (1 <= n <= FLM_EMBD_READ_ROWS) of the token embedding, read from the file (the plan left it
+ * there: FLM_EMBD_FLASH) in one reader call into a host buffer of the flash side, *rows (row t at t * plan.embd_row
+ * bytes; token_embd's type, valid until the next call; the backend's embed_rows dequantizes them). The rows'
+ * aligned 4 KiB spans are read through the reader, checked against their record sums; the time, bytes and requests
+ * go to tok. Errors: FLM_ERR_ARG (n outside 1..FLM_EMBD_READ_ROWS), FLM_ERR_IO or FLM_ERR_CHECKSUM naming the file
+ * (nothing else is touched: the tokens can be evaluated again). */
+flm_status flm_flash_embedding(flm_ffn_env *E, const int32_t *tokens, uint32_t n, const void **rows,
+                               flm_token_stats *tok, flm_error *err);
 /* The FFN of call c's layer l over n_rec bundles: bundle j < n_head at head + j * record_bytes, the rest at tail
  * (flm_ffn_bundles_split; n_head SIZE_MAX: all at head), one token (c->n 1: h into the scratch's hb) or a batch
  * (h_abs as flm_ffn_bundles_batch_split's). src: NULL when every record is in memory and was checked as it loaded,
