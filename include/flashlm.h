@@ -962,6 +962,14 @@ FLM_API flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, si
  * those of flm_eval_batch. */
 FLM_API flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused,
                                       flm_error *err);
+/* The progress of a prompt's evaluation: processed tokens of total held so far (cached of them kept from before). */
+typedef void (*flm_prompt_fn)(void *user, size_t processed, size_t total, size_t cached);
+/* flm_session_prompt, the tokens not kept evaluated chunk at a time (0: all at once; each chunk still goes through
+ * the context's batches), fn (may be NULL) called before the first chunk (processed == cached) and after each (the
+ * last: processed == total): llama-server's prompt progress. The same tokens, cache and logits as flm_session_prompt.
+ * Errors: those of flm_session_prompt (fn is then not called again). */
+FLM_API flm_status flm_session_prompt_progress(flm_session *s, const int32_t *ids, size_t n, size_t chunk,
+                                               flm_prompt_fn fn, void *user, size_t *n_reused, flm_error *err);
 /* flm_session_prompt of text tokenized with FLM_TOKENIZE_* flags (plain text: FLM_TOKENIZE_ADD_SPECIAL, as
  * flm_tokenize with add_bos). Errors: those of flm_session_prompt; FLM_ERR_ARG (no tokens), FLM_ERR_NOMEM. */
 FLM_API flm_status flm_session_prompt_text(flm_session *s, const char *text, size_t len, unsigned flags,

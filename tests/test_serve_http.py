@@ -24,7 +24,8 @@ Starts the server on stories260K (tests/data) and checks what a client library w
 - llama-server's request fields: response_fields, verbose (__verbose: the prompt as text), logit_bias by text (equal to
   the bias of its token ids), stream_options.include_usage on /v1/completions, add_generation_prompt and
   continue_final_message, post_sampling_probs (refused), /v1/chat/completions/input_tokens, a JSON schema tuple,
-  several prompts in one request (each answered as alone), a mixed sequence of ids and text, "n" choices;
+  several prompts in one request (each answered as alone), a mixed sequence of ids and text, "n" choices,
+  return_progress (the prompt's progress events, the reply unchanged);
   without --cors a loopback origin may call, a foreign one may not;
 No timing assertions: the timeouts are made short by flags and only their effect is checked.
 
@@ -617,6 +618,24 @@ def test_llama_fields(port):
     for bad in ({"n": 9}, {"n": 2, "stream": True}):
         st = request(port, "POST", "/v1/chat/completions", dict(q, **bad))[0]
         check(st == 400, "%r: 400 (%s)" % (bad, st))
+    # return_progress: the prompt's progress streamed before the reply (one event first, one per batch of -b 256);
+    # the reply is the one without it
+    pr = "the quick brown fox jumps over the lazy dog " * 2
+    q = {"prompt": pr, "n_predict": 4, "temperature": 0, "stream": True}
+    plain = "".join(e["content"] for e in sse(port, "/completion", q))
+    ev = sse(port, "/completion", dict(q, prompt=pr + "again", return_progress=True))
+    ev = sse(port, "/completion", dict(q, return_progress=True))
+    prog = [e["prompt_progress"] for e in ev if "prompt_progress" in e]
+    tot = len(json.loads(request(port, "POST", "/tokenize", {"content": pr, "add_special": True})[2])["tokens"])
+    check(len(prog) == 1 + -(-(tot - prog[0]["cache"]) // 256) and prog[0]["processed"] == prog[0]["cache"] > 0 and
+          prog[-1]["processed"] == tot and all(p["total"] == tot for p in prog) and
+          "".join(e["content"] for e in ev if "prompt_progress" not in e) == plain and
+          ev[0]["timings"]["prompt_n"] == 0 and ev[len(prog) - 1]["timings"]["prompt_n"] == tot - prog[0]["cache"],
+          "return_progress: %r (%d tokens)" % (ev[:len(prog)], tot))
+    ev = sse(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "stream": True,
+                                            "return_progress": True})
+    check(ev and "prompt_progress" in ev[0] and ev[0]["choices"] == [] and ev[-1]["usage"]["completion_tokens"] == 2,
+          "chat return_progress: %r" % ev[:2])
     # without --cors a page on this machine (a loopback origin, any port) may call; a remote one may not
     for o in ("http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]"):
         st, hdrs, _ = request(port, "OPTIONS", "/completions", headers={"Origin": o,

@@ -118,6 +118,8 @@ typedef struct job {
     size_t n_pids;
     char *ptext;             /* their text, control tokens spelled out (llama-server's "prompt"; "__verbose") */
     int choice;              /* its index among the request's jobs (several prompts, "n" choices) */
+    bool early;              /* return_progress: the stream began before the prompt was evaluated */
+    double t_prompt;         /* when the prompt's evaluation began (ms, cli_now_ms) */
     bool first_of_prompt;    /* the first choice of its prompt (the usage counts a prompt once) */
     long err_n_prompt;       /* a prompt that does not fit: its tokens (llama-server's error fields), else -1 */
     int32_t *ids;            /* the tokens generated (native /completion's "tokens") */
@@ -667,6 +669,47 @@ static void job_fail_locked(job *j, int status, const char *code, const char *ms
     snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
 }
 
+/* llama-server's "prompt_progress" event (return_progress): tokens of the prompt held so far; native events carry
+ * their timings too (nothing generated yet). */
+static void on_progress(void *user, size_t processed, size_t total, size_t cached) {
+    job *j = user;
+    double ms = processed > cached ? cli_now_ms() - j->t_prompt : 0;
+    pthread_mutex_lock(&srv.mu);
+    cJSON *o;
+    if (j->native) {
+        o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "index", 0);
+        cJSON_AddStringToObject(o, "content", "");
+        cJSON_AddArrayToObject(o, "tokens");
+        cJSON_AddBoolToObject(o, "stop", false);
+        cJSON_AddNumberToObject(o, "id_slot", j->slot_index);
+        cJSON_AddNumberToObject(o, "tokens_predicted", 0);
+        cJSON_AddNumberToObject(o, "tokens_evaluated", (double)total);
+        cJSON *t = cJSON_AddObjectToObject(o, "timings");
+        double pn = (double)(processed - cached);
+        cJSON_AddNumberToObject(t, "cache_n", (double)cached);
+        cJSON_AddNumberToObject(t, "prompt_n", pn);
+        cJSON_AddNumberToObject(t, "prompt_ms", ms);
+        cJSON_AddNumberToObject(t, "prompt_per_token_ms", pn > 0 ? ms / pn : 0);
+        cJSON_AddNumberToObject(t, "prompt_per_second", ms > 0 ? pn * 1e3 / ms : 0);
+        cJSON_AddNumberToObject(t, "predicted_n", 0);
+        cJSON_AddNumberToObject(t, "predicted_ms", 0);
+        cJSON_AddNumberToObject(t, "predicted_per_token_ms", 0);
+        cJSON_AddNumberToObject(t, "predicted_per_second", 0);
+    } else {
+        o = chunk_base(j);
+        cJSON_AddArrayToObject(o, "choices");
+    }
+    cJSON *p = cJSON_AddObjectToObject(o, "prompt_progress");
+    cJSON_AddNumberToObject(p, "total", (double)total);
+    cJSON_AddNumberToObject(p, "cache", (double)cached);
+    cJSON_AddNumberToObject(p, "processed", (double)processed);
+    cJSON_AddNumberToObject(p, "time_ms", ms);
+    out_event(j, o);
+    pthread_cond_broadcast(&srv.cv);
+    pthread_mutex_unlock(&srv.mu);
+}
+
 /* Feed the prompt and generate (no lock held while the model runs). */
 static void run_job(slot *s, job *j) {
     serve_req *q = &j->req;
@@ -746,10 +789,31 @@ static void run_job(slot *s, job *j) {
             st = FLM_ERR_NOMEM;
             snprintf(err.msg, sizeof err.msg, "out of memory tokenizing the prompt");
         }
-        if (!st) st = flm_session_prompt(s->sess, j->pids, j->n_pids, &j->n_reused, &err);
+        if (!st && q->stream && q->return_progress && j->n_pids < srv.n_ctx) { /* the stream starts now */
+            pthread_mutex_lock(&srv.mu);
+            j->state = JOB_STREAMING;
+            j->early = true;
+            pthread_cond_broadcast(&srv.cv);
+            pthread_mutex_unlock(&srv.mu);
+            j->t_prompt = cli_now_ms();
+            st = flm_session_prompt_progress(s->sess, j->pids, j->n_pids, (size_t)(srv.n_batch > 0 ? srv.n_batch : 256),
+                                             on_progress, j, &j->n_reused, &err);
+        } else if (!st) {
+            st = flm_session_prompt(s->sess, j->pids, j->n_pids, &j->n_reused, &err);
+        }
         if (!st && (j->native || q->verbose)) j->ptext = ids_text(s->ctx, j->pids, j->n_pids);
     }
     pthread_mutex_lock(&srv.mu);
+    if (st && j->early) { /* the stream has begun: the error is its last event */
+        char *e = error_json(st == FLM_ERR_ARG || st == FLM_ERR_CONTEXT ? 400 : 500, err.msg,
+                             st == FLM_ERR_ARG || st == FLM_ERR_CONTEXT ? "invalid_prompt" : "internal_error");
+        if (e) { out_add(j, "data: "); out_add(j, e); out_add(j, "\n\n"); }
+        free(e);
+        if (!j->native) out_add(j, "data: [DONE]\n\n");
+        pthread_mutex_unlock(&srv.mu);
+        flm_session_rewind(s->sess, 0);
+        return;
+    }
     if (st) {
         if (st == FLM_ERR_CONTEXT) { /* the wording clients map to a context-window error (litellm, llama.cpp's) */
             char m[FLM_ERROR_MSG_MAX + 160];

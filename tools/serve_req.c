@@ -271,12 +271,13 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         }
         r->include_usage = cJSON_IsTrue(iu);
     }
-    static const char *const BOOLS[] = {"verbose", "post_sampling_probs", "backend_sampling"};
+    static const char *const BOOLS[] = {"verbose", "post_sampling_probs", "backend_sampling", "return_progress"};
     for (size_t k = 0; k < sizeof BOOLS / sizeof *BOOLS; k++) {
         v = cJSON_GetObjectItemCaseSensitive(root, BOOLS[k]);
         if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) { snprintf(msg, cap, "'%s' must be a boolean", BOOLS[k]); goto fail; }
     }
     r->verbose = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "verbose"));
+    r->return_progress = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "return_progress"));
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "post_sampling_probs"))) {
         snprintf(msg, cap, "'post_sampling_probs' is not supported: logprobs and n_probs give the model's "
                  "log-probabilities at temperature 1, before the sampler's filters");

@@ -368,7 +368,10 @@ flm_status flm_session_feed_shift(flm_session *s, const int32_t *ids, size_t n, 
     return feed_shift(s, ids, n, err);
 }
 
-static flm_status prompt_ids(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
+/* flm_session_prompt's work, the rest evaluated chunk tokens at a time (0: at once) with fn told before the first and
+ * after each (fn may be NULL). */
+static flm_status prompt_ids_chunked(flm_session *s, const int32_t *ids, size_t n, size_t chunk, flm_prompt_fn fn,
+                                     void *user, size_t *n_reused, flm_error *err) {
     if (n_reused) *n_reused = 0;
     if (!ids || n == 0) return flm_fail(err, FLM_ERR_ARG, "the prompt is empty");
     if (n >= s->n_ctx)
@@ -379,11 +382,28 @@ static flm_status prompt_ids(flm_session *s, const int32_t *ids, size_t n, size_
     if (common == n) common = n - 1; /* the last token again, for its logits */
     rewind_to(s, (int32_t)common);
     s->key_off = 0; /* the held prefix (common <= n_valid) was evaluated where it is: positions are the text's again */
-    flm_status st = feed_counted(s, ids + common, n - common, (int32_t)common, err);
-    if (st) return st;
+    if (fn) fn(user, common, n, common);
+    for (size_t k = common; k < n;) {
+        size_t next = chunk && n - k > chunk ? k + chunk : n;
+        flm_status st = feed_counted(s, ids + k, next - k, (int32_t)k, err);
+        if (st) return st;
+        k = next;
+        if (fn) fn(user, k, n, common);
+    }
     s->st.n_reused += common;
     if (n_reused) *n_reused = common;
     return FLM_OK;
+}
+
+static flm_status prompt_ids(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
+    return prompt_ids_chunked(s, ids, n, 0, NULL, NULL, n_reused, err);
+}
+
+flm_status flm_session_prompt_progress(flm_session *s, const int32_t *ids, size_t n, size_t chunk, flm_prompt_fn fn,
+                                       void *user, size_t *n_reused, flm_error *err) {
+    atomic_store(&s->cancel, 0);
+    s->conv_on = false;
+    return prompt_ids_chunked(s, ids, n, chunk, fn, user, n_reused, err);
 }
 
 flm_status flm_session_prompt(flm_session *s, const int32_t *ids, size_t n, size_t *n_reused, flm_error *err) {
