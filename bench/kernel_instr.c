@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "compute/kernels.h"
+#include "compute/work.h"
 #include "core/types.h"
 
 #define N 4096
@@ -30,8 +31,9 @@ __attribute__((noinline)) float run_kernel(flm_vec_dot_fn f, const uint8_t *W, s
 }
 
 __attribute__((noinline)) float run_tile(flm_vec_dot_tile_fn f, const uint8_t *W, size_t stride, const void *xq,
-                                         size_t x_stride, size_t nx, int reps, float *Y) {
-    for (int r = 0; r < reps; r += 64) f(W, stride, reps - r < 64 ? (size_t)(reps - r) : 64, xq, x_stride, nx, N, Y, 64);
+                                         size_t x_stride, size_t nx, int reps, float *Y, void *tmp) {
+    for (int r = 0; r < reps; r += 64)
+        f(W, stride, reps - r < 64 ? (size_t)(reps - r) : 64, xq, x_stride, nx, N, Y, 64, tmp);
     return Y[0];
 }
 
@@ -99,9 +101,11 @@ int main(int argc, char **argv) {
     for (size_t b = 1; b < nx; b++) memcpy(xq + b * ab, xq, ab);
     const bool stops = getenv("KI_STOP") != NULL; /* for bench/step_count.c: stopped just before and after */
     if (stops) raise(SIGSTOP);
-    const float r = nx ? run_tile(k->vec_dot_tile[t], W, stride, xq, ab, nx, reps, Y)
+    void *tmp = nx ? aligned_alloc(64, flm_tile_tmp_bytes(N, nx) + 64) : NULL; /* what flm_matmat carves */
+    const float r = nx ? run_tile(k->vec_dot_tile[t], W, stride, xq, ab, nx, reps, Y, tmp)
                        : run_kernel(k->vec_dot[t], W, stride, xq, reps);
     if (stops) raise(SIGSTOP);
     printf("%s %s: %g\n", k->name, argv[2], (double)r);
+    free(tmp);
     return 0;
 }

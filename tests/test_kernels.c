@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "compute/kernels.h"
+#include "compute/work.h"
 #include "core/types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1035,8 +1036,15 @@ static void check_tiles(flm_kernel_level L) {
                         free(xb);
                     }
                     const size_t ys = rows + 2;
+                    /* with the tmp the caller carves (the vnni panels pack into it), and without (their
+                     * row-at-a-time form): both the same bits as vec_dot */
+                    const size_t tb = flm_tile_tmp_bytes(n, n_x);
+                    void *tmp = tb ? aligned_alloc(64, tb) : NULL;
+                    assert_true(!tb || tmp);
+                    for (int with_tmp = 1; with_tmp >= 0; with_tmp--) {
                     for (size_t i = 0; i < n_x * ys; i++) Y[i] = NAN;
-                    k->vec_dot_tile[t](W + TILE_MIS, stride, rows, xq + TILE_MIS, ab, n_x, n, Y, ys);
+                    k->vec_dot_tile[t](W + TILE_MIS, stride, rows, xq + TILE_MIS, ab, n_x, n, Y, ys,
+                                       with_tmp ? tmp : NULL);
                     for (size_t b = 0; b < n_x; b++) {
                         const void *xb = xq + TILE_MIS + b * ab;
                         s->dequant[at](xb, xd, n);
@@ -1059,6 +1067,8 @@ static void check_tiles(flm_kernel_level L) {
                         if (!isnan(Y[b * ys + rows]) || !isnan(Y[b * ys + rows + 1]))
                             fail_msg("%s: vec_dot_tile %s wrote outside its rows", k->name, flm_type_name(t));
                     }
+                    }
+                    free(tmp);
                     free(W);
                     free(xq);
                     free(Y);

@@ -3,7 +3,7 @@
  *     posix_memalign: CMakeLists.txt) sees no allocation by the library while a context evaluates a prompt
  *     batch with every row's logits, decodes, evaluates a tree with and without logits (lazy flm_tree_logits_n),
  *     accepts a path and runs a self-draft tree (mode hot), in ram, hot and hybrid (FFN streamed), and SmolLM2-135M
- *     in ram when pulled (at kernel level avx2: the vnni panels still allocate, main() below); and the compute
+ *     in ram when pulled (at the CPU's best kernel level: the vnni panels' tmp too); and the compute
  *     calls' heap fallback (compute/work.h flm_work_heap_count) is never taken: the work area the plan counts holds
  *     the batch's quantized activations, the attention tiles and the bundle FFN's buffers;
  *   - from outside: `flashlm run` with batches and a self-draft tree, its peak RSS measured by wait4 (the process as a
@@ -236,10 +236,8 @@ static void test_rss_with_batches_and_trees(void **state) {
 }
 
 int main(void) {
-    /* The vnni level's panel tiles (compute/quants_panel_vnni.h) still take their panel from the heap in each pool
-     * chunk (a per-thread buffer the work area does not hand out yet): the allocation count is checked at avx2 (or
-     * the best level below it), whose tiles take none. */
-    setenv("FLASHLM_KERNELS", "avx2", 1);
+    /* at the CPU's best kernel level: at vnni the panel tiles pack their rows into a tmp per thread that the caller
+     * carves from the work area (compute/work.h flm_tile_tmp_bytes, counted by the plan) */
     /* the RSS check first: a child forked from this process counts this process's pages in its peak until it execs,
      * so the child is started while this process is small */
     const struct CMUnitTest tests[] = {

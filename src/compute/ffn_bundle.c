@@ -149,8 +149,8 @@ static void ffn_range(const flm_kernels *k, const flm_bundle_desc *b, const uint
     check_flush(b, &ca);
 }
 
-/* One thread's share: bundles [i0, i1) into acc (overwritten). */
-typedef void (*range_fn)(const void *arg, size_t i0, size_t i1, float *acc);
+/* One thread's share (part `part` of the split, 0 serial): bundles [i0, i1) into acc (overwritten). */
+typedef void (*range_fn)(const void *arg, size_t part, size_t i0, size_t i1, float *acc);
 
 /* split_reduce's two steps over T parts (each part's range depends only on its index: the same sums for any
  * scheduling of the parts) */
@@ -164,7 +164,7 @@ typedef struct split_job {
 
 static void split_part(void *arg, size_t t) {
     const split_job *J = arg;
-    J->fn(J->arg, J->n * t / J->T, J->n * (t + 1) / J->T, J->acc + t * J->m);
+    J->fn(J->arg, t, J->n * t / J->T, J->n * (t + 1) / J->T, J->acc + t * J->m);
 }
 
 static void split_sum(void *arg, size_t t) {
@@ -186,8 +186,8 @@ static void split_reduce(size_t n, int n_threads, size_t m, size_t d, range_fn f
     int nt = n_threads;
     if (nt < 1 || n < 64) nt = 1;
     if (nt == 1) {
-        if (stride == d) { fn(arg, 0, n, out); return; }
-        fn(arg, 0, n, acc);
+        if (stride == d) { fn(arg, 0, 0, n, out); return; }
+        fn(arg, 0, 0, n, acc);
         for (size_t j = 0; j < m; j += d) memcpy(out + (j / d) * stride, acc + j, d * sizeof(float));
         return;
     }
@@ -207,7 +207,8 @@ typedef struct one_args {
     float *h;
 } one_args;
 
-static void one_range(const void *arg, size_t i0, size_t i1, float *acc) {
+static void one_range(const void *arg, size_t part, size_t i0, size_t i1, float *acc) {
+    (void)part;
     const one_args *a = arg;
     ffn_range(a->k, a->b, a->records, a->tail, a->n_head, a->rows, i0, i1, a->x, a->xu, a->xg, a->h, acc);
 }
@@ -271,7 +272,7 @@ static inline float batch_dot(const flm_kernels *k, uint32_t t, const void *row,
  * token by token), so every token's sums are the plain loop's bit for bit. */
 static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
                                   const uint8_t *tail, size_t n_head, size_t i0, size_t i1, size_t n_x,
-                                  const act_batch *xu, const act_batch *xg, float *acc, float *h_abs) {
+                                  const act_batch *xu, const act_batch *xg, float *acc, float *h_abs, void *tmp) {
     const size_t d = b->d_model;
     const uint64_t rb = b->record_bytes;
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
@@ -296,8 +297,8 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
             for (size_t s = 0; s < ng; s += TILE_NB) {
                 const size_t nb = ng - s < TILE_NB ? ng - s : TILE_NB;
                 const uint8_t *rs = rec + s * rb;
-                if (tg) tg(rs + b->gate_off, rb, nb, xg->xq + t0 * xg->bytes, xg->bytes, nt, d, G, nb);
-                tu(rs + b->up_off, rb, nb, xu->xq + t0 * xu->bytes, xu->bytes, nt, d, U, nb);
+                if (tg) tg(rs + b->gate_off, rb, nb, xg->xq + t0 * xg->bytes, xg->bytes, nt, d, G, nb, tmp);
+                tu(rs + b->up_off, rb, nb, xu->xq + t0 * xu->bytes, xu->bytes, nt, d, U, nb, tmp);
                 if (!b->gated) /* G: the pre-activations up + b_up */
                     for (size_t t = 0; t < nt; t++)
                         for (size_t r = 0; r < nb; r++)
@@ -331,13 +332,13 @@ static void ffn_range_batch_tiled(const flm_kernels *k, const flm_bundle_desc *b
 static void ffn_range_batch(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *records,
                             const uint8_t *tail, size_t n_head, const uint32_t *rows, size_t i0, size_t i1,
                             const uint8_t *mask, size_t mask_stride, size_t n_x, const float *X, size_t x_stride,
-                            const act_batch *xu, const act_batch *xg, float *acc, float *h_abs) {
+                            const act_batch *xu, const act_batch *xg, float *acc, float *h_abs, void *tmp) {
     const size_t d = b->d_model;
     flm_axpy_fn axpy_down = k->axpy[b->down_type];
     memset(acc, 0, n_x * d * sizeof(float));
     if (!rows && !mask && xu->xq && k->vec_dot_tile[b->up_type] &&
         (!b->gated || (xg->xq && k->vec_dot_tile[b->gate_type]))) {
-        ffn_range_batch_tiled(k, b, records, tail, n_head, i0, i1, n_x, xu, xg, acc, h_abs);
+        ffn_range_batch_tiled(k, b, records, tail, n_head, i0, i1, n_x, xu, xg, acc, h_abs, tmp);
         return;
     }
     check_acc ca = {0};
@@ -392,12 +393,14 @@ typedef struct batch_args {
     size_t x_stride;
     const act_batch *xu, *xg;
     float *h_abs;
+    uint8_t *tmp;     /* one tile tmp per part (flm_tile_tmp_bytes(d_model, TILE_NX)), or NULL */
+    size_t tmp_bytes;
 } batch_args;
 
-static void batch_range(const void *arg, size_t i0, size_t i1, float *acc) {
+static void batch_range(const void *arg, size_t part, size_t i0, size_t i1, float *acc) {
     const batch_args *a = arg;
     ffn_range_batch(a->k, a->b, a->records, a->tail, a->n_head, a->rows, i0, i1, a->mask, a->mask_stride, a->n_x,
-                    a->X, a->x_stride, a->xu, a->xg, acc, a->h_abs);
+                    a->X, a->x_stride, a->xu, a->xg, acc, a->h_abs, a->tmp ? a->tmp + part * a->tmp_bytes : NULL);
 }
 
 void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b, const uint8_t *head, size_t n_head,
@@ -418,16 +421,25 @@ void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b,
         xu = xg = (act_batch){NULL, 0, {NULL, NULL}};
         own_g = false;
     }
-    batch_args args = {k, b, head, tail, n_head, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg, h_abs};
+    /* the tiles' tmp, one per part (split_reduce runs at most n_threads parts) */
+    const size_t tb = flm_tile_tmp_bytes(d, n_x < TILE_NX ? n_x : TILE_NX), parts = n_threads > 1 ? (size_t)n_threads : 1;
+    flm_work_buf tw = {NULL, NULL};
+    if (tb && xu.xq) tw = flm_work_get(ws, parts * tb);
+    batch_args args = {k, b, head, tail, n_head, rows, mask, mask_stride, n_x, X, x_stride, &xu, &xg, h_abs, tw.p, tb};
     split_reduce(n, n_threads, n_x * d, d, batch_range, &args, acc, OUT, out_stride);
+    flm_work_put(ws, mark, &tw);
     flm_work_put(ws, mark, &xu.w);
     if (own_g) flm_work_put(ws, mark, &xg.w);
 }
 
-size_t flm_ffn_bundles_work(size_t d_model, size_t n_x) {
+size_t flm_ffn_bundles_work(size_t d_model, size_t n_x, int n_threads) {
     const size_t ab = flm_act_bytes_max(d_model);
-    /* one token: the up and gate activations on the stack up to ACT_STACK_BYTES each; a batch: n_x of each */
-    const size_t one = ab > ACT_STACK_BYTES ? 2 * ab : 0, batch = n_x > 1 ? 2 * n_x * ab : 0;
+    /* one token: the up and gate activations on the stack up to ACT_STACK_BYTES each; a batch: n_x of each, and a
+     * tile tmp per thread */
+    const size_t one = ab > ACT_STACK_BYTES ? 2 * ab : 0,
+                 batch = n_x > 1 ? 2 * n_x * ab + (size_t)(n_threads > 1 ? n_threads : 1) *
+                                                      flm_tile_tmp_bytes(d_model, n_x < TILE_NX ? n_x : TILE_NX) + 64
+                                 : 0;
     return (one > batch ? one : batch) + 2 * 64;
 }
 

@@ -86,7 +86,8 @@ void flm_ffn_bundles_batch_split(const flm_kernels *k, const flm_bundle_desc *b,
                                  const uint8_t *tail, const uint32_t *rows, size_t n, const uint8_t *mask,
                                  size_t mask_stride, size_t n_x, const float *X, size_t x_stride, float *OUT,
                                  size_t out_stride, float *acc, float *h_abs, int n_threads, flm_arena *ws);
-/* The most bytes of work area the four calls above take for a layer of d_model and batches of up to n_x tokens. */
-size_t flm_ffn_bundles_work(size_t d_model, size_t n_x);
+/* The most bytes of work area the four calls above take for a layer of d_model and batches of up to n_x tokens on
+ * n_threads threads (each thread's tile tmp included). */
+size_t flm_ffn_bundles_work(size_t d_model, size_t n_x, int n_threads);
 
 #endif

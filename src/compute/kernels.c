@@ -553,12 +553,24 @@ typedef struct tile_job {
     size_t ab, n_x, n;
     float *Y;
     size_t y_stride;
+    uint8_t *tmp;            /* n_slots buffers of tmp_bytes (the tiles' tmp), or NULL */
+    size_t tmp_bytes;
+    _Atomic uint64_t free_slots; /* bit i: buffer i is free (a chunk takes one for its call, then gives it back) */
 } tile_job;
 
 static void tile_chunk(void *arg, size_t b) {
-    const tile_job *J = arg;
+    tile_job *J = arg;
     const size_t r0 = b * J->rb, m = J->rows - r0 < J->rb ? J->rows - r0 : J->rb;
-    J->tile((const uint8_t *)J->W + r0 * J->stride, J->stride, m, J->xq, J->ab, J->n_x, J->n, J->Y + r0, J->y_stride);
+    /* at most as many chunks run at once as there are threads (= slots): a free slot is always found */
+    uint64_t f = atomic_load_explicit(&J->free_slots, memory_order_acquire), bit = 0;
+    while (f && !atomic_compare_exchange_weak_explicit(&J->free_slots, &f, f & (f - 1), memory_order_acq_rel,
+                                                       memory_order_acquire)) {
+    }
+    if (f) bit = f & -f;
+    void *tmp = bit ? J->tmp + (size_t)__builtin_ctzll(bit) * J->tmp_bytes : NULL;
+    J->tile((const uint8_t *)J->W + r0 * J->stride, J->stride, m, J->xq, J->ab, J->n_x, J->n, J->Y + r0, J->y_stride,
+            tmp);
+    if (bit) atomic_fetch_or_explicit(&J->free_slots, bit, memory_order_release);
 }
 
 typedef struct mm_job {
@@ -614,8 +626,14 @@ void flm_matmat(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
         if (nt > 1 && rb > per_thread) rb = per_thread;
         if (rb < 4) rb = 4;
         rb = (rb + 15) & ~(size_t)15; /* whole panels of 16 rows (quants_panel_vnni.h) */
-        tile_job J = {tile, W, stride, rows, rb, xq, ab, n_x, n, Y, y_stride};
+        /* one tmp per thread (at most 64) for the tiles that pack rows (flm_tile_tmp_bytes), from the work area */
+        const size_t tb = flm_tile_tmp_bytes(n, n_x), slots = nt < 64 ? (size_t)nt : 64;
+        flm_work_buf tw = {NULL, NULL};
+        if (tb) tw = flm_work_get(ws, slots * tb);
+        tile_job J = {tile, W, stride, rows, rb, xq, ab, n_x, n, Y, y_stride, tw.p, tb,
+                      tw.p ? (slots == 64 ? ~UINT64_C(0) : (UINT64_C(1) << slots) - 1) : 0};
         flm_pool_run(nt, (rows + rb - 1) / rb, tile_chunk, &J);
+        flm_work_put(ws, mark, &tw);
         flm_work_put(ws, mark, &wb);
         return;
     }

@@ -57,8 +57,11 @@ typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);     
  * bit for bit equal to the same table's vec_dot, each weight block unpacked once for several tokens
  * (quants_tile_x86.h; at vnni, panels of 16 interleaved rows for the 32-element types from 8 tokens on, and row
  * pairs for q4_k / q6_k: quants_panel_vnni.h). rows, n_x >= 0; n as vec_dot. */
+/* tmp: NULL, or flm_tile_tmp_bytes(n, n_x) bytes, 64-byte aligned, that the call may overwrite (the vnni panels'
+ * packed rows; carved by the caller from its work area, one per concurrent call): without it a level that packs
+ * runs its row-at-a-time form, the same bits. */
 typedef void (*flm_vec_dot_tile_fn)(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride,
-                                    size_t n_x, size_t n, float *Y, size_t y_stride);
+                                    size_t n_x, size_t n, float *Y, size_t y_stride, void *tmp);
 /* The tiled form of axpy for a batch (the down rows of a block of FFN neurons, ffn_bundle.c): for t < n_y,
  *   Y[t * y_stride + i] += a[t * a_stride + r] * row_r[i]   for r = 0, 1, ..., rows - 1 in that order, i < n,
  * row_r = W + r * w_stride (bytes), bit for bit what rows * n_y calls of the same table's axpy make (r outer, t

@@ -36,6 +36,7 @@
 
 #include "compute/quants.h"
 #include "compute/quants_x86.h"
+#include "compute/work.h"
 #include "core/types.h"
 
 #define PANEL_ROWS 16        /* rows per panel: the 16 int32 lanes of a 512-bit vector */
@@ -189,15 +190,14 @@ static inline __attribute__((always_inline)) __m512i panel_block_sum(const __m51
  * a time, the last n_x % 4 with their exact count). FALLBACK: the row-at-a-time tile of the same type. */
 #define PANEL_DRIVER(NAME, PACK, ROWS_FN, AB, OFF, HAS_M, FALLBACK)                                               \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
-                     size_t n, float *Y, size_t y_stride) {                                                        \
+                     size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
         const size_t nb = n / 32;                                                                                  \
         const size_t pbytes = nb * (PANEL_BLOCK_BYTES + PANEL_ROWS * sizeof(float) * (HAS_M ? 2 : 1));             \
-        uint8_t *P = n_x >= PANEL_MIN_TOKENS ? aligned_alloc(64, (pbytes + 63) & ~(size_t)63) : NULL;              \
-        int32_t *noff = P ? malloc(n_x * nb * sizeof *noff + sizeof *noff) : NULL;                                         \
-        if (!P || !noff) {                                                                                \
-            free(P);                                                                                               \
-            free(noff);                                                                                            \
-            FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride);                                        \
+        /* tmp (flm_tile_tmp_bytes): the panel, then the tokens' offsets */                                      \
+        uint8_t *P = n_x >= PANEL_MIN_TOKENS ? tmp : NULL;                                                         \
+        int32_t *noff = P ? (int32_t *)(P + ((pbytes + 63) & ~(size_t)63)) : NULL;                                 \
+        if (!P) {                                                                                                  \
+            FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride, NULL);                                  \
             return;                                                                                                \
         }                                                                                                          \
         const uint8_t *x = xq;                                                                                     \
@@ -222,8 +222,6 @@ static inline __attribute__((always_inline)) __m512i panel_block_sum(const __m51
             default: break;                                                                                        \
             }                                                                                                      \
         }                                                                                                          \
-        free(P);                                                                                                   \
-        free(noff);                                                                                                \
     }
 
 PANEL_PACK(panel_pack_q4_0, flm_block_q4_0, 2, -1, 0, 4)
@@ -432,14 +430,13 @@ static void pq4k_bsums(const uint8_t *x, size_t x_stride, size_t n_x, size_t nb,
  * pq4k_bsums (q4_k). Without memory for the panel: VDOT per (row, token), the same bits. */
 #define PANEL_K_DRIVER(NAME, PACK, ROWS_CALL, SB_BYTES, BSP, VDOT)                                                \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
-                     size_t n, float *Y, size_t y_stride) {                                                        \
+                     size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
         const size_t nb = n / 256;                                                                                 \
         const uint8_t *x = xq;                                                                                     \
-        uint8_t *P = aligned_alloc(64, nb * (SB_BYTES));                                                           \
-        int32_t *bsp = P && (BSP) ? malloc(n_x * nb * 4 * sizeof *bsp + sizeof *bsp) : NULL;                       \
-        if (!P || ((BSP) && !bsp)) {                                                                               \
-            free(P);                                                                                               \
-            free(bsp);                                                                                             \
+        /* tmp (flm_tile_tmp_bytes): the panel, then (BSP) the tokens' paired block sums */                       \
+        uint8_t *P = tmp;                                                                                          \
+        int32_t *bsp = P && (BSP) ? (int32_t *)(P + ((nb * (SB_BYTES) + 63) & ~(size_t)63)) : NULL;                \
+        if (!P) {                                                                                                  \
             for (size_t r = 0; r < rows; r++)                                                                      \
                 for (size_t t = 0; t < n_x; t++)                                                                   \
                     Y[t * y_stride + r] = VDOT((const uint8_t *)W + r * w_stride, x + t * x_stride, n);            \
@@ -458,8 +455,6 @@ static void pq4k_bsums(const uint8_t *x, size_t x_stride, size_t n_x, size_t nb,
             default: break;                                                                                        \
             }                                                                                                      \
         }                                                                                                          \
-        free(P);                                                                                                   \
-        free(bsp);                                                                                                 \
     }
 #define PQ4K_ROWS(NT)                                                                                             \
     panel_rows_q4_k(P, nb, x + t0 * x_stride, x_stride, bsp + t0 * nb * 4, Y + t0 * y_stride + r0, y_stride, m, NT)
@@ -571,6 +566,9 @@ static inline __attribute__((always_inline)) void panel_rows_q6_k(const uint8_t 
 static float vdot_q6_k_vnni(const void *row, const void *xq, size_t n); /* quants_x512.h */
 #define PQ6K_ROWS(NT) panel_rows_q6_k(P, nb, x + t0 * x_stride, x_stride, Y + t0 * y_stride + r0, y_stride, m, NT)
 PANEL_K_DRIVER(panel_q6_k, panel_pack_q6_k, PQ6K_ROWS, PQ6K_SB_BYTES, 0, vdot_q6_k_vnni)
+_Static_assert(PANEL_BLOCK_BYTES == FLM_PANEL_BLOCK_BYTES && PANEL_ROWS == 16 && PQ4K_SB_BYTES <= FLM_PANEL_SB_BYTES_MAX &&
+                   PQ6K_SB_BYTES <= FLM_PANEL_SB_BYTES_MAX,
+               "flm_tile_tmp_bytes (compute/work.h) must cover the panels");
 
 /* Puts the panel tiles of the 32-element types in k (after tile_fill). */
 static void panel_fill(flm_kernels *k) {

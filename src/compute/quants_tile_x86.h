@@ -232,7 +232,8 @@ TILE32_ROW(q8_0_row, flm_block_q8_0, flm_block_q8_0, TILE_DEC_S8, TILE_PAIR_S, t
  * leaves the per-token arrays in memory, and draft verification batches are often that small) */
 #define TILE_DRIVER(NAME, ROW, BLOCK, QK)                                                                         \
     static void TILE(NAME)(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride,         \
-                           size_t n_x, size_t n, float *Y, size_t y_stride) {                                     \
+                           size_t n_x, size_t n, float *Y, size_t y_stride, void *tmp) {                          \
+        (void)tmp; /* nothing packed at these levels */                                                           \
         const size_t nb = n / (QK);                                                                               \
         size_t t0 = 0;                                                                                            \
         for (; t0 + TILE_T <= n_x; t0 += TILE_T) TILE_ROWS(ROW, BLOCK, TILE_T);                                   \

@@ -37,3 +37,12 @@ size_t flm_act_bytes_max(size_t n) {
     }
     return (m + 63) & ~(size_t)63;
 }
+
+#define ROUND64(x) (((x) + 63) & ~(size_t)63)
+
+size_t flm_tile_tmp_bytes(size_t n, size_t n_x) {
+    const size_t nb = n / 32, nk = n / 256;
+    const size_t p32 = ROUND64(nb * (FLM_PANEL_BLOCK_BYTES + 16 * sizeof(float) * 2)) + ROUND64(n_x * nb * 4 + 4);
+    const size_t pk = ROUND64(nk * FLM_PANEL_SB_BYTES_MAX) + ROUND64(n_x * nk * 16 + 4);
+    return nb ? (p32 > pk ? p32 : pk) : 0;
+}

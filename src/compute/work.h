@@ -32,4 +32,14 @@ uint64_t flm_work_heap_count(void);
  * rounded up to 64: the per-token size of a quantized activation buffer. */
 size_t flm_act_bytes_max(size_t n);
 
+/* The largest packed block a tiled dot may build (quants_panel_vnni.h checks its sizes against these): a block of
+ * 32 elements of 16 rows, and a K-quant super-block of 16 rows (q6_k's, the larger). */
+#define FLM_PANEL_BLOCK_BYTES 512
+#define FLM_PANEL_SB_BYTES_MAX 5696
+
+/* Bytes a tiled dot over n-element rows and n_x tokens may use as its tmp (kernels.h flm_vec_dot_tile_fn), at any
+ * kernel level: the vnni panel of 16 rows (packed weights, scales and mins) and the tokens' offsets or block sums,
+ * each 64-byte rounded. n, n_x >= 0; 0 when n has no whole block. */
+size_t flm_tile_tmp_bytes(size_t n, size_t n_x);
+
 #endif

@@ -63,9 +63,12 @@ uint32_t flm_scratch_tree_nodes(uint32_t n_ctx) { return n_ctx < FLM_TREE_MAX_NO
 uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads) {
     uint64_t dim = flm_hparams_row(hp); /* the widest input of a matrix product: d_model, q_dim, d_embd or d_ffn */
     if (hp->d_ffn > dim) dim = hp->d_ffn;
-    const uint64_t mm = n_batch > 1 ? (uint64_t)n_batch * flm_act_bytes_max(dim) + 64 : 0;
+    /* flm_matmat: the batch's quantized activations and one tile tmp per thread (at most 64) */
+    const uint64_t slots = n_threads < 1 ? 1 : n_threads > 64 ? 64 : (uint64_t)n_threads;
+    const uint64_t mm =
+        n_batch > 1 ? (uint64_t)n_batch * flm_act_bytes_max(dim) + 64 + slots * flm_tile_tmp_bytes(dim, n_batch) : 0;
     const uint64_t att = flm_attention_batch_work(n_ctx, n_batch, hp->n_heads, hp->n_kv_heads, hp->head_dim, n_threads);
-    const uint64_t ffn = flm_ffn_bundles_work(hp->d_model, n_batch);
+    const uint64_t ffn = flm_ffn_bundles_work(hp->d_model, n_batch, n_threads);
     uint64_t w = mm > att ? mm : att;
     return w > ffn ? w : ffn;
 }
