@@ -467,13 +467,13 @@ static void test_bench_budget_list(void **state) {
     const char *modes[] = {"naive", "hybrid", "sparse", "auto"};
     for (int m = 0; m < 4; m++) {
         char row[128];
-        snprintf(row, sizeof row, "| 200%% (2.0 MiB) | %s | ", modes[m]);
+        snprintf(row, sizeof row, "| 200%% (2.04 MiB) | %s | ", modes[m]);
         assert_non_null(strstr(out, row));
-        snprintf(row, sizeof row, "| 1K (0.0 MiB) | %s | refused: ", modes[m]); /* with the plan's reason */
+        snprintf(row, sizeof row, "| 1K (1.00 KiB) | %s | refused: ", modes[m]); /* with the plan's reason */
         const char *at = strstr(out, row);
         if (!at || !strstr(at, "too small")) fail_msg("no refused row for %s at 1K:\n%s", modes[m], out);
     }
-    assert_non_null(strstr(out, "| 200% (2.0 MiB) | naive | naive |")); /* ran as itself */
+    assert_non_null(strstr(out, "| 200% (2.04 MiB) | naive | naive |")); /* ran as itself */
     free(out);
 
     char *text = read_text(json);
@@ -546,6 +546,8 @@ static void test_bench_bad_sweeps(void **state) {
         {"--sweep window=1,2 --no-window", "contradicts"},
         {"--sweep", "needs a value"},
         {"--modes naive,warp", "unknown mode 'warp'"},
+        {"--svg fig.svg", "names a folder"}, /* several figures: not a file named like one */
+        {"--svg fig.svg", "names a folder"}, /* several figures: not a file named like one */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[16384], *out = NULL;

@@ -259,6 +259,14 @@ static void test_rss_within_budget_and_allowance(void **state) {
 #else /* shadow memory lifts the peak past the allowance: the line still names it, in either wording */
     expect(args, 0, "allowance");
 #endif
+    /* --stats prints the totals only; --stats-tokens adds a row per token (4 generated + the prompt's) */
+    char *o = expect_out(args, 0, "read requests by size");
+    assert_null(strstr(o, "(p = prompt token)"));
+    free(o);
+    snprintf(args, sizeof args, "run -m '%s' --mode naive --mem 8M -c 256 -p hi -n 4 --stats-tokens", st);
+    o = expect_out(args, 0, "(p = prompt token)");
+    assert_non_null(strstr(o, "token   flash I/O ms"));
+    free(o);
     remove(g);
     remove(tiny);
     remove(st);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -739,7 +740,7 @@ static void print_mem_sweep(const bench_opts *o, const bench_run *runs, int nm, 
         const bench_result *row = &res[b * nm], *any = NULL;
         for (int m = 0; m < nm; m++) if (row[m].ok && row[m].budget) any = &row[m];
         printf("| %s", o->sweep_mem[b]);
-        if (any) printf(" (%.1f MiB)", cli_mib(any->budget));
+        if (any) printf(" (%s)", cli_size(any->budget).s);
         printf(" |");
         for (int m = 0; m < nm; m++)
             if (row[m].ok) printf(" %.2f |", row[m].tot_med); else printf(" skipped |");
@@ -786,7 +787,7 @@ static void print_budget_table(const bench_opts *o, const bench_run *runs, const
     for (int i = 0; i < n; i++) budget_row("none", runs[i].label, &res[i], ram);
     for (int b = 0; b < o->n_sweep_mem; b++) {
         char budget[64];
-        snprintf(budget, sizeof budget, "%s (%.1f MiB)", o->sweep_mem[b], cli_mib(o->sweep_bytes[b]));
+        snprintf(budget, sizeof budget, "%s (%s)", o->sweep_mem[b], cli_size(o->sweep_bytes[b]).s);
         for (int m = 0; m < nm; m++) budget_row(budget, mruns[m].label, &mres[b * nm + m], ram);
     }
 }
@@ -1390,6 +1391,10 @@ int cmd_bench(int argc, char **argv) {
     if (o.json && !cli_may_write(o.json, o.model, o.force)) return 1;
     svg_set_replace(o.force);
     if (o.mem_list && o.svg && !cli_may_write(o.svg, o.model, o.force)) return 1; /* one figure: a file */
+    size_t svg_len = o.svg ? strlen(o.svg) : 0;
+    if (o.svg && !o.mem_list && svg_len >= 4 && !strcasecmp(o.svg + svg_len - 4, ".svg"))
+        return cli_die("--svg %s: without a --mem list bench writes several figures, so --svg names a folder (with "
+                       "a list of budgets, e.g. --mem 100%%,50%%, it names the one figure's file)", o.svg);
     for (int k = 0; o.svg && !o.mem_list && k < 4; k++) {
         static const char *const names[] = {"latency_breakdown.svg", "latency_over_time.svg", "memory_latency.svg",
                                             "window.svg"};

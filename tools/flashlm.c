@@ -129,8 +129,8 @@ static const char *RUN_HELP_MORE =
     "                       -1: the whole prompt (default 0: BOS only, as llama.cpp). A prompt longer than the\n"
     "                       context is refused (raise -c)\n"
     "      --stats          print the memory plan at open (one line per part: resident weights, token\n"
-    "                       embedding, KV cache, scratch, reader, FFN storage) and per-token statistics (flash\n"
-    "                       I/O, memory, compute ms; bytes; reads)\n"
+    "                       embedding, KV cache, scratch, reader, FFN storage) and the run's totals\n"
+    "      --stats-tokens   --stats, and a row per token (flash I/O, memory, compute ms; bytes; reads)\n"
     "  -v, --verbose        print the library's debug messages (the memory plan at open)\n"
     "      --stats-json F   write all statistics as JSON to F (refused when it exists, unless --force; never onto\n"
     "                       the model, a link or a device)\n"
@@ -153,7 +153,7 @@ static flm_grammar *run_grammar;    /* --grammar / --json-schema, or NULL */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
-    bool per_token = false, chat = false, verbose = false;
+    bool stats = false, per_token = false, chat = false, verbose = false;
     long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
@@ -193,7 +193,8 @@ static int cmd_run(int argc, char **argv) {
             chat = true;
         }
         else if (!strcmp(a, "--system")) { NEEDVAL(); system = val; chat = true; }
-        else if (!strcmp(a, "--stats")) { per_token = true; }
+        else if (!strcmp(a, "--stats")) { stats = true; }
+        else if (!strcmp(a, "--stats-tokens")) { stats = per_token = true; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; }
         else if (!strcmp(a, "--stats-json")) { NEEDVAL(); stats_json = val; }
         else if (!strcmp(a, "--force")) { run_force = true; }
@@ -206,7 +207,7 @@ static int cmd_run(int argc, char **argv) {
         return cli_die("%s", "--prompt-ids and --print-ids do not go with --chat or drafting");
     run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */
     if (cli_grammar_load(&grammar, &run_grammar)) return 1; /* before the model: a bad grammar fails at once */
-    int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose, stats_json, &params,
+    int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose || stats, stats_json, &params,
                             &sp, &sa, &shift);
     cli_spec_session_close(&run_spec); /* the draft model, after the target */
     free(run_prompt_buf);
