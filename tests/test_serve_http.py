@@ -564,6 +564,38 @@ def test_llama_fields(port):
                       ({"messages": msgs, "post_sampling_probs": True}, "post_sampling_probs")):
         st, _, b = request(port, "POST", "/chat/completions", dict(bad, max_tokens=1))
         check(st == 400 and word in json.loads(b)["error"]["message"], "%r: 400 naming %s (%s %r)" % (bad, word, st, b))
+    # every field is honoured or refused by name: unknown ones, a sampler flashlm lacks unless off, store: true
+    for bad, word in (({"messages": msgs, "frobnicate": 1}, "unknown field 'frobnicate'"),
+                      ({"messages": msgs, "mirostat": 2}, "mirostat"),
+                      ({"messages": msgs, "typical_p": 0.5}, "typical_p"),
+                      ({"messages": msgs, "ignore_eos": True}, "ignore_eos"),
+                      ({"messages": msgs, "store": True}, "store"),
+                      ({"messages": msgs, "audio": {"voice": "alloy"}}, "audio"),
+                      ({"messages": msgs, "modalities": ["text", "audio"]}, "modalities"),
+                      ({"messages": msgs, "reasoning_effort": "high"}, "reasoning_effort"),
+                      ({"messages": msgs, "id_slot": "a"}, "id_slot")):
+        st, _, b = request(port, "POST", "/chat/completions", dict(bad, max_tokens=1))
+        check(st == 400 and word in json.loads(b)["error"]["message"], "%r: 400 naming %s (%s %r)" % (bad, word, st, b))
+    ok = {"messages": msgs, "max_tokens": 3, "temperature": 0}
+    ref = json.loads(request(port, "POST", "/chat/completions", ok)[2])["choices"][0]["message"]["content"]
+    same = dict(ok, user="u1", metadata={"k": "v"}, store=False, service_tier="auto", modalities=["text"],
+                mirostat=0, typical_p=1, dry_multiplier=0, dry_base=1.75, xtc_probability=0, ignore_eos=False,
+                id_slot=-1, prediction={"type": "content", "content": "x"}, reasoning_effort=None)
+    st, _, b = request(port, "POST", "/chat/completions", same)
+    check(st == 200 and json.loads(b)["choices"][0]["message"]["content"] == ref,
+          "inert fields and samplers at their off value: the same reply (%s %r)" % (st, b[:300]))
+    # timings_per_token: each token's chunk carries the timings so far (predicted_n counting up), not the first
+    ev = sse(port, "/v1/chat/completions", dict(ok, max_tokens=4, stream=True, timings_per_token=True))
+    tok = [e for e in ev if e["choices"] and e["choices"][0]["delta"].get("content")]
+    check(len(tok) >= 2 and "timings" not in ev[0] and
+          [e["timings"]["predicted_n"] for e in tok] == list(range(1, len(tok) + 1)) and
+          all("prompt_per_second" in e["timings"] for e in tok), "timings_per_token: %r" % ev[:3])
+    ev = sse(port, "/completion", {"prompt": "Once", "n_predict": 3, "temperature": 0, "stream": True,
+                                   "timings_per_token": True})
+    check([e["timings"]["predicted_n"] for e in ev if not e.get("stop")] == [1, 2, 3],
+          "/completion timings_per_token: %r" % ev)
+    ev = sse(port, "/v1/chat/completions", dict(ok, max_tokens=4, stream=True))
+    check(not any("timings" in e for e in ev if e["choices"]), "no timings per token unless asked")
     # a JSON schema tuple: exactly those items
     st, _, b = request(port, "POST", "/chat/completions", {"messages": msgs, "max_tokens": 40, "json_schema": {
         "items": [{"enum": [1, 2]}, {"type": "boolean"}]}})

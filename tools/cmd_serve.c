@@ -126,6 +126,8 @@ typedef struct job {
     size_t n_ids, cap_ids;
     int slot_index;
     double prompt_ms, gen_ms;
+    double live_gen_ms;      /* "timings_per_token": the generation's ms so far, over live_n tokens */
+    long live_n;
     bool truncated;          /* the context filled or shifted */
     cJSON *lp;               /* "logprobs" (non-streaming, with logprobs): chat's {"content": [...]}, completions'
                                 {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
@@ -399,21 +401,23 @@ static char *error_json_ex(int status, const char *msg, const char *code, long n
 static char *error_json(int status, const char *msg, const char *code) { return error_json_ex(status, msg, code, -1); }
 
 /* llama-server's "timings" of a request (its front ends and tools read them). */
-static cJSON *timings_json(const job *j) {
+static cJSON *timings_json_at(const job *j, double gn, double gen_ms) {
     cJSON *t = cJSON_CreateObject();
-    double pn = (double)(j->n_prompt - j->n_reused), gn = (double)j->res.n_gen;
+    double pn = (double)(j->n_prompt - j->n_reused);
     cJSON_AddNumberToObject(t, "cache_n", (double)j->n_reused);
     cJSON_AddNumberToObject(t, "prompt_n", pn);
     cJSON_AddNumberToObject(t, "prompt_ms", j->prompt_ms);
     cJSON_AddNumberToObject(t, "prompt_per_token_ms", pn > 0 ? j->prompt_ms / pn : 0);
     cJSON_AddNumberToObject(t, "prompt_per_second", j->prompt_ms > 0 ? pn * 1e3 / j->prompt_ms : 0);
     cJSON_AddNumberToObject(t, "predicted_n", gn);
-    cJSON_AddNumberToObject(t, "predicted_ms", j->gen_ms);
+    cJSON_AddNumberToObject(t, "predicted_ms", gen_ms);
     /* the first token comes from the prompt's logits: the rate is over the n - 1 decode steps (llama-server's) */
-    cJSON_AddNumberToObject(t, "predicted_per_token_ms", gn > 1 ? j->gen_ms / (gn - 1) : 0);
-    cJSON_AddNumberToObject(t, "predicted_per_second", gn > 1 && j->gen_ms > 0 ? (gn - 1) * 1e3 / j->gen_ms : 0);
+    cJSON_AddNumberToObject(t, "predicted_per_token_ms", gn > 1 ? gen_ms / (gn - 1) : 0);
+    cJSON_AddNumberToObject(t, "predicted_per_second", gn > 1 && gen_ms > 0 ? (gn - 1) * 1e3 / gen_ms : 0);
     return t;
 }
+
+static cJSON *timings_json(const job *j) { return timings_json_at(j, (double)j->res.n_gen, j->gen_ms); }
 
 static const char *stop_type(const flm_gen_result *r) {
     return r->eog || r->complete ? "eos" : r->stopped ? "word" : r->limit || r->ctx_full ? "limit" : "none";
@@ -603,6 +607,10 @@ static bool on_token(void *user, const flm_gen_token *t) {
     job *j = ((gen_user *)user)->j;
     pthread_mutex_lock(&srv.mu);
     bool go = !j->gone && !srv.stopping;
+    if (j->req.timings_per_token && t->id >= 0) { /* the generation so far, for each token's "timings" */
+        j->live_gen_ms += t->ms;
+        j->live_n++;
+    }
     if (go && j->native && t->id >= 0 && !t->eog && !j->req.stream && j->req.return_tokens) {
         if (j->n_ids == j->cap_ids) {
             size_t cap = j->cap_ids ? 2 * j->cap_ids : 64;
@@ -619,6 +627,8 @@ static bool on_token(void *user, const flm_gen_token *t) {
             cJSON_AddItemToObject(o, "completion_probabilities", cJSON_DetachItemFromObject(lp, "content"));
             cJSON_Delete(lp);
         }
+        if (j->req.timings_per_token && t->id >= 0)
+            cJSON_AddItemToObject(o, "timings", timings_json_at(j, (double)j->live_n, j->live_gen_ms));
         go = out_event(j, o);
         pthread_cond_broadcast(&srv.cv);
     } else if (go && j->req.parse_tools && (t->len || t->id >= 0) && !t->eog) { /* content and calls apart */
@@ -644,6 +654,8 @@ static bool on_token(void *user, const flm_gen_token *t) {
             cJSON_DeleteItemFromObjectCaseSensitive(ch, "logprobs");
             cJSON_AddItemToObject(ch, "logprobs", lp);
         }
+        if (j->req.timings_per_token && t->id >= 0) /* llama-server's: the request's timings so far */
+            cJSON_AddItemToObject(o, "timings", timings_json_at(j, (double)j->live_n, j->live_gen_ms));
         if (t->id >= 0) { /* the engine's per-token statistics (extra fields, ignored by OpenAI clients) */
             cJSON *f = cJSON_AddObjectToObject(o, "flashlm");
             cJSON_AddNumberToObject(f, "token", t->id);
@@ -848,6 +860,11 @@ static void run_job(slot *s, job *j) {
     gp.logprobs = q->logprobs;
     gp.top_logprobs = q->top_logprobs;
     gp.grammar = q->grammar; /* response_format, json_schema, grammar (compiled by serve_parse_request) */
+    if (q->timings_per_token) { /* the prompt's part of each token's timings */
+        flm_session_stats ps;
+        flm_session_get_stats(s->sess, &ps);
+        j->prompt_ms = ps.prompt_ms;
+    }
     gen_user u = {j};
     st = flm_session_generate(s->sess, &gp, on_token, &u, &j->res, &err);
     flm_session_stats ss;

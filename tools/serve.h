@@ -29,6 +29,7 @@ typedef struct serve_req {
     bool include_usage;        /* "stream_options": {"include_usage": true}: a last chunk with usage, no choices */
     bool return_progress;      /* llama-server's "return_progress": streamed, events of the prompt's evaluation */
     bool verbose;              /* llama-server's "verbose": the answer carries "__verbose" (the prompt as text) */
+    bool timings_per_token;    /* llama-server's "timings_per_token": streamed, each token's chunk carries "timings" */
     char **fields;             /* llama-server's "response_fields" (/completion): only these fields of the answer,
                                   "a/b" taking b of object a to the top level as "a/b"; NULL: all */
     int n_fields;

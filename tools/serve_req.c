@@ -231,6 +231,102 @@ static int parse_constraint(const cJSON *root, serve_req *r, char *msg, size_t c
     return 0;
 }
 
+/* Every top-level field a completion request may carry, and what becomes of it: a field not in this table is
+ * refused with a 400 naming it, so that nothing a client asks for is dropped without a word (docs/SERVE.md, "Request
+ * fields"). FIELD_PARSED: read and checked by serve_parse_request / serve_parse_tools. FIELD_INERT: accepted, with no
+ * effect on the reply by its definition (identifiers for the caller's own records, hints). FIELD_NEUTRAL: a sampler
+ * of llama-server's that flashlm does not have, accepted only at the value that turns it off (what its front ends send
+ * by default), refused otherwise. FIELD_WITH: a setting of such a sampler, with no effect while it is off.
+ * FIELD_REFUSED: refused whenever present and not null (why). */
+enum { FIELD_PARSED, FIELD_INERT, FIELD_NEUTRAL, FIELD_NEUTRAL_FALSE, FIELD_WITH, FIELD_REFUSED };
+typedef struct field_rule {
+    const char *name;
+    int kind;
+    double off;       /* FIELD_NEUTRAL: the value that turns the sampler off */
+    const char *why;  /* FIELD_REFUSED / FIELD_NEUTRAL: the reason given */
+} field_rule;
+
+static const field_rule FIELD_RULES[] = {
+    /* OpenAI's chat and text completions, honoured (parsed below) */
+    {"model", FIELD_PARSED, 0, NULL}, {"messages", FIELD_PARSED, 0, NULL}, {"prompt", FIELD_PARSED, 0, NULL},
+    {"stream", FIELD_PARSED, 0, NULL}, {"stream_options", FIELD_PARSED, 0, NULL}, {"n", FIELD_PARSED, 0, NULL},
+    {"temperature", FIELD_PARSED, 0, NULL}, {"top_p", FIELD_PARSED, 0, NULL}, {"seed", FIELD_PARSED, 0, NULL},
+    {"max_tokens", FIELD_PARSED, 0, NULL}, {"max_completion_tokens", FIELD_PARSED, 0, NULL},
+    {"stop", FIELD_PARSED, 0, NULL}, {"presence_penalty", FIELD_PARSED, 0, NULL},
+    {"frequency_penalty", FIELD_PARSED, 0, NULL}, {"logit_bias", FIELD_PARSED, 0, NULL},
+    {"logprobs", FIELD_PARSED, 0, NULL}, {"top_logprobs", FIELD_PARSED, 0, NULL},
+    {"response_format", FIELD_PARSED, 0, NULL}, {"tools", FIELD_PARSED, 0, NULL}, {"tool_choice", FIELD_PARSED, 0, NULL},
+    {"parallel_tool_calls", FIELD_PARSED, 0, NULL}, {"functions", FIELD_PARSED, 0, NULL},
+    {"function_call", FIELD_PARSED, 0, NULL}, {"echo", FIELD_NEUTRAL_FALSE, 0,
+        "'echo' (the prompt repeated before the completion) is not supported: the prompt is the caller's own"},
+    {"best_of", FIELD_NEUTRAL, 1, "'best_of' above 1 is not supported: ask for 'n' choices"},
+    {"suffix", FIELD_REFUSED, 0, "'suffix' (insertion between a prompt and a suffix) is not supported"},
+    /* OpenAI's, with no effect on the reply: the caller's identifiers and hints */
+    {"user", FIELD_INERT, 0, NULL}, {"metadata", FIELD_INERT, 0, NULL}, {"prompt_cache_key", FIELD_INERT, 0, NULL},
+    {"safety_identifier", FIELD_INERT, 0, NULL}, {"service_tier", FIELD_INERT, 0, NULL},
+    {"prediction", FIELD_INERT, 0, NULL}, {"store", FIELD_NEUTRAL_FALSE, 0,
+        "'store': true is not supported: this server keeps no completions"},
+    {"modalities", FIELD_PARSED, 0, NULL},
+    {"audio", FIELD_REFUSED, 0, "'audio' is not supported: the model answers in text only"},
+    {"web_search_options", FIELD_REFUSED, 0, "'web_search_options' is not supported: the model has no web search"},
+    {"reasoning_effort", FIELD_REFUSED, 0, "'reasoning_effort' is not supported: the model has no reasoning setting"},
+    {"verbosity", FIELD_REFUSED, 0, "'verbosity' is not supported: the model has no verbosity setting"},
+    /* llama-server's, honoured */
+    {"n_predict", FIELD_PARSED, 0, NULL}, {"top_k", FIELD_PARSED, 0, NULL}, {"min_p", FIELD_PARSED, 0, NULL},
+    {"repeat_penalty", FIELD_PARSED, 0, NULL}, {"repeat_last_n", FIELD_PARSED, 0, NULL},
+    {"n_probs", FIELD_PARSED, 0, NULL}, {"cache_prompt", FIELD_PARSED, 0, NULL},
+    {"return_tokens", FIELD_PARSED, 0, NULL}, {"verbose", FIELD_PARSED, 0, NULL},
+    {"response_fields", FIELD_PARSED, 0, NULL}, {"return_progress", FIELD_PARSED, 0, NULL},
+    {"post_sampling_probs", FIELD_PARSED, 0, NULL}, {"backend_sampling", FIELD_PARSED, 0, NULL},
+    {"json_schema", FIELD_PARSED, 0, NULL}, {"grammar", FIELD_PARSED, 0, NULL},
+    {"add_generation_prompt", FIELD_PARSED, 0, NULL}, {"continue_final_message", FIELD_PARSED, 0, NULL},
+    {"timings_per_token", FIELD_PARSED, 0, NULL}, {"id_slot", FIELD_PARSED, 0, NULL},
+    /* llama-server's samplers that flashlm does not have: only their "off" value */
+    {"typical_p", FIELD_NEUTRAL, 1, "'typical_p' below 1 (locally typical sampling) is not supported"},
+    {"mirostat", FIELD_NEUTRAL, 0, "'mirostat' is not supported"},
+    {"dry_multiplier", FIELD_NEUTRAL, 0, "'dry_multiplier' (DRY repetition penalty) is not supported: use "
+        "'repeat_penalty' or 'presence_penalty'"},
+    {"xtc_probability", FIELD_NEUTRAL, 0, "'xtc_probability' (XTC sampling) is not supported"},
+    {"dynatemp_range", FIELD_NEUTRAL, 0, "'dynatemp_range' (dynamic temperature) is not supported"},
+    {"top_n_sigma", FIELD_NEUTRAL, -1, "'top_n_sigma' is not supported"},
+    {"ignore_eos", FIELD_NEUTRAL_FALSE, 0, "'ignore_eos' is not supported: generation ends at the model's "
+        "end-of-generation token"},
+    {"mirostat_tau", FIELD_WITH, 0, NULL}, {"mirostat_eta", FIELD_WITH, 0, NULL}, {"dry_base", FIELD_WITH, 0, NULL},
+    {"dry_allowed_length", FIELD_WITH, 0, NULL}, {"dry_penalty_last_n", FIELD_WITH, 0, NULL},
+    {"dry_sequence_breakers", FIELD_WITH, 0, NULL}, {"xtc_threshold", FIELD_WITH, 0, NULL},
+    {"dynatemp_exponent", FIELD_WITH, 0, NULL}, {"min_keep", FIELD_WITH, 0, NULL},
+};
+
+/* 0 when every top-level field of root is in FIELD_RULES and allowed at its value; else 400 with msg naming it. */
+static int check_fields(const cJSON *root, char *msg, size_t cap) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        const field_rule *rule = NULL;
+        for (size_t i = 0; i < sizeof FIELD_RULES / sizeof *FIELD_RULES && f->string; i++)
+            if (!strcmp(FIELD_RULES[i].name, f->string)) { rule = &FIELD_RULES[i]; break; }
+        if (!rule) {
+            snprintf(msg, cap, "unknown field '%.64s': this server honours or refuses every field by name, and does "
+                     "not know this one (docs/SERVE.md lists the fields; leave it out)", f->string ? f->string : "");
+            return 400;
+        }
+        if (cJSON_IsNull(f)) continue;
+        switch (rule->kind) {
+        case FIELD_REFUSED: snprintf(msg, cap, "%s", rule->why); return 400;
+        case FIELD_NEUTRAL:
+            if (!cJSON_IsNumber(f) || f->valuedouble != rule->off) {
+                snprintf(msg, cap, "%s (only %g, which turns it off, is accepted)", rule->why, rule->off);
+                return 400;
+            }
+            break;
+        case FIELD_NEUTRAL_FALSE:
+            if (!cJSON_IsFalse(f)) { snprintf(msg, cap, "%s (only false is accepted)", rule->why); return 400; }
+            break;
+        default: break;
+        }
+    }
+    return 0;
+}
+
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
@@ -247,6 +343,7 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         snprintf(msg, cap, "the body must be a JSON object");
         goto fail;
     }
+    if (check_fields(root, msg, cap)) goto fail;
     char field[256];
     if (nul_field(body, len, field, sizeof field)) {
         snprintf(msg, cap, "%s: a NUL character (\\u0000); text with one is refused (it would be cut there)", field);
@@ -271,13 +368,28 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         }
         r->include_usage = cJSON_IsTrue(iu);
     }
-    static const char *const BOOLS[] = {"verbose", "post_sampling_probs", "backend_sampling", "return_progress"};
+    v = cJSON_GetObjectItemCaseSensitive(root, "modalities"); /* OpenAI's: the reply's kinds; text is the one here */
+    if (v && !cJSON_IsNull(v)) {
+        const cJSON *e;
+        bool ok = cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0;
+        cJSON_ArrayForEach(e, v) if (!cJSON_IsString(e) || strcmp(e->valuestring, "text")) ok = false;
+        if (!ok) { snprintf(msg, cap, "'modalities' other than [\"text\"] are not supported: the model answers in text only"); goto fail; }
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "id_slot"); /* llama-server's: a slot; any gives the same reply here */
+    if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < -1 ||
+                                  v->valuedouble > 1e6)) {
+        snprintf(msg, cap, "'id_slot' must be an integer, -1 for any slot");
+        goto fail;
+    }
+    static const char *const BOOLS[] = {"verbose", "post_sampling_probs", "backend_sampling", "return_progress",
+                                        "timings_per_token"};
     for (size_t k = 0; k < sizeof BOOLS / sizeof *BOOLS; k++) {
         v = cJSON_GetObjectItemCaseSensitive(root, BOOLS[k]);
         if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) { snprintf(msg, cap, "'%s' must be a boolean", BOOLS[k]); goto fail; }
     }
     r->verbose = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "verbose"));
     r->return_progress = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "return_progress"));
+    r->timings_per_token = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "timings_per_token"));
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "post_sampling_probs"))) {
         snprintf(msg, cap, "'post_sampling_probs' is not supported: logprobs and n_probs give the model's "
                  "log-probabilities at temperature 1, before the sampler's filters");
