@@ -584,6 +584,10 @@ def test_llama_fields(port):
     st, _, b = request(port, "POST", "/chat/completions", same)
     check(st == 200 and json.loads(b)["choices"][0]["message"]["content"] == ref,
           "inert fields and samplers at their off value: the same reply (%s %r)" % (st, b[:300]))
+    for path, body in (("/tokenize", {"content": "a", "add_bos": True}), ("/detokenize", {"tokens": [1], "x": 0}),
+                       ("/v1/embeddings", {"input": "a", "truncate": True})):
+        st, _, b = request(port, "POST", path, body)
+        check(st == 400 and "unknown field" in json.loads(b)["error"]["message"], "%s %r: 400 (%s %r)" % (path, body, st, b))
     # timings_per_token: each token's chunk carries the timings so far (predicted_n counting up), not the first
     ev = sse(port, "/v1/chat/completions", dict(ok, max_tokens=4, stream=True, timings_per_token=True))
     tok = [e for e in ev if e["choices"] and e["choices"][0]["delta"].get("content")]

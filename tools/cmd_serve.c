@@ -1946,6 +1946,14 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *cn) {
     enum MHD_Result r = MHD_NO;
     cJSON *o = body_object(c, cn, &r);
     if (!o) return r;
+    {
+        static const char *const KNOWN[] = {"content", "add_special", "parse_special", "with_pieces"};
+        char fm[256];
+        if (!serve_fields_known(o, KNOWN, sizeof KNOWN / sizeof *KNOWN, "/tokenize", fm, sizeof fm)) {
+            cJSON_Delete(o);
+            return send_error(c, 400, "invalid_request", fm);
+        }
+    }
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
     const cJSON *add = cJSON_GetObjectItemCaseSensitive(o, "add_special");
     const cJSON *parse = cJSON_GetObjectItemCaseSensitive(o, "parse_special");
@@ -1990,6 +1998,14 @@ static enum MHD_Result handle_detokenize(struct MHD_Connection *c, conn *cn) {
     enum MHD_Result r = MHD_NO;
     cJSON *o = body_object(c, cn, &r);
     if (!o) return r;
+    {
+        static const char *const KNOWN[] = {"tokens"};
+        char fm[256];
+        if (!serve_fields_known(o, KNOWN, sizeof KNOWN / sizeof *KNOWN, "/detokenize", fm, sizeof fm)) {
+            cJSON_Delete(o);
+            return send_error(c, 400, "invalid_request", fm);
+        }
+    }
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *t;
     const flm_ctx *ctx = srv.slots[0].ctx;
     uint32_t nv = flm_vocab_size(ctx);
@@ -2107,6 +2123,14 @@ static enum MHD_Result handle_embeddings(struct MHD_Connection *c, conn *cn) {
     enum MHD_Result r = MHD_NO;
     cJSON *o = body_object(c, cn, &r);
     if (!o) return r;
+    {
+        static const char *const KNOWN[] = {"input", "encoding_format", "model", "dimensions", "user"};
+        char fm[256];
+        if (!serve_fields_known(o, KNOWN, sizeof KNOWN / sizeof *KNOWN, "/v1/embeddings", fm, sizeof fm)) {
+            cJSON_Delete(o);
+            return send_error(c, 400, "invalid_request", fm);
+        }
+    }
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "input");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "encoding_format");
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");

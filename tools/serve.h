@@ -73,15 +73,19 @@ enum { SERVE_TOOL_NONE, SERVE_TOOL_AUTO, SERVE_TOOL_REQUIRED, SERVE_TOOL_NAMED }
 #define SERVE_MAX_BIAS 1024    /* logit_bias entries per request */
 #define SERVE_MAX_CHOICES 8    /* "n" at most; also prompts per request (llama-server's several prompts) */
 
+struct cJSON;
+/* Whether every top-level field of the JSON object o is one of known[0, n_known); false with msg (cap bytes) naming
+ * the first other one and the route (e.g. "/tokenize"), for a 400: a field is honoured or refused by name. */
+bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t n_known, const char *route, char *msg,
+                        size_t cap);
 /* Parse a request body (len bytes, not necessarily NUL-terminated) for the chat (chat = true) or the text
  * completions endpoint. Returns 0 and fills *r, or an HTTP status (400: malformed JSON, a field of the wrong type or
  * out of range, a missing required field, n != 1; 500: out of memory) with a one-line message in msg (cap bytes)
- * and *r freed. Unknown fields are ignored, as OpenAI's SDKs send extras. */
+ * and *r freed. A field not in serve_req.c's FIELD_RULES is refused by name (400). */
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap);
 void serve_req_free(serve_req *r);
 
 /* ---- tools (tools/serve_tools.c) ---- */
-struct cJSON;
 /* The request's "tools", "tool_choice", "parallel_tool_calls", and the deprecated "functions" / "function_call"
  * (refused by name) into r (chat: the endpoint; elsewhere tools are refused). 0, or 400 / 500 with msg. */
 int serve_parse_tools(const struct cJSON *root, bool chat, serve_req *r, char *msg, size_t cap);

@@ -327,6 +327,21 @@ static int check_fields(const cJSON *root, char *msg, size_t cap) {
     return 0;
 }
 
+bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t n_known, const char *route, char *msg,
+                        size_t cap) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, o) {
+        size_t i = 0;
+        while (i < n_known && f->string && strcmp(known[i], f->string)) i++;
+        if (i == n_known) {
+            snprintf(msg, cap, "unknown field '%.64s' for %s: it takes only the fields docs/SERVE.md lists for it",
+                     f->string ? f->string : "", route);
+            return false;
+        }
+    }
+    return true;
+}
+
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
