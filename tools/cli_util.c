@@ -855,15 +855,15 @@ int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o) {
     return 1;
 }
 
-const char *flm_cli_resolve_model(const char *arg, char *buf, size_t cap) {
+const char *cli_resolve_model(const char *arg, char *buf, size_t cap) {
     struct stat st;
     if (!arg || stat(arg, &st) == 0) return arg;
-    if (!flm_pull_is_known(arg)) {
+    if (!cli_pull_is_known(arg)) {
         if (errno == ENOENT && !strchr(arg, '/')) { /* a name rather than a path: say which names there are */
             fprintf(stderr, "flashlm: '%s' is no file here and no model `flashlm pull` knows; ", arg);
-            flm_pull_print_known(stderr);
+            cli_pull_print_known(stderr);
         }
         return arg;
     }
-    return flm_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
+    return cli_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
 }

@@ -1370,7 +1370,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!o.model) return cli_die("%s", "no model given: use -m MODEL (see flashlm bench --help)");
     char model_buf[4096];
-    o.model = flm_cli_resolve_model(o.model, model_buf, sizeof model_buf);
+    o.model = cli_resolve_model(o.model, model_buf, sizeof model_buf);
     if (strchr(o.mem, ',')) { /* a list: the budget table */
         if (o.n_sweep_mem || o.n_sweep_win)
             return cli_die("%s", "--mem with a list of budgets is a sweep of its own: no --sweep beside it");

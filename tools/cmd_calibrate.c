@@ -128,7 +128,7 @@ int cmd_calibrate(int argc, char **argv) {
     }
     if (!model || !text) return cli_die("%s", "need MODEL.flm and --text FILE (see flashlm calibrate --help)");
     char model_buf[4096];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    model = cli_resolve_model(model, model_buf, sizeof model_buf);
     if (cli_blas_reserve("calibrate")) return 1;
     /* the text is read as a stream by the library, only as far as the tokens it uses (a 50 MB text or /dev/zero
      * costs what a short one does); said now if it cannot be read at all */

@@ -442,7 +442,7 @@ int cmd_chat(int argc, char **argv) {
     int rc = chat_parse(argc, argv, &A, &ss);
     if (rc >= 0) return rc;
     char model_buf[4096];
-    A.model = flm_cli_resolve_model(A.model, model_buf, sizeof model_buf); /* a pulled model's name */
+    A.model = cli_resolve_model(A.model, model_buf, sizeof model_buf); /* a pulled model's name */
     cli_env_params(&A.params, A.model); /* the log, the disk probe's cost model: as run's */
     cli_log_verbose(&A.params, A.verbose); /* -v: the memory plan too */
     static chat_state c;

@@ -59,7 +59,7 @@ static void curve_point_done(void *user, const flm_curve_point *q) {
 static int run_curve(const char *model, const char *file, const flm_params *p, long chunks, const float *levels,
                      uint32_t n_levels, bool no_oracle, const char *svg) {
     char model_buf[4096];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    model = cli_resolve_model(model, model_buf, sizeof model_buf);
     flm_curve_opts o;
     flm_curve_opts_default(&o);
     o.text_file = file; /* read as a stream, as far as the chunks asked for */
@@ -156,7 +156,7 @@ int cmd_perplexity(int argc, char **argv) {
     svg_set_replace(force);
     if (curve) return run_curve(model, file, &p, chunks, levels, n_levels, no_oracle, svg);
     char model_buf[4096];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    model = cli_resolve_model(model, model_buf, sizeof model_buf);
     int chunk = p.n_ctx;
     flm_error err;
     flm_ctx *ctx = NULL;

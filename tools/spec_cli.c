@@ -102,7 +102,7 @@ int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *pa
     flm_params dp;
     flm_params_default(&dp);
     if (ss->a.draft) {
-        ss->draft_path = flm_cli_resolve_model(ss->a.draft, ss->draft_buf, sizeof ss->draft_buf);
+        ss->draft_path = cli_resolve_model(ss->a.draft, ss->draft_buf, sizeof ss->draft_buf);
         dp.n_threads = params->n_threads;
         dp.n_ctx = params->n_ctx;
         dp.mode = FLM_MODE_RAM;
