@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <stdbool.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -478,7 +479,20 @@ static void test_tools_include_public_headers_only(void **state) {
             lineno++;
             const char *p = line;
             while (*p == ' ' || *p == '\t') p++;
-            if (*p != '#') continue;
+            if (*p != '#') {
+                /* a declaration or definition at the margin: the function it names is not flm_ (the library's) */
+                const char *par = line[0] >= 'a' && line[0] <= 'z' ? strchr(line, '(') : NULL;
+                if (par) {
+                    const char *id = par;
+                    while (id > line && (isalnum((unsigned char)id[-1]) || id[-1] == '_')) id--;
+                    if (!strncmp(id, "flm_", 4)) {
+                        print_error("tools/%s:%d: %.*s: the flm_ prefix is the library's; the CLI's functions are "
+                                    "named cli_*\n", e->d_name, lineno, (int)(par - id), id);
+                        n_bad++;
+                    }
+                }
+                continue;
+            }
             p++;
             while (*p == ' ' || *p == '\t') p++;
             if (strncmp(p, "include", 7)) continue;

@@ -295,6 +295,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
-int flm_cmd_synth(int argc, char **argv);
+int cli_cmd_synth(int argc, char **argv);
 
 #endif

@@ -109,7 +109,7 @@ static void print_activity(const flm_synth_activity *a, double target) {
            a->max_logit_diff);
 }
 
-int flm_cmd_synth(int argc, char **argv) {
+int cli_cmd_synth(int argc, char **argv) {
     if (cli_is_help(argc, argv)) { fputs(SYNTH_HELP, stdout); return 0; }
     flm_synth_params p;
     flm_synth_params_default(&p);

@@ -689,7 +689,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "probe-disk")) return cmd_probe(argc - 2, argv + 2);
-    if (!strcmp(cmd, "synth")) return flm_cmd_synth(argc - 2, argv + 2);
+    if (!strcmp(cmd, "synth")) return cli_cmd_synth(argc - 2, argv + 2);
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "pull")) return cmd_pull(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
