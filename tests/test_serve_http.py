@@ -364,9 +364,11 @@ def test_browser_rules(port):
 
 
 def test_cors():
-    srv = Server("--cors", "http://app.example:3000", "--cors", "localhost")
+    srv = Server("--cors", "http://app.example:3000", "--cors", "localhost", "--no-slots")
     try:
         port = srv.port
+        st, _, b = request(port, "GET", "/slots")
+        check(st == 501 and "--no-slots" in b.decode(), "/slots with --no-slots: 501 (%s %r)" % (st, b))
         st, hdrs, _ = request(port, "OPTIONS", "/v1/chat/completions",
                               headers={"Origin": "http://app.example:3000", "Access-Control-Request-Method": "POST",
                                        "Access-Control-Request-Headers": "content-type, authorization"})
@@ -432,8 +434,10 @@ def test_endpoints(port):
     p = json.loads(b)
     check(st == 200 and p["total_slots"] == 2 and p["default_generation_settings"]["n_ctx"] == 128 and
           p["model_path"].endswith("stories260K.gguf"), "/props: %r" % p)
-    st, _, b = request(port, "GET", "/slots")
-    check(st == 501, "/slots without --slots: 501 (%s)" % st)
+    st, _, b = request(port, "GET", "/slots")  # on by default, as llama-server's
+    sl = json.loads(b) if st == 200 else None
+    check(st == 200 and [x["id"] for x in sl] == [0, 1] and all(x["n_ctx"] == 128 and x["is_processing"] is False
+                                                                  for x in sl), "/slots: %s %r" % (st, b))
     st, _, b = request(port, "GET", "/v1/models/stories260K")
     check(st == 200 and json.loads(b)["id"] == "stories260K", "/v1/models/{id}: %s" % st)
     st, _, b = request(port, "GET", "/v1/models/nope")

@@ -70,7 +70,7 @@ static const char *SERVE_HELP =
     "      --alias NAME     the model's id in the API (default: the file name without its extension)\n"
     "      --strict-model   a request naming another model gets 404 (default: the served model answers any name)\n"
     "      --temp T, --seed N, --n-predict N  defaults for requests that do not give temperature, seed, max_tokens\n"
-    "      --slots          answer GET /slots (default: 501)\n"
+    "      --no-slots       GET /slots answers 501 (default: it lists the slots, as llama-server's; --slots)\n"
     "      --no-ui          no chat page at /\n"
     "      --context-shift  when a reply fills the context, forget the older half after BOS and go on (as run's);\n"
     "                       default: the reply ends there (finish_reason \"length\")\n"
@@ -161,7 +161,7 @@ static struct server {
     const char *model_id;
     const char *model_path;
     bool strict_model;       /* --strict-model: a request naming another model is 404 */
-    bool slots_on, no_ui;    /* --slots (GET /slots), --no-ui (no page at /) */
+    bool slots_on, no_ui;    /* GET /slots (default on; --no-slots), --no-ui (no page at /) */
     bool has_temp, has_seed; /* --temp, --seed: defaults for requests that do not say */
     float temp;
     uint64_t seed;
@@ -184,7 +184,7 @@ static struct server {
     double start_unix;
     double last_tps;
     bool shared;             /* the slots are sequences of one context (slots[0].ctx) */
-} srv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} srv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .slots_on = true};
 
 static void job_unref_locked(job *j) {
     if (--j->refs > 0) return;
@@ -2314,7 +2314,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                           "/v1/chat/completions");
     case R_PROPS: return handle_props(c);
     case R_SLOTS:
-        if (!srv.slots_on) return send_error(c, 501, "not_supported", "GET /slots is off: start with --slots");
+        if (!srv.slots_on) return send_error(c, 501, "not_supported", "GET /slots is off (--no-slots)");
         return handle_slots(c);
     case R_METRICS: return send_metrics(c);
     case R_MODELS: {
@@ -2376,6 +2376,7 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--context-shift")) { shift = true; continue; }
         if (!strcmp(a, "--strict-model")) { srv.strict_model = true; continue; }
         if (!strcmp(a, "--slots")) { srv.slots_on = true; continue; }
+        if (!strcmp(a, "--no-slots")) { srv.slots_on = false; continue; }
         if (!strcmp(a, "--no-ui")) { srv.no_ui = true; continue; }
         if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
