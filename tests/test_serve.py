@@ -531,7 +531,7 @@ def test_tools(srv):
             if d.content:
                 content += d.content
             for tc in d.tool_calls or []:
-                e = got.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                e = got.setdefault(tc.index, {"id": None, "name": "", "arguments": "", "pieces": 0})
                 if tc.id:
                     check(e["id"] is None, "stream: the id once per call")
                     e["id"] = tc.id
@@ -539,6 +539,7 @@ def test_tools(srv):
                     e["name"] += tc.function.name
                 if tc.function and tc.function.arguments:
                     e["arguments"] += tc.function.arguments
+                    e["pieces"] = e.get("pieces", 0) + 1
             if chc.finish_reason:
                 finish = chc.finish_reason
     check(finish == "tool_calls" and content == "" and list(got) == [0], "named streamed: %s %r %r" % (finish, content, got))
@@ -548,6 +549,8 @@ def test_tools(srv):
     if 0 in got:
         check(got[0]["name"] == "get_weather" and valid_weather_args(json.loads(got[0]["arguments"] or "null")),
               "named streamed: a valid call: %r" % got[0])
+        # the arguments come as the model writes them, in several deltas (OpenAI's), not in one at the end
+        check(got[0].get("pieces", 0) >= 3, "named streamed: arguments in pieces: %r" % got[0])
     # the result sent back: the model answers in text (auto), the call rendered as the template does
     for body, what, needle in REFUSED(ask):
         st, data = srv.raw("POST", "/v1/chat/completions", body)

@@ -343,19 +343,23 @@ static void tool_content(void *user, const char *text, size_t len) {
     if (!out_event(j, o)) j->tool_fail = true;
 }
 
-/* A call: non-streaming, into the message's tool_calls; streamed as OpenAI sends it, a delta with the call's index,
- * id, type and name (arguments ""), then one with its arguments. */
+/* A call: non-streaming, into the message's tool_calls; streamed as OpenAI sends it (serve_tool_stream's incremental
+ * mode), a delta with the call's index, id, type and name (arguments ""), then deltas with pieces of its arguments as
+ * the model writes them. */
 static void tool_call(void *user, int index, const char *name, const char *args) {
     job *j = user;
-    char id[96];
-    snprintf(id, sizeof id, "call_%s_%d", j->id, index);
     cJSON *c = cJSON_CreateObject(), *f;
     if (j->req.stream) cJSON_AddNumberToObject(c, "index", index);
-    cJSON_AddStringToObject(c, "id", id);
-    cJSON_AddStringToObject(c, "type", "function");
+    if (name) {
+        char id[96];
+        snprintf(id, sizeof id, "call_%s_%d", j->id, index);
+        cJSON_AddStringToObject(c, "id", id);
+        cJSON_AddStringToObject(c, "type", "function");
+    }
     f = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(f, "name", name);
-    cJSON_AddStringToObject(f, "arguments", j->req.stream ? "" : args);
+    if (name) cJSON_AddStringToObject(f, "name", name);
+    /* streamed, a delta with the name has arguments "" (OpenAI's first delta of a call) */
+    cJSON_AddStringToObject(f, "arguments", j->req.stream && name ? "" : args ? args : "");
     if (!j->req.stream) {
         if (!j->calls) j->calls = cJSON_CreateArray();
         if (!j->calls || !cJSON_AddItemToArray(j->calls, c)) { cJSON_Delete(c); j->tool_fail = true; }
@@ -365,12 +369,14 @@ static void tool_call(void *user, int index, const char *name, const char *args)
     cJSON *d = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), c);
     if (!out_event(j, delta_chunk(j, d))) j->tool_fail = true;
-    c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", index);
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "arguments", args);
-    d = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), c);
-    if (!out_event(j, delta_chunk(j, d))) j->tool_fail = true;
+    if (name && args) { /* a whole call (a block of another shape, parsed when it closed): its arguments after */
+        c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", index);
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "arguments", args);
+        d = cJSON_CreateObject();
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), c);
+        if (!out_event(j, delta_chunk(j, d))) j->tool_fail = true;
+    }
 }
 
 static const char *finish_reason(const flm_gen_result *r) {
@@ -762,6 +768,7 @@ static void run_job(slot *s, job *j) {
     }
     j->ctx = s->ctx;
     j->ts.tmpl = s->tmpl;
+    j->ts.incremental = j->req.stream; /* a call's arguments streamed as they come, as OpenAI streams them */
     static _Atomic uint64_t seed_counter;
     sp.seed = q->has_seed ? q->seed : srv.has_seed ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
     j->seed = sp.seed;

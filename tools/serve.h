@@ -97,18 +97,32 @@ int serve_parse_msg_tool_calls(const struct cJSON *m, size_t i, char **out, char
  * or named compiles the calls' grammar (with response_format too: 400); parse_tools set. 0, or 400 / 500 with msg. */
 int serve_tools_prepare(serve_req *r, const flm_chat *tmpl, char *msg, size_t cap);
 
-/* The reply split as it streams: content text, and each complete call block in the model's format as a call. The
- * text that may still begin a call is held back, and trailing whitespace until more content follows (dropped at the
- * end when there were calls). */
+/* The reply split as it streams: content text, and each call block in the model's format as a call. The text that
+ * may still begin a call is held back, and trailing whitespace until more content follows (dropped at the end when
+ * there were calls). A block that opens as the format writes a call ({"name": "NAME", "arguments": {...) has its
+ * arguments followed as JSON while they come, whitespace outside strings dropped (the same text streamed or not);
+ * in incremental mode they are given out piece by piece as OpenAI streams them. Any other block is parsed whole when
+ * it closes (flm_chat_parse_tool_calls): a call, or text when it is not one. */
 typedef struct serve_tool_stream {
     const flm_chat *tmpl;
+    bool incremental;          /* set by the caller: a streamed reply (the call's name first, then its arguments) */
     char *buf, *ws;            /* text not yet given out; whitespace held */
     size_t len, cap, n_ws, cap_ws;
     bool in_call;
     int n_calls;
     bool oom;
+    int phase;                 /* in a call: 0 its opening not yet read, 1 in the arguments, 2 after them, 3 a block
+                                  of another shape (parsed whole) */
+    size_t at;                 /* phase 1 and 2: the bytes of buf read */
+    int depth;                 /* phase 1: the arguments' nesting depth (0: they ended) */
+    bool in_str, esc;          /* phase 1: inside a string, after a backslash */
+    char name[72];             /* the call's name (phase 1 and 2) */
+    char *args;                /* its arguments so far, whitespace outside strings dropped */
+    size_t n_args, cap_args, args_out; /* args_out: given out already (incremental) */
 } serve_tool_stream;
 typedef void (*serve_content_fn)(void *user, const char *text, size_t len);
+/* A call (index from 0): whole (name and arguments), or in incremental mode first (name, NULL), then (NULL, piece)
+ * for each piece of its arguments. */
 typedef void (*serve_call_fn)(void *user, int index, const char *name, const char *arguments);
 /* Feed len bytes of the reply (final: the end; all is given out). */
 void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, bool final, serve_content_fn content,

@@ -262,6 +262,68 @@ static void drop(serve_tool_stream *t, size_t n) {
     t->len -= n;
 }
 
+/* The opening of a call as the format writes it, in p[0, n) (after the open tag): ws { ws "name" ws : ws "NAME" ws ,
+ * ws "arguments" ws : ws {. 1 with the name and *args_at (the offset of the arguments' '{'), 0 when more text may
+ * still make it one, -1 when it is not one. */
+static int call_opening(const char *p, size_t n, char *name, size_t name_cap, size_t *args_at) {
+    static const char *const PARTS[] = {"{", "\"name\"", ":", "\"", NULL, "\"", ",", "\"arguments\"", ":", "{"};
+    size_t i = 0, nn = 0;
+    for (size_t k = 0; k < sizeof PARTS / sizeof *PARTS; k++) {
+        if (k != 4 && k != 5) /* whitespace may come before each part, but not inside the name's quotes */
+            while (i < n && is_ws(p[i])) i++;
+        if (!PARTS[k]) { /* the name: 1..64 of [A-Za-z0-9_.-] */
+            while (i < n && ((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') ||
+                             (p[i] >= '0' && p[i] <= '9') || p[i] == '_' || p[i] == '-' || p[i] == '.')) {
+                if (nn + 1 >= name_cap || nn >= 64) return -1;
+                name[nn++] = p[i++];
+            }
+            if (i == n) return 0;
+            if (!nn) return -1;
+            name[nn] = 0;
+            continue;
+        }
+        size_t m = strlen(PARTS[k]);
+        for (size_t c = 0; c < m; c++, i++) {
+            if (i == n) return 0;
+            if (p[i] != PARTS[k][c]) return -1;
+        }
+    }
+    *args_at = i - 1;
+    return 1;
+}
+
+/* Phase 1: read the arguments on from t->at, keeping them (whitespace outside strings dropped) until their depth
+ * is back to 0 (then phase 2). */
+static void follow_args(serve_tool_stream *t) {
+    for (; t->at < t->len && t->phase == 1; t->at++) {
+        char c = t->buf[t->at];
+        if (t->in_str) {
+            if (t->esc) t->esc = false;
+            else if (c == '\\') t->esc = true;
+            else if (c == '"') t->in_str = false;
+        } else if (is_ws(c)) {
+            continue;
+        } else if (c == '"') {
+            t->in_str = true;
+        } else if (c == '{' || c == '[') {
+            t->depth++;
+        } else if (c == '}' || c == ']') {
+            if (--t->depth == 0) t->phase = 2;
+        }
+        if (!grow(&t->args, &t->cap_args, t->n_args + 2)) { t->oom = true; return; }
+        t->args[t->n_args++] = c;
+        t->args[t->n_args] = 0;
+    }
+}
+
+static void call_reset(serve_tool_stream *t) {
+    t->in_call = false;
+    t->phase = 0;
+    t->n_args = t->args_out = 0;
+    t->depth = 0;
+    t->in_str = t->esc = false;
+}
+
 void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, bool final, serve_content_fn content,
                             serve_call_fn call, void *user) {
     const char *open, *close;
@@ -279,6 +341,7 @@ void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, 
             if (o) {
                 give_content(t, t->buf, (size_t)(o - t->buf), content, user);
                 drop(t, (size_t)(o - t->buf));
+                call_reset(t);
                 t->in_call = true;
                 continue;
             }
@@ -290,27 +353,50 @@ void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, 
             drop(t, t->len - keep);
             break;
         }
-        const char *e = t->len > lo ? memmem(t->buf + lo, t->len - lo, close, lc) : NULL;
+        if (t->phase == 0) { /* is it the format's own opening? */
+            size_t args_at = 0;
+            int r = call_opening(t->buf + lo, t->len - lo, t->name, sizeof t->name, &args_at);
+            if (r == 1) {
+                t->phase = 1;
+                t->at = lo + args_at;
+                if (t->incremental) call(user, t->n_calls, t->name, NULL);
+            } else if (r < 0) {
+                t->phase = 3;
+            }
+        }
+        if (t->phase == 1) follow_args(t);
+        if (t->oom) return;
+        if (t->incremental && t->phase >= 1 && t->phase <= 2 && t->n_args > t->args_out) {
+            call(user, t->n_calls, NULL, t->args + t->args_out);
+            t->args_out = t->n_args;
+        }
+        /* the close tag: after the arguments (phase 2; inside them it may be text of a string), anywhere otherwise */
+        size_t from = t->phase == 2 ? t->at : t->phase == 1 ? t->len : lo;
+        const char *e = t->len > from ? memmem(t->buf + from, t->len - from, close, lc) : NULL;
         if (e) {
             size_t n = (size_t)(e + lc - t->buf);
             char *c = NULL;
             flm_tool_call *calls = NULL;
             size_t nc = 0;
             flm_error err;
-            if (flm_chat_parse_tool_calls(t->tmpl, t->buf, n, &c, &calls, &nc, &err) == FLM_OK && nc == 1)
-                call(user, t->n_calls++, calls[0].name, calls[0].arguments);
+            bool ok = flm_chat_parse_tool_calls(t->tmpl, t->buf, n, &c, &calls, &nc, &err) == FLM_OK && nc == 1;
+            if (t->incremental && t->phase == 2) /* given out already, as it came */
+                t->n_calls++;
+            else if (ok) /* the arguments as read (the same text as streamed), else as the library parsed them */
+                call(user, t->n_calls++, calls[0].name, t->phase == 2 ? t->args : calls[0].arguments);
             else
                 give_content(t, t->buf, n, content, user); /* not a call: text */
             free(c);
             flm_tool_calls_free(calls, nc);
             drop(t, n);
-            t->in_call = false;
+            call_reset(t);
             continue;
         }
-        if (final) { /* an unfinished call: text */
-            give_content(t, t->buf, t->len, content, user);
+        if (final) { /* an unfinished call: text, unless its beginning was given out already */
+            if (t->incremental && (t->phase == 1 || t->phase == 2)) t->n_calls++;
+            else give_content(t, t->buf, t->len, content, user);
             t->len = 0;
-            t->in_call = false;
+            call_reset(t);
         }
         break;
     }
@@ -323,5 +409,6 @@ void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, 
 void serve_tool_stream_free(serve_tool_stream *t) {
     free(t->buf);
     free(t->ws);
+    free(t->args);
     memset(t, 0, sizeof *t);
 }
