@@ -89,42 +89,82 @@ static float X512(vdot_q6_k)(const void *row, const void *xq, size_t n) {
 }
 
 /* axpy_tile of q8_0 (the down rows of a batch, ffn_bundle.c): Y[t] += a[t * a_stride + r] * row r for rows r in
- * order and up to 8 tokens at a time, each 32-column block of the tokens' outputs held in two 512-bit registers per
+ * order and up to 12 tokens at a time, each 32-column block of the tokens' outputs held in two 512-bit registers per
  * token while the rows pass over it. Every element gets the fmadd of the avx2 axpy_q8_0 (a * d rounded once, then
  * one fused multiply-add with the exact int8 weight), rows in the same order, so the bits are axpy_q8_0's row by row:
- * only the vector is wider and 8 tokens share each block's conversion instead of 4. A zero coefficient adds an
- * exact 0 (the row-by-row loop skips it). tests/test_kernels.c checks the bits. */
+ * only the vector is wider and 12 tokens share each block's conversion instead of 4. A zero coefficient adds an
+ * exact 0 (the row-by-row loop skips it). tests/test_kernels.c checks the bits.
+ *
+ * The products a * d of a block go to a small table first, 16 rows per vmulps (the rows' block scales gathered and
+ * converted 16 at a time, the coefficients loaded 16 rows at a time: a token's are contiguous in r), and each fmadd
+ * takes its product from there as an embedded broadcast (a load) instead of a scalar multiply and a register
+ * broadcast: at 512 bits the broadcast shares the shuffle port with the second FMA unit, so the old inner loop
+ * issued four p0/p5 operations per two FMAs. The products are the same single roundings, so the bits do not change. */
+#define AXPY_T8_ROWS 32 /* rows per product table (a down group, TILE_NG in ffn_bundle.c) */
+#define AXPY_T8_TOK 12  /* tokens per pass over the rows: 24 accumulators of the 32 registers */
 static void X512(axpy_tile_q8_0)(const void *W, size_t w_stride, size_t rows, const float *a, size_t a_stride,
                                  float *Y, size_t y_stride, size_t n_y, size_t n) {
     const size_t nb = n / FLM_QK;
-    for (size_t t0 = 0; t0 < n_y; t0 += 8) {
-        const size_t nt = n_y - t0 < 8 ? n_y - t0 : 8;
-        for (size_t i = 0; i < nb; i++) {
-            __m512 lo[8], hi[8];
-            for (size_t t = 0; t < nt; t++) {
-                lo[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK);
-                hi[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16);
-            }
-            for (size_t r = 0; r < rows; r++) {
-                const flm_block_q8_0 *b = (const flm_block_q8_0 *)((const uint8_t *)W + r * w_stride) + i;
-                const float d = _cvtsh_ss(b->d);
-                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs)));
-                const __m512 q1 =
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16))));
-                const float *ar = a + t0 * a_stride + r;
-                for (size_t t = 0; t < nt; t++) {
-                    const __m512 ad = _mm512_set1_ps(ar[t * a_stride] * d);
-                    lo[t] = _mm512_fmadd_ps(ad, q0, lo[t]);
-                    hi[t] = _mm512_fmadd_ps(ad, q1, hi[t]);
+    float ad[AXPY_T8_TOK * AXPY_T8_ROWS] __attribute__((aligned(64))); /* [t][r]: a * d of block i */
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (size_t r0 = 0; r0 < rows; r0 += AXPY_T8_ROWS) { /* rows in order: a later chunk adds after this one */
+        const size_t nr = rows - r0 < AXPY_T8_ROWS ? rows - r0 : AXPY_T8_ROWS;
+        const uint8_t *W0 = (const uint8_t *)W + r0 * w_stride;
+        /* byte offsets of the chunk's rows (16 per half): a gather reads each row's block scale */
+        const __m512i off = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)w_stride));
+        const __m512i off16 = _mm512_add_epi32(off, _mm512_set1_epi32((int)(16 * w_stride)));
+        const __mmask16 m0 = nr >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nr) - 1),
+                        m1 = nr <= 16 ? (__mmask16)0 : nr >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nr - 16)) - 1);
+        for (size_t t0 = 0; t0 < n_y; t0 += AXPY_T8_TOK) {
+            const size_t nt = n_y - t0 < AXPY_T8_TOK ? n_y - t0 : AXPY_T8_TOK;
+            for (size_t i = 0; i < nb; i++) {
+                const uint8_t *Wi = W0 + i * sizeof(flm_block_q8_0); /* the 16-bit scale leads the block */
+                __m512 d0, d1 = _mm512_setzero_ps();
+                if (w_stride <= (size_t)INT32_MAX / AXPY_T8_ROWS) { /* the offsets fit the gather's int32 lanes */
+                    d0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m0, off, Wi, 1)));
+                    if (m1)
+                        d1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m1, off16, Wi, 1)));
+                } else {
+                    float dv[AXPY_T8_ROWS] = {0};
+                    for (size_t r = 0; r < nr; r++) dv[r] = _cvtsh_ss(((const flm_block_q8_0 *)(Wi + r * w_stride))->d);
+                    d0 = _mm512_loadu_ps(dv);
+                    d1 = _mm512_loadu_ps(dv + 16);
                 }
-            }
-            for (size_t t = 0; t < nt; t++) {
-                _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK, lo[t]);
-                _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16, hi[t]);
+                for (size_t t = 0; t < nt; t++) {
+                    const float *at = a + (t0 + t) * a_stride + r0;
+                    _mm512_store_ps(ad + t * AXPY_T8_ROWS, _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, at), d0));
+                    if (m1)
+                        _mm512_store_ps(ad + t * AXPY_T8_ROWS + 16,
+                                        _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, at + 16), d1));
+                }
+                __m512 lo[AXPY_T8_TOK], hi[AXPY_T8_TOK];
+                for (size_t t = 0; t < nt; t++) {
+                    lo[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK);
+                    hi[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16);
+                }
+                for (size_t r = 0; r < nr; r++) {
+                    const flm_block_q8_0 *b = (const flm_block_q8_0 *)(Wi + r * w_stride);
+                    const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs)));
+                    const __m512 q1 =
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16))));
+                    for (size_t t = 0; t < nt; t++) {
+                        const __m512 p = _mm512_set1_ps(ad[t * AXPY_T8_ROWS + r]);
+                        lo[t] = _mm512_fmadd_ps(p, q0, lo[t]);
+                        hi[t] = _mm512_fmadd_ps(p, q1, hi[t]);
+                    }
+                }
+                for (size_t t = 0; t < nt; t++) {
+                    _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK, lo[t]);
+                    _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16, hi[t]);
+                }
             }
         }
     }
 }
+#undef AXPY_T8_ROWS
+#undef AXPY_T8_TOK
 
 void X512_FILL(flm_kernels *k) {
     k->vec_dot[FLM_TYPE_Q6_K] = X512(vdot_q6_k);
