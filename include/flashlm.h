@@ -1070,7 +1070,8 @@ typedef struct flm_gen_result {
     long n_gen;        /* tokens sampled (an end-of-generation token included) */
     bool eog;          /* ended by an end-of-generation token */
     bool limit;        /* ended after max_tokens */
-    bool ctx_full;     /* ended: the context had no room for the next token (shift off, or nothing to discard) */
+    bool ctx_full;     /* ended: the context had no room for the next token (shift off, or nothing to discard):
+                          the prompt and the reply fill it (n_past = n_ctx); no token is sampled it could not hold */
     bool stopped;      /* ended by a stop string (stop_index says which) */
     int stop_index;    /* -1 unless stopped */
     bool cancelled;    /* ended by flm_session_cancel or the callback */

@@ -730,6 +730,10 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             if (c < 0) { st = err->code; break; }
             if (c) { r->complete = true; break; }
         }
+        /* a token not held by the context needs a position in it: a context of n_ctx holds the prompt and the
+         * reply together (OpenAI's and llama.cpp's count: prompt + completion <= n_ctx), so at a full one the
+         * reply ends before a token is sampled that could never be evaluated (or a context shift makes room) */
+        if (!(qi + 1 < qn) && !room(s, 1)) { r->ctx_full = true; break; }
         int32_t next;
         bool held = false; /* next is an accepted draft: evaluated by the step */
         if (qi < qn) {
