@@ -285,6 +285,55 @@ FLM_API flm_status flm_hot_order_ex(const char *path, const char *text, const fl
 /* true when every FFN region of the .flm file at path is stored hottest first (false also when it cannot be read). */
 FLM_API bool flm_is_hot_ordered(const char *path);
 
+/* Options of flm_coact_order (flm_coact_opts_default fills them). */
+typedef struct flm_coact_opts {
+    const char *text;         /* the text whose predicted sets are measured, or NULL: */
+    const char *text_file;    /* the text file, read only as far as max_tokens */
+    const char *out_path;     /* write the ordered model there (replaced if it exists), leaving path as it was; NULL:
+                                 onto path */
+    uint32_t max_tokens;      /* tokens of the text (default 1024; whole chunks) */
+    uint32_t chunk;           /* tokens per sequence, each from position 0 (default 128) */
+    float held_out;           /* share of the tokens (whole chunks, the last ones) not used to order but to measure
+                                 the order (default 0.25) */
+    uint32_t window;          /* the report's window: previous tokens of the chunk whose neurons are not read again
+                                 (default 4) */
+    uint64_t gap_bytes;       /* the report's merge rule: a gap below this between two reads is read through (default
+                                 10000: the sparse mode's default cost model, docs/IO.md) */
+    int n_threads;            /* default 2 */
+    flm_progress_fn progress; /* phases: "recording tokens" (tokens), "ordering neurons" (layers), "writing the
+                                 co-activation order" */
+    void *user;
+} flm_coact_opts;
+
+/* Fill o with the defaults above. */
+FLM_API void flm_coact_opts_default(flm_coact_opts *o);
+
+/* What flm_coact_order measured on its held-out tokens (summed over layers, per token; the reads and bytes the
+ * reader's planner makes of each token's predicted set: 4 KiB-aligned, gaps below gap_bytes read through). */
+typedef struct flm_coact_report {
+    uint32_t n_layers;
+    uint32_t n_order, n_held; /* predicted sets (tokens past the first of a chunk) ordered on, and measured on */
+    uint32_t window;
+    uint64_t gap_bytes;
+    double reads[2][2];       /* [0: every predicted neuron read; 1: those not flagged on the window's previous tokens]
+                                 [0: the old order; 1: the new one] */
+    double mib[2][2];         /* MiB read, the same */
+    double seconds;
+} flm_coact_report;
+
+/* Store every layer's FFN neurons of the calibrated .flm file at path in co-activation order (calibrate/coact.c;
+ * docs/SPARSITY.md, "Co-activation order"), atomically: the model runs densely in memory (ram mode) on the text,
+ * each layer's predictor (at the default level) gives the sets the sparse mode would read, and the neurons are
+ * ordered so that those flagged together lie together (a greedy short path under the Hamming distance of their
+ * predicted sets); then the FFN records, the FFN biases and the predictors' per-neuron rows are stored in that order
+ * (flm_file_permute_ffn_ex), so the sparse mode flags the same neurons and computes the same function with fewer,
+ * larger reads. A hot order is replaced (the hot mode then refuses the file: calibrate again for it). Holds the
+ * calibration lock on path throughout. rep (may be NULL) gets the held-out measurement. Memory: the model, the
+ * text's FFN inputs (n_layers x max_tokens x d_model floats) and d_ffn x max_tokens bits. Errors: FLM_ERR_ARG (no
+ * text, bad options, too few tokens, not a .flm, not calibrated: no predictors), FLM_ERR_FORMAT (predictors that do
+ * not match the model), FLM_ERR_IO (locked), those of flm_open and flm_file_permute_ffn_ex, FLM_ERR_NOMEM. */
+FLM_API flm_status flm_coact_order(const char *path, const flm_coact_opts *o, flm_coact_report *rep, flm_error *err);
+
 /* Read the calibration stored in the .flm file at path (its predictor region) into report, without running
  * anything: the levels with their stored held-out loss (dnll and the oracle's values are NaN: not stored), and each
  * layer at the default level. Reads the file's header and that region only.

@@ -54,6 +54,10 @@ flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, struct fl
 
 /* flm_hot_order_ex without taking the calibration lock (the caller holds it: flm_calib_lock). */
 flm_status flm_hot_order_unlocked(const char *path, const char *text, const flm_hot_opts *o, flm_error *err);
+/* flm_coact_order without taking the calibration lock (the caller holds it); text: o->text or another in-memory text
+ * (NULL: o->text_file). */
+flm_status flm_coact_order_unlocked(const char *path, const char *text, const flm_coact_opts *o,
+                                    flm_coact_report *rep, flm_error *err);
 
 /* Choose the default level of an already calibrated .flm again, on new text, without recording or training: the
  * held-out check above on the last eval_tokens tokens of o->text (of a text_file: the eval_tokens read after

@@ -52,11 +52,14 @@ typedef struct flm_region {
      * padding. head_checksum is XXH64(payload[0, head_bytes), seed 0); checksum still covers the whole payload. */
     uint64_t head_bytes;
     uint64_t head_checksum;
-    uint64_t flags;        /* FFN (on disk at 56, where RESIDENT keeps head_checksum): FLM_FFN_HOT_ORDER */
+    uint64_t flags;        /* FFN (on disk at 56, where RESIDENT keeps head_checksum): FLM_FFN_HOT_ORDER or
+                              FLM_FFN_COACT_ORDER */
 } flm_region;
 
 /* FFN region flags */
 #define FLM_FFN_HOT_ORDER 1u /* records stored hottest first (flm_file_permute_ffn): a prefix is the layer's hot set */
+#define FLM_FFN_COACT_ORDER 2u /* records stored so that neurons predicted together lie together (calibrate/coact.c):
+                                  the sparse mode's reads of a token are fewer and larger; not a hot order */
 
 /* Byte offsets of the parts inside one FFN record. */
 typedef struct flm_bundle_layout {

@@ -49,6 +49,8 @@ struct flm_sparse {
                                  model's resident f32); NULL without biases */
     float *bias_rows;         /* with biases: [d_ffn] b_up gathered by the row a neuron is computed from (a cache row,
                                  or a stream buffer record), per call: flm_ffn_bundles indexes up_bias by row */
+    uint64_t *okey;           /* a file in co-activation order: [d_ffn] sort keys, and the set in the order the FFN */
+    uint32_t *oids, *orows;   /* sums it (order_ids): [d_ffn] ids and their cache rows; NULL otherwise */
     uint64_t streamed;        /* neurons streamed past the cache (reported) */
     uint32_t level;           /* the level in use */
 };
@@ -88,6 +90,9 @@ static void sparse_free(flm_sparse *sp) {
     free(sp->tmp_out);
     free(sp->b_up);
     free(sp->bias_rows);
+    free(sp->okey);
+    free(sp->oids);
+    free(sp->orows);
     free(sp->desc);
     free(sp->ids);
     free(sp->true_ids);
@@ -147,6 +152,10 @@ static uint64_t bias_bytes(const flm_hparams *hp) {
     return 4ull * n + (uint64_t)hp->n_layers * sizeof(float *);
 }
 
+/* A file in co-activation order: the set reordered for the sums (compute_order), 16 bytes per neuron of d_ffn. Planned
+ * for every sparse run (the plan does not read the predictor region); a few hundred KiB at most. */
+static uint64_t order_bytes(const flm_hparams *hp) { return 16ull * hp->d_ffn; }
+
 /* The bundle layout for computing n neurons ids[0 .. n) of layer l from rows rows[0 .. n) of some records (rows NULL:
  * records 0 .. n - 1): the layer's, or with FFN biases a copy (in *tmp) whose up_bias holds each neuron's b_up at its
  * row, as flm_ffn_bundles reads up_bias[row]. The gathered biases live until the next call. */
@@ -170,15 +179,26 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
     uint64_t budget = p->budget, ffn_total, max_layer;
     flm_ffn_region_bytes(f, &ffn_total, &max_layer);
     uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
-    /* held at half precision (sparse_open), as version-2 regions store them (a version-1 region's f32 needs half) */
-    p->predictors = f->predictor->size + FLM_ALIGN;
+    /* held at half precision (sparse_open), as version-2 regions store them (a version-1 region's f32 needs half).
+     * A file in co-activation order holds each layer's original neuron order there too (4 bytes a neuron and a
+     * 4-byte tag, version 3); the plan keeps room for it in every file, so that a model plans the same neuron cache
+     * before and after the order (the same sets then split the same way between cache and stream buffer, and the
+     * sums are bit for bit the same) */
+    bool ordered = f->n_layers > 0;
+    uint64_t order = 4;
+    for (uint32_t l = 0; l < f->n_layers; l++) {
+        ordered = ordered && (f->ffn[l]->flags & FLM_FFN_COACT_ORDER);
+        order += 4ull * f->ffn[l]->n_records;
+    }
+    p->predictors = f->predictor->size + FLM_ALIGN + (ordered ? 0 : order);
     /* the stream buffer for sets larger than a layer's cache */
     uint64_t rec = 0;
     for (uint32_t l = 0; l < f->n_layers; l++) {
         uint64_t rb = f->ffn[l]->n_records ? f->ffn[l]->size / f->ffn[l]->n_records : 0;
         rec = rb > rec ? rb : rec;
     }
-    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN) + batch_bytes(hp, p->n_batch) + bias_bytes(hp);
+    p->stream = flm_align_up(SPARSE_STREAM_ROWS * rec, FLM_ALIGN) + batch_bytes(hp, p->n_batch) + bias_bytes(hp) +
+                order_bytes(hp);
     fixed += p->stream;
     uint64_t used = fixed + p->predictors;
     p->cache = budget > used ? budget - used : 0;
@@ -358,7 +378,13 @@ static flm_status sparse_open(flm_ffn_env *E, flm_error *err) {
     sp->z = malloc(F * sizeof(float));
     sp->tmp_out = malloc(hp->d_model * sizeof(float));
     sp->ext = malloc(3 * (size_t)F * sizeof *sp->ext);
-    uint64_t sbuf_bytes = fl->plan.stream - batch_bytes(hp, fl->plan.n_batch) - bias_bytes(hp);
+    uint64_t sbuf_bytes = fl->plan.stream - batch_bytes(hp, fl->plan.n_batch) - bias_bytes(hp) - order_bytes(hp);
+    if (sp->sp.layers[0].orig) { /* stored in co-activation order: sums in the original order (compute_order) */
+        sp->okey = malloc(F * sizeof *sp->okey);
+        sp->oids = malloc(F * sizeof *sp->oids);
+        sp->orows = malloc(F * sizeof *sp->orows);
+        if (!sp->okey || !sp->oids || !sp->orows) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+    }
     if (hp->arch->flags & FLM_ARCH_FFN_BIAS) { /* b_up by neuron, gathered by row per call (rows_desc) */
         sp->b_up = calloc(L, sizeof *sp->b_up);
         sp->bias_rows = malloc((F > SPARSE_STREAM_ROWS ? F : SPARSE_STREAM_ROWS) * sizeof(float));
@@ -444,13 +470,61 @@ static uint32_t predict_f16(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const fl
                                      E->params->n_threads);
 }
 
-static int cmp_desc_logit(const void *a, const void *b, void *z) {
-    float x = ((const float *)z)[*(const uint32_t *)a], y = ((const float *)z)[*(const uint32_t *)b];
-    return x < y ? 1 : x > y ? -1 : 0;
+/* Neurons by descending logit; ties by the order of the sums (order_ids) so that the split does not depend on how
+ * the records are stored. */
+typedef struct {
+    const float *z;
+    const uint32_t *orig; /* the layer's original order, or NULL */
+} logit_key;
+static int cmp_desc_logit(const void *a, const void *b, void *u) {
+    const logit_key *k = u;
+    const uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+    const float x = k->z[i], y = k->z[j];
+    if (x < y) return 1;
+    if (x > y) return -1;
+    const uint32_t oi = k->orig ? k->orig[i] : i, oj = k->orig ? k->orig[j] : j;
+    return oi < oj ? -1 : oi > oj;
 }
 static int cmp_u32(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
+}
+static int cmp_by_key(const void *a, const void *b, void *key) {
+    const uint32_t *k = key, x = k[*(const uint32_t *)a], y = k[*(const uint32_t *)b];
+    return x < y ? -1 : x > y;
+}
+/* ids[0 .. n) of layer l in the order the FFN sums them: by id, or, in a file stored in co-activation order, by the
+ * id each neuron had before (flm_layer_sparsity.orig), so that the sums are bit for bit those of the file before the
+ * order (the same neurons, added in the same order). `sorted`: ids are ascending already. */
+static void order_ids(const flm_sparse *sp, uint32_t l, uint32_t *ids, uint32_t n, bool sorted) {
+    const uint32_t *o = sp->sp.layers[l].orig;
+    if (o) qsort_r(ids, n, sizeof *ids, cmp_by_key, (void *)o);
+    else if (!sorted) qsort(ids, n, sizeof *ids, cmp_u32);
+}
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+/* The order the FFN sums ids[0 .. n) (ascending: as the neuron cache takes them) with their rows (order_ids): *cids and
+ * *crows get the same pairs by original id (sp->oids, sp->orows) in a file stored in co-activation order, else ids
+ * and rows themselves. */
+static void compute_order(flm_sparse *sp, uint32_t l, const uint32_t *ids, const uint32_t *rows, uint32_t n,
+                          const uint32_t **cids, const uint32_t **crows) {
+    const uint32_t *o = sp->sp.layers[l].orig;
+    if (!o || !sp->okey) {
+        *cids = ids;
+        *crows = rows;
+        return;
+    }
+    for (uint32_t j = 0; j < n; j++) sp->okey[j] = (uint64_t)o[ids[j]] << 32 | j;
+    qsort(sp->okey, n, sizeof *sp->okey, cmp_u64);
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t j = (uint32_t)sp->okey[k];
+        sp->oids[k] = ids[j];
+        sp->orows[k] = rows[j];
+    }
+    *cids = sp->oids;
+    *crows = sp->orows;
 }
 
 /* The last small batch of layer l entered the window as one set (the union of its tokens' sets). When this
@@ -590,13 +664,15 @@ static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const fl
     }
     uint32_t cap = flm_ncache_capacity(sp->cache[l]), n_all = n;
     if (n > cap) { /* the most confident go through the cache; the rest, ids[cap .. n_all), are streamed below */
-        if (!pp->no_predictor && pos != 0) { /* position 0 predicted nothing: its ids stay in order */
-            const float *z = sp->pscratch + S->pred.rank;
-            qsort_r(sp->ids, n, sizeof *sp->ids, cmp_desc_logit, (void *)z);
+        if (!pp->no_predictor && pos != 0) {
+            logit_key key = {sp->pscratch + S->pred.rank, S->orig};
+            qsort_r(sp->ids, n, sizeof *sp->ids, cmp_desc_logit, &key);
+        } else { /* position 0 predicted nothing: its ids stay in (the original) order */
+            order_ids(sp, l, sp->ids, n, true);
         }
         n = cap;
-        qsort(sp->ids, n, sizeof *sp->ids, cmp_u32);
-        qsort(sp->ids + n, n_all - n, sizeof *sp->ids, cmp_u32);
+        qsort(sp->ids, n, sizeof *sp->ids, cmp_u32); /* ascending, as the cache takes them */
+        order_ids(sp, l, sp->ids + n, n_all - n, false); /* the streamed ones in the order of the sums */
     }
     /* 2. the window (memory management) */
     double t0 = flm_now_ms();
@@ -650,7 +726,9 @@ static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const fl
     tok->rows_used += cs.rows_used;
     /* 4. the FFN over the predicted set's rows (compute), while the first streamed chunk (if any) arrives */
     bool started = stream_start(E, sp, l, sp->ids + n, n_all - n);
-    E->be->ops->bundles(E->be, rows_desc(sp, l, sp->ids, rows, n, &tmp), flm_ncache_matrix(sp->cache[l]), rows, n,
+    const uint32_t *cids, *crows;
+    compute_order(sp, l, sp->ids, rows, n, &cids, &crows);
+    E->be->ops->bundles(E->be, rows_desc(sp, l, cids, crows, n, &tmp), flm_ncache_matrix(sp->cache[l]), crows, n,
                         in, out, E->s->hb, fl->acc);
     /* 5. a set larger than the cache: the rest read into the stream buffer, computed, discarded */
     if (n_all > n) {
@@ -791,11 +869,13 @@ static flm_status sparse_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, fl
             sp->pend_n[l] = n;
         }
         /* 4. every token over its own set, from the cache's rows (compute) */
+        const uint32_t *cids, *crows;
+        compute_order(sp, l, sp->ids, rows, nu, &cids, &crows);
         for (uint32_t t = 0; t < n; t++)
-            for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + sp->ids[j]];
+            for (uint32_t j = 0; j < nu; j++) R[(size_t)t * nu + j] = M[(size_t)t * F + cids[j]];
         flm_bundle_desc tmp;
-        E->be->ops->bundles_batch(E->be, rows_desc(sp, l, sp->ids, rows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
-                                  rows, nu, R, nu, n, in, in_stride, out, out_stride, fl->acc);
+        E->be->ops->bundles_batch(E->be, rows_desc(sp, l, cids, crows, nu, &tmp), flm_ncache_matrix(sp->cache[l]),
+                                  crows, nu, R, nu, n, in, in_stride, out, out_stride, fl->acc);
         return FLM_OK;
     }
     /* larger than the cache: the cached part in place, the rest streamed (the window is kept for decoding) */
@@ -810,16 +890,18 @@ static flm_status sparse_compute_batch(flm_ffn_env *E, const flm_ffn_call *c, fl
         sp->brows[nc] = (uint32_t)row;
         sp->ids[nc++] = sp->ids[j]; /* the cached ones, compacted in place (nc <= j) */
     }
+    const uint32_t *cids, *crows; /* the order of the sums (order_ids) */
+    compute_order(sp, l, sp->ids, sp->brows, nc, &cids, &crows);
+    order_ids(sp, l, stream_ids, ns, true);
     for (uint32_t t = 0; t < n; t++) {
-        for (uint32_t j = 0; j < nc; j++) R[(size_t)t * nc + j] = M[(size_t)t * F + sp->ids[j]];
+        for (uint32_t j = 0; j < nc; j++) R[(size_t)t * nc + j] = M[(size_t)t * F + cids[j]];
         memset(out + t * out_stride, 0, d * sizeof(float));
     }
     bool started = stream_start(E, sp, l, stream_ids, ns); /* arrives while the cached part is computed */
     flm_bundle_desc tmp;
     if (nc)
-        E->be->ops->bundles_batch(E->be, rows_desc(sp, l, sp->ids, sp->brows, nc, &tmp),
-                                  flm_ncache_matrix(sp->cache[l]), sp->brows, nc, R, nc, n, in, in_stride, out,
-                                  out_stride, fl->acc);
+        E->be->ops->bundles_batch(E->be, rows_desc(sp, l, cids, crows, nc, &tmp), flm_ncache_matrix(sp->cache[l]),
+                                  crows, nc, R, nc, n, in, in_stride, out, out_stride, fl->acc);
     tok->n_reused += nc;
     batch_chunk bc = {n, in, in_stride, out, out_stride, l, M, stream_ids};
     return stream_chunks(E, sp, l, stream_ids, ns, started, batch_chunk_fn, &bc, tok, err);

@@ -15,12 +15,19 @@
 flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *len, flm_error *err) {
     uint32_t nl = s->n_levels ? s->n_levels : 1;
     size_t n = HDR_BYTES + 8u * nl;
-    for (uint32_t l = 0; l < s->n_layers; l++)
+    const bool orig = s->n_layers && s->layers[0].orig;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
         n += LAYER_BYTES + LEVEL_BYTES * nl + flm_predictor_serialized_bytes(&s->layers[l].pred);
+        if (orig != (s->layers[l].orig != NULL))
+            return flm_fail(err, FLM_ERR_ARG, "predictor region: layer %u %s an original neuron order, layer 0 %s", l,
+                            orig ? "lacks" : "has", orig ? "has" : "lacks");
+        if (orig) n += 4u * (size_t)s->layers[l].pred.d_ffn;
+    }
+    if (orig) n += 4;
     uint8_t *b = calloc(1, n);
     if (!b) return flm_fail(err, FLM_ERR_NOMEM, "out of memory for the predictor region");
     memcpy(b, "FSPR", 4);
-    flm_put_u32(b + 4, 2);
+    flm_put_u32(b + 4, orig ? 3 : 2);
     flm_put_u32(b + 8, s->n_layers);
     flm_put_f32(b + 12, s->target_sparsity);
     flm_put_u32(b + 16, FLM_AGG_K);
@@ -54,6 +61,12 @@ flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *
         flm_predictor_serialize(&L->pred, b + o);
         o += flm_predictor_serialized_bytes(&L->pred);
     }
+    if (orig) {
+        memcpy(b + o, "FSPO", 4);
+        o += 4;
+        for (uint32_t l = 0; l < s->n_layers; l++)
+            for (uint32_t i = 0; i < s->layers[l].pred.d_ffn; i++, o += 4) flm_put_u32(b + o, s->layers[l].orig[i]);
+    }
     *out = b;
     *len = n;
     return FLM_OK;
@@ -67,7 +80,7 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
     if (len < HDR_BYTES || memcmp(buf, "FSPR", 4) != 0)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: bad magic or too short (%zu bytes)", what, len);
     uint32_t version = flm_get_u32(buf + 4);
-    if (version != 1 && version != 2)
+    if (version != 1 && version != 2 && version != 3)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: predictor region: version %u not supported", what, version);
     uint32_t n_layers = flm_get_u32(buf + 8);
     if (n_layers == 0 || n_layers > 4096 || flm_get_u32(buf + 16) != FLM_AGG_K || !frac_ok(flm_get_f32(buf + 12)))
@@ -75,7 +88,7 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
                         what, n_layers, flm_get_u32(buf + 16));
     uint32_t nl = 1, def = 0;
     size_t o = HDR_BYTES;
-    if (version == 2) {
+    if (version >= 2) {
         nl = flm_get_u32(buf + 20);
         def = flm_get_u32(buf + 24);
         if (nl == 0 || nl > FLM_MAX_LEVELS || def >= nl || flm_get_u32(buf + 28) != 0)
@@ -105,7 +118,7 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
     flm_status st = FLM_OK;
     for (uint32_t l = 0; l < n_layers && !st; l++) {
         flm_layer_sparsity *L = &s->layers[l];
-        size_t need = LAYER_BYTES + (version == 2 ? (size_t)LEVEL_BYTES * nl : 0);
+        size_t need = LAYER_BYTES + (version >= 2 ? (size_t)LEVEL_BYTES * nl : 0);
         if (len - o < need) {
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: layer %u is truncated", what, l);
             break;
@@ -126,7 +139,7 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
             ok = ok && frac_ok(L->s_agg[k]);
         }
         o += LAYER_BYTES;
-        if (version == 2) {
+        if (version >= 2) {
             for (uint32_t k = 0; k < nl; k++, o += LEVEL_BYTES) {
                 flm_level *v = &L->levels[k];
                 v->tau = flm_get_f32(buf + o);
@@ -155,6 +168,37 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
             L->levels[0] = (flm_level){L->threshold, L->pred.threshold, L->active_frac, L->pred_frac, 1.0f,
                                        L->recall, L->precision};
     }
+    if (!st && version == 3) { /* the original neuron order: a permutation per layer */
+        if (len - o < 4 || memcmp(buf + o, "FSPO", 4) != 0)
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: version 3 without its neuron order", what);
+        else
+            o += 4;
+        uint8_t *seen = NULL;
+        for (uint32_t l = 0; l < n_layers && !st; l++) {
+            flm_layer_sparsity *L = &s->layers[l];
+            const uint32_t F = L->pred.d_ffn;
+            if ((len - o) / 4 < F) {
+                st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: the neuron order of layer %u is truncated",
+                              what, l);
+                break;
+            }
+            free(seen);
+            if (!(L->orig = malloc((size_t)F * sizeof *L->orig)) || !(seen = calloc(F, 1))) {
+                st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", what);
+                break;
+            }
+            for (uint32_t i = 0; i < F && !st; i++, o += 4) {
+                uint32_t v = flm_get_u32(buf + o);
+                if (v >= F || seen[v])
+                    st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: the neuron order of layer %u is not a "
+                                  "permutation (record %u)", what, l, i);
+                else
+                    seen[v] = 1;
+                L->orig[i] = v;
+            }
+        }
+        free(seen);
+    }
     if (!st && o != len)
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: %zu trailing bytes", what, len - o);
     if (st) flm_sparsity_free(s);
@@ -182,7 +226,10 @@ int flm_sparsity_find_level(const flm_sparsity *s, float eps) {
 
 void flm_sparsity_free(flm_sparsity *s) {
     if (!s) return;
-    for (uint32_t l = 0; s->layers && l < s->n_layers; l++) flm_predictor_free(&s->layers[l].pred);
+    for (uint32_t l = 0; s->layers && l < s->n_layers; l++) {
+        flm_predictor_free(&s->layers[l].pred);
+        free(s->layers[l].orig);
+    }
     free(s->layers);
     memset(s, 0, sizeof *s);
 }

@@ -26,6 +26,8 @@
  *              per level: f32 tau, f32 pred_threshold, f32 oracle_frac, f32 pred_frac, f32 kept, f32 recall,
  *              f32 precision,
  *              then one predictor record (sparsity/predictor.h; its threshold is the default level's)
+ * Version 3: version 2 followed by "FSPO" and, per layer, u32[d_ffn] orig (a permutation of 0 .. d_ffn - 1: the
+ * neuron each record held before a co-activation order); written when the layers have it.
  * Version 1 (still read): header u8[4], u32 1, u32 n_layers, f32 target_sparsity, u32 n_agg, u32[3] reserved; per
  * layer the six fields, reserved, s_agg, predictor (one level).
  */
@@ -62,6 +64,9 @@ typedef struct flm_layer_sparsity {
                                share of d_ffn (Knowl 3), k = 1 .. FLM_AGG_K, at the default level */
     flm_level levels[FLM_MAX_LEVELS];
     flm_predictor pred;
+    uint32_t *orig;         /* [d_ffn] or NULL: the neuron each stored record was before a co-activation order
+                               (calibrate/coact.c), record i = neuron orig[i]; the sparse mode computes a set in that
+                               order, so its sums are those of the file before the order, bit for bit (version 3) */
 } flm_layer_sparsity;
 
 typedef struct flm_sparsity {

@@ -186,24 +186,92 @@ flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, f
 }
 
 flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint32_t *const *perm, flm_error *err) {
+    return flm_file_permute_ffn_ex(path, dst, perm, FLM_FFN_HOT_ORDER, false, NULL, 0, err);
+}
+
+/* One FFN bias vector of the resident GGUF in the new order: payload bytes [off, off + len) are replaced by data. */
+typedef struct bias_patch {
+    uint64_t off, len;
+    uint8_t *data;
+} bias_patch;
+
+/* The resident region's FFN biases (blk.N.ffn_up.bias, blk.N.ffn_gate.bias: one element per neuron) permuted as
+ * perm orders the records: *out gets n_out patches (malloc'd, each with its data). Errors: FLM_ERR_UNSUPPORTED (a
+ * bias of a block type, or not d_ffn long), FLM_ERR_NOMEM. */
+static flm_status bias_patches(const flm_file *f, const uint32_t *const *perm, bias_patch **out, uint32_t *n_out,
+                               flm_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    const flm_gguf_file *g = f->meta;
+    bias_patch *p = calloc(2 * (size_t)f->n_layers + 1, sizeof *p);
+    if (!p) return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < f->n_layers; l++)
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%u.ffn_%s.bias", l, k ? "gate" : "up");
+            const flm_gguf_tensor *t = flm_gguf_find_tensor(g, name);
+            if (!t) continue;
+            const uint32_t F = f->ffn[l]->n_records;
+            if (t->n_elements != F || t->nbytes % F || !t->data) {
+                for (uint32_t j = 0; j < n; j++) free(p[j].data);
+                free(p);
+                return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: %s holds %llu elements in %llu bytes, not one element "
+                                "per neuron of the %u: its order cannot follow the records'", f->path, name,
+                                (unsigned long long)t->n_elements, (unsigned long long)t->nbytes, F);
+            }
+            const size_t es = (size_t)(t->nbytes / F);
+            uint8_t *d = malloc((size_t)t->nbytes);
+            if (!d) {
+                for (uint32_t j = 0; j < n; j++) free(p[j].data);
+                free(p);
+                return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", f->path);
+            }
+            for (uint32_t i = 0; i < F; i++) memcpy(d + (size_t)i * es, t->data + (size_t)perm[l][i] * es, es);
+            p[n++] = (bias_patch){g->data_offset + t->offset, t->nbytes, d};
+        }
+    *out = p;
+    *n_out = n;
+    return FLM_OK;
+}
+
+flm_status flm_file_permute_ffn_ex(const char *path, const char *dst, const uint32_t *const *perm, uint64_t order_flag,
+                                   bool biases, const void *predictor, uint64_t predictor_size, flm_error *err) {
     flm_file *f = NULL;
     flm_status st = flm_file_open_ex(path, FLM_FILE_LAZY_TAIL, &f, err); /* the GGUF metadata: FFN biases? */
     if (st) return st;
-    flm_region *regions = calloc(f->n_regions, sizeof *regions);
+    flm_region *regions = calloc(f->n_regions + 1, sizeof *regions);
     uint8_t *hdr = calloc(f->header_bytes, 1), *next = NULL, *seen = NULL;
     void *cur = NULL;
+    bias_patch *patch = NULL;
+    uint32_t n_patch = 0;
     flm_sums sums = {0}; /* the record sums: the FFN tables are computed again in the new order */
     const char *tmp = NULL;
     flm_out *w = NULL; /* the checked writer (core/files.h): path replaced by a unique temporary, renamed */
     int in = -1, out = -1;
     if (!regions || !hdr) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    for (uint32_t i = 0; i < f->meta->n_tensors; i++)
-        if (strstr(f->meta->tensors[i].name, "ffn_up.bias")) {
+    /* every order a permutation, before anything reads by it */
+    for (uint32_t l = 0; l < f->n_layers; l++) {
+        const uint32_t F = f->ffn[l]->n_records;
+        free(seen);
+        if (!(seen = calloc(F ? F : 1, 1))) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
+        for (uint32_t j = 0; j < F; j++) {
+            if (perm[l][j] >= F || seen[perm[l][j]]) {
+                st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u: the new neuron order is not a permutation", path, l);
+                goto done;
+            }
+            seen[perm[l][j]] = 1;
+        }
+    }
+    for (uint32_t i = 0; i < f->meta->n_tensors && !biases; i++)
+        if (strstr(f->meta->tensors[i].name, "ffn_up.bias") || strstr(f->meta->tensors[i].name, "ffn_gate.bias")) {
             st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: the FFN has biases (%s): ordering its neurons is not "
                           "supported yet", path, f->meta->tensors[i].name);
             goto done;
         }
-    /* keep the resident and FFN regions where they are; drop the predictor region (the last one: file order) */
+    if (biases && (st = bias_patches(f, perm, &patch, &n_patch, err))) goto done;
+    /* keep the resident and FFN regions where they are; drop the predictor region (the last one: file order), or
+     * put the caller's after the others */
     uint32_t n = 0;
     uint64_t end = f->header_bytes;
     for (uint32_t i = 0; i < f->n_regions; i++) {
@@ -211,6 +279,17 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
         regions[n++] = f->regions[i];
         uint64_t e = flm_align_up(f->regions[i].offset + f->regions[i].size, FLM_ALIGN);
         if (e > end) end = e;
+    }
+    uint64_t file_end = end;
+    if (predictor && FLM_HEADER_FIXED + (uint64_t)(n + 1) * FLM_REGION_ENTRY_BYTES > f->header_bytes) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: the header has no room for another region; convert the model again",
+                      path);
+        goto done;
+    }
+    if (predictor) {
+        regions[n++] = (flm_region){.kind = FLM_REGION_PREDICTOR, .offset = end, .size = predictor_size,
+                                    .checksum = XXH64(predictor, (size_t)predictor_size, 0)};
+        file_end = flm_align_up(end + predictor_size, FLM_ALIGN);
     }
     if (f->sums && (st = flm_sums_load(f, &sums, err))) goto done;
     if ((in = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
@@ -220,17 +299,48 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
     if ((st = flm_out_open(dst, path, (strcmp(dst, path) ? 0u : FLM_OUT_SELF) | FLM_OUT_REPLACE, &w, err))) goto done;
     tmp = flm_out_temp(w);
     out = flm_out_fd(w);
-    /* the resident region as it is */
+    /* the resident region, its FFN biases in the new order (its checksums computed again as it is copied) */
     {
-        const flm_region *r = f->resident;
+        flm_region *r = NULL;
+        for (uint32_t i = 0; i < n; i++)
+            if (regions[i].kind == FLM_REGION_RESIDENT) r = &regions[i];
+        if (!r) { st = flm_fail(err, FLM_ERR_FORMAT, "%s: no resident region", path); goto done; }
         uint64_t len = flm_align_up(r->size, FLM_ALIGN);
         uint8_t buf[1 << 16];
-        for (uint64_t o = 0; o < len; o += sizeof buf) {
-            size_t m = (size_t)(len - o < sizeof buf ? len - o : sizeof buf);
-            if ((st = flm_file_pread(in, buf, m, r->offset + o, path, "resident region", err)) ||
-                (st = pwrite_all(out, buf, m, r->offset + o, tmp, "resident region", err)))
-                goto done;
+        XXH64_state_t *hw = n_patch ? XXH64_createState() : NULL, *hh = n_patch ? XXH64_createState() : NULL;
+        if (n_patch && (!hw || !hh)) {
+            XXH64_freeState(hw);
+            XXH64_freeState(hh);
+            st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
         }
+        if (n_patch) {
+            XXH64_reset(hw, 0);
+            XXH64_reset(hh, 0);
+        }
+        for (uint64_t o = 0; o < len && !st; o += sizeof buf) {
+            size_t m = (size_t)(len - o < sizeof buf ? len - o : sizeof buf);
+            if ((st = flm_file_pread(in, buf, m, r->offset + o, path, "resident region", err))) break;
+            for (uint32_t k = 0; k < n_patch; k++) { /* the part of each bias vector inside [o, o + m) */
+                uint64_t a = patch[k].off > o ? patch[k].off : o, b = patch[k].off + patch[k].len;
+                if (b > o + m) b = o + m;
+                if (a < b) memcpy(buf + (a - o), patch[k].data + (a - patch[k].off), (size_t)(b - a));
+            }
+            if (n_patch) {
+                uint64_t in_payload = o < r->size ? (r->size - o < m ? r->size - o : m) : 0;
+                uint64_t hb = r->head_bytes, in_head = o < hb ? (hb - o < m ? hb - o : m) : 0;
+                XXH64_update(hw, buf, (size_t)in_payload);
+                XXH64_update(hh, buf, (size_t)in_head);
+            }
+            st = pwrite_all(out, buf, m, r->offset + o, tmp, "resident region", err);
+        }
+        if (n_patch) {
+            r->checksum = XXH64_digest(hw);
+            if (r->head_bytes) r->head_checksum = XXH64_digest(hh);
+        }
+        XXH64_freeState(hw);
+        XXH64_freeState(hh);
+        if (st) goto done;
     }
     static const uint8_t zeros[FLM_ALIGN];
     for (uint32_t i = 0; i < n; i++) {
@@ -242,21 +352,12 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
         cur = NULL;
         if ((st = flm_file_read_region(f, f->ffn[r->layer], &cur, err))) goto done;
         free(next);
-        free(seen);
         next = malloc(r->size ? r->size : 1);
-        seen = calloc(r->n_records ? r->n_records : 1, 1);
-        if (!next || !seen) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
-        for (uint32_t j = 0; j < r->n_records; j++) {
-            if (p[j] >= r->n_records || seen[p[j]]) {
-                st = flm_fail(err, FLM_ERR_ARG, "%s: layer %u: the new neuron order is not a permutation", path,
-                              r->layer);
-                goto done;
-            }
-            seen[p[j]] = 1;
+        if (!next) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path); goto done; }
+        for (uint32_t j = 0; j < r->n_records; j++) /* a permutation: checked above */
             memcpy(next + (uint64_t)j * rb, (const uint8_t *)cur + (uint64_t)p[j] * rb, rb);
-        }
         r->checksum = XXH64(next, r->size, 0);
-        r->flags |= FLM_FFN_HOT_ORDER;
+        r->flags = (r->flags & ~(uint64_t)(FLM_FFN_HOT_ORDER | FLM_FFN_COACT_ORDER)) | order_flag;
         if (sums.data) /* the layer's record sums, in the new order */
             for (uint32_t j = 0; j < r->n_records; j++)
                 ((uint64_t *)sums.ffn[r->layer]->sums)[j] = XXH3_64bits(next + (uint64_t)j * rb, (size_t)rb);
@@ -279,7 +380,11 @@ flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint
                              "padding", err)))
             goto done;
     }
-    flm_build_header(hdr, header_bytes, regions, n, end);
+    if (predictor && ((st = pwrite_all(out, predictor, predictor_size, end, tmp, "predictor region", err)) ||
+                      (st = pwrite_all(out, zeros, file_end - end - predictor_size, end + predictor_size, tmp,
+                                       "padding", err))))
+        goto done;
+    flm_build_header(hdr, header_bytes, regions, n, file_end);
     if ((st = pwrite_all(out, hdr, header_bytes, 0, tmp, "header", err))) goto done;
     st = flm_out_commit(w, err); /* fsync, close, rename; frees w */
     w = NULL;
@@ -291,6 +396,8 @@ done:
     free(cur);
     free(next);
     free(seen);
+    for (uint32_t k = 0; k < n_patch; k++) free(patch[k].data);
+    free(patch);
     flm_sums_free(&sums);
     flm_file_close(f);
     return st;

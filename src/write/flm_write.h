@@ -2,6 +2,7 @@
  * GGUF -> .flm), region replacement and the hot order (calibrate). Readers use format/flm.h only. */
 #ifndef FLM_WRITE_FLM_WRITE_H
 #define FLM_WRITE_FLM_WRITE_H
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <xxhash.h>
@@ -52,5 +53,18 @@ flm_status flm_file_permute_ffn(const char *path, const uint32_t *const *perm, f
 /* The same, written to dst (replaced when it exists) instead of onto path, which is left as it was (calibrate's one
  * replacement at the end: the ordered copy is calibrated, then renamed onto the model). */
 flm_status flm_file_permute_ffn_to(const char *path, const char *dst, const uint32_t *const *perm, flm_error *err);
+/* flm_file_permute_ffn_to with the order's flag and what else follows the records:
+ *   order_flag  set on every FFN region in place of the other order flag (FLM_FFN_HOT_ORDER, FLM_FFN_COACT_ORDER; 0:
+ *               neither);
+ *   biases      true: the resident GGUF's FFN biases with one element per neuron (blk.N.ffn_up.bias,
+ *               blk.N.ffn_gate.bias; OPT, Phi-2, Persimmon) are stored in the same order, and the resident region's
+ *               checksums (whole and head) computed again; false: a file with such biases is refused
+ *               (FLM_ERR_UNSUPPORTED);
+ *   predictor   non-NULL: the new PREDICTOR region payload (predictor_size bytes; its neuron ids must be the new
+ *               ones: the caller permutes it), written after the other regions; NULL: the region is dropped.
+ * Errors: those of flm_file_permute_ffn_to; FLM_ERR_UNSUPPORTED also for a bias that is not one element per neuron;
+ * FLM_ERR_FORMAT (no room in the header for a predictor region the file had not). */
+flm_status flm_file_permute_ffn_ex(const char *path, const char *dst, const uint32_t *const *perm, uint64_t order_flag,
+                                   bool biases, const void *predictor, uint64_t predictor_size, flm_error *err);
 
 #endif
