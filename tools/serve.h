@@ -80,7 +80,7 @@ bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t 
                         size_t cap);
 /* Parse a request body (len bytes, not necessarily NUL-terminated) for the chat (chat = true) or the text
  * completions endpoint. Returns 0 and fills *r, or an HTTP status (400: malformed JSON, a field of the wrong type or
- * out of range, a missing required field, n != 1; 500: out of memory) with a one-line message in msg (cap bytes)
+ * out of range, a missing required field, n outside 1..8; 500: out of memory) with a one-line message in msg (cap bytes)
  * and *r freed. A field not in serve_req.c's FIELD_RULES is refused by name (400). */
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap);
 void serve_req_free(serve_req *r);
