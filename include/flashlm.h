@@ -528,6 +528,71 @@ FLM_API flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *token
  * seq out of range: nothing. */
 FLM_API void flm_seq_leave(flm_ctx *ctx, uint32_t seq);
 
+/* ---- one evaluation call that returns its own statistics ----
+ * flm_evaluate is every evaluation above in one call (flm_eval, flm_eval_draft, flm_eval_batch, flm_eval_seq and
+ * flm_eval_tree are it with fixed arguments): the request in flm_eval_args, the logits and the call's own statistics
+ * in flm_eval_out. A caller that wants a request's cost sums the flm_call_stats of its calls (flm_call_stats_add)
+ * instead of reading flm_get_stats before and after: the totals move with every sequence's calls, the call's figures
+ * are its own. */
+typedef enum flm_eval_logits {
+    FLM_EVAL_LOGITS_LAST = 0, /* the last token's n_vocab logits (flm_eval_out.logits) */
+    FLM_EVAL_LOGITS_NONE,     /* none: no output layer (a prompt piece before its last; a tree verified lazily, whose
+                                 logits flm_tree_logits gives on demand) */
+    FLM_EVAL_LOGITS_ALL,      /* every token's (a tree: every evaluated node's) into logits_all */
+} flm_eval_logits;
+
+typedef struct flm_eval_args {
+    const int32_t *tokens;  /* [n] token ids, each < n_vocab */
+    uint32_t n;             /* tokens (a tree: nodes), >= 1 */
+    int32_t pos;            /* position of tokens[0] (a tree: the KV slot of node 0), <= flm_n_past of the sequence */
+    uint32_t seq;           /* the sequence (< flm_n_seq). Not joined: it must be the current one (flm_seq_acquire's;
+                               0 in a context of one sequence) */
+    bool join;              /* flm_eval_seq: from any thread without flm_seq_acquire, joining the passes of the other
+                               sequences' calls waiting at the same time; FLM_EVAL_LOGITS_LAST only, no draft, no
+                               tree */
+    bool draft;             /* the self-draft (flm_eval_draft, mode hot): every FFN over its resident neurons */
+    flm_eval_logits logits; /* which logits (FLM_EVAL_LOGITS_LAST when zeroed) */
+    float *logits_all;      /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats (a tree: (n - first) rows, node i
+                               in row i - first); NULL otherwise */
+    const int32_t *parent;  /* NULL: a causal sequence of tokens. Else a tree (flm_eval_tree): parent[i] is an earlier
+                               node or -1; logits FLM_EVAL_LOGITS_ALL or NONE (lazy: flm_tree_logits) */
+    uint32_t first;         /* a tree: the nodes [first, n) are evaluated, [0, first) held from the previous call;
+                               0 without a tree */
+} flm_eval_args;
+
+/* The statistics of one call: its own figures, not a difference of totals. Bytes, reads and the sparse counts are
+ * exact (their sums over calls equal the growth of flm_stats.total when nothing else evaluates); times in ms. */
+typedef struct flm_call_stats {
+    uint64_t n_tokens;     /* tokens (tree nodes) the call evaluated: what it added to flm_stats.n_tokens (a joined
+                              call: its own rows) */
+    uint64_t n_passes;     /* forward passes it ran (pieces of n_batch; a joined call: 1, the pass it joined) */
+    flm_token_stats total; /* sums over its tokens, as flm_stats.total: io_ms (waiting for flash reads), mem_ms,
+                              compute_ms (the passes' wall time less those two), bytes_read, n_reads, the sparse
+                              counts; rows_used the level after the call (a joined call: its rows' share of the pass) */
+    double io_busy_ms;     /* wall ms during the call in which the context's reader had a read in flight (a joined
+                              call: its rows' share of its pass's); 0 when nothing is read from flash */
+    double ms;             /* wall ms of the call (a joined call: waiting for the pass included) */
+} flm_call_stats;
+
+typedef struct flm_eval_out {
+    const float *logits;   /* FLM_EVAL_LOGITS_LAST / ALL without a tree: the last token's n_vocab logits (the
+                              sequence's row, or inside logits_all), valid until the sequence's next evaluation;
+                              else NULL */
+    flm_call_stats stats;  /* this call's statistics (after an error: of the passes that completed) */
+} flm_eval_out;
+
+/* Evaluate args->n tokens of sequence args->seq from position args->pos as args asks (above; the semantics are those
+ * of the call it names: flm_eval_batch for a causal run, flm_eval_draft with draft, flm_eval_tree with parent,
+ * flm_eval_seq with join), *out getting the logits and the call's statistics. Every token's statistics are also
+ * added to the context's totals and per-token record (flm_get_stats), as before.
+ * Errors: FLM_ERR_ARG (ctx, args or out NULL; no tokens; seq out of range, or not current without join; join with a
+ * draft, a tree or logits other than LAST; logits_all given without FLM_EVAL_LOGITS_ALL or the reverse; first > 0
+ * without a tree; FLM_EVAL_LOGITS_LAST with a tree), and those of the call it names; after an error the context holds
+ * what that call's errors say, and out->stats the passes that completed before it. Source: src/runtime/context.c. */
+FLM_API flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *args, flm_eval_out *out, flm_error *err);
+/* sum += a, field by field (rows_used: a's, the later level). For summing a request's calls. */
+FLM_API void flm_call_stats_add(flm_call_stats *sum, const flm_call_stats *a);
+
 #define FLM_STATS_HIST 24
 typedef struct flm_stats {
     const char *mode;        /* the mode in effect: "ram", "naive", "hybrid" */
@@ -1104,8 +1169,11 @@ typedef struct flm_session_stats {
     uint64_t n_reused;        /* prompt tokens kept from the cache instead (flm_session_prompt) */
     uint64_t n_gen;           /* tokens sampled by generations */
     double prompt_ms, gen_ms; /* wall-clock ms feeding prompts, generating */
-    flm_token_stats prompt;   /* sums over the prompts' evaluations: flash I/O, memory, compute ms, bytes, reads */
+    flm_token_stats prompt;   /* sums over the prompts' evaluations: flash I/O, memory, compute ms, bytes, reads (each
+                                 call's own statistics, flm_evaluate's flm_call_stats, summed) */
     flm_token_stats gen;      /* the same over generations' evaluations */
+    uint64_t n_gen_evaluated; /* tokens the context evaluated while generating (flm_call_stats.n_tokens summed): n_gen
+                                 less the unevaluated last one, plus a speculative step's drafts and rejected ones */
     long n_shifts;            /* context shifts, and the tokens they discarded */
     long n_discarded;
 } flm_session_stats;

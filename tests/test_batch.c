@@ -8,7 +8,9 @@
  *   - bad arguments are refused without changing the context;
  *   - flm_embed (mean-pooled, normalised final states after the output norm, llama-server's --embeddings): the
  *     classifier applied to the embedding is parallel to the sum of the tokens' logits (flm_eval_batch's), and for
- *     one token to its logits, with the classifier read from the GGUF here: the states the logits come from.
+ *     one token to its logits, with the classifier read from the GGUF here: the states the logits come from;
+ *   - flm_evaluate returns its own statistics: bytes and reads per pass against naive's one-read-per-layer, and the
+ *     totals' growth over each call; a tree, a joined call and a session's generation through it; bad arguments.
  * stories260K from tests/data, calibrated here for the sparse mode; SmolLM2 (q4_1 / q8_0) when pulled. */
 #include <math.h>
 #include <stdio.h>
@@ -395,6 +397,157 @@ static void test_sparse_window_after_rejection(void **state) {
     free(lg[1]);
 }
 
+/* flm_evaluate returns its own statistics: naive reads every layer once per pass, so a call of 10 tokens in passes of
+ * 4 reads what 3 single-token calls read (an independent reference), and each call's bytes, reads and tokens are
+ * exactly what the context's totals gained over it; the logits it names are flm_eval_batch's; a tree through it,
+ * joined calls of a two-sequence context, a session's generation (flm_session_stats: n_gen_evaluated and the bytes
+ * summed from its calls, no totals diffed); bad arguments refused by name, the context unchanged. */
+static void check_call(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out, uint64_t n_tokens) {
+    flm_stats before, after;
+    flm_error err;
+    flm_get_stats(ctx, &before);
+    if (flm_evaluate(ctx, a, out, &err)) fail_msg("flm_evaluate: %s", err.msg);
+    flm_get_stats(ctx, &after);
+    assert_int_equal(out->stats.n_tokens, n_tokens);
+    assert_int_equal(out->stats.n_tokens, after.n_tokens - before.n_tokens);
+    assert_int_equal(out->stats.total.bytes_read, after.total.bytes_read - before.total.bytes_read);
+    assert_int_equal(out->stats.total.n_reads, after.total.n_reads - before.total.n_reads);
+    const double ms = out->stats.total.io_ms + out->stats.total.mem_ms + out->stats.total.compute_ms;
+    const double grew = (after.total.io_ms + after.total.mem_ms + after.total.compute_ms) -
+                        (before.total.io_ms + before.total.mem_ms + before.total.compute_ms);
+    assert_true(fabs(ms - grew) <= 1e-6 * (1 + ms));
+    assert_true(out->stats.ms >= 0 && out->stats.io_busy_ms >= 0);
+}
+
+static void test_evaluate_own_stats(void **state) {
+    (void)state;
+    const uint32_t V = n_vocab;
+    run_cfg c = {flm_path, FLM_MODE_NAIVE, 0, false, 4};
+    flm_ctx *ctx = open_cfg(&c);
+    flm_error err;
+    flm_eval_out one, out;
+    check_call(ctx, &(flm_eval_args){.tokens = toks, .n = 1, .pos = 0}, &one, 1);
+    assert_true(one.stats.total.bytes_read > 0);
+    assert_int_equal(one.stats.n_passes, 1);
+    /* 10 tokens in passes of 4: 3 passes, each reading every layer once */
+    float *all = malloc((size_t)10 * V * sizeof(float));
+    const float *want = NULL;
+    if (flm_eval_batch(ctx, toks, 10, 0, all, &want, &err)) fail_msg("batch: %s", err.msg);
+    check_call(ctx, &(flm_eval_args){.tokens = toks, .n = 10, .pos = 0}, &out, 10);
+    assert_int_equal(out.stats.n_passes, 3);
+    assert_int_equal(out.stats.total.bytes_read, 3 * one.stats.total.bytes_read);
+    assert_int_equal(out.stats.total.n_reads, 3 * one.stats.total.n_reads);
+    assert_memory_equal(out.logits, all + 9 * (size_t)V, V * sizeof(float));
+    /* every token's logits, and none (no output layer: nothing returned, the tokens still counted) */
+    float *got = malloc((size_t)10 * V * sizeof(float));
+    check_call(ctx, &(flm_eval_args){.tokens = toks, .n = 10, .logits = FLM_EVAL_LOGITS_ALL, .logits_all = got}, &out,
+               10);
+    assert_ptr_equal(out.logits, got + 9 * (size_t)V);
+    assert_memory_equal(got, all, (size_t)10 * V * sizeof(float));
+    check_call(ctx, &(flm_eval_args){.tokens = toks, .n = 6, .logits = FLM_EVAL_LOGITS_NONE}, &out, 6);
+    assert_null(out.logits);
+    assert_int_equal(flm_n_past(ctx), 6);
+    /* the sum of calls (flm_call_stats_add) is the totals' growth over them */
+    flm_stats a, b;
+    flm_get_stats(ctx, &a);
+    flm_call_stats sum = {0};
+    for (uint32_t t = 6; t < 12; t++) {
+        if (flm_evaluate(ctx, &(flm_eval_args){.tokens = toks + t, .n = 1, .pos = (int32_t)t}, &out, &err))
+            fail_msg("eval: %s", err.msg);
+        flm_call_stats_add(&sum, &out.stats);
+    }
+    flm_get_stats(ctx, &b);
+    assert_int_equal(sum.n_tokens, 6);
+    assert_int_equal(sum.n_passes, 6);
+    assert_int_equal(sum.total.bytes_read, 6 * one.stats.total.bytes_read);
+    assert_int_equal(sum.total.bytes_read, b.total.bytes_read - a.total.bytes_read);
+    assert_int_equal(sum.total.n_reads, b.total.n_reads - a.total.n_reads);
+    /* a tree (flm_eval_tree through it): a root and two children, then a third node from the held ones */
+    const int32_t par[4] = {-1, 0, 0, 1};
+    check_call(ctx, &(flm_eval_args){.tokens = toks + 12, .n = 3, .pos = 12, .parent = par,
+                                     .logits = FLM_EVAL_LOGITS_ALL, .logits_all = got}, &out, 3);
+    assert_null(out.logits);
+    assert_int_equal(out.stats.n_passes, 1);
+    check_call(ctx, &(flm_eval_args){.tokens = toks + 12, .n = 4, .pos = 12, .parent = par, .first = 3,
+                                     .logits = FLM_EVAL_LOGITS_NONE}, &out, 1);
+    float row[2][512];
+    assert_true(V <= 512);
+    if (flm_tree_logits(ctx, 3, row[0], &err)) fail_msg("tree logits: %s", err.msg);
+    if (flm_eval_tree(ctx, toks + 12, par, 4, 3, 12, false, row[1], &err)) fail_msg("tree: %s", err.msg);
+    assert_memory_equal(row[0], row[1], V * sizeof(float));
+    /* bad arguments: refused, naming what is wrong, the context unchanged */
+    if (flm_eval_batch(ctx, toks, 8, 0, NULL, NULL, &err)) fail_msg("batch: %s", err.msg);
+    const struct {
+        flm_eval_args a;
+        const char *msg;
+    } bad[] = {
+        {{.tokens = toks, .n = 2, .pos = 8, .logits_all = got}, "logits_all given"},
+        {{.tokens = toks, .n = 2, .pos = 8, .logits = FLM_EVAL_LOGITS_ALL}, "logits_all NULL"},
+        {{.tokens = toks, .n = 2, .pos = 8, .logits = (flm_eval_logits)7}, "logits 7"},
+        {{.tokens = toks, .n = 2, .pos = 8, .first = 1}, "without a tree"},
+        {{.tokens = toks, .n = 2, .pos = 8, .parent = par}, "a tree's logits"},
+        {{.tokens = toks, .n = 2, .pos = 8, .seq = 1}, "sequence 1"},
+        {{.tokens = toks, .n = 2, .pos = 8, .join = true, .logits = FLM_EVAL_LOGITS_NONE}, "joined"},
+        {{.tokens = toks, .n = 2, .pos = 8, .join = true, .draft = true}, "joined"},
+        {{.tokens = toks, .n = 0, .pos = 8}, "no tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&out, 0x5a, sizeof out);
+        assert_int_equal(flm_evaluate(ctx, &bad[i].a, &out, &err), FLM_ERR_ARG);
+        if (!strstr(err.msg, bad[i].msg)) fail_msg("case %zu: \"%s\" does not say \"%s\"", i, err.msg, bad[i].msg);
+        assert_int_equal(out.stats.n_tokens, 0);
+        assert_null(out.logits);
+        assert_int_equal(flm_n_past(ctx), 8);
+    }
+    assert_int_equal(flm_evaluate(ctx, NULL, &out, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_evaluate(NULL, &bad[0].a, &out, &err), FLM_ERR_ARG);
+    flm_close(ctx);
+    /* two sequences: a joined call (alone here: one pass of its own) and the current one's */
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 2;
+    p.n_ctx = 64;
+    p.mode = FLM_MODE_NAIVE;
+    p.n_batch = 4;
+    p.n_seq = 2;
+    if (flm_open(flm_path, &p, &ctx, &err)) fail_msg("open: %s", err.msg);
+    check_call(ctx, &(flm_eval_args){.tokens = toks, .n = 3, .seq = 1, .join = true}, &out, 3);
+    assert_int_equal(out.stats.total.bytes_read, one.stats.total.bytes_read); /* one pass */
+    assert_memory_equal(out.logits, all + 2 * (size_t)V, V * sizeof(float));
+    flm_seq_leave(ctx, 1);
+    assert_int_equal(flm_seq_acquire(ctx, 1, &err), FLM_OK);
+    assert_int_equal(flm_n_past(ctx), 3);
+    check_call(ctx, &(flm_eval_args){.tokens = toks + 3, .n = 1, .pos = 3, .seq = 1}, &out, 1);
+    assert_memory_equal(out.logits, all + 3 * (size_t)V, V * sizeof(float));
+    assert_int_equal(flm_evaluate(ctx, &(flm_eval_args){.tokens = toks, .n = 1, .seq = 0}, &out, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "not the current one"));
+    flm_seq_release(ctx);
+    flm_close(ctx);
+    /* a session's generation: its figures are its calls' (n_gen - 1 evaluated: the last sampled one is not) */
+    ctx = open_cfg(&c);
+    flm_session *s = NULL;
+    if (flm_session_create(ctx, &s, &err) || flm_session_feed(s, toks, 5, &err)) fail_msg("session: %s", err.msg);
+    flm_get_stats(ctx, &a);
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = 6;
+    flm_gen_result r;
+    if (flm_session_generate(s, &gp, NULL, NULL, &r, &err)) fail_msg("generate: %s", err.msg);
+    flm_get_stats(ctx, &b);
+    flm_session_stats ss;
+    flm_session_get_stats(s, &ss);
+    assert_true(r.n_gen == 6 || r.eog);
+    assert_int_equal(ss.n_gen_evaluated, (uint64_t)r.n_gen - 1); /* neither the 6th nor an end token is evaluated */
+    assert_int_equal(ss.n_gen_evaluated, b.n_tokens - a.n_tokens);
+    assert_int_equal(ss.gen.bytes_read, ss.n_gen_evaluated * one.stats.total.bytes_read);
+    assert_int_equal(ss.gen.n_reads, b.total.n_reads - a.total.n_reads);
+    assert_int_equal(ss.prompt.bytes_read, 2 * one.stats.total.bytes_read); /* 5 prompt tokens: 2 passes of 4 */
+    flm_session_free(s);
+    flm_close(ctx);
+    free(got);
+    free(all);
+}
+
 /* a real quantized model (q4_1 FFN, q8_0 embedding): every type's batched dot product */
 static void test_batch_real_model(void **state) {
     (void)state;
@@ -435,6 +588,7 @@ int main(void) {
         cmocka_unit_test(test_batch_bad_arguments),
         cmocka_unit_test(test_embed_matches_logits),
         cmocka_unit_test(test_sparse_window_after_rejection),
+        cmocka_unit_test(test_evaluate_own_stats),
         cmocka_unit_test(test_batch_real_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -279,16 +279,16 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     const float *logits = NULL;
     double t0 = cli_now_ms();
     int pos = n_prompt;
-    if (n_prompt > 0 && flm_eval_batch(ctx, ids, (uint32_t)n_prompt, 0, NULL, &logits, &err)) goto fail;
-    r->prompt_ms = cli_now_ms() - t0;
-    {
-        flm_stats ps;
-        flm_get_stats(ctx, &ps);
-        r->prompt_bytes = ps.total.bytes_read;
-        r->n_batch = (int)ps.n_batch;
+    flm_eval_out out = {0}; /* every evaluation's own statistics (flm_evaluate) */
+    if (n_prompt > 0) {
+        const flm_eval_args a = {.tokens = ids, .n = (uint32_t)n_prompt};
+        if (flm_evaluate(ctx, &a, &out, &err)) goto fail;
+        logits = out.logits;
     }
-    double w0 = cli_now_ms(); /* before the reset: the busy time counted from it lies within the wall time */
-    flm_reset_stats(ctx);
+    r->prompt_ms = cli_now_ms() - t0;
+    r->prompt_bytes = out.stats.total.bytes_read;
+    r->n_batch = (int)plan.n_batch;
+    double w0 = cli_now_ms();
     if (run->spec) { /* speculative: the whole generation timed; the target's statistics summed */
         flm_session *sess = NULL;
         flm_spec_params so;
@@ -302,7 +302,6 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         flm_status fst = flm_session_speculate(sess, &so, NULL, &err);
         if (!fst) fst = flm_session_feed(sess, ids, (size_t)n_prompt, &err);
         if (fst) { flm_session_free(sess); goto fail; }
-        flm_reset_stats(ctx);
         flm_gen_params gp;
         flm_gen_params_default(&gp);
         gp.max_tokens = n_gen + 1;
@@ -312,23 +311,24 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->gen_ms = cli_now_ms() - g0;
         flm_spec_stats ss;
         flm_session_spec_stats(sess, &ss);
+        flm_session_stats sst; /* the generation's evaluations: their own statistics summed by the session */
+        flm_session_get_stats(sess, &sst);
         flm_session_free(sess);
         if (fst) goto fail;
-        flm_stats s;
-        flm_get_stats(ctx, &s);
+        const flm_token_stats *gt = &sst.gen;
         const double g = res.n_gen > 0 ? (double)res.n_gen : 1.0;
         r->spec = 1;
         r->n_prompt = n_prompt;
         r->n_gen = (int)res.n_gen;
         r->tot_med = r->tot_mean = r->gen_ms / g;
         r->tot_p10 = r->tot_p90 = r->tot_med;
-        r->io_med = r->io_mean = s.total.io_ms / g;
-        r->mem_med = r->mem_mean = s.total.mem_ms / g;
+        r->io_med = r->io_mean = gt->io_ms / g;
+        r->mem_med = r->mem_mean = gt->mem_ms / g;
         r->cmp_med = r->cmp_mean = r->tot_med - r->io_med - r->mem_med;
-        r->bytes_total = s.total.bytes_read;
-        r->bytes_per_tok = (double)s.total.bytes_read / g;
-        r->reads_per_tok = (double)s.total.n_reads / g;
-        r->gbps = s.total.io_ms > 0 ? (double)s.total.bytes_read / (s.total.io_ms * 1e6) : 0;
+        r->bytes_total = gt->bytes_read;
+        r->bytes_per_tok = (double)gt->bytes_read / g;
+        r->reads_per_tok = (double)gt->n_reads / g;
+        r->gbps = gt->io_ms > 0 ? (double)gt->bytes_read / (gt->io_ms * 1e6) : 0;
         r->tok_per_pass = ss.n_passes ? (double)ss.n_gen / (double)ss.n_passes : 0;
         r->accept_rate = ss.n_drafted ? (double)ss.n_accepted / (double)ss.n_drafted : 0;
         r->draft_ms_tok = ss.draft_ms / g;
@@ -336,32 +336,37 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->wall_ms = res.ms;
         r->busy_ms = res.io_busy_ms;
         r->busy_share = res.ms > 0 ? res.io_busy_ms / res.ms : 0;
+        flm_stats s;
+        flm_get_stats(ctx, &s);
         context_result(&s, r);
         flm_sampler_free(smp);
         free(ids);
         flm_close(ctx);
         return;
     }
-    int32_t tok = flm_sampler_sample(smp, logits);
-    for (int i = 0; i < n_gen; i++, pos++) {
-        if (flm_eval(ctx, tok, pos, &logits, &err)) goto fail;
-        tok = flm_sampler_sample(smp, logits);
-    }
-    {
-        flm_stats gs;
-        flm_get_stats(ctx, &gs); /* before the wall time ends: busy <= wall */
-        r->wall_ms = cli_now_ms() - w0;
-        r->busy_ms = gs.io_busy_ms;
-        r->busy_share = r->wall_ms > 0 ? r->busy_ms / r->wall_ms : 0;
-    }
     bench_tok *t = calloc((size_t)(n_gen > 0 ? n_gen : 1), sizeof *t);
-    int got = 0;
-    for (; got < n_gen; got++) {
-        flm_token_stats s;
-        if (!flm_get_token_stats(ctx, (uint64_t)got, &s)) break;
-        t[got] = (bench_tok){s.io_ms, s.mem_ms, s.compute_ms, s.bytes_read, s.n_reads, s.n_predicted, s.n_loaded,
-                             s.n_reused};
+    if (!t) {
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+        goto fail;
     }
+    int32_t tok = flm_sampler_sample(smp, logits);
+    double busy = 0; /* the reader's busy ms during the generation's calls */
+    int got = 0;
+    for (; got < n_gen; got++, pos++) { /* each token's own statistics, from its call */
+        const flm_eval_args a = {.tokens = &tok, .n = 1, .pos = pos};
+        if (flm_evaluate(ctx, &a, &out, &err)) {
+            free(t);
+            goto fail;
+        }
+        const flm_token_stats *s = &out.stats.total;
+        t[got] = (bench_tok){s->io_ms, s->mem_ms, s->compute_ms, s->bytes_read, s->n_reads, s->n_predicted,
+                             s->n_loaded, s->n_reused};
+        busy += out.stats.io_busy_ms;
+        tok = flm_sampler_sample(smp, out.logits);
+    }
+    r->wall_ms = cli_now_ms() - w0;
+    r->busy_ms = busy;
+    r->busy_share = r->wall_ms > 0 ? r->busy_ms / r->wall_ms : 0;
     r->n_prompt = n_prompt;
     r->tok_per_pass = 1;
     r->first_ms = got > 0 ? tok_total(&t[0]) : 0;

@@ -13,11 +13,16 @@
 #include "flashlm_tools.h"
 #include "cli.h"
 
-/* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens. */
-static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_token, bool spec) {
+/* The paper's per-token table (Knowl 1): flash I/O, memory management, compute; over the generated tokens (the
+ * session's generation figures: its evaluations' own statistics summed). */
+static void print_stats(const flm_ctx *ctx, const flm_session *sess, bool per_token, bool spec) {
     flm_stats s;
     flm_get_stats(ctx, &s);
-    uint64_t n = s.n_tokens - prompt->n_tokens; /* generation only */
+    flm_session_stats ss;
+    flm_session_get_stats(sess, &ss);
+    const flm_token_stats *g = &ss.gen;
+    const uint64_t n = ss.n_gen_evaluated; /* generation only */
+    const uint64_t n_before = s.n_tokens - n; /* the prompt's tokens: those evaluated before the generation */
     fprintf(stderr, "flashlm: mode %s, reader %s%s, budget %s", s.mode, s.io_backend,
             strcmp(s.io_backend, "none") ? (s.direct_io ? " (O_DIRECT)" : " (buffered)") : "",
             s.mem_budget ? cli_size(s.mem_budget).s : "none");
@@ -46,7 +51,7 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
             flm_token_stats t;
             if (!flm_get_token_stats(ctx, i, &t)) break;
             fprintf(stderr, "  %5llu%s %12.3f %11.3f %12.3f %10.3f %12llu %7llu %10llu %5llu %7llu %11llu\n",
-                    (unsigned long long)i, i < prompt->n_tokens ? "p" : " ", t.io_ms, t.mem_ms, t.compute_ms,
+                    (unsigned long long)i, i < n_before ? "p" : " ", t.io_ms, t.mem_ms, t.compute_ms,
                     t.io_ms + t.mem_ms + t.compute_ms, (unsigned long long)t.bytes_read, (unsigned long long)t.n_reads,
                     (unsigned long long)t.n_predicted, (unsigned long long)t.n_loaded, (unsigned long long)t.n_reused,
                     (unsigned long long)t.rows_used);
@@ -74,14 +79,13 @@ static void print_stats(const flm_ctx *ctx, const flm_stats *prompt, bool per_to
             fprintf(stderr, "flashlm: reads NOT verified (--no-verify-reads)\n");
     }
     if (n == 0) return;
-    double io = (s.total.io_ms - prompt->total.io_ms) / n, mem = (s.total.mem_ms - prompt->total.mem_ms) / n,
-           cmp = (s.total.compute_ms - prompt->total.compute_ms) / n;
-    uint64_t bytes = s.total.bytes_read - prompt->total.bytes_read, reads = s.total.n_reads - prompt->total.n_reads;
-    double io_total = s.total.io_ms - prompt->total.io_ms;
+    double io = g->io_ms / n, mem = g->mem_ms / n, cmp = g->compute_ms / n;
+    uint64_t bytes = g->bytes_read, reads = g->n_reads;
+    double io_total = g->io_ms;
     if (!strcmp(s.mode, "sparse")) {
-        double pred = (double)(s.total.n_predicted - prompt->total.n_predicted) / n;
-        double loaded = (double)(s.total.n_loaded - prompt->total.n_loaded) / n;
-        double reused = (double)(s.total.n_reused - prompt->total.n_reused) / n;
+        double pred = (double)g->n_predicted / n;
+        double loaded = (double)g->n_loaded / n;
+        double reused = (double)g->n_reused / n;
         fprintf(stderr, "flashlm: sparse: window %u tokens, neuron cache %llu rows (%llu in use); per token: %.1f neurons "
                 "predicted, %.1f read, %.1f reused from the window", s.window, (unsigned long long)s.cache_rows,
                 (unsigned long long)s.total.rows_used, pred, loaded, reused);
@@ -358,8 +362,6 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     fflush(stdout);
     int rc = 0;
     double t_prompt = 0, t_gen = 0;
-    flm_stats prompt_stats;
-    memset(&prompt_stats, 0, sizeof prompt_stats);
     cli_gen gen = {.ctx = ctx, .sess = sess, .n_ctx = info.n_ctx, .last = -1, .print_ids = run_print_ids,
                    .grammar = run_grammar};
     /* --keep counts prompt tokens after BOS, as llama.cpp's n_keep; -1: the whole prompt */
@@ -373,7 +375,6 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     double t = cli_now_ms();
     t_prompt = t - t1;
     t1 = t;
-    flm_get_stats(ctx, &prompt_stats);
     if (!rc && cli_gen_reply(&gen, n_predict, false, NULL, &reply)) rc = 1;
     long n_gen = reply.n_gen;
     t_gen = cli_now_ms() - t1;
@@ -393,7 +394,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             t_prompt > 0 ? n_prompt * 1e3 / t_prompt : 0.0);
     fprintf(stderr, "flashlm: generation %4ld tokens in %8.2f ms = %8.2f tokens/s%s\n", n_gen, t_gen,
             t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0, n_predict == 0 ? " (-n 0: the prompt only)" : "");
-    print_stats(ctx, &prompt_stats, per_token, ss->on);
+    print_stats(ctx, sess, per_token, ss->on);
     cli_spec_print_stats(ss, ctx, sess);
     if (stats_json) {
         if (flm_write_stats_json(ctx, stats_json, run_force, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }

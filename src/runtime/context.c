@@ -495,6 +495,8 @@ flm_status flm_eval_run(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res,
         }
         record_batch(ctx, &r.stats, m);
         stats_add(&res->stats, &r.stats);
+        res->n_tokens += m;
+        res->n_passes++;
         res->logits = r.logits;
         ctx->next_pos = pos0 + (int32_t)(i + m);
         i += m;
@@ -502,11 +504,14 @@ flm_status flm_eval_run(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res,
     return FLM_OK;
 }
 
+/* The current sequence (what an evaluation that does not join works on). */
+static uint32_t cur_seq(const flm_ctx *ctx) { return ctx ? ctx->cur_seq : 0; }
+
 flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
-    const flm_eval_req rq = {.tokens = &token, .n = 1, .pos = pos};
-    flm_eval_res res = {0};
-    flm_status st = flm_eval_run(ctx, &rq, &res, err);
-    if (!st) *logits = res.logits;
+    const flm_eval_args a = {.tokens = &token, .n = 1, .pos = pos, .seq = cur_seq(ctx)};
+    flm_eval_out out;
+    flm_status st = flm_evaluate(ctx, &a, &out, err);
+    if (!st) *logits = out.logits;
     return st;
 }
 
@@ -514,10 +519,10 @@ bool flm_has_self_draft(const flm_ctx *ctx) { return ctx && runs_hot(ctx) && ctx
 
 flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err) {
     if (!ctx) return flm_fail(err, FLM_ERR_ARG, NEEDS_HOT);
-    const flm_eval_req rq = {.tokens = &token, .n = 1, .pos = pos, .draft = true};
-    flm_eval_res res = {0};
-    flm_status st = flm_eval_run(ctx, &rq, &res, err);
-    if (!st) *logits = res.logits;
+    const flm_eval_args a = {.tokens = &token, .n = 1, .pos = pos, .seq = cur_seq(ctx), .draft = true};
+    flm_eval_out out;
+    flm_status st = flm_evaluate(ctx, &a, &out, err);
+    if (!st) *logits = out.logits;
     return st;
 }
 
@@ -533,7 +538,12 @@ flm_status flm_eval_hooked(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int3
 
 flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all,
                           const float **logits, flm_error *err) {
-    return flm_eval_hooked(ctx, tokens, n, pos, NULL, logits_all, logits, err);
+    const flm_eval_args a = {.tokens = tokens, .n = n, .pos = pos, .seq = cur_seq(ctx), .logits_all = logits_all,
+                             .logits = logits_all ? FLM_EVAL_LOGITS_ALL : FLM_EVAL_LOGITS_LAST};
+    flm_eval_out out;
+    flm_status st = flm_evaluate(ctx, &a, &out, err);
+    if (!st && logits) *logits = out.logits;
+    return st;
 }
 
 /* ---- joined passes: several sequences' evaluations in one forward pass (flm_eval_seq) -------------------------- */
@@ -544,7 +554,7 @@ typedef struct flm_join_req {
     const int32_t *tokens;
     int32_t pos;
     const float *logits;
-    flm_token_stats stats;
+    flm_call_stats cs; /* its statistics (ms: the caller's) */
     flm_status st;
     flm_error err;
     bool done;
@@ -556,9 +566,13 @@ static void join_alone(flm_ctx *ctx, flm_join_req *r) {
     seq_switch(ctx, r->seq);
     const flm_eval_req rq = {.tokens = r->tokens, .n = r->n, .pos = r->pos};
     flm_eval_res res = {0};
+    const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
     r->st = flm_eval_run(ctx, &rq, &res, &r->err);
     r->logits = res.logits;
-    r->stats = res.stats;
+    r->cs.total = res.stats;
+    r->cs.n_tokens = res.n_tokens;
+    r->cs.n_passes = res.n_passes;
+    r->cs.io_busy_ms = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
 }
 
 /* The k requests (k >= 2, different sequences, rows <= the batch) in one pass: every row through the model at its
@@ -601,6 +615,7 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     flm_eval_res res = {0};
     flm_error e;
     const double t0 = flm_now_ms();
+    const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
     flm_status st = flm_forward(ctx, &rq, &res, &e);
     const float *x[FLM_SEQ_MAX];
     row = 0;
@@ -612,6 +627,7 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     for (uint32_t i = 0; i < k && !st; i += per)
         st = flm_output_rows(ctx, x + i, k - i < per ? k - i : per, ctx->join_logits + (size_t)i * hp->n_vocab, &e);
     res.stats.compute_ms = flm_now_ms() - t0 - res.stats.io_ms - res.stats.mem_ms;
+    const double busy = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
     if (!st) {
         record_batch(ctx, &res.stats, rows);
         ctx->n_joined++;
@@ -636,7 +652,10 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         sh.compute_ms *= f;
         sh.bytes_read = (uint64_t)(sh.bytes_read * f);
         sh.n_reads = (uint64_t)(sh.n_reads * f);
-        r->stats = sh;
+        r->cs.total = sh;
+        r->cs.n_tokens = r->n;
+        r->cs.n_passes = 1;
+        r->cs.io_busy_ms = busy * f;
     }
     seq_unpark(ctx);
 }
@@ -661,11 +680,11 @@ static void join_wait(flm_ctx *ctx) {
     }
 }
 
-flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
-                        const float **logits, flm_token_stats *stats, flm_error *err) {
-    if (!ctx || seq >= ctx->n_seq || !logits || !tokens || n == 0)
-        return flm_fail(err, FLM_ERR_ARG, "flm_eval_seq: sequence %u of %u, %u tokens, logits %s", seq,
-                        ctx ? ctx->n_seq : 0, n, logits ? "given" : "NULL");
+/* flm_eval_seq's evaluation (flm_evaluate with join): *logits the sequence's row, *cs the call's statistics but ms. */
+static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
+                              const float **logits, flm_call_stats *cs, flm_error *err) {
+    if (!ctx || seq >= ctx->n_seq || !tokens || n == 0)
+        return flm_fail(err, FLM_ERR_ARG, "flm_eval_seq: sequence %u of %u, %u tokens", seq, ctx ? ctx->n_seq : 0, n);
     flm_join_req me = {.seq = seq, .n = n, .tokens = tokens, .pos = pos};
     if (ctx->n_seq == 1) { /* nothing to join */
         pthread_mutex_lock(&ctx->seq_mu);
@@ -715,12 +734,24 @@ flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint3
         }
         pthread_mutex_unlock(&ctx->join_mu);
     }
+    *cs = me.cs;
     if (me.st) {
         if (err) *err = me.err;
         return me.st;
     }
     *logits = me.logits;
-    if (stats) stats_add(stats, &me.stats);
+    return FLM_OK;
+}
+
+flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
+                        const float **logits, flm_token_stats *stats, flm_error *err) {
+    if (!logits) return flm_fail(err, FLM_ERR_ARG, "flm_eval_seq: logits NULL");
+    const flm_eval_args a = {.tokens = tokens, .n = n, .pos = pos, .seq = seq, .join = true};
+    flm_eval_out out;
+    flm_status st = flm_evaluate(ctx, &a, &out, err);
+    if (st) return st;
+    *logits = out.logits;
+    if (stats) stats_add(stats, &out.stats.total);
     return FLM_OK;
 }
 
@@ -772,8 +803,10 @@ flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, f
     return st;
 }
 
-flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
-                         int32_t pos, bool draft, float *logits, flm_error *err) {
+/* flm_eval_tree, its statistics added to *cs (but io_busy_ms and ms). */
+static flm_status eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes,
+                            uint32_t first, int32_t pos, bool draft, float *logits, flm_call_stats *cs,
+                            flm_error *err) {
     if (!ctx || !parent || first >= n_nodes)
         return flm_fail(err, FLM_ERR_ARG, "tree evaluation: no parents, or no node to evaluate (first %u of %u nodes)",
                         first, n_nodes);
@@ -829,6 +862,9 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
         flm_eval_res r = {0};
         if ((st = flm_forward(ctx, &rq, &r, err))) break;
         record_batch(ctx, &r.stats, m);
+        stats_add(&cs->total, &r.stats);
+        cs->n_tokens += m;
+        cs->n_passes++;
         hidden = r.hidden;
         i += m;
         ctx->tree_n = i;
@@ -837,6 +873,73 @@ flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *par
     ctx->tree_hidden = hidden;
     if (st || logits) ctx->tree_hidden = NULL;
     else ctx->tree_hidden_first = first;
+    return st;
+}
+
+flm_status flm_eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes, uint32_t first,
+                         int32_t pos, bool draft, float *logits, flm_error *err) {
+    if (!parent) /* flm_evaluate would take it for a causal run */
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: no parents, or no node to evaluate (first %u of %u nodes)",
+                        first, n_nodes);
+    const flm_eval_args a = {.tokens = tokens, .n = n_nodes, .pos = pos, .seq = cur_seq(ctx), .draft = draft,
+                             .logits = logits ? FLM_EVAL_LOGITS_ALL : FLM_EVAL_LOGITS_NONE, .logits_all = logits,
+                             .parent = parent, .first = first};
+    flm_eval_out out;
+    return flm_evaluate(ctx, &a, &out, err);
+}
+
+flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out, flm_error *err) {
+    if (!ctx || !a || !out) return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: ctx, args and out must not be NULL");
+    memset(out, 0, sizeof *out);
+    if (a->seq >= ctx->n_seq)
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: sequence %u, but the context holds %u (flm_params.n_seq)",
+                        a->seq, ctx->n_seq);
+    if ((unsigned)a->logits > FLM_EVAL_LOGITS_ALL)
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: logits %d is none of FLM_EVAL_LOGITS_LAST, NONE, ALL",
+                        (int)a->logits);
+    if ((a->logits == FLM_EVAL_LOGITS_ALL) != (a->logits_all != NULL))
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: logits_all %s with logits %s (FLM_EVAL_LOGITS_ALL takes the "
+                        "caller's buffer, the others none)", a->logits_all ? "given" : "NULL",
+                        a->logits == FLM_EVAL_LOGITS_ALL ? "ALL" : a->logits == FLM_EVAL_LOGITS_NONE ? "NONE" : "LAST");
+    if (!a->parent && a->first)
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: first %u without a tree (parent NULL)", a->first);
+    const double t0 = flm_now_ms();
+    flm_status st;
+    if (a->join) {
+        if (a->draft || a->parent || a->logits != FLM_EVAL_LOGITS_LAST)
+            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a joined evaluation (join) takes no draft, no tree and "
+                            "no logits but the last token's (FLM_EVAL_LOGITS_LAST)");
+        st = eval_joined(ctx, a->seq, a->tokens, a->n, a->pos, &out->logits, &out->stats, err);
+        out->stats.ms = flm_now_ms() - t0;
+        return st;
+    }
+    if (a->seq != ctx->cur_seq)
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: sequence %u is not the current one (%u): take it with "
+                        "flm_seq_acquire, or join", a->seq, ctx->cur_seq);
+    const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
+    if (a->parent) {
+        if (a->logits == FLM_EVAL_LOGITS_LAST)
+            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a tree's logits are every evaluated node's "
+                            "(FLM_EVAL_LOGITS_ALL) or none (FLM_EVAL_LOGITS_NONE: flm_tree_logits), not the last's");
+        st = eval_tree(ctx, a->tokens, a->parent, a->n, a->first, a->pos, a->draft, a->logits_all, &out->stats, err);
+    } else {
+        const flm_eval_req rq = {.tokens = a->tokens, .n = a->n, .pos = a->pos, .draft = a->draft,
+                                 .logits = a->logits == FLM_EVAL_LOGITS_ALL    ? FLM_LOGITS_ALL
+                                           : a->logits == FLM_EVAL_LOGITS_NONE ? FLM_LOGITS_NONE
+                                                                               : FLM_LOGITS_LAST,
+                                 .logits_all = a->logits_all};
+        flm_eval_res res = {0};
+        st = flm_eval_run(ctx, &rq, &res, err);
+        out->stats.total = res.stats;
+        out->stats.n_tokens = res.n_tokens;
+        out->stats.n_passes = res.n_passes;
+        if (!st && a->logits == FLM_EVAL_LOGITS_ALL)
+            out->logits = a->logits_all + (size_t)(a->n - 1) * ctx->model->hp.n_vocab;
+        else if (!st && a->logits == FLM_EVAL_LOGITS_LAST)
+            out->logits = res.logits;
+    }
+    out->stats.io_busy_ms = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
+    out->stats.ms = flm_now_ms() - t0;
     return st;
 }
 

@@ -436,6 +436,7 @@ typedef struct flm_eval_res {
     const float *logits;          /* FLM_LOGITS_LAST / ALL: the last token's n_vocab logits (ctx->s.logits) */
     const float *hidden;          /* FLM_LOGITS_HIDDEN: the final states, [n][d_model] scratch rows, valid until the
                                      next pass */
+    uint32_t n_tokens, n_passes;  /* flm_eval_run: the tokens recorded and the passes run (flm_forward: untouched) */
 } flm_eval_res;
 
 /* The forward pass (runtime/forward.c, assembled from the blocks of runtime/pass.h): rq->n >= 1 tokens at positions

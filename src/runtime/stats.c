@@ -82,3 +82,22 @@ void flm_reset_stats(flm_ctx *ctx) {
     ctx->n_tokens = 0;
     ctx->n_joined = ctx->rows_joined = 0;
 }
+
+void flm_call_stats_add(flm_call_stats *sum, const flm_call_stats *a) {
+    sum->n_tokens += a->n_tokens;
+    sum->n_passes += a->n_passes;
+    flm_token_stats *t = &sum->total;
+    t->io_ms += a->total.io_ms;
+    t->mem_ms += a->total.mem_ms;
+    t->compute_ms += a->total.compute_ms;
+    t->bytes_read += a->total.bytes_read;
+    t->n_reads += a->total.n_reads;
+    t->n_predicted += a->total.n_predicted;
+    t->n_loaded += a->total.n_loaded;
+    t->n_reused += a->total.n_reused;
+    t->rows_used = a->total.rows_used; /* a level, not a sum: the later */
+    t->n_true += a->total.n_true;
+    t->n_true_pos += a->total.n_true_pos;
+    sum->io_busy_ms += a->io_busy_ms;
+    sum->ms += a->ms;
+}

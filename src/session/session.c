@@ -5,7 +5,7 @@
  * engine decides a step's tokens, this loop takes them one at a time). What `flashlm run`, `chat` and `serve` share;
  * it was the CLI's (tools/cli_util.c) before. Writes nothing to stdout or stderr.
  *
- * Layer: above src/runtime (it calls the public runtime entry points only: flm_eval_batch, flm_kv_shift, the
+ * Layer: above src/runtime (it calls the public runtime entry points only: flm_evaluate, flm_kv_shift, the
  * tokenizer, the chat templates, the statistics) and core (the clock, errors). */
 #include <limits.h>
 #include <math.h>
@@ -26,9 +26,8 @@ struct flm_session {
     bool shared;           /* the context holds several sequences: every call into it takes it (flm_seq_acquire),
                               evaluations join the others' (flm_eval_seq) */
     uint32_t n_batch;      /* the context's batch (rows per pass) */
-    flm_stats own;         /* n_tokens and total: the context's statistics of this session's evaluations (the
-                              differences over each turn it held the context) */
-    flm_stats in;          /* the context's statistics when the current turn began */
+    flm_call_stats calls;  /* the current prompt's or generation's evaluations: the sum of their own statistics
+                              (flm_evaluate's, a speculative step's through spec_take_calls) */
     uint32_t n_ctx, n_vocab;
     flm_sampler *smp;
     int32_t *ids;          /* [n_ctx + 1]: the tokens at positions [0, n_past) (the speculative engine's history too:
@@ -56,24 +55,12 @@ struct flm_session {
 };
 
 /* The session's turn on the context: take it (a context of several sequences: flm_seq_acquire on the session's
- * sequence) and note its statistics; leave() adds what the turn evaluated to s->own and gives the context back. */
+ * sequence); leave() gives it back. */
 static void enter(flm_session *s) {
     if (s->shared) flm_seq_acquire(s->ctx, s->seq, NULL); /* cannot fail: seq was checked at creation */
-    flm_get_stats(s->ctx, &s->in);
 }
 
 static void leave(flm_session *s) {
-    flm_stats b;
-    flm_get_stats(s->ctx, &b);
-    s->own.n_tokens += b.n_tokens - s->in.n_tokens;
-    s->own.total.io_ms += b.total.io_ms - s->in.total.io_ms;
-    s->own.total.mem_ms += b.total.mem_ms - s->in.total.mem_ms;
-    s->own.total.compute_ms += b.total.compute_ms - s->in.total.compute_ms;
-    s->own.total.bytes_read += b.total.bytes_read - s->in.total.bytes_read;
-    s->own.total.n_reads += b.total.n_reads - s->in.total.n_reads;
-    s->own.total.n_predicted += b.total.n_predicted - s->in.total.n_predicted;
-    s->own.total.n_loaded += b.total.n_loaded - s->in.total.n_loaded;
-    s->own.total.n_reused += b.total.n_reused - s->in.total.n_reused;
     if (s->shared) flm_seq_release(s->ctx);
 }
 
@@ -177,6 +164,7 @@ flm_status flm_session_speculate(flm_session *s, const flm_spec_params *p, flm_c
     spec *sp = NULL;
     if (p) {
         flm_status st = spec_create(s->ctx, draft, s->smp, s->ids, p, &sp, err);
+        if (!st) spec_set_seq(sp, s->seq);
         if (!st && s->n_past > 0) st = spec_prompted(sp, s->n_past, err); /* a draft model: the tokens held */
         if (st) {
             spec_free(sp);
@@ -230,23 +218,33 @@ void flm_gen_params_default(flm_gen_params *p) {
     p->max_tokens = -1;
 }
 
-/* Add b - a (flm_stats totals) to *sum. */
-static void stats_add(flm_token_stats *sum, const flm_stats *a, const flm_stats *b) {
-    sum->io_ms += b->total.io_ms - a->total.io_ms;
-    sum->mem_ms += b->total.mem_ms - a->total.mem_ms;
-    sum->compute_ms += b->total.compute_ms - a->total.compute_ms;
-    sum->bytes_read += b->total.bytes_read - a->total.bytes_read;
-    sum->n_reads += b->total.n_reads - a->total.n_reads;
-    sum->n_predicted += b->total.n_predicted - a->total.n_predicted;
-    sum->n_loaded += b->total.n_loaded - a->total.n_loaded;
-    sum->n_reused += b->total.n_reused - a->total.n_reused;
+/* Add a call's sums to a request's (flm_session_stats.prompt / gen: the times, bytes, reads and sparse counts). */
+static void stats_add(flm_token_stats *sum, const flm_token_stats *a) {
+    sum->io_ms += a->io_ms;
+    sum->mem_ms += a->mem_ms;
+    sum->compute_ms += a->compute_ms;
+    sum->bytes_read += a->bytes_read;
+    sum->n_reads += a->n_reads;
+    sum->n_predicted += a->n_predicted;
+    sum->n_loaded += a->n_loaded;
+    sum->n_reused += a->n_reused;
 }
 
-/* The statistics of the context's last evaluated token (what the next sampled token's flm_gen_token.stats says). */
-static void note_last(flm_session *s) {
-    flm_stats fs;
-    flm_get_stats(s->ctx, &fs);
-    if (!fs.n_tokens || !flm_get_token_stats(s->ctx, fs.n_tokens - 1, &s->last)) memset(&s->last, 0, sizeof s->last);
+/* The statistics the next sampled token reports (flm_gen_token.stats): a token's share of the call c whose logits
+ * gave it (its times and counts over its tokens). */
+static void note_last(flm_session *s, const flm_call_stats *c) {
+    const uint64_t m = c->n_tokens ? c->n_tokens : 1;
+    s->last = c->total;
+    s->last.io_ms /= (double)m;
+    s->last.mem_ms /= (double)m;
+    s->last.compute_ms /= (double)m;
+    s->last.bytes_read /= m;
+    s->last.n_reads /= m;
+    s->last.n_predicted /= m;
+    s->last.n_loaded /= m;
+    s->last.n_reused /= m;
+    s->last.n_true /= m;
+    s->last.n_true_pos /= m;
 }
 
 /* Evaluate ids[0..n) at positions pos .. (pos <= n_past), keeping the history and the last token's statistics. */
@@ -257,35 +255,20 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
                         (int)pos, s->n_ctx);
     const float *logits = NULL;
     flm_status st = FLM_OK;
-    if (s->shared) { /* joined with the other sequences' evaluations (flm_eval_seq), a batch's worth at a time so
-                        that a long prompt lets the others' tokens through between its pieces */
-        for (size_t i = 0; i < n && !st;) {
-            const size_t m = n - i < s->n_batch ? n - i : s->n_batch;
-            flm_token_stats ts = {0};
-            st = flm_eval_seq(s->ctx, s->seq, ids + i, (uint32_t)m, pos + (int32_t)i, &logits, &ts, err);
-            if (st) break;
-            s->own.n_tokens += m;
-            s->own.total.io_ms += ts.io_ms;
-            s->own.total.mem_ms += ts.mem_ms;
-            s->own.total.compute_ms += ts.compute_ms;
-            s->own.total.bytes_read += ts.bytes_read;
-            s->own.total.n_reads += ts.n_reads;
-            s->own.total.n_predicted += ts.n_predicted;
-            s->own.total.n_loaded += ts.n_loaded;
-            s->own.total.n_reused += ts.n_reused;
-            s->last = ts; /* the last piece's share per token */
-            s->last.io_ms /= (double)m;
-            s->last.mem_ms /= (double)m;
-            s->last.compute_ms /= (double)m;
-            s->last.bytes_read /= m;
-            s->last.n_reads /= m;
-            i += m;
-        }
-    } else {
-        enter(s);
-        st = flm_eval_batch(s->ctx, ids, (uint32_t)n, pos, NULL, &logits, err);
-        if (!st) note_last(s);
-        leave(s);
+    /* shared: joined with the other sequences' evaluations (flm_evaluate with join), a batch's worth at a time so
+     * that a long prompt lets the others' tokens through between its pieces; else the whole run in one call */
+    const size_t piece = s->shared ? s->n_batch : n;
+    for (size_t i = 0; i < n && !st;) {
+        const size_t m = n - i < piece ? n - i : piece;
+        const flm_eval_args a = {.tokens = ids + i, .n = (uint32_t)m, .pos = pos + (int32_t)i, .seq = s->seq,
+                                 .join = s->shared};
+        flm_eval_out out;
+        st = flm_evaluate(s->ctx, &a, &out, err);
+        flm_call_stats_add(&s->calls, &out.stats); /* what ran, also before an error */
+        if (st) break;
+        logits = out.logits;
+        note_last(s, &out.stats); /* the last piece's share per token */
+        i += m;
     }
     if (st) { /* the context holds positions < pos; a conversation's text no longer says what it holds */
         s->conv_on = false;
@@ -301,7 +284,7 @@ static flm_status eval_at(flm_session *s, const int32_t *ids, size_t n, int32_t 
 
 /* Prompt evaluation with its statistics. */
 static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int32_t pos, flm_error *err) {
-    flm_stats a = s->own, b;
+    memset(&s->calls, 0, sizeof s->calls);
     double t0 = flm_now_ms();
     flm_status st = eval_at(s, ids, n, pos, err);
     if (!st && s->spec) { /* a draft model follows */
@@ -311,8 +294,7 @@ static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int
         if (st) flm_session_rewind(s, pos);
     }
     s->st.prompt_ms += flm_now_ms() - t0;
-    b = s->own;
-    stats_add(&s->st.prompt, &a, &b);
+    stats_add(&s->st.prompt, &s->calls.total);
     if (!st) s->st.n_prompt += n;
     return st;
 }
@@ -709,7 +691,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         }
     }
     long max = gp->max_tokens < 0 ? LONG_MAX : gp->max_tokens;
-    flm_stats a = s->own, b;
+    memset(&s->calls, 0, sizeof s->calls);
     double t0 = flm_now_ms(), t_prev = t0;
     const uint64_t busy0 = flm_ctx_io_busy_ns(s->ctx); /* the reader's busy time over the call (thread-safe) */
     s->hold_len = 0;
@@ -816,8 +798,11 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             spec_set_key_off(s->spec, s->key_off);
             enter(s); /* the step's passes, trees and logits in one turn */
             st = spec_step(s->spec, H, next, max - r->n_gen, queue, &m, &qrows, err);
-            if (!st) note_last(s);
             leave(s);
+            flm_call_stats step_calls, verify;
+            spec_take_calls(s->spec, &step_calls, &verify);
+            flm_call_stats_add(&s->calls, &step_calls);
+            if (!st) note_last(s, &verify);
             if (st) { /* the context holds positions < H at most; its logits are gone */
                 s->logits = NULL;
                 s->conv_on = false;
@@ -850,14 +835,14 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
     }
     s->hold_len = 0;
     if (s->shared) flm_seq_leave(s->ctx, s->seq); /* the joined passes need not wait for this sequence now */
-    b = s->own;
-    stats_add(&s->st.gen, &a, &b);
+    const flm_call_stats *c = &s->calls; /* the generation's evaluations */
+    stats_add(&s->st.gen, &c->total);
+    s->st.n_gen_evaluated += c->n_tokens;
     if (ss) { /* the target's share of the speculative counts */
-        ss->target_tokens += b.n_tokens - a.n_tokens;
-        ss->target_ms += (b.total.io_ms + b.total.mem_ms + b.total.compute_ms) -
-                         (a.total.io_ms + a.total.mem_ms + a.total.compute_ms);
-        ss->bytes_read += b.total.bytes_read - a.total.bytes_read;
-        ss->n_loaded += b.total.n_loaded - a.total.n_loaded;
+        ss->target_tokens += c->n_tokens;
+        ss->target_ms += c->total.io_ms + c->total.mem_ms + c->total.compute_ms;
+        ss->bytes_read += c->total.bytes_read;
+        ss->n_loaded += c->total.n_loaded;
     }
     r->io_busy_ms = (double)(flm_ctx_io_busy_ns(s->ctx) - busy0) / 1e6; /* read before the end: <= ms */
     r->ms = flm_now_ms() - t0;

@@ -58,6 +58,9 @@ struct spec {
     double k_num, k_den;
     double c_level;   /* ms of one draft level (flm_eval_tree with draft), decayed */
     double ms_token;  /* ms per generated token of the tree steps, decayed */
+    /* the target's evaluations (t_eval): their own statistics, summed until spec_take_calls, and the last one's */
+    uint32_t seq;     /* the target's sequence (spec_set_seq) */
+    flm_call_stats calls, last_call;
 };
 
 void flm_spec_params_default(flm_spec_params *p) {
@@ -167,6 +170,43 @@ void spec_set_sampler(spec *s, flm_sampler *smp) { s->smp = smp; }
 
 void spec_set_key_off(spec *s, uint64_t key_off) { s->key_off = key_off; }
 
+void spec_set_seq(spec *s, uint32_t seq) { s->seq = seq; }
+
+void spec_take_calls(spec *s, flm_call_stats *sum, flm_call_stats *last) {
+    *sum = s->calls;
+    *last = s->last_call;
+    memset(&s->calls, 0, sizeof s->calls);
+    memset(&s->last_call, 0, sizeof s->last_call);
+}
+
+/* An evaluation on the target (flm_evaluate on the engine's sequence), its statistics kept for spec_take_calls.
+ * t_draft, t_batch and t_tree are flm_eval_draft, flm_eval_batch and flm_eval_tree through it. */
+static flm_status t_eval(spec *s, flm_eval_args a, const float **logits, flm_error *err) {
+    a.seq = s->seq;
+    flm_eval_out out;
+    const flm_status st = flm_evaluate(s->target, &a, &out, err);
+    flm_call_stats_add(&s->calls, &out.stats);
+    s->last_call = out.stats;
+    if (!st && logits) *logits = out.logits;
+    return st;
+}
+
+static flm_status t_draft(spec *s, int32_t tok, int32_t pos, const float **logits, flm_error *err) {
+    return t_eval(s, (flm_eval_args){.tokens = &tok, .n = 1, .pos = pos, .draft = true}, logits, err);
+}
+
+static flm_status t_batch(spec *s, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all, flm_error *err) {
+    return t_eval(s, (flm_eval_args){.tokens = tokens, .n = n, .pos = pos, .logits_all = logits_all,
+                                     .logits = FLM_EVAL_LOGITS_ALL}, NULL, err);
+}
+
+static flm_status t_tree(spec *s, const int32_t *tokens, const int32_t *parent, uint32_t n, uint32_t first,
+                         int32_t pos, bool draft, float *logits, flm_error *err) {
+    return t_eval(s, (flm_eval_args){.tokens = tokens, .n = n, .pos = pos, .draft = draft, .parent = parent,
+                                     .first = first, .logits_all = logits,
+                                     .logits = logits ? FLM_EVAL_LOGITS_ALL : FLM_EVAL_LOGITS_NONE}, NULL, err);
+}
+
 /* The token plain decoding takes at position pos from logits (the history hist[0..pos) written): the session's
  * sampler at the position's noise key. */
 static int32_t pick(spec *s, const float *logits, int32_t pos) {
@@ -242,7 +282,7 @@ static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_
     uint32_t i = 0;
     for (; i < n; i++) {
         const float *logits;
-        if ((st = flm_eval_draft(s->target, tok, len - 1 + (int32_t)i, &logits, err))) break;
+        if ((st = t_draft(s, tok, len - 1 + (int32_t)i, &logits, err))) break;
         s->st.draft_tokens++;
         const int32_t d = pick(s, logits, len + (int32_t)i);
         out[i] = tok = s->hist[len + i] = d;
@@ -325,7 +365,7 @@ static flm_status step(spec *s, int32_t last, long max_new, int32_t *out, uint32
     s->batch[0] = last;
     if (nd > 0 && s->st.draft_ms > draft_ms0) ema(&s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
     const double tv = flm_now_ms();
-    if ((st = flm_eval_batch(s->target, s->batch, nd + 1, H, s->rows, NULL, err))) return st;
+    if ((st = t_batch(s, s->batch, nd + 1, H, s->rows, err))) return st;
     const double dv = flm_now_ms() - tv;
     ema(&s->c_verify[nd + 1], dv);
     s->st.verify_ms[nd + 1] += dv;
@@ -492,7 +532,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long
             (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
             break;
         const double tl = flm_now_ms();
-        if ((st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
+        if ((st = t_tree(s, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
             return st;
         ema(&s->c_level, flm_now_ms() - tl);
         s->st.draft_tokens += (uint64_t)(hi - lo);
@@ -537,7 +577,7 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_err
     flm_stats fs;
     flm_get_stats(s->target, &fs);
     *lazy = N == 1 || (uint32_t)N <= fs.n_batch;
-    flm_status st = flm_eval_tree(s->target, s->ttok, s->tpar, (uint32_t)N, 0, H, false, *lazy ? NULL : s->rows, err);
+    flm_status st = t_tree(s, s->ttok, s->tpar, (uint32_t)N, 0, H, false, *lazy ? NULL : s->rows, err);
     if (st) return st;
     const double dv = flm_now_ms() - tv;
     s->v_w = 0.95 * s->v_w + 1.0;

@@ -31,6 +31,12 @@ void spec_set_sampler(spec *s, flm_sampler *smp);
  * so that a key is never used twice for one text). */
 void spec_set_key_off(spec *s, uint64_t key_off);
 
+/* The target's sequence the engine evaluates (the session's; 0 until set). */
+void spec_set_seq(spec *s, uint32_t seq);
+/* The target's evaluations since the last take: *sum their own statistics summed (flm_evaluate's flm_call_stats),
+ * *last the last one's (a step's verification, whose logits decided its tokens); both zeroed after. */
+void spec_take_calls(spec *s, flm_call_stats *sum, flm_call_stats *last);
+
 /* After the target was fed up to hist[0..n) (a prompt): bring a draft model up to the same tokens now, so the
  * prompt's time is not charged to generation. Errors: those of the draft's flm_eval_batch. */
 flm_status spec_prompted(spec *s, int32_t n, flm_error *err);
@@ -43,7 +49,7 @@ flm_status spec_prompted(spec *s, int32_t n, flm_error *err);
 flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, int32_t *out, uint32_t *m, const float **rows,
                      flm_error *err);
 
-/* The counters (the session adds the target's share and the tokens generated). */
+/* The counters (the session adds the target's share, from spec_take_calls, and the tokens generated). */
 flm_spec_stats *spec_stats(spec *s);
 
 /* The n-gram lookup: for n = max_n, ..., 1, find the most recent earlier occurrence of the last n tokens of
