@@ -405,8 +405,9 @@ FLM_API flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t 
  * states (after the output norm, the classifier's input), averaged over the tokens and scaled to unit Euclidean
  * length (its default normalisation). out: the caller's d_model floats (flm_model_info.d_model). The tokens are
  * evaluated from position 0 of ctx: its KV cache then holds them (whatever it held before is forgotten, as
- * flm_eval_batch at 0). Errors: FLM_ERR_ARG (n == 0, ids NULL or out of range, n > n_ctx, out NULL), FLM_ERR_NOMEM,
- * those of flm_eval_batch; after an error the context holds nothing. */
+ * flm_eval_batch at 0). Allocates nothing: its sum and row are carved at open (the plan's scratch).
+ * Errors: FLM_ERR_ARG (n == 0, ids NULL or out of range, n > n_ctx, out NULL), those of flm_eval_batch; after an
+ * error the context holds nothing. */
 FLM_API flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, flm_error *err);
 /* Tree evaluation (tree attention: SpecInfer, Miao et al. 2024; SpecExec; Sequoia): n_nodes candidate tokens
  * tokens[i] whose parents are parent[i] (an earlier node, or -1: the node follows the context directly). Node i takes

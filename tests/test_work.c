@@ -2,10 +2,13 @@
  *   - a counting allocator in this test binary (the linker's --wrap of malloc, calloc, realloc, aligned_alloc and
  *     posix_memalign: CMakeLists.txt) sees no allocation by the library while a context evaluates a prompt
  *     batch with every row's logits, decodes, evaluates a tree with and without logits (lazy flm_tree_logits_n),
- *     accepts a path and runs a self-draft tree (mode hot), in ram, hot and hybrid (FFN streamed), and SmolLM2-135M
+ *     accepts a path, runs a self-draft tree (mode hot), an embedding (flm_embed) and a flm_evaluate call, in ram,
+ *     hot and hybrid (FFN streamed), and SmolLM2-135M
  *     in ram when pulled (at the CPU's best kernel level: the vnni panels' tmp too); and the compute
  *     calls' heap fallback (compute/work.h flm_work_heap_count) is never taken: the work area the plan counts holds
  *     the batch's quantized activations, the attention tiles and the bundle FFN's buffers;
+ *   - one token's matrix-vector products past their 16 KiB stack buffer (a row of 32768 elements) take x's quantized
+ *     copies from the work area (flm_matvec_ws, flm_matvec_multi_ws), not the heap;
  *   - from outside: `flashlm run` with batches and a self-draft tree, its peak RSS measured by wait4 (the process as a
  *     whole), stays within the budget + FLM_RSS_ALLOWANCE, on stories260K and SmolLM2-135M when pulled.
  * stories260K from tests/data. */
@@ -19,7 +22,10 @@
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "testutil.h"
+#include "compute/kernels.h"
 #include "compute/work.h"
+#include "core/arena.h"
+#include "core/types.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
 #define TEXT "text/tinystories_sample.txt"
@@ -106,6 +112,12 @@ static void round_trip(flm_ctx *ctx, bool hot, int32_t *ids, uint32_t n, float *
         if (flm_eval_tree(ctx, tok, PARENT, N_NODES, 0, pos, true, rows, &err)) fail_msg("draft tree: %s", err.msg);
         if (flm_eval(ctx, tok[0], pos, &lg, &err)) fail_msg("after the draft: %s", err.msg);
     }
+    /* an embedding (serve's /v1/embeddings): its sum and row are the plan's, its passes the batch's; and one call
+     * through flm_evaluate, whose statistics come back in its result */
+    if (flm_embed(ctx, ids, n, rows, &err)) fail_msg("embedding: %s", err.msg);
+    flm_eval_out out;
+    if (flm_evaluate(ctx, &(flm_eval_args){.tokens = ids, .n = 3, .pos = (int32_t)n}, &out, &err))
+        fail_msg("flm_evaluate: %s", err.msg);
 }
 
 static void check_no_alloc(const char *path, flm_mode mode, uint64_t mem, const char *what) {
@@ -165,6 +177,66 @@ static void test_no_alloc_on_token_path(void **state) {
     flm_error err;
     if (flm_plan(g_hot, &p, &info, &err)) fail_msg("plan: %s", err.msg);
     check_no_alloc(g_hot, FLM_MODE_HYBRID, info.total - info.ffn_resident / 2, ".flm, hybrid (streamed)");
+}
+
+/* flm_matvec_ws and flm_matvec_multi_ws past their 16 KiB stack buffer (rows of 32768 elements: q8_0's quantized x
+ * takes 34 KiB, q8_K's 36.5 KiB): with a work area of the size the plan gives one token's products
+ * (FLM_MATVEC_ACT_MAX * flm_act_bytes_max), nothing is allocated; without one the buffer comes from the heap and is
+ * counted (flm_work_heap_count); y is the same bit for bit, and equals flm_matvec's. */
+static void test_matvec_work_area(void **state) {
+    (void)state;
+    const flm_kernels *k = flm_kernels_best();
+    const size_t n = 32768, rows = 6;
+    const uint32_t types[2] = {FLM_TYPE_Q8_0, FLM_TYPE_Q4_0};
+    float *x = malloc(n * sizeof *x), *row = malloc(n * sizeof *row);
+    uint8_t *W[2];
+    float *want[2], *got[2];
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    for (int j = 0; j < 2; j++) {
+        const size_t stride = flm_row_bytes(types[j], n);
+        W[j] = malloc(rows * stride);
+        want[j] = malloc(rows * sizeof(float));
+        got[j] = malloc(rows * sizeof(float));
+        for (size_t r = 0; r < rows; r++) {
+            for (size_t i = 0; i < n; i++) row[i] = (float)(((i + 7 * r + j) * 40503u) % 997) / 498.5f - 1.0f;
+            assert_true(flm_quantize_row(types[j], row, W[j] + r * stride, n));
+        }
+        flm_matvec(k, types[j], W[j], rows, n, x, want[j], 1); /* the heap path (counted) */
+    }
+    const size_t wb = FLM_MATVEC_ACT_MAX * flm_act_bytes_max(n);
+    uint8_t *area = aligned_alloc(64, wb);
+    assert_non_null(area);
+    flm_arena ws = {.base = area, .size = wb, .used = 0};
+    const flm_matvec_job jobs[2] = {{types[0], W[0], rows, got[0]}, {types[1], W[1], rows, got[1]}};
+    const uint64_t heap0 = flm_work_heap_count();
+    g_allocs = 0;
+    g_watch = 1;
+    flm_matvec_ws(k, types[0], W[0], rows, n, x, got[0], 2, &ws);
+    g_watch = 0;
+    assert_int_equal(g_allocs, 0);
+    assert_int_equal(flm_work_heap_count(), heap0);
+    assert_int_equal(ws.used, 0); /* given back */
+    assert_memory_equal(got[0], want[0], rows * sizeof(float));
+    memset(got[0], 0, rows * sizeof(float));
+    g_watch = 1;
+    flm_matvec_multi_ws(k, jobs, 2, n, x, 2, &ws);
+    g_watch = 0;
+    assert_int_equal(g_allocs, 0);
+    assert_int_equal(flm_work_heap_count(), heap0);
+    assert_int_equal(ws.used, 0);
+    for (int j = 0; j < 2; j++) assert_memory_equal(got[j], want[j], rows * sizeof(float));
+    /* no area: the heap, counted */
+    flm_matvec_multi_ws(k, jobs, 2, n, x, 2, NULL);
+    assert_true(flm_work_heap_count() > heap0);
+    for (int j = 0; j < 2; j++) assert_memory_equal(got[j], want[j], rows * sizeof(float));
+    free(area);
+    for (int j = 0; j < 2; j++) {
+        free(W[j]);
+        free(want[j]);
+        free(got[j]);
+    }
+    free(x);
+    free(row);
 }
 
 /* `flashlm args`'s peak RSS from outside (wait4; KiB -> bytes). Returns the exit status. */
@@ -243,6 +315,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rss_with_batches_and_trees),
         cmocka_unit_test(test_no_alloc_on_token_path),
+        cmocka_unit_test(test_matvec_work_area),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -525,6 +525,11 @@ static void matvec_rows(flm_vec_dot_fn fn, const uint8_t *w, size_t stride, size
 
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads) {
+    flm_matvec_ws(k, t, W, rows, n, x, y, n_threads, NULL);
+}
+
+void flm_matvec_ws(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
+                   int n_threads, flm_arena *ws) {
     const flm_type_traits *tt = flm_type_traits_of(t);
     assert(tt && tt->is_tensor && t < FLM_N_TYPES && k->vec_dot[t]);
     const size_t stride = flm_row_bytes(t, n);
@@ -534,14 +539,17 @@ void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, si
     }
     const size_t ab = flm_act_bytes(t, n);
     _Alignas(64) uint8_t stack[FLM_ACT_STACK_BYTES];
-    void *xq = ab <= sizeof stack ? stack : malloc(ab);
+    const uint64_t mark = flm_work_mark(ws);
+    flm_work_buf wb = {NULL, NULL};
+    if (ab > sizeof stack) wb = flm_work_get(ws, ab); /* the work area, else the heap (counted) */
+    void *xq = ab <= sizeof stack ? stack : wb.p;
     if (!xq) { /* no memory for the quantized x: the float-x kernels need none */
         for (size_t r = 0; r < rows; r++) y[r] = k->dot[t]((const uint8_t *)W + r * stride, x, n);
         return;
     }
     flm_act_quantize(t, x, n, xq);
     matvec_rows(k->vec_dot[t], W, stride, rows, n, xq, y, n_threads);
-    if (xq != stack) free(xq);
+    if (xq != stack) flm_work_put(ws, mark, &wb);
 }
 
 /* flm_matmat's chunks: a block of rb rows through the tile kernel, or c rows through vec_dot per token */
@@ -668,11 +676,17 @@ static void multi_chunk(void *arg, size_t b) {
 
 void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
                       int n_threads) {
+    flm_matvec_multi_ws(k, jobs, n_jobs, n, x, n_threads, NULL);
+}
+
+void flm_matvec_multi_ws(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
+                         int n_threads, flm_arena *ws) {
     /* x quantized once per distinct activation type (at most f32, q8_0, q8_1, q8_k) */
-    enum { MAX_ACT = 4 };
+    enum { MAX_ACT = FLM_MATVEC_ACT_MAX };
     uint32_t act_type[MAX_ACT];
     const void *act[MAX_ACT];
-    void *heap[MAX_ACT] = {0};
+    flm_work_buf heap[MAX_ACT] = {{0}}; /* past the stack: the work area, else the heap (counted) */
+    const uint64_t mark = flm_work_mark(ws);
     _Alignas(64) uint8_t stack[FLM_ACT_STACK_BYTES];
     size_t n_act = 0, stack_used = 0, total = 0;
     const void *job_x[FLM_MATVEC_MAX_JOBS];
@@ -692,10 +706,12 @@ void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n
                 act[a] = x;
             } else {
                 size_t ab = (flm_act_bytes(jobs[j].type, n) + 63) & ~(size_t)63;
-                void *buf = stack_used + ab <= sizeof stack ? (void *)(stack + stack_used) : (heap[a] = malloc(ab));
+                const bool on_stack = stack_used + ab <= sizeof stack;
+                if (!on_stack) heap[a] = flm_work_get(ws, ab);
+                void *buf = on_stack ? (void *)(stack + stack_used) : heap[a].p;
                 if (!buf) fallback = true;
                 else {
-                    if (buf != heap[a]) stack_used += ab;
+                    if (on_stack) stack_used += ab;
                     flm_act_quantize(jobs[j].type, x, n, buf);
                     act[a] = buf;
                 }
@@ -707,7 +723,8 @@ void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n
         total += jobs[j].rows;
     }
     if (fallback) {
-        for (size_t j = 0; j < n_jobs; j++) flm_matvec(k, jobs[j].type, jobs[j].W, jobs[j].rows, n, x, jobs[j].y, 1);
+        for (size_t j = 0; j < n_jobs; j++)
+            flm_matvec_ws(k, jobs[j].type, jobs[j].W, jobs[j].rows, n, x, jobs[j].y, 1, ws);
     } else {
         int nt = n_threads;
         if (nt <= 1 || total < 2 * (size_t)nt || total * n < FLM_MATVEC_MIN_PARALLEL) nt = 1;
@@ -716,7 +733,8 @@ void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n
                                                                                   : total};
         flm_pool_run(nt, (total + J.c - 1) / J.c, multi_chunk, &J);
     }
-    for (size_t a = 0; a < MAX_ACT; a++) free(heap[a]);
+    for (size_t a = 0; a < MAX_ACT; a++) flm_work_put(NULL, 0, &heap[a]);
+    if (ws) ws->used = mark; /* what was carved from the area: given back */
 }
 
 void flm_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps) {

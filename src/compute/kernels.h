@@ -191,13 +191,18 @@ const flm_kernels *flm_kernels_avx2(void);
 
 /* y[r] = dot(W row r, x) for r in [0, rows): W is rows x n of type t, row stride flm_row_bytes(t, n).
  * x is quantized once into t's vec_dot_type (in a scratch buffer the caller never sees: a stack buffer up to 16 KiB,
- * else the heap; if that allocation fails it falls back to the float-x dot[t], so it cannot fail), then each row
+ * else the heap — flm_matvec_ws: the work area ws first, compute/work.h; if that allocation fails it falls back to
+ * the float-x dot[t], so it cannot fail), then each row
  * goes through vec_dot[t] — ggml's ggml_compute_forward_mul_mat scheme. y[r] equals
  * flm_vec_dot(k, t, row r, xq, n) bit for bit. Splits rows over n_threads threads of the pool (compute/pool.h), in
  * chunks of about 1/8 of a thread's share taken one at a time (n_threads <= 1, or a small matrix: serial).
  * n: any multiple of t's block size up to 2^30. */
 void flm_matvec(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
                 int n_threads);
+/* flm_matvec with x's quantized copy past 16 KiB carved from the work area ws (NULL: the heap, counted by
+ * flm_work_heap_count): the token path's (a row of more than ~14k elements: a large model's d_ffn). */
+void flm_matvec_ws(const flm_kernels *k, uint32_t t, const void *W, size_t rows, size_t n, const float *x, float *y,
+                   int n_threads, flm_arena *ws);
 
 /* A batch of matrix-vector products with one matrix (the matrix-matrix product of a batched forward pass):
  * y_b[r] = dot(W row r, x_b) for r < rows and b < n_x, where x_b = X + b * x_stride (n floats) and
@@ -224,6 +229,11 @@ typedef struct flm_matvec_job {
  * n_jobs). Each y[r] equals flm_matvec's bit for bit. n_jobs <= FLM_MATVEC_MAX_JOBS; n as flm_matvec. */
 void flm_matvec_multi(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
                       int n_threads);
+/* flm_matvec_multi with the quantized copies that do not fit its 16 KiB stack buffer carved from ws, as
+ * flm_matvec_ws (at most FLM_MATVEC_ACT_MAX of flm_act_bytes_max(n)). */
+#define FLM_MATVEC_ACT_MAX 4
+void flm_matvec_multi_ws(const flm_kernels *k, const flm_matvec_job *jobs, size_t n_jobs, size_t n, const float *x,
+                         int n_threads, flm_arena *ws);
 
 /* Bytes that n floats quantized for a dot with weight type t take: the row of n elements of t's vec_dot_type
  * (n * 4 for float weight types), followed for q8_0 / q8_1 by one float32 d per block (the f16 d converted), then

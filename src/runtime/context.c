@@ -104,10 +104,12 @@ flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ct
     s->tree = flm_arena_alloc(a, 4 * T + T * T + n_ctx, FLM_CARVE_ALIGN);
     s->out_rows = flm_arena_alloc(a, 4ull * FLM_OUTPUT_ROWS_MAX(n_batch) * ((uint64_t)hp->d_model + hp->d_embd),
                                   FLM_CARVE_ALIGN);
+    s->embd_sum = flm_arena_alloc(a, 8ull * hp->d_model, FLM_CARVE_ALIGN);
+    s->embd_row = flm_arena_alloc(a, 4ull * hp->d_model, FLM_CARVE_ALIGN);
     uint8_t *work = wb ? flm_arena_alloc(a, wb, FLM_CARVE_ALIGN) : NULL;
     s->work = (flm_arena){.base = work, .size = work ? wb : 0, .used = 0};
     if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
-        !batch_ok || !s->tree || !s->out_rows || (wb && !work)) {
+        !batch_ok || !s->tree || !s->out_rows || !s->embd_sum || !s->embd_row || (wb && !work)) {
         flm_scratch_free(s);
         return flm_fail(err, FLM_ERR_BUDGET, "the activations exceed the memory planned for them");
     }
@@ -762,13 +764,9 @@ flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, f
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const uint32_t d = hp->d_model, B = ctx->s.n_batch ? ctx->s.n_batch : 1;
-    float *row = malloc((size_t)d * sizeof *row);
-    double *sum = calloc(d, sizeof *sum);
-    if (!row || !sum) {
-        free(row);
-        free(sum);
-        return flm_fail(err, FLM_ERR_NOMEM, "embedding: out of memory");
-    }
+    float *row = ctx->s.embd_row; /* carved at open (the plan's scratch): nothing allocated here */
+    double *sum = ctx->s.embd_sum;
+    memset(sum, 0, (size_t)d * sizeof *sum);
     ctx->tree_n = 0;
     ctx->next_pos = 0;
     flm_backend *be = &ctx->be;
@@ -798,8 +796,6 @@ flm_status flm_embed(flm_ctx *ctx, const int32_t *ids, uint32_t n, float *out, f
             if (!isfinite(out[c])) st = flm_fail(err, FLM_ERR_FORMAT, "embedding: a non-finite final state");
     }
     if (st) ctx->next_pos = 0;
-    free(row);
-    free(sum);
     return st;
 }
 

@@ -109,7 +109,7 @@ void flm_pass_norm(const flm_pass *P, const flm_weight *w, const flm_weight *b, 
 
 void flm_pass_linear(const flm_pass *P, const flm_weight *W, const flm_weight *b, size_t rows, size_t cols,
                      const float *in, size_t in_stride, float *out, size_t out_stride) {
-    if (P->n == 1) flm_matvec(P->k, W->type, W->data, rows, cols, in, out, P->n_threads);
+    if (P->n == 1) flm_matvec_ws(P->k, W->type, W->data, rows, cols, in, out, P->n_threads, P->be ? P->be->work : NULL);
     else flm_matmat(P->k, W->type, W->data, rows, cols, in, in_stride, P->n, out, out_stride, P->n_threads,
                     P->be ? P->be->work : NULL);
     if (b)
@@ -125,7 +125,7 @@ void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in
         const flm_matvec_job jobs[3] = {{L->wq.type, L->wq.data, q_dim, q},
                                         {L->wk.type, L->wk.data, kv_dim, k},
                                         {L->wv.type, L->wv.data, kv_dim, v}};
-        flm_matvec_multi(P->k, jobs, 3, d, in, P->n_threads);
+        flm_matvec_multi_ws(P->k, jobs, 3, d, in, P->n_threads, P->be ? P->be->work : NULL);
         add_bias(q, &L->bq, (uint32_t)q_dim);
         add_bias(k, &L->bk, (uint32_t)kv_dim);
         add_bias(v, &L->bv, (uint32_t)kv_dim);
@@ -204,7 +204,7 @@ void flm_pass_ffn_dense(const flm_pass *P, const flm_layer_weights *L, const flo
     const size_t F = hp->d_ffn, d = hp->d_model;
     if (P->n == 1 && hp->gated) { /* one token: up and gate in one parallel region, x quantized once */
         const flm_matvec_job jobs[2] = {{L->ffn_up.type, L->ffn_up.data, F, U}, {L->ffn_gate.type, L->ffn_gate.data, F, H}};
-        flm_matvec_multi(P->k, jobs, 2, d, in, P->n_threads);
+        flm_matvec_multi_ws(P->k, jobs, 2, d, in, P->n_threads, P->be ? P->be->work : NULL);
         if (L->ffn_up_b.data) add_bias(U, &L->ffn_up_b, (uint32_t)F);
     } else {
         flm_pass_linear(P, &L->ffn_up, L->ffn_up_b.data ? &L->ffn_up_b : NULL, F, d, in, in_stride, U, F);

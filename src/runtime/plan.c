@@ -69,7 +69,10 @@ uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t 
         n_batch > 1 ? (uint64_t)n_batch * flm_act_bytes_max(dim) + 64 + slots * flm_tile_tmp_bytes(dim, n_batch) : 0;
     const uint64_t att = flm_attention_batch_work(n_ctx, n_batch, hp->n_heads, hp->n_kv_heads, hp->head_dim, n_threads);
     const uint64_t ffn = flm_ffn_bundles_work(hp->d_model, n_batch, n_threads);
+    /* flm_matvec_ws / flm_matvec_multi_ws (one token): x's quantized copies past their 16 KiB stack buffer */
+    const uint64_t mv = FLM_MATVEC_ACT_MAX * (uint64_t)flm_act_bytes_max(dim);
     uint64_t w = mm > att ? mm : att;
+    if (mv > w) w = mv;
     return w > ffn ? w : ffn;
 }
 
@@ -81,7 +84,8 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_bat
     const uint64_t T = flm_scratch_tree_nodes(n_ctx);
     const uint64_t tree = 4 * T + T * T + n_ctx;
     const uint64_t out_rows = 4ull * FLM_OUTPUT_ROWS_MAX(n_batch) * ((uint64_t)hp->d_model + hp->d_embd);
-    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + tree + out_rows +
+    const uint64_t embd = 12ull * hp->d_model; /* flm_embed's double sum and float row */
+    return 4 * (one + (uint64_t)hp->n_heads * n_ctx + hp->n_vocab) + batch + tree + out_rows + embd +
            flm_scratch_work_bytes(hp, n_ctx, n_batch, n_threads) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 

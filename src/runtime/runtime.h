@@ -36,6 +36,8 @@ typedef struct flm_scratch {
     uint8_t *tree;          /* flm_eval_tree: depth int32 [T], ancestors [T][T], a row's mask [n_ctx]; T =
                                flm_scratch_tree_nodes */
     float *out_rows;        /* flm_output_rows: [FLM_OUTPUT_ROWS_MAX(n_batch)][d_model + d_embd] */
+    double *embd_sum;       /* flm_embed: the final states' sum [d_model] */
+    float *embd_row;        /* flm_embed: one final state after the output norm [d_model] */
     flm_arena work;         /* the compute calls' temporary buffers (compute/work.h: quantized activations of a
                                batch, attention tiles), flm_scratch_work_bytes of them; the backend's `work` */
 } flm_scratch;
@@ -348,10 +350,10 @@ void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint3
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
 /* Alignment of the buffers carved from ctx->mem, and how many there are (KV cache, 10 activation arrays, 8 batch
- * arrays, the tree, output rows and work area, the statistics ring): the arena holds their bytes plus
- * FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
+ * arrays, the tree, output rows, flm_embed's sum and row, the work area, the statistics ring): the arena holds their
+ * bytes plus FLM_CTX_CARVES * FLM_CARVE_ALIGN of padding. */
 #define FLM_CARVE_ALIGN 64u
-#define FLM_CTX_CARVES 23u
+#define FLM_CTX_CARVES 25u
 
 /* Bytes of scratch for these hyper-parameters, context length, batch size (tokens; <= 1: no batch arrays) and
  * compute threads: the activations, the tree and output-row buffers, the work area (flm_scratch_work_bytes) and the
