@@ -329,7 +329,8 @@ typedef struct flm_plan_info {
                                  "Memory budget"); not part of resident */
     uint32_t out_rows_resident; /* classifier rows held in memory (the first ones: the self-draft's vocabulary when
                                    it fits; n_vocab when nothing streams) */
-    uint64_t out_chunk;       /* out_flash_bytes > 0: bytes read per request into the chunk buffer (in scratch) */
+    uint64_t out_chunk;       /* out_flash_bytes > 0: bytes read per request into a chunk buffer (in scratch; two
+                                 of them unless no_read_ahead: the next chunk is read while one is multiplied) */
 } flm_plan_info;
 
 /* The plan flm_open would carry out for path and p (NULL: defaults), without opening the model: reads the .flm

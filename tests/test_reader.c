@@ -524,6 +524,7 @@ static void test_busy_time(void **state) {
         assert_int_equal(flm_reader_busy_ns(r), after);
         flm_async_read *ar = flm_async_read_start(r); /* a read on another thread */
         assert_non_null(ar);
+        assert_false(flm_async_read_busy(ar)); /* nothing submitted */
         t0 = flm_now_ms();
         flm_async_read_submit(ar, e, 1, 7);
         uint64_t tag = 0;
@@ -531,6 +532,8 @@ static void test_busy_time(void **state) {
         flm_io_stats io = {0};
         assert_true(flm_async_read_wait(ar, &tag, &st, &err, &io));
         wall = flm_now_ms() - t0;
+        assert_false(flm_async_read_busy(ar)); /* taken: none pending */
+        assert_int_equal(tag, 7);
         assert_int_equal(st, FLM_OK);
         assert_true(io.n_requests > 0);
         uint64_t after2 = flm_reader_busy_ns(r);

@@ -136,3 +136,10 @@ bool flm_async_read_wait(flm_async_read *a, uint64_t *tag, flm_status *st, flm_e
     pthread_mutex_unlock(&a->mu);
     return true;
 }
+
+bool flm_async_read_busy(flm_async_read *a) {
+    pthread_mutex_lock(&a->mu);
+    const bool busy = a->pending && !a->done;
+    pthread_mutex_unlock(&a->mu);
+    return busy;
+}

@@ -31,6 +31,10 @@ void flm_async_read_submit_unchecked(flm_async_read *a, const flm_extent *ext, s
  * filled when it failed, as flm_reader_read would) and io (may be NULL) accumulates its I/O statistics. */
 bool flm_async_read_wait(flm_async_read *a, uint64_t *tag, flm_status *st, flm_error *err, flm_io_stats *io);
 
+/* true while a submitted request is still being read (it has not finished); false when none is pending or the
+ * pending one has finished (wait would return at once). Does not block; a, not NULL. */
+bool flm_async_read_busy(flm_async_read *a);
+
 /* Add the counters of d to to (flm_io_stats fields, histogram included). */
 void flm_io_stats_add(flm_io_stats *to, const flm_io_stats *d);
 

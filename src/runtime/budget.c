@@ -48,13 +48,14 @@ uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq) {
     return n_seq > 1 ? (2ull * n_seq - 1) * row + FLM_CARVE_ALIGN : 0;
 }
 
-/* Rows per read of the classifier on flash: about budget / 64 (64 KiB .. 4 MiB), a multiple of 64 rows (the units
- * checked, FLM_OUT_UNIT_ROWS, divide it), at most the rows streamed. */
-static uint32_t out_chunk_rows(uint64_t budget, uint64_t row, uint32_t rows) {
+/* Rows per read of the classifier on flash: its n_buf chunk buffers (two: one read while the other is multiplied)
+ * together about budget / 64 (64 KiB .. 4 MiB), each a multiple of 64 rows (the units checked, FLM_OUT_UNIT_ROWS,
+ * divide it) and at most the rows streamed. */
+static uint32_t out_chunk_rows(uint64_t budget, uint64_t row, uint32_t rows, uint32_t n_buf) {
     uint64_t b = budget / 64;
     if (b < (64u << 10)) b = 64u << 10;
     if (b > (4u << 20)) b = 4u << 20;
-    uint64_t n = b / row / 64 * 64;
+    uint64_t n = b / n_buf / row / 64 * 64;
     if (n < 64) n = 64;
     return n < rows ? (uint32_t)n : rows;
 }
@@ -162,8 +163,9 @@ static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_p
     if (rq->out_try) { /* the classifier on flash, but the draft's rows (out_try 1); tied: the embedding with it */
         p->out_flash = true;
         p->out_rows_res = rq->out_try == 1 ? rq->out_rows_draft : 0;
-        p->out_chunk_rows = out_chunk_rows(budget, rq->out_row, hp->n_vocab - p->out_rows_res);
-        p->scratch += (uint64_t)p->out_chunk_rows * rq->out_row + FLM_ALIGN; /* the buffer chunks are read into */
+        p->out_n_buf = rq->no_read_ahead ? 1 : 2; /* two: the next chunk is read while one is multiplied */
+        p->out_chunk_rows = out_chunk_rows(budget, rq->out_row, hp->n_vocab - p->out_rows_res, p->out_n_buf);
+        p->scratch += p->out_n_buf * ((uint64_t)p->out_chunk_rows * rq->out_row + FLM_ALIGN); /* the chunk buffers */
         if (!rq->tied) { /* it lies in the head: the rows on flash are not loaded, and their sums are made at load */
             const uint64_t on_flash = (uint64_t)(hp->n_vocab - p->out_rows_res) * rq->out_row;
             p->resident -= on_flash;

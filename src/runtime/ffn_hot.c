@@ -24,13 +24,18 @@
  * up biases (the draft's records would not be in neuron order: flm_bundle_desc.up_bias), where the plan gives it
  * nothing.
  *
- * Read-ahead, as ffn_stream.c: with two range buffers, the next layer's range is read while this one is computed;
- * after the last layer the first layer's range of the next pass is read (overlapping the output layer, sampling and
- * a self-draft, which reads no FFN record). When speculation runs (this target pass came right after a draft pass),
- * that read waits until the next pass's first FFN call: the next pass is then likely a draft, whose token-embedding
- * rows (read through the same reader, which serves one call at a time) would otherwise wait behind the whole range;
- * the range is still read under the draft's compute, which is longer. Resident prefixes are read once at open and
- * not checksummed (the region's checksum covers the whole region; flashlm verify checks it). */
+ * Read-ahead: with two range buffers, each with its own read-ahead thread, the reader is kept busy (pump()): at every
+ * FFN call, and once a call has its range, when no read is in flight and a buffer is free, the range after the last
+ * one asked for is read into it, wrapping to the next pass's first. Within a pass the next layer's range is read while
+ * this one is computed; after the last layer the next pass's first range, and once it has arrived and the last
+ * layer's buffer is free (at the next call: a draft's), its second, so both buffers fill under the output layer,
+ * sampling and a self-draft (which reads no FFN record) and the verification computes its first layer without
+ * waiting. Reads are submitted one at a time, in the order the passes use them. When speculation runs (this target
+ * pass came right after a draft pass), the next pass's first range waits until the next pass's first FFN call: the
+ * next pass is then likely a draft, whose token-embedding rows (read through the same reader, which serves one call
+ * at a time) would otherwise wait behind the whole range; the ranges are still read under the drafts' compute, which
+ * is longer. Resident prefixes are read once at open and not checksummed (the region's checksum covers the whole
+ * region; flashlm verify checks it). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +59,7 @@ void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint3
 }
 
 #define WINDOW_DECAY 0.8f /* a streamed neuron's activity score decays by this much per token */
+#define HOT_MAX_BUF 4     /* range buffers the source can run (the plan holds two: hot_plan) */
 
 /* Bytes of a layer's window of cap records: the records, their indices, and a score and slot per streamed neuron
  * (ns of them), in one block. */
@@ -108,7 +114,7 @@ static flm_status hot_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
                            flm_error *err) {
     const uint64_t fixed = p->resident + p->kv + p->scratch + p->reader;
     const uint64_t avail = p->budget > fixed ? p->budget - fixed : 0;
-    uint32_t nb = p->n_stream_buffers == 2 ? 2 : 1;
+    uint32_t nb = p->n_stream_buffers >= 2 ? p->n_stream_buffers : 1; /* budget.c: 2, or 1 without read-ahead */
     uint64_t res, span, win;
     uint32_t wq = p->window_q16; /* asked (flm_budget_plan: flm_params.draft_window) */
     if (hp->arch && (hp->arch->flags & FLM_ARCH_FFN_BIAS)) wq = 0; /* the draft's records are not in neuron order */
@@ -143,13 +149,14 @@ static flm_status hot_plan(const flm_file *f, const flm_hparams *hp, uint32_t n_
 typedef struct hot_state {
     uint8_t **head;          /* [n_layers]: the resident prefix of each layer (NULL when it has none) */
     uint32_t *n_hot;         /* [n_layers] */
-    uint8_t *buf[2];
-    uint32_t n_buf, cur;
+    uint8_t *buf[HOT_MAX_BUF];
+    uint32_t n_buf, cur;       /* cur: the buffer the last target call computed from */
     uint64_t buf_bytes;
-    flm_async_read *ahead;
-    flm_extent ext;
-    uint64_t ext_tag;          /* the read-ahead's tag for ext (layer << 1 | buffer) */
-    bool ext_deferred;         /* ext (the next pass's first range) is submitted by the next compute call */
+    flm_async_read *ahead[HOT_MAX_BUF]; /* two buffers or more: a read-ahead per buffer (the reader runs one call at
+                                           a time; pump() submits one read at a time, in the order passes use them) */
+    flm_extent ext[HOT_MAX_BUF];  /* the range submitted to ahead[b] (valid until taken) */
+    int32_t want[HOT_MAX_BUF];    /* the layer whose range ahead[b] reads or holds and no call has taken; -1: none */
+    int32_t last_req;          /* the last layer whose range was asked for (read ahead or read now); -1: none yet */
     bool pass_draft;           /* the pass of the last compute call is a draft */
     bool after_draft;          /* the target pass under way follows a draft pass (speculation runs) */
     /* the draft window (all NULL / 0 without one); layer l's streamed neuron k is record n_hot[l] + k */
@@ -166,7 +173,7 @@ static void hot_close(flm_ffn_env *E) {
     hot_state *S = E->state;
     E->state = NULL;
     if (!S) return;
-    flm_async_read_stop(S->ahead);
+    for (int b = 0; b < HOT_MAX_BUF; b++) flm_async_read_stop(S->ahead[b]); /* a read in flight finishes first */
     free(S->head);
     free(S->n_hot);
     free(S->win_cap);
@@ -332,13 +339,21 @@ static flm_status hot_open(flm_ffn_env *E, flm_error *err) {
         if (st) return st;
     }
     if (fl->plan.stream) {
-        S->n_buf = fl->plan.n_stream_buffers == 2 ? 2 : 1;
+        S->n_buf = fl->plan.n_stream_buffers >= 2 ? fl->plan.n_stream_buffers : 1;
+        if (S->n_buf > HOT_MAX_BUF) S->n_buf = HOT_MAX_BUF;
         S->buf_bytes = fl->plan.stream / S->n_buf;
         for (uint32_t b = 0; b < S->n_buf; b++)
             if (!(S->buf[b] = flm_arena_alloc(&fl->ffn_mem, S->buf_bytes, FLM_ALIGN)))
                 return flm_fail(err, FLM_ERR_BUDGET, "%s: the range buffers exceed the FFN storage planned", f->path);
-        if (S->n_buf == 2) S->ahead = flm_async_read_start(fl->reader);
+        bool all = S->n_buf >= 2; /* without every thread each read is synchronous: slower, the same result */
+        for (uint32_t b = 0; all && b < S->n_buf; b++) all = (S->ahead[b] = flm_async_read_start(fl->reader));
+        for (uint32_t b = 0; !all && b < S->n_buf; b++) {
+            flm_async_read_stop(S->ahead[b]);
+            S->ahead[b] = NULL;
+        }
     }
+    for (int b = 0; b < HOT_MAX_BUF; b++) S->want[b] = -1;
+    S->last_req = -1;
     return FLM_OK;
 }
 
@@ -349,6 +364,34 @@ static uint32_t next_streamed(const hot_state *S, const flm_file *f, uint32_t l)
         if (S->n_hot[m] < f->ffn[m]->n_records) return m;
     }
     return l;
+}
+
+/* Keep the reader busy: when no read-ahead is in flight and a range buffer is free (not in_use, the buffer the call
+ * under way computes from, and holding no range a call has yet to take), read into it the range that follows the
+ * last one asked for, wrapping to the next pass's first ones. With wrap false the next pass's ranges wait for a later
+ * call (the head comment: after a draft's embedding rows). So between a verification's last layer and the next one's
+ * first, both buffers fill: the next pass's first two ranges are read while this pass's output, sampling and the
+ * drafts run (they read no FFN record), and the verification computes its first layer from memory. */
+static void pump(flm_ffn_env *E, int in_use, bool wrap) {
+    hot_state *S = E->state;
+    flm_flash *fl = E->flash;
+    const flm_file *f = fl->file;
+    if (!S->ahead[0]) return;
+    for (uint32_t b = 0; b < S->n_buf; b++)
+        if (flm_async_read_busy(S->ahead[b])) return;
+    const uint32_t from = S->last_req < 0 ? f->n_layers - 1 : (uint32_t)S->last_req, m = next_streamed(S, f, from);
+    if (S->n_hot[m] >= f->ffn[m]->n_records) return; /* nothing streams */
+    if (!wrap && S->last_req >= 0 && m <= from) return;
+    for (int b = 0; b < (int)S->n_buf; b++) {
+        if (b == in_use || S->want[b] >= 0) continue;
+        uint64_t off, len, skip;
+        stream_span(f->ffn[m], S->n_hot[m], &off, &len, &skip);
+        S->ext[b] = (flm_extent){off, len, S->buf[b]};
+        S->want[b] = (int32_t)m;
+        S->last_req = (int32_t)m;
+        flm_flash_stream_submit(fl, S->ahead[b], &S->ext[b], m);
+        return;
+    }
 }
 
 /* Layer l's streamed records (tail): read ahead, or read now. */
@@ -363,13 +406,24 @@ static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm
     flm_status st = FLM_OK;
     uint64_t tag = 0;
     double t0 = flm_now_ms();
-    bool ahead = S->ahead && flm_async_read_wait(S->ahead, &tag, &st, err, &io) && tag >> 1 == l;
-    if (ahead) {
-        if (!st) S->cur = (uint32_t)(tag & 1);
-    } else {
-        memset(&io, 0, sizeof io);
+    int b = -1;
+    for (int k = 0; k < (int)S->n_buf; k++)
+        if (S->want[k] == (int32_t)l) b = k;
+    if (b >= 0) { /* read ahead (it cannot be missing: want[b] is set only by a submit to ahead[b]) */
+        if (!flm_async_read_wait(S->ahead[b], &tag, &st, err, &io))
+            st = flm_fail(err, FLM_ERR_IO, "%s: layer %u's read-ahead has no request", f->path, l);
+        S->want[b] = -1;
+        S->cur = (uint32_t)b;
+    } else { /* not asked for (the first pass, or a pass started again): drop what is pending, read it now */
+        for (int k = 0; k < (int)S->n_buf; k++)
+            if (S->want[k] >= 0) {
+                flm_status dst;
+                flm_async_read_wait(S->ahead[k], &tag, &dst, NULL, NULL);
+                S->want[k] = -1;
+            }
         flm_extent e = {off, len, S->buf[S->cur]};
         st = flm_flash_stream_read(fl, &e, &io, err);
+        S->last_req = (int32_t)l;
     }
     tok->io_ms += flm_now_ms() - t0;
     flm_io_stats_add(E->io, &io);
@@ -378,15 +432,7 @@ static flm_status hot_tail(flm_ffn_env *E, uint32_t l, const uint8_t **tail, flm
     if (st) return flm_flash_region_error(fl, l, st, err);
     *tail = S->buf[S->cur] + skip;
     *src = (flm_extent){off, len, S->buf[S->cur]};
-    if (S->ahead) {
-        uint32_t m = next_streamed(S, f, l), into = 1 - S->cur;
-        uint64_t mo, ml, ms;
-        stream_span(f->ffn[m], S->n_hot[m], &mo, &ml, &ms);
-        S->ext = (flm_extent){mo, ml, S->buf[into]};
-        S->ext_tag = (uint64_t)m << 1 | into;
-        S->ext_deferred = m <= l && S->after_draft; /* the next pass's: after its embedding rows (head comment) */
-        if (!S->ext_deferred) flm_flash_stream_submit(fl, S->ahead, &S->ext, S->ext_tag);
-    }
+    pump(E, (int)S->cur, !S->after_draft); /* the next range, into the other buffer, while this one is computed */
     return FLM_OK;
 }
 
@@ -403,10 +449,8 @@ static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
         S->after_draft = !c->draft && S->pass_draft;
         S->pass_draft = c->draft;
     }
-    if (S->ext_deferred) { /* the range the last target pass left for this one: its embedding rows are read */
-        S->ext_deferred = false;
-        flm_flash_stream_submit(fl, S->ahead, &S->ext, S->ext_tag);
-    }
+    /* between calls no buffer is in use; the next pass's ranges wait for its first call when speculation runs */
+    pump(E, -1, c->draft || !S->after_draft || l == 0);
     if (c->draft) { /* the self-draft: what is in memory (the prefix, then the window), nothing read */
         n_rec = S->n_hot[l] + (win ? S->n_win[l] : 0);
         if (win) tail = S->win_rec[l];
@@ -422,6 +466,7 @@ static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
                                   n > 1 && update ? S->act : NULL, err);
     if (st) return st;
     if (update) window_update(S, r, l, tail, (n == 1 ? E->s->hb : S->act) + S->n_hot[l], n);
+    pump(E, -1, c->draft || !S->after_draft); /* this layer's buffer is free again */
     return FLM_OK;
 }
 

@@ -108,9 +108,12 @@ static flm_status place_output(flm_ctx *ctx, flm_error *err) {
     if (!t) t = flm_gguf_find_tensor(file->meta, "token_embd.weight"); /* tied: the embedding's rows */
     fl->out_offset = file->resident->offset + file->meta->data_offset + t->offset;
     const uint64_t bytes = (uint64_t)fl->plan.out_chunk_rows * fl->plan.out_row;
-    if (posix_memalign(&fl->out_buf, FLM_ALIGN, flm_align_up(bytes, FLM_ALIGN))) fl->out_buf = NULL;
-    if (!fl->out_buf)
-        return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the classifier's buffer", file->path);
+    const uint32_t n_buf = fl->plan.out_n_buf == 2 ? 2 : 1;
+    for (uint32_t b = 0; b < n_buf; b++) {
+        if (posix_memalign(&fl->out_buf[b], FLM_ALIGN, flm_align_up(bytes, FLM_ALIGN))) fl->out_buf[b] = NULL;
+        if (!fl->out_buf[b])
+            return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for the classifier's buffer", file->path);
+    }
     return FLM_OK;
 }
 
@@ -168,6 +171,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
     if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
     if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
     if ((st = setup_checks(ctx, err))) return st;
+    if (fl->out_buf[1]) fl->out_ahead = flm_async_read_start(fl->reader); /* NULL: every chunk read now, the same */
     uint64_t reader_mem = flm_reader_memory(fl->reader) + fl->sums.bytes;
     if (reader_mem > fl->plan.reader) { /* the estimate was short: account the real figure */
         fl->plan.reader = reader_mem;
@@ -206,6 +210,16 @@ flm_status flm_flash_embedding(flm_ffn_env *E, const int32_t *tokens, uint32_t n
     return FLM_OK;
 }
 
+/* The classifier's chunk k, rows [r, r + out_chunk_rows) or to the vocabulary's end (V rows), read whole (its checked
+ * units) into out_buf[k % 2] on the read-ahead thread. */
+static void out_submit(flm_flash *fl, uint32_t V, uint32_t r, uint32_t k) {
+    const uint32_t C = fl->plan.out_chunk_rows;
+    const uint64_t rb = fl->plan.out_row;
+    fl->out_ext[k & 1] = (flm_extent){fl->out_offset + (uint64_t)r * rb, (uint64_t)(V - r < C ? V - r : C) * rb,
+                                      fl->out_buf[k & 1]};
+    flm_async_read_submit(fl->out_ahead, &fl->out_ext[k & 1], 1, k);
+}
+
 flm_status flm_flash_output(flm_ctx *ctx, const flm_pass *P, const float *in, size_t in_stride, float *logits,
                             uint32_t rows, flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = ctx->flash;
@@ -215,17 +229,32 @@ flm_status flm_flash_output(flm_ctx *ctx, const flm_pass *P, const float *in, si
     const uint32_t V = hp->n_vocab, R = fl->plan.out_rows_res, C = fl->plan.out_chunk_rows;
     const uint64_t rb = fl->plan.out_row;
     const bool bias = m->output_b.data != NULL;
+    /* chunk k: rows [R + k C, ...) read whole (checked units) into out_buf[k % 2]; with the read-ahead, chunk 0 is
+     * read while the rows in memory are multiplied, and chunk k + 1 while chunk k is (its buffer held chunk k - 1,
+     * whose product is done) */
+    const uint32_t n_chunks = rows > R ? (rows - R + C - 1) / C : 0;
+    flm_async_read *a = fl->out_ahead;
+    if (a && n_chunks) out_submit(fl, V, R, 0);
     if (R) {
         const uint32_t n = rows < R ? rows : R;
         const flm_weight W = {m->output.type, m->output.n_in, n, m->output.data};
         B->linear(P, &W, bias ? &m->output_b : NULL, n, hp->d_embd, in, in_stride, logits, V);
     }
-    for (uint32_t r = R; r < rows; r += C) {
-        const uint32_t c = rows - r < C ? rows - r : C, rd = V - r < C ? V - r : C; /* whole chunks: checked units */
-        flm_extent x = {fl->out_offset + (uint64_t)r * rb, (uint64_t)rd * rb, fl->out_buf};
+    for (uint32_t k = 0; k < n_chunks; k++) {
+        const uint32_t r = R + k * C, c = rows - r < C ? rows - r : C;
+        void *buf = fl->out_buf[a ? k & 1 : 0];
         flm_io_stats io = {0};
+        flm_status st = FLM_OK;
         const double t0 = flm_now_ms();
-        flm_status st = flm_reader_read(fl->reader, &x, 1, &io, err);
+        if (a) {
+            uint64_t tag = 0;
+            if (!flm_async_read_wait(a, &tag, &st, err, &io) || tag != k)
+                st = flm_fail(err, FLM_ERR_IO, "%s: the classifier's read-ahead lost chunk %u", fl->file->path, k);
+            if (!st && k + 1 < n_chunks) out_submit(fl, V, R + (k + 1) * C, k + 1);
+        } else {
+            flm_extent x = {fl->out_offset + (uint64_t)r * rb, (uint64_t)(V - r < C ? V - r : C) * rb, buf};
+            st = flm_reader_read(fl->reader, &x, 1, &io, err);
+        }
         if (tok) {
             tok->io_ms += flm_now_ms() - t0;
             tok->bytes_read += io.bytes_read;
@@ -233,7 +262,7 @@ flm_status flm_flash_output(flm_ctx *ctx, const flm_pass *P, const float *in, si
         }
         flm_io_stats_add(&ctx->io, &io);
         if (st) return st;
-        const flm_weight W = {m->output.type, m->output.n_in, c, fl->out_buf};
+        const flm_weight W = {m->output.type, m->output.n_in, c, buf};
         const flm_weight b = {FLM_TYPE_F32, c, 1, bias ? (const float *)m->output_b.data + r : NULL};
         B->linear(P, &W, bias ? &b : NULL, c, hp->d_embd, in, in_stride, logits + r, V);
     }
@@ -339,6 +368,7 @@ void flm_flash_bundles_batch(flm_ffn_env *E, uint32_t l, const uint8_t *records,
 
 void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
+    flm_async_read_stop(fl->out_ahead); /* before the reader and the buffers it reads into */
     flm_reader_close(fl->reader);
     flm_sums_free(&fl->sums); /* after the reader, which checked against it */
     flm_arena_free(&fl->ffn_mem); /* every layer_data[l] */
@@ -346,7 +376,8 @@ void flm_flash_close(flm_flash *fl) {
     free(fl->desc);
     free(fl->acc);
     free(fl->embd_row);
-    free(fl->out_buf);
+    free(fl->out_buf[0]);
+    free(fl->out_buf[1]);
     free(fl->out_sums); /* after the reader, which checked against them */
     if (fl->sparsity) flm_sparsity_free(fl->sparsity); /* sparse_open did not take it (it failed first) */
     free(fl->sparsity);

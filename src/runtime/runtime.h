@@ -101,7 +101,9 @@ typedef struct flm_mem_plan {
     uint32_t out_rows_res;        /* out_flash: classifier rows held in memory (the first ones) */
     uint64_t out_row;             /* bytes of one classifier row */
     uint64_t out_bytes;           /* the classifier's bytes (all rows); out_flash: less out_rows_res rows on flash */
-    uint32_t out_chunk_rows;      /* out_flash: rows read per request (the chunk buffer: out_chunk_rows * out_row) */
+    uint32_t out_chunk_rows;      /* out_flash: rows read per request (a chunk buffer: out_chunk_rows * out_row) */
+    uint32_t out_n_buf;           /* out_flash: chunk buffers (in scratch): 2, the next chunk read while one is
+                                     multiplied (flm_flash_output), or 1 (no_read_ahead) */
     uint32_t out_unit_rows;       /* out_flash, untied: rows per checked unit (the sums computed at load) */
     char reason[FLM_PLAN_REASON_MAX]; /* why this mode (flm_plan_info.reason) */
 } flm_mem_plan;
@@ -224,7 +226,10 @@ typedef struct flm_flash {
     bool fused_checks;        /* checked reads, and the FFN records a layer streams are checked by the FFN kernels
                                  right before their first use (flm_flash_ffn) instead of by the reader */
     uint64_t out_offset;      /* plan.out_flash: file offset of the classifier's row 0 */
-    void *out_buf;            /* plan.out_flash: [out_chunk_rows * out_row] bytes, the rows being read */
+    void *out_buf[2];         /* plan.out_flash: plan.out_n_buf buffers of [out_chunk_rows * out_row] bytes, the
+                                 rows being read and multiplied */
+    struct flm_async_read *out_ahead; /* plan.out_flash, two buffers: reads the next chunk (NULL: read now) */
+    flm_extent out_ext[2];    /* the chunk out_ahead reads into out_buf[b] */
     uint64_t *out_sums;       /* plan.out_flash, classifier in the head: the sums of its units on flash (made at load) */
 } flm_flash;
 
@@ -235,8 +240,9 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
                           uint64_t *out_sums, flm_error *err);
 /* The classifier when the plan leaves it on flash (plan.out_flash): logits rows [0, rows) of the n = P->n tokens whose
  * inputs are in (d_embd floats, rows in_stride apart) into logits (rows of n_vocab floats): the rows in memory, then
- * the rest read out_chunk_rows at a time (checked reads) and multiplied as they arrive; each logit is the same sum
- * as with the whole classifier in memory. I/O counts in ctx->io and tok (may be NULL). Errors: the reader's. */
+ * the rest read out_chunk_rows at a time (checked reads) and multiplied as they arrive, the next chunk read ahead
+ * (into the other of plan.out_n_buf buffers) while one is multiplied; each logit is the same sum as with the whole
+ * classifier in memory; io_ms counts only the time spent waiting for a chunk. I/O counts in ctx->io and tok (may be NULL). Errors: the reader's. */
 struct flm_pass;
 flm_status flm_flash_output(flm_ctx *ctx, const struct flm_pass *P, const float *in, size_t in_stride, float *logits,
                             uint32_t rows, flm_token_stats *tok, flm_error *err);
