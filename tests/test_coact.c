@@ -7,7 +7,8 @@
  *     by token (the same counts predicted, read and reused) and gives the unordered file's logits bit for bit (its
  *     sums run in the original neuron order), with fewer reads;
  *   - the reader's coalescing changes no bit: with gap merging on and off the logits are equal;
- *   - refusals: a file without predictors, a text too short. */
+ *   - refusals: a file without predictors, a text too short;
+ *   - the CLI: calibrate --coact-only prints its held-out table, and refuses --hot-only beside it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,6 +291,29 @@ static void test_refusals(void **state) {
     remove(tmp);
 }
 
+/* the CLI: calibrate --coact-only on a copy prints the held-out table; it excludes --hot-only and --levels-only */
+static void test_cli(void **state) {
+    (void)state;
+    char copy[4096], args[16384];
+    snprintf(copy, sizeof copy, "%s", tu_tmp("coact-cli", ".flm"));
+    size_t len;
+    uint8_t *bytes = tu_read_file(g_plain, &len);
+    tu_write_file(copy, bytes, len);
+    free(bytes);
+    snprintf(args, sizeof args, "calibrate '%s' --coact-only --coact-tokens 512 --chunk 64 -t 1 --text '%s' 2>&1", copy,
+             tu_data("text/sentences.txt"));
+    char *out = tu_cli_expect(args, 0, "stored in co-activation order");
+    assert_non_null(strstr(out, "| every predicted neuron | co-activation |"));
+    free(out);
+    assert_false(flm_is_hot_ordered(copy));
+    snprintf(args, sizeof args, "calibrate '%s' --coact-only --hot-only --text '%s' 2>&1", copy,
+             tu_data("text/sentences.txt"));
+    free(tu_cli_expect(args, 2, "--coact-only excludes"));
+    snprintf(args, sizeof args, "calibrate '%s' --coact-tokens 8 --text '%s' 2>&1", copy, tu_data("text/sentences.txt"));
+    free(tu_cli_expect(args, 2, "bad --coact-tokens"));
+    remove(copy);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_written),
@@ -297,6 +321,7 @@ int main(void) {
         cmocka_unit_test(test_sparse_same_neurons),
         cmocka_unit_test(test_coalescing_changes_no_bit),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
