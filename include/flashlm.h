@@ -69,6 +69,7 @@ typedef enum flm_status {
     FLM_ERR_BUDGET = -6,      /* the memory budget (--mem) cannot hold what must be resident */
     FLM_ERR_CHECKSUM = -7,    /* a region's checksum does not match: the file is corrupt */
     FLM_ERR_CONTEXT = -8,     /* the context (n_ctx tokens) cannot hold what was asked (flm_session_*) */
+    FLM_ERR_CANCELLED = -9,   /* flm_session_cancel stopped a prompt's evaluation between its chunks */
 } flm_status;
 
 #define FLM_ERROR_MSG_MAX 512
@@ -946,10 +947,11 @@ FLM_API void flm_sampler_free(flm_sampler *s);
  * A grammar holds its automaton's caches (states, token masks): one generation at a time uses it.
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct flm_grammar flm_grammar;
-/* Parse GBNF text (len bytes) with start rule root (NULL: "root").
+/* Parse GBNF text (len bytes) with start rule root (NULL: "root"); the automaton's start state is built here.
  * Errors: FLM_ERR_ARG (text or out NULL), FLM_ERR_FORMAT (a syntax error, an undefined rule, no start rule: the
- * message gives the line), FLM_ERR_UNSUPPORTED (a construct outside the subset, left recursion: named),
- * FLM_ERR_NOMEM. *out is NULL after an error. */
+ * message gives the line), FLM_ERR_UNSUPPORTED (a construct outside the subset, left recursion: named; a start
+ * too ambiguous: over 4096 parse stacks before the first byte), FLM_ERR_NOMEM. *out is NULL after an error. No
+ * recursion deeper than the group nesting (200): any accepted grammar compiles on a small thread stack. */
 FLM_API flm_status flm_grammar_parse(const char *text, size_t len, const char *root, flm_grammar **out,
                                      flm_error *err);
 /* Compile a JSON schema (len bytes of JSON) to GBNF text whose start rule is `name` (NULL: "root"; letters, digits
@@ -1034,7 +1036,10 @@ typedef void (*flm_prompt_fn)(void *user, size_t processed, size_t total, size_t
 /* flm_session_prompt, the tokens not kept evaluated chunk at a time (0: all at once; each chunk still goes through
  * the context's batches), fn (may be NULL) called before the first chunk (processed == cached) and after each (the
  * last: processed == total): llama-server's prompt progress. The same tokens, cache and logits as flm_session_prompt.
- * Errors: those of flm_session_prompt (fn is then not called again). */
+ * With chunk > 0 a cancellation (flm_session_cancel, from fn or another thread, after this call began) is checked
+ * before each chunk: FLM_ERR_CANCELLED, the context then holding the prompt's first `processed` tokens (fn's last
+ * report; the logits are not those of the prompt's last token).
+ * Errors: those of flm_session_prompt (fn is then not called again), FLM_ERR_CANCELLED. */
 FLM_API flm_status flm_session_prompt_progress(flm_session *s, const int32_t *ids, size_t n, size_t chunk,
                                                flm_prompt_fn fn, void *user, size_t *n_reused, flm_error *err);
 /* flm_session_prompt of text tokenized with FLM_TOKENIZE_* flags (plain text: FLM_TOKENIZE_ADD_SPECIAL, as

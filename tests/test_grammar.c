@@ -5,6 +5,7 @@
  * and an independent predicate; greedy generation under a schema gives JSON that validates, ends by itself when the
  * value is complete, and is the same with speculative decoding. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,131 @@ static void test_schema_refused(void **state) {
     expect_schema_refused("{\"type\":", "not valid JSON");
 }
 
+/* ---- limits on a small thread stack ------------------------------------------------------------------------------
+ * Every accepted limit compiles without deep recursion: x{0,4096} (the repetition limit), a JSON schema's maxLength /
+ * maxItems 4096, a repetition of a repetition (its start expands through 4096 rules that may match nothing) run on a
+ * thread of 256 KiB (libmicrohttpd's connection threads have 1 MiB; a recursion per repetition needed ~3400 frames).
+ * Grammars too ambiguous are refused when compiled, naming the keyword where a schema has one. */
+
+typedef struct {
+    const char *text;  /* GBNF, or a JSON schema when schema */
+    bool schema;
+    flm_status st;
+    char msg[FLM_ERROR_MSG_MAX];
+    int m_ok, m_over;  /* match(): of ok_text, of over_text (2: not run) */
+    const char *ok_text, *over_text;
+} stack_case;
+
+static void *run_cases(void *arg) {
+    for (stack_case *c = arg; c->text; c++) {
+        flm_grammar *g = NULL;
+        flm_error err = {0};
+        c->st = c->schema ? flm_grammar_json_schema(c->text, strlen(c->text), &g, &err)
+                          : flm_grammar_parse(c->text, strlen(c->text), NULL, &g, &err);
+        snprintf(c->msg, sizeof c->msg, "%s", c->st ? err.msg : "");
+        c->m_ok = c->m_over = 2;
+        for (int k = 0; g && k < 2; k++) {
+            const char *t = k ? c->over_text : c->ok_text;
+            if (!t) continue;
+            bool complete = false;
+            flm_status ms = flm_grammar_match(g, t, strlen(t), &complete, &err);
+            *(k ? &c->m_over : &c->m_ok) = ms == FLM_ERR_FORMAT ? -1 : ms ? -2 : complete;
+        }
+        flm_grammar_free(g);
+    }
+    return NULL;
+}
+
+static char *repeat(const char *pre, char ch, size_t n, const char *post) {
+    size_t a = strlen(pre), b = strlen(post);
+    char *s = malloc(a + n + b + 1);
+    assert_non_null(s);
+    memcpy(s, pre, a);
+    memset(s + a, ch, n);
+    memcpy(s + a + n, post, b + 1);
+    return s;
+}
+
+static void test_small_stack(void **state) {
+    (void)state;
+    char *a4096 = repeat("", 'a', 4096, ""), *a4097 = repeat("", 'a', 4097, "");
+    char *s4096 = repeat("\"", 'x', 4096, "\""), *s4097 = repeat("\"", 'x', 4097, "\"");
+    /* 4096 items [0,0,...] and 4097 */
+    char *i4096 = malloc(2 * 4097 + 2), *i4097 = malloc(2 * 4098 + 2);
+    assert_true(i4096 && i4097);
+    for (int k = 0; k < 2; k++) {
+        char *p = k ? i4097 : i4096;
+        int n = k ? 4097 : 4096;
+        *p++ = '[';
+        for (int i = 0; i < n; i++) { *p++ = '0'; *p++ = i + 1 < n ? ',' : ']'; }
+        *p = 0;
+    }
+    /* an enum of 5000 values, an anyOf of 5000 schemas, anyOf 100 of anyOf 100 (10000 at the start), 5000 optional
+     * properties */
+    char *en = malloc(5000 * 8 + 64), *any = malloc(5000 * 24 + 64), *nest = malloc(101 * 100 * 24 + 200),
+         *props = malloc(5000 * 16 + 64);
+    assert_true(en && any && nest && props);
+    char *p = en + sprintf(en, "{\"enum\":[");
+    for (int i = 0; i < 5000; i++) p += sprintf(p, "%s%d", i ? "," : "", i);
+    strcpy(p, "]}");
+    p = any + sprintf(any, "{\"anyOf\":[");
+    for (int i = 0; i < 5000; i++) p += sprintf(p, "%s{\"const\":%d}", i ? "," : "", i);
+    strcpy(p, "]}");
+    p = nest + sprintf(nest, "{\"anyOf\":[");
+    for (int i = 0; i < 100; i++) {
+        p += sprintf(p, "%s{\"anyOf\":[", i ? "," : "");
+        for (int k = 0; k < 100; k++) p += sprintf(p, "%s{\"const\":%d}", k ? "," : "", i * 100 + k);
+        p += sprintf(p, "]}");
+    }
+    strcpy(p, "]}");
+    p = props + sprintf(props, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 5000; i++) p += sprintf(p, "%s\"p%d\":{}", i ? "," : "", i);
+    strcpy(p, "}}");
+    stack_case cases[] = {
+        {.text = "root ::= \"a\"{0,4096}\n", .ok_text = a4096, .over_text = a4097},
+        {.text = "root ::= \"a\"{1,4096} \"b\"*\n", .ok_text = a4096, .over_text = a4097},
+        {.text = "root ::= (\"a\"{0,4096}){0,4096}\n"}, /* 4096 rules that may match nothing before a byte */
+        {.text = "root ::= (\"ab\"{0,4095} \"c\"){0,4096}\n", .ok_text = "abababcc"},
+        {.text = "{\"type\":\"string\",\"maxLength\":4096}", .schema = true, .ok_text = s4096, .over_text = s4097},
+        {.text = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":4096}", .schema = true,
+         .ok_text = i4096, .over_text = i4097},
+        {.text = en, .schema = true},
+        {.text = any, .schema = true},
+        {.text = nest, .schema = true},
+        {.text = props, .schema = true},
+        {0},
+    };
+    pthread_attr_t at;
+    pthread_t th;
+    assert_int_equal(pthread_attr_init(&at), 0);
+    assert_int_equal(pthread_attr_setstacksize(&at, (size_t)256 << 10), 0);
+    assert_int_equal(pthread_create(&th, &at, run_cases, cases), 0);
+    assert_int_equal(pthread_join(th, NULL), 0); /* before the fix: a stack overflow (SIGSEGV) in there */
+    pthread_attr_destroy(&at);
+    for (int i = 0; i < 2; i++) { /* x{0,4096}, x{1,4096}: 4096 taken, 4097 refused */
+        if (cases[i].st) fail_msg("%s: %s", cases[i].text, cases[i].msg);
+        assert_int_equal(cases[i].m_ok, 1);
+        assert_int_equal(cases[i].m_over, -1);
+    }
+    assert_int_equal(cases[2].st, FLM_ERR_UNSUPPORTED); /* over 4096 parse stacks at its start: refused, not a crash */
+    assert_non_null(strstr(cases[2].msg, "too ambiguous"));
+    assert_int_equal(cases[3].st, FLM_OK);
+    assert_int_equal(cases[3].m_ok, 1);
+    for (int i = 4; i < 6; i++) {
+        if (cases[i].st) fail_msg("schema %d: %s", i, cases[i].msg);
+        assert_int_equal(cases[i].m_ok, 1);
+        assert_int_equal(cases[i].m_over, -1);
+    }
+    static const char *const named[] = {"'enum' has 5000 values", "'anyOf' has 5000 schemas", "too ambiguous",
+                                        "'properties' has 5000 optional properties"};
+    for (int i = 6; i < 10; i++) {
+        assert_int_equal(cases[i].st, FLM_ERR_UNSUPPORTED);
+        if (!strstr(cases[i].msg, named[i - 6])) fail_msg("case %d: '%s', wanted '%s'", i, cases[i].msg, named[i - 6]);
+    }
+    free(a4096); free(a4097); free(s4096); free(s4097); free(i4096); free(i4097);
+    free(en); free(any); free(nest); free(props);
+}
+
 /* ---- masks on real vocabularies --------------------------------------------------------------------------------- */
 
 static flm_ctx *open_pulled(const char *name) {
@@ -354,6 +480,7 @@ int main(void) {
         cmocka_unit_test(test_gbnf_errors),
         cmocka_unit_test(test_schema_accepts_and_refuses),
         cmocka_unit_test(test_schema_refused),
+        cmocka_unit_test(test_small_stack),
         cmocka_unit_test(test_masks_real_vocab),
         cmocka_unit_test(test_generate_under_schema),
     };

@@ -228,6 +228,48 @@ static void test_cancel_and_limits(void **state) {
     flm_close(ctx);
 }
 
+/* A prompt evaluated in chunks stops at a cancellation (FLM_ERR_CANCELLED) before the next chunk, the context holding
+ * the chunks evaluated; a cancellation set before the call is cleared by it; the next prompt evaluates the rest. */
+typedef struct {
+    flm_session *s;
+    size_t cancel_at, calls, last;
+} prog;
+
+static void on_prog(void *user, size_t processed, size_t total, size_t cached) {
+    prog *p = user;
+    (void)total;
+    (void)cached;
+    p->calls++;
+    p->last = processed;
+    if (processed >= p->cancel_at) flm_session_cancel(p->s);
+}
+
+static void test_prompt_cancel(void **state) {
+    (void)state;
+    flm_ctx *ctx = open_model(256);
+    flm_session *s = NULL;
+    flm_error err;
+    assert_int_equal(flm_session_create(ctx, &s, &err), FLM_OK);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = 1 + (i * 7) % 500;
+    prog p = {.s = s, .cancel_at = 24};
+    flm_session_cancel(s); /* pending from before: cleared by the call */
+    assert_int_equal(flm_session_prompt_progress(s, ids, 100, 10, on_prog, &p, NULL, &err), FLM_ERR_CANCELLED);
+    assert_non_null(strstr(err.msg, "cancelled after 30 of its 100 tokens"));
+    assert_int_equal(p.last, 30); /* reports at 0, 10, 20, 30: the cancellation asked at 30 stops it */
+    assert_int_equal(p.calls, 4);
+    assert_int_equal(flm_session_n_past(s), 30);
+    size_t reused = 0;
+    p.cancel_at = 1000;
+    assert_int_equal(flm_session_prompt_progress(s, ids, 100, 10, on_prog, &p, &reused, &err), FLM_OK);
+    assert_int_equal(reused, 30); /* the chunks evaluated are kept */
+    assert_int_equal(flm_session_n_past(s), 100);
+    flm_session_cancel(s); /* chunk 0 (flm_session_prompt's way): all at once, no cancellation point */
+    assert_int_equal(flm_session_prompt_progress(s, ids, 50, 0, NULL, NULL, NULL, &err), FLM_OK);
+    flm_session_free(s);
+    flm_close(ctx);
+}
+
 /* ---- speculative decoding in the session (flm_session_speculate) ---------------------------------------------- */
 
 typedef struct {
@@ -866,6 +908,7 @@ int main(void) {
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_prompt_reuse),
         cmocka_unit_test(test_cancel_and_limits),
+        cmocka_unit_test(test_prompt_cancel),
         cmocka_unit_test(test_spec_equals_plain),
         cmocka_unit_test(test_spec_tree_equals_plain),
         cmocka_unit_test(test_chat_turns),

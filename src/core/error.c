@@ -48,6 +48,7 @@ const char *flm_status_str(flm_status s) {
     case FLM_ERR_BUDGET: return "memory budget too small";
     case FLM_ERR_CHECKSUM: return "checksum mismatch";
     case FLM_ERR_CONTEXT: return "context full";
+    case FLM_ERR_CANCELLED: return "cancelled";
     }
     return "unknown error";
 }

@@ -38,6 +38,7 @@ typedef struct {
 #define GRAM_STATES_HARD 1000000 /* within one generation */
 #define GRAM_STACKS_MAX 4096     /* stacks per configuration */
 #define GRAM_DEPTH_MAX 4096      /* positions per stack */
+#define GRAM_EXPAND_MAX 65536    /* references expanded within one another without a byte read */
 #define TR_UNKNOWN (-3)
 
 typedef struct {
@@ -48,6 +49,13 @@ typedef struct {
     bool accept;
     int8_t complete;     /* -1 unknown */
 } gstate;
+
+typedef struct gframe {
+    uint32_t len;        /* the stack's length when the reference (its top) was expanded */
+    int32_t pos;         /* the reference's position (restored on the way out) */
+    uint32_t base;       /* the stack's length under its alternatives */
+    uint32_t alt;        /* the next alternative */
+} gframe;
 
 struct flm_grammar {
     gel *el;
@@ -70,6 +78,8 @@ struct flm_grammar {
     int32_t *buf;        /* stacks being built: [len][positions] records */
     size_t buf_len, buf_cap;
     int32_t *tmp;        /* one stack */
+    struct gframe *frames; /* expand's walk */
+    size_t cap_frames;
     size_t *recs;        /* record offsets for sorting */
     size_t n_recs, cap_recs;
     bool overflow;
@@ -529,21 +539,21 @@ static bool as_one(parser *P, pseq *s, size_t from, gel *out) {
     return true;
 }
 
-/* A rule matching x repeated 0..k times (k >= 1), or 0.. when k < 0. */
+/* A rule matching x repeated 0..k times (k >= 1), or 0.. when k < 0: r_1 ::= x | "", r_i ::= x r_(i-1) | "", built
+ * innermost first in a loop (a recursion k deep overflowed a small thread stack: {0,4096} is accepted). */
 static int32_t rule_upto(parser *P, gel x, long k) {
-    int32_t r = rule_get(P, NULL, 0);
-    if (r < 0) return -1;
-    pseq *a = rule_alt(P, r), *b;
-    if (!a || !seq_add(P, a, x.type, x.v)) return -1;
-    if (k < 0) {
-        if (!seq_add(P, a, EL_REF, r)) return -1;
-    } else if (k > 1) {
-        int32_t inner = rule_upto(P, x, k - 1);
-        a = &P->r[r].alts[0]; /* P->r may have moved */
-        if (inner < 0 || !seq_add(P, a, EL_REF, inner)) return -1;
+    int32_t inner = -1;
+    for (long i = 1; i <= (k < 0 ? 1 : k); i++) {
+        int32_t r = rule_get(P, NULL, 0);
+        if (r < 0) return -1;
+        pseq *a = rule_alt(P, r);
+        if (!a || !seq_add(P, a, x.type, x.v)) return -1;
+        if (k < 0) inner = r; /* 0..: x r | "" */
+        if (inner >= 0 && !seq_add(P, a, EL_REF, inner)) return -1;
+        if (!rule_alt(P, r)) return -1; /* the empty alternative */
+        inner = r;
     }
-    if (!(b = rule_alt(P, r))) return -1; /* the empty alternative */
-    return r;
+    return inner;
 }
 
 /* Apply a postfix operator to s->e[from..n), if one follows. */
@@ -747,6 +757,7 @@ void flm_grammar_free(flm_grammar *g) {
     free(g->cls);
     free(g->buf);
     free(g->tmp);
+    free(g->frames);
     free(g->recs);
     free(g);
 }
@@ -850,6 +861,10 @@ flm_status flm_grammar_parse(const char *text, size_t len, const char *root, flm
     }
     flm_status st = P.st;
     parser_free(&P);
+    if (!st) { /* the start state now: a grammar too ambiguous from its first byte is refused here, not mid-reply */
+        int32_t s0;
+        st = gram_start(g, &s0, err);
+    }
     if (st) {
         flm_grammar_free(g);
         return st;
@@ -886,29 +901,56 @@ static bool rec_add(flm_grammar *g, const int32_t *stk, size_t len) {
 }
 
 /* Expand stk[0..len) (g->tmp, capacity GRAM_DEPTH_MAX) until its top is a byte class or it is empty, adding each
- * result to the scratch records. stk is restored before returning. */
+ * result to the scratch records. stk is restored before returning. A walk of explicit frames (g->frames, at most
+ * GRAM_EXPAND_MAX: then g->overflow), not a recursion: a chain of rules that may match nothing (x{0,4096} inside a
+ * repetition, thousands of optional properties) nests that deep, past a small thread stack. */
 static bool expand(flm_grammar *g, int32_t *stk, size_t len) {
-    if (len == 0) return rec_add(g, stk, 0);
-    int32_t pos = stk[len - 1];
-    gel e = g->el[pos];
-    if (e.type == EL_CLASS) return rec_add(g, stk, len);
-    if (e.type == EL_END) return expand(g, stk, len - 1); /* cannot happen: ENDs are never pushed */
-    /* a reference: the continuation replaces it (or nothing when it ends its alternative), then each alternative */
-    size_t base = len - 1;
-    if (g->el[pos + 1].type != EL_END) stk[base++] = pos + 1;
+    size_t n = 0; /* frames: a reference being expanded, its stack's length and position, the next alternative */
     bool ok = true;
-    for (uint32_t a = 0; a < g->rule_nalt[e.v] && ok; a++) {
-        uint32_t s = g->alt_start[g->rule_alt0[e.v] + a];
-        if (g->el[s].type == EL_END) {
-            ok = expand(g, stk, base);
+    for (;;) {
+        while (len > 0 && g->el[stk[len - 1]].type == EL_END) len--; /* cannot happen: ENDs are never pushed */
+        if (len == 0 || g->el[stk[len - 1]].type == EL_CLASS) {
+            ok = rec_add(g, stk, len);
+        } else if (n >= GRAM_EXPAND_MAX) {
+            g->overflow = true;
+            ok = false;
         } else {
-            if (base >= GRAM_DEPTH_MAX) { g->overflow = true; ok = false; break; }
-            stk[base] = (int32_t)s;
-            ok = expand(g, stk, base + 1);
+            if (n == g->cap_frames) {
+                size_t cap = g->cap_frames ? g->cap_frames * 2 : 256;
+                gframe *f = realloc(g->frames, cap * sizeof *f);
+                if (!f) { g->nomem = true; ok = false; }
+                else { g->frames = f; g->cap_frames = cap; }
+            }
+            if (ok) {
+                /* a reference: the continuation replaces it (or nothing when it ends its alternative), then each
+                 * alternative */
+                int32_t pos = stk[len - 1];
+                size_t base = len - 1;
+                if (g->el[pos + 1].type != EL_END) stk[base++] = pos + 1;
+                g->frames[n++] = (gframe){(uint32_t)len, pos, (uint32_t)base, 0};
+            }
+        }
+        /* the next alternative of the innermost frame left, or the end */
+        for (;;) {
+            if (n == 0) return ok;
+            gframe *f = &g->frames[n - 1];
+            int32_t rule = g->el[f->pos].v;
+            if (!ok || f->alt >= g->rule_nalt[rule]) {
+                stk[f->len - 1] = f->pos;
+                n--;
+                continue;
+            }
+            uint32_t s = g->alt_start[g->rule_alt0[rule] + f->alt++];
+            if (g->el[s].type == EL_END) {
+                len = f->base;
+            } else {
+                if (f->base >= GRAM_DEPTH_MAX) { g->overflow = true; ok = false; continue; }
+                stk[f->base] = (int32_t)s;
+                len = f->base + 1;
+            }
+            break;
         }
     }
-    stk[len - 1] = pos;
-    return ok;
 }
 
 static int cmp_rec_g(const flm_grammar *g, size_t a, size_t b) {
@@ -950,7 +992,8 @@ static int32_t intern(flm_grammar *g, flm_error *err) {
     if (g->nomem) return flm_fail(err, FLM_ERR_NOMEM, "out of memory running a grammar"), -2;
     if (g->overflow)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "the grammar is too ambiguous or nests too deep (over %d parse "
-                        "stacks or %d levels)", GRAM_STACKS_MAX, GRAM_DEPTH_MAX), -2;
+                        "stacks, %d levels or %d rules expanded within one another)", GRAM_STACKS_MAX,
+                        GRAM_DEPTH_MAX, GRAM_EXPAND_MAX), -2;
     sort_recs(g);
     /* serialize: [n][len][pos...]... */
     size_t need = 1;

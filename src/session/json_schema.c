@@ -62,6 +62,7 @@ static void sb_lit(sbuf *b, const char *s, size_t n) {
 }
 
 #define DEFS_MAX 1024
+#define ALTS_MAX 4096 /* alternatives of one enum / anyOf / oneOf: the grammar's parse stacks (GRAM_STACKS_MAX) */
 
 typedef struct {
     sbuf out;
@@ -184,6 +185,11 @@ static int object_rule(sc *c, const cJSON *s) {
             return free(body.p), fail(c, FLM_ERR_UNSUPPORTED, "'additionalProperties' as a schema together with "
                                       "'properties'");
         /* additionalProperties absent or true: the output has only the declared properties (valid either way) */
+        int n_opt = n;
+        cJSON_ArrayForEach(r, req) n_opt--;
+        if (n_opt >= ALTS_MAX)
+            return free(body.p), fail(c, FLM_ERR_UNSUPPORTED, "'properties' has %d optional properties: at most %d "
+                                      "(each is a parse stack the grammar follows at once)", n_opt, ALTS_MAX - 1);
         int *kv = malloc((size_t)n * sizeof *kv);
         bool *need = calloc((size_t)n, 1);
         if (!kv || !need) { free(kv); free(need); free(body.p); return fail(c, FLM_ERR_NOMEM, "out of memory"); }
@@ -438,8 +444,13 @@ static int compile(sc *c, const cJSON *s) {
             fail(c, FLM_ERR_FORMAT, "'%s' must be a non-empty array of schemas", any ? "anyOf" : "oneOf");
             goto out;
         }
-        int n = cJSON_GetArraySize(list), *alt = malloc((size_t)n * sizeof *alt), i = 0;
-        if (!alt) { fail(c, FLM_ERR_NOMEM, "out of memory"); goto out; }
+        int n = cJSON_GetArraySize(list), *alt, i = 0;
+        if (n > ALTS_MAX) {
+            fail(c, FLM_ERR_UNSUPPORTED, "'%s' has %d schemas: at most %d (each is a parse stack the grammar "
+                 "follows at once)", any ? "anyOf" : "oneOf", n, ALTS_MAX);
+            goto out;
+        }
+        if (!(alt = malloc((size_t)n * sizeof *alt))) { fail(c, FLM_ERR_NOMEM, "out of memory"); goto out; }
         cJSON_ArrayForEach(e, list) if ((alt[i++] = compile(c, e)) < 0) break;
         if (!c->st) {
             r = new_rule(c);
@@ -455,6 +466,11 @@ static int compile(sc *c, const cJSON *s) {
     }
     if (en || cst) {
         if (en && (!cJSON_IsArray(en) || !cJSON_GetArraySize(en))) { fail(c, FLM_ERR_FORMAT, "'enum' must be a non-empty array"); goto out; }
+        if (en && cJSON_GetArraySize(en) > ALTS_MAX) {
+            fail(c, FLM_ERR_UNSUPPORTED, "'enum' has %d values: at most %d (each is a parse stack the grammar follows "
+                 "at once)", cJSON_GetArraySize(en), ALTS_MAX);
+            goto out;
+        }
         sbuf b = {0};
         const cJSON *e;
         bool first = true, ok = true;

@@ -366,6 +366,12 @@ static flm_status prompt_ids_chunked(flm_session *s, const int32_t *ids, size_t 
     s->key_off = 0; /* the held prefix (common <= n_valid) was evaluated where it is: positions are the text's again */
     if (fn) fn(user, common, n, common);
     for (size_t k = common; k < n;) {
+        if (chunk && atomic_load(&s->cancel)) { /* the caller gave up: the rest is not evaluated */
+            s->st.n_reused += common;
+            if (n_reused) *n_reused = common;
+            return flm_fail(err, FLM_ERR_CANCELLED, "the prompt's evaluation was cancelled after %zu of its %zu tokens",
+                            k, n);
+        }
         size_t next = chunk && n - k > chunk ? k + chunk : n;
         flm_status st = feed_counted(s, ids + k, next - k, (int32_t)k, err);
         if (st) return st;
