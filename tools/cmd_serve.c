@@ -112,6 +112,7 @@ typedef struct job {
     cli_buf text;            /* the reply (non-streaming) */
     flm_gen_result res;
     size_t n_prompt, n_reused;
+    size_t n_evaluated;      /* the prompt's tokens the context holds so far (its evaluation's progress) */
     bool first_chunk;
     uint64_t seed;           /* the sampler's seed (given or drawn) */
     int32_t *pids;           /* the prompt's tokens (what the slot's context is made to hold) */
@@ -434,7 +435,7 @@ static cJSON *native_json(const job *j, const char *text, size_t len, const int3
     cJSON *o = cJSON_CreateObject();
     char *t = malloc(len + 1);
     if (t) { memcpy(t, text, len); t[len] = 0; }
-    cJSON_AddNumberToObject(o, "index", 0);
+    cJSON_AddNumberToObject(o, "index", j->choice); /* several prompts: each its own (llama-server's task index) */
     cJSON_AddStringToObject(o, "content", t ? t : "");
     cJSON *a = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = 0; i < n_ids; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
@@ -681,7 +682,14 @@ static bool on_token(void *user, const flm_gen_token *t) {
     return go;
 }
 
+/* A server-side failure (500: out of memory, a corrupt file, an I/O error) is logged too: the client's message alone
+ * would leave the operator nothing to go on. */
+static void log_failure(const job *j, int status, const char *msg) {
+    if (status >= 500) fprintf(stderr, "flashlm: %s: error %d: %s\n", j->id, status, msg);
+}
+
 static void job_fail_locked(job *j, int status, const char *code, const char *msg) {
+    log_failure(j, status, msg);
     j->status = status;
     j->errcode = code;
     snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
@@ -696,7 +704,7 @@ static void on_progress(void *user, size_t processed, size_t total, size_t cache
     cJSON *o;
     if (j->native) {
         o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "index", 0);
+        cJSON_AddNumberToObject(o, "index", j->choice);
         cJSON_AddStringToObject(o, "content", "");
         cJSON_AddArrayToObject(o, "tokens");
         cJSON_AddBoolToObject(o, "stop", false);
@@ -725,6 +733,18 @@ static void on_progress(void *user, size_t processed, size_t total, size_t cache
     cJSON_AddNumberToObject(p, "time_ms", ms);
     out_event(j, o);
     pthread_cond_broadcast(&srv.cv);
+    pthread_mutex_unlock(&srv.mu);
+}
+
+/* After each batch of the prompt's evaluation (and before the first): its progress, streamed with return_progress;
+ * a client that left or a server that stops cancels the rest (flm_session_prompt_progress checks between batches),
+ * so that the slot is not held for a prompt nobody waits for. */
+static void on_prompt_chunk(void *user, size_t processed, size_t total, size_t cached) {
+    job *j = user;
+    if (j->early) on_progress(user, processed, total, cached);
+    pthread_mutex_lock(&srv.mu);
+    j->n_evaluated = processed;
+    if ((j->gone || srv.stopping) && j->slot) flm_session_cancel(j->slot->sess);
     pthread_mutex_unlock(&srv.mu);
 }
 
@@ -814,16 +834,37 @@ static void run_job(slot *s, job *j) {
             j->early = true;
             pthread_cond_broadcast(&srv.cv);
             pthread_mutex_unlock(&srv.mu);
+        }
+        if (!st) { /* in pieces: a client that leaves meanwhile frees the slot after the piece under way. A piece is
+                      -b tokens when their progress is streamed, else 4 batches: each piece's last row also goes
+                      through the classifier (a read of it from flash in the streaming modes), ~1/4 of it per batch */
+            const size_t nb = (size_t)(srv.n_batch > 0 ? srv.n_batch : 256);
             j->t_prompt = cli_now_ms();
-            st = flm_session_prompt_progress(s->sess, j->pids, j->n_pids, (size_t)(srv.n_batch > 0 ? srv.n_batch : 256),
-                                             on_progress, j, &j->n_reused, &err);
-        } else if (!st) {
-            st = flm_session_prompt(s->sess, j->pids, j->n_pids, &j->n_reused, &err);
+            st = flm_session_prompt_progress(s->sess, j->pids, j->n_pids, j->early ? nb : 4 * nb, on_prompt_chunk, j,
+                                             &j->n_reused, &err);
         }
         if (!st && (j->native || q->verbose)) j->ptext = ids_text(s->ctx, j->pids, j->n_pids);
     }
+    flm_session_stats pss;
+    flm_session_get_stats(s->sess, &pss);
     pthread_mutex_lock(&srv.mu);
+    if (st == FLM_ERR_CANCELLED || (!st && (j->gone || srv.stopping))) { /* the client left (or the server stops)
+                                                                            while its prompt was evaluated */
+        const size_t done = st ? j->n_evaluated : j->n_pids, pn = done > j->n_reused ? done - j->n_reused : 0;
+        const uint64_t nb = (uint64_t)(srv.n_batch > 0 ? srv.n_batch : 256);
+        srv.prompt_tokens += pn;
+        srv.reused_tokens += j->n_reused;
+        srv.prompt_ms += pss.prompt_ms;
+        srv.n_decode += (pn + nb - 1) / nb;
+        const bool stopping = srv.stopping;
+        pthread_mutex_unlock(&srv.mu);
+        fprintf(stderr, "flashlm: slot %d: %s: prompt %zu of %zu tokens evaluated (%zu cached) in %.1f ms; "
+                "cancelled: %s\n", s->index, j->id, done, j->n_pids, j->n_reused, pss.prompt_ms,
+                stopping ? "the server stops" : "the client left");
+        return;
+    }
     if (st && j->early) { /* the stream has begun: the error is its last event */
+        log_failure(j, st == FLM_ERR_ARG || st == FLM_ERR_CONTEXT ? 400 : 500, err.msg);
         char *e = error_json(st == FLM_ERR_ARG || st == FLM_ERR_CONTEXT ? 400 : 500, err.msg,
                              st == FLM_ERR_ARG || st == FLM_ERR_CONTEXT ? "invalid_prompt" : "internal_error");
         if (e) { out_add(j, "data: "); out_add(j, e); out_add(j, "\n\n"); }
@@ -849,10 +890,6 @@ static void run_job(slot *s, job *j) {
         return;
     }
     j->n_prompt = (size_t)flm_session_n_past(s->sess);
-    if (j->gone || srv.stopping) { /* the client left while its prompt was evaluated */
-        pthread_mutex_unlock(&srv.mu);
-        return;
-    }
     j->state = JOB_STREAMING;
     j->first_chunk = true;
     pthread_cond_broadcast(&srv.cv);
@@ -911,12 +948,18 @@ static void run_job(slot *s, job *j) {
     }
     const char *finish = j->ts.n_calls > 0 ? "tool_calls" : finish_reason(&j->res);
     if (st) {
+        /* the request's grammar beyond the automaton's limits (too ambiguous past its start): the request's fault */
+        const bool bad_grammar = st == FLM_ERR_UNSUPPORTED && q->grammar;
+        char m[FLM_ERROR_MSG_MAX + 64];
+        const char *field = !bad_grammar ? "" : q->grammar_from ? q->grammar_from : "grammar";
+        snprintf(m, sizeof m, "%s%s%s%s", bad_grammar ? "'" : "", field, bad_grammar ? "': " : "", err.msg);
         if (j->req.stream) { /* headers are sent: the error goes in the stream */
-            char *e = error_json(500, err.msg, "internal_error");
+            log_failure(j, bad_grammar ? 400 : 500, m);
+            char *e = error_json(bad_grammar ? 400 : 500, m, bad_grammar ? "invalid_request" : "internal_error");
             if (e) { out_add(j, "data: "); out_add(j, e); out_add(j, "\n\n"); }
             free(e);
         } else {
-            job_fail_locked(j, 500, "internal_error", err.msg);
+            job_fail_locked(j, bad_grammar ? 400 : 500, bad_grammar ? "invalid_request" : "internal_error", m);
         }
         flm_session_rewind(s->sess, 0);
     } else if (j->native) {
@@ -927,8 +970,10 @@ static void run_job(slot *s, job *j) {
             cJSON_AddItemToObject(o, "completion_probabilities", cJSON_DetachItemFromObject(j->lp, "content"));
         }
         o = pick_fields(o, q);
-        if (j->req.stream) out_event(j, o);
-        else {
+        if (j->req.stream) { /* the stream's end is its "stop": true, whatever response_fields keep */
+            if (o && !cJSON_GetObjectItemCaseSensitive(o, "stop")) cJSON_AddBoolToObject(o, "stop", true);
+            out_event(j, o);
+        } else {
             char *s2 = cJSON_PrintUnformatted(o);
             cJSON_Delete(o);
             if (!s2 || !out_add(j, s2)) job_fail_locked(j, 500, "internal_error", "out of memory");
@@ -1057,9 +1102,25 @@ static void run_embed(slot *s, job *j) {
             char *b = base64((const unsigned char *)vec, (size_t)info.d_model * sizeof *vec); /* little-endian */
             cJSON_AddStringToObject(e, "embedding", b ? b : "");
             free(b);
-        } else {
-            cJSON *a = cJSON_AddArrayToObject(e, "embedding");
-            for (uint32_t c = 0; c < info.d_model; c++) cJSON_AddItemToArray(a, cJSON_CreateNumber(vec[c]));
+        } else { /* the numbers as text (shortest exact for a float), not a cJSON node each (~100 bytes) */
+            cli_buf t = {0};
+            bool ok = cli_buf_add(&t, "[", 1);
+            for (uint32_t c = 0; c < info.d_model && ok; c++) {
+                char num[40];
+                int m = isfinite(vec[c]) ? snprintf(num, sizeof num, "%s%.9g", c ? "," : "", (double)vec[c])
+                                         : snprintf(num, sizeof num, "%snull", c ? "," : "");
+                ok = cli_buf_add(&t, num, (size_t)m);
+            }
+            ok = ok && cli_buf_add(&t, "]", 1);
+            cJSON *a = ok ? cJSON_CreateRaw(t.p) : NULL;
+            cli_buf_free(&t);
+            if (!a) {
+                cJSON_Delete(e);
+                st = FLM_ERR_NOMEM;
+                snprintf(err.msg, sizeof err.msg, "out of memory");
+                break;
+            }
+            cJSON_AddItemToObject(e, "embedding", a);
         }
         cJSON_AddItemToArray(data, e);
     }
@@ -1135,12 +1196,14 @@ static void *worker(void *arg) {
 #define REQ_FACTOR 24 /* measured: 4 concurrent chat requests of 0.94 MiB (588920 tokens, refused after tokenizing:
                         longer than the context) raised SmolLM2's server's peak RSS by 19.3 bytes per body byte */
 #define REQ_BASE ((uint64_t)64 << 10)
+#define LP_ENTRY_BYTES 1024 /* a logprobs entry of a reply held to its end: its cJSON nodes (the object, token, logprob,
+                               id and a number per byte, ~64 bytes each with their keys) and its text */
 #define REQ_COST(len) (REQ_BASE + REQ_FACTOR * (uint64_t)(len))
 
 typedef struct conn {
     cli_buf body;
     uint64_t held;   /* its share of srv.req_held (REQ_COST), given back when the request ends */
-    bool too_big;
+    bool grows;      /* under --mem without a Content-Length (chunked): held grows with the body as it arrives */
     bool http11;     /* an HTTP/1.1 request: may be sent an interim 100 (RFC 9110 section 15.2) */
     job *j;          /* the job whose response is being sent */
 } conn;
@@ -1444,6 +1507,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         n = (ssize_t)(j->out.len - j->sent < max ? j->out.len - j->sent : max);
         memcpy(buf, j->out.p + j->sent, (size_t)n);
         j->sent += (size_t)n;
+        if (j->sent == j->out.len) j->sent = j->out.len = 0; /* what was sent is not kept: a long stream holds only
+                                                                its events not yet sent */
     } else if (j->gone) {
         n = MHD_CONTENT_READER_END_WITH_ERROR;
     } else {
@@ -1479,6 +1544,33 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 static enum MHD_Result serve_job(struct MHD_Connection *c, conn *cn, job *j, const char *id_prefix);
 
+/* Memory an answer holds beyond its request's REQ_COST (/tokenize's pieces, /detokenize's text, embeddings'
+ * numbers, logprobs), reserved out of srv.req_cap as the request's is and given back at its end (request_done).
+ * 0 when it fits (or without --mem); else 413 when it could never fit, 503 when not beside the requests in flight,
+ * with msg naming what (`what`) needs how much. */
+static int reserve_answer(conn *cn, uint64_t bytes, const char *what, char *msg, size_t cap) {
+    if (!srv.req_cap || !bytes) return 0;
+    if (cn->held + bytes > srv.req_cap) {
+        snprintf(msg, cap, "%s needs about %s for its answer beside the request's %s; the memory budget (--mem %s) "
+                 "leaves %s for requests: ask for less or raise --mem", what, cli_size(bytes).s,
+                 cli_size(cn->held).s, cli_size(srv.budget).s, cli_size(srv.req_cap).s);
+        return 413;
+    }
+    pthread_mutex_lock(&srv.mu);
+    const uint64_t held = srv.req_held;
+    const bool fits = held + bytes <= srv.req_cap;
+    if (fits) {
+        srv.req_held += bytes;
+        cn->held += bytes;
+    }
+    pthread_mutex_unlock(&srv.mu);
+    if (!fits)
+        snprintf(msg, cap, "%s needs about %s for its answer; the requests in flight hold %s of the %s the memory "
+                 "budget (--mem %s) leaves for requests: try again later", what, cli_size(bytes).s,
+                 cli_size(held).s, cli_size(srv.req_cap).s, cli_size(srv.budget).s);
+    return fits ? 0 : 503;
+}
+
 /* llama-server's prompt forms that hold more than one request or need the tokenizer, rewritten before parsing:
  * "prompt" an array whose first element is not a number holds several prompts (each a string, token ids, an object
  * {"prompt_string"} or a mixed sequence): one body each in bodies[]; a mixed sequence (ids and strings, its first an
@@ -1512,14 +1604,27 @@ static bool has_string(const cJSON *a) {
     return false;
 }
 
+/* llama-server's mixed sequence (json_is_array_of_mixed_numbers_strings): an array of token ids and strings, at
+ * least one of each, nothing else: one prompt. */
+static bool is_mixed(const cJSON *a) {
+    bool num = false, str = false;
+    if (!cJSON_IsArray(a)) return false;
+    for (const cJSON *e = a->child; e; e = e->next) {
+        if (cJSON_IsNumber(e)) num = true;
+        else if (cJSON_IsString(e)) str = true;
+        else return false;
+    }
+    return num && str;
+}
+
 static int split_prompts(const char *body, size_t len, char **bodies, int *n, char *msg, size_t cap) {
     *n = 0;
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    char ignored[SERVE_ERR_MAX];
+    cJSON *root = serve_parse_json(body, len, ignored, sizeof ignored);
     cJSON *p = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "prompt") : NULL;
     int st = 0;
     if (!cJSON_IsArray(p) || !p->child) goto done; /* the parser says what is wrong, if anything */
-    if (cJSON_IsNumber(p->child)) { /* one prompt: token ids, mixed with strings? */
-        if (!has_string(p)) goto done;
+    if (is_mixed(p) || (cJSON_IsNumber(p->child) && has_string(p))) { /* one prompt of ids and strings */
         cJSON *ids;
         if ((st = mixed_ids(p, &ids, msg, cap))) { cJSON_Delete(ids); goto done; }
         cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", ids);
@@ -1527,8 +1632,9 @@ static int split_prompts(const char *body, size_t len, char **bodies, int *n, ch
         *n = 1;
         goto done;
     }
+    if (cJSON_IsNumber(p->child)) goto done; /* token ids */
     int k = cJSON_GetArraySize(p);
-    if (k == 1) goto done; /* an array of one prompt: the parser takes it */
+    if (k == 1 && !is_mixed(p->child)) goto done; /* an array of one prompt: the parser takes it */
     if (k > SERVE_MAX_CHOICES) {
         snprintf(msg, cap, "'prompt': at most %d prompts in one request", SERVE_MAX_CHOICES);
         st = 400;
@@ -1537,7 +1643,7 @@ static int split_prompts(const char *body, size_t len, char **bodies, int *n, ch
     cJSON *all = cJSON_DetachItemFromObjectCaseSensitive(root, "prompt");
     for (cJSON *e = all->child; e && !st; e = e->next) {
         cJSON *one = NULL;
-        if (cJSON_IsArray(e) && has_string(e)) st = mixed_ids(e, &one, msg, cap);
+        if (cJSON_IsArray(e) && (is_mixed(e) || has_string(e))) st = mixed_ids(e, &one, msg, cap);
         else one = cJSON_Duplicate(e, true);
         if (!st) {
             cJSON_AddItemToObject(root, "prompt", one);
@@ -1610,6 +1716,28 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
         }
     }
     for (int i = 0; i < n_bodies; i++) free(bodies[i]);
+    if (!status) { /* a reply's logprobs (not streamed) are held until its end: their memory reserved under --mem */
+        uint64_t lp = 0;
+        long most = 0;
+        int top = 0;
+        for (int i = 0; i < k; i++) {
+            const serve_req *q = &jobs[i]->req;
+            if (!q->logprobs || q->stream) continue;
+            long mx = q->max_tokens >= 0 ? q->max_tokens : srv.n_predict >= 0 ? srv.n_predict : (long)srv.n_ctx;
+            if (mx > (long)srv.n_ctx) mx = (long)srv.n_ctx;
+            lp += (uint64_t)mx * (uint64_t)(1 + q->top_logprobs) * LP_ENTRY_BYTES;
+            if (mx > most) most = mx;
+            if (q->top_logprobs > top) top = q->top_logprobs;
+        }
+        char what[200], m2[SERVE_ERR_MAX + 256];
+        snprintf(what, sizeof what, "'logprobs' with 'top_logprobs' %d over up to %ld tokens ('max_tokens'%s) in %d "
+                 "choice%s (stream it, or lower them)", top, most, jobs[0]->req.max_tokens >= 0 ? "" : " absent: the "
+                 "context", k, k == 1 ? "" : "s");
+        if (lp && (status = reserve_answer(cn, lp, what, m2, sizeof m2))) {
+            for (int i = 0; i < k; i++) { serve_req_free(&jobs[i]->req); free(jobs[i]); }
+            return send_error(c, (unsigned)status, status == 413 ? "request_too_large" : "server_busy", m2);
+        }
+    }
     if (status) {
         for (int i = 0; i < k; i++) { serve_req_free(&jobs[i]->req); free(jobs[i]); }
         return send_error(c, (unsigned)status, status == 400 ? "invalid_request" : "internal_error", msg);
@@ -1624,6 +1752,19 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
 static enum MHD_Result serve_many(struct MHD_Connection *c, conn *cn, job **jobs, int k, bool chat, bool native) {
     (void)cn;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (k > srv.queue_cap + srv.n_slots) { /* more than an idle server holds: retrying cannot help */
+        int n_choices = 0, n_prompts = 0;
+        for (int i = 0; i < k; i++) {
+            n_prompts += jobs[i]->first_of_prompt;
+            n_choices += n_prompts == 1;
+        }
+        char m[SERVE_ERR_MAX];
+        snprintf(m, sizeof m, "'n' (%d) times %d prompt%s ('prompt') is %d generations: this server holds at most "
+                 "%d at once (--parallel %d slots + --queue %d); ask for fewer choices or prompts", n_choices,
+                 n_prompts, n_prompts == 1 ? "" : "s", k, srv.queue_cap + srv.n_slots, srv.n_slots, srv.queue_cap);
+        for (int i = 0; i < k; i++) { serve_req_free(&jobs[i]->req); free(jobs[i]); }
+        return send_error(c, 400, "invalid_request", m);
+    }
     pthread_mutex_lock(&srv.mu);
     long id = ++srv.next_id;
     if (srv.stopping || srv.n_queued + k > srv.queue_cap + (srv.n_slots - srv.n_running)) {
@@ -1869,8 +2010,10 @@ static enum MHD_Result check_headers(struct MHD_Connection *c, const char *metho
         snprintf(msg, sizeof msg, "the request body is larger than --max-body (%zu bytes)", srv.max_body);
         return send_error_ex(c, 413, "request_too_large", msg, true);
     }
-    if (srv.req_cap && strcmp(method, "GET")) { /* what the request will hold, out of the budget's room for requests */
-        const uint64_t len = cl ? strtoull(cl, NULL, 10) : srv.max_body, cost = REQ_COST(len);
+    if (srv.req_cap && strcmp(method, "GET")) { /* what the request will hold, out of the budget's room for requests
+                                                   (a chunked body's length is not known: counted as it arrives) */
+        const uint64_t len = cl ? strtoull(cl, NULL, 10) : 0, cost = REQ_COST(len);
+        cn->grows = !cl;
         if (cost > srv.req_cap) {
             snprintf(msg, sizeof msg, "a request body of %" PRIu64 " bytes needs about %s while it is parsed, rendered "
                      "and tokenized; the memory budget (--mem %s) leaves %s for requests: send a shorter one or "
@@ -1909,10 +2052,12 @@ static cJSON *model_json(void) {
 
 /* The body parsed as a JSON object, or NULL after answering 400. */
 static cJSON *body_object(struct MHD_Connection *c, conn *cn, enum MHD_Result *r) {
-    cJSON *o = cJSON_ParseWithLength(cn->body.p ? cn->body.p : "", cn->body.len);
+    char msg[SERVE_ERR_MAX];
+    cJSON *o = serve_parse_json(cn->body.p ? cn->body.p : "", cn->body.len, msg, sizeof msg);
     if (!cJSON_IsObject(o)) {
+        if (o) snprintf(msg, sizeof msg, "the body must be a JSON object");
         cJSON_Delete(o);
-        *r = send_error(c, 400, "invalid_request", "the body must be a JSON object");
+        *r = send_error(c, 400, "invalid_request", msg);
         return NULL;
     }
     return o;
@@ -1930,25 +2075,81 @@ static bool valid_utf8(const char *s, size_t n) {
     return true;
 }
 
-/* A token's bytes as JSON: a string when they are whole UTF-8, else the bytes as numbers (llama-server's
- * "piece" of a byte token). */
-static cJSON *piece_json(const char *p, size_t n) {
-    if (valid_utf8(p, n)) {
-        char *t = malloc(n + 1);
-        if (!t) return NULL;
-        memcpy(t, p, n);
-        t[n] = 0;
-        cJSON *o = cJSON_CreateString(t);
-        free(t);
-        return o;
+/* The JSON string of p[0..n) (valid UTF-8), quoted, written at o unless o is NULL; its length either way. */
+static size_t json_string_at(char *o, const char *p, size_t n) {
+    size_t k = 0;
+    if (o) o[k] = '"';
+    k++;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char ch = (unsigned char)p[i];
+        char e[8];
+        size_t m = 1;
+        e[0] = (char)ch;
+        if (ch == '"' || ch == '\\') { e[0] = '\\'; e[1] = (char)ch; m = 2; }
+        else if (ch == '\n') { e[0] = '\\'; e[1] = 'n'; m = 2; }
+        else if (ch == '\t') { e[0] = '\\'; e[1] = 't'; m = 2; }
+        else if (ch == '\r') { e[0] = '\\'; e[1] = 'r'; m = 2; }
+        else if (ch < 0x20) m = (size_t)snprintf(e, sizeof e, "\\u%04x", ch);
+        if (o) memcpy(o + k, e, m);
+        k += m;
     }
-    cJSON *a = cJSON_CreateArray();
-    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p[i]));
-    return a;
+    if (o) o[k] = '"';
+    return k + 1;
+}
+
+/* /tokenize's answer {"tokens": [...]} for ids[0..n) (with pieces: {"id", "piece"} each, a piece a string when it
+ * is whole UTF-8, else its bytes as numbers: llama-server's), written at o unless NULL; its length either way
+ * (written directly, not as a cJSON tree: ~30 bytes a token rather than ~300). */
+static size_t tokens_answer(const flm_ctx *ctx, const int32_t *ids, size_t n, bool pieces, char *o) {
+    size_t k = 0;
+    char num[48];
+#define PUT(str, len) do { if (o) memcpy(o + k, (str), (len)); k += (len); } while (0)
+    PUT("{\"tokens\":[", 11);
+    for (size_t i = 0; i < n; i++) {
+        int m = snprintf(num, sizeof num, "%s%s%d%s", i ? "," : "", pieces ? "{\"id\":" : "", ids[i],
+                         pieces ? ",\"piece\":" : "");
+        PUT(num, (size_t)m);
+        if (!pieces) continue;
+        size_t len;
+        const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
+        if (valid_utf8(p, len)) {
+            k += json_string_at(o ? o + k : NULL, p, len);
+        } else { /* the bytes */
+            PUT("[", 1);
+            for (size_t b = 0; b < len; b++) {
+                m = snprintf(num, sizeof num, "%s%u", b ? "," : "", (unsigned char)p[b]);
+                PUT(num, (size_t)m);
+            }
+            PUT("]", 1);
+        }
+        PUT("}", 1);
+    }
+    PUT("]}", 2);
+#undef PUT
+    return k;
+}
+
+/* Send a malloc'd body (taken: freed by libmicrohttpd after sending, not copied). */
+static enum MHD_Result send_owned(struct MHD_Connection *c, unsigned status, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    add_cors(c, r);
+    conn_phase_set(c, PHASE_BUSY);
+    pthread_mutex_lock(&srv.mu);
+    srv.requests++;
+    pthread_mutex_unlock(&srv.mu);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 /* POST /tokenize (llama-server's): {"content", "add_special" (BOS as the model adds it; default false),
- * "parse_special" (control tokens spelled out become them; default true), "with_pieces"} -> {"tokens": [...]}. */
+ * "parse_special" (control tokens spelled out become them; default true), "with_pieces"} -> {"tokens": [...]}.
+ * Under --mem the answer's memory is reserved first (reserve_answer: 413 / 503 naming it). */
 static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *cn) {
     enum MHD_Result r = MHD_NO;
     cJSON *o = body_object(c, cn, &r);
@@ -1973,6 +2174,7 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *cn) {
     }
     const flm_ctx *ctx = srv.slots[0].ctx;
     const char *text = content->valuestring;
+    const bool with_pieces = cJSON_IsTrue(pieces);
     unsigned flags = (cJSON_IsTrue(add) ? FLM_TOKENIZE_ADD_SPECIAL : 0) |
                      (!parse || cJSON_IsTrue(parse) ? FLM_TOKENIZE_PARSE_SPECIAL : 0);
     size_t n = flm_tokenize_ex(ctx, text, strlen(text), flags, NULL, 0);
@@ -1982,25 +2184,20 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *cn) {
         return send_error(c, 500, "internal_error", "out of memory");
     }
     flm_tokenize_ex(ctx, text, strlen(text), flags, ids, n);
-    cJSON *out = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(out, "tokens");
-    for (size_t i = 0; i < n; i++) {
-        if (cJSON_IsTrue(pieces)) {
-            cJSON *t = cJSON_CreateObject();
-            size_t len;
-            const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
-            cJSON_AddNumberToObject(t, "id", ids[i]);
-            cJSON_AddItemToObject(t, "piece", piece_json(p, len));
-            cJSON_AddItemToArray(a, t);
-        } else {
-            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
-        }
-    }
-    free(ids);
     cJSON_Delete(o);
-    return send_json(c, 200, out);
+    const size_t len = tokens_answer(ctx, ids, n, with_pieces, NULL);
+    char what[96], msg[SERVE_ERR_MAX + 256];
+    snprintf(what, sizeof what, "/tokenize of %zu tokens%s", n, with_pieces ? " with 'with_pieces'" : "");
+    int st = reserve_answer(cn, len + 1, what, msg, sizeof msg);
+    char *out = st ? NULL : malloc(len + 1);
+    if (out) tokens_answer(ctx, ids, n, with_pieces, out);
+    free(ids);
+    if (st) return send_error(c, (unsigned)st, st == 413 ? "request_too_large" : "server_busy", msg);
+    if (!out) return send_error(c, 500, "internal_error", "out of memory");
+    return send_owned(c, 200, out, len);
 }
 
-/* POST /detokenize: {"tokens": [ids]} -> {"content": text}. */
+/* POST /detokenize: {"tokens": [ids]} -> {"content": text}; the answer's memory reserved as /tokenize's. */
 static enum MHD_Result handle_detokenize(struct MHD_Connection *c, conn *cn) {
     enum MHD_Result r = MHD_NO;
     cJSON *o = body_object(c, cn, &r);
@@ -2026,20 +2223,46 @@ static enum MHD_Result handle_detokenize(struct MHD_Connection *c, conn *cn) {
         snprintf(m, sizeof m, "/detokenize takes 'tokens': an array of token ids (0 to %u)", nv ? nv - 1 : 0);
         return send_error(c, 400, "invalid_request", m);
     }
-    cli_buf b = {0};
+    size_t text_len = 0, n = 0;
     int32_t prev = -1;
+    cJSON_ArrayForEach(t, toks) { /* the text's length first: its memory is reserved before it is made */
+        size_t len;
+        flm_token_piece(ctx, prev, (int32_t)t->valuedouble, &len);
+        text_len += len;
+        prev = (int32_t)t->valuedouble;
+        n++;
+    }
+    char what[96], msg[SERVE_ERR_MAX + 256];
+    snprintf(what, sizeof what, "/detokenize of %zu tokens (%zu bytes of text)", n, text_len);
+    /* the text, and the answer: at most 6 bytes a byte (\u00XX) */
+    int st = reserve_answer(cn, text_len + 1 + 6 * (uint64_t)text_len + 16, what, msg, sizeof msg);
+    if (st) {
+        cJSON_Delete(o);
+        return send_error(c, (unsigned)st, st == 413 ? "request_too_large" : "server_busy", msg);
+    }
+    cli_buf b = {0};
+    prev = -1;
+    ok = cli_buf_add(&b, "", 0);
     cJSON_ArrayForEach(t, toks) {
         size_t len;
         const char *p = flm_token_piece(ctx, prev, (int32_t)t->valuedouble, &len);
-        cli_buf_add(&b, p, len);
+        ok = ok && cli_buf_add(&b, p, len);
         prev = (int32_t)t->valuedouble;
     }
-    cli_buf_add(&b, "", 1);
     cJSON_Delete(o);
-    cJSON *out = cJSON_CreateObject();
-    cJSON_AddStringToObject(out, "content", b.p ? b.p : "");
+    /* the content as cJSON writes a string (invalid UTF-8 passes as it is, as before) */
+    const size_t len = ok ? 12 + json_string_at(NULL, b.p, b.len) + 1 : 0;
+    char *out = ok ? malloc(len + 1) : NULL;
+    if (out) {
+        memcpy(out, "{\"content\":", 11);
+        size_t k = 11 + json_string_at(out + 11, b.p, b.len);
+        out[k++] = '}';
+        out[k] = 0;
+        cli_buf_free(&b);
+        return send_owned(c, 200, out, k);
+    }
     cli_buf_free(&b);
-    return send_json(c, 200, out);
+    return send_error(c, 500, "internal_error", "out of memory");
 }
 
 /* POST /apply-template (llama-server's): {"messages"} -> {"prompt": the text the chat template renders}. */
@@ -2215,12 +2438,26 @@ static enum MHD_Result handle_embeddings(struct MHD_Connection *c, conn *cn) {
         j->n_emb = i + 1;
     }
     cJSON_Delete(o);
-    if (m[0]) {
+    int st = m[0] ? (strcmp(m, "out of memory") ? 400 : 500) : 0;
+    char msg[SERVE_ERR_MAX + 256];
+    if (!st) { /* the answer: each input's numbers, as text (~17 bytes a number) held by the job's output, the reply
+                  and libmicrohttpd's copy, twice while printed; base64: 4/3 of 4 bytes a number */
+        flm_model_info info;
+        flm_get_info(ctx, &info);
+        const uint64_t per = j->emb_base64 ? (uint64_t)info.d_model * 4 * 4 / 3 + 8 : (uint64_t)info.d_model * 17;
+        char what[96];
+        snprintf(what, sizeof what, "/v1/embeddings of %zu inputs (%u numbers each)", n, info.d_model);
+        if ((st = reserve_answer(cn, (uint64_t)n * (4 * per + 256), what, msg, sizeof msg))) m[0] = 1;
+    } else {
+        snprintf(msg, sizeof msg, "%s", m);
+    }
+    if (st) {
         pthread_mutex_lock(&srv.mu);
         j->refs = 1;
         job_unref_locked(j);
         pthread_mutex_unlock(&srv.mu);
-        return send_error(c, strcmp(m, "out of memory") ? 400 : 500, "invalid_request", m);
+        return send_error(c, (unsigned)st, st == 400 ? "invalid_request" : st == 413 ? "request_too_large" :
+                          st == 503 ? "server_busy" : "internal_error", msg);
     }
     return serve_job(c, cn, j, "embd");
 }
@@ -2253,6 +2490,31 @@ static enum route route_of(const char *url, const char **model) {
     return R_NONE;
 }
 
+/* Refuse a request while its body arrives (a chunked body grown past a limit): the answer written to the socket
+ * (libmicrohttpd 0.9.75 queues no response before the body's end), then the connection closed (MHD_NO) rather
+ * than the rest of the body read, however long it goes on. */
+static enum MHD_Result refuse_body(struct MHD_Connection *c, unsigned status, const char *code, const char *msg) {
+    char *s = error_json(status, msg, code);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&srv.mu);
+    srv.requests++;
+    srv.errors++;
+    pthread_mutex_unlock(&srv.mu);
+    if (s && ci) {
+        char head[300];
+        const size_t n = strlen(s);
+        int h = snprintf(head, sizeof head, "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "Connection: close\r\n%s\r\n", status, status == 413 ? "Content Too Large" : status == 503 ?
+                         "Service Unavailable" : "Internal Server Error", n, status == 503 ? "Retry-After: 1\r\n" : "");
+        const int fd = ci->connect_fd;
+        (void)!send(fd, head, (size_t)h, MSG_NOSIGNAL);
+        (void)!send(fd, s, n, MSG_NOSIGNAL);
+        shutdown(fd, SHUT_WR); /* the answer ends here; the client reads it before the close */
+    }
+    free(s);
+    return MHD_NO;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     (void)cls;
@@ -2264,11 +2526,41 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return check_headers(c, method, version, cn);
     }
     if (*upload_size) { /* a piece of the body */
-        if (!cn->too_big && cn->body.len + *upload_size > srv.max_body) {
-            cn->too_big = true;
-            cli_buf_free(&cn->body);
+        const uint64_t len = cn->body.len + *upload_size;
+        if (len > srv.max_body) { /* only a chunked body gets here (a Content-Length was checked): refused now */
+            char m[200];
+            snprintf(m, sizeof m, "the request body (chunked) reached %" PRIu64 " bytes as received, over --max-body "
+                     "(%zu bytes)", len, srv.max_body);
+            return refuse_body(c, 413, "request_too_large", m);
         }
-        if (!cn->too_big && !cli_buf_add(&cn->body, upload_data, *upload_size)) cn->too_big = true;
+        if (cn->grows && REQ_COST(len) > cn->held) { /* a chunked body under --mem: its memory as it grows */
+            char m[400];
+            const uint64_t cost = REQ_COST(len);
+            if (cost > srv.req_cap) {
+                snprintf(m, sizeof m, "the request body (chunked) reached %" PRIu64 " bytes as received: the memory "
+                         "budget (--mem %s) leaves %s for requests, a body of at most %" PRIu64 " bytes: send a "
+                         "shorter one or raise --mem", len, cli_size(srv.budget).s, cli_size(srv.req_cap).s,
+                         (srv.req_cap - REQ_BASE) / REQ_FACTOR);
+                return refuse_body(c, 413, "request_too_large", m);
+            }
+            pthread_mutex_lock(&srv.mu);
+            const uint64_t held = srv.req_held - cn->held;
+            const bool fits = held + cost <= srv.req_cap;
+            if (fits) {
+                srv.req_held += cost - cn->held;
+                cn->held = cost;
+            }
+            pthread_mutex_unlock(&srv.mu);
+            if (!fits) {
+                snprintf(m, sizeof m, "the request body (chunked) reached %" PRIu64 " bytes as received, needing about "
+                         "%s; the other requests in flight hold %s of the %s the memory budget (--mem %s) leaves for "
+                         "requests: try again later", len, cli_size(cost).s, cli_size(held).s,
+                         cli_size(srv.req_cap).s, cli_size(srv.budget).s);
+                return refuse_body(c, 503, "server_busy", m);
+            }
+        }
+        if (!cli_buf_add(&cn->body, upload_data, *upload_size))
+            return refuse_body(c, 500, "internal_error", "out of memory reading the request body");
         *upload_size = 0;
         return MHD_YES;
     }
@@ -2292,11 +2584,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (rt != R_PAGE && !authorized(c))
         return send_error(c, 401, "invalid_api_key",
                           "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)");
-    if (cn->too_big) {
-        char m[128];
-        snprintf(m, sizeof m, "the request body is larger than --max-body (%zu bytes)", srv.max_body);
-        return send_error_ex(c, 413, "request_too_large", m, true);
-    }
     bool is_post = rt == R_CHAT || rt == R_COMPL || rt == R_NATIVE || rt == R_TOKENIZE || rt == R_DETOKENIZE ||
                    rt == R_EMBED || rt == R_RESPONSES || rt == R_TEMPLATE || rt == R_INPUT_TOKENS;
     if (is_post && !post) return send_error(c, 405, "method_not_allowed", "use POST");
