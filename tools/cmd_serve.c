@@ -2503,9 +2503,11 @@ static enum MHD_Result refuse_body(struct MHD_Connection *c, unsigned status, co
     if (s && ci) {
         char head[300];
         const size_t n = strlen(s);
-        int h = snprintf(head, sizeof head, "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                         "Connection: close\r\n%s\r\n", status, status == 413 ? "Content Too Large" : status == 503 ?
-                         "Service Unavailable" : "Internal Server Error", n, status == 503 ? "Retry-After: 1\r\n" : "");
+        int h = snprintf(head, sizeof head, "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\n"
+                         "Content-Length: %zu\r\nConnection: close\r\n%s\r\n", status,
+                         status == 413 ? "Content Too Large" : status == 503 ? "Service Unavailable"
+                                                                              : "Internal Server Error",
+                         n, status == 503 ? "Retry-After: 1\r\n" : "");
         const int fd = ci->connect_fd;
         (void)!send(fd, head, (size_t)h, MSG_NOSIGNAL);
         (void)!send(fd, s, n, MSG_NOSIGNAL);

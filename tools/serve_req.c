@@ -345,7 +345,11 @@ bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t 
 cJSON *serve_parse_json(const char *body, size_t len, char *msg, size_t cap) {
     for (size_t i = 0; i < len;) { /* UTF-8 (RFC 8259 section 8.1): well-formed, no surrogates, no overlongs */
         const unsigned char b = (unsigned char)body[i];
-        size_t k = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        size_t k = b < 0x80                 ? 1
+                   : b >= 0xC2 && b <= 0xDF ? 2
+                   : b >= 0xE0 && b <= 0xEF ? 3
+                   : b >= 0xF0 && b <= 0xF4 ? 4
+                                            : 0;
         bool ok = k && i + k <= len;
         for (size_t j = 1; ok && j < k; j++) ok = ((unsigned char)body[i + j] >> 6) == 2;
         if (ok && k == 3) {
