@@ -60,6 +60,7 @@ struct spec {
     double ms_token;  /* ms per generated token of the tree steps, decayed */
     /* the target's evaluations (t_eval): their own statistics, summed until spec_take_calls, and the last one's */
     uint32_t seq;     /* the target's sequence (spec_set_seq) */
+    uint32_t n_batch; /* the target's batch (its plan's): a tree that fits one verifies lazily */
     flm_call_stats calls, last_call;
 };
 
@@ -113,6 +114,9 @@ flm_status spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, int32_
     s->o = *o;
     s->n_vocab = ti.n_vocab;
     s->n_ctx = (int32_t)ti.n_ctx;
+    flm_plan_info tp;
+    flm_get_plan(target, &tp);
+    s->n_batch = tp.n_batch;
     s->draft_n_ctx = draft ? (int32_t)di.n_ctx : 0;
     const size_t V = ti.n_vocab, T = (size_t)o->tree, N = T > (size_t)o->n_draft ? T : (size_t)o->n_draft;
     s->hist = hist;
@@ -574,9 +578,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long
  * flm_eval_tree. */
 static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_error *err) {
     const double tv = flm_now_ms();
-    flm_stats fs;
-    flm_get_stats(s->target, &fs);
-    *lazy = N == 1 || (uint32_t)N <= fs.n_batch;
+    *lazy = N == 1 || (uint32_t)N <= s->n_batch;
     flm_status st = t_tree(s, s->ttok, s->tpar, (uint32_t)N, 0, H, false, *lazy ? NULL : s->rows, err);
     if (st) return st;
     const double dv = flm_now_ms() - tv;
