@@ -573,7 +573,9 @@ typedef struct flm_call_stats {
                               compute_ms (the passes' wall time less those two), bytes_read, n_reads, the sparse
                               counts; rows_used the level after the call (a joined call: its rows' share of the pass) */
     double io_busy_ms;     /* wall ms during the call in which the context's reader had a read in flight (a joined
-                              call: its rows' share of its pass's); 0 when nothing is read from flash */
+                              call: its rows' share of its pass's); 0 when nothing is read from flash. A read a call
+                              starts ahead for the next one counts where it is in flight: between calls it counts in
+                              none, so a generation's busy share is flm_gen_result.io_busy_ms (its wall window) */
     double ms;             /* wall ms of the call (a joined call: waiting for the pass included) */
 } flm_call_stats;
 

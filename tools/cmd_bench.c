@@ -288,7 +288,9 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
     r->prompt_ms = cli_now_ms() - t0;
     r->prompt_bytes = out.stats.total.bytes_read;
     r->n_batch = (int)plan.n_batch;
-    double w0 = cli_now_ms();
+    double w0 = cli_now_ms(); /* before the reset: the busy time counted from it lies within the wall time */
+    flm_reset_stats(ctx); /* flm_stats.io_busy_ms: the reader's busy time over the generation's wall time (reads ahead
+                             between the calls included: each call's own figures are summed below) */
     if (run->spec) { /* speculative: the whole generation timed; the target's statistics summed */
         flm_session *sess = NULL;
         flm_spec_params so;
@@ -350,7 +352,6 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         goto fail;
     }
     int32_t tok = flm_sampler_sample(smp, logits);
-    double busy = 0; /* the reader's busy ms during the generation's calls */
     int got = 0;
     for (; got < n_gen; got++, pos++) { /* each token's own statistics, from its call */
         const flm_eval_args a = {.tokens = &tok, .n = 1, .pos = pos};
@@ -361,11 +362,12 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         const flm_token_stats *s = &out.stats.total;
         t[got] = (bench_tok){s->io_ms, s->mem_ms, s->compute_ms, s->bytes_read, s->n_reads, s->n_predicted,
                              s->n_loaded, s->n_reused};
-        busy += out.stats.io_busy_ms;
         tok = flm_sampler_sample(smp, out.logits);
     }
+    flm_stats gs;
+    flm_get_stats(ctx, &gs); /* before the wall time ends: busy <= wall */
     r->wall_ms = cli_now_ms() - w0;
-    r->busy_ms = busy;
+    r->busy_ms = gs.io_busy_ms;
     r->busy_share = r->wall_ms > 0 ? r->busy_ms / r->wall_ms : 0;
     r->n_prompt = n_prompt;
     r->tok_per_pass = 1;
