@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (size_t i = 0; i < r.n_msgs; i++) {
             fz_check(r.msgs[i].role && r.msgs[i].content, "message %zu", i);
             fz_check(!strcmp(r.msgs[i].role, "system") || !strcmp(r.msgs[i].role, "user") ||
-                     !strcmp(r.msgs[i].role, "assistant"), "role %s", r.msgs[i].role);
+                     !strcmp(r.msgs[i].role, "assistant") || !strcmp(r.msgs[i].role, "tool"), "role %s",
+                     r.msgs[i].role); /* "developer" is kept as "system"; "tool": a tool's result (issue 32) */
         }
         fz_check(r.n_stop >= 0 && r.n_stop <= FLM_GEN_STOP_MAX, "n_stop %d", r.n_stop);
         for (int i = 0; i < r.n_stop; i++)
