@@ -597,6 +597,9 @@ typedef struct flm_eval_out {
 FLM_API flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *args, flm_eval_out *out, flm_error *err);
 /* sum += a, field by field (rows_used: a's, the later level). For summing a request's calls. */
 FLM_API void flm_call_stats_add(flm_call_stats *sum, const flm_call_stats *a);
+/* The same for the per-token figures alone (flm_call_stats.total, flm_session_stats.prompt / gen): times, bytes,
+ * reads and sparse counts summed, rows_used a's. Source: src/runtime/stats.c. */
+FLM_API void flm_token_stats_add(flm_token_stats *sum, const flm_token_stats *a);
 
 #define FLM_STATS_HIST 24
 typedef struct flm_stats {

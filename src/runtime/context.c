@@ -449,21 +449,6 @@ static void record_batch(flm_ctx *ctx, const flm_token_stats *pt, uint32_t m) {
     }
 }
 
-/* sum += a, for one call's pieces (rows_used: a level, the latest) */
-static void stats_add(flm_token_stats *sum, const flm_token_stats *a) {
-    sum->io_ms += a->io_ms;
-    sum->mem_ms += a->mem_ms;
-    sum->compute_ms += a->compute_ms;
-    sum->bytes_read += a->bytes_read;
-    sum->n_reads += a->n_reads;
-    sum->n_predicted += a->n_predicted;
-    sum->n_loaded += a->n_loaded;
-    sum->n_reused += a->n_reused;
-    sum->rows_used = a->rows_used;
-    sum->n_true += a->n_true;
-    sum->n_true_pos += a->n_true_pos;
-}
-
 static bool runs_hot(const flm_ctx *ctx) { return ctx->flash && ctx->flash->plan.mode == FLM_MODE_HOT; }
 
 #define NEEDS_HOT "a self-draft needs mode hot (flashlm calibrate orders the neurons; --mode hot or auto under a " \
@@ -496,7 +481,7 @@ flm_status flm_eval_run(flm_ctx *ctx, const flm_eval_req *rq, flm_eval_res *res,
             return st;
         }
         record_batch(ctx, &r.stats, m);
-        stats_add(&res->stats, &r.stats);
+        flm_token_stats_add(&res->stats, &r.stats);
         res->n_tokens += m;
         res->n_passes++;
         res->logits = r.logits;
@@ -753,7 +738,7 @@ flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint3
     flm_status st = flm_evaluate(ctx, &a, &out, err);
     if (st) return st;
     *logits = out.logits;
-    if (stats) stats_add(stats, &out.stats.total);
+    if (stats) flm_token_stats_add(stats, &out.stats.total);
     return FLM_OK;
 }
 
@@ -858,7 +843,7 @@ static flm_status eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *
         flm_eval_res r = {0};
         if ((st = flm_forward(ctx, &rq, &r, err))) break;
         record_batch(ctx, &r.stats, m);
-        stats_add(&cs->total, &r.stats);
+        flm_token_stats_add(&cs->total, &r.stats);
         cs->n_tokens += m;
         cs->n_passes++;
         hidden = r.hidden;

@@ -83,21 +83,24 @@ void flm_reset_stats(flm_ctx *ctx) {
     ctx->n_joined = ctx->rows_joined = 0;
 }
 
+void flm_token_stats_add(flm_token_stats *sum, const flm_token_stats *a) {
+    sum->io_ms += a->io_ms;
+    sum->mem_ms += a->mem_ms;
+    sum->compute_ms += a->compute_ms;
+    sum->bytes_read += a->bytes_read;
+    sum->n_reads += a->n_reads;
+    sum->n_predicted += a->n_predicted;
+    sum->n_loaded += a->n_loaded;
+    sum->n_reused += a->n_reused;
+    sum->rows_used = a->rows_used; /* a level, not a sum: the later */
+    sum->n_true += a->n_true;
+    sum->n_true_pos += a->n_true_pos;
+}
+
 void flm_call_stats_add(flm_call_stats *sum, const flm_call_stats *a) {
     sum->n_tokens += a->n_tokens;
     sum->n_passes += a->n_passes;
-    flm_token_stats *t = &sum->total;
-    t->io_ms += a->total.io_ms;
-    t->mem_ms += a->total.mem_ms;
-    t->compute_ms += a->total.compute_ms;
-    t->bytes_read += a->total.bytes_read;
-    t->n_reads += a->total.n_reads;
-    t->n_predicted += a->total.n_predicted;
-    t->n_loaded += a->total.n_loaded;
-    t->n_reused += a->total.n_reused;
-    t->rows_used = a->total.rows_used; /* a level, not a sum: the later */
-    t->n_true += a->total.n_true;
-    t->n_true_pos += a->total.n_true_pos;
+    flm_token_stats_add(&sum->total, &a->total);
     sum->io_busy_ms += a->io_busy_ms;
     sum->ms += a->ms;
 }

@@ -218,17 +218,6 @@ void flm_gen_params_default(flm_gen_params *p) {
     p->max_tokens = -1;
 }
 
-/* Add a call's sums to a request's (flm_session_stats.prompt / gen: the times, bytes, reads and sparse counts). */
-static void stats_add(flm_token_stats *sum, const flm_token_stats *a) {
-    sum->io_ms += a->io_ms;
-    sum->mem_ms += a->mem_ms;
-    sum->compute_ms += a->compute_ms;
-    sum->bytes_read += a->bytes_read;
-    sum->n_reads += a->n_reads;
-    sum->n_predicted += a->n_predicted;
-    sum->n_loaded += a->n_loaded;
-    sum->n_reused += a->n_reused;
-}
 
 /* The statistics the next sampled token reports (flm_gen_token.stats): a token's share of the call c whose logits
  * gave it (its times and counts over its tokens). */
@@ -294,7 +283,7 @@ static flm_status feed_counted(flm_session *s, const int32_t *ids, size_t n, int
         if (st) flm_session_rewind(s, pos);
     }
     s->st.prompt_ms += flm_now_ms() - t0;
-    stats_add(&s->st.prompt, &s->calls.total);
+    flm_token_stats_add(&s->st.prompt, &s->calls.total);
     if (!st) s->st.n_prompt += n;
     return st;
 }
@@ -842,7 +831,7 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
     s->hold_len = 0;
     if (s->shared) flm_seq_leave(s->ctx, s->seq); /* the joined passes need not wait for this sequence now */
     const flm_call_stats *c = &s->calls; /* the generation's evaluations */
-    stats_add(&s->st.gen, &c->total);
+    flm_token_stats_add(&s->st.gen, &c->total);
     s->st.n_gen_evaluated += c->n_tokens;
     if (ss) { /* the target's share of the speculative counts */
         ss->target_tokens += c->n_tokens;
