@@ -215,7 +215,7 @@ static void test_sparse_same_neurons(void **state) {
            (unsigned long long)ta->n_predicted, (unsigned long long)ta->n_loaded,
            (unsigned long long)flm_sparse_streamed(flm_ctx_sparse(a)), (unsigned long long)ta->n_reads, ta->bytes_read / 1024.0,
            (unsigned long long)tb->n_reads, tb->bytes_read / 1024.0);
-    /* the sums run in the original order (flm_layer_sparsity.orig) and the plan keeps the same cache: the same bits,
+    /* the sums run in the original order (flm_predictor_layer.orig) and the plan keeps the same cache: the same bits,
      * the first token (dense, larger than the cache: part streamed) included */
     assert_memory_equal(la, lb, (size_t)N_TOK * V * sizeof(float));
     assert_true(ta->n_loaded > 0);

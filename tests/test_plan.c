@@ -80,9 +80,9 @@ static int setup(void **state) {
         o.chunk = 64;
         o.max_tokens = 2048;
         o.n_threads = 1;
-        flm_sparsity rep;
+        flm_predictor_region rep;
         flm_status st = flm_calibrate(paths[i], &o, &rep, &err);
-        if (!st) flm_sparsity_free(&rep);
+        if (!st) flm_predictor_region_free(&rep);
         free(text);
         if (st) { fprintf(stderr, "calibrate %s: %s\n", paths[i], err.msg); return -1; }
     }

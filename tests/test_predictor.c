@@ -570,7 +570,7 @@ static void test_serialize(void **state) {
 static void test_sparsity_region(void **state) {
     (void)state;
     uint64_t rs = 9;
-    flm_sparsity a = {0}, b;
+    flm_predictor_region a = {0}, b;
     flm_error err;
     a.n_layers = 2;
     a.n_levels = 3;
@@ -583,7 +583,7 @@ static void test_sparsity_region(void **state) {
         a.level_loss[k] = k == 2 ? NAN : 0.01f * (float)k;
     }
     for (uint32_t l = 0; l < 2; l++) {
-        flm_layer_sparsity *L = &a.layers[l];
+        flm_predictor_layer *L = &a.layers[l];
         L->rule = FLM_RULE_CONTRIB;
         assert_int_equal(flm_predictor_init(&L->pred, 8, 12, 3, &err), FLM_OK);
         fill_random(&L->pred, &rs);
@@ -592,36 +592,36 @@ static void test_sparsity_region(void **state) {
                                        0.95f - 0.1f * (float)k, 0.99f, 0.9f, 0.5f};
         for (int k = 0; k < FLM_AGG_K; k++) L->s_agg[k] = 0.5f;
     }
-    flm_sparsity_use_level(&a, 1);
+    flm_predictor_region_use_level(&a, 1);
     assert_true(a.layers[1].pred.threshold == 0.0f && a.layers[1].threshold == 0.02f);
     uint8_t *buf = NULL;
     size_t len = 0;
-    assert_int_equal(flm_sparsity_serialize(&a, &buf, &len, &err), FLM_OK);
-    assert_int_equal(flm_sparsity_deserialize(buf, len, "r.flm", &b, &err), FLM_OK);
+    assert_int_equal(flm_predictor_region_serialize(&a, &buf, &len, &err), FLM_OK);
+    assert_int_equal(flm_predictor_region_deserialize(buf, len, "r.flm", &b, &err), FLM_OK);
     assert_int_equal(b.n_levels, 3);
     assert_int_equal(b.default_level, 1);
     assert_true(isnan(b.level_loss[2]) && b.level_loss[1] == 0.01f);
-    assert_int_equal(flm_sparsity_find_level(&b, 0.1f), 2);
-    assert_int_equal(flm_sparsity_find_level(&b, 0.05f), -1);
+    assert_int_equal(flm_predictor_region_find_level(&b, 0.1f), 2);
+    assert_int_equal(flm_predictor_region_find_level(&b, 0.05f), -1);
     assert_memory_equal(&a.layers[1].levels[2], &b.layers[1].levels[2], sizeof(flm_level));
-    flm_sparsity_use_level(&b, 2);
+    flm_predictor_region_use_level(&b, 2);
     assert_true(b.layers[0].pred.threshold == 1.0f && b.layers[0].pred_frac == 0.75f);
-    flm_sparsity_free(&b);
+    flm_predictor_region_free(&b);
     for (size_t n = 0; n < len; n += 7) {
-        flm_status st = flm_sparsity_deserialize(buf, n, "r.flm", &b, &err);
+        flm_status st = flm_predictor_region_deserialize(buf, n, "r.flm", &b, &err);
         assert_int_not_equal(st, FLM_OK);
         assert_non_null(strstr(err.msg, "r.flm"));
     }
     uint8_t *t = malloc(len);
     memcpy(t, buf, len);
     put32(t + 20, FLM_MAX_LEVELS + 1); /* too many levels */
-    assert_int_equal(flm_sparsity_deserialize(t, len, "r.flm", &b, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_predictor_region_deserialize(t, len, "r.flm", &b, &err), FLM_ERR_FORMAT);
     memcpy(t, buf, len);
     put32(t + 24, 3); /* default level out of range */
-    assert_int_equal(flm_sparsity_deserialize(t, len, "r.flm", &b, &err), FLM_ERR_FORMAT);
+    assert_int_equal(flm_predictor_region_deserialize(t, len, "r.flm", &b, &err), FLM_ERR_FORMAT);
     free(t);
     free(buf);
-    flm_sparsity_free(&a);
+    flm_predictor_region_free(&a);
 }
 
 int main(void) {

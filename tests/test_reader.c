@@ -73,7 +73,7 @@ static void plan_ok(flm_read_plan *p, const flm_extent *e, size_t n, double lat,
     flm_error err = {0};
     for (size_t i = 0; i < n; i++)
         if (e[i].length) memset(e[i].dst, 0xEE, e[i].length);
-    flm_status st = flm_plan_reads(e, n, &cost, align, max_request, p, &err);
+    flm_status st = flm_read_plan_build(e, n, &cost, align, max_request, p, &err);
     if (st != FLM_OK) fail_msg("plan failed: %s", err.msg);
     run_plan_virtually(p, align, max_request);
     check_extents(e, n);
@@ -103,7 +103,7 @@ static void test_plan_adjacent_merge(void **state) {
     plan_ok(&p, f, 2, 0, 2, 4096, MiB);
     assert_int_equal(p.n_ops, 1);
     assert_int_equal(p.ops[0].length, 8192);
-    flm_plan_free(&p);
+    flm_read_plan_free(&p);
     free(a);
 }
 
@@ -134,7 +134,7 @@ static void test_plan_gap_cost(void **state) {
     assert_int_equal(p.ops[1].offset, 5300);
     assert_int_equal(p.ops[1].length, 100);
     assert_true(p.ops[1].dst == a + 400); /* a lone extent with align 1 is zero-copy */
-    flm_plan_free(&p);
+    flm_read_plan_free(&p);
     free(a);
 }
 
@@ -176,7 +176,7 @@ static void test_plan_max_request(void **state) {
     plan_ok(&p, t, 2, 0, 2, 4096, MiB);
     assert_int_equal(p.n_ops, 2);
     assert_int_equal(p.ops[0].length, 700 * KiB);
-    flm_plan_free(&p);
+    flm_read_plan_free(&p);
     free(a);
 }
 
@@ -196,7 +196,7 @@ static void test_plan_overlap(void **state) {
     flm_extent f[] = {{0, 2 * MiB, b}, {5000, 100, a + 3}};
     plan_ok(&p, f, 2, 80, 2, 4096, MiB);
     assert_int_equal(p.n_ops, 3);
-    flm_plan_free(&p);
+    flm_read_plan_free(&p);
     free(b);
     free(a);
 }
@@ -225,7 +225,7 @@ static void test_plan_alignment(void **state) {
     plan_ok(&p, e, 1, 80, 2, 512, 64 * KiB);
     assert_int_equal(p.ops[0].offset, 4608);
     assert_int_equal(p.ops[0].length, 512);
-    flm_plan_free(&p);
+    flm_read_plan_free(&p);
     free(a);
 }
 
@@ -242,16 +242,16 @@ static void test_plan_unsorted_and_args(void **state) {
     assert_int_equal(p.bytes_used, 30);
     /* Empty list, bad arguments. */
     flm_error err = {0};
-    assert_int_equal(flm_plan_reads(e, 0, NULL, 4096, MiB, &p, &err), FLM_OK);
+    assert_int_equal(flm_read_plan_build(e, 0, NULL, 4096, MiB, &p, &err), FLM_OK);
     assert_int_equal(p.n_ops, 0);
-    assert_int_equal(flm_plan_reads(e, 1, NULL, 3000, MiB, &p, &err), FLM_ERR_ARG);
-    assert_int_equal(flm_plan_reads(e, 1, NULL, 4096, 100, &p, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_read_plan_build(e, 1, NULL, 3000, MiB, &p, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_read_plan_build(e, 1, NULL, 4096, 100, &p, &err), FLM_ERR_ARG);
     flm_extent bad[] = {{0, 10, NULL}};
-    assert_int_equal(flm_plan_reads(bad, 1, NULL, 4096, MiB, &p, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_read_plan_build(bad, 1, NULL, 4096, MiB, &p, &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "no destination"));
     flm_extent huge[] = {{UINT64_MAX - 5, 10, a}};
-    assert_int_equal(flm_plan_reads(huge, 1, NULL, 4096, MiB, &p, &err), FLM_ERR_ARG);
-    flm_plan_free(&p);
+    assert_int_equal(flm_read_plan_build(huge, 1, NULL, 4096, MiB, &p, &err), FLM_ERR_ARG);
+    flm_read_plan_free(&p);
     free(a);
 }
 
@@ -282,7 +282,7 @@ static void test_plan_random(void **state) {
         }
         plan_ok(&p, e, n, lat, 2, align, maxr);
     }
-    flm_plan_free(&p);
+    flm_read_plan_free(&p);
     free(a);
 }
 
@@ -402,7 +402,7 @@ static void read_and_verify(flm_reader *r, uint64_t max_request, uint64_t seed, 
         flm_reader_opts d;
         flm_reader_opts_default(&d);
         uint64_t align = flm_reader_is_direct(r) ? flm_reader_align(r) : 1;
-        assert_int_equal(flm_plan_reads(e, n, &d.cost, align, max_request, &plan, &err), FLM_OK);
+        assert_int_equal(flm_read_plan_build(e, n, &d.cost, align, max_request, &plan, &err), FLM_OK);
         want_requests += plan.n_ops;
         flm_status st = flm_reader_read(r, e, n, &stats, &err);
         if (st != FLM_OK) fail_msg("read (round %d, %s): %s", round, flm_reader_backend_name(r), err.msg);
@@ -421,7 +421,7 @@ static void read_and_verify(flm_reader *r, uint64_t max_request, uint64_t seed, 
     assert_int_equal(stats.n_requests, want_requests);
     assert_true(stats.bytes_read >= stats.bytes_requested / 2); /* overlaps are read once */
     assert_true(stats.ms > 0);
-    flm_plan_free(&plan);
+    flm_read_plan_free(&plan);
     free(e);
     free(arena);
 }

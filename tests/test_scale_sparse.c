@@ -27,7 +27,7 @@ static void test_relu_predictor_and_sparse(void **state) {
     o.chunk = 64;
     o.rank = 32;
     o.n_threads = 1; /* under parallel test load, OpenMP threads waiting on each other cost 10x (112 s vs 10 s) */
-    flm_sparsity rep;
+    flm_predictor_region rep;
     flm_error err;
     if (flm_calibrate(flm, &o, &rep, &err)) fail_msg("calibrate: %s", err.msg);
     double recall = 0, prec = 0, act = 0, pred = 0;
@@ -43,7 +43,7 @@ static void test_relu_predictor_and_sparse(void **state) {
      * 4x the truly active neurons */
     assert_true(recall >= 0.93);
     assert_true(pred <= 4 * act);
-    flm_sparsity_free(&rep);
+    flm_predictor_region_free(&rep);
     free(text);
     double rss, budget, b_sparse, b_naive = naive_bytes_per_token();
     run_cli("--mode sparse --mem 50%", 8, &rss, &budget, &b_sparse);

@@ -92,13 +92,13 @@ static int setup(void **state) {
     o.text = calib_text;
     o.chunk = 64;
     o.n_threads = 1; /* stories260K is tiny: a second OpenMP thread only waits for the first under ctest -j load */
-    flm_sparsity rep;
+    flm_predictor_region rep;
     if (flm_calibrate(flm_path, &o, &rep, &err)) { fprintf(stderr, "calibrate: %s\n", err.msg); return -1; }
     for (uint32_t l = 0; l < rep.n_layers; l++)
         printf("layer %u: threshold %.4f, true active %.3f, predicted %.3f, recall %.3f, precision %.3f\n", l,
                (double)rep.layers[l].threshold, rep.layers[l].active_frac, rep.layers[l].pred_frac,
                rep.layers[l].recall, rep.layers[l].precision);
-    flm_sparsity_free(&rep);
+    flm_predictor_region_free(&rep);
     return 0;
 }
 

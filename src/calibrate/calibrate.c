@@ -195,7 +195,7 @@ done:
 /* ---- the held-out check: perplexity with the predictors of one level, in memory ---------------------------------- */
 
 typedef struct {
-    flm_sparsity *sp;
+    flm_predictor_region *sp;
     uint32_t level;
     float *scratch; /* predictor: max rank + d_ffn floats; oracle: d_ffn */
     float **dn;     /* [n_layers][d_ffn] down-column norms (the oracle) */
@@ -267,8 +267,9 @@ static flm_status eval_pass(flm_ctx *ctx, const int32_t *toks, uint32_t n, uint3
  * Fills sp's level_loss (exp(mean KL) - 1) and level_dnll (and their _oracle), and sets *def to the most
  * aggressive level within o->max_loss (0 if none is). scratch: max rank + d_ffn floats. Stops at the first level
  * past max_loss unless o->curve. Errors: those of flm_eval, FLM_ERR_NOMEM. */
-static flm_status check_levels(flm_ctx *ctx, flm_sparsity *sp, const int32_t *eval_ids, uint32_t n_eval, int32_t bos,
-                               const flm_calib_opts *o, float *scratch, float **dn, uint32_t *def, flm_error *err) {
+static flm_status check_levels(flm_ctx *ctx, flm_predictor_region *sp, const int32_t *eval_ids, uint32_t n_eval,
+                               int32_t bos, const flm_calib_opts *o, float *scratch, float **dn, uint32_t *def,
+                               flm_error *err) {
     int passes = o->curve && dn ? 2 : 1;
     uint64_t done_tok = 0, total = (uint64_t)n_eval * ((uint64_t)passes * sp->n_levels + 1);
     const flm_hparams *hp = &flm_ctx_model(ctx)->hp;
@@ -388,10 +389,10 @@ static void layer_work_free(layer_work *w) {
  * up biases b_up [d_ffn] (NULL: none; OPT, Phi-2, Persimmon): the up projection's pre-activation is up . x + b_up. */
 static flm_status calibrate_layer(const flm_hparams *hp, const flm_kernels *k, const uint8_t *rec,
                                   const flm_bundle_desc *b, const float *b_up, const flm_calib_opts *o, uint32_t l,
-                                  const float *X, uint32_t n, uint32_t n_tr, flm_sparsity *sp, uint32_t train_level,
-                                  uint32_t rank, layer_work *w, flm_error *err) {
+                                  const float *X, uint32_t n, uint32_t n_tr, flm_predictor_region *sp,
+                                  uint32_t train_level, uint32_t rank, layer_work *w, flm_error *err) {
     const uint32_t d = hp->d_model, F = hp->d_ffn, n_ho = n - n_tr;
-    flm_layer_sparsity *S = &sp->layers[l];
+    flm_predictor_layer *S = &sp->layers[l];
     bool relu = flm_act_relu_family(hp->act); /* ReLU, squared ReLU: active exactly when the pre-activation is > 0 */
     uint32_t wt = b->gated ? b->gate_type : b->up_type;
     uint64_t woff = b->gated ? b->gate_off : b->up_off;
@@ -539,15 +540,17 @@ flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_fil
     return FLM_OK;
 }
 
-static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_predictor_region *report, int *hot,
                                    flm_error *err);
-static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err);
+static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_predictor_region *report,
+                                flm_error *err);
 
-flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+flm_status flm_calibrate(const char *path, const flm_calib_opts *o, flm_predictor_region *report, flm_error *err) {
     return flm_calibrate_ex(path, o, report, NULL, err);
 }
 
-flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot, flm_error *err) {
+flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, flm_predictor_region *report, int *hot,
+                            flm_error *err) {
     flm_status st = FLM_OK;
     if (hot) *hot = FLM_CALIB_HOT_NONE;
     int fd = flm_calib_lock(path, &st, err);
@@ -557,7 +560,8 @@ flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, flm_spars
     return st;
 }
 
-flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, flm_predictor_region *report,
+                                flm_error *err) {
     flm_status st = FLM_OK;
     int fd = flm_calib_lock(path, &st, err);
     if (fd < 0) return st;
@@ -581,7 +585,7 @@ typedef struct calib_run {
     const flm_kernels *kern;
     uint32_t L, d, F;
     bool relu;
-    flm_sparsity sp;
+    flm_predictor_region sp;
     tap_data td;
     int32_t *chunk_toks;
     uint32_t n_x;           /* entries of td.X */
@@ -766,7 +770,7 @@ static flm_status calib_record(calib_run *c, flm_error *err) {
 /* 2. the levels: one for ReLU models; else the standard ones with the training level and a forced one */
 static flm_status calib_levels(calib_run *c, flm_error *err) {
     const flm_calib_opts *o = c->o;
-    flm_sparsity *sp = &c->sp;
+    flm_predictor_region *sp = &c->sp;
     sp->n_layers = c->L;
     sp->layers = calloc(c->L, sizeof *sp->layers);
     if (!sp->layers) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
@@ -778,14 +782,14 @@ static flm_status calib_levels(calib_run *c, flm_error *err) {
         sp->n_levels = flm_calib_standard_levels(sp->level_eps, FLM_MAX_LEVELS);
         float extra[2] = {o->train_eps, o->level};
         for (int e = 0; e < 2; e++) { /* the training level and a forced one join the list, kept ascending */
-            if (extra[e] <= 0.0f || flm_sparsity_find_level(sp, extra[e]) >= 0) continue;
+            if (extra[e] <= 0.0f || flm_predictor_region_find_level(sp, extra[e]) >= 0) continue;
             if (sp->n_levels == FLM_MAX_LEVELS) sp->n_levels--; /* drop the most aggressive standard level */
             uint32_t k = sp->n_levels;
             while (k > 0 && sp->level_eps[k - 1] > extra[e]) { sp->level_eps[k] = sp->level_eps[k - 1]; k--; }
             sp->level_eps[k] = extra[e];
             sp->n_levels++;
         }
-        c->train_level = (uint32_t)flm_sparsity_find_level(sp, o->train_eps);
+        c->train_level = (uint32_t)flm_predictor_region_find_level(sp, o->train_eps);
     }
     for (uint32_t k = 0; k < FLM_MAX_LEVELS; k++)
         sp->level_loss[k] = sp->level_loss_oracle[k] = sp->level_dnll[k] = sp->level_dnll_oracle[k] = NAN;
@@ -857,9 +861,9 @@ static flm_status calib_train(calib_run *c, flm_error *err) {
 static flm_status calib_default_level(calib_run *c, flm_error *err) {
     const flm_calib_opts *o = c->o;
     const uint32_t L = c->L, d = c->d, F = c->F, n = c->n;
-    flm_sparsity *sp = &c->sp;
+    flm_predictor_region *sp = &c->sp;
     c->def = c->train_level;
-    if (o->level > 0.0f && !c->relu) c->def = (uint32_t)flm_sparsity_find_level(sp, o->level);
+    if (o->level > 0.0f && !c->relu) c->def = (uint32_t)flm_predictor_region_find_level(sp, o->level);
     if (c->n_eval && c->streaming) {
         /* the check runs the model in memory (ram mode), beside the reference logits: only when both fit what the
          * budget has left besides the predictors; training's buffers are not needed again */
@@ -888,7 +892,7 @@ static flm_status calib_default_level(calib_run *c, flm_error *err) {
     }
     sp->default_level = c->def;
     sp->target_sparsity = sp->level_eps[c->def];
-    flm_sparsity_use_level(sp, c->def);
+    flm_predictor_region_use_level(sp, c->def);
     for (uint32_t l = 0; l < L; l++) {
         uint32_t na = n < 1024 ? n : 1024; /* the union statistics, on the last tokens recorded */
         na -= na % o->chunk;
@@ -903,7 +907,7 @@ static flm_status calib_default_level(calib_run *c, flm_error *err) {
 /* 5. store: the predictor region into the working file, then (a hot-ordered copy) the one rename onto the model */
 static flm_status calib_store(calib_run *c, flm_error *err) {
     size_t len = 0;
-    flm_status st = flm_sparsity_serialize(&c->sp, &c->region, &len, err);
+    flm_status st = flm_predictor_region_serialize(&c->sp, &c->region, &len, err);
     if (st) return st;
     flm_close(c->ctx); /* the file is replaced below */
     c->ctx = NULL;
@@ -948,7 +952,7 @@ static void calib_run_free(calib_run *c) {
     free(c->sim_scratch);
 }
 
-static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, int *hot,
+static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, flm_predictor_region *report, int *hot,
                                    flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
@@ -982,12 +986,13 @@ static flm_status calibrate_locked(const char *path, const flm_calib_opts *o, fl
         st = calib_store(c, err);
     calib_run_free(c);
     if (!st && report) *report = c->sp;
-    else flm_sparsity_free(&c->sp);
+    else flm_predictor_region_free(&c->sp);
     free(c);
     return st;
 }
 
-static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_sparsity *report, flm_error *err) {
+static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_predictor_region *report,
+                                flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
     if ((!o->text && !o->text_file) || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
@@ -995,7 +1000,7 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
     flm_ctx *ctx = NULL;
     flm_status st = open_ram(path, o, &ctx, err);
     if (st) return st;
-    flm_sparsity sp = {0};
+    flm_predictor_region sp = {0};
     int32_t *ids = NULL;
     float *scratch = NULL;
     uint8_t *region = NULL;
@@ -1007,7 +1012,7 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
         goto done;
     }
     if ((st = flm_file_read_region(f, f->predictor, &stored, err)) ||
-        (st = flm_sparsity_deserialize(stored, f->predictor->size, path, &sp, err)))
+        (st = flm_predictor_region_deserialize(stored, f->predictor->size, path, &sp, err)))
         goto done;
     if (sp.n_layers != hp->n_layers || sp.layers[0].rule == FLM_RULE_RELU || sp.n_levels < 2) {
         st = flm_fail(err, FLM_ERR_ARG, "%s: its calibration has one level: nothing to choose", path);
@@ -1047,9 +1052,9 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_s
     if ((st = check_levels(ctx, &sp, eval_ids, n_eval, bos, o, scratch, NULL, &def, err))) goto done;
     sp.default_level = def;
     sp.target_sparsity = sp.level_eps[def];
-    flm_sparsity_use_level(&sp, def); /* s_agg stays the calibration's (measured at its default level) */
+    flm_predictor_region_use_level(&sp, def); /* s_agg stays the calibration's (measured at its default level) */
     size_t len = 0;
-    if ((st = flm_sparsity_serialize(&sp, &region, &len, err))) goto done;
+    if ((st = flm_predictor_region_serialize(&sp, &region, &len, err))) goto done;
     flm_close(ctx);
     ctx = NULL;
     st = flm_file_put_region(path, FLM_REGION_PREDICTOR, region, len, err);
@@ -1060,6 +1065,6 @@ done:
     free(region);
     free(stored);
     if (!st && report) *report = sp;
-    else flm_sparsity_free(&sp);
+    else flm_predictor_region_free(&sp);
     return st;
 }

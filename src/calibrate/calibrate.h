@@ -39,17 +39,18 @@ int flm_calib_pwrite_all(int fd, const void *buf, size_t n, off_t off);
 
 /* Calibrate the .flm file at path in place (atomically: see flm_file_put_region). Prints nothing; per-layer results
  * and the levels (with their measured held-out loss) are in the stored region (read them back with
- * flm_sparsity_deserialize) and returned in *report when non-NULL (at the default level).
+ * flm_predictor_region_deserialize) and returned in *report when non-NULL (at the default level).
  * One calibration of a file at a time: an exclusive advisory lock (flock) on path is held throughout; a second run
  * fails at once with FLM_ERR_IO ("another `flashlm calibrate` is writing this file").
  * Errors: those of flm_open / flm_file_put_region, FLM_ERR_ARG (bad options; text too short: fewer than 64 tokens
  * to record), FLM_ERR_IO (locked, or cannot be opened), FLM_ERR_NOMEM. */
-struct flm_sparsity;
-flm_status flm_calibrate(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, flm_error *err);
+struct flm_predictor_region;
+flm_status flm_calibrate(const char *path, const flm_calib_opts *o, struct flm_predictor_region *report,
+                         flm_error *err);
 
 /* flm_calibrate, and with o->hot_tokens > 0 the hot order first (see flm_calib_opts.hot_tokens); *hot (may be NULL)
  * gets what happened to the order: FLM_CALIB_HOT_NONE (not asked), _DONE, _KEPT or _UNSUPPORTED (flashlm_tools.h). */
-flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, struct flm_sparsity *report, int *hot,
+flm_status flm_calibrate_ex(const char *path, const flm_calib_opts *o, struct flm_predictor_region *report, int *hot,
                             flm_error *err);
 
 /* flm_hot_order_ex without taking the calibration lock (the caller holds it: flm_calib_lock). */
@@ -65,7 +66,7 @@ flm_status flm_coact_order_unlocked(const char *path, const char *text, const fl
  * stored predictors, thresholds and s_agg are kept (s_agg stays the one measured at the old default level).
  * Errors: FLM_ERR_ARG (not calibrated, a single-level (ReLU) calibration, text shorter than 2 chunks), those of
  * flm_open and flm_file_put_region, FLM_ERR_NOMEM. */
-flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, struct flm_sparsity *report,
+flm_status flm_calibrate_levels(const char *path, const flm_calib_opts *o, struct flm_predictor_region *report,
                                 flm_error *err);
 
 #endif

@@ -19,7 +19,7 @@
  *
  * What it does to the file: flm_file_permute_ffn_ex stores the records, the FFN biases (OPT) and the predictors'
  * per-neuron rows (B, c) in the new order, and the predictor region records each record's original neuron
- * (flm_layer_sparsity.orig), so the sparse mode flags the same neurons as before (each under its new id) and sums
+ * (flm_predictor_layer.orig), so the sparse mode flags the same neurons as before (each under its new id) and sums
  * them in the original order: its logits are the unordered file's bit for bit. The regions are marked
  * FLM_FFN_COACT_ORDER (a hot order is replaced). */
 #include <cblas.h>
@@ -209,7 +209,7 @@ flm_status flm_coact_order_unlocked(const char *path, const char *text, const fl
     flm_status st = flm_open(path, &p, &ctx, err);
     if (st) return st;
     coact_tap td = {0};
-    flm_sparsity sp = {0};
+    flm_predictor_region sp = {0};
     void *region = NULL;
     uint8_t *out_region = NULL, *first = NULL;
     int32_t *ids = NULL, *chunk_toks = NULL;
@@ -227,13 +227,13 @@ flm_status flm_coact_order_unlocked(const char *path, const char *text, const fl
         goto done;
     }
     if ((st = flm_file_read_region(file, file->predictor, &region, err)) ||
-        (st = flm_sparsity_deserialize(region, file->predictor->size, path, &sp, err)))
+        (st = flm_predictor_region_deserialize(region, file->predictor->size, path, &sp, err)))
         goto done;
     if (sp.n_layers != L) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region has %u layers, the model %u", path, sp.n_layers, L);
         goto done;
     }
-    flm_sparsity_use_level(&sp, sp.default_level);
+    flm_predictor_region_use_level(&sp, sp.default_level);
     for (uint32_t l = 0; l < L; l++)
         if (sp.layers[l].pred.d_model != d || sp.layers[l].pred.d_ffn != F || file->ffn[l]->n_records != F) {
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: layer %u's predictor or FFN region does not match d_model %u, "
@@ -380,7 +380,7 @@ flm_status flm_coact_order_unlocked(const char *path, const char *text, const fl
         sp.layers[l].orig = o2;
     }
     size_t len = 0;
-    if ((st = flm_sparsity_serialize(&sp, &out_region, &len, err))) goto done;
+    if ((st = flm_predictor_region_serialize(&sp, &out_region, &len, err))) goto done;
     if (o->progress) o->progress(o->user, "writing the co-activation order", 0, 1);
     if ((st = flm_file_permute_ffn_ex(path, o->out_path ? o->out_path : path, (const uint32_t *const *)perm,
                                       FLM_FFN_COACT_ORDER, true, out_region, len, err)))
@@ -399,7 +399,7 @@ done:
     free(ids);
     free(region);
     free(out_region);
-    flm_sparsity_free(&sp);
+    flm_predictor_region_free(&sp);
     free(inv);
     free(left);
     free(cnt);

@@ -21,7 +21,7 @@ void flm_curve_opts_default(flm_curve_opts *o) {
 typedef struct {
     const flm_kernels *k;
     int n_threads;
-    flm_sparsity *sp;
+    flm_predictor_region *sp;
     uint32_t level;
     float **dn;       /* [n_layers][d_ffn] down-column norms (oracle) */
     float *scratch;   /* max rank + d_ffn floats */
@@ -96,7 +96,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     p.n_ctx = o->chunk;
     if (o->n_threads > 0) p.n_threads = o->n_threads;
     flm_ctx *ctx = NULL;
-    flm_sparsity sp = {0};
+    flm_predictor_region sp = {0};
     void *stored = NULL;
     float **dn = NULL, *scratch = NULL;
     uint32_t *sel_ids = NULL;
@@ -118,7 +118,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
         goto done;
     }
     if ((st = flm_file_read_region(f, f->predictor, &stored, err)) ||
-        (st = flm_sparsity_deserialize(stored, f->predictor->size, path, &sp, err)))
+        (st = flm_predictor_region_deserialize(stored, f->predictor->size, path, &sp, err)))
         goto done;
     if (sp.n_layers != L || sp.layers[0].rule != FLM_RULE_CONTRIB) {
         st = flm_fail(err, FLM_ERR_ARG,
@@ -128,7 +128,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     }
     if (o->levels) {
         for (uint32_t j = 0; j < o->n_levels && nlv < FLM_MAX_LEVELS; j++) {
-            int k = flm_sparsity_find_level(&sp, o->levels[j]);
+            int k = flm_predictor_region_find_level(&sp, o->levels[j]);
             if (k < 0) {
                 st = flm_fail(err, FLM_ERR_ARG, "%s: level %g is not stored (calibrate lists the stored levels)", path,
                               (double)o->levels[j]);
@@ -222,6 +222,6 @@ done:
     free(dn);
     free(scratch);
     free(stored);
-    flm_sparsity_free(&sp);
+    flm_predictor_region_free(&sp);
     return st;
 }

@@ -1,5 +1,5 @@
 /* report.c — flm_calib_run (include/flashlm_tools.h): flm_calibrate / flm_calibrate_levels with their result
- * (the internal flm_sparsity) summarised into the public flm_calib_report. */
+ * (the internal flm_predictor_region) summarised into the public flm_calib_report. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +11,7 @@
 _Static_assert(FLM_CALIB_MAX_LEVELS == FLM_MAX_LEVELS, "flashlm_tools.h FLM_CALIB_MAX_LEVELS");
 _Static_assert(FLM_CALIB_AGG_K == FLM_AGG_K, "flashlm_tools.h FLM_CALIB_AGG_K");
 
-static flm_status summarise(const flm_sparsity *s, flm_calib_report *r, flm_error *err) {
+static flm_status summarise(const flm_predictor_region *s, flm_calib_report *r, flm_error *err) {
     memset(r, 0, sizeof *r);
     r->layers = calloc(s->n_layers ? s->n_layers : 1, sizeof *r->layers);
     if (!r->layers) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
@@ -39,7 +39,7 @@ static flm_status summarise(const flm_sparsity *s, flm_calib_report *r, flm_erro
         L->recall = rc;
     }
     for (uint32_t l = 0; l < s->n_layers; l++) {
-        const flm_layer_sparsity *S = &s->layers[l];
+        const flm_predictor_layer *S = &s->layers[l];
         flm_calib_layer *o = &r->layers[l];
         o->d_ffn = S->pred.d_ffn;
         o->rank = S->pred.rank;
@@ -56,14 +56,14 @@ static flm_status summarise(const flm_sparsity *s, flm_calib_report *r, flm_erro
 flm_status flm_calib_run(const char *path, const flm_calib_opts *o, bool levels_only, flm_calib_report *report,
                          flm_error *err) {
     if (report) memset(report, 0, sizeof *report);
-    flm_sparsity s;
+    flm_predictor_region s;
     memset(&s, 0, sizeof s);
     int hot = FLM_CALIB_HOT_NONE;
     flm_status st = levels_only ? flm_calibrate_levels(path, o, report ? &s : NULL, err)
                                 : flm_calibrate_ex(path, o, report ? &s : NULL, &hot, err);
     if (st == FLM_OK && report) st = summarise(&s, report, err);
     if (st == FLM_OK && report) report->hot_order = hot;
-    if (report) flm_sparsity_free(&s);
+    if (report) flm_predictor_region_free(&s);
     return st;
 }
 
@@ -72,19 +72,19 @@ flm_status flm_calib_read(const char *path, flm_calib_report *report, flm_error 
     if (!path || !report) return flm_fail(err, FLM_ERR_ARG, "flm_calib_read: NULL path or report");
     flm_file *f = NULL;
     void *region = NULL;
-    flm_sparsity sp;
+    flm_predictor_region sp;
     memset(&sp, 0, sizeof sp);
     flm_status st = flm_file_open(path, &f, err);
     if (st == FLM_OK && !f->predictor)
         st = flm_fail(err, FLM_ERR_ARG, "%s: not calibrated (run `flashlm calibrate %s --text FILE`)", path, path);
     if (st == FLM_OK) st = flm_file_read_region(f, f->predictor, &region, err);
-    if (st == FLM_OK) st = flm_sparsity_deserialize(region, f->predictor->size, path, &sp, err);
+    if (st == FLM_OK) st = flm_predictor_region_deserialize(region, f->predictor->size, path, &sp, err);
     if (st == FLM_OK && sp.n_layers != f->n_layers)
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: the calibration has %u layers, the model %u", path, sp.n_layers,
                       f->n_layers);
     if (st == FLM_OK) st = summarise(&sp, report, err);
     for (uint32_t l = 0; st == FLM_OK && l < f->n_layers; l++) report->layers[l].d_ffn = f->ffn[l]->n_records;
-    flm_sparsity_free(&sp);
+    flm_predictor_region_free(&sp);
     free(region);
     flm_file_close(f);
     return st;

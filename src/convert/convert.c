@@ -53,14 +53,14 @@ static bool in_pass(const flm_gguf_file *src, const flm_gguf_tensor *t, int pass
 }
 
 static flm_status out_write(void *user, const void *p, size_t n, flm_error *err) {
-    return flm_out_write(user, p, n, err);
+    return flm_write_cursor_put(user, p, n, err);
 }
 
 /* Write the resident GGUF (all KVs, non-FFN tensors, token_embd.weight's data last) straight into o, the .flm being
  * written: once, no temporary file of its own, nothing read back. o->h is the region's checksum state (reset by the
  * caller); *head_bytes / *head_sum get the head (docs/FORMAT.md): where token_embd.weight's data starts, and the
  * XXH64 of the region's bytes before it (0 and 0 without an embedding). */
-static flm_status write_resident_gguf(const flm_gguf_file *src, flm_out_file *o, uint64_t *head_bytes,
+static flm_status write_resident_gguf(const flm_gguf_file *src, flm_write_cursor *o, uint64_t *head_bytes,
                                       uint64_t *head_sum, flm_error *err) {
     *head_bytes = *head_sum = 0;
     const uint64_t start = o->pos;
@@ -100,7 +100,7 @@ done:
 
 /* Write the FFN region of one layer: d_ffn bundles (up row | gate row | down column), and each bundle's record sum
  * (XXH3_64bits, little-endian) into sums[8 * i]. */
-static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t l, flm_region *r, float *downT,
+static flm_status write_ffn_layer(flm_write_cursor *o, const flm_model *m, uint32_t l, flm_region *r, float *downT,
                                   uint8_t *chunk, size_t chunk_records, uint32_t down_as, uint8_t *sums,
                                   flm_error *err) {
     const flm_hparams *hp = &m->hp;
@@ -132,12 +132,12 @@ static flm_status write_ffn_layer(flm_out_file *o, const flm_model *m, uint32_t 
             flm_quantize_row(col_type, downT + (size_t)i * d, rec + b.down_off, d);
             flm_put_u64(sums + 8ull * i, XXH3_64bits(rec, (size_t)b.record_bytes)); /* its record sum */
         }
-        flm_status st = flm_out_write(o, chunk, (size_t)n * b.record_bytes, err);
+        flm_status st = flm_write_cursor_put(o, chunk, (size_t)n * b.record_bytes, err);
         if (st) return st;
     }
     r->size = o->pos - start;
     r->checksum = XXH64_digest(o->h);
-    return flm_out_pad(o, err);
+    return flm_write_cursor_pad(o, err);
 }
 
 flm_status flm_convert(const char *src, const char *dst, flm_progress_fn progress, void *user, flm_error *err) {
@@ -185,7 +185,7 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
     size_t chunk_records = 256;
     float *downT = malloc(((size_t)hp->d_ffn * hp->d_model + hp->d_ffn) * sizeof(float));
     uint8_t *chunk = malloc(chunk_records * max_rec);
-    flm_out_file o = {NULL, dst, 0, XXH64_createState()};
+    flm_write_cursor o = {NULL, dst, 0, XXH64_createState()};
     /* the record sums (docs/FORMAT.md, "Record sums"): one table per FFN layer, then the token embedding's rows */
     const flm_gguf_tensor *embd = flm_gguf_find_tensor(m->gguf, "token_embd.weight");
     uint32_t n_tab = hp->n_layers + (embd && embd->n_dims == 2 ? 1 : 0);
@@ -213,14 +213,14 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
     o.path = tmp;
     if (!(o.fp = flm_out_stream(w))) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", dst); goto done; }
     /* header placeholder, then the resident region */
-    if ((st = flm_out_write(&o, hdr, header_bytes, err))) goto done;
+    if ((st = flm_write_cursor_put(&o, hdr, header_bytes, err))) goto done;
     if (progress) progress(user, "resident", 0, 1);
     regions[0] = (flm_region){.kind = FLM_REGION_RESIDENT, .offset = o.pos};
     XXH64_reset(o.h, 0);
     if ((st = write_resident_gguf(m->gguf, &o, &regions[0].head_bytes, &regions[0].head_checksum, err))) goto done;
     regions[0].size = o.pos - regions[0].offset;
     regions[0].checksum = XXH64_digest(o.h);
-    if ((st = flm_out_pad(&o, err))) goto done;
+    if ((st = flm_write_cursor_pad(&o, err))) goto done;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         if (progress) progress(user, "FFN layers", l, hp->n_layers);
         if ((st = write_ffn_layer(&o, m, l, &regions[1 + l], downT, chunk, chunk_records, down_as, sums + tab[l].pos,
@@ -245,9 +245,9 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
     {
         XXH64_state_t *h = o.h;
         o.h = NULL; /* checksummed above */
-        st = flm_out_write(&o, sums, (size_t)sums_bytes, err);
+        st = flm_write_cursor_put(&o, sums, (size_t)sums_bytes, err);
         o.h = h;
-        if (st || (st = flm_out_pad(&o, err))) goto done;
+        if (st || (st = flm_write_cursor_pad(&o, err))) goto done;
     }
     /* the header, now that every region is known */
     flm_build_header(hdr, header_bytes, regions, n_regions, o.pos);

@@ -98,8 +98,8 @@ static flm_status emit_group(flm_read_plan *plan, sext *m, size_t nm, uint64_t a
     return FLM_OK;
 }
 
-flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *cost, uint64_t align,
-                          uint64_t max_request, flm_read_plan *plan, flm_error *err) {
+flm_status flm_read_plan_build(const flm_extent *ext, size_t n, const flm_io_cost *cost, uint64_t align,
+                               uint64_t max_request, flm_read_plan *plan, flm_error *err) {
     if (!plan || (n && !ext)) return flm_fail(err, FLM_ERR_ARG, "read plan: NULL plan or extent list");
     plan->n_ops = plan->n_pieces = 0;
     plan->bytes = plan->bytes_used = 0;
@@ -164,13 +164,13 @@ flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *co
     return FLM_OK;
 }
 
-size_t flm_plan_memory(const flm_read_plan *plan) {
+size_t flm_read_plan_bytes(const flm_read_plan *plan) {
     if (!plan) return 0;
     return plan->ops_cap * sizeof(flm_read_op) + plan->pieces_cap * sizeof(flm_read_piece) +
            plan->tmp_cap * sizeof(sext);
 }
 
-void flm_plan_free(flm_read_plan *plan) {
+void flm_read_plan_free(flm_read_plan *plan) {
     if (!plan) return;
     free(plan->ops);
     free(plan->pieces);

@@ -863,7 +863,7 @@ flm_status flm_reader_read_unchecked(flm_reader *r, const flm_extent *ext, size_
 static flm_status read_locked(flm_reader *r, const flm_extent *ext, size_t n, flm_io_stats *stats, flm_error *err) {
     double t0 = flm_now_ms();
     uint64_t plan_align = atomic_load(&r->direct) ? r->align : 1; /* buffered reads need no alignment */
-    flm_status st = flm_plan_reads(ext, n, &r->opts.cost, plan_align, r->opts.max_request, &r->plan, err);
+    flm_status st = flm_read_plan_build(ext, n, &r->opts.cost, plan_align, r->opts.max_request, &r->plan, err);
     if (st == FLM_OK && r->plan.n_ops > r->bufs_cap) {
         uint8_t **b = realloc(r->bufs, r->plan.n_ops * sizeof *b);
         if (!b) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %zu requests", r->path, r->plan.n_ops);
@@ -935,7 +935,7 @@ bool flm_reader_uring_works(void) {
 
 size_t flm_reader_memory(const flm_reader *r) {
     if (!r) return 0;
-    size_t m = sizeof *r + strlen(r->path) + 1 + r->bounce_cap + flm_plan_memory(&r->plan) +
+    size_t m = sizeof *r + strlen(r->path) + 1 + r->bounce_cap + flm_read_plan_bytes(&r->plan) +
                r->bufs_cap * sizeof *r->bufs + (size_t)r->n_threads * sizeof *r->threads +
                r->n_tables * sizeof *r->tables + (r->chk_cap + r->late_cap + r->fails_cap) * sizeof(rcheck) +
                r->op_chk_cap * sizeof *r->op_chk;
@@ -975,7 +975,7 @@ void flm_reader_close(flm_reader *r) {
 #endif
     if (r->fd_direct >= 0) close(r->fd_direct);
     if (r->fd_buf >= 0) close(r->fd_buf);
-    flm_plan_free(&r->plan);
+    flm_read_plan_free(&r->plan);
     free(r->bufs);
     free(r->bounce);
     free(r->path);

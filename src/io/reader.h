@@ -235,8 +235,8 @@ typedef struct flm_read_op {
     size_t ext;         /* zero-copy: the extent read into dst (index in the caller's list) */
 } flm_read_op;
 
-/* A plan: requests sorted by offset. The arrays are owned by the plan and reused by the next flm_plan_reads on the
- * same plan; zero-initialise a plan before first use and release it with flm_plan_free. */
+/* A plan: requests sorted by offset. The arrays are owned by the plan and reused by the next flm_read_plan_build on the
+ * same plan; zero-initialise a plan before first use and release it with flm_read_plan_free. */
 typedef struct flm_read_plan {
     flm_read_op *ops;
     size_t n_ops;
@@ -256,10 +256,10 @@ typedef struct flm_read_plan {
  *   max_request: bytes, >= align (rounded down to a multiple of align)
  * Errors: FLM_ERR_ARG (align not a power of two, max_request < align, an extent with NULL dst and length > 0, an
  * extent ending beyond 2^62), FLM_ERR_NOMEM. */
-flm_status flm_plan_reads(const flm_extent *ext, size_t n, const flm_io_cost *cost, uint64_t align,
-                          uint64_t max_request, flm_read_plan *plan, flm_error *err);
+flm_status flm_read_plan_build(const flm_extent *ext, size_t n, const flm_io_cost *cost, uint64_t align,
+                               uint64_t max_request, flm_read_plan *plan, flm_error *err);
 /* Bytes held by the plan's arrays. */
-size_t flm_plan_memory(const flm_read_plan *plan);
-void flm_plan_free(flm_read_plan *plan);
+size_t flm_read_plan_bytes(const flm_read_plan *plan);
+void flm_read_plan_free(flm_read_plan *plan);
 
 #endif

@@ -135,7 +135,7 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
     flm_file *ff = NULL;
     flm_hparams hp;
     flm_mem_plan mp;
-    flm_sparsity *sparsity = NULL; /* auto's check parsed the predictor region: sparse_open takes it */
+    flm_predictor_region *sparsity = NULL; /* auto's check parsed the predictor region: sparse_open takes it */
     uint64_t *out_sums = NULL;     /* a classifier on flash: the sums of its units, made as the head loads */
     /* the plan from the header and the resident region's GGUF header (what flm_plan reads), then what it keeps */
     flm_status st = flm_file_open_ex(path, FLM_FILE_HEADER_ONLY, &ff, err);
@@ -177,7 +177,7 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
     ctx->plan.total = flm_mem_plan_total(&ctx->flash->plan) + ctx->flash->plan.spec;
     return FLM_OK;
 fail:
-    if (sparsity) flm_sparsity_free(sparsity);
+    if (sparsity) flm_predictor_region_free(sparsity);
     free(sparsity);
     free(out_sums);
     flm_file_close(ff);

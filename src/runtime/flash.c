@@ -117,14 +117,14 @@ static flm_status place_output(flm_ctx *ctx, flm_error *err) {
     return FLM_OK;
 }
 
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_sparsity *sparsity,
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, flm_predictor_region *sparsity,
                           uint64_t *out_sums, flm_error *err) {
     const flm_hparams *hp = &ctx->model->hp;
     const flm_params *pp = &ctx->params;
     flm_flash *fl = calloc(1, sizeof *fl);
     if (!fl) {
         flm_file_close(file);
-        if (sparsity) flm_sparsity_free(sparsity);
+        if (sparsity) flm_predictor_region_free(sparsity);
         free(sparsity);
         free(out_sums);
         return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
@@ -379,7 +379,7 @@ void flm_flash_close(flm_flash *fl) {
     free(fl->out_buf[0]);
     free(fl->out_buf[1]);
     free(fl->out_sums); /* after the reader, which checked against them */
-    if (fl->sparsity) flm_sparsity_free(fl->sparsity); /* sparse_open did not take it (it failed first) */
+    if (fl->sparsity) flm_predictor_region_free(fl->sparsity); /* sparse_open did not take it (it failed first) */
     free(fl->sparsity);
     flm_file_close(fl->file);
     free(fl);

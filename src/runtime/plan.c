@@ -177,7 +177,7 @@ static flm_status plan_self_draft(const flm_file *f, const flm_hparams *hp, cons
 }
 
 flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
-                        struct flm_sparsity **keep, flm_error *err) {
+                        struct flm_predictor_region **keep, flm_error *err) {
     const uint64_t budget = flm_plan_budget(p, file_weight_bytes(f));
     /* the token embedding: the resident region's tail stays in the file unless ram mode or a tied classifier needs
      * it now (then the whole region must fit before it is loaded); the budget plan decides for the other modes */

@@ -123,7 +123,7 @@ typedef struct flm_plan_request {
     flm_mode mode;          /* AUTO: chosen by the plan */
     uint64_t budget;        /* bytes (resolved by flm_plan_budget); 0: no budget */
     const flm_params *params; /* the rest of the open parameters (sparse: level, window) */
-    struct flm_sparsity **keep; /* NULL, or where auto's check leaves the parsed predictor region (flm_open) */
+    struct flm_predictor_region **keep; /* NULL, or where auto's check leaves the parsed predictor region (flm_open) */
     uint32_t kv_elem_bytes; /* FLM_KV_F16 or FLM_KV_F32 */
     flm_embd_place embd;    /* FLM_EMBD_FLASH: the token embedding may stay in the file (its bytes are
                                flm_file_tail_bytes; the plan decides); else why it is in memory */
@@ -167,7 +167,7 @@ flm_status flm_plan_read_meta(flm_file *f, flm_error *err);
  * where the token embedding goes (a whole resident region that must be loaded is checked against the budget), then
  * flm_budget_plan. flm_open and flm_plan both call this. */
 flm_status flm_plan_flm(const flm_file *f, const flm_hparams *hp, const flm_params *p, flm_mem_plan *mp,
-                        struct flm_sparsity **keep, flm_error *err);
+                        struct flm_predictor_region **keep, flm_error *err);
 /* A GGUF file for flm_open or flm_plan in p's mode: refused with FLM_ERR_ARG in a streaming mode (FLM_ERR_IO when
  * it cannot be opened), FLM_ERR_FORMAT naming both magics when it is neither model format. */
 flm_status flm_plan_gguf_open(const char *path, const flm_params *p, flm_gguf_file **out, flm_error *err);
@@ -183,9 +183,9 @@ void flm_plan_info_of(const flm_mem_plan *mp, const flm_hparams *hp, flm_plan_in
  * and parses f's predictor region; FLM_ERR_BUDGET when its predicted sets at the default level are not smaller than
  * 0.9x what hybrid streams with the same memory, or a layer's neuron cache cannot hold one neuron. No budget: FLM_OK.
  * keep: NULL, or gets the parsed region (malloc'd) when accepted, for sparse_open (so flm_open reads it once). */
-struct flm_sparsity;
+struct flm_predictor_region;
 flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p,
-                                 struct flm_sparsity **keep, flm_error *err);
+                                 struct flm_predictor_region **keep, flm_error *err);
 /* Bytes per KV cache element for these parameters: FLM_KV_F32 with --kv-f32, else FLM_KV_F16. */
 uint32_t flm_kv_elem_bytes(const flm_params *p);
 /* Sum of everything the plan holds. */
@@ -221,7 +221,8 @@ typedef struct flm_flash {
     float *acc;               /* [n_threads * d_model] per-thread accumulators */
     uint64_t embd_offset;     /* FLM_EMBD_FLASH: file offset of the token embedding's row 0 */
     void *embd_row;           /* FLM_EMBD_FLASH: [FLM_EMBD_READ_ROWS * plan.embd_row] bytes, the rows being read */
-    struct flm_sparsity *sparsity; /* the predictor region as the plan parsed it (auto), until sparse_open takes it */
+    struct flm_predictor_region *sparsity; /* the predictor region as the plan parsed it (auto), until sparse_open
+                                              takes it */
     flm_sums sums;            /* the record sums the reader checks reads against (empty with --no-verify-reads) */
     bool fused_checks;        /* checked reads, and the FFN records a layer streams are checked by the FFN kernels
                                  right before their first use (flm_flash_ffn) instead of by the reader */
@@ -236,7 +237,7 @@ typedef struct flm_flash {
 /* Carry out plan (flm_plan_flm's, for this file and ctx->params): open the reader and the plan's FFN source
  * (ctx->ffn); takes ownership of file and sparsity (NULL, or the predictor region the plan parsed). Decides nothing. Errors: the reader's (its real size past the budget:
  * FLM_ERR_BUDGET) and the source's open. */
-flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, struct flm_sparsity *sparsity,
+flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan, struct flm_predictor_region *sparsity,
                           uint64_t *out_sums, flm_error *err);
 /* The classifier when the plan leaves it on flash (plan.out_flash): logits rows [0, rows) of the n = P->n tokens whose
  * inputs are in (d_embd floats, rows in_stride apart) into logits (rows of n_vocab floats): the rows in memory, then

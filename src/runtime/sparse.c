@@ -16,7 +16,7 @@
 #include "io/async_read.h"
 
 struct flm_sparse {
-    flm_sparsity sp;          /* rules, thresholds, predictors (the PREDICTOR region) */
+    flm_predictor_region sp;          /* rules, thresholds, predictors (the PREDICTOR region) */
     flm_ncache **cache;       /* [n_layers] */
     flm_bundle_desc *desc;    /* [n_layers]: desc with the layer's CATS threshold */
     uint32_t window;          /* k */
@@ -67,14 +67,14 @@ uint64_t flm_sparse_streamed(const flm_sparse *sp) { return sp ? sp->streamed : 
 
 static void sparse_free(flm_sparse *sp) {
     if (!sp) return;
-    for (uint32_t l = 0; l < sp->sp.n_layers; l++) { /* before flm_sparsity_free, which clears n_layers */
+    for (uint32_t l = 0; l < sp->sp.n_layers; l++) { /* before flm_predictor_region_free, which clears n_layers */
         if (sp->cache) flm_ncache_free(sp->cache[l]);
         if (sp->full) free(sp->full[l]);
         if (sp->dn) free(sp->dn[l]);
         if (sp->A16) free(sp->A16[l]);
         if (sp->B16) free(sp->B16[l]);
     }
-    flm_sparsity_free(&sp->sp);
+    flm_predictor_region_free(&sp->sp);
     free(sp->cache);
     free(sp->full);
     free(sp->dn);
@@ -225,7 +225,8 @@ static flm_status sparse_plan(const flm_file *f, const flm_hparams *hp, uint32_t
  * larger than the cache still pays: the cache then drops the oldest tokens' sets early, keeping as many recent ones
  * as fit (measured on the standard shape at --mem 50%: k = 1, 2, 3, 6, 16 read 84.6, 70.0, 67.7, 71.0, 71.9 MiB per
  * token). A cache that holds every neuron fits any window. --window / --no-window override. */
-static uint32_t choose_window(const flm_sparsity *s, const flm_params *pp, const flm_file *f, uint64_t per_layer) {
+static uint32_t choose_window(const flm_predictor_region *s, const flm_params *pp, const flm_file *f,
+                              uint64_t per_layer) {
     if (pp->no_window) return 1;
     if (pp->window > 0) return (uint32_t)pp->window;
     for (uint32_t kk = FLM_AGG_K; kk >= 1; kk--) {
@@ -254,13 +255,13 @@ static uint32_t min_capacity(const flm_file *f, uint64_t per_layer, uint32_t k, 
 }
 
 flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const flm_mem_plan *p,
-                                 flm_sparsity **keep, flm_error *err) {
+                                 flm_predictor_region **keep, flm_error *err) {
     if (!f->predictor || !p->budget) return FLM_OK; /* no budget: every neuron fits */
     void *region = NULL;
-    flm_sparsity s = {0};
+    flm_predictor_region s = {0};
     flm_status st = flm_file_read_region(f, f->predictor, &region, err);
     if (st) return st;
-    st = flm_sparsity_deserialize(region, f->predictor->size, f->path, &s, err);
+    st = flm_predictor_region_deserialize(region, f->predictor->size, f->path, &s, err);
     free(region);
     if (st) return st;
     if (s.n_layers != f->n_layers) {
@@ -294,7 +295,7 @@ flm_status flm_sparse_plan_check(const flm_file *f, const flm_params *pp, const 
                       (unsigned long long)f->ffn[l]->record_bytes);
 done:
     if (!st && keep && (*keep = malloc(sizeof **keep))) **keep = s; /* sparse_open takes it: read once */
-    else flm_sparsity_free(&s);
+    else flm_predictor_region_free(&s);
     return st;
 }
 
@@ -319,7 +320,7 @@ static flm_status sparse_open(flm_ffn_env *E, flm_error *err) {
     } else {
         void *region = NULL;
         if ((st = flm_file_read_region(fl->file, fl->file->predictor, &region, err))) return st;
-        st = flm_sparsity_deserialize(region, fl->file->predictor->size, fl->file->path, &sp->sp, err);
+        st = flm_predictor_region_deserialize(region, fl->file->predictor->size, fl->file->path, &sp->sp, err);
         free(region);
         if (st) return st;
     }
@@ -335,7 +336,7 @@ static flm_status sparse_open(flm_ffn_env *E, flm_error *err) {
     /* the level: calibrate's default, or --sparse-level */
     sp->level = sp->sp.default_level;
     if (pp->sparse_level > 0.0f) {
-        int k = flm_sparsity_find_level(&sp->sp, pp->sparse_level);
+        int k = flm_predictor_region_find_level(&sp->sp, pp->sparse_level);
         if (k < 0) {
             char list[256] = "";
             for (uint32_t j = 0, o = 0; j < sp->sp.n_levels && o < sizeof list - 16; j++)
@@ -345,7 +346,7 @@ static flm_status sparse_open(flm_ffn_env *E, flm_error *err) {
         }
         sp->level = (uint32_t)k;
     }
-    flm_sparsity_use_level(&sp->sp, sp->level);
+    flm_predictor_region_use_level(&sp->sp, sp->level);
     /* predictors at half precision: version-2 records load as f16; a version-1 record's f32 is converted layer by
      * layer, each f32 copy freed as soon as it is converted */
     sp->A16 = calloc(L, sizeof *sp->A16);
@@ -446,7 +447,7 @@ static uint32_t true_set(flm_ffn_env *E, flm_sparse *sp, uint32_t l, const float
     flm_bundle_desc bd = sp->desc[l]; /* every record in neuron order: b_up by neuron as it is */
     bd.up_bias = sp->b_up ? sp->b_up[l] : NULL;
     const flm_bundle_desc *b = &bd;
-    const flm_layer_sparsity *S = &sp->sp.layers[l];
+    const flm_predictor_layer *S = &sp->sp.layers[l];
     uint32_t n = 0, F = E->model->hp.d_ffn;
     if (S->rule == FLM_RULE_CONTRIB) { /* (h_i ||down_i||)^2 > tau^2 sum_j (h_j ||down_j||)^2, every h_i computed */
         E->be->ops->bundles(E->be, b, sp->full[l], NULL, F, x, sp->tmp_out, sp->z, E->flash->acc);
@@ -494,7 +495,7 @@ static int cmp_by_key(const void *a, const void *b, void *key) {
     return x < y ? -1 : x > y;
 }
 /* ids[0 .. n) of layer l in the order the FFN sums them: by id, or, in a file stored in co-activation order, by the
- * id each neuron had before (flm_layer_sparsity.orig), so that the sums are bit for bit those of the file before the
+ * id each neuron had before (flm_predictor_layer.orig), so that the sums are bit for bit those of the file before the
  * order (the same neurons, added in the same order). `sorted`: ids are ascending already. */
 static void order_ids(const flm_sparse *sp, uint32_t l, uint32_t *ids, uint32_t n, bool sorted) {
     const uint32_t *o = sp->sp.layers[l].orig;
@@ -639,7 +640,7 @@ static flm_status sparse_token(flm_ffn_env *E, uint32_t l, int32_t pos, const fl
     flm_status sst = settle(sp, l, pos, err);
     if (sst) return sst;
     const flm_params *pp = E->params;
-    const flm_layer_sparsity *S = &sp->sp.layers[l];
+    const flm_predictor_layer *S = &sp->sp.layers[l];
     uint32_t n;
     /* 1. which neurons (compute). The first token of a sequence runs dense: its FFN outputs carry the massive
      * activations later tokens attend to (the attention sink), which predictors miss (measured on SmolLM2: held-out

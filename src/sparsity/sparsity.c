@@ -12,7 +12,7 @@
 #define LAYER_BYTES (32u + 4u * FLM_AGG_K)
 #define LEVEL_BYTES 28u
 
-flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *len, flm_error *err) {
+flm_status flm_predictor_region_serialize(const flm_predictor_region *s, uint8_t **out, size_t *len, flm_error *err) {
     uint32_t nl = s->n_levels ? s->n_levels : 1;
     size_t n = HDR_BYTES + 8u * nl;
     const bool orig = s->n_layers && s->layers[0].orig;
@@ -39,7 +39,7 @@ flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *
         flm_put_f32(b + o + 4, s->level_loss[k]);
     }
     for (uint32_t l = 0; l < s->n_layers; l++) {
-        const flm_layer_sparsity *L = &s->layers[l];
+        const flm_predictor_layer *L = &s->layers[l];
         flm_put_u32(b + o, L->rule);
         flm_put_f32(b + o + 4, L->threshold);
         flm_put_f32(b + o + 8, L->active_frac);
@@ -74,8 +74,8 @@ flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *
 
 static bool frac_ok(float f) { return isfinite(f) && f >= 0.0f && f <= 1.0f; }
 
-flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *what, flm_sparsity *s,
-                                    flm_error *err) {
+flm_status flm_predictor_region_deserialize(const uint8_t *buf, size_t len, const char *what, flm_predictor_region *s,
+                                            flm_error *err) {
     memset(s, 0, sizeof *s);
     if (len < HDR_BYTES || memcmp(buf, "FSPR", 4) != 0)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: bad magic or too short (%zu bytes)", what, len);
@@ -117,7 +117,7 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
     s->target_sparsity = flm_get_f32(buf + 12);
     flm_status st = FLM_OK;
     for (uint32_t l = 0; l < n_layers && !st; l++) {
-        flm_layer_sparsity *L = &s->layers[l];
+        flm_predictor_layer *L = &s->layers[l];
         size_t need = LAYER_BYTES + (version >= 2 ? (size_t)LEVEL_BYTES * nl : 0);
         if (len - o < need) {
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: layer %u is truncated", what, l);
@@ -175,7 +175,7 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
             o += 4;
         uint8_t *seen = NULL;
         for (uint32_t l = 0; l < n_layers && !st; l++) {
-            flm_layer_sparsity *L = &s->layers[l];
+            flm_predictor_layer *L = &s->layers[l];
             const uint32_t F = L->pred.d_ffn;
             if ((len - o) / 4 < F) {
                 st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: the neuron order of layer %u is truncated",
@@ -201,14 +201,14 @@ flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *
     }
     if (!st && o != len)
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: predictor region: %zu trailing bytes", what, len - o);
-    if (st) flm_sparsity_free(s);
+    if (st) flm_predictor_region_free(s);
     return st;
 }
 
-void flm_sparsity_use_level(flm_sparsity *s, uint32_t k) {
+void flm_predictor_region_use_level(flm_predictor_region *s, uint32_t k) {
     if (k >= s->n_levels) return;
     for (uint32_t l = 0; l < s->n_layers; l++) {
-        flm_layer_sparsity *L = &s->layers[l];
+        flm_predictor_layer *L = &s->layers[l];
         L->threshold = L->levels[k].tau;
         L->active_frac = L->levels[k].oracle_frac;
         L->pred_frac = L->levels[k].pred_frac;
@@ -218,13 +218,13 @@ void flm_sparsity_use_level(flm_sparsity *s, uint32_t k) {
     }
 }
 
-int flm_sparsity_find_level(const flm_sparsity *s, float eps) {
+int flm_predictor_region_find_level(const flm_predictor_region *s, float eps) {
     for (uint32_t k = 0; k < s->n_levels; k++)
         if (fabsf(s->level_eps[k] - eps) <= 1e-6f * (fabsf(eps) + 1e-6f) + 1e-9f) return (int)k;
     return -1;
 }
 
-void flm_sparsity_free(flm_sparsity *s) {
+void flm_predictor_region_free(flm_predictor_region *s) {
     if (!s) return;
     for (uint32_t l = 0; s->layers && l < s->n_layers; l++) {
         flm_predictor_free(&s->layers[l].pred);

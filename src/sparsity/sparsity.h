@@ -53,7 +53,7 @@ typedef struct flm_level {
     float precision;      /* held-out: share of the flagged neurons that are above tau */
 } flm_level;
 
-typedef struct flm_layer_sparsity {
+typedef struct flm_predictor_layer {
     uint32_t rule;          /* flm_rule */
     float threshold;        /* the default level's tau */
     float active_frac;      /* share of neurons truly active on the calibration tokens (default level) */
@@ -67,9 +67,9 @@ typedef struct flm_layer_sparsity {
     uint32_t *orig;         /* [d_ffn] or NULL: the neuron each stored record was before a co-activation order
                                (calibrate/coact.c), record i = neuron orig[i]; the sparse mode computes a set in that
                                order, so its sums are those of the file before the order, bit for bit (version 3) */
-} flm_layer_sparsity;
+} flm_predictor_layer;
 
-typedef struct flm_sparsity {
+typedef struct flm_predictor_region {
     uint32_t n_layers;
     float target_sparsity;  /* version 2: eps of the default level; version 1: CATS share of neurons zeroed */
     uint32_t n_levels;      /* 1 .. FLM_MAX_LEVELS */
@@ -81,8 +81,8 @@ typedef struct flm_sparsity {
     float level_loss_oracle[FLM_MAX_LEVELS]; /* the same with the true active sets (calibrate --curve) */
     float level_dnll[FLM_MAX_LEVELS];        /* perplexity ratio - 1 measured on the same tokens (noisier) */
     float level_dnll_oracle[FLM_MAX_LEVELS];
-    flm_layer_sparsity *layers;
-} flm_sparsity;
+    flm_predictor_layer *layers;
+} flm_predictor_region;
 
 /* The CONTRIB rule's true active set: the ids, in increasing order, of the neurons with (h_i dn_i)^2 > tau^2
  * sum_j (h_j dn_j)^2, where h (F floats) holds each neuron's activation act(gate_i . x) (up_i . x) and dn (F floats)
@@ -92,17 +92,17 @@ uint32_t flm_contrib_set(const float *h, const float *dn, uint32_t F, float tau,
 
 /* Make level k the current one: each layer's threshold/pred_frac and its predictor's threshold take level k's
  * values (s_agg stays the default level's). k < s->n_levels. */
-void flm_sparsity_use_level(flm_sparsity *s, uint32_t k);
+void flm_predictor_region_use_level(flm_predictor_region *s, uint32_t k);
 
 /* The level whose eps is eps (within 1e-6 relative), or -1. */
-int flm_sparsity_find_level(const flm_sparsity *s, float eps);
+int flm_predictor_region_find_level(const flm_predictor_region *s, float eps);
 
 /* Serialize into a malloc'd buffer (*out, *len). Errors: FLM_ERR_NOMEM. */
-flm_status flm_sparsity_serialize(const flm_sparsity *s, uint8_t **out, size_t *len, flm_error *err);
+flm_status flm_predictor_region_serialize(const flm_predictor_region *s, uint8_t **out, size_t *len, flm_error *err);
 /* Parse a region payload, checking every field and size (what names the source in messages).
  * Errors: FLM_ERR_FORMAT, FLM_ERR_UNSUPPORTED (version), FLM_ERR_NOMEM. On error *s is zeroed. */
-flm_status flm_sparsity_deserialize(const uint8_t *buf, size_t len, const char *what, flm_sparsity *s,
-                                    flm_error *err);
-void flm_sparsity_free(flm_sparsity *s);
+flm_status flm_predictor_region_deserialize(const uint8_t *buf, size_t len, const char *what, flm_predictor_region *s,
+                                            flm_error *err);
+void flm_predictor_region_free(flm_predictor_region *s);
 
 #endif

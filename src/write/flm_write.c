@@ -20,7 +20,7 @@
 
 /* ---- writing ------------------------------------------------------------------------------------------------- */
 
-flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *err) {
+flm_status flm_write_cursor_put(flm_write_cursor *o, const void *p, size_t n, flm_error *err) {
     if (n && fwrite(p, 1, n, o->fp) != n)
         return flm_fail(err, FLM_ERR_IO, "%s: write failed: %s", o->path, strerror(errno));
     if (o->h) XXH64_update(o->h, p, n);
@@ -28,12 +28,12 @@ flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *er
     return FLM_OK;
 }
 
-flm_status flm_out_pad(flm_out_file *o, flm_error *err) {
+flm_status flm_write_cursor_pad(flm_write_cursor *o, flm_error *err) {
     static const uint8_t zeros[FLM_ALIGN];
     uint64_t pad = flm_align_up(o->pos, FLM_ALIGN) - o->pos;
     XXH64_state_t *h = o->h;
     o->h = NULL; /* padding is not part of any checksum */
-    flm_status st = flm_out_write(o, zeros, (size_t)pad, err);
+    flm_status st = flm_write_cursor_put(o, zeros, (size_t)pad, err);
     o->h = h;
     return st;
 }

@@ -10,18 +10,18 @@
 
 /* A file being written sequentially: pos counts the bytes written so far; while h is non-NULL every byte written
  * (padding excepted) is fed to that XXH64 state, the checksum of the region being written. */
-typedef struct flm_out_file {
+typedef struct flm_write_cursor {
     FILE *fp;
     const char *path; /* named in error messages */
     uint64_t pos;
     XXH64_state_t *h;
-} flm_out_file;
+} flm_write_cursor;
 
 /* Append n bytes at p. Errors: FLM_ERR_IO naming o->path. */
-flm_status flm_out_write(flm_out_file *o, const void *p, size_t n, flm_error *err);
+flm_status flm_write_cursor_put(flm_write_cursor *o, const void *p, size_t n, flm_error *err);
 
 /* Append zeros up to the next multiple of FLM_ALIGN (not part of any checksum). Errors: FLM_ERR_IO. */
-flm_status flm_out_pad(flm_out_file *o, flm_error *err);
+flm_status flm_write_cursor_pad(flm_write_cursor *o, flm_error *err);
 
 /* A new SUMS region payload (zeroed sums) for tables t[0 .. n) (kind, layer, offset, unit_bytes, n_units set; pos is
  * filled: where each table's sums go, each a little-endian u64 XXH3_64bits of its unit). *size gets its bytes.

@@ -1,7 +1,7 @@
 /* fuzz_flm.c — the .flm reader (src/format/flm.c: header, region table, resident region) on arbitrary bytes, then
  * what reads an opened file: verify, the model loader (flm_model_from_flm), the predictor region
- * (flm_sparsity_deserialize), and, when the input asks for it, a context opened in ram, naive, hybrid or sparse mode
- * that evaluates two tokens (the budget plan, the FFN sources, the reader on a file that refuses O_DIRECT).
+ * (flm_predictor_region_deserialize), and, when the input asks for it, a context opened in ram, naive, hybrid or
+ * sparse mode that evaluates two tokens (the budget plan, the FFN sources, the reader on a file that refuses O_DIRECT).
  *
  * Input: byte 0 is a control byte, the rest is the file.
  *   bit 0     recompute the header's and every region's xxh64 checksum (and the stored file size) before opening,
@@ -85,9 +85,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (f->predictor) {
         void *buf = NULL;
         if (flm_file_read_region(f, f->predictor, &buf, &err) == FLM_OK) {
-            flm_sparsity s;
-            if (flm_sparsity_deserialize(buf, (size_t)f->predictor->size, path, &s, &err) == FLM_OK)
-                flm_sparsity_free(&s);
+            flm_predictor_region s;
+            if (flm_predictor_region_deserialize(buf, (size_t)f->predictor->size, path, &s, &err) == FLM_OK)
+                flm_predictor_region_free(&s);
             free(buf);
         }
     }

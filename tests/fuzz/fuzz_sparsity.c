@@ -1,6 +1,6 @@
-/* fuzz_sparsity.c — the predictor region deserializers (src/sparsity/sparsity.c flm_sparsity_deserialize and, per
- * layer, src/sparsity/predictor.c flm_predictor_deserialize) on arbitrary bytes; a region that parses is then used
- * as the sparse mode uses it: each layer's predictor predicts once. Seeds: predictor regions cut from calibrated
+/* fuzz_sparsity.c — the predictor region deserializers (src/sparsity/sparsity.c flm_predictor_region_deserialize
+ * and, per layer, src/sparsity/predictor.c flm_predictor_deserialize) on arbitrary bytes; a region that parses is then
+ * used as the sparse mode uses it: each layer's predictor predicts once. Seeds: predictor regions cut from calibrated
  * models by tests/fuzz/make_seeds.sh. */
 #include "fuzz_common.h"
 
@@ -8,9 +8,9 @@
 #include "calibrate/train.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    flm_sparsity s;
+    flm_predictor_region s;
     flm_error err;
-    if (flm_sparsity_deserialize(data, size, "fuzz", &s, &err) != FLM_OK) {
+    if (flm_predictor_region_deserialize(data, size, "fuzz", &s, &err) != FLM_OK) {
         fz_check(err.msg[0] != 0 && s.layers == NULL && s.n_layers == 0, "an error without a message or a reset");
         return 0;
     }
@@ -29,6 +29,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(scratch);
         free(ids);
     }
-    flm_sparsity_free(&s);
+    flm_predictor_region_free(&s);
     return 0;
 }
