@@ -16,10 +16,9 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_parse_float(const char *s, float lo, float hi, float *out);
 /* Progress on stderr: a \r-updated line on a terminal, one line at the end otherwise (flm_progress_fn). */
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
-/* A whole text file, NUL-terminated (malloc'd), or NULL after printing why. */
-char *cli_read_text(const char *path);
-/* The same, reading at most max bytes: *too_long is set (and NULL returned, nothing printed) when the file holds
- * more, so `-f /dev/zero` stops at once. *len: the bytes read. */
+/* A text file ("-": standard input), NUL-terminated (malloc'd), reading at most max bytes: *too_long is set (and
+ * NULL returned, nothing printed) when the file holds more, so `-f /dev/zero` stops at once; other failures (missing,
+ * a directory, a read error) return NULL after printing why, naming the file. *len: the bytes read. */
 char *cli_read_text_max(const char *path, size_t max, size_t *len, bool *too_long);
 /* Temporary outputs to remove if SIGINT/SIGTERM/SIGHUP arrives (then the process dies of the signal): register each
  * before it is created, clear them once renamed. At most 4. */
@@ -128,12 +127,14 @@ typedef struct cli_grammar_args {
     bool schema;             /* a JSON schema (else GBNF) */
     const char *opt;         /* the option given, for messages */
 } cli_grammar_args;
+/* The largest grammar or schema file read (serve's default --max-body): a larger one is refused unread */
+#define CLI_GRAMMAR_MAX_BYTES (1 << 20)
 #define CLI_GRAMMAR_OPTS_HELP \
     "      --grammar GBNF   constrain the output to a grammar (a subset of llama.cpp's GBNF; docs/STRUCTURED.md)\n" \
-    "      --grammar-file FILE  the same from a file\n" \
+    "      --grammar-file FILE  the same from a file (at most 1 MiB)\n" \
     "  -j, --json-schema SCHEMA  constrain the output to JSON valid under a JSON schema (inline JSON, or a file's\n" \
     "                       path); the generation ends when the value is complete\n" \
-    "  -jf, --json-schema-file FILE  the same from a file\n"
+    "  -jf, --json-schema-file FILE  the same from a file (at most 1 MiB)\n"
 /* 1 when argv[*i] is one of these options (its value taken), 0 when not, -1 after printing an error. */
 int cli_parse_grammar_opt(int argc, char **argv, int *i, cli_grammar_args *g);
 /* The grammar the options give (*out NULL when none). Returns 0, or 1 after printing the error (file, message). */

@@ -30,13 +30,24 @@ int cli_grammar_load(const cli_grammar_args *a, flm_grammar **out) {
     if (!a->text && !a->file) return 0;
     char *buf = NULL;
     const char *text = a->text;
-    if (a->file) {
-        if (!(buf = cli_read_text(a->file))) return 1;
+    size_t len = text ? strlen(text) : 0;
+    if (a->file) { /* bounded: `--grammar-file /dev/zero` read until memory ran out */
+        bool too_long = false;
+        buf = cli_read_text_max(a->file, CLI_GRAMMAR_MAX_BYTES, &len, &too_long);
+        if (too_long)
+            fprintf(stderr, "flashlm: %s %s: longer than %d bytes: not a grammar or JSON schema\n", a->opt, a->file,
+                    CLI_GRAMMAR_MAX_BYTES);
+        if (!buf) return 1;
+        if (memchr(buf, 0, len)) { /* as C text it would end there, the rest dropped without a word */
+            fprintf(stderr, "flashlm: %s %s: a NUL byte at offset %zu: a grammar or JSON schema is text\n", a->opt,
+                    a->file, (size_t)((char *)memchr(buf, 0, len) - buf));
+            free(buf);
+            return 1;
+        }
         text = buf;
     }
     flm_error err;
-    flm_status st = a->schema ? flm_grammar_json_schema(text, strlen(text), out, &err)
-                              : flm_grammar_parse(text, strlen(text), NULL, out, &err);
+    flm_status st = a->schema ? flm_grammar_json_schema(text, len, out, &err) : flm_grammar_parse(text, len, NULL, out, &err);
     if (st) fprintf(stderr, "flashlm: %s%s%s: %s\n", a->opt, a->file ? " " : "", a->file ? a->file : "", err.msg);
     free(buf);
     return st ? 1 : 0;

@@ -308,7 +308,7 @@ const char *CLI_MODEL_OPTS_HELP =
     "  -t, --threads N      compute threads (default: all CPUs); more than the cores this process may run on is\n"
     "                       lowered to them, with a note\n"
     "      --threads-force  keep -t N above the cores (the threads take turns on them)\n"
-    "  -c, --ctx-size N     context length in tokens (default: min(model's, 2048))\n"
+    "  -c, --ctx-size N     context length in tokens (default and 0: min(model's, 2048))\n"
     "  -b, --batch-size N   tokens per batched forward pass (prompts, draft verification; default 256): each\n"
     "                       weight is read once per batch; its activations count in the memory budget\n"
     "      --mem BYTES|N%   memory budget: bytes (K/M/G/T suffixes: powers of 1024) or percent of the model's\n"
@@ -392,7 +392,10 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
         p->n_threads = (int)v;
         g_threads_asked = (int)v; /* checked against the cores in cli_env_params, once --threads-force is known */
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-        if (!cli_parse_long(val, 0, 1 << 20, &v)) { cli_die("bad -c value '%s'", val); return -1; }
+        if (!cli_parse_long(val, 0, 1 << 20, &v)) {
+            cli_die("bad -c value '%s' (0..1048576; 0: the default)", val);
+            return -1;
+        }
         p->n_ctx = (int)v;
     } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
         if (!cli_parse_long(val, 1, 65536, &v)) { cli_die("bad -b value '%s' (1..65536)", val); return -1; }
@@ -405,7 +408,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
         }
     } else if (!strcmp(a, "--mode")) {
         if (!flm_mode_parse(val, &p->mode)) {
-            cli_die("bad --mode '%s' (auto|ram|naive|hybrid|sparse)", val);
+            cli_die("bad --mode '%s' (auto|ram|naive|hybrid|sparse|hot)", val);
             return -1;
         }
     } else if (!strcmp(a, "--io")) {
@@ -421,7 +424,7 @@ int cli_parse_model_opt(int argc, char **argv, int *i, struct flm_params *p) {
         if (!cli_parse_long(val, 1, 4096, &v)) { cli_die("bad --window value '%s' (1..4096)", val); return -1; }
         p->window = (int)v;
     } else { /* --io-threads */
-        if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad --io-threads value '%s'", val); return -1; }
+        if (!cli_parse_long(val, 1, 1024, &v)) { cli_die("bad --io-threads value '%s' (1..1024)", val); return -1; }
         p->io_threads = (int)v;
     }
     return 1;
@@ -433,6 +436,12 @@ char *cli_read_text_max(const char *path, size_t max, size_t *len_out, bool *too
     FILE *f = in ? stdin : fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (!in && fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a folder; its reads fail */
+        fprintf(stderr, "flashlm: cannot read text file '%s': it is a directory\n", path);
+        fclose(f);
         return NULL;
     }
     size_t cap = 1 << 16, len = 0, n;
@@ -452,8 +461,8 @@ char *cli_read_text_max(const char *path, size_t max, size_t *len_out, bool *too
         free(text);
         text = NULL;
     } else if (!text || ferror(f)) {
-        fprintf(stderr, "flashlm: cannot read text file '%s'%s\n", in ? "(standard input)" : path,
-                text ? "" : ": out of memory");
+        fprintf(stderr, "flashlm: cannot read text file '%s': %s\n", in ? "(standard input)" : path,
+                text ? strerror(errno) : "out of memory");
         free(text);
         text = NULL;
     } else {
@@ -474,37 +483,6 @@ size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_toke
     }
     if (per_token) *per_token = longest;
     return (size_t)n_ctx * longest + 4096;
-}
-
-char *cli_read_text(const char *path) {
-    bool in = !strcmp(path, "-");
-    FILE *f = in ? stdin : fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", path, strerror(errno));
-        return NULL;
-    }
-    /* read to the end in growing chunks: a pipe or standard input has no size to ask for */
-    size_t cap = 1 << 16, len = 0, n;
-    char *text = malloc(cap + 1);
-    while (text && (n = fread(text + len, 1, cap - len, f)) > 0) {
-        len += n;
-        if (len == cap) {
-            char *more = cap <= SIZE_MAX / 4 ? realloc(text, 2 * cap + 1) : NULL;
-            if (!more) { free(text); text = NULL; break; }
-            text = more;
-            cap *= 2;
-        }
-    }
-    if (!text || ferror(f)) {
-        fprintf(stderr, "flashlm: cannot read text file '%s'%s\n", in ? "(standard input)" : path,
-                text ? "" : ": out of memory");
-        free(text);
-        text = NULL;
-    } else {
-        text[len] = 0;
-    }
-    if (!in) fclose(f);
-    return text;
 }
 
 /* The one piece of process-wide state in the CLI: the temporary files to remove if the user interrupts a long write
@@ -583,7 +561,7 @@ const char *CLI_SAMPLING_OPTS_HELP =
     "      --temp T         temperature; 0 = greedy (default 0.8)\n"
     "      --top-k K        top-k sampling; 0 = off (default 40)\n"
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
-    "      --seed S         the noise's seed: a token is a function of (seed, its position, its distribution), so\n"
+    "  -s, --seed S         the noise's seed: a token is a function of (seed, its position, its distribution), so\n"
     "                       a seed gives the same text in every mode and with or without drafting (default 42;\n"
     "                       -1: a random one, printed)\n"
     "      --min-p P        min-p sampling: drop tokens below P times the most likely one; 0 = off (default 0)\n"
@@ -604,7 +582,8 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
     long v;
     if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; return 1; }
     if (strcmp(a, "-n") && strcmp(a, "--n-predict") && strcmp(a, "--temp") && strcmp(a, "--top-k") &&
-        strcmp(a, "--top-p") && strcmp(a, "--seed") && strcmp(a, "--min-p") && strcmp(a, "--repeat-penalty") &&
+        strcmp(a, "--top-p") && strcmp(a, "--seed") && strcmp(a, "-s") && strcmp(a, "--min-p") &&
+        strcmp(a, "--repeat-penalty") &&
         strcmp(a, "--repeat-last-n") && strcmp(a, "--presence-penalty") && strcmp(a, "--frequency-penalty") &&
         strcmp(a, "--logit-bias") && strcmp(a, "-l"))
         return 0;
@@ -615,17 +594,27 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
         if (!cli_parse_long(val, -1, 1 << 24, n_predict)) { cli_die("bad -n value '%s' (-1, or 0..16777216)", val); return -1; }
         if (*n_predict < 0) *n_predict = CLI_N_PREDICT_ALL;
     } else if (!strcmp(a, "--temp")) {
-        if (!cli_parse_float(val, 0.0f, 100.0f, &sp->temp)) { cli_die("bad --temp value '%s'", val); return -1; }
+        if (!cli_parse_float(val, 0.0f, 100.0f, &sp->temp)) {
+            cli_die("bad --temp value '%s' (0..100; 0: greedy)", val);
+            return -1;
+        }
     } else if (!strcmp(a, "--top-k")) {
-        if (!cli_parse_long(val, 0, 1 << 24, &v)) { cli_die("bad --top-k value '%s'", val); return -1; }
+        if (!cli_parse_long(val, 0, 1 << 24, &v)) {
+            cli_die("bad --top-k value '%s' (0..16777216; 0: off)", val);
+            return -1;
+        }
         sp->top_k = (int)v;
     } else if (!strcmp(a, "--top-p")) {
-        if (!cli_parse_float(val, 0.0f, 1.0f, &sp->top_p)) { cli_die("bad --top-p value '%s'", val); return -1; }
+        if (!cli_parse_float(val, 0.0f, 1.0f, &sp->top_p)) {
+            cli_die("bad --top-p value '%s' (0..1; 1: off)", val);
+            return -1;
+        }
     } else if (!strcmp(a, "--min-p")) {
         if (!cli_parse_float(val, 0.0f, 1.0f, &sp->min_p)) { cli_die("bad --min-p value '%s' (0..1)", val); return -1; }
     } else if (!strcmp(a, "--repeat-penalty")) {
-        if (!cli_parse_float(val, 0.0f, 10.0f, &sp->repeat_penalty)) {
-            cli_die("bad --repeat-penalty value '%s' (0..10)", val);
+        /* 0 would divide the window's positive logits by zero (llama.cpp's does): refused, not taken as "off" */
+        if (!cli_parse_float(val, 0.0f, 10.0f, &sp->repeat_penalty) || sp->repeat_penalty <= 0.0f) {
+            cli_die("bad --repeat-penalty value '%s' (above 0, up to 10; 1: off)", val);
             return -1;
         }
     } else if (!strcmp(a, "--repeat-last-n")) {
@@ -662,7 +651,7 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
         cli_bias[sp->n_bias].token = (int32_t)id;
         cli_bias[sp->n_bias].bias = b;
         sp->n_bias++;
-    } else { /* --seed */
+    } else { /* --seed, -s (llama.cpp's short form) */
         char *end;
         errno = 0;
         if (!strcmp(val, "-1")) { /* llama.cpp: a random seed, said so the run can be repeated */

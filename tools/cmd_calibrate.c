@@ -106,16 +106,16 @@ int cmd_calibrate(int argc, char **argv) {
             if (!cli_parse_long(val, 16, 1 << 16, &v)) return cli_die("bad --chunk '%s' (>= 16)", val);
             o.chunk = (uint32_t)v;
         } else if (!strcmp(a, "--rank")) {
-            if (!cli_parse_long(val, 1, 1 << 16, &v)) return cli_die("bad --rank '%s'", val);
+            if (!cli_parse_long(val, 1, 1 << 16, &v)) return cli_die("bad --rank '%s' (1..65536)", val);
             o.rank = (uint32_t)v;
         } else if (!strcmp(a, "--rank-last")) {
-            if (!cli_parse_long(val, 1, 1 << 16, &v)) return cli_die("bad --rank-last '%s'", val);
+            if (!cli_parse_long(val, 1, 1 << 16, &v)) return cli_die("bad --rank-last '%s' (1..65536)", val);
             o.rank_last = (uint32_t)v;
         } else if (!strcmp(a, "--max-loss")) {
             if (!cli_parse_float(val, 1e-6f, 0.99f, &f)) return cli_die("bad --max-loss '%s' (0 .. 0.99)", val);
             o.max_loss = f;
         } else if (!strcmp(a, "--eval-tokens")) {
-            if (!cli_parse_long(val, 0, 1 << 20, &v)) return cli_die("bad --eval-tokens '%s'", val);
+            if (!cli_parse_long(val, 0, 1 << 20, &v)) return cli_die("bad --eval-tokens '%s' (0..1048576)", val);
             o.eval_tokens = (uint32_t)v;
         } else if (!strcmp(a, "--level")) {
             if (!cli_parse_float(val, 1e-6f, 0.99f, &f)) return cli_die("bad --level '%s' (0 .. 0.99)", val);
@@ -127,13 +127,13 @@ int cmd_calibrate(int argc, char **argv) {
             if (!cli_parse_float(val, 0.0f, 1.0f, &f)) return cli_die("bad --recall '%s' (0 .. 1)", val);
             o.target_recall = f;
         } else if (!strcmp(a, "--epochs")) {
-            if (!cli_parse_long(val, 0, 1000, &v)) return cli_die("bad --epochs '%s'", val);
+            if (!cli_parse_long(val, 0, 1000, &v)) return cli_die("bad --epochs '%s' (0..1000)", val);
             o.epochs = (int)v;
         } else if (!strcmp(a, "--mem")) {
             if (!flm_parse_mem(val, &o.mem_bytes, &o.mem_percent))
                 return cli_die("bad --mem value '%s' (bytes with an optional K/M/G/T suffix, or N%%)", val);
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad -t '%s'", val);
+            if (!cli_parse_long(val, 1, 1024, &v)) return cli_die("bad -t '%s' (1..1024)", val);
             o.n_threads = (int)v;
         } else return cli_die("unknown option '%s' (see flashlm calibrate --help)", a);
     }
@@ -226,6 +226,12 @@ int cmd_calibrate(int argc, char **argv) {
         printf("%s: every layer's FFN neurons stored hottest first (measured on up to %u tokens%s) in %.1f s\n", model,
                hot_tokens, o.mem_bytes || o.mem_percent > 0 ? ", under the budget" : "", (cli_now_ms() - t0) / 1e3);
         return 0;
+    }
+    /* whole chunks are recorded: fewer tokens than one chunk recorded none, and the error blamed the text */
+    if (!levels_only && o.max_tokens < o.chunk) {
+        fprintf(stderr, "flashlm: --tokens %u is less than one chunk (--chunk %u): raise --tokens or lower --chunk\n",
+                o.max_tokens, o.chunk);
+        return 2;
     }
     o.hot_tokens = no_hot || levels_only ? 0 : hot_tokens;
     if (levels_only && !flm_is_hot_ordered(model))

@@ -157,7 +157,7 @@ static flm_grammar *run_grammar;    /* --grammar / --json-schema, or NULL */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
-    bool stats = false, per_token = false, chat = false, verbose = false;
+    bool stats = false, per_token = false, chat = false, verbose = false, text_given = false;
     long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
@@ -184,8 +184,9 @@ static int cmd_run(int argc, char **argv) {
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; }
+        /* -p and -f: the last one given is the prompt, as llama.cpp's */
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; text_given = true; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; text_given = true; }
         else if (!strcmp(a, "--prompt-ids")) { NEEDVAL(); run_prompt_ids = val; }
         else if (!strcmp(a, "--print-ids")) { run_print_ids = true; }
         else if (!strcmp(a, "--chat")) { chat = true; }
@@ -207,6 +208,8 @@ static int cmd_run(int argc, char **argv) {
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
     if (cli_spec_args_check(&sa)) return 2;
+    if (run_prompt_ids && text_given) /* one of them would be dropped without a word */
+        return cli_die("%s", "--prompt-ids is the whole prompt: give it, or -p / -f, not both");
     if ((run_prompt_ids || run_print_ids) && (chat || sa.draft || sa.ngram))
         return cli_die("%s", "--prompt-ids and --print-ids do not go with --chat or drafting");
     run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */

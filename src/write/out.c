@@ -45,12 +45,32 @@ struct flm_out {
     FILE *fp;
 };
 
+/* The folder a new output goes into: it exists, is a folder, and this process may create files in it. Said before
+ * any work (`run --stats-json /missing/s.json` generated everything, then failed at its lock); creating the
+ * temporary is still the final word (a read-only mount that access() cannot see, a full disk). */
+static flm_status check_folder(const char *path, flm_error *err) {
+    char dir[OUT_PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return flm_fail(err, FLM_ERR_IO, "%s: cannot write it: its folder %s: %s", path, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return flm_fail(err, FLM_ERR_IO, "%s: cannot write it: %s is %s, not a folder", path, dir,
+                        S_ISREG(st.st_mode) ? "a file" : flm_file_kind(st.st_mode));
+    if (access(dir, W_OK | X_OK) != 0)
+        return flm_fail(err, FLM_ERR_IO, "%s: cannot write in its folder %s: %s", path, dir, strerror(errno));
+    return FLM_OK;
+}
+
 flm_status flm_out_check(const char *path, const char *src, unsigned flags, flm_error *err) {
     if (!path || !*path) return flm_fail(err, FLM_ERR_ARG, "no output path given");
     if (strlen(path) >= OUT_PATH_MAX) return flm_fail(err, FLM_ERR_ARG, "%.64s...: output path too long", path);
     struct stat d, s;
     if (lstat(path, &d) != 0) {
-        if (errno == ENOENT) return FLM_OK; /* a new file; creating its temporary says whether the folder is writable */
+        if (errno == ENOENT) return check_folder(path, err); /* a new file: its folder must take it */
         return flm_fail(err, FLM_ERR_IO, "%s: cannot check the output path: %s", path, strerror(errno));
     }
     if (S_ISLNK(d.st_mode))

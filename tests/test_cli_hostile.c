@@ -1,0 +1,157 @@
+/* test_cli_hostile.c — the command line as a newcomer from llama.cpp and then an attacker meet it (the CLI pass of
+ * 2026-12-03): llama.cpp's short flags, option errors that give the valid range, prompts given twice, grammar files
+ * that never end, outputs into folders that do not exist. Every failure: a message naming the option or file and
+ * what is wrong, a non-zero exit, nothing run first and nothing left behind. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+#define MODEL "models/stories260K/stories260K.gguf"
+
+static void expect(const char *args, int want_rc, const char *want_text) { free(tu_cli_expect(args, want_rc, want_text)); }
+
+/* The output of `run -m stories260K ARGS -n 12 -p 'Once upon a time' --temp 1.5` (stdout only). */
+static char *run_text(const char *extra) {
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "run -m '%s' -n 12 -p 'Once upon a time' --temp 1.5 %s 2>/dev/null", tu_data(MODEL),
+             extra);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    return out;
+}
+
+/* llama.cpp's `-s SEED` was "unknown option"; now it is --seed. Option errors give the range a value must be in
+ * (--temp, --top-k, --top-p, -c said only "bad ... value"); --mode's list names hot; --repeat-penalty 0 was taken as
+ * "off" without a word (llama.cpp divides by it): refused. */
+static void test_llama_flags(void **state) {
+    (void)state;
+    char *a = run_text("-s 7"), *b = run_text("--seed 7"), *c = run_text("--seed 8");
+    assert_string_equal(a, b);
+    assert_string_not_equal(a, c); /* the seed was used, not ignored */
+    free(a);
+    free(b);
+    free(c);
+    char args[4096];
+    const struct { const char *opt, *want; } bad[] = {
+        {"--temp -1", "bad --temp value '-1' (0..100; 0: greedy)"},
+        {"--top-k x", "bad --top-k value 'x' (0..16777216; 0: off)"},
+        {"--top-p 2", "bad --top-p value '2' (0..1; 1: off)"},
+        {"-c -1", "bad -c value '-1' (0..1048576; 0: the default)"},
+        {"--io-threads 0", "bad --io-threads value '0' (1..1024)"},
+        {"--mode warp", "bad --mode 'warp' (auto|ram|naive|hybrid|sparse|hot)"},
+        {"--repeat-penalty 0", "bad --repeat-penalty value '0' (above 0, up to 10; 1: off)"},
+        {"-s -2", "bad --seed value '-2'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "run -m '%s' -p hi -n 1 %s 2>&1", tu_data(MODEL), bad[i].opt);
+        expect(args, 2, bad[i].want);
+    }
+    snprintf(args, sizeof args, "chat -m '%s' -s x 2>&1 </dev/null", tu_data(MODEL));
+    expect(args, 2, "bad --seed value 'x'");
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 1 -c 0 --repeat-penalty 1.1 2>&1", tu_data(MODEL));
+    expect(args, 0, NULL);
+}
+
+/* --prompt-ids with -p or -f: one of them was dropped without a word (the ids won). A prompt file that is a folder
+ * said only "cannot read text file 'DIR'". */
+static void test_prompt_sources(void **state) {
+    (void)state;
+    char args[4096];
+    snprintf(args, sizeof args, "run -m '%s' -p hi --prompt-ids 1,2 -n 1 2>&1", tu_data(MODEL));
+    expect(args, 2, "--prompt-ids is the whole prompt: give it, or -p / -f, not both");
+    snprintf(args, sizeof args, "run -m '%s' --prompt-ids 1,2 -f '%s' -n 1 2>&1", tu_data(MODEL), tu_data(MODEL));
+    expect(args, 2, "--prompt-ids is the whole prompt");
+    char dir[4000], want[4200];
+    snprintf(dir, sizeof dir, "%s", tu_data("text")); /* tu_data's buffer is reused by the next call */
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 1 2>&1", tu_data(MODEL), dir);
+    snprintf(want, sizeof want, "cannot read text file '%s': it is a directory", dir);
+    expect(args, 1, want);
+}
+
+/* `run --grammar-file /dev/zero` (or -jf) read until memory ran out; a NUL byte in a grammar file ended the grammar
+ * there, the rest dropped without a word. Now at most 1 MiB is read, and a NUL is refused with its offset. */
+static void test_grammar_file_bounded(void **state) {
+    (void)state;
+    char args[4096];
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 1 --grammar-file /dev/zero 2>&1", tu_data(MODEL));
+    expect(args, 1, "--grammar-file /dev/zero: longer than 1048576 bytes: not a grammar or JSON schema");
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 1 -jf /dev/zero 2>&1", tu_data(MODEL));
+    expect(args, 1, "-jf /dev/zero: longer than 1048576 bytes");
+    const char *g = tu_tmp("nul", ".gbnf");
+    static const char gram[] = "root ::= \"a\"\0 | \"b\"";
+    tu_write_file(g, gram, sizeof gram - 1);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 1 --grammar-file '%s' 2>&1", tu_data(MODEL), g);
+    expect(args, 1, "a NUL byte at offset 12: a grammar or JSON schema is text");
+    tu_write_file(g, gram, 12); /* the same grammar without the NUL and what follows: runs */
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 3 --temp 0 --grammar-file '%s' 2>/dev/null", tu_data(MODEL), g);
+    expect(args, 0, "hia");
+    remove(g);
+}
+
+/* An output in a folder that does not exist: `run --stats-json /missing/s.json` generated everything, then failed
+ * at its lock ("cannot create the lock /missing/s.json.lock"). Now refused before the model is opened, naming the
+ * folder; convert and synth alike; nothing is left. */
+static void test_output_folder_missing(void **state) {
+    (void)state;
+    char args[16384], dir[4096], out[4200];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("nodir", ""));
+    snprintf(out, sizeof out, "%s/s.json", dir);
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 4 --stats-json '%s' 2>&1", tu_data(MODEL), out);
+    char want[8600];
+    snprintf(want, sizeof want, "%s: cannot write it: its folder %s: No such file or directory", out, dir);
+    char *o = tu_cli_expect(args, 1, want);
+    assert_null(strstr(o, "Once upon a time")); /* refused before anything ran */
+    assert_null(strstr(o, "flashlm: model "));
+    free(o);
+    snprintf(out, sizeof out, "%s/m.flm", dir);
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data(MODEL), out);
+    expect(args, 1, "cannot write it: its folder");
+    snprintf(out, sizeof out, "%s/m.gguf", dir);
+    snprintf(args, sizeof args, "synth '%s' --d-model 64 --d-ffn 128 --layers 1 --heads 2 --vocab 300 2>&1", out);
+    expect(args, 1, "cannot write it: its folder");
+    struct stat st;
+    assert_int_not_equal(stat(dir, &st), 0); /* nothing was made on the way */
+    /* a folder that exists: written as before */
+    snprintf(out, sizeof out, "%s", tu_tmp("stats", ".json"));
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 --stats-json '%s' 2>&1", tu_data(MODEL), out);
+    expect(args, 0, "statistics written to");
+    assert_int_equal(stat(out, &st), 0);
+    assert_false(tu_temp_left(out));
+    remove(out);
+}
+
+/* `calibrate --tokens 64` (the default --chunk is 128) recorded no whole chunk and said "the text gives 576 tokens;
+ * at least 128 are needed", blaming a text long enough. Now the options are named, before anything runs; the model
+ * is untouched. */
+static void test_calibrate_tokens_chunk(void **state) {
+    (void)state;
+    char args[8192], model[4096];
+    snprintf(model, sizeof model, "%s", tu_tmp("cal", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data(MODEL), model);
+    expect(args, 0, "wrote");
+    size_t len0, len1;
+    uint8_t *before = tu_read_file(model, &len0);
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --tokens 64 2>&1", model,
+             tu_data("text/tinystories_sample.txt"));
+    expect(args, 2, "--tokens 64 is less than one chunk (--chunk 128): raise --tokens or lower --chunk");
+    uint8_t *after = tu_read_file(model, &len1);
+    assert_int_equal(len0, len1);
+    assert_memory_equal(before, after, len0);
+    assert_false(tu_temp_left(model));
+    free(before);
+    free(after);
+    remove(model);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama_flags),
+        cmocka_unit_test(test_prompt_sources),
+        cmocka_unit_test(test_grammar_file_bounded),
+        cmocka_unit_test(test_output_folder_missing),
+        cmocka_unit_test(test_calibrate_tokens_chunk),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
