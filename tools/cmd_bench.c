@@ -1402,7 +1402,10 @@ int cmd_bench(int argc, char **argv) {
     if (o.svg && !o.mem_list && svg_len >= 4 && !strcasecmp(o.svg + svg_len - 4, ".svg"))
         return cli_die("--svg %s: without a --mem list bench writes several figures, so --svg names a folder (with "
                        "a list of budgets, e.g. --mem 100%%,50%%, it names the one figure's file)", o.svg);
-    for (int k = 0; o.svg && !o.mem_list && k < 4; k++) {
+    struct stat svg_st; /* a folder bench will make (write_svgs): its parent must take it; nothing in it to refuse */
+    bool svg_new = o.svg && !o.mem_list && stat(o.svg, &svg_st) != 0 && errno == ENOENT;
+    if (svg_new && !cli_may_write(o.svg, o.model, false)) return 1;
+    for (int k = 0; o.svg && !o.mem_list && !svg_new && k < 4; k++) {
         static const char *const names[] = {"latency_breakdown.svg", "latency_over_time.svg", "memory_latency.svg",
                                             "window.svg"};
         char path[4096];
