@@ -274,6 +274,15 @@ typedef enum flm_plan_embd {
 } flm_plan_embd;
 
 #define FLM_PLAN_REASON_MAX 512
+#define FLM_PLAN_DEVICES_MAX 4
+/* One device's share of a plan: the memory of the host, or of a device a backend computes on. */
+typedef struct flm_plan_device {
+    char name[16];  /* "host", or the backend's device */
+    uint64_t bytes; /* the plan's bytes this device holds; the devices' bytes sum to flm_plan_info.total */
+    uint64_t block; /* of them, the one block the context's backend asks of this device at open: the KV caches
+                       (kv), and of scratch the activations, tree, output rows, work area, statistics ring and other
+                       sequences' logits rows, with their alignment; 0 on a device the backend does not compute on */
+} flm_plan_device;
 /* A plan. Every size in bytes. total = resident + kv + scratch + reader + ffn_resident + stream + predictors +
  * cache + spec; all but spec are what flm_get_stats reports once open (mem_resident + mem_ffn + mem_kv +
  * mem_scratch), spec is what a session's speculative decoding allocates (flm_session_create). */
@@ -332,6 +341,10 @@ typedef struct flm_plan_info {
                                    it fits; n_vocab when nothing streams) */
     uint64_t out_chunk;       /* out_flash_bytes > 0: bytes read per request into a chunk buffer (in scratch; two
                                  of them unless no_read_ahead: the next chunk is read while one is multiplied) */
+    /* the budget per device: device[0] is the host; a backend that computes on a device of its own adds it, holding
+       its block (and the host the rest). flm_plan and flm_open's CPU backend: the host alone, holding total */
+    uint32_t n_devices;       /* 1 .. FLM_PLAN_DEVICES_MAX */
+    flm_plan_device device[FLM_PLAN_DEVICES_MAX];
 } flm_plan_info;
 
 /* The plan flm_open would carry out for path and p (NULL: defaults), without opening the model: reads the .flm

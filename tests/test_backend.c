@@ -5,7 +5,11 @@
  * pass went through the interface: one decoded token calls norm 2L + 1 times (L layers: attention and FFN norms, the
  * output norm; plus post-norms where the model has them), qkv, attention, the FFN and the two watches per layer, the
  * classifier once, and asks the finite verdict exactly once. Models: stories260K from tests/data (its GGUF, mapped;
- * its .flm in ram and hot), and SmolLM2-135M when pulled. */
+ * its .flm in ram and hot), and SmolLM2-135M when pulled.
+ * The budget per device (flm_plan_info.device): the stub on the host gets, at mem_init, the plan's host block, and
+ * the host holds the whole total; a second stub with a "device" of its own (its mem_init allocates the block itself,
+ * in host memory standing for the device's) gets that device's share of the plan, its KV cache lies in it, the host
+ * holds the rest, and the shares sum to the plan's total. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +34,40 @@ static const char *const C_NAMES[C_N] = {"mem_init", "mem_free", "read", "kv_ini
                                          "add_bias", "bundles", "bundles_batch", "bundles_split",
                                          "bundles_batch_split", "watch", "verdict"};
 static unsigned long g_count[C_N];
+static uint64_t g_block; /* the bytes the last mem_init was asked for */
 #define CPU flm_backend_cpu
 
 static flm_status s_mem_init(flm_backend *be, flm_arena *a, uint64_t bytes, flm_error *err) {
     g_count[C_MEM_INIT]++;
+    g_block = bytes;
     return CPU.mem_init(be, a, bytes, err);
 }
 static void s_mem_free(flm_backend *be, flm_arena *a) { g_count[C_MEM_FREE]++; CPU.mem_free(be, a); }
+
+/* the second device's memory: its own block (host memory standing for the device's), not the CPU backend's */
+static uint8_t *g_dev_base;
+static uint64_t g_dev_size;
+static flm_status d_mem_init(flm_backend *be, flm_arena *a, uint64_t bytes, flm_error *err) {
+    (void)be, (void)err;
+    g_count[C_MEM_INIT]++;
+    g_block = bytes;
+    const uint64_t size = (bytes + FLM_ARENA_ALIGN - 1) / FLM_ARENA_ALIGN * FLM_ARENA_ALIGN;
+    assert_null(g_dev_base); /* one context on the device at a time */
+    g_dev_base = aligned_alloc(FLM_ARENA_ALIGN, size ? size : FLM_ARENA_ALIGN);
+    assert_non_null(g_dev_base);
+    memset(g_dev_base, 0, size); /* carved buffers are zero until written (core/arena.h) */
+    g_dev_size = bytes;
+    *a = (flm_arena){.base = g_dev_base, .size = bytes, .used = 0};
+    return FLM_OK;
+}
+static void d_mem_free(flm_backend *be, flm_arena *a) {
+    (void)be;
+    g_count[C_MEM_FREE]++;
+    assert_ptr_equal(a->base, g_dev_base);
+    free(g_dev_base);
+    g_dev_base = NULL;
+    *a = (flm_arena){0};
+}
 static void s_read(const flm_backend *be, void *dst, const void *src, size_t bytes) {
     g_count[C_READ]++;
     CPU.read(be, dst, src, bytes);
@@ -124,22 +155,36 @@ static bool s_verdict(flm_backend *be, uint32_t *layer, int *what) {
 }
 
 static const flm_backend_ops STUB = {
-    .name = "stub", .mem_init = s_mem_init, .mem_free = s_mem_free, .read = s_read, .kv_init = s_kv_init,
+    .name = "stub", .device = "host", .mem_init = s_mem_init, .mem_free = s_mem_free, .read = s_read, .kv_init = s_kv_init,
     .kv_copy = s_kv_copy, .kv_shift = s_kv_shift, .embed_rows = s_embed, .norm = s_norm, .linear = s_linear,
     .qkv = s_qkv, .attention = s_att, .ffn_dense = s_dense, .residual = s_resid, .add_bias = s_bias, .bundles = s_bun,
     .bundles_batch = s_bun_b, .bundles_split = s_bun_s, .bundles_batch_split = s_bun_bs, .watch = s_watch,
     .verdict = s_verdict,
 };
 
+/* the stub on a device of its own: the same operations, its own memory */
+static flm_backend_ops stub_device(void) {
+    flm_backend_ops o = STUB;
+    o.name = "stub-device";
+    o.device = "stubdev";
+    o.mem_init = d_mem_init;
+    o.mem_free = d_mem_free;
+    return o;
+}
+
 /* ---- the comparison ---- */
+
+static void params_of(flm_params *p, flm_mode mode) {
+    flm_params_default(p);
+    p->n_threads = 2;
+    p->n_ctx = N_CTX;
+    p->n_batch = 8;
+    p->mode = mode;
+}
 
 static flm_ctx *open_on(const char *path, flm_mode mode, const flm_backend_ops *be) {
     flm_params p;
-    flm_params_default(&p);
-    p.n_threads = 2;
-    p.n_ctx = N_CTX;
-    p.n_batch = 8;
-    p.mode = mode;
+    params_of(&p, mode);
     flm_ctx *ctx = NULL;
     flm_error err;
     if (flm_open_backend(path, &p, be, &ctx, &err)) fail_msg("open %s on %s: %s", path, be->name, err.msg);
@@ -165,14 +210,56 @@ static void decode_both(flm_ctx *c, flm_ctx *s, int32_t tok, int32_t pos, bool d
     same(lc, ls, V, what);
 }
 
-static void run_case(const char *path, flm_mode mode, const char *name) {
+/* The budget per device of s (opened on ops): the shares sum to the total; mem_init was asked for the plan's block on
+ * the backend's device, which holds the KV cache; the host holds the rest. On the host, as flm_plan gives it. */
+static void check_devices(const char *path, flm_mode mode, const flm_ctx *s, const flm_backend_ops *ops) {
+    flm_plan_info got;
+    flm_get_plan(s, &got);
+    assert_true(got.n_devices >= 1 && got.n_devices <= FLM_PLAN_DEVICES_MAX);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < got.n_devices; i++) sum += got.device[i].bytes;
+    assert_int_equal(sum, got.total);
+    assert_string_equal(got.device[0].name, "host");
+    const flm_plan_device *mine = &got.device[got.n_devices - 1];
+    assert_int_equal(g_block, mine->block);
+    assert_true(s->mem.size >= mine->block && s->mem.used <= mine->block); /* the block, carved */
+    assert_true(mine->block > got.kv && mine->block <= got.kv + got.scratch);
+    if (!strcmp(ops->device, "host")) {
+        flm_params p;
+        params_of(&p, mode);
+        flm_plan_info pub;
+        flm_error err;
+        if (flm_plan(path, &p, &pub, &err)) fail_msg("plan %s: %s", path, err.msg);
+        assert_int_equal(got.n_devices, 1);
+        assert_int_equal(got.device[0].bytes, got.total);
+        assert_int_equal(pub.n_devices, 1);
+        assert_int_equal(pub.device[0].bytes, got.device[0].bytes);
+        assert_int_equal(pub.device[0].block, got.device[0].block);
+        return;
+    }
+    assert_int_equal(got.n_devices, 2);
+    assert_string_equal(got.device[1].name, ops->device);
+    assert_int_equal(got.device[1].bytes, got.device[1].block);
+    assert_int_equal(got.device[0].block, 0);
+    assert_int_equal(got.device[0].bytes, got.total - got.device[1].bytes);
+    assert_int_equal(g_dev_size, got.device[1].block);
+    const uint8_t *k = (const uint8_t *)s->be.kv.k;
+    assert_true(k >= g_dev_base && k + flm_kv_cache_bytes(s->model->hp.n_layers, N_CTX, s->be.kv.kv_dim,
+                                                          s->be.kv.elem_bytes) <= g_dev_base + g_dev_size);
+    print_message("  %s on %s: host %llu bytes, %s %llu (its block), total %llu\n", path, ops->name,
+                  (unsigned long long)got.device[0].bytes, got.device[1].name,
+                  (unsigned long long)got.device[1].bytes, (unsigned long long)got.total);
+}
+
+static void run_case_on(const char *path, flm_mode mode, const char *name, const flm_backend_ops *ops) {
     memset(g_count, 0, sizeof g_count);
-    flm_ctx *c = open_on(path, mode, &flm_backend_cpu), *s = open_on(path, mode, &STUB);
+    flm_ctx *c = open_on(path, mode, &flm_backend_cpu), *s = open_on(path, mode, ops);
     flm_model_info info;
     flm_get_info(s, &info);
     const uint32_t V = info.n_vocab, L = info.n_layers;
     assert_int_equal(g_count[C_MEM_INIT], 1);
     assert_int_equal(g_count[C_KV_INIT], 1);
+    check_devices(path, mode, s, ops);
     size_t m = 0;
     int32_t *ids = flm_tokenize_all(c, PROMPT, true, &m);
     assert_non_null(ids);
@@ -237,10 +324,16 @@ static void run_case(const char *path, flm_mode mode, const char *name) {
     flm_close(c);
     flm_close(s);
     assert_int_equal(g_count[C_MEM_FREE], 1);
-    printf("  %s: bit for bit through the stub;", name);
+    printf("  %s: bit for bit through the %s;", name, ops->name);
     for (int i = 0; i < C_N; i++)
         if (g_count[i]) printf(" %s %lu", C_NAMES[i], g_count[i]);
     printf("\n");
+}
+
+static void run_case(const char *path, flm_mode mode, const char *name) {
+    run_case_on(path, mode, name, &STUB);
+    const flm_backend_ops dev = stub_device(); /* the same, its block on a device of its own */
+    run_case_on(path, mode, name, &dev);
 }
 
 static void test_stories_gguf(void **state) {

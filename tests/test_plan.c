@@ -158,6 +158,15 @@ static int check_same(const char *path, const flm_params *p, flm_plan_info *out)
     assert_int_equal(got.mode, plan.mode);
     assert_int_equal(got.total, plan.total);
     assert_string_equal(got.reason, plan.reason);
+    /* the budget per device: flm_open's CPU backend holds everything in host memory, its block (KV caches,
+     * activations) inside the plan's KV cache and scratch */
+    assert_int_equal(plan.n_devices, 1);
+    assert_string_equal(plan.device[0].name, "host");
+    assert_int_equal(plan.device[0].bytes, plan.total);
+    assert_true(plan.device[0].block > plan.kv && plan.device[0].block <= plan.kv + plan.scratch);
+    assert_int_equal(got.n_devices, 1);
+    assert_int_equal(got.device[0].bytes, got.total);
+    assert_int_equal(got.device[0].block, plan.device[0].block);
     flm_close(ctx);
     if (out) *out = plan;
     return 1;
@@ -332,7 +341,8 @@ static void test_cli_plan(void **state) {
     snprintf(args, sizeof args, "plan -m '%s' --mem 90%% -c 64 2>&1", tied_path);
     if (tu_run_cli(args, &out)) fail_msg("plan failed: %s", out);
     const char *want[] = {"plan: mode hybrid", "plan:   why", "not calibrated", "plan:   resident weights",
-                          "plan:   KV cache", "plan:   scratch", "plan:   reader", "plan:   FFN in memory"};
+                          "plan:   KV cache", "plan:   scratch", "plan:   reader", "plan:   FFN in memory",
+                          "plan:   device host", "(KV cache, activations)"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         if (!strstr(out, want[i])) fail_msg("'%s' missing from:\n%s", want[i], out);
     free(out);

@@ -109,6 +109,19 @@ void cli_log_verbose(flm_params *p, bool on) {
     plan_verbose = on;
 }
 
+/* the budget per device: what each holds of the total, and of it the block its backend carves (KV cache,
+ * activations) */
+static void print_devices(const flm_plan_info *p) {
+    for (uint32_t i = 0; i < p->n_devices && i < FLM_PLAN_DEVICES_MAX; i++) {
+        const flm_plan_device *d = &p->device[i];
+        char block[96] = "no block: the backend computes on another device";
+        if (d->block)
+            snprintf(block, sizeof block, "of it the backend's block %.2f MiB (KV cache, activations)",
+                     cli_mib(d->block));
+        fprintf(stderr, "flashlm: plan:   device %-9s %10.2f MiB  %s\n", d->name, cli_mib(d->bytes), block);
+    }
+}
+
 void cli_print_plan(const flm_plan_info *p) {
     char head[64] = "none";
     if (p->budget) snprintf(head, sizeof head, "%.2f MiB", cli_mib(p->budget));
@@ -149,6 +162,7 @@ void cli_print_plan(const flm_plan_info *p) {
     if (p->gguf) {
         fprintf(stderr, "flashlm: plan:   FFN in memory    %10.2f MiB  all layers, in the resident weights (a GGUF "
                 "file)\n", 0.0);
+        print_devices(p);
         return;
     }
     fprintf(stderr, "flashlm: plan:   reader           %10.2f MiB  bounce buffers (%.2f MiB), request queues, threads\n",
@@ -189,6 +203,7 @@ void cli_print_plan(const flm_plan_info *p) {
         fprintf(stderr, "flashlm: plan:   self-draft       %10.2f MiB  speculative decoding's buffers: a tree of %d "
                 "nodes, %d deep (mode auto runs hot; --no-draft: none)\n", cli_mib(p->spec), p->draft_tree,
                 p->draft_depth);
+    print_devices(p);
 }
 
 void cli_print_plan_line(const char *label, const flm_plan_info *p) {

@@ -32,10 +32,15 @@ enum { FLM_WATCH_ATTENTION = 1, FLM_WATCH_FFN, FLM_WATCH_OUTPUT };
 typedef struct flm_backend flm_backend;
 
 typedef struct flm_backend_ops {
-    const char *name; /* "cpu" */
+    const char *name;   /* "cpu" */
+    const char *device; /* the memory its block is in, as the plan names it (flm_plan_info.device): "host" (the CPU
+                           backend; NULL reads as the host), or a device of its own, whose share of the plan's budget
+                           is that block (runtime/plan.c, flm_plan_devices); at most 15 characters */
 
     /* ---- memory: the device's one block (the KV cache and the activations, as the plan sized them) ---- */
-    /* mem_init: a block of bytes (its base FLM_CARVE_ALIGN-aligned; the caller carves it). Errors: FLM_ERR_NOMEM. */
+    /* mem_init: a block of bytes, the plan's block on this backend's device (flm_plan_info.device[].block: the KV
+     * caches, the activations; flm_ctx_block_bytes), its base FLM_CARVE_ALIGN-aligned; the caller carves it.
+     * Errors: FLM_ERR_NOMEM. */
     flm_status (*mem_init)(flm_backend *be, flm_arena *a, uint64_t bytes, flm_error *err);
     void (*mem_free)(flm_backend *be, flm_arena *a);
     /* upload: bytes host -> device (dst a device pointer); read: device -> host (the logits, hidden states) */

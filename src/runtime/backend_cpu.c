@@ -114,6 +114,7 @@ static bool cpu_verdict(flm_backend *be, uint32_t *layer, int *what) {
 
 const flm_backend_ops flm_backend_cpu = {
     .name = "cpu",
+    .device = "host",
     .mem_init = cpu_mem_init,
     .mem_free = cpu_mem_free,
     .upload = cpu_copy,

@@ -106,7 +106,7 @@ static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_p
         flm_params bp = {.n_batch = (int)rq->n_batch, .n_threads = rq->n_threads};
         p->n_batch = flm_batch_size(&bp, hp, rq->n_ctx, budget);
     }
-    p->scratch = flm_plan_scratch(hp, rq->n_ctx, p->n_batch, rq->n_threads, true) + flm_seq_scratch_bytes(hp, n_seq);
+    p->scratch = flm_plan_scratch(hp, rq->n_ctx, p->n_batch, rq->n_threads, n_seq, true);
     /* reader bounce buffers: 1/16 of the budget, between 32 KiB and 8 MiB, plus its plan arrays and ring (~32 KiB;
      * flm_flash_open replaces the estimate with flm_reader_memory() once the reader exists) */
     uint64_t bounce = budget ? budget / 16 : (8u << 20);

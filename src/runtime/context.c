@@ -224,12 +224,12 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
     const flm_hparams *hp = &ctx->model->hp;
     const uint32_t n_ctx = (uint32_t)ctx->params.n_ctx;
     /* KV caches (one per sequence), activations, the other sequences' logits rows and the per-token statistics
-     * ring: one block of the planned size, carved */
+     * ring: one block of the planned size on the backend's device (the plan's share for it), carved */
     const uint32_t kv_elem = flm_kv_elem_bytes(p), n_seq = flm_n_seq_of(p);
     uint64_t kv_bytes = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
     const uint32_t n_batch = (uint32_t)ctx->params.n_batch;
-    uint64_t mem = n_seq * kv_bytes + flm_scratch_bytes(hp, n_ctx, n_batch, p->n_threads) + flm_seq_scratch_bytes(hp, n_seq) +
-                   (FLM_CTX_CARVES + n_seq) * FLM_CARVE_ALIGN;
+    flm_plan_devices(&ctx->plan, hp, p, be->device);
+    const uint64_t mem = ctx->plan.device[ctx->plan.n_devices - 1].block; /* the host's, or the backend's device's */
     ctx->n_seq = n_seq;
     if (!(ctx->seq = calloc(n_seq, sizeof *ctx->seq)) || pthread_mutex_init(&ctx->seq_mu, NULL)) {
         flm_close(ctx);

@@ -89,10 +89,43 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_bat
            flm_scratch_work_bytes(hp, n_ctx, n_batch, n_threads) + FLM_STATS_TOKENS * sizeof(flm_token_stats);
 }
 
-uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, bool flash) {
-    uint64_t s = flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_compute_threads_bytes(n_threads);
+/* the scratch carved from the context's block: activations, statistics ring, other sequences' logits rows, and one
+ * FLM_CARVE_ALIGN of alignment per carve */
+static uint64_t block_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq) {
+    return flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_seq_scratch_bytes(hp, n_seq) +
+           (FLM_CTX_CARVES + (uint64_t)n_seq) * FLM_CARVE_ALIGN;
+}
+
+uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq,
+                          bool flash) {
+    uint64_t s = block_scratch(hp, n_ctx, n_batch, n_threads, n_seq) + flm_compute_threads_bytes(n_threads);
     if (flash) s += 4ull * (uint64_t)n_threads * n_batch * hp->d_model + (uint64_t)hp->n_vocab * 96;
     return s;
+}
+
+uint64_t flm_ctx_block_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq,
+                             uint32_t kv_elem) {
+    const uint64_t kv = flm_kv_cache_bytes(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim, kv_elem);
+    return n_seq * kv + block_scratch(hp, n_ctx, n_batch, n_threads, n_seq);
+}
+
+void flm_plan_devices(flm_plan_info *o, const flm_hparams *hp, const flm_params *p, const char *device) {
+    const uint64_t block = flm_ctx_block_bytes(hp, o->n_ctx, o->n_batch, p->n_threads, flm_n_seq_of(p),
+                                               o->kv_elem_bytes);
+    memset(o->device, 0, sizeof o->device);
+    flm_plan_device *host = &o->device[0];
+    snprintf(host->name, sizeof host->name, "host");
+    if (!device || !strcmp(device, "host")) { /* the CPU backend: everything in host memory, the block too */
+        o->n_devices = 1;
+        host->bytes = o->total;
+        host->block = block;
+        return;
+    }
+    o->n_devices = 2; /* a backend with memory of its own holds its block there; the host the rest */
+    flm_plan_device *dev = &o->device[1];
+    snprintf(dev->name, sizeof dev->name, "%s", device);
+    dev->bytes = dev->block = block;
+    host->bytes = o->total - block;
 }
 
 /* A .flm file's weight bytes: the resident region and the FFN regions (4 KiB-padded). */
@@ -287,7 +320,7 @@ flm_status flm_plan_gguf(const char *path, uint64_t file_bytes, const flm_hparam
     o->kv_elem_bytes = flm_kv_elem_bytes(p);
     const uint32_t n_seq = flm_n_seq_of(p); /* a KV cache and a logits row per sequence */
     o->kv = n_seq * flm_kv_cache_bytes(hp->n_layers, o->n_ctx, hp->n_kv_heads * hp->head_dim, o->kv_elem_bytes);
-    o->scratch = flm_plan_scratch(hp, o->n_ctx, o->n_batch, p->n_threads, false) + flm_seq_scratch_bytes(hp, n_seq);
+    o->scratch = flm_plan_scratch(hp, o->n_ctx, o->n_batch, p->n_threads, n_seq, false);
     o->total = o->resident + o->kv + o->scratch;
     o->embd = FLM_PLAN_EMBD_MEMORY;
     o->n_layers = o->n_resident_layers = hp->n_layers;
@@ -357,7 +390,8 @@ static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_inf
         flm_gguf_file *g = NULL;
         if ((st = flm_plan_gguf_open(path, pin, &g, err))) return st;
         flm_hparams hp;
-        if (!(st = flm_hparams_from_gguf(g, &hp, err))) st = flm_plan_gguf(path, g->size, &hp, pin, out, err);
+        if (!(st = flm_hparams_from_gguf(g, &hp, err)) && !(st = flm_plan_gguf(path, g->size, &hp, pin, out, err)))
+            flm_plan_devices(out, &hp, pin, flm_backend_cpu.device); /* flm_open's backend */
         flm_gguf_close(g);
         return st;
     }
@@ -370,8 +404,10 @@ static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_inf
         hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE;
         if (f->n_layers != hp.n_layers)
             st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, f->n_layers, hp.n_layers);
-        else if (!(st = flm_plan_flm(f, &hp, pin, &mp, NULL, err)))
+        else if (!(st = flm_plan_flm(f, &hp, pin, &mp, NULL, err))) {
             flm_plan_info_of(&mp, &hp, out);
+            flm_plan_devices(out, &hp, pin, flm_backend_cpu.device); /* flm_open's backend */
+        }
     }
     flm_file_close(f);
     return st;

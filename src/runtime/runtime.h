@@ -377,11 +377,24 @@ uint32_t flm_n_seq_of(const flm_params *p);
 /* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned), and for
  * a joined pass (flm_eval_seq) a logits row per sequence. */
 uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq);
-/* The plan's scratch part (flm_plan_info.scratch), the one formula: flm_scratch_bytes (the activations and the
- * statistics ring, carved at open), the compute threads past the allowance's (flm_compute_threads_bytes), and for a
- * .flm file (flash) the per-thread FFN accumulators of a batch (4 n_threads n_batch d_model) and the tokenizer's
- * copies (~96 bytes a token: pieces twice, hash, entries). The embedding row buffer is the budget plan's own. */
-uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, bool flash);
+/* The plan's scratch part (flm_plan_info.scratch), the one formula: what the context's block holds beside the KV
+ * caches (flm_scratch_bytes: the activations and the statistics ring; flm_seq_scratch_bytes for n_seq sequences; the
+ * carves' alignment, FLM_CARVE_ALIGN for each of FLM_CTX_CARVES + n_seq), the compute threads past the allowance's
+ * (flm_compute_threads_bytes), and for a .flm file (flash) the per-thread FFN accumulators of a batch
+ * (4 n_threads n_batch d_model) and the tokenizer's copies (~96 bytes a token: pieces twice, hash, entries). The
+ * embedding row buffer is the budget plan's own. */
+uint64_t flm_plan_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq,
+                          bool flash);
+/* Bytes of the context's one block of the backend's memory (flm_backend_ops.mem_init; flm_open carves it): n_seq KV
+ * caches of n_ctx tokens (kv_elem bytes an element) and, of the plan's scratch, flm_scratch_bytes,
+ * flm_seq_scratch_bytes and the carves' alignment. Inside the plan's kv + scratch. */
+uint64_t flm_ctx_block_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq,
+                             uint32_t kv_elem);
+/* Fill o's budget per device (flm_plan_info.device) for a context whose backend computes on `device` ("host", or
+ * NULL for the host: the CPU backend; another name: a device of its own): the block (flm_ctx_block_bytes of o's
+ * n_ctx, n_batch, kv_elem_bytes and p's threads and sequences) on that device, the rest of o->total on the host.
+ * o's other fields are set (flm_plan_info_of, flm_plan_gguf) and its total final. */
+void flm_plan_devices(flm_plan_info *o, const flm_hparams *hp, const flm_params *p, const char *device);
 /* Carve the activations from a (FLM_CARVE_ALIGN-aligned arrays, zero). Errors: FLM_ERR_BUDGET (a is too small). */
 flm_status flm_scratch_init(flm_scratch *s, const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads,
                             flm_arena *a, flm_error *err);
