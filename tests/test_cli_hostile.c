@@ -145,6 +145,24 @@ static void test_calibrate_tokens_chunk(void **state) {
     remove(model);
 }
 
+/* `chat < /dev/zero` ran for ever: a line too long for the context is refused and skipped to its end, and this one
+ * has none. A too-long line with a NUL byte is binary: chat stops at once with exit 1; a short NUL line is still
+ * refused as a turn and the conversation goes on. */
+static void test_chat_endless_binary_line(void **state) {
+    (void)state;
+    char args[8192];
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 -c 64 < /dev/zero 2>&1", tu_data(MODEL));
+    expect(args, 1, "flashlm: standard input: a line of more than ");
+    const char *in = tu_tmp("chat", ".txt");
+    static const char lines[] = "a\0b\nOnce upon a time\n";
+    tu_write_file(in, lines, sizeof lines - 1);
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 -c 64 --temp 0 < '%s' 2>&1", tu_data(MODEL), in);
+    char *out = tu_cli_expect(args, 1, "this turn has a NUL byte at byte 1");
+    assert_non_null(strstr(out, "1 replies"));
+    free(out);
+    remove(in);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -152,6 +170,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_file_bounded),
         cmocka_unit_test(test_output_folder_missing),
         cmocka_unit_test(test_calibrate_tokens_chunk),
+        cmocka_unit_test(test_chat_endless_binary_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -73,16 +73,20 @@ static void msgs_truncate(msg_list *l, size_t n) {
 
 /* Read one line (without its newline or a trailing \r) into *line (malloc'd, *cap bytes); false at EOF. A line of
  * more than max bytes is read to its end but not kept: *too_long (its text could not fit the context anyway; held
- * whole it was outside the memory budget). false too when out of memory (*oom). */
-static bool read_line(char **line, size_t *cap, size_t *len, size_t max, bool *too_long, bool *oom) {
+ * whole it was outside the memory budget). Such a line with a NUL byte past max is binary, not text: reading stops
+ * there (*binary; `chat < /dev/zero` skipped its one endless line for ever). false too when out of memory (*oom). */
+static bool read_line(char **line, size_t *cap, size_t *len, size_t max, bool *too_long, bool *binary, bool *oom) {
     size_t n = 0;
     int c = EOF;
     bool any = false;
-    *too_long = *oom = false;
+    *too_long = *binary = *oom = false;
     while ((c = getc(stdin)) != EOF) {
         any = true;
         if (c == '\n') break;
-        if (*too_long) continue;
+        if (*too_long) {
+            if (c == 0) { *binary = true; break; }
+            continue;
+        }
         if (n >= max) { *too_long = true; continue; }
         if (n + 2 > *cap) {
             size_t want = *cap ? *cap * 2 : 256;
@@ -474,9 +478,15 @@ int cmd_chat(int argc, char **argv) {
     }
     while (what == TURN_NEXT) {
         if (tty) { fprintf(stderr, "> "); fflush(stderr); }
-        bool too_long, oom;
-        if (!read_line(&line, &line_cap, &line_len, c.line_max, &too_long, &oom)) {
+        bool too_long, binary, oom;
+        if (!read_line(&line, &line_cap, &line_len, c.line_max, &too_long, &binary, &oom)) {
             what = oom ? TURN_OOM : TURN_END;
+            break;
+        }
+        if (binary) { /* no end of line to skip to: the conversation cannot go on */
+            fprintf(stderr, "flashlm: standard input: a line of more than %zu bytes with a NUL byte in it is not text; "
+                    "stopped\n", c.line_max);
+            what = TURN_FAIL;
             break;
         }
         what = chat_line(&c, line, line_len, too_long);
