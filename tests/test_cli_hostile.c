@@ -163,6 +163,20 @@ static void test_chat_endless_binary_line(void **state) {
     remove(in);
 }
 
+/* perplexity -c: 0 (the default elsewhere) and 1..3 loaded the model, then said "chunk of 0 tokens must be in [4,
+ * context 2048]"; now 0 is the chunk's default (128) and fewer than 4 tokens are refused before anything loads. */
+static void test_perplexity_chunk(void **state) {
+    (void)state;
+    char args[8192], text[4096];
+    snprintf(text, sizeof text, "%s", tu_data("text/tinystories_sample.txt"));
+    snprintf(args, sizeof args, "perplexity -m '%s' -f '%s' -c 0 --chunks 1 2>&1", tu_data(MODEL), text);
+    expect(args, 0, "(1 chunks of 128)");
+    snprintf(args, sizeof args, "perplexity -m '%s' -f '%s' -c 3 2>&1", tu_data(MODEL), text);
+    char *out = tu_cli_expect(args, 2, "perplexity: -c 3: a chunk needs at least 4 tokens");
+    assert_null(strstr(out, "flashlm: model ")); /* said before the model was opened */
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -171,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_output_folder_missing),
         cmocka_unit_test(test_calibrate_tokens_chunk),
         cmocka_unit_test(test_chat_endless_binary_line),
+        cmocka_unit_test(test_perplexity_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,7 +26,7 @@ static const char *PPL_HELP =
     "      --no-oracle      with --curve: the predictor's points only (an oracle point runs the FFN densely too)\n"
     "      --svg FILE       with --curve: also draw it (perplexity against MiB per token) as an SVG chart\n"
     "      --force          replace an existing --svg FILE\n"
-    "\nshared options (here -c is the chunk length and defaults to 128):\n";
+    "\nshared options (here -c is the chunk length and defaults (and 0) to 128, at least 4):\n";
 
 static void progress(void *user, int chunk, int n_chunks, double ppl) {
     (void)user;
@@ -142,7 +142,7 @@ int cmd_perplexity(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = val;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) file = val;
         else if (!strcmp(a, "--chunks")) {
-            if (!cli_parse_long(val, 1, 1 << 24, &chunks)) return cli_die("bad --chunks '%s'", val);
+            if (!cli_parse_long(val, 1, 1 << 24, &chunks)) return cli_die("bad --chunks '%s' (1..16777216)", val);
         } else if (!strcmp(a, "--svg")) svg = val;
         else if (!strcmp(a, "--levels")) {
             if (!parse_levels(val, levels, &n_levels)) return cli_die("bad --levels '%s' (comma-separated eps)", val);
@@ -154,6 +154,13 @@ int cmd_perplexity(int argc, char **argv) {
     /* the figure: refused now, not after the curve (the checked writer's rules, docs/SECURITY.md) */
     if (svg && !cli_may_write(svg, model, force)) return 1;
     svg_set_replace(force);
+    /* -c is the chunk here: 0 is its default, as elsewhere; fewer than 4 tokens were refused only after the model
+     * loaded, as "chunk of 1 tokens must be in [4, context 1]" */
+    if (p.n_ctx == 0) p.n_ctx = 128;
+    if (p.n_ctx < 4) {
+        fprintf(stderr, "flashlm: perplexity: -c %d: a chunk needs at least 4 tokens (half of it is scored)\n", p.n_ctx);
+        return 2;
+    }
     if (curve) return run_curve(model, file, &p, chunks, levels, n_levels, no_oracle, svg);
     char model_buf[4096];
     model = cli_resolve_model(model, model_buf, sizeof model_buf);
