@@ -177,6 +177,40 @@ static void test_perplexity_chunk(void **state) {
     free(out);
 }
 
+/* bench --text: a folder, /dev/zero, an empty or too short file ran every mode on random ids (the filler for "no
+ * text") and exited 0; a bench whose every run was skipped (a GGUF asked for naive) exited 0 with a table of
+ * "skipped" rows. Now the text is checked before any run, a short one is each run's error, and nothing measured is
+ * exit 1. */
+static void test_bench_text_and_nothing_run(void **state) {
+    (void)state;
+    char args[8192], dir[4000], model[4096];
+    snprintf(dir, sizeof dir, "%s", tu_data("text"));
+    snprintf(model, sizeof model, "%s", tu_data(MODEL));
+    const struct { const char *text, *want; } bad[] = {
+        {"/dev/zero", "--text /dev/zero: a NUL byte in its first 64 KiB: not a text file"},
+        {dir, ": it is a directory"},
+        {"/nonexistent/t.txt", "--text /nonexistent/t.txt: cannot open it: No such file or directory"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "bench -m '%s' --modes ram --gen-tokens 2 --text '%s' 2>&1", model, bad[i].text);
+        char *out = tu_cli_expect(args, 1, bad[i].want);
+        assert_null(strstr(out, "flashlm bench: ram ...")); /* before any run */
+        free(out);
+    }
+    const char *t = tu_tmp("short", ".txt");
+    tu_write_file(t, "Once", 4);
+    snprintf(args, sizeof args, "bench -m '%s' --modes ram --gen-tokens 2 --text '%s' 2>&1", model, t);
+    char *out = tu_cli_expect(args, 1, "fewer than --prompt-tokens 16");
+    assert_non_null(strstr(out, "no run measured anything"));
+    free(out);
+    snprintf(args, sizeof args, "bench -m '%s' --modes ram --gen-tokens 2 --prompt-tokens 2 --text '%s' 2>&1", model,
+             t);
+    expect(args, 0, "| ram |");
+    remove(t);
+    snprintf(args, sizeof args, "bench -m '%s' --modes naive --gen-tokens 2 2>&1", model);
+    expect(args, 1, "flashlm bench: no run measured anything (each one skipped: see why above)");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -186,6 +220,7 @@ int main(void) {
         cmocka_unit_test(test_calibrate_tokens_chunk),
         cmocka_unit_test(test_chat_endless_binary_line),
         cmocka_unit_test(test_perplexity_chunk),
+        cmocka_unit_test(test_bench_text_and_nothing_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

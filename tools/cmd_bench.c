@@ -205,6 +205,27 @@ static void context_result(const flm_stats *s, bench_result *r) {
     r->ok = 1;
 }
 
+/* --text FILE, before any run: a text the prompt can come from (the first 64 KiB a run reads of it hold text). A
+ * folder, /dev/zero or an empty file ran every mode on random ids, exit 0. false after saying why. */
+static bool text_ok(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "flashlm: --text %s: cannot open it: %s\n", path, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    char buf[1 << 16];
+    size_t n = fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode) ? 0 : fread(buf, 1, sizeof buf - 1, f);
+    const char *why = S_ISDIR(st.st_mode) ? "it is a directory"
+                      : ferror(f)         ? strerror(errno)
+                      : n == 0            ? "it is empty"
+                      : memchr(buf, 0, n) ? "a NUL byte in its first 64 KiB: not a text file"
+                                          : NULL;
+    fclose(f);
+    if (why) fprintf(stderr, "flashlm: --text %s: %s\n", path, why);
+    return !why;
+}
+
 static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r, bench_tok **series) {
     memset(r, 0, sizeof *r);
     *series = NULL;
@@ -248,23 +269,31 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         return;
     }
     int32_t *ids = calloc((size_t)n_prompt + 1, sizeof *ids);
+    if (!ids) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        flm_close(ctx);
+        return;
+    }
     ids[0] = info.bos >= 0 ? info.bos : 1;
     int have = 1;
-    if (o->text) { /* prompt from the text file: its first tokens */
+    if (o->text) { /* prompt from the text file (checked by cmd_bench: readable text): its first tokens */
         FILE *f = fopen(o->text, "rb");
-        if (f) {
-            char *buf = calloc(1, 1 << 16);
-            size_t n = fread(buf, 1, (1 << 16) - 1, f);
-            fclose(f);
-            buf[n] = 0;
-            size_t got = 0;
-            int32_t *tmp = flm_tokenize_all(ctx, buf, true, &got);
-            if (tmp) {
-                have = (int)(got < (size_t)n_prompt ? got : (size_t)n_prompt);
-                memcpy(ids, tmp, (size_t)have * sizeof *ids);
-                free(tmp);
-            }
-            free(buf);
+        char *buf = f ? calloc(1, 1 << 16) : NULL;
+        size_t n = buf ? fread(buf, 1, (1 << 16) - 1, f) : 0, got = 0;
+        if (f) fclose(f);
+        int32_t *tmp = buf ? flm_tokenize_all(ctx, buf, true, &got) : NULL;
+        free(buf);
+        if (tmp) {
+            have = (int)(got < (size_t)n_prompt ? got : (size_t)n_prompt);
+            memcpy(ids, tmp, (size_t)have * sizeof *ids);
+            free(tmp);
+        }
+        if (have < n_prompt) { /* the rest was random ids without a word: a prompt that is not the text */
+            snprintf(r->err, sizeof r->err, "--text %s: its first %zu bytes give %d tokens, fewer than --prompt-tokens "
+                     "%d", o->text, n, have, n_prompt);
+            free(ids);
+            flm_close(ctx);
+            return;
         }
     }
     uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -1287,7 +1316,13 @@ static int bench_budgets(bench_opts *o) {
     print_budget_table(o, runs, res, n, mruns, nm, mres);
     fflush(stdout);
     calib_agg cal = {0};
-    int rc = 0;
+    int rc = 0, ran = 0;
+    for (int i = 0; i < n; i++) ran += res[i].ok != 0;
+    for (int i = 0; i < o->n_sweep_mem * nm; i++) ran += mres[i].ok != 0;
+    if (!ran) { /* as in cmd_bench: nothing measured is a failure */
+        fprintf(stderr, "flashlm bench: no run measured anything (each one skipped: see why above)\n");
+        rc = 1;
+    }
     if (o->json) rc |= write_json(o, runs, res, n, mruns, nm, mres, NULL, &cal);
     if (o->svg) rc |= write_budget_svg(o, runs, res, n, mruns, nm, mres);
     for (int i = 0; i < n; i++) free(res[i].series);
@@ -1327,7 +1362,8 @@ static const char *BENCH_HELP =
     "      --prompt-tokens N   prompt length (default 16); the prompt table reports its time (the time to first\n"
     "                          token), tokens/s and bytes read, against the same mode token by token\n"
     "      --gen-tokens N      generated tokens (default 32)\n"
-    "      --text FILE         take the prompt from this text (default: deterministic token ids)\n"
+    "      --text FILE         take the prompt from this text: its first 64 KiB must give --prompt-tokens tokens\n"
+    "                          (default: deterministic token ids)\n"
     "      --sweep mem=B1,B2,...     also run the modes of --modes (default naive,hybrid,sparse) at each budget:\n"
     "                                the memory-latency table (budgets as for --mem, e.g. mem=30%,40%,50%,60%)\n"
     "      --sweep window=K1,K2,...  also run sparse at --mem with each window k: bytes and neurons read per\n"
@@ -1392,7 +1428,7 @@ int cmd_bench(int argc, char **argv) {
     if (o.n_sweep_win && o.params.no_window)
         return cli_die("%s", "--sweep window contradicts --no-window (a window of 1 is --sweep window=1)");
     if (access(o.model, R_OK) != 0) return cli_die("cannot read model '%s'", o.model), 1;
-    if (o.text && access(o.text, R_OK) != 0) return cli_die("cannot read text file '%s'", o.text), 1;
+    if (o.text && !text_ok(o.text)) return 1;
     if (!o.params.n_ctx) o.params.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
     /* the outputs: refused now, not after the runs (the checked writer's rules: docs/SECURITY.md) */
     if (o.json && !cli_may_write(o.json, o.model, o.force)) return 1;
@@ -1460,7 +1496,14 @@ int cmd_bench(int argc, char **argv) {
         run_one(&o, &r, &wres[i]);
     }
     if (o.n_sweep_win) print_window_sweep(&o, wres, &cal);
-    int rc = 0;
+    int rc = 0, ran = 0;
+    for (int i = 0; i < n; i++) ran += res[i].ok != 0;
+    for (int i = 0; i < o.n_sweep_mem * nm; i++) ran += mres[i].ok != 0;
+    for (int i = 0; i < o.n_sweep_win; i++) ran += wres[i].ok != 0;
+    if (!ran) { /* every row says "skipped": nothing was measured, which exit 0 hid from scripts */
+        fprintf(stderr, "flashlm bench: no run measured anything (each one skipped: see why above)\n");
+        rc = 1;
+    }
     if (o.json) rc |= write_json(&o, runs, res, n, mruns, nm, mres, wres, &cal);
     if (o.svg) rc |= write_svgs(&o, runs, res, n, mruns, nm, mres, wres, &cal);
     for (int i = 0; i < n; i++) free(res[i].series);
