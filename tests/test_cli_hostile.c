@@ -211,6 +211,25 @@ static void test_bench_text_and_nothing_run(void **state) {
     expect(args, 1, "flashlm bench: no run measured anything (each one skipped: see why above)");
 }
 
+/* Options the run does not use were dropped without a word: --keep without --context-shift, sparse's --window,
+ * --sparse-level and ablations in another mode. Now each gets a note (the run goes on, as llama.cpp's would). */
+static void test_unused_options_noted(void **state) {
+    (void)state;
+    char args[8192];
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 --keep 5 2>&1", tu_data(MODEL));
+    expect(args, 0, "flashlm: note: --keep only matters with --context-shift, which is off");
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 --window 3 2>&1", tu_data(MODEL));
+    expect(args, 0, "flashlm: note: --window is an option of mode sparse; this run is mode ram, which does not use it");
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 --no-bundle --keep 1 2>&1 </dev/null", tu_data(MODEL));
+    char *out = tu_cli_expect(args, 0, "note: --no-bundle is an option of mode sparse");
+    assert_non_null(strstr(out, "note: --keep only matters"));
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 --keep 1 --context-shift 2>&1", tu_data(MODEL));
+    out = tu_cli_expect(args, 0, NULL);
+    assert_null(strstr(out, "note:"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -221,6 +240,7 @@ int main(void) {
         cmocka_unit_test(test_chat_endless_binary_line),
         cmocka_unit_test(test_perplexity_chunk),
         cmocka_unit_test(test_bench_text_and_nothing_run),
+        cmocka_unit_test(test_unused_options_noted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

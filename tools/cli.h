@@ -174,6 +174,10 @@ typedef struct cli_shift_opts {
 /* Parse one of them at argv[*i]; advances *i past its value. Returns 1 when consumed, 0 when not one of them, -1
  * after printing an error. */
 int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o);
+/* After flm_open: a note on stderr for each option given that the run does not use (no option is ignored unsaid):
+ * sparse's options (--window, --sparse-level, the ablations) when the mode is not sparse; --keep without
+ * --context-shift (shift NULL: none). */
+void cli_note_unused(const flm_ctx *ctx, const flm_params *p, const cli_shift_opts *shift);
 /* Evaluate ids[0..n) at positions pos, pos+1, ... (restart with g->pos = 0). Returns 0, or 1 after printing the
  * error (e.g. the context is full). */
 int cli_gen_feed(cli_gen *g, const int32_t *ids, size_t n);

@@ -315,6 +315,24 @@ int cli_after_open(const flm_ctx *ctx) {
     return 0; /* (the sparse mode predicts with the runtime's own kernels: no BLAS buffer to reserve) */
 }
 
+void cli_note_unused(const flm_ctx *ctx, const flm_params *p, const cli_shift_opts *shift) {
+    flm_plan_info plan;
+    flm_get_plan(ctx, &plan);
+    const char *sparse_only = p->window ? "--window"
+                              : p->sparse_level > 0 ? "--sparse-level"
+                              : p->no_window ? "--no-window"
+                              : p->no_bundle ? "--no-bundle"
+                              : p->no_predictor ? "--no-predictor"
+                              : p->verify_predictor ? "--verify-predictor"
+                              : p->window_keep_rejected ? "--window-keep-rejected" : NULL;
+    if (sparse_only && plan.mode != FLM_MODE_SPARSE)
+        fprintf(stderr, "flashlm: note: %s is an option of mode sparse; this run is mode %s, which does not use it\n",
+                sparse_only, flm_mode_name(plan.mode));
+    if (shift && !shift->on && shift->keep != CLI_KEEP_DEFAULT)
+        fprintf(stderr, "flashlm: note: --keep only matters with --context-shift, which is off: a full context stops "
+                "generation\n");
+}
+
 bool cli_is_help(int argc, char **argv) {
     return argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
 }

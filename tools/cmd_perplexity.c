@@ -170,6 +170,7 @@ int cmd_perplexity(int argc, char **argv) {
     cli_env_params(&p, model);
     if (flm_open(model, &p, &ctx, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); return 1; }
     if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
+    cli_note_unused(ctx, &p, NULL);
     flm_ppl_result r;
     double t0 = cli_now_ms();
     int rc = 0;

@@ -249,6 +249,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         return 1;
     }
     if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
+    cli_note_unused(ctx, &params, shift);
     double t_load = cli_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
