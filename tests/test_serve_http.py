@@ -16,7 +16,9 @@ Starts the server on stories260K (tests/data) and checks what a client library w
   origin --cors does not allow is 403, a POST that is not application/json is 415; --cors ORIGIN allows that origin
   (Access-Control-Allow-Origin on the answer and on the OPTIONS preflight) and no other; "localhost" allows the
   loopback origins;
-- with --api-key: "bearer" in any case and x-api-key are accepted;
+- with --api-key: "bearer" in any case and x-api-key are accepted; --alias (repeated, comma lists) and --tags as
+  llama-server lists them in /v1/models (sorted, the id the first alias), the aliases the model's names under
+  --strict-model, the model's facts in its meta;
 - the endpoints llama-server's users call: /tokenize and /detokenize (round trip), /props, /slots, /v1/models/{id},
   /completion (llama-server's fields), the routes without /v1, /v1/embeddings, /v1/responses (501), any model name
   served unless --strict-model (404), the context-length error's wording (and llama-server's fields beside it:
@@ -391,7 +393,10 @@ def test_cors():
 
 
 def test_key():
-    srv = Server("--api-key", "k-123", "--strict-model")
+    # llama-server's --alias: repeated or a comma list, spaces stripped, repeats dropped, sorted (a std::set); the id is
+    # the first in byte order; --tags likewise, informational. Under --strict-model the aliases are the model's names
+    srv = Server("--api-key", "k-123", "--strict-model", "--alias", "tiny-b, tiny-a", "-a", "zeta,,tiny-a",
+                 "--tags", "small,chat", "--tags", "chat")
     try:
         port = srv.port
         body = {"prompt": "Once", "max_tokens": 1}
@@ -408,6 +413,25 @@ def test_key():
         check(st == 200, "with --api-key any Host/Origin: %s" % st)
         st, _, b = request(port, "POST", "/v1/completions", dict(body, model="gpt-4"), headers={"x-api-key": "k-123"})
         check(st == 404 and json.loads(b)["error"]["code"] == "model_not_found", "--strict-model: 404 (%s)" % st)
+        key = {"x-api-key": "k-123"}
+        st, _, b = request(port, "GET", "/v1/models", headers=key)
+        m = json.loads(b)["data"][0] if st == 200 else {}
+        check(m.get("id") == "tiny-a" and m.get("aliases") == ["tiny-a", "tiny-b", "zeta"] and
+              m.get("tags") == ["chat", "small"], "--alias/--tags in /v1/models: %r" % m)
+        # the model's facts (stories260K: vocab 512, d_model 64, the GGUF's context_length 2048; -c 256, one slot)
+        meta = m.get("meta", {})
+        check(meta.get("n_vocab") == 512 and meta.get("n_embd") == 64 and meta.get("n_ctx_train") == 2048 and
+              meta.get("n_ctx") == 256 and meta.get("size") == os.path.getsize(STORIES), "/v1/models meta: %r" % meta)
+        for name in ("tiny-a", "tiny-b", "zeta"):
+            st, _, b = request(port, "POST", "/v1/completions", dict(body, model=name), headers=key)
+            check(st == 200 and json.loads(b)["model"] == "tiny-a", "--strict-model: alias %s served: %s" % (name, st))
+            st, _, b = request(port, "GET", "/v1/models/" + name, headers=key)
+            check(st == 200 and json.loads(b)["id"] == "tiny-a", "/v1/models/%s: %s" % (name, st))
+        for name in ("stories260K", "tiny"):  # with aliases the file name is not a name
+            st = request(port, "POST", "/v1/completions", dict(body, model=name), headers=key)[0]
+            check(st == 404, "--strict-model: %s is not a name: 404 (%s)" % (name, st))
+            st = request(port, "GET", "/v1/models/" + name, headers=key)[0]
+            check(st == 404, "/v1/models/%s: 404 (%s)" % (name, st))
     finally:
         check(srv.stop() == 0, "key server: SIGTERM exit 0")
 
@@ -444,7 +468,9 @@ def test_endpoints(port):
     check(st == 404, "/v1/models/{another id}: 404 (%s)" % st)
     for path in ("/models", "/v1/models"):
         st, _, b = request(port, "GET", path)
-        check(st == 200 and json.loads(b)["data"][0]["id"] == "stories260K", "GET %s" % path)
+        m = json.loads(b)["data"][0] if st == 200 else {}
+        check(m.get("id") == "stories260K" and m.get("aliases") == ["stories260K"] and m.get("tags") == [] and
+              m.get("object") == "model", "GET %s: %r" % (path, m))
     body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
     st, _, b = request(port, "POST", "/v1/completions", body)
     want = json.loads(b)["choices"][0]["text"]

@@ -12,6 +12,7 @@
  * answers 503. SIGINT or SIGTERM: running generations are cancelled, queued ones answered 503, the daemon stopped,
  * the contexts closed. */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,8 +69,11 @@ static const char *SERVE_HELP =
     "      --timeout S      a connection with no traffic at all for S seconds is closed (default 600)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES "\n"
     "      --allow-special-in-content  a message's \"<|im_end|>\" is the control token (default: plain text)\n"
-    "      --alias NAME     the model's id in the API (default: the file name without its extension)\n"
-    "      --strict-model   a request naming another model gets 404 (default: the served model answers any name)\n"
+    "  -a, --alias NAME[,NAME...]  the model's names in the API (repeat or separate with commas); its id is the first\n"
+    "                       in byte order, as llama-server's (default: the file name without its extension)\n"
+    "      --tags TAG[,TAG...]  tags listed in GET /v1/models (informational)\n"
+    "      --strict-model   a request naming a model that is not the id or an alias gets 404 (default: the served\n"
+    "                       model answers any name)\n"
     "      --temp T, --seed N, --n-predict N  defaults for requests that do not give temperature, seed, max_tokens\n"
     "      --no-slots       GET /slots answers 501 (default: it lists the slots, as llama-server's; --slots)\n"
     "      --no-ui          no chat page at /\n"
@@ -159,8 +164,10 @@ static struct server {
     bool stopping;
     slot *slots;
     int n_slots;
-    const char *model_id;
+    const char *model_id;    /* the id in the API: the first alias in byte order (as llama-server's), or the file name */
     const char *model_path;
+    uint64_t model_bytes;    /* the model file's size (GET /v1/models' meta.size) */
+    uint32_t n_vocab, n_ctx_train, n_embd; /* the model's facts for GET /v1/models' meta */
     bool strict_model;       /* --strict-model: a request naming another model is 404 */
     bool slots_on, no_ui;    /* GET /slots (default on; --no-slots), --no-ui (no page at /) */
     bool has_temp, has_seed; /* --temp, --seed: defaults for requests that do not say */
@@ -186,6 +193,54 @@ static struct server {
     double last_tps;
     bool shared;             /* the slots are sequences of one context (slots[0].ctx) */
 } srv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .slots_on = true};
+
+/* A set of names (--alias, --tags): sorted in byte order and without repeats, as llama-server's std::set. */
+#define SERVE_NAMES_MAX 32
+typedef struct name_set {
+    const char *v[SERVE_NAMES_MAX];
+    int n;
+    char buf[2048]; /* the names' copies */
+    size_t used;
+} name_set;
+static name_set aliases, tags;
+
+/* Add the comma-separated names of list (each stripped of spaces; empty ones skipped) to ns. false (with what on
+ * stderr) when the set or its buffer is full. */
+static bool name_set_add(name_set *ns, const char *list, const char *opt) {
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        const char *a = p, *b = p + len;
+        p = e ? e + 1 : b;
+        while (a < b && isspace((unsigned char)*a)) a++;
+        while (b > a && isspace((unsigned char)b[-1])) b--;
+        if (a == b) continue;
+        if (ns->used + (size_t)(b - a) + 1 > sizeof ns->buf || ns->n == SERVE_NAMES_MAX) {
+            fprintf(stderr, "flashlm: %s: too many names (at most %d, %zu bytes in all)\n", opt, SERVE_NAMES_MAX,
+                    sizeof ns->buf);
+            return false;
+        }
+        char *copy = ns->buf + ns->used;
+        memcpy(copy, a, (size_t)(b - a));
+        copy[b - a] = 0;
+        int at = 0, c = 1;
+        while (at < ns->n && (c = strcmp(ns->v[at], copy)) < 0) at++;
+        if (at < ns->n && c == 0) continue; /* a repeat */
+        ns->used += (size_t)(b - a) + 1;
+        memmove(ns->v + at + 1, ns->v + at, (size_t)(ns->n - at) * sizeof *ns->v);
+        ns->v[at] = copy;
+        ns->n++;
+    }
+    return true;
+}
+
+/* Whether name is one of the served model's: its id or an alias. */
+static bool model_named(const char *name) {
+    if (!strcmp(name, srv.model_id)) return true;
+    for (int i = 0; i < aliases.n; i++)
+        if (!strcmp(name, aliases.v[i])) return true;
+    return false;
+}
 
 static void job_unref_locked(job *j) {
     if (--j->refs > 0) return;
@@ -1692,7 +1747,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
             if (status) { serve_req_free(&req); break; }
             if (p == 0 && ch == 0) n_choices = req.n_choices;
             if (ch > 0 && req.has_seed) req.seed += (uint64_t)ch; /* each choice its own, reproducible, seed */
-            if (srv.strict_model && req.model && strcmp(req.model, srv.model_id)) {
+            if (srv.strict_model && req.model && !model_named(req.model)) {
                 char m[SERVE_ERR_MAX + 64];
                 snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models; "
                          "without --strict-model any name is answered by it)", req.model, srv.model_id);
@@ -2037,14 +2092,24 @@ static enum MHD_Result check_headers(struct MHD_Connection *c, const char *metho
     return MHD_YES;
 }
 
+/* The model's entry in GET /v1/models: OpenAI's fields (id, object, created, owned_by) and llama-server's (aliases,
+ * tags, meta with n_vocab, n_ctx_train, n_embd, size in bytes, and n_ctx per slot), with flashlm's slots and budget. */
 static cJSON *model_json(void) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", srv.model_id);
+    cJSON *al = cJSON_AddArrayToObject(m, "aliases"), *tg = cJSON_AddArrayToObject(m, "tags");
+    if (!aliases.n) cJSON_AddItemToArray(al, cJSON_CreateString(srv.model_id)); /* the id is its own alias */
+    for (int i = 0; i < aliases.n; i++) cJSON_AddItemToArray(al, cJSON_CreateString(aliases.v[i]));
+    for (int i = 0; i < tags.n; i++) cJSON_AddItemToArray(tg, cJSON_CreateString(tags.v[i]));
     cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddNumberToObject(m, "created", srv.start_unix);
     cJSON_AddStringToObject(m, "owned_by", "flashlm");
     cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddNumberToObject(meta, "n_vocab", srv.n_vocab);
     cJSON_AddNumberToObject(meta, "n_ctx", srv.n_ctx);
+    cJSON_AddNumberToObject(meta, "n_ctx_train", srv.n_ctx_train);
+    cJSON_AddNumberToObject(meta, "n_embd", srv.n_embd);
+    cJSON_AddNumberToObject(meta, "size", (double)srv.model_bytes);
     cJSON_AddNumberToObject(meta, "slots", srv.n_slots);
     cJSON_AddNumberToObject(meta, "budget_bytes", (double)srv.budget);
     return m;
@@ -2380,7 +2445,7 @@ static enum MHD_Result handle_embeddings(struct MHD_Connection *c, conn *cn) {
         cJSON_Delete(o);
         return send_error(c, 400, "invalid_request", bad);
     }
-    if (srv.strict_model && cJSON_IsString(model) && strcmp(model->valuestring, srv.model_id)) {
+    if (srv.strict_model && cJSON_IsString(model) && !model_named(model->valuestring)) {
         char m[SERVE_ERR_MAX + 64];
         snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s'", model->valuestring,
                  srv.model_id);
@@ -2620,7 +2685,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_json(c, 200, o);
     }
     case R_MODEL: {
-        if (strcmp(model, srv.model_id)) {
+        if (!model_named(model)) {
             char m[SERVE_ERR_MAX + 64];
             snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s'", model, srv.model_id);
             return send_error(c, 404, "model_not_found", m);
@@ -2648,7 +2713,7 @@ static void model_id_of(const char *path, char *out, size_t cap) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model = NULL, *host = "127.0.0.1", *chat_name = NULL, *alias = NULL;
+    const char *model = NULL, *host = "127.0.0.1", *chat_name = NULL;
     srv.n_predict = -1;
     long port = 8080, parallel = 1, queue = 16, max_conns = 2048, header_s = 30, body_s = 60, idle_s = 600;
     char cors_buf[4096] = "";
@@ -2678,6 +2743,7 @@ int cmd_serve(int argc, char **argv) {
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||
                      !strcmp(a, "--max-body") || !strcmp(a, "--chat-template") || !strcmp(a, "--alias") ||
+                     !strcmp(a, "-a") || !strcmp(a, "--tags") ||
                      !strcmp(a, "--cors") || !strcmp(a, "--max-connections") || !strcmp(a, "--header-timeout") ||
                      !strcmp(a, "--body-timeout") || !strcmp(a, "--timeout") || !strcmp(a, "--cors-origins") ||
                      !strcmp(a, "--temp") || !strcmp(a, "--seed") || !strcmp(a, "--n-predict");
@@ -2689,7 +2755,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) {
             if (!*val) return cli_die("%s", "--api-key must not be empty");
             srv.api_key = val;
-        } else if (!strcmp(a, "--alias")) alias = val;
+        } else if (!strcmp(a, "--alias") || !strcmp(a, "-a")) {
+            if (!name_set_add(&aliases, val, a)) return 2;
+        } else if (!strcmp(a, "--tags")) {
+            if (!name_set_add(&tags, val, a)) return 2;
+        }
         else if (!strcmp(a, "--temp")) {
             char *end;
             double t = strtod(val, &end);
@@ -2780,7 +2850,9 @@ int cmd_serve(int argc, char **argv) {
     char model_buf[4096], id_buf[256];
     model = cli_resolve_model(model, model_buf, sizeof model_buf);
     model_id_of(model, id_buf, sizeof id_buf);
-    srv.model_id = alias ? alias : id_buf;
+    srv.model_id = aliases.n ? aliases.v[0] : id_buf;
+    struct stat st;
+    if (!stat(model, &st)) srv.model_bytes = (uint64_t)st.st_size;
     srv.model_path = model;
     srv.start_unix = (double)time(NULL);
     srv.n_batch = params.n_batch;
@@ -2873,6 +2945,9 @@ int cmd_serve(int argc, char **argv) {
         flm_model_info info;
         flm_get_info(srv.slots[0].ctx, &info);
         srv.n_ctx = info.n_ctx;
+        srv.n_vocab = info.n_vocab;
+        srv.n_ctx_train = info.n_ctx_train;
+        srv.n_embd = info.d_model;
         for (int i = 0; i < srv.n_slots; i++) {
             if (i > 0 && srv.slots[i].ctx == srv.slots[0].ctx) continue;
             flm_plan_info pi;
