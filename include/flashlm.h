@@ -924,6 +924,14 @@ FLM_API float flm_logprobs(const float *logits, size_t n, int32_t token, int n_t
  * leave out, the kept ones renormalized to sum to 1. With temp 0 (greedy): 1 for the argmax (the lowest id on ties),
  * 0 elsewhere. Uses no random number. */
 FLM_API void flm_sampler_probs(flm_sampler *s, const float *logits, float *probs);
+/* The distribution flm_sampler_sample_at draws from after the tokens hist[0..n_hist) (flm_sampler_probs with the
+ * penalties of that history too; NULL/0: none), summarized as llama-server's post_sampling_probs reports it: returns
+ * token's probability (0 when the filters leave it out or it is out of range); top_id/top_p (the caller's n_top >= 0
+ * entries each) get the most probable tokens whose probability is > 0, most probable first (the lowest id on ties),
+ * and *n_got how many (fewer than n_top when fewer are kept). Greedy (temp <= 0): the argmax with 1. Uses no random
+ * number; allocates nothing. */
+FLM_API float flm_sampler_top_probs(flm_sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
+                                    int32_t token, int n_top, int32_t *top_id, float *top_p, int *n_got);
 /* The classic rules below draw from the sampler's own RNG stream (xorshift64* from seed); a session no longer uses
  * them (it accepts a draft when it is flm_sampler_sample_at's token), they stay for callers that have a q.
  * Draw a token from probs (n_vocab non-negative weights; normalized here, so they need not sum to 1) with the
@@ -1131,6 +1139,10 @@ typedef struct flm_gen_params {
                                  softmax at temperature 1, from the logits that gave the token, a verified row under
                                  speculative decoding) and its top_logprobs most likely alternatives */
     int top_logprobs;         /* 0..FLM_GEN_TOP_LOGPROBS_MAX, with logprobs */
+    bool post_sampling;       /* with logprobs: logprob and top_logprob are the log of the probabilities the token was
+                                 drawn with instead (flm_sampler_top_probs: after logit_bias, the penalties,
+                                 temperature, top-k, top-p, min-p and the grammar's mask; llama-server's
+                                 post_sampling_probs), the alternatives only those with a probability > 0 */
 } flm_gen_params;
 #define FLM_GEN_TOP_LOGPROBS_MAX 20 /* OpenAI's limit */
 /* max_tokens -1, nothing else. */
@@ -1148,7 +1160,8 @@ typedef struct flm_gen_token {
     flm_token_stats stats;        /* the evaluation whose logits gave this token (per-token share of a batch) */
     int32_t prev;                 /* the token before it in the context (-1: none): flm_token_piece(ctx, prev, id) is
                                      its piece (the alternatives' too) */
-    float logprob;                /* with flm_gen_params.logprobs: the token's log-probability (flm_logprobs) */
+    float logprob;                /* with flm_gen_params.logprobs: the token's log-probability (flm_logprobs; with
+                                     post_sampling, the log of flm_sampler_top_probs': -INFINITY when filtered out) */
     int n_top;                    /* with logprobs: the alternatives given, top_logprobs (fewer for a tiny vocabulary) */
     int32_t top_id[FLM_GEN_TOP_LOGPROBS_MAX];    /* the most likely tokens, most likely first */
     float top_logprob[FLM_GEN_TOP_LOGPROBS_MAX]; /* their log-probabilities */

@@ -25,7 +25,8 @@ Starts the server on stories260K (tests/data) and checks what a client library w
   exceed_context_size_error, n_prompt_tokens, n_ctx);
 - llama-server's request fields: response_fields, verbose (__verbose: the prompt as text), logit_bias by text (equal to
   the bias of its token ids), stream_options.include_usage on /v1/completions, add_generation_prompt and
-  continue_final_message, post_sampling_probs (refused), /v1/chat/completions/input_tokens, a JSON schema tuple,
+  continue_final_message, post_sampling_probs (the sampler's probabilities, against softmax(logprob / T) over the
+  top-k of the same request's log-probabilities; 400 on /v1/completions), /v1/chat/completions/input_tokens, a JSON schema tuple,
   several prompts in one request (each answered as alone), a mixed sequence of ids and text, "n" choices,
   return_progress (the prompt's progress events, the reply unchanged);
   without --cors a loopback origin may call, a foreign one may not;
@@ -590,10 +591,39 @@ def test_llama_fields(port):
                       ({"continue_final_message": True, "messages": msgs}, "continue_final_message"),
                       ({"add_generation_prompt": False, "messages": msgs}, "add_generation_prompt"),
                       ({"continue_final_message": False, "messages": pre}, "continue_final_message"),
-                      ({"messages": pre + [{"role": "assistant", "content": "x"}]}, "two assistant messages"),
-                      ({"messages": msgs, "post_sampling_probs": True}, "post_sampling_probs")):
+                      ({"messages": pre + [{"role": "assistant", "content": "x"}]}, "two assistant messages")):
         st, _, b = request(port, "POST", "/chat/completions", dict(bad, max_tokens=1))
         check(st == 400 and word in json.loads(b)["error"]["message"], "%r: 400 naming %s (%s %r)" % (bad, word, st, b))
+    # post_sampling_probs: the probabilities each token was drawn with, against the reference made from the model's
+    # log-probabilities of the same request without it (same seed, same tokens): softmax(logprob / T) over the top-k
+    post = {"prompt": "Today was the day. Today I would finally become a", "n_predict": 6, "temperature": 0.7,
+            "top_k": 5, "top_p": 1.0, "seed": 11}
+    st, _, b = request(port, "POST", "/completion", dict(post, n_probs=20))
+    ref = json.loads(b)["completion_probabilities"] if st == 200 else []
+    st, _, b = request(port, "POST", "/completion", dict(post, n_probs=10, post_sampling_probs=True))
+    got = json.loads(b)["completion_probabilities"] if st == 200 else []
+    check(len(ref) == 6 and len(got) == 6, "post_sampling_probs: 6 tokens each (%s %r)" % (st, b[:200]))
+    import math
+    for r, g in zip(ref, got):
+        top = r["top_logprobs"][:5]
+        z = sum(math.exp(t["logprob"] / 0.7) for t in top)
+        want = [(t["id"], math.exp(t["logprob"] / 0.7) / z) for t in top]
+        have = [(t["id"], t["prob"]) for t in g["top_probs"]]
+        check(g["id"] == r["id"] and "logprob" not in g and "top_logprobs" not in g and
+              [i for i, _ in have] == [i for i, _ in want] and
+              all(abs(p - q) < 1e-4 for (_, p), (_, q) in zip(have, want)) and
+              abs(g["prob"] - dict(want)[g["id"]]) < 1e-4, "post_sampling_probs vs the reference: %r %r" % (have, want))
+    # greedy in chat: the token alone, with probability 1; /v1/completions' arrays have no such form: 400
+    st, _, b = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "temperature": 0,
+                                                              "logprobs": True, "top_logprobs": 4,
+                                                              "post_sampling_probs": True})
+    c = json.loads(b)["choices"][0]["logprobs"]["content"] if st == 200 else []
+    check(len(c) == 3 and all(e["prob"] == 1.0 and [t["prob"] for t in e["top_probs"]] == [1.0] and
+                              e["top_probs"][0]["token"] == e["token"] for e in c), "post_sampling_probs greedy: %r" % c)
+    st, _, b = request(port, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2, "logprobs": 2,
+                                                         "post_sampling_probs": True})
+    check(st == 400 and "post_sampling_probs" in json.loads(b)["error"]["message"],
+          "/v1/completions with post_sampling_probs: 400 (%s)" % st)
     # every field is honoured or refused by name: unknown ones, a sampler flashlm lacks unless off, store: true
     for bad, word in (({"messages": msgs, "frobnicate": 1}, "unknown field 'frobnicate'"),
                       ({"messages": msgs, "mirostat": 2}, "mirostat"),

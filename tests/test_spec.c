@@ -418,6 +418,53 @@ static void test_penalties_bias_logprobs(void **state) {
     }
     assert_int_equal(flm_sampler_sample_at(b, logits, 0, NULL, 0), bmax);
     flm_sampler_free(b);
+    /* the probabilities drawn with (llama-server's post_sampling_probs): the softmax of the edited logits / T over
+     * the top-k, cut at top-p, renormalized, from the hand-edited want[] */
+    for (int cut = 0; cut < 2; cut++) {
+        const double T = 0.7;
+        const int K = 6;
+        double pk[6], z = 0, all = 0, c2 = 0, c3 = 0;
+        for (int j = 0; j < K; j++) z += pk[j] = exp(((double)want[worder[j]] - want[worder[0]]) / T);
+        for (uint32_t i = 0; i < V; i++) all += exp(((double)want[i] - want[worder[0]]) / T);
+        c2 = (pk[0] + pk[1]) / all;
+        c3 = c2 + pk[2] / all;
+        const double top_p = (c2 + c3) / 2; /* the cut: top-p over the whole softmax's mass keeps 3 of the 6 */
+        int keep = K;
+        if (cut) {
+            keep = 3;
+            z = pk[0] + pk[1] + pk[2];
+        }
+        flm_sampler_params tp = sp;
+        tp.temp = (float)T;
+        tp.top_k = K;
+        tp.top_p = cut ? (float)top_p : 1.0f;
+        flm_sampler *ps = flm_sampler_create(&tp, V);
+        int32_t pid[8];
+        float pp[8];
+        int got = -1;
+        const float p2 = flm_sampler_top_probs(ps, logits, hist, (size_t)n, worder[1], 8, pid, pp, &got);
+        assert_int_equal(got, keep);
+        for (int j = 0; j < got; j++) {
+            assert_int_equal(pid[j], worder[j]);
+            assert_true(fabs(pp[j] - pk[j] / z) < 1e-5);
+        }
+        assert_true(keep > 1 && fabs(p2 - pk[1] / z) < 1e-5);
+        assert_true(flm_sampler_top_probs(ps, logits, hist, (size_t)n, worder[K], 2, pid, pp, &got) == 0.0f);
+        assert_int_equal(got, 2);
+        assert_true(flm_sampler_top_probs(ps, logits, hist, (size_t)n, banned, 0, pid, pp, &got) == 0.0f);
+        assert_int_equal(got, 0);
+        flm_sampler_free(ps);
+    }
+    flm_sampler_params gpar = sp; /* greedy: the argmax of the edited logits with 1 */
+    gpar.temp = 0;
+    flm_sampler *gs = flm_sampler_create(&gpar, V);
+    int32_t gid[4];
+    float gpp[4];
+    int gn = -1;
+    assert_true(flm_sampler_top_probs(gs, logits, hist, (size_t)n, worder[0], 4, gid, gpp, &gn) == 1.0f);
+    assert_true(gn == 1 && gid[0] == worder[0] && gpp[0] == 1.0f);
+    assert_true(flm_sampler_top_probs(gs, logits, hist, (size_t)n, worder[1], 4, gid, gpp, &gn) == 0.0f);
+    flm_sampler_free(gs);
     /* log-probabilities: the raw logits' log-softmax (no edit, temperature 1) */
     double lse = 0;
     for (uint32_t i = 0; i < V; i++) lse += exp((double)logits[i] - logits[order[0]]);

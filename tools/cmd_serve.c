@@ -550,7 +550,8 @@ static cJSON *bytes_array(const char *p, size_t n) {
 }
 
 /* One token into a "logprobs" object (created when *lp is NULL): chat's content entry {token, logprob, bytes,
- * top_logprobs: [{token, logprob, bytes}]}, or completions' parallel arrays. */
+ * top_logprobs: [{token, logprob, bytes}]} (with post_sampling_probs llama-server's {token, prob, bytes, top_probs:
+ * [{token, prob, bytes}]}), or completions' parallel arrays. */
 static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
     size_t n;
     const char *piece = flm_token_piece(j->ctx, t->prev, t->id, &n);
@@ -570,8 +571,10 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
     if (chat_style) {
         cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
         if (j->native) cJSON_AddNumberToObject(e, "id", t->id);
+        const bool post = j->req.post_sampling; /* llama-server's post_sampling_probs: probabilities */
         cJSON_AddItemToObject(e, "token", piece_string(piece, n));
-        cJSON_AddNumberToObject(e, "logprob", t->logprob);
+        if (post) cJSON_AddNumberToObject(e, "prob", expf(t->logprob));
+        else cJSON_AddNumberToObject(e, "logprob", t->logprob);
         cJSON_AddItemToObject(e, "bytes", bytes_array(piece, n));
         for (int k = 0; k < t->n_top; k++) {
             size_t m;
@@ -579,11 +582,12 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
             cJSON *a = cJSON_CreateObject();
             if (j->native) cJSON_AddNumberToObject(a, "id", t->top_id[k]);
             cJSON_AddItemToObject(a, "token", piece_string(q, m));
-            cJSON_AddNumberToObject(a, "logprob", t->top_logprob[k]);
+            if (post) cJSON_AddNumberToObject(a, "prob", expf(t->top_logprob[k]));
+            else cJSON_AddNumberToObject(a, "logprob", t->top_logprob[k]);
             cJSON_AddItemToObject(a, "bytes", bytes_array(q, m));
             cJSON_AddItemToArray(top, a);
         }
-        cJSON_AddItemToObject(e, "top_logprobs", top);
+        cJSON_AddItemToObject(e, post ? "top_probs" : "top_logprobs", top);
         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "content"), e);
     } else {
         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "tokens"), piece_string(piece, n));
@@ -958,6 +962,7 @@ static void run_job(slot *s, job *j) {
     gp.n_stop = q->n_stop;
     gp.logprobs = q->logprobs;
     gp.top_logprobs = q->top_logprobs;
+    gp.post_sampling = q->post_sampling;
     gp.grammar = q->grammar; /* response_format, json_schema, grammar (compiled by serve_parse_request) */
     if (q->timings_per_token) { /* the prompt's part of each token's timings */
         flm_session_stats ps;
@@ -1747,6 +1752,13 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
             if (status) { serve_req_free(&req); break; }
             if (p == 0 && ch == 0) n_choices = req.n_choices;
             if (ch > 0 && req.has_seed) req.seed += (uint64_t)ch; /* each choice its own, reproducible, seed */
+            if (!status && req.post_sampling && !chat && !native) {
+                status = 400;
+                snprintf(msg, sizeof msg, "'post_sampling_probs' needs /completion or /v1/chat/completions (their "
+                         "\"prob\" and \"top_probs\"): /v1/completions' logprobs arrays hold log-probabilities only");
+                serve_req_free(&req);
+                break;
+            }
             if (srv.strict_model && req.model && !model_named(req.model)) {
                 char m[SERVE_ERR_MAX + 64];
                 snprintf(m, sizeof m, "the model '%.200s' does not exist: this server has '%s' (GET /v1/models; "

@@ -57,6 +57,8 @@ typedef struct serve_req {
     bool logprobs;             /* chat: "logprobs": true; completions: "logprobs": N (N >= 0) or llama-server's
                                   "n_probs" > 0 */
     int top_logprobs;          /* chat: "top_logprobs" 0..20 (needs "logprobs": true); completions: N, 0..20 */
+    bool post_sampling;        /* llama-server's "post_sampling_probs": the probabilities the tokens were drawn with
+                                  ("prob", "top_probs"; flm_gen_params.post_sampling), not the model's log-probs */
     flm_grammar *grammar;      /* the constraint of "response_format" (json_object, json_schema), llama-server's
                                   "json_schema" or "grammar" (GBNF), compiled (flm_grammar_*); NULL: none */
     const char *grammar_from;  /* the field it came from (static), for messages */

@@ -440,11 +440,7 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     r->verbose = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "verbose"));
     r->return_progress = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "return_progress"));
     r->timings_per_token = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "timings_per_token"));
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "post_sampling_probs"))) {
-        snprintf(msg, cap, "'post_sampling_probs' is not supported: logprobs and n_probs give the model's "
-                 "log-probabilities at temperature 1, before the sampler's filters");
-        goto fail;
-    }
+    r->post_sampling = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "post_sampling_probs"));
     /* "backend_sampling" (llama-server's: sample on its GPU backend or its CPU): flashlm has the one sampler, so
      * either value gives the same tokens and probabilities; checked above, nothing to choose */
     v = cJSON_GetObjectItemCaseSensitive(root, "response_fields");

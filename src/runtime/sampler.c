@@ -325,6 +325,41 @@ void flm_sampler_probs(flm_sampler *s, const float *logits, float *probs) {
     for (size_t i = 0; i < keep; i++) probs[s->idx[i]] = (float)(s->prob[s->idx[i]] / mass);
 }
 
+float flm_sampler_top_probs(flm_sampler *s, const float *logits, const int32_t *hist, size_t n_hist, int32_t token,
+                            int n_top, int32_t *top_id, float *top_p, int *n_got) {
+    const size_t n = s->n_vocab;
+    if (n_top < 0) n_top = 0;
+    const float *l = edit(s, logits, hist, n_hist);
+    if (s->p.temp <= 0.0f) { /* greedy: all the mass on the argmax */
+        const int32_t a = (int32_t)argmax(l, n);
+        if (n_top > 0) { top_id[0] = a; top_p[0] = 1.0f; }
+        *n_got = n_top > 0 ? 1 : 0;
+        return token == a ? 1.0f : 0.0f;
+    }
+    const size_t keep = process(s, l);
+    double mass = 0;
+    for (size_t i = 0; i < keep; i++) mass += s->prob[s->idx[i]];
+    float pt = 0.0f;
+    int nk = 0; /* the n_top most probable kept tokens with p > 0, the lowest id first on ties */
+    for (size_t i = 0; i < keep; i++) {
+        const int32_t id = s->idx[i];
+        const float p = mass > 0 ? (float)(s->prob[id] / mass) : 0.0f;
+        if (id == token) pt = p;
+        if (!(p > 0) || n_top == 0) continue;
+        if (nk == n_top && !(p > top_p[nk - 1] || (p == top_p[nk - 1] && id < top_id[nk - 1]))) continue;
+        int j = nk < n_top ? nk++ : n_top - 1;
+        while (j > 0 && (top_p[j - 1] < p || (top_p[j - 1] == p && top_id[j - 1] > id))) {
+            top_id[j] = top_id[j - 1];
+            top_p[j] = top_p[j - 1];
+            j--;
+        }
+        top_id[j] = id;
+        top_p[j] = p;
+    }
+    *n_got = nk;
+    return pt;
+}
+
 /* ---- log-probabilities ------------------------------------------------------------------------------------------ */
 
 float flm_logprobs(const float *logits, size_t n, int32_t token, int n_top, int32_t *top_id, float *top_lp) {

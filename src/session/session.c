@@ -732,7 +732,20 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             if (gram && (st = gram_pick(s, gram, gst, s->logits, &next, err))) break;
         }
         t.prev = s->n_past > 0 ? s->ids[s->n_past - 1] : -1;
-        if (gp->logprobs) { /* s->logits gave next (a queued token's row too) */
+        if (gp->logprobs && gp->post_sampling) { /* the distribution next was drawn from: the sampler's, masked */
+            const float *pl = s->logits;
+            if (gram) {
+                const uint32_t *m = gram_mask(gram, s->gv, gst, err);
+                if (!m) { st = err->code; break; }
+                for (uint32_t i = 0; i < s->n_vocab; i++)
+                    s->masked[i] = m[i >> 5] >> (i & 31) & 1 ? s->logits[i] : -INFINITY;
+                pl = s->masked;
+            }
+            float pt = flm_sampler_top_probs(s->smp, pl, s->ids, (size_t)s->n_past, next, gp->top_logprobs, t.top_id,
+                                             t.top_logprob, &t.n_top);
+            t.logprob = logf(pt);
+            for (int k = 0; k < t.n_top; k++) t.top_logprob[k] = logf(t.top_logprob[k]);
+        } else if (gp->logprobs) { /* s->logits gave next (a queued token's row too) */
             t.n_top = gp->top_logprobs < (int)s->n_vocab ? gp->top_logprobs : (int)s->n_vocab;
             t.logprob = flm_logprobs(s->logits, s->n_vocab, next, t.n_top, t.top_id, t.top_logprob);
         }
