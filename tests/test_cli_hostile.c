@@ -230,6 +230,24 @@ static void test_unused_options_noted(void **state) {
     free(out);
 }
 
+/* --draft-self on a run that streams nothing said only "a self-draft needs the target in mode hot with neurons
+ * streamed, and no draft model"; now it names the file, the mode it runs and what is missing (a budget). */
+static void test_draft_self_says_why(void **state) {
+    (void)state;
+    char args[8192], flm[4096];
+    snprintf(flm, sizeof flm, "%s", tu_tmp("self", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data(MODEL), flm);
+    expect(args, 0, "wrote");
+    char want[8300];
+    snprintf(want, sizeof want, "flashlm: --draft-self: %s runs mode hot without a budget (--mem), so nothing is read",
+             flm);
+    snprintf(args, sizeof args, "run -m '%s' --draft-self -p x -n 2 2>&1", flm);
+    expect(args, 1, want);
+    snprintf(args, sizeof args, "run -m '%s' --draft-self --mode ram -p x -n 2 2>&1", flm);
+    expect(args, 1, "runs mode ram, so nothing is read from flash for a self-draft to save");
+    remove(flm);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -241,6 +259,7 @@ int main(void) {
         cmocka_unit_test(test_perplexity_chunk),
         cmocka_unit_test(test_bench_text_and_nothing_run),
         cmocka_unit_test(test_unused_options_noted),
+        cmocka_unit_test(test_draft_self_says_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -218,6 +218,17 @@ int cli_spec_begin(cli_spec_session *ss, flm_ctx *target, const char *target_pat
         return 1;
     }
     ss->target_bytes = ctx_bytes(target, &st); /* the budget was split before the target opened (cli_spec_open_draft) */
+    if (ss->a.self_draft && !flm_has_self_draft(target)) { /* the library's message did not say which part is missing */
+        flm_plan_info plan;
+        flm_get_plan(target, &plan);
+        fprintf(stderr, "flashlm: --draft-self: %s runs mode %s%s, so nothing is read from flash for a self-draft to "
+                "save: it needs mode hot (or auto) and a --mem below what the model needs (%.2f MiB of weights)\n",
+                target_path, flm_mode_name(plan.mode),
+                plan.mode != FLM_MODE_HOT ? ""
+                : plan.budget ? " with every neuron in memory under this budget" : " without a budget (--mem)",
+                cli_mib(plan.model_bytes));
+        return 1;
+    }
     flm_spec_params o;
     cli_spec_params(&ss->a, &o);
     if (flm_session_speculate(sess, &o, ss->draft, &err)) {
