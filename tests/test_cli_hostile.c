@@ -7,6 +7,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <xxhash.h>
+
+#include "core/util.h"
+#include "format/flm.h"
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.gguf"
@@ -248,6 +252,44 @@ static void test_draft_self_says_why(void **state) {
     remove(flm);
 }
 
+/* A region entry's flags (docs/FORMAT.md: at most one order bit, other bits zero) were never checked: an FFN region
+ * with unknown bits, or both orders, ran and passed `verify` (header checksum recomputed, as a newer writer or a
+ * forger would). Now refused by name, everywhere the file is opened. */
+static void test_ffn_flags_checked(void **state) {
+    (void)state;
+    char args[8192], flm[4096];
+    snprintf(flm, sizeof flm, "%s", tu_tmp("flags", ".flm"));
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", tu_data(MODEL), flm);
+    expect(args, 0, "wrote");
+    size_t len;
+    uint8_t *p = tu_read_file(flm, &len);
+    const uint64_t bad[] = {4, FLM_FFN_HOT_ORDER | FLM_FFN_COACT_ORDER, 1ull << 63};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        uint8_t *e = p + FLM_HEADER_FIXED + FLM_REGION_ENTRY_BYTES * 2; /* layer 1's FFN region (entry 0: resident) */
+        assert_int_equal(flm_get_u32(e), FLM_REGION_FFN);
+        assert_int_equal(flm_get_u32(e + 4), 1);
+        uint64_t was = flm_get_u64(e + 56);
+        flm_put_u64(e + 56, bad[k]);
+        uint32_t hb = flm_get_u32(p + 32);
+        flm_put_u64(p + 24, XXH64(p + 32, hb - 32, 0));
+        tu_write_file(flm, p, len);
+        char want[256];
+        snprintf(want, sizeof want, "FFN region of layer 1: flags 0x%llx (known: 0x1 hot order or 0x2 co-activation "
+                 "order, at most one)", (unsigned long long)bad[k]);
+        snprintf(args, sizeof args, "verify '%s' 2>&1", flm);
+        expect(args, 1, want);
+        snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 --mode naive 2>&1", flm);
+        expect(args, 1, want);
+        flm_put_u64(e + 56, was);
+    }
+    flm_put_u64(p + 24, XXH64(p + 32, flm_get_u32(p + 32) - 32, 0));
+    tu_write_file(flm, p, len); /* as converted: fine again */
+    snprintf(args, sizeof args, "verify '%s' 2>&1", flm);
+    expect(args, 0, "all checksums match");
+    free(p);
+    remove(flm);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -260,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_bench_text_and_nothing_run),
         cmocka_unit_test(test_unused_options_noted),
         cmocka_unit_test(test_draft_self_says_why),
+        cmocka_unit_test(test_ffn_flags_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

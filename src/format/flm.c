@@ -119,6 +119,14 @@ static flm_status check_regions(flm_file *f, flm_error *err) {
                                     ? flm_type_name(r->gate_type) : "unknown",
                                 flm_type_name(r->down_type) ? flm_type_name(r->down_type) : "unknown", r->up_type,
                                 r->gate_type, r->down_type);
+            /* docs/FORMAT.md: at most one order bit, other bits zero. A bit this reader does not know is a layout
+             * it cannot read (a newer writer's), not one to run as if it were absent */
+            if ((r->flags & ~(uint64_t)(FLM_FFN_HOT_ORDER | FLM_FFN_COACT_ORDER)) ||
+                ((r->flags & FLM_FFN_HOT_ORDER) && (r->flags & FLM_FFN_COACT_ORDER)))
+                return flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: flags 0x%llx (known: 0x%x hot order or "
+                                "0x%x co-activation order, at most one)", path, r->layer,
+                                (unsigned long long)r->flags, (unsigned)FLM_FFN_HOT_ORDER,
+                                (unsigned)FLM_FFN_COACT_ORDER);
             if (r->n_records == 0 || r->record_bytes == 0 || r->record_bytes > (1ull << 32) ||
                 (uint64_t)r->n_records * r->record_bytes != r->size)
                 return flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: %u records of %llu bytes do not "
