@@ -5,7 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -290,6 +294,52 @@ static void test_ffn_flags_checked(void **state) {
     remove(flm);
 }
 
+/* A GGUF truncated while `convert` read it (a model rewritten in place): a bare "Bus error", exit 135, and convert's
+ * half-written OUT.flm.tmp.XXXXXX (382 MB for Qwen2.5-Coder-0.5B) and OUT.flm.lock left behind. Now the SIGBUS
+ * handler removes them, names the model and exits 1. The truncation is a race; here the test holds convert at its
+ * commit (the writer's test hook FLASHLM_TEST_COMMIT_WAIT: the temporary complete, the lock held) and sends the
+ * SIGBUS a truncated mapping raises. */
+static void test_sigbus_cleans_up(void **state) {
+    (void)state;
+    char fifo[4096], out[4096], log[4096], cmd[16384];
+    snprintf(fifo, sizeof fifo, "%s", tu_tmp("bus", ".fifo"));
+    snprintf(out, sizeof out, "%s", tu_tmp("bus", ".flm"));
+    snprintf(log, sizeof log, "%s", tu_tmp("bus", ".log"));
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("FLASHLM_TEST_COMMIT_WAIT", fifo, 1);
+        snprintf(cmd, sizeof cmd, "exec '%s' convert '%s' '%s' >'%s' 2>&1", FLM_CLI, tu_data(MODEL), out, log);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int fd = -1, status = 0;
+    while ((fd = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0) { /* open once the hook waits on it */
+        assert_int_not_equal(waitpid(pid, &status, WNOHANG), pid);
+        usleep(2000);
+    }
+    assert_true(tu_temp_left(out)); /* the temporary and the lock, as a truncation mid-convert finds them */
+    assert_int_equal(kill(pid, SIGBUS), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    close(fd);
+    unlink(fifo);
+    size_t len;
+    char *text = (char *)tu_read_file(log, &len);
+    text = realloc(text, len + 1);
+    text[len] = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 ||
+        !strstr(text, "the file ended while flashlm read it through a mapping (SIGBUS): it was truncated or rewritten "
+                      "in place while in use"))
+        fail_msg("convert on SIGBUS: status %d, output:\n%s", status, text);
+    assert_non_null(strstr(text, tu_data(MODEL)));
+    assert_false(tu_temp_left(out));
+    struct stat st;
+    assert_int_not_equal(stat(out, &st), 0);
+    free(text);
+    remove(log);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -303,6 +353,7 @@ int main(void) {
         cmocka_unit_test(test_unused_options_noted),
         cmocka_unit_test(test_draft_self_says_why),
         cmocka_unit_test(test_ffn_flags_checked),
+        cmocka_unit_test(test_sigbus_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,9 @@ char *cli_read_text_max(const char *path, size_t max, size_t *len, bool *too_lon
 /* Temporary outputs to remove if SIGINT/SIGTERM/SIGHUP arrives (then the process dies of the signal): register each
  * before it is created, clear them once renamed. At most 4. */
 void cli_temp_register(const char *path);
+/* On SIGBUS (a mapped file truncated under the process): remove the temporaries, say that path (NULL: "a model
+ * file") ended while in use, exit 1. Armed by the first call; cli_resolve_model calls it with each model. */
+void cli_sigbus_file(const char *path);
 void cli_temp_clear(void);
 /* cli_temp_clear, then cli_temp_register(path) unless path is NULL; arms the handler either way (it also removes
  * the temporaries and locks of the library's checked writer: flm_out_remove_temporaries). */

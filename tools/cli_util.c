@@ -518,6 +518,8 @@ size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_toke
     return (size_t)n_ctx * longest + 4096;
 }
 
+static const char *resolve_model(const char *arg, char *buf, size_t cap);
+
 /* The one piece of process-wide state in the CLI: the temporary files to remove if the user interrupts a long write
  * (the library removes them on every error it sees; a signal it cannot see). Written before the count is raised,
  * so the handler only ever reads complete paths; it calls only async-signal-safe functions (unlink, signal,
@@ -531,6 +533,41 @@ static void on_signal(int sig) {
     flm_out_remove_temporaries(); /* the checked writer's (unique) temporaries and locks */
     signal(sig, SIG_DFL);
     raise(sig);
+}
+
+/* SIGBUS: a GGUF is read through a mapping (src/format/gguf.c), and a mapped file truncated under the process
+ * (a model rewritten in place while `convert` or `run` reads it) ends it with SIGBUS: a bare "Bus error" (exit 135)
+ * that left convert's half-written OUT.flm.tmp.XXXXXX (hundreds of MB) and its lock behind. The handler removes
+ * them, says what happened, naming the model (cli_sigbus_file), and exits 1. The message is built beforehand: the
+ * handler only calls unlink, write and _exit. */
+static char sigbus_msg[4400];
+static volatile sig_atomic_t sigbus_len;
+
+static void on_sigbus(int sig) {
+    (void)sig;
+    for (int i = 0; i < temp_count; i++) unlink(temp_paths[i]);
+    flm_out_remove_temporaries();
+    if (sigbus_len > 0 && write(2, sigbus_msg, (size_t)sigbus_len) < 0) _exit(1);
+    _exit(1);
+}
+
+void cli_sigbus_file(const char *path) {
+    static char first[2048]; /* the first model named (the target; a draft model comes second) */
+    if (path && !first[0]) snprintf(first, sizeof first, "%s", path);
+    const bool two = path && strcmp(path, first) != 0;
+    int n = snprintf(sigbus_msg, sizeof sigbus_msg, "\nflashlm: %s%s%s: the file ended while flashlm read it through "
+                     "a mapping (SIGBUS): it was truncated or rewritten in place while in use (replace a model by "
+                     "renaming a new file onto it); outputs being written were removed\n",
+                     first[0] ? first : "a model file", two ? " or " : "", two ? path : "");
+    sigbus_len = n < 0 ? 0 : n < (int)sizeof sigbus_msg ? n : (int)sizeof sigbus_msg - 1;
+    static bool armed;
+    if (armed) return;
+    armed = true;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
 }
 
 static void arm_signals(void) {
@@ -878,6 +915,12 @@ int cli_parse_shift_opt(int argc, char **argv, int *i, cli_shift_opts *o) {
 }
 
 const char *cli_resolve_model(const char *arg, char *buf, size_t cap) {
+    const char *path = resolve_model(arg, buf, cap);
+    cli_sigbus_file(path); /* the file a SIGBUS would come from: the model, mapped when a GGUF */
+    return path;
+}
+
+static const char *resolve_model(const char *arg, char *buf, size_t cap) {
     struct stat st;
     if (!arg || stat(arg, &st) == 0) return arg;
     if (!cli_pull_is_known(arg)) {
