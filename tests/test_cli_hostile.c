@@ -340,6 +340,38 @@ static void test_sigbus_cleans_up(void **state) {
     remove(log);
 }
 
+/* llama.cpp's -p takes escapes (-e, on by default): `-p 'Q:\nA:'` was the 6 bytes Q : \ n A : here and the 5 bytes
+ * with a newline there, so the same command gave other tokens than llama.cpp's. Its -f drops one final newline
+ * (a file written by an editor ends in one). Also its names --predict (-n) and -sys / --system-prompt (--system). */
+static void test_llama_prompt_compat(void **state) {
+    (void)state;
+    char args[8192], *out = NULL;
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once\\nupon\\x41\\q' -n 0 2>/dev/null", tu_data(MODEL));
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_string_equal(out, "Once\nuponA\\q\n"); /* the prompt echoed: \n and \x41 processed, \q kept */
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once\\nupon' --no-escape -n 0 2>/dev/null", tu_data(MODEL));
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_string_equal(out, "Once\\nupon\n");
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' -p 'a\\x00b' -n 0 2>&1", tu_data(MODEL));
+    expect(args, 2, "-p: its \\x00 escape would end the prompt there");
+    /* -f: one final newline dropped, as llama.cpp: the same text as -p without it */
+    const char *f = tu_tmp("nl", ".txt");
+    tu_write_file(f, "Once upon a time\n", 17);
+    char *a = NULL, *b = NULL;
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -n 12 --temp 0 2>/dev/null", tu_data(MODEL), f);
+    assert_int_equal(tu_run_cli(args, &a), 0);
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' --predict 12 --temp 0 2>/dev/null", tu_data(MODEL));
+    assert_int_equal(tu_run_cli(args, &b), 0);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    remove(f);
+    snprintf(args, sizeof args, "run -m '%s' -sys 'Be brief' --system-prompt 'Be brief' -p hi -n 1 2>&1", tu_data(MODEL));
+    expect(args, 0, NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -354,6 +386,7 @@ int main(void) {
         cmocka_unit_test(test_draft_self_says_why),
         cmocka_unit_test(test_ffn_flags_checked),
         cmocka_unit_test(test_sigbus_cleans_up),
+        cmocka_unit_test(test_llama_prompt_compat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -107,6 +107,10 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
 /* Help lines for --temp --top-k --top-p --seed (-n is described by each command). */
 extern const char *CLI_SAMPLING_OPTS_HELP;
 
+/* llama.cpp's escapes (its string_process_escapes, -e/--escape, on by default): \n \r \t \' \" \\ and \xHH in s
+ * become the bytes they name; any other backslash stays as it is. Returns the text (malloc'd, NUL-ended; NULL when
+ * out of memory) and its length in *len, which a \x00 makes longer than its strlen. */
+char *cli_unescape(const char *s, size_t *len);
 /* The most bytes of text that can tokenize to at most n_ctx tokens: each token covers at most the longest vocabulary
  * entry's bytes (the longer of its stored string and its decoded piece), so n_ctx times that, plus 4 KiB for BOS and
  * bytes a tokenizer drops. A prompt (a -f file, a chat line) longer than this is refused unread past it: its text

@@ -1,4 +1,5 @@
 #include <cblas.h>
+#include <ctype.h>
 #include <errno.h>
 #include <sched.h>
 #include <math.h>
@@ -506,6 +507,34 @@ char *cli_read_text_max(const char *path, size_t max, size_t *len_out, bool *too
     return text;
 }
 
+char *cli_unescape(const char *s, size_t *len) {
+    size_t n = strlen(s), o = 0;
+    char *out = malloc(n + 1);
+    if (!out) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\' || i + 1 >= n) { out[o++] = s[i]; continue; }
+        char c = s[++i];
+        switch (c) {
+        case 'n': out[o++] = '\n'; break;
+        case 'r': out[o++] = '\r'; break;
+        case 't': out[o++] = '\t'; break;
+        case '\'': case '"': case '\\': out[o++] = c; break;
+        default:
+            if (c == 'x' && i + 2 < n && isxdigit((unsigned char)s[i + 1]) && isxdigit((unsigned char)s[i + 2])) {
+                char hex[3] = {s[i + 1], s[i + 2], 0};
+                out[o++] = (char)strtol(hex, NULL, 16);
+                i += 2;
+            } else { /* not an escape: kept as it is, backslash included */
+                out[o++] = '\\';
+                out[o++] = c;
+            }
+        }
+    }
+    out[o] = 0;
+    *len = o;
+    return out;
+}
+
 size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_token) {
     size_t longest = 1;
     for (uint32_t id = 0, n = flm_vocab_size(ctx); id < n; id++) {
@@ -651,7 +680,7 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     long v;
     if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; return 1; }
-    if (strcmp(a, "-n") && strcmp(a, "--n-predict") && strcmp(a, "--temp") && strcmp(a, "--top-k") &&
+    if (strcmp(a, "-n") && strcmp(a, "--n-predict") && strcmp(a, "--predict") && strcmp(a, "--temp") && strcmp(a, "--top-k") &&
         strcmp(a, "--top-p") && strcmp(a, "--seed") && strcmp(a, "-s") && strcmp(a, "--min-p") &&
         strcmp(a, "--repeat-penalty") &&
         strcmp(a, "--repeat-last-n") && strcmp(a, "--presence-penalty") && strcmp(a, "--frequency-penalty") &&
@@ -659,7 +688,7 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
         return 0;
     if (!val) { cli_die("option %s needs a value", a); return -1; }
     (*i)++;
-    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict") || !strcmp(a, "--predict")) { /* llama.cpp's three names */
         /* -1 (llama.cpp): until the end of text, or the context is full (for ever with --context-shift) */
         if (!cli_parse_long(val, -1, 1 << 24, n_predict)) { cli_die("bad -n value '%s' (-1, or 0..16777216)", val); return -1; }
         if (*n_predict < 0) *n_predict = CLI_N_PREDICT_ALL;

@@ -32,7 +32,7 @@ static const char *CHAT_HELP =
     "  -n, --n-predict N    at most N tokens per reply (default 512; -1: until the end of text or a full context)\n";
 static const char *CHAT_HELP_MORE =
     "      --system TEXT    system prompt (default: the template's own, e.g. Qwen2.5's and SmolLM2's; none for\n"
-    "                       Gemma and Llama)\n"
+    "                       Gemma and Llama; also -sys, --system-prompt)\n"
     "      --chat-template NAME  chat format instead of the one detected from the model's tokenizer.chat_template\n"
     "                       (or its architecture): " FLM_CHAT_TEMPLATE_NAMES "\n"
     "      --context-shift  when the context is full, forget the older half of the conversation after the kept\n"
@@ -228,13 +228,14 @@ static int chat_parse(int argc, char **argv, chat_args *A, cli_spec_session *ss)
             return 0;
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { A->verbose = true; continue; }
-        bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system") ||
+        bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system") || !strcmp(a, "-sys") ||
+                     !strcmp(a, "--system-prompt") ||
                      !strcmp(a, "--chat-template");
         if (!takes) return cli_die("unknown option '%s' (see flashlm chat --help)", a);
         if (!val) return cli_die("option %s needs a value (see flashlm chat --help)", a);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) A->model = val;
-        else if (!strcmp(a, "--system")) A->system = val;
+        else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) A->system = val;
         else {
             if (!flm_chat_name_valid(val))
                 return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);

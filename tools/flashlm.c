@@ -115,18 +115,22 @@ static const char *RUN_HELP =
     "                       weights from flash), or a model name (flashlm pull --list; pulled when needed)\n"
     "  -p, --prompt TEXT    prompt, as plain text: control tokens spelled in it stay text (default: empty, i.e.\n"
     "                       start from BOS, also for a model whose tokenizer adds none; a model without a BOS\n"
-    "                       token needs a prompt)\n"
-    "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length\n"
+    "                       token needs a prompt). Its escapes \\n \\r \\t \\' \\\" \\\\ \\xHH are the bytes they name, as\n"
+    "                       llama.cpp's (-e, --escape: the default; --no-escape takes backslashes as they are)\n"
+    "  -f, --file FILE      read the prompt from FILE (- for standard input) instead of -p: any length; one\n"
+    "                       final newline is dropped (as llama.cpp); its backslashes stay as they are (llama.cpp\n"
+    "                       processes escapes in a file too, which changes code)\n"
     "      --prompt-ids IDS the prompt as token ids, comma-separated (\"2,17,33\"; no BOS added), instead of -p\n"
     "      --print-ids      print the generated ids (one line, comma-separated) instead of their text\n"
     "  -n, --n-predict N    tokens to generate (default 128; stops early at an end-of-generation token, and\n"
     "                       when the context (-c) is full, with a message, unless --context-shift); -1: until\n"
-    "                       the end of text or a full context (for ever with --context-shift)\n";
+    "                       the end of text or a full context (for ever with --context-shift); also --predict\n";
 static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES " (implies --chat)\n"
-    "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat)\n"
+    "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat;\n"
+    "                       also -sys, --system-prompt)\n"
     "      --context-shift  when the context is full, forget the older half of what is not kept (--keep) and go\n"
     "                       on generating (llama.cpp's context shift; flm_kv_shift). Default: stop there\n"
     "      --keep N         with --context-shift, the prompt tokens kept at the start besides BOS (always kept);\n"
@@ -153,11 +157,12 @@ static cli_spec_session run_spec; /* run's speculative decoding (large: a path b
 static bool run_force;            /* --force: replace an existing --stats-json file */
 static const char *run_prompt_file; /* -f FILE (- for standard input), or NULL */
 static char *run_prompt_buf;        /* its text, once read */
+static char *run_prompt_esc;        /* -p's text with its escapes processed (-e, the default), or NULL */
 static flm_grammar *run_grammar;    /* --grammar / --json-schema, or NULL */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
-    bool stats = false, per_token = false, chat = false, verbose = false, text_given = false;
+    bool stats = false, per_token = false, chat = false, verbose = false, text_given = false, escape = true;
     long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
@@ -187,6 +192,8 @@ static int cmd_run(int argc, char **argv) {
         /* -p and -f: the last one given is the prompt, as llama.cpp's */
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; text_given = true; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; text_given = true; }
+        else if (!strcmp(a, "-e") || !strcmp(a, "--escape")) { escape = true; }
+        else if (!strcmp(a, "--no-escape")) { escape = false; }
         else if (!strcmp(a, "--prompt-ids")) { NEEDVAL(); run_prompt_ids = val; }
         else if (!strcmp(a, "--print-ids")) { run_print_ids = true; }
         else if (!strcmp(a, "--chat")) { chat = true; }
@@ -197,7 +204,11 @@ static int cmd_run(int argc, char **argv) {
             chat_name = val;
             chat = true;
         }
-        else if (!strcmp(a, "--system")) { NEEDVAL(); system = val; chat = true; }
+        else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) {
+            NEEDVAL();
+            system = val;
+            chat = true;
+        }
         else if (!strcmp(a, "--stats")) { stats = true; }
         else if (!strcmp(a, "--stats-tokens")) { stats = per_token = true; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; }
@@ -212,12 +223,24 @@ static int cmd_run(int argc, char **argv) {
         return cli_die("%s", "--prompt-ids is the whole prompt: give it, or -p / -f, not both");
     if ((run_prompt_ids || run_print_ids) && (chat || sa.draft || sa.ngram))
         return cli_die("%s", "--prompt-ids and --print-ids do not go with --chat or drafting");
+    if (escape && !prompt_file && strchr(prompt, '\\')) { /* -p "Q:\nA:" as llama.cpp reads it (-e, the default) */
+        size_t len;
+        if (!(run_prompt_esc = cli_unescape(prompt, &len))) return cli_die("%s", "out of memory");
+        if (strlen(run_prompt_esc) != len) { /* as C text it would end there, the rest dropped without a word */
+            free(run_prompt_esc);
+            run_prompt_esc = NULL;
+            return cli_die("%s", "-p: its \\x00 escape would end the prompt there: a prompt is text (--no-escape "
+                           "takes backslashes as they are)");
+        }
+        prompt = run_prompt_esc;
+    }
     run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */
     if (cli_grammar_load(&grammar, &run_grammar)) return 1; /* before the model: a bad grammar fails at once */
     int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose || stats, stats_json, &params,
                             &sp, &sa, &shift);
     cli_spec_session_close(&run_spec); /* the draft model, after the target */
     free(run_prompt_buf);
+    free(run_prompt_esc);
     flm_grammar_free(run_grammar);
     return rc;
 }
@@ -272,6 +295,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             flm_close(ctx);
             return 1;
         }
+        if (len && prompt_buf[len - 1] == '\n') prompt_buf[--len] = 0; /* llama.cpp drops a file's final newline */
         prompt = run_prompt_buf = prompt_buf;
     }
 
