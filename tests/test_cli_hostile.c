@@ -155,7 +155,7 @@ static void test_calibrate_tokens_chunk(void **state) {
 
 /* `chat < /dev/zero` ran for ever: a line too long for the context is refused and skipped to its end, and this one
  * has none. A too-long line with a NUL byte is binary: chat stops at once with exit 1; a short NUL line is still
- * refused as a turn and the conversation goes on. */
+ * refused as a turn and the conversation goes on. A read error on standard input is one too. */
 static void test_chat_endless_binary_line(void **state) {
     (void)state;
     char args[8192];
@@ -169,6 +169,11 @@ static void test_chat_endless_binary_line(void **state) {
     assert_non_null(strstr(out, "1 replies"));
     free(out);
     remove(in);
+    /* standard input that cannot be read (a folder) ended the chat as its end would, exit 0 */
+    char dir[4000];
+    snprintf(dir, sizeof dir, "%s", tu_data("text"));
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 < '%s' 2>&1", tu_data(MODEL), dir);
+    expect(args, 1, "flashlm: cannot read standard input: Is a directory");
 }
 
 /* perplexity -c: 0 (the default elsewhere) and 1..3 loaded the model, then said "chunk of 0 tokens must be in [4,

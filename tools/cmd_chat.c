@@ -11,6 +11,7 @@
  * it, the older half of what follows the kept start (the system part by default) is forgotten (flm_kv_shift) and
  * the conversation goes on. The text the cache began with is still what new text is appended to, so a turn still
  * evaluates only its own tokens. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -483,6 +484,10 @@ int cmd_chat(int argc, char **argv) {
         bool too_long, binary, oom;
         if (!read_line(&line, &line_cap, &line_len, c.line_max, &too_long, &binary, &oom)) {
             what = oom ? TURN_OOM : TURN_END;
+            if (!oom && ferror(stdin)) { /* not the end of input: `chat < DIR` ended as if it were, exit 0 */
+                fprintf(stderr, "flashlm: cannot read standard input: %s\n", strerror(errno));
+                what = TURN_FAIL;
+            }
             break;
         }
         if (binary) { /* no end of line to skip to: the conversation cannot go on */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -155,8 +156,15 @@ flm_status flm_convert_ex(const char *src, const char *dst, uint32_t down_as, un
     flm_model *m = NULL;
     /* the checked writer (core/files.h): refuses a link, a device, the source; locks dst; a unique temporary */
     flm_out *w = NULL;
+    /* a source that is missing or no file (a FIFO, a folder) is said first, before anything about dst; a stat waits
+     * on no FIFO */
+    struct stat ss;
+    if (stat(src, &ss) != 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", src, strerror(errno));
+    if (!S_ISREG(ss.st_mode))
+        return flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file: a model must be a file", src,
+                        flm_file_kind(ss.st_mode));
     flm_status st = flm_out_check(dst, src, out_flags & FLM_OUT_REPLACE, err); /* refused before the source is read */
-    if (st || (st = flm_gguf_open(src, &g, err))) return st;       /* a source that is no file: said first */
+    if (st || (st = flm_gguf_open(src, &g, err))) return st;
     if ((st = flm_out_open(dst, src, out_flags & FLM_OUT_REPLACE, &w, err))) { flm_gguf_close(g); return st; }
     if ((st = flm_model_from_gguf(g, &m, err))) { flm_out_abort(w); return st; } /* closes g on error */
     const flm_hparams *hp = &m->hp;
