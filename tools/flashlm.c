@@ -526,6 +526,12 @@ static int cmd_convert(int argc, char **argv) {
     if (np != 2) { fputs(CONVERT_HELP, stderr); return 2; }
     char model_buf[4096];
     const char *src = cli_resolve_model(paths[0], model_buf, sizeof model_buf), *dst = paths[1];
+    struct stat ss; /* the source first: a FIFO, a device or a missing file is said before anything about dst */
+    if (stat(src, &ss) != 0) return fprintf(stderr, "flashlm: %s: cannot open: %s\n", src, strerror(errno)), 1;
+    if (!S_ISREG(ss.st_mode) && !S_ISDIR(ss.st_mode)) /* a folder is a Hugging Face model's */
+        return fprintf(stderr, "flashlm: %s: is %s, not a regular file: a model must be a file\n", src,
+                       S_ISFIFO(ss.st_mode) ? "a FIFO (named pipe)" : S_ISCHR(ss.st_mode) ? "a character device"
+                       : S_ISBLK(ss.st_mode) ? "a block device" : "a special file"), 1;
     if (!cli_may_write(dst, src, force)) return 1;
     char hf_gguf[4200] = "";
     flm_error err;
