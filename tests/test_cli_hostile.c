@@ -375,6 +375,9 @@ static void test_llama_prompt_compat(void **state) {
     remove(f);
     snprintf(args, sizeof args, "run -m '%s' -sys 'Be brief' --system-prompt 'Be brief' -p hi -n 1 2>&1", tu_data(MODEL));
     expect(args, 0, NULL);
+    /* llama-cli's shape, options first: said what to do instead of "unknown command '-m'" */
+    snprintf(args, sizeof args, "-m '%s' -p hi 2>&1", tu_data(MODEL));
+    expect(args, 2, "'-m' is an option, not a command: put the command first, e.g. `flashlm run -m ...`");
 }
 
 int main(void) {

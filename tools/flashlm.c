@@ -736,7 +736,11 @@ static int dispatch(int argc, char **argv) {
         printf("kernels %s (this CPU's best: %s)\n", used, best);
         return 0;
     }
-    fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
+    if (cmd[0] == '-') /* llama-cli's way, options first: the command comes first here */
+        fprintf(stderr, "flashlm: '%s' is an option, not a command: put the command first, e.g. `flashlm run %s ...` "
+                "(as llama-cli) or `flashlm chat ...`\n\n%s", cmd, cmd, MAIN_HELP);
+    else
+        fprintf(stderr, "flashlm: unknown command '%s'\n\n%s", cmd, MAIN_HELP);
     return 2;
 }
 
