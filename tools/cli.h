@@ -123,6 +123,8 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
  * its architecture (flm_chat_open). Says on stderr which format was chosen and why. *t: close with flm_chat_close.
  * Returns 0, or 1 after printing the error. */
 int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t);
+/* The same, saying that system (--system, NULL: none given) replaces the template's default system prompt. */
+int cli_chat_template_sys(const flm_ctx *ctx, const char *name, const char *system, flm_chat **t);
 
 /* A token stream through one context: tokens fed so far occupy positions [0, pos). Everything goes through the
  * library's session (flm_session_*: feeding, sampling, stops, the context shift, speculative decoding when

@@ -791,14 +791,18 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
     return ids;
 }
 
-int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t) {
+int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t) { return cli_chat_template_sys(ctx, name, NULL, t); }
+
+int cli_chat_template_sys(const flm_ctx *ctx, const char *name, const char *system, flm_chat **t) {
     flm_error err;
     if (flm_chat_open(ctx, name, t, &err)) {
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
     fprintf(stderr, "flashlm: chat format %s (%s)", flm_chat_name(*t), flm_chat_origin(*t));
-    if (flm_chat_system_prompt(*t))
+    if (system) /* said as what runs: the template's default read as if it were used (with --system given) */
+        fprintf(stderr, "; system prompt from --system%s", flm_chat_system_prompt(*t) ? " (not the template's own)" : "");
+    else if (flm_chat_system_prompt(*t))
         fprintf(stderr, "; default system prompt \"%s\"", flm_chat_system_prompt(*t));
     fprintf(stderr, "\n");
     return 0;

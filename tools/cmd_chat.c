@@ -268,7 +268,7 @@ static int chat_open(chat_args *A, cli_spec_session *ss, chat_state *c) {
         fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",
                 A->model, c->info.arch, c->info.n_layers, c->info.d_model, c->info.n_ctx, c->info.kernels,
                 A->params.n_threads);
-        bad = cli_chat_template(c->ctx, A->chat_name, &c->tmpl);
+        bad = cli_chat_template_sys(c->ctx, A->chat_name, A->system, &c->tmpl);
     }
     for (size_t b = 0; !bad && b < A->sp.n_bias; b++)
         if ((uint32_t)A->sp.bias[b].token >= flm_vocab_size(c->ctx)) {

@@ -303,7 +303,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     int32_t *ids = NULL;
     if (chat) { /* the prompt as one user turn (after the system prompt) in the chat format */
         flm_chat *tmpl = NULL;
-        if (cli_chat_template(ctx, chat_name, &tmpl)) { flm_close(ctx); return 1; }
+        if (cli_chat_template_sys(ctx, chat_name, system, &tmpl)) { flm_close(ctx); return 1; }
         flm_chat_msg msgs[2] = {{"system", system ? system : ""}, {"user", prompt}};
         char *text = NULL;
         size_t len = 0, *spans = NULL, n_spans = 0; /* the contents: plain text unless --allow-special-in-content */
