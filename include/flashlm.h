@@ -1240,8 +1240,10 @@ typedef struct flm_spec_params {
                         of a pass, E(n) / (n c_draft + c_verify(n + 1)), E(n) = (1 - a^(n+1)) / (1 - a) for the
                         measured acceptance a; 0 when drafting does not pay */
     int tree;        /* with self_draft: the most nodes of a draft tree, 2..FLM_SPEC_DRAFT_MAX (0: a chain); each
-                        level drafted in one flm_eval_tree, the tree verified in one, pruned to the nodes that pay by
-                        the measured pass time against rows; greedy trees also hold the n-gram continuation */
+                        level drafted in one flm_eval_tree (the draft grows up to 3 * tree nodes, at most
+                        FLM_SPEC_DRAFT_MAX, expanding only nodes that may rank among the tree likeliest), the tree
+                        verified in one, pruned to the nodes that pay by the measured pass time against rows; greedy
+                        trees also hold the n-gram continuation */
 } flm_spec_params;
 /* n_draft 4, no source, not adaptive, a chain. */
 FLM_API void flm_spec_params_default(flm_spec_params *p);

@@ -160,10 +160,11 @@ static uint64_t chain_bytes(uint32_t n_vocab, uint32_t n_ctx, int n_draft) {
     return 4 * (N + 1) * V + 4 * (2 * (uint64_t)n_ctx + 1 + N + 1);
 }
 
-/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the nodes (token, parent, score). */
+/* What a draft tree of `tree` nodes adds: its logits rows beyond n_draft + 1, the nodes drafted (token, parent,
+ * score: FLM_SPEC_TREE_DRAFT of them). */
 static uint64_t tree_bytes(uint32_t n_vocab, int tree) {
-    uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0;
-    return 4 * (T * V + T * 3);
+    uint64_t V = n_vocab, T = tree > 0 ? (uint64_t)tree : 0, D = tree > 0 ? (uint64_t)FLM_SPEC_TREE_DRAFT(tree) : 0;
+    return 4 * (T * V + D * 3);
 }
 
 uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_params *p, bool with_draft_model,

@@ -111,6 +111,10 @@ typedef struct flm_mem_plan {
 /* Children a draft tree's node offers (session/spec.c): its draft's most likely tokens (greedy) or draws; the tree's
  * buffers (flm_spec_buffer_bytes, runtime/plan.c) hold them. */
 #define FLM_SPEC_TREE_K 4
+/* Nodes a draft tree verified in `tree` nodes drafts at most (session/spec.c: the self-draft grows the tree wider and
+ * deeper than the verification takes, which keeps the best `tree` of them by path probability, SpecExec's way); the
+ * tree's buffers (flm_spec_buffer_bytes) hold them. */
+#define FLM_SPEC_TREE_DRAFT(tree) ((tree) * 3 < FLM_SPEC_DRAFT_MAX ? (tree) * 3 : FLM_SPEC_DRAFT_MAX)
 
 /* Rows of a classifier on flash per checked unit: their sums are made while the resident region loads. */
 #define FLM_OUT_UNIT_ROWS 16u

@@ -49,7 +49,8 @@ struct spec {
     double c_draft;               /* ms per drafted token (0: not measured yet) */
     double c_verify[FLM_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
     uint64_t n_choices;
-    /* tree drafts (o.tree): nodes, parents, path probabilities */
+    /* tree drafts (o.tree): nodes, parents, path probabilities (FLM_SPEC_TREE_DRAFT(o.tree) of each: the nodes
+     * drafted; the verification keeps o.tree of them) */
     int32_t *ttok, *tpar;
     float *tscore;
     /* tree pruning (tree_prune): the verification's ms against its rows (decayed sums of a linear fit), and how
@@ -118,19 +119,20 @@ flm_status spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, int32_
     flm_get_plan(target, &tp);
     s->n_batch = tp.n_batch;
     s->draft_n_ctx = draft ? (int32_t)di.n_ctx : 0;
-    const size_t V = ti.n_vocab, T = (size_t)o->tree, N = T > (size_t)o->n_draft ? T : (size_t)o->n_draft;
+    const size_t V = ti.n_vocab, T = (size_t)o->tree, N = T > (size_t)o->n_draft ? T : (size_t)o->n_draft,
+                 D = T ? (size_t)FLM_SPEC_TREE_DRAFT(o->tree) : 0; /* the nodes a tree drafts */
     s->hist = hist;
     s->dtok = draft ? malloc((size_t)s->draft_n_ctx * sizeof *s->dtok) : NULL;
     s->batch = malloc((N + 1) * sizeof *s->batch);
     s->rows = malloc((N + 1) * V * sizeof *s->rows);
     if (T) {
-        s->ttok = malloc(T * sizeof *s->ttok);
-        s->tpar = malloc(T * sizeof *s->tpar);
-        s->tscore = malloc(T * sizeof *s->tscore);
+        s->ttok = malloc(D * sizeof *s->ttok);
+        s->tpar = malloc(D * sizeof *s->tpar);
+        s->tscore = malloc(D * sizeof *s->tscore);
     }
     if (T && (!s->ttok || !s->tpar || !s->tscore)) {
         spec_free(s);
-        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree of %zu nodes", T);
+        return flm_fail(err, FLM_ERR_NOMEM, "out of memory for a draft tree of %zu nodes", D);
     }
     if (!s->hist || (draft && !s->dtok) || !s->batch || !s->rows) {
         spec_free(s);
@@ -439,14 +441,14 @@ static double tree_verify_ms(const spec *s, double n) {
     return my + b * (n - mx);
 }
 
-/* Keep the nodes of the drafted tree that make the most expected tokens per ms: the nodes by path probability
- * (a node's never exceeds its parent's, so every prefix of that order is a tree), expected tokens
- * 1 + kappa * the sum of their probabilities (kappa: accepted over promised, measured), cost: this step's draft ms
- * + the verification's ms at that many rows (tree_verify_ms). map[new] = old index; returns the nodes kept. The
- * first passes, before any is measured, keep everything. */
-static int32_t tree_prune(spec *s, int32_t N, double draft_ms, int32_t *map) {
+/* Keep at most M of the N drafted nodes (the root included), those that make the most expected tokens per ms: the
+ * nodes by path probability (a node's never exceeds its parent's, and ties keep index order, so every prefix of that
+ * order is a tree), expected tokens 1 + kappa * the sum of their probabilities (kappa: accepted over promised,
+ * measured), cost: this step's draft ms + the verification's ms at that many rows (tree_verify_ms). map[new] = old
+ * index; returns the nodes kept. The first passes, before any is measured, keep the M most likely. */
+static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, int32_t *map) {
     for (int32_t i = 0; i < N; i++) map[i] = i;
-    if (N <= 2 || s->v_w <= 0) return N;
+    if (N <= 2 && N <= M) return N;
     int32_t ord[FLM_SPEC_DRAFT_MAX];
     int32_t n = 0;
     for (int32_t i = 1; i < N; i++) { /* insertion sort: score descending, index ascending */
@@ -454,13 +456,17 @@ static int32_t tree_prune(spec *s, int32_t N, double draft_ms, int32_t *map) {
         while (j > 0 && (s->tscore[ord[j - 1]] < s->tscore[i])) { ord[j] = ord[j - 1]; j--; }
         ord[j] = i;
     }
-    const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
-    double sum = 0, best_rate = 1.0 / (draft_ms + tree_verify_ms(s, 1));
-    int32_t best = 0;
-    for (int32_t m = 1; m <= n; m++) {
-        sum += s->tscore[ord[m - 1]];
-        double rate = (1.0 + kappa * sum) / (draft_ms + tree_verify_ms(s, m + 1));
-        if (rate > best_rate) { best_rate = rate; best = m; }
+    const int32_t most = n < M - 1 ? n : M - 1; /* nodes besides the root */
+    int32_t best = most;
+    if (s->v_w > 0) {
+        const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
+        double sum = 0, best_rate = 1.0 / (draft_ms + tree_verify_ms(s, 1));
+        best = 0;
+        for (int32_t m = 1; m <= most; m++) {
+            sum += s->tscore[ord[m - 1]];
+            double rate = (1.0 + kappa * sum) / (draft_ms + tree_verify_ms(s, m + 1));
+            if (rate > best_rate) { best_rate = rate; best = m; }
+        }
     }
     if (best == n) return N;
     uint8_t keep[FLM_SPEC_DRAFT_MAX] = {0};
@@ -503,14 +509,33 @@ static int tree_level_cands(spec *s, int32_t H, long d, int32_t lo, int32_t hi, 
     return nc;
 }
 
+/* The score a node needs to be among the best M - 1 of nodes 1..N - 1 (the root is always verified): 0 while there
+ * are fewer, else the (M - 1)-th largest. */
+static float tree_cut(const spec *s, int32_t N, int32_t M) {
+    if (N - 1 < M - 1 || M < 2) return M < 2 ? INFINITY : 0.0f;
+    float top[FLM_SPEC_DRAFT_MAX]; /* the M - 1 largest, descending */
+    int32_t n = 0;
+    for (int32_t i = 1; i < N; i++) {
+        const float x = s->tscore[i];
+        if (n == M - 1 && x <= top[n - 1]) continue;
+        int32_t j = n < M - 1 ? n++ : M - 2;
+        while (j > 0 && top[j - 1] < x) { top[j] = top[j - 1]; j--; }
+        top[j] = x;
+    }
+    return top[M - 2];
+}
+
 /* Draft: the self-draft grows a tree from the root `last` (node 0, at position H) a level at a time, each level's
  * frontier in one flm_eval_tree with draft = true: the best SPEC_TREE_W candidates by path probability
  * (tree_level_cands) join while the tree has room (cap nodes) and the depth is below depth_max, and another level
- * pays by the measured costs (c_level against what the frontier can add). Greedy trees also hold the n-gram lookup's
- * continuation as a branch (merged where the draft agrees). *n_nodes gets the tree's size; draft_tokens and draft_ms
- * are counted. Errors: those of flm_eval_tree. */
-static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long depth_max, int32_t *n_nodes,
-                             double *draft_ms, flm_error *err) {
+ * pays by the measured costs (c_level against what the frontier can add). The verification takes M <= cap nodes
+ * (tree_prune: the likeliest), so the draft grows past M where it can still change which: a candidate joins only if
+ * it beats the M-th best node so far (tree_cut), and a level is drafted only if one of its frontier does (SpecExec:
+ * the nodes a draft expands are those the verification's budget may keep). Greedy trees also hold the n-gram
+ * lookup's continuation as a branch (merged where the draft agrees; always kept). *n_nodes gets the tree's size;
+ * draft_tokens and draft_ms are counted. Errors: those of flm_eval_tree. */
+static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int32_t M, long depth_max,
+                             int32_t *n_nodes, double *draft_ms, flm_error *err) {
     const bool greedy = flm_sampler_greedy(s->smp);
     int32_t N = 1;
     s->ttok[0] = last;
@@ -525,12 +550,25 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long
     flm_status st = FLM_OK;
     const double t0 = flm_now_ms();
     tree_cand cand[SPEC_TREE_W * SPEC_TREE_K + 1];
+    /* a level's frontier: at most SPEC_TREE_W nodes, and no more than the logits rows (s->rows: max(tree, n_draft)
+     * + 1 >= 3) hold */
+    const int32_t rows = (s->o.tree > s->o.n_draft ? s->o.tree : s->o.n_draft) + 1,
+                  width = rows < SPEC_TREE_W ? rows : SPEC_TREE_W;
     int32_t lo = 0, hi = 1;
     for (long d = 0; d < depth_max && lo < hi && N < cap; d++) {
-        /* another level pays when the tokens it may add are worth its ms: stop once the frontier's path
-         * probability (what its children can add at most) times the ms a token costs is below a level's ms */
+        /* another level pays when the tokens it may add are worth its ms: stop once what the frontier's children
+         * can add to the verified tree's path probability at most (each node's excess over the M-th best node, which
+         * a child would displace; all of it while the tree has fewer than M) times the ms a token costs is below a
+         * level's ms, or when no frontier node beats the M-th best (its children score no more than it: none would
+         * be verified; the n-gram's branch excepted) */
         double front = 0;
-        for (int32_t u = lo; u < hi; u++) front += s->tscore[u];
+        const float cut = tree_cut(s, N, M);
+        bool useful = ng_node >= lo && ng_node < hi && (uint32_t)d < n_ng;
+        for (int32_t u = lo; u < hi; u++) {
+            if (s->tscore[u] > cut) front += s->tscore[u] - cut;
+            useful |= s->tscore[u] > cut;
+        }
+        if (!useful) break;
         const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
         if (s->c_level > 0 && s->ms_token > 0 && kappa * front * s->ms_token < s->c_level &&
             (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
@@ -545,17 +583,19 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, long
             bool merged = false;
             for (int i = 0; i < nc; i++)
                 if (cand[i].parent == ng_node && cand[i].tok == ng[d]) { cand[i].score += 1.0f; merged = true; }
-            if (!merged) cand[nc++] = (tree_cand){ng_node, ng[d], 1.0f};
+            if (!merged) cand[nc++] = (tree_cand){ng_node, ng[d], 1.0f}; /* first in the order, its own score 0 */
         }
         qsort(cand, (size_t)nc, sizeof *cand, cand_cmp);
         const int32_t first_new = N;
         int32_t next_ng = -1;
-        for (int i = 0; i < nc && i < SPEC_TREE_W && N < cap; i++) {
-            if (cand[i].score < 0.02f) break; /* too unlikely to be worth a row */
+        for (int i = 0; i < nc && N - first_new < width && N < cap; i++) {
+            const bool is_ng = ng_node >= 0 && (uint32_t)d < n_ng && cand[i].parent == ng_node && cand[i].tok == ng[d];
+            if (!is_ng && cand[i].score < 0.02f) break; /* too unlikely to be worth a row */
+            if (!is_ng && cand[i].score <= cut) break; /* never among the M verified (sorted: nor the rest) */
             s->ttok[N] = cand[i].tok;
             s->tpar[N] = cand[i].parent;
-            s->tscore[N] = cand[i].score > 1.0f ? cand[i].score - 1.0f : cand[i].score;
-            if (ng_node >= 0 && (uint32_t)d < n_ng && cand[i].parent == ng_node && cand[i].tok == ng[d]) {
+            s->tscore[N] = is_ng ? cand[i].score - 1.0f : cand[i].score;
+            if (is_ng) {
                 next_ng = N; /* the n-gram's branch: trusted as half its parent at least */
                 if (s->tscore[N] < 0.5f * s->tscore[ng_node]) s->tscore[N] = 0.5f * s->tscore[ng_node];
             }
@@ -672,16 +712,17 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
     const int32_t H = s->n_hist;
     const double t_step = flm_now_ms();
     s->hist[H] = last;
-    int32_t cap = s->o.tree;
+    int32_t cap = FLM_SPEC_TREE_DRAFT(s->o.tree), M = s->o.tree; /* drafted, verified */
     if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
+    if (M > cap) M = cap;
     long depth_max = s->o.n_draft;
     if (depth_max > max_new - 1) depth_max = max_new - 1;
     int32_t N;
     double step_draft_ms;
-    flm_status st = tree_draft(s, H, last, cap, depth_max, &N, &step_draft_ms, err);
+    flm_status st = tree_draft(s, H, last, cap, M, depth_max, &N, &step_draft_ms, err);
     if (st) return st;
     int32_t map[FLM_SPEC_DRAFT_MAX];
-    N = tree_prune(s, N, step_draft_ms, map);
+    N = tree_prune(s, N, M, step_draft_ms, map);
     double promised = 0;
     for (int32_t i = 1; i < N; i++) promised += s->tscore[i];
     bool lazy;
