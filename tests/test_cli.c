@@ -52,6 +52,27 @@ static void test_kernels_env(void **state) {
     expect("version 2>&1", 0, "kernels ");
 }
 
+/* FLASHLM_THREADS and FLASHLM_SPIN_US: the pool fell back to its defaults on a value it could not use, silently;
+ * the CLI now refuses such a value by name, and the values the pool takes still run. */
+static void test_pool_env(void **state) {
+    (void)state;
+    setenv("FLASHLM_THREADS", "openmp", 1);
+    expect("version 2>&1", 2, "FLASHLM_THREADS=openmp: the only value is omp");
+    setenv("FLASHLM_THREADS", "omp", 1);
+    expect("version 2>&1", 0, "kernels ");
+    unsetenv("FLASHLM_THREADS");
+    const char *bad[] = {"abc", "-1", "5x", "1000001", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("FLASHLM_SPIN_US", bad[i], 1);
+        expect("version 2>&1", 2, "not a whole number of microseconds in 0..1000000");
+    }
+    setenv("FLASHLM_SPIN_US", "0", 1);
+    expect("version 2>&1", 0, "kernels ");
+    setenv("FLASHLM_SPIN_US", "", 1); /* empty: the default, as unset */
+    expect("version 2>&1", 0, "kernels ");
+    unsetenv("FLASHLM_SPIN_US");
+}
+
 static void test_bad_options(void **state) {
     (void)state;
     char args[4096];
@@ -223,6 +244,7 @@ int main(void) {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_kernels_env),
+        cmocka_unit_test(test_pool_env),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_missing_required_key),
         cmocka_unit_test(test_inspect),

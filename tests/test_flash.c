@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "flashlm.h"
 #include "convert/convert.h"
@@ -342,6 +343,53 @@ static void test_gguf_rejects_flash_options(void **state) {
 
 static void write_variant(const char *path, const uint8_t *data, size_t len) { tu_write_file(path, data, len); }
 
+/* A .flm written to while a context streams from it (rewritten in place: the same file, new bytes and a new
+ * modification time) was reported as "the file is corrupt", as if it had been damaged on disk. The reader now tells
+ * the two apart: the next read of the changed record fails naming the record and saying the file changed while
+ * running. The file is put back afterwards (the other tests share it). */
+static void test_changed_while_running(void **state) {
+    (void)state;
+    flm_error err;
+    flm_ctx *ctx = open_flm2(FLM_MODE_NAIVE, 1u << 20, true, FLM_OK, &err); /* every layer read per token */
+    const float *logits;
+    assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK);
+    /* the first FFN region's offset, from the header's region table (docs/FORMAT.md) */
+    FILE *f = fopen(flm_path, "r+b");
+    assert_non_null(f);
+    uint8_t fixed[64], e[64];
+    assert_int_equal(fread(fixed, 1, 64, f), 64);
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < flm_get_u32(fixed + 12) && !off; i++) {
+        assert_int_equal(fseek(f, 64 + 64 * (long)i, SEEK_SET), 0);
+        assert_int_equal(fread(e, 1, 64, f), 64);
+        if (flm_get_u32(e) == 2 && flm_get_u32(e + 4) == 0) off = flm_get_u64(e + 8);
+    }
+    assert_true(off > 0);
+    uint8_t b, nb;
+    assert_int_equal(fseek(f, (long)off + 100, SEEK_SET), 0);
+    assert_int_equal(fread(&b, 1, 1, f), 1);
+    nb = (uint8_t)(b ^ 0x5a);
+    assert_int_equal(fseek(f, (long)off + 100, SEEK_SET), 0);
+    assert_int_equal(fwrite(&nb, 1, 1, f), 1);
+    assert_int_equal(fflush(f), 0);
+    /* a modification time the open did not see (a coarse clock could give the open's own) */
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {946684800, 0}};
+    assert_int_equal(futimens(fileno(f), ts), 0);
+    flm_status st = flm_eval(ctx, 2, 1, &logits, &err);
+    assert_int_equal(st, FLM_ERR_CHECKSUM);
+    if (!strstr(err.msg, "changed while running") || !strstr(err.msg, flm_path) || !strstr(err.msg, "layer 0"))
+        fail_msg("%s", err.msg);
+    flm_close(ctx);
+    /* put the byte back: the file is whole again, and a fresh context reads it */
+    assert_int_equal(fseek(f, (long)off + 100, SEEK_SET), 0);
+    assert_int_equal(fwrite(&b, 1, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    ctx = open_flm2(FLM_MODE_NAIVE, 1u << 20, true, FLM_OK, &err);
+    assert_int_equal(flm_eval(ctx, 1, 0, &logits, &err), FLM_OK);
+    assert_int_equal(flm_eval(ctx, 2, 1, &logits, &err), FLM_OK);
+    flm_close(ctx);
+}
+
 static void test_corrupt_files(void **state) {
     (void)state;
     size_t len;
@@ -480,6 +528,7 @@ int main(void) {
         cmocka_unit_test(test_budget_too_small_is_refused),
         cmocka_unit_test(test_gguf_rejects_flash_options),
         cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_changed_while_running),
         cmocka_unit_test(test_convert_bad_source_leaves_nothing),
         cmocka_unit_test(test_stats_json),
     };

@@ -706,6 +706,30 @@ static bool check_kernels_env(void) {
     return true;
 }
 
+/* FLASHLM_THREADS and FLASHLM_SPIN_US (compute/pool.c, docs/ARCHITECTURE.md's table): the pool reads them and
+ * falls back to its defaults on a value it cannot use; the CLI refuses such a value instead, by name, so that a typo
+ * does not silently run something else. Returns false after printing the refusal. */
+static bool check_pool_env(void) {
+    const char *t = getenv("FLASHLM_THREADS");
+    if (t && *t && strcmp(t, "omp") != 0) {
+        fprintf(stderr, "flashlm: FLASHLM_THREADS=%s: the only value is omp (the pool's chunks under OpenMP); unset it "
+                "for the pool's own workers\n", t);
+        return false;
+    }
+    const char *s = getenv("FLASHLM_SPIN_US");
+    if (s && *s) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || *end || v < 0 || v > 1000000) {
+            fprintf(stderr, "flashlm: FLASHLM_SPIN_US=%s: not a whole number of microseconds in 0..1000000 (an idle "
+                    "worker's spin before it sleeps; default 50)\n", s);
+            return false;
+        }
+    }
+    return true;
+}
+
 static int dispatch(int argc, char **argv) {
     cli_blas_single_thread(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
@@ -713,7 +737,7 @@ static int dispatch(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (!check_kernels_env()) return 2;
+    if (!check_kernels_env() || !check_pool_env()) return 2;
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 2, argv + 2);

@@ -227,6 +227,14 @@ flm_status flm_file_open_ex(const char *path, unsigned flags, flm_file **out, fl
         st = flm_fail(err, FLM_ERR_CHECKSUM, "%s: header: checksum mismatch (the file is corrupt)", path);
         goto done;
     }
+    /* docs/FORMAT.md: bytes 36..63 are reserved, zero; a writer that sets them means something this reader does
+     * not know (the checksum above matched, so it is not damage) */
+    for (uint32_t i = 36; i < FLM_HEADER_FIXED; i++)
+        if (hdr[i]) {
+            st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: header: reserved byte %u is 0x%02x, not zero (written by a "
+                          "newer flashlm, or not by flashlm); convert the model again", path, i, hdr[i]);
+            goto done;
+        }
     for (uint32_t i = 0; i < f->n_regions; i++) {
         const uint8_t *e = hdr + FLM_HEADER_FIXED + (size_t)i * FLM_REGION_ENTRY_BYTES;
         flm_region *r = &f->regions[i];

@@ -56,6 +56,7 @@ struct flm_reader {
     atomic_bool fallback_noted;
     uint64_t align;
     uint64_t file_size;
+    struct timespec mtime; /* the file's modification time when opened (mismatch: "changed while running") */
     flm_reader_opts opts; /* normalised */
     flm_io_backend backend;
     bool broken; /* the io_uring ring failed: refuse further reads */
@@ -388,12 +389,30 @@ static void check_op(flm_reader *r, const flm_read_op *op) {
     check_runs(r, r->chk + r->op_chk[i], r->op_chk[i + 1] - r->op_chk[i]);
 }
 
+#if defined(__APPLE__)
+#define ST_MTIM(s) ((s).st_mtimespec)
+#else
+#define ST_MTIM(s) ((s).st_mtim)
+#endif
+
+/* Why a unit that was checked at conversion no longer matches: the file was written to since this reader opened it
+ * (its size or modification time differ now: rewritten in place while running), or else it is corrupt. */
+static const char *mismatch_cause(const flm_reader *r) {
+    struct stat st;
+    if (fstat(r->fd_buf, &st) == 0 &&
+        ((uint64_t)st.st_size != r->file_size || ST_MTIM(st).tv_sec != r->mtime.tv_sec ||
+         ST_MTIM(st).tv_nsec != r->mtime.tv_nsec))
+        return "the file was written to after flashlm opened it: it changed while running; start again once it is "
+               "complete";
+    return "the file is corrupt";
+}
+
 static flm_status mismatch(const flm_reader *r, const rcheck *f, const char *how, flm_error *err) {
     const flm_check_table *t = &r->tables[f->table];
-    return flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s, %s %llu (file bytes %llu..%llu): checksum mismatch %s (the "
-                    "file is corrupt)", r->path, t->what, t->unit, (unsigned long long)f->first,
+    return flm_fail(err, FLM_ERR_CHECKSUM, "%s: %s, %s %llu (file bytes %llu..%llu): checksum mismatch %s (%s)",
+                    r->path, t->what, t->unit, (unsigned long long)f->first,
                     (unsigned long long)(t->offset + f->first * t->unit_bytes),
-                    (unsigned long long)(t->offset + (f->first + 1) * t->unit_bytes), how);
+                    (unsigned long long)(t->offset + (f->first + 1) * t->unit_bytes), how, mismatch_cause(r));
 }
 
 /* Read failed unit f again (one synchronous request through the bounce memory, which no batch uses now) into its
@@ -678,6 +697,7 @@ static flm_status open_files(flm_reader *r, bool want_direct, flm_error *err) {
     struct stat st;
     if (fstat(r->fd_buf, &st) != 0) return flm_fail(err, FLM_ERR_IO, "%s: cannot stat: %s", r->path, strerror(errno));
     r->file_size = (uint64_t)st.st_size;
+    r->mtime = ST_MTIM(st);
 #if defined(POSIX_FADV_RANDOM)
     (void)posix_fadvise(r->fd_buf, 0, 0, POSIX_FADV_RANDOM); /* no readahead behind our requests */
 #endif
