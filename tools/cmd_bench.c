@@ -822,7 +822,7 @@ static void print_budget_table(const bench_opts *o, const bench_run *runs, const
            o->model, o->prompt_tokens, o->gen_tokens);
     for (int i = 0; i < n; i++) budget_row("none", runs[i].label, &res[i], ram);
     for (int b = 0; b < o->n_sweep_mem; b++) {
-        char budget[64];
+        char budget[sizeof o->sweep_mem[0] + 48]; /* the budget as given (31 bytes at most) and its size */
         snprintf(budget, sizeof budget, "%s (%s)", o->sweep_mem[b], cli_size(o->sweep_bytes[b]).s);
         for (int m = 0; m < nm; m++) budget_row(budget, mruns[m].label, &mres[b * nm + m], ram);
     }
