@@ -878,9 +878,12 @@ typedef struct flm_logit_bias {
 typedef struct flm_sampler_params {
     float temp;     /* 0 = greedy (argmax of the edited logits, lowest id on ties) */
     int top_k;      /* keep the k most likely tokens; <= 0 = all */
-    float top_p;    /* nucleus: keep the smallest set with probability >= top_p; >= 1 = all */
-    uint64_t seed;  /* the noise's seed: the token at key (position) k is a function of (seed, k, its distribution) */
-    float min_p;    /* llama.cpp's min-p: keep the tokens with probability >= min_p * the largest; 0 = off */
+    float top_p;    /* nucleus: keep the smallest set with probability >= top_p (untempered, over the top-k); >= 1 =
+                       all */
+    uint64_t seed;  /* mt19937's seed (its low 32 bits, as llama.cpp's --seed): the token at key k is a function of
+                       (seed, k, its distribution) */
+    float min_p;    /* llama.cpp's min-p: keep the tokens with probability >= min_p * the largest (untempered); 0 =
+                       off */
     float repeat_penalty;    /* llama.cpp's --repeat-penalty: a logit l of a token in the window becomes l / r when
                                 positive, l * r when negative; 0 or 1 = off */
     float presence_penalty;  /* OpenAI's: minus this for a token that occurs in the window (-2..2 in the API) */
@@ -890,23 +893,38 @@ typedef struct flm_sampler_params {
     const flm_logit_bias *bias; /* n_bias entries (copied by flm_sampler_create; ids outside the vocabulary ignored) */
     size_t n_bias;
 } flm_sampler_params;
-/* temp 0.8, top_k 40, top_p 0.95, seed 42, min_p 0, repeat_penalty 1, no presence/frequency penalty,
- * penalty_last_n 64, no bias. */
+/* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1, no presence/frequency
+ * penalty, penalty_last_n 64, no bias; seed 42 (llama.cpp's default seed is random). */
 FLM_API void flm_sampler_params_default(flm_sampler_params *p);
 /* NULL on allocation failure, n_vocab == 0, or n_bias > 0 with bias NULL. */
 FLM_API flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab);
-/* Pick the token at noise key `key` (the position the token will take: a session's n_past) from n_vocab logits (not
- * modified), after the tokens hist[0..n_hist) (the history the penalties look at; NULL/0: none). The pipeline: the
- * logits edited (logit_bias, repeat penalty, presence and frequency penalties), then greedy (temp <= 0: argmax) or
- * softmax(logits / temp), top-k, top-p and min-p, and the token drawn by an exponential race (Gumbel-max) with noise
- * from a hash of (seed, key, token): argmin_i E_i / p_i with E_i ~ Exp(1), which is token i with probability p_i
- * exactly. The same (seed, key, distribution) gives the same token whoever computed the logits, so a seeded text is
- * the same in every mode and with or without speculative decoding (a draft is accepted when it is this token). */
+/* Pick the token at key `key` (the position the token will take: a session's n_past plus its context shifts) from
+ * n_vocab logits (not modified), after the tokens hist[0..n_hist) (the history the penalties look at; NULL/0: none),
+ * as llama.cpp's default sampler chain picks it: the logits edited (logit_bias, repeat penalty, presence and frequency
+ * penalties), then greedy (temp <= 0: argmax) or top-k, top-p, min-p (on the untempered logits), temperature, and
+ * llama.cpp's dist: the first kept token (most likely first once a filter sorted them) whose running probability
+ * reaches u, u the (key - origin)-th double (0-based) of mt19937(seed) through libstdc++'s
+ * uniform_real_distribution<double> (flm_sampler_set_origin; past FLM_SAMPLER_STREAM_MAX from it, or before it, a
+ * hash of (seed, key)). So the k-th generated token takes llama.cpp's k-th uniform: the same seed gives llama.cpp's
+ * text on the same logits, and the same (seed, key, distribution) gives the same token whoever computed the logits:
+ * a seeded text is the same in every mode and with or without speculative decoding (a draft is accepted when it is
+ * this token). */
 FLM_API int32_t flm_sampler_sample_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist,
                                       size_t n_hist);
+/* A second draw for key, independent of the first: the same distribution with a uniform hashed from (seed, key) (a
+ * grammar's "sample, check, resample under the mask": the first draw's u, conditioned on its token being refused, is
+ * no longer uniform; llama.cpp draws a next one from its stream). */
+FLM_API int32_t flm_sampler_resample_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist,
+                                        size_t n_hist);
+/* The key of the first generated token (default 0): key k then takes the (k - key)-th uniform of mt19937(seed), as
+ * llama.cpp's sampler, made anew per request, draws one per generated token. A session sets it at each generation's
+ * first position. */
+FLM_API void flm_sampler_set_origin(flm_sampler *s, uint64_t key);
+#define FLM_SAMPLER_STREAM_MAX ((uint64_t)1 << 22) /* keys this far past the origin hash their uniform */
 #define FLM_SAMPLER_DRAWS_MAX 16
-/* The first k (1..FLM_SAMPLER_DRAWS_MAX) tokens of flm_sampler_sample_at's race, best first (Gumbel-top-k: k draws
- * without replacement; tok[0] is flm_sampler_sample_at's token), and when prob is not NULL their probabilities in the
+/* Up to k (1..FLM_SAMPLER_DRAWS_MAX) candidate tokens for key (a draft's): tok[0] is flm_sampler_sample_at's token,
+ * then the kept tokens whose stretch of the cumulative distribution lies nearest u (where the draw of a slightly
+ * different distribution with the same u lands), nearest first; when prob is not NULL their probabilities in the
  * processed distribution; greedy: the k largest edited logits, prob 1 for the first and 0 for the others. Fewer when
  * fewer tokens are kept. Returns how many (>= 1 when k >= 1). */
 FLM_API int flm_sampler_draws_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist,

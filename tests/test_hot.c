@@ -347,8 +347,8 @@ static void test_self_draft_sampling(void **state) {
     check_self_draft_sampling(0);
 }
 
-/* the same with a draft tree: each node's children are the first draws of its draft's race (Gumbel-top-k), the walk
- * follows the target's own draw */
+/* the same with a draft tree: each node's children are its draft's draw and the tokens nearest it in the draft's
+ * distribution (flm_sampler_draws_at), the walk follows the target's own draw */
 static void test_self_draft_tree_sampling(void **state) {
     (void)state;
     check_self_draft_sampling(8);

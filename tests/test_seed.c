@@ -1,17 +1,21 @@
 /* test_seed.c — a seed is a seed (issue 30): with temperature > 0 and a seed, a session's text is a function of the
- * seed and the prompt only (flm_sampler_sample_at: each position's token drawn by an exponential race with noise
- * keyed by (seed, position); src/session/spec.c accepts a draft when it is that token):
+ * seed and the prompt only (flm_sampler_sample_at: each position's token drawn as llama.cpp draws it, with the
+ * mt19937 uniform of its index in the reply; src/session/spec.c accepts a draft when it is that token):
  *   - the same seed twice gives the same text, another seed another text (the test can fail);
  *   - the same text in every mode whose logits are ram mode's (ram, hybrid, hot at budgets that stream) and with the
  *     self-draft as a chain and as a tree (auto's shape: tree 12, depth 6, window 0.2) and the n-gram lookup, with
  *     drafts accepted and rejected; with penalties too (they see each position's own history);
- *   - the same on SmolLM2-135M (when pulled) at --mem 75%.
+ *   - the same on SmolLM2-135M (when pulled) at --mem 75%;
+ *   - llama.cpp's text: a seed gives the tokens llama.cpp's sampler gives (reference/stories260K/llamacpp_seeded.txt,
+ *     recorded from llama-server and llama-completion), plain and speculating; mt19937 and libstdc++'s uniform
+ *     double against known answers (C++ [rand.predef]; g++ 12's std::uniform_real_distribution<double>).
  * (The draft-model case is tests/test_spec.c's test_seed_draft_model.) stories260K from tests/data. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mt19937.h"
 #include "flashlm.h"
 #include "flashlm_tools.h"
 #include "testutil.h"
@@ -191,8 +195,80 @@ static void test_seed_smollm2(void **state) {
     remove(path);
 }
 
+/* std::mt19937 and libstdc++'s uniform_real_distribution<double>(0, 1) on it: known answers. */
+static void test_mt19937_known_answers(void **state) {
+    (void)state;
+    flm_mt19937 m;
+    flm_mt19937_seed(&m, 5489); /* std::mt19937's default seed: its 10000th output is 4123659995 ([rand.predef]) */
+    uint32_t v = 0;
+    for (int i = 0; i < 10000; i++) v = flm_mt19937_next(&m);
+    assert_int_equal(v, 4123659995u);
+    /* seed 42: the outputs and doubles g++ 12 (libstdc++) printed for std::mt19937(42) */
+    flm_mt19937_seed(&m, 42);
+    const uint32_t w[4] = {1608637542u, 3421126067u, 4083286876u, 787846414u};
+    for (int i = 0; i < 4; i++) assert_int_equal(flm_mt19937_next(&m), w[i]);
+    flm_mt19937_seed(&m, 42);
+    const double u[5] = {0.79654298428784598, 0.18343478789336848, 0.77969099761266125, 0.59685016158005655,
+                         0.44583275754843343};
+    for (int i = 0; i < 5; i++) assert_true(flm_mt19937_canonical(&m) == u[i]);
+}
+
+/* llama.cpp's seeded text: each case of the recording, plain and with the n-gram lookup (ram mode), and with the
+ * self-draft tree (hot mode, neurons streamed: the same logits). */
+static void test_seed_llamacpp(void **state) {
+    (void)state;
+    size_t len;
+    char *txt = (char *)tu_read_file(tu_data("reference/stories260K/llamacpp_seeded.txt"), &len);
+    assert_non_null(txt);
+    flm_ctx *ram = open_mode(tu_data(MODEL), FLM_MODE_RAM, 0, 0, 0);
+    flm_ctx *hot = open_mode(g_hot, FLM_MODE_HOT, tu_hot_budget_for_share(g_hot, 0.3, 0.6, N_CTX), 0, 0);
+    assert_non_null(hot);
+    int n_cases = 0;
+    for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#') continue;
+        unsigned long long seed;
+        float temp, top_p, min_p;
+        int top_k, n;
+        int used = 0;
+        if (sscanf(line, "%llu %f %d %f %f %d\t%n", &seed, &temp, &top_k, &top_p, &min_p, &n, &used) != 6 || !used)
+            fail_msg("bad fixture line: %s", line);
+        char *prompt = line + used, *ids = strchr(prompt, '\t');
+        assert_non_null(ids);
+        *ids++ = 0;
+        int32_t want[256], got[256];
+        int nw = 0;
+        for (char *e; nw < 256 && *ids; ids = e) {
+            want[nw++] = (int32_t)strtol(ids, &e, 10);
+            if (e == ids) fail_msg("bad ids in: %s", line);
+        }
+        assert_int_equal(nw, n);
+        flm_sampler_params sp;
+        flm_sampler_params_default(&sp);
+        sp.seed = seed;
+        sp.temp = temp;
+        sp.top_k = top_k;
+        sp.top_p = top_p;
+        sp.min_p = min_p;
+        const draft_kind kinds[] = {PLAIN, NGRAM, SELF_TREE};
+        for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+            assert_int_equal(gen(kinds[k] == SELF_TREE ? hot : ram, kinds[k], &sp, prompt, n, got, NULL), n);
+            for (int i = 0; i < n; i++)
+                if (got[i] != want[i])
+                    fail_msg("seed %llu \"%s\" (draft kind %d): token %d is %d, llama.cpp's %d", seed, prompt,
+                             (int)kinds[k], i, got[i], want[i]);
+        }
+        n_cases++;
+    }
+    assert_true(n_cases >= 5);
+    flm_close(hot);
+    flm_close(ram);
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mt19937_known_answers),
+        cmocka_unit_test(test_seed_llamacpp),
         cmocka_unit_test(test_seed_stories),
         cmocka_unit_test(test_seed_smollm2),
     };

@@ -419,16 +419,17 @@ static void test_penalties_bias_logprobs(void **state) {
     assert_int_equal(flm_sampler_sample_at(b, logits, 0, NULL, 0), bmax);
     flm_sampler_free(b);
     /* the probabilities drawn with (llama-server's post_sampling_probs): the softmax of the edited logits / T over
-     * the top-k, cut at top-p, renormalized, from the hand-edited want[] */
+     * the top-k, cut at top-p, renormalized, from the hand-edited want[]; top-p as llama.cpp's chain applies it:
+     * before the temperature, on the softmax over the top-k */
     for (int cut = 0; cut < 2; cut++) {
         const double T = 0.7;
         const int K = 6;
-        double pk[6], z = 0, all = 0, c2 = 0, c3 = 0;
+        double pk[6], pu[6], z = 0, zu = 0, c2 = 0, c3 = 0;
         for (int j = 0; j < K; j++) z += pk[j] = exp(((double)want[worder[j]] - want[worder[0]]) / T);
-        for (uint32_t i = 0; i < V; i++) all += exp(((double)want[i] - want[worder[0]]) / T);
-        c2 = (pk[0] + pk[1]) / all;
-        c3 = c2 + pk[2] / all;
-        const double top_p = (c2 + c3) / 2; /* the cut: top-p over the whole softmax's mass keeps 3 of the 6 */
+        for (int j = 0; j < K; j++) zu += pu[j] = exp((double)want[worder[j]] - want[worder[0]]);
+        c2 = (pu[0] + pu[1]) / zu;
+        c3 = c2 + pu[2] / zu;
+        const double top_p = (c2 + c3) / 2; /* the cut: top-p over the untempered top-6's mass keeps 3 of the 6 */
         int keep = K;
         if (cut) {
             keep = 3;

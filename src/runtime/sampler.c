@@ -1,21 +1,32 @@
-/* sampler.c — greedy, temperature, top-k, top-p and min-p sampling (as llama.cpp's flags mean them) after the logit
- * edits (logit_bias, OpenAI's presence and frequency penalties, llama.cpp's repeat penalty), each token drawn by the
- * Gumbel-max trick from noise keyed by (seed, key) — the key is the token's position — so that a seed gives the same
- * text however the tokens were computed (speculative decoding included); the log-probabilities of a token and its
- * alternatives; and the classic acceptance rules of speculative decoding (flm_sampler_accept, _accept_multi).
+/* sampler.c — llama.cpp's sampling, so that a seed gives llama.cpp's text: the logit edits (logit_bias, llama.cpp's
+ * repeat penalty, OpenAI's presence and frequency penalties), then llama.cpp's default chain top-k -> top-p -> min-p
+ * -> temperature -> dist (top-p and min-p on the untempered distribution, the temperature last), the token drawn by
+ * inverse CDF with one uniform per generated token from mt19937(seed), as llama.cpp's dist sampler draws it; the
+ * log-probabilities of a token and its alternatives; and the classic acceptance rules of speculative decoding
+ * (flm_sampler_accept, _accept_multi).
  *
  * The pipeline of one draw (flm_sampler_sample_at):
  *   1. edit:    the logits copied, logit_bias added, penalties over the last penalty_last_n tokens of the history
  *               (a token mask goes here: -inf for the tokens it forbids)
  *   2. greedy:  temp <= 0: the argmax of the edited logits (the lowest id on ties), no noise
- *   3. process: softmax(logits / temp), then top-k, top-p, min-p: the kept ids and their probabilities p_i
- *   4. race:    the kept token with the smallest E_i / p_i, E_i = -log(1 - w_i) ~ Exp(1) and w_i uniform from a hash of
- *               (seed, key, i): an exponential race, i.e. Gumbel-max (argmax log p_i + G_i, G_i = -log E_i), which
- *               draws i with probability p_i / sum(p) exactly. */
+ *   3. process: top-k, top-p, min-p on the edited logits, then the weights exp(logit / temp - max) of the kept ids,
+ *               in llama.cpp's float arithmetic and candidate order (process() below)
+ *   4. draw:    the uniform u of the key: the key's index k = key - origin (origin: the key of the first generated
+ *               token, flm_sampler_set_origin; a session sets it at each generation's first position) picks the k-th
+ *               double of mt19937(seed) through libstdc++'s uniform_real_distribution<double> (core/mt19937.h), i.e.
+ *               the double llama.cpp's dist sampler draws for its k-th token; the token is the first kept one whose
+ *               running sum of weights reaches u * their sum.
+ * A token is thus a function of (seed, its key, its distribution): the same text however the logits were computed,
+ * with or without speculative decoding (src/session/spec.c accepts a draft when it is the target's token at its
+ * position, and drafts with the same u), and, on the same logits, the text llama.cpp's llama-server/llama-completion
+ * give with --seed (test_sampler_llama.c checks it against a recording). llama-cli keeps one stream across a chat's
+ * turns; a session starts it again at each generation. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mt19937.h"
 #include "flashlm.h"
 
 struct flm_sampler {
@@ -23,6 +34,10 @@ struct flm_sampler {
     size_t n_vocab;
     uint64_t rng;      /* the classic rules' xorshift64* stream (flm_sampler_sample_probs, _accept, _accept_multi) */
     uint64_t n_calls;  /* flm_sampler_sample's key: calls so far */
+    uint64_t origin;   /* the key of the stream's first uniform (flm_sampler_set_origin) */
+    flm_mt19937 mt;    /* llama.cpp's stream: mt19937(seed), n_u doubles drawn from it so far, cached in u */
+    double *u;
+    size_t n_u, cap_u;
     flm_logit_bias *bias; /* p.bias copied (p.bias points here) */
     float *prob;
     int32_t *idx;
@@ -37,6 +52,7 @@ void flm_sampler_params_default(flm_sampler_params *p) {
     p->temp = 0.8f;
     p->top_k = 40;
     p->top_p = 0.95f;
+    p->min_p = 0.05f;
     p->seed = 42;
     p->repeat_penalty = 1.0f;
     p->penalty_last_n = 64;
@@ -49,6 +65,7 @@ flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab) {
     s->p = *p;
     s->n_vocab = n_vocab;
     s->rng = p->seed ? p->seed : 0x2545F4914F6CDD1Dull;
+    flm_mt19937_seed(&s->mt, (uint32_t)p->seed);
     s->prob = malloc(n_vocab * sizeof *s->prob);
     s->idx = malloc(n_vocab * sizeof *s->idx);
     s->work = malloc(n_vocab * sizeof *s->work);
@@ -67,6 +84,7 @@ void flm_sampler_free(flm_sampler *s) {
     free(s->prob);
     free(s->idx);
     free(s->work);
+    free(s->u);
     free(s->bias);
     free(s->pen_tok);
     free(s->pen_cnt);
@@ -177,48 +195,74 @@ static const float *edit(flm_sampler *s, const float *logits, const int32_t *his
     return s->work;
 }
 
-/* ---- 3. temperature, top-k, top-p, min-p ----------------------------------------------------------------------- */
+/* ---- 3. top-k, top-p, min-p, temperature (llama.cpp's chain) ---------------------------------------------------- */
 
-/* Temperature, top-k, top-p and min-p (temp > 0): s->prob gets the softmax of logits / temp over every token, and the
- * ids s->idx[0 .. keep) are the tokens kept (most likely first when top-k, top-p or min-p cut; else all ids in
- * order). Returns keep (>= 1). */
+/* llama.cpp's default chain after the edits (src/llama-sampler.cpp, common/sampling.cpp), step for step, in its float
+ * arithmetic, so that the same logits and the same uniform give llama.cpp's token. The candidates start as every id in
+ * id order, unsorted:
+ *   top-k (k > 0):  the k largest logits, sorted (descending; the lower id first on ties);
+ *   top-p (< 1):    sorted if not yet; softmax of the candidates' logits (no temperature; float sum in the current
+ *                   order), the first i + 1 whose running float sum reaches top_p;
+ *   min-p (> 0):    the logits >= the largest + logf(min_p): sorted, the prefix up to the first below; unsorted, the
+ *                   ones above in their order;
+ *   temperature:    each logit / temp (float);
+ * then s->prob[id] = expf(logit / temp - the largest) (float, not normalized: the dist sampler's weights) and the ids
+ * s->idx[0 .. keep) in the candidates' order. Returns keep (>= 1). */
 static size_t process(flm_sampler *s, const float *logits) {
-    size_t n = s->n_vocab;
-    float mx = logits[0];
-    for (size_t i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) {
-        s->prob[i] = expf((logits[i] - mx) / s->p.temp);
-        sum += s->prob[i];
-        s->idx[i] = (int32_t)i;
+    const size_t n = s->n_vocab;
+    const flm_sampler_params *p = &s->p;
+    for (size_t i = 0; i < n; i++) s->idx[i] = (int32_t)i;
+    size_t m = n;
+    bool sorted = false;
+    if (p->top_k > 0) {
+        const size_t k = (size_t)p->top_k < n ? (size_t)p->top_k : n;
+        if (k < n) select_top(s->idx, n, k, logits);
+        sort_desc(s->idx, k, logits);
+        m = k;
+        sorted = true;
     }
-    for (size_t i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
-    size_t keep = n;
-    if (s->p.top_k > 0 && (size_t)s->p.top_k < n) keep = (size_t)s->p.top_k;
-    if (keep < n || s->p.top_p < 1.0f || s->p.min_p > 0.0f) {
-        if (keep < n) select_top(s->idx, n, keep, s->prob); /* the keep most likely first: the order a full sort gives */
-        if (keep < n || s->p.top_p < 1.0f) sort_desc(s->idx, keep, s->prob);
-        if (s->p.top_p < 1.0f) {
-            double cum = 0;
-            for (size_t i = 0; i < keep; i++) {
-                cum += s->prob[s->idx[i]];
-                if (cum >= s->p.top_p) { keep = i + 1; break; }
-            }
+    if (p->top_p < 1.0f) {
+        float mx = logits[s->idx[0]];
+        if (!sorted)
+            for (size_t i = 1; i < m; i++) mx = logits[s->idx[i]] > mx ? logits[s->idx[i]] : mx;
+        float z = 0.0f;
+        for (size_t i = 0; i < m; i++) z += s->prob[s->idx[i]] = expf(logits[s->idx[i]] - mx);
+        for (size_t i = 0; i < m; i++) s->prob[s->idx[i]] /= z;
+        if (!sorted) sort_desc(s->idx, m, logits);
+        sorted = true;
+        float cum = 0.0f;
+        for (size_t i = 0; i < m; i++) {
+            cum += s->prob[s->idx[i]];
+            if (cum >= p->top_p) { m = i + 1; break; }
         }
-        if (s->p.min_p > 0.0f) { /* llama.cpp's min-p: the tokens at least min_p times the most likely one */
-            float pmax = 0;
-            for (size_t i = 0; i < keep; i++) pmax = s->prob[s->idx[i]] > pmax ? s->prob[s->idx[i]] : pmax;
-            const float lim = s->p.min_p * pmax;
+    }
+    if (p->min_p > 0.0f) {
+        if (sorted) {
+            const float lim = logits[s->idx[0]] + logf(p->min_p);
+            size_t i = 1;
+            while (i < m && !(logits[s->idx[i]] < lim)) i++;
+            m = i;
+        } else {
+            float mx = -FLT_MAX;
+            for (size_t i = 0; i < m; i++) mx = logits[s->idx[i]] > mx ? logits[s->idx[i]] : mx;
+            const float lim = mx + logf(p->min_p);
             size_t k = 0;
-            for (size_t i = 0; i < keep; i++)
-                if (s->prob[s->idx[i]] >= lim) s->idx[k++] = s->idx[i]; /* order kept */
-            keep = k;
+            for (size_t i = 0; i < m; i++)
+                if (logits[s->idx[i]] >= lim) s->idx[k++] = s->idx[i];
+            if (k > 0) m = k; /* none (NaN logits): llama.cpp keeps them all */
         }
     }
-    return keep;
+    float mx = logits[s->idx[0]] / p->temp;
+    if (!sorted)
+        for (size_t i = 1; i < m; i++) {
+            const float x = logits[s->idx[i]] / p->temp;
+            mx = x > mx ? x : mx;
+        }
+    for (size_t i = 0; i < m; i++) s->prob[s->idx[i]] = expf(logits[s->idx[i]] / p->temp - mx);
+    return m;
 }
 
-/* ---- 4. the race ------------------------------------------------------------------------------------------------ */
+/* ---- 4. the draw ------------------------------------------------------------------------------------------------ */
 
 static uint64_t mix64(uint64_t x) { /* SplitMix64's finalizer (Steele et al. 2014): a bijection that mixes well */
     x ^= x >> 30;
@@ -229,42 +273,74 @@ static uint64_t mix64(uint64_t x) { /* SplitMix64's finalizer (Steele et al. 201
     return x;
 }
 
-/* The noise's per-key hash and a token's uniform in (0, 1) (53 bits, never 0 or 1). */
-static uint64_t key_hash(uint64_t seed, uint64_t key) {
-    return mix64(mix64(seed + 0x9E3779B97F4A7C15ull) ^ (key * 0xD1B54A32D192ED03ull + 0x632BE59BD9B4E019ull));
-}
-static double unif(uint64_t kh, int32_t tok) {
-    return ((double)(mix64(kh ^ ((uint64_t)(uint32_t)tok * 0x9E3779B97F4A7C15ull)) >> 11) + 0.5) * 0x1p-53;
+/* A uniform in [0, 1) hashed from (seed, key, salt) (53 bits): the draws past FLM_SAMPLER_STREAM_MAX and the
+ * second draws of flm_sampler_resample_at. */
+static double hash_unif(uint64_t seed, uint64_t key, uint64_t salt) {
+    const uint64_t h = mix64(mix64(seed + 0x9E3779B97F4A7C15ull) ^ (key * 0xD1B54A32D192ED03ull + 0x632BE59BD9B4E019ull) ^
+                             mix64(salt + 0x2545F4914F6CDD1Dull));
+    return (double)(h >> 11) * 0x1p-53;
 }
 
-/* The race over ids[0..m) with weights prob (not necessarily normalized, all > 0 for the ids raced): the up to k ids
- * with the smallest E_i / p_i, E_i = -log(1 - w_i), in that order, into tok (k <= FLM_SAMPLER_DRAWS_MAX); returns how
- * many. E_i >= w_i, so an id whose w_i is at least the k-th best value times p_i cannot enter: one hash and a
- * multiply for most ids, a log for the few that may. The first id is distributed as p / sum(p); the k are
- * Gumbel-top-k, k draws without replacement. */
-static int race(const int32_t *ids, size_t m, const float *prob, uint64_t kh, int k, int32_t *tok) {
-    double val[FLM_SAMPLER_DRAWS_MAX];
-    int nk = 0;
-    double thr = INFINITY; /* the k-th best value once k are held */
+/* The uniform of key: the (key - origin)-th double (0-based) of llama.cpp's stream, mt19937(seed's low 32 bits)
+ * through libstdc++'s uniform_real_distribution<double>(0, 1); cached, so a key costs its draws once. A key below
+ * the origin or FLM_SAMPLER_STREAM_MAX past it, or a cache that cannot grow (out of memory), takes a hash of
+ * (seed, key) instead. */
+static double uniform_at(flm_sampler *s, uint64_t key) {
+    const uint64_t k = key - s->origin;
+    if (key < s->origin || k >= FLM_SAMPLER_STREAM_MAX) return hash_unif(s->p.seed, key, 0);
+    if (k >= s->n_u) {
+        if (k >= s->cap_u) {
+            size_t cap = s->cap_u ? s->cap_u : 256;
+            while (cap <= k) cap *= 2;
+            double *u = realloc(s->u, cap * sizeof *u);
+            if (!u) return hash_unif(s->p.seed, key, 0);
+            s->u = u;
+            s->cap_u = cap;
+        }
+        while (s->n_u <= k) s->u[s->n_u++] = flm_mt19937_canonical(&s->mt);
+    }
+    return s->u[k];
+}
+
+/* llama.cpp's dist over ids[0..m) with weights w (s->prob, not normalized): the first id whose running double sum
+ * reaches u * sum (a zero weight never: llama.cpp could take one only at u = 0 exactly); then, for drafts, the k - 1
+ * ids whose stretch of that sum lies nearest the point u * sum (where a slightly different distribution's draw with
+ * the same u would land), nearest first. Returns how many (0 when no weight is positive). */
+static int pick(const int32_t *ids, size_t m, const float *w, double u, int k, int32_t *tok) {
+    double sum = 0;
+    for (size_t i = 0; i < m; i++) sum += w[ids[i]];
+    if (!(sum > 0)) return 0;
+    const double tgt = sum * u;
+    double run = 0;
+    size_t sel = SIZE_MAX, last = SIZE_MAX;
     for (size_t i = 0; i < m; i++) {
-        const int32_t id = ids[i];
-        const double p = prob[id];
-        if (!(p > 0)) continue;
-        const double w = unif(kh, id);
-        if (w >= thr * p) continue;
-        const double v = -log1p(-w) / p;
-        if (!(v < thr)) continue;
-        int j = nk < k ? nk++ : k - 1; /* insert, dropping the worst when full */
-        while (j > 0 && val[j - 1] > v) { val[j] = val[j - 1]; tok[j] = tok[j - 1]; j--; }
-        val[j] = v;
-        tok[j] = id;
-        if (nk == k) thr = val[k - 1];
+        if (!(w[ids[i]] > 0)) continue;
+        run += w[ids[i]];
+        last = i;
+        if (run >= tgt) { sel = i; break; }
+    }
+    if (sel == SIZE_MAX) sel = last; /* rounding at the top of the sum */
+    tok[0] = ids[sel];
+    int nk = 1;
+    if (k < 2) return nk;
+    double dist[FLM_SAMPLER_DRAWS_MAX];
+    run = 0;
+    for (size_t i = 0; i < m; i++) {
+        const double lo = run, x = w[ids[i]];
+        run += x;
+        if (i == sel || !(x > 0)) continue;
+        const double d = lo > tgt ? lo - tgt : tgt - (lo + x);
+        if (nk == k && !(d < dist[nk - 1])) continue;
+        int j = nk < k ? nk++ : k - 1;
+        while (j > 1 && dist[j - 1] > d) { dist[j] = dist[j - 1]; tok[j] = tok[j - 1]; j--; }
+        dist[j] = d;
+        tok[j] = ids[i];
     }
     return nk;
 }
 
-static int draws(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist, size_t n_hist, int k,
-                 int32_t *tok, float *prob) {
+static int draws(flm_sampler *s, const float *logits, uint64_t key, double u, const int32_t *hist, size_t n_hist,
+                 int k, int32_t *tok, float *prob) {
     if (k < 1) return 0;
     if (k > FLM_SAMPLER_DRAWS_MAX) k = FLM_SAMPLER_DRAWS_MAX;
     const size_t n = s->n_vocab;
@@ -283,28 +359,42 @@ static int draws(flm_sampler *s, const float *logits, uint64_t key, const int32_
         return nk;
     }
     size_t keep = process(s, l);
-    double mass = 0;
-    if (prob)
-        for (size_t i = 0; i < keep; i++) mass += s->prob[s->idx[i]];
-    int nk = race(s->idx, keep, s->prob, key_hash(s->p.seed, key), k, tok);
-    if (nk == 0) { /* no kept token has a positive probability (non-finite logits): the most likely */
+    int nk = pick(s->idx, keep, s->prob, u < 0 ? uniform_at(s, key) : u, k, tok);
+    if (nk == 0) { /* no kept token has a positive weight (non-finite logits): the first candidate */
         tok[0] = s->idx[0];
         nk = 1;
     }
-    if (prob)
+    if (prob) {
+        double mass = 0;
+        for (size_t i = 0; i < keep; i++) mass += s->prob[s->idx[i]];
         for (int j = 0; j < nk; j++) prob[j] = mass > 0 ? (float)(s->prob[tok[j]] / mass) : 0.0f;
+    }
     return nk;
 }
 
 int32_t flm_sampler_sample_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist, size_t n_hist) {
     int32_t t;
-    draws(s, logits, key, hist, n_hist, 1, &t, NULL);
+    draws(s, logits, key, -1, hist, n_hist, 1, &t, NULL);
     return t;
+}
+
+int32_t flm_sampler_resample_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist,
+                                size_t n_hist) {
+    int32_t t;
+    draws(s, logits, key, hash_unif(s->p.seed, key, 1), hist, n_hist, 1, &t, NULL);
+    return t;
+}
+
+void flm_sampler_set_origin(flm_sampler *s, uint64_t key) {
+    if (key == s->origin) return;
+    s->origin = key;
+    s->n_u = 0; /* the stream from its start again */
+    flm_mt19937_seed(&s->mt, (uint32_t)s->p.seed);
 }
 
 int flm_sampler_draws_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist, size_t n_hist, int k,
                          int32_t *tok, float *prob) {
-    return draws(s, logits, key, hist, n_hist, k, tok, prob);
+    return draws(s, logits, key, -1, hist, n_hist, k, tok, prob);
 }
 
 int32_t flm_sampler_sample(flm_sampler *s, const float *logits) {

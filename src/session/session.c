@@ -631,9 +631,10 @@ static flm_status gram_pick(flm_session *s, flm_grammar *g, int32_t gst, const f
     }
     if (first < 0)
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "no token of the vocabulary can continue the grammar here");
-    /* the same noise as the first draw (the position's key): the winner of the race over the allowed tokens, so
-     * "sample, check, resample" is exactly a draw from the masked distribution, and a seed still reproduces it */
-    int32_t t = flm_sampler_sample_at(s->smp, s->masked, (uint64_t)s->n_past + s->key_off, s->ids, (size_t)s->n_past);
+    /* a second, independent uniform of the position's key (the first one, given that its token was refused, is not
+     * uniform any more): "sample, check, resample" is exactly a draw from the masked distribution, and a seed still
+     * reproduces it */
+    int32_t t = flm_sampler_resample_at(s->smp, s->masked, (uint64_t)s->n_past + s->key_off, s->ids, (size_t)s->n_past);
     if (t < 0 || (uint32_t)t >= s->n_vocab || !(m[t >> 5] >> (t & 31) & 1)) t = first; /* NaN logits */
     *tok = t;
     return FLM_OK;
@@ -686,6 +687,9 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         }
     }
     long max = gp->max_tokens < 0 ? LONG_MAX : gp->max_tokens;
+    /* the first token generated takes the first uniform of the seed's stream, as llama.cpp's sampler made for a
+     * request (drafts and verification key the positions after it the same way) */
+    flm_sampler_set_origin(s->smp, (uint64_t)s->n_past + s->key_off);
     memset(&s->calls, 0, sizeof s->calls);
     double t0 = flm_now_ms(), t_prev = t0;
     const uint64_t busy0 = flm_ctx_io_busy_ns(s->ctx); /* the reader's busy time over the call (thread-safe) */
