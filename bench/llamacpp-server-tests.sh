@@ -12,7 +12,8 @@
 #   - a llama-server flag with nothing to do in flashlm is dropped and says so on stderr (the test's server log):
 #     --jinja/--no-jinja (flashlm always renders the model's template with its own engine), -ngl/--n-gpu-layers
 #     (CPU only), --cont-batching (the slots' passes always take turns), --ubatch-size (one batch size), -fa
-#     (one attention kernel), -ctk/-ctv f16 (flashlm's KV cache is f16; f32 becomes --kv-f32);
+#     (one attention kernel), -ctk/-ctv f16 (flashlm's KV cache is f16; f32 becomes --kv-f32), --embedding(s)
+#     (flashlm's /v1/embeddings is always on);
 #   - any other flag goes through too, so that flashlm refuses it by name and the test fails on its own merits;
 #   - except in the suite's download step (ServerPreset.load_all starts every preset once with --hf-repo and without
 #     --offline, to fetch its model, before any test): there flashlm serves the local model with --port and --host
@@ -50,6 +51,8 @@ dropped = {"--jinja": (False, "flashlm always renders the model's template with 
            "--no-jinja": (False, "flashlm always renders the model's template with its own engine"),
            "-ngl": (True, "CPU only"), "--n-gpu-layers": (True, "CPU only"),
            "--cont-batching": (False, "the slots' passes always take turns"),
+           "--embedding": (False, "flashlm's /v1/embeddings is always on"),
+           "--embeddings": (False, "flashlm's /v1/embeddings is always on"),
            "--ubatch-size": (True, "one batch size (-b)"), "-fa": (True, "one attention kernel")}
 a = sys.argv[1:]; out = [FL, "serve"]; model = None; i = 0
 if "--hf-repo" in a and "--offline" not in a:  # the suite's download step (load_all)

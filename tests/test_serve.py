@@ -63,7 +63,7 @@ def check(cond, what):
 
 class Server:
     def __init__(self, model, *args):
-        self.proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", "--metrics", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None

@@ -56,7 +56,7 @@ def check(cond, what):
 
 class Server:
     def __init__(self, model, *args):
-        self.proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", "-t", "1", *args],
+        self.proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", "-t", "1", "--metrics", *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log, self.port = [], None
         while True:

@@ -230,7 +230,7 @@ def test_client_leaves():
     """A client that closes its connection while its (non-streamed) reply is generated cancels it: its end of input
     alone does not (half-close), but the interim 100 Continue the server then sends draws a reset from a closed
     socket."""
-    srv = Server("-c", "2048", "--slots")  # a long reply: greedy stories260K fills 2048 tokens before it ends
+    srv = Server("-c", "2048", "--slots", "--metrics")  # a long reply: greedy stories260K fills 2048 tokens before it ends
     try:
         before = metric(srv.port, "requests_cancelled_total")
         s = connect(srv.port)
@@ -596,8 +596,9 @@ def test_llama_fields(port):
         check(st == 400 and word in json.loads(b)["error"]["message"], "%r: 400 naming %s (%s %r)" % (bad, word, st, b))
     # post_sampling_probs: the probabilities each token was drawn with, against the reference made from the model's
     # log-probabilities of the same request without it (same seed, same tokens): softmax(logprob / T) over the top-k
+    # (min-p off: its default 0.05 would cut the tail)
     post = {"prompt": "Today was the day. Today I would finally become a", "n_predict": 6, "temperature": 0.7,
-            "top_k": 5, "top_p": 1.0, "seed": 11}
+            "top_k": 5, "top_p": 1.0, "min_p": 0.0, "seed": 11}
     st, _, b = request(port, "POST", "/completion", dict(post, n_probs=20))
     ref = json.loads(b)["completion_probabilities"] if st == 200 else []
     st, _, b = request(port, "POST", "/completion", dict(post, n_probs=10, post_sampling_probs=True))
@@ -742,8 +743,44 @@ def test_llama_fields(port):
     check("access-control-allow-origin" not in hdrs, "localhost.evil.example is not loopback: %s" % hdrs)
 
 
+def test_llama_server_flags():
+    """llama-server's --metrics (GET /metrics is 501 without it) and --verbose (answers carry "__verbose", the prompt
+    as text, unless a request says "verbose": false); generation_settings lists the sampler's settings (llama-server's
+    adaptive-p sampler as off); text parts of a message are joined with a newline, as llama.cpp joins them."""
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is"},
+                                                      {"type": "text", "text": "the best book"}]}], "max_tokens": 2}
+    srv = Server()
+    try:
+        st, _, b = request(srv.port, "GET", "/metrics")
+        check(st == 501 and "--metrics" in json.loads(b)["error"]["message"], "/metrics without --metrics: %s %r" % (st, b[:200]))
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", body)
+        check(st == 200 and "__verbose" not in json.loads(b), "no __verbose without --verbose: %s" % st)
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", dict(body, verbose=True))
+        v = json.loads(b).get("__verbose", {}) if st == 200 else {}
+        check("What is\nthe best book" in v.get("prompt", ""), "text parts joined with a newline: %r" % v.get("prompt"))
+        st, _, b = request(srv.port, "POST", "/completion", {"prompt": "Once", "n_predict": 2, "temperature": 0.5,
+                                                             "top_k": 7, "min_p": 0.1})
+        g = json.loads(b).get("generation_settings", {}) if st == 200 else {}
+        check(g.get("temperature") == 0.5 and g.get("top_k") == 7 and abs(g.get("min_p", 0) - 0.1) < 1e-6 and
+              abs(g.get("top_p", 0) - 0.95) < 1e-6 and g.get("adaptive_target") == -1, "generation_settings: %r" % g)
+    finally:
+        check(srv.stop() == 0, "SIGTERM: exit status 0")
+    srv = Server("--metrics", "--verbose")
+    try:
+        st, _, b = request(srv.port, "GET", "/metrics")
+        check(st == 200 and b"llamacpp:prompt_tokens_total" in b, "/metrics with --metrics: %s" % st)
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", body)
+        v = json.loads(b).get("__verbose") if st == 200 else None
+        check(isinstance(v, dict) and "the best book" in v.get("prompt", ""), "--verbose: __verbose by default: %s" % st)
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", dict(body, verbose=False))
+        check(st == 200 and "__verbose" not in json.loads(b), "--verbose, \"verbose\": false: none")
+    finally:
+        check(srv.stop() == 0, "SIGTERM: exit status 0")
+
+
 def main():
-    srv = Server("--parallel", "2")
+    test_llama_server_flags()
+    srv = Server("--parallel", "2", "--metrics")
     try:
         test_smuggling(srv.port)
         test_half_close(srv.port)

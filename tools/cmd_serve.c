@@ -77,9 +77,12 @@ static const char *SERVE_HELP =
     "      --temp T, --seed N, --n-predict N  defaults for requests that do not give temperature, seed, max_tokens\n"
     "      --no-slots       GET /slots answers 501 (default: it lists the slots, as llama-server's; --slots)\n"
     "      --no-ui          no chat page at /\n"
+    "      --metrics        GET /metrics answers (Prometheus text); default: 501, as llama-server's (the counters\n"
+    "                       tell a caller what others asked and how much)\n"
     "      --context-shift  when a reply fills the context, forget the older half after BOS and go on (as run's);\n"
     "                       default: the reply ends there (finish_reason \"length\")\n"
-    "  -v, --verbose        print the library's debug messages\n"
+    "  -v, --verbose        print the library's debug messages, and answer with llama-server's \"__verbose\" (the\n"
+    "                       prompt as text and the native fields) unless a request says \"verbose\": false\n"
     "  -h, --help           this help\n"
     "\n"
     "Speculative decoding (as flashlm run; per slot, inside the slot's share of --mem: a --draft model is opened in\n"
@@ -120,6 +123,7 @@ typedef struct job {
     size_t n_evaluated;      /* the prompt's tokens the context holds so far (its evaluation's progress) */
     bool first_chunk;
     uint64_t seed;           /* the sampler's seed (given or drawn) */
+    flm_sampler_params sp;   /* the sampler's settings (generation_settings; bias not kept) */
     int32_t *pids;           /* the prompt's tokens (what the slot's context is made to hold) */
     size_t n_pids;
     char *ptext;             /* their text, control tokens spelled out (llama-server's "prompt"; "__verbose") */
@@ -170,6 +174,7 @@ static struct server {
     uint32_t n_vocab, n_ctx_train, n_embd; /* the model's facts for GET /v1/models' meta */
     bool strict_model;       /* --strict-model: a request naming another model is 404 */
     bool slots_on, no_ui;    /* GET /slots (default on; --no-slots), --no-ui (no page at /) */
+    bool metrics_on;         /* GET /metrics (--metrics; default off: 501, as llama-server's) */
     bool has_temp, has_seed; /* --temp, --seed: defaults for requests that do not say */
     float temp;
     uint64_t seed;
@@ -485,6 +490,22 @@ static const char *stop_type(const flm_gen_result *r) {
     return r->eog || r->complete ? "eos" : r->stopped ? "word" : r->limit || r->ctx_full ? "limit" : "none";
 }
 
+
+/* A sampler's settings under llama-server's names (its generation_settings / default_generation_settings params):
+ * flashlm's, and llama-server's adaptive-p sampler, which flashlm does not have, as off (its defaults; a request
+ * that sets adaptive_target is refused by name). */
+static void sampler_json(cJSON *g, const flm_sampler_params *sp) {
+    cJSON_AddNumberToObject(g, "temperature", sp->temp);
+    cJSON_AddNumberToObject(g, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(g, "top_p", sp->top_p);
+    cJSON_AddNumberToObject(g, "min_p", sp->min_p);
+    cJSON_AddNumberToObject(g, "repeat_penalty", sp->repeat_penalty);
+    cJSON_AddNumberToObject(g, "repeat_last_n", sp->penalty_last_n);
+    cJSON_AddNumberToObject(g, "presence_penalty", sp->presence_penalty);
+    cJSON_AddNumberToObject(g, "frequency_penalty", sp->frequency_penalty);
+    cJSON_AddNumberToObject(g, "adaptive_target", -1.0);
+    cJSON_AddNumberToObject(g, "adaptive_decay", 0.9);
+}
 /* llama-server's /completion object: a streamed token's (final = false) or the whole result's. */
 static cJSON *native_json(const job *j, const char *text, size_t len, const int32_t *ids, size_t n_ids, bool final) {
     cJSON *o = cJSON_CreateObject();
@@ -505,9 +526,7 @@ static cJSON *native_json(const job *j, const char *text, size_t len, const int3
         cJSON_AddNumberToObject(g, "n_predict", (double)(q->max_tokens >= 0 ? q->max_tokens : srv.n_predict));
         cJSON_AddNumberToObject(g, "seed", (double)j->seed);
         cJSON_AddNumberToObject(g, "n_ctx", srv.n_ctx);
-        if (q->has_temp) cJSON_AddNumberToObject(g, "temperature", q->temperature);
-        if (q->has_top_p) cJSON_AddNumberToObject(g, "top_p", q->top_p);
-        if (q->top_k >= 0) cJSON_AddNumberToObject(g, "top_k", q->top_k);
+        sampler_json(g, &j->sp);
         cJSON_AddStringToObject(o, "prompt", j->ptext ? j->ptext : "");
         cJSON_AddBoolToObject(o, "has_new_line", t && strchr(t, '\n'));
         cJSON_AddBoolToObject(o, "truncated", j->truncated);
@@ -851,6 +870,9 @@ static void run_job(slot *s, job *j) {
     static _Atomic uint64_t seed_counter;
     sp.seed = q->has_seed ? q->seed : srv.has_seed ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
     j->seed = sp.seed;
+    j->sp = sp;
+    j->sp.bias = NULL;
+    j->sp.n_bias = 0;
     j->slot_index = s->index;
     flm_session_reset_stats(s->sess);
     if (q->no_cache) flm_session_rewind(s->sess, 0); /* "cache_prompt": false */
@@ -2397,9 +2419,8 @@ static enum MHD_Result handle_props(struct MHD_Connection *c) {
     cJSON *p = cJSON_AddObjectToObject(d, "params");
     flm_sampler_params sp;
     flm_sampler_params_default(&sp);
-    cJSON_AddNumberToObject(p, "temperature", srv.has_temp ? srv.temp : sp.temp);
-    cJSON_AddNumberToObject(p, "top_k", sp.top_k);
-    cJSON_AddNumberToObject(p, "top_p", sp.top_p);
+    if (srv.has_temp) sp.temp = srv.temp;
+    sampler_json(p, &sp);
     cJSON_AddNumberToObject(p, "n_predict", (double)srv.n_predict);
     if (srv.has_seed) cJSON_AddNumberToObject(p, "seed", (double)srv.seed);
     else cJSON_AddNullToObject(p, "seed"); /* a new one per request unless the request gives one */
@@ -2689,7 +2710,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     case R_SLOTS:
         if (!srv.slots_on) return send_error(c, 501, "not_supported", "GET /slots is off (--no-slots)");
         return handle_slots(c);
-    case R_METRICS: return send_metrics(c);
+    case R_METRICS:
+        if (!srv.metrics_on)
+            return send_error(c, 501, "not_supported", "GET /metrics is off: start flashlm serve with --metrics");
+        return send_metrics(c);
     case R_MODELS: {
         cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data");
         cJSON_AddStringToObject(o, "object", "list");
@@ -2745,12 +2769,13 @@ int cmd_serve(int argc, char **argv) {
             printf("%s%s\nshared options:\n%s", SERVE_HELP, CLI_SPEC_OPTS_HELP, CLI_MODEL_OPTS_HELP);
             return 0;
         }
-        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = serve_verbose_default = true; continue; }
         if (!strcmp(a, "--context-shift")) { shift = true; continue; }
         if (!strcmp(a, "--strict-model")) { srv.strict_model = true; continue; }
         if (!strcmp(a, "--slots")) { srv.slots_on = true; continue; }
         if (!strcmp(a, "--no-slots")) { srv.slots_on = false; continue; }
         if (!strcmp(a, "--no-ui")) { srv.no_ui = true; continue; }
+        if (!strcmp(a, "--metrics")) { srv.metrics_on = true; continue; }
         if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||

@@ -85,6 +85,8 @@ bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t 
  * out of range, a missing required field, n outside 1..8; 500: out of memory) with a one-line message in msg (cap bytes)
  * and *r freed. A field not in serve_req.c's FIELD_RULES is refused by name (400). */
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap);
+/* A request's "verbose" when it does not say (serve --verbose sets it: llama-server's verbosity > 9 does the same). */
+extern bool serve_verbose_default;
 struct cJSON;
 /* A request body (len bytes) parsed as JSON: NULL with a one-line message in msg when it is not UTF-8 (the byte
  * named), not JSON, or followed by anything but whitespace. Free with cJSON_Delete. */

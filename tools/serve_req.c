@@ -45,8 +45,9 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-/* A message's content: a string, or an array of parts {"type": "text", "text": "..."} joined (other parts refused),
- * or null (an empty string). NULL with msg set on error. */
+/* A message's content: a string, or an array of parts {"type": "text", "text": "..."} joined with a newline between
+ * the non-empty text so far and the next part, as llama.cpp's chat code joins them (other parts refused), or null (an
+ * empty string). NULL with msg set on error. */
 static char *content_text(const cJSON *c, size_t i, char *msg, size_t cap, int *status) {
     if (!c || cJSON_IsNull(c)) return dup_str(""); /* null, or absent beside tool_calls */
     if (cJSON_IsString(c)) return dup_str(c->valuestring);
@@ -66,7 +67,7 @@ static char *content_text(const cJSON *c, size_t i, char *msg, size_t cap, int *
             *status = 400;
             return NULL;
         }
-        total += strlen(text->valuestring);
+        total += strlen(text->valuestring) + 1;
     }
     char *out = malloc(total + 1);
     if (!out) return NULL;
@@ -74,6 +75,7 @@ static char *content_text(const cJSON *c, size_t i, char *msg, size_t cap, int *
     cJSON_ArrayForEach(part, c) {
         const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
         size_t n = strlen(t);
+        if (at > 0) out[at++] = '\n';
         memcpy(out + at, t, n);
         at += n;
     }
@@ -380,6 +382,8 @@ cJSON *serve_parse_json(const char *body, size_t len, char *msg, size_t cap) {
     return root;
 }
 
+bool serve_verbose_default;
+
 int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, char *msg, size_t cap) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
@@ -437,7 +441,8 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         v = cJSON_GetObjectItemCaseSensitive(root, BOOLS[k]);
         if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) { snprintf(msg, cap, "'%s' must be a boolean", BOOLS[k]); goto fail; }
     }
-    r->verbose = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "verbose"));
+    v = cJSON_GetObjectItemCaseSensitive(root, "verbose");
+    r->verbose = cJSON_IsBool(v) ? cJSON_IsTrue(v) : serve_verbose_default;
     r->return_progress = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "return_progress"));
     r->timings_per_token = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "timings_per_token"));
     r->post_sampling = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "post_sampling_probs"));
