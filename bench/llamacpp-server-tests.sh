@@ -13,7 +13,7 @@
 #     --jinja/--no-jinja (flashlm always renders the model's template with its own engine), -ngl/--n-gpu-layers
 #     (CPU only), --cont-batching (the slots' passes always take turns), --ubatch-size (one batch size), -fa
 #     (one attention kernel), -ctk/-ctv f16 (flashlm's KV cache is f16; f32 becomes --kv-f32), --embedding(s)
-#     (flashlm's /v1/embeddings is always on);
+#     (flashlm's /v1/embeddings is always on), --backend_sampling (one sampler; the request field likewise);
 #   - any other flag goes through too, so that flashlm refuses it by name and the test fails on its own merits;
 #   - except in the suite's download step (ServerPreset.load_all starts every preset once with --hf-repo and without
 #     --offline, to fetch its model, before any test): there flashlm serves the local model with --port and --host
@@ -51,6 +51,7 @@ dropped = {"--jinja": (False, "flashlm always renders the model's template with 
            "--no-jinja": (False, "flashlm always renders the model's template with its own engine"),
            "-ngl": (True, "CPU only"), "--n-gpu-layers": (True, "CPU only"),
            "--cont-batching": (False, "the slots' passes always take turns"),
+           "--backend_sampling": (False, "flashlm has one sampler (the request field is accepted for that reason)"),
            "--embedding": (False, "flashlm's /v1/embeddings is always on"),
            "--embeddings": (False, "flashlm's /v1/embeddings is always on"),
            "--ubatch-size": (True, "one batch size (-b)"), "-fa": (True, "one attention kernel")}

@@ -6,7 +6,7 @@
  * declares FLM_API is an edge to the directory that defines it (so src/model calling flm_open, which src/runtime
  * defines, is refused although it only includes flashlm.h).
  * The CLI (tools/) includes only the public headers (flashlm.h, flashlm_tools.h) and its own tools/ headers (or one
- * generated from its tools/X.html at build time: serve_page.h). */
+ * generated at build time from its tools/X.html or by its tools/X.cmake: serve_page.h, build_info.h). */
 #include "testutil.h"
 
 #include <dirent.h>
@@ -512,9 +512,12 @@ static void test_tools_include_public_headers_only(void **state) {
                 own = stat(own_path, &st) == 0;
                 size_t li = strlen(inc);
                 if (!own && li > 2 && !strcmp(inc + li - 2, ".h")) { /* generated at build time from tools/X.html
-                                                                         (tools/embed.cmake: serve_page.h) */
+                                                                         (tools/embed.cmake: serve_page.h) or by
+                                                                         tools/X.cmake (build_info.h) */
                     snprintf(own_path, sizeof own_path, "%s/%.*s.html", dir, (int)(li - 2), inc);
                     own = stat(own_path, &st) == 0;
+                    snprintf(own_path, sizeof own_path, "%s/%.*s.cmake", dir, (int)(li - 2), inc);
+                    own = own || stat(own_path, &st) == 0;
                 }
             }
             if (own) continue;

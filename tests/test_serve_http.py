@@ -755,6 +755,8 @@ def test_llama_server_flags():
         check(st == 501 and "--metrics" in json.loads(b)["error"]["message"], "/metrics without --metrics: %s %r" % (st, b[:200]))
         st, _, b = request(srv.port, "POST", "/v1/chat/completions", body)
         check(st == 200 and "__verbose" not in json.loads(b), "no __verbose without --verbose: %s" % st)
+        fp = json.loads(b).get("system_fingerprint", "") if st == 200 else ""
+        check(re.fullmatch(r"b[0-9]+-[0-9a-f]+|b0-unknown", fp), "system_fingerprint in llama-server's shape: %r" % fp)
         st, _, b = request(srv.port, "POST", "/v1/chat/completions", dict(body, verbose=True))
         v = json.loads(b).get("__verbose", {}) if st == 200 else {}
         check("What is\nthe best book" in v.get("prompt", ""), "text parts joined with a newline: %r" % v.get("prompt"))
