@@ -543,6 +543,11 @@ FLM_API flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *token
  * not waited for. flm_seq_acquire (a turn alone) does the same. Sessions call it when a generation ends. NULL ctx or
  * seq out of range: nothing. */
 FLM_API void flm_seq_leave(flm_ctx *ctx, uint32_t seq);
+/* How many sequences other than seq are busy: evaluated (flm_evaluate, joined or not) within the last 2 s and have
+ * not left since (flm_seq_leave). A session that could take the context alone for a speculative step decodes joined
+ * instead while others are busy (one pass for every sequence's token beats a pass per sequence). Thread-safe; 0 for a
+ * NULL ctx or a context of one sequence. Source: src/runtime/context.c. */
+FLM_API uint32_t flm_seq_busy(flm_ctx *ctx, uint32_t seq);
 
 /* ---- one evaluation call that returns its own statistics ----
  * flm_evaluate is every evaluation above in one call (flm_eval, flm_eval_draft, flm_eval_batch, flm_eval_seq and

@@ -885,6 +885,64 @@ static void test_joined_pass_equals_alone(void **state) {
     joined_case(true);
 }
 
+/* flm_seq_busy counts the other sequences that evaluated and have not left; a speculative session on a shared
+ * context decodes joined (no verification steps) while another is busy, and speculates again once it has left. The
+ * reply is the one it gives alone either way. */
+static void test_busy_sequences_decode_joined(void **state) {
+    (void)state;
+    flm_error err;
+    flm_ctx *one = open_seq(false, 1);
+    seq_job ref = {.prompt = SEQ_PROMPTS[0]};
+    assert_int_equal(flm_session_create(one, &ref.s, &err), FLM_OK);
+    assert_null(seq_run(&ref));
+    assert_true(ref.c.n_ids > 8);
+    assert_int_equal(flm_seq_busy(one, 0), 0); /* a context of one sequence: none */
+    flm_session_free(ref.s);
+    flm_close(one);
+
+    flm_ctx *ctx = open_seq(false, 3);
+    assert_int_equal(flm_seq_busy(ctx, 0), 0);
+    assert_int_equal(flm_seq_busy(NULL, 0), 0);
+    int32_t *ids;
+    size_t n;
+    ids = flm_tokenize_all(ctx, "The big dog", true, &n);
+    assert_non_null(ids);
+    const float *lg = NULL;
+    assert_int_equal(flm_eval_seq(ctx, 1, ids, (uint32_t)n, 0, &lg, NULL, &err), FLM_OK);
+    assert_int_equal(flm_seq_busy(ctx, 0), 1); /* sequence 1 */
+    assert_int_equal(flm_seq_busy(ctx, 1), 0); /* not itself */
+    assert_int_equal(flm_eval_seq(ctx, 2, ids, (uint32_t)n, 0, &lg, NULL, &err), FLM_OK);
+    assert_int_equal(flm_seq_busy(ctx, 0), 2);
+    assert_int_equal(flm_seq_busy(ctx, 1), 1);
+    flm_seq_leave(ctx, 2);
+    assert_int_equal(flm_seq_busy(ctx, 0), 1);
+
+    /* sequence 0 speculates (n-gram lookup) while sequence 1 is busy: every token a joined pass, no step */
+    seq_job got = {.prompt = SEQ_PROMPTS[0]};
+    assert_int_equal(flm_session_create_seq(ctx, 0, &got.s, &err), FLM_OK);
+    seq_speculate(got.s, true);
+    for (int round = 0; round < 2; round++) {
+        if (round == 0) /* busy just now (a busy sequence counts for FLM_SEQ_BUSY_MS after its evaluation) */
+            assert_int_equal(flm_eval_seq(ctx, 1, ids, (uint32_t)n, 0, &lg, NULL, &err), FLM_OK);
+        else
+            flm_seq_leave(ctx, 1); /* none busy: it speculates again */
+        assert_int_equal(flm_seq_busy(ctx, 0), round == 0 ? 1 : 0);
+        flm_session_rewind(got.s, 0);
+        flm_session_reset_stats(got.s);
+        assert_null(seq_run(&got));
+        flm_spec_stats ss;
+        flm_session_spec_stats(got.s, &ss);
+        if (round == 0) assert_int_equal(ss.n_steps, 0);
+        else assert_true(ss.n_steps > 0);
+        assert_int_equal(got.c.n_ids, ref.c.n_ids);
+        for (int t = 0; t < ref.c.n_ids; t++) assert_int_equal(got.c.ids[t], ref.c.ids[t]);
+        assert_memory_equal(got.c.text, ref.c.text, ref.c.len);
+    }
+    flm_session_free(got.s);
+    flm_close(ctx);
+    free(ids);
+}
+
 static int seq_setup(void **state) {
     (void)state;
     snprintf(g_seq_flm, sizeof g_seq_flm, "%s", tu_tmp("seq", ".flm"));
@@ -916,6 +974,7 @@ int main(void) {
         cmocka_unit_test(test_sequences_plan),
         cmocka_unit_test(test_sequences_equal_alone),
         cmocka_unit_test(test_joined_pass_equals_alone),
+        cmocka_unit_test(test_busy_sequences_decode_joined),
     };
     return cmocka_run_group_tests(tests, seq_setup, seq_teardown);
 }

@@ -258,7 +258,8 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
         ctx->join_pos = malloc(B * sizeof *ctx->join_pos);
         ctx->join_kv = malloc(B * sizeof *ctx->join_kv);
         ctx->join_expect = calloc(n_seq, 1);
-        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_expect) {
+        ctx->seq_busy_ms = calloc(n_seq, sizeof *ctx->seq_busy_ms);
+        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_expect || !ctx->seq_busy_ms) {
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
         }
@@ -360,7 +361,31 @@ flm_status flm_seq_acquire(flm_ctx *ctx, uint32_t seq, flm_error *err) {
 }
 
 void flm_seq_leave(flm_ctx *ctx, uint32_t seq) {
-    if (ctx && ctx->join_init && seq < ctx->n_seq) seq_unexpect(ctx, seq);
+    if (!ctx || !ctx->join_init || seq >= ctx->n_seq) return;
+    seq_unexpect(ctx, seq);
+    pthread_mutex_lock(&ctx->join_mu);
+    ctx->seq_busy_ms[seq] = 0;
+    pthread_mutex_unlock(&ctx->join_mu);
+}
+
+/* seq evaluates now: busy for flm_seq_busy (a context of several sequences). */
+static void seq_mark_busy(flm_ctx *ctx, uint32_t seq) {
+    if (!ctx->join_init) return;
+    const double now = flm_now_ms();
+    pthread_mutex_lock(&ctx->join_mu);
+    ctx->seq_busy_ms[seq] = now > 0 ? now : 1e-3;
+    pthread_mutex_unlock(&ctx->join_mu);
+}
+
+uint32_t flm_seq_busy(flm_ctx *ctx, uint32_t seq) {
+    if (!ctx || !ctx->join_init) return 0;
+    const double now = flm_now_ms();
+    uint32_t n = 0;
+    pthread_mutex_lock(&ctx->join_mu);
+    for (uint32_t i = 0; i < ctx->n_seq; i++)
+        n += i != seq && ctx->seq_busy_ms[i] > 0 && now - ctx->seq_busy_ms[i] < FLM_SEQ_BUSY_MS;
+    pthread_mutex_unlock(&ctx->join_mu);
+    return n;
 }
 
 void flm_seq_release(flm_ctx *ctx) {
@@ -384,6 +409,7 @@ void flm_close(flm_ctx *ctx) {
     free(ctx->join_pos);
     free(ctx->join_kv);
     free(ctx->join_expect);
+    free(ctx->seq_busy_ms);
     free(ctx->seq);
     free(ctx);
 }
@@ -648,11 +674,15 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
 }
 
 /* The leader's wait (join_mu held, released while waiting): until every sequence expected back has a request
- * queued, the queue's rows fill a batch, or FLM_JOIN_WAIT_US have passed. */
+ * queued, the queue's rows fill a batch, or the wait's bound has passed (FLM_JOIN_WAIT_US .. FLM_JOIN_WAIT_MAX_US:
+ * a share of the last pass's time). */
 static void join_wait(flm_ctx *ctx) {
+    uint64_t us = ctx->join_pass_us / FLM_JOIN_WAIT_DIV;
+    if (us < FLM_JOIN_WAIT_US) us = FLM_JOIN_WAIT_US;
+    if (us > FLM_JOIN_WAIT_MAX_US) us = FLM_JOIN_WAIT_MAX_US;
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += FLM_JOIN_WAIT_US * 1000L;
+    until.tv_nsec += (long)us * 1000L;
     until.tv_sec += until.tv_nsec / 1000000000L;
     until.tv_nsec %= 1000000000L;
     for (;;) {
@@ -708,10 +738,13 @@ static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens,
             if (!ctx->join_head) ctx->join_tail = NULL;
             pthread_mutex_unlock(&ctx->join_mu);
             pthread_mutex_lock(&ctx->seq_mu);
+            const double t0 = flm_now_ms();
             if (k == 1) join_alone(ctx, req[0]);
             else join_run(ctx, req, k);
+            const double pass_ms = flm_now_ms() - t0;
             pthread_mutex_unlock(&ctx->seq_mu);
             pthread_mutex_lock(&ctx->join_mu);
+            ctx->join_pass_us = pass_ms > 0 ? (uint64_t)(pass_ms * 1000.0) : 0;
             for (uint32_t i = 0; i < k; i++) {
                 req[i]->done = true;
                 ctx->join_expect[req[i]->seq] = 1; /* its next token will likely follow */
@@ -886,6 +919,7 @@ flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out,
         return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: first %u without a tree (parent NULL)", a->first);
     const double t0 = flm_now_ms();
     flm_status st;
+    seq_mark_busy(ctx, a->seq);
     if (a->join) {
         if (a->draft || a->parent || a->logits != FLM_EVAL_LOGITS_LAST)
             return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a joined evaluation (join) takes no draft, no tree and "

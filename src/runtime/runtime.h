@@ -44,10 +44,20 @@ typedef struct flm_scratch {
 
 /* Rows one flm_output_rows call takes (flm_tree_logits_n's classifier pass): FLM_TREE_LOGITS_MAX, at most n_batch. */
 #define FLM_TREE_LOGITS_MAX 64
-/* How long the leader of a joined pass (flm_eval_seq) waits for the sequences expected back, in microseconds: a
- * sequence of the last pass samples its next token and asks again within far less (its sampling, a callback); one that
- * does not (its client reads slowly, it decodes alone) costs the others at most this once, then is not waited for. */
+/* How long the leader of a joined pass (flm_eval_seq) waits for the sequences expected back, in microseconds: at
+ * least FLM_JOIN_WAIT_US, and up to 1/FLM_JOIN_WAIT_DIV of the last pass's wall time, at most FLM_JOIN_WAIT_MAX_US. A
+ * sequence of the last pass samples its next token and asks again within far less (its sampling, a callback), unless
+ * its thread waits for a core (a loaded machine: tens of ms); one that misses the pass loses a whole pass (a streamed
+ * pass of --mem 50%: ~0.4 s) and, leading the next one alone, can put the sequences out of step, so the wait scales
+ * with the pass. One that does not come back (its client reads slowly, it decodes alone) costs the others at most
+ * this once, then is not waited for. */
 #define FLM_JOIN_WAIT_US 5000
+#define FLM_JOIN_WAIT_DIV 8
+#define FLM_JOIN_WAIT_MAX_US 100000
+/* A sequence counts as busy for flm_seq_busy while its last evaluation began less than this many ms ago and it has
+ * not left since (flm_seq_leave): a speculative step alone, a joined pass of a streamed model and the wait for it
+ * take well under it. */
+#define FLM_SEQ_BUSY_MS 2000.0
 #define FLM_OUTPUT_ROWS_MAX(n_batch) ((n_batch) < 1 ? 1u : (n_batch) < FLM_TREE_LOGITS_MAX ? (n_batch) : FLM_TREE_LOGITS_MAX)
 
 /* Where the token embedding (token_embd.weight) lives, as the plan decided. */
@@ -344,6 +354,9 @@ struct flm_ctx {
     bool join_init, join_leading;
     struct flm_join_req *join_head, *join_tail;
     uint64_t n_joined, rows_joined; /* flm_stats' */
+    uint64_t join_pass_us;   /* wall time of the last pass run for flm_eval_seq (the leader's wait scales with it) */
+    double *seq_busy_ms;     /* [n_seq]: flm_now_ms of the sequence's last evaluation, 0 after flm_seq_leave (under
+                                join_mu; flm_seq_busy) */
     uint8_t *join_expect;    /* [n_seq]: 1 while the sequence is expected back (it was in the last joined pass and has
                                 neither left, flm_seq_leave, nor taken the context alone, flm_seq_acquire): the next
                                 pass waits for it, up to FLM_JOIN_WAIT_US */

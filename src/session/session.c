@@ -804,7 +804,10 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             continue;
         }
         if (!room(s, 1)) { r->ctx_full = true; break; } /* full: a context shift, or stop */
-        if (s->spec && r->n_gen < max) { /* next and the drafts after it in one pass */
+        /* next and the drafts after it in one pass; in a shared context only while no other sequence is busy: a
+         * speculative step takes the context alone, and the others' tokens joined with this one in one pass give
+         * more (the step's tokens are those plain decoding takes, so the reply is the same either way) */
+        if (s->spec && r->n_gen < max && !(s->shared && flm_seq_busy(s->ctx, s->seq) > 0)) {
             uint32_t m = 0;
             const int32_t H = s->n_past;
             spec_set_key_off(s->spec, s->key_off);
