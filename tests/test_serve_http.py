@@ -778,6 +778,26 @@ def test_llama_server_flags():
         check(st == 200 and "__verbose" not in json.loads(b), "--verbose, \"verbose\": false: none")
     finally:
         check(srv.stop() == 0, "SIGTERM: exit status 0")
+    # --kv-unified: each of the 2 slots holds the whole -c 256, not 128; a 150-token prompt fits one (and is refused
+    # by name without the flag)
+    long_prompt = {"prompt": "Once upon a time " * 40, "n_predict": 2}
+    for unified in (False, True):
+        srv = Server("--parallel", "2", *(["--kv-unified"] if unified else []))
+        want = 256 if unified else 128
+        try:
+            st, _, b = request(srv.port, "GET", "/props")
+            n = json.loads(b)["default_generation_settings"]["n_ctx"] if st == 200 else None
+            check(n == want, "--kv-unified %s: /props n_ctx %r, want %d" % (unified, n, want))
+            st, _, b = request(srv.port, "GET", "/slots")
+            check(st == 200 and [x["n_ctx"] for x in json.loads(b)] == [want, want], "/slots n_ctx: %s %r" % (st, b[:200]))
+            st, _, b = request(srv.port, "POST", "/completion", long_prompt)
+            np_ = json.loads(b).get("timings", {}).get("prompt_n") if st == 200 else None
+            if unified:
+                check(st == 200 and np_ and 128 < np_ < 256, "--kv-unified: a %r-token prompt: %s %r" % (np_, st, b[:200]))
+            else:
+                check(st == 400 and b"context" in b, "without --kv-unified: refused: %s %r" % (st, b[:200]))
+        finally:
+            check(srv.stop() == 0, "SIGTERM: exit status 0")
 
 
 def main():

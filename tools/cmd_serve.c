@@ -61,6 +61,9 @@ static const char *SERVE_HELP =
     "                       listened on, and a POST must be application/json\n"
     "      --parallel N     slots: N sequences of one context, each with its own KV cache of -c / N tokens (default\n"
     "                       1); with --draft, --draft-ngram or --draft-self: N contexts of budget / N each\n"
+    "      -kvu, --kv-unified  each slot may hold the whole -c, not -c / N (llama-server's unified KV cache lets the\n"
+    "                       slots share -c cells; flashlm gives each slot its own cache of -c tokens, so the KV cache\n"
+    "                       memory is N times -c's, counted in the budget)\n"
     "      --queue N        requests that may wait for a busy slot (default 16); beyond: 503\n"
     "      --max-body BYTES largest request body (default 1M); larger: 413\n"
     "      --max-connections N  open connections (default 2048); beyond: 503 and closed\n"
@@ -2756,6 +2759,7 @@ static void model_id_of(const char *path, char *out, size_t cap) {
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *chat_name = NULL;
     srv.n_predict = -1;
+    bool kv_unified = false; /* --kv-unified: no -c / N split */
     long port = 8080, parallel = 1, queue = 16, max_conns = 2048, header_s = 30, body_s = 60, idle_s = 600;
     char cors_buf[4096] = "";
     uint64_t max_body = 1u << 20;
@@ -2781,6 +2785,7 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--no-slots")) { srv.slots_on = false; continue; }
         if (!strcmp(a, "--no-ui")) { srv.no_ui = true; continue; }
         if (!strcmp(a, "--metrics")) { srv.metrics_on = true; continue; }
+        if (!strcmp(a, "--kv-unified") || !strcmp(a, "-kvu")) { kv_unified = true; continue; }
         if (!strcmp(a, "--allow-special-in-content")) { cli_allow_special = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||
@@ -2918,8 +2923,8 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     /* -c is the context of all slots together, each slot holding -c / --parallel (llama-server's -c); without -c each
-     * slot has the default context */
-    if (params.n_ctx > 0 && parallel > 1) {
+     * slot has the default context; --kv-unified: each slot holds the whole -c (its own cache of it) */
+    if (params.n_ctx > 0 && parallel > 1 && !kv_unified) {
         if (params.n_ctx / parallel < 8) return cli_die("%s", "-c is too small for --parallel (-c is shared by the slots)");
         params.n_ctx = (int)(params.n_ctx / parallel);
     }
