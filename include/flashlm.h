@@ -753,7 +753,7 @@ FLM_API bool flm_add_bos(const flm_ctx *ctx);
  * ("<|im_start|>"): tokenize it with FLM_TOKENIZE_PARSE_SPECIAL.
  * ------------------------------------------------------------------------------------------------------------- */
 /* The names flm_chat_open accepts, for messages. */
-#define FLM_CHAT_TEMPLATE_NAMES "chatml, gemma, llama2, llama3, phi3, zephyr"
+#define FLM_CHAT_TEMPLATE_NAMES "chatml, command-r, gemma, llama2, llama3, phi3, zephyr"
 /* One conversation turn: role "system", "user" or "assistant" (others pass through where the format has a generic
  * role slot), content UTF-8, both NUL-terminated. */
 typedef struct flm_chat_msg {

