@@ -771,6 +771,11 @@ FLM_API bool flm_chat_name_valid(const char *name);
  * FLM_ERR_UNSUPPORTED (the model's template is of no known family: the message says to choose one),
  * FLM_ERR_NOMEM. *out is NULL after an error. */
 FLM_API flm_status flm_chat_open(const flm_ctx *ctx, const char *name, flm_chat **out, flm_error *err);
+/* The format a chat template's source is of (a Jinja template as Hugging Face's tokenizer_config.json or llama.cpp's
+ * --chat-template-file give it): one of FLM_CHAT_TEMPLATE_NAMES, static, found by the markers the family's templates
+ * carry, in llama.cpp's order (src/llama-chat.cpp, llm_chat_detect_template) — flashlm renders the family, it does
+ * not run the Jinja; NULL when len bytes of tmpl carry none (or tmpl is NULL / len 0). */
+FLM_API const char *flm_chat_format_of(const char *tmpl, size_t len);
 /* The format chosen ("chatml", "gemma", ...), static. */
 FLM_API const char *flm_chat_name(const flm_chat *c);
 /* How it was chosen, static: "--chat-template" (a name was given), "the model's template", "the architecture",

@@ -744,6 +744,50 @@ static void test_cli_errors(void **state) {
     free(out);
 }
 
+/* --chat-template-file FILE (llama.cpp's): the format of the Jinja template in FILE by its family's markers, for run,
+ * chat and serve; a template of no known family, a NUL byte or a missing file: exit 1 naming the file. */
+static void test_chat_template_file(void **state) {
+    (void)state;
+    const char *l3 = tu_tmp("llama3", ".jinja"), *odd = tu_tmp("odd", ".jinja"), *nul = tu_tmp("nul", ".jinja");
+    static const char L3[] = "{{- bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+                             "'<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}";
+    static const char ODD[] = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    tu_write_file(l3, L3, sizeof L3 - 1);
+    tu_write_file(odd, ODD, sizeof ODD - 1);
+    tu_write_file(nul, "<|im_start|>\0x", 15);
+    char args[8192];
+    snprintf(args, sizeof args, "run -m '%s' --chat-template-file '%s' -p Hi -n 1 --temp 0 -v 2>&1", tu_data(MODEL), l3);
+    char *out = cli(args, 0);
+    assert_non_null(strstr(out, "chat format llama3"));
+    free(out);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template-file '%s' -n 1 --temp 0 -v 2>&1 </dev/null",
+             tu_data(MODEL), l3);
+    out = cli(args, 0);
+    assert_non_null(strstr(out, "chat format llama3"));
+    free(out);
+    const char *cmds[] = {"run", "chat", "serve"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "%s -m '%s' --chat-template-file '%s' -p Hi 2>&1 </dev/null", cmds[i],
+                 tu_data(MODEL), odd);
+        if (i) snprintf(args, sizeof args, "%s -m '%s' --chat-template-file '%s' 2>&1 </dev/null", cmds[i],
+                        tu_data(MODEL), odd);
+        out = cli(args, 1);
+        if (!strstr(out, odd) || !strstr(out, "a template of no chat format flashlm knows")) fail_msg("%s", out);
+        free(out);
+    }
+    snprintf(args, sizeof args, "serve -m '%s' --chat-template-file '%s' 2>&1", tu_data(MODEL), nul);
+    out = cli(args, 1);
+    assert_non_null(strstr(out, "a NUL byte at offset 12"));
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' --chat-template-file /nonexistent/t.jinja -p Hi 2>&1", tu_data(MODEL));
+    out = cli(args, 1);
+    assert_non_null(strstr(out, "/nonexistent/t.jinja"));
+    free(out);
+    remove(l3);
+    remove(odd);
+    remove(nul);
+}
+
 /* A model file carrying a chat template: detection from tokenizer.chat_template through the CLI, for .gguf and
  * .flm files; and one whose template is of no known family. */
 static const char *with_template(const char *tmpl) {
@@ -820,6 +864,7 @@ int main(void) {
         cmocka_unit_test(test_cli_chat_two_turns),
         cmocka_unit_test(test_cli_chat_context_full),
         cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_chat_template_file),
         cmocka_unit_test(test_cli_model_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

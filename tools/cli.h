@@ -119,6 +119,10 @@ char *cli_unescape(const char *s, size_t *len);
 size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_token);
 /* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
+/* --chat-template-file FILE (llama.cpp's): the chat format of the Jinja template in FILE (at most 1 MiB of text),
+ * by the markers its family carries (flm_chat_format_of): *name gets one of FLM_CHAT_TEMPLATE_NAMES. Returns 0, or 1
+ * after printing why (unreadable, too long, a NUL byte, or a template of no family flashlm renders). */
+int cli_chat_template_file(const char *path, const char **name);
 /* The chat format of the open model: name (--chat-template, may be NULL) or the model's tokenizer.chat_template or
  * its architecture (flm_chat_open). Says on stderr which format was chosen and why. *t: close with flm_chat_close.
  * Returns 0, or 1 after printing the error. */

@@ -965,3 +965,24 @@ static const char *resolve_model(const char *arg, char *buf, size_t cap) {
     }
     return cli_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
 }
+
+int cli_chat_template_file(const char *path, const char **name) {
+    size_t len = 0;
+    bool too_long = false;
+    char *buf = cli_read_text_max(path, 1u << 20, &len, &too_long);
+    if (too_long) fprintf(stderr, "flashlm: --chat-template-file %s: longer than 1 MiB: not a chat template\n", path);
+    if (!buf) return 1;
+    const char *nul = memchr(buf, 0, len);
+    const char *f = nul ? NULL : flm_chat_format_of(buf, len);
+    if (nul)
+        fprintf(stderr, "flashlm: --chat-template-file %s: a NUL byte at offset %zu: a chat template is text\n", path,
+                (size_t)(nul - buf));
+    else if (!f)
+        fprintf(stderr, "flashlm: --chat-template-file %s: a template of no chat format flashlm knows (it recognizes "
+                "%s by their markers and renders them itself; it does not run Jinja): choose one with "
+                "--chat-template NAME\n", path, FLM_CHAT_TEMPLATE_NAMES);
+    free(buf);
+    if (!f) return 1;
+    *name = f;
+    return 0;
+}

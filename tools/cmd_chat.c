@@ -36,6 +36,8 @@ static const char *CHAT_HELP_MORE =
     "                       Gemma and Llama; also -sys, --system-prompt)\n"
     "      --chat-template NAME  chat format instead of the one detected from the model's tokenizer.chat_template\n"
     "                       (or its architecture): " FLM_CHAT_TEMPLATE_NAMES "\n"
+    "      --chat-template-file FILE  the chat format of the Jinja template in FILE, known by its family's markers\n"
+    "                       (flashlm renders the family itself)\n"
     "      --context-shift  when the context is full, forget the older half of the conversation after the kept\n"
     "                       start (--keep) and go on (llama.cpp's context shift); a turn longer than the context\n"
     "                       then keeps only its end\n"
@@ -231,13 +233,15 @@ static int chat_parse(int argc, char **argv, chat_args *A, cli_spec_session *ss)
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { A->verbose = true; continue; }
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system") || !strcmp(a, "-sys") ||
                      !strcmp(a, "--system-prompt") ||
-                     !strcmp(a, "--chat-template");
+                     !strcmp(a, "--chat-template") || !strcmp(a, "--chat-template-file");
         if (!takes) return cli_die("unknown option '%s' (see flashlm chat --help)", a);
         if (!val) return cli_die("option %s needs a value (see flashlm chat --help)", a);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) A->model = val;
         else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) A->system = val;
-        else {
+        else if (!strcmp(a, "--chat-template-file")) {
+            if (cli_chat_template_file(val, &A->chat_name)) return 1;
+        } else {
             if (!flm_chat_name_valid(val))
                 return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);
             A->chat_name = val;

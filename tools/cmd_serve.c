@@ -72,6 +72,8 @@ static const char *SERVE_HELP =
     "      --body-timeout S a request's body must arrive within S seconds of its headers (default 60; then 408)\n"
     "      --timeout S      a connection with no traffic at all for S seconds is closed (default 600)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES "\n"
+    "      --chat-template-file FILE  the chat format of the Jinja template in FILE, known by its family's markers\n"
+    "                       (flashlm renders the family itself, as llama.cpp without --jinja)\n"
     "      --allow-special-in-content  a message's \"<|im_end|>\" is the control token (default: plain text)\n"
     "  -a, --alias NAME[,NAME...]  the model's names in the API (repeat or separate with commas); its id is the first\n"
     "                       in byte order, as llama-server's (default: the file name without its extension)\n"
@@ -2790,6 +2792,7 @@ int cmd_serve(int argc, char **argv) {
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--host") || !strcmp(a, "--port") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--parallel") || !strcmp(a, "--queue") ||
                      !strcmp(a, "--max-body") || !strcmp(a, "--chat-template") || !strcmp(a, "--alias") ||
+                     !strcmp(a, "--chat-template-file") ||
                      !strcmp(a, "-a") || !strcmp(a, "--tags") ||
                      !strcmp(a, "--cors") || !strcmp(a, "--max-connections") || !strcmp(a, "--header-timeout") ||
                      !strcmp(a, "--body-timeout") || !strcmp(a, "--timeout") || !strcmp(a, "--cors-origins") ||
@@ -2846,6 +2849,8 @@ int cmd_serve(int argc, char **argv) {
             double pct = 0;
             if (!flm_parse_mem(val, &max_body, &pct) || pct > 0 || max_body == 0 || max_body > (1ull << 30))
                 return cli_die("bad --max-body '%s' (bytes with an optional K/M/G suffix, at most 1G)", val);
+        } else if (!strcmp(a, "--chat-template-file")) {
+            if (cli_chat_template_file(val, &chat_name)) return 1;
         } else {
             if (!flm_chat_name_valid(val))
                 return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);

@@ -129,6 +129,8 @@ static const char *RUN_HELP_MORE =
     "      --chat           wrap the prompt as one user turn in the model's chat template and print only the\n"
     "                       reply (for instruction-tuned models; flashlm chat holds a whole conversation)\n"
     "      --chat-template NAME  chat format instead of the model's: " FLM_CHAT_TEMPLATE_NAMES " (implies --chat)\n"
+    "      --chat-template-file FILE  the chat format of the Jinja template in FILE, known by its family's markers\n"
+    "                       (flashlm renders the family itself; implies --chat)\n"
     "      --system TEXT    system prompt for --chat (default: the template's own, if it has one; implies --chat;\n"
     "                       also -sys, --system-prompt)\n"
     "      --context-shift  when the context is full, forget the older half of what is not kept (--keep) and go\n"
@@ -202,6 +204,11 @@ static int cmd_run(int argc, char **argv) {
             if (!flm_chat_name_valid(val))
                 return cli_die("unknown chat template '%s' (valid: " FLM_CHAT_TEMPLATE_NAMES ")", val);
             chat_name = val;
+            chat = true;
+        }
+        else if (!strcmp(a, "--chat-template-file")) {
+            NEEDVAL();
+            if (cli_chat_template_file(val, &chat_name)) return 1;
             chat = true;
         }
         else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) {

@@ -56,6 +56,11 @@ flm_status flm_chat_open(const flm_ctx *ctx, const char *name, flm_chat **out, f
     return FLM_OK;
 }
 
+const char *flm_chat_format_of(const char *tmpl, size_t len) {
+    const flm_chat_format f = flm_chat_detect(tmpl, len);
+    return f == FLM_CHAT_UNKNOWN ? NULL : flm_chat_format_name(f);
+}
+
 const char *flm_chat_name(const flm_chat *c) { return c ? flm_chat_format_name(c->t.format) : "unknown"; }
 const char *flm_chat_origin(const flm_chat *c) { return c && c->t.origin ? c->t.origin : ""; }
 const char *flm_chat_system_prompt(const flm_chat *c) { return c ? c->t.default_system : NULL; }
