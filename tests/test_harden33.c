@@ -383,6 +383,38 @@ static void test_nul_in_prompt(void **state) {
     serve_req_free(&r);
 }
 
+/* 6b. serve's "seed": -1 is llama-server's random seed (LLAMA_DEFAULT_SEED), which clients send for "none": before,
+ * 400 "'seed' must be an integer between 0 and 9.0072e+15"; now a new seed, even over serve --seed. Integer bounds
+ * are written whole (16777216, not 1.67772e+07). */
+static void test_serve_seed_minus_one(void **state) {
+    (void)state;
+    serve_req r;
+    char msg[512];
+    const char *rnd = "{\"prompt\": \"x\", \"seed\": -1}";
+    assert_int_equal(serve_parse_request(rnd, strlen(rnd), false, &r, msg, sizeof msg), 0);
+    assert_true(r.seed_random);
+    assert_false(r.has_seed);
+    serve_req_free(&r);
+    const char *big = "{\"prompt\": \"x\", \"seed\": 4294967296}";
+    assert_int_equal(serve_parse_request(big, strlen(big), false, &r, msg, sizeof msg), 0);
+    assert_true(r.has_seed);
+    assert_false(r.seed_random);
+    assert_true(r.seed == 4294967296ull);
+    serve_req_free(&r);
+    static const struct { const char *body, *msg; } bad[] = {
+        {"{\"prompt\": \"x\", \"seed\": -2}", "'seed' must be an integer between -1 and 9007199254740991"},
+        {"{\"prompt\": \"x\", \"seed\": 1.5}", "'seed' must be an integer between -1 and 9007199254740991"},
+        {"{\"prompt\": \"x\", \"top_k\": 1e30}", "'top_k' must be an integer between 0 and 16777216"},
+        {"{\"prompt\": \"x\", \"top_p\": 2}", "'top_p' must be a number between 0 and 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int status = serve_parse_request(bad[i].body, strlen(bad[i].body), false, &r, msg, sizeof msg);
+        print_message("%s -> %d %s\n", bad[i].body, status, msg);
+        assert_int_equal(status, 400);
+        if (!strstr(msg, bad[i].msg)) fail_msg("'%s' is not '%s'", msg, bad[i].msg);
+    }
+}
+
 /* 7. No prompt: --help says generation starts from BOS. Before, SmolLM2 (whose tokenizer adds no BOS) said "cannot
  * tokenize the prompt", exit 1. Now it starts from its BOS token, as stories260K does. */
 static void test_no_prompt_starts_from_bos(void **state) {
@@ -468,7 +500,7 @@ int main(void) {
         cmocka_unit_test(test_appearing_output),     cmocka_unit_test(test_stale_temporaries),
         cmocka_unit_test(test_hf_output_is_input),   cmocka_unit_test(test_hf_tokenizer_required),
         cmocka_unit_test(test_hf_layers_left_over),  cmocka_unit_test(test_convert_gguf_name),
-        cmocka_unit_test(test_nul_in_prompt),        cmocka_unit_test(test_no_prompt_starts_from_bos),
+        cmocka_unit_test(test_nul_in_prompt),        cmocka_unit_test(test_serve_seed_minus_one),        cmocka_unit_test(test_no_prompt_starts_from_bos),
         cmocka_unit_test(test_threads_clamped),      cmocka_unit_test(test_calibrate_fails_atomically),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

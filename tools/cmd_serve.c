@@ -878,7 +878,7 @@ static void run_job(slot *s, job *j) {
     j->ts.tmpl = s->tmpl;
     j->ts.incremental = j->req.stream; /* a call's arguments streamed as they come, as OpenAI streams them */
     static _Atomic uint64_t seed_counter;
-    sp.seed = q->has_seed ? q->seed : srv.has_seed ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
+    sp.seed = q->has_seed ? q->seed : srv.has_seed && !q->seed_random ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
     j->seed = sp.seed;
     j->sp = sp;
     j->sp.bias = NULL;

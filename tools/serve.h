@@ -38,6 +38,7 @@ typedef struct serve_req {
     float top_p;               /* "top_p", 0..1 */
     int top_k;                 /* "top_k" (not OpenAI's; llama-server's), 0..: 0 = off; -1 = absent */
     uint64_t seed;             /* "seed" (a non-negative integer) */
+    bool seed_random;          /* "seed": -1 (llama-server's LLAMA_DEFAULT_SEED): a new seed, over serve --seed too */
     long max_tokens;           /* "max_tokens", "max_completion_tokens" or llama-server's "n_predict" (-1 there: no
                                   limit), >= 0; -1 = absent (until the model ends or the context is full) */
     char *stop[FLM_GEN_STOP_MAX]; /* "stop": a string or an array of strings (non-empty, <= FLM_GEN_STOP_LEN bytes) */

@@ -90,7 +90,10 @@ static int get_number(const cJSON *root, const char *name, double lo, double hi,
     if (!v || cJSON_IsNull(v)) return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi ||
         (integer && v->valuedouble != floor(v->valuedouble))) {
-        snprintf(msg, cap, "'%s' must be %s between %g and %g", name, integer ? "an integer" : "a number", lo, hi);
+        if (integer) /* %g would write 16777216 as 1.67772e+07 */
+            snprintf(msg, cap, "'%s' must be an integer between %.0f and %.0f", name, lo, hi);
+        else
+            snprintf(msg, cap, "'%s' must be a number between %g and %g", name, lo, hi);
         return -1;
     }
     *out = v->valuedouble;
@@ -471,8 +474,9 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     if (got) { r->has_top_p = true; r->top_p = (float)d; }
     if ((got = get_number(root, "top_k", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
     if (got) r->top_k = (int)d;
-    if ((got = get_number(root, "seed", 0, 9007199254740991.0, true, &d, msg, cap)) < 0) goto fail;
-    if (got) { r->has_seed = true; r->seed = (uint64_t)d; }
+    if ((got = get_number(root, "seed", -1, 9007199254740991.0, true, &d, msg, cap)) < 0) goto fail;
+    if (got && d < 0) r->seed_random = true; /* llama-server's -1: a random seed (clients send it for "none") */
+    else if (got) { r->has_seed = true; r->seed = (uint64_t)d; }
     if ((got = get_number(root, "max_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
     if (got) r->max_tokens = (long)d;
     if ((got = get_number(root, "max_completion_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
