@@ -41,7 +41,7 @@ import os, re, subprocess, sys
 FL, STORIES = "$FL", "$stories"
 # the flags flashlm serve takes, and whether each takes a value (an upper-case name after it in the help)
 takes = {}
-for m in re.finditer(r"(?m)(?:^|[ ,])(-[a-zA-Z]|--[a-z0-9-]+)( [A-Z][A-Z0-9_%|.,\[\]]*)?",
+for m in re.finditer(r"(?m)(?:^|[ ,])(-[a-zA-Z]+|--[a-z0-9-]+)(?![\w-])( [A-Z][A-Z0-9_%|.,\[\]]*)?",
                      subprocess.run([FL, "serve", "--help"], capture_output=True, text=True).stdout):
     takes[m.group(1)] = takes.get(m.group(1), False) or bool(m.group(2))
 renamed = {"--cors-origins": "--cors"}

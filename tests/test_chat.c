@@ -758,7 +758,14 @@ static void test_chat_template_file(void **state) {
     char args[8192];
     snprintf(args, sizeof args, "run -m '%s' --chat-template-file '%s' -p Hi -n 1 --temp 0 -v 2>&1", tu_data(MODEL), l3);
     char *out = cli(args, 0);
-    assert_non_null(strstr(out, "chat format llama3"));
+    char said[600]; /* where the format came from: the file, not "--chat-template" as if a name had been given */
+    snprintf(said, sizeof said, "chat format llama3 (--chat-template-file %s: its markers;", l3);
+    if (!strstr(out, said)) fail_msg("no '%s' in:\n%s", said, out);
+    free(out);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template-file '%s' --chat-template chatml -n 1 --temp 0 -v 2>&1 "
+             "</dev/null", tu_data(MODEL), l3); /* the last one given wins, and is said as what it is */
+    out = cli(args, 0);
+    assert_non_null(strstr(out, "chat format chatml (--chat-template)"));
     free(out);
     snprintf(args, sizeof args, "chat -m '%s' --chat-template-file '%s' -n 1 --temp 0 -v 2>&1 </dev/null",
              tu_data(MODEL), l3);

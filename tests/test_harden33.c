@@ -385,7 +385,7 @@ static void test_nul_in_prompt(void **state) {
 
 /* 6b. serve's "seed": -1 is llama-server's random seed (LLAMA_DEFAULT_SEED), which clients send for "none": before,
  * 400 "'seed' must be an integer between 0 and 9.0072e+15"; now a new seed, even over serve --seed. Integer bounds
- * are written whole (16777216, not 1.67772e+07). */
+ * are written whole (16777216, not 1.67772e+07). And serve takes llama-server's -np. */
 static void test_serve_seed_minus_one(void **state) {
     (void)state;
     serve_req r;
@@ -407,6 +407,10 @@ static void test_serve_seed_minus_one(void **state) {
         {"{\"prompt\": \"x\", \"top_k\": 1e30}", "'top_k' must be an integer between 0 and 16777216"},
         {"{\"prompt\": \"x\", \"top_p\": 2}", "'top_p' must be a number between 0 and 1"},
     };
+    /* llama-server's -np (--parallel): before, "unknown option '-np'" */
+    char args[8192];
+    snprintf(args, sizeof args, "serve -m '%s' -np 0", stories_flm());
+    expect(args, 2, "bad --parallel '0' (1..64)");
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int status = serve_parse_request(bad[i].body, strlen(bad[i].body), false, &r, msg, sizeof msg);
         print_message("%s -> %d %s\n", bad[i].body, status, msg);

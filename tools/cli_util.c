@@ -791,6 +791,10 @@ int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned
     return ids;
 }
 
+/* The name cli_chat_template_file last gave (the library's static string, never an argv pointer: a later
+ * --chat-template NAME does not match it) and its file, for the "chat format" line. */
+static const char *chat_file_name, *chat_file_path;
+
 int cli_chat_template(const flm_ctx *ctx, const char *name, flm_chat **t) { return cli_chat_template_sys(ctx, name, NULL, t); }
 
 int cli_chat_template_sys(const flm_ctx *ctx, const char *name, const char *system, flm_chat **t) {
@@ -799,7 +803,11 @@ int cli_chat_template_sys(const flm_ctx *ctx, const char *name, const char *syst
         fprintf(stderr, "flashlm: %s\n", err.msg);
         return 1;
     }
-    fprintf(stderr, "flashlm: chat format %s (%s)", flm_chat_name(*t), flm_chat_origin(*t));
+    if (name && name == chat_file_name) /* the library says "--chat-template": it was given a name, found in FILE */
+        fprintf(stderr, "flashlm: chat format %s (--chat-template-file %s: its markers; rendered by flashlm, not the "
+                "file's Jinja)", flm_chat_name(*t), chat_file_path);
+    else
+        fprintf(stderr, "flashlm: chat format %s (%s)", flm_chat_name(*t), flm_chat_origin(*t));
     if (system) /* said as what runs: the template's default read as if it were used (with --system given) */
         fprintf(stderr, "; system prompt from --system%s", flm_chat_system_prompt(*t) ? " (not the template's own)" : "");
     else if (flm_chat_system_prompt(*t))
@@ -983,6 +991,7 @@ int cli_chat_template_file(const char *path, const char **name) {
                 "--chat-template NAME\n", path, FLM_CHAT_TEMPLATE_NAMES);
     free(buf);
     if (!f) return 1;
-    *name = f;
+    *name = chat_file_name = f;
+    chat_file_path = path;
     return 0;
 }

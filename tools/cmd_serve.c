@@ -59,7 +59,7 @@ static const char *SERVE_HELP =
     "                       may call (CORS, preflight answered); repeat or separate with commas. Without --api-key\n"
     "                       only the page's own origin and these may POST, the Host must be localhost or an address\n"
     "                       listened on, and a POST must be application/json\n"
-    "      --parallel N     slots: N sequences of one context, each with its own KV cache of -c / N tokens (default\n"
+    "  -np N, --parallel N  slots: N sequences of one context, each with its own KV cache of -c / N tokens (default\n"
     "                       1); with --draft, --draft-ngram or --draft-self: N contexts of budget / N each\n"
     "      -kvu, --kv-unified  each slot may hold the whole -c, not -c / N (llama-server's unified KV cache lets the\n"
     "                       slots share -c cells; flashlm gives each slot its own cache of -c tokens, so the KV cache\n"
@@ -2776,6 +2776,7 @@ int cmd_serve(int argc, char **argv) {
         if (!used) used = cli_parse_spec_opt(argc, argv, &i, &sa);
         if (used < 0) return 2;
         if (used) continue;
+        if (!strcmp(a, "-np")) a = "--parallel"; /* llama-server's short form */
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("%s%s\nshared options:\n%s", SERVE_HELP, CLI_SPEC_OPTS_HELP, CLI_MODEL_OPTS_HELP);
             return 0;
