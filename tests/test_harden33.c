@@ -385,7 +385,8 @@ static void test_nul_in_prompt(void **state) {
 
 /* 6b. serve's "seed": -1 is llama-server's random seed (LLAMA_DEFAULT_SEED), which clients send for "none": before,
  * 400 "'seed' must be an integer between 0 and 9.0072e+15"; now a new seed, even over serve --seed. Integer bounds
- * are written whole (16777216, not 1.67772e+07). And serve takes llama-server's -np. */
+ * are written whole (16777216, not 1.67772e+07). And serve takes llama-server's -np; run names a
+ * --logit-bias id outside the vocabulary; a float option that underflows is taken as that small value. */
 static void test_serve_seed_minus_one(void **state) {
     (void)state;
     serve_req r;
@@ -411,6 +412,12 @@ static void test_serve_seed_minus_one(void **state) {
     char args[8192];
     snprintf(args, sizeof args, "serve -m '%s' -np 0", stories_flm());
     expect(args, 2, "bad --parallel '0' (1..64)");
+    /* run said "a --logit-bias token id is outside the vocabulary", naming neither; chat names both */
+    snprintf(args, sizeof args, "run -m '%s' -p Once -n 2 --logit-bias 5+1 --logit-bias 99999+1", stories_flm());
+    expect(args, 1, "--logit-bias: token id 99999 is outside the vocabulary (512 tokens)");
+    /* a value that underflows a float is in range (0..100), not "bad": --temp 1e-50 is greedy */
+    snprintf(args, sizeof args, "run -m '%s' -p Once -n 4 --temp 1e-50 --top-p 1e-50", stories_flm());
+    expect(args, 0, "Once upon a time");
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int status = serve_parse_request(bad[i].body, strlen(bad[i].body), false, &r, msg, sizeof msg);
         print_message("%s -> %d %s\n", bad[i].body, status, msg);

@@ -1,6 +1,7 @@
 #include <cblas.h>
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <sched.h>
 #include <math.h>
 #include <signal.h>
@@ -60,6 +61,7 @@ bool cli_parse_float(const char *s, float lo, float hi, float *out) {
     char *end;
     errno = 0;
     float v = strtof(s, &end);
+    if (errno == ERANGE && fabsf(v) <= FLT_MIN) errno = 0; /* an underflow ("1e-50") is that small value, not an error */
     if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
     *out = v;
     return true;

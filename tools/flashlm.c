@@ -371,9 +371,14 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     }
     const char *refuse = !ids ? "out of memory" : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops "
                                                                    "all of its bytes)" : NULL;
-    for (size_t b = 0; !refuse && b < sp.n_bias; b++)
-        if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) refuse = "a --logit-bias token id is outside the vocabulary";
-    if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
+    size_t bad_bias = sp.n_bias; /* the first --logit-bias id outside the vocabulary, said as chat says it */
+    for (size_t b = 0; !refuse && b < sp.n_bias && bad_bias == sp.n_bias; b++)
+        if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) bad_bias = b;
+    if (bad_bias < sp.n_bias) {
+        fprintf(stderr, "flashlm: --logit-bias: token id %d is outside the vocabulary (%u tokens)\n",
+                (int)sp.bias[bad_bias].token, flm_vocab_size(ctx));
+        refuse = "";
+    } else if (refuse) fprintf(stderr, "flashlm: %s\n", refuse);
     else if (n_prompt > info.n_ctx) /* as llama.cpp: an error, not a truncation */
         fprintf(stderr, "flashlm: the prompt (%zu tokens) is longer than the context (%u tokens); raise -c\n",
                 n_prompt, info.n_ctx);
