@@ -786,6 +786,11 @@ static void test_chat_template_file(void **state) {
     out = cli(args, 1);
     assert_non_null(strstr(out, "a NUL byte at offset 12"));
     free(out);
+    /* "-": before, chat read its template from standard input, the conversation with it: 0 replies, exit 0 */
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template-file - -n 1 2>&1 < '%s'", tu_data(MODEL), l3);
+    out = cli(args, 1);
+    assert_non_null(strstr(out, "--chat-template-file -: a template is read from a file, not standard input"));
+    free(out);
     snprintf(args, sizeof args, "run -m '%s' --chat-template-file /nonexistent/t.jinja -p Hi 2>&1", tu_data(MODEL));
     out = cli(args, 1);
     assert_non_null(strstr(out, "/nonexistent/t.jinja"));

@@ -977,6 +977,11 @@ static const char *resolve_model(const char *arg, char *buf, size_t cap) {
 }
 
 int cli_chat_template_file(const char *path, const char **name) {
+    if (!strcmp(path, "-")) { /* cli_read_text_max's stdin: chat's conversation (or run -f -) would be eaten by it */
+        fprintf(stderr, "flashlm: --chat-template-file -: a template is read from a file, not standard input (which "
+                "holds the conversation or the prompt); /dev/stdin if you mean it\n");
+        return 1;
+    }
     size_t len = 0;
     bool too_long = false;
     char *buf = cli_read_text_max(path, 1u << 20, &len, &too_long);
