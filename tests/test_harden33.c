@@ -405,9 +405,15 @@ static void test_serve_seed_minus_one(void **state) {
     static const struct { const char *body, *msg; } bad[] = {
         {"{\"prompt\": \"x\", \"seed\": -2}", "'seed' must be an integer between -1 and 9007199254740991"},
         {"{\"prompt\": \"x\", \"seed\": 1.5}", "'seed' must be an integer between -1 and 9007199254740991"},
-        {"{\"prompt\": \"x\", \"top_k\": 1e30}", "'top_k' must be an integer between 0 and 16777216"},
+        {"{\"prompt\": \"x\", \"top_k\": 1e30}", "'top_k' must be an integer between -1 and 16777216"},
+        {"{\"prompt\": \"x\", \"top_k\": -2}", "'top_k' must be an integer between -1 and 16777216"},
         {"{\"prompt\": \"x\", \"top_p\": 2}", "'top_p' must be a number between 0 and 1"},
     };
+    /* top_k -1: off, as llama.cpp's k <= 0 (clients send vLLM's -1); before: 400, and run's --top-k -1 exit 2 */
+    const char *k1 = "{\"prompt\": \"x\", \"top_k\": -1}";
+    assert_int_equal(serve_parse_request(k1, strlen(k1), false, &r, msg, sizeof msg), 0);
+    assert_int_equal(r.top_k, 0);
+    serve_req_free(&r);
     /* llama-server's -np (--parallel): before, "unknown option '-np'" */
     char args[8192];
     snprintf(args, sizeof args, "serve -m '%s' -np 0", stories_flm());
@@ -416,7 +422,7 @@ static void test_serve_seed_minus_one(void **state) {
     snprintf(args, sizeof args, "run -m '%s' -p Once -n 2 --logit-bias 5+1 --logit-bias 99999+1", stories_flm());
     expect(args, 1, "--logit-bias: token id 99999 is outside the vocabulary (512 tokens)");
     /* a value that underflows a float is in range (0..100), not "bad": --temp 1e-50 is greedy */
-    snprintf(args, sizeof args, "run -m '%s' -p Once -n 4 --temp 1e-50 --top-p 1e-50", stories_flm());
+    snprintf(args, sizeof args, "run -m '%s' -p Once -n 4 --temp 1e-50 --top-p 1e-50 --top-k -1", stories_flm());
     expect(args, 0, "Once upon a time");
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int status = serve_parse_request(bad[i].body, strlen(bad[i].body), false, &r, msg, sizeof msg);

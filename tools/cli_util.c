@@ -660,7 +660,7 @@ void cli_buf_free(cli_buf *b) {
 
 const char *CLI_SAMPLING_OPTS_HELP =
     "      --temp T         temperature; 0 = greedy (default 0.8)\n"
-    "      --top-k K        top-k sampling; 0 = off (default 40)\n"
+    "      --top-k K        top-k sampling; 0 or -1 = off (default 40)\n"
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
     "  -s, --seed S         mt19937's seed, drawn from as llama.cpp draws (top-k, top-p, min-p, then temperature):\n"
     "                       llama.cpp's text on the same logits, the same in every mode and with or without drafting\n"
@@ -700,11 +700,11 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
             return -1;
         }
     } else if (!strcmp(a, "--top-k")) {
-        if (!cli_parse_long(val, 0, 1 << 24, &v)) {
-            cli_die("bad --top-k value '%s' (0..16777216; 0: off)", val);
+        if (!cli_parse_long(val, -1, 1 << 24, &v)) {
+            cli_die("bad --top-k value '%s' (0..16777216; 0 or -1: off)", val);
             return -1;
         }
-        sp->top_k = (int)v;
+        sp->top_k = v < 0 ? 0 : (int)v; /* llama.cpp's k <= 0: off */
     } else if (!strcmp(a, "--top-p")) {
         if (!cli_parse_float(val, 0.0f, 1.0f, &sp->top_p)) {
             cli_die("bad --top-p value '%s' (0..1; 1: off)", val);

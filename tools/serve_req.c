@@ -472,8 +472,8 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     if (got) { r->has_temp = true; r->temperature = (float)d; }
     if ((got = get_number(root, "top_p", 0, 1, false, &d, msg, cap)) < 0) goto fail;
     if (got) { r->has_top_p = true; r->top_p = (float)d; }
-    if ((got = get_number(root, "top_k", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
-    if (got) r->top_k = (int)d;
+    if ((got = get_number(root, "top_k", -1, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+    if (got) r->top_k = d < 0 ? 0 : (int)d; /* llama-server's k <= 0 (vLLM's -1): off */
     if ((got = get_number(root, "seed", -1, 9007199254740991.0, true, &d, msg, cap)) < 0) goto fail;
     if (got && d < 0) r->seed_random = true; /* llama-server's -1: a random seed (clients send it for "none") */
     else if (got) { r->has_seed = true; r->seed = (uint64_t)d; }
