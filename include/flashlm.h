@@ -1067,7 +1067,8 @@ FLM_API flm_status flm_session_sampling(flm_session *s, const flm_sampler_params
 FLM_API void flm_session_set_shift(flm_session *s, bool on, int32_t n_keep);
 /* Tokens the context holds (the next position). */
 FLM_API int32_t flm_session_n_past(const flm_session *s);
-/* Forget positions >= n (0: start over); n > n_past is clamped to n_past. The next feed starts at n. */
+/* Forget positions >= n (0: start over); n > n_past is clamped to n_past. The next feed starts at n. A session on a
+ * sequence of a shared context (flm_session_create_seq) also leaves it (flm_seq_leave) until it evaluates again. */
 FLM_API void flm_session_rewind(flm_session *s, int32_t n);
 
 /* Evaluate ids[0..n) after the tokens held (positions n_past ..). Errors: FLM_ERR_CONTEXT (n_past + n > n_ctx:

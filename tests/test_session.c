@@ -938,6 +938,15 @@ static void test_busy_sequences_decode_joined(void **state) {
         for (int t = 0; t < ref.c.n_ids; t++) assert_int_equal(got.c.ids[t], ref.c.ids[t]);
         assert_memory_equal(got.c.text, ref.c.text, ref.c.len);
     }
+    /* a request that ends after its prompt (failed, or its client gone: serve rewinds the session) leaves: it kept
+     * the others from speculating for FLM_SEQ_BUSY_MS after */
+    flm_session *s2;
+    assert_int_equal(flm_session_create_seq(ctx, 2, &s2, &err), FLM_OK);
+    assert_int_equal(flm_session_feed(s2, ids, n, &err), FLM_OK);
+    assert_int_equal(flm_seq_busy(ctx, 0), 1); /* sequence 2 */
+    flm_session_rewind(s2, 0);
+    assert_int_equal(flm_seq_busy(ctx, 0), 0);
+    flm_session_free(s2);
     flm_session_free(got.s);
     flm_close(ctx);
     free(ids);

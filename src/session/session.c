@@ -201,6 +201,9 @@ static void rewind_to(flm_session *s, int32_t n) {
 void flm_session_rewind(flm_session *s, int32_t n) {
     if (n < s->n_past) s->conv_on = false;
     rewind_to(s, n);
+    /* a shared context's joined passes need not wait for this sequence until it evaluates again (a request that
+     * failed or lost its client after its prompt is rewound, and never reaches generate's flm_seq_leave) */
+    if (s->shared) flm_seq_leave(s->ctx, s->seq);
 }
 
 void flm_session_cancel(flm_session *s) {
