@@ -418,6 +418,11 @@ static void test_serve_seed_minus_one(void **state) {
     char args[8192];
     snprintf(args, sizeof args, "serve -m '%s' -np 0", stories_flm());
     expect(args, 2, "bad --parallel '0' (1..64)");
+    /* serve --seed -1: llama-server's default, a new seed per request (run takes it too); before: exit 2 */
+    snprintf(args, sizeof args, "serve -m '%s' --seed -1 -np 0", stories_flm());
+    expect(args, 2, "bad --parallel '0'");
+    snprintf(args, sizeof args, "serve -m '%s' --seed -2", stories_flm());
+    expect(args, 2, "bad --seed '-2' (a non-negative integer, or -1: a new one per request)");
     /* run said "a --logit-bias token id is outside the vocabulary", naming neither; chat names both */
     snprintf(args, sizeof args, "run -m '%s' -p Once -n 2 --logit-bias 5+1 --logit-bias 99999+1", stories_flm());
     expect(args, 1, "--logit-bias: token id 99999 is outside the vocabulary (512 tokens)");

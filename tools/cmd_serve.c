@@ -81,6 +81,7 @@ static const char *SERVE_HELP =
     "      --strict-model   a request naming a model that is not the id or an alias gets 404 (default: the served\n"
     "                       model answers any name)\n"
     "      --temp T, --seed N, --n-predict N  defaults for requests that do not give temperature, seed, max_tokens\n"
+    "                       (--seed -1, the default: a new seed per request)\n"
     "      --no-slots       GET /slots answers 501 (default: it lists the slots, as llama-server's; --slots)\n"
     "      --no-ui          no chat page at /\n"
     "      --metrics        GET /metrics answers (Prometheus text); default: 501, as llama-server's (the counters\n"
@@ -2818,11 +2819,12 @@ int cmd_serve(int argc, char **argv) {
             srv.has_temp = true;
             srv.temp = (float)t;
         } else if (!strcmp(a, "--seed")) {
+            if (!strcmp(val, "-1")) { srv.has_seed = false; continue; } /* llama-server's default: one per request */
             char *end;
             errno = 0;
             unsigned long long v = strtoull(val, &end, 10);
             if (*end || end == val || errno || *val == '-')
-                return cli_die("bad --seed '%s' (a non-negative integer)", val);
+                return cli_die("bad --seed '%s' (a non-negative integer, or -1: a new one per request)", val);
             srv.has_seed = true;
             srv.seed = v;
         } else if (!strcmp(a, "--n-predict")) {
