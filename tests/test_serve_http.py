@@ -594,6 +594,13 @@ def test_llama_fields(port):
                       ({"messages": pre + [{"role": "assistant", "content": "x"}]}, "two assistant messages")):
         st, _, b = request(port, "POST", "/chat/completions", dict(bad, max_tokens=1))
         check(st == 400 and word in json.loads(b)["error"]["message"], "%r: 400 naming %s (%s %r)" % (bad, word, st, b))
+    # the seed an answer reports is the seed, written as an integer: before, 9007199254740991 came back as
+    # 9.00719925474099e+15 (9007199254740990, whose text differs) and random seeds (~1.8e15) in exponent form
+    for seed in (9007199254740991, None):
+        st, _, b = request(port, "POST", "/completion", {"prompt": "Once", "n_predict": 2, **({"seed": seed} if seed else {})})
+        m = re.search(rb'"seed":([^,}]*)', b)
+        check(st == 200 and m and m.group(1).isdigit() and (seed is None or int(m.group(1)) == seed),
+              "generation_settings.seed written whole (%s %r)" % (st, m and m.group(1)))
     # post_sampling_probs: the probabilities each token was drawn with, against the reference made from the model's
     # log-probabilities of the same request without it (same seed, same tokens): softmax(logprob / T) over the top-k
     # (min-p off: its default 0.05 would cut the tail)

@@ -517,6 +517,16 @@ static void sampler_json(cJSON *g, const flm_sampler_params *sp) {
     cJSON_AddNumberToObject(g, "adaptive_target", -1.0);
     cJSON_AddNumberToObject(g, "adaptive_decay", 0.9);
 }
+
+/* "seed" as the integer it is: cJSON writes a number with %.15g when that reads back within DBL_EPSILON, so
+ * 9007199254740991 came out as 9.00719925474099e+15 (9007199254740990, another seed: not the text again) and every
+ * random seed (~1.8e15) in exponent form, which a client with an integer field cannot read. */
+static void add_seed(cJSON *o, uint64_t seed) {
+    char b[24];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)seed);
+    cJSON_AddRawToObject(o, "seed", b);
+}
+
 /* llama-server's /completion object: a streamed token's (final = false) or the whole result's. */
 static cJSON *native_json(const job *j, const char *text, size_t len, const int32_t *ids, size_t n_ids, bool final) {
     cJSON *o = cJSON_CreateObject();
@@ -535,7 +545,7 @@ static cJSON *native_json(const job *j, const char *text, size_t len, const int3
         cJSON_AddNumberToObject(o, "tokens_evaluated", (double)j->n_prompt);
         cJSON *g = cJSON_AddObjectToObject(o, "generation_settings");
         cJSON_AddNumberToObject(g, "n_predict", (double)(q->max_tokens >= 0 ? q->max_tokens : srv.n_predict));
-        cJSON_AddNumberToObject(g, "seed", (double)j->seed);
+        add_seed(g, j->seed);
         cJSON_AddNumberToObject(g, "n_ctx", srv.n_ctx);
         sampler_json(g, &j->sp);
         cJSON_AddStringToObject(o, "prompt", j->ptext ? j->ptext : "");
@@ -2433,7 +2443,7 @@ static enum MHD_Result handle_props(struct MHD_Connection *c) {
     if (srv.has_temp) sp.temp = srv.temp;
     sampler_json(p, &sp);
     cJSON_AddNumberToObject(p, "n_predict", (double)srv.n_predict);
-    if (srv.has_seed) cJSON_AddNumberToObject(p, "seed", (double)srv.seed);
+    if (srv.has_seed) add_seed(p, srv.seed);
     else cJSON_AddNullToObject(p, "seed"); /* a new one per request unless the request gives one */
     cJSON_AddNumberToObject(o, "max_body_bytes", (double)srv.max_body);
     return send_json(c, 200, o);
