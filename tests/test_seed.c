@@ -213,6 +213,43 @@ static void test_mt19937_known_answers(void **state) {
     for (int i = 0; i < 5; i++) assert_true(flm_mt19937_canonical(&m) == u[i]);
 }
 
+/* The sampler's uniforms come from a bounded window of the mt19937 stream (the cache grew by 8 bytes a generated
+ * token before): keys far past the window's size, asked out of order and after a rewind far back, give the token the
+ * k-th double of the stream gives (equal logits over 1000 tokens: the token is ceil(1000 u) - 1). */
+static void test_sampler_stream_window(void **state) {
+    (void)state;
+    enum { V = 1000, K = 20000 };
+    float *lg = calloc(V, sizeof *lg);
+    assert_non_null(lg);
+    flm_sampler_params p;
+    flm_sampler_params_default(&p);
+    p.temp = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = 1234;
+    flm_sampler *a = flm_sampler_create(&p, V), *b = flm_sampler_create(&p, V);
+    assert_non_null(a);
+    assert_non_null(b);
+    flm_sampler_set_origin(a, 7);
+    flm_sampler_set_origin(b, 7);
+    int32_t *want = malloc(K * sizeof *want);
+    assert_non_null(want);
+    flm_mt19937 m;
+    flm_mt19937_seed(&m, 1234);
+    for (int k = 0; k < K; k++) {
+        want[k] = (int32_t)ceil(V * flm_mt19937_canonical(&m)) - 1;
+        assert_int_equal(flm_sampler_sample_at(a, lg, 7 + (uint64_t)k, NULL, 0), want[k]); /* in order */
+    }
+    const int order[] = {19999, 3, 15000, 19998, 0, 8191, 8192, 12345, 4095, 4096, 1};
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) /* out of order: forward jumps and rewinds */
+        assert_int_equal(flm_sampler_sample_at(b, lg, 7 + (uint64_t)order[i], NULL, 0), want[order[i]]);
+    free(want);
+    flm_sampler_free(a);
+    flm_sampler_free(b);
+    free(lg);
+}
+
 /* llama.cpp's seeded text: each case of the recording, plain and with the n-gram lookup (ram mode), and with the
  * self-draft tree (hot mode, neurons streamed: the same logits). */
 static void test_seed_llamacpp(void **state) {
@@ -268,6 +305,7 @@ static void test_seed_llamacpp(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mt19937_known_answers),
+        cmocka_unit_test(test_sampler_stream_window),
         cmocka_unit_test(test_seed_llamacpp),
         cmocka_unit_test(test_seed_stories),
         cmocka_unit_test(test_seed_smollm2),

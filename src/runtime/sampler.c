@@ -29,15 +29,21 @@
 #include "core/mt19937.h"
 #include "flashlm.h"
 
+/* The uniforms kept at once (uniform_at): a generation's keys move forward, a draft looks at most
+ * FLM_SPEC_DRAFT_MAX ahead, and a key behind the window (a rewind by thousands) replays the stream from its start;
+ * without a bound the cache grew by 8 bytes a generated token up to FLM_SAMPLER_STREAM_MAX (32 MiB). */
+#define SAMPLER_U_WINDOW 4096u
+
 struct flm_sampler {
     flm_sampler_params p;
     size_t n_vocab;
     uint64_t rng;      /* the classic rules' xorshift64* stream (flm_sampler_sample_probs, _accept, _accept_multi) */
     uint64_t n_calls;  /* flm_sampler_sample's key: calls so far */
     uint64_t origin;   /* the key of the stream's first uniform (flm_sampler_set_origin) */
-    flm_mt19937 mt;    /* llama.cpp's stream: mt19937(seed), n_u doubles drawn from it so far, cached in u */
-    double *u;
-    size_t n_u, cap_u;
+    flm_mt19937 mt;    /* llama.cpp's stream: mt19937(seed), u_base + n_u doubles drawn from it so far */
+    double *u;         /* [SAMPLER_U_WINDOW]: the stream's doubles u_base .. u_base + n_u - 1 */
+    uint64_t u_base;
+    size_t n_u;
     flm_logit_bias *bias; /* p.bias copied (p.bias points here) */
     float *prob;
     int32_t *idx;
@@ -69,8 +75,9 @@ flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab) {
     s->prob = malloc(n_vocab * sizeof *s->prob);
     s->idx = malloc(n_vocab * sizeof *s->idx);
     s->work = malloc(n_vocab * sizeof *s->work);
+    s->u = malloc(SAMPLER_U_WINDOW * sizeof *s->u);
     s->bias = p->n_bias ? malloc(p->n_bias * sizeof *s->bias) : NULL;
-    if (!s->prob || !s->idx || !s->work || (p->n_bias && !s->bias)) {
+    if (!s->prob || !s->idx || !s->work || !s->u || (p->n_bias && !s->bias)) {
         flm_sampler_free(s);
         return NULL;
     }
@@ -288,18 +295,20 @@ static double hash_unif(uint64_t seed, uint64_t key, uint64_t salt) {
 static double uniform_at(flm_sampler *s, uint64_t key) {
     const uint64_t k = key - s->origin;
     if (key < s->origin || k >= FLM_SAMPLER_STREAM_MAX) return hash_unif(s->p.seed, key, 0);
-    if (k >= s->n_u) {
-        if (k >= s->cap_u) {
-            size_t cap = s->cap_u ? s->cap_u : 256;
-            while (cap <= k) cap *= 2;
-            double *u = realloc(s->u, cap * sizeof *u);
-            if (!u) return hash_unif(s->p.seed, key, 0);
-            s->u = u;
-            s->cap_u = cap;
-        }
-        while (s->n_u <= k) s->u[s->n_u++] = flm_mt19937_canonical(&s->mt);
+    if (k < s->u_base) { /* behind the window (a rewind far back): the stream again from its start */
+        flm_mt19937_seed(&s->mt, (uint32_t)s->p.seed);
+        s->u_base = 0;
+        s->n_u = 0;
     }
-    return s->u[k];
+    while (k >= s->u_base + s->n_u) { /* a bounded window: the older half goes when it is full */
+        if (s->n_u == SAMPLER_U_WINDOW) {
+            memmove(s->u, s->u + SAMPLER_U_WINDOW / 2, SAMPLER_U_WINDOW / 2 * sizeof *s->u);
+            s->u_base += SAMPLER_U_WINDOW / 2;
+            s->n_u = SAMPLER_U_WINDOW / 2;
+        }
+        s->u[s->n_u++] = flm_mt19937_canonical(&s->mt);
+    }
+    return s->u[k - s->u_base];
 }
 
 /* llama.cpp's dist over ids[0..m) with weights w (s->prob, not normalized): the first id whose running double sum
@@ -388,7 +397,8 @@ int32_t flm_sampler_resample_at(flm_sampler *s, const float *logits, uint64_t ke
 void flm_sampler_set_origin(flm_sampler *s, uint64_t key) {
     if (key == s->origin) return;
     s->origin = key;
-    s->n_u = 0; /* the stream from its start again */
+    s->u_base = 0; /* the stream from its start again */
+    s->n_u = 0;
     flm_mt19937_seed(&s->mt, (uint32_t)s->p.seed);
 }
 
