@@ -890,8 +890,8 @@ typedef struct flm_sampler_params {
     int top_k;      /* keep the k most likely tokens; <= 0 = all */
     float top_p;    /* nucleus: keep the smallest set with probability >= top_p (untempered, over the top-k); >= 1 =
                        all */
-    uint64_t seed;  /* mt19937's seed (its low 32 bits, as llama.cpp's --seed): the token at key k is a function of
-                       (seed, k, its distribution) */
+    uint64_t seed;  /* mt19937's seed: below 2^32 as llama.cpp's 32-bit --seed (the same text); a larger seed folded
+                       to 32 bits (seed ^ seed >> 32); the token at key k is a function of (seed, k, its distribution) */
     float min_p;    /* llama.cpp's min-p: keep the tokens with probability >= min_p * the largest (untempered); 0 =
                        off */
     float repeat_penalty;    /* llama.cpp's --repeat-penalty: a logit l of a token in the window becomes l / r when

@@ -247,6 +247,19 @@ static void test_sampler_stream_window(void **state) {
     free(want);
     flm_sampler_free(a);
     flm_sampler_free(b);
+    /* a seed above 2^32 is folded (seed ^ seed >> 32), not cut to its low 32 bits: 2^32 + 5 is not seed 5, and is
+     * mt19937(2^32 + 5 ^ 1 = 4) */
+    const uint64_t seeds[3] = {5, ((uint64_t)1 << 32) + 5, 4};
+    int32_t t[3][64];
+    for (int i = 0; i < 3; i++) {
+        p.seed = seeds[i];
+        flm_sampler *c = flm_sampler_create(&p, V);
+        assert_non_null(c);
+        for (int k = 0; k < 64; k++) t[i][k] = flm_sampler_sample_at(c, lg, (uint64_t)k, NULL, 0);
+        flm_sampler_free(c);
+    }
+    assert_memory_not_equal(t[0], t[1], sizeof t[0]);
+    assert_memory_equal(t[1], t[2], sizeof t[1]);
     free(lg);
 }
 

@@ -664,7 +664,8 @@ const char *CLI_SAMPLING_OPTS_HELP =
     "      --top-p P        top-p (nucleus) sampling; 1 = off (default 0.95)\n"
     "  -s, --seed S         mt19937's seed, drawn from as llama.cpp draws (top-k, top-p, min-p, then temperature):\n"
     "                       llama.cpp's text on the same logits, the same in every mode and with or without drafting\n"
-    "                       (default 42; -1: a random one, printed)\n"
+    "                       (default 42; -1: a random one, printed; above 2^32-1, llama.cpp's range, folded to 32\n"
+    "                       bits)\n"
     "      --min-p P        min-p sampling: drop tokens below P times the most likely one; 0 = off (default 0.05)\n"
     "      --repeat-penalty R  a token among the last --repeat-last-n: a positive logit / R, a negative one * R\n"
     "                       (llama.cpp's; default 1 = off)\n"
@@ -764,7 +765,8 @@ int cli_parse_gen_opt(int argc, char **argv, int *i, long *n_predict, flm_sample
         }
         sp->seed = strtoull(val, &end, 10);
         if (errno || *end || end == val || val[0] == '-') {
-            cli_die("bad --seed value '%s' (0..2^64-1, or -1 for a random seed)", val);
+            cli_die("bad --seed value '%s' (0..2^64-1, or -1 for a random seed; llama.cpp's seeds are 0..2^32-1, a "
+                    "larger one is folded to 32 bits)", val);
             return -1;
         }
     }

@@ -34,6 +34,10 @@
  * without a bound the cache grew by 8 bytes a generated token up to FLM_SAMPLER_STREAM_MAX (32 MiB). */
 #define SAMPLER_U_WINDOW 4096u
 
+/* mt19937's 32-bit seed: a seed below 2^32 as it is (llama.cpp's --seed is 32 bits: the same text), a larger one
+ * folded (its halves XORed), so that seeds differing only above bit 31 do not silently give the same text. */
+static uint32_t seed32(uint64_t seed) { return (uint32_t)(seed ^ (seed >> 32)); }
+
 struct flm_sampler {
     flm_sampler_params p;
     size_t n_vocab;
@@ -71,7 +75,7 @@ flm_sampler *flm_sampler_create(const flm_sampler_params *p, size_t n_vocab) {
     s->p = *p;
     s->n_vocab = n_vocab;
     s->rng = p->seed ? p->seed : 0x2545F4914F6CDD1Dull;
-    flm_mt19937_seed(&s->mt, (uint32_t)p->seed);
+    flm_mt19937_seed(&s->mt, seed32(p->seed));
     s->prob = malloc(n_vocab * sizeof *s->prob);
     s->idx = malloc(n_vocab * sizeof *s->idx);
     s->work = malloc(n_vocab * sizeof *s->work);
@@ -296,7 +300,7 @@ static double uniform_at(flm_sampler *s, uint64_t key) {
     const uint64_t k = key - s->origin;
     if (key < s->origin || k >= FLM_SAMPLER_STREAM_MAX) return hash_unif(s->p.seed, key, 0);
     if (k < s->u_base) { /* behind the window (a rewind far back): the stream again from its start */
-        flm_mt19937_seed(&s->mt, (uint32_t)s->p.seed);
+        flm_mt19937_seed(&s->mt, seed32(s->p.seed));
         s->u_base = 0;
         s->n_u = 0;
     }
@@ -399,7 +403,7 @@ void flm_sampler_set_origin(flm_sampler *s, uint64_t key) {
     s->origin = key;
     s->u_base = 0; /* the stream from its start again */
     s->n_u = 0;
-    flm_mt19937_seed(&s->mt, (uint32_t)s->p.seed);
+    flm_mt19937_seed(&s->mt, seed32(s->p.seed));
 }
 
 int flm_sampler_draws_at(flm_sampler *s, const float *logits, uint64_t key, const int32_t *hist, size_t n_hist, int k,
