@@ -44,7 +44,7 @@ static void test_llama_flags(void **state) {
     char args[4096];
     const struct { const char *opt, *want; } bad[] = {
         {"--temp -1", "bad --temp value '-1' (0..100; 0: greedy)"},
-        {"--top-k x", "bad --top-k value 'x' (0..16777216; 0: off)"},
+        {"--top-k x", "bad --top-k value 'x' (0..16777216; 0 or -1: off)"},
         {"--top-p 2", "bad --top-p value '2' (0..1; 1: off)"},
         {"-c -1", "bad -c value '-1' (0..1048576; 0: the default)"},
         {"--io-threads 0", "bad --io-threads value '0' (1..1024)"},
