@@ -819,8 +819,18 @@ static void join_step(flm_ctx *ctx, join_job *jobs, const float *want, uint32_t 
     for (uint32_t q = 0; q < 3; q++) flm_seq_leave(ctx, q); /* not expected back: the leader does not wait for them */
     assert_int_equal(flm_seq_acquire(ctx, 3, &err), FLM_OK);
     pthread_t th[3];
-    for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, join_run_one, &jobs[i]), 0);
-    for (bool ready = false; !ready;) { /* a leader waiting for the context, two requests queued */
+    /* job 0 first, until it leads and has taken its own request (it waits for the context): which thread leads
+     * must not be left to the scheduler, since the two that join must fit one batch together (the first prompt
+     * step's rows of the two longest prompts do not, in the .flm's batch of 11) */
+    assert_int_equal(pthread_create(&th[0], NULL, join_run_one, &jobs[0]), 0);
+    for (bool ready = false; !ready;) {
+        pthread_mutex_lock(&ctx->join_mu);
+        ready = ctx->join_leading && !ctx->join_head;
+        pthread_mutex_unlock(&ctx->join_mu);
+        if (!ready) { struct timespec ts = {0, 1000000}; nanosleep(&ts, NULL); }
+    }
+    for (int i = 1; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, join_run_one, &jobs[i]), 0);
+    for (bool ready = false; !ready;) { /* the leader waiting for the context, the two others queued */
         pthread_mutex_lock(&ctx->join_mu);
         ready = ctx->join_leading && ctx->join_head && ctx->join_head != ctx->join_tail;
         pthread_mutex_unlock(&ctx->join_mu);
@@ -867,7 +877,7 @@ static void joined_case(bool flm) {
     flm_close(one);
     flm_ctx *ctx = open_seq(flm, 4);
     join_job jobs[3];
-    for (int i = 0; i < 3; i++) /* the prompts, joined (rows of 4, 6 and 2 tokens in one pass) */
+    for (int i = 0; i < 3; i++) /* the prompts: the first alone, the other two joined in one pass */
         jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK};
     join_step(ctx, jobs, want, V);
     for (int i = 0; i < 3; i++) /* then one token each: decoding rows of three sequences in one pass */
