@@ -33,6 +33,7 @@ typedef enum flm_chat_format {
     FLM_CHAT_PHI3,
     FLM_CHAT_ZEPHYR,
     FLM_CHAT_COMMAND_R,
+    FLM_CHAT_N_FORMATS /* not a format: how many values there are (a new format goes before it) */
 } flm_chat_format;
 
 /* The names --chat-template accepts, for messages. */

@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!tmpl) return 0;
     memcpy(tmpl, field[0], flen[0]);
     flm_chat_format fmt = flm_chat_detect(tmpl, flen[0]);
-    fz_check(fmt >= FLM_CHAT_UNKNOWN && fmt <= FLM_CHAT_ZEPHYR, "format %d", (int)fmt);
+    fz_check(fmt >= FLM_CHAT_UNKNOWN && fmt < FLM_CHAT_N_FORMATS, "format %d", (int)fmt);
     fz_check(flm_chat_format_name(fmt) != NULL, "name");
     char *sys = NULL;
     if (flm_chat_default_system(tmpl, flen[0], &sys) == FLM_OK && sys) {
