@@ -1143,6 +1143,91 @@ static void check_tiles(flm_kernel_level L) {
     print_message("%s: %zu tiled axpy cases bit for bit the level's axpy\n", k->name, n_axpy);
 }
 
+/* Small batches, the joined decode step of `serve --parallel` (2 to 8 rows, one per client) and short drafts: at
+ * every level this CPU has, every type with a tiled dot, every token count 1..8, sizes with an odd number of blocks
+ * (and a last quad of 32-element blocks that is partial), row counts that are not whole panels. For each (row,
+ * token): the tile (with the tmp flm_matmat carves) bit for bit the level's vec_dot, flm_matmat bit for bit
+ * flm_matvec token by token (what the greedy equality of joined clients rests on), within 2e-6 * sum |w x| of the
+ * scalar reference vec_dot, and within 1e-5 * sum |w x| of the double-precision dot of the scalar dequantizers'
+ * values (checked against the gguf package's in tests/test_quants.c; not for q8_1 activations, below). */
+static void test_tiles_small(void **state) {
+    (void)state;
+    static const size_t q32_lens[] = {32 * 5, 32 * 7, 32 * 18, 32 * 28}, qk_lens[] = {256, 256 * 3, 256 * 6};
+    static const size_t rows_list[] = {1, 17, 35};
+    const flm_kernels *s = flm_kernels_scalar();
+    uint64_t rng = 4242;
+    size_t n_checked = 0;
+    for (int L = 0; L < FLM_KERNELS_N_LEVELS; L++) {
+        const flm_kernels *k = flm_kernels_for_level((flm_kernel_level)L);
+        if (!k) continue;
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            const uint32_t t = all_types[ti], at = flm_type_traits_of(t)->vec_dot_type;
+            if (!k->vec_dot_tile[t] || !is_quant(t)) continue;
+            const bool kq = flm_type_block_elems(t) == 256;
+            const size_t *lens = kq ? qk_lens : q32_lens, nl = kq ? 3 : 4;
+            for (size_t li = 0; li < nl; li++)
+                for (size_t ri = 0; ri < 3; ri++)
+                    for (size_t n_x = 1; n_x <= 8; n_x++) {
+                        const size_t n = lens[li], rows = rows_list[ri], stride = flm_row_bytes(t, n);
+                        const size_t ab = (flm_act_bytes(t, n) + 63) & ~(size_t)63, tb = flm_tile_tmp_bytes(n, n_x);
+                        uint8_t *W = malloc(rows * stride), *xq = aligned_alloc(64, n_x * ab);
+                        float *X = malloc(n_x * n * sizeof(float)), *Y = malloc(n_x * rows * sizeof(float));
+                        float *M = malloc(n_x * rows * sizeof(float)), *V = malloc(n_x * rows * sizeof(float));
+                        float *wd = malloc(n * sizeof(float)), *xd = malloc(n * sizeof(float));
+                        void *tmp = aligned_alloc(64, tb);
+                        assert_true(W && xq && X && Y && M && V && wd && xd && tmp);
+                        for (size_t r = 0; r < rows; r++) {
+                            void *wb;
+                            memcpy(W + r * stride, rand_row(t, n, &rng, &wb), stride);
+                            free(wb);
+                        }
+                        for (size_t b = 0; b < n_x; b++) {
+                            void *xb;
+                            memcpy(X + b * n, rand_vec(n, &rng, b % 3 == 1 ? 50.0f : 1.0f, &xb), n * sizeof(float));
+                            free(xb);
+                            s->act_quantize[at](X + b * n, xq + b * ab, n);
+                        }
+                        k->vec_dot_tile[t](W, stride, rows, xq, ab, n_x, n, Y, rows, tmp);
+                        flm_matmat(k, t, W, rows, n, X, n, n_x, M, rows, 1, NULL);
+                        for (size_t b = 0; b < n_x; b++) flm_matvec(k, t, W, rows, n, X + b * n, V + b * rows, 1);
+                        for (size_t b = 0; b < n_x; b++) {
+                            s->dequant[at](xq + b * ab, xd, n);
+                            for (size_t r = 0; r < rows; r++) {
+                                const float got = Y[b * rows + r], want = k->vec_dot[t](W + r * stride, xq + b * ab, n);
+                                if (memcmp(&got, &want, sizeof got) != 0)
+                                    fail_msg("%s: vec_dot_tile %s n=%zu rows=%zu n_x=%zu (row %zu, token %zu): %.9g, "
+                                             "vec_dot %.9g", k->name, flm_type_name(t), n, rows, n_x, r, b, got, want);
+                                if (memcmp(&M[b * rows + r], &V[b * rows + r], sizeof(float)) != 0)
+                                    fail_msg("%s: matmat %s n=%zu rows=%zu n_x=%zu (row %zu, token %zu): %.9g, matvec "
+                                             "%.9g", k->name, flm_type_name(t), n, rows, n_x, r, b, M[b * rows + r],
+                                             V[b * rows + r]);
+                                s->dequant[t](W + r * stride, wd, n);
+                                double ref = 0.0, mag = 0.0;
+                                for (size_t i = 0; i < n; i++) {
+                                    ref += (double)wd[i] * xd[i];
+                                    mag += fabs((double)wd[i] * xd[i]);
+                                }
+                                /* q8_1 activations (q4_1, q5_1) carry s = d * sum(qs) rounded to f16, which
+                                 * the dot uses for the weights' min: against the dequantized values, that
+                                 * rounding; the scalar vec_dot (the reference) follows it */
+                                if (at != FLM_TYPE_Q8_1 && !(fabs(ref - got) <= 1e-5 * mag + 1e-30))
+                                    fail_msg("%s: vec_dot_tile %s n=%zu n_x=%zu: %.9g, dequantized values' dot %.9g",
+                                             k->name, flm_type_name(t), n, n_x, got, ref);
+                                const float sref = s->vec_dot[t](W + r * stride, xq + b * ab, n);
+                                if (!(fabs((double)sref - got) <= 2e-6 * mag + 1e-30))
+                                    fail_msg("%s: vec_dot_tile %s n=%zu n_x=%zu: %.9g, scalar vec_dot %.9g", k->name,
+                                             flm_type_name(t), n, n_x, got, sref);
+                                n_checked++;
+                            }
+                        }
+                        free(W), free(xq), free(X), free(Y), free(M), free(V), free(wd), free(xd), free(tmp);
+                    }
+        }
+    }
+    assert_true(n_checked > 0);
+    print_message("%zu (row, token) dots of batches of 1..8 checked\n", n_checked);
+}
+
 static void test_tiles_scalar(void **state) {
     (void)state;
     check_tiles(FLM_KERNELS_SCALAR);
@@ -1328,6 +1413,7 @@ int main(void) {
         cmocka_unit_test(test_tiles_avxvnni),
         cmocka_unit_test(test_tiles_avx512),
         cmocka_unit_test(test_tiles_vnni),
+        cmocka_unit_test(test_tiles_small),
         cmocka_unit_test(test_tiles_neon),
         cmocka_unit_test(test_tiles_dotprod),
         cmocka_unit_test(test_rmsnorm),

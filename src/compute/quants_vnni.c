@@ -20,7 +20,13 @@
 #include "compute/quants_tile_x86.h"
 /* the 32-element types' batches: panels of 16 interleaved rows, vpdpbusd (quants_panel_vnni.h) */
 #include "compute/quants_panel_vnni.h"
-#define X512_PANEL_FILL panel_fill
+/* their batches of 2 to 8 tokens: the rows as stored, no repack (quants_rows_vnni.h) */
+#include "compute/quants_rows_vnni.h"
+static void panel_rows_fill(flm_kernels *k) {
+    panel_fill(k);
+    rows_fill(k);
+}
+#define X512_PANEL_FILL panel_rows_fill
 #define X512_SB_ORDER /* q6_k's vec_dot in the panels' float order (quants_panel_vnni.h) */
 #include "compute/quants_x512.h"
 

@@ -1,0 +1,201 @@
+/* quants_rows_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) of the 32-element types
+ * (q4_0, q4_1, q5_0, q5_1, q8_0) for a few tokens (2 to ROWS_MAX_TOKENS: the joined decode step of `serve
+ * --parallel`, short draft batches), reading the stored blocks as they are. Internal to src/compute/; included once,
+ * by quants_vnni.c (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after quants_panel_vnni.h, whose
+ * panels it leaves the larger batches to.
+ *
+ * Why: the panels (quants_panel_vnni.h) repack every 16 rows by gathers on each call, a cost that only many tokens
+ * amortize; with 2 to 4 tokens the repack of a large matrix (the 151,936-row q8_0 output layer) costs more than the
+ * products (measured, bench/matmat_rows.c: 4 tokens took 2.4x one token's time on that layer). Here each row's four
+ * blocks at a time are decoded once into two 512-bit vectors of unsigned weights (two blocks each) and dotted by
+ * vpdpbusd with every token's activation bytes (copied once per call into tmp, contiguous per token); the 8 partial
+ * int32 sums per block and token are then reduced for 4 tokens at once (a tree of two-source permutes and adds) to
+ * one vector of 16 exact block sums, lane 4t + j: token t, block j of the four.
+ *
+ * Same answer as the level's vec_dot (quants_y256.h's VDOT32_LOOP kernels), bit for bit, in each lane: the integer
+ * block sums are the same exact integers (unsigned weights: q4_0 / q5_0 nibbles with offset 8 / 16, q8_0 q + 128
+ * with offset 128, the offset taken out exactly as -offset * sum(qa) from the activation tail; a lane adds at most
+ * 32 products of 255 * 127), and the float work per (row, token) is the same operations in the same order: lane j of
+ * a token's four is its acc4 chain acc_j = fma(d_w * d_a, (float)sum, acc_j) over the quads, the last nb % 4 blocks
+ * go into tail = tail + (d_w * d_a) * (float)sum in order, q4_1 / q5_1 add ms_j = fma(m_w, s_a, ms_j) over the quads
+ * and tail = tail + m_w * s_a over the rest, and y = hsum_ps128(acc4 (+ ms4)) + tail. tests/test_kernels.c checks it
+ * (test_tiles_vnni, test_rows_small). */
+#ifndef FLM_COMPUTE_QUANTS_ROWS_VNNI_H
+#define FLM_COMPUTE_QUANTS_ROWS_VNNI_H
+
+#include "compute/quants.h"
+#include "compute/quants_x86.h"
+#include "core/types.h"
+
+#define ROWS_MAX_TOKENS 4 /* up to this many tokens the rows run as stored; from 5 on the panels (with 8 tokens they
+                           * took 1.2x the panels' time on q5_0, bench/matmat_rows.c) */
+#define ROWS_T 4          /* tokens per micro-tile: one 16-lane vector holds their 4 block sums each */
+
+/* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each), then per
+ * group of ROWS_T tokens and quad of blocks 16 float d_a and 16 int32 -offset * sum(qa) (or 16 float s_a). */
+static inline size_t rows_tmp_bytes(size_t n, size_t n_x) {
+    const size_t groups = (n_x + ROWS_T - 1) / ROWS_T, nq = n / 128;
+    return ((n_x * n + 63) & ~(size_t)63) + groups * nq * 128;
+}
+
+/* Lays out the activations of n_x tokens (AB blocks at x + t * xs, each followed by its float tail: nb d, then nb
+ * int32 sum(qs) (q8_0) or nb float s (q8_1)) in P: token t's bytes at P + t * n; then for group g and quad q at
+ * lanes 4 tt + j (token 4 g + tt, block 4 q + j): d_a (float) and, with SECOND, the tail's second field: -off *
+ * sum(qs) as int32 (off != 0) or s (float, off == 0); lanes of absent tokens 0. */
+static inline void rows_prep(const uint8_t *x, size_t xs, size_t n_x, size_t n, size_t ab_size, int32_t off,
+                             uint8_t *P, float **da_out, uint8_t **second_out) {
+    const size_t nb = n / 32, nq = nb / 4, groups = (n_x + ROWS_T - 1) / ROWS_T;
+    float *da = (float *)(P + ((n_x * n + 63) & ~(size_t)63));
+    uint8_t *second = (uint8_t *)(da + groups * nq * 16);
+    for (size_t t = 0; t < n_x; t++)
+        for (size_t b = 0; b < nb; b++) memcpy(P + t * n + 32 * b, x + t * xs + b * ab_size + (ab_size - 32), 32);
+    memset(da, 0, groups * nq * 16 * sizeof(float) * 2);
+    for (size_t t = 0; t < n_x; t++) {
+        const uint8_t *tail = x + t * xs + nb * ab_size;
+        const size_t g = t / ROWS_T, tt = t % ROWS_T;
+        for (size_t b = 0; b < nq * 4; b++) {
+            const size_t lane = (g * nq + b / 4) * 16 + 4 * tt + b % 4;
+            memcpy(da + lane, tail + 4 * b, 4);
+            if (off) {
+                const int32_t v = -off * ld1i(tail + 4 * nb + 4 * b);
+                memcpy(second + 4 * lane, &v, 4);
+            } else {
+                memcpy(second + 4 * lane, tail + 4 * nb + 4 * b, 4);
+            }
+        }
+    }
+    *da_out = da;
+    *second_out = second;
+}
+
+/* lanes 0..7: x[2k] + x[2k + 1], lanes 8..15: y[2k] + y[2k + 1] (k < 8) */
+static inline __attribute__((always_inline)) __m512i rows_combine(__m512i x, __m512i y) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(x, ev, y), _mm512_permutex2var_epi32(x, od, y));
+}
+
+/* two 256-bit halves into one vector */
+static inline __attribute__((always_inline)) __m512i rows_cat(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* q4_1 / q5_1's min part: per quad ms = fma(m_w, s_a, ms) (MQ), then tail += m_w * s_a over the last blocks (MT) */
+#define ROWS_MQ(w, i, sec, q, ms)                                                                                 \
+    ((ms) = _mm512_fmadd_ps(_mm512_broadcast_f32x4(D4(w, i, m)), _mm512_load_ps((const float *)((sec) + 64 * (q))), (ms)))
+#define ROWS_MT(w, ad, nb, nq, tail)                                                                              \
+    for (size_t j = 4 * (nq); j < (nb); j++) {                                                                    \
+        float sa;                                                                                                 \
+        memcpy(&sa, (ad) + 4 * (nb) + 4 * j, 4);                                                                  \
+        (tail) += h2f((w)[j].m) * sa;                                                                             \
+    }
+#define ROWS_NO_MQ(w, i, sec, q, ms) (void)0
+#define ROWS_NO_MT(w, ad, nb, nq, tail) (void)0
+#define ROWS_DEC_NIB(b) nibbles32((b).qs)
+#define ROWS_DEC_NIB5(b) _mm256_or_si256(nibbles32((b).qs), _mm256_and_si256(bits32((b).qh), _mm256_set1_epi8(0x10)))
+#define ROWS_DEC_Q8(b) _mm256_xor_si256(ld256((b).qs), _mm256_set1_epi8((char)0x80))
+
+/* One row (nb blocks of WB at w) against nt <= ROWS_T tokens of a group: their bytes at a + t * n, the group's d_a
+ * at da, second field at sec (rows_prep), the original activations at x + t * xs (for the last nb % 4 blocks).
+ * Writes y[t * ys]. */
+#define ROWS_ROW_FN(NAME, WB, AB, DEC, OFF, HAS_M, MQ, MT)                                                                \
+    static inline __attribute__((always_inline)) void NAME(const WB *w, size_t nb, size_t n, const uint8_t *a,      \
+                                                            const float *da, const uint8_t *sec, const uint8_t *x,  \
+                                                            size_t xs, float *y, size_t ys, int nt) {              \
+        const size_t nq = nb / 4;                                                                                  \
+        __m512 acc = _mm512_setzero_ps(), ms = _mm512_setzero_ps();                                                \
+        (void)ms;                                                                                                  \
+        for (size_t q = 0; q < nq; q++) {                                                                          \
+            const size_t i = 4 * q;                                                                                \
+            const __m512i w01 = rows_cat(DEC(w[i]), DEC(w[i + 1])), w23 = rows_cat(DEC(w[i + 2]), DEC(w[i + 3]));  \
+            __m512i c[ROWS_T];                                                                                     \
+            _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) {                                                 \
+                const uint8_t *at = a + (size_t)t * n + 128 * q;                                                   \
+                const __m512i s01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(at));     \
+                const __m512i s23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(at + 64)); \
+                c[t] = rows_combine(s01, s23);                                                                     \
+            }                                                                                                      \
+            const __m512i d01 = rows_combine(c[0], nt > 1 ? c[nt > 1 ? 1 : 0] : c[0]);                             \
+            const __m512i d23 = nt > 2 ? rows_combine(c[nt > 2 ? 2 : 0], nt > 3 ? c[nt > 3 ? 3 : 0] : c[nt > 2 ? 2 : 0]) \
+                                       : d01;                                                                      \
+            __m512i e = rows_combine(d01, d23);                                                                    \
+            if (OFF) e = _mm512_add_epi32(e, _mm512_load_si512((const void *)(sec + 64 * q)));                     \
+            const __m512 dw = _mm512_broadcast_f32x4(D4(w, i, d));                                                 \
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(da + 16 * q)), _mm512_cvtepi32_ps(e), acc);     \
+            MQ(w, i, sec, q, ms);                                                                                  \
+        }                                                                                                          \
+        if (HAS_M) acc = _mm512_add_ps(acc, ms);                                                                   \
+        _Alignas(64) float lanes[16];                                                                              \
+        _mm512_store_ps(lanes, acc);                                                                               \
+        _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) {                                                     \
+            const AB *ab = (const AB *)(x + (size_t)t * xs);                                                       \
+            const uint8_t *ad = FLM_ACT_TAIL(ab, nb, *ab);                                                         \
+            float tail = 0.0f;                                                                                     \
+            for (size_t i = 4 * nq; i < nb; i++) {                                                                 \
+                const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), DEC(w[i]),                           \
+                                                      ld256(a + (size_t)t * n + 32 * i));                          \
+                const int adj = OFF ? -(OFF) * ld1i(ad + 4 * nb + 4 * i) : 0;                                      \
+                tail += h2f(w[i].d) * h2f(ab[i].d) * (float)(hsum_i32(p) + adj);                                   \
+            }                                                                                                      \
+            MT(w, ad, nb, nq, tail);                                                                               \
+            y[(size_t)t * ys] = hsum_ps128(_mm_loadu_ps(lanes + 4 * t)) + tail;                                    \
+        }                                                                                                          \
+    }
+
+/* The driver: tokens in groups of ROWS_T (the last with its exact count), rows inside. FALLBACK (the panels) for
+ * more than ROWS_MAX_TOKENS tokens or when tmp is absent. */
+#define ROWS_DRIVER(NAME, ROW, WB, AB, OFF, FALLBACK)                                                             \
+    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
+                     size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
+        if (n_x > ROWS_MAX_TOKENS || !tmp) {                                                                       \
+            FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride, tmp);                                   \
+            return;                                                                                                \
+        }                                                                                                          \
+        const size_t nb = n / 32, nq = nb / 4;                                                                     \
+        const uint8_t *x = xq;                                                                                     \
+        float *da;                                                                                                 \
+        uint8_t *sec;                                                                                              \
+        rows_prep(x, x_stride, n_x, n, sizeof(AB), OFF, tmp, &da, &sec);                                           \
+        const uint8_t *P = tmp;                                                                                    \
+        for (size_t t0 = 0; t0 < n_x; t0 += ROWS_T) {                                                              \
+            const size_t g = t0 / ROWS_T, nt = n_x - t0 < ROWS_T ? n_x - t0 : ROWS_T;                              \
+            const uint8_t *a = P + t0 * n, *xg = x + t0 * x_stride;                                                \
+            const float *dag = da + g * nq * 16;                                                                   \
+            const uint8_t *sg = sec + g * nq * 64;                                                                 \
+            const size_t limit = rows * w_stride;                                                                  \
+            if (t0 == 0) flm_prefetch(W, 0, limit, FLM_PREFETCH_BYTES);                                            \
+            for (size_t r = 0; r < rows; r++) {                                                                    \
+                if (t0 == 0) flm_prefetch(W, r * w_stride + FLM_PREFETCH_BYTES, limit, w_stride);                  \
+                const WB *w = (const WB *)((const uint8_t *)W + r * w_stride);                                     \
+                float *y = Y + t0 * y_stride + r;                                                                  \
+                switch (nt) {                                                                                      \
+                case 4: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 4); break;                            \
+                case 3: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 3); break;                            \
+                case 2: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 2); break;                            \
+                default: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 1); break;                           \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+
+ROWS_ROW_FN(rows_row_q4_0, flm_block_q4_0, flm_block_q8_0, ROWS_DEC_NIB, 8, 0, ROWS_NO_MQ, ROWS_NO_MT)
+ROWS_ROW_FN(rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, ROWS_DEC_NIB, 0, 1, ROWS_MQ, ROWS_MT)
+ROWS_ROW_FN(rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, ROWS_DEC_NIB5, 16, 0, ROWS_NO_MQ, ROWS_NO_MT)
+ROWS_ROW_FN(rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, ROWS_DEC_NIB5, 0, 1, ROWS_MQ, ROWS_MT)
+ROWS_ROW_FN(rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, ROWS_DEC_Q8, 128, 0, ROWS_NO_MQ, ROWS_NO_MT)
+ROWS_DRIVER(rows_q4_0, rows_row_q4_0, flm_block_q4_0, flm_block_q8_0, 8, panel_q4_0)
+ROWS_DRIVER(rows_q4_1, rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, 0, panel_q4_1)
+ROWS_DRIVER(rows_q5_0, rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_q5_0)
+ROWS_DRIVER(rows_q5_1, rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q5_1)
+ROWS_DRIVER(rows_q8_0, rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
+
+/* Puts the small-batch tiles of the 32-element types in k (after panel_fill: they hand larger batches to it). */
+static void rows_fill(flm_kernels *k) {
+    k->vec_dot_tile[FLM_TYPE_Q4_0] = rows_q4_0;
+    k->vec_dot_tile[FLM_TYPE_Q4_1] = rows_q4_1;
+    k->vec_dot_tile[FLM_TYPE_Q5_0] = rows_q5_0;
+    k->vec_dot_tile[FLM_TYPE_Q5_1] = rows_q5_1;
+    k->vec_dot_tile[FLM_TYPE_Q8_0] = rows_q8_0;
+}
+
+#endif
