@@ -1,6 +1,6 @@
 /* quants_rows_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) of the 32-element types
- * (q4_0, q4_1, q5_0, q5_1, q8_0) for a few tokens (2 to ROWS_MAX_TOKENS: the joined decode step of `serve
- * --parallel`, short draft batches), reading the stored blocks as they are. Internal to src/compute/; included once,
+ * (q4_0, q4_1, q5_0, q5_1, q8_0) and of q6_k for a few tokens (2 to ROWS_MAX_TOKENS: the joined decode step of
+ * `serve --parallel`, short draft batches), reading the stored blocks as they are. Internal to src/compute/; included once,
  * by quants_vnni.c (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after quants_panel_vnni.h, whose
  * panels it leaves the larger batches to.
  *
@@ -189,13 +189,93 @@ ROWS_DRIVER(rows_q5_0, rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_
 ROWS_DRIVER(rows_q5_1, rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q5_1)
 ROWS_DRIVER(rows_q8_0, rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
 
-/* Puts the small-batch tiles of the 32-element types in k (after panel_fill: they hand larger batches to it). */
+/* ---------------------------------------------------------------------------------------------------------------
+ * q6_k, 2 to ROWS_MAX_TOKENS tokens: each super-block of a row decoded once (low and high bits, scales) and dotted
+ * with every token's activations, in this level's float order (one fused multiply-add per super-block of its exact
+ * integer total: quants_x512.h vdot_q6_k with X512_SB_ORDER), so the same bits as the level's vec_dot: the integers
+ * are the same exact sums, the float operations the same. (q4_k keeps its panels: the same scheme at 256 bits,
+ * tried, took 1.3-2.3x their time for 2-4 tokens, bench/matmat_rows.c.)
+ * ------------------------------------------------------------------------------------------------------------- */
+/* int16 lane k of the result = scale g + k / 8 (s16: 16 int16 scales in the low 256 bits; quants_x512.h scales4) */
+static inline __attribute__((always_inline)) __m512i rows_scales4(__m512i s16, int g) {
+    const __m512i idx = _mm512_set_epi32(0x30003, 0x30003, 0x30003, 0x30003, 0x20002, 0x20002, 0x20002, 0x20002,
+                                         0x10001, 0x10001, 0x10001, 0x10001, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)g)), s16);
+}
+
+/* One q6_k row (nb super-blocks at w) against nt tokens' q8_k blocks at x + t * xs: y[t * ys] */
+static inline __attribute__((always_inline)) void rows_row_q6_k(const flm_block_q6_k *w, size_t nb, const uint8_t *x,
+                                                                 size_t xs, float *y, size_t ys, int nt) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
+    float acc[ROWS_T] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t i = 0; i < nb; i++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        const __m512i s16 = _mm512_castsi256_si512(sc16);
+        __m512i q[4], sc[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = ld256(w[i].qh + 32 * h);
+            const __m512i qh2 = rows_cat(qh, _mm256_srli_epi16(qh, 2));
+            const __m512i l = _mm512_loadu_si512((const void *)(w[i].ql + 64 * h));
+            q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(qh2, m2), 4));
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh2, 4), m2), 4));
+            sc[2 * h] = rows_scales4(s16, 8 * h);
+            sc[2 * h + 1] = rows_scales4(s16, 8 * h + 4);
+        }
+        const float wd = h2f(w[i].d);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const flm_block_q8_k *a = (const flm_block_q8_k *)(x + (size_t)t * xs) + i;
+            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
+            __m512i sv = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                sv = _mm512_dpwssd_epi32(sv, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(a->qs + 64 * k))),
+                                         sc[k]);
+            const __m256i sumi = _mm256_sub_epi32(
+                _mm256_add_epi32(_mm512_castsi512_si256(sv), _mm512_extracti64x4_epi64(sv, 1)), _mm256_slli_epi32(corr, 5));
+            acc[t] = fmaf(a->d * wd, (float)hsum_i32(sumi), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = acc[t];
+}
+
+/* The driver of q6_k: up to ROWS_MAX_TOKENS tokens, rows in order with flm_matvec's prefetch; more tokens go
+ * to FALLBACK (the panels). */
+#define ROWS_K_DRIVER(NAME, ROW, WB, FALLBACK)                                                                    \
+    static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
+                     size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
+        if (n_x > ROWS_MAX_TOKENS) {                                                                               \
+            FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride, tmp);                                   \
+            return;                                                                                                \
+        }                                                                                                          \
+        const size_t nb = n / 256, limit = rows * w_stride;                                                        \
+        const uint8_t *x = xq;                                                                                     \
+        flm_prefetch(W, 0, limit, FLM_PREFETCH_BYTES);                                                             \
+        for (size_t r = 0; r < rows; r++) {                                                                        \
+            flm_prefetch(W, r * w_stride + FLM_PREFETCH_BYTES, limit, w_stride);                                   \
+            const WB *w = (const WB *)((const uint8_t *)W + r * w_stride);                                         \
+            switch (n_x) {                                                                                         \
+            case 4: ROW(w, nb, x, x_stride, Y + r, y_stride, 4); break;                                            \
+            case 3: ROW(w, nb, x, x_stride, Y + r, y_stride, 3); break;                                            \
+            case 2: ROW(w, nb, x, x_stride, Y + r, y_stride, 2); break;                                            \
+            case 1: ROW(w, nb, x, x_stride, Y + r, y_stride, 1); break;                                            \
+            default: break;                                                                                        \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+ROWS_K_DRIVER(rows_q6_k, rows_row_q6_k, flm_block_q6_k, panel_q6_k)
+
+/* Puts the small-batch tiles in k (after panel_fill: they hand larger batches to the panels). */
 static void rows_fill(flm_kernels *k) {
     k->vec_dot_tile[FLM_TYPE_Q4_0] = rows_q4_0;
     k->vec_dot_tile[FLM_TYPE_Q4_1] = rows_q4_1;
     k->vec_dot_tile[FLM_TYPE_Q5_0] = rows_q5_0;
     k->vec_dot_tile[FLM_TYPE_Q5_1] = rows_q5_1;
     k->vec_dot_tile[FLM_TYPE_Q8_0] = rows_q8_0;
+    k->vec_dot_tile[FLM_TYPE_Q6_K] = rows_q6_k;
 }
 
 #endif
