@@ -1,6 +1,7 @@
 /* quants_rows_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) of the 32-element types
  * (q4_0, q4_1, q5_0, q5_1, q8_0) and of q6_k for a few tokens (2 to ROWS_MAX_TOKENS: the joined decode step of
- * `serve --parallel`, short draft batches), reading the stored blocks as they are. Internal to src/compute/; included once,
+ * `serve --parallel`, short draft batches; 32-element rows of at most ROWS_WIDE elements and whole quads of blocks
+ * for 3 or 4 tokens), reading the stored blocks as they are. Internal to src/compute/; included once,
  * by quants_vnni.c (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after quants_panel_vnni.h, whose
  * panels it leaves the larger batches to.
  *
@@ -30,6 +31,10 @@
 #define ROWS_MAX_TOKENS 4 /* up to this many tokens the rows run as stored; from 5 on the panels (with 8 tokens they
                            * took 1.2x the panels' time on q5_0, bench/matmat_rows.c) */
 #define ROWS_T 4          /* tokens per micro-tile: one 16-lane vector holds their 4 block sums each */
+/* 3 or 4 tokens go to the panels for rows wider than this, or with a partial last quad of blocks: measured faster
+ * there (q5_0 896 x 4864: 0.50 against 0.56 ms for 4 tokens; q4_1 1536 x 576: 0.13 against 0.17), where 2 tokens
+ * and the narrower rows of the pulled models (n = 640, 896) are faster here */
+#define ROWS_WIDE 2048
 
 /* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each), then per
  * group of ROWS_T tokens and quad of blocks 16 float d_a and 16 int32 -offset * sum(qa) (or 16 float s_a). */
@@ -91,6 +96,26 @@ static inline __attribute__((always_inline)) __m512i rows_cat(__m256i lo, __m256
     }
 #define ROWS_NO_MQ(w, i, sec, q, ms) (void)0
 #define ROWS_NO_MT(w, ad, nb, nq, tail) (void)0
+/* Two blocks' unsigned weights in one vector, as rows_cat(DEC(block i), DEC(block i + 1)) in fewer steps: the two
+ * 16-byte nibble fields broadcast to both halves of each 256 bits, the upper halves shifted by 4 (nibbles32's
+ * layout: low nibbles are elements 0..15, high nibbles 16..31); q5's fifth bits (bit e of qh for element e) added
+ * as 16 under a 64-bit byte mask made from the two 32-bit qh. */
+static inline __attribute__((always_inline)) __m512i rows_nib2(const uint8_t *qs0, const uint8_t *qs1) {
+    const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs0));
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs1));
+    const __m512i v = _mm512_srlv_epi64(rows_cat(a, b), _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+}
+static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, const uint8_t *qh0, const uint8_t *qh1) {
+    uint32_t h0, h1;
+    memcpy(&h0, qh0, 4);
+    memcpy(&h1, qh1, 4);
+    const __mmask64 k = _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32);
+    return _mm512_mask_add_epi8(nib, k, nib, _mm512_set1_epi8(0x10));
+}
+#define ROWS_DEC2_NIB(w, i) rows_nib2((w)[i].qs, (w)[(i) + 1].qs)
+#define ROWS_DEC2_NIB5(w, i) rows_fifth2(rows_nib2((w)[i].qs, (w)[(i) + 1].qs), (w)[i].qh, (w)[(i) + 1].qh)
+#define ROWS_DEC2_Q8(w, i) _mm512_xor_si512(rows_cat(ld256((w)[i].qs), ld256((w)[(i) + 1].qs)), _mm512_set1_epi8((char)0x80))
 #define ROWS_DEC_NIB(b) nibbles32((b).qs)
 #define ROWS_DEC_NIB5(b) _mm256_or_si256(nibbles32((b).qs), _mm256_and_si256(bits32((b).qh), _mm256_set1_epi8(0x10)))
 #define ROWS_DEC_Q8(b) _mm256_xor_si256(ld256((b).qs), _mm256_set1_epi8((char)0x80))
@@ -98,7 +123,7 @@ static inline __attribute__((always_inline)) __m512i rows_cat(__m256i lo, __m256
 /* One row (nb blocks of WB at w) against nt <= ROWS_T tokens of a group: their bytes at a + t * n, the group's d_a
  * at da, second field at sec (rows_prep), the original activations at x + t * xs (for the last nb % 4 blocks).
  * Writes y[t * ys]. */
-#define ROWS_ROW_FN(NAME, WB, AB, DEC, OFF, HAS_M, MQ, MT)                                                                \
+#define ROWS_ROW_FN(NAME, WB, AB, DEC, DEC2, OFF, HAS_M, MQ, MT)                                                                \
     static inline __attribute__((always_inline)) void NAME(const WB *w, size_t nb, size_t n, const uint8_t *a,      \
                                                             const float *da, const uint8_t *sec, const uint8_t *x,  \
                                                             size_t xs, float *y, size_t ys, int nt) {              \
@@ -107,7 +132,7 @@ static inline __attribute__((always_inline)) __m512i rows_cat(__m256i lo, __m256
         (void)ms;                                                                                                  \
         for (size_t q = 0; q < nq; q++) {                                                                          \
             const size_t i = 4 * q;                                                                                \
-            const __m512i w01 = rows_cat(DEC(w[i]), DEC(w[i + 1])), w23 = rows_cat(DEC(w[i + 2]), DEC(w[i + 3]));  \
+            const __m512i w01 = DEC2(w, i), w23 = DEC2(w, i + 2);                                                  \
             __m512i c[ROWS_T];                                                                                     \
             _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) {                                                 \
                 const uint8_t *at = a + (size_t)t * n + 128 * q;                                                   \
@@ -147,11 +172,11 @@ static inline __attribute__((always_inline)) __m512i rows_cat(__m256i lo, __m256
 #define ROWS_DRIVER(NAME, ROW, WB, AB, OFF, FALLBACK)                                                             \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
                      size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
-        if (n_x > ROWS_MAX_TOKENS || !tmp) {                                                                       \
+        const size_t nb = n / 32, nq = nb / 4;                                                                     \
+        if (n_x > ROWS_MAX_TOKENS || !tmp || (n_x > 2 && (nb % 4 || n > ROWS_WIDE))) {                             \
             FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride, tmp);                                   \
             return;                                                                                                \
         }                                                                                                          \
-        const size_t nb = n / 32, nq = nb / 4;                                                                     \
         const uint8_t *x = xq;                                                                                     \
         float *da;                                                                                                 \
         uint8_t *sec;                                                                                              \
@@ -178,11 +203,11 @@ static inline __attribute__((always_inline)) __m512i rows_cat(__m256i lo, __m256
         }                                                                                                          \
     }
 
-ROWS_ROW_FN(rows_row_q4_0, flm_block_q4_0, flm_block_q8_0, ROWS_DEC_NIB, 8, 0, ROWS_NO_MQ, ROWS_NO_MT)
-ROWS_ROW_FN(rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, ROWS_DEC_NIB, 0, 1, ROWS_MQ, ROWS_MT)
-ROWS_ROW_FN(rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, ROWS_DEC_NIB5, 16, 0, ROWS_NO_MQ, ROWS_NO_MT)
-ROWS_ROW_FN(rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, ROWS_DEC_NIB5, 0, 1, ROWS_MQ, ROWS_MT)
-ROWS_ROW_FN(rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, ROWS_DEC_Q8, 128, 0, ROWS_NO_MQ, ROWS_NO_MT)
+ROWS_ROW_FN(rows_row_q4_0, flm_block_q4_0, flm_block_q8_0, ROWS_DEC_NIB, ROWS_DEC2_NIB, 8, 0, ROWS_NO_MQ, ROWS_NO_MT)
+ROWS_ROW_FN(rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, ROWS_DEC_NIB, ROWS_DEC2_NIB, 0, 1, ROWS_MQ, ROWS_MT)
+ROWS_ROW_FN(rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, ROWS_DEC_NIB5, ROWS_DEC2_NIB5, 16, 0, ROWS_NO_MQ, ROWS_NO_MT)
+ROWS_ROW_FN(rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, ROWS_DEC_NIB5, ROWS_DEC2_NIB5, 0, 1, ROWS_MQ, ROWS_MT)
+ROWS_ROW_FN(rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, ROWS_DEC_Q8, ROWS_DEC2_Q8, 128, 0, ROWS_NO_MQ, ROWS_NO_MT)
 ROWS_DRIVER(rows_q4_0, rows_row_q4_0, flm_block_q4_0, flm_block_q8_0, 8, panel_q4_0)
 ROWS_DRIVER(rows_q4_1, rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, 0, panel_q4_1)
 ROWS_DRIVER(rows_q5_0, rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_q5_0)
