@@ -205,11 +205,8 @@ static inline __attribute__((always_inline)) __m512i panel_block_sum(const __m51
             const uint8_t *s = FLM_ACT_TAIL(x + t * x_stride, nb, AB) + 4 * nb;                                    \
             for (size_t b = 0; b < nb; b++) noff[t * nb + b] = -(OFF) * ld1i(s + 4 * b);                           \
         }                                                                                                          \
-        const size_t limit = rows * w_stride; /* the next panel's rows asked for while this one runs */           \
-        flm_prefetch(W, 0, limit, PANEL_ROWS * w_stride);                                                          \
         for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {                                                         \
             const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;                                      \
-            flm_prefetch(W, (r0 + PANEL_ROWS) * w_stride, limit, PANEL_ROWS * w_stride);                           \
             PACK((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);                                          \
             size_t t0 = 0;                                                                                         \
             for (; t0 + PANEL_T <= n_x; t0 += PANEL_T)                                                             \
@@ -446,13 +443,8 @@ static void pq4k_bsums(const uint8_t *x, size_t x_stride, size_t n_x, size_t nb,
             return;                                                                                                \
         }                                                                                                          \
         if (BSP) pq4k_bsums(x, x_stride, n_x, nb, bsp);                                                            \
-        /* the next panel's rows asked for while this one runs, where a panel's rows take at most 32 KiB (wider   \
-         * rows measured slower with it: q4_k 1536 x 8960, q6_k 896 x 4864; faster: q6_k 151936 x 1536) */         \
-        const size_t limit = PANEL_ROWS * w_stride <= 32768 ? rows * w_stride : 0;                                 \
-        flm_prefetch(W, 0, limit, PANEL_ROWS * w_stride);                                                          \
         for (size_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {                                                         \
             const size_t m = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;                                      \
-            flm_prefetch(W, (r0 + PANEL_ROWS) * w_stride, limit, PANEL_ROWS * w_stride);                           \
             PACK((const uint8_t *)W + r0 * w_stride, w_stride, m, nb, P);                                          \
             size_t t0 = 0;                                                                                         \
             for (; t0 + PQ4K_T <= n_x; t0 += PQ4K_T) ROWS_CALL(PQ4K_T);                                            \
