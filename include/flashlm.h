@@ -569,8 +569,9 @@ typedef struct flm_eval_args {
     uint32_t seq;           /* the sequence (< flm_n_seq). Not joined: it must be the current one (flm_seq_acquire's;
                                0 in a context of one sequence) */
     bool join;              /* flm_eval_seq: from any thread without flm_seq_acquire, joining the passes of the other
-                               sequences' calls waiting at the same time; FLM_EVAL_LOGITS_LAST only, no draft, no
-                               tree */
+                               sequences' calls waiting at the same time (drafts join drafts only, and run first);
+                               FLM_EVAL_LOGITS_LAST, or ALL (a speculative step's verification: every row's logits;
+                               not with draft); no tree */
     bool draft;             /* the self-draft (flm_eval_draft, mode hot): every FFN over its resident neurons */
     flm_eval_logits logits; /* which logits (FLM_EVAL_LOGITS_LAST when zeroed) */
     float *logits_all;      /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats (a tree: (n - first) rows, node i
@@ -609,7 +610,7 @@ typedef struct flm_eval_out {
  * flm_eval_seq with join), *out getting the logits and the call's statistics. Every token's statistics are also
  * added to the context's totals and per-token record (flm_get_stats), as before.
  * Errors: FLM_ERR_ARG (ctx, args or out NULL; no tokens; seq out of range, or not current without join; join with a
- * draft, a tree or logits other than LAST; logits_all given without FLM_EVAL_LOGITS_ALL or the reverse; first > 0
+ * tree, FLM_EVAL_LOGITS_NONE, or a draft with FLM_EVAL_LOGITS_ALL; a draft outside mode hot; logits_all given without FLM_EVAL_LOGITS_ALL or the reverse; first > 0
  * without a tree; FLM_EVAL_LOGITS_LAST with a tree), and those of the call it names; after an error the context holds
  * what that call's errors say, and out->stats the passes that completed before it. Source: src/runtime/context.c. */
 FLM_API flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *args, flm_eval_out *out, flm_error *err);
@@ -1286,6 +1287,10 @@ typedef struct flm_spec_stats {
     uint64_t n_drafted;      /* draft tokens proposed to the target */
     uint64_t n_accepted;     /* of those, accepted */
     uint64_t n_plain;        /* steps with nothing proposed */
+    uint64_t n_joined;       /* steps verified in a pass joined with other sequences' (a shared context while others
+                                are busy: a chain, the self-draft's passes joined with theirs too) */
+    uint64_t n_joined_drafted;  /* draft tokens those steps proposed */
+    uint64_t n_joined_accepted; /* of those, accepted */
     uint64_t target_tokens;  /* tokens the target evaluated (accepted or not) */
     double target_ms;        /* the target's flash I/O + memory + compute ms (flm_stats) */
     uint64_t bytes_read;     /* the target's bytes read from flash */

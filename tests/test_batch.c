@@ -488,7 +488,9 @@ static void test_evaluate_own_stats(void **state) {
         {{.tokens = toks, .n = 2, .pos = 8, .parent = par}, "a tree's logits"},
         {{.tokens = toks, .n = 2, .pos = 8, .seq = 1}, "sequence 1"},
         {{.tokens = toks, .n = 2, .pos = 8, .join = true, .logits = FLM_EVAL_LOGITS_NONE}, "joined"},
-        {{.tokens = toks, .n = 2, .pos = 8, .join = true, .draft = true}, "joined"},
+        {{.tokens = toks, .n = 2, .pos = 8, .join = true, .draft = true, .logits = FLM_EVAL_LOGITS_ALL,
+          .logits_all = got}, "not with draft"},
+        {{.tokens = toks, .n = 2, .pos = 8, .join = true, .draft = true}, "a self-draft needs mode hot"},
         {{.tokens = toks, .n = 0, .pos = 8}, "no tokens"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -796,6 +796,7 @@ typedef struct join_job {
     int32_t pos;
     float *logits; /* [n_vocab]: a copy of what it got */
     flm_status st;
+    float *all;    /* not NULL: every row's logits (FLM_EVAL_LOGITS_ALL, a speculative step's verification) */
 } join_job;
 
 static void *join_run_one(void *arg) {
@@ -803,7 +804,15 @@ static void *join_run_one(void *arg) {
     const float *lg = NULL;
     flm_error err;
     flm_token_stats ts = {0};
-    j->st = flm_eval_seq(j->ctx, j->seq, j->ids, j->n, j->pos, &lg, &ts, &err);
+    if (j->all) {
+        const flm_eval_args a = {.tokens = j->ids, .n = j->n, .pos = j->pos, .seq = j->seq, .join = true,
+                                 .logits = FLM_EVAL_LOGITS_ALL, .logits_all = j->all};
+        flm_eval_out out;
+        j->st = flm_evaluate(j->ctx, &a, &out, &err);
+        lg = out.logits;
+    } else {
+        j->st = flm_eval_seq(j->ctx, j->seq, j->ids, j->n, j->pos, &lg, &ts, &err);
+    }
     if (!j->st) memcpy(j->logits, lg, (size_t)flm_vocab_size(j->ctx) * sizeof(float));
     return NULL;
 }
@@ -859,12 +868,15 @@ static void joined_case(bool flm) {
     const uint32_t V = flm_vocab_size(one);
     int32_t *ids[3];
     size_t n[3];
-    float *want = malloc((size_t)6 * V * sizeof(float)), *got = malloc((size_t)3 * V * sizeof(float));
+    float *want = malloc((size_t)9 * V * sizeof(float)), *got = malloc((size_t)3 * V * sizeof(float));
+    float *want_all = malloc((size_t)12 * V * sizeof(float)), *got_all = malloc((size_t)12 * V * sizeof(float));
     assert_non_null(want);
     assert_non_null(got);
-    int32_t next[3];
+    assert_non_null(want_all);
+    assert_non_null(got_all);
+    int32_t next[3], pair[3][4];
     flm_error err;
-    for (int i = 0; i < 3; i++) { /* alone: the prompt's logits, then the next token's */
+    for (int i = 0; i < 3; i++) { /* alone: the prompt's logits, then the next token's, then four tokens' (every row) */
         ids[i] = flm_tokenize_all(one, P[i], true, &n[i]);
         assert_non_null(ids[i]);
         const float *lg = NULL;
@@ -873,20 +885,43 @@ static void joined_case(bool flm) {
         next[i] = argmax(lg, V);
         assert_int_equal(flm_eval(one, next[i], (int32_t)n[i], &lg, &err), FLM_OK);
         memcpy(want + (size_t)(3 + i) * V, lg, (size_t)V * sizeof(float));
+        pair[i][0] = next[i];
+        pair[i][1] = argmax(lg, V) == 7 ? 8 : 7; /* drafts: one that is not the next token, as a rejected one */
+        pair[i][2] = 9;
+        pair[i][3] = 10;
+        assert_int_equal(flm_eval_batch(one, pair[i], 4, (int32_t)n[i], want_all + (size_t)4 * i * V, &lg, &err),
+                         FLM_OK);
+        memcpy(want + (size_t)(6 + i) * V, lg, (size_t)V * sizeof(float));
     }
     flm_close(one);
     flm_ctx *ctx = open_seq(flm, 4);
     join_job jobs[3];
     for (int i = 0; i < 3; i++) /* the prompts: the first alone, the other two joined in one pass */
-        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK};
+        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK, NULL};
     join_step(ctx, jobs, want, V);
     for (int i = 0; i < 3; i++) /* then one token each: decoding rows of three sequences in one pass */
-        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK};
+        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK, NULL};
     join_step(ctx, jobs, want + (size_t)3 * V, V);
+    /* then a speculative step's verification each, from the same position: four rows with every row's logits for
+     * sequences 0 (alone: it leads) and 1 (joined with 2, which wants its last row only: five rows of logits, more
+     * than the scratch of 4 sequences' rows holds whole, so the classifier runs in blocks of its rows) */
+    for (int i = 0; i < 3; i++)
+        jobs[i] = (join_job){ctx, (uint32_t)i, 4, pair[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK,
+                             i < 2 ? got_all + (size_t)4 * i * V : NULL};
+    join_step(ctx, jobs, want + (size_t)6 * V, V);
+    assert_memory_equal(got_all, want_all, (size_t)8 * V * sizeof(float));
+    /* a joined evaluation takes no draft and no FLM_EVAL_LOGITS_NONE; the others' rows are untouched by a refusal */
+    const flm_eval_args none = {.tokens = pair[0], .n = 1, .pos = (int32_t)n[0], .seq = 0, .join = true,
+                                .logits = FLM_EVAL_LOGITS_NONE};
+    flm_eval_out out;
+    assert_int_equal(flm_evaluate(ctx, &none, &out, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "join"));
     flm_close(ctx);
     for (int i = 0; i < 3; i++) free(ids[i]);
     free(want);
     free(got);
+    free(want_all);
+    free(got_all);
 }
 
 static void test_joined_pass_equals_alone(void **state) {
@@ -896,8 +931,8 @@ static void test_joined_pass_equals_alone(void **state) {
 }
 
 /* flm_seq_busy counts the other sequences that evaluated and have not left; a speculative session on a shared
- * context decodes joined (no verification steps) while another is busy, and speculates again once it has left. The
- * reply is the one it gives alone either way. */
+ * context verifies its steps in joined passes while another is busy, and alone once it has left. The reply is the
+ * one it gives alone either way. */
 static void test_busy_sequences_decode_joined(void **state) {
     (void)state;
     flm_error err;
@@ -927,7 +962,7 @@ static void test_busy_sequences_decode_joined(void **state) {
     flm_seq_leave(ctx, 2);
     assert_int_equal(flm_seq_busy(ctx, 0), 1);
 
-    /* sequence 0 speculates (n-gram lookup) while sequence 1 is busy: every token a joined pass, no step */
+    /* sequence 0 speculates (n-gram lookup) while sequence 1 is busy: every step verified in a joined pass */
     seq_job got = {.prompt = SEQ_PROMPTS[0]};
     assert_int_equal(flm_session_create_seq(ctx, 0, &got.s, &err), FLM_OK);
     seq_speculate(got.s, true);
@@ -935,15 +970,17 @@ static void test_busy_sequences_decode_joined(void **state) {
         if (round == 0) /* busy just now (a busy sequence counts for FLM_SEQ_BUSY_MS after its evaluation) */
             assert_int_equal(flm_eval_seq(ctx, 1, ids, (uint32_t)n, 0, &lg, NULL, &err), FLM_OK);
         else
-            flm_seq_leave(ctx, 1); /* none busy: it speculates again */
+            flm_seq_leave(ctx, 1); /* none busy: its steps take the context alone again */
         assert_int_equal(flm_seq_busy(ctx, 0), round == 0 ? 1 : 0);
         flm_session_rewind(got.s, 0);
         flm_session_reset_stats(got.s);
         assert_null(seq_run(&got));
         flm_spec_stats ss;
         flm_session_spec_stats(got.s, &ss);
-        if (round == 0) assert_int_equal(ss.n_steps, 0);
-        else assert_true(ss.n_steps > 0);
+        /* busy: every step joins the others' pass (a chain from the n-gram lookup); none busy: steps alone */
+        assert_true(ss.n_steps > 0);
+        assert_int_equal(ss.n_joined, round == 0 ? ss.n_steps : 0);
+        if (round == 0) assert_true(ss.n_joined_drafted > 0 && ss.n_joined_accepted <= ss.n_joined_drafted);
         assert_int_equal(got.c.n_ids, ref.c.n_ids);
         for (int t = 0; t < ref.c.n_ids; t++) assert_int_equal(got.c.ids[t], ref.c.ids[t]);
         assert_memory_equal(got.c.text, ref.c.text, ref.c.len);

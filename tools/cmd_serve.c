@@ -201,6 +201,7 @@ static struct server {
     /* metrics */
     uint64_t requests, errors, prompt_tokens, reused_tokens, gen_tokens, bytes_read, cancelled;
     uint64_t passes, drafted, accepted; /* speculative decoding: target passes while generating, drafts */
+    uint64_t spec_joined, joined_drafted, joined_accepted; /* of those, steps verified in a pass joined with others' */
     double gen_ms, prompt_ms, io_ms, compute_ms;
     uint64_t n_decode, n_tokens_max; /* model passes (prompt batches, generation steps); most tokens a slot held */
     double last_prompt_tps;
@@ -1038,6 +1039,9 @@ static void run_job(slot *s, job *j) {
     srv.passes += sps.n_passes;
     srv.drafted += sps.n_drafted;
     srv.accepted += sps.n_accepted;
+    srv.spec_joined += sps.n_joined;
+    srv.joined_drafted += sps.n_joined_drafted;
+    srv.joined_accepted += sps.n_joined_accepted;
     if (ss.gen_ms > 0) srv.last_tps = (double)j->res.n_gen * 1e3 / ss.gen_ms;
     j->prompt_ms = ss.prompt_ms;
     j->gen_ms = ss.gen_ms;
@@ -1535,6 +1539,11 @@ static enum MHD_Result send_metrics(struct MHD_Connection *c) {
     METRIC("spec_drafted_total", "counter", "Draft tokens proposed (speculative decoding).", "%" PRIu64, srv.drafted);
     METRIC("spec_accepted_total", "counter", "Draft tokens accepted (speculative decoding).", "%" PRIu64,
            srv.accepted);
+    METRIC("spec_joined_steps_total", "counter",
+           "Speculative steps verified in a pass joined with other slots' (a chain of drafts while other slots are busy; "
+           "self-draft passes joined too).", "%" PRIu64, srv.spec_joined);
+    METRIC("spec_joined_drafted_total", "counter", "Draft tokens those steps proposed.", "%" PRIu64, srv.joined_drafted);
+    METRIC("spec_joined_accepted_total", "counter", "Of those, accepted.", "%" PRIu64, srv.joined_accepted);
     METRIC("requests_queued", "gauge", "Requests waiting for a slot.", "%d", srv.n_queued);
     METRIC("request_memory_bytes", "gauge", "Memory the requests in flight are counted to hold (REQ_COST each).",
            "%" PRIu64, srv.req_held);

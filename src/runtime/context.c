@@ -257,9 +257,12 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
         ctx->join_tok = malloc(B * sizeof *ctx->join_tok);
         ctx->join_pos = malloc(B * sizeof *ctx->join_pos);
         ctx->join_kv = malloc(B * sizeof *ctx->join_kv);
+        ctx->join_x = malloc(B * sizeof *ctx->join_x);
+        ctx->join_dst = malloc(B * sizeof *ctx->join_dst);
         ctx->join_expect = calloc(n_seq, 1);
         ctx->seq_busy_ms = calloc(n_seq, sizeof *ctx->seq_busy_ms);
-        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_expect || !ctx->seq_busy_ms) {
+        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_x || !ctx->join_dst || !ctx->join_expect ||
+            !ctx->seq_busy_ms) {
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
         }
@@ -408,6 +411,8 @@ void flm_close(flm_ctx *ctx) {
     free(ctx->join_tok);
     free(ctx->join_pos);
     free(ctx->join_kv);
+    free(ctx->join_x);
+    free(ctx->join_dst);
     free(ctx->join_expect);
     free(ctx->seq_busy_ms);
     free(ctx->seq);
@@ -566,6 +571,8 @@ typedef struct flm_join_req {
     uint32_t seq, n;
     const int32_t *tokens;
     int32_t pos;
+    float *logits_all; /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats; NULL: the last row's only */
+    bool draft;        /* the self-draft (flm_eval_draft): joins only other drafts */
     const float *logits;
     flm_call_stats cs; /* its statistics (ms: the caller's) */
     flm_status st;
@@ -577,21 +584,24 @@ typedef struct flm_join_req {
 /* One request alone: its sequence made current, flm_eval_run as flm_eval_batch. */
 static void join_alone(flm_ctx *ctx, flm_join_req *r) {
     seq_switch(ctx, r->seq);
-    const flm_eval_req rq = {.tokens = r->tokens, .n = r->n, .pos = r->pos};
+    const flm_eval_req rq = {.tokens = r->tokens, .n = r->n, .pos = r->pos, .draft = r->draft,
+                             .logits = r->logits_all ? FLM_LOGITS_ALL : FLM_LOGITS_LAST, .logits_all = r->logits_all};
     flm_eval_res res = {0};
     const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
     r->st = flm_eval_run(ctx, &rq, &res, &r->err);
-    r->logits = res.logits;
+    r->logits = r->logits_all ? r->logits_all + (size_t)(r->n - 1) * ctx->model->hp.n_vocab : res.logits;
     r->cs.total = res.stats;
     r->cs.n_tokens = res.n_tokens;
     r->cs.n_passes = res.n_passes;
     r->cs.io_busy_ms = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
 }
 
-/* The k requests (k >= 2, different sequences, rows <= the batch) in one pass: every row through the model at its
- * sequence's cache and position (the linear layers and the FFN read once for all rows), then the classifier over
- * each request's last row, its logits copied to its sequence's row. A request the checks refuse, mode sparse (its
- * FFN chooses neurons per position) or a context without batch arrays: each alone. Holds seq_mu. */
+/* The k requests (k >= 2, different sequences, rows <= the batch, all drafts or none) in one pass: every row through
+ * the model at its sequence's cache and position (the linear layers and the FFN read once for all rows; drafts: the
+ * self-draft's resident neurons), then the classifier over each request's last row (drafts: the draft vocabulary), its
+ * logits copied to its sequence's row, and over every row of a request that wants them all. A request the checks
+ * refuse, mode sparse (its FFN chooses neurons per position) or a context without batch arrays: each alone. Holds
+ * seq_mu. */
 static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     const flm_hparams *hp = &ctx->model->hp;
     uint32_t rows = 0;
@@ -623,22 +633,32 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         }
     }
     seq_unpark(ctx); /* the current sequence's forgotten positions and tree */
-    const flm_eval_req rq = {.tokens = ctx->join_tok, .n = rows, .logits = FLM_LOGITS_HIDDEN,
+    const bool draft = req[0]->draft;
+    const flm_eval_req rq = {.tokens = ctx->join_tok, .n = rows, .logits = FLM_LOGITS_HIDDEN, .draft = draft,
                              .row_kv = ctx->join_kv, .row_pos = ctx->join_pos};
     flm_eval_res res = {0};
     flm_error e;
     const double t0 = flm_now_ms();
     const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
     flm_status st = flm_forward(ctx, &rq, &res, &e);
-    const float *x[FLM_SEQ_MAX];
+    /* the classifier over every row that wants logits, all at once (flm_output_scatter: each weight read once for
+     * all of them): each request's last row into its sequence's logits row, and every row of a request that wants
+     * them all (a speculative step's verification) into the caller's buffer; join_logits is the scratch */
+    const uint32_t d = hp->d_model, per = FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch); /* rows per classifier call */
+    uint32_t nx = 0;
     row = 0;
-    for (uint32_t i = 0; i < k; i++) {
-        row += req[i]->n;
-        x[i] = res.hidden ? res.hidden + (size_t)(row - 1) * hp->d_model : NULL;
+    for (uint32_t i = 0; i < k && !st; i++) {
+        flm_join_req *r = req[i];
+        const uint32_t from = r->logits_all ? 0 : r->n - 1;
+        for (uint32_t t = from; t < r->n; t++, nx++) {
+            ctx->join_x[nx] = res.hidden + (size_t)(row + t) * d;
+            ctx->join_dst[nx] = r->logits_all ? r->logits_all + (size_t)t * hp->n_vocab : ctx->seq[r->seq].logits;
+        }
+        row += r->n;
     }
-    const uint32_t per = FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch); /* the classifier's rows, as many at once as planned */
-    for (uint32_t i = 0; i < k && !st; i += per)
-        st = flm_output_rows(ctx, x + i, k - i < per ? k - i : per, ctx->join_logits + (size_t)i * hp->n_vocab, &e);
+    for (uint32_t i = 0; i < nx && !st; i += per)
+        st = flm_output_scatter(ctx, ctx->join_x + i, nx - i < per ? nx - i : per, draft, ctx->join_dst + i,
+                                ctx->join_logits, (size_t)ctx->n_seq * hp->n_vocab, &e);
     res.stats.compute_ms = flm_now_ms() - t0 - res.stats.io_ms - res.stats.mem_ms;
     const double busy = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
     if (!st) {
@@ -655,7 +675,8 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
             r->err = e;
             continue;
         }
-        memcpy(q->logits, ctx->join_logits + (size_t)i * hp->n_vocab, (size_t)hp->n_vocab * sizeof(float));
+        if (r->logits_all) /* its sequence's row: its last row's logits, as a request's alone */
+            memcpy(q->logits, r->logits_all + (size_t)(r->n - 1) * hp->n_vocab, (size_t)hp->n_vocab * sizeof(float));
         q->next_pos = r->pos + (int32_t)r->n;
         r->logits = q->logits;
         flm_token_stats sh = res.stats; /* its rows' share of the pass */
@@ -673,6 +694,8 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     seq_unpark(ctx);
 }
 
+enum { JOIN_EXPECT_BACK = 1, JOIN_EXPECT_DRAFTING = 2 }; /* ctx->join_expect's values but 0 */
+
 /* The leader's wait (join_mu held, released while waiting): until every sequence expected back has a request
  * queued, the queue's rows fill a batch, or the wait's bound has passed (FLM_JOIN_WAIT_US .. FLM_JOIN_WAIT_MAX_US:
  * a share of the last pass's time). */
@@ -680,6 +703,10 @@ static void join_wait(flm_ctx *ctx) {
     uint64_t us = ctx->join_pass_us / FLM_JOIN_WAIT_DIV;
     if (us < FLM_JOIN_WAIT_US) us = FLM_JOIN_WAIT_US;
     if (us > FLM_JOIN_WAIT_MAX_US) us = FLM_JOIN_WAIT_MAX_US;
+    /* a sequence whose last pass was a draft comes back with its next draft or its verification: a full pass run
+     * without it would cost it (and the others' next full pass) a whole pass, so it is waited for longest */
+    for (uint32_t s = 0; s < ctx->n_seq; s++)
+        if (ctx->join_expect[s] == JOIN_EXPECT_DRAFTING) us = FLM_JOIN_WAIT_MAX_US;
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_nsec += (long)us * 1000L;
@@ -687,7 +714,7 @@ static void join_wait(flm_ctx *ctx) {
     until.tv_nsec %= 1000000000L;
     for (;;) {
         uint32_t missing = 0, rows = 0;
-        for (uint32_t s = 0; s < ctx->n_seq; s++) missing += ctx->join_expect[s]; /* queued ones are cleared */
+        for (uint32_t s = 0; s < ctx->n_seq; s++) missing += ctx->join_expect[s] != 0; /* queued ones: cleared */
         for (const flm_join_req *r = ctx->join_head; r; r = r->next) rows += r->n;
         if (!missing || rows >= ctx->s.n_batch) return;
         if (pthread_cond_timedwait(&ctx->join_cv, &ctx->join_mu, &until) == ETIMEDOUT) {
@@ -698,11 +725,11 @@ static void join_wait(flm_ctx *ctx) {
 }
 
 /* flm_eval_seq's evaluation (flm_evaluate with join): *logits the sequence's row, *cs the call's statistics but ms. */
-static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos,
-                              const float **logits, flm_call_stats *cs, flm_error *err) {
+static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos, bool draft,
+                              float *logits_all, const float **logits, flm_call_stats *cs, flm_error *err) {
     if (!ctx || seq >= ctx->n_seq || !tokens || n == 0)
         return flm_fail(err, FLM_ERR_ARG, "flm_eval_seq: sequence %u of %u, %u tokens", seq, ctx ? ctx->n_seq : 0, n);
-    flm_join_req me = {.seq = seq, .n = n, .tokens = tokens, .pos = pos};
+    flm_join_req me = {.seq = seq, .n = n, .tokens = tokens, .pos = pos, .logits_all = logits_all, .draft = draft};
     if (ctx->n_seq == 1) { /* nothing to join */
         pthread_mutex_lock(&ctx->seq_mu);
         join_alone(ctx, &me);
@@ -721,21 +748,30 @@ static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens,
             }
             /* lead: first wait (up to FLM_JOIN_WAIT_US) for the sequences expected back, those of the last pass
              * still generating, so that they join this pass instead of running a pass of their own after it; then
-             * take the waiting requests from the head, in order, while their rows fit one batch and their
-             * sequences differ (a long one alone) */
+             * take the waiting requests of one kind in order, while their rows fit one batch and their sequences
+             * differ (a long one alone): drafts first when any waits (a draft pass is the resident weights' only,
+             * and the sequences drafting will verify next, so the others' full passes wait to join that) */
             ctx->join_leading = true;
             join_wait(ctx);
             flm_join_req *req[FLM_SEQ_MAX];
             uint32_t k = 0, rows = 0;
-            for (flm_join_req *r = ctx->join_head; r && k < FLM_SEQ_MAX; r = r->next) {
+            bool drafts = false;
+            for (const flm_join_req *r = ctx->join_head; r; r = r->next) drafts |= r->draft;
+            flm_join_req **link = &ctx->join_head;
+            for (flm_join_req *r = ctx->join_head; r && k < FLM_SEQ_MAX; r = *link) {
+                if (r->draft != drafts) { /* the other kind: stays queued */
+                    link = &r->next;
+                    continue;
+                }
                 bool dup = false;
                 for (uint32_t i = 0; i < k; i++) dup |= req[i]->seq == r->seq;
                 if (k && (dup || rows + r->n > ctx->s.n_batch)) break;
                 req[k++] = r;
                 rows += r->n;
+                *link = r->next; /* out of the queue */
             }
-            ctx->join_head = req[k - 1]->next;
-            if (!ctx->join_head) ctx->join_tail = NULL;
+            ctx->join_tail = NULL;
+            for (flm_join_req *r = ctx->join_head; r; r = r->next) ctx->join_tail = r;
             pthread_mutex_unlock(&ctx->join_mu);
             pthread_mutex_lock(&ctx->seq_mu);
             const double t0 = flm_now_ms();
@@ -747,7 +783,8 @@ static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens,
             ctx->join_pass_us = pass_ms > 0 ? (uint64_t)(pass_ms * 1000.0) : 0;
             for (uint32_t i = 0; i < k; i++) {
                 req[i]->done = true;
-                ctx->join_expect[req[i]->seq] = 1; /* its next token will likely follow */
+                /* its next token will likely follow; after a draft, its next draft or its verification */
+                ctx->join_expect[req[i]->seq] = req[i]->draft ? JOIN_EXPECT_DRAFTING : JOIN_EXPECT_BACK;
             }
             ctx->join_leading = false;
             pthread_cond_broadcast(&ctx->join_cv);
@@ -921,10 +958,13 @@ flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out,
     flm_status st;
     seq_mark_busy(ctx, a->seq);
     if (a->join) {
-        if (a->draft || a->parent || a->logits != FLM_EVAL_LOGITS_LAST)
-            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a joined evaluation (join) takes no draft, no tree and "
-                            "no logits but the last token's (FLM_EVAL_LOGITS_LAST)");
-        st = eval_joined(ctx, a->seq, a->tokens, a->n, a->pos, &out->logits, &out->stats, err);
+        if (a->parent || a->logits == FLM_EVAL_LOGITS_NONE || (a->draft && a->logits != FLM_EVAL_LOGITS_LAST))
+            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a joined evaluation (join) takes no tree and logits the "
+                            "last token's (FLM_EVAL_LOGITS_LAST) or every token's (FLM_EVAL_LOGITS_ALL; not with "
+                            "draft)");
+        if (a->draft && !runs_hot(ctx)) return flm_fail(err, FLM_ERR_ARG, NEEDS_HOT);
+        st = eval_joined(ctx, a->seq, a->tokens, a->n, a->pos, a->draft, a->logits_all, &out->logits, &out->stats,
+                         err);
         out->stats.ms = flm_now_ms() - t0;
         return st;
     }

@@ -446,6 +446,11 @@ static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_
 }
 
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err) {
+    return flm_output_rows_ex(ctx, x, n, false, logits, err);
+}
+
+flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *logits,
+                              flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     flm_backend *be = &ctx->be;
@@ -455,14 +460,74 @@ flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, floa
                         FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch));
     float *buf = ctx->s.out_rows; /* carved at open */
     for (uint32_t i = 0; i < n; i++) memcpy(buf + (size_t)i * hp->d_model, x[i], hp->d_model * sizeof(float));
-    flm_status st = output(ctx, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, hp->n_vocab, NULL, err);
+    const uint32_t rows = output_rows(ctx, draft);
+    flm_status st = output(ctx, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, rows, NULL, err);
     if (st) {
         uint32_t l;
         int what;
         be->ops->verdict(be, &l, &what); /* clears the pass's notes */
         return st;
     }
-    watch_logits(be, logits, n, hp->n_vocab, hp->n_vocab);
+    watch_logits(be, logits, n, rows, hp->n_vocab);
+    mask_vocab(logits, n, rows, hp->n_vocab);
+    return verdict(ctx, err);
+}
+
+flm_status flm_output_scatter(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *const *dst,
+                              float *scratch, size_t cap, flm_error *err) {
+    const flm_model *m = ctx->model;
+    const flm_hparams *hp = &m->hp;
+    const uint32_t V = hp->n_vocab, d = hp->d_model;
+    if (n == 0) return FLM_OK;
+    if (n > FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch) || cap < V)
+        return flm_fail(err, FLM_ERR_ARG, "output layer of %u rows into %zu floats of scratch: more than the %u rows "
+                        "planned, or less than one row of %u logits", n, cap, FLM_OUTPUT_ROWS_MAX(ctx->s.n_batch), V);
+    const uint32_t rows = output_rows(ctx, draft);
+    uint64_t blk = cap / n;
+    blk -= blk % 64;
+    if (blk >= rows || blk < 256 || (ctx->flash && ctx->flash->plan.out_flash) || !m->output.data) {
+        /* whole rows, as many at once as the scratch holds */
+        const uint32_t per = (uint32_t)(cap / V);
+        for (uint32_t i = 0; i < n; i += per) {
+            const uint32_t k = n - i < per ? n - i : per;
+            flm_status st = flm_output_rows_ex(ctx, x + i, k, draft, scratch, err);
+            if (st) return st;
+            for (uint32_t j = 0; j < k; j++) memcpy(dst[i + j], scratch + (size_t)j * V, (size_t)V * sizeof(float));
+        }
+        return FLM_OK;
+    }
+    /* the classifier in blocks of blk of its rows, every token's row of a block at once (each weight read once),
+     * each block's logits copied to the tokens' own rows: the same dots as output()'s, in the same kernels */
+    flm_backend *be = &ctx->be;
+    const flm_backend_ops *B = be->ops;
+    const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = n};
+    float *X = ctx->s.out_rows, *H = X + (size_t)n * d; /* carved at open: [n][d_model + d_embd] */
+    for (uint32_t i = 0; i < n; i++) memcpy(X + (size_t)i * d, x[i], d * sizeof(float));
+    if (m->output_norm.data) B->norm(&P, &m->output_norm, &m->output_norm_b, d, X, d, X, d);
+    const float *in = X;
+    size_t stride = d;
+    if (m->proj_out.data) {
+        B->linear(&P, &m->proj_out, NULL, hp->d_embd, d, X, d, H, hp->d_embd);
+        in = H;
+        stride = hp->d_embd;
+    }
+    const size_t row_bytes = flm_row_bytes(m->output.type, m->output.n_in);
+    for (uint32_t i0 = 0; i0 < rows; i0 += (uint32_t)blk) {
+        const uint32_t nb = rows - i0 < blk ? rows - i0 : (uint32_t)blk;
+        flm_weight w = m->output, b = m->output_b;
+        w.n_out = nb;
+        w.data = (const char *)m->output.data + (size_t)i0 * row_bytes;
+        if (b.data) {
+            b.n_out = nb;
+            b.data = (const float *)b.data + i0;
+        }
+        B->linear(&P, &w, &b, nb, hp->d_embd, in, stride, scratch, nb);
+        for (uint32_t t = 0; t < n; t++) memcpy(dst[t] + i0, scratch + (size_t)t * nb, (size_t)nb * sizeof(float));
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        watch_logits(be, dst[t], 1, rows, V);
+        mask_vocab(dst[t], 1, rows, V);
+    }
     return verdict(ctx, err);
 }
 

@@ -357,12 +357,15 @@ struct flm_ctx {
     uint64_t join_pass_us;   /* wall time of the last pass run for flm_eval_seq (the leader's wait scales with it) */
     double *seq_busy_ms;     /* [n_seq]: flm_now_ms of the sequence's last evaluation, 0 after flm_seq_leave (under
                                 join_mu; flm_seq_busy) */
-    uint8_t *join_expect;    /* [n_seq]: 1 while the sequence is expected back (it was in the last joined pass and has
-                                neither left, flm_seq_leave, nor taken the context alone, flm_seq_acquire): the next
-                                pass waits for it, up to FLM_JOIN_WAIT_US */
+    uint8_t *join_expect;    /* [n_seq]: not 0 while the sequence is expected back (it was in the last joined pass and
+                                has neither left, flm_seq_leave, nor taken the context alone, flm_seq_acquire): the
+                                next pass waits for it, up to FLM_JOIN_WAIT_US; 2 when that pass was a draft (its
+                                speculative step goes on): waited for FLM_JOIN_WAIT_MAX_US */
     float *join_logits;
     int32_t *join_tok, *join_pos;
     const flm_kv_cache **join_kv;
+    const float **join_x;    /* [n_batch]: a joined pass's rows that want logits, their final hidden states */
+    float **join_dst;        /* [n_batch]: and where their logits go */
 };
 
 /* Records of a layer of n that the hot mode keeps in memory at share q16 / 65536 (runtime/ffn_hot.c). */
@@ -432,6 +435,18 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
  * flm_output_row (the tile kernels' dots are vec_dot's); the rows are copied into scratch carved at open. Errors:
  * FLM_ERR_ARG (n above FLM_OUTPUT_ROWS_MAX(n_batch)), those of flm_output_row. */
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err);
+/* flm_output_rows, over the self-draft's vocabulary when draft (flm_draft_vocab_rows; the logits of the ids past it
+ * -inf), as a draft pass computes them. Same errors. */
+flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *logits,
+                              flm_error *err);
+/* flm_output_rows_ex with each token's logits into its own row: dst[i] (n_vocab floats) gets x[i]'s. The classifier
+ * runs in blocks of its rows sized so that n rows of a block fit scratch (cap floats, at least n_vocab), every token
+ * at once, so each weight is read once whatever n (joined passes: every sequence's rows that want logits, a
+ * speculative step's all of them); when the blocks would be small, or the classifier is read from flash, rows at a
+ * time as the scratch holds. The same dots as flm_output_rows. Errors: FLM_ERR_ARG (n above
+ * FLM_OUTPUT_ROWS_MAX(n_batch), cap below n_vocab), those of flm_output_rows. Source: src/runtime/forward.c. */
+flm_status flm_output_scatter(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *const *dst,
+                              float *scratch, size_t cap, flm_error *err);
 
 /* flm_open on backend `be` (flm_open: &flm_backend_cpu; tests/test_backend.c: a stub over it). */
 flm_status flm_open_backend(const char *path, const flm_params *p, const flm_backend_ops *be, flm_ctx **out,

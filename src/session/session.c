@@ -807,16 +807,19 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
             continue;
         }
         if (!room(s, 1)) { r->ctx_full = true; break; } /* full: a context shift, or stop */
-        /* next and the drafts after it in one pass; in a shared context only while no other sequence is busy: a
-         * speculative step takes the context alone, and the others' tokens joined with this one in one pass give
-         * more (the step's tokens are those plain decoding takes, so the reply is the same either way) */
-        if (s->spec && r->n_gen < max && !(s->shared && flm_seq_busy(s->ctx, s->seq) > 0)) {
+        /* next and the drafts after it in one pass. In a shared context while another sequence is busy, the step
+         * joins the others' passes (a chain: the self-draft's passes join their drafts, the verification their
+         * pass; the others' tokens joined with this one in one pass give more than a turn alone); else it takes
+         * the context alone. The step's tokens are those plain decoding takes, so the reply is the same either
+         * way. */
+        if (s->spec && r->n_gen < max) {
             uint32_t m = 0;
             const int32_t H = s->n_past;
+            const bool joined = s->shared && flm_seq_busy(s->ctx, s->seq) > 0;
             spec_set_key_off(s->spec, s->key_off);
-            enter(s); /* the step's passes, trees and logits in one turn */
-            st = spec_step(s->spec, H, next, max - r->n_gen, queue, &m, &qrows, err);
-            leave(s);
+            if (!joined) enter(s); /* the step's passes, trees and logits in one turn */
+            st = spec_step(s->spec, H, next, max - r->n_gen, joined, queue, &m, &qrows, err);
+            if (!joined) leave(s);
             flm_call_stats step_calls, verify;
             spec_take_calls(s->spec, &step_calls, &verify);
             flm_call_stats_add(&s->calls, &step_calls);

@@ -46,6 +46,12 @@ struct spec {
     flm_spec_stats st;
     /* adaptive draft length (o.adaptive): running estimates, ms */
     double acc_a, acc_n;          /* accepted and drafted tokens, decayed */
+    double jacc_a, jacc_n;        /* the same for joined steps */
+    double jc_draft, jc_verify;   /* a joined step's ms per drafted token and per verification (the calls' wall time,
+                                     the wait for the others' rows included), decayed; 0: not measured yet */
+    double jv_rows, jv_c, jv_w;   /* the joined verifications' own rows and their rows' shares of the pass's compute
+                                     ms and of its wait for flash reads (flm_call_stats), decayed */
+    uint64_t n_jchoices;
     double c_draft;               /* ms per drafted token (0: not measured yet) */
     double c_verify[FLM_SPEC_DRAFT_MAX + 2]; /* ms of a verification pass of k rows (0: not measured yet) */
     uint64_t n_choices;
@@ -197,12 +203,13 @@ static flm_status t_eval(spec *s, flm_eval_args a, const float **logits, flm_err
     return st;
 }
 
-static flm_status t_draft(spec *s, int32_t tok, int32_t pos, const float **logits, flm_error *err) {
-    return t_eval(s, (flm_eval_args){.tokens = &tok, .n = 1, .pos = pos, .draft = true}, logits, err);
+static flm_status t_draft(spec *s, int32_t tok, int32_t pos, bool join, const float **logits, flm_error *err) {
+    return t_eval(s, (flm_eval_args){.tokens = &tok, .n = 1, .pos = pos, .draft = true, .join = join}, logits, err);
 }
 
-static flm_status t_batch(spec *s, const int32_t *tokens, uint32_t n, int32_t pos, float *logits_all, flm_error *err) {
-    return t_eval(s, (flm_eval_args){.tokens = tokens, .n = n, .pos = pos, .logits_all = logits_all,
+static flm_status t_batch(spec *s, const int32_t *tokens, uint32_t n, int32_t pos, bool join, float *logits_all,
+                          flm_error *err) {
+    return t_eval(s, (flm_eval_args){.tokens = tokens, .n = n, .pos = pos, .join = join, .logits_all = logits_all,
                                      .logits = FLM_EVAL_LOGITS_ALL}, NULL, err);
 }
 
@@ -279,7 +286,7 @@ static flm_status draft_propose(spec *s, const int32_t *seq, int32_t len, uint32
  * (flm_eval_draft), from position len - 1 (seq[len - 1], the step's `last`, not yet evaluated), with the target's
  * exact keys and values for the positions before; each token drawn as draft_propose's. The approximate keys and values it
  * stores at len - 1 .. len + n - 2 are all overwritten by the verification batch, which starts at len - 1. */
-static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, int32_t *out,
+static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, bool joined, int32_t *out,
                                uint32_t *n_out, flm_error *err) {
     *n_out = 0;
     double t0 = flm_now_ms();
@@ -288,7 +295,7 @@ static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_
     uint32_t i = 0;
     for (; i < n; i++) {
         const float *logits;
-        if ((st = t_draft(s, tok, len - 1 + (int32_t)i, &logits, err))) break;
+        if ((st = t_draft(s, tok, len - 1 + (int32_t)i, joined, &logits, err))) break;
         s->st.draft_tokens++;
         const int32_t d = pick(s, logits, len + (int32_t)i);
         out[i] = tok = s->hist[len + i] = d;
@@ -344,42 +351,102 @@ static long choose_n(spec *s, long max) {
     return best;
 }
 
+/* A joined step's draft length (0..max), a the joined drafts' acceptance (decayed, a uniform prior).
+ * Drafts that cost passes (the self-draft, a draft model): with both costs measured, the length with the most
+ * expected tokens per ms, as choose_n, over the joined calls' own wall times (a step in step with the others: their
+ * draft passes and their verification are this sequence's too). The verification's time grows with its pass's
+ * compute, which grows with the rows (each through every layer), less the time the pass waited for flash reads,
+ * which more compute fills (the reads go on meanwhile). The sequences busy beside this one are taken to draft as it
+ * does (they follow the same rule), so a draft adds a row of compute for each of them: with compute and wait the
+ * pass's (this sequence's shares times the sequences) and rows the verifications' own, k drafts change the
+ * compute by delta = compute * ((k + 1) / rows - 1), and the verification takes V + delta when delta <= 0, else
+ * V + max(0, delta - wait). Every 16th step drafts one more than chosen (the acceptance would otherwise never be
+ * measured again).
+ * Drafts that cost no pass (the n-gram lookup): the k-th is proposed while its chance of being reached and
+ * accepted, a^k, is at least SPEC_JOIN_MIN_GAIN; every 8th step that would propose none proposes one. */
+#define SPEC_JOIN_MIN_GAIN 0.3
+static long choose_n_joined(spec *s, long max) {
+    if (max <= 0) return 0;
+    const double a = (s->jacc_a + 1.0) / (s->jacc_n + 2.0);
+    const uint64_t c = ++s->n_jchoices;
+    long n = 0;
+    if (!s->draft && !s->o.self_draft) {
+        for (double p = a; n < max && p >= SPEC_JOIN_MIN_GAIN; p *= a) n++;
+        if (n == 0 && c % 8 == 0) n = 1;
+        return n;
+    }
+    if (s->jc_draft <= 0 || s->jc_verify <= 0 || s->jv_rows <= 0) return 1; /* until the costs are measured */
+    const double m = (double)(flm_seq_busy(s->target, s->seq) + 1), compute = s->jv_c * m, wait = s->jv_w * m;
+    double best_rate = 0;
+    for (long k = 0; k <= max; k++) {
+        const double e = a >= 1.0 ? (double)(k + 1) : (1.0 - pow(a, (double)(k + 1))) / (1.0 - a);
+        const double delta = compute * ((double)(k + 1) / s->jv_rows - 1.0);
+        double v = s->jc_verify + (delta <= 0 ? delta : delta > wait ? delta - wait : 0);
+        if (v < 1e-3) v = 1e-3;
+        const double rate = e / ((double)k * s->jc_draft + v);
+        if (rate > best_rate) { best_rate = rate; n = k; }
+    }
+    if (c % 16 == 0) n = n < max ? n + 1 : n;
+    return n;
+}
+
 /* Fold one measurement into an estimate: the first sets it, then an exponential average. */
 static void ema(double *v, double x) { *v = *v > 0 ? 0.75 * *v + 0.25 * x : x; }
 
 /* One step with the target holding hist[0..n_hist) and `last` next (n_hist < n_ctx): propose, verify in one pass,
  * accept. out[0..*m) gets the tokens decided (*m >= 1): the accepted drafts, then the target's own token; the target
  * then holds hist + last + the accepted drafts (s->n_hist), and s->rows row j holds the logits after out[j - 1]
- * (row 0: after last). max_new (>= 1) bounds *m. */
-static flm_status step(spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+ * (row 0: after last). max_new (>= 1) bounds *m. joined (a shared context while other sequences are busy): the
+ * self-draft's passes join the other sequences' drafts and the verification joins their pass (flm_evaluate with
+ * join); at most the batch's share of one sequence is drafted, a chain (a tree's nodes would not fit beside the
+ * others'), its length chosen by the joined drafts' acceptance (choose_n_joined), not by the timings of passes
+ * alone. */
+static flm_status step(spec *s, int32_t last, long max_new, bool joined, int32_t *out, uint32_t *m, flm_error *err) {
     const int32_t H = s->n_hist, L = H + 1;
     const size_t V = s->n_vocab;
     s->hist[H] = last;
     long n = s->o.n_draft;
     if (n > max_new - 1) n = max_new - 1;
     if (n > s->n_ctx - L) n = s->n_ctx - L; /* the batch [last, d1..dn] ends at position H + n < n_ctx */
-    n = choose_n(s, n);
+    if (joined) {
+        const long share = (long)(s->n_batch / (flm_n_seq(s->target) ? flm_n_seq(s->target) : 1)) - 1;
+        if (n > share) n = share; /* every sequence's step fits one pass */
+        n = choose_n_joined(s, n);
+    } else {
+        n = choose_n(s, n);
+    }
     uint32_t nd = 0;
     flm_status st = FLM_OK;
     double t0 = flm_now_ms();
     const double draft_ms0 = s->st.draft_ms;
     if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
-    else if (n > 0 && s->o.self_draft) st = self_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
+    else if (n > 0 && s->o.self_draft)
+        st = self_propose(s, s->hist, L, (uint32_t)n, joined, s->batch + 1, &nd, err);
     else if (n > 0) nd = spec_ngram_lookup(s->hist, (size_t)L, SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
     if (st) return st;
     if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += flm_now_ms() - t0;
     s->batch[0] = last;
-    if (nd > 0 && s->st.draft_ms > draft_ms0) ema(&s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
+    if (nd > 0 && s->st.draft_ms > draft_ms0) ema(joined ? &s->jc_draft : &s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
     const double tv = flm_now_ms();
-    if ((st = t_batch(s, s->batch, nd + 1, H, s->rows, err))) return st;
+    if ((st = t_batch(s, s->batch, nd + 1, H, joined, s->rows, err))) return st;
     const double dv = flm_now_ms() - tv;
-    ema(&s->c_verify[nd + 1], dv);
+    ema(joined ? &s->jc_verify : &s->c_verify[nd + 1], dv); /* a joined pass's time is every sequence's */
+    if (joined) {
+        ema(&s->jv_rows, (double)(nd + 1));
+        ema(&s->jv_c, s->last_call.total.compute_ms);
+        ema(&s->jv_w, s->last_call.total.io_ms);
+    }
+
     s->st.verify_ms[nd + 1] += dv;
     s->st.verify_n[nd + 1]++;
     s->st.n_passes++;
     s->st.n_steps++;
     s->st.n_drafted += nd;
     if (nd == 0) s->st.n_plain++;
+    if (joined) {
+        s->st.n_joined++;
+        s->st.n_joined_drafted += nd;
+    }
     t0 = flm_now_ms();
     /* row k's token is plain decoding's at position L + k (the drafts before it in the history); d_{k+1} is accepted
      * when it is that token; the first that is not is replaced by it; all accepted: row nd gives one more */
@@ -391,6 +458,13 @@ static flm_status step(spec *s, int32_t last, long max_new, int32_t *out, uint32
     }
     s->st.draft_select_ms += flm_now_ms() - t0;
     s->st.n_accepted += k;
+    if (joined) {
+        s->st.n_joined_accepted += k;
+        if (nd > 0) {
+            s->jacc_a = 0.9 * s->jacc_a + (double)k;
+            s->jacc_n = 0.9 * s->jacc_n + (double)k + (k < nd ? 1.0 : 0.0);
+        }
+    }
     /* the acceptance of one draft token: accepted ones over accepted ones and the first rejection (the drafts after
      * it were never tested); decayed, as the text changes */
     s->acc_a = 0.9 * s->acc_a + (double)k;
@@ -739,15 +813,16 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, u
     return FLM_OK;
 }
 
-flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, int32_t *out, uint32_t *m, const float **rows,
-                     flm_error *err) {
+flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, bool joined, int32_t *out, uint32_t *m,
+                     const float **rows, flm_error *err) {
     *m = 0;
     *rows = NULL;
     if (H < 0 || H >= s->n_ctx || max_new < 1)
         return flm_fail(err, FLM_ERR_ARG, "speculative step at position %d (context %d), %ld tokens", (int)H,
                         (int)s->n_ctx, max_new);
     s->n_hist = H;
-    flm_status st = (s->o.tree ? tree_step : step)(s, last, max_new, out, m, err);
+    flm_status st = joined || !s->o.tree ? step(s, last, max_new, joined, out, m, err)
+                                         : tree_step(s, last, max_new, out, m, err);
     if (st) {
         s->n_hist = H;
         return st;
