@@ -531,6 +531,88 @@ static flm_ctx *open_hot(int n_ctx, bool spec) {
     return ctx;
 }
 
+typedef struct seq_job seq_job;
+static void *seq_run(void *arg);
+static void seq_job_prompt(seq_job *j, flm_session *s, const char *prompt);
+static seq_job *seq_job_new(void);
+static void seq_job_ids(const seq_job *j, int *n, const int32_t **ids);
+
+/* Speculation inside joined passes: two speculative sessions on one hot context of three sequences generate at once
+ * while the third is busy (evaluated, not left), so their steps' self-draft passes join each other's drafts and their
+ * verifications join each other's passes; each reply equals plain decoding's (ram mode) token for token. */
+static void joined_self_draft(const flm_spec_params *sp) {
+    flm_ctx *cp = open_hot(256, false);
+    int32_t want[2][64];
+    int n_want[2];
+    for (int i = 0; i < 2; i++) {
+        seq_job *j = seq_job_new();
+        flm_session *s;
+        flm_error err;
+        assert_int_equal(flm_session_create(cp, &s, &err), FLM_OK);
+        seq_job_prompt(j, s, i ? "Lily and Tom went to the park" : "Once upon a time");
+        assert_null(seq_run(j));
+        const int32_t *ids;
+        seq_job_ids(j, &n_want[i], &ids);
+        assert_true(n_want[i] > 8 && n_want[i] <= 64);
+        memcpy(want[i], ids, (size_t)n_want[i] * sizeof *ids);
+        flm_session_free(s);
+        free(j);
+    }
+    flm_close(cp);
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 256;
+    p.n_seq = 3;
+    p.mode = FLM_MODE_HOT;
+    /* the single sequence's budget and two more KV caches of 256 tokens (the 256- and 48-token budgets differ by
+     * 208 tokens' worth) */
+    p.mem_bytes = g_hot_mem[0] + 2 * (g_hot_mem[0] - g_hot_mem[1]) * 256 / 208;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(g_hot, &p, &ctx, &err)) fail_msg("open %s: %s", g_hot, err.msg);
+    assert_true(flm_has_self_draft(ctx));
+    seq_job *jobs[2];
+    flm_session *sess[2];
+    for (int i = 0; i < 2; i++) {
+        jobs[i] = seq_job_new();
+        assert_int_equal(flm_session_create_seq(ctx, (uint32_t)i, &sess[i], &err), FLM_OK);
+        assert_int_equal(flm_session_speculate(sess[i], sp, NULL, &err), FLM_OK);
+        seq_job_prompt(jobs[i], sess[i], i ? "Lily and Tom went to the park" : "Once upon a time");
+    }
+    size_t n;
+    int32_t *ids = flm_tokenize_all(ctx, "The big dog", true, &n);
+    assert_non_null(ids);
+    const float *lg;
+    assert_int_equal(flm_eval_seq(ctx, 2, ids, (uint32_t)n, 0, &lg, NULL, &err), FLM_OK); /* busy */
+    free(ids);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, seq_run, jobs[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        void *rv = NULL;
+        pthread_join(th[i], &rv);
+        assert_null(rv);
+    }
+    uint64_t joined = 0, drafted = 0;
+    for (int i = 0; i < 2; i++) {
+        int got_n;
+        const int32_t *got;
+        seq_job_ids(jobs[i], &got_n, &got);
+        assert_int_equal(got_n, n_want[i]);
+        for (int t = 0; t < got_n; t++) assert_int_equal(got[t], want[i][t]);
+        flm_spec_stats st;
+        flm_session_spec_stats(sess[i], &st);
+        joined += st.n_joined;
+        drafted += st.n_joined_drafted;
+        flm_session_free(sess[i]);
+        free(jobs[i]);
+    }
+    print_message("joined self-draft: %llu joined steps, %llu drafts\n", (unsigned long long)joined,
+                  (unsigned long long)drafted);
+    assert_true(joined > 0 && drafted > 0); /* the first steps: sequence 2 was busy (FLM_SEQ_BUSY_MS) */
+    flm_close(ctx);
+}
+
 static void test_spec_tree_equals_plain(void **state) {
     (void)state;
     snprintf(g_hot, sizeof g_hot, "%s", tu_tmp("session-hot", ".flm"));
@@ -549,6 +631,7 @@ static void test_spec_tree_equals_plain(void **state) {
     sp.n_draft = 4;
     sp.tree = 8;
     check_spec_equals_plain(open_hot, &sp, "self-draft tree of 8");
+    joined_self_draft(&sp);
     remove(g_hot);
 }
 
@@ -654,14 +737,14 @@ static flm_ctx *open_seq(bool flm, int n_seq) {
     return ctx;
 }
 
-typedef struct seq_job {
+struct seq_job {
     flm_session *s;
     const char *prompt;
     bool ngram;
     collect c;
     flm_gen_result r;
     flm_session_stats st;
-} seq_job;
+};
 
 static void *seq_run(void *arg) {
     seq_job *j = arg;
@@ -675,6 +758,22 @@ static void *seq_run(void *arg) {
     if (flm_session_generate(j->s, &gp, on_token, &j->c, &j->r, &err)) return "generate";
     flm_session_get_stats(j->s, &j->st);
     return NULL;
+}
+
+static seq_job *seq_job_new(void) {
+    seq_job *j = calloc(1, sizeof *j);
+    assert_non_null(j);
+    return j;
+}
+
+static void seq_job_prompt(seq_job *j, flm_session *s, const char *prompt) {
+    j->s = s;
+    j->prompt = prompt;
+}
+
+static void seq_job_ids(const seq_job *j, int *n, const int32_t **ids) {
+    *n = j->c.n_ids;
+    *ids = j->c.ids;
 }
 
 static void seq_speculate(flm_session *s, bool ngram) {
