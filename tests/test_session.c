@@ -531,11 +531,32 @@ static flm_ctx *open_hot(int n_ctx, bool spec) {
     return ctx;
 }
 
-typedef struct seq_job seq_job;
-static void *seq_run(void *arg);
-static void seq_job_prompt(seq_job *j, flm_session *s, const char *prompt);
-static seq_job *seq_job_new(void);
-static void seq_job_ids(const seq_job *j, int *n, const int32_t **ids);
+/* A session's generation on its own thread: SEQ_GEN tokens after its prompt, collected (also the sequences' tests,
+ * below). */
+#define SEQ_GEN 48
+typedef struct seq_job {
+    flm_session *s;
+    const char *prompt;
+    bool ngram;
+    collect c;
+    flm_gen_result r;
+    flm_session_stats st;
+} seq_job;
+
+static void *seq_run(void *arg) {
+    seq_job *j = arg;
+    flm_error err;
+    memset(&j->c, 0, sizeof j->c);
+    if (flm_session_prompt_text(j->s, j->prompt, strlen(j->prompt), FLM_TOKENIZE_ADD_SPECIAL, NULL, &err))
+        return "prompt";
+    flm_gen_params gp;
+    flm_gen_params_default(&gp);
+    gp.max_tokens = SEQ_GEN;
+    if (flm_session_generate(j->s, &gp, on_token, &j->c, &j->r, &err)) return "generate";
+    flm_session_get_stats(j->s, &j->st);
+    return NULL;
+}
+
 
 /* Speculation inside joined passes: two speculative sessions on one hot context of three sequences generate at once
  * while the third is busy (evaluated, not left), so their steps' self-draft passes join each other's drafts and their
@@ -545,17 +566,16 @@ static void joined_self_draft(const flm_spec_params *sp) {
     int32_t want[2][64];
     int n_want[2];
     for (int i = 0; i < 2; i++) {
-        seq_job *j = seq_job_new();
-        flm_session *s;
+        seq_job *j = calloc(1, sizeof *j);
+        assert_non_null(j);
         flm_error err;
-        assert_int_equal(flm_session_create(cp, &s, &err), FLM_OK);
-        seq_job_prompt(j, s, i ? "Lily and Tom went to the park" : "Once upon a time");
+        assert_int_equal(flm_session_create(cp, &j->s, &err), FLM_OK);
+        j->prompt = i ? "Lily and Tom went to the park" : "Once upon a time";
         assert_null(seq_run(j));
-        const int32_t *ids;
-        seq_job_ids(j, &n_want[i], &ids);
+        n_want[i] = j->c.n_ids;
         assert_true(n_want[i] > 8 && n_want[i] <= 64);
-        memcpy(want[i], ids, (size_t)n_want[i] * sizeof *ids);
-        flm_session_free(s);
+        memcpy(want[i], j->c.ids, (size_t)n_want[i] * sizeof *j->c.ids);
+        flm_session_free(j->s);
         free(j);
     }
     flm_close(cp);
@@ -573,12 +593,12 @@ static void joined_self_draft(const flm_spec_params *sp) {
     if (flm_open(g_hot, &p, &ctx, &err)) fail_msg("open %s: %s", g_hot, err.msg);
     assert_true(flm_has_self_draft(ctx));
     seq_job *jobs[2];
-    flm_session *sess[2];
     for (int i = 0; i < 2; i++) {
-        jobs[i] = seq_job_new();
-        assert_int_equal(flm_session_create_seq(ctx, (uint32_t)i, &sess[i], &err), FLM_OK);
-        assert_int_equal(flm_session_speculate(sess[i], sp, NULL, &err), FLM_OK);
-        seq_job_prompt(jobs[i], sess[i], i ? "Lily and Tom went to the park" : "Once upon a time");
+        jobs[i] = calloc(1, sizeof *jobs[i]);
+        assert_non_null(jobs[i]);
+        assert_int_equal(flm_session_create_seq(ctx, (uint32_t)i, &jobs[i]->s, &err), FLM_OK);
+        assert_int_equal(flm_session_speculate(jobs[i]->s, sp, NULL, &err), FLM_OK);
+        jobs[i]->prompt = i ? "Lily and Tom went to the park" : "Once upon a time";
     }
     size_t n;
     int32_t *ids = flm_tokenize_all(ctx, "The big dog", true, &n);
@@ -595,16 +615,13 @@ static void joined_self_draft(const flm_spec_params *sp) {
     }
     uint64_t joined = 0, drafted = 0;
     for (int i = 0; i < 2; i++) {
-        int got_n;
-        const int32_t *got;
-        seq_job_ids(jobs[i], &got_n, &got);
-        assert_int_equal(got_n, n_want[i]);
-        for (int t = 0; t < got_n; t++) assert_int_equal(got[t], want[i][t]);
+        assert_int_equal(jobs[i]->c.n_ids, n_want[i]);
+        for (int t = 0; t < n_want[i]; t++) assert_int_equal(jobs[i]->c.ids[t], want[i][t]);
         flm_spec_stats st;
-        flm_session_spec_stats(sess[i], &st);
+        flm_session_spec_stats(jobs[i]->s, &st);
         joined += st.n_joined;
         drafted += st.n_joined_drafted;
-        flm_session_free(sess[i]);
+        flm_session_free(jobs[i]->s);
         free(jobs[i]);
     }
     print_message("joined self-draft: %llu joined steps, %llu drafts\n", (unsigned long long)joined,
@@ -715,7 +732,6 @@ static void test_chat_turns(void **state) {
 /* ---- sequences: one context, several sessions ------------------------------------------------------------------ */
 
 #define SEQ_N 4
-#define SEQ_GEN 48
 static const char *const SEQ_PROMPTS[SEQ_N] = {"Once upon a time", "Lily and Tom went to the park",
                                                "The big dog", "One day, a little bird"};
 static char g_seq_flm[4096];
@@ -735,45 +751,6 @@ static flm_ctx *open_seq(bool flm, int n_seq) {
     flm_error err;
     if (flm_open(flm ? g_seq_flm : tu_data(MODEL), &p, &ctx, &err)) fail_msg("%s", err.msg);
     return ctx;
-}
-
-struct seq_job {
-    flm_session *s;
-    const char *prompt;
-    bool ngram;
-    collect c;
-    flm_gen_result r;
-    flm_session_stats st;
-};
-
-static void *seq_run(void *arg) {
-    seq_job *j = arg;
-    flm_error err;
-    memset(&j->c, 0, sizeof j->c);
-    if (flm_session_prompt_text(j->s, j->prompt, strlen(j->prompt), FLM_TOKENIZE_ADD_SPECIAL, NULL, &err))
-        return "prompt";
-    flm_gen_params gp;
-    flm_gen_params_default(&gp);
-    gp.max_tokens = SEQ_GEN;
-    if (flm_session_generate(j->s, &gp, on_token, &j->c, &j->r, &err)) return "generate";
-    flm_session_get_stats(j->s, &j->st);
-    return NULL;
-}
-
-static seq_job *seq_job_new(void) {
-    seq_job *j = calloc(1, sizeof *j);
-    assert_non_null(j);
-    return j;
-}
-
-static void seq_job_prompt(seq_job *j, flm_session *s, const char *prompt) {
-    j->s = s;
-    j->prompt = prompt;
-}
-
-static void seq_job_ids(const seq_job *j, int *n, const int32_t **ids) {
-    *n = j->c.n_ids;
-    *ids = j->c.ids;
 }
 
 static void seq_speculate(flm_session *s, bool ngram) {
