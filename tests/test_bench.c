@@ -449,6 +449,41 @@ static void test_bench_sweeps(void **state) {
     rmdir(dir);
 }
 
+/* A speculative row (hot with a self-draft chain of 2, stored hottest first by the setup's calibration) reports the
+ * draft's tokens per generated token and its ms per drafted token: the tokens are whole (tokens per token x
+ * generated tokens is the draft's count), the ms positive, and the table gives their share of ram's ms/token; a
+ * row that does not speculate reports 0 for both. */
+static void test_bench_draft_cost(void **state) {
+    (void)state;
+    const char *json = tu_tmp("bench-draft", ".json");
+    char args[16384];
+    const int gen = 12;
+    snprintf(args, sizeof args, "bench -m '%s' --modes ram,hot+self2 --mem 80%% -t 2 --prompt-tokens 4 --gen-tokens %d "
+             "--json '%s' 2>&1", flm_path, gen, json);
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc != 0) fail_msg("flashlm %s: exit %d\n%s", args, rc, out);
+    assert_non_null(strstr(out, "| drafted tokens per token | ms per drafted token |"));
+    const char *row = strstr(out, "| hot+self2 | ");
+    if (!row || !strstr(row, "% of ram's) |")) fail_msg("no share of ram's ms/token in the hot+self2 row:\n%s", out);
+    free(out);
+    char *text = read_text(json);
+    cJSON *d = j_parse(text);
+    const cJSON *modes = j_get(d, "modes", J_ARR);
+    const cJSON *ram = find_run(modes, "ram"), *hot = find_run(modes, "hot+self2");
+    assert_true(j_num(ram, "draft_tokens_per_token") == 0 && j_num(ram, "draft_ms_per_draft_token") == 0);
+    assert_true(j_num(hot, "tokens_per_pass") > 1); /* it speculated, and drafts were accepted */
+    /* a speculative row counts every generated token (gen + 1: bench asks for the first token besides) */
+    const double n_tok = j_num(hot, "n_decode_tokens"), per = j_num(hot, "draft_tokens_per_token"), drafted = per * n_tok;
+    assert_true(n_tok >= gen);
+    if (!(drafted >= 1 && fabs(drafted - round(drafted)) < 1e-6))
+        fail_msg("draft tokens per token %.9g x %.0f tokens is not a whole count of draft tokens", per, n_tok);
+    assert_true(j_num(hot, "draft_ms_per_draft_token") > 0);
+    cJSON_Delete(d);
+    free(text);
+    remove(json);
+}
+
 /* --mem B1,B2,...: ram once without a budget, then naive, hybrid, sparse (calibrated here) and auto at each budget, in
  * one table; a budget too small is a row per mode saying why, not a failure; --svg FILE is one figure with one line
  * per mode; the JSON holds every run with its budget in bytes. */
@@ -628,6 +663,7 @@ int main(void) {
         cmocka_unit_test(test_bench_json_and_svg),
         cmocka_unit_test(test_bench_sweeps),
         cmocka_unit_test(test_bench_budget_list),
+        cmocka_unit_test(test_bench_draft_cost),
         cmocka_unit_test(test_bench_bad_sweeps),
         cmocka_unit_test(test_bench_synthetic_hot),
     };

@@ -57,6 +57,9 @@ typedef struct bench_result {
     int spec;                 /* 1: a speculative run */
     double gen_ms;            /* wall ms for the n_gen + 1 generated tokens */
     double tok_per_pass, accept_rate, draft_ms_tok, verify_ms_tok;
+    /* ms per token the draft evaluated (flm_spec_stats.draft_ms / draft_tokens: a tree's level evaluates its
+     * nodes in one pass, so a node costs less than the level) and those tokens per generated token; 0 without */
+    double draft_ms_each, draft_per_tok;
     /* the reader's busy share (flm_stats.io_busy_ms): of the generation's wall time wall_ms (every generated token,
      * the first included), the busy_ms during which a read was in flight */
     double wall_ms, busy_ms, busy_share;
@@ -364,6 +367,8 @@ static void run_mode(const bench_opts *o, const bench_run *run, bench_result *r,
         r->accept_rate = ss.n_drafted ? (double)ss.n_accepted / (double)ss.n_drafted : 0;
         r->draft_ms_tok = ss.draft_ms / g;
         r->verify_ms_tok = (r->gen_ms - ss.draft_ms - ss.draft_select_ms) / g;
+        r->draft_ms_each = ss.draft_tokens ? ss.draft_ms / (double)ss.draft_tokens : 0;
+        r->draft_per_tok = (double)ss.draft_tokens / g;
         r->wall_ms = res.ms;
         r->busy_ms = res.io_busy_ms;
         r->busy_share = res.ms > 0 ? res.io_busy_ms / res.ms : 0;
@@ -727,25 +732,37 @@ static void print_main_tables(const bench_opts *o, const bench_run *runs, const 
     bool any_spec = false;
     for (int i = 0; i < n; i++) any_spec |= res[i].ok && res[i].spec;
     if (any_spec) {
-        const bench_result *hyb = NULL;
-        for (int i = 0; i < n; i++)
+        const bench_result *hyb = NULL, *ram = NULL;
+        for (int i = 0; i < n; i++) {
             if (res[i].ok && !strcmp(runs[i].label, "hybrid")) hyb = &res[i];
+            if (res[i].ok && !strcmp(runs[i].label, "ram")) ram = &res[i];
+        }
         printf("\n(speculative rows: the mean over the generated tokens of the whole generation's wall time, drafting "
-               "included; greedy output equals plain decoding's)\n\n| mode | tokens/s | vs hybrid | tokens per target "
-               "pass | drafts accepted | MiB read per token | draft ms/token | verify ms/token | peak RSS MiB |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+               "included; greedy output equals plain decoding's; ms per drafted token: drafting's ms over the tokens "
+               "the draft evaluated, a tree level's nodes in one pass, and its share of ram's ms/token)\n\n| mode | "
+               "tokens/s | vs hybrid | tokens per target pass | drafts accepted | MiB read per token | draft ms/token "
+               "| verify ms/token | drafted tokens per token | ms per drafted token | peak RSS MiB |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for (int i = 0; i < n; i++) {
             const bench_result *r = &res[i];
             if (!r->ok) continue;
             char vs[32] = "n/a";
             if (hyb && r->tot_med > 0) snprintf(vs, sizeof vs, "%.2fx", hyb->tot_med / r->tot_med);
+            char each[48] = "–";
+            if (r->spec && r->draft_ms_each > 0) {
+                if (ram && ram->tot_med > 0)
+                    snprintf(each, sizeof each, "%.2f (%.0f%% of ram's)", r->draft_ms_each,
+                             100 * r->draft_ms_each / ram->tot_med);
+                else
+                    snprintf(each, sizeof each, "%.2f", r->draft_ms_each);
+            }
             if (r->spec)
-                printf("| %s | %.2f | %s | %.2f | %.1f%% | %.2f | %.2f | %.2f | %.1f |\n", runs[i].label,
+                printf("| %s | %.2f | %s | %.2f | %.1f%% | %.2f | %.2f | %.2f | %.2f | %s | %.1f |\n", runs[i].label,
                        1e3 / r->tot_med, vs, r->tok_per_pass, 100 * r->accept_rate, cli_mib((uint64_t)r->bytes_per_tok),
-                       r->draft_ms_tok, r->verify_ms_tok, cli_mib(r->peak_rss));
+                       r->draft_ms_tok, r->verify_ms_tok, r->draft_per_tok, each, cli_mib(r->peak_rss));
             else
-                printf("| %s | %.2f | %s | 1.00 | – | %.2f | – | %.2f | %.1f |\n", runs[i].label, 1e3 / r->tot_med, vs,
-                       cli_mib((uint64_t)r->bytes_per_tok), r->tot_med, cli_mib(r->peak_rss));
+                printf("| %s | %.2f | %s | 1.00 | – | %.2f | – | %.2f | – | – | %.1f |\n", runs[i].label,
+                       1e3 / r->tot_med, vs, cli_mib((uint64_t)r->bytes_per_tok), r->tot_med, cli_mib(r->peak_rss));
         }
     }
     printf("\n(reader busy: the share of the generation's wall time during which a read was in flight)\n\n"
@@ -943,6 +960,10 @@ static void json_result(FILE *f, const char *label, const bench_result *r, const
     json_num(f, r->busy_share);
     fprintf(f, ", \"tokens_per_pass\": ");
     json_num(f, r->tok_per_pass);
+    fprintf(f, ", \"draft_tokens_per_token\": ");
+    json_num(f, r->draft_per_tok);
+    fprintf(f, ", \"draft_ms_per_draft_token\": ");
+    json_num(f, r->draft_ms_each);
     fprintf(f, ",\n%s \"neurons_predicted_per_token\": ", ind);
     json_num(f, r->pred_per_tok);
     fprintf(f, ", \"neurons_loaded_per_token\": ");
