@@ -1114,7 +1114,8 @@ static void check_tiles(flm_kernel_level L) {
         const size_t n = 256, stride = flm_row_bytes(t, n);
         static const size_t row_counts[] = {1, 5, 9, 17, 32, 37}; /* a tile's product table: 16 rows per half, 32 */
         for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
-            for (size_t n_y = 1, rows = row_counts[ri]; n_y <= 15; n_y += 2) { /* 12 per pass at 512 bits */
+            for (size_t n_y = 1, rows = row_counts[ri]; n_y <= 25; n_y++) { /* 12 per pass at 512 bits: every count
+                                                                                 of a pass, whole and in part */
                 uint8_t *W = malloc(rows * stride);
                 float *a = malloc(rows * n_y * sizeof(float)), *want = malloc(n_y * n * sizeof(float)),
                       *got = malloc(n_y * n * sizeof(float));

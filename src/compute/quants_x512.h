@@ -102,6 +102,39 @@ static float X512(vdot_q6_k)(const void *row, const void *xq, size_t n) {
  * issued four p0/p5 operations per two FMAs. The products are the same single roundings, so the bits do not change. */
 #define AXPY_T8_ROWS 32 /* rows per product table (a down group, TILE_NG in ffn_bundle.c) */
 #define AXPY_T8_TOK 12  /* tokens per pass over the rows: 24 accumulators of the 32 registers */
+
+/* One 32-column block i of nt tokens' outputs (Y0 + t * y_stride) through nr rows (block i of row r at Wi + r *
+ * w_stride; ad[t * AXPY_T8_ROWS + r] the product a * d). Inlined with nt a constant (the switch below), so the
+ * token loops unroll and the 2 * nt accumulators stay in registers (with nt a variable the compiler kept them on the
+ * stack: a store and a compare beside each pair of fmadds); the operations and their order are the same for every
+ * nt. */
+static inline __attribute__((always_inline)) void X512(axpy_t8_block)(const uint8_t *Wi, size_t w_stride, size_t nr,
+                                                                     const float *ad, float *Y0, size_t y_stride,
+                                                                     const size_t nt) {
+    __m512 lo[AXPY_T8_TOK], hi[AXPY_T8_TOK];
+#pragma GCC unroll 12
+    for (size_t t = 0; t < nt; t++) {
+        lo[t] = _mm512_loadu_ps(Y0 + t * y_stride);
+        hi[t] = _mm512_loadu_ps(Y0 + t * y_stride + 16);
+    }
+    for (size_t r = 0; r < nr; r++) {
+        const flm_block_q8_0 *b = (const flm_block_q8_0 *)(Wi + r * w_stride);
+        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs)));
+        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16))));
+#pragma GCC unroll 12
+        for (size_t t = 0; t < nt; t++) {
+            const __m512 p = _mm512_set1_ps(ad[t * AXPY_T8_ROWS + r]);
+            lo[t] = _mm512_fmadd_ps(p, q0, lo[t]);
+            hi[t] = _mm512_fmadd_ps(p, q1, hi[t]);
+        }
+    }
+#pragma GCC unroll 12
+    for (size_t t = 0; t < nt; t++) {
+        _mm512_storeu_ps(Y0 + t * y_stride, lo[t]);
+        _mm512_storeu_ps(Y0 + t * y_stride + 16, hi[t]);
+    }
+}
+
 static void X512(axpy_tile_q8_0)(const void *W, size_t w_stride, size_t rows, const float *a, size_t a_stride,
                                  float *Y, size_t y_stride, size_t n_y, size_t n) {
     const size_t nb = n / FLM_QK;
@@ -139,25 +172,14 @@ static void X512(axpy_tile_q8_0)(const void *W, size_t w_stride, size_t rows, co
                         _mm512_store_ps(ad + t * AXPY_T8_ROWS + 16,
                                         _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, at + 16), d1));
                 }
-                __m512 lo[AXPY_T8_TOK], hi[AXPY_T8_TOK];
-                for (size_t t = 0; t < nt; t++) {
-                    lo[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK);
-                    hi[t] = _mm512_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16);
-                }
-                for (size_t r = 0; r < nr; r++) {
-                    const flm_block_q8_0 *b = (const flm_block_q8_0 *)(Wi + r * w_stride);
-                    const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs)));
-                    const __m512 q1 =
-                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16))));
-                    for (size_t t = 0; t < nt; t++) {
-                        const __m512 p = _mm512_set1_ps(ad[t * AXPY_T8_ROWS + r]);
-                        lo[t] = _mm512_fmadd_ps(p, q0, lo[t]);
-                        hi[t] = _mm512_fmadd_ps(p, q1, hi[t]);
-                    }
-                }
-                for (size_t t = 0; t < nt; t++) {
-                    _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK, lo[t]);
-                    _mm512_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + 16, hi[t]);
+                float *Y0 = Y + t0 * y_stride + i * FLM_QK;
+                switch (nt) { /* each a copy with the token count fixed (X512(axpy_t8_block)) */
+#define AXPY_T8_CASE(N)                                                                                                \
+    case N: X512(axpy_t8_block)(Wi, w_stride, nr, ad, Y0, y_stride, N); break;
+                    AXPY_T8_CASE(1) AXPY_T8_CASE(2) AXPY_T8_CASE(3) AXPY_T8_CASE(4) AXPY_T8_CASE(5) AXPY_T8_CASE(6)
+                    AXPY_T8_CASE(7) AXPY_T8_CASE(8) AXPY_T8_CASE(9) AXPY_T8_CASE(10) AXPY_T8_CASE(11)
+                    default: X512(axpy_t8_block)(Wi, w_stride, nr, ad, Y0, y_stride, AXPY_T8_TOK); break;
+#undef AXPY_T8_CASE
                 }
             }
         }
