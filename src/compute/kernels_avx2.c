@@ -182,33 +182,50 @@ static void axpy_q8_0(const void *row, float a, float *y, size_t n) {
     }
 }
 
-/* axpy_q8_0 for a block of rows and up to 4 tokens at a time: each 32-column block of the tokens' outputs stays in
- * registers while the rows pass over it, every element updated by the same fmadd as axpy_q8_0, rows in order. */
+/* Half h (16 columns) of block i of nt tokens' outputs through every row, nt a constant where inlined (the switch in
+ * axpy_tile_q8_0): 2 * nt accumulators, the half's two weight vectors and the product fit the 16 registers, so
+ * nothing spills (a whole 32-column block for 4 tokens needs 21). Each element gets axpy_q8_0's fmadd (a * d
+ * rounded once), rows in order. */
+static inline __attribute__((always_inline)) void axpy_q8_0_half(const uint8_t *W, size_t w_stride, size_t rows,
+                                                                  const float *a, size_t a_stride, float *Y,
+                                                                  size_t y_stride, size_t i, int h, const size_t nt) {
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (size_t t = 0; t < nt; t++)
+        for (int j = 0; j < 2; j++) acc[t][j] = _mm256_loadu_ps(Y + t * y_stride + i * FLM_QK + 16 * h + 8 * j);
+    for (size_t r = 0; r < rows; r++) {
+        const flm_block_q8_0 *b = (const flm_block_q8_0 *)(W + r * w_stride) + i;
+        const float d = _cvtsh_ss(b->d);
+        const __m256 q0 = load_i8x8(b->qs + 16 * h), q1 = load_i8x8(b->qs + 16 * h + 8);
+#pragma GCC unroll 4
+        for (size_t t = 0; t < nt; t++) {
+            const __m256 ad = _mm256_set1_ps(a[t * a_stride + r] * d);
+            acc[t][0] = _mm256_fmadd_ps(ad, q0, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(ad, q1, acc[t][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (size_t t = 0; t < nt; t++)
+        for (int j = 0; j < 2; j++) _mm256_storeu_ps(Y + t * y_stride + i * FLM_QK + 16 * h + 8 * j, acc[t][j]);
+}
+
+/* axpy_q8_0 for a block of rows and up to 4 tokens at a time: each half of a 32-column block of the tokens' outputs
+ * stays in registers while the rows pass over it (axpy_q8_0_half), every element updated by the same fmadd as
+ * axpy_q8_0, rows in order. */
 static void axpy_tile_q8_0(const void *W, size_t w_stride, size_t rows, const float *a, size_t a_stride, float *Y,
                            size_t y_stride, size_t n_y, size_t n) {
     const size_t nb = n / FLM_QK;
     for (size_t t0 = 0; t0 < n_y; t0 += 4) {
         const size_t nt = n_y - t0 < 4 ? n_y - t0 : 4;
-        for (size_t i = 0; i < nb; i++) {
-            __m256 acc[4][4];
-            for (size_t t = 0; t < nt; t++)
-                for (int j = 0; j < 4; j++) acc[t][j] = _mm256_loadu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + j * 8);
-            for (size_t r = 0; r < rows; r++) {
-                const flm_block_q8_0 *b = (const flm_block_q8_0 *)((const uint8_t *)W + r * w_stride) + i;
-                const float d = _cvtsh_ss(b->d);
-                const __m256 q0 = load_i8x8(b->qs), q1 = load_i8x8(b->qs + 8), q2 = load_i8x8(b->qs + 16),
-                             q3 = load_i8x8(b->qs + 24);
-                for (size_t t = 0; t < nt; t++) {
-                    const __m256 ad = _mm256_set1_ps(a[(t0 + t) * a_stride + r] * d);
-                    acc[t][0] = _mm256_fmadd_ps(ad, q0, acc[t][0]);
-                    acc[t][1] = _mm256_fmadd_ps(ad, q1, acc[t][1]);
-                    acc[t][2] = _mm256_fmadd_ps(ad, q2, acc[t][2]);
-                    acc[t][3] = _mm256_fmadd_ps(ad, q3, acc[t][3]);
+        const float *at = a + t0 * a_stride;
+        float *Yt = Y + t0 * y_stride;
+        for (size_t i = 0; i < nb; i++)
+            for (int h = 0; h < 2; h++) switch (nt) {
+                case 1: axpy_q8_0_half(W, w_stride, rows, at, a_stride, Yt, y_stride, i, h, 1); break;
+                case 2: axpy_q8_0_half(W, w_stride, rows, at, a_stride, Yt, y_stride, i, h, 2); break;
+                case 3: axpy_q8_0_half(W, w_stride, rows, at, a_stride, Yt, y_stride, i, h, 3); break;
+                default: axpy_q8_0_half(W, w_stride, rows, at, a_stride, Yt, y_stride, i, h, 4); break;
                 }
-            }
-            for (size_t t = 0; t < nt; t++)
-                for (int j = 0; j < 4; j++) _mm256_storeu_ps(Y + (t0 + t) * y_stride + i * FLM_QK + j * 8, acc[t][j]);
-        }
     }
 }
 
