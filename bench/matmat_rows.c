@@ -2,7 +2,7 @@
  * row count: ROWS x N weights of TYPE against NX activation rows, one thread, at the level FLASHLM_KERNELS names
  * (default: the CPU's best). Prints ms per call (the fastest round through the copies) and ms per call per activation row, the weights cycling through
  * enough copies (>= 160 MiB) that they come from DRAM, as a decode's do.
- *   matmat_rows TYPE ROWS N [SECONDS [NX ...]]     e.g. matmat_rows q8_0 151936 896 1 1 2 4 8
+ *   matmat_rows TYPE ROWS N [SECONDS [NX ...]]     e.g. matmat_rows q8_0 151936 896 1 1 2 4 8 (NX 1..32)
  * With KI_STOP set it runs one call per NX between two SIGSTOPs instead (for bench/step_count.c, which counts the
  * instructions natively: valgrind 3.19 has no AVX-512), or under callgrind with --toggle-collect=run_matmat. */
 #include <signal.h>
@@ -15,6 +15,8 @@
 #include "compute/work.h"
 #include "core/arena.h"
 #include "core/types.h"
+
+#define MAX_NX 32 /* activation rows at most: a verification pass of a draft tree (12-17 rows), a prompt's tile */
 
 static double now_s(void) {
     struct timespec ts;
@@ -44,7 +46,7 @@ int main(int argc, char **argv) {
     const size_t bytes = rows * flm_row_bytes(t, n);
     const size_t copies = getenv("KI_STOP") ? 1 : (size_t)(160u << 20) / bytes + 1;
     uint8_t **W = malloc(copies * sizeof *W);
-    float *X = malloc(8 * n * sizeof(float)), *Y = malloc(8 * rows * sizeof(float));
+    float *X = malloc(MAX_NX * n * sizeof(float)), *Y = malloc(MAX_NX * rows * sizeof(float));
     flm_arena ws;
     if (!W || !X || !Y || flm_arena_init(&ws, 64u << 20) != 0) return 1;
     uint64_t s = 88172645463325252ull;
@@ -57,11 +59,14 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i + 1 < bytes; i += 2) /* no inf / nan f16 scales */
             if ((W[c][i + 1] & 0x7c) == 0x7c) W[c][i + 1] &= 0x3f;
     }
-    for (size_t i = 0; i < 8 * n; i++) X[i] = (float)((int)(i * 7919 % 2001) - 1000) / 1000.0f;
+    for (size_t i = 0; i < MAX_NX * n; i++) X[i] = (float)((int)(i * 7919 % 2001) - 1000) / 1000.0f;
     const int stops = getenv("KI_STOP") != NULL;
     for (int a = 5; a < argc || a == 5; a++) {
         const size_t nx = argc > 5 ? (size_t)atol(argv[a]) : 1;
-        if (nx < 1 || nx > 8) return 2;
+        if (nx < 1 || nx > MAX_NX) {
+            fprintf(stderr, "matmat_rows: NX %s is not 1..%d\n", argv[a], MAX_NX);
+            return 2;
+        }
         if (stops) {
             raise(SIGSTOP);
             run_matmat(k, t, W[0], rows, n, X, nx, Y, &ws);
