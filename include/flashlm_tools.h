@@ -141,6 +141,10 @@ typedef struct flm_calib_opts {
     const char *text_file;   /* or the text file at this path, read as a stream (flm_text_stream) only as far as the
                                 tokens used (max_tokens + eval_tokens; the held-out ones are then those right after
                                 the recorded ones): a text of any size, /dev/zero, a pipe cost what a short one does */
+    const char *const *text_files; /* or several text files (a NULL-terminated list, replacing text_file when set),
+                                taken in turns a chunk at a time: chunk tokens of the first, then of the second, ...,
+                                each file from where its last chunk ended, a file that ends dropping out (the hot
+                                order and the predictors then see every kind of text: prose, code, ...) */
     uint32_t max_tokens;     /* tokens recorded (default 4096); 80% train the predictors, 20% set the thresholds */
     uint32_t chunk;          /* tokens per sequence (each starts at position 0 with BOS; default 128) */
     uint32_t rank;           /* predictor rank of most layers (default min(128, d_model / 2)) */
@@ -253,6 +257,7 @@ FLM_API flm_status flm_hot_order(const char *path, const char *text, uint32_t ma
 /* Options of flm_hot_order_ex (flm_hot_opts_default fills them). */
 typedef struct flm_hot_opts {
     const char *text_file;    /* when the text argument is NULL: the text file, read only as far as max_tokens */
+    const char *const *text_files; /* or several text files, a chunk of each in turn (flm_calib_opts.text_files) */
     const char *out_path;     /* write the ordered model there (replaced if it exists), leaving path as it was; NULL:
                                  onto path */
     uint32_t max_tokens;      /* tokens of the text the scores are measured on (default 1024; at least one chunk) */
@@ -289,6 +294,7 @@ FLM_API bool flm_is_hot_ordered(const char *path);
 typedef struct flm_coact_opts {
     const char *text;         /* the text whose predicted sets are measured, or NULL: */
     const char *text_file;    /* the text file, read only as far as max_tokens */
+    const char *const *text_files; /* or several text files, a chunk of each in turn (flm_calib_opts.text_files) */
     const char *out_path;     /* write the ordered model there (replaced if it exists), leaving path as it was; NULL:
                                  onto path */
     uint32_t max_tokens;      /* tokens of the text (default 1024; whole chunks) */

@@ -9,7 +9,10 @@
  *     the hot mode both run the result); a second run keeps the order (idempotent); --no-hot keeps the old layout;
  *     --levels-only keeps it too; under --mem the ordering runs under the budget;
  *   - a write that fails part-way (a file size limit: EFBIG, as a full disk) leaves the model as it was and nothing
- *     beside it.
+ *     beside it;
+ *   - several texts (flm_calib_opts.text_files, `--text A --text B`): their tokens in turns of a chunk, each file
+ *     from where its last turn ended, a file that ends dropping out (flm_calib_tokens, against each file tokenized
+ *     alone); the hot order measured on a text and a copy of it is the order measured on the text alone.
  * stories260K from tests/data. */
 #include <fcntl.h>
 #include <math.h>
@@ -22,6 +25,7 @@
 
 #include "flashlm.h"
 #include "flashlm_tools.h"
+#include "calibrate/calibrate.h"
 #include "format/flm.h"
 #include "testutil.h"
 
@@ -349,12 +353,104 @@ static void test_write_fails(void **state) {
     remove(path);
 }
 
+/* Several texts in turns of a chunk (flm_calib_tokens): each file tokenized alone gives the expected sequence. */
+static void check_turns(flm_ctx *ctx, const char *const *files, size_t nf, uint32_t chunk, bool bos, size_t max) {
+    int32_t *one[4];
+    size_t n_one[4], at[4] = {0};
+    for (size_t i = 0; i < nf; i++) {
+        flm_error err;
+        if (flm_tokenize_file(ctx, files[i], bos, 0, &one[i], &n_one[i], &err)) fail_msg("%s", err.msg);
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < nf; i++) total += n_one[i];
+    const size_t want_n = max && max < total ? max : total;
+    int32_t *want = malloc((want_n + 1) * sizeof *want);
+    size_t k = 0;
+    while (k < want_n)
+        for (size_t i = 0; i < nf && k < want_n; i++)
+            for (uint32_t c = 0; c < chunk && at[i] < n_one[i] && k < want_n; c++) want[k++] = one[i][at[i]++];
+    int32_t *got = NULL;
+    size_t n_got = 0;
+    flm_error err;
+    assert_int_equal(flm_calib_tokens(ctx, NULL, NULL, files, chunk, bos, max, &got, &n_got, &err), FLM_OK);
+    assert_int_equal(n_got, want_n);
+    assert_memory_equal(got, want, want_n * sizeof *want);
+    free(got);
+    free(want);
+    for (size_t i = 0; i < nf; i++) free(one[i]);
+}
+
+static void test_text_turns(void **state) {
+    (void)state;
+    flm_ctx *ctx = open_mode(tu_data(MODEL), FLM_MODE_RAM, 0);
+    char shortf[4096], copy[4096];
+    snprintf(shortf, sizeof shortf, "%s", tu_tmp("hc-short", ".txt"));
+    FILE *f = fopen(shortf, "w");
+    assert_non_null(f);
+    fputs("The cat sat on the mat. It was a sunny day, and the dog ran to the park to play.", f);
+    fclose(f);
+    char story[4096], sentences[4096];
+    snprintf(story, sizeof story, "%s", tu_data(TEXT));
+    snprintf(sentences, sizeof sentences, "%s", tu_data("text/sentences.txt"));
+    const char *files[] = {story, shortf, sentences, NULL};
+    check_turns(ctx, files, 3, 16, false, 0);     /* all: the short file drops out after its second turn */
+    check_turns(ctx, files, 3, 16, true, 0);      /* BOS before each file's first token */
+    check_turns(ctx, files, 3, 7, false, 100);    /* max cuts a turn short */
+    const char *two[] = {shortf, story, NULL};
+    check_turns(ctx, two, 2, 100000, false, 0);   /* a chunk longer than the files: each whole, in order */
+    const char *none[] = {NULL};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    flm_error err;
+    assert_int_equal(flm_calib_tokens(ctx, NULL, NULL, none, 16, false, 0, &ids, &n, &err), FLM_ERR_ARG);
+    assert_int_equal(flm_calib_tokens(ctx, NULL, NULL, files, 0, false, 0, &ids, &n, &err), FLM_ERR_ARG);
+    const char *missing[] = {story, "/nonexistent/flashlm-text", NULL};
+    assert_int_equal(flm_calib_tokens(ctx, NULL, NULL, missing, 16, false, 0, &ids, &n, &err), FLM_ERR_IO);
+    assert_non_null(strstr(err.msg, "/nonexistent/flashlm-text"));
+    assert_null(ids);
+    flm_close(ctx);
+    /* the hot order on the text and a copy of it, in turns (each chunk counted twice), is the text's own order */
+    snprintf(copy, sizeof copy, "%s", tu_tmp("hc-copy", ".txt"));
+    size_t len;
+    char *t = (char *)tu_read_file(tu_data(TEXT), &len);
+    f = fopen(copy, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(t, 1, len, f), len);
+    fclose(f);
+    free(t);
+    char a[4096], b[4096], args[16384];
+    fresh(a, sizeof a, "hc-turns-a");
+    fresh(b, sizeof b, "hc-turns-b");
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --hot-only --hot-tokens 256 --chunk 32 2>&1", a,
+             tu_data(TEXT));
+    free(cli(args, 0));
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --text '%s' --hot-only --hot-tokens 512 --chunk 32 2>&1",
+             b, tu_data(TEXT), copy);
+    free(cli(args, 0));
+    assert_true(flm_is_hot_ordered(a) && flm_is_hot_ordered(b));
+    for (uint32_t l = 0; l < n_layers_of(a); l++) assert_true(prefix_overlap(a, b, l, 0.25) >= 0.95);
+    /* the CLI refuses a text given twice, and --curve with several */
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --text '%s' 2>&1", a, copy, copy);
+    char *out = cli(args, 2);
+    assert_non_null(strstr(out, "is given twice"));
+    free(out);
+    snprintf(args, sizeof args, "calibrate '%s' --text '%s' --text '%s' --curve 2>&1", a, copy, tu_data(TEXT));
+    out = cli(args, 2);
+    assert_non_null(strstr(out, "--curve measures on one --text"));
+    free(out);
+    remove(a);
+    remove(b);
+    remove(copy);
+    remove(shortf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_under_budget),
         cmocka_unit_test(test_order_failures),
         cmocka_unit_test(test_calibrate_defaults),
         cmocka_unit_test(test_write_fails),
+        cmocka_unit_test(test_text_turns),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -32,6 +32,9 @@ static const char *CAL_HELP =
     "\n"
     "      --text FILE      calibration text (required; - for standard input), read as a stream only as far as the\n"
     "                       tokens used: --tokens, then --eval-tokens held out for the check\n"
+    "      --text FILE ...  repeated (up to 16 texts): the texts in turns, --chunk tokens of each at a time, so\n"
+    "                       the hot order and the predictors see every kind (prose, code, ...); e.g. --text\n"
+    "                       wiki.txt --text src.c --text novel.txt\n"
     "      --no-hot         keep the neurons' order (no hot ordering; the hot mode and the self-draft need it)\n"
     "      --hot-only       only order the neurons hottest first (seconds to minutes), no predictors\n"
     "      --hot            order the neurons hottest first (the default; kept for scripts)\n"
@@ -69,6 +72,8 @@ static const char *CAL_HELP =
 int cmd_calibrate(int argc, char **argv) {
     if (cli_is_help(argc, argv)) { fputs(CAL_HELP, stdout); return 0; }
     const char *model = NULL, *text = NULL;
+    const char *texts[17] = {0};
+    int n_texts = 0;
     flm_calib_opts o;
     flm_calib_opts_default(&o);
     bool levels_only = false, hot_only = false, hot_flag = false, no_hot = false, coact_only = false;
@@ -90,7 +95,13 @@ int cmd_calibrate(int argc, char **argv) {
         if (!strcmp(a, "--coact-only")) { coact_only = true; continue; }
         if (!val) return cli_die("option %s needs a value (see flashlm calibrate --help)", a);
         i++;
-        if (!strcmp(a, "--text")) text = val;
+        if (!strcmp(a, "--text")) {
+            if (n_texts == 16) return cli_die("%s", "at most 16 --text files");
+            for (int t = 0; t < n_texts; t++)
+                if (!strcmp(texts[t], val)) return cli_die("--text '%s' is given twice", val);
+            texts[n_texts++] = val;
+            text = texts[0];
+        }
         else if (!strcmp(a, "--hot-tokens")) {
             if (!cli_parse_long(val, 16, 1 << 24, &v)) return cli_die("bad --hot-tokens '%s' (>= 16)", val);
             hot_tokens = (uint32_t)v;
@@ -143,12 +154,16 @@ int cmd_calibrate(int argc, char **argv) {
     if (cli_blas_reserve("calibrate")) return 1;
     /* the text is read as a stream by the library, only as far as the tokens it uses (a 50 MB text or /dev/zero
      * costs what a short one does); said now if it cannot be read at all */
-    if (strcmp(text, "-") && access(text, R_OK) != 0) {
-        fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", text, strerror(errno));
-        return 1;
-    }
+    for (int t = 0; t < n_texts; t++)
+        if (strcmp(texts[t], "-") && access(texts[t], R_OK) != 0) {
+            fprintf(stderr, "flashlm: cannot open text file '%s': %s\n", texts[t], strerror(errno));
+            return 1;
+        }
+    if (n_texts > 1 && o.curve) return cli_die("%s", "--curve measures on one --text (give one)");
+    const char *const *text_files = n_texts > 1 ? texts : NULL; /* NULL-terminated (texts[n_texts] is NULL) */
     char *buf = NULL;
     o.text_file = text;
+    o.text_files = text_files;
     o.progress = cli_progress;
     char spill[4200];
     snprintf(spill, sizeof spill, "%s.x.tmp", model); /* --mem: the recorded inputs */
@@ -179,6 +194,7 @@ int cmd_calibrate(int argc, char **argv) {
         co.n_threads = o.n_threads;
         co.progress = cli_progress;
         co.text_file = text;
+        co.text_files = text_files;
         flm_coact_report cr;
         flm_status cs = flm_coact_order(model, &co, &cr, &err);
         free(buf);
@@ -217,6 +233,7 @@ int cmd_calibrate(int argc, char **argv) {
         ho.mem_percent = o.mem_percent;
         ho.progress = cli_progress;
         ho.text_file = text;
+        ho.text_files = text_files;
         flm_status hs = flm_hot_order_ex(model, NULL, &ho, &err);
         free(buf);
         if (hs) {

@@ -530,11 +530,54 @@ int flm_calib_lock(const char *path, flm_status *st, flm_error *err) {
     return fd;
 }
 
-flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, bool add_bos, size_t max,
-                            int32_t **ids, size_t *n, flm_error *err) {
+/* files in turns of chunk tokens (flm_calib_tokens) */
+static flm_status calib_tokens_turns(flm_ctx *ctx, const char *const *files, uint32_t chunk, bool add_bos, size_t max,
+                                     int32_t **ids, size_t *n, flm_error *err) {
+    size_t nf = 0;
+    while (files[nf]) nf++;
+    flm_text_stream **s = calloc(nf, sizeof *s);
+    bool *ended = calloc(nf, sizeof *ended);
+    int32_t *v = NULL;
+    size_t len = 0, cap = 0, live = nf;
+    flm_status st = FLM_OK;
+    if (!s || !ended) st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    for (size_t i = 0; i < nf && !st; i++) st = flm_text_stream_open(ctx, files[i], add_bos, &s[i], err);
+    while (!st && live && (!max || len < max))
+        for (size_t i = 0; i < nf && !st && (!max || len < max); i++) {
+            if (ended[i]) continue;
+            size_t want = chunk, got = 0;
+            if (max && max - len < want) want = max - len;
+            if (len + want > cap) {
+                size_t nc = cap ? 2 * cap : (max && max < 4096 ? max : 4096);
+                while (nc < len + want) nc *= 2;
+                int32_t *more = realloc(v, nc * sizeof *more);
+                if (!more) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for its tokens", files[i]); break; }
+                v = more;
+                cap = nc;
+            }
+            if ((st = flm_text_stream_read(s[i], v + len, want, &got, err))) break;
+            len += got;
+            if (got < want) { ended[i] = true; live--; }
+        }
+    for (size_t i = 0; s && i < nf; i++) flm_text_stream_close(s[i]);
+    free(s);
+    free(ended);
+    if (!st && !v && !(v = malloc(sizeof *v))) st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    if (st) { free(v); return st; }
+    *ids = v;
+    *n = len;
+    return FLM_OK;
+}
+
+flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, const char *const *files,
+                            uint32_t chunk, bool add_bos, size_t max, int32_t **ids, size_t *n, flm_error *err) {
     *ids = NULL;
     *n = 0;
-    if (!text && !text_file) return flm_fail(err, FLM_ERR_ARG, "calibrate: no text given");
+    if (!flm_calib_has_text(text, text_file, files)) return flm_fail(err, FLM_ERR_ARG, "calibrate: no text given");
+    if (!text && files && files[0]) {
+        if (!chunk) return flm_fail(err, FLM_ERR_ARG, "calibrate: several texts need a chunk of at least 1 token");
+        return calib_tokens_turns(ctx, files, chunk, add_bos, max, ids, n, err);
+    }
     if (!text) return flm_tokenize_file(ctx, text_file, add_bos, max, ids, n, err);
     if (!(*ids = flm_tokenize_all(ctx, text, add_bos, n))) return flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
     return FLM_OK;
@@ -606,7 +649,7 @@ typedef struct calib_run {
 } calib_run;
 
 static flm_status calib_check_opts(const flm_calib_opts *o, flm_error *err) {
-    if ((!o->text && !o->text_file) || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
+    if (!flm_calib_has_text(o->text, o->text_file, o->text_files) || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
         !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f) ||
         !(o->mem_percent >= 0))
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
@@ -644,7 +687,7 @@ static flm_status calib_open(calib_run *c, flm_error *err) {
 static flm_status calib_tokens(calib_run *c, flm_error *err) {
     const flm_calib_opts *o = c->o;
     const bool need_eval = !c->relu && o->level == 0.0f;
-    flm_status st = flm_calib_tokens(c->ctx, o->text, o->text_file, true,
+    flm_status st = flm_calib_tokens(c->ctx, o->text, o->text_file, o->text_files, o->chunk, true,
                                      (size_t)o->max_tokens + (need_eval ? o->eval_tokens : 0u), &c->ids, &c->n_tok,
                                      err);
     if (st) return st;
@@ -691,6 +734,7 @@ static flm_status calib_hot_order(calib_run *c, flm_error *err) {
     flm_hot_opts_default(&ho);
     ho.max_tokens = o->hot_tokens;
     ho.text_file = o->text_file;
+    ho.text_files = o->text_files;
     ho.chunk = o->chunk;
     ho.n_threads = o->n_threads;
     ho.mem_bytes = o->mem_bytes;
@@ -995,7 +1039,7 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_p
                                 flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
-    if ((!o->text && !o->text_file) || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
+    if (!flm_calib_has_text(o->text, o->text_file, o->text_files) || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
         return flm_fail(err, FLM_ERR_ARG, "calibrate --levels-only: bad options (chunk >= 16, 0 < max_loss < 1)");
     flm_ctx *ctx = NULL;
     flm_status st = open_ram(path, o, &ctx, err);
@@ -1032,7 +1076,7 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_p
         for (size_t i = 0; i < nb; i++) q->B[i] = flm_f16_to_f32(q->B16[i]);
     }
     size_t n_tok = 0; /* a text file: only its first eval_tokens tokens are read */
-    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, true, o->eval_tokens, &ids, &n_tok, err))) goto done;
+    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, o->text_files, o->chunk, true, o->eval_tokens, &ids, &n_tok, err))) goto done;
     uint32_t n_eval = (uint32_t)(o->eval_tokens < n_tok ? o->eval_tokens : n_tok);
     n_eval -= n_eval % o->chunk;
     if (n_eval < 2 * o->chunk) {

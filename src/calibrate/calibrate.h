@@ -13,10 +13,18 @@
 /* flm_calib_opts and flm_calib_opts_default are public: include/flashlm_tools.h. */
 
 /* The tokens of a calibration text: text (tokenized whole), or when it is NULL the first max (0: all) tokens of the
- * file text_file read as a stream (flm_tokenize_file: nothing past them is read). *ids malloc'd. Errors:
- * FLM_ERR_ARG (neither given), those of flm_tokenize_file, FLM_ERR_NOMEM. */
-flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, bool add_bos, size_t max,
-                            int32_t **ids, size_t *n, flm_error *err);
+ * file text_file read as a stream (flm_tokenize_file: nothing past them is read), or when files is set (a
+ * NULL-terminated list, at least one) the files' tokens in turns of chunk: chunk tokens of each file in order, each
+ * from where its last turn ended, a file that ends dropping out, until max tokens (0: all) or every file has ended;
+ * each file a stream of its own (add_bos: BOS before each file's first token, as the model adds it). *ids malloc'd.
+ * Errors: FLM_ERR_ARG (none given, chunk 0 with files), those of flm_text_stream_*, FLM_ERR_NOMEM. */
+flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, const char *const *files,
+                            uint32_t chunk, bool add_bos, size_t max, int32_t **ids, size_t *n, flm_error *err);
+
+/* true when one of text, text_file, files (a non-empty list) is given. */
+static inline bool flm_calib_has_text(const char *text, const char *text_file, const char *const *files) {
+    return text || text_file || (files && files[0]);
+}
 
 /* The standard levels (eps values) calibrate measures for gated non-ReLU FFNs, ascending; returns their count. */
 uint32_t flm_calib_standard_levels(float *eps, uint32_t cap);

@@ -175,7 +175,7 @@ flm_status flm_sparsity_curve(const char *path, const char *text, const flm_curv
     { /* the chunks every point evaluates, for the progress total (flm_perplexity checks the text itself) */
         size_t n_tok = 0; /* a text file: counted as far as the chunks asked for (all of it with max_chunks 0) */
         int32_t *ids = NULL;
-        if ((st = flm_calib_tokens(ctx, text, o->text_file, true,
+        if ((st = flm_calib_tokens(ctx, text, o->text_file, NULL, 0, true,
                                    o->max_chunks > 0 ? (size_t)o->max_chunks * (size_t)o->chunk : 0, &ids, &n_tok,
                                    err)))
             goto done;

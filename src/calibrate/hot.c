@@ -67,9 +67,9 @@ bool flm_is_hot_ordered(const char *path) {
 
 /* The model in memory (ram mode): the select hook sees every neuron's activation. */
 /* The text's tokens (*ids, malloc'd; no BOS) for the hot order: FLM_ERR_NOMEM, or FLM_ERR_ARG under 16 tokens. */
-static flm_status hot_tokens(flm_ctx *ctx, const char *text, const char *text_file, size_t max, int32_t **ids,
-                             size_t *n_tok, flm_error *err) {
-    flm_status st = flm_calib_tokens(ctx, text, text_file, false, max, ids, n_tok, err);
+static flm_status hot_tokens(flm_ctx *ctx, const char *text, const char *text_file, const char *const *files,
+                             uint32_t chunk, size_t max, int32_t **ids, size_t *n_tok, flm_error *err) {
+    flm_status st = flm_calib_tokens(ctx, text, text_file, files, chunk, false, max, ids, n_tok, err);
     if (st) return st;
     if (*n_tok < 16)
         return flm_fail(err, FLM_ERR_ARG, "hot order: the text gives %zu tokens; at least 16 are needed", *n_tok);
@@ -77,7 +77,7 @@ static flm_status hot_tokens(flm_ctx *ctx, const char *text, const char *text_fi
 }
 
 static flm_status hot_order_ram(const char *path, const char *out_path, const char *text, const char *text_file,
-                                uint32_t max_tokens, uint32_t chunk, int n_threads,
+                                const char *const *text_files, uint32_t max_tokens, uint32_t chunk, int n_threads,
                                 flm_progress_fn progress, void *user, flm_error *err) {
     flm_params p;
     flm_params_default(&p);
@@ -125,7 +125,7 @@ static flm_status hot_order_ram(const char *path, const char *out_path, const ch
         }
     }
     size_t n_tok = 0;
-    if ((st = hot_tokens(ctx, text, text_file, max_tokens, &ids, &n_tok, err))) goto done;
+    if ((st = hot_tokens(ctx, text, text_file, text_files, chunk, max_tokens, &ids, &n_tok, err))) goto done;
     const flm_ffn_hooks hooks = {.select = hot_select, .select_user = &a, .need_h = true, .ids = sel_ids};
     const int32_t bos = flm_tokenizer_wants_bos(model->tok) ? flm_tokenizer_bos(model->tok) : -1;
     const size_t total = n_tok < max_tokens ? n_tok : max_tokens;
@@ -225,7 +225,7 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
     flm_plan_info plan;
     flm_get_plan(ctx, &plan);
     size_t n_tok = 0;
-    if ((st = hot_tokens(ctx, text, o->text_file, o->max_tokens, &ids, &n_tok, err))) goto done;
+    if ((st = hot_tokens(ctx, text, o->text_file, o->text_files, o->chunk, o->max_tokens, &ids, &n_tok, err))) goto done;
     const uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
     const uint64_t need = hot_budget_bytes(flm_ctx_file(ctx), &hp, n);
     if (need > plan.budget) {
@@ -394,17 +394,18 @@ void flm_hot_opts_default(flm_hot_opts *o) {
 flm_status flm_hot_order_unlocked(const char *path, const char *text, const flm_hot_opts *o, flm_error *err) {
     flm_hot_opts dflt;
     if (!o) { flm_hot_opts_default(&dflt); o = &dflt; }
-    if (!path || (!text && !o->text_file)) return flm_fail(err, FLM_ERR_ARG, "hot order: no file or no text");
+    if (!path || !flm_calib_has_text(text, o->text_file, o->text_files))
+        return flm_fail(err, FLM_ERR_ARG, "hot order: no file or no text");
     if (!(o->mem_percent >= 0)) return flm_fail(err, FLM_ERR_ARG, "hot order: mem_percent must be >= 0");
     flm_hot_opts c = *o;
     if (c.chunk < 2) c.chunk = 128;
     if (c.max_tokens < c.chunk) c.max_tokens = c.chunk;
     if (c.mem_bytes || c.mem_percent > 0) return hot_order_budget(path, text, &c, err);
-    return hot_order_ram(path, c.out_path, text, c.text_file, c.max_tokens, c.chunk, c.n_threads, c.progress, c.user, err);
+    return hot_order_ram(path, c.out_path, text, c.text_file, c.text_files, c.max_tokens, c.chunk, c.n_threads, c.progress, c.user, err);
 }
 
 flm_status flm_hot_order_ex(const char *path, const char *text, const flm_hot_opts *o, flm_error *err) {
-    if (!path || (!text && !(o && o->text_file))) return flm_fail(err, FLM_ERR_ARG, "hot order: no file or no text");
+    if (!path || !(text || (o && flm_calib_has_text(NULL, o->text_file, o->text_files)))) return flm_fail(err, FLM_ERR_ARG, "hot order: no file or no text");
     flm_status st = FLM_OK;
     int fd = flm_calib_lock(path, &st, err); /* one calibrate (or ordering) of a file at a time */
     if (fd < 0) return st;
