@@ -144,7 +144,8 @@ typedef struct flm_calib_opts {
     const char *const *text_files; /* or several text files (a NULL-terminated list, replacing text_file when set),
                                 taken in turns a chunk at a time: chunk tokens of the first, then of the second, ...,
                                 each file from where its last chunk ended, a file that ends dropping out (the hot
-                                order and the predictors then see every kind of text: prose, code, ...) */
+                                order and the predictors then see every kind of text: prose, code, ...); each file
+                                is read as far as the tokens used alone would be */
     uint32_t max_tokens;     /* tokens recorded (default 4096); 80% train the predictors, 20% set the thresholds */
     uint32_t chunk;          /* tokens per sequence (each starts at position 0 with BOS; default 128) */
     uint32_t rank;           /* predictor rank of most layers (default min(128, d_model / 2)) */

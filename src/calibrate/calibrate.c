@@ -530,42 +530,28 @@ int flm_calib_lock(const char *path, flm_status *st, flm_error *err) {
     return fd;
 }
 
-/* files in turns of chunk tokens (flm_calib_tokens) */
+/* files in turns of chunk tokens (flm_calib_tokens): each file's first max tokens (flm_tokenize_file), interleaved */
 static flm_status calib_tokens_turns(flm_ctx *ctx, const char *const *files, uint32_t chunk, bool add_bos, size_t max,
                                      int32_t **ids, size_t *n, flm_error *err) {
-    size_t nf = 0;
+    size_t nf = 0, total = 0;
     while (files[nf]) nf++;
-    flm_text_stream **s = calloc(nf, sizeof *s);
-    bool *ended = calloc(nf, sizeof *ended);
-    int32_t *v = NULL;
-    size_t len = 0, cap = 0, live = nf;
-    flm_status st = FLM_OK;
-    if (!s || !ended) st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
-    for (size_t i = 0; i < nf && !st; i++) st = flm_text_stream_open(ctx, files[i], add_bos, &s[i], err);
-    while (!st && live && (!max || len < max))
-        for (size_t i = 0; i < nf && !st && (!max || len < max); i++) {
-            if (ended[i]) continue;
-            size_t want = chunk, got = 0;
-            if (max && max - len < want) want = max - len;
-            if (len + want > cap) {
-                size_t nc = cap ? 2 * cap : (max && max < 4096 ? max : 4096);
-                while (nc < len + want) nc *= 2;
-                int32_t *more = realloc(v, nc * sizeof *more);
-                if (!more) { st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for its tokens", files[i]); break; }
-                v = more;
-                cap = nc;
-            }
-            if ((st = flm_text_stream_read(s[i], v + len, want, &got, err))) break;
-            len += got;
-            if (got < want) { ended[i] = true; live--; }
-        }
-    for (size_t i = 0; s && i < nf; i++) flm_text_stream_close(s[i]);
-    free(s);
-    free(ended);
-    if (!st && !v && !(v = malloc(sizeof *v))) st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
-    if (st) { free(v); return st; }
+    int32_t **one = calloc(nf, sizeof *one);
+    size_t *n_one = calloc(nf, sizeof *n_one), *at = calloc(nf, sizeof *at);
+    flm_status st = one && n_one && at ? FLM_OK : flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory");
+    for (size_t i = 0; i < nf && !st; i++)
+        if (!(st = flm_tokenize_file(ctx, files[i], add_bos, max, &one[i], &n_one[i], err))) total += n_one[i];
+    if (max && total > max) total = max;
+    int32_t *v = st ? NULL : malloc((total ? total : 1) * sizeof *v);
+    if (!st && !v) st = flm_fail(err, FLM_ERR_NOMEM, "calibrate: out of memory for the texts' tokens");
+    for (size_t k = 0, i = 0; !st && k < total; i = (i + 1) % nf) /* a turn: chunk tokens of file i, or its rest */
+        for (uint32_t c = 0; c < chunk && at[i] < n_one[i] && k < total; c++) v[k++] = one[i][at[i]++];
+    for (size_t i = 0; one && i < nf; i++) free(one[i]);
+    free(one);
+    free(n_one);
+    free(at);
+    if (st) return st;
     *ids = v;
-    *n = len;
+    *n = total;
     return FLM_OK;
 }
 
@@ -649,8 +635,9 @@ typedef struct calib_run {
 } calib_run;
 
 static flm_status calib_check_opts(const flm_calib_opts *o, flm_error *err) {
-    if (!flm_calib_has_text(o->text, o->text_file, o->text_files) || o->chunk < 16 || o->max_tokens < 64 || !(o->level >= 0.0f && o->level < 1.0f) ||
-        !(o->max_loss > 0.0f && o->max_loss < 1.0f) || !(o->train_eps > 0.0f && o->train_eps < 1.0f) ||
+    if (!flm_calib_has_text(o->text, o->text_file, o->text_files) || o->chunk < 16 || o->max_tokens < 64 ||
+        !(o->level >= 0.0f && o->level < 1.0f) || !(o->max_loss > 0.0f && o->max_loss < 1.0f) ||
+        !(o->train_eps > 0.0f && o->train_eps < 1.0f) ||
         !(o->mem_percent >= 0))
         return flm_fail(err, FLM_ERR_ARG, "calibrate: bad options (chunk >= 16, tokens >= 64, 0 <= level < 1, "
                         "0 < max_loss < 1, 0 < train_eps < 1, mem_percent >= 0)");
@@ -1039,7 +1026,8 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_p
                                 flm_error *err) {
     flm_calib_opts dflt;
     if (!o) { flm_calib_opts_default(&dflt); o = &dflt; }
-    if (!flm_calib_has_text(o->text, o->text_file, o->text_files) || o->chunk < 16 || !(o->max_loss > 0.0f && o->max_loss < 1.0f))
+    if (!flm_calib_has_text(o->text, o->text_file, o->text_files) || o->chunk < 16 ||
+        !(o->max_loss > 0.0f && o->max_loss < 1.0f))
         return flm_fail(err, FLM_ERR_ARG, "calibrate --levels-only: bad options (chunk >= 16, 0 < max_loss < 1)");
     flm_ctx *ctx = NULL;
     flm_status st = open_ram(path, o, &ctx, err);
@@ -1076,7 +1064,9 @@ static flm_status levels_locked(const char *path, const flm_calib_opts *o, flm_p
         for (size_t i = 0; i < nb; i++) q->B[i] = flm_f16_to_f32(q->B16[i]);
     }
     size_t n_tok = 0; /* a text file: only its first eval_tokens tokens are read */
-    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, o->text_files, o->chunk, true, o->eval_tokens, &ids, &n_tok, err))) goto done;
+    if ((st = flm_calib_tokens(ctx, o->text, o->text_file, o->text_files, o->chunk, true, o->eval_tokens, &ids,
+                               &n_tok, err)))
+        goto done;
     uint32_t n_eval = (uint32_t)(o->eval_tokens < n_tok ? o->eval_tokens : n_tok);
     n_eval -= n_eval % o->chunk;
     if (n_eval < 2 * o->chunk) {

@@ -16,8 +16,9 @@
  * file text_file read as a stream (flm_tokenize_file: nothing past them is read), or when files is set (a
  * NULL-terminated list, at least one) the files' tokens in turns of chunk: chunk tokens of each file in order, each
  * from where its last turn ended, a file that ends dropping out, until max tokens (0: all) or every file has ended;
- * each file a stream of its own (add_bos: BOS before each file's first token, as the model adds it). *ids malloc'd.
- * Errors: FLM_ERR_ARG (none given, chunk 0 with files), those of flm_text_stream_*, FLM_ERR_NOMEM. */
+ * each file's first max tokens tokenized on its own (flm_tokenize_file; add_bos: BOS before each file's first
+ * token, as the model adds it). *ids malloc'd. Errors: FLM_ERR_ARG (none given, chunk 0 with files), those of
+ * flm_tokenize_file, FLM_ERR_NOMEM. */
 flm_status flm_calib_tokens(flm_ctx *ctx, const char *text, const char *text_file, const char *const *files,
                             uint32_t chunk, bool add_bos, size_t max, int32_t **ids, size_t *n, flm_error *err);
 

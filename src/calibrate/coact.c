@@ -242,7 +242,9 @@ flm_status flm_coact_order_unlocked(const char *path, const char *text, const fl
         }
     /* 1. the text's FFN inputs, chunk by chunk from position 0 (BOS first when the model adds one), in batches */
     size_t n_tok = 0;
-    if ((st = flm_calib_tokens(ctx, text, o->text_file, o->text_files, o->chunk, false, o->max_tokens, &ids, &n_tok, err))) goto done;
+    if ((st = flm_calib_tokens(ctx, text, o->text_file, o->text_files, o->chunk, false, o->max_tokens, &ids, &n_tok,
+                               err)))
+        goto done;
     uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
     n -= n % o->chunk;
     uint32_t n_tr = (uint32_t)((double)n * (1.0 - o->held_out));
@@ -418,7 +420,8 @@ done:
 flm_status flm_coact_order(const char *path, const flm_coact_opts *o, flm_coact_report *rep, flm_error *err) {
     flm_coact_opts dflt;
     if (!o) { flm_coact_opts_default(&dflt); o = &dflt; }
-    if (!path || !flm_calib_has_text(o->text, o->text_file, o->text_files)) return flm_fail(err, FLM_ERR_ARG, "co-activation order: no file or no text");
+    if (!path || !flm_calib_has_text(o->text, o->text_file, o->text_files))
+        return flm_fail(err, FLM_ERR_ARG, "co-activation order: no file or no text");
     if (o->chunk < 16 || o->max_tokens < o->chunk || !(o->held_out >= 0.0f && o->held_out < 1.0f))
         return flm_fail(err, FLM_ERR_ARG, "co-activation order: bad options (chunk >= 16, max_tokens >= chunk, "
                         "0 <= held_out < 1)");

@@ -225,7 +225,8 @@ static flm_status hot_order_budget(const char *path, const char *text, const flm
     flm_plan_info plan;
     flm_get_plan(ctx, &plan);
     size_t n_tok = 0;
-    if ((st = hot_tokens(ctx, text, o->text_file, o->text_files, o->chunk, o->max_tokens, &ids, &n_tok, err))) goto done;
+    if ((st = hot_tokens(ctx, text, o->text_file, o->text_files, o->chunk, o->max_tokens, &ids, &n_tok, err)))
+        goto done;
     const uint32_t n = (uint32_t)(n_tok < o->max_tokens ? n_tok : o->max_tokens);
     const uint64_t need = hot_budget_bytes(flm_ctx_file(ctx), &hp, n);
     if (need > plan.budget) {
@@ -401,11 +402,13 @@ flm_status flm_hot_order_unlocked(const char *path, const char *text, const flm_
     if (c.chunk < 2) c.chunk = 128;
     if (c.max_tokens < c.chunk) c.max_tokens = c.chunk;
     if (c.mem_bytes || c.mem_percent > 0) return hot_order_budget(path, text, &c, err);
-    return hot_order_ram(path, c.out_path, text, c.text_file, c.text_files, c.max_tokens, c.chunk, c.n_threads, c.progress, c.user, err);
+    return hot_order_ram(path, c.out_path, text, c.text_file, c.text_files, c.max_tokens, c.chunk, c.n_threads,
+                         c.progress, c.user, err);
 }
 
 flm_status flm_hot_order_ex(const char *path, const char *text, const flm_hot_opts *o, flm_error *err) {
-    if (!path || !(text || (o && flm_calib_has_text(NULL, o->text_file, o->text_files)))) return flm_fail(err, FLM_ERR_ARG, "hot order: no file or no text");
+    if (!path || !(text || (o && flm_calib_has_text(NULL, o->text_file, o->text_files))))
+        return flm_fail(err, FLM_ERR_ARG, "hot order: no file or no text");
     flm_status st = FLM_OK;
     int fd = flm_calib_lock(path, &st, err); /* one calibrate (or ordering) of a file at a time */
     if (fd < 0) return st;
