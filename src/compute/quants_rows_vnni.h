@@ -1,9 +1,9 @@
 /* quants_rows_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) of the 32-element types
- * (q4_0, q4_1, q5_0, q5_1, q8_0) and of q6_k for a few tokens (2 to ROWS_MAX_TOKENS: the joined decode step of
- * `serve --parallel`, short draft batches; 32-element rows of at most ROWS_WIDE elements and whole quads of blocks
- * for 3 or 4 tokens), reading the stored blocks as they are. Internal to src/compute/; included once,
- * by quants_vnni.c (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after quants_panel_vnni.h, whose
- * panels it leaves the larger batches to.
+ * (q4_0, q4_1, q5_0, q5_1, q8_0) and of q6_k for a few tokens (2 to ROWS_MAX_TOKENS, q6_k to ROWS_K_MAX_TOKENS:
+ * the joined decode step of `serve --parallel`, short draft batches; 32-element rows of at most ROWS_WIDE elements
+ * and whole quads of blocks for 3 or 4 tokens), reading the stored blocks as they are. Internal to src/compute/;
+ * included once, by quants_vnni.c (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after
+ * quants_panel_vnni.h, whose panels it leaves the larger batches to.
  *
  * Why: the panels (quants_panel_vnni.h) repack every 16 rows by gathers on each call, a cost that only many tokens
  * amortize; with 2 to 4 tokens the repack of a large matrix (the 151,936-row q8_0 output layer) costs more than the
@@ -215,7 +215,7 @@ ROWS_DRIVER(rows_q5_1, rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q
 ROWS_DRIVER(rows_q8_0, rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
 
 /* ---------------------------------------------------------------------------------------------------------------
- * q6_k, 2 to ROWS_MAX_TOKENS tokens: each super-block of a row decoded once (low and high bits, scales) and dotted
+ * q6_k, 2 to ROWS_K_MAX_TOKENS tokens: each super-block of a row decoded once (low and high bits, scales) and dotted
  * with every token's activations, in this level's float order (one fused multiply-add per super-block of its exact
  * integer total: quants_x512.h vdot_q6_k with X512_SB_ORDER), so the same bits as the level's vec_dot: the integers
  * are the same exact sums, the float operations the same. (q4_k keeps its panels: the same scheme at 256 bits,
@@ -267,12 +267,17 @@ static inline __attribute__((always_inline)) void rows_row_q6_k(const flm_block_
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = acc[t];
 }
 
-/* The driver of q6_k: up to ROWS_MAX_TOKENS tokens, rows in order with flm_matvec's prefetch; more tokens go
+/* q6_k runs here up to this many tokens, the panels from one more: one thread, a 0.5B layer's down rows (896 x 4864,
+ * from DRAM, bench/matmat_rows.c), here 0.34 / 0.40 / 0.48 ms for 2 / 3 / 4 tokens against the panels' 0.36-0.39 /
+ * 0.43-0.45 / 0.43-0.46 (4 tokens: the joined step of `serve --parallel 4`) */
+#define ROWS_K_MAX_TOKENS 3
+
+/* The driver of q6_k: up to ROWS_K_MAX_TOKENS tokens, rows in order with flm_matvec's prefetch; more tokens go
  * to FALLBACK (the panels). */
 #define ROWS_K_DRIVER(NAME, ROW, WB, FALLBACK)                                                                    \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
                      size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
-        if (n_x > ROWS_MAX_TOKENS) {                                                                               \
+        if (n_x > ROWS_K_MAX_TOKENS) {                                                                             \
             FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride, tmp);                                   \
             return;                                                                                                \
         }                                                                                                          \
