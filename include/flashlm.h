@@ -596,6 +596,10 @@ typedef struct flm_call_stats {
                               starts ahead for the next one counts where it is in flight: between calls it counts in
                               none, so a generation's busy share is flm_gen_result.io_busy_ms (its wall window) */
     double ms;             /* wall ms of the call (a joined call: waiting for the pass included) */
+    double pass_ms;        /* of ms, the wall ms of the passes it ran: a joined call's whole pass (every sequence's
+                              rows) from its start to the call's logits, without the wait for it to begin (queued
+                              behind other passes, the leader's wait for the sequences expected back); ms - pass_ms
+                              is that wait. Not joined: ms */
 } flm_call_stats;
 
 typedef struct flm_eval_out {

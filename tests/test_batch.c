@@ -417,6 +417,9 @@ static void check_call(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out, 
                         (before.total.io_ms + before.total.mem_ms + before.total.compute_ms);
     assert_true(fabs(ms - grew) <= 1e-6 * (1 + ms));
     assert_true(out->stats.ms >= 0 && out->stats.io_busy_ms >= 0);
+    /* the passes' own time: all of a call that joins nothing; a joined call's without the wait for its pass */
+    assert_true(out->stats.pass_ms > 0 && out->stats.pass_ms <= out->stats.ms);
+    if (!a->join) assert_true(out->stats.pass_ms == out->stats.ms);
 }
 
 static void test_evaluate_own_stats(void **state) {

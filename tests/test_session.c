@@ -873,6 +873,7 @@ typedef struct join_job {
     float *logits; /* [n_vocab]: a copy of what it got */
     flm_status st;
     float *all;    /* not NULL: every row's logits (FLM_EVAL_LOGITS_ALL, a speculative step's verification) */
+    double ms, pass_ms; /* with all: the call's flm_call_stats.ms and pass_ms */
 } join_job;
 
 static void *join_run_one(void *arg) {
@@ -886,6 +887,8 @@ static void *join_run_one(void *arg) {
         flm_eval_out out;
         j->st = flm_evaluate(j->ctx, &a, &out, &err);
         lg = out.logits;
+        j->ms = out.stats.ms;
+        j->pass_ms = out.stats.pass_ms;
     } else {
         j->st = flm_eval_seq(j->ctx, j->seq, j->ids, j->n, j->pos, &lg, &ts, &err);
     }
@@ -928,6 +931,10 @@ static void join_step(flm_ctx *ctx, join_job *jobs, const float *want, uint32_t 
     for (int i = 0; i < 3; i++) {
         assert_int_equal(jobs[i].st, FLM_OK);
         assert_memory_equal(jobs[i].logits, want + (size_t)i * V, (size_t)V * sizeof(float));
+        /* a call's own pass within its wall time; job 0 waited for the context before its pass (pass_ms leaves
+         * that out: the self-draft's joined cost, spec.c) */
+        if (jobs[i].all) assert_true(jobs[i].pass_ms > 0 && jobs[i].pass_ms <= jobs[i].ms);
+        if (jobs[i].all && i == 0) assert_true(jobs[i].pass_ms < jobs[i].ms);
     }
 }
 
@@ -973,17 +980,17 @@ static void joined_case(bool flm) {
     flm_ctx *ctx = open_seq(flm, 4);
     join_job jobs[3];
     for (int i = 0; i < 3; i++) /* the prompts: the first alone, the other two joined in one pass */
-        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK, NULL};
+        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK, NULL, 0, 0};
     join_step(ctx, jobs, want, V);
     for (int i = 0; i < 3; i++) /* then one token each: decoding rows of three sequences in one pass */
-        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK, NULL};
+        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK, NULL, 0, 0};
     join_step(ctx, jobs, want + (size_t)3 * V, V);
     /* then a speculative step's verification each, from the same position: four rows with every row's logits for
      * sequences 0 (alone: it leads) and 1 (joined with 2, which wants its last row only: five rows of logits, more
      * than the scratch of 4 sequences' rows holds whole, so the classifier runs in blocks of its rows) */
     for (int i = 0; i < 3; i++)
         jobs[i] = (join_job){ctx, (uint32_t)i, 4, pair[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK,
-                             i < 2 ? got_all + (size_t)4 * i * V : NULL};
+                             i < 2 ? got_all + (size_t)4 * i * V : NULL, 0, 0};
     join_step(ctx, jobs, want + (size_t)6 * V, V);
     assert_memory_equal(got_all, want_all, (size_t)8 * V * sizeof(float));
     /* a joined evaluation takes no draft and no FLM_EVAL_LOGITS_NONE; the others' rows are untouched by a refusal */

@@ -588,7 +588,9 @@ static void join_alone(flm_ctx *ctx, flm_join_req *r) {
                              .logits = r->logits_all ? FLM_LOGITS_ALL : FLM_LOGITS_LAST, .logits_all = r->logits_all};
     flm_eval_res res = {0};
     const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
+    const double t0 = flm_now_ms();
     r->st = flm_eval_run(ctx, &rq, &res, &r->err);
+    r->cs.pass_ms = flm_now_ms() - t0;
     r->logits = r->logits_all ? r->logits_all + (size_t)(r->n - 1) * ctx->model->hp.n_vocab : res.logits;
     r->cs.total = res.stats;
     r->cs.n_tokens = res.n_tokens;
@@ -659,7 +661,8 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     for (uint32_t i = 0; i < nx && !st; i += per)
         st = flm_output_scatter(ctx, ctx->join_x + i, nx - i < per ? nx - i : per, draft, ctx->join_dst + i,
                                 ctx->join_logits, (size_t)ctx->n_seq * hp->n_vocab, &e);
-    res.stats.compute_ms = flm_now_ms() - t0 - res.stats.io_ms - res.stats.mem_ms;
+    const double pass_ms = flm_now_ms() - t0;
+    res.stats.compute_ms = pass_ms - res.stats.io_ms - res.stats.mem_ms;
     const double busy = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
     if (!st) {
         record_batch(ctx, &res.stats, rows);
@@ -690,6 +693,7 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         r->cs.n_tokens = r->n;
         r->cs.n_passes = 1;
         r->cs.io_busy_ms = busy * f;
+        r->cs.pass_ms = pass_ms; /* the whole pass: every sequence's rows wait for it */
     }
     seq_unpark(ctx);
 }
@@ -994,7 +998,7 @@ flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out,
             out->logits = res.logits;
     }
     out->stats.io_busy_ms = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
-    out->stats.ms = flm_now_ms() - t0;
+    out->stats.ms = out->stats.pass_ms = flm_now_ms() - t0;
     return st;
 }
 

@@ -103,4 +103,5 @@ void flm_call_stats_add(flm_call_stats *sum, const flm_call_stats *a) {
     flm_token_stats_add(&sum->total, &a->total);
     sum->io_busy_ms += a->io_busy_ms;
     sum->ms += a->ms;
+    sum->pass_ms += a->pass_ms;
 }

@@ -47,8 +47,10 @@ struct spec {
     /* adaptive draft length (o.adaptive): running estimates, ms */
     double acc_a, acc_n;          /* accepted and drafted tokens, decayed */
     double jacc_a, jacc_n;        /* the same for joined steps */
-    double jc_draft, jc_verify;   /* a joined step's ms per drafted token and per verification (the calls' wall time,
-                                     the wait for the others' rows included), decayed; 0: not measured yet */
+    double jc_draft, jc_verify;   /* a joined step's ms per drafted token (the self-draft: its passes' own wall time,
+                                     flm_call_stats.pass_ms) and per verification (the call's wall time, the wait for
+                                     the others' rows included), decayed; 0: not measured yet */
+    double draft_pass_ms;         /* the last self-draft's passes' own ms (flm_call_stats.pass_ms summed) */
     double jv_rows, jv_c, jv_w;   /* the joined verifications' own rows and their rows' shares of the pass's compute
                                      ms and of its wait for flash reads (flm_call_stats), decayed */
     uint64_t n_jchoices;
@@ -293,9 +295,11 @@ static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_
     int32_t tok = seq[len - 1];
     flm_status st = FLM_OK;
     uint32_t i = 0;
+    s->draft_pass_ms = 0;
     for (; i < n; i++) {
         const float *logits;
         if ((st = t_draft(s, tok, len - 1 + (int32_t)i, joined, &logits, err))) break;
+        s->draft_pass_ms += s->last_call.pass_ms;
         s->st.draft_tokens++;
         const int32_t d = pick(s, logits, len + (int32_t)i);
         out[i] = tok = s->hist[len + i] = d;
@@ -426,7 +430,13 @@ static flm_status step(spec *s, int32_t last, long max_new, bool joined, int32_t
     if (st) return st;
     if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += flm_now_ms() - t0;
     s->batch[0] = last;
-    if (nd > 0 && s->st.draft_ms > draft_ms0) ema(joined ? &s->jc_draft : &s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
+    /* a joined self-draft's cost is its passes' own time: the wait for a pass to begin (behind the others'
+     * verification, say) would be waited for by the verification all the same, and one long wait taken as the
+     * drafts' cost would keep the sequence from drafting for a long time (it explores one step in 16) */
+    if (nd > 0 && joined && !s->draft && s->o.self_draft && s->draft_pass_ms > 0)
+        ema(&s->jc_draft, s->draft_pass_ms / nd);
+    else if (nd > 0 && s->st.draft_ms > draft_ms0)
+        ema(joined ? &s->jc_draft : &s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
     const double tv = flm_now_ms();
     if ((st = t_batch(s, s->batch, nd + 1, H, joined, s->rows, err))) return st;
     const double dv = flm_now_ms() - tv;
