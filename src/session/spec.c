@@ -50,7 +50,6 @@ struct spec {
     double jc_draft, jc_verify;   /* a joined step's ms per drafted token (the self-draft: its passes' own wall time,
                                      flm_call_stats.pass_ms) and per verification (the call's wall time, the wait for
                                      the others' rows included), decayed; 0: not measured yet */
-    double draft_pass_ms;         /* the last self-draft's passes' own ms (flm_call_stats.pass_ms summed) */
     double jv_rows, jv_c, jv_w;   /* the joined verifications' own rows and their rows' shares of the pass's compute
                                      ms and of its wait for flash reads (flm_call_stats), decayed */
     uint64_t n_jchoices;
@@ -287,19 +286,20 @@ static flm_status draft_propose(spec *s, const int32_t *seq, int32_t len, uint32
 /* Propose up to n tokens after seq[0..len) with the self-draft: the target's own pass over its resident neurons
  * (flm_eval_draft), from position len - 1 (seq[len - 1], the step's `last`, not yet evaluated), with the target's
  * exact keys and values for the positions before; each token drawn as draft_propose's. The approximate keys and values it
- * stores at len - 1 .. len + n - 2 are all overwritten by the verification batch, which starts at len - 1. */
+ * stores at len - 1 .. len + n - 2 are all overwritten by the verification batch, which starts at len - 1. *pass_ms
+ * gets the draft passes' own ms (flm_call_stats.pass_ms summed: a joined pass's wait to begin left out). */
 static flm_status self_propose(spec *s, const int32_t *seq, int32_t len, uint32_t n, bool joined, int32_t *out,
-                               uint32_t *n_out, flm_error *err) {
+                               uint32_t *n_out, double *pass_ms, flm_error *err) {
     *n_out = 0;
     double t0 = flm_now_ms();
     int32_t tok = seq[len - 1];
     flm_status st = FLM_OK;
     uint32_t i = 0;
-    s->draft_pass_ms = 0;
+    *pass_ms = 0;
     for (; i < n; i++) {
         const float *logits;
         if ((st = t_draft(s, tok, len - 1 + (int32_t)i, joined, &logits, err))) break;
-        s->draft_pass_ms += s->last_call.pass_ms;
+        *pass_ms += s->last_call.pass_ms;
         s->st.draft_tokens++;
         const int32_t d = pick(s, logits, len + (int32_t)i);
         out[i] = tok = s->hist[len + i] = d;
@@ -421,11 +421,11 @@ static flm_status step(spec *s, int32_t last, long max_new, bool joined, int32_t
     }
     uint32_t nd = 0;
     flm_status st = FLM_OK;
-    double t0 = flm_now_ms();
+    double t0 = flm_now_ms(), pass_ms = 0;
     const double draft_ms0 = s->st.draft_ms;
     if (n > 0 && s->draft) st = draft_propose(s, s->hist, L, (uint32_t)n, s->batch + 1, &nd, err);
     else if (n > 0 && s->o.self_draft)
-        st = self_propose(s, s->hist, L, (uint32_t)n, joined, s->batch + 1, &nd, err);
+        st = self_propose(s, s->hist, L, (uint32_t)n, joined, s->batch + 1, &nd, &pass_ms, err);
     else if (n > 0) nd = spec_ngram_lookup(s->hist, (size_t)L, SPEC_NGRAM_MAX, s->batch + 1, (uint32_t)n);
     if (st) return st;
     if (!s->draft && !s->o.self_draft) s->st.draft_select_ms += flm_now_ms() - t0;
@@ -433,8 +433,8 @@ static flm_status step(spec *s, int32_t last, long max_new, bool joined, int32_t
     /* a joined self-draft's cost is its passes' own time: the wait for a pass to begin (behind the others'
      * verification, say) would be waited for by the verification all the same, and one long wait taken as the
      * drafts' cost would keep the sequence from drafting for a long time (it explores one step in 16) */
-    if (nd > 0 && joined && !s->draft && s->o.self_draft && s->draft_pass_ms > 0)
-        ema(&s->jc_draft, s->draft_pass_ms / nd);
+    if (nd > 0 && joined && pass_ms > 0) /* the self-draft's (the only joined one) */
+        ema(&s->jc_draft, pass_ms / nd);
     else if (nd > 0 && s->st.draft_ms > draft_ms0)
         ema(joined ? &s->jc_draft : &s->c_draft, (s->st.draft_ms - draft_ms0) / nd);
     const double tv = flm_now_ms();
