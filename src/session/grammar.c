@@ -854,7 +854,7 @@ flm_status flm_grammar_parse(const char *text, size_t len, const char *root, flm
             g->n_el = e;
             g->n_rules = (uint32_t)P.n_r;
             g->root = (uint32_t)root_id;
-            memcpy(g->cls, P.cls, P.n_cls * sizeof *g->cls);
+            if (P.n_cls) memcpy(g->cls, P.cls, P.n_cls * sizeof *g->cls);
             g->n_cls = P.n_cls;
             g->start = -1;
         }
