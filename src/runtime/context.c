@@ -142,11 +142,11 @@ static flm_status open_flm(flm_ctx *ctx, const char *path, const flm_params *p, 
     if (st || (st = flm_plan_read_meta(ff, err)) || (st = flm_plan_check_head(path, ff, p, err)) ||
         (st = flm_hparams_from_gguf(ff->meta, &hp, err)))
         goto fail;
-    hp.gated = ff->ffn[0]->gate_type != FLM_GATE_NONE;
-    if (ff->n_layers != hp.n_layers) {
+    if (ff->n_layers != hp.n_layers) { /* before ffn[0]: a file without FFN regions has none (hp.n_layers >= 1) */
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, ff->n_layers, hp.n_layers);
         goto fail;
     }
+    hp.gated = ff->ffn[0]->gate_type != FLM_GATE_NONE;
     if ((st = flm_plan_flm(ff, &hp, p, &mp, &sparsity, err))) goto fail;
     const flm_gguf_tensor *ow = flm_gguf_find_tensor(ff->meta, "output.weight");
     if (mp.out_flash && ow) { /* the classifier's rows on flash lie in the head: load it without them */
