@@ -9,9 +9,11 @@
  * amortize; with 2 to 4 tokens the repack of a large matrix (the 151,936-row q8_0 output layer) costs more than the
  * products (measured, bench/matmat_rows.c: 4 tokens took 2.4x one token's time on that layer). Here each row's four
  * blocks at a time are decoded once into two 512-bit vectors of unsigned weights (two blocks each) and dotted by
- * vpdpbusd with every token's activation bytes (copied once per call into tmp, contiguous per token); the 8 partial
- * int32 sums per block and token are then reduced for 4 tokens at once (a tree of two-source permutes and adds) to
- * one vector of 16 exact block sums, lane 4t + j: token t, block j of the four.
+ * vpdpbusd with every token's activation bytes (copied once per call into tmp): for 1 or 2 tokens contiguous per
+ * token, the 8 partial int32 sums per block and token then reduced (a tree of two-source permutes and adds) to one
+ * vector of exact block sums, lane 4t + j: token t, block j of the four; for 3 or 4 tokens interleaved so that the
+ * lanes form those 16 sums themselves (rows_row4: one permute of the weights per 4 bytes of a block, no reduction;
+ * q5_0 896 x 4864, 4 tokens: 17% fewer instructions, bench/step_count.c with matmat_rows).
  *
  * Same answer as the level's vec_dot (quants_y256.h's VDOT32_LOOP kernels), bit for bit, in each lane: the integer
  * block sums are the same exact integers (unsigned weights: q4_0 / q5_0 nibbles with offset 8 / 16, q8_0 q + 128
@@ -36,24 +38,38 @@
  * and the narrower rows of the pulled models (n = 640, 896) are faster here */
 #define ROWS_WIDE 2048
 
-/* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each), then per
- * group of ROWS_T tokens and quad of blocks 16 float d_a and 16 int32 -offset * sum(qa) (or 16 float s_a). */
+/* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each; 3 or 4 tokens:
+ * ROWS_T * n, interleaved), then per group of ROWS_T tokens and quad of blocks 16 float d_a and 16 int32 -offset *
+ * sum(qa) (or 16 float s_a). */
 static inline size_t rows_tmp_bytes(size_t n, size_t n_x) {
     const size_t groups = (n_x + ROWS_T - 1) / ROWS_T, nq = n / 128;
-    return ((n_x * n + 63) & ~(size_t)63) + groups * nq * 128;
+    return (((n_x > 2 ? ROWS_T : n_x) * n + 63) & ~(size_t)63) + groups * nq * 128;
 }
 
 /* Lays out the activations of n_x tokens (AB blocks at x + t * xs, each followed by its float tail: nb d, then nb
- * int32 sum(qs) (q8_0) or nb float s (q8_1)) in P: token t's bytes at P + t * n; then for group g and quad q at
- * lanes 4 tt + j (token 4 g + tt, block 4 q + j): d_a (float) and, with SECOND, the tail's second field: -off *
- * sum(qs) as int32 (off != 0) or s (float, off == 0); lanes of absent tokens 0. */
+ * int32 sum(qs) (q8_0) or nb float s (q8_1)) in P: 1 or 2 tokens: token t's bytes at P + t * n; 3 or 4 tokens
+ * (whole quads: nb % 4 == 0) interleaved for rows_row4: at P + 512 q + 64 k, lane 4 t + j (4 bytes) holds bytes
+ * 4k..4k+3 of token t's block 4 q + j (absent tokens 0). Then for group g and quad q at lanes 4 tt + j (token 4 g +
+ * tt, block 4 q + j): d_a (float) and, with SECOND, the tail's second field: -off * sum(qs) as int32 (off != 0) or
+ * s (float, off == 0); lanes of absent tokens 0. */
 static inline void rows_prep(const uint8_t *x, size_t xs, size_t n_x, size_t n, size_t ab_size, int32_t off,
                              uint8_t *P, float **da_out, uint8_t **second_out) {
     const size_t nb = n / 32, nq = nb / 4, groups = (n_x + ROWS_T - 1) / ROWS_T;
-    float *da = (float *)(P + ((n_x * n + 63) & ~(size_t)63));
+    const size_t n_a = n_x > 2 ? ROWS_T : n_x;
+    float *da = (float *)(P + ((n_a * n + 63) & ~(size_t)63));
     uint8_t *second = (uint8_t *)(da + groups * nq * 16);
-    for (size_t t = 0; t < n_x; t++)
-        for (size_t b = 0; b < nb; b++) memcpy(P + t * n + 32 * b, x + t * xs + b * ab_size + (ab_size - 32), 32);
+    if (n_x > 2) {
+        memset(P, 0, ROWS_T * n);
+        for (size_t t = 0; t < n_x; t++)
+            for (size_t b = 0; b < nb; b++) {
+                const uint8_t *qa = x + t * xs + b * ab_size + (ab_size - 32);
+                uint8_t *dst = P + 512 * (b / 4) + 4 * (4 * t + b % 4);
+                for (size_t k = 0; k < 8; k++) memcpy(dst + 64 * k, qa + 4 * k, 4);
+            }
+    } else {
+        for (size_t t = 0; t < n_x; t++)
+            for (size_t b = 0; b < nb; b++) memcpy(P + t * n + 32 * b, x + t * xs + b * ab_size + (ab_size - 32), 32);
+    }
     memset(da, 0, groups * nq * 16 * sizeof(float) * 2);
     for (size_t t = 0; t < n_x; t++) {
         const uint8_t *tail = x + t * xs + nb * ab_size;
@@ -167,9 +183,49 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
         }                                                                                                          \
     }
 
+/* One row (nb blocks of WB at w, nb % 4 == 0) against 3 or 4 tokens, their activations interleaved by rows_prep
+ * (a: lane 4 t + j of step k holds dword k of token t's block j of the quad), d_a at da, second field at sec. Each
+ * quad's 16 block sums (lane 4 t + j: token t, block j) are formed in the lanes themselves: step k dots dword k of
+ * the four weight blocks (one two-source permute of the two decoded vectors puts block j's dword k in lanes 4 t + j)
+ * with the tokens' dwords k, accumulated by vpdpbusd over the 8 steps: exact integers, so the same sums as
+ * rows_row's reduction tree, in 8 permutes instead of 14 and with no adds. The float work is rows_row's. Writes
+ * y[t * ys] for t < nt. */
+#define ROWS_ROW4_FN(NAME, WB, DEC2, OFF, HAS_M, MQ)                                                                \
+    static inline __attribute__((always_inline)) void NAME(const WB *w, size_t nb, const uint8_t *a,               \
+                                                            const float *da, const uint8_t *sec, float *y,           \
+                                                            size_t ys, int nt) {                                     \
+        const size_t nq = nb / 4;                                                                                  \
+        const __m512i i0 = _mm512_setr_epi32(0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24);              \
+        const __m512i one = _mm512_set1_epi32(1);                                                                  \
+        __m512 acc = _mm512_setzero_ps(), ms = _mm512_setzero_ps();                                                \
+        (void)ms;                                                                                                  \
+        for (size_t q = 0; q < nq; q++) {                                                                          \
+            const size_t i = 4 * q;                                                                                \
+            const __m512i w01 = DEC2(w, i), w23 = DEC2(w, i + 2);                                                  \
+            const uint8_t *aq = a + 512 * q;                                                                       \
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512(), ix = i0;                             \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                                  \
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_permutex2var_epi32(w01, ix, w23),                              \
+                                         _mm512_loadu_si512((const void *)(aq + 64 * k)));                         \
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_permutex2var_epi32(w01, _mm512_add_epi32(ix, _mm512_set1_epi32(4)), w23), \
+                                         _mm512_loadu_si512((const void *)(aq + 64 * (k + 4))));                   \
+                ix = _mm512_add_epi32(ix, one);                                                                    \
+            }                                                                                                      \
+            __m512i e = _mm512_add_epi32(s0, s1);                                                                  \
+            if (OFF) e = _mm512_add_epi32(e, _mm512_load_si512((const void *)(sec + 64 * q)));                     \
+            const __m512 dw = _mm512_broadcast_f32x4(D4(w, i, d));                                                 \
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(da + 16 * q)), _mm512_cvtepi32_ps(e), acc);     \
+            MQ(w, i, sec, q, ms);                                                                                  \
+        }                                                                                                          \
+        if (HAS_M) acc = _mm512_add_ps(acc, ms);                                                                   \
+        _Alignas(64) float lanes[16];                                                                              \
+        _mm512_store_ps(lanes, acc);                                                                               \
+        _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum_ps128(_mm_loadu_ps(lanes + 4 * t)); \
+    }
+
 /* The driver: tokens in groups of ROWS_T (the last with its exact count), rows inside. FALLBACK (the panels) for
  * more than ROWS_MAX_TOKENS tokens or when tmp is absent. */
-#define ROWS_DRIVER(NAME, ROW, WB, AB, OFF, FALLBACK)                                                             \
+#define ROWS_DRIVER(NAME, ROW, ROW4, WB, AB, OFF, FALLBACK)                                                       \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
                      size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
         const size_t nb = n / 32, nq = nb / 4;                                                                     \
@@ -194,8 +250,8 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
                 const WB *w = (const WB *)((const uint8_t *)W + r * w_stride);                                     \
                 float *y = Y + t0 * y_stride + r;                                                                  \
                 switch (nt) {                                                                                      \
-                case 4: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 4); break;                            \
-                case 3: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 3); break;                            \
+                case 4: ROW4(w, nb, a, dag, sg, y, y_stride, 4); break;                                            \
+                case 3: ROW4(w, nb, a, dag, sg, y, y_stride, 3); break;                                            \
                 case 2: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 2); break;                            \
                 default: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 1); break;                           \
                 }                                                                                                  \
@@ -208,11 +264,16 @@ ROWS_ROW_FN(rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, ROWS_DEC_NIB, ROWS_DE
 ROWS_ROW_FN(rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, ROWS_DEC_NIB5, ROWS_DEC2_NIB5, 16, 0, ROWS_NO_MQ, ROWS_NO_MT)
 ROWS_ROW_FN(rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, ROWS_DEC_NIB5, ROWS_DEC2_NIB5, 0, 1, ROWS_MQ, ROWS_MT)
 ROWS_ROW_FN(rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, ROWS_DEC_Q8, ROWS_DEC2_Q8, 128, 0, ROWS_NO_MQ, ROWS_NO_MT)
-ROWS_DRIVER(rows_q4_0, rows_row_q4_0, flm_block_q4_0, flm_block_q8_0, 8, panel_q4_0)
-ROWS_DRIVER(rows_q4_1, rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, 0, panel_q4_1)
-ROWS_DRIVER(rows_q5_0, rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_q5_0)
-ROWS_DRIVER(rows_q5_1, rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q5_1)
-ROWS_DRIVER(rows_q8_0, rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
+ROWS_ROW4_FN(rows_row4_q4_0, flm_block_q4_0, ROWS_DEC2_NIB, 8, 0, ROWS_NO_MQ)
+ROWS_DRIVER(rows_q4_0, rows_row_q4_0, rows_row4_q4_0, flm_block_q4_0, flm_block_q8_0, 8, panel_q4_0)
+ROWS_ROW4_FN(rows_row4_q4_1, flm_block_q4_1, ROWS_DEC2_NIB, 0, 1, ROWS_MQ)
+ROWS_DRIVER(rows_q4_1, rows_row_q4_1, rows_row4_q4_1, flm_block_q4_1, flm_block_q8_1, 0, panel_q4_1)
+ROWS_ROW4_FN(rows_row4_q5_0, flm_block_q5_0, ROWS_DEC2_NIB5, 16, 0, ROWS_NO_MQ)
+ROWS_DRIVER(rows_q5_0, rows_row_q5_0, rows_row4_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_q5_0)
+ROWS_ROW4_FN(rows_row4_q5_1, flm_block_q5_1, ROWS_DEC2_NIB5, 0, 1, ROWS_MQ)
+ROWS_DRIVER(rows_q5_1, rows_row_q5_1, rows_row4_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q5_1)
+ROWS_ROW4_FN(rows_row4_q8_0, flm_block_q8_0, ROWS_DEC2_Q8, 128, 0, ROWS_NO_MQ)
+ROWS_DRIVER(rows_q8_0, rows_row_q8_0, rows_row4_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
 
 /* ---------------------------------------------------------------------------------------------------------------
  * q6_k, 2 to ROWS_K_MAX_TOKENS tokens: each super-block of a row decoded once (low and high bits, scales) and dotted
