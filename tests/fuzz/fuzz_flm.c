@@ -7,6 +7,9 @@
  *   bit 0     recompute the header's and every region's xxh64 checksum (and the stored file size) before opening,
  *             so mutations get past the checksums to the checks behind them
  *   bits 1-3  0: no context; 1 ram, 2 naive, 3 hybrid, 4 sparse, 5 auto; 6-7: none
+ *   bit 4     the context does not try O_DIRECT (flm_params.no_direct): both read paths on every kernel (a memfd
+ *             refuses O_DIRECT before Linux 6.6 or so and takes it after, so without this bit the path would depend
+ *             on the machine)
  * Seeds: tests/fuzz/make_seeds.sh (small converted and calibrated models). */
 #include "fuzz_common.h"
 
@@ -32,7 +35,7 @@ static void fix_checksums(uint8_t *p, size_t n) {
     flm_put_u64(p + 24, XXH64(p + 32, hb - 32, 0));
 }
 
-static void run_context(const char *path, flm_mode mode) {
+static void run_context(const char *path, flm_mode mode, bool no_direct) {
     flm_params prm;
     flm_params_default(&prm);
     prm.n_threads = 1;
@@ -40,6 +43,7 @@ static void run_context(const char *path, flm_mode mode) {
     prm.mode = mode;
     prm.io = FLM_IO_KIND_THREADS;
     prm.io_threads = 1;
+    prm.no_direct = no_direct;
     flm_ctx *ctx = NULL;
     flm_error err;
     if (flm_open(path, &prm, &ctx, &err) != FLM_OK) {
@@ -94,6 +98,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     flm_file_close(f);
     unsigned mode = ctl >> 1 & 7;
     static const flm_mode modes[] = {0, FLM_MODE_RAM, FLM_MODE_NAIVE, FLM_MODE_HYBRID, FLM_MODE_SPARSE, FLM_MODE_AUTO};
-    if (mode >= 1 && mode <= 5) run_context(path, modes[mode]);
+    if (mode >= 1 && mode <= 5) run_context(path, modes[mode], ctl >> 4 & 1);
     return 0;
 }

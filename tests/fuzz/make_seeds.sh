@@ -42,14 +42,14 @@ for m in smollm2-135m gemma-3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
     $tool chat-template "$g" "$out/fuzz_chat/$m"
 done
 
-# .flm files: control byte bit 0 = fix checksums, bits 1-3 = mode (fuzz_flm.c)
+# .flm files: control byte bit 0 = fix checksums, bits 1-3 = mode, bit 4 = no O_DIRECT (fuzz_flm.c)
 "$flm" convert "$work/tiny.gguf" "$work/tiny.flm" --force >/dev/null 2>&1
 "$flm" convert "$work/tiny-silu.gguf" "$work/tiny-silu.flm" --force >/dev/null 2>&1
 cp "$work/tiny.flm" "$work/tiny-cal.flm"
 text=$data/text/tinystories_sample.txt
 [ -f "$text" ] || text=$here/seeds/fuzz_tokenizer/t0-00
 "$flm" calibrate "$work/tiny-cal.flm" --text "$text" >/dev/null 2>&1 || true
-for ctl in 00 01 03 05 07 0b; do
+for ctl in 00 01 03 05 07 0b 15 17; do
     $tool prefix $ctl "$work/tiny.flm" "$out/fuzz_flm/tiny-$ctl"
     $tool prefix $ctl "$work/tiny-silu.flm" "$out/fuzz_flm/tiny-silu-$ctl"
 done
