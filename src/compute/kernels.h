@@ -55,8 +55,8 @@ typedef float (*flm_vec_dot_fn)(const void *row, const void *xq, size_t n);     
 /* The tiled form of vec_dot for a batch (the inner kernel of flm_matmat): for r < rows and b < n_x,
  *   Y[b * y_stride + r] = vec_dot(W + r * w_stride, xq + b * x_stride, n)   (W, xq as bytes)
  * bit for bit equal to the same table's vec_dot, each weight block unpacked once for several tokens
- * (quants_tile_x86.h; at vnni, for the 32-element types and q6_k the stored rows against 2 to 4 tokens,
- * quants_rows_vnni.h, and panels of 16 interleaved rows from 5 tokens on and for q4_k: quants_panel_vnni.h). rows,
+ * (quants_tile_x86.h; at vnni, the stored rows against 2 to 16 tokens for the 32-element types and 2 to 3 for
+ * q6_k, quants_rows_vnni.h, and panels of 16 interleaved rows for more tokens and for q4_k: quants_panel_vnni.h). rows,
  * n_x >= 0; n as vec_dot. */
 /* tmp: NULL, or flm_tile_tmp_bytes(n, n_x) bytes, 64-byte aligned, that the call may overwrite (the vnni panels'
  * packed rows; carved by the caller from its work area, one per concurrent call): without it a level that packs

@@ -1,7 +1,7 @@
 /* quants_rows_vnni.h — L_compute: the vnni level's tiled dots (kernels.h flm_vec_dot_tile_fn) of the 32-element types
  * (q4_0, q4_1, q5_0, q5_1, q8_0) and of q6_k for a few tokens (2 to ROWS_MAX_TOKENS, q6_k to ROWS_K_MAX_TOKENS:
- * the joined decode step of `serve --parallel`, short draft batches; 32-element rows of at most ROWS_WIDE elements
- * and whole quads of blocks for 3 or 4 tokens), reading the stored blocks as they are. Internal to src/compute/;
+ * the joined decode step of `serve --parallel`, draft trees and their verification; 32-element rows of at most
+ * ROWS_WIDE elements and whole quads of blocks from 3 tokens on), reading the stored blocks as they are. Internal to src/compute/;
  * included once, by quants_vnni.c (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni), after
  * quants_panel_vnni.h, whose panels it leaves the larger batches to.
  *
@@ -11,9 +11,10 @@
  * blocks at a time are decoded once into two 512-bit vectors of unsigned weights (two blocks each) and dotted by
  * vpdpbusd with every token's activation bytes (copied once per call into tmp): for 1 or 2 tokens contiguous per
  * token, the 8 partial int32 sums per block and token then reduced (a tree of two-source permutes and adds) to one
- * vector of exact block sums, lane 4t + j: token t, block j of the four; for 3 or 4 tokens interleaved so that the
- * lanes form those 16 sums themselves (rows_row4: one permute of the weights per 4 bytes of a block, no reduction;
- * q5_0 896 x 4864, 4 tokens: 17% fewer instructions, bench/step_count.c with matmat_rows).
+ * vector of exact block sums, lane 4t + j: token t, block j of the four; for 3 to ROWS_MAX_TOKENS tokens interleaved
+ * by groups of 4 so that the lanes form those 16 sums themselves (rows_rowg: one permute of the weights per 4 bytes
+ * of a block, shared by the groups, no reduction; q5_0 896 x 4864, 4 tokens: 17% fewer instructions than the
+ * reduction tree, bench/step_count.c with matmat_rows).
  *
  * Same answer as the level's vec_dot (quants_y256.h's VDOT32_LOOP kernels), bit for bit, in each lane: the integer
  * block sums are the same exact integers (unsigned weights: q4_0 / q5_0 nibbles with offset 8 / 16, q8_0 q + 128
@@ -30,12 +31,15 @@
 #include "compute/quants_x86.h"
 #include "core/types.h"
 
-#define ROWS_MAX_TOKENS 4 /* up to this many tokens the rows run as stored; from 5 on the panels (with 8 tokens they
-                           * took 1.2x the panels' time on q5_0, bench/matmat_rows.c) */
+#define ROWS_G_MAX 4      /* groups of ROWS_T tokens rows_rowg takes at once */
+#define ROWS_MAX_TOKENS 16 /* up to this many tokens the rows run as stored (3 to 16: rows_rowg, whose permuted weights
+                            * serve every group of 4); from 17 on the panels. One thread, 4864 x 896, against the
+                            * panels (bench/matmat_rows.c): q5_0 0.37 / 0.39 / 0.55 ms for 5 / 8 / 16 tokens against
+                            * 0.47 / 0.52 / 0.69; q8_0 0.41 / 0.60 ms for 5 / 16 against 0.59 / 0.81 */
 #define ROWS_T 4          /* tokens per micro-tile: one 16-lane vector holds their 4 block sums each */
-/* 3 or 4 tokens go to the panels for rows wider than this, or with a partial last quad of blocks: measured faster
- * there (q5_0 896 x 4864: 0.50 against 0.56 ms for 4 tokens; q4_1 1536 x 576: 0.13 against 0.17), where 2 tokens
- * and the narrower rows of the pulled models (n = 640, 896) are faster here */
+/* 3 or more tokens go to the panels for rows wider than this, or with a partial last quad of blocks (measured with
+ * the reduction tree, before rows_rowg: q5_0 896 x 4864 0.50 against 0.56 ms for 4 tokens; q4_1 1536 x 576 0.13
+ * against 0.17), where 2 tokens and the narrower rows of the pulled models (n = 640, 896) are faster here */
 #define ROWS_WIDE 2048
 
 /* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each; 3 or 4 tokens:
@@ -43,7 +47,7 @@
  * sum(qa) (or 16 float s_a). */
 static inline size_t rows_tmp_bytes(size_t n, size_t n_x) {
     const size_t groups = (n_x + ROWS_T - 1) / ROWS_T, nq = n / 128;
-    return (((n_x > 2 ? ROWS_T : n_x) * n + 63) & ~(size_t)63) + groups * nq * 128;
+    return (((n_x > 2 ? groups * ROWS_T : n_x) * n + 63) & ~(size_t)63) + groups * nq * 128;
 }
 
 /* Lays out the activations of n_x tokens (AB blocks at x + t * xs, each followed by its float tail: nb d, then nb
@@ -55,15 +59,15 @@ static inline size_t rows_tmp_bytes(size_t n, size_t n_x) {
 static inline void rows_prep(const uint8_t *x, size_t xs, size_t n_x, size_t n, size_t ab_size, int32_t off,
                              uint8_t *P, float **da_out, uint8_t **second_out) {
     const size_t nb = n / 32, nq = nb / 4, groups = (n_x + ROWS_T - 1) / ROWS_T;
-    const size_t n_a = n_x > 2 ? ROWS_T : n_x;
+    const size_t n_a = n_x > 2 ? groups * ROWS_T : n_x;
     float *da = (float *)(P + ((n_a * n + 63) & ~(size_t)63));
     uint8_t *second = (uint8_t *)(da + groups * nq * 16);
     if (n_x > 2) {
-        memset(P, 0, ROWS_T * n);
+        memset(P, 0, n_a * n);
         for (size_t t = 0; t < n_x; t++)
             for (size_t b = 0; b < nb; b++) {
                 const uint8_t *qa = x + t * xs + b * ab_size + (ab_size - 32);
-                uint8_t *dst = P + 512 * (b / 4) + 4 * (4 * t + b % 4);
+                uint8_t *dst = P + (t / ROWS_T) * ROWS_T * n + 512 * (b / 4) + 4 * (4 * (t % ROWS_T) + b % 4);
                 for (size_t k = 0; k < 8; k++) memcpy(dst + 64 * k, qa + 4 * k, 4);
             }
     } else {
@@ -183,52 +187,59 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
         }                                                                                                          \
     }
 
-/* One row (nb blocks of WB at w, nb % 4 == 0) against 3 or 4 tokens, their activations interleaved by rows_prep
- * (a: lane 4 t + j of step k holds dword k of token t's block j of the quad), d_a at da, second field at sec. Each
- * quad's 16 block sums (lane 4 t + j: token t, block j) are formed in the lanes themselves: step k dots dword k of
- * the four weight blocks (one two-source permute of the two decoded vectors puts block j's dword k in lanes 4 t + j)
- * with the tokens' dwords k, accumulated by vpdpbusd over the 8 steps: exact integers, so the same sums as
- * rows_row's reduction tree, in 8 permutes instead of 14 and with no adds. The float work is rows_row's. Writes
- * y[t * ys] for t < nt. */
-#define ROWS_ROW4_FN(NAME, WB, DEC2, OFF, HAS_M, MQ)                                                                \
-    static inline __attribute__((always_inline)) void NAME(const WB *w, size_t nb, const uint8_t *a,               \
+/* One row (nb blocks of WB at w, nb % 4 == 0) against G groups of up to 4 tokens (n_x tokens in all, 3 <= n_x <=
+ * 4 G), their activations interleaved by rows_prep (group g at a + 4 g n: lane 4 t + j of step k holds dword k of
+ * token t's block j of the quad), d_a at da and the second field at sec (group g: + g nq 16 floats / 64 nq bytes).
+ * Each quad's 16 block sums of a group (lane 4 t + j: token t, block j) are formed in the lanes themselves: step k
+ * dots dword k of the four weight blocks (one two-source permute of the two decoded vectors puts block j's dword k
+ * in lanes 4 t + j, shared by the groups) with the tokens' dwords k, accumulated by vpdpbusd over the 8 steps: exact
+ * integers, so the same sums as rows_row's reduction tree, in 8 permutes a quad whatever the tokens instead of 14 per
+ * 4 tokens, and no adds. The float work is rows_row's. Writes y[t * ys] for t < n_x. */
+#define ROWS_ROWG_FN(NAME, WB, DEC2, OFF, HAS_M, MQ)                                                                \
+    static inline __attribute__((always_inline)) void NAME(const WB *w, size_t nb, size_t n, const uint8_t *a,     \
                                                             const float *da, const uint8_t *sec, float *y,           \
-                                                            size_t ys, int nt) {                                     \
+                                                            size_t ys, int n_x, const int G) {                       \
         const size_t nq = nb / 4;                                                                                  \
         const __m512i i0 = _mm512_setr_epi32(0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24);              \
-        const __m512i one = _mm512_set1_epi32(1);                                                                  \
-        __m512 acc = _mm512_setzero_ps(), ms = _mm512_setzero_ps();                                                \
-        (void)ms;                                                                                                  \
+        __m512 acc[ROWS_G_MAX], ms[ROWS_G_MAX];                                                                    \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[g] = ms[g] = _mm512_setzero_ps();                  \
         for (size_t q = 0; q < nq; q++) {                                                                          \
             const size_t i = 4 * q;                                                                                \
             const __m512i w01 = DEC2(w, i), w23 = DEC2(w, i + 2);                                                  \
-            const uint8_t *aq = a + 512 * q;                                                                       \
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512(), ix = i0;                             \
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                                  \
-                s0 = _mm512_dpbusd_epi32(s0, _mm512_permutex2var_epi32(w01, ix, w23),                              \
-                                         _mm512_loadu_si512((const void *)(aq + 64 * k)));                         \
-                s1 = _mm512_dpbusd_epi32(s1, _mm512_permutex2var_epi32(w01, _mm512_add_epi32(ix, _mm512_set1_epi32(4)), w23), \
-                                         _mm512_loadu_si512((const void *)(aq + 64 * (k + 4))));                   \
-                ix = _mm512_add_epi32(ix, one);                                                                    \
-            }                                                                                                      \
-            __m512i e = _mm512_add_epi32(s0, s1);                                                                  \
-            if (OFF) e = _mm512_add_epi32(e, _mm512_load_si512((const void *)(sec + 64 * q)));                     \
+            __m512i pw[8];                                                                                         \
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)                                                    \
+                pw[k] = _mm512_permutex2var_epi32(w01, _mm512_add_epi32(i0, _mm512_set1_epi32(k)), w23);           \
             const __m512 dw = _mm512_broadcast_f32x4(D4(w, i, d));                                                 \
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(da + 16 * q)), _mm512_cvtepi32_ps(e), acc);     \
-            MQ(w, i, sec, q, ms);                                                                                  \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                                  \
+                const uint8_t *aq = a + (size_t)g * 4 * n + 512 * q;                                               \
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();                                  \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                              \
+                    s0 = _mm512_dpbusd_epi32(s0, pw[k], _mm512_loadu_si512((const void *)(aq + 64 * k)));          \
+                    s1 = _mm512_dpbusd_epi32(s1, pw[k + 4], _mm512_loadu_si512((const void *)(aq + 64 * (k + 4)))); \
+                }                                                                                                  \
+                __m512i e = _mm512_add_epi32(s0, s1);                                                              \
+                const uint8_t *sg = sec + (size_t)g * nq * 64;                                                     \
+                if (OFF) e = _mm512_add_epi32(e, _mm512_load_si512((const void *)(sg + 64 * q)));                  \
+                acc[g] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(da + (size_t)g * nq * 16 + 16 * q)),      \
+                                         _mm512_cvtepi32_ps(e), acc[g]);                                           \
+                MQ(w, i, sg, q, ms[g]);                                                                            \
+            }                                                                                                      \
         }                                                                                                          \
-        if (HAS_M) acc = _mm512_add_ps(acc, ms);                                                                   \
-        _Alignas(64) float lanes[16];                                                                              \
-        _mm512_store_ps(lanes, acc);                                                                               \
-        _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum_ps128(_mm_loadu_ps(lanes + 4 * t)); \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                                      \
+            if (HAS_M) acc[g] = _mm512_add_ps(acc[g], ms[g]);                                                      \
+            _Alignas(64) float lanes[16];                                                                          \
+            _mm512_store_ps(lanes, acc[g]);                                                                        \
+            const int nt = n_x - 4 * g < 4 ? n_x - 4 * g : 4;                                                      \
+            for (int t = 0; t < nt; t++) y[(size_t)(4 * g + t) * ys] = hsum_ps128(_mm_loadu_ps(lanes + 4 * t));    \
+        }                                                                                                          \
     }
 
 /* The driver: tokens in groups of ROWS_T (the last with its exact count), rows inside. FALLBACK (the panels) for
  * more than ROWS_MAX_TOKENS tokens or when tmp is absent. */
-#define ROWS_DRIVER(NAME, ROW, ROW4, WB, AB, OFF, FALLBACK)                                                       \
+#define ROWS_DRIVER(NAME, ROW, ROWG, WB, AB, OFF, FALLBACK)                                                       \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
                      size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
-        const size_t nb = n / 32, nq = nb / 4;                                                                     \
+        const size_t nb = n / 32;                                                                                  \
         if (n_x > ROWS_MAX_TOKENS || !tmp || (n_x > 2 && (nb % 4 || n > ROWS_WIDE))) {                             \
             FALLBACK(W, w_stride, rows, xq, x_stride, n_x, n, Y, y_stride, tmp);                                   \
             return;                                                                                                \
@@ -238,23 +249,23 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
         uint8_t *sec;                                                                                              \
         rows_prep(x, x_stride, n_x, n, sizeof(AB), OFF, tmp, &da, &sec);                                           \
         const uint8_t *P = tmp;                                                                                    \
-        for (size_t t0 = 0; t0 < n_x; t0 += ROWS_T) {                                                              \
-            const size_t g = t0 / ROWS_T, nt = n_x - t0 < ROWS_T ? n_x - t0 : ROWS_T;                              \
-            const uint8_t *a = P + t0 * n, *xg = x + t0 * x_stride;                                                \
-            const float *dag = da + g * nq * 16;                                                                   \
-            const uint8_t *sg = sec + g * nq * 64;                                                                 \
-            const size_t limit = rows * w_stride;                                                                  \
-            if (t0 == 0) flm_prefetch(W, 0, limit, FLM_PREFETCH_BYTES);                                            \
-            for (size_t r = 0; r < rows; r++) {                                                                    \
-                if (t0 == 0) flm_prefetch(W, r * w_stride + FLM_PREFETCH_BYTES, limit, w_stride);                  \
-                const WB *w = (const WB *)((const uint8_t *)W + r * w_stride);                                     \
-                float *y = Y + t0 * y_stride + r;                                                                  \
-                switch (nt) {                                                                                      \
-                case 4: ROW4(w, nb, a, dag, sg, y, y_stride, 4); break;                                            \
-                case 3: ROW4(w, nb, a, dag, sg, y, y_stride, 3); break;                                            \
-                case 2: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 2); break;                            \
-                default: ROW(w, nb, n, a, dag, sg, xg, x_stride, y, y_stride, 1); break;                           \
-                }                                                                                                  \
+        const size_t limit = rows * w_stride;                                                                      \
+        flm_prefetch(W, 0, limit, FLM_PREFETCH_BYTES);                                                             \
+        const int G = (int)((n_x + ROWS_T - 1) / ROWS_T);                                                          \
+        for (size_t r = 0; r < rows; r++) {                                                                        \
+            flm_prefetch(W, r * w_stride + FLM_PREFETCH_BYTES, limit, w_stride);                                   \
+            const WB *w = (const WB *)((const uint8_t *)W + r * w_stride);                                         \
+            float *y = Y + r;                                                                                      \
+            if (n_x <= 2) {                                                                                        \
+                if (n_x == 2) ROW(w, nb, n, P, da, sec, x, x_stride, y, y_stride, 2);                              \
+                else ROW(w, nb, n, P, da, sec, x, x_stride, y, y_stride, 1);                                       \
+                continue;                                                                                          \
+            }                                                                                                      \
+            switch (G) {                                                                                           \
+            case 1: ROWG(w, nb, n, P, da, sec, y, y_stride, (int)n_x, 1); break;                                   \
+            case 2: ROWG(w, nb, n, P, da, sec, y, y_stride, (int)n_x, 2); break;                                   \
+            case 3: ROWG(w, nb, n, P, da, sec, y, y_stride, (int)n_x, 3); break;                                   \
+            default: ROWG(w, nb, n, P, da, sec, y, y_stride, (int)n_x, 4); break;                                  \
             }                                                                                                      \
         }                                                                                                          \
     }
@@ -264,16 +275,16 @@ ROWS_ROW_FN(rows_row_q4_1, flm_block_q4_1, flm_block_q8_1, ROWS_DEC_NIB, ROWS_DE
 ROWS_ROW_FN(rows_row_q5_0, flm_block_q5_0, flm_block_q8_0, ROWS_DEC_NIB5, ROWS_DEC2_NIB5, 16, 0, ROWS_NO_MQ, ROWS_NO_MT)
 ROWS_ROW_FN(rows_row_q5_1, flm_block_q5_1, flm_block_q8_1, ROWS_DEC_NIB5, ROWS_DEC2_NIB5, 0, 1, ROWS_MQ, ROWS_MT)
 ROWS_ROW_FN(rows_row_q8_0, flm_block_q8_0, flm_block_q8_0, ROWS_DEC_Q8, ROWS_DEC2_Q8, 128, 0, ROWS_NO_MQ, ROWS_NO_MT)
-ROWS_ROW4_FN(rows_row4_q4_0, flm_block_q4_0, ROWS_DEC2_NIB, 8, 0, ROWS_NO_MQ)
-ROWS_DRIVER(rows_q4_0, rows_row_q4_0, rows_row4_q4_0, flm_block_q4_0, flm_block_q8_0, 8, panel_q4_0)
-ROWS_ROW4_FN(rows_row4_q4_1, flm_block_q4_1, ROWS_DEC2_NIB, 0, 1, ROWS_MQ)
-ROWS_DRIVER(rows_q4_1, rows_row_q4_1, rows_row4_q4_1, flm_block_q4_1, flm_block_q8_1, 0, panel_q4_1)
-ROWS_ROW4_FN(rows_row4_q5_0, flm_block_q5_0, ROWS_DEC2_NIB5, 16, 0, ROWS_NO_MQ)
-ROWS_DRIVER(rows_q5_0, rows_row_q5_0, rows_row4_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_q5_0)
-ROWS_ROW4_FN(rows_row4_q5_1, flm_block_q5_1, ROWS_DEC2_NIB5, 0, 1, ROWS_MQ)
-ROWS_DRIVER(rows_q5_1, rows_row_q5_1, rows_row4_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q5_1)
-ROWS_ROW4_FN(rows_row4_q8_0, flm_block_q8_0, ROWS_DEC2_Q8, 128, 0, ROWS_NO_MQ)
-ROWS_DRIVER(rows_q8_0, rows_row_q8_0, rows_row4_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
+ROWS_ROWG_FN(rows_rowg_q4_0, flm_block_q4_0, ROWS_DEC2_NIB, 8, 0, ROWS_NO_MQ)
+ROWS_DRIVER(rows_q4_0, rows_row_q4_0, rows_rowg_q4_0, flm_block_q4_0, flm_block_q8_0, 8, panel_q4_0)
+ROWS_ROWG_FN(rows_rowg_q4_1, flm_block_q4_1, ROWS_DEC2_NIB, 0, 1, ROWS_MQ)
+ROWS_DRIVER(rows_q4_1, rows_row_q4_1, rows_rowg_q4_1, flm_block_q4_1, flm_block_q8_1, 0, panel_q4_1)
+ROWS_ROWG_FN(rows_rowg_q5_0, flm_block_q5_0, ROWS_DEC2_NIB5, 16, 0, ROWS_NO_MQ)
+ROWS_DRIVER(rows_q5_0, rows_row_q5_0, rows_rowg_q5_0, flm_block_q5_0, flm_block_q8_0, 16, panel_q5_0)
+ROWS_ROWG_FN(rows_rowg_q5_1, flm_block_q5_1, ROWS_DEC2_NIB5, 0, 1, ROWS_MQ)
+ROWS_DRIVER(rows_q5_1, rows_row_q5_1, rows_rowg_q5_1, flm_block_q5_1, flm_block_q8_1, 0, panel_q5_1)
+ROWS_ROWG_FN(rows_rowg_q8_0, flm_block_q8_0, ROWS_DEC2_Q8, 128, 0, ROWS_NO_MQ)
+ROWS_DRIVER(rows_q8_0, rows_row_q8_0, rows_rowg_q8_0, flm_block_q8_0, flm_block_q8_0, 128, panel_q8_0)
 
 /* ---------------------------------------------------------------------------------------------------------------
  * q6_k, 2 to ROWS_K_MAX_TOKENS tokens: each super-block of a row decoded once (low and high bits, scales) and dotted

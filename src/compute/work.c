@@ -40,6 +40,8 @@ size_t flm_act_bytes_max(size_t n) {
 
 #define ROUND64(x) (((x) + 63) & ~(size_t)63)
 
+/* The panels' need (p32, pk) covers the vnni rows kernels' too (quants_rows_vnni.h rows_tmp_bytes, at most 16
+ * tokens: ROUND64(16 * 32 nb) + 128 nb <= ROUND64(640 nb) + 64). */
 size_t flm_tile_tmp_bytes(size_t n, size_t n_x) {
     const size_t nb = n / 32, nk = n / 256;
     const size_t p32 = ROUND64(nb * (FLM_PANEL_BLOCK_BYTES + 16 * sizeof(float) * 2)) + ROUND64(n_x * nb * 4 + 4);
