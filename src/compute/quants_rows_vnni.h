@@ -140,8 +140,8 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
 #define ROWS_DEC_NIB5(b) _mm256_or_si256(nibbles32((b).qs), _mm256_and_si256(bits32((b).qh), _mm256_set1_epi8(0x10)))
 #define ROWS_DEC_Q8(b) _mm256_xor_si256(ld256((b).qs), _mm256_set1_epi8((char)0x80))
 
-/* One row (nb blocks of WB at w) against nt <= ROWS_T tokens of a group: their bytes at a + t * n, the group's d_a
- * at da, second field at sec (rows_prep), the original activations at x + t * xs (for the last nb % 4 blocks).
+/* One row (nb blocks of WB at w) against nt <= 2 tokens (3 and more: rows_rowg): their bytes at a + t * n, d_a at
+ * da, second field at sec (rows_prep), the original activations at x + t * xs (for the last nb % 4 blocks).
  * Writes y[t * ys]. */
 #define ROWS_ROW_FN(NAME, WB, AB, DEC, DEC2, OFF, HAS_M, MQ, MT)                                                                \
     static inline __attribute__((always_inline)) void NAME(const WB *w, size_t nb, size_t n, const uint8_t *a,      \
@@ -153,17 +153,15 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
         for (size_t q = 0; q < nq; q++) {                                                                          \
             const size_t i = 4 * q;                                                                                \
             const __m512i w01 = DEC2(w, i), w23 = DEC2(w, i + 2);                                                  \
-            __m512i c[ROWS_T];                                                                                     \
-            _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) {                                                 \
+            __m512i c[2];                                                                                          \
+            _Pragma("GCC unroll 2") for (int t = 0; t < nt; t++) {                                                 \
                 const uint8_t *at = a + (size_t)t * n + 128 * q;                                                   \
                 const __m512i s01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(at));     \
                 const __m512i s23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(at + 64)); \
                 c[t] = rows_combine(s01, s23);                                                                     \
             }                                                                                                      \
             const __m512i d01 = rows_combine(c[0], nt > 1 ? c[nt > 1 ? 1 : 0] : c[0]);                             \
-            const __m512i d23 = nt > 2 ? rows_combine(c[nt > 2 ? 2 : 0], nt > 3 ? c[nt > 3 ? 3 : 0] : c[nt > 2 ? 2 : 0]) \
-                                       : d01;                                                                      \
-            __m512i e = rows_combine(d01, d23);                                                                    \
+            __m512i e = rows_combine(d01, d01);                                                                    \
             if (OFF) e = _mm512_add_epi32(e, _mm512_load_si512((const void *)(sec + 64 * q)));                     \
             const __m512 dw = _mm512_broadcast_f32x4(D4(w, i, d));                                                 \
             acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(da + 16 * q)), _mm512_cvtepi32_ps(e), acc);     \
