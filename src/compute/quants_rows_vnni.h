@@ -42,18 +42,18 @@
  * against 0.17), where 2 tokens and the narrower rows of the pulled models (n = 640, 896) are faster here */
 #define ROWS_WIDE 2048
 
-/* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each; 3 or 4 tokens:
- * ROWS_T * n, interleaved), then per group of ROWS_T tokens and quad of blocks 16 float d_a and 16 int32 -offset *
- * sum(qa) (or 16 float s_a). */
+/* Bytes of tmp rows_prep lays out for n_x tokens of n elements: the tokens' activation bytes (n each; 3 tokens or
+ * more: ROWS_T * n per group of ROWS_T tokens, interleaved), then per group and quad of blocks 16 float d_a and 16
+ * int32 -offset * sum(qa) (or 16 float s_a). */
 static inline size_t rows_tmp_bytes(size_t n, size_t n_x) {
     const size_t groups = (n_x + ROWS_T - 1) / ROWS_T, nq = n / 128;
     return (((n_x > 2 ? groups * ROWS_T : n_x) * n + 63) & ~(size_t)63) + groups * nq * 128;
 }
 
 /* Lays out the activations of n_x tokens (AB blocks at x + t * xs, each followed by its float tail: nb d, then nb
- * int32 sum(qs) (q8_0) or nb float s (q8_1)) in P: 1 or 2 tokens: token t's bytes at P + t * n; 3 or 4 tokens
- * (whole quads: nb % 4 == 0) interleaved for rows_row4: at P + 512 q + 64 k, lane 4 t + j (4 bytes) holds bytes
- * 4k..4k+3 of token t's block 4 q + j (absent tokens 0). Then for group g and quad q at lanes 4 tt + j (token 4 g +
+ * int32 sum(qs) (q8_0) or nb float s (q8_1)) in P: 1 or 2 tokens: token t's bytes at P + t * n; 3 tokens or more
+ * (whole quads: nb % 4 == 0) interleaved for rows_rowg: at P + 4 g n + 512 q + 64 k, lane 4 tt + j (4 bytes) holds
+ * bytes 4k..4k+3 of token 4 g + tt's block 4 q + j (absent tokens 0). Then for group g and quad q at lanes 4 tt + j (token 4 g +
  * tt, block 4 q + j): d_a (float) and, with SECOND, the tail's second field: -off * sum(qs) as int32 (off != 0) or
  * s (float, off == 0); lanes of absent tokens 0. */
 static inline void rows_prep(const uint8_t *x, size_t xs, size_t n_x, size_t n, size_t ab_size, int32_t off,
@@ -232,8 +232,9 @@ static inline __attribute__((always_inline)) __m512i rows_fifth2(__m512i nib, co
         }                                                                                                          \
     }
 
-/* The driver: tokens in groups of ROWS_T (the last with its exact count), rows inside. FALLBACK (the panels) for
- * more than ROWS_MAX_TOKENS tokens or when tmp is absent. */
+/* The driver: row by row (with flm_matvec's prefetch), each row against every token at once: rows_row for 1 or 2
+ * tokens, rows_rowg for the G groups of ROWS_T of 3 or more. FALLBACK (the panels) for more than ROWS_MAX_TOKENS
+ * tokens, 3 or more of rows wider than ROWS_WIDE or with a partial last quad, or when tmp is absent. */
 #define ROWS_DRIVER(NAME, ROW, ROWG, WB, AB, OFF, FALLBACK)                                                       \
     static void NAME(const void *W, size_t w_stride, size_t rows, const void *xq, size_t x_stride, size_t n_x,     \
                      size_t n, float *Y, size_t y_stride, void *tmp) {                                             \
