@@ -540,8 +540,11 @@ FLM_API flm_status flm_eval_seq(flm_ctx *ctx, uint32_t seq, const int32_t *token
 /* Say that sequence seq evaluates nothing more for now (its generation ended). A sequence that took part in a joined
  * pass is expected back: the next pass waits for its next flm_eval_seq (a few milliseconds at most, so that the
  * sequences decoding together stay in one pass instead of alternating between smaller ones); after this call it is
- * not waited for. flm_seq_acquire (a turn alone) does the same. Sessions call it when a generation ends. NULL ctx or
- * seq out of range: nothing. */
+ * waited for only by a pass that is not a draft, and only until it left 1/8 of the last pass's time ago (5 to 100 ms):
+ * its client's next request (on seq, or on a sequence not expected: either ends the wait for it), which then joins
+ * that pass instead of reading a streamed model again in a pass of its own; and only if another sequence was busy
+ * (flm_seq_busy) when it left (one client alone is not waited for). flm_seq_acquire (a turn alone) stops the waiting at once. Sessions call it when a generation ends.
+ * NULL ctx or seq out of range: nothing. */
 FLM_API void flm_seq_leave(flm_ctx *ctx, uint32_t seq);
 /* How many sequences other than seq are busy: evaluated (flm_evaluate, joined or not) within the last 2 s and have
  * not left since (flm_seq_leave). A session that could take the context alone for a speculative step decodes joined

@@ -261,8 +261,9 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
         ctx->join_dst = malloc(B * sizeof *ctx->join_dst);
         ctx->join_expect = calloc(n_seq, 1);
         ctx->seq_busy_ms = calloc(n_seq, sizeof *ctx->seq_busy_ms);
+        ctx->seq_left_ms = calloc(n_seq, sizeof *ctx->seq_left_ms);
         if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_x || !ctx->join_dst || !ctx->join_expect ||
-            !ctx->seq_busy_ms) {
+            !ctx->seq_busy_ms || !ctx->seq_left_ms) {
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
         }
@@ -343,6 +344,8 @@ static void seq_switch(flm_ctx *ctx, uint32_t i) {
 
 uint32_t flm_n_seq(const flm_ctx *ctx) { return ctx ? ctx->n_seq : 0; }
 
+enum { JOIN_EXPECT_BACK = 1, JOIN_EXPECT_DRAFTING = 2, JOIN_EXPECT_LEFT = 3 }; /* ctx->join_expect's but 0 */
+
 /* The joined passes no longer wait for seq (flm_eval_seq); wakes a leader waiting for it. */
 static void seq_unexpect(flm_ctx *ctx, uint32_t seq) {
     pthread_mutex_lock(&ctx->join_mu);
@@ -365,9 +368,17 @@ flm_status flm_seq_acquire(flm_ctx *ctx, uint32_t seq, flm_error *err) {
 
 void flm_seq_leave(flm_ctx *ctx, uint32_t seq) {
     if (!ctx || !ctx->join_init || seq >= ctx->n_seq) return;
-    seq_unexpect(ctx, seq);
+    const double now = flm_now_ms();
     pthread_mutex_lock(&ctx->join_mu);
+    /* a sequence that decoded beside others: its client's next request likely comes within ms (join_wait); one
+     * that decoded alone is not waited for (one client's next request may come on any sequence) */
+    bool others = false;
+    for (uint32_t i = 0; i < ctx->n_seq; i++)
+        others |= i != seq && ctx->seq_busy_ms[i] > 0 && now - ctx->seq_busy_ms[i] < FLM_SEQ_BUSY_MS;
+    ctx->join_expect[seq] = others && ctx->seq_busy_ms[seq] > 0 ? JOIN_EXPECT_LEFT : 0;
+    ctx->seq_left_ms[seq] = now;
     ctx->seq_busy_ms[seq] = 0;
+    pthread_cond_broadcast(&ctx->join_cv);
     pthread_mutex_unlock(&ctx->join_mu);
 }
 
@@ -415,6 +426,7 @@ void flm_close(flm_ctx *ctx) {
     free(ctx->join_dst);
     free(ctx->join_expect);
     free(ctx->seq_busy_ms);
+    free(ctx->seq_left_ms);
     free(ctx->seq);
     free(ctx);
 }
@@ -698,7 +710,6 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     seq_unpark(ctx);
 }
 
-enum { JOIN_EXPECT_BACK = 1, JOIN_EXPECT_DRAFTING = 2 }; /* ctx->join_expect's values but 0 */
 
 /* The leader's wait (join_mu held, released while waiting): until every sequence expected back has a request
  * queued, the queue's rows fill a batch, or the wait's bound has passed (FLM_JOIN_WAIT_US .. FLM_JOIN_WAIT_MAX_US:
@@ -707,24 +718,49 @@ static void join_wait(flm_ctx *ctx) {
     uint64_t us = ctx->join_pass_us / FLM_JOIN_WAIT_DIV;
     if (us < FLM_JOIN_WAIT_US) us = FLM_JOIN_WAIT_US;
     if (us > FLM_JOIN_WAIT_MAX_US) us = FLM_JOIN_WAIT_MAX_US;
+    const double left_ms = (double)us / 1000.0; /* a sequence that left: waited for until it left this long ago */
     /* a sequence whose last pass was a draft comes back with its next draft or its verification: a full pass run
      * without it would cost it (and the others' next full pass) a whole pass, so it is waited for longest */
     for (uint32_t s = 0; s < ctx->n_seq; s++)
         if (ctx->join_expect[s] == JOIN_EXPECT_DRAFTING) us = FLM_JOIN_WAIT_MAX_US;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += (long)us * 1000L;
-    until.tv_sec += until.tv_nsec / 1000000000L;
-    until.tv_nsec %= 1000000000L;
+    const double t0 = flm_now_ms();
     for (;;) {
         uint32_t missing = 0, rows = 0;
-        for (uint32_t s = 0; s < ctx->n_seq; s++) missing += ctx->join_expect[s] != 0; /* queued ones: cleared */
-        for (const flm_join_req *r = ctx->join_head; r; r = r->next) rows += r->n;
+        bool drafts = false;
+        for (const flm_join_req *r = ctx->join_head; r; r = r->next) {
+            rows += r->n;
+            drafts |= r->draft;
+        }
+        /* a sequence that left (its generation ended) is waited for by a full pass only, and only until it left
+         * left_ms ago: its client's next request (it joins this pass instead of reading the model again alone) */
+        const double now = flm_now_ms();
+        double until = t0 + (double)us / 1000.0, left_until = 0;
+        for (uint32_t s = 0; s < ctx->n_seq; s++) { /* queued ones: cleared */
+            if (ctx->join_expect[s] != JOIN_EXPECT_LEFT) {
+                missing += ctx->join_expect[s] != 0;
+            } else if (!drafts && now < ctx->seq_left_ms[s] + left_ms) {
+                const double u = ctx->seq_left_ms[s] + left_ms;
+                left_until = u > left_until ? u : left_until;
+                missing++;
+            }
+        }
         if (!missing || rows >= ctx->s.n_batch) return;
-        if (pthread_cond_timedwait(&ctx->join_cv, &ctx->join_mu, &until) == ETIMEDOUT) {
-            memset(ctx->join_expect, 0, ctx->n_seq); /* late ones: no longer waited for until they join again */
+        bool only_left = true;
+        for (uint32_t s = 0; s < ctx->n_seq; s++)
+            only_left &= ctx->join_expect[s] == 0 || ctx->join_expect[s] == JOIN_EXPECT_LEFT;
+        if (only_left && left_until < until) until = left_until;
+        if (now >= until) {
+            if (!only_left) memset(ctx->join_expect, 0, ctx->n_seq); /* late ones: not waited for until they join */
             return;
         }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        const long ns = (long)((until - now) * 1e6);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec += ns % 1000000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&ctx->join_cv, &ctx->join_mu, &ts); /* a wake-up or the bound: the loop decides */
     }
 }
 
@@ -743,6 +779,12 @@ static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens,
         if (ctx->join_tail) ctx->join_tail->next = &me;
         else ctx->join_head = &me;
         ctx->join_tail = &me;
+        if (!ctx->join_expect[seq]) /* a new request on a sequence not expected: a client that left another one */
+            for (uint32_t s = 0; s < ctx->n_seq; s++)
+                if (ctx->join_expect[s] == JOIN_EXPECT_LEFT) {
+                    ctx->join_expect[s] = 0;
+                    break;
+                }
         ctx->join_expect[seq] = 0;
         if (ctx->join_leading) pthread_cond_broadcast(&ctx->join_cv); /* a leader may be waiting for this one */
         while (!me.done) {

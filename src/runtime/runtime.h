@@ -357,10 +357,14 @@ struct flm_ctx {
     uint64_t join_pass_us;   /* wall time of the last pass run for flm_eval_seq (the leader's wait scales with it) */
     double *seq_busy_ms;     /* [n_seq]: flm_now_ms of the sequence's last evaluation, 0 after flm_seq_leave (under
                                 join_mu; flm_seq_busy) */
+    double *seq_left_ms;     /* [n_seq]: flm_now_ms of the sequence's flm_seq_leave while join_expect says it left
+                                (JOIN_EXPECT_LEFT), under join_mu */
     uint8_t *join_expect;    /* [n_seq]: not 0 while the sequence is expected back (it was in the last joined pass and
                                 has neither left, flm_seq_leave, nor taken the context alone, flm_seq_acquire): the
                                 next pass waits for it, up to FLM_JOIN_WAIT_US; 2 when that pass was a draft (its
-                                speculative step goes on): waited for FLM_JOIN_WAIT_MAX_US */
+                                speculative step goes on): waited for FLM_JOIN_WAIT_MAX_US; 3 when its generation
+                                ended (flm_seq_leave) less than the wait's bound ago: a full pass waits for its next
+                                request until then (a client's next request, a few ms later), a draft pass does not */
     float *join_logits;
     int32_t *join_tok, *join_pos;
     const flm_kv_cache **join_kv;
