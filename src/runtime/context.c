@@ -585,6 +585,7 @@ typedef struct flm_join_req {
     int32_t pos;
     float *logits_all; /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats; NULL: the last row's only */
     bool draft;        /* the self-draft (flm_eval_draft): joins only other drafts */
+    bool fresh;        /* its sequence was not expected back when it came (a new generation, most likely) */
     const float *logits;
     flm_call_stats cs; /* its statistics (ms: the caller's) */
     flm_status st;
@@ -725,11 +726,13 @@ static void join_wait(flm_ctx *ctx) {
         if (ctx->join_expect[s] == JOIN_EXPECT_DRAFTING) us = FLM_JOIN_WAIT_MAX_US;
     const double t0 = flm_now_ms();
     for (;;) {
-        uint32_t missing = 0, rows = 0;
-        bool drafts = false;
+        uint32_t missing = 0, rows = 0, queued = 0; /* queued: sequences (a sequence has one request at most) */
+        bool drafts = false, fresh = false;
         for (const flm_join_req *r = ctx->join_head; r; r = r->next) {
+            queued++;
             rows += r->n;
             drafts |= r->draft;
+            fresh |= r->fresh;
         }
         /* a sequence that left (its generation ended) is waited for by a full pass only, and only until it left
          * left_ms ago: its client's next request (it joins this pass instead of reading the model again alone) */
@@ -744,11 +747,14 @@ static void join_wait(flm_ctx *ctx) {
                 missing++;
             }
         }
-        if (!missing || rows >= ctx->s.n_batch) return;
+        /* a new generation's first request: others sent at the same moment (clients starting together) come
+         * within about a millisecond; a full pass waits FLM_JOIN_FRESH_US for them */
+        const double fresh_until = !drafts && fresh ? t0 + FLM_JOIN_FRESH_US / 1000.0 : 0;
+        if (rows >= ctx->s.n_batch || queued >= ctx->n_seq || (!missing && now >= fresh_until)) return;
         bool only_left = true;
         for (uint32_t s = 0; s < ctx->n_seq; s++)
             only_left &= ctx->join_expect[s] == 0 || ctx->join_expect[s] == JOIN_EXPECT_LEFT;
-        if (only_left && left_until < until) until = left_until;
+        if (only_left && left_until < until) until = left_until > fresh_until ? left_until : fresh_until;
         if (now >= until) {
             if (!only_left) memset(ctx->join_expect, 0, ctx->n_seq); /* late ones: not waited for until they join */
             return;
@@ -779,6 +785,7 @@ static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens,
         if (ctx->join_tail) ctx->join_tail->next = &me;
         else ctx->join_head = &me;
         ctx->join_tail = &me;
+        me.fresh = ctx->join_expect[seq] == 0 || ctx->join_expect[seq] == JOIN_EXPECT_LEFT;
         if (!ctx->join_expect[seq]) /* a new request on a sequence not expected: a client that left another one */
             for (uint32_t s = 0; s < ctx->n_seq; s++)
                 if (ctx->join_expect[s] == JOIN_EXPECT_LEFT) {

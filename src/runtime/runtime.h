@@ -54,6 +54,11 @@ typedef struct flm_scratch {
 #define FLM_JOIN_WAIT_US 5000
 #define FLM_JOIN_WAIT_DIV 8
 #define FLM_JOIN_WAIT_MAX_US 100000
+/* How long a joined full pass (not a draft) that holds a new generation's first request (its sequence was not
+ * expected back) waits for other sequences' requests, in microseconds: clients that start together send within
+ * about a millisecond of each other, and one that misses the pass reads a streamed model again in a pass of its own.
+ * Paid once per request, not per token. */
+#define FLM_JOIN_FRESH_US 3000
 /* A sequence counts as busy for flm_seq_busy while its last evaluation began less than this many ms ago and it has
  * not left since (flm_seq_leave): a speculative step alone, a joined pass of a streamed model and the wait for it
  * take well under it. */
