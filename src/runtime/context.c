@@ -711,7 +711,6 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     seq_unpark(ctx);
 }
 
-
 /* The leader's wait (join_mu held, released while waiting): until every sequence expected back has a request
  * queued, the queue's rows fill a batch, or the wait's bound has passed (FLM_JOIN_WAIT_US .. FLM_JOIN_WAIT_MAX_US:
  * a share of the last pass's time). */
