@@ -457,6 +457,16 @@ FLM_API flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32
  * move to those slots); flm_n_past is then pos + m. m = 0 keeps none. Errors: FLM_ERR_ARG (no tree held at pos, a
  * node not held, indices not increasing), nothing changed. */
 FLM_API flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err);
+/* flm_tree_logits_n and flm_tree_accept on sequence seq of a context of several (flm_params.n_seq), from any thread
+ * without flm_seq_acquire (they take the context for the call, as flm_seq_acquire would: never while holding it): the
+ * tree its last evaluation held, a joined one included (flm_evaluate with join and parent), whose nodes' final states
+ * the sequence keeps (other sequences' passes between the evaluation and these calls change nothing). Bit for bit
+ * the same logits as flm_eval_tree's of the same nodes. Errors: FLM_ERR_ARG (seq out of range), those of
+ * flm_tree_logits_n and flm_tree_accept. Source: src/runtime/context.c. */
+FLM_API flm_status flm_seq_tree_logits_n(flm_ctx *ctx, uint32_t seq, const uint32_t *nodes, uint32_t n, float *logits,
+                                         flm_error *err);
+FLM_API flm_status flm_seq_tree_accept(flm_ctx *ctx, uint32_t seq, int32_t pos, const uint32_t *path, uint32_t m,
+                                       flm_error *err);
 
 /* The next position flm_eval expects (tokens held in the context). */
 FLM_API int32_t flm_n_past(const flm_ctx *ctx);
@@ -563,6 +573,10 @@ typedef enum flm_eval_logits {
     FLM_EVAL_LOGITS_NONE,     /* none: no output layer (a prompt piece before its last; a tree verified lazily, whose
                                  logits flm_tree_logits gives on demand) */
     FLM_EVAL_LOGITS_ALL,      /* every token's (a tree: every evaluated node's) into logits_all */
+    FLM_EVAL_LOGITS_SOME,     /* a tree only: the nodes some[0..n_some) into logits_all (row i: node some[i]), in the
+                                 same pass (joined: one classifier pass for every sequence's), bit for bit
+                                 flm_tree_logits_n's; the others on demand as with NONE (a verification asks for the
+                                 nodes its walk will likely visit) */
 } flm_eval_logits;
 
 typedef struct flm_eval_args {
@@ -574,15 +588,21 @@ typedef struct flm_eval_args {
     bool join;              /* flm_eval_seq: from any thread without flm_seq_acquire, joining the passes of the other
                                sequences' calls waiting at the same time (drafts join drafts only, and run first);
                                FLM_EVAL_LOGITS_LAST, or ALL (a speculative step's verification: every row's logits;
-                               not with draft); no tree */
+                               not with draft). A tree (parent) joins too, its nodes beside the other sequences' rows,
+                               bit for bit flm_eval_tree's: logits ALL (a draft's level), or NONE (a verification:
+                               flm_seq_tree_logits_n gives its nodes' logits, flm_seq_tree_accept keeps a path) */
     bool draft;             /* the self-draft (flm_eval_draft, mode hot): every FFN over its resident neurons */
     flm_eval_logits logits; /* which logits (FLM_EVAL_LOGITS_LAST when zeroed) */
     float *logits_all;      /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats (a tree: (n - first) rows, node i
                                in row i - first); NULL otherwise */
     const int32_t *parent;  /* NULL: a causal sequence of tokens. Else a tree (flm_eval_tree): parent[i] is an earlier
-                               node or -1; logits FLM_EVAL_LOGITS_ALL or NONE (lazy: flm_tree_logits) */
+                               node or -1; logits FLM_EVAL_LOGITS_ALL or NONE (lazy: flm_tree_logits; joined:
+                               flm_seq_tree_logits_n) */
     uint32_t first;         /* a tree: the nodes [first, n) are evaluated, [0, first) held from the previous call;
                                0 without a tree */
+    const uint32_t *some;   /* FLM_EVAL_LOGITS_SOME: n_some >= 1 nodes, each in [first, n) (repeats allowed); else
+                               NULL and 0 */
+    uint32_t n_some;
 } flm_eval_args;
 
 /* The statistics of one call: its own figures, not a difference of totals. Bytes, reads and the sparse counts are
@@ -616,9 +636,11 @@ typedef struct flm_eval_out {
  * of the call it names: flm_eval_batch for a causal run, flm_eval_draft with draft, flm_eval_tree with parent,
  * flm_eval_seq with join), *out getting the logits and the call's statistics. Every token's statistics are also
  * added to the context's totals and per-token record (flm_get_stats), as before.
- * Errors: FLM_ERR_ARG (ctx, args or out NULL; no tokens; seq out of range, or not current without join; join with a
- * tree, FLM_EVAL_LOGITS_NONE, or a draft with FLM_EVAL_LOGITS_ALL; a draft outside mode hot; logits_all given without FLM_EVAL_LOGITS_ALL or the reverse; first > 0
- * without a tree; FLM_EVAL_LOGITS_LAST with a tree), and those of the call it names; after an error the context holds
+ * Errors: FLM_ERR_ARG (ctx, args or out NULL; no tokens; seq out of range, or not current without join; join without
+ * a tree and with FLM_EVAL_LOGITS_NONE, or a draft with FLM_EVAL_LOGITS_ALL; a draft outside mode hot; logits_all
+ * given without FLM_EVAL_LOGITS_ALL or SOME, or the reverse; first > 0 without a tree, first >= n with one;
+ * FLM_EVAL_LOGITS_LAST with a tree, SOME without one, some[] NULL, empty or naming a node not evaluated), and those
+ * of the call it names; after an error the context holds
  * what that call's errors say, and out->stats the passes that completed before it. Source: src/runtime/context.c. */
 FLM_API flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *args, flm_eval_out *out, flm_error *err);
 /* sum += a, field by field (rows_used: a's, the later level). For summing a request's calls. */

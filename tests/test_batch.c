@@ -478,7 +478,17 @@ static void test_evaluate_own_stats(void **state) {
     if (flm_tree_logits(ctx, 3, row[0], &err)) fail_msg("tree logits: %s", err.msg);
     if (flm_eval_tree(ctx, toks + 12, par, 4, 3, 12, false, row[1], &err)) fail_msg("tree: %s", err.msg);
     assert_memory_equal(row[0], row[1], V * sizeof(float));
+    /* a tree's logits for some nodes in the pass (FLM_EVAL_LOGITS_SOME): those of flm_tree_logits_n */
+    const uint32_t some[2] = {3, 1};
+    check_call(ctx, &(flm_eval_args){.tokens = toks + 12, .n = 4, .pos = 12, .parent = par, .first = 1,
+                                     .logits = FLM_EVAL_LOGITS_SOME, .logits_all = got, .some = some, .n_some = 2},
+               &out, 3);
+    assert_null(out.logits);
+    assert_memory_equal(got, row[1], V * sizeof(float));
+    if (flm_tree_logits_n(ctx, some, 2, got + 2 * (size_t)V, &err)) fail_msg("tree logits: %s", err.msg);
+    assert_memory_equal(got, got + 2 * (size_t)V, 2 * (size_t)V * sizeof(float));
     /* bad arguments: refused, naming what is wrong, the context unchanged */
+    static const uint32_t some1[1] = {1}, some5[1] = {5};
     if (flm_eval_batch(ctx, toks, 8, 0, NULL, NULL, &err)) fail_msg("batch: %s", err.msg);
     const struct {
         flm_eval_args a;
@@ -495,6 +505,14 @@ static void test_evaluate_own_stats(void **state) {
           .logits_all = got}, "not with draft"},
         {{.tokens = toks, .n = 2, .pos = 8, .join = true, .draft = true}, "a self-draft needs mode hot"},
         {{.tokens = toks, .n = 0, .pos = 8}, "no tokens"},
+        {{.tokens = toks, .n = 2, .pos = 8, .logits = FLM_EVAL_LOGITS_SOME, .logits_all = got, .some = some1,
+          .n_some = 1}, "SOME takes a tree"},
+        {{.tokens = toks, .n = 2, .pos = 8, .parent = par, .logits = FLM_EVAL_LOGITS_SOME, .logits_all = got}, "SOME "
+          "takes a tree"},
+        {{.tokens = toks, .n = 2, .pos = 8, .parent = par, .logits = FLM_EVAL_LOGITS_ALL, .logits_all = got,
+          .some = some1, .n_some = 1}, "the other logits neither"},
+        {{.tokens = toks + 8, .n = 2, .pos = 8, .parent = par, .logits = FLM_EVAL_LOGITS_SOME, .logits_all = got,
+          .some = some5, .n_some = 1}, "node 5 is not one"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&out, 0x5a, sizeof out);

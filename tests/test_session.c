@@ -835,8 +835,16 @@ static void test_sequences_plan(void **state) {
     assert_int_equal(flm_plan(tu_data(MODEL), &p, &b, &err), FLM_OK);
     assert_int_equal(b.kv, SEQ_N * a.kv);
     const uint64_t row = ((uint64_t)a.n_vocab * 4 + 63) / 64 * 64;
+    /* each sequence's tree in a joined pass: depth and ancestors of T = min(n_ctx, FLM_TREE_MAX_NODES) nodes, and
+     * their final states (d_model floats each), each carved aligned */
+    flm_ctx *one = open_seq(false, 1);
+    flm_model_info mi;
+    flm_get_info(one, &mi);
+    flm_close(one);
+    const uint64_t T = 128 < FLM_TREE_MAX_NODES ? 128 : FLM_TREE_MAX_NODES;
+    const uint64_t tree = (4 * T + T * T + 63) / 64 * 64 + (4 * T * mi.d_model + 63) / 64 * 64 + 2 * 64;
     /* theirs, and a joined pass's; and the alignment of the other sequences' KV caches and rows as they are carved */
-    assert_int_equal(b.scratch, a.scratch + (2 * SEQ_N - 1) * row + 64 + (SEQ_N - 1) * 64);
+    assert_int_equal(b.scratch, a.scratch + (2 * SEQ_N - 1) * row + 64 + (SEQ_N - 1) * 64 + SEQ_N * tree);
     assert_int_equal(b.resident, a.resident);
     p.n_seq = FLM_SEQ_MAX + 1;
     assert_int_equal(flm_plan(tu_data(MODEL), &p, &b, &err), FLM_ERR_ARG);
@@ -874,6 +882,8 @@ typedef struct join_job {
     flm_status st;
     float *all;    /* not NULL: every row's logits (FLM_EVAL_LOGITS_ALL, a speculative step's verification) */
     double ms, pass_ms; /* with all: the call's flm_call_stats.ms and pass_ms */
+    const int32_t *parent; /* not NULL: a tree of n nodes at pos, its logits into all, or none (NULL: kept lazily) */
+    const uint32_t *some;  /* with parent and all: FLM_EVAL_LOGITS_SOME, these 3 nodes' logits into all */
 } join_job;
 
 static void *join_run_one(void *arg) {
@@ -881,6 +891,17 @@ static void *join_run_one(void *arg) {
     const float *lg = NULL;
     flm_error err;
     flm_token_stats ts = {0};
+    if (j->parent) { /* a joined tree: no logits returned (every node's into all, or none) */
+        const flm_eval_args a = {.tokens = j->ids, .n = j->n, .pos = j->pos, .seq = j->seq, .join = true,
+                                 .parent = j->parent, .logits_all = j->all, .some = j->some, .n_some = j->some ? 3 : 0,
+                                 .logits = j->some  ? FLM_EVAL_LOGITS_SOME
+                                           : j->all ? FLM_EVAL_LOGITS_ALL
+                                                    : FLM_EVAL_LOGITS_NONE};
+        flm_eval_out out;
+        j->st = flm_evaluate(j->ctx, &a, &out, &err);
+        if (!j->st && out.logits) j->st = FLM_ERR_ARG; /* a tree returns no last row */
+        return NULL;
+    }
     if (j->all) {
         const flm_eval_args a = {.tokens = j->ids, .n = j->n, .pos = j->pos, .seq = j->seq, .join = true,
                                  .logits = FLM_EVAL_LOGITS_ALL, .logits_all = j->all};
@@ -930,6 +951,7 @@ static void join_step(flm_ctx *ctx, join_job *jobs, const float *want, uint32_t 
     assert_int_equal(b.n_joined, a.n_joined + 1);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(jobs[i].st, FLM_OK);
+        if (jobs[i].parent) continue; /* a tree: its nodes' logits are checked by the caller */
         assert_memory_equal(jobs[i].logits, want + (size_t)i * V, (size_t)V * sizeof(float));
         /* a call's own pass within its wall time; job 0 waited for the context before its pass (pass_ms leaves
          * that out: the self-draft's joined cost, spec.c) */
@@ -953,6 +975,15 @@ static void joined_case(bool flm) {
     size_t n[3];
     float *want = malloc((size_t)9 * V * sizeof(float)), *got = malloc((size_t)3 * V * sizeof(float));
     float *want_all = malloc((size_t)12 * V * sizeof(float)), *got_all = malloc((size_t)12 * V * sizeof(float));
+    /* a tree per sequence after its first decoded token: a root (a rejected draft), two children, a grandchild */
+    static const int32_t tpar[4] = {-1, 0, 0, 1};
+    static const uint32_t tpath[3] = {0, 1, 3}, tnodes[3] = {3, 0, 2};
+    int32_t tree[3][4];
+    float *want_tree = malloc((size_t)12 * V * sizeof(float)), *want_after = malloc((size_t)3 * V * sizeof(float));
+    float *got_tree = malloc((size_t)12 * V * sizeof(float));
+    assert_non_null(want_tree);
+    assert_non_null(want_after);
+    assert_non_null(got_tree);
     assert_non_null(want);
     assert_non_null(got);
     assert_non_null(want_all);
@@ -975,24 +1006,68 @@ static void joined_case(bool flm) {
         assert_int_equal(flm_eval_batch(one, pair[i], 4, (int32_t)n[i], want_all + (size_t)4 * i * V, &lg, &err),
                          FLM_OK);
         memcpy(want + (size_t)(6 + i) * V, lg, (size_t)V * sizeof(float));
+        /* the tree at n + 1 (every node's logits), its path 0, 1, 3 kept, then one token after it */
+        const int32_t tp = (int32_t)n[i] + 1;
+        tree[i][0] = pair[i][1];
+        tree[i][1] = 9;
+        tree[i][2] = 10;
+        tree[i][3] = 11 + i;
+        assert_int_equal(flm_eval_tree(one, tree[i], tpar, 4, 0, tp, false, want_tree + (size_t)4 * i * V, &err),
+                         FLM_OK);
+        assert_int_equal(flm_tree_accept(one, tp, tpath, 3, &err), FLM_OK);
+        assert_int_equal(flm_eval(one, 12, tp + 3, &lg, &err), FLM_OK);
+        memcpy(want_after + (size_t)i * V, lg, (size_t)V * sizeof(float));
     }
     flm_close(one);
     flm_ctx *ctx = open_seq(flm, 4);
     join_job jobs[3];
     for (int i = 0; i < 3; i++) /* the prompts: the first alone, the other two joined in one pass */
-        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK, NULL, 0, 0};
+        jobs[i] = (join_job){ctx, (uint32_t)i, (uint32_t)n[i], ids[i], 0, got + (size_t)i * V, FLM_OK, NULL, 0, 0, NULL, NULL};
     join_step(ctx, jobs, want, V);
     for (int i = 0; i < 3; i++) /* then one token each: decoding rows of three sequences in one pass */
-        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK, NULL, 0, 0};
+        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &next[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK, NULL, 0, 0, NULL, NULL};
     join_step(ctx, jobs, want + (size_t)3 * V, V);
     /* then a speculative step's verification each, from the same position: four rows with every row's logits for
      * sequences 0 (alone: it leads) and 1 (joined with 2, which wants its last row only: five rows of logits, more
      * than the scratch of 4 sequences' rows holds whole, so the classifier runs in blocks of its rows) */
     for (int i = 0; i < 3; i++)
         jobs[i] = (join_job){ctx, (uint32_t)i, 4, pair[i], (int32_t)n[i], got + (size_t)i * V, FLM_OK,
-                             i < 2 ? got_all + (size_t)4 * i * V : NULL, 0, 0};
+                             i < 2 ? got_all + (size_t)4 * i * V : NULL, 0, 0, NULL, NULL};
     join_step(ctx, jobs, want + (size_t)6 * V, V);
     assert_memory_equal(got_all, want_all, (size_t)8 * V * sizeof(float));
+    /* then a tree each (flm_evaluate with join and parent): sequence 0 alone (it leads) and lazily (its logits asked
+     * afterwards, flm_seq_tree_logits_n, after other sequences' passes), 1 with every node's logits, joined with 2,
+     * which asks for three nodes' in the pass (FLM_EVAL_LOGITS_SOME) and the same three afterwards; each equal, bit
+     * for bit, to flm_eval_tree's alone; then each keeps the path 0, 1, 3 (flm_seq_tree_accept) and decodes one more
+     * token in a joined pass, as alone */
+    float *got_some = malloc((size_t)3 * V * sizeof(float));
+    assert_non_null(got_some);
+    for (int i = 0; i < 3; i++)
+        jobs[i] = (join_job){ctx, (uint32_t)i, 4, tree[i], (int32_t)n[i] + 1, got + (size_t)i * V, FLM_OK,
+                             i == 1 ? got_tree + (size_t)4 * V : i == 2 ? got_some : NULL, 0, 0, tpar,
+                             i == 2 ? tnodes : NULL};
+    join_step(ctx, jobs, NULL, V);
+    assert_memory_equal(got_tree + (size_t)4 * V, want_tree + (size_t)4 * V, (size_t)4 * V * sizeof(float));
+    for (int k = 0; k < 3; k++)
+        assert_memory_equal(got_some + (size_t)k * V, want_tree + (size_t)(8 + (int)tnodes[k]) * V,
+                            (size_t)V * sizeof(float));
+    free(got_some);
+    for (int i = 0; i < 3; i += 2) {
+        assert_int_equal(flm_seq_tree_logits_n(ctx, (uint32_t)i, tnodes, 3, got_tree, &err), FLM_OK);
+        for (int k = 0; k < 3; k++)
+            assert_memory_equal(got_tree + (size_t)k * V, want_tree + (size_t)(4 * i + (int)tnodes[k]) * V,
+                                (size_t)V * sizeof(float));
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(flm_seq_tree_accept(ctx, (uint32_t)i, (int32_t)n[i] + 1, tpath, 3, &err), FLM_OK);
+    assert_int_equal(flm_seq_tree_logits_n(ctx, 0, tnodes, 1, got_tree, &err), FLM_ERR_ARG); /* none held now */
+    assert_int_equal(flm_seq_tree_accept(ctx, 4, 0, tpath, 1, &err), FLM_ERR_ARG);
+    assert_non_null(strstr(err.msg, "sequence 4"));
+    static const int32_t after = 12;
+    for (int i = 0; i < 3; i++)
+        jobs[i] = (join_job){ctx, (uint32_t)i, 1, &after, (int32_t)n[i] + 4, got + (size_t)i * V, FLM_OK, NULL, 0, 0,
+                             NULL, NULL};
+    join_step(ctx, jobs, want_after, V);
     /* a joined evaluation takes no draft and no FLM_EVAL_LOGITS_NONE; the others' rows are untouched by a refusal */
     const flm_eval_args none = {.tokens = pair[0], .n = 1, .pos = (int32_t)n[0], .seq = 0, .join = true,
                                 .logits = FLM_EVAL_LOGITS_NONE};
@@ -1005,6 +1080,9 @@ static void joined_case(bool flm) {
     free(got);
     free(want_all);
     free(got_all);
+    free(want_tree);
+    free(want_after);
+    free(got_tree);
 }
 
 static void test_joined_pass_equals_alone(void **state) {

@@ -257,13 +257,17 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
         ctx->join_tok = malloc(B * sizeof *ctx->join_tok);
         ctx->join_pos = malloc(B * sizeof *ctx->join_pos);
         ctx->join_kv = malloc(B * sizeof *ctx->join_kv);
+        ctx->join_slot = malloc(B * sizeof *ctx->join_slot);
+        ctx->join_tree = malloc(B * sizeof *ctx->join_tree);
+        ctx->join_trees = calloc(n_seq, sizeof *ctx->join_trees);
         ctx->join_x = malloc(B * sizeof *ctx->join_x);
         ctx->join_dst = malloc(B * sizeof *ctx->join_dst);
         ctx->join_expect = calloc(n_seq, 1);
         ctx->seq_busy_ms = calloc(n_seq, sizeof *ctx->seq_busy_ms);
         ctx->seq_left_ms = calloc(n_seq, sizeof *ctx->seq_left_ms);
-        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_x || !ctx->join_dst || !ctx->join_expect ||
-            !ctx->seq_busy_ms || !ctx->seq_left_ms) {
+        if (!ctx->join_tok || !ctx->join_pos || !ctx->join_kv || !ctx->join_slot || !ctx->join_tree ||
+            !ctx->join_trees || !ctx->join_x || !ctx->join_dst || !ctx->join_expect || !ctx->seq_busy_ms ||
+            !ctx->seq_left_ms) {
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory for %u sequences", path, n_seq);
         }
@@ -302,6 +306,14 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
             return flm_fail(err, FLM_ERR_BUDGET, "%s: the logits rows of %u sequences exceed the %llu bytes planned",
                             path, n_seq, (unsigned long long)mem);
         }
+    const uint64_t T = flm_scratch_tree_nodes(n_ctx); /* each sequence's tree (flm_seq_scratch_bytes) */
+    for (uint32_t i = 0; i < n_seq && n_seq > 1; i++)
+        if (!(ctx->seq[i].tree_mem = flm_arena_alloc(&ctx->mem, 4 * T + T * T, FLM_CARVE_ALIGN)) ||
+            !(ctx->seq[i].hidden = flm_arena_alloc(&ctx->mem, 4 * T * hp->d_model, FLM_CARVE_ALIGN))) {
+            flm_close(ctx);
+            return flm_fail(err, FLM_ERR_BUDGET, "%s: the trees of %u sequences exceed the %llu bytes planned", path,
+                            n_seq, (unsigned long long)mem);
+        }
     ctx->params.io_cost_path = NULL; /* the caller's string is only read during open */
     ctx->io_busy_base = flm_ctx_io_busy_ns(ctx); /* the load's reads are not the statistics' */
     *out = ctx;
@@ -317,10 +329,14 @@ void flm_set_log_callback(flm_ctx *ctx, flm_log_fn fn, void *user) {
 
 /* The current sequence's state back into seq[cur_seq] (park), and out of it (unpark). */
 static void seq_park(flm_ctx *ctx) {
-    ctx->seq[ctx->cur_seq] = (flm_seq_state){.kv = ctx->be.kv, .logits = ctx->s.logits, .next_pos = ctx->next_pos,
-                                             .tree_pos = ctx->tree_pos, .tree_n = ctx->tree_n,
-                                             .tree_hidden = ctx->tree_hidden,
-                                             .tree_hidden_first = ctx->tree_hidden_first};
+    flm_seq_state *q = &ctx->seq[ctx->cur_seq]; /* its tree_mem and hidden stay (the sequence's own) */
+    q->kv = ctx->be.kv;
+    q->logits = ctx->s.logits;
+    q->next_pos = ctx->next_pos;
+    q->tree_pos = ctx->tree_pos;
+    q->tree_n = ctx->tree_n;
+    q->tree_hidden = ctx->tree_hidden;
+    q->tree_hidden_first = ctx->tree_hidden_first;
 }
 
 static void seq_unpark(flm_ctx *ctx) {
@@ -422,6 +438,9 @@ void flm_close(flm_ctx *ctx) {
     free(ctx->join_tok);
     free(ctx->join_pos);
     free(ctx->join_kv);
+    free(ctx->join_slot);
+    free(ctx->join_tree);
+    free(ctx->join_trees);
     free(ctx->join_x);
     free(ctx->join_dst);
     free(ctx->join_expect);
@@ -576,6 +595,42 @@ flm_status flm_eval_batch(flm_ctx *ctx, const int32_t *tokens, uint32_t n, int32
     return st;
 }
 
+/* The shape of the tree parent[0..n): depth[i] and the ancestor rows anc[i * n .. + n) (node i's ancestors and
+ * itself). Returns n, or the first node whose parent is not an earlier node (or -1), or (*swa set) whose path is
+ * longer than the sliding window n_swa (0: none). */
+static uint32_t tree_shape(const int32_t *parent, uint32_t n, uint32_t n_swa, int32_t *depth, uint8_t *anc,
+                           bool *swa) {
+    const size_t N = n;
+    *swa = false;
+    for (size_t i = 0; i < N; i++) {
+        const int32_t p = parent[i];
+        if (p < -1 || p >= (int32_t)i) return (uint32_t)i;
+        depth[i] = p < 0 ? 0 : depth[p] + 1;
+        if (p >= 0) memcpy(anc + i * N, anc + (size_t)p * N, N);
+        else memset(anc + i * N, 0, N);
+        anc[i * N + i] = 1;
+        if (n_swa && (uint32_t)depth[i] >= n_swa) {
+            *swa = true;
+            return (uint32_t)i;
+        }
+    }
+    return n;
+}
+
+/* A tree's final states from the pass's scratch rows into its sequence's own buffer (a context of several
+ * sequences: another sequence's pass overwrites the scratch before this one's walk asks for its logits). */
+static void keep_hidden(flm_ctx *ctx, uint32_t seq, const float *hidden, uint32_t rows) {
+    float *h = ctx->seq[seq].hidden;
+    if (!h || !hidden) return;
+    memcpy(h, hidden, (size_t)rows * ctx->model->hp.d_model * sizeof *h);
+    if (seq == ctx->cur_seq) ctx->tree_hidden = h;
+    else ctx->seq[seq].tree_hidden = h;
+}
+
+static flm_status eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *parent, uint32_t n_nodes,
+                            uint32_t first, int32_t pos, bool draft, float *logits, flm_call_stats *cs,
+                            flm_error *err);
+
 /* ---- joined passes: several sequences' evaluations in one forward pass (flm_eval_seq) -------------------------- */
 
 /* A waiting evaluation (on its caller's stack until done). */
@@ -583,7 +638,13 @@ typedef struct flm_join_req {
     uint32_t seq, n;
     const int32_t *tokens;
     int32_t pos;
-    float *logits_all; /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats; NULL: the last row's only */
+    float *logits_all; /* FLM_EVAL_LOGITS_ALL: the caller's n * n_vocab floats (a tree: n - first rows); NULL: the
+                          last row's only (a tree: none, its nodes' final states kept for flm_seq_tree_logits_n) */
+    const int32_t *parent; /* NULL: a causal run; else a tree (flm_eval_tree's parent), nodes [first, n) evaluated */
+    uint32_t first;
+    const uint32_t *some; /* a tree's FLM_EVAL_LOGITS_SOME: these n_some nodes' logits into logits_all, the final
+                             states kept as without logits; NULL: none */
+    uint32_t n_some;
     bool draft;        /* the self-draft (flm_eval_draft): joins only other drafts */
     bool fresh;        /* its sequence was not expected back when it came (a new generation, most likely) */
     const float *logits;
@@ -597,6 +658,20 @@ typedef struct flm_join_req {
 /* One request alone: its sequence made current, flm_eval_run as flm_eval_batch. */
 static void join_alone(flm_ctx *ctx, flm_join_req *r) {
     seq_switch(ctx, r->seq);
+    if (r->parent) { /* a tree: flm_eval_tree's evaluation, its final states kept as the sequence's */
+        const uint64_t b0 = flm_ctx_io_busy_ns(ctx);
+        const double t0 = flm_now_ms();
+        r->cs = (flm_call_stats){0};
+        r->st = eval_tree(ctx, r->tokens, r->parent, r->n, r->first, r->pos, r->draft, r->some ? NULL : r->logits_all,
+                          &r->cs, &r->err);
+        if (!r->st && (!r->logits_all || r->some) && ctx->n_seq > 1)
+            keep_hidden(ctx, r->seq, ctx->tree_hidden, r->n - r->first);
+        if (!r->st && r->some) r->st = flm_tree_logits_n(ctx, r->some, r->n_some, r->logits_all, &r->err);
+        r->cs.pass_ms = flm_now_ms() - t0;
+        r->cs.io_busy_ms = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
+        r->logits = NULL;
+        return;
+    }
     const flm_eval_req rq = {.tokens = r->tokens, .n = r->n, .pos = r->pos, .draft = r->draft,
                              .logits = r->logits_all ? FLM_LOGITS_ALL : FLM_LOGITS_LAST, .logits_all = r->logits_all};
     flm_eval_res res = {0};
@@ -617,10 +692,14 @@ static void join_alone(flm_ctx *ctx, flm_join_req *r) {
  * logits copied to its sequence's row, and over every row of a request that wants them all. A request the checks
  * refuse, mode sparse (its FFN chooses neurons per position) or a context without batch arrays: each alone. Holds
  * seq_mu. */
+/* Rows a joined request evaluates: its tokens, or a tree's nodes [first, n). */
+static uint32_t join_rows(const flm_join_req *r) { return r->parent ? r->n - r->first : r->n; }
+
 static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     const flm_hparams *hp = &ctx->model->hp;
     uint32_t rows = 0;
-    bool joinable = ctx->flash == NULL || ctx->flash->plan.mode != FLM_MODE_SPARSE;
+    bool joinable = ctx->flash == NULL || ctx->flash->plan.mode != FLM_MODE_SPARSE, trees = false;
+    const uint32_t T = flm_scratch_tree_nodes((uint32_t)ctx->params.n_ctx);
     seq_park(ctx);
     for (uint32_t i = 0; i < k && joinable; i++) {
         const flm_join_req *r = req[i];
@@ -628,7 +707,19 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         joinable = r->n >= 1 && r->pos >= 0 && r->pos <= q->next_pos && (int64_t)r->pos + r->n <= ctx->params.n_ctx;
         for (uint32_t t = 0; t < r->n && joinable; t++)
             joinable = r->tokens[t] >= 0 && (uint32_t)r->tokens[t] < hp->n_vocab;
-        rows += r->n;
+        if (r->parent && joinable) { /* a tree: its shape into its sequence's tree; anything amiss: alone (errors) */
+            int32_t *depth = (int32_t *)q->tree_mem;
+            bool swa;
+            for (uint32_t j = 0; j < r->n_some && joinable; j++)
+                joinable = r->some[j] >= r->first && r->some[j] < r->n;
+            joinable = joinable && q->tree_mem && r->first < r->n && r->n <= T &&
+                       (r->first == 0 || (q->tree_n >= r->first && q->tree_pos == r->pos && q->next_pos == r->pos)) &&
+                       tree_shape(r->parent, r->n, hp->n_swa, depth, q->tree_mem + 4 * (size_t)T, &swa) == r->n;
+            ctx->join_trees[r->seq] = (flm_tree){(uint32_t)r->pos, r->n, depth, q->tree_mem + 4 * (size_t)T,
+                                                 ctx->s.tree + 4 * (size_t)T + (size_t)T * T};
+            trees = true;
+        }
+        rows += join_rows(r);
     }
     if (!joinable || k < 2 || rows > ctx->s.n_batch) {
         for (uint32_t i = 0; i < k; i++) join_alone(ctx, req[i]);
@@ -641,16 +732,32 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         q->next_pos = r->pos; /* positions >= pos are forgotten, whatever happens below */
         q->tree_n = 0;
         q->tree_hidden = NULL;
+        if (r->parent) { /* the nodes [first, n) at slots pos + i, positions pos + depth; [0, first) held */
+            const flm_tree *tr = &ctx->join_trees[r->seq];
+            q->tree_pos = r->pos;
+            q->tree_n = r->first;
+            for (uint32_t t = r->first; t < r->n; t++, row++) {
+                ctx->join_tok[row] = r->tokens[t];
+                ctx->join_pos[row] = r->pos + tr->depth[t];
+                ctx->join_slot[row] = r->pos + (int32_t)t;
+                ctx->join_kv[row] = &q->kv;
+                ctx->join_tree[row] = tr;
+            }
+            continue;
+        }
         for (uint32_t t = 0; t < r->n; t++, row++) {
             ctx->join_tok[row] = r->tokens[t];
             ctx->join_pos[row] = r->pos + (int32_t)t;
+            ctx->join_slot[row] = r->pos + (int32_t)t;
             ctx->join_kv[row] = &q->kv;
+            ctx->join_tree[row] = NULL;
         }
     }
     seq_unpark(ctx); /* the current sequence's forgotten positions and tree */
     const bool draft = req[0]->draft;
     const flm_eval_req rq = {.tokens = ctx->join_tok, .n = rows, .logits = FLM_LOGITS_HIDDEN, .draft = draft,
-                             .row_kv = ctx->join_kv, .row_pos = ctx->join_pos};
+                             .row_kv = ctx->join_kv, .row_pos = ctx->join_pos,
+                             .row_slot = trees ? ctx->join_slot : NULL, .row_tree = trees ? ctx->join_tree : NULL};
     flm_eval_res res = {0};
     flm_error e;
     const double t0 = flm_now_ms();
@@ -664,12 +771,22 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     row = 0;
     for (uint32_t i = 0; i < k && !st; i++) {
         flm_join_req *r = req[i];
-        const uint32_t from = r->logits_all ? 0 : r->n - 1;
-        for (uint32_t t = from; t < r->n; t++, nx++) {
+        const uint32_t nr = join_rows(r), from = r->logits_all ? 0 : nr - 1;
+        if (r->parent && (!r->logits_all || r->some)) { /* a tree verified lazily: its final states kept for its
+                                                           walk, the nodes it asked for now (SOME) with the others' */
+            keep_hidden(ctx, r->seq, res.hidden + (size_t)row * d, nr);
+            for (uint32_t j = 0; j < r->n_some; j++, nx++) {
+                ctx->join_x[nx] = res.hidden + (size_t)(row + r->some[j] - r->first) * d;
+                ctx->join_dst[nx] = r->logits_all + (size_t)j * hp->n_vocab;
+            }
+            row += nr;
+            continue;
+        }
+        for (uint32_t t = from; t < nr; t++, nx++) {
             ctx->join_x[nx] = res.hidden + (size_t)(row + t) * d;
             ctx->join_dst[nx] = r->logits_all ? r->logits_all + (size_t)t * hp->n_vocab : ctx->seq[r->seq].logits;
         }
-        row += r->n;
+        row += nr;
     }
     for (uint32_t i = 0; i < nx && !st; i += per)
         st = flm_output_scatter(ctx, ctx->join_x + i, nx - i < per ? nx - i : per, draft, ctx->join_dst + i,
@@ -689,21 +806,33 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
         r->st = st;
         if (st) {
             r->err = e;
+            q->tree_n = 0; /* a tree's nodes, held ones included, are forgotten (as flm_eval_tree's) */
+            q->tree_hidden = NULL;
             continue;
         }
-        if (r->logits_all) /* its sequence's row: its last row's logits, as a request's alone */
-            memcpy(q->logits, r->logits_all + (size_t)(r->n - 1) * hp->n_vocab, (size_t)hp->n_vocab * sizeof(float));
-        q->next_pos = r->pos + (int32_t)r->n;
-        r->logits = q->logits;
+        const uint32_t nr = join_rows(r);
+        if (r->parent) { /* the tree held apart at pos (flm_eval_tree's state): its logits given or kept lazily */
+            q->next_pos = r->pos;
+            q->tree_n = r->n;
+            q->tree_hidden_first = r->first;
+            if (r->logits_all && !r->some) q->tree_hidden = NULL;
+            r->logits = NULL;
+        } else {
+            if (r->logits_all) /* its sequence's row: its last row's logits, as a request's alone */
+                memcpy(q->logits, r->logits_all + (size_t)(r->n - 1) * hp->n_vocab,
+                       (size_t)hp->n_vocab * sizeof(float));
+            q->next_pos = r->pos + (int32_t)r->n;
+            r->logits = q->logits;
+        }
         flm_token_stats sh = res.stats; /* its rows' share of the pass */
-        const double f = (double)r->n / rows;
+        const double f = (double)nr / rows;
         sh.io_ms *= f;
         sh.mem_ms *= f;
         sh.compute_ms *= f;
         sh.bytes_read = (uint64_t)(sh.bytes_read * f);
         sh.n_reads = (uint64_t)(sh.n_reads * f);
         r->cs.total = sh;
-        r->cs.n_tokens = r->n;
+        r->cs.n_tokens = nr;
         r->cs.n_passes = 1;
         r->cs.io_busy_ms = busy * f;
         r->cs.pass_ms = pass_ms; /* the whole pass: every sequence's rows wait for it */
@@ -729,7 +858,7 @@ static void join_wait(flm_ctx *ctx) {
         bool drafts = false, fresh = false;
         for (const flm_join_req *r = ctx->join_head; r; r = r->next) {
             queued++;
-            rows += r->n;
+            rows += join_rows(r);
             drafts |= r->draft;
             fresh |= r->fresh;
         }
@@ -771,10 +900,12 @@ static void join_wait(flm_ctx *ctx) {
 
 /* flm_eval_seq's evaluation (flm_evaluate with join): *logits the sequence's row, *cs the call's statistics but ms. */
 static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens, uint32_t n, int32_t pos, bool draft,
+                              const int32_t *parent, uint32_t first, const uint32_t *some, uint32_t n_some,
                               float *logits_all, const float **logits, flm_call_stats *cs, flm_error *err) {
     if (!ctx || seq >= ctx->n_seq || !tokens || n == 0)
         return flm_fail(err, FLM_ERR_ARG, "flm_eval_seq: sequence %u of %u, %u tokens", seq, ctx ? ctx->n_seq : 0, n);
-    flm_join_req me = {.seq = seq, .n = n, .tokens = tokens, .pos = pos, .logits_all = logits_all, .draft = draft};
+    flm_join_req me = {.seq = seq, .n = n, .tokens = tokens, .pos = pos, .logits_all = logits_all, .draft = draft,
+                       .parent = parent, .first = first, .some = some, .n_some = n_some};
     if (ctx->n_seq == 1) { /* nothing to join */
         pthread_mutex_lock(&ctx->seq_mu);
         join_alone(ctx, &me);
@@ -817,9 +948,9 @@ static flm_status eval_joined(flm_ctx *ctx, uint32_t seq, const int32_t *tokens,
                 }
                 bool dup = false;
                 for (uint32_t i = 0; i < k; i++) dup |= req[i]->seq == r->seq;
-                if (k && (dup || rows + r->n > ctx->s.n_batch)) break;
+                if (k && (dup || rows + join_rows(r) > ctx->s.n_batch)) break;
                 req[k++] = r;
-                rows += r->n;
+                rows += join_rows(r);
                 *link = r->next; /* out of the queue */
             }
             ctx->join_tail = NULL;
@@ -934,22 +1065,14 @@ static flm_status eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *
     uint8_t *mem = ctx->s.tree; /* carved at open: depth [N], ancestors [N][N], a row's mask [n_ctx] */
     int32_t *depth = (int32_t *)mem;
     uint8_t *anc = mem + N * sizeof(int32_t), *mask = anc + N * N;
-    for (size_t i = 0; i < N; i++) {
-        const int32_t p = parent[i];
-        if (p < -1 || p >= (int32_t)i) {
-            return flm_fail(err, FLM_ERR_ARG, "tree evaluation: node %zu's parent %d is not an earlier node (or -1)", i,
-                            p);
-        }
-        depth[i] = p < 0 ? 0 : depth[p] + 1;
-        if (p >= 0) memcpy(anc + i * N, anc + (size_t)p * N, N);
-        else memset(anc + i * N, 0, N);
-        anc[i * N + i] = 1;
-        if (hp->n_swa && (uint32_t)depth[i] >= hp->n_swa) {
-            const int32_t len = depth[i] + 1;
-            return flm_fail(err, FLM_ERR_ARG, "tree evaluation: a path of %d nodes is longer than the sliding window "
-                            "(%u)", len, hp->n_swa);
-        }
-    }
+    bool swa;
+    const uint32_t bad = tree_shape(parent, n_nodes, hp->n_swa, depth, anc, &swa);
+    if (bad < n_nodes && swa)
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: a path of %d nodes is longer than the sliding window "
+                        "(%u)", depth[bad] + 1, hp->n_swa);
+    if (bad < n_nodes)
+        return flm_fail(err, FLM_ERR_ARG, "tree evaluation: node %u's parent %d is not an earlier node (or -1)", bad,
+                        parent[bad]);
     const flm_tree tree = {(uint32_t)pos, n_nodes, depth, anc, mask};
     ctx->next_pos = pos; /* the context's positions < pos stay; the tree's nodes are held apart (tree_n) */
     ctx->tree_pos = pos;
@@ -997,26 +1120,40 @@ flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out,
     if (a->seq >= ctx->n_seq)
         return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: sequence %u, but the context holds %u (flm_params.n_seq)",
                         a->seq, ctx->n_seq);
-    if ((unsigned)a->logits > FLM_EVAL_LOGITS_ALL)
-        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: logits %d is none of FLM_EVAL_LOGITS_LAST, NONE, ALL",
+    if ((unsigned)a->logits > FLM_EVAL_LOGITS_SOME)
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: logits %d is none of FLM_EVAL_LOGITS_LAST, NONE, ALL, SOME",
                         (int)a->logits);
-    if ((a->logits == FLM_EVAL_LOGITS_ALL) != (a->logits_all != NULL))
-        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: logits_all %s with logits %s (FLM_EVAL_LOGITS_ALL takes the "
-                        "caller's buffer, the others none)", a->logits_all ? "given" : "NULL",
-                        a->logits == FLM_EVAL_LOGITS_ALL ? "ALL" : a->logits == FLM_EVAL_LOGITS_NONE ? "NONE" : "LAST");
+    const bool some = a->logits == FLM_EVAL_LOGITS_SOME;
+    if ((a->logits == FLM_EVAL_LOGITS_ALL || some) != (a->logits_all != NULL))
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: logits_all %s with logits %s (FLM_EVAL_LOGITS_ALL and SOME "
+                        "take the caller's buffer, the others none)", a->logits_all ? "given" : "NULL",
+                        a->logits == FLM_EVAL_LOGITS_ALL    ? "ALL"
+                        : a->logits == FLM_EVAL_LOGITS_NONE ? "NONE"
+                        : some                              ? "SOME"
+                                                            : "LAST");
     if (!a->parent && a->first)
         return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: first %u without a tree (parent NULL)", a->first);
+    if (some != (a->some != NULL || a->n_some != 0) || (some && (!a->parent || !a->some || !a->n_some)))
+        return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: FLM_EVAL_LOGITS_SOME takes a tree (parent) and its nodes "
+                        "(some, n_some >= 1), the other logits neither (some %s, %u nodes, logits %d)",
+                        a->some ? "given" : "NULL", a->n_some, (int)a->logits);
+    for (uint32_t j = 0; some && j < a->n_some; j++)
+        if (a->some[j] < a->first || a->some[j] >= a->n)
+            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: FLM_EVAL_LOGITS_SOME's node %u is not one this call "
+                            "evaluates ([%u, %u))", a->some[j], a->first, a->n);
     const double t0 = flm_now_ms();
     flm_status st;
     seq_mark_busy(ctx, a->seq);
     if (a->join) {
-        if (a->parent || a->logits == FLM_EVAL_LOGITS_NONE || (a->draft && a->logits != FLM_EVAL_LOGITS_LAST))
-            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a joined evaluation (join) takes no tree and logits the "
-                            "last token's (FLM_EVAL_LOGITS_LAST) or every token's (FLM_EVAL_LOGITS_ALL; not with "
-                            "draft)");
+        if (a->parent ? a->logits == FLM_EVAL_LOGITS_LAST || a->first >= a->n
+                      : a->logits == FLM_EVAL_LOGITS_NONE || (a->draft && a->logits != FLM_EVAL_LOGITS_LAST))
+            return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a joined evaluation (join) takes logits the last "
+                            "token's (FLM_EVAL_LOGITS_LAST) or every token's (FLM_EVAL_LOGITS_ALL; not with draft), a "
+                            "joined tree every evaluated node's (ALL) or none (NONE: flm_seq_tree_logits_n), first < "
+                            "n");
         if (a->draft && !runs_hot(ctx)) return flm_fail(err, FLM_ERR_ARG, NEEDS_HOT);
-        st = eval_joined(ctx, a->seq, a->tokens, a->n, a->pos, a->draft, a->logits_all, &out->logits, &out->stats,
-                         err);
+        st = eval_joined(ctx, a->seq, a->tokens, a->n, a->pos, a->draft, a->parent, a->first, a->some, a->n_some,
+                         a->logits_all, &out->logits, &out->stats, err);
         out->stats.ms = flm_now_ms() - t0;
         return st;
     }
@@ -1027,8 +1164,11 @@ flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out,
     if (a->parent) {
         if (a->logits == FLM_EVAL_LOGITS_LAST)
             return flm_fail(err, FLM_ERR_ARG, "flm_evaluate: a tree's logits are every evaluated node's "
-                            "(FLM_EVAL_LOGITS_ALL) or none (FLM_EVAL_LOGITS_NONE: flm_tree_logits), not the last's");
-        st = eval_tree(ctx, a->tokens, a->parent, a->n, a->first, a->pos, a->draft, a->logits_all, &out->stats, err);
+                            "(FLM_EVAL_LOGITS_ALL), some (SOME) or none (FLM_EVAL_LOGITS_NONE: flm_tree_logits), not "
+                            "the last's");
+        st = eval_tree(ctx, a->tokens, a->parent, a->n, a->first, a->pos, a->draft, some ? NULL : a->logits_all,
+                       &out->stats, err);
+        if (!st && some) st = flm_tree_logits_n(ctx, a->some, a->n_some, a->logits_all, err);
     } else {
         const flm_eval_req rq = {.tokens = a->tokens, .n = a->n, .pos = a->pos, .draft = a->draft,
                                  .logits = a->logits == FLM_EVAL_LOGITS_ALL    ? FLM_LOGITS_ALL
@@ -1096,6 +1236,28 @@ flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint
     ctx->tree_hidden = NULL;
     ctx->next_pos = pos + (int32_t)m;
     return FLM_OK;
+}
+
+flm_status flm_seq_tree_logits_n(flm_ctx *ctx, uint32_t seq, const uint32_t *nodes, uint32_t n, float *logits,
+                                 flm_error *err) {
+    if (!ctx || seq >= ctx->n_seq)
+        return flm_fail(err, FLM_ERR_ARG, "tree logits: sequence %u of %u", seq, ctx ? ctx->n_seq : 0);
+    pthread_mutex_lock(&ctx->seq_mu);
+    seq_switch(ctx, seq);
+    const flm_status st = flm_tree_logits_n(ctx, nodes, n, logits, err);
+    pthread_mutex_unlock(&ctx->seq_mu);
+    return st;
+}
+
+flm_status flm_seq_tree_accept(flm_ctx *ctx, uint32_t seq, int32_t pos, const uint32_t *path, uint32_t m,
+                               flm_error *err) {
+    if (!ctx || seq >= ctx->n_seq)
+        return flm_fail(err, FLM_ERR_ARG, "tree accept: sequence %u of %u", seq, ctx ? ctx->n_seq : 0);
+    pthread_mutex_lock(&ctx->seq_mu);
+    seq_switch(ctx, seq);
+    const flm_status st = flm_tree_accept(ctx, pos, path, m, err);
+    pthread_mutex_unlock(&ctx->seq_mu);
+    return st;
 }
 
 int32_t flm_n_past(const flm_ctx *ctx) { return ctx->next_pos; }

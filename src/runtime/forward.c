@@ -157,7 +157,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
     const float theta = L->swa ? hp->rope_theta_local : hp->rope_theta;
     for (uint32_t t = 0; t < P->n; t++) {
         float *qt = q + t * q_dim, *kt = k + t * kv_dim;
-        const uint32_t p = flm_pass_position(P, t), slot = P->row_pos ? p : (uint32_t)P->pos + t;
+        const uint32_t p = flm_pass_position(P, t), slot = flm_pass_slot(P, t);
         const flm_kv_cache *kv = P->row_kv ? P->row_kv[t] : P->kv;
         const bool layer = hp->arch->norm == FLM_NORM_LAYER;
         head_norm(qt, &L->q_norm, &L->q_norm_b, layer, hp->n_heads, hp->head_dim, hp->norm_eps);
@@ -168,7 +168,7 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
         }
         flm_kv_store(P->k, kv, kv_layer, slot, kt, v + t * kv_dim); /* f16 (rounded, as llama.cpp's) unless --kv-f32 */
     }
-    const flm_tree *T = P->tree;
+    const flm_tree *T = P->tree; /* a joined pass: row by row, below */
     if (P->n > 1 && !P->row_kv) { /* a batch: blocked over the KV cache, the same bits as token by token below */
         const flm_att_tree at = T ? (flm_att_tree){T->base, T->n_nodes, T->depth, T->anc} : (flm_att_tree){0};
         if (flm_attention_batch(P->k, P->kv, kv_layer, (uint32_t)P->pos, P->n, L->swa ? hp->n_swa : 0, T ? &at : NULL,
@@ -177,9 +177,10 @@ void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t 
             return;
     }
     for (uint32_t t = 0; t < P->n; t++) {
-        const uint32_t p = flm_pass_position(P, t), slot = P->row_pos ? p : (uint32_t)P->pos + t;
+        const uint32_t p = flm_pass_position(P, t), slot = flm_pass_slot(P, t);
         const uint32_t first = L->swa && p >= hp->n_swa ? p - hp->n_swa + 1 : 0;
         const uint8_t *mask = NULL;
+        if (P->row_tree) T = P->row_tree[t]; /* a joined row: its own sequence's tree, or none */
         if (T) { /* the context's slots first .. base - 1, then the node's ancestors and itself */
             const uint32_t i = slot - T->base;
             for (uint32_t j = first; j <= slot; j++)
@@ -378,7 +379,8 @@ static flm_status pass_blocks(flm_ctx *ctx, const flm_eval_req *rq, const rows *
     const bool parallel = hp->arch->flags & FLM_ARCH_PARALLEL;
     const size_t hs = R->h_stride;
     const flm_pass P = {.be = be, .k = ctx->k, .hp = hp, .kv = &be->kv, .n_threads = ctx->params.n_threads, .n = n,
-                        .pos = pos, .att = s->att, .tree = rq->tree, .row_kv = rq->row_kv, .row_pos = rq->row_pos};
+                        .pos = pos, .att = s->att, .tree = rq->tree, .row_kv = rq->row_kv, .row_pos = rq->row_pos,
+                        .row_slot = rq->row_slot, .row_tree = rq->row_tree};
 
     flm_status st = embed(ctx, &P, tokens, R->x, R->h, hs, tok, err);
     if (st) return st;

@@ -43,6 +43,11 @@ typedef struct flm_pass {
      * every row in kv at pos + t */
     const flm_kv_cache *const *row_kv;
     const int32_t *row_pos;
+    /* with row_kv, rows that are tree nodes (a sequence's tree in a joined pass): row t's KV slot (NULL: every row's
+     * slot is its position) and its tree (NULL, or row_tree[t] NULL: a causal row; else row t is node
+     * row_slot[t] - base of row_tree[t], at position row_pos[t] = base + its depth) */
+    const int32_t *row_slot;
+    const flm_tree *const *row_tree;
 } flm_pass;
 
 /* Position of the batch's row t: pos + t, or a tree node's base + depth. */
@@ -50,6 +55,13 @@ static inline uint32_t flm_pass_position(const flm_pass *P, uint32_t t) {
     if (P->row_pos) return (uint32_t)P->row_pos[t];
     if (!P->tree) return (uint32_t)P->pos + t;
     return P->tree->base + (uint32_t)P->tree->depth[(uint32_t)P->pos - P->tree->base + t];
+}
+
+/* KV slot of the batch's row t: pos + t (a tree: its node's slot), or a joined row's (row_slot, else its position). */
+static inline uint32_t flm_pass_slot(const flm_pass *P, uint32_t t) {
+    if (P->row_slot) return (uint32_t)P->row_slot[t];
+    if (P->row_pos) return (uint32_t)P->row_pos[t];
+    return (uint32_t)P->pos + t;
 }
 
 /* The norm block: out[t] = norm(in[t]) for t < n, rows of dim floats; RMSNorm with weight w, or LayerNorm with w and
@@ -76,8 +88,9 @@ void flm_pass_qkv(const flm_pass *P, const flm_layer_weights *L, const float *in
  * layers, else 0). Tree nodes (P->tree): RoPE at the node's position, stored at its slot, attention over the
  * context's slots and the node's ancestors (flm_attention's mask). A batch (n > 1) runs flm_attention_batch (blocked
  * over the KV cache; the same bits as flm_attention token by token, which runs when its scratch cannot be had).
- * Rows of several sequences (P->row_kv): row t's key and value go to P->row_kv[t] at slot P->row_pos[t], and it
- * attends over that cache alone (flm_attention row by row). */
+ * Rows of several sequences (P->row_kv): row t's key and value go to P->row_kv[t] at slot flm_pass_slot (its
+ * position, or a tree node's slot: P->row_slot), and it attends over that cache alone (flm_attention row by row), a
+ * tree node (P->row_tree[t]) over the context's slots and its own tree's ancestors. */
 void flm_pass_attention(const flm_pass *P, const flm_layer_weights *L, uint32_t kv_layer, float *q, float *k,
                         const float *v, float *out, size_t out_stride);
 

@@ -92,7 +92,7 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_bat
 /* the scratch carved from the context's block: activations, statistics ring, other sequences' logits rows, and one
  * FLM_CARVE_ALIGN of alignment per carve */
 static uint64_t block_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq) {
-    return flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_seq_scratch_bytes(hp, n_seq) +
+    return flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_seq_scratch_bytes(hp, n_ctx, n_seq) +
            (FLM_CTX_CARVES + (uint64_t)n_seq) * FLM_CARVE_ALIGN;
 }
 

@@ -317,6 +317,11 @@ typedef struct flm_seq_state {
     int32_t next_pos, tree_pos;
     uint32_t tree_n, tree_hidden_first;
     const float *tree_hidden;
+    /* a context of several sequences (carved with the logits rows, never swapped): the sequence's tree in a joined
+     * pass, depth [T] int32 then ancestors [T][T] (T = flm_scratch_tree_nodes), and the final states of its nodes
+     * kept for flm_seq_tree_logits_n, [T][d_model] (a joined or lone tree without logits: tree_hidden points here) */
+    uint8_t *tree_mem;
+    float *hidden;
 } flm_seq_state;
 
 struct flm_ctx {
@@ -371,8 +376,10 @@ struct flm_ctx {
                                 ended (flm_seq_leave) less than the wait's bound ago: a full pass waits for its next
                                 request until then (a client's next request, a few ms later), a draft pass does not */
     float *join_logits;
-    int32_t *join_tok, *join_pos;
+    int32_t *join_tok, *join_pos, *join_slot; /* join_slot: a tree node's KV slot (its position otherwise) */
     const flm_kv_cache **join_kv;
+    const struct flm_tree **join_tree; /* [n_batch]: a row's tree (NULL: causal); the trees are join_trees[n_seq] */
+    struct flm_tree *join_trees;
     const float **join_x;    /* [n_batch]: a joined pass's rows that want logits, their final hidden states */
     float **join_dst;        /* [n_batch]: and where their logits go */
 };
@@ -403,9 +410,10 @@ uint32_t flm_scratch_tree_nodes(uint32_t n_ctx);
 uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads);
 /* Sequences these parameters ask for (flm_params.n_seq: 0 -> 1). */
 uint32_t flm_n_seq_of(const flm_params *p);
-/* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned), and for
- * a joined pass (flm_eval_seq) a logits row per sequence. */
-uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_seq);
+/* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned), for
+ * a joined pass (flm_eval_seq) a logits row per sequence, and per sequence its tree (flm_seq_state.tree_mem, hidden:
+ * 4 T + T^2 bytes and 4 T d_model, T = flm_scratch_tree_nodes(n_ctx)), each carve-aligned with its padding. */
+uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_seq);
 /* The plan's scratch part (flm_plan_info.scratch), the one formula: what the context's block holds beside the KV
  * caches (flm_scratch_bytes: the activations and the statistics ring; flm_seq_scratch_bytes for n_seq sequences; the
  * carves' alignment, FLM_CARVE_ALIGN for each of FLM_CTX_CARVES + n_seq), the compute threads past the allowance's
@@ -489,6 +497,10 @@ typedef struct flm_eval_req {
      * FLM_LOGITS_HIDDEN): row t goes to KV cache row_kv[t] at position row_pos[t]. NULL: one sequence, be.kv */
     const flm_kv_cache *const *row_kv;
     const int32_t *row_pos;
+    /* with row_kv, tree nodes among the rows (a joined tree, flm_pass.row_slot / row_tree): row t's KV slot and
+     * tree; NULL: causal rows at slot row_pos[t] */
+    const int32_t *row_slot;
+    const struct flm_tree *const *row_tree;
 } flm_eval_req;
 
 /* What a forward pass returns. */

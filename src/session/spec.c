@@ -29,6 +29,11 @@
  * of a row alone (the classifier's weights are read once), so rows likely to be visited pay. */
 #define SPEC_PATH_P 0.2f
 
+static int spec_join_tree(void) { /* EXPERIMENT */
+    const char *e = getenv("FLM_JOIN_TREE");
+    return e ? atoi(e) : 8;
+}
+
 struct spec {
     flm_ctx *target, *draft;
     flm_sampler *smp;
@@ -66,6 +71,7 @@ struct spec {
     double k_num, k_den;
     double c_level;   /* ms of one draft level (flm_eval_tree with draft), decayed */
     double ms_token;  /* ms per generated token of the tree steps, decayed */
+    double jc_level, jms_token; /* the same for joined tree steps (a level: its pass's own ms) */
     /* the target's evaluations (t_eval): their own statistics, summed until spec_take_calls, and the last one's */
     uint32_t seq;     /* the target's sequence (spec_set_seq) */
     uint32_t n_batch; /* the target's batch (its plan's): a tree that fits one verifies lazily */
@@ -215,10 +221,23 @@ static flm_status t_batch(spec *s, const int32_t *tokens, uint32_t n, int32_t po
 }
 
 static flm_status t_tree(spec *s, const int32_t *tokens, const int32_t *parent, uint32_t n, uint32_t first,
-                         int32_t pos, bool draft, float *logits, flm_error *err) {
+                         int32_t pos, bool draft, bool join, float *logits, flm_error *err) {
     return t_eval(s, (flm_eval_args){.tokens = tokens, .n = n, .pos = pos, .draft = draft, .parent = parent,
-                                     .first = first, .logits_all = logits,
+                                     .first = first, .logits_all = logits, .join = join,
                                      .logits = logits ? FLM_EVAL_LOGITS_ALL : FLM_EVAL_LOGITS_NONE}, NULL, err);
+}
+
+/* The logits of n nodes of the tree the target holds for this sequence (joined: its own, kept by the sequence), and
+ * the path kept: flm_tree_logits_n / flm_tree_accept, or their sequence forms when the tree was joined. */
+static flm_status t_tree_logits(spec *s, bool join, const uint32_t *nodes, uint32_t n, float *logits,
+                                flm_error *err) {
+    return join ? flm_seq_tree_logits_n(s->target, s->seq, nodes, n, logits, err)
+                : flm_tree_logits_n(s->target, nodes, n, logits, err);
+}
+
+static flm_status t_tree_accept(spec *s, bool join, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err) {
+    return join ? flm_seq_tree_accept(s->target, s->seq, pos, path, m, err)
+                : flm_tree_accept(s->target, pos, path, m, err);
 }
 
 /* The token plain decoding takes at position pos from logits (the history hist[0..pos) written): the session's
@@ -530,7 +549,7 @@ static double tree_verify_ms(const spec *s, double n) {
  * order is a tree), expected tokens 1 + kappa * the sum of their probabilities (kappa: accepted over promised,
  * measured), cost: this step's draft ms + the verification's ms at that many rows (tree_verify_ms). map[new] = old
  * index; returns the nodes kept. The first passes, before any is measured, keep the M most likely. */
-static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, int32_t *map) {
+static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, bool joined, int32_t *map) {
     for (int32_t i = 0; i < N; i++) map[i] = i;
     if (N <= 2 && N <= M) return N;
     int32_t ord[FLM_SPEC_DRAFT_MAX];
@@ -542,7 +561,7 @@ static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, int32_
     }
     const int32_t most = n < M - 1 ? n : M - 1; /* nodes besides the root */
     int32_t best = most;
-    if (s->v_w > 0) {
+    if (s->v_w > 0 && !joined) { /* joined: the pass is every sequence's, its cost not this one's line */
         const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
         double sum = 0, best_rate = 1.0 / (draft_ms + tree_verify_ms(s, 1));
         best = 0;
@@ -618,7 +637,7 @@ static float tree_cut(const spec *s, int32_t N, int32_t M) {
  * the nodes a draft expands are those the verification's budget may keep). Greedy trees also hold the n-gram
  * lookup's continuation as a branch (merged where the draft agrees; always kept). *n_nodes gets the tree's size;
  * draft_tokens and draft_ms are counted. Errors: those of flm_eval_tree. */
-static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int32_t M, long depth_max,
+static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int32_t M, long depth_max, bool joined,
                              int32_t *n_nodes, double *draft_ms, flm_error *err) {
     const bool greedy = flm_sampler_greedy(s->smp);
     int32_t N = 1;
@@ -654,13 +673,15 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
         }
         if (!useful) break;
         const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
-        if (s->c_level > 0 && s->ms_token > 0 && kappa * front * s->ms_token < s->c_level &&
+        const double c_level = joined ? s->jc_level : s->c_level, ms_token = joined ? s->jms_token : s->ms_token;
+        if (c_level > 0 && ms_token > 0 && kappa * front * ms_token < c_level &&
             (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
             break;
         const double tl = flm_now_ms();
-        if ((st = t_tree(s, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, s->rows, err)))
+        if ((st = t_tree(s, s->ttok, s->tpar, (uint32_t)hi, (uint32_t)lo, H, true, joined, s->rows, err)))
             return st;
-        ema(&s->c_level, flm_now_ms() - tl);
+        /* a level's cost: a joined one's own pass (its wait to begin is the others' drafts, which run anyway) */
+        ema(joined ? &s->jc_level : &s->c_level, joined ? s->last_call.pass_ms : flm_now_ms() - tl);
         s->st.draft_tokens += (uint64_t)(hi - lo);
         int nc = tree_level_cands(s, H, d, lo, hi, greedy, cand);
         if (ng_node >= 0 && (uint32_t)d < n_ng) { /* the n-gram's next token after its node: always in */
@@ -700,23 +721,58 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
  * nodes the walk visits (flm_tree_logits) when the tree fits one batch (*lazy), else every node's logits into
  * s->rows. The pass's ms feeds the verification cost model (v_*) and the statistics. Errors: those of
  * flm_eval_tree. */
-static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_error *err) {
+/* The nodes a verification's walk will likely visit: the root and every node whose path's draft probability (tscore)
+ * is at least SPEC_PATH_P and whose parent is taken, in node (level) order, pp[0..n) (n returned; 0 when only the
+ * root is); brow[node] = its index in pp, -1: not taken. A node taken at index b >= its depth k (its k ancestors come
+ * first). */
+static uint32_t walk_nodes(const spec *s, int32_t N, uint32_t *pp, int32_t *brow) {
+    uint32_t n_pp = 0;
+    brow[0] = 0;
+    pp[n_pp++] = 0;
+    for (int32_t j = 1; j < N; j++) {
+        brow[j] = -1;
+        if (s->tpar[j] >= 0 && brow[s->tpar[j]] >= 0 && s->tscore[j] >= SPEC_PATH_P) {
+            brow[j] = (int32_t)n_pp;
+            pp[n_pp++] = (uint32_t)j;
+        }
+    }
+    return n_pp > 1 ? n_pp : 0;
+}
+
+static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool joined, bool *lazy, uint32_t *pp, int32_t *brow,
+                              uint32_t *n_pp, flm_error *err) {
     const double tv = flm_now_ms();
     *lazy = N == 1 || (uint32_t)N <= s->n_batch;
-    flm_status st = t_tree(s, s->ttok, s->tpar, (uint32_t)N, 0, H, false, *lazy ? NULL : s->rows, err);
+    /* lazy: the logits of the nodes the walk will likely visit come with the pass (FLM_EVAL_LOGITS_SOME: one
+     * classifier pass, joined: with the other sequences' nodes), the others' on demand */
+    *n_pp = *lazy && N > 1 ? walk_nodes(s, N, pp, brow) : 0;
+    flm_eval_args a = {.tokens = s->ttok, .n = (uint32_t)N, .pos = H, .parent = s->tpar, .join = joined,
+                       .logits = *lazy ? FLM_EVAL_LOGITS_NONE : FLM_EVAL_LOGITS_ALL, .logits_all = *lazy ? NULL : s->rows};
+    if (*n_pp) {
+        a.logits = FLM_EVAL_LOGITS_SOME;
+        a.logits_all = s->rows;
+        a.some = pp;
+        a.n_some = *n_pp;
+    }
+    flm_status st = t_eval(s, a, NULL, err);
     if (st) return st;
     const double dv = flm_now_ms() - tv;
-    s->v_w = 0.95 * s->v_w + 1.0;
-    s->v_x = 0.95 * s->v_x + N;
-    s->v_y = 0.95 * s->v_y + dv;
-    s->v_xx = 0.95 * s->v_xx + (double)N * N;
-    s->v_xy = 0.95 * s->v_xy + (double)N * dv;
     s->st.verify_ms[N] += dv;
     s->st.verify_n[N]++;
     s->st.n_passes++;
     s->st.n_steps++;
     s->st.n_drafted += (uint64_t)(N - 1);
     if (N == 1) s->st.n_plain++;
+    if (joined) { /* the pass is every sequence's: not this sequence's cost line */
+        s->st.n_joined++;
+        s->st.n_joined_drafted += (uint64_t)(N - 1);
+        return FLM_OK;
+    }
+    s->v_w = 0.95 * s->v_w + 1.0;
+    s->v_x = 0.95 * s->v_x + N;
+    s->v_y = 0.95 * s->v_y + dv;
+    s->v_xx = 0.95 * s->v_xx + (double)N * N;
+    s->v_xy = 0.95 * s->v_xy + (double)N * dv;
     return FLM_OK;
 }
 
@@ -726,33 +782,16 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool *lazy, flm_err
  * accepted drafts), row j of s->rows the logits after out[j - 1], hist the accepted drafts. Lazy: the nodes the walk
  * will likely visit get their logits first, in one classifier pass. Errors: those of flm_tree_logits(_n) and
  * flm_tree_accept. */
-static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, const int32_t *map, int32_t *out,
-                                   uint32_t *k_out, flm_error *err) {
+static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool joined, bool lazy, const int32_t *map,
+                                   const int32_t *brow, uint32_t n_pp, int32_t *out, uint32_t *k_out, flm_error *err) {
     const size_t V = s->n_vocab;
     flm_status st;
     const double t0 = flm_now_ms();
-    /* Lazy: the nodes the walk will likely visit first, in one classifier pass (flm_tree_logits_n reads the output
-     * weights once for all of them; one node at a time reads them once per node, which on Qwen2.5-Coder-1.5B at
-     * --mem 50% cost ~70 ms per generated token): the root and every node whose path's draft probability (tscore) is
-     * at least SPEC_PATH_P and whose parent is taken, in node (level) order, their logits in rows 0..n_pp - 1. A
-     * node taken at batch row b >= its depth k (its k ancestors come first); the walk copies it to row k, where a
-     * path's k-th logits go, over a row no later step needs (rows < b hold nodes no deeper than k). */
-    uint32_t pp[FLM_SPEC_DRAFT_MAX + 1];
-    int32_t brow[FLM_SPEC_DRAFT_MAX + 1]; /* node -> its batch row, -1: not taken */
-    uint32_t n_pp = 0;
-    if (lazy && N > 1) {
-        brow[0] = 0;
-        pp[n_pp++] = 0;
-        for (int32_t j = 1; j < N; j++) {
-            brow[j] = -1;
-            if (s->tpar[j] >= 0 && brow[s->tpar[j]] >= 0 && s->tscore[j] >= SPEC_PATH_P) {
-                brow[j] = (int32_t)n_pp;
-                pp[n_pp++] = (uint32_t)j;
-            }
-        }
-        if (n_pp > 1 && (st = flm_tree_logits_n(s->target, pp, n_pp, s->rows, err))) return st;
-        if (n_pp == 1) n_pp = 0;
-    }
+    /* Lazy: the nodes the walk will likely visit came with the verification (walk_nodes, their logits in rows
+     * 0..n_pp - 1: one classifier pass for all of them; one node at a time reads the output weights once per node,
+     * which on Qwen2.5-Coder-1.5B at --mem 50% cost ~70 ms per generated token). Node u taken at row brow[u] >= its
+     * depth k; the walk copies it to row k, where a path's k-th logits go, over a row no later step needs (rows <
+     * brow[u] hold nodes no deeper than k). Any other node's logits are asked for when the walk reaches it. */
     uint32_t path[FLM_SPEC_DRAFT_MAX + 1];
     uint32_t k = 0;
     int32_t u = 0;
@@ -763,8 +802,10 @@ static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, con
             if (n_pp && brow[u] >= 0) {
                 if ((uint32_t)brow[u] != k)
                     memcpy(s->rows + (size_t)k * V, s->rows + (size_t)brow[u] * V, V * sizeof *s->rows);
-            } else if ((st = flm_tree_logits(s->target, (uint32_t)u, s->rows + (size_t)k * V, err)))
-                return st;
+            } else {
+                const uint32_t node = (uint32_t)u;
+                if ((st = t_tree_logits(s, joined, &node, 1, s->rows + (size_t)k * V, err))) return st;
+            }
             lg = s->rows + (size_t)k * V;
         }
         const int32_t t = pick(s, lg, H + 1 + (int32_t)k); /* hist[H + 1 .. H + k]: the path so far */
@@ -778,13 +819,14 @@ static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, con
         u = c;
     }
     s->st.draft_select_ms += flm_now_ms() - t0;
-    if ((st = flm_tree_accept(s->target, H, path, k + 1, err))) return st;
+    if ((st = t_tree_accept(s, joined, H, path, k + 1, err))) return st;
     for (uint32_t j = 1; j <= k; j++) {
         s->hist[H + j] = s->ttok[path[j]];
         if (!lazy && path[j] != j)
             memcpy(s->rows + (size_t)j * V, s->rows + (size_t)path[j] * V, V * sizeof *s->rows);
     }
     s->st.n_accepted += k;
+    if (joined) s->st.n_joined_accepted += k;
     *k_out = k;
     return FLM_OK;
 }
@@ -792,32 +834,42 @@ static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool lazy, con
 /* A tree step (o.tree): draft a tree (tree_draft), prune it to the nodes that pay (tree_prune), verify it in one pass
  * (tree_verify), walk and accept (tree_walk_accept), then update the acceptance and cost estimates. Same contract as
  * step(). */
-static flm_status tree_step(spec *s, int32_t last, long max_new, int32_t *out, uint32_t *m, flm_error *err) {
+static flm_status tree_step(spec *s, int32_t last, long max_new, bool joined, int32_t *out, uint32_t *m,
+                            flm_error *err) {
     const int32_t H = s->n_hist;
     const double t_step = flm_now_ms();
     s->hist[H] = last;
     int32_t cap = FLM_SPEC_TREE_DRAFT(s->o.tree), M = s->o.tree; /* drafted, verified */
     if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
+    if (joined) { /* every sequence's tree fits one pass beside the others' */
+        const uint32_t n_seq = flm_n_seq(s->target) ? flm_n_seq(s->target) : 1;
+        int32_t share = (int32_t)(s->n_batch / n_seq), jm = spec_join_tree();
+        if (share < 1) share = 1;
+        if (M > share) M = share;
+        if (M > jm) M = jm;
+    }
     if (M > cap) M = cap;
     long depth_max = s->o.n_draft;
     if (depth_max > max_new - 1) depth_max = max_new - 1;
     int32_t N;
     double step_draft_ms;
-    flm_status st = tree_draft(s, H, last, cap, M, depth_max, &N, &step_draft_ms, err);
+    flm_status st = tree_draft(s, H, last, cap, M, depth_max, joined, &N, &step_draft_ms, err);
     if (st) return st;
     int32_t map[FLM_SPEC_DRAFT_MAX];
-    N = tree_prune(s, N, M, step_draft_ms, map);
+    N = tree_prune(s, N, M, step_draft_ms, joined, map);
     double promised = 0;
     for (int32_t i = 1; i < N; i++) promised += s->tscore[i];
     bool lazy;
-    uint32_t k;
-    if ((st = tree_verify(s, H, N, &lazy, err)) || (st = tree_walk_accept(s, H, N, lazy, map, out, &k, err)))
+    uint32_t k, pp[FLM_SPEC_DRAFT_MAX + 1], n_pp;
+    int32_t brow[FLM_SPEC_DRAFT_MAX + 1]; /* node -> its row among pp, -1: not taken */
+    if ((st = tree_verify(s, H, N, joined, &lazy, pp, brow, &n_pp, err)) ||
+        (st = tree_walk_accept(s, H, N, joined, lazy, map, brow, n_pp, out, &k, err)))
         return st;
     s->acc_a = 0.9 * s->acc_a + (double)k;
     s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
     s->k_num = 0.9 * s->k_num + (double)k;
     s->k_den = 0.9 * s->k_den + promised;
-    ema(&s->ms_token, (flm_now_ms() - t_step) / (double)(k + 1));
+    ema(joined ? &s->jms_token : &s->ms_token, (flm_now_ms() - t_step) / (double)(k + 1));
     s->n_hist = H + 1 + (int32_t)k;
     *m = k + 1;
     return FLM_OK;
@@ -831,8 +883,8 @@ flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, bool joined
         return flm_fail(err, FLM_ERR_ARG, "speculative step at position %d (context %d), %ld tokens", (int)H,
                         (int)s->n_ctx, max_new);
     s->n_hist = H;
-    flm_status st = joined || !s->o.tree ? step(s, last, max_new, joined, out, m, err)
-                                         : tree_step(s, last, max_new, out, m, err);
+    flm_status st = s->o.tree ? tree_step(s, last, max_new, joined, out, m, err)
+                              : step(s, last, max_new, joined, out, m, err);
     if (st) {
         s->n_hist = H;
         return st;
