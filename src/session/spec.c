@@ -743,12 +743,13 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool joined, bool *
                               uint32_t *n_pp, flm_error *err) {
     const double tv = flm_now_ms();
     *lazy = N == 1 || (uint32_t)N <= s->n_batch;
-    /* lazy: the logits of the nodes the walk will likely visit come with the pass (FLM_EVAL_LOGITS_SOME: one
-     * classifier pass, joined: with the other sequences' nodes), the others' on demand */
+    /* lazy: the logits of the nodes the walk will likely visit (walk_nodes) in one classifier pass: joined, with the
+     * pass (FLM_EVAL_LOGITS_SOME: with the other sequences' nodes); alone, by the walk (flm_tree_logits_n: the
+     * verification's cost line, tree_verify_ms, is the pass's own), the others' on demand */
     *n_pp = *lazy && N > 1 ? walk_nodes(s, N, pp, brow) : 0;
     flm_eval_args a = {.tokens = s->ttok, .n = (uint32_t)N, .pos = H, .parent = s->tpar, .join = joined,
                        .logits = *lazy ? FLM_EVAL_LOGITS_NONE : FLM_EVAL_LOGITS_ALL, .logits_all = *lazy ? NULL : s->rows};
-    if (*n_pp) {
+    if (*n_pp && joined) {
         a.logits = FLM_EVAL_LOGITS_SOME;
         a.logits_all = s->rows;
         a.some = pp;
@@ -783,11 +784,13 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool joined, bool *
  * will likely visit get their logits first, in one classifier pass. Errors: those of flm_tree_logits(_n) and
  * flm_tree_accept. */
 static flm_status tree_walk_accept(spec *s, int32_t H, int32_t N, bool joined, bool lazy, const int32_t *map,
-                                   const int32_t *brow, uint32_t n_pp, int32_t *out, uint32_t *k_out, flm_error *err) {
+                                   const uint32_t *pp, const int32_t *brow, uint32_t n_pp, int32_t *out,
+                                   uint32_t *k_out, flm_error *err) {
     const size_t V = s->n_vocab;
     flm_status st;
     const double t0 = flm_now_ms();
-    /* Lazy: the nodes the walk will likely visit came with the verification (walk_nodes, their logits in rows
+    if (n_pp && !joined && (st = t_tree_logits(s, false, pp, n_pp, s->rows, err))) return st; /* alone: now */
+    /* Lazy: the nodes the walk will likely visit (walk_nodes, their logits in rows
      * 0..n_pp - 1: one classifier pass for all of them; one node at a time reads the output weights once per node,
      * which on Qwen2.5-Coder-1.5B at --mem 50% cost ~70 ms per generated token). Node u taken at row brow[u] >= its
      * depth k; the walk copies it to row k, where a path's k-th logits go, over a row no later step needs (rows <
@@ -863,7 +866,7 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, bool joined, in
     uint32_t k, pp[FLM_SPEC_DRAFT_MAX + 1], n_pp;
     int32_t brow[FLM_SPEC_DRAFT_MAX + 1]; /* node -> its row among pp, -1: not taken */
     if ((st = tree_verify(s, H, N, joined, &lazy, pp, brow, &n_pp, err)) ||
-        (st = tree_walk_accept(s, H, N, joined, lazy, map, brow, n_pp, out, &k, err)))
+        (st = tree_walk_accept(s, H, N, joined, lazy, map, pp, brow, n_pp, out, &k, err)))
         return st;
     s->acc_a = 0.9 * s->acc_a + (double)k;
     s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
