@@ -560,8 +560,9 @@ static void *seq_run(void *arg) {
 
 /* Speculation inside joined passes: two speculative sessions on one hot context of three sequences generate at once
  * while the third is busy (evaluated, not left), so their steps' self-draft passes join each other's drafts and their
- * verifications join each other's passes; each reply equals plain decoding's (ram mode) token for token. */
-static void joined_self_draft(const flm_spec_params *sp) {
+ * verifications join each other's passes (trees: each level of each sequence's tree, and each tree, joined); each
+ * reply equals plain decoding's token for token: greedy, and with smp (a seed) the text the same seed gives alone. */
+static void joined_self_draft(const flm_spec_params *sp, const flm_sampler_params *smp) {
     flm_ctx *cp = open_hot(256, false);
     int32_t want[2][64];
     int n_want[2];
@@ -570,6 +571,7 @@ static void joined_self_draft(const flm_spec_params *sp) {
         assert_non_null(j);
         flm_error err;
         assert_int_equal(flm_session_create(cp, &j->s, &err), FLM_OK);
+        if (smp) assert_int_equal(flm_session_sampling(j->s, smp, &err), FLM_OK);
         j->prompt = i ? "Lily and Tom went to the park" : "Once upon a time";
         assert_null(seq_run(j));
         n_want[i] = j->c.n_ids;
@@ -598,6 +600,7 @@ static void joined_self_draft(const flm_spec_params *sp) {
         assert_non_null(jobs[i]);
         assert_int_equal(flm_session_create_seq(ctx, (uint32_t)i, &jobs[i]->s, &err), FLM_OK);
         assert_int_equal(flm_session_speculate(jobs[i]->s, sp, NULL, &err), FLM_OK);
+        if (smp) assert_int_equal(flm_session_sampling(jobs[i]->s, smp, &err), FLM_OK);
         jobs[i]->prompt = i ? "Lily and Tom went to the park" : "Once upon a time";
     }
     size_t n;
@@ -624,8 +627,8 @@ static void joined_self_draft(const flm_spec_params *sp) {
         flm_session_free(jobs[i]->s);
         free(jobs[i]);
     }
-    print_message("joined self-draft: %llu joined steps, %llu drafts\n", (unsigned long long)joined,
-                  (unsigned long long)drafted);
+    print_message("joined self-draft%s: %llu joined steps, %llu drafts\n", smp ? " (sampled)" : "",
+                  (unsigned long long)joined, (unsigned long long)drafted);
     assert_true(joined > 0 && drafted > 0); /* the first steps: sequence 2 was busy (FLM_SEQ_BUSY_MS) */
     flm_close(ctx);
 }
@@ -648,7 +651,12 @@ static void test_spec_tree_equals_plain(void **state) {
     sp.n_draft = 4;
     sp.tree = 8;
     check_spec_equals_plain(open_hot, &sp, "self-draft tree of 8");
-    joined_self_draft(&sp);
+    joined_self_draft(&sp, NULL);
+    flm_sampler_params smp;
+    flm_sampler_params_default(&smp);
+    smp.temp = 0.8f;
+    smp.seed = 42;
+    joined_self_draft(&sp, &smp);
     remove(g_hot);
 }
 
@@ -842,7 +850,8 @@ static void test_sequences_plan(void **state) {
     flm_get_info(one, &mi);
     flm_close(one);
     const uint64_t T = 128 < FLM_TREE_MAX_NODES ? 128 : FLM_TREE_MAX_NODES;
-    const uint64_t tree = (4 * T + T * T + 63) / 64 * 64 + (4 * T * mi.d_model + 63) / 64 * 64 + 2 * 64;
+    const uint64_t B = (uint64_t)b.n_batch, H = T < B ? T : B; /* final states: the rows of one batch at most */
+    const uint64_t tree = (4 * T + T * T + 63) / 64 * 64 + (4 * H * mi.d_model + 63) / 64 * 64 + 2 * 64;
     /* theirs, and a joined pass's; and the alignment of the other sequences' KV caches and rows as they are carved */
     assert_int_equal(b.scratch, a.scratch + (2 * SEQ_N - 1) * row + 64 + (SEQ_N - 1) * 64 + SEQ_N * tree);
     assert_int_equal(b.resident, a.resident);

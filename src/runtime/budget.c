@@ -43,11 +43,12 @@ uint32_t flm_kv_elem_bytes(const flm_params *p) { return p->kv_f32 ? FLM_KV_F32 
 
 uint32_t flm_n_seq_of(const flm_params *p) { return p && p->n_seq > 1 ? (uint32_t)p->n_seq : 1u; }
 
-uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_seq) {
+uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq) {
     if (n_seq <= 1) return 0;
 #define ALIGNED(b) (((uint64_t)(b) + FLM_CARVE_ALIGN - 1) / FLM_CARVE_ALIGN * FLM_CARVE_ALIGN)
     const uint64_t T = flm_scratch_tree_nodes(n_ctx), row = ALIGNED((uint64_t)hp->n_vocab * 4);
-    const uint64_t tree = ALIGNED(4 * T + T * T) + ALIGNED(4 * T * hp->d_model) + 2 * FLM_CARVE_ALIGN;
+    const uint64_t tree = ALIGNED(4 * T + T * T) + ALIGNED(4 * flm_seq_hidden_rows(n_ctx, n_batch) * hp->d_model) +
+                          2 * FLM_CARVE_ALIGN;
 #undef ALIGNED
     return (2ull * n_seq - 1) * row + FLM_CARVE_ALIGN + n_seq * tree;
 }

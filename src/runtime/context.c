@@ -309,7 +309,8 @@ flm_status flm_open_backend(const char *path, const flm_params *p, const flm_bac
     const uint64_t T = flm_scratch_tree_nodes(n_ctx); /* each sequence's tree (flm_seq_scratch_bytes) */
     for (uint32_t i = 0; i < n_seq && n_seq > 1; i++)
         if (!(ctx->seq[i].tree_mem = flm_arena_alloc(&ctx->mem, 4 * T + T * T, FLM_CARVE_ALIGN)) ||
-            !(ctx->seq[i].hidden = flm_arena_alloc(&ctx->mem, 4 * T * hp->d_model, FLM_CARVE_ALIGN))) {
+            !(ctx->seq[i].hidden = flm_arena_alloc(&ctx->mem, 4ull * flm_seq_hidden_rows(n_ctx, n_batch) * hp->d_model,
+                                                   FLM_CARVE_ALIGN))) {
             flm_close(ctx);
             return flm_fail(err, FLM_ERR_BUDGET, "%s: the trees of %u sequences exceed the %llu bytes planned", path,
                             n_seq, (unsigned long long)mem);
@@ -622,7 +623,8 @@ static uint32_t tree_shape(const int32_t *parent, uint32_t n, uint32_t n_swa, in
 static void keep_hidden(flm_ctx *ctx, uint32_t seq, const float *hidden, uint32_t rows) {
     float *h = ctx->seq[seq].hidden;
     if (!h || !hidden) return;
-    memcpy(h, hidden, (size_t)rows * ctx->model->hp.d_model * sizeof *h);
+    if (rows > flm_seq_hidden_rows((uint32_t)ctx->params.n_ctx, ctx->s.n_batch)) h = NULL; /* never: one batch */
+    else memcpy(h, hidden, (size_t)rows * ctx->model->hp.d_model * sizeof *h);
     if (seq == ctx->cur_seq) ctx->tree_hidden = h;
     else ctx->seq[seq].tree_hidden = h;
 }

@@ -60,6 +60,11 @@ uint32_t flm_batch_size(const flm_params *p, const flm_hparams *hp, uint32_t n_c
 
 uint32_t flm_scratch_tree_nodes(uint32_t n_ctx) { return n_ctx < FLM_TREE_MAX_NODES ? n_ctx : FLM_TREE_MAX_NODES; }
 
+uint32_t flm_seq_hidden_rows(uint32_t n_ctx, uint32_t n_batch) {
+    const uint32_t T = flm_scratch_tree_nodes(n_ctx), B = n_batch > 1 ? n_batch : 1;
+    return T < B ? T : B;
+}
+
 uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads) {
     uint64_t dim = flm_hparams_row(hp); /* the widest input of a matrix product: d_model, q_dim, d_embd or d_ffn */
     if (hp->d_ffn > dim) dim = hp->d_ffn;
@@ -92,7 +97,7 @@ uint64_t flm_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_bat
 /* the scratch carved from the context's block: activations, statistics ring, other sequences' logits rows, and one
  * FLM_CARVE_ALIGN of alignment per carve */
 static uint64_t block_scratch(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, int n_threads, uint32_t n_seq) {
-    return flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_seq_scratch_bytes(hp, n_ctx, n_seq) +
+    return flm_scratch_bytes(hp, n_ctx, n_batch, n_threads) + flm_seq_scratch_bytes(hp, n_ctx, n_batch, n_seq) +
            (FLM_CTX_CARVES + (uint64_t)n_seq) * FLM_CARVE_ALIGN;
 }
 

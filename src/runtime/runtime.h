@@ -412,8 +412,12 @@ uint64_t flm_scratch_work_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t 
 uint32_t flm_n_seq_of(const flm_params *p);
 /* Bytes the sequences past the first add to the scratch: a logits row each (n_vocab floats, carve-aligned), for
  * a joined pass (flm_eval_seq) a logits row per sequence, and per sequence its tree (flm_seq_state.tree_mem, hidden:
- * 4 T + T^2 bytes and 4 T d_model, T = flm_scratch_tree_nodes(n_ctx)), each carve-aligned with its padding. */
-uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_seq);
+ * 4 T + T^2 bytes, T = flm_scratch_tree_nodes(n_ctx), and 4 d_model bytes a row of flm_seq_hidden_rows), each
+ * carve-aligned with its padding. */
+uint64_t flm_seq_scratch_bytes(const flm_hparams *hp, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq);
+/* Final states a sequence keeps of a tree evaluated without all its logits (flm_seq_state.hidden): such a tree's
+ * evaluated nodes fit one batch, so min(flm_scratch_tree_nodes(n_ctx), max(n_batch, 1)) rows. */
+uint32_t flm_seq_hidden_rows(uint32_t n_ctx, uint32_t n_batch);
 /* The plan's scratch part (flm_plan_info.scratch), the one formula: what the context's block holds beside the KV
  * caches (flm_scratch_bytes: the activations and the statistics ring; flm_seq_scratch_bytes for n_seq sequences; the
  * carves' alignment, FLM_CARVE_ALIGN for each of FLM_CTX_CARVES + n_seq), the compute threads past the allowance's

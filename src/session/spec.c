@@ -29,10 +29,6 @@
  * of a row alone (the classifier's weights are read once), so rows likely to be visited pay. */
 #define SPEC_PATH_P 0.2f
 
-static int spec_join_tree(void) { /* EXPERIMENT */
-    const char *e = getenv("FLM_JOIN_TREE");
-    return e ? atoi(e) : 8;
-}
 
 struct spec {
     flm_ctx *target, *draft;
@@ -69,6 +65,7 @@ struct spec {
      * many tokens the draft's path probabilities promise against how many are accepted (decayed) */
     double v_w, v_x, v_y, v_xx, v_xy;
     double k_num, k_den;
+    double jk_num, jk_den; /* the same for joined tree steps (their trees are smaller: n_batch / n_seq nodes) */
     double c_level;   /* ms of one draft level (flm_eval_tree with draft), decayed */
     double ms_token;  /* ms per generated token of the tree steps, decayed */
     double jc_level, jms_token; /* the same for joined tree steps (a level: its pass's own ms) */
@@ -672,7 +669,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
             useful |= s->tscore[u] > cut;
         }
         if (!useful) break;
-        const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
+        const double kappa = joined ? (s->jk_num + 1.0) / (s->jk_den + 1.0) : (s->k_num + 1.0) / (s->k_den + 1.0);
         const double c_level = joined ? s->jc_level : s->c_level, ms_token = joined ? s->jms_token : s->ms_token;
         if (c_level > 0 && ms_token > 0 && kappa * front * ms_token < c_level &&
             (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
@@ -844,12 +841,11 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, bool joined, in
     s->hist[H] = last;
     int32_t cap = FLM_SPEC_TREE_DRAFT(s->o.tree), M = s->o.tree; /* drafted, verified */
     if (cap > s->n_ctx - H) cap = s->n_ctx - H; /* slots H .. H + N - 1 */
-    if (joined) { /* every sequence's tree fits one pass beside the others' */
+    if (joined) { /* every sequence's tree fits one pass beside the others', and its draft grows to 3 times that */
         const uint32_t n_seq = flm_n_seq(s->target) ? flm_n_seq(s->target) : 1;
-        int32_t share = (int32_t)(s->n_batch / n_seq), jm = spec_join_tree();
-        if (share < 1) share = 1;
-        if (M > share) M = share;
-        if (M > jm) M = jm;
+        const int32_t share = (int32_t)(s->n_batch / n_seq);
+        if (M > share) M = share > 1 ? share : 1;
+        if (cap > FLM_SPEC_TREE_DRAFT(M)) cap = FLM_SPEC_TREE_DRAFT(M);
     }
     if (M > cap) M = cap;
     long depth_max = s->o.n_draft;
@@ -870,8 +866,13 @@ static flm_status tree_step(spec *s, int32_t last, long max_new, bool joined, in
         return st;
     s->acc_a = 0.9 * s->acc_a + (double)k;
     s->acc_n = 0.9 * s->acc_n + (double)k + 1.0;
-    s->k_num = 0.9 * s->k_num + (double)k;
-    s->k_den = 0.9 * s->k_den + promised;
+    if (joined) {
+        s->jk_num = 0.9 * s->jk_num + (double)k;
+        s->jk_den = 0.9 * s->jk_den + promised;
+    } else {
+        s->k_num = 0.9 * s->k_num + (double)k;
+        s->k_den = 0.9 * s->k_den + promised;
+    }
     ema(joined ? &s->jms_token : &s->ms_token, (flm_now_ms() - t_step) / (double)(k + 1));
     s->n_hist = H + 1 + (int32_t)k;
     *m = k + 1;
