@@ -541,11 +541,24 @@ static double tree_verify_ms(const spec *s, double n) {
     return my + b * (n - mx);
 }
 
+/* The estimated ms of a joined verification pass in which this sequence has n rows, the other busy sequences taken
+ * to do as it does (choose_n_joined's model): the pass's compute (its rows' share, measured, times the sequences)
+ * changes by delta in proportion to the rows; a pass that waited for flash reads (wait) absorbs added compute up to
+ * that wait and gains nothing from less. 0 until measured. */
+static double joined_verify_ms(const spec *s, double n) {
+    if (s->jc_verify <= 0 || s->jv_rows <= 0) return 0;
+    const double m = (double)(flm_seq_busy(s->target, s->seq) + 1), compute = s->jv_c * m, wait = s->jv_w * m;
+    const double delta = compute * (n / s->jv_rows - 1.0);
+    double v = s->jc_verify + (delta > 0 ? (delta > wait ? delta - wait : 0) : (delta + wait < 0 ? delta + wait : 0));
+    return v < 1e-3 ? 1e-3 : v;
+}
+
 /* Keep at most M of the N drafted nodes (the root included), those that make the most expected tokens per ms: the
  * nodes by path probability (a node's never exceeds its parent's, and ties keep index order, so every prefix of that
  * order is a tree), expected tokens 1 + kappa * the sum of their probabilities (kappa: accepted over promised,
- * measured), cost: this step's draft ms + the verification's ms at that many rows (tree_verify_ms). map[new] = old
- * index; returns the nodes kept. The first passes, before any is measured, keep the M most likely. */
+ * measured), cost: this step's draft ms + the verification's ms at that many rows (tree_verify_ms; joined:
+ * joined_verify_ms, kappa the joined steps'). map[new] = old index; returns the nodes kept. The first passes, before
+ * any is measured, keep the M most likely. */
 static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, bool joined, int32_t *map) {
     for (int32_t i = 0; i < N; i++) map[i] = i;
     if (N <= 2 && N <= M) return N;
@@ -558,13 +571,14 @@ static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, bool j
     }
     const int32_t most = n < M - 1 ? n : M - 1; /* nodes besides the root */
     int32_t best = most;
-    if (s->v_w > 0 && !joined) { /* joined: the pass is every sequence's, its cost not this one's line */
-        const double kappa = (s->k_num + 1.0) / (s->k_den + 1.0);
-        double sum = 0, best_rate = 1.0 / (draft_ms + tree_verify_ms(s, 1));
+    if (joined ? joined_verify_ms(s, 1) > 0 : s->v_w > 0) {
+        const double kappa = joined ? (s->jk_num + 1.0) / (s->jk_den + 1.0) : (s->k_num + 1.0) / (s->k_den + 1.0);
+        double sum = 0, best_rate = 1.0 / (draft_ms + (joined ? joined_verify_ms(s, 1) : tree_verify_ms(s, 1)));
         best = 0;
         for (int32_t m = 1; m <= most; m++) {
             sum += s->tscore[ord[m - 1]];
-            double rate = (1.0 + kappa * sum) / (draft_ms + tree_verify_ms(s, m + 1));
+            const double v = joined ? joined_verify_ms(s, m + 1) : tree_verify_ms(s, m + 1);
+            double rate = (1.0 + kappa * sum) / (draft_ms + v);
             if (rate > best_rate) { best_rate = rate; best = m; }
         }
     }
@@ -649,6 +663,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
         n_ng = spec_ngram_lookup(s->hist, (size_t)H + 1, SPEC_NGRAM_MAX, ng, (uint32_t)depth_max);
     flm_status st = FLM_OK;
     const double t0 = flm_now_ms();
+    double own_ms = 0; /* joined: the levels' passes' own ms (their waits to begin are the others' drafts) */
     tree_cand cand[SPEC_TREE_W * SPEC_TREE_K + 1];
     /* a level's frontier: at most SPEC_TREE_W nodes, and no more than the logits rows (s->rows: max(tree, n_draft)
      * + 1 >= 3) hold */
@@ -670,7 +685,10 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
         }
         if (!useful) break;
         const double kappa = joined ? (s->jk_num + 1.0) / (s->jk_den + 1.0) : (s->k_num + 1.0) / (s->k_den + 1.0);
-        const double c_level = joined ? s->jc_level : s->c_level, ms_token = joined ? s->jms_token : s->ms_token;
+        /* joined: a level's pass holds up every busy sequence, so a token is worth the step's ms over all of their
+         * tokens (this sequence's ms per token over the sequences), not this sequence's alone */
+        const double c_level = joined ? s->jc_level : s->c_level,
+                     ms_token = joined ? s->jms_token / (double)(flm_seq_busy(s->target, s->seq) + 1) : s->ms_token;
         if (c_level > 0 && ms_token > 0 && kappa * front * ms_token < c_level &&
             (d > 0 || ++s->n_choices % 8 != 0)) /* at the root: plain decoding, but every 8th step drafts anyway */
             break;
@@ -679,6 +697,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
             return st;
         /* a level's cost: a joined one's own pass (its wait to begin is the others' drafts, which run anyway) */
         ema(joined ? &s->jc_level : &s->c_level, joined ? s->last_call.pass_ms : flm_now_ms() - tl);
+        own_ms += s->last_call.pass_ms;
         s->st.draft_tokens += (uint64_t)(hi - lo);
         int nc = tree_level_cands(s, H, d, lo, hi, greedy, cand);
         if (ng_node >= 0 && (uint32_t)d < n_ng) { /* the n-gram's next token after its node: always in */
@@ -710,6 +729,7 @@ static flm_status tree_draft(spec *s, int32_t H, int32_t last, int32_t cap, int3
     }
     *draft_ms = flm_now_ms() - t0;
     s->st.draft_ms += *draft_ms;
+    if (joined) *draft_ms = own_ms;
     *n_nodes = N;
     return FLM_OK;
 }
@@ -761,9 +781,13 @@ static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool joined, bool *
     s->st.n_steps++;
     s->st.n_drafted += (uint64_t)(N - 1);
     if (N == 1) s->st.n_plain++;
-    if (joined) { /* the pass is every sequence's: not this sequence's cost line */
+    if (joined) { /* the pass is every sequence's: its own time and this sequence's rows' shares (joined_verify_ms) */
         s->st.n_joined++;
         s->st.n_joined_drafted += (uint64_t)(N - 1);
+        ema(&s->jc_verify, s->last_call.pass_ms);
+        ema(&s->jv_rows, (double)N);
+        ema(&s->jv_c, s->last_call.total.compute_ms);
+        ema(&s->jv_w, s->last_call.total.io_ms);
         return FLM_OK;
     }
     s->v_w = 0.95 * s->v_w + 1.0;
