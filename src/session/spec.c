@@ -418,9 +418,9 @@ static void ema(double *v, double x) { *v = *v > 0 ? 0.75 * *v + 0.25 * x : x; }
  * then holds hist + last + the accepted drafts (s->n_hist), and s->rows row j holds the logits after out[j - 1]
  * (row 0: after last). max_new (>= 1) bounds *m. joined (a shared context while other sequences are busy): the
  * self-draft's passes join the other sequences' drafts and the verification joins their pass (flm_evaluate with
- * join); at most the batch's share of one sequence is drafted, a chain (a tree's nodes would not fit beside the
- * others'), its length chosen by the joined drafts' acceptance (choose_n_joined), not by the timings of passes
- * alone. */
+ * join); at most the batch's share of one sequence is drafted, a chain (the steps without a tree: a tree's are
+ * tree_step's, joined or not), its length chosen by the joined drafts' acceptance (choose_n_joined), not by the
+ * timings of passes alone. */
 static flm_status step(spec *s, int32_t last, long max_new, bool joined, int32_t *out, uint32_t *m, flm_error *err) {
     const int32_t H = s->n_hist, L = H + 1;
     const size_t V = s->n_vocab;

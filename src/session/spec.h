@@ -45,9 +45,10 @@ flm_status spec_prompted(spec *s, int32_t n, flm_error *err);
  * verify [last, proposals] in one pass, accept. out[0..*m) gets the tokens decided (1 <= *m <= max_new): the accepted
  * drafts, then the target's own token. The target then holds hist[0..H + *m) = hist + last + the accepted drafts
  * (hist written), and *rows row j (n_vocab floats) the logits after out[j - 1] (row 0: after last), valid until the
- * next step. joined (a shared context whose other sequences are busy): a chain of drafts (the self-draft's passes
- * joined with the other sequences' drafts, a draft model's, or the n-gram lookup's; no tree) verified in a pass
- * joined with the other sequences' (flm_evaluate with join); the caller must not hold the context's turn. Errors:
+ * next step. joined (a shared context whose other sequences are busy): the self-draft's tree (o.tree: each level
+ * joined with the other sequences' drafts, the tree at most n_batch / n_seq nodes, pruned under the joined pass's
+ * cost) or a chain of drafts (the self-draft's, a draft model's, or the n-gram lookup's) verified in a pass joined
+ * with the other sequences' (flm_evaluate with join); the caller must not hold the context's turn. Errors:
  * those of the evaluations (the target then holds hist[0..H) at most). */
 flm_status spec_step(spec *s, int32_t H, int32_t last, long max_new, bool joined, int32_t *out, uint32_t *m,
                      const float **rows, flm_error *err);
