@@ -542,12 +542,12 @@ static double tree_verify_ms(const spec *s, double n) {
 }
 
 /* The estimated ms of a joined verification pass in which this sequence has n rows, the other busy sequences taken
- * to do as it does (choose_n_joined's model): the pass's compute (its rows' share, measured, times the sequences)
+ * to do as it does (choose_n_joined's model; m: the busy sequences, this one included): the pass's compute (its rows' share, measured, times the sequences)
  * changes by delta in proportion to the rows; a pass that waited for flash reads (wait) absorbs added compute up to
  * that wait and gains nothing from less. 0 until measured. */
-static double joined_verify_ms(const spec *s, double n) {
+static double joined_verify_ms(const spec *s, double m, double n) {
     if (s->jc_verify <= 0 || s->jv_rows <= 0) return 0;
-    const double m = (double)(flm_seq_busy(s->target, s->seq) + 1), compute = s->jv_c * m, wait = s->jv_w * m;
+    const double compute = s->jv_c * m, wait = s->jv_w * m;
     const double delta = compute * (n / s->jv_rows - 1.0);
     double v = s->jc_verify + (delta > 0 ? (delta > wait ? delta - wait : 0) : (delta + wait < 0 ? delta + wait : 0));
     return v < 1e-3 ? 1e-3 : v;
@@ -571,13 +571,14 @@ static int32_t tree_prune(spec *s, int32_t N, int32_t M, double draft_ms, bool j
     }
     const int32_t most = n < M - 1 ? n : M - 1; /* nodes besides the root */
     int32_t best = most;
-    if (joined ? joined_verify_ms(s, 1) > 0 : s->v_w > 0) {
+    const double busy = joined ? (double)(flm_seq_busy(s->target, s->seq) + 1) : 1.0; /* asked once */
+    if (joined ? joined_verify_ms(s, busy, 1) > 0 : s->v_w > 0) {
         const double kappa = joined ? (s->jk_num + 1.0) / (s->jk_den + 1.0) : (s->k_num + 1.0) / (s->k_den + 1.0);
-        double sum = 0, best_rate = 1.0 / (draft_ms + (joined ? joined_verify_ms(s, 1) : tree_verify_ms(s, 1)));
+        double sum = 0, best_rate = 1.0 / (draft_ms + (joined ? joined_verify_ms(s, busy, 1) : tree_verify_ms(s, 1)));
         best = 0;
         for (int32_t m = 1; m <= most; m++) {
             sum += s->tscore[ord[m - 1]];
-            const double v = joined ? joined_verify_ms(s, m + 1) : tree_verify_ms(s, m + 1);
+            const double v = joined ? joined_verify_ms(s, busy, m + 1) : tree_verify_ms(s, m + 1);
             double rate = (1.0 + kappa * sum) / (draft_ms + v);
             if (rate > best_rate) { best_rate = rate; best = m; }
         }
