@@ -55,12 +55,15 @@ try:
               "--no-first-run", "--user-data-dir=" + profile, "--virtual-time-budget=60000"]
     dom = subprocess.run(common + ["--dump-dom", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          timeout=180).stdout
+    if "/metrics: HTTP 401" not in html.unescape(dom):  # the panel says why it is empty
+        failures.append("the server panel without the key should say /metrics: HTTP 401")
     if "missing or wrong API key" not in html.unescape(dom):
         failures.append("without the key the page should show the 401 error: %s" % dom[-1500:])
     srv.send_signal(signal.SIGTERM)
     srv.wait(timeout=60)
     # again without a key on the server: the reply streams in
-    srv = subprocess.Popen([CLI, "serve", "-m", MODEL, "--port", "0", "-c", "256", "-t", "1"],
+    # (with --metrics: the page's "Server, all clients" panel reads GET /metrics)
+    srv = subprocess.Popen([CLI, "serve", "-m", MODEL, "--port", "0", "-c", "256", "-t", "1", "--metrics"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     port = None
     while port is None:
@@ -93,6 +96,16 @@ try:
     for f in ("s-compute", "s-tps", "s-mib"):
         if re.search(r'id="%s">–<' % f, dom):
             failures.append("%s not filled in" % f)
+    # the server's counters after the reply: its tokens (the reply's at least: a load tried again adds its own), the MiB read per
+    # generated token (0.00: a GGUF in RAM reads nothing from flash), no pass that joined several slots (one slot)
+    tok = re.search(r'<td class="v" id="m-tok">([^<]*)</td>', dom)
+    if not tok or not n or not tok.group(1).isdigit() or int(tok.group(1)) < int(n.group(1)):
+        failures.append("the server panel's tokens %r, the reply's %r" % (tok.group(1) if tok else None,
+                                                                          n.group(1) if n else None))
+    for f, want in (("m-mib", "0.00"), ("m-joined", "0")):
+        got = re.search(r'<td class="v" id="%s">([^<]*)</td>' % f, dom)
+        if not got or got.group(1) != want:
+            failures.append("%s: %r, want %r" % (f, got.group(1) if got else None, want))
     os.makedirs(OUT, exist_ok=True)
     shot = os.path.join(OUT, "serve_page.png")
     subprocess.run(common + ["--window-size=1100,700", "--screenshot=" + shot, url], stdout=subprocess.PIPE,
