@@ -14,7 +14,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PORT=${PORT:-8391}
 URL=http://127.0.0.1:$PORT
-wait_up() { for _ in $(seq 300); do curl -s "$URL/health" | grep -q ok && return 0; sleep 1; done; echo "server did not start" >&2; return 1; }
+wait_up() { # PID: until the server answers /health, or it exits, or 300 s pass
+  for _ in $(seq 300); do
+    curl -s "$URL/health" | grep -q ok && return 0
+    kill -0 "$1" 2> /dev/null || break
+    sleep 1
+  done
+  echo "the server did not start (see /tmp/serve_ab.log)" >&2; return 1; }
 load() { python3 "$HERE/serve_load.py" --clients "$1" --requests "$2" --max-tokens "$3" --stream "$URL" |
          grep -o '[0-9.]* generated tokens/s' | awk '{print $1}'; }
 metric() { curl -s "$URL/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
@@ -24,7 +30,7 @@ if [ "$mode" = ram ]; then
   one() {
     "${@:2}" > /tmp/serve_ab.log 2>&1 &
     local pid=$!
-    wait_up || { kill $pid; return 1; }
+    wait_up $pid || { kill $pid 2> /dev/null; return 1; }
     python3 "$HERE/serve_load.py" --clients 1 --requests 1 --max-tokens 8 "$URL" > /dev/null
     local a b c
     a=$(load 4 "$Q" "$T"); b=$(load 2 "$Q" "$T"); c=$(load 1 "$Q" "$T")
@@ -34,6 +40,7 @@ if [ "$mode" = ram ]; then
   for r in $(seq "$R"); do
     f=$(one flashlm "$BIN" serve -m "$G" --parallel 4 -c 2048 -t 2 --port "$PORT")
     l=$(one llama-server "$LS" -m "$G" -np 4 -c 2048 -t 2 --port "$PORT")
+    [ -n "$f" ] && [ -n "$l" ] || { echo "round $r: a server did not start (see /tmp/serve_ab.log)" >&2; continue; }
     echo "$f" | awk '{printf "round '"$r"' flashlm      4: %7.2f  2: %7.2f  1: %7.2f tok/s  4/1 %.2f\n", $2, $3, $4, $2 / $4}'
     echo "$l" | awk '{printf "round '"$r"' llama-server 4: %7.2f  2: %7.2f  1: %7.2f tok/s  4/1 %.2f\n", $2, $3, $4, $2 / $4}'
     paste -d' ' <(echo "$f") <(echo "$l") | awk '{printf "round '"$r"' flashlm / llama-server with 4 clients: %.2f\n", $2 / $6}'
@@ -42,7 +49,7 @@ elif [ "$mode" = flash ]; then
   BIN=$2; M=$3; MEM=${4:-50%}; R=${5:-3}; Q=${6:-4}; T=${7:-32}
   "$BIN" serve -m "$M" --mem "$MEM" --parallel 4 -c 2048 -t 2 --port "$PORT" --metrics > /tmp/serve_ab.log 2>&1 &
   pid=$!
-  wait_up || { kill $pid; exit 1; }
+  wait_up $pid || { kill $pid 2> /dev/null; exit 1; }
   phase() {
     local b0 t0 tps b1 t1
     b0=$(metric flashlm_flash_bytes_read_total); t0=$(metric flashlm_tokens_generated_total)
