@@ -319,6 +319,42 @@ static void test_auto_hot_self_draft(void **state) {
     free(at);
     free(ram_err);
     free(at_err);
+    /* A tree verified with some nodes' logits in the call (FLM_EVAL_LOGITS_SOME), alone and joined: the classifier's
+     * rows on flash it reads are in the call's own statistics, as every other read (before, the walk's classifier
+     * pass was missing from them: bench's MiB per token and its split left out ~143 MiB a pass of Qwen2.5-Coder-1.5B
+     * at --mem 25%). The reader's growth over the call (bytes_requested: before alignment) is the floor. */
+    for (int joined = 0; joined < 2; joined++) {
+        flm_params p;
+        params(&p, FLM_MODE_AUTO, mem);
+        p.n_seq = joined ? 2 : 1;
+        flm_ctx *ctx = NULL;
+        flm_plan_info pl;
+        if (!joined || flm_plan(hot, &p, &pl, &err) || !pl.out_flash_bytes) /* two KV caches may not fit: then 1 */
+            p.n_seq = 1;
+        if (flm_open(hot, &p, &ctx, &err)) fail_msg("open %s at %llu bytes: %s", hot, (unsigned long long)mem, err.msg);
+        flm_get_plan(ctx, &pl);
+        assert_true(pl.out_flash_bytes > 0);
+        const int32_t prompt[4] = {1, 403, 407, 261}, tree[3] = {300, 301, 302}, par[3] = {-1, 0, 0};
+        const uint32_t some[2] = {0, 2};
+        flm_eval_out o;
+        flm_eval_args a = {.tokens = prompt, .n = 4, .join = joined && p.n_seq > 1};
+        if (flm_evaluate(ctx, &a, &o, &err)) fail_msg("prompt: %s", err.msg);
+        float *lg = malloc(2 * sizeof(float) * pl.n_vocab);
+        assert_non_null(lg);
+        flm_stats before, after;
+        flm_get_stats(ctx, &before);
+        a = (flm_eval_args){.tokens = tree, .n = 3, .pos = 4, .parent = par, .logits = FLM_EVAL_LOGITS_SOME,
+                            .logits_all = lg, .some = some, .n_some = 2, .join = joined && p.n_seq > 1};
+        if (flm_evaluate(ctx, &a, &o, &err)) fail_msg("tree: %s", err.msg);
+        flm_get_stats(ctx, &after);
+        const uint64_t asked = after.bytes_requested - before.bytes_requested;
+        if (o.stats.total.bytes_read < asked || asked < pl.out_flash_bytes)
+            fail_msg("joined %d: the tree's call counted %llu bytes read, the reader was asked for %llu (the "
+                     "classifier on flash: %llu)", joined, (unsigned long long)o.stats.total.bytes_read,
+                     (unsigned long long)asked, (unsigned long long)pl.out_flash_bytes);
+        free(lg);
+        flm_close(ctx);
+    }
     remove(hot);
 }
 

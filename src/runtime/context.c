@@ -635,6 +635,9 @@ static flm_status eval_tree(flm_ctx *ctx, const int32_t *tokens, const int32_t *
 
 /* ---- joined passes: several sequences' evaluations in one forward pass (flm_eval_seq) -------------------------- */
 
+static flm_status tree_logits(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_token_stats *tok,
+                              flm_error *err);
+
 /* A waiting evaluation (on its caller's stack until done). */
 typedef struct flm_join_req {
     uint32_t seq, n;
@@ -668,7 +671,7 @@ static void join_alone(flm_ctx *ctx, flm_join_req *r) {
                           &r->cs, &r->err);
         if (!r->st && (!r->logits_all || r->some) && ctx->n_seq > 1)
             keep_hidden(ctx, r->seq, ctx->tree_hidden, r->n - r->first);
-        if (!r->st && r->some) r->st = flm_tree_logits_n(ctx, r->some, r->n_some, r->logits_all, &r->err);
+        if (!r->st && r->some) r->st = tree_logits(ctx, r->some, r->n_some, r->logits_all, &r->cs.total, &r->err);
         r->cs.pass_ms = flm_now_ms() - t0;
         r->cs.io_busy_ms = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
         r->logits = NULL;
@@ -792,7 +795,7 @@ static void join_run(flm_ctx *ctx, flm_join_req **req, uint32_t k) {
     }
     for (uint32_t i = 0; i < nx && !st; i += per)
         st = flm_output_scatter(ctx, ctx->join_x + i, nx - i < per ? nx - i : per, draft, ctx->join_dst + i,
-                                ctx->join_logits, (size_t)ctx->n_seq * hp->n_vocab, &e);
+                                ctx->join_logits, (size_t)ctx->n_seq * hp->n_vocab, &res.stats, &e);
     const double pass_ms = flm_now_ms() - t0;
     res.stats.compute_ms = pass_ms - res.stats.io_ms - res.stats.mem_ms;
     const double busy = (double)(flm_ctx_io_busy_ns(ctx) - b0) / 1e6;
@@ -1170,7 +1173,7 @@ flm_status flm_evaluate(flm_ctx *ctx, const flm_eval_args *a, flm_eval_out *out,
                             "the last's");
         st = eval_tree(ctx, a->tokens, a->parent, a->n, a->first, a->pos, a->draft, some ? NULL : a->logits_all,
                        &out->stats, err);
-        if (!st && some) st = flm_tree_logits_n(ctx, a->some, a->n_some, a->logits_all, err);
+        if (!st && some) st = tree_logits(ctx, a->some, a->n_some, a->logits_all, &out->stats.total, err);
     } else {
         const flm_eval_req rq = {.tokens = a->tokens, .n = a->n, .pos = a->pos, .draft = a->draft,
                                  .logits = a->logits == FLM_EVAL_LOGITS_ALL    ? FLM_LOGITS_ALL
@@ -1201,7 +1204,11 @@ flm_status flm_tree_logits(flm_ctx *ctx, uint32_t node, float *logits, flm_error
 }
 
 
-flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_error *err) {
+/* flm_tree_logits_n, its classifier's reads from flash and its time added to tok (NULL: not counted), to the
+ * context's totals and to its last token's record: io_ms, bytes_read, n_reads as a pass's, the rest of its wall time
+ * as compute_ms (FLM_EVAL_LOGITS_SOME: part of the call that evaluated the tree). */
+static flm_status tree_logits(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_token_stats *tok,
+                              flm_error *err) {
     if (!ctx || !logits || !nodes || n == 0 || !ctx->tree_hidden)
         return flm_fail(err, FLM_ERR_ARG, "tree logits: %u nodes asked, but no flm_eval_tree without logits holds "
                         "them", n);
@@ -1216,11 +1223,30 @@ flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, fl
         const uint32_t m = n - done < per ? n - done : per;
         for (uint32_t i = 0; i < m; i++)
             x[i] = ctx->tree_hidden + (size_t)(nodes[done + i] - ctx->tree_hidden_first) * d;
-        flm_status st = flm_output_rows(ctx, x, m, logits + (size_t)done * ctx->model->hp.n_vocab, err);
+        const double t0 = flm_now_ms();
+        flm_token_stats d = {0};
+        flm_status st = flm_output_rows_ex(ctx, x, m, false, logits + (size_t)done * ctx->model->hp.n_vocab,
+                                           tok ? &d : NULL, err);
+        if (tok) { /* the call's, the context's totals and its last token's record: they stay equal sums */
+            d.compute_ms = flm_now_ms() - t0 - d.io_ms;
+            flm_token_stats *last = ctx->n_tokens ? &ctx->tokens[(ctx->n_tokens - 1) % FLM_STATS_TOKENS] : NULL;
+            flm_token_stats *to[3] = {tok, &ctx->total, last};
+            for (int i = 0; i < 3; i++) {
+                if (!to[i]) continue;
+                to[i]->io_ms += d.io_ms;
+                to[i]->compute_ms += d.compute_ms;
+                to[i]->bytes_read += d.bytes_read;
+                to[i]->n_reads += d.n_reads;
+            }
+        }
         if (st) return st;
         done += m;
     }
     return FLM_OK;
+}
+
+flm_status flm_tree_logits_n(flm_ctx *ctx, const uint32_t *nodes, uint32_t n, float *logits, flm_error *err) {
+    return tree_logits(ctx, nodes, n, logits, NULL, err);
 }
 
 flm_status flm_tree_accept(flm_ctx *ctx, int32_t pos, const uint32_t *path, uint32_t m, flm_error *err) {

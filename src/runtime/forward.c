@@ -448,11 +448,11 @@ static flm_status pass(flm_ctx *ctx, const flm_eval_req *rq, const rows *R, flm_
 }
 
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err) {
-    return flm_output_rows_ex(ctx, x, n, false, logits, err);
+    return flm_output_rows_ex(ctx, x, n, false, logits, NULL, err);
 }
 
 flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *logits,
-                              flm_error *err) {
+                              flm_token_stats *tok, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     flm_backend *be = &ctx->be;
@@ -463,7 +463,7 @@ flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, b
     float *buf = ctx->s.out_rows; /* carved at open */
     for (uint32_t i = 0; i < n; i++) memcpy(buf + (size_t)i * hp->d_model, x[i], hp->d_model * sizeof(float));
     const uint32_t rows = output_rows(ctx, draft);
-    flm_status st = output(ctx, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, rows, NULL, err);
+    flm_status st = output(ctx, &P, buf, buf + (size_t)n * hp->d_model, hp->d_embd, logits, rows, tok, err);
     if (st) {
         uint32_t l;
         int what;
@@ -476,7 +476,7 @@ flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, b
 }
 
 flm_status flm_output_scatter(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *const *dst,
-                              float *scratch, size_t cap, flm_error *err) {
+                              float *scratch, size_t cap, flm_token_stats *tok, flm_error *err) {
     const flm_model *m = ctx->model;
     const flm_hparams *hp = &m->hp;
     const uint32_t V = hp->n_vocab, d = hp->d_model;
@@ -492,7 +492,7 @@ flm_status flm_output_scatter(flm_ctx *ctx, const float *const *x, uint32_t n, b
         const uint32_t per = (uint32_t)(cap / V);
         for (uint32_t i = 0; i < n; i += per) {
             const uint32_t k = n - i < per ? n - i : per;
-            flm_status st = flm_output_rows_ex(ctx, x + i, k, draft, scratch, err);
+            flm_status st = flm_output_rows_ex(ctx, x + i, k, draft, scratch, tok, err);
             if (st) return st;
             for (uint32_t j = 0; j < k; j++) memcpy(dst[i + j], scratch + (size_t)j * V, (size_t)V * sizeof(float));
         }

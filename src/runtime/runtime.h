@@ -457,17 +457,18 @@ flm_status flm_output_row(flm_ctx *ctx, const float *x, float *logits, flm_error
  * FLM_ERR_ARG (n above FLM_OUTPUT_ROWS_MAX(n_batch)), those of flm_output_row. */
 flm_status flm_output_rows(flm_ctx *ctx, const float *const *x, uint32_t n, float *logits, flm_error *err);
 /* flm_output_rows, over the self-draft's vocabulary when draft (flm_draft_vocab_rows; the logits of the ids past it
- * -inf), as a draft pass computes them. Same errors. */
+ * -inf), as a draft pass computes them; the classifier's reads from flash (plan.out_flash) are added to tok (io_ms,
+ * bytes_read, n_reads; NULL: not counted). Same errors. */
 flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *logits,
-                              flm_error *err);
+                              flm_token_stats *tok, flm_error *err);
 /* flm_output_rows_ex with each token's logits into its own row: dst[i] (n_vocab floats) gets x[i]'s. The classifier
  * runs in blocks of its rows sized so that n rows of a block fit scratch (cap floats, at least n_vocab), every token
  * at once, so each weight is read once whatever n (joined passes: every sequence's rows that want logits, a
  * speculative step's all of them); when the blocks would be small, or the classifier is read from flash, rows at a
- * time as the scratch holds. The same dots as flm_output_rows. Errors: FLM_ERR_ARG (n above
+ * time as the scratch holds (the reads from flash counted in tok, as flm_output_rows_ex's). The same dots as flm_output_rows. Errors: FLM_ERR_ARG (n above
  * FLM_OUTPUT_ROWS_MAX(n_batch), cap below n_vocab), those of flm_output_rows. Source: src/runtime/forward.c. */
 flm_status flm_output_scatter(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *const *dst,
-                              float *scratch, size_t cap, flm_error *err);
+                              float *scratch, size_t cap, flm_token_stats *tok, flm_error *err);
 
 /* flm_open on backend `be` (flm_open: &flm_backend_cpu; tests/test_backend.c: a stub over it). */
 flm_status flm_open_backend(const char *path, const flm_params *p, const flm_backend_ops *be, flm_ctx **out,

@@ -72,6 +72,8 @@ struct spec {
     /* the target's evaluations (t_eval): their own statistics, summed until spec_take_calls, and the last one's */
     uint32_t seq;     /* the target's sequence (spec_set_seq) */
     uint32_t n_batch; /* the target's batch (its plan's): a tree that fits one verifies lazily */
+    bool out_flash;   /* the target's classifier is (partly) on flash (flm_plan_info.out_flash_bytes): its logits are
+                         computed in the verification pass, for every node at once (one read of its rows a pass) */
     flm_call_stats calls, last_call;
 };
 
@@ -128,6 +130,7 @@ flm_status spec_create(flm_ctx *target, flm_ctx *draft, flm_sampler *smp, int32_
     flm_plan_info tp;
     flm_get_plan(target, &tp);
     s->n_batch = tp.n_batch;
+    s->out_flash = tp.out_flash_bytes > 0;
     s->draft_n_ctx = draft ? (int32_t)di.n_ctx : 0;
     const size_t V = ti.n_vocab, T = (size_t)o->tree, N = T > (size_t)o->n_draft ? T : (size_t)o->n_draft,
                  D = T ? (size_t)FLM_SPEC_TREE_DRAFT(o->tree) : 0; /* the nodes a tree drafts */
@@ -760,7 +763,9 @@ static uint32_t walk_nodes(const spec *s, int32_t N, uint32_t *pp, int32_t *brow
 static flm_status tree_verify(spec *s, int32_t H, int32_t N, bool joined, bool *lazy, uint32_t *pp, int32_t *brow,
                               uint32_t *n_pp, flm_error *err) {
     const double tv = flm_now_ms();
-    *lazy = N == 1 || (uint32_t)N <= s->n_batch;
+    /* lazy when the tree fits one batch, but not with the classifier on flash: there each classifier pass reads its
+     * rows again (143 MiB a pass for Qwen2.5-Coder-1.5B at --mem 25%), so every node's logits come with the pass */
+    *lazy = (N == 1 || (uint32_t)N <= s->n_batch) && !s->out_flash;
     /* lazy: the logits of the nodes the walk will likely visit (walk_nodes) in one classifier pass: joined, with the
      * pass (FLM_EVAL_LOGITS_SOME: with the other sequences' nodes); alone, by the walk (flm_tree_logits_n: the
      * verification's cost line, tree_verify_ms, is the pass's own), the others' on demand */
