@@ -465,8 +465,9 @@ flm_status flm_output_rows_ex(flm_ctx *ctx, const float *const *x, uint32_t n, b
  * runs in blocks of its rows sized so that n rows of a block fit scratch (cap floats, at least n_vocab), every token
  * at once, so each weight is read once whatever n (joined passes: every sequence's rows that want logits, a
  * speculative step's all of them); when the blocks would be small, or the classifier is read from flash, rows at a
- * time as the scratch holds (the reads from flash counted in tok, as flm_output_rows_ex's). The same dots as flm_output_rows. Errors: FLM_ERR_ARG (n above
- * FLM_OUTPUT_ROWS_MAX(n_batch), cap below n_vocab), those of flm_output_rows. Source: src/runtime/forward.c. */
+ * time as the scratch holds (the reads from flash counted in tok, as flm_output_rows_ex's). The same dots as
+ * flm_output_rows. Errors: FLM_ERR_ARG (n above FLM_OUTPUT_ROWS_MAX(n_batch), cap below n_vocab), those of
+ * flm_output_rows. Source: src/runtime/forward.c. */
 flm_status flm_output_scatter(flm_ctx *ctx, const float *const *x, uint32_t n, bool draft, float *const *dst,
                               float *scratch, size_t cap, flm_token_stats *tok, flm_error *err);
 
