@@ -358,6 +358,85 @@ static void test_auto_hot_self_draft(void **state) {
     remove(hot);
 }
 
+/* Mode auto on an untied model stored hottest first (the synthetic one): where keeping the classifier in memory leaves
+ * the self-draft less than half the neurons that putting its rows past the draft's vocabulary on flash would, the
+ * plan puts them there (runtime/plan.c, plan_self_draft), and not otherwise. The reference for each budget is the
+ * same plan without a draft vocabulary (draft_vocab -1: the classifier cannot be split, so it stays in memory); both
+ * cases must occur over the budgets, and where the plan reads the classifier from flash, flm_open carries it out and
+ * the logits of a prompt are ram mode's bit for bit. */
+static void test_auto_classifier_for_draft(void **state) {
+    (void)state;
+    const char *hot = tu_tmp("outflash-synth-hot", ".flm"), *gguf = tu_tmp("outflash-synth-wide", ".gguf");
+    flm_error err;
+    size_t hlen;
+    char *htext = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &hlen);
+    htext[hlen < 20000 ? hlen : 20000] = 0;
+    flm_synth_params sp; /* the FFN (q8_0, 4 x 816 KiB) several times the classifier (136 KiB), as in a real model */
+    flm_synth_params_default(&sp);
+    sp.d_model = 64;
+    sp.d_ffn = 4096;
+    sp.n_layers = 4;
+    sp.n_heads = 4;
+    sp.n_kv_heads = 2;
+    sp.n_vocab = 2000;
+    sp.n_ctx = 256;
+    sp.type = FLM_TYPE_Q8_0;
+    sp.rank = 16;
+    sp.n_threads = 1;
+    flm_status hst = flm_synth_write(gguf, &sp, FLM_OUT_REPLACE, NULL, NULL, &err);
+    if (!hst) hst = flm_convert(gguf, hot, NULL, NULL, &err);
+    if (!hst) hst = flm_hot_order(hot, htext, 256, 64, 1, NULL, NULL, &err);
+    free(htext);
+    if (hst) fail_msg("hot order: %s", err.msg);
+    int n_flash = 0, n_memory = 0;
+    uint64_t flash_mem = 0;
+    for (uint64_t m = 8u << 20; m >= (256u << 10); m -= 16384) {
+        flm_params pa, pb;
+        params(&pa, FLM_MODE_AUTO, m);
+        pa.draft_vocab = 500; /* of 2000 */
+        params(&pb, FLM_MODE_AUTO, m);
+        pb.draft_vocab = -1;
+        flm_plan_info a, b;
+        if (flm_plan(hot, &pa, &a, &err) || flm_plan(hot, &pb, &b, &err)) continue;
+        if (!a.self_draft || !b.self_draft || b.out_flash_bytes || a.mode != FLM_MODE_HOT) continue;
+        const double qa = a.hot_share + a.window_share, qb = b.hot_share + b.window_share;
+        if (a.out_flash_bytes) {
+            assert_int_equal(a.out_rows_resident, 500);
+            if (qa < 2 * qb - 1e-4) fail_msg("at %llu bytes the classifier went to flash for %.4f of the neurons "
+                                             "against %.4f", (unsigned long long)m, qa, qb);
+            n_flash++;
+            if (!flash_mem) flash_mem = m;
+        } else {
+            if (qb > 0 && qa != qb) fail_msg("at %llu bytes the plan in memory differs from the reference: %.4f "
+                                             "against %.4f", (unsigned long long)m, qa, qb);
+            n_memory++;
+        }
+    }
+    printf("classifier for the draft: %d budgets with it on flash, %d in memory; first on flash at %llu bytes\n",
+           n_flash, n_memory, (unsigned long long)flash_mem);
+    assert_true(n_flash > 0 && n_memory > 0);
+    /* carried out: open at that budget, a prompt's logits equal ram mode's */
+    flm_params p, pr;
+    params(&p, FLM_MODE_AUTO, flash_mem);
+    p.draft_vocab = 500;
+    params(&pr, FLM_MODE_RAM, 0);
+    flm_ctx *ctx = NULL, *ram = NULL;
+    if (flm_open(hot, &p, &ctx, &err) || flm_open(hot, &pr, &ram, &err)) fail_msg("open: %s", err.msg);
+    flm_plan_info got;
+    flm_get_plan(ctx, &got);
+    assert_true(got.out_flash_bytes > 0 && got.self_draft);
+    const int32_t prompt[5] = {1, 40, 41, 42, 43};
+    flm_eval_out oa, ob;
+    flm_eval_args ea = {.tokens = prompt, .n = 5};
+    if (flm_evaluate(ctx, &ea, &oa, &err) || flm_evaluate(ram, &ea, &ob, &err)) fail_msg("evaluate: %s", err.msg);
+    assert_memory_equal(oa.logits, ob.logits, sizeof(float) * got.n_vocab);
+    assert_true(oa.stats.total.bytes_read >= got.out_flash_bytes);
+    flm_close(ctx);
+    flm_close(ram);
+    remove(hot);
+    remove(gguf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied),
@@ -366,6 +445,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt_row),
         cmocka_unit_test(test_smollm2_half),
         cmocka_unit_test(test_auto_hot_self_draft),
+        cmocka_unit_test(test_auto_classifier_for_draft),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
