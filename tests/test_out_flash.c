@@ -29,23 +29,28 @@
 
 static char tied_path[4096], synth_gguf[4096], synth_path[4096];
 
+/* The synthetic untied model's shape: d_model 64, 4 layers, a 2000-row q8_0 classifier (136 KiB), d_ffn as given. */
+static void synth_params(flm_synth_params *sp, uint32_t d_ffn) {
+    flm_synth_params_default(sp);
+    sp->d_model = 64;
+    sp->d_ffn = d_ffn;
+    sp->n_layers = 4;
+    sp->n_heads = 4;
+    sp->n_kv_heads = 2;
+    sp->n_vocab = 2000;
+    sp->n_ctx = 256;
+    sp->type = FLM_TYPE_Q8_0;
+    sp->rank = 16;
+    sp->n_threads = 1;
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(tied_path, sizeof tied_path, "%s", tu_tmp("outflash-tied", ".flm"));
     snprintf(synth_gguf, sizeof synth_gguf, "%s", tu_tmp("outflash-synth", ".gguf"));
     snprintf(synth_path, sizeof synth_path, "%s", tu_tmp("outflash-synth", ".flm"));
     flm_synth_params sp;
-    flm_synth_params_default(&sp);
-    sp.d_model = 64;
-    sp.d_ffn = 256;
-    sp.n_layers = 4;
-    sp.n_heads = 4;
-    sp.n_kv_heads = 2;
-    sp.n_vocab = 2000; /* a classifier (q8_0, 136 KiB) as large as the rest of the resident region */
-    sp.n_ctx = 256;
-    sp.type = FLM_TYPE_Q8_0;
-    sp.rank = 16;
-    sp.n_threads = 1;
+    synth_params(&sp, 256); /* a classifier (q8_0, 136 KiB) as large as the rest of the resident region */
     flm_error err;
     if (flm_convert(tu_data("models/stories260K/stories260K.gguf"), tied_path, NULL, NULL, &err) ||
         flm_synth_write(synth_gguf, &sp, FLM_OUT_REPLACE, NULL, NULL, &err) ||
@@ -372,17 +377,7 @@ static void test_auto_classifier_for_draft(void **state) {
     char *htext = (char *)tu_read_file(tu_data("text/tinystories_sample.txt"), &hlen);
     htext[hlen < 20000 ? hlen : 20000] = 0;
     flm_synth_params sp; /* the FFN (q8_0, 4 x 816 KiB) several times the classifier (136 KiB), as in a real model */
-    flm_synth_params_default(&sp);
-    sp.d_model = 64;
-    sp.d_ffn = 4096;
-    sp.n_layers = 4;
-    sp.n_heads = 4;
-    sp.n_kv_heads = 2;
-    sp.n_vocab = 2000;
-    sp.n_ctx = 256;
-    sp.type = FLM_TYPE_Q8_0;
-    sp.rank = 16;
-    sp.n_threads = 1;
+    synth_params(&sp, 4096);
     flm_status hst = flm_synth_write(gguf, &sp, FLM_OUT_REPLACE, NULL, NULL, &err);
     if (!hst) hst = flm_convert(gguf, hot, NULL, NULL, &err);
     if (!hst) hst = flm_hot_order(hot, htext, 256, 64, 1, NULL, NULL, &err);
