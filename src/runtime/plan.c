@@ -182,8 +182,10 @@ uint64_t flm_spec_buffer_bytes(uint32_t n_vocab, uint32_t n_ctx, const flm_spec_
 /* Mode auto chose hot with neurons streamed (mp, planned under the whole budget): it decodes with the self-draft, a
  * tree of FLM_AUTO_DRAFT_TREE nodes FLM_AUTO_DRAFT_DEPTH deep, whose buffers (for sampling, the larger) the budget
  * holds beside the model and whose window of recently active neurons takes flm_params.draft_window (default
- * FLM_AUTO_DRAFT_WINDOW) of the FFN memory: the model is planned again under budget - buffers. When that does not fit
- * (or no longer streams), mp stays as it was, without speculative decoding, and its reason says so. */
+ * FLM_AUTO_DRAFT_WINDOW) of the FFN memory: the model is planned again under budget - buffers, with the classifier's
+ * rows past the draft's vocabulary on flash when that at least doubles the share of neurons in memory (an untied
+ * classifier; the reason says so). When that does not fit (or no longer streams), mp stays as it was, without
+ * speculative decoding, and its reason says so. */
 static flm_status plan_self_draft(const flm_file *f, const flm_hparams *hp, const flm_params *p,
                                   const flm_plan_request *rq, flm_mem_plan *mp) {
     flm_spec_params sp;
