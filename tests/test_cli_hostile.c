@@ -78,6 +78,64 @@ static void test_prompt_sources(void **state) {
     expect(args, 1, want);
 }
 
+/* -p and -f together: the last one given was the prompt, the other dropped without a word. Now refused, naming both. */
+static void test_prompt_and_file(void **state) {
+    (void)state;
+    char args[8192];
+    const char *f = tu_tmp("pf", ".txt");
+    tu_write_file(f, "Once", 4);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -f '%s' -n 1 2>&1", tu_data(MODEL), f);
+    expect(args, 2, "-p gives the prompt and -f");
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' -p hi -n 1 2>&1", tu_data(MODEL), f);
+    expect(args, 2, "give one of them");
+    snprintf(args, sizeof args, "run -m '%s' --prompt-ids '' -n 1 2>&1", tu_data(MODEL));
+    expect(args, 1, "--prompt-ids gives no token ids"); /* not the tokenizer's fault */
+    remove(f);
+}
+
+/* A copy of the fixture GGUF with one u32 hyper-parameter key set to v. */
+static void gguf_with_u32(const char *out, const char *key, uint32_t v) {
+    size_t n;
+    uint8_t *d = tu_read_file(tu_data(MODEL), &n);
+    const size_t kl = strlen(key);
+    uint8_t pat[64];
+    const uint64_t kl64 = kl;
+    memcpy(pat, &kl64, 8);
+    memcpy(pat + 8, key, kl);
+    size_t at = 0;
+    for (size_t i = 0; i + 8 + kl + 8 <= n && !at; i++)
+        if (!memcmp(d + i, pat, 8 + kl)) at = i + 8 + kl;
+    assert_true(at > 0);
+    uint32_t type;
+    memcpy(&type, d + at, 4);
+    assert_int_equal(type, 4); /* GGUF_TYPE_UINT32 */
+    memcpy(d + at + 4, &v, 4);
+    tu_write_file(out, d, n);
+    free(d);
+}
+
+/* A GGUF whose block count is below its blk.N tensors ran (and converted) without the last layer, and a RoPE
+ * dimension of 0 ran with RoPE switched off: both gave other text with exit 0. Now both are refused naming the file
+ * and what is wrong, and convert writes nothing. */
+static void test_hparams_against_tensors(void **state) {
+    (void)state;
+    char args[8192], want[4300];
+    const char *g = tu_tmp("bc", ".gguf"), *o = tu_tmp("bc", ".flm");
+    gguf_with_u32(g, "llama.block_count", 4); /* stories260K has 5 layers */
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 2>&1", g);
+    snprintf(want, sizeof want, "%s: tensor blk.4.", g);
+    char *out = tu_cli_expect(args, 1, want);
+    assert_non_null(strstr(out, "belongs to layer 4, but llama.block_count says 4 layers"));
+    free(out);
+    snprintf(args, sizeof args, "convert '%s' '%s' 2>&1", g, o);
+    expect(args, 1, "belongs to layer 4");
+    assert_int_equal(access(o, F_OK), -1);
+    gguf_with_u32(g, "llama.rope.dimension_count", 0);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 2 2>&1", g);
+    expect(args, 1, "rope dimension 0 must be even, above 0");
+    remove(g);
+}
+
 /* `run --grammar-file /dev/zero` (or -jf) read until memory ran out; a NUL byte in a grammar file ended the grammar
  * there, the rest dropped without a word. Now at most 1 MiB is read, and a NUL is refused with its offset. */
 static void test_grammar_file_bounded(void **state) {
@@ -220,8 +278,13 @@ static void test_bench_text_and_nothing_run(void **state) {
              t);
     expect(args, 0, "| ram |");
     remove(t);
-    snprintf(args, sizeof args, "bench -m '%s' --modes naive --gen-tokens 2 2>&1", model);
-    expect(args, 1, "flashlm bench: no run measured anything (each one skipped: see why above)");
+    /* nothing measured: no --json or --svg written either (they had only the skipped rows) */
+    const char *js = tu_tmp("nothing", ".json"), *svg = tu_tmp("nothing", ".svg");
+    snprintf(args, sizeof args, "bench -m '%s' --modes naive --gen-tokens 2 --json '%s' --mem 50%%,40%% --svg '%s' "
+             "2>&1", model, js, svg);
+    expect(args, 1, "flashlm bench: no run measured anything (each one skipped: see why above); nothing written");
+    assert_int_equal(access(js, F_OK), -1);
+    assert_int_equal(access(svg, F_OK), -1);
 }
 
 /* Options the run does not use were dropped without a word: --keep without --context-shift, sparse's --window,
@@ -291,6 +354,19 @@ static void test_ffn_flags_checked(void **state) {
         expect(args, 1, want);
         flm_put_u64(e + 56, was);
     }
+    /* a region whose types do not make its records (layer 1 said ungated): `plan` printed a plan, exit 0, for a
+     * file run refuses; now both refuse it alike */
+    uint8_t *e = p + FLM_HEADER_FIXED + FLM_REGION_ENTRY_BYTES * 2;
+    const uint32_t gate = flm_get_u32(e + 36);
+    flm_put_u32(e + 36, FLM_GATE_NONE);
+    flm_put_u64(p + 24, XXH64(p + 32, flm_get_u32(p + 32) - 32, 0));
+    tu_write_file(flm, p, len);
+    const char *cmds[] = {"plan -m '%s' --mem 50%% 2>&1", "run -m '%s' -p hi -n 2 --mode naive 2>&1"};
+    for (int c = 0; c < 2; c++) {
+        snprintf(args, sizeof args, cmds[c], flm);
+        expect(args, 1, "FFN region of layer 1: 172 records of");
+    }
+    flm_put_u32(e + 36, gate);
     flm_put_u64(p + 24, XXH64(p + 32, flm_get_u32(p + 32) - 32, 0));
     tu_write_file(flm, p, len); /* as converted: fine again */
     snprintf(args, sizeof args, "verify '%s' 2>&1", flm);
@@ -385,6 +461,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
         cmocka_unit_test(test_prompt_sources),
+        cmocka_unit_test(test_prompt_and_file),
+        cmocka_unit_test(test_hparams_against_tensors),
         cmocka_unit_test(test_grammar_file_bounded),
         cmocka_unit_test(test_output_folder_missing),
         cmocka_unit_test(test_calibrate_tokens_chunk),

@@ -331,6 +331,13 @@ void cli_note_unused(const flm_ctx *ctx, const flm_params *p, const cli_shift_op
     if (sparse_only && plan.mode != FLM_MODE_SPARSE)
         fprintf(stderr, "flashlm: note: %s is an option of mode sparse; this run is mode %s, which does not use it\n",
                 sparse_only, flm_mode_name(plan.mode));
+    const char *flash_only = p->io != FLM_IO_KIND_AUTO ? "--io"
+                             : p->io_threads != 32 ? "--io-threads" /* flm_params_default's */
+                             : p->no_direct ? "--no-direct"
+                             : p->no_read_ahead ? "--no-read-ahead" : NULL;
+    if (flash_only && (plan.gguf || plan.mode == FLM_MODE_RAM))
+        fprintf(stderr, "flashlm: note: %s is about reads from flash; this run is mode ram, which reads nothing from "
+                "flash after loading\n", flash_only);
     if (shift && !shift->on && shift->keep != CLI_KEEP_DEFAULT)
         fprintf(stderr, "flashlm: note: --keep only matters with --context-shift, which is off: a full context stops "
                 "generation\n");

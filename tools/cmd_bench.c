@@ -1341,11 +1341,12 @@ static int bench_budgets(bench_opts *o) {
     for (int i = 0; i < n; i++) ran += res[i].ok != 0;
     for (int i = 0; i < o->n_sweep_mem * nm; i++) ran += mres[i].ok != 0;
     if (!ran) { /* as in cmd_bench: nothing measured is a failure */
-        fprintf(stderr, "flashlm bench: no run measured anything (each one skipped: see why above)\n");
+        fprintf(stderr, "flashlm bench: no run measured anything (each one skipped: see why above); nothing "
+                        "written\n");
         rc = 1;
     }
-    if (o->json) rc |= write_json(o, runs, res, n, mruns, nm, mres, NULL, &cal);
-    if (o->svg) rc |= write_budget_svg(o, runs, res, n, mruns, nm, mres);
+    if (o->json && ran) rc |= write_json(o, runs, res, n, mruns, nm, mres, NULL, &cal); /* none: nothing to show */
+    if (o->svg && ran) rc |= write_budget_svg(o, runs, res, n, mruns, nm, mres);
     for (int i = 0; i < n; i++) free(res[i].series);
     for (int i = 0; i < o->n_sweep_mem * nm; i++) free(mres[i].series);
     free(mres);
@@ -1422,7 +1423,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-draft")) { o.params.no_draft = true; }
         else if (!strcmp(a, "--sweep")) { NEEDVAL(); if (parse_sweep(val, &o)) return 2; }
         else if (!strcmp(a, "--prompt-tokens")) {
-            NEEDVAL(); if (!cli_parse_long(val, 1, 1 << 20, &v)) return cli_die("bad --prompt-tokens '%s'", val);
+            NEEDVAL(); if (!cli_parse_long(val, 1, 1 << 20, &v)) return cli_die("bad --prompt-tokens '%s' (1..1048576)", val);
             o.prompt_tokens = (int)v;
         } else if (!strcmp(a, "--gen-tokens")) {
             NEEDVAL(); /* each generated token's statistics are read back: the context keeps the last FLM_STATS_TOKENS */
@@ -1522,11 +1523,12 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < o.n_sweep_mem * nm; i++) ran += mres[i].ok != 0;
     for (int i = 0; i < o.n_sweep_win; i++) ran += wres[i].ok != 0;
     if (!ran) { /* every row says "skipped": nothing was measured, which exit 0 hid from scripts */
-        fprintf(stderr, "flashlm bench: no run measured anything (each one skipped: see why above)\n");
+        fprintf(stderr, "flashlm bench: no run measured anything (each one skipped: see why above); nothing "
+                        "written\n");
         rc = 1;
     }
-    if (o.json) rc |= write_json(&o, runs, res, n, mruns, nm, mres, wres, &cal);
-    if (o.svg) rc |= write_svgs(&o, runs, res, n, mruns, nm, mres, wres, &cal);
+    if (o.json && ran) rc |= write_json(&o, runs, res, n, mruns, nm, mres, wres, &cal); /* none: nothing to show */
+    if (o.svg && ran) rc |= write_svgs(&o, runs, res, n, mruns, nm, mres, wres, &cal);
     for (int i = 0; i < n; i++) free(res[i].series);
     for (int i = 0; i < o.n_sweep_mem * nm; i++) free(mres[i].series);
     for (int i = 0; i < o.n_sweep_win; i++) free(wres[i].series);

@@ -103,18 +103,18 @@ int cmd_calibrate(int argc, char **argv) {
             text = texts[0];
         }
         else if (!strcmp(a, "--hot-tokens")) {
-            if (!cli_parse_long(val, 16, 1 << 24, &v)) return cli_die("bad --hot-tokens '%s' (>= 16)", val);
+            if (!cli_parse_long(val, 16, 1 << 24, &v)) return cli_die("bad --hot-tokens '%s' (16..16777216)", val);
             hot_tokens = (uint32_t)v;
         }
         else if (!strcmp(a, "--coact-tokens")) {
-            if (!cli_parse_long(val, 32, 1 << 24, &v)) return cli_die("bad --coact-tokens '%s' (>= 32)", val);
+            if (!cli_parse_long(val, 32, 1 << 24, &v)) return cli_die("bad --coact-tokens '%s' (32..16777216)", val);
             coact_tokens = (uint32_t)v;
         }
         else if (!strcmp(a, "--tokens")) {
-            if (!cli_parse_long(val, 64, 1 << 24, &v)) return cli_die("bad --tokens '%s' (>= 64)", val);
+            if (!cli_parse_long(val, 64, 1 << 24, &v)) return cli_die("bad --tokens '%s' (64..16777216)", val);
             o.max_tokens = (uint32_t)v;
         } else if (!strcmp(a, "--chunk")) {
-            if (!cli_parse_long(val, 16, 1 << 16, &v)) return cli_die("bad --chunk '%s' (>= 16)", val);
+            if (!cli_parse_long(val, 16, 1 << 16, &v)) return cli_die("bad --chunk '%s' (16..65536)", val);
             o.chunk = (uint32_t)v;
         } else if (!strcmp(a, "--rank")) {
             if (!cli_parse_long(val, 1, 1 << 16, &v)) return cli_die("bad --rank '%s' (1..65536)", val);

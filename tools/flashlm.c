@@ -164,7 +164,8 @@ static flm_grammar *run_grammar;    /* --grammar / --json-schema, or NULL */
 
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = "", *prompt_file = NULL, *stats_json = NULL, *chat_name = NULL, *system = NULL;
-    bool stats = false, per_token = false, chat = false, verbose = false, text_given = false, escape = true;
+    bool stats = false, per_token = false, chat = false, verbose = false, text_given = false, escape = true,
+         prompt_given = false;
     long n_predict = 128;
     flm_params params;
     flm_params_default(&params);
@@ -191,8 +192,8 @@ static int cmd_run(int argc, char **argv) {
             return 0;
         }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDVAL(); model = val; }
-        /* -p and -f: the last one given is the prompt, as llama.cpp's */
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_file = NULL; text_given = true; }
+        /* -p and -f: one prompt; given both, one would be dropped without a word (refused below) */
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDVAL(); prompt = val; prompt_given = text_given = true; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEEDVAL(); prompt_file = val; text_given = true; }
         else if (!strcmp(a, "-e") || !strcmp(a, "--escape")) { escape = true; }
         else if (!strcmp(a, "--no-escape")) { escape = false; }
@@ -226,6 +227,8 @@ static int cmd_run(int argc, char **argv) {
     }
     if (!model) return cli_die("%s", "no model given: use -m MODEL (see flashlm run --help)");
     if (cli_spec_args_check(&sa)) return 2;
+    if (prompt_given && prompt_file)
+        return cli_die("-p gives the prompt and -f '%s' reads it from a file: give one of them", prompt_file);
     if (run_prompt_ids && text_given) /* one of them would be dropped without a word */
         return cli_die("%s", "--prompt-ids is the whole prompt: give it, or -p / -f, not both");
     if ((run_prompt_ids || run_print_ids) && (chat || sa.draft || sa.ngram))
@@ -369,8 +372,9 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     } else {
         ids = flm_tokenize_all(ctx, prompt, true, &n_prompt);
     }
-    const char *refuse = !ids ? "out of memory" : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops "
-                                                                   "all of its bytes)" : NULL;
+    const char *refuse = !ids ? "out of memory"
+                         : n_prompt == 0 && run_prompt_ids ? "--prompt-ids gives no token ids (\"2,17,33\": one or more)"
+                         : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops all of its bytes)" : NULL;
     size_t bad_bias = sp.n_bias; /* the first --logit-bias id outside the vocabulary, said as chat says it */
     for (size_t b = 0; !refuse && b < sp.n_bias && bad_bias == sp.n_bias; b++)
         if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) bad_bias = b;
@@ -456,6 +460,7 @@ static const char *INSPECT_HELP =
 
 static int cmd_inspect(int argc, char **argv) {
     if (argc != 1 || !strcmp(argv[0], "-h") || !strcmp(argv[0], "--help")) {
+        if (argc > 1) fprintf(stderr, "flashlm inspect: one model file, not %d arguments\n\n", argc);
         fputs(INSPECT_HELP, argc == 1 ? stdout : stderr);
         return argc == 1 ? 0 : 2;
     }
@@ -533,7 +538,7 @@ static int cmd_convert(int argc, char **argv) {
         }
         else if (argv[i][0] == '-' && argv[i][1]) return cli_die("unknown option '%s' (see flashlm convert --help)", argv[i]);
         else if (np < 2) paths[np++] = argv[i];
-        else { fputs(CONVERT_HELP, stderr); return 2; }
+        else return cli_die("convert takes SRC and OUT: '%s' is a third path (see flashlm convert --help)", argv[i]);
     }
     if (np != 2) { fputs(CONVERT_HELP, stderr); return 2; }
     char model_buf[4096];
@@ -602,7 +607,11 @@ static const char *VERIFY_HELP =
 
 static int cmd_verify(int argc, char **argv) {
     if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { fputs(VERIFY_HELP, stdout); return 0; }
-    if (argc != 1) { fputs(VERIFY_HELP, stderr); return 2; }
+    if (argc != 1) {
+        if (argc > 1) fprintf(stderr, "flashlm verify: one model file, not %d arguments\n\n", argc);
+        fputs(VERIFY_HELP, stderr);
+        return 2;
+    }
     char model_buf[4096];
     argv[0] = (char *)cli_resolve_model(argv[0], model_buf, sizeof model_buf);
     flm_error err;
@@ -764,6 +773,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "verify")) return cmd_verify(argc - 2, argv + 2);
     if (!strcmp(cmd, "pull")) return cmd_pull(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        if (argc > 2) return cli_die("version takes no arguments ('%s' given)", argv[2]);
         const char *lib, *best;
         int num = flm_version(&lib);
         const char *used = flm_kernels_in_use(&best);

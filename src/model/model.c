@@ -27,9 +27,10 @@ flm_status flm_hparams_check(const flm_hparams *hp, const char *what, flm_error 
     if (hp->n_heads % hp->n_kv_heads)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: n_heads %u is not a multiple of n_kv_heads %u", what, hp->n_heads,
                         hp->n_kv_heads);
-    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
-        return flm_fail(err, FLM_ERR_FORMAT, "%s: rope dimension %u must be even and at most head_dim %u", what,
-                        hp->rope_dim, hp->head_dim);
+    if ((hp->arch && hp->arch->pos == FLM_POS_ROPE && hp->rope_dim == 0) || hp->rope_dim > hp->head_dim ||
+        hp->rope_dim % 2)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: rope dimension %u must be even, above 0 and at most head_dim %u",
+                        what, hp->rope_dim, hp->head_dim);
     if (!(hp->norm_eps > 0.0f && hp->norm_eps < 1.0f) || !(hp->rope_theta > 0.0f) || !(hp->rope_theta_local > 0.0f))
         return flm_fail(err, FLM_ERR_FORMAT, "%s: norm epsilon %g or RoPE base %g out of range", what,
                         (double)hp->norm_eps, (double)hp->rope_theta);
@@ -232,6 +233,16 @@ static flm_status load_model(const flm_gguf_file *f, bool ffn_external, flm_mode
     if ((st = flm_hparams_from_gguf(f, &m->hp, err))) return st;
     const flm_hparams *hp = &m->hp;
     const flm_arch *a = hp->arch;
+    /* every layer's tensors are bound below: one past the block count would be left out without a word */
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const char *nm = f->tensors[i].name;
+        if (strncmp(nm, "blk.", 4) || nm[4] < '0' || nm[4] > '9') continue;
+        char *end;
+        const unsigned long l = strtoul(nm + 4, &end, 10);
+        if (*end == '.' && l >= hp->n_layers)
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: tensor %s belongs to layer %lu, but %s.block_count says %u "
+                            "layers (the model would run without it)", f->path, nm, l, a->name, hp->n_layers);
+    }
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
     const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     if ((st = bind(f, "token_embd.weight", hp->d_embd, hp->n_vocab, false, &m->tok_embd, err))) return st;
@@ -339,27 +350,34 @@ flm_status flm_model_from_gguf(flm_gguf_file *f, flm_model **out, flm_error *err
     return FLM_OK;
 }
 
+flm_status flm_model_check_regions(const flm_file *f, flm_hparams *hp, flm_error *err) {
+    if (f->n_layers != hp->n_layers) /* before ffn[0]: a file without FFN regions has none (hp->n_layers >= 1) */
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", f->path, f->n_layers, hp->n_layers);
+    hp->gated = f->ffn[0]->gate_type != FLM_GATE_NONE; /* every layer must agree: checked below */
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const flm_region *r = f->ffn[l];
+        flm_bundle_layout b = flm_bundle_layout_of(hp->d_model, r->up_type, r->gate_type, r->down_type, hp->gated);
+        if (r->n_records != hp->d_ffn || b.record_bytes != r->record_bytes || b.up_bytes == 0 || b.down_bytes == 0 ||
+            (hp->gated && b.gate_bytes == 0))
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: %u records of %llu bytes do not match "
+                            "d_ffn %u, d_model %u and its types", f->path, l, r->n_records,
+                            (unsigned long long)r->record_bytes, hp->d_ffn, hp->d_model);
+        if (hp->gated != (r->gate_type != FLM_GATE_NONE))
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u is %s but layer 0's is %s", f->path, l,
+                            hp->gated ? "ungated" : "gated", hp->gated ? "gated" : "ungated");
+    }
+    return FLM_OK;
+}
+
 flm_status flm_model_from_flm(const flm_file *f, flm_model **out, flm_error *err) {
     *out = NULL;
     flm_model *m = calloc(1, sizeof *m);
     if (!m) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     flm_status st = load_model(f->meta, true, m, err);
-    if (!st && f->n_layers != m->hp.n_layers)
-        st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", f->path, f->n_layers, m->hp.n_layers);
-    if (!st) m->hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE; /* every layer must agree: checked below */
+    if (!st) st = flm_model_check_regions(f, &m->hp, err);
     for (uint32_t l = 0; !st && l < m->hp.n_layers; l++) {
         const flm_region *r = f->ffn[l];
         flm_layer_weights *L = &m->layers[l];
-        flm_bundle_layout b = flm_bundle_layout_of(m->hp.d_model, r->up_type, r->gate_type, r->down_type,
-                                                   m->hp.gated);
-        if (r->n_records != m->hp.d_ffn || b.record_bytes != r->record_bytes || b.up_bytes == 0 ||
-            b.down_bytes == 0 || (m->hp.gated && b.gate_bytes == 0))
-            st = flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u: %u records of %llu bytes do not match "
-                          "d_ffn %u, d_model %u and its types", f->path, l, r->n_records,
-                          (unsigned long long)r->record_bytes, m->hp.d_ffn, m->hp.d_model);
-        if (!st && m->hp.gated != (r->gate_type != FLM_GATE_NONE))
-            st = flm_fail(err, FLM_ERR_FORMAT, "%s: FFN region of layer %u is %s but layer 0's is %s", f->path, l,
-                          m->hp.gated ? "ungated" : "gated", m->hp.gated ? "gated" : "ungated");
         L->ffn_up = (flm_weight){r->up_type, m->hp.d_model, m->hp.d_ffn, NULL};
         L->ffn_gate = m->hp.gated ? (flm_weight){r->gate_type, m->hp.d_model, m->hp.d_ffn, NULL} : (flm_weight){0};
         L->ffn_down = (flm_weight){r->down_type, m->hp.d_model, m->hp.d_ffn, NULL}; /* stored by columns */

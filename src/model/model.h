@@ -92,6 +92,11 @@ flm_status flm_model_from_gguf(flm_gguf_file *f, flm_model **out, flm_error *err
  * The model does not own f. Errors: as flm_model_from_gguf, plus FLM_ERR_FORMAT when the FFN regions do not match
  * the hyper-parameters. */
 struct flm_file;
+/* The .flm's FFN regions against the hyper-parameters from its resident GGUF: one region per layer, each of d_ffn
+ * records of the bundle layout of its types (docs/FORMAT.md), all gated or all not; sets hp->gated from layer 0's.
+ * What flm_model_from_flm and flm_plan check before trusting a region. Errors: FLM_ERR_FORMAT naming the file and
+ * the layer. */
+flm_status flm_model_check_regions(const struct flm_file *f, flm_hparams *hp, flm_error *err);
 flm_status flm_model_from_flm(const struct flm_file *f, flm_model **out, flm_error *err);
 
 /* Read hyper-parameters from GGUF metadata (keys prefixed by general.architecture) (shared by the GGUF and .flm paths).

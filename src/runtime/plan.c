@@ -428,10 +428,7 @@ static flm_status plan_any(const char *path, const flm_params *pin, flm_plan_inf
     flm_mem_plan mp;
     if (!(st = flm_plan_read_meta(f, err)) && !(st = flm_plan_check_head(path, f, pin, err)) &&
         !(st = flm_hparams_from_gguf(f->meta, &hp, err))) {
-        if (f->n_layers != hp.n_layers) /* before ffn[0]: a file without FFN regions has none (hp.n_layers >= 1) */
-            st = flm_fail(err, FLM_ERR_FORMAT, "%s: %u FFN regions for %u layers", path, f->n_layers, hp.n_layers);
-        else {
-            hp.gated = f->ffn[0]->gate_type != FLM_GATE_NONE;
+        if (!(st = flm_model_check_regions(f, &hp, err))) { /* as flm_open: a region it refuses plans nothing */
             if (!(st = flm_plan_flm(f, &hp, pin, &mp, NULL, err))) {
                 flm_plan_info_of(&mp, &hp, out);
                 flm_plan_devices(out, &hp, pin, flm_backend_cpu.device); /* flm_open's backend */
