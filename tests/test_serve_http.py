@@ -177,6 +177,12 @@ def test_smuggling(port):
         ("chunked twice", b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n" + smuggled,
          400),
         ("an unknown coding before chunked", b"Transfer-Encoding: gzip, chunked\r\n", b"0\r\n\r\n" + smuggled, 501),
+        # whitespace before the colon (RFC 9112 section 5.1): framed as chunked by a proxy that trims the name
+        ("TE with a space before its colon", b"Content-Length: 4\r\nTransfer-Encoding : chunked\r\n",
+         b"%x\r\n" % len(smuggled) + smuggled + b"\r\n0\r\n\r\n", 400),
+        ("CL with a space before its colon", b"Content-Length : 4\r\nTransfer-Encoding: chunked\r\n",
+         b"0\r\n\r\n" + smuggled, 400),
+        ("a second Host", b"Host: evil.example\r\nContent-Length: %d\r\n" % len(body), body + smuggled, 400),
     ]
     for what, hdrs, rest, status in cases:
         s = connect(port)
@@ -356,6 +362,11 @@ def test_browser_rules(port):
     check(st == 403, "a foreign Host (DNS rebinding) is refused: %s" % st)
     st, _, _ = request(port, "GET", "/health", headers={"Host": "localhost:%d" % port})
     check(st == 200, "Host localhost is served: %s" % st)
+    # a target in absolute-form (RFC 9112 section 3.2.2: a server must accept it), its authority checked as a Host
+    st, _, b = request(port, "GET", "http://127.0.0.1:%d/v1/models" % port)
+    check(st == 200 and b'"data"' in b, "absolute-form GET /v1/models: %s %r" % (st, b[:100]))
+    st, _, _ = request(port, "GET", "http://evil.example/v1/models")
+    check(st == 403, "absolute-form with a foreign authority: %s" % st)
     st, _, body = request(port, "POST", "/v1/completions", ok, headers={"Origin": "http://evil.example"})
     check(st == 403 and b"--cors" in body, "a cross-origin POST is refused: %s %r" % (st, body[:200]))
     st, _, body = request(port, "POST", "/v1/completions", ok, headers={"Content-Type": "text/plain"})
@@ -444,6 +455,9 @@ def test_key():
 
 def test_endpoints(port):
     text = "Once upon a time, there was a little dog."
+    for m in ("GET", "POST", "DELETE"):  # /health is a GET, as every other route has its method
+        st, _, b = request(port, m, "/health", {} if m == "POST" else None)
+        check(st == (200 if m == "GET" else 405), "%s /health: %s %r" % (m, st, b[:80]))
     st, _, b = request(port, "POST", "/tokenize", {"content": text})
     ids = json.loads(b)["tokens"] if st == 200 else []
     check(st == 200 and len(ids) > 5 and all(isinstance(i, int) for i in ids), "/tokenize: %s %r" % (st, b[:100]))

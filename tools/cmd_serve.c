@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1804,6 +1805,13 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *cn, bool 
             if (status) { serve_req_free(&req); break; }
             if (p == 0 && ch == 0) n_choices = req.n_choices;
             if (ch > 0 && req.has_seed) req.seed += (uint64_t)ch; /* each choice its own, reproducible, seed */
+            if (!status && !native && (req.n_fields || req.return_tokens)) {
+                status = 400;
+                snprintf(msg, sizeof msg, "'%s' is a field of llama-server's /completion: the OpenAI routes answer "
+                         "OpenAI's objects whole", req.n_fields ? "response_fields" : "return_tokens");
+                serve_req_free(&req);
+                break;
+            }
             if (!status && req.post_sampling && !chat && !native) {
                 status = 400;
                 snprintf(msg, sizeof msg, "'post_sampling_probs' needs /completion or /v1/chat/completions (their "
@@ -2645,14 +2653,33 @@ static enum MHD_Result refuse_body(struct MHD_Connection *c, unsigned status, co
     return MHD_NO;
 }
 
+/* A request target in absolute-form ("http://host:port/path?q", RFC 9112 §3.2.2, which a server must accept): its
+ * path ("/" when it has none), the authority into auth (cap bytes, truncated: "" when the target is in origin-form,
+ * which is returned as it is). */
+static const char *target_path(const char *url, char *auth, size_t cap) {
+    auth[0] = 0;
+    const size_t skip = !strncasecmp(url, "http://", 7) ? 7 : !strncasecmp(url, "https://", 8) ? 8 : 0;
+    if (!skip) return url;
+    const char *a = url + skip, *slash = strchr(a, '/'), *q = strchr(a, '?');
+    const char *end = slash && (!q || slash < q) ? slash : q ? q : a + strlen(a);
+    snprintf(auth, cap, "%.*s", (int)(end - a), a);
+    return slash && (!q || slash < q) ? slash : "/";
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     (void)cls;
     conn *cn = *con_cls;
+    char auth[256];
+    url = target_path(url, auth, sizeof auth);
     if (!cn) { /* the headers: check them before reading the body */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
         cn->http11 = version && !strcmp(version, "HTTP/1.1");
+        char msg[400];
+        int st;
+        if (auth[0] && (st = serve_check_host(&access_cfg, auth, msg, sizeof msg))) /* as the Host it stands for */
+            return send_error_ex(c, (unsigned)st, st == 403 ? "forbidden_host" : "invalid_request", msg, true);
         return check_headers(c, method, version, cn);
     }
     if (*upload_size) { /* a piece of the body */
@@ -2699,6 +2726,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     const char *model = NULL;
     enum route rt = route_of(url, &model);
     if (rt == R_HEALTH) {
+        if (!get) return send_error(c, 405, "method_not_allowed", "use GET");
         const char *ok = "{\"status\":\"ok\"}";
         pthread_mutex_lock(&srv.mu);
         srv.requests++;

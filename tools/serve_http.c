@@ -32,7 +32,29 @@ static bool elem_is(const char *b, const char *e, const char *word) {
     return (size_t)(e - b) == n && !strncasecmp(b, word, n);
 }
 
+/* A field name's character (RFC 9110 §5.6.2 tchar). */
+static bool is_tchar(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
 int serve_check_framing(const serve_hdr *h, size_t n, bool http10, char *msg, size_t cap) {
+    size_t n_host = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = h[i].name;
+        if (!name) continue;
+        bool token = *name != 0;
+        for (const unsigned char *q = (const unsigned char *)name; token && *q; q++) token = is_tchar(*q);
+        if (!token) {
+            snprintf(msg, cap, "bad request: the header name '%.40s' is not a token (whitespace before its colon?: "
+                     "RFC 9112 section 5.1)", name);
+            return 400;
+        }
+        if (!strcasecmp(name, "Host") && ++n_host > 1) {
+            snprintf(msg, cap, "bad request: more than one Host header (RFC 9112 section 3.2)");
+            return 400;
+        }
+    }
     bool have_cl = false, have_te = false;
     unsigned long long cl = 0;
     /* the Transfer-Encoding codings over all its headers, in order: how many, whether the last is chunked, and

@@ -168,6 +168,8 @@ static int parse_constraint(const cJSON *root, serve_req *r, char *msg, size_t c
                      "\"json_schema\"}");
             return 400;
         }
+        static const char *const RF[] = {"type", "json_schema", "schema"};
+        if (!serve_fields_known(rf, RF, 3, "'response_format'", msg, cap)) return 400;
         const char *t = type->valuestring;
         if (!strcmp(t, "json_object")) {
             from = "response_format";
@@ -186,6 +188,8 @@ static int parse_constraint(const cJSON *root, serve_req *r, char *msg, size_t c
                              "\"strict\"}");
                     return 400;
                 }
+                static const char *const JS[] = {"name", "description", "schema", "strict"};
+                if (!serve_fields_known(o, JS, 4, "'response_format.json_schema'", msg, cap)) return 400;
                 const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
                 const cJSON *strict = cJSON_GetObjectItemCaseSensitive(o, "strict");
                 const cJSON *desc = cJSON_GetObjectItemCaseSensitive(o, "description");
@@ -306,6 +310,11 @@ static const field_rule FIELD_RULES[] = {
 static int check_fields(const cJSON *root, char *msg, size_t cap) {
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
+        for (const cJSON *g = root->child; g != f; g = g->next) /* cJSON keeps both; the lookups see the first */
+            if (f->string && g->string && !strcmp(f->string, g->string)) {
+                snprintf(msg, cap, "the field '%.64s' is given twice: one value would be dropped", f->string);
+                return 400;
+            }
         const field_rule *rule = NULL;
         for (size_t i = 0; i < sizeof FIELD_RULES / sizeof *FIELD_RULES && f->string; i++)
             if (!strcmp(FIELD_RULES[i].name, f->string)) { rule = &FIELD_RULES[i]; break; }
@@ -326,6 +335,14 @@ static int check_fields(const cJSON *root, char *msg, size_t cap) {
         case FIELD_NEUTRAL_FALSE:
             if (!cJSON_IsFalse(f)) { snprintf(msg, cap, "%s (only false is accepted)", rule->why); return 400; }
             break;
+        case FIELD_INERT: /* no effect, but of OpenAI's type: a wrong one is a client's mistake to say */
+            if (!strcmp(f->string, "metadata") || !strcmp(f->string, "prediction") ? !cJSON_IsObject(f)
+                                                                                     : !cJSON_IsString(f)) {
+                snprintf(msg, cap, "'%s' must be %s", f->string,
+                         !strcmp(f->string, "metadata") || !strcmp(f->string, "prediction") ? "an object" : "a string");
+                return 400;
+            }
+            break;
         default: break;
         }
     }
@@ -336,6 +353,12 @@ bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t 
                         size_t cap) {
     const cJSON *f;
     cJSON_ArrayForEach(f, o) {
+        for (const cJSON *g = o->child; g != f; g = g->next)
+            if (f->string && g->string && !strcmp(f->string, g->string)) {
+                snprintf(msg, cap, "the field '%.64s' is given twice in %s: one value would be dropped", f->string,
+                         route);
+                return false;
+            }
         size_t i = 0;
         while (i < n_known && f->string && strcmp(known[i], f->string)) i++;
         if (i == n_known) {
@@ -401,6 +424,20 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         goto fail;
     }
     if (check_fields(root, msg, cap)) goto fail;
+    /* fields of one route only: elsewhere they would be dropped without a word */
+    static const struct { const char *name; bool chat; } ROUTE_ONLY[] = {
+        {"messages", true}, {"top_logprobs", true}, {"add_generation_prompt", true},
+        {"continue_final_message", true}, {"prompt", false}};
+    for (size_t k = 0; k < sizeof ROUTE_ONLY / sizeof *ROUTE_ONLY; k++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, ROUTE_ONLY[k].name);
+        if (x && !cJSON_IsNull(x) && ROUTE_ONLY[k].chat != chat) {
+            snprintf(msg, cap, "'%s' is a field of %s, not of this route%s", ROUTE_ONLY[k].name,
+                     chat ? "/v1/completions and /completion" : "/v1/chat/completions",
+                     !strcmp(ROUTE_ONLY[k].name, "top_logprobs") ? " (here 'logprobs': N gives the N alternatives)"
+                     : !strcmp(ROUTE_ONLY[k].name, "prompt") ? " (give 'messages')" : "");
+            goto fail;
+        }
+    }
     char field[256];
     if (nul_field(body, len, field, sizeof field)) {
         snprintf(msg, cap, "%s: a NUL character (\\u0000); text with one is refused (it would be cut there)", field);
@@ -423,6 +460,8 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
             snprintf(msg, cap, "'stream_options' must be an object whose 'include_usage' is a boolean");
             goto fail;
         }
+        static const char *const SO[] = {"include_usage"};
+        if (!serve_fields_known(v, SO, 1, "'stream_options'", msg, cap)) goto fail;
         r->include_usage = cJSON_IsTrue(iu);
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "modalities"); /* OpenAI's: the reply's kinds; text is the one here */
@@ -655,6 +694,25 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
                 strcmp(rs, "tool")) {
                 snprintf(msg, cap, "messages[%zu].role must be system, developer, user, assistant or tool", i);
                 goto fail;
+            }
+            { /* a message's keys: each honoured, or refused by name */
+                static const char *const MK[] = {"role", "content", "tool_calls", "tool_call_id", "name"};
+                char where[40];
+                snprintf(where, sizeof where, "messages[%zu]", i);
+                if (!serve_fields_known(m, MK, 5, where, msg, cap)) goto fail;
+                const cJSON *nm = cJSON_GetObjectItemCaseSensitive(m, "name"),
+                            *tid = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+                if (nm && !cJSON_IsNull(nm) && (strcmp(rs, "tool") || !cJSON_IsString(nm))) {
+                    snprintf(msg, cap, "messages[%zu].name: %s", i, strcmp(rs, "tool")
+                             ? "a participant's name is not supported (the chat template has no place for it)"
+                             : "must be a string (the function whose result this is)");
+                    goto fail;
+                }
+                if (tid && !cJSON_IsNull(tid) && (strcmp(rs, "tool") || !cJSON_IsString(tid))) {
+                    snprintf(msg, cap, "messages[%zu].tool_call_id: %s", i, strcmp(rs, "tool")
+                             ? "only a 'tool' message answers a call" : "must be a string");
+                    goto fail;
+                }
             }
             if (!strcmp(rs, "assistant") && (got = serve_parse_msg_tool_calls(m, i, &r->tool_calls[i], msg, cap))) {
                 status = got;
