@@ -402,6 +402,33 @@ def long_prompt_line(srv, before):
     return None
 
 
+def test_memory_sequence():
+    """Requests each admitted under the budget's room for requests, four at a time on different connections, one kind
+    after another: their freed memory stayed in the connections' malloc arenas (a thread each), so peak RSS climbed
+    past --mem + 16 MiB (SmolLM2 --mem 200%: 277 MiB against 187.6). serve runs one arena now."""
+    if not os.path.exists(SMOL):
+        check(not REQUIRE, "SmolLM2-135M is not in the model cache (FLASHLM_REQUIRE_MODELS=1)")
+        print("test_serve_hostile: the memory sequence skipped: no %s" % SMOL)
+        return
+    srv = Server(SMOL, "--mem", "200%", "-c", "512", "--parallel", "2")
+    try:
+        phases = [("/v1/embeddings", {"input": ["hello world"] * 2048}),
+                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "story"}], "n": 8,
+                                            "logprobs": True, "top_logprobs": 20, "max_tokens": 100}),
+                  ("/v1/embeddings", {"input": ["hello world"] * 2048})]
+        for path, body in phases:
+            got = []
+            ts = [threading.Thread(target=lambda: got.append(post(srv.port, path, body)[0])) for _ in range(4)]
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            check(all(st in (200, 503) for st in got) and 200 in got, "%s x4: %r" % (path, got))
+        rss, budget = metric(srv.port, "peak_rss_bytes"), metric(srv.port, "memory_budget_bytes")
+        check(rss is not None and budget and rss <= budget + 16 * 2**20,
+              "the sequence's peak RSS %s within the budget %s + 16 MiB" % (rss, budget))
+    finally:
+        check(srv.stop() == 0, "SIGTERM: exit status 0")
+
+
 def test_leave_during_prompt():
     if not os.path.exists(SMOL):
         check(not REQUIRE, "SmolLM2-135M is not in the model cache (FLASHLM_REQUIRE_MODELS=1)")
@@ -458,6 +485,7 @@ def main():
     finally:
         check(srv.stop() == 0, "SIGTERM: exit status 0")
     test_memory()
+    test_memory_sequence()
     test_tools_limit()
     test_leave_during_prompt()
     if failures:

@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -2807,6 +2808,13 @@ static void model_id_of(const char *path, char *out, size_t cap) {
 }
 
 int cmd_serve(int argc, char **argv) {
+    /* one malloc arena: libmicrohttpd runs a thread per connection, and glibc gives each thread an arena of its own
+     * (up to 8 x cores), which keeps what that connection's request freed. The requests are admitted against the
+     * budget's room for them (REQ_COST), but memory freed in one arena does not serve the next request in another,
+     * so a sequence of admitted requests (big embeddings, logprobs, tokenize answers on different connections) raised
+     * peak RSS past the budget: 277 MiB under --mem 187.6 MiB, 177 MiB with one arena. The token path allocates
+     * nothing (tests/test_work.c), so the connections' threads seldom meet at malloc's lock. */
+    mallopt(M_ARENA_MAX, 1);
     const char *model = NULL, *host = "127.0.0.1", *chat_name = NULL;
     srv.n_predict = -1;
     bool kv_unified = false; /* --kv-unified: no -c / N split */
