@@ -455,9 +455,14 @@ def test_key():
 
 def test_endpoints(port):
     text = "Once upon a time, there was a little dog."
-    for m in ("GET", "POST", "DELETE"):  # /health is a GET, as every other route has its method
+    for m in ("GET", "POST", "DELETE"):  # /health is a GET (or a HEAD: curl -I), as every route has its methods
         st, _, b = request(port, m, "/health", {} if m == "POST" else None)
         check(st == (200 if m == "GET" else 405), "%s /health: %s %r" % (m, st, b[:80]))
+    s = connect(port)
+    s.sendall(b"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    data = read_all(s) or b""
+    s.close()
+    check(data.startswith(b"HTTP/1.1 200 ") and not data.endswith(b"}"), "HEAD /health: 200, no body: %r" % data[:200])
     st, _, b = request(port, "POST", "/tokenize", {"content": text})
     ids = json.loads(b)["tokens"] if st == 200 else []
     check(st == 200 and len(ids) > 5 and all(isinstance(i, int) for i in ids), "/tokenize: %s %r" % (st, b[:100]))

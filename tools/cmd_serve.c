@@ -2727,7 +2727,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     const char *model = NULL;
     enum route rt = route_of(url, &model);
     if (rt == R_HEALTH) {
-        if (!get) return send_error(c, 405, "method_not_allowed", "use GET");
+        if (!get && strcmp(method, "HEAD")) return send_error(c, 405, "method_not_allowed", "use GET");
         const char *ok = "{\"status\":\"ok\"}";
         pthread_mutex_lock(&srv.mu);
         srv.requests++;
