@@ -38,9 +38,9 @@ uint64_t flm_embd_lane_bounce(uint64_t row_bytes) {
 }
 
 uint64_t flm_embd_lane_bytes(uint64_t row_bytes, const flm_params *p) {
-    (void)p; /* the back end does not matter: its one worker (threads) is never handed a request, and is within the
-                reader threads' allowance as flm_reader_memory counts them */
-    return flm_embd_lane_bounce(row_bytes) + (24u << 10);
+    flm_io_kind io = p ? p->io : FLM_IO_KIND_AUTO;
+    const bool threads = io == FLM_IO_KIND_THREADS || (io == FLM_IO_KIND_AUTO && !flm_reader_uring_works());
+    return flm_embd_lane_bounce(row_bytes) + (24u << 10) + (threads ? FLM_EMBD_LANE_THREADS * FLM_THREAD_BYTES : 0);
 }
 
 uint64_t flm_mem_plan_total(const flm_mem_plan *p) {

@@ -288,11 +288,8 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
  * touches (its length rounded up to FLM_ALIGN, plus one block); a call's rows are read one after another (a pass
  * reads one row a token, a draft level a few). */
 uint64_t flm_embd_lane_bounce(uint64_t row_bytes);
-/* The token lane's workers under the threads back end: one, never handed a request (a batch is one row's request,
- * which the reader reads in the calling thread), the fewest a pool may have. */
-#define FLM_EMBD_LANE_THREADS 1
-/* Bytes the plan holds for the token lane next to the reader's, for rows of row_bytes: its bounce, plan arrays and
- * ring (flm_flash_open replaces the estimate with flm_reader_memory when that is more). p: unused (any back end). */
+/* The token lane's workers under the threads back end (one request at a time). */
+#define FLM_EMBD_LANE_THREADS 2
 uint64_t flm_embd_lane_bytes(uint64_t row_bytes, const flm_params *p);
 /* Rows tokens[0..n) (1 <= n <= FLM_EMBD_READ_ROWS) of the token embedding, read from the file (the plan left it
  * there: FLM_EMBD_FLASH) in one call of the token lane (flm_flash.embd_reader, never the reader the FFN source reads
