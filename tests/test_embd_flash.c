@@ -87,19 +87,15 @@ static int teardown(void **state) {
 
 static bool no_read_ahead; /* test_read_error: which request is the token's first is then fixed */
 
-static void mode_params(flm_params *p, flm_mode mode, uint64_t mem) {
-    flm_params_default(p);
-    p->no_read_ahead = no_read_ahead;
-    p->n_threads = 1;
-    p->n_ctx = 64;
-    p->n_batch = 4; /* fixed: the default shrinks with the budget, and test_budget needs the fixed parts fixed */
-    p->mode = mode;
-    p->mem_bytes = mem;
-}
-
 static flm_ctx *open_mode(const char *path, flm_mode mode, uint64_t mem, flm_status want, flm_error *err) {
     flm_params p;
-    mode_params(&p, mode, mem);
+    flm_params_default(&p);
+    p.no_read_ahead = no_read_ahead;
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    p.n_batch = 4; /* fixed: the default shrinks with the budget, and test_budget needs the fixed parts fixed */
+    p.mode = mode;
+    p.mem_bytes = mem;
     flm_ctx *ctx = NULL;
     flm_status st = flm_open(path, &p, &ctx, err);
     if (st != want) fail_msg("%s: mode %s, budget %llu: status %d (%s), want %d", path, flm_mode_name(mode),
@@ -338,7 +334,12 @@ static void test_draft_lane(void **state) {
     uint64_t mem = 0;
     for (uint64_t m = 2u << 20; m >= (256u << 10) && !mem; m -= 4096) {
         flm_params p;
-        mode_params(&p, FLM_MODE_HOT, m);
+        flm_params_default(&p);
+        p.n_threads = 1;
+        p.n_ctx = 64;
+        p.n_batch = 4;
+        p.mode = FLM_MODE_HOT;
+        p.mem_bytes = m;
         flm_plan_info pl;
         if (flm_plan(flm_path, &p, &pl, &err) == FLM_OK && pl.embd == FLM_PLAN_EMBD_FLASH && pl.hot_share > 0.2 &&
             pl.hot_share < 0.8)
