@@ -238,8 +238,8 @@ static void test_budget(void **state) {
     flm_ctx *ctx = open_mode(flm_path, FLM_MODE_NAIVE, 64u << 20, FLM_OK, &err);
     const uint64_t tail = flm_file_tail_bytes(ctx->flash->file), row = ctx->flash->plan.embd_row;
     const flm_mem_plan *pl = &ctx->flash->plan; /* with one layer buffer (the second is read-ahead's, optional) */
-    const uint64_t c = flm_mem_plan_total(pl) - pl->reader + pl->reader_checks + /* the record sums are fixed */
-                       pl->embd_lane - (pl->stream - pl->stream / pl->n_stream_buffers); /* so is the token lane */
+    const uint64_t c = flm_mem_plan_total(pl) - pl->reader + pl->reader_checks - /* the record sums are fixed */
+                       (pl->stream - pl->stream / pl->n_stream_buffers);
     flm_close(ctx);
     const uint64_t budget = (c + (36u << 10)) * 16 / 15 + 8192;
     ctx = open_mode(flm_path, FLM_MODE_NAIVE, budget, FLM_OK, &err);
@@ -252,7 +252,7 @@ static void test_budget(void **state) {
     ctx = open_mode(old_path, FLM_MODE_NAIVE, budget, FLM_ERR_BUDGET, &err);
     assert_non_null(strstr(err.msg, old_path));
     assert_non_null(strstr(err.msg, "resident weights"));
-    /* at a budget that holds both: the plans differ by the embedding's bytes (less the rows' buffer and the token lane); same logits */
+    /* at a budget that holds both: the plans differ by the embedding's bytes (less the rows' buffer); same logits */
     ctx = open_mode(old_path, FLM_MODE_NAIVE, 64u << 20, FLM_OK, &err);
     assert_int_equal(ctx->flash->plan.embd, FLM_EMBD_UNSPLIT);
     assert_non_null(ctx->model->tok_embd.data);
@@ -261,8 +261,7 @@ static void test_budget(void **state) {
     float *old_logits = run_tokens(ctx, 3);
     flm_close(ctx);
     ctx = open_mode(flm_path, FLM_MODE_NAIVE, 64u << 20, FLM_OK, &err);
-    assert_int_equal(unsplit - flm_mem_plan_total(&ctx->flash->plan),
-                     tail - FLM_EMBD_READ_ROWS * row - ctx->flash->plan.embd_lane);
+    assert_int_equal(unsplit - flm_mem_plan_total(&ctx->flash->plan), tail - FLM_EMBD_READ_ROWS * row);
     float *new_logits = run_tokens(ctx, 3);
     assert_memory_equal(old_logits, new_logits, 3 * N_VOCAB * sizeof(float));
     flm_close(ctx);
@@ -296,12 +295,12 @@ static void test_read_error(void **state) {
     const int kinds[2] = {FLM_FAULT_EIO, FLM_FAULT_SHORT};
     no_read_ahead = true; /* else the first layer's read is the previous token's last (tests/test_faults.c) */
     for (int k = 0; k < 2; k++)
-        for (int which = 0; which < 2; which++) { /* the token's row (the token lane), then its first layer's read */
+        for (uint64_t at = 0; at < 2; at++) { /* the token's first request (the row), then its first layer's */
             flm_ctx *ctx = open_mode(flm_path, FLM_MODE_NAIVE, 0, FLM_OK, &err);
             const float *logits;
             for (int t = 0; t < N_TOK; t++) {
                 if (t == 4) {
-                    flm_reader_set_fault(which ? ctx->flash->reader : ctx->flash->embd_reader, kinds[k], 0);
+                    flm_reader_set_fault(ctx->flash->reader, kinds[k], at);
                     assert_int_equal(flm_eval(ctx, TOKENS[t], t, &logits, &err), FLM_ERR_IO);
                     assert_non_null(strstr(err.msg, flm_path));
                     flm_stats s;
@@ -314,81 +313,6 @@ static void test_read_error(void **state) {
             flm_close(ctx);
         }
     no_read_ahead = false;
-    free(want);
-}
-
-/* The self-draft's path reads nothing through the reader the FFN source reads ahead on: in mode hot with the
- * embedding on flash, a draft pass's row comes from the token lane (flm_flash.embd_reader), so it neither waits
- * behind a range read ahead nor fails when that reader does. With the reader failing its next request, drafts
- * succeed (their logits those of a clean context's drafts) and the next target pass reports the failure (the read
- * ahead the drafts started); a failure of the lane fails the draft, naming the file. Both leave the context
- * correct: evaluated again, every logit is ram mode's. */
-static void test_draft_lane(void **state) {
-    (void)state;
-    flm_error err;
-    flm_ctx *ram = open_mode(flm_path, FLM_MODE_RAM, 0, FLM_OK, &err);
-    float *want = run_tokens(ram, N_TOK);
-    flm_close(ram);
-    /* a budget that streams part of every layer (found from above: hot plans shrink with it) */
-    flm_ctx *clean = NULL;
-    uint64_t mem = 0;
-    for (uint64_t m = 2u << 20; m >= (256u << 10) && !mem; m -= 4096) {
-        flm_params p;
-        flm_params_default(&p);
-        p.n_threads = 1;
-        p.n_ctx = 64;
-        p.n_batch = 4;
-        p.mode = FLM_MODE_HOT;
-        p.mem_bytes = m;
-        flm_plan_info pl;
-        if (flm_plan(flm_path, &p, &pl, &err) == FLM_OK && pl.embd == FLM_PLAN_EMBD_FLASH && pl.hot_share > 0.2 &&
-            pl.hot_share < 0.8)
-            mem = m;
-    }
-    assert_true(mem > 0);
-    for (int fail_lane = 0; fail_lane < 2; fail_lane++) {
-        clean = open_mode(flm_path, FLM_MODE_HOT, mem, FLM_OK, &err);
-        flm_ctx *ctx = open_mode(flm_path, FLM_MODE_HOT, mem, FLM_OK, &err);
-        assert_int_equal(ctx->flash->plan.embd, FLM_EMBD_FLASH);
-        assert_non_null(ctx->flash->embd_reader);
-        assert_true(flm_has_self_draft(ctx));
-        const float *logits, *dl;
-        for (int t = 0; t < 4; t++) {
-            if (flm_eval(ctx, TOKENS[t], t, &logits, &err)) fail_msg("eval %d: %s", t, err.msg);
-            if (flm_eval(clean, TOKENS[t], t, &logits, &err)) fail_msg("clean eval %d: %s", t, err.msg);
-        }
-        flm_reader_set_fault(fail_lane ? ctx->flash->embd_reader : ctx->flash->reader, FLM_FAULT_EIO, 0);
-        flm_status st = FLM_OK;
-        for (int t = 4; t < 7 && !st; t++) { /* three drafts from position 4 on */
-            st = flm_eval_draft(ctx, TOKENS[t], t, &dl, &err);
-            if (st) break;
-            if (flm_eval_draft(clean, TOKENS[t], t, &logits, &err)) fail_msg("clean draft %d: %s", t, err.msg);
-            assert_memory_equal(dl, logits, N_VOCAB * sizeof(float));
-        }
-        if (fail_lane) { /* the lane's failure is the draft's */
-            assert_int_equal(st, FLM_ERR_IO);
-            assert_non_null(strstr(err.msg, flm_path));
-        } else if (st) {
-            fail_msg("a draft failed with the reader: %s", err.msg);
-        }
-        /* the target passes from 4 on: with the reader's fault still armed, one of them (the one whose range the
-         * failed request was: the next pass's or, read ahead before the fault, the one after) fails and is
-         * evaluated again */
-        bool failed = fail_lane;
-        for (int t = 4; t < N_TOK; t++) {
-            if ((st = flm_eval(ctx, TOKENS[t], t, &logits, &err))) {
-                assert_int_equal(st, FLM_ERR_IO);
-                assert_non_null(strstr(err.msg, flm_path));
-                assert_false(failed);
-                failed = true;
-                if (flm_eval(ctx, TOKENS[t], t, &logits, &err)) fail_msg("eval %d after the fault: %s", t, err.msg);
-            }
-            assert_memory_equal(logits, want + (size_t)t * N_VOCAB, N_VOCAB * sizeof(float));
-        }
-        assert_true(failed);
-        flm_close(ctx);
-        flm_close(clean);
-    }
     free(want);
 }
 
@@ -528,7 +452,6 @@ int main(void) {
         cmocka_unit_test(test_batch_rows),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_read_error),
-        cmocka_unit_test(test_draft_lane),
         cmocka_unit_test(test_corruption),
         cmocka_unit_test(test_tied_stays_in_memory),
         cmocka_unit_test(test_sparse_calibrated),

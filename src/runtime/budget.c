@@ -33,16 +33,6 @@ uint64_t flm_reader_threads_bytes(const flm_params *p) {
     return n > FLM_READER_THREADS_FREE ? (n - FLM_READER_THREADS_FREE) * FLM_THREAD_BYTES : 0;
 }
 
-uint64_t flm_embd_lane_bounce(uint64_t row_bytes) {
-    return flm_align_up(row_bytes, FLM_ALIGN) + FLM_ALIGN;
-}
-
-uint64_t flm_embd_lane_bytes(uint64_t row_bytes, const flm_params *p) {
-    flm_io_kind io = p ? p->io : FLM_IO_KIND_AUTO;
-    const bool threads = io == FLM_IO_KIND_THREADS || (io == FLM_IO_KIND_AUTO && !flm_reader_uring_works());
-    return flm_embd_lane_bounce(row_bytes) + (24u << 10) + (threads ? FLM_EMBD_LANE_THREADS * FLM_THREAD_BYTES : 0);
-}
-
 uint64_t flm_mem_plan_total(const flm_mem_plan *p) {
     return p->resident + p->kv + p->scratch + p->reader + p->stream + p->ffn_resident + p->predictors + p->cache;
 }
@@ -194,8 +184,6 @@ static flm_status plan_try(const flm_file *f, const flm_hparams *hp, const flm_p
         p->resident -= p->embd_bytes;
         p->embd_row = rq->embd_row;
         p->scratch += FLM_EMBD_READ_ROWS * rq->embd_row; /* the buffer a pass's rows are read into */
-        p->embd_lane = flm_embd_lane_bytes(rq->embd_row, rq->params); /* the token lane (flm_flash.embd_reader) */
-        p->reader += p->embd_lane;
     }
     p->n_stream_buffers = rq->no_read_ahead ? 1 : 2; /* the most the source may plan (ffn_stream.c) */
     if (mode == FLM_MODE_HOT && rq->draft_window > 0) { /* the self-draft's window (hot_plan) */

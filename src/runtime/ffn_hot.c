@@ -31,11 +31,10 @@
  * layer's buffer is free (at the next call: a draft's), its second, so both buffers fill under the output layer,
  * sampling and a self-draft (which reads no FFN record) and the verification computes its first layer without
  * waiting. Reads are submitted one at a time, in the order the passes use them. When speculation runs (this target
- * pass came right after a draft pass), the next pass's first range waits until the next pass's first FFN call (a
- * draft's): the verification's own last reads (the classifier's rows on flash, plan.out_flash, through the same
- * reader, which serves one call at a time) would otherwise wait behind the whole range, and the drafts' compute,
- * which is longer than two ranges' reads, still has both buffers filled before the verification needs them. The
- * drafts' token-embedding rows never wait behind a range: they are read on the token lane (flm_flash.embd_reader). Resident prefixes are read once at open and not checksummed (the region's checksum covers the whole
+ * pass came right after a draft pass), the next pass's first range waits until the next pass's first FFN call: the
+ * next pass is then likely a draft, whose token-embedding rows (read through the same reader, which serves one call
+ * at a time) would otherwise wait behind the whole range; the ranges are still read under the drafts' compute, which
+ * is longer. Resident prefixes are read once at open and not checksummed (the region's checksum covers the whole
  * region; flashlm verify checks it). */
 #include <math.h>
 #include <stdlib.h>

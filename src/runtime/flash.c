@@ -86,8 +86,6 @@ static flm_status setup_checks(flm_ctx *ctx, flm_error *err) {
                                        1, fl->out_sums + rows / unit, "classifier", "last rows"};
     }
     st = flm_reader_set_checks(fl->reader, t, n, err);
-    for (uint32_t i = 0; !st && fl->embd_reader && i < fl->sums.n_tables; i++) /* the token lane: the rows' sums */
-        if (fl->sums.tables[i].kind == FLM_SUMS_EMBD) st = flm_reader_set_checks(fl->embd_reader, &t[i], 1, err);
     free(t);
     if (st) return st;
     /* the streamed FFN records are hashed by the kernels that use them, where their bytes come into the cache
@@ -172,18 +170,9 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
     ro.bounce_bytes = fl->plan.reader_bounce;
     if (ro.max_request > ro.bounce_bytes) ro.max_request = ro.bounce_bytes / FLM_ALIGN * FLM_ALIGN;
     if ((st = flm_reader_open(file->path, &ro, &fl->reader, err))) return st;
-    if (fl->plan.embd == FLM_EMBD_FLASH) { /* the token lane: a pass's embedding rows beside any read ahead */
-        flm_reader_opts eo = ro;
-        eo.bounce_bytes = (size_t)flm_embd_lane_bounce(fl->plan.embd_row);
-        eo.max_request = eo.bounce_bytes;
-        eo.n_threads = FLM_EMBD_LANE_THREADS;
-        eo.queue_depth = 2;
-        eo.log = NULL; /* the same file: a fallback (O_DIRECT refused, no io_uring) is the reader's, stated once */
-        if ((st = flm_reader_open(file->path, &eo, &fl->embd_reader, err))) return st;
-    }
     if ((st = setup_checks(ctx, err))) return st;
     if (fl->out_buf[1]) fl->out_ahead = flm_async_read_start(fl->reader); /* NULL: every chunk read now, the same */
-    uint64_t reader_mem = flm_reader_memory(fl->reader) + flm_reader_memory(fl->embd_reader) + fl->sums.bytes;
+    uint64_t reader_mem = flm_reader_memory(fl->reader) + fl->sums.bytes;
     if (reader_mem > fl->plan.reader) { /* the estimate was short: account the real figure */
         fl->plan.reader = reader_mem;
         if (budget && flm_mem_plan_total(&fl->plan) > budget)
@@ -201,8 +190,7 @@ flm_status flm_flash_open(flm_ctx *ctx, flm_file *file, const flm_mem_plan *plan
 flm_status flm_flash_embedding(flm_ffn_env *E, const int32_t *tokens, uint32_t n, const void **rows,
                                flm_token_stats *tok, flm_error *err) {
     flm_flash *fl = E->flash;
-    if (!fl || !fl->embd_row || !fl->embd_reader) /* a planning bug: the embedding is neither in memory nor planned
-                                                     on flash */
+    if (!fl || !fl->embd_row) /* a planning bug: the embedding is neither in memory nor planned on flash */
         return flm_fail(err, FLM_ERR_ARG, "the token embedding is not in memory");
     if (n < 1 || n > FLM_EMBD_READ_ROWS)
         return flm_fail(err, FLM_ERR_ARG, "%u token-embedding rows asked at once, outside 1..%d", n,
@@ -213,7 +201,7 @@ flm_status flm_flash_embedding(flm_ffn_env *E, const int32_t *tokens, uint32_t n
         x[t] = (flm_extent){fl->embd_offset + (uint64_t)tokens[t] * rb, rb, (uint8_t *)fl->embd_row + t * rb};
     flm_io_stats before = *E->io;
     double t0 = flm_now_ms();
-    flm_status st = flm_reader_read(fl->embd_reader, x, n, E->io, err);
+    flm_status st = flm_reader_read(fl->reader, x, n, E->io, err);
     tok->io_ms += flm_now_ms() - t0;
     tok->bytes_read += E->io->bytes_read - before.bytes_read;
     tok->n_reads += E->io->n_requests - before.n_requests;
@@ -382,7 +370,6 @@ void flm_flash_close(flm_flash *fl) {
     if (!fl) return;
     flm_async_read_stop(fl->out_ahead); /* before the reader and the buffers it reads into */
     flm_reader_close(fl->reader);
-    flm_reader_close(fl->embd_reader);
     flm_sums_free(&fl->sums); /* after the reader, which checked against it */
     flm_arena_free(&fl->ffn_mem); /* every layer_data[l] */
     free(fl->layer_data);

@@ -86,7 +86,6 @@ typedef struct flm_mem_plan {
     uint64_t kv, scratch, reader; /* KV cache; activations + tokenizer; reader bounce buffers and queues, and the
                                      record sums and read checks of checked reads (reader_checks) */
     uint64_t reader_checks;       /* the part of reader that checked reads hold: the record sums, the per-read checks */
-    uint64_t embd_lane;           /* the part of reader the token lane holds (FLM_EMBD_FLASH: flm_embd_lane_bytes) */
     uint32_t n_ctx;               /* KV cache length, tokens */
     uint32_t n_batch;             /* tokens per batched forward pass (their activations are in scratch) */
     uint32_t kv_elem_bytes;       /* FLM_KV_F16 or FLM_KV_F32 */
@@ -215,9 +214,7 @@ uint64_t flm_mem_plan_total(const flm_mem_plan *p);
  * asks for it or auto finds no io_uring). */
 uint64_t flm_compute_threads_bytes(int n_threads);
 uint64_t flm_reader_threads_bytes(const flm_params *p);
-/* The busy time of ctx's readers since they were opened (flm_reader_busy_ns of the reader and of the token lane,
- * added: a row read overlapping a read ahead counts twice, at most the lane's own time), ns; 0 without one (ram
- * mode, a GGUF). */
+/* The busy time of ctx's reader since it was opened (flm_reader_busy_ns), ns; 0 without one (ram mode, a GGUF). */
 uint64_t flm_ctx_io_busy_ns(const flm_ctx *ctx);
 /* b bytes in MiB (for messages). */
 double flm_mib(uint64_t b);
@@ -234,9 +231,6 @@ uint64_t flm_sparse_streamed(const flm_sparse *sp);
 typedef struct flm_flash {
     flm_file *file;
     flm_reader *reader;       /* NULL when nothing streams after load */
-    flm_reader *embd_reader;  /* FLM_EMBD_FLASH: the token lane, a second reader of the file for the embedding's rows
-                                 alone (flm_flash_embedding), so that a pass's rows never wait behind a range the FFN
-                                 source reads ahead on `reader` (a self-draft's tokens: docs/ARCHITECTURE.md) */
     flm_mem_plan plan;
     flm_bundle_desc *desc;    /* [n_layers] */
     uint8_t **layer_data;     /* [n_layers]: the layer's FFN records in memory (ram, hybrid's first layers), or NULL */
@@ -284,18 +278,11 @@ flm_status flm_flash_region_error(const flm_flash *fl, uint32_t l, flm_status st
 /* Rows of the token embedding a pass reads at once (flm_flash_embedding): the buffer they are read into is this many
  * rows (plan.embd_row bytes each), in the plan's scratch. */
 #define FLM_EMBD_READ_ROWS 16
-/* Bounce bytes of the token lane (flm_flash.embd_reader) for rows of row_bytes: one row in the aligned blocks it
- * touches (its length rounded up to FLM_ALIGN, plus one block); a call's rows are read one after another (a pass
- * reads one row a token, a draft level a few). */
-uint64_t flm_embd_lane_bounce(uint64_t row_bytes);
-/* The token lane's workers under the threads back end (one request at a time). */
-#define FLM_EMBD_LANE_THREADS 2
-uint64_t flm_embd_lane_bytes(uint64_t row_bytes, const flm_params *p);
 /* Rows tokens[0..n) (1 <= n <= FLM_EMBD_READ_ROWS) of the token embedding, read from the file (the plan left it
- * there: FLM_EMBD_FLASH) in one call of the token lane (flm_flash.embd_reader, never the reader the FFN source reads
- * ahead on) into a host buffer of the flash side, *rows (row t at t * plan.embd_row bytes; token_embd's type, valid
- * until the next call; the backend's embed_rows dequantizes them). The rows' aligned 4 KiB spans are read, checked
- * against their record sums; the time, bytes and requests go to tok. Errors: FLM_ERR_ARG (n outside 1..FLM_EMBD_READ_ROWS), FLM_ERR_IO or FLM_ERR_CHECKSUM naming the file
+ * there: FLM_EMBD_FLASH) in one reader call into a host buffer of the flash side, *rows (row t at t * plan.embd_row
+ * bytes; token_embd's type, valid until the next call; the backend's embed_rows dequantizes them). The rows'
+ * aligned 4 KiB spans are read through the reader, checked against their record sums; the time, bytes and requests
+ * go to tok. Errors: FLM_ERR_ARG (n outside 1..FLM_EMBD_READ_ROWS), FLM_ERR_IO or FLM_ERR_CHECKSUM naming the file
  * (nothing else is touched: the tokens can be evaluated again). */
 flm_status flm_flash_embedding(flm_ffn_env *E, const int32_t *tokens, uint32_t n, const void **rows,
                                flm_token_stats *tok, flm_error *err);

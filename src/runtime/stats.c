@@ -72,8 +72,7 @@ bool flm_get_token_stats(const flm_ctx *ctx, uint64_t n, flm_token_stats *out) {
 }
 
 uint64_t flm_ctx_io_busy_ns(const flm_ctx *ctx) {
-    return ctx && ctx->flash ? flm_reader_busy_ns(ctx->flash->reader) + flm_reader_busy_ns(ctx->flash->embd_reader)
-                             : 0;
+    return ctx && ctx->flash ? flm_reader_busy_ns(ctx->flash->reader) : 0;
 }
 
 void flm_reset_stats(flm_ctx *ctx) {
