@@ -1190,8 +1190,10 @@ typedef struct flm_gen_params {
     const char *stop[FLM_GEN_STOP_MAX]; /* stop strings (NUL-terminated, non-empty, borrowed for the call); the text
                                  ends before the first occurrence of any of them, which is not released */
     int n_stop;               /* how many of stop[] are used, 0..FLM_GEN_STOP_MAX */
-    bool utf8_whole;          /* release text only in whole UTF-8 characters (an incomplete sequence at the end is
-                                 held until the next token completes it, or released at the end) */
+    bool utf8_whole;          /* release text only in whole UTF-8 characters (RFC 3629): an incomplete sequence
+                                 at the end is held until the next token completes it; bytes that cannot be UTF-8,
+                                 and a sequence still incomplete when the generation ends, are released as U+FFFD
+                                 each (the token's own bytes, flm_token_piece, are unchanged) */
     flm_grammar *grammar;     /* NULL, or the text generated must follow this grammar from its start (borrowed for
                                  the call; its caches grow): see "Constrained decoding" above */
     bool logprobs;            /* give each token's log-probability (flm_gen_token.logprob: flm_logprobs, the model's

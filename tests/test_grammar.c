@@ -474,6 +474,80 @@ static void test_generate_under_schema(void **state) {
     flm_close(ctx);
 }
 
+/* flm_gen_params.utf8_whole: text released in whole characters; a character the generation ends inside (max_tokens
+ * cut between two of its byte tokens) is released as U+FFFD per byte, never as the raw bytes (a JSON body must be
+ * UTF-8, RFC 8259 section 8.1). stories260K's SentencePiece vocabulary spells the parrot (U+1F99C, F0 9F A6 9C) in
+ * four byte tokens; the grammar forces them. */
+typedef struct bytes_sink {
+    char text[256];
+    size_t len;
+} bytes_sink;
+
+static bool on_bytes(void *user, const flm_gen_token *t) {
+    bytes_sink *b = user;
+    if (b->len + t->len < sizeof b->text) {
+        memcpy(b->text + b->len, t->text, t->len);
+        b->len += t->len;
+    }
+    return true;
+}
+
+static void test_utf8_whole_at_the_end(void **state) {
+    (void)state;
+    flm_params p;
+    flm_params_default(&p);
+    p.n_threads = 1;
+    p.n_ctx = 64;
+    flm_ctx *ctx = NULL;
+    flm_error err;
+    if (flm_open(tu_data("models/stories260K/stories260K.gguf"), &p, &ctx, &err)) fail_msg("%s", err.msg);
+    static const char parrot[] = "\xF0\x9F\xA6\x9C";
+    char text[64];
+    snprintf(text, sizeof text, "root ::= \"A%s%s\"", parrot, parrot);
+    flm_grammar *g = gbnf(text);
+    /* max_tokens: how many tokens the forced text takes, and where each cut falls; found by generating it whole */
+    const long cuts[] = {2, 3, 4, 5, 6, 64};
+    for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+        flm_session *s = NULL;
+        assert_int_equal(flm_session_create(ctx, &s, &err), FLM_OK);
+        int32_t ids[8];
+        size_t n_ids = flm_tokenize(ctx, "Once", true, ids, 8);
+        assert_true(n_ids > 0 && n_ids <= 8);
+        if (flm_session_prompt(s, ids, n_ids, NULL, &err)) fail_msg("%s", err.msg);
+        flm_gen_params gp;
+        flm_gen_params_default(&gp);
+        gp.max_tokens = cuts[c];
+        gp.grammar = g;
+        gp.utf8_whole = true;
+        bytes_sink b = {{0}, 0};
+        flm_gen_result r;
+        if (flm_session_generate(s, &gp, on_bytes, &b, &r, &err)) fail_msg("%s", err.msg);
+        b.text[b.len] = 0;
+        /* the bytes are UTF-8 (an independent check: every lead byte has its continuation bytes) */
+        for (size_t i = 0; i < b.len;) {
+            unsigned char ch = (unsigned char)b.text[i];
+            size_t k = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 0;
+            if (!k || i + k > b.len) fail_msg("cut %ld: byte %zu (0x%02x) of %zu is not UTF-8", cuts[c], i, ch, b.len);
+            for (size_t j = 1; j < k; j++)
+                if (((unsigned char)b.text[i + j] >> 6) != 2) fail_msg("cut %ld: byte %zu is not UTF-8", cuts[c], i + j);
+            i += k;
+        }
+        /* what it says: the whole parrots given, each cut-off byte a U+FFFD */
+        char want[128];
+        size_t wl = 0;
+        want[wl++] = 'A';
+        long toks = r.n_gen - (r.eog ? 1 : 0) - 1; /* byte tokens after "A" (one token in this vocabulary) */
+        for (long k = 0; k + 4 <= toks && k < 8; k += 4) { memcpy(want + wl, parrot, 4); wl += 4; }
+        for (long k = 0; k < toks % 4 && toks < 8; k++) { memcpy(want + wl, "\xEF\xBF\xBD", 3); wl += 3; }
+        want[wl] = 0;
+        if (b.len != wl || memcmp(b.text, want, wl))
+            fail_msg("cut %ld (%ld tokens): got '%s', wanted '%s'", cuts[c], r.n_gen, b.text, want);
+        flm_session_free(s);
+    }
+    flm_grammar_free(g);
+    flm_close(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gbnf_basics),
@@ -483,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_small_stack),
         cmocka_unit_test(test_masks_real_vocab),
         cmocka_unit_test(test_generate_under_schema),
+        cmocka_unit_test(test_utf8_whole_at_the_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

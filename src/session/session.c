@@ -580,6 +580,56 @@ static size_t utf8_incomplete(const char *p, size_t n) {
     return 0;
 }
 
+/* The length of the UTF-8 sequence at p[0..n) (1..4), or 0 when its first bytes are not one: a lead byte without
+ * its continuation bytes, an overlong form, a surrogate or a code point above U+10FFFF (RFC 3629 section 4). */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+    const unsigned c = p[0];
+    if (c < 0x80) return 1;
+    const size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!k || k > n) return 0;
+    for (size_t j = 1; j < k; j++)
+        if ((p[j] & 0xC0) != 0x80) return 0;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return k;
+}
+
+/* utf8_whole: the held bytes [0, n) made valid UTF-8, each byte that does not begin a whole sequence replaced by
+ * U+FFFD (as a decoder with errors="replace" shows them); the held bytes after n follow. Returns the new n (2 bytes
+ * longer a replacement), or 0 when memory runs out (nothing is released then; the caller fails). */
+static size_t utf8_replace(flm_session *s, size_t n, bool *nomem) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq((const unsigned char *)s->hold + i, n - i);
+        if (!k) { bad++; k = 1; }
+        i += k;
+    }
+    if (!bad) return n;
+    const size_t len = s->hold_len + 2 * bad;
+    char *h = malloc(len + 1);
+    if (!h) { *nomem = true; return 0; }
+    size_t out = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq((const unsigned char *)s->hold + i, n - i);
+        if (!k) {
+            memcpy(h + out, "\xEF\xBF\xBD", 3);
+            out += 3;
+            i++;
+        } else {
+            memcpy(h + out, s->hold + i, k);
+            out += k;
+            i += k;
+        }
+    }
+    memcpy(h + out, s->hold + n, s->hold_len - n);
+    free(s->hold);
+    s->hold = h;
+    s->hold_len = len;
+    s->hold_cap = len + 1;
+    return out;
+}
+
 /* How much of the held text may be released: up to the first stop string (*stop_at its index, else -1), else all
  * but the longest end that begins a stop string (and an incomplete UTF-8 sequence when asked). */
 static size_t releasable(const flm_session *s, const flm_gen_params *gp, int *stop_at) {
@@ -787,6 +837,9 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         if (!hold_add(s, p, len)) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
         int stop_at;
         size_t out = releasable(s, gp, &stop_at);
+        bool nomem = false;
+        if (gp->utf8_whole) out = utf8_replace(s, out, &nomem);
+        if (nomem) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
         go = release(s, fn, user, &t, out);
         /* every way out before the evaluation below leaves next out of the context (an accepted draft it holds is
          * forgotten by the next evaluation, which starts at n_past) */
@@ -852,7 +905,10 @@ flm_status flm_session_generate(flm_session *s, const flm_gen_params *gp, flm_ge
         t.n_top = 0;
         t.stats = (flm_token_stats){0};
         t.ms = 0;
-        release(s, fn, user, &t, s->hold_len);
+        bool nomem = false;
+        size_t out = gp->utf8_whole ? utf8_replace(s, s->hold_len, &nomem) : s->hold_len;
+        if (nomem) st = flm_fail(err, FLM_ERR_NOMEM, "out of memory");
+        else release(s, fn, user, &t, out);
     }
     s->hold_len = 0;
     if (s->shared) flm_seq_leave(s->ctx, s->seq); /* the joined passes need not wait for this sequence now */
