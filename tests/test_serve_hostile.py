@@ -17,6 +17,8 @@ the field, never crash or hang:
   answer (with_pieces) and /detokenize's are counted (413 naming them) while smaller ones are served;
 - a body that is not UTF-8 or has text after its JSON value is 400;
 - response_fields on a stream keep its end ("stop": true);
+- logprobs of a reply cut by a stop string cover the returned text only, streamed or not, on completions and chat (the
+  stop string's tokens were given); a reply cut inside a character by max_tokens is UTF-8 (U+FFFD; was raw bytes);
 - a client that leaves during a long prompt's evaluation frees the slot after the batch under way (the log line says
   how many of the prompt's tokens were evaluated: fewer than all), and SIGTERM during one stops the server as soon
   (SmolLM2-135M from the model cache; skipped without it unless FLASHLM_REQUIRE_MODELS=1).
@@ -477,6 +479,73 @@ def test_leave_during_prompt():
             srv.stop()
 
 
+# ---- logprobs of a reply cut by a stop string; a reply cut inside a character ------------------------------------------
+def pick_stop(whole):
+    """A stop string inside a greedy reply: " WORD" for a word after the second, found after the reply's start."""
+    for w in whole.split()[2:]:
+        if whole.find(" " + w) > 0:
+            return " " + w
+    return None
+
+
+def test_logprobs_stop(port):
+    """The logprobs cover the returned text only (a stop string's tokens were sampled, their text is not returned:
+    llama-server drops them too), streamed or not, on both routes; a reply whose last character is cut by max_tokens
+    is still UTF-8 (U+FFFD for the bytes of the cut character)."""
+    q = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": 1}
+    st, b = post(port, "/v1/completions", q)
+    if not check(st == 200, "completions with logprobs: %s %s" % (st, err_msg(b))):
+        return
+    whole = b["choices"][0]["text"]
+    stop = pick_stop(whole)
+    if not check(stop is not None, "a stop string inside the greedy text %r" % whole):
+        return
+    want = whole[:whole.find(stop)]
+    q2 = dict(q, stop=[stop])
+    st, b = post(port, "/v1/completions", q2)
+    lp = b["choices"][0]["logprobs"]
+    check(st == 200 and b["choices"][0]["text"] == want and "".join(lp["tokens"]) == want and
+          all(o < len(want) for o in lp["text_offset"]),
+          "completions, stop %r: text %r, tokens %r, offsets %r" % (stop, b["choices"][0]["text"], lp["tokens"],
+                                                                      lp["text_offset"]))
+    st, ev = sse(port, "/v1/completions", dict(q2, stream=True))
+    text = "".join(c["text"] for e in ev for c in e.get("choices", []))
+    toks = [t for e in ev for c in e.get("choices", []) if c.get("logprobs") for t in c["logprobs"]["tokens"]]
+    check(st == 200 and text == want and "".join(toks) == want,
+          "completions streamed, stop %r: text %r, tokens %r" % (stop, text, toks))
+    cq = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 24, "temperature": 0,
+          "logprobs": True}
+    st, b = post(port, "/v1/chat/completions", cq)
+    if not check(st == 200, "chat with logprobs: %s %s" % (st, err_msg(b))):
+        return
+    whole = b["choices"][0]["message"]["content"]
+    stop = pick_stop(whole)
+    if check(stop is not None, "a stop string inside the greedy chat reply %r" % whole):
+        want = whole[:whole.find(stop)]
+        for stream in (False, True):
+            cq2 = dict(cq, stop=[stop], stream=stream)
+            if stream:
+                st, ev = sse(port, "/v1/chat/completions", cq2)
+                text = "".join(c["delta"].get("content") or "" for e in ev for c in e.get("choices", []))
+                ent = [x for e in ev for c in e.get("choices", []) if c.get("logprobs") for x in c["logprobs"]["content"]]
+            else:
+                st, b = post(port, "/v1/chat/completions", cq2)
+                text, ent = b["choices"][0]["message"]["content"], b["choices"][0]["logprobs"]["content"]
+            got = bytes(x for e in ent for x in e["bytes"]).decode(errors="replace")
+            check(st == 200 and text == want and got == want,
+                  "chat%s, stop %r: content %r, logprobs' bytes %r" % (" streamed" if stream else "", stop, text, got))
+    # stories260K spells U+1F99C in four byte tokens: the grammar forces them, n_predict cuts the second one
+    r = request(port, "POST", "/completion", {"prompt": "Once", "n_predict": 3, "temperature": 0,
+                                              "grammar": 'root ::= "A\U0001F99C\U0001F99C"'})
+    try:
+        body = json.loads(r[2].decode("utf-8"))
+        content = body.get("content")
+    except (TypeError, ValueError, UnicodeDecodeError, AttributeError) as e:
+        body, content = None, "not UTF-8 JSON: %s" % e
+    check(r and r[0] == 200 and content == "A\ufffd\ufffd",
+          "a reply cut inside a character: %r" % (content,))
+
+
 def main():
     srv = Server(STORIES, "-c", "256", "--parallel", "1", "--queue", "2")
     try:
@@ -484,6 +553,7 @@ def main():
         test_prompts_and_n(srv.port)
         test_bodies(srv.port)
         test_fields_by_route(srv.port)
+        test_logprobs_stop(srv.port)
         check(srv.alive() and request(srv.port, "GET", "/health")[0] == 200, "/health after all")
     finally:
         check(srv.stop() == 0, "SIGTERM: exit status 0")

@@ -131,6 +131,10 @@ typedef struct job {
     int fd;                  /* the connection's socket, to notice a client that left */
     /* results */
     cli_buf text;            /* the reply (non-streaming) */
+    size_t n_released;       /* bytes of text the generation released (every route): lp_trim's bound */
+    flm_gen_token *lp_pend;  /* streamed logprobs: sampled tokens whose text is not released yet (lp_stream_ready) */
+    size_t *lp_pend_at;      /* [n_pend]: where each one's text begins in the reply (its pieces' bytes before it) */
+    size_t n_pend, cap_pend, lp_pend_off;
     flm_gen_result res;
     size_t n_prompt, n_reused;
     size_t n_evaluated;      /* the prompt's tokens the context holds so far (its evaluation's progress) */
@@ -267,6 +271,8 @@ static void job_unref_locked(job *j) {
     cli_buf_free(&j->out);
     cli_buf_free(&j->text);
     free(j->ids);
+    free(j->lp_pend);
+    free(j->lp_pend_at);
     free(j->pids);
     free(j->ptext);
     for (size_t i = 0; i < j->n_emb; i++) free(j->emb_ids[i]);
@@ -650,6 +656,69 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
     }
 }
 
+/* Streaming with logprobs: token t (sampled, not an end of generation) waits until its text is released, then the
+ * waiting tokens whose text begins within the n_released bytes given out so far go into *lp (created when one does),
+ * in order. A stop string's tokens never are: their text is not returned (llama-server drops the stop word's
+ * probabilities too). False when out of memory. */
+static bool lp_stream_ready(job *j, const flm_gen_token *t, cJSON **lp) {
+    if (t->id >= 0 && !t->eog) {
+        if (j->n_pend == j->cap_pend) {
+            size_t cap = j->cap_pend ? 2 * j->cap_pend : 8;
+            flm_gen_token *q = realloc(j->lp_pend, cap * sizeof *q);
+            if (q) j->lp_pend = q;
+            size_t *a = q ? realloc(j->lp_pend_at, cap * sizeof *a) : NULL;
+            if (a) j->lp_pend_at = a;
+            if (!q || !a) return false;
+            j->cap_pend = cap;
+        }
+        size_t n;
+        flm_token_piece(j->ctx, t->prev, t->id, &n);
+        j->lp_pend[j->n_pend] = *t;
+        j->lp_pend[j->n_pend].text = NULL; /* valid during the call only */
+        j->lp_pend[j->n_pend].len = 0;
+        j->lp_pend_at[j->n_pend++] = j->lp_pend_off;
+        j->lp_pend_off += n;
+    }
+    size_t k = 0;
+    /* ready: its text begins within what was released, or it has none and nothing held comes before it */
+    while (k < j->n_pend && (j->lp_pend_at[k] < j->n_released ||
+                             (k + 1 < j->n_pend ? j->lp_pend_at[k + 1] : j->lp_pend_off) <= j->n_released))
+        lp_add(j, lp, &j->lp_pend[k++]);
+    memmove(j->lp_pend, j->lp_pend + k, (j->n_pend - k) * sizeof *j->lp_pend);
+    memmove(j->lp_pend_at, j->lp_pend_at + k, (j->n_pend - k) * sizeof *j->lp_pend_at);
+    j->n_pend -= k;
+    return true;
+}
+
+/* A reply that ended on a stop string: its logprobs (held to the end, j->lp) keep only the tokens whose text begins
+ * within the reply's text_len bytes, as llama-server drops the stop word's tokens; the tokens of the stop string and
+ * after it were sampled but their text is not returned (OpenAI's text_offset points into the returned text). */
+static void lp_trim(job *j, size_t text_len) {
+    if (!j->lp) return;
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(j->lp, "content");
+    if (content) { /* chat's entries: each token's bytes */
+        size_t off = 0;
+        int i = 0;
+        for (cJSON *e = content->child; e; i++) {
+            cJSON *next = e->next;
+            if (off >= text_len) {
+                cJSON_DeleteItemFromArray(content, i--);
+            } else {
+                off += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(e, "bytes"));
+            }
+            e = next;
+        }
+        return;
+    }
+    cJSON *offs = cJSON_GetObjectItemCaseSensitive(j->lp, "text_offset");
+    static const char *const arrays[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int i = cJSON_GetArraySize(offs) - 1; i >= 0; i--) {
+        const cJSON *o = cJSON_GetArrayItem(offs, i);
+        if (!cJSON_IsNumber(o) || o->valuedouble < (double)text_len) break; /* offsets ascend */
+        for (int a = 0; a < 4; a++) cJSON_DeleteItemFromArray(cJSON_GetObjectItemCaseSensitive(j->lp, arrays[a]), i);
+    }
+}
+
 /* The text of n prompt tokens as llama-server shows a prompt: each token's piece, control tokens (BOS, "<|im_start|>")
  * spelled out, the first piece without the space a SentencePiece vocabulary puts before a text; bytes that are not
  * whole UTF-8 (token ids in) as piece_string writes them. malloc'd, NULL when out of memory. */
@@ -716,6 +785,7 @@ static bool on_token(void *user, const flm_gen_token *t) {
     job *j = ((gen_user *)user)->j;
     pthread_mutex_lock(&srv.mu);
     bool go = !j->gone && !srv.stopping;
+    j->n_released += t->len;
     if (j->req.timings_per_token && t->id >= 0) { /* the generation so far, for each token's "timings" */
         j->live_gen_ms += t->ms;
         j->live_n++;
@@ -730,9 +800,9 @@ static bool on_token(void *user, const flm_gen_token *t) {
     }
     if (go && j->native && j->req.stream && (t->len || t->id >= 0) && !t->eog) {
         cJSON *o = native_json(j, t->text, t->len, &t->id, t->id >= 0 ? 1 : 0, false);
-        if (j->req.logprobs && t->id >= 0) { /* llama-server's n_probs: this token's entry */
-            cJSON *lp = NULL;
-            lp_add(j, &lp, t);
+        cJSON *lp = NULL;
+        if (j->req.logprobs && !lp_stream_ready(j, t, &lp)) go = false;
+        if (lp) { /* llama-server's n_probs: the entries of the tokens whose text this event gives */
             cJSON_AddItemToObject(o, "completion_probabilities", cJSON_DetachItemFromObject(lp, "content"));
             cJSON_Delete(lp);
         }
@@ -742,9 +812,9 @@ static bool on_token(void *user, const flm_gen_token *t) {
         pthread_cond_broadcast(&srv.cv);
     } else if (go && j->req.parse_tools && (t->len || t->id >= 0) && !t->eog) { /* content and calls apart */
         serve_tool_stream_feed(&j->ts, t->text, t->len, false, tool_content, tool_call, j);
-        if (j->req.stream && j->req.logprobs && t->id >= 0) { /* this token's, in a chunk of its own */
-            cJSON *lp = NULL, *o;
-            lp_add(j, &lp, t);
+        cJSON *lp = NULL, *o;
+        if (j->req.stream && j->req.logprobs && !lp_stream_ready(j, t, &lp)) go = false;
+        if (lp) { /* the entries of the tokens whose text is given out now, in a chunk of their own */
             if (!role_chunk(j)) go = false;
             o = delta_chunk(j, cJSON_CreateObject());
             cJSON_AddItemToObject(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "logprobs", lp);
@@ -757,9 +827,9 @@ static bool on_token(void *user, const flm_gen_token *t) {
         cJSON *o = chunk_base(j);
         cJSON *ch = chunk_choice(j, o, t->text, t->len, NULL);
         j->first_chunk = false;
-        if (j->req.logprobs && t->id >= 0) { /* this token's, in its chunk */
-            cJSON *lp = NULL;
-            lp_add(j, &lp, t);
+        cJSON *lp = NULL;
+        if (j->req.logprobs && !lp_stream_ready(j, t, &lp)) go = false;
+        if (lp) { /* the entries of the tokens whose text this chunk gives */
             cJSON_DeleteItemFromObjectCaseSensitive(ch, "logprobs");
             cJSON_AddItemToObject(ch, "logprobs", lp);
         }
@@ -1056,6 +1126,7 @@ static void run_job(slot *s, job *j) {
         }
     }
     const char *finish = j->ts.n_calls > 0 ? "tool_calls" : finish_reason(&j->res);
+    if (!st && j->res.stopped && !j->req.stream) lp_trim(j, j->n_released);
     if (st) {
         /* the request's grammar beyond the automaton's limits (too ambiguous past its start): the request's fault */
         const bool bad_grammar = st == FLM_ERR_UNSUPPORTED && q->grammar;
