@@ -269,6 +269,16 @@ def test_fields_by_route(port):
                                  b'"temperature":"x"}', "'temperature' is given twice"),
         ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "user": 5}, "'user' must be a string"),
         ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "metadata": "x"}, "'metadata' must be an object"),
+        # OpenAI's 400s that were 200 with the field dropped
+        ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "stream_options": {"include_usage": True}},
+         "'stream_options' is only allowed with 'stream': true"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "max_completion_tokens": 5}, "disagree"),
+        ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "tools": []}, "'tools' is empty"),
+        ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "tool_choice": "auto"}, "'tool_choice' needs 'tools'"),
+        ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object"}, "foo": 1}}]}, "unknown field 'foo' for tools[0].function"),
+        ("/v1/chat/completions", {"messages": m, "max_tokens": 2, "response_format": {"type": "json_object"},
+                                  "stop": ","}, "'stop' cannot be used with 'response_format'"),
     ]
     for path, body, word in cases:
         st, b = post(port, path, body, raw=isinstance(body, bytes))
@@ -276,6 +286,8 @@ def test_fields_by_route(port):
     # and what stays served: a tool result's name and tool_call_id, the inert fields at their types
     st, b = post(port, "/v1/chat/completions", {"messages": m, "max_tokens": 2, "user": "u1", "metadata": {"k": "v"}})
     check(st == 200, "inert fields at OpenAI's types are served: %s %s" % (st, err_msg(b)))
+    st, b = post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "max_completion_tokens": 3})
+    check(st == 200 and b["usage"]["completion_tokens"] <= 3, "two limit names that agree: %s %s" % (st, err_msg(b)))
     st, b = post(port, "/v1/chat/completions", {"max_tokens": 2, "messages": [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {

@@ -463,6 +463,10 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         static const char *const SO[] = {"include_usage"};
         if (!serve_fields_known(v, SO, 1, "'stream_options'", msg, cap)) goto fail;
         r->include_usage = cJSON_IsTrue(iu);
+        if (!r->stream) { /* OpenAI's 400: its options would have nothing to apply to */
+            snprintf(msg, cap, "'stream_options' is only allowed with 'stream': true");
+            goto fail;
+        }
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "modalities"); /* OpenAI's: the reply's kinds; text is the one here */
     if (v && !cJSON_IsNull(v)) {
@@ -516,12 +520,20 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     if ((got = get_number(root, "seed", -1, 9007199254740991.0, true, &d, msg, cap)) < 0) goto fail;
     if (got && d < 0) r->seed_random = true; /* llama-server's -1: a random seed (clients send it for "none") */
     else if (got) { r->has_seed = true; r->seed = (uint64_t)d; }
-    if ((got = get_number(root, "max_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
-    if (got) r->max_tokens = (long)d;
-    if ((got = get_number(root, "max_completion_tokens", 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
-    if (got) r->max_tokens = (long)d;
-    if ((got = get_number(root, "n_predict", -1, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
-    if (got) r->max_tokens = (long)d;
+    /* the limit's three names: one value; two names that disagree are refused (one would be dropped) */
+    static const char *const LIMITS[] = {"max_tokens", "max_completion_tokens", "n_predict"};
+    const char *limit_from = NULL;
+    for (int i = 0; i < 3; i++) {
+        if ((got = get_number(root, LIMITS[i], i == 2 ? -1 : 0, 1 << 24, true, &d, msg, cap)) < 0) goto fail;
+        if (!got) continue;
+        if (limit_from && r->max_tokens != (long)d) {
+            snprintf(msg, cap, "'%s' (%ld) and '%s' (%ld) disagree: give one", limit_from, r->max_tokens, LIMITS[i],
+                     (long)d);
+            goto fail;
+        }
+        r->max_tokens = (long)d;
+        limit_from = LIMITS[i];
+    }
     v = cJSON_GetObjectItemCaseSensitive(root, "return_tokens");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsBool(v)) { snprintf(msg, cap, "'return_tokens' must be a boolean"); goto fail; }
@@ -663,6 +675,17 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     }
     if ((got = parse_constraint(root, r, msg, cap)) != 0) {
         status = got;
+        goto fail;
+    }
+    /* a stop string would cut a JSON value or a forced call short and the reply would still say "stop", which
+     * promises the value whole (docs/STRUCTURED.md): refused rather than broken (a GBNF grammar is the client's own
+     * language: its stop strings apply) */
+    if (r->n_stop > 0 && ((r->grammar_from && strcmp(r->grammar_from, "grammar")) ||
+                          r->tool_choice == SERVE_TOOL_REQUIRED || r->tool_choice == SERVE_TOOL_NAMED)) {
+        snprintf(msg, cap, "'stop' cannot be used with %s: a stop string would cut the %s short", r->grammar_from &&
+                 strcmp(r->grammar_from, "grammar") ? (r->grammar_from[0] == 'r' ? "'response_format'" : "'json_schema'")
+                 : "'tool_choice' required or naming a function", r->grammar_from && strcmp(r->grammar_from, "grammar")
+                 ? "JSON value" : "call");
         goto fail;
     }
     if (chat) {

@@ -57,6 +57,10 @@ int serve_parse_tools(const cJSON *root, bool chat, serve_req *r, char *msg, siz
     }
     if (tools) {
         if (!cJSON_IsArray(tools)) { snprintf(msg, cap, "'tools' must be an array of function tools"); return 400; }
+        if (!tools->child) { /* OpenAI's 400 too: an empty list offers nothing to call */
+            snprintf(msg, cap, "'tools' is empty: give at least one function, or leave it out");
+            return 400;
+        }
         int i = 0;
         for (const cJSON *t = tools->child; t; t = t->next, i++) {
             const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
@@ -73,6 +77,13 @@ int serve_parse_tools(const cJSON *root, bool chat, serve_req *r, char *msg, siz
                 snprintf(msg, cap, "tools[%d].function.name must be 1 to 64 letters, digits, '_', '-' or '.'", i);
                 return 400;
             }
+            static const char *const TOOL[] = {"type", "function"}, *const FN[] = {"name", "description",
+                                                                                    "parameters", "strict"};
+            char what[48];
+            snprintf(what, sizeof what, "tools[%d]", i);
+            if (!serve_fields_known(t, TOOL, 2, what, msg, cap)) return 400;
+            snprintf(what, sizeof what, "tools[%d].function", i);
+            if (!serve_fields_known(fn, FN, 4, what, msg, cap)) return 400;
             if ((desc && !cJSON_IsString(desc) && !cJSON_IsNull(desc)) ||
                 (params && !cJSON_IsObject(params) && !cJSON_IsNull(params)) ||
                 (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))) {
@@ -90,6 +101,10 @@ int serve_parse_tools(const cJSON *root, bool chat, serve_req *r, char *msg, siz
         if (i > 0 && !(r->tools = cJSON_PrintUnformatted(tools))) goto oom;
     }
     r->tool_choice = r->tools ? SERVE_TOOL_AUTO : SERVE_TOOL_NONE;
+    if (choice && !r->tools) { /* OpenAI's 400: a choice among no tools */
+        snprintf(msg, cap, "'tool_choice' needs 'tools'");
+        return 400;
+    }
     if (choice) {
         if (cJSON_IsString(choice)) {
             const char *c = choice->valuestring;
