@@ -457,6 +457,131 @@ static void test_llama_prompt_compat(void **state) {
     expect(args, 2, "'-m' is an option, not a command: put the command first, e.g. `flashlm run -m ...`");
 }
 
+/* Invalid UTF-8 was dropped by the tokenizer without a word: --system $'\xff\xfe' ran as --system '', a chat line
+ * "a\xffb" as "ab", run -p $'a\xffb' as "ab". Now refused: --system and -p before the model loads (exit 2); a chat
+ * line is refused as a NUL line is (named by its line number) and the conversation goes on (exit 1). */
+static void test_not_utf8_refused(void **state) {
+    (void)state;
+    char args[8192];
+    snprintf(args, sizeof args, "chat -m '%s' -n 1 --system \"$(printf 'ok\\377\\376')\" </dev/null", tu_data(MODEL));
+    expect(args, 2, "flashlm: --system: byte 0xFF at offset 2 is not UTF-8: a system prompt is text");
+    snprintf(args, sizeof args, "run -m '%s' -n 1 -p \"$(printf 'a\\377b')\"", tu_data(MODEL));
+    expect(args, 2, "flashlm: -p: byte 0xFF at offset 1 is not UTF-8: a prompt is text");
+    snprintf(args, sizeof args, "run -m '%s' -n 1 -p hi --system \"$(printf '\\300\\200')\"", tu_data(MODEL));
+    expect(args, 2, "flashlm: --system: byte 0xC0 at offset 0 is not UTF-8"); /* an overlong NUL */
+    const char *in = tu_tmp("utf8", ".txt");
+    static const char lines[] = "a\xff" "b\nOnce upon a time\n";
+    tu_write_file(in, lines, sizeof lines - 1);
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 -c 64 --temp 0 < '%s'", tu_data(MODEL), in);
+    char *out = tu_cli_expect(args, 1, "flashlm: line 1: byte 0xFF at byte 1 is not UTF-8: a prompt is text, not sent");
+    assert_non_null(strstr(out, "1 replies"));
+    free(out);
+    /* well-formed multi-byte text is still a turn */
+    static const char ok[] = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n";
+    tu_write_file(in, ok, sizeof ok - 1);
+    out = tu_cli_expect(args, 0, "1 replies");
+    free(out);
+    remove(in);
+}
+
+/* Chat's commands: "/help", "/unknown", "/reset extra" and " /exit" went to the model as user text without a word.
+ * Now /help and /? list the commands; any other line beginning with / and a letter (after blanks) is refused (exit
+ * 1) and not sent; "//" escapes a line that begins with /. /exit and /reset work as before. */
+static void test_chat_commands(void **state) {
+    (void)state;
+    char args[8192];
+    const char *in = tu_tmp("cmds", ".txt");
+    static const char lines[] = "/help\n/?\n/unknown\n/reset extra\n /exit\n//Once upon a time\n/reset\n/exit\nafter\n";
+    tu_write_file(in, lines, sizeof lines - 1);
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 -c 64 --temp 0 < '%s'", tu_data(MODEL), in);
+    char *out = tu_cli_expect(args, 1, "flashlm: commands: /exit ends, /reset starts a new conversation, /help (or /?)");
+    const char *want[] = {"line 3: '/unknown' is not a command: not sent; commands: /exit ends",
+                          "line 4: '/reset extra' is not a command: not sent",
+                          "line 5: ' /exit' is not a command (a command is the whole line, without spaces): not sent",
+                          "new conversation", "1 replies"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        if (!strstr(out, want[i])) fail_msg("chat output lacks '%s':\n%s", want[i], out);
+    const char *h = strstr(out, "flashlm: commands:");
+    assert_non_null(strstr(h + 1, "flashlm: commands:")); /* /? as /help */
+    free(out);
+    /* only known commands and //: the exit status stays 0 */
+    static const char fine[] = "/help\n//Once\n/reset\n/exit\n";
+    tu_write_file(in, fine, sizeof fine - 1);
+    out = tu_cli_expect(args, 0, "1 replies");
+    free(out);
+    snprintf(args, sizeof args, "chat --help");
+    expect(args, 0, "begin it with // to send it from its second /");
+    remove(in);
+}
+
+/* --chat-template-file on a FIFO blocked for ever (waiting for a writer): refused by name, as a model path is. */
+static void test_template_file_fifo(void **state) {
+    (void)state;
+    char args[8192];
+    const char *fifo = tu_tmp("tplfifo", "");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template-file '%s' </dev/null", tu_data(MODEL), fifo);
+    char want[4200];
+    snprintf(want, sizeof want, "--chat-template-file %s: is a FIFO (named pipe), not a regular file", fifo);
+    expect(args, 1, want);
+    snprintf(args, sizeof args, "run -m '%s' -p hi --chat-template-file '%s'", tu_data(MODEL), fifo);
+    expect(args, 1, want);
+    remove(fifo);
+}
+
+/* A prompt whose text gives no tokens ran as BOS alone ("prompt 1 tokens", exit 0): the check for no tokens counted
+ * BOS. Now the text's own tokens are counted, in run (also --chat) and for a chat line; -p '' still starts from BOS. */
+static void test_prompt_no_text_tokens(void **state) {
+    (void)state;
+    char args[16384], hf[4000], tok[4000];
+    snprintf(hf, sizeof hf, "%s", tu_data("hf-tiny/opt-125m-style"));
+    snprintf(tok, sizeof tok, "%s", tu_data("hf-tiny/tokenizer"));
+    const char *model = tu_tmp("notok", ".flm");
+    char m[4000];
+    snprintf(m, sizeof m, "%s", model);
+    snprintf(args, sizeof args, "convert '%s' '%s' --tokenizer '%s'", hf, m, tok);
+    free(tu_cli_expect(args, 0, NULL));
+    snprintf(args, sizeof args, "run -m '%s' -p 'Hello world' -n 3", m);
+    expect(args, 1, "flashlm: the prompt gives no tokens (this tokenizer drops all of its bytes)");
+    snprintf(args, sizeof args, "run -m '%s' -p 'Hello world' --chat-template chatml -n 3", m);
+    expect(args, 1, "flashlm: the prompt gives no tokens (this tokenizer drops all of its bytes)");
+    snprintf(args, sizeof args, "run -m '%s' -p '' -n 3", m);
+    expect(args, 0, "prompt        1 tokens"); /* no prompt: BOS, as before */
+    const char *in = tu_tmp("notok", ".txt");
+    tu_write_file(in, "Hello world\n", 12);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 3 < '%s'", m, in);
+    char *out = tu_cli_expect(args, 1, "flashlm: line 1: this turn gives no tokens (this tokenizer drops all of its "
+                                       "bytes): not sent");
+    assert_non_null(strstr(out, "0 replies"));
+    free(out);
+    remove(in);
+    remove(m);
+}
+
+/* chat --context-shift refused a 100 KB line with the message of a turn longer than the context ("raise -c"), while
+ * a 2 KB turn of more tokens than the context was shifted: the bound is on the bytes read and held, so the message
+ * now says it holds with --context-shift too (and --help says so). */
+static void test_chat_shift_line_bound(void **state) {
+    (void)state;
+    char args[8192];
+    const char *in = tu_tmp("shiftline", ".txt");
+    size_t n = 1u << 20;
+    char *big = malloc(n + 1);
+    assert_non_null(big);
+    memset(big, 'a', n);
+    big[n] = '\n';
+    tu_write_file(in, big, n + 1);
+    free(big);
+    snprintf(args, sizeof args, "chat -m '%s' -n 2 -c 64 --temp 0 --context-shift < '%s'", tu_data(MODEL), in);
+    char *out = tu_cli_expect(args, 1, "flashlm: line 1: this turn is longer than ");
+    assert_non_null(strstr(out, "bytes, the most a turn may be, also with --context-shift (from the context of 64 "
+                                "tokens at up to "));
+    free(out);
+    snprintf(args, sizeof args, "chat --help");
+    expect(args, 0, "a longer line is refused");
+    remove(in);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_flags),
@@ -474,6 +599,11 @@ int main(void) {
         cmocka_unit_test(test_ffn_flags_checked),
         cmocka_unit_test(test_sigbus_cleans_up),
         cmocka_unit_test(test_llama_prompt_compat),
+        cmocka_unit_test(test_not_utf8_refused),
+        cmocka_unit_test(test_chat_commands),
+        cmocka_unit_test(test_template_file_fifo),
+        cmocka_unit_test(test_prompt_no_text_tokens),
+        cmocka_unit_test(test_chat_shift_line_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

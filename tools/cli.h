@@ -119,9 +119,18 @@ char *cli_unescape(const char *s, size_t *len);
 size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_token);
 /* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
+/* The offset of the first byte of s[0..n) that is not part of well-formed UTF-8 (a stray continuation byte, a
+ * truncated sequence, an overlong form, a surrogate, above U+10FFFF, 0xC0/0xC1/0xF5..0xFF); SIZE_MAX when it is all
+ * well-formed. Tokenizers drop such bytes without a word: a prompt, a chat line or a system prompt with one is
+ * refused instead. */
+size_t cli_utf8_bad(const char *s, size_t n);
+/* How many tokens len bytes of text give as plain text (no BOS or EOS, control tokens not parsed): 0 when the
+ * tokenizer drops all of its bytes (a prompt of BOS only otherwise runs without a word). SIZE_MAX when out of memory. */
+size_t cli_text_tokens(const flm_ctx *ctx, const char *text, size_t len);
 /* --chat-template-file FILE (llama.cpp's): the chat format of the Jinja template in FILE (at most 1 MiB of text),
  * by the markers its family carries (flm_chat_format_of): *name gets one of FLM_CHAT_TEMPLATE_NAMES. Returns 0, or 1
- * after printing why (unreadable, too long, a NUL byte, or a template of no family flashlm renders). */
+ * after printing why (not a regular file (a FIFO would block), unreadable, too long, a NUL byte, or a template of no
+ * family flashlm renders). */
 int cli_chat_template_file(const char *path, const char **name);
 /* The chat format of the open model: name (--chat-template, may be NULL) or the model's tokenizer.chat_template or
  * its architecture (flm_chat_open). Says on stderr which format was chosen and why. *t: close with flm_chat_close.

@@ -985,10 +985,40 @@ static const char *resolve_model(const char *arg, char *buf, size_t cap) {
     return cli_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
 }
 
+size_t cli_utf8_bad(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned b = u[i];
+        if (b < 0x80) { i++; continue; }
+        size_t k = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        if (!k || i + k > n) return i;
+        /* the second byte's range excludes overlong forms, surrogates and code points above U+10FFFF */
+        unsigned lo = b == 0xE0 ? 0xA0 : b == 0xF0 ? 0x90 : 0x80, hi = b == 0xED ? 0x9F : b == 0xF4 ? 0x8F : 0xBF;
+        if (u[i + 1] < lo || u[i + 1] > hi) return i;
+        for (size_t j = 2; j < k; j++)
+            if ((u[i + j] & 0xC0) != 0x80) return i;
+        i += k;
+    }
+    return SIZE_MAX;
+}
+
+size_t cli_text_tokens(const flm_ctx *ctx, const char *text, size_t len) {
+    int32_t first; /* the count is all that is wanted: one id written at most */
+    return flm_tokenize_ex(ctx, text, len, 0, &first, 1);
+}
+
 int cli_chat_template_file(const char *path, const char **name) {
     if (!strcmp(path, "-")) { /* cli_read_text_max's stdin: chat's conversation (or run -f -) would be eaten by it */
         fprintf(stderr, "flashlm: --chat-template-file -: a template is read from a file, not standard input (which "
-                "holds the conversation or the prompt); /dev/stdin if you mean it\n");
+                "holds the conversation or the prompt)\n");
+        return 1;
+    }
+    struct stat st; /* a FIFO or a device: refused by name, never opened (an open of a FIFO waits for a writer) */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "flashlm: --chat-template-file %s: is %s, not a regular file: a chat template must be a "
+                "file\n", path, S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)" : S_ISDIR(st.st_mode) ? "a directory"
+                : S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+                : S_ISSOCK(st.st_mode) ? "a socket" : "a special file");
         return 1;
     }
     size_t len = 0;

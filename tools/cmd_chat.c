@@ -26,8 +26,11 @@ static const char *CHAT_HELP =
     "Hold a conversation with an instruction-tuned model. Each line read from stdin is one user turn (a prompt\n"
     "\"> \" goes to stderr when stdin is a terminal); each reply is streamed to stdout and ends at the model's\n"
     "end-of-turn token or after -n tokens. The KV cache carries over between turns: only a turn's new tokens are\n"
-    "evaluated. End with /exit or end of input (Ctrl-D); /reset starts a new conversation. When the context is\n"
-    "full, turns are refused until /reset (the exit status is then 1), unless --context-shift.\n"
+    "evaluated. End with /exit or end of input (Ctrl-D); /reset starts a new conversation; /help (or /?) lists\n"
+    "the commands. A command is the whole line; any other line that begins with / and a letter is refused as an\n"
+    "unknown command, not sent: begin it with // to send it from its second / (\"//usr/bin\" sends \"/usr/bin\").\n"
+    "A line that is not UTF-8 text, has a NUL byte or gives no tokens is refused too. When the context is full,\n"
+    "turns are refused until /reset, unless --context-shift. After a refused line the exit status is 1.\n"
     "\n"
     "  -m, --model PATH     model file: .gguf or .flm (as for flashlm run)\n"
     "  -n, --n-predict N    at most N tokens per reply (default 512; -1: until the end of text or a full context)\n";
@@ -40,7 +43,8 @@ static const char *CHAT_HELP_MORE =
     "                       (flashlm renders the family itself)\n"
     "      --context-shift  when the context is full, forget the older half of the conversation after the kept\n"
     "                       start (--keep) and go on (llama.cpp's context shift); a turn longer than the context\n"
-    "                       then keeps only its end\n"
+    "                       then keeps only its end. A turn's text is still read only up to the context's tokens\n"
+    "                       times the longest token's bytes (said at the refusal): a longer line is refused\n"
     "      --keep N         with --context-shift, the tokens kept at the start besides BOS (always kept); default\n"
     "                       (and -1): the system part, i.e. everything before the first user message's text\n"
     "  -v, --verbose        print the memory plan; after each reply, say on stderr which positions the turn\n"
@@ -202,6 +206,7 @@ typedef struct chat_state {
     long n_predict;
     size_t per_token, line_max; /* a turn's bytes: at most line_max, per_token bytes per token */
     int n_turns;
+    size_t n_lines;             /* lines read from stdin, for messages */
     bool full;                  /* the context ran out: only /reset or /exit are accepted */
     bool refused;               /* a turn got no reply for want of context: exit status 1 */
     uint64_t n_prompt_tok, n_gen_tok;
@@ -248,6 +253,10 @@ static int chat_parse(int argc, char **argv, chat_args *A, cli_spec_session *ss)
         }
     }
     if (!A->model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
+    size_t bad = A->system ? cli_utf8_bad(A->system, strlen(A->system)) : SIZE_MAX;
+    if (bad != SIZE_MAX) /* the tokenizer would drop it without a word */
+        return fprintf(stderr, "flashlm: --system: byte 0x%02X at offset %zu is not UTF-8: a system prompt is text\n",
+                       (unsigned char)A->system[bad], bad), 2;
     if (cli_spec_args_check(&ss->a)) return 2;
     return -1;
 }
@@ -300,20 +309,43 @@ static int chat_open(chat_args *A, cli_spec_session *ss, chat_state *c) {
 /* What a line asks for besides a turn. */
 enum { TURN_NEXT, TURN_END, TURN_FAIL, TURN_OOM, TURN_TAKE };
 
-/* A line that is no turn: too long, with a NUL, /exit, /reset, empty, or any while the context is full (TURN_NEXT,
- * TURN_END); else TURN_TAKE. */
-static int chat_line(chat_state *c, const char *line, size_t line_len, bool too_long) {
+/* The commands, for /help and an unknown command's message. */
+static const char *CHAT_COMMANDS =
+    "commands: /exit ends, /reset starts a new conversation, /help (or /?) lists these; a command is the whole "
+    "line; begin a line with // to send it from its second / (\"//etc\" sends \"/etc\")";
+
+/* A line that is no turn: too long, with a NUL, not UTF-8, a command (/exit, /reset, /help, /?) or what looks like
+ * one, empty, giving no tokens, or any while the context is full (TURN_NEXT, TURN_END); else TURN_TAKE, with *skip
+ * the bytes before the turn's text (1 for a line escaped with //). */
+static int chat_line(chat_state *c, const char *line, size_t line_len, bool too_long, size_t *skip) {
+    *skip = 0;
     if (too_long) { /* as a turn that does not fit: refused, the conversation goes on */
         c->refused = true;
-        fprintf(stderr, "flashlm: this turn (more than %zu bytes, at most %zu bytes per token) is longer than the "
-                "context (%u tokens); raise -c\n", c->line_max, c->per_token, c->info.n_ctx);
+        if (c->gen.shift) /* the bound on what is read and held: --context-shift keeps a long turn's end, within it */
+            fprintf(stderr, "flashlm: line %zu: this turn is longer than %zu bytes, the most a turn may be, also with "
+                    "--context-shift (from the context of %u tokens at up to %zu bytes per token): not sent; raise "
+                    "-c\n", c->n_lines, c->line_max, c->info.n_ctx, c->per_token);
+        else
+            fprintf(stderr, "flashlm: this turn (more than %zu bytes, at most %zu bytes per token) is longer than the "
+                    "context (%u tokens); raise -c\n", c->line_max, c->per_token, c->info.n_ctx);
         return TURN_NEXT;
     }
     const char *nul = memchr(line, 0, line_len);
     if (nul) { /* as C text it would end there, the rest dropped without a word: refused, the conversation goes on */
         c->refused = true;
-        fprintf(stderr, "flashlm: this turn has a NUL byte at byte %zu: a prompt is text, not sent\n",
-                (size_t)(nul - line));
+        fprintf(stderr, "flashlm: line %zu: this turn has a NUL byte at byte %zu: a prompt is text, not sent\n",
+                c->n_lines, (size_t)(nul - line));
+        return TURN_NEXT;
+    }
+    size_t bad = cli_utf8_bad(line, line_len);
+    if (bad != SIZE_MAX) { /* the tokenizer would drop the byte without a word: refused, the conversation goes on */
+        c->refused = true;
+        fprintf(stderr, "flashlm: line %zu: byte 0x%02X at byte %zu is not UTF-8: a prompt is text, not sent\n",
+                c->n_lines, (unsigned char)line[bad], bad);
+        return TURN_NEXT;
+    }
+    if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
+        fprintf(stderr, "flashlm: %s\n", CHAT_COMMANDS);
         return TURN_NEXT;
     }
     if (!strcmp(line, "/exit")) return TURN_END;
@@ -326,11 +358,31 @@ static int chat_line(chat_state *c, const char *line, size_t line_len, bool too_
         fprintf(stderr, "flashlm: new conversation\n");
         return TURN_NEXT;
     }
+    size_t lead = strspn(line, " \t");
+    const char *cmd = line + lead;
+    if (cmd[0] == '/' && cmd[1] != '/' && (cmd[1] == '?' || (cmd[1] >= 'a' && cmd[1] <= 'z') ||
+                                           (cmd[1] >= 'A' && cmd[1] <= 'Z'))) {
+        /* "/hlep", "/reset now", " /exit": a command mistyped would otherwise be sent to the model as a turn */
+        c->refused = true;
+        fprintf(stderr, "flashlm: line %zu: '%.*s' is not a command%s: not sent; %s\n", c->n_lines,
+                (int)(line_len > 80 ? 80 : line_len), line, lead ? " (a command is the whole line, without spaces)" : "",
+                CHAT_COMMANDS);
+        return TURN_NEXT;
+    }
+    if (line[0] == '/' && line[1] == '/') *skip = 1; /* "//..." sends "/..." */
     if (line_len == 0) return TURN_NEXT;
     if (c->full) {
         c->refused = true;
         fprintf(stderr, "flashlm: the context (%u tokens) is full: /reset starts a new conversation, /exit ends "
                 "(or raise -c)\n", c->info.n_ctx);
+        return TURN_NEXT;
+    }
+    size_t n_tok = cli_text_tokens(c->ctx, line + *skip, line_len - *skip);
+    if (n_tok == SIZE_MAX) return TURN_OOM;
+    if (n_tok == 0) { /* the turn would be the template's tokens alone */
+        c->refused = true;
+        fprintf(stderr, "flashlm: line %zu: this turn gives no tokens (this tokenizer drops all of its bytes): not "
+                "sent\n", c->n_lines);
         return TURN_NEXT;
     }
     return TURN_TAKE;
@@ -463,7 +515,8 @@ int cmd_chat(int argc, char **argv) {
     c.verbose = A.verbose;
     c.n_predict = A.n_predict;
     bool tty = isatty(0);
-    if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends\n");
+    if (tty) fprintf(stderr, "flashlm: one line per turn; /reset starts a new conversation, /exit (or Ctrl-D) ends, "
+                     "/help lists the commands\n");
     c.gen = (cli_gen){.ctx = c.ctx, .sess = c.sess, .n_ctx = c.info.n_ctx, .last = -1};
     char *line = NULL;
     size_t line_cap = 0, line_len;
@@ -500,8 +553,10 @@ int cmd_chat(int argc, char **argv) {
             what = TURN_FAIL;
             break;
         }
-        what = chat_line(&c, line, line_len, too_long);
-        if (what == TURN_TAKE) what = chat_turn(&c, line, line_len);
+        c.n_lines++;
+        size_t skip;
+        what = chat_line(&c, line, line_len, too_long, &skip);
+        if (what == TURN_TAKE) what = chat_turn(&c, line + skip, line_len - skip);
     }
     if (what == TURN_OOM) fprintf(stderr, "flashlm: out of memory\n");
     if (what == TURN_OOM || what == TURN_FAIL) rc = 1;

@@ -244,6 +244,14 @@ static int cmd_run(int argc, char **argv) {
         }
         prompt = run_prompt_esc;
     }
+    /* bytes that are not UTF-8: the tokenizer drops them without a word (-p $'a\xffb' ran as "ab") */
+    size_t bad = cli_utf8_bad(prompt, strlen(prompt));
+    if (bad != SIZE_MAX)
+        return fprintf(stderr, "flashlm: -p: byte 0x%02X at offset %zu is not UTF-8: a prompt is text\n",
+                       (unsigned char)prompt[bad], bad), 2;
+    if (system && (bad = cli_utf8_bad(system, strlen(system))) != SIZE_MAX)
+        return fprintf(stderr, "flashlm: --system: byte 0x%02X at offset %zu is not UTF-8: a system prompt is text\n",
+                       (unsigned char)system[bad], bad), 2;
     run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */
     if (cli_grammar_load(&grammar, &run_grammar)) return 1; /* before the model: a bad grammar fails at once */
     int rc = cmd_run_prompt(model, prompt, chat, chat_name, system, n_predict, per_token, verbose || stats, stats_json, &params,
@@ -301,6 +309,14 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
         if (nul) { /* as C text it would end there, the rest dropped without a word */
             fprintf(stderr, "flashlm: %s: a NUL byte at offset %zu: a prompt is text\n", run_prompt_file,
                     (size_t)(nul - prompt_buf));
+            free(prompt_buf);
+            flm_close(ctx);
+            return 1;
+        }
+        size_t bad = cli_utf8_bad(prompt_buf, len);
+        if (bad != SIZE_MAX) { /* the tokenizer would drop it without a word */
+            fprintf(stderr, "flashlm: %s: byte 0x%02X at offset %zu is not UTF-8: a prompt is text\n", run_prompt_file,
+                    (unsigned char)prompt_buf[bad], bad);
             free(prompt_buf);
             flm_close(ctx);
             return 1;
@@ -374,7 +390,10 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     }
     const char *refuse = !ids ? "out of memory"
                          : n_prompt == 0 && run_prompt_ids ? "--prompt-ids gives no token ids (\"2,17,33\": one or more)"
-                         : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops all of its bytes)" : NULL;
+                         : n_prompt == 0 ? "the prompt gives no tokens (this tokenizer drops all of its bytes)"
+                         /* BOS alone, or the chat template's tokens alone: the text itself gave none */
+                         : !run_prompt_ids && *prompt && cli_text_tokens(ctx, prompt, strlen(prompt)) == 0
+                             ? "the prompt gives no tokens (this tokenizer drops all of its bytes)" : NULL;
     size_t bad_bias = sp.n_bias; /* the first --logit-bias id outside the vocabulary, said as chat says it */
     for (size_t b = 0; !refuse && b < sp.n_bias && bad_bias == sp.n_bias; b++)
         if ((uint32_t)sp.bias[b].token >= flm_vocab_size(ctx)) bad_bias = b;
