@@ -869,7 +869,8 @@ FLM_API flm_status flm_chat_parse_tool_calls(const flm_chat *c, const char *text
 FLM_API void flm_tool_calls_free(flm_tool_call *calls, size_t n);
 /* GBNF (flm_grammar_parse) for a reply made only of calls in the model's format: one call (parallel: one or more,
  * separated by a newline) of one of the tools (only the one named `name` when not NULL), its arguments valid
- * against the tool's "parameters" schema (flm_json_schema_to_gbnf; none: any object). *out: malloc'd.
+ * against the tool's "parameters" schema (flm_json_schema_to_gbnf; none: an empty parameter list, `{}` only, as
+ * OpenAI's). *out: malloc'd.
  * Errors: FLM_ERR_UNSUPPORTED (no tool format; a keyword of a parameters schema: the message names the tool and the
  * keyword), FLM_ERR_FORMAT (tools not a non-empty array of named functions), FLM_ERR_ARG (no tool called name),
  * FLM_ERR_NOMEM. */

@@ -474,6 +474,28 @@ static void test_generate_under_schema(void **state) {
     flm_close(ctx);
 }
 
+/* An object schema with an empty 'properties' has no members (docs/STRUCTURED.md: without additionalProperties or
+ * with it true, only the declared ones; it was a map of any keys, and a tool without parameters got made-up
+ * arguments); additionalProperties as a schema keeps the map. */
+static void test_empty_properties(void **state) {
+    (void)state;
+    flm_grammar *g = schema("{\"type\":\"object\",\"properties\":{}}");
+    assert_int_equal(match(g, "{}"), 1);
+    assert_int_equal(match(g, "{ }"), 1);
+    assert_int_equal(match(g, "{\"a\": 1}"), -1);
+    flm_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"properties\":{},\"additionalProperties\":true}");
+    assert_int_equal(match(g, "{\"a\": 1}"), -1);
+    flm_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"properties\":{},\"additionalProperties\":{\"type\":\"integer\"}}");
+    assert_int_equal(match(g, "{\"a\": 1}"), 1);
+    assert_int_equal(match(g, "{\"a\": \"x\"}"), -1);
+    flm_grammar_free(g);
+    g = schema("{\"type\":\"object\"}"); /* no 'properties': a map of any keys, as before */
+    assert_int_equal(match(g, "{\"a\": [1]}"), 1);
+    flm_grammar_free(g);
+}
+
 /* flm_gen_params.utf8_whole: text released in whole characters; a character the generation ends inside (max_tokens
  * cut between two of its byte tokens) is released as U+FFFD per byte, never as the raw bytes (a JSON body must be
  * UTF-8, RFC 8259 section 8.1). stories260K's SentencePiece vocabulary spells the parrot (U+1F99C, F0 9F A6 9C) in
@@ -558,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_masks_real_vocab),
         cmocka_unit_test(test_generate_under_schema),
         cmocka_unit_test(test_utf8_whole_at_the_end),
+        cmocka_unit_test(test_empty_properties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -162,8 +162,9 @@ static int object_rule(sc *c, const cJSON *s) {
     int n = props ? cJSON_GetArraySize(props) : 0;
     int rule = new_rule(c);
     sbuf body = {0};
-    if (n == 0) { /* a map: any keys (strings), values by additionalProperties */
-        if (add && cJSON_IsFalse(add)) {
+    if (n == 0) { /* a map: any keys (strings), values by additionalProperties; none with an empty 'properties' (the
+                     declared ones, as below) unless additionalProperties is a schema */
+        if ((add && cJSON_IsFalse(add)) || (props && !(add && cJSON_IsObject(add)))) {
             sb_str(&body, "\"{\" ");
             sb_fmt(&body, "%s-ws \"}\"", c->pfx);
         } else {

@@ -55,7 +55,8 @@ flm_status gram_tool_calls(const char *tools, const char *only, bool parallel, c
         }
         if (only && strcmp(only, name->valuestring)) continue;
         char rule[32], *gbnf = NULL, *ps = params && !cJSON_IsNull(params) ? cJSON_PrintUnformatted(params) : NULL;
-        static const char ANY[] = "{\"type\": \"object\"}";
+        /* no parameters: OpenAI's "an empty parameter list" */
+        static const char ANY[] = "{\"type\": \"object\", \"additionalProperties\": false}";
         snprintf(rule, sizeof rule, "args%d", i);
         st = flm_json_schema_to_gbnf(ps ? ps : ANY, ps ? strlen(ps) : sizeof ANY - 1, rule, &gbnf, NULL, err);
         free(ps);
