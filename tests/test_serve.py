@@ -556,6 +556,41 @@ def test_tools(srv):
         st, data = srv.raw("POST", "/v1/chat/completions", body)
         msg = json.loads(data)["error"]["message"] if st == 400 else ""
         check(st == 400 and needle in msg, "%s: 400 naming %s: %d %r" % (what, needle, st, data[:300]))
+    # auto: what is a call is the same streamed or not (the reply forced by a grammar): a block that is no call
+    # (arguments not JSON, never closed, a function not in tools) is text both ways; a well-formed one a call both ways
+    blocks = {
+        "call": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+        "bad json": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"\n</tool_call>',
+        "unclosed": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}',
+        "undeclared": '<tool_call>\n{"name": "launch", "arguments": {"x": 1}}\n</tool_call>',
+    }
+    for what, text in blocks.items():
+        seen = []
+        for stream in (False, True):
+            body = {"messages": ask, "tools": [WEATHER], "temperature": 0, "max_tokens": 60, "stream": stream,
+                    "grammar": "root ::= " + json.dumps(text)}
+            if not stream:
+                st, data = srv.raw("POST", "/v1/chat/completions", body)
+                ch = json.loads(data)["choices"][0] if st == 200 else {}
+                m = ch.get("message", {})
+                seen.append((ch.get("finish_reason"), m.get("content"), [(t["function"]["name"], t["function"][
+                    "arguments"]) for t in m.get("tool_calls") or []]))
+            else:
+                calls, content, fin = {}, "", None
+                for chunk in c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], temperature=0,
+                                                       max_tokens=60, stream=True,
+                                                       extra_body={"grammar": body["grammar"]}):
+                    for chc in chunk.choices:
+                        fin = chc.finish_reason or fin
+                        content += chc.delta.content or ""
+                        for tc in chc.delta.tool_calls or []:
+                            e = calls.setdefault(tc.index, ["", ""])
+                            e[0] += (tc.function.name or "") if tc.function else ""
+                            e[1] += (tc.function.arguments or "") if tc.function else ""
+                seen.append((fin, content or None, [tuple(v) for v in calls.values()]))
+        want_call = what == "call"
+        check(seen[0] == seen[1] and bool(seen[0][2]) == want_call and (want_call or seen[0][1] == text),
+              "auto, %s: the same streamed or not, %s: %r" % (what, "a call" if want_call else "text", seen))
     if QUICK:
         return
     back = ask + [{"role": "assistant", "content": None, "tool_calls": [

@@ -960,7 +960,10 @@ static void run_job(slot *s, job *j) {
     }
     j->ctx = s->ctx;
     j->ts.tmpl = s->tmpl;
-    j->ts.incremental = j->req.stream; /* a call's arguments streamed as they come, as OpenAI streams them */
+    /* a call's arguments streamed as they come, as OpenAI streams them, where the grammar makes them a call; an
+     * unforced one once it is known to be one (the same calls streamed or not) */
+    j->ts.incremental = j->req.stream && (q->tool_choice == SERVE_TOOL_REQUIRED || q->tool_choice == SERVE_TOOL_NAMED);
+    j->ts.tools = q->tools;
     static _Atomic uint64_t seed_counter;
     sp.seed = q->has_seed ? q->seed : srv.has_seed && !q->seed_random ? srv.seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&seed_counter, 1);
     j->seed = sp.seed;

@@ -114,7 +114,12 @@ int serve_tools_prepare(serve_req *r, const flm_chat *tmpl, char *msg, size_t ca
  * it closes (flm_chat_parse_tool_calls): a call, or text when it is not one. */
 typedef struct serve_tool_stream {
     const flm_chat *tmpl;
-    bool incremental;          /* set by the caller: a streamed reply (the call's name first, then its arguments) */
+    bool incremental;          /* set by the caller: a streamed reply whose calls a grammar forces (tool_choice
+                                  required or named: the call's name first, then its arguments as they come); an
+                                  unforced call is given whole once it closes and parses, streamed or not, so both
+                                  agree on what is a call */
+    const char *tools;         /* set by the caller: the request's tools (a JSON array): a block calling a function
+                                  not among them is text, as the model's prose (OpenAI returns declared calls only) */
     char *buf, *ws;            /* text not yet given out; whitespace held */
     size_t len, cap, n_ws, cap_ws;
     bool in_call;

@@ -339,6 +339,20 @@ static void call_reset(serve_tool_stream *t) {
     t->in_str = t->esc = false;
 }
 
+/* Whether tools (a JSON array of {"type": "function", "function": {"name"}}, NULL: no list to check) declares a
+ * function called name. */
+static bool tool_declared(const char *tools, const char *name) {
+    if (!tools) return true;
+    cJSON *tl = cJSON_Parse(tools);
+    bool found = false;
+    for (const cJSON *t = tl ? tl->child : NULL; t && !found; t = t->next) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        found = cJSON_IsString(n) && name && !strcmp(n->valuestring, name);
+    }
+    cJSON_Delete(tl);
+    return found;
+}
+
 void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, bool final, serve_content_fn content,
                             serve_call_fn call, void *user) {
     const char *open, *close;
@@ -394,7 +408,8 @@ void serve_tool_stream_feed(serve_tool_stream *t, const char *text, size_t len, 
             flm_tool_call *calls = NULL;
             size_t nc = 0;
             flm_error err;
-            bool ok = flm_chat_parse_tool_calls(t->tmpl, t->buf, n, &c, &calls, &nc, &err) == FLM_OK && nc == 1;
+            bool ok = flm_chat_parse_tool_calls(t->tmpl, t->buf, n, &c, &calls, &nc, &err) == FLM_OK && nc == 1 &&
+                      tool_declared(t->tools, calls[0].name);
             if (t->incremental && t->phase == 2) /* given out already, as it came */
                 t->n_calls++;
             else if (ok) /* the arguments as read (the same text as streamed), else as the library parsed them */
