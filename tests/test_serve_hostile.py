@@ -306,6 +306,12 @@ def test_bodies(port):
         for path in ("/v1/completions", "/tokenize", "/completion"):
             st, b = post(port, path, body, raw=True)
             check(st == 400 and word in err_msg(b), "%s %r: 400 '%s': %s %s" % (path, body, word, st, err_msg(b)))
+    deep = b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # valid JSON past cJSON's nesting limit: said so
+    st, b = post(port, "/v1/completions", deep, raw=True)
+    check(st == 400 and "deeper than 1000 levels" in err_msg(b), "5000 nested arrays: 400 naming the depth: %s %s" %
+          (st, err_msg(b)))
+    st, b = post(port, "/v1/completions", b'{"prompt": "x", ', raw=True)
+    check(st == 400 and "not valid JSON (byte 15)" in err_msg(b), "cut JSON: 400 with where: %s %s" % (st, err_msg(b)))
     st, b = post(port, "/v1/completions", b'{"prompt": "Once", "max_tokens": 2}\r\n ', raw=True)
     check(st == 200, "trailing whitespace is fine: %s" % st)
     # response_fields on a stream: its last event still says stop

@@ -395,8 +395,26 @@ cJSON *serve_parse_json(const char *body, size_t len, char *msg, size_t cap) {
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (!root) {
-        snprintf(msg, cap, "the body is not valid JSON");
+    if (!root) { /* where, and why when it is cJSON's nesting limit (a valid body can pass it) */
+        /* cJSON sets the parse end to where it failed (its global error pointer is not per thread) */
+        const size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
+        size_t depth = 0, most = 0;
+        bool in_str = false, esc = false;
+        for (size_t i = 0; i < at && i < len; i++) {
+            const char ch = body[i];
+            if (in_str) {
+                if (esc) esc = false;
+                else if (ch == '\\') esc = true;
+                else if (ch == '"') in_str = false;
+            } else if (ch == '"') in_str = true;
+            else if (ch == '[' || ch == '{') { if (++depth > most) most = depth; }
+            else if ((ch == ']' || ch == '}') && depth) depth--;
+        }
+        if (most >= CJSON_NESTING_LIMIT)
+            snprintf(msg, cap, "the body nests arrays and objects deeper than %d levels (byte %zu)",
+                     (int)CJSON_NESTING_LIMIT, at);
+        else
+            snprintf(msg, cap, "the body is not valid JSON (byte %zu)", at);
         return NULL;
     }
     for (const char *p = end; p && p < body + len; p++)
