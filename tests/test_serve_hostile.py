@@ -552,6 +552,17 @@ def test_logprobs_stop(port):
             got = bytes(x for e in ent for x in e["bytes"]).decode(errors="replace")
             check(st == 200 and text == want and got == want,
                   "chat%s, stop %r: content %r, logprobs' bytes %r" % (" streamed" if stream else "", stop, text, got))
+    # a token that decodes to no bytes (stories260K's <unk>, forced by logit_bias) is named by its spelling in chat's
+    # entries, with no bytes (was "", which says nothing); completions' tokens stay its (empty) text, joining the text
+    st, b = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Once"}], "max_tokens": 2,
+                                               "temperature": 0, "logprobs": True, "logit_bias": {"0": 100}})
+    ent = b["choices"][0]["logprobs"]["content"] if st == 200 else []
+    check(st == 200 and b["choices"][0]["message"]["content"] == "" and len(ent) == 2 and
+          all(e["token"] == "<unk>" and e["bytes"] == [] for e in ent), "a control token's entry: %s %r" % (st, ent))
+    st, b = post(port, "/v1/completions", {"prompt": "Once", "max_tokens": 2, "temperature": 0, "logprobs": 1,
+                                          "logit_bias": {"0": 100}})
+    check(st == 200 and b["choices"][0]["logprobs"]["tokens"] == ["", ""], "completions' tokens join to the text: %r"
+          % (b["choices"][0]["logprobs"] if st == 200 else b))
     # stories260K spells U+1F99C in four byte tokens: the grammar forces them, n_predict cuts the second one
     r = request(port, "POST", "/completion", {"prompt": "Once", "n_predict": 3, "temperature": 0,
                                               "grammar": 'root ::= "A\U0001F99C\U0001F99C"'})

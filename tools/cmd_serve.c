@@ -601,6 +601,15 @@ static cJSON *bytes_array(const char *p, size_t n) {
 /* One token into a "logprobs" object (created when *lp is NULL): chat's content entry {token, logprob, bytes,
  * top_logprobs: [{token, logprob, bytes}]} (with post_sampling_probs llama-server's {token, prob, bytes, top_probs:
  * [{token, prob, bytes}]}), or completions' parallel arrays. */
+/* A logprobs entry's "token": the piece's text (piece_string), or for a token that decodes to no bytes (a control
+ * token: "<|im_end|>", "<|endoftext|>") its vocabulary spelling, as llama-server shows it: "" would not say which
+ * token it is, and two of them would collide as completions' top_logprobs keys. Its "bytes" stay the piece's (none). */
+static cJSON *entry_token(const job *j, int32_t id, const char *piece, size_t n) {
+    if (n) return piece_string(piece, n);
+    const char *sp = flm_token_text(j->ctx, id);
+    return piece_string(sp, strlen(sp));
+}
+
 static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
     size_t n;
     const char *piece = flm_token_piece(j->ctx, t->prev, t->id, &n);
@@ -621,7 +630,7 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
         cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
         if (j->native) cJSON_AddNumberToObject(e, "id", t->id);
         const bool post = j->req.post_sampling; /* llama-server's post_sampling_probs: probabilities */
-        cJSON_AddItemToObject(e, "token", piece_string(piece, n));
+        cJSON_AddItemToObject(e, "token", entry_token(j, t->id, piece, n));
         if (post) cJSON_AddNumberToObject(e, "prob", expf(t->logprob));
         else cJSON_AddNumberToObject(e, "logprob", t->logprob);
         cJSON_AddItemToObject(e, "bytes", bytes_array(piece, n));
@@ -630,7 +639,7 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
             const char *q = flm_token_piece(j->ctx, t->prev, t->top_id[k], &m);
             cJSON *a = cJSON_CreateObject();
             if (j->native) cJSON_AddNumberToObject(a, "id", t->top_id[k]);
-            cJSON_AddItemToObject(a, "token", piece_string(q, m));
+            cJSON_AddItemToObject(a, "token", entry_token(j, t->top_id[k], q, m));
             if (post) cJSON_AddNumberToObject(a, "prob", expf(t->top_logprob[k]));
             else cJSON_AddNumberToObject(a, "logprob", t->top_logprob[k]);
             cJSON_AddItemToObject(a, "bytes", bytes_array(q, m));
@@ -645,7 +654,7 @@ static void lp_add(job *j, cJSON **lp, const flm_gen_token *t) {
         for (int k = 0; k < t->n_top; k++) {
             size_t m;
             const char *q = flm_token_piece(j->ctx, t->prev, t->top_id[k], &m);
-            cJSON *key = piece_string(q, m);
+            cJSON *key = entry_token(j, t->top_id[k], q, m);
             if (!cJSON_GetObjectItemCaseSensitive(top, key->valuestring)) /* two ids, one text: the likelier */
                 cJSON_AddNumberToObject(top, key->valuestring, t->top_logprob[k]);
             cJSON_Delete(key);
