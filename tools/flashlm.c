@@ -516,6 +516,8 @@ static const char *CONVERT_HELP =
     "OUT.flm.hf.gguf. A folder without a tokenizer is refused unless --no-tokenizer (every token a placeholder: run\n"
     "it with --prompt-ids). Every tensor must belong to the model config.json describes (a num_hidden_layers below\n"
     "the weights' layers is refused), and OUT may not be one of the files read, even with --force.\n"
+    "tokenizer_config.json beside the tokenizer gives the chat template (tokenizer.chat_template) and, when\n"
+    "config.json has no eos_token_id, the end-of-text token (its eos_token).\n"
     "\n"
     "Write the flash layout (docs/FORMAT.md): a resident region (embeddings, attention, norms, output, metadata,\n"
     "tokenizer) and, per layer, one contiguous record per FFN neuron (up row | gate row | down column), 4 KiB-aligned\n"

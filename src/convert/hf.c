@@ -1,5 +1,8 @@
-/* hf.c — a Hugging Face model folder (config.json, safetensors, tokenizer.json or vocab.json + merges.txt) into a
- * GGUF file with llama.cpp's tensor names, which every other path (flm_open, flm_convert) then reads.
+/* hf.c — a Hugging Face model folder (config.json, safetensors, tokenizer.json or vocab.json + merges.txt, and
+ * tokenizer_config.json's chat_template and eos_token when present) into a GGUF file with llama.cpp's tensor names,
+ * which every other path (flm_open, flm_convert) then reads. Every JSON file is checked as text first (no NUL byte or
+ * "\u0000" escape, nothing after the value; config.json: no key twice) and every field by type: a wrong one is
+ * refused naming the file and the field, never replaced by a default.
  *
  * One table per architecture (config.json's model_type), each mapping transformers' names onto llama.cpp's
  * (src/llama-arch.cpp; gguf-py's constants): opt (pre- and post-LN, project_in/out; llama.cpp has no OPT converter,
@@ -19,6 +22,7 @@
 
 #include "compute/kernels.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/types.h"
 #include "flashlm_tools.h"
 #include "format/gguf.h"
@@ -27,12 +31,27 @@
 
 typedef unsigned long long ull;
 
-static flm_status read_json(const char *path, bool required, cJSON **out, flm_error *err) {
+/* The most bytes in one token piece or merge: the GGUF tokenizer reader's limit (format/tokenizer_gguf.c
+ * MAX_PIECE), so that a piece it would refuse is refused here, at conversion, naming tokenizer.json. */
+#define HF_MAX_PIECE 65536
+/* The most layers: the model loader's bound on block_count (model/model.c, hyper-parameters out of range). */
+#define HF_MAX_LAYERS 4096
+
+/* path's JSON (at most 256 MiB; flm_json_parse's checks, duplicate keys too when no_dup) into *out; a missing file
+ * that is not required: FLM_OK with *out NULL. */
+static flm_status read_json(const char *path, bool required, bool no_dup, cJSON **out, flm_error *err) {
     *out = NULL;
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         if (!required && errno == ENOENT) return FLM_OK;
         return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        flm_status fs = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file", path,
+                                 fstat(fileno(fp), &sb) != 0 ? "unreadable" : flm_file_kind(sb.st_mode));
+        fclose(fp);
+        return fs;
     }
     const size_t max = 256u << 20;
     size_t cap = 1 << 16, n = 0;
@@ -53,10 +72,7 @@ static flm_status read_json(const char *path, bool required, cJSON **out, flm_er
     if (!buf) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
     else if (!st && ferror(fp)) st = flm_fail(err, FLM_ERR_IO, "%s: read failed", path);
     fclose(fp);
-    if (!st) {
-        *out = cJSON_ParseWithLength(buf, n);
-        if (!*out) st = flm_fail(err, FLM_ERR_FORMAT, "%s: not valid JSON", path);
-    }
+    if (!st) st = flm_json_parse(path, "the file", buf, n, no_dup, out, err);
     free(buf);
     return st;
 }
@@ -68,6 +84,38 @@ static flm_status cfg_u32(const cJSON *cfg, const char *path, const char *key, u
         j->valuedouble != (double)(uint32_t)j->valuedouble)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: '%s' is missing or not a positive integer", path, key);
     *v = (uint32_t)j->valuedouble;
+    return FLM_OK;
+}
+
+/* config[key] as a boolean (*v): absent or null gives dflt; any other type is refused naming the key */
+static flm_status cfg_bool(const cJSON *cfg, const char *path, const char *key, bool dflt, bool *v, flm_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!j || cJSON_IsNull(j)) { *v = dflt; return FLM_OK; }
+    if (!cJSON_IsBool(j)) return flm_fail(err, FLM_ERR_FORMAT, "%s: '%s' is not true or false", path, key);
+    *v = cJSON_IsTrue(j);
+    return FLM_OK;
+}
+
+/* config[key] as a token id below n_vocab (*v): absent or null leaves *v; a list (eos_token_id: [0, 2]) gives its
+ * first id, every element checked; anything else (a string, a fraction, a negative or too large number) is refused
+ * naming the key */
+static flm_status cfg_token_id(const cJSON *cfg, const char *path, const char *key, uint32_t n_vocab, uint32_t *v,
+                               flm_error *err) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (!j || cJSON_IsNull(j)) return FLM_OK;
+    const bool list = cJSON_IsArray(j);
+    if (list && !j->child) return flm_fail(err, FLM_ERR_FORMAT, "%s: '%s' is an empty list", path, key);
+    int i = 0;
+    for (const cJSON *e = list ? j->child : j; e; e = list ? e->next : NULL, i++) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < n_vocab) ||
+            e->valuedouble != (double)(uint32_t)e->valuedouble) {
+            char at[32] = "";
+            if (list) snprintf(at, sizeof at, "[%d]", i);
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: '%s'%s is not a token id (an integer from 0 to %u, vocab_size "
+                            "%u)", path, key, at, n_vocab - 1, n_vocab);
+        }
+    }
+    *v = (uint32_t)(list ? j->child : j)->valuedouble;
     return FLM_OK;
 }
 
@@ -89,12 +137,21 @@ static void vocab_free(hf_vocab *v) {
     free(v->merges);
 }
 
-static flm_status vocab_set(hf_vocab *v, const char *path, const char *piece, double id, int32_t type,
+/* Token id (checked: an integer below n) is piece (at most HF_MAX_PIECE bytes) of the given type; unique: refuse
+ * an id a piece was already given (model.vocab naming two pieces one id). */
+static flm_status vocab_set(hf_vocab *v, const char *path, const char *piece, double id, int32_t type, bool unique,
                             flm_error *err) {
     if (!(id >= 0 && id < v->n) || id != (double)(uint32_t)id)
         return flm_fail(err, FLM_ERR_FORMAT, "%s: token '%.40s' has id %g, outside the model's %u tokens", path,
                         piece, id, v->n);
     uint32_t i = (uint32_t)id;
+    size_t len = strlen(piece);
+    if (len > HF_MAX_PIECE)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: token %u ('%.40s...') is %zu bytes long (at most %d)", path, i,
+                        piece, len, HF_MAX_PIECE);
+    if (unique && v->tokens[i])
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: vocab gives id %u to two pieces, '%.40s' and '%.40s'", path, i,
+                        v->tokens[i], piece);
     char *c = strdup(piece);
     if (!c) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     free(v->tokens[i]);
@@ -121,13 +178,19 @@ static flm_status vocab_bpe(hf_vocab *v, const char *path, const cJSON *vocab, c
         if (!cJSON_IsNumber(e) || !e->string)
             return flm_fail(err, FLM_ERR_FORMAT, "%s: vocab entry '%.40s' is not a number", path,
                             e->string ? e->string : "");
-        st = vocab_set(v, path, e->string, e->valuedouble, 1, err);
+        st = vocab_set(v, path, e->string, e->valuedouble, 1, true, err);
     }
     int nm = merges ? cJSON_GetArraySize(merges) : 0;
     if (st || nm <= 0) return st;
     if (!(v->merges = calloc((size_t)nm, sizeof *v->merges))) return flm_fail(err, FLM_ERR_NOMEM, "out of memory");
     int i = 0;
     for (const cJSON *e = merges->child; e && !st; e = e->next, i++) {
+        size_t ml = cJSON_IsString(e) && e->valuestring ? strlen(e->valuestring)
+                    : cJSON_IsArray(e) && cJSON_IsString(e->child) && cJSON_IsString(e->child->next)
+                        ? strlen(e->child->valuestring) + 1 + strlen(e->child->next->valuestring) : 0;
+        if (ml > HF_MAX_PIECE)
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: merge %d is %zu bytes long (at most %d)", path, i, ml,
+                            HF_MAX_PIECE);
         if (cJSON_IsString(e) && e->valuestring) {
             const char *sp = strchr(e->valuestring, ' ');
             if (!sp || sp == e->valuestring || !sp[1] || strchr(sp + 1, ' '))
@@ -150,15 +213,31 @@ static flm_status vocab_bpe(hf_vocab *v, const char *path, const cJSON *vocab, c
 static flm_status merges_txt(hf_vocab *v, const char *path, flm_error *err) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        flm_status fs = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file", path,
+                                 fstat(fileno(fp), &sb) != 0 ? "unreadable" : flm_file_kind(sb.st_mode));
+        fclose(fp);
+        return fs;
+    }
     cJSON *arr = cJSON_CreateArray();
-    char line[4096];
+    char *line = NULL;
+    size_t lcap = 0, total = 0;
+    const size_t max = 256u << 20; /* as read_json */
+    ssize_t got;
     flm_status st = arr ? FLM_OK : flm_fail(err, FLM_ERR_NOMEM, "out of memory");
-    while (!st && fgets(line, sizeof line, fp)) {
-        size_t n = strlen(line);
+    while (!st && (got = getline(&line, &lcap, fp)) >= 0) { /* no line-length limit: a long merge is not split */
+        size_t n = (size_t)got;
+        if ((total += n) > max) { st = flm_fail(err, FLM_ERR_FORMAT, "%s: larger than %zu bytes", path, max); break; }
+        if (memchr(line, 0, n)) { st = flm_fail(err, FLM_ERR_FORMAT, "%s: a line holds a NUL byte", path); break; }
         while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
         if (!n || !strncmp(line, "#version", 8)) continue;
-        cJSON_AddItemToArray(arr, cJSON_CreateString(line));
+        cJSON *s = cJSON_CreateString(line);
+        if (!s) { st = flm_fail(err, FLM_ERR_NOMEM, "out of memory"); break; }
+        cJSON_AddItemToArray(arr, s);
     }
+    if (!st && ferror(fp)) st = flm_fail(err, FLM_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    free(line);
     fclose(fp);
     if (!st) st = vocab_bpe(v, path, NULL, arr, err);
     cJSON_Delete(arr);
@@ -180,7 +259,7 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
     flm_status st = FLM_OK;
     if (dir) {
         snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-        if ((st = read_json(path, false, &tj, err))) return st;
+        if ((st = read_json(path, false, false, &tj, err))) return st;
     }
     if (!dir) {
         /* no tokenizer asked for: placeholders only */
@@ -200,22 +279,34 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
             st = flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: a SentencePiece-style BPE (byte_fallback or a Metaspace "
                           "pre-tokenizer) is not read (only byte-level BPE); convert without it (--no-tokenizer) and "
                           "run with --prompt-ids", path);
-        if (!st)
-            st = vocab_bpe(v, path, cJSON_GetObjectItemCaseSensitive(model, "vocab"),
-                           cJSON_GetObjectItemCaseSensitive(model, "merges"), err);
+        const cJSON *voc = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+        const cJSON *mer = cJSON_GetObjectItemCaseSensitive(model, "merges");
         const cJSON *added = cJSON_GetObjectItemCaseSensitive(tj, "added_tokens");
+        if (!st && !cJSON_IsObject(voc))
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: model.vocab is missing or not an object (piece: id)", path);
+        if (!st && mer && !cJSON_IsNull(mer) && !cJSON_IsArray(mer))
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: model.merges is not an array", path);
+        if (!st && added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
+            st = flm_fail(err, FLM_ERR_FORMAT, "%s: added_tokens is not an array", path);
+        if (!st) st = vocab_bpe(v, path, voc, cJSON_IsArray(mer) ? mer : NULL, err);
+        if (!cJSON_IsArray(added)) added = NULL;
         for (const cJSON *e = added ? added->child : NULL; e && !st; e = e->next) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
             const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
             const cJSON *special = cJSON_GetObjectItemCaseSensitive(e, "special");
             if (!cJSON_IsNumber(id) || !cJSON_IsString(content))
                 st = flm_fail(err, FLM_ERR_FORMAT, "%s: an added_tokens entry without id or content", path);
-            else st = vocab_set(v, path, content->valuestring, id->valuedouble, cJSON_IsTrue(special) ? 3 : 4, err);
+            else st = vocab_set(v, path, content->valuestring, id->valuedouble, cJSON_IsTrue(special) ? 3 : 4, false,
+                                err);
         }
         cJSON_Delete(tj);
     } else {
         snprintf(path, sizeof path, "%s/vocab.json", dir);
-        if ((st = read_json(path, false, &tj, err))) return st;
+        if ((st = read_json(path, false, false, &tj, err))) return st;
+        if (tj && !cJSON_IsObject(tj)) {
+            cJSON_Delete(tj);
+            return flm_fail(err, FLM_ERR_FORMAT, "%s: not a JSON object (piece: id)", path);
+        }
         if (tj) {
             *found = true;
             st = vocab_bpe(v, path, tj, NULL, err);
@@ -236,6 +327,56 @@ static flm_status load_vocab(const char *dir, uint32_t n, hf_vocab *v, bool *fou
             v->types[i] = 1; /* normal: a model whose tokenizer lacks tokens still prints (flm_open refuses a
                                 vocabulary where nothing decodes to text) */
         }
+    return st;
+}
+
+/* tokenizer_config.json of dir (optional): its chat_template (a string, or a list of {"name", "template"}: the one
+ * named "default", else the first) into *tmpl (strdup'd, NULL when none), and the id of its eos_token (a string, or
+ * an object with "content") when that names a token of v into *eos (unchanged otherwise). A field of the wrong type
+ * is refused naming the file and the field. */
+static flm_status tokenizer_config(const char *dir, const hf_vocab *v, char **tmpl, uint32_t *eos, bool *eos_found,
+                                   flm_error *err) {
+    *tmpl = NULL;
+    *eos_found = false;
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/tokenizer_config.json", dir) >= sizeof path) return FLM_OK;
+    cJSON *tc = NULL;
+    flm_status st = read_json(path, false, false, &tc, err);
+    if (st || !tc) return st;
+    if (!cJSON_IsObject(tc)) { cJSON_Delete(tc); return flm_fail(err, FLM_ERR_FORMAT, "%s: not a JSON object", path); }
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(tc, "chat_template");
+    const char *t = NULL;
+    if (cJSON_IsString(ct)) {
+        t = ct->valuestring;
+    } else if (cJSON_IsArray(ct)) {
+        int i = 0;
+        for (const cJSON *e = ct->child; e && !st; e = e->next, i++) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+            const cJSON *te = cJSON_GetObjectItemCaseSensitive(e, "template");
+            if (!cJSON_IsObject(e) || !cJSON_IsString(te) || (nm && !cJSON_IsString(nm)))
+                st = flm_fail(err, FLM_ERR_FORMAT, "%s: chat_template[%d] is not a {\"name\", \"template\"} object "
+                              "of strings", path, i);
+            else if (!t || (cJSON_IsString(nm) && !strcmp(nm->valuestring, "default"))) t = te->valuestring;
+        }
+        if (!st && !t) st = flm_fail(err, FLM_ERR_FORMAT, "%s: chat_template is an empty list", path);
+    } else if (ct && !cJSON_IsNull(ct)) {
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: chat_template is not a string or a list of {\"name\", \"template\"}",
+                      path);
+    }
+    if (!st && t && !(*tmpl = strdup(t))) st = flm_fail(err, FLM_ERR_NOMEM, "%s: out of memory", path);
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(tc, "eos_token");
+    if (cJSON_IsObject(et)) et = cJSON_GetObjectItemCaseSensitive(et, "content");
+    if (!st && et && !cJSON_IsNull(et) && !cJSON_IsString(et))
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: eos_token is not a string (nor an object with a string \"content\")",
+                      path);
+    for (uint32_t i = 0; !st && cJSON_IsString(et) && i < v->n; i++)
+        if (v->tokens[i] && !strcmp(v->tokens[i], et->valuestring)) {
+            *eos = i;
+            *eos_found = true;
+            break;
+        }
+    cJSON_Delete(tc);
+    if (st) { free(*tmpl); *tmpl = NULL; }
     return st;
 }
 
@@ -459,8 +600,7 @@ static flm_status cfg_opt(const cJSON *cfg, const char *path, hf_model *h, flm_e
     if (cJSON_IsFalse(ea) || cJSON_IsFalse(eb))
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: layer_norm_elementwise_affine or enable_bias is false: not "
                         "supported (OPT's defaults are true)", path);
-    h->tied = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
-    return FLM_OK;
+    return cfg_bool(cfg, path, "tie_word_embeddings", true, &h->tied, err);
 }
 
 static flm_status map_opt(hf_mapper *M, const hf_model *h, flm_error *err) {
@@ -541,8 +681,7 @@ static flm_status cfg_falcon(const cJSON *cfg, const char *path, hf_model *h, fl
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: partial rotary embeddings in Falcon are not supported", path);
     h->rope_dim = 0; /* all of head_dim: llama.cpp writes no falcon.rope.dimension_count */
     h->H_kv = 1;
-    h->tied = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
-    return FLM_OK;
+    return cfg_bool(cfg, path, "tie_word_embeddings", true, &h->tied, err);
 }
 
 static flm_status map_falcon(hf_mapper *M, const hf_model *h, flm_error *err) {
@@ -589,8 +728,7 @@ static flm_status cfg_phi(const cJSON *cfg, const char *path, hf_model *h, flm_e
         (st = cfg_is(cfg, path, "hidden_act", "gelu_new", err)) ||
         (st = cfg_not(cfg, path, "qk_layernorm", "q/k LayerNorm in Phi", err)) || (st = cfg_rope(cfg, path, h, err)))
         return st;
-    h->tied = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
-    return FLM_OK;
+    return cfg_bool(cfg, path, "tie_word_embeddings", false, &h->tied, err);
 }
 
 static flm_status map_phi(hf_mapper *M, const hf_model *h, flm_error *err) {
@@ -645,8 +783,7 @@ static flm_status cfg_persimmon(const cJSON *cfg, const char *path, hf_model *h,
     if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "qk_layernorm")))
         return flm_fail(err, FLM_ERR_UNSUPPORTED, "%s: qk_layernorm is false: flashlm's persimmon has q/k LayerNorm",
                         path);
-    h->tied = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings"));
-    return FLM_OK;
+    return cfg_bool(cfg, path, "tie_word_embeddings", false, &h->tied, err);
 }
 
 static flm_status map_persimmon(hf_mapper *M, const hf_model *h, flm_error *err) {
@@ -716,7 +853,7 @@ flm_status flm_hf_check_output(const char *dir, const char *tok_dir, const char 
     cJSON *idx = NULL;
     if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= sizeof path) return FLM_OK;
     flm_error ignored;
-    if (read_json(path, false, &idx, &ignored) || !idx) return FLM_OK;
+    if (read_json(path, false, false, &idx, &ignored) || !idx) return FLM_OK;
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
     for (const cJSON *e = cJSON_IsObject(wm) ? wm->child : NULL; e && !st; e = e->next)
         if (cJSON_IsString(e) && e->valuestring && !strchr(e->valuestring, '/'))
@@ -777,7 +914,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return flm_fail(err, FLM_ERR_ARG, "%s: path too long", dir);
     cJSON *cfg = NULL;
-    st = read_json(path, true, &cfg, err);
+    st = read_json(path, true, true, &cfg, err);
     if (st) return st;
     flm_st_set *set = NULL;
     hf_vocab voc = {0};
@@ -785,6 +922,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     flm_gguf_writer *w = NULL;
     float *row = NULL;
     void *orow = NULL;
+    char *chat_tmpl = NULL;
     hf_model h = {0};
     const struct hf_arch *A = NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
@@ -800,6 +938,11 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
         (st = cfg_u32(cfg, path, "num_hidden_layers", &h.L, err)) ||
         (st = cfg_u32(cfg, path, "num_attention_heads", &h.H, err)) || (st = cfg_u32(cfg, path, "vocab_size", &h.V, err)))
         goto done;
+    if (h.L > HF_MAX_LAYERS) { /* before the tensor map of L x per-layer entries is allocated */
+        st = flm_fail(err, FLM_ERR_FORMAT, "%s: num_hidden_layers %u is above %u, the most flashlm loads", path, h.L,
+                      HF_MAX_LAYERS);
+        goto done;
+    }
     if (h.d % h.H) {
         st = flm_fail(err, FLM_ERR_FORMAT, "%s: hidden_size %u is not a multiple of num_attention_heads %u", path, h.d,
                       h.H);
@@ -811,10 +954,9 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
                       h.H_kv);
         goto done;
     }
-    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(cfg, "bos_token_id");
-    const cJSON *je = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id");
-    if (cJSON_IsNumber(jb) && jb->valuedouble >= 0 && jb->valuedouble < h.V) h.bos = (uint32_t)jb->valuedouble;
-    if (cJSON_IsNumber(je) && je->valuedouble >= 0 && je->valuedouble < h.V) h.eos = (uint32_t)je->valuedouble;
+    if ((st = cfg_token_id(cfg, path, "bos_token_id", h.V, &h.bos, err)) ||
+        (st = cfg_token_id(cfg, path, "eos_token_id", h.V, &h.eos, err)))
+        goto done;
 
     if ((st = flm_st_open_dir(dir, &set, err))) goto done;
 
@@ -830,6 +972,13 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
     bool have_tok = false;
     if ((st = load_vocab(tok_dir, h.V, &voc, &have_tok, err))) goto done;
     if (!have_tok && strcmp(h.pre, "falcon") == 0) h.pre = "gpt-2"; /* placeholders only: any pre-tokenizer reads */
+    if (have_tok) { /* the chat template, and the eos token when config.json names none */
+        uint32_t eos = h.eos;
+        bool eos_found = false;
+        const cJSON *je = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id");
+        if ((st = tokenizer_config(tok_dir, &voc, &chat_tmpl, &eos, &eos_found, err))) goto done;
+        if (eos_found && (!je || cJSON_IsNull(je))) h.eos = eos;
+    }
     for (size_t i = 0; i < nm; i++)
         if (maps[i].type == FLM_TYPE_Q8_0 && maps[i].ne[0] % 32) {
             st = flm_fail(err, FLM_ERR_ARG, "%s: --type q8_0 needs rows of a multiple of 32 elements; '%s' has %llu",
@@ -862,6 +1011,7 @@ flm_status flm_convert_hf(const char *dir, const char *tok_dir, const char *dst,
                                                                                   : (const void *)"", voc.n_merges);
     flm_gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", h.bos);
     flm_gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", h.eos);
+    if (chat_tmpl) flm_gguf_writer_kv_str(w, "tokenizer.chat_template", chat_tmpl);
     /* OPT's tokenizer prepends </s> (BOS); the others' add none */
     flm_gguf_writer_kv_bool(w, "tokenizer.ggml.add_bos_token", strcmp(h.arch, "opt") == 0);
     if (h.norm_after) flm_gguf_writer_kv_bool(w, "flashlm.norm_after", true);
@@ -905,6 +1055,7 @@ done:
     if (w) flm_gguf_writer_free(w);
     free(row);
     free(orow);
+    free(chat_tmpl);
     free(M.maps);
     vocab_free(&voc);
     flm_st_set_close(set);

@@ -56,6 +56,52 @@ static bool json_u64(const cJSON *j, uint64_t *v) {
     return true;
 }
 
+/* true when some object of the tree j holds one key twice (*key: that key) */
+static bool dup_key(const cJSON *j, const char **key) {
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(j))
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (a->string && b->string && !strcmp(a->string, b->string)) { *key = a->string; return true; }
+        if ((cJSON_IsObject(a) || cJSON_IsArray(a)) && dup_key(a, key)) return true;
+    }
+    return false;
+}
+
+flm_status flm_json_parse(const char *path, const char *what, const char *text, size_t len, bool no_dup_keys,
+                          cJSON **out, flm_error *err) {
+    *out = NULL;
+    const char *nul = memchr(text, 0, len);
+    if (nul)
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: %s holds a NUL byte (offset %zu): not JSON text", path, what,
+                        (size_t)(nul - text));
+    /* a \u0000 escape: a backslash that is not itself escaped, then u0000 */
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == '\\') {
+            if (i + 5 < len && text[i + 1] == 'u' && !memcmp(text + i + 2, "0000", 4))
+                return flm_fail(err, FLM_ERR_FORMAT, "%s: %s holds a \\u0000 escape (offset %zu): a NUL character "
+                                "inside a string (a name or piece would be cut short there)", path, what, i);
+            i++; /* the escaped character */
+        }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!j) return flm_fail(err, FLM_ERR_FORMAT, "%s: %s is not valid JSON", path, what);
+    size_t at = end ? (size_t)(end - text) : len;
+    while (at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r')) at++;
+    if (at < len) {
+        cJSON_Delete(j);
+        return flm_fail(err, FLM_ERR_FORMAT, "%s: %s has data after the JSON value (offset %zu): not one JSON value",
+                        path, what, at);
+    }
+    const char *key = NULL;
+    if (no_dup_keys && dup_key(j, &key)) {
+        flm_status st = flm_fail(err, FLM_ERR_FORMAT, "%s: key '%.64s' appears twice in one object", path, key);
+        cJSON_Delete(j);
+        return st;
+    }
+    *out = j;
+    return FLM_OK;
+}
+
 typedef struct range { uint64_t begin, end; uint64_t idx; } range;
 
 static int cmp_range(const void *a, const void *b) {
@@ -137,8 +183,10 @@ static flm_status parse(st_impl *fi, flm_error *err) {
     const char *hdr = (const char *)f->map + 8;
     if (hdr[0] != '{')
         return flm_fail(err, FLM_ERR_FORMAT, "%s: the header does not start with '{'", path);
-    cJSON *root = cJSON_ParseWithLength(hdr, (size_t)hl);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root = NULL;
+    flm_status jst = flm_json_parse(path, "the header", hdr, (size_t)hl, false, &root, err);
+    if (jst) return jst;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return flm_fail(err, FLM_ERR_FORMAT, "%s: the header (%llu bytes) is not a JSON object", path, (ull)hl);
     }
@@ -250,6 +298,13 @@ static flm_status read_text(const char *path, size_t max, char **out, size_t *le
     *out = NULL;
     FILE *fp = fopen(path, "rb");
     if (!fp) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file", path,
+                                 fstat(fileno(fp), &sb) != 0 ? "unreadable" : flm_file_kind(sb.st_mode));
+        fclose(fp);
+        return st;
+    }
     char *buf = malloc(max + 1);
     size_t n = buf ? fread(buf, 1, max + 1, fp) : 0;
     bool bad = buf && ferror(fp);
@@ -277,9 +332,11 @@ static flm_status open_index(const char *dir, const char *ipath, flm_st_set *s, 
     size_t len = 0;
     flm_status st = read_text(ipath, 64u << 20, &text, &len, err);
     if (st) return st;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    cJSON *root = NULL;
+    st = flm_json_parse(ipath, "the index", text, len, false, &root, err);
     free(text);
-    const cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (st) return st;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);
         return flm_fail(err, FLM_ERR_FORMAT, "%s: no 'weight_map' object", ipath);

@@ -6,7 +6,8 @@
  * buffer[BEGIN, END), row-major (the last dimension contiguous), little-endian.
  *
  * Every field is checked before it is trusted: the header length against the file size and FLM_ST_MAX_HEADER, the
- * JSON, each entry's keys and their types, the dtype (F32, F16, BF16 only: the others are refused by name), the rank
+ * JSON (no NUL byte, no "\u0000" escape, nothing but the padding spaces after the object: flm_json_parse), each
+ * entry's keys and their types, the dtype (F32, F16, BF16 only: the others are refused by name), the rank
  * (at most FLM_ST_MAX_DIMS), every dimension (a non-negative integer below 2^53), the element count (no overflow),
  * BEGIN <= END <= buffer size, END - BEGIN == elements x dtype size, and that no two tensors' byte ranges overlap.
  * Errors name the file and the tensor (e.g. "model.safetensors: tensor 'lm_head.weight': data_offsets [0, 4096) run
@@ -14,8 +15,11 @@
 #ifndef FLM_FORMAT_SAFETENSORS_H
 #define FLM_FORMAT_SAFETENSORS_H
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include "flashlm.h"
+
+struct cJSON;
 
 #define FLM_ST_MAX_DIMS 8
 #define FLM_ST_MAX_HEADER (100u << 20) /* the reference implementation's limit (100 MB) */
@@ -49,6 +53,14 @@ flm_status flm_st_open_buffer(const char *name, const void *data, size_t size, f
 void flm_st_close(flm_st_file *f);
 /* The tensor called name, or NULL. */
 const flm_st_tensor *flm_st_find(const flm_st_file *f, const char *name);
+
+/* Parse len bytes of JSON text (path and what name it in messages: "PATH: WHAT is not valid JSON"): refused with
+ * FLM_ERR_FORMAT are a raw NUL byte, a "\u0000" escape (a string that C would cut short: a tensor name or a token
+ * piece silently shortened), invalid JSON, and anything but whitespace after the value (safetensors pads its header
+ * with spaces). With no_dup_keys, an object that holds one key twice is refused too (the whole tree is checked:
+ * meant for small files such as config.json). *out: the tree (cJSON_Delete), NULL on error. */
+flm_status flm_json_parse(const char *path, const char *what, const char *text, size_t len, bool no_dup_keys,
+                          struct cJSON **out, flm_error *err);
 
 /* A model's weights: DIR/model.safetensors, or the shards DIR/model.safetensors.index.json names in its weight_map
  * (every shard a plain file name inside DIR; each tensor must be in the shard the map gives). */
