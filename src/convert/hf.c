@@ -41,18 +41,10 @@ typedef unsigned long long ull;
  * that is not required: FLM_OK with *out NULL. */
 static flm_status read_json(const char *path, bool required, bool no_dup, cJSON **out, flm_error *err) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        if (!required && errno == ENOENT) return FLM_OK;
-        return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        flm_status fs = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file", path,
-                                 fstat(fileno(fp), &sb) != 0 ? "unreadable" : flm_file_kind(sb.st_mode));
-        fclose(fp);
-        return fs;
-    }
+    FILE *fp = NULL;
+    bool missing = false;
+    flm_status os = flm_fopen_regular(path, &fp, &missing, err);
+    if (os) return !required && missing ? FLM_OK : os;
     const size_t max = 256u << 20;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
@@ -211,15 +203,9 @@ static flm_status vocab_bpe(hf_vocab *v, const char *path, const cJSON *vocab, c
 
 /* merges.txt: "#version" first line (optional), then one "a b" a line */
 static flm_status merges_txt(hf_vocab *v, const char *path, flm_error *err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        flm_status fs = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file", path,
-                                 fstat(fileno(fp), &sb) != 0 ? "unreadable" : flm_file_kind(sb.st_mode));
-        fclose(fp);
-        return fs;
-    }
+    FILE *fp = NULL;
+    flm_status os = flm_fopen_regular(path, &fp, NULL, err);
+    if (os) return os;
     cJSON *arr = cJSON_CreateArray();
     char *line = NULL;
     size_t lcap = 0, total = 0;

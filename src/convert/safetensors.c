@@ -296,15 +296,9 @@ const flm_st_tensor *flm_st_set_find(const flm_st_set *s, const char *name) {
 /* the whole of a small text file (at most max bytes) into a malloc'd NUL-terminated buffer */
 static flm_status read_text(const char *path, size_t max, char **out, size_t *len, flm_error *err) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return flm_fail(err, FLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        flm_status st = flm_fail(err, FLM_ERR_IO, "%s: is %s, not a regular file", path,
-                                 fstat(fileno(fp), &sb) != 0 ? "unreadable" : flm_file_kind(sb.st_mode));
-        fclose(fp);
-        return st;
-    }
+    FILE *fp = NULL;
+    flm_status os = flm_fopen_regular(path, &fp, NULL, err);
+    if (os) return os;
     char *buf = malloc(max + 1);
     size_t n = buf ? fread(buf, 1, max + 1, fp) : 0;
     bool bad = buf && ferror(fp);
