@@ -81,6 +81,12 @@ typedef struct flm_error {
 /* A short, static name for a status code ("I/O error", "bad format", ...). */
 FLM_API const char *flm_status_str(flm_status s);
 
+/* The offset of the first byte of s[0, n) that does not begin a well-formed UTF-8 sequence (RFC 3629 section 4: a
+ * stray continuation byte, a truncated sequence, an overlong form, a surrogate, a code point above U+10FFFF; 0xC0,
+ * 0xC1, 0xF5..0xFF), or SIZE_MAX when all of it is well-formed. Text flashlm takes (prompts, chat lines, request
+ * bodies) is checked with it: a tokenizer would drop such bytes without a word. */
+FLM_API size_t flm_utf8_check(const char *s, size_t n);
+
 /* ---------------------------------------------------------------------------------------------------------------
  * Tensor types (the numeric ids are GGUF's ggml_type ids, so they can be stored as-is)
  * ------------------------------------------------------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* test_tokenizer.c — SentencePiece BPE from GGUF metadata: known ids, agreement with an independent re-implementation
  * of llama2.c's encoder over its own tokenizer file (tok512.bin), byte fallback, round trips, empty input. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,8 +258,60 @@ static void test_out_of_memory(void **state) {
 #endif
 }
 
+/* flm_utf8_check against an independent decoder: the sequence's bits put together and judged by the definition
+ * (RFC 3629 section 4: the shortest form of a code point at most U+10FFFF, not a surrogate), over every sequence of
+ * one to three bytes and a sample of four, each followed by 'a' (and alone: truncated). */
+static size_t ref_utf8_len(const unsigned char *p, size_t n) {
+    size_t k = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3 : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
+    if (!k || k > n) return 0;
+    uint32_t v = k == 1 ? p[0] : p[0] & (0x7Fu >> k);
+    for (size_t j = 1; j < k; j++) {
+        if ((p[j] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (p[j] & 0x3Fu);
+    }
+    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < least[k] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    return k;
+}
+
+static void test_utf8_check(void **state) {
+    (void)state;
+    unsigned char b[6];
+    uint64_t checked = 0;
+    for (uint32_t x = 0; x < (1u << 24); x++) {
+        const size_t n = x < 256 ? 1 : x < 65536 ? 2 : 3;
+        for (size_t j = 0; j < n; j++) b[j] = (unsigned char)(x >> (8 * (n - 1 - j)));
+        b[n] = 'a';
+        for (size_t len = n; len <= n + 1; len++) {
+            size_t want = SIZE_MAX, i = 0;
+            while (i < len) {
+                size_t k = ref_utf8_len(b + i, len - i);
+                if (!k) { want = i; break; }
+                i += k;
+            }
+            if (flm_utf8_check((const char *)b, len) != want)
+                fail_msg("bytes %06x (%zu): %zu, the reference %zu", x, len, flm_utf8_check((const char *)b, len), want);
+            checked++;
+        }
+    }
+    for (uint32_t x = 0xF0000000u; x; x += 0x00010101u) { /* four bytes: lead bytes F0..FF, continuations sampled */
+        for (int j = 0; j < 4; j++) b[j] = (unsigned char)(x >> (8 * (3 - j)));
+        size_t k = ref_utf8_len(b, 4), want = k == 4 ? SIZE_MAX : 0;
+        if (k && k < 4) { size_t i = k; while (i < 4 && ref_utf8_len(b + i, 4 - i)) i += ref_utf8_len(b + i, 4 - i); want = i < 4 ? i : SIZE_MAX; }
+        if (flm_utf8_check((const char *)b, 4) != want)
+            fail_msg("bytes %08x: %zu, the reference %zu", x, flm_utf8_check((const char *)b, 4), want);
+        checked++;
+        if (x > 0xFFFFFFFFu - 0x00010101u) break;
+    }
+    assert_true(checked > 30000000u);
+    assert_int_equal(flm_utf8_check("", 0), SIZE_MAX);
+    assert_int_equal(flm_utf8_check("\xF0\x9F\xA6\x9C", 4), SIZE_MAX); /* U+1F99C */
+    assert_int_equal(flm_utf8_check("a\xED\xA0\x80", 4), 1);           /* a surrogate */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_utf8_check),
         cmocka_unit_test(test_known_ids),
         cmocka_unit_test(test_matches_llama2c_encoder),
         cmocka_unit_test(test_round_trips),

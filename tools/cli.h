@@ -119,11 +119,6 @@ char *cli_unescape(const char *s, size_t *len);
 size_t cli_prompt_max_bytes(const flm_ctx *ctx, uint32_t n_ctx, size_t *per_token);
 /* Tokenize len bytes of text with FLM_TOKENIZE_* flags into a malloc'd array of *n ids; NULL after printing why. */
 int32_t *cli_tokenize(const flm_ctx *ctx, const char *text, size_t len, unsigned flags, size_t *n);
-/* The offset of the first byte of s[0..n) that is not part of well-formed UTF-8 (a stray continuation byte, a
- * truncated sequence, an overlong form, a surrogate, above U+10FFFF, 0xC0/0xC1/0xF5..0xFF); SIZE_MAX when it is all
- * well-formed. Tokenizers drop such bytes without a word: a prompt, a chat line or a system prompt with one is
- * refused instead. */
-size_t cli_utf8_bad(const char *s, size_t n);
 /* How many tokens len bytes of text give as plain text (no BOS or EOS, control tokens not parsed): 0 when the
  * tokenizer drops all of its bytes (a prompt of BOS only otherwise runs without a word). SIZE_MAX when out of memory. */
 size_t cli_text_tokens(const flm_ctx *ctx, const char *text, size_t len);

@@ -985,23 +985,6 @@ static const char *resolve_model(const char *arg, char *buf, size_t cap) {
     return cli_pull(arg, NULL, buf, cap) == 0 ? buf : arg;
 }
 
-size_t cli_utf8_bad(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned b = u[i];
-        if (b < 0x80) { i++; continue; }
-        size_t k = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-        if (!k || i + k > n) return i;
-        /* the second byte's range excludes overlong forms, surrogates and code points above U+10FFFF */
-        unsigned lo = b == 0xE0 ? 0xA0 : b == 0xF0 ? 0x90 : 0x80, hi = b == 0xED ? 0x9F : b == 0xF4 ? 0x8F : 0xBF;
-        if (u[i + 1] < lo || u[i + 1] > hi) return i;
-        for (size_t j = 2; j < k; j++)
-            if ((u[i + j] & 0xC0) != 0x80) return i;
-        i += k;
-    }
-    return SIZE_MAX;
-}
-
 size_t cli_text_tokens(const flm_ctx *ctx, const char *text, size_t len) {
     int32_t first; /* the count is all that is wanted: one id written at most */
     return flm_tokenize_ex(ctx, text, len, 0, &first, 1);

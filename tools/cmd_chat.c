@@ -253,7 +253,7 @@ static int chat_parse(int argc, char **argv, chat_args *A, cli_spec_session *ss)
         }
     }
     if (!A->model) return cli_die("%s", "no model given: use -m MODEL (see flashlm chat --help)");
-    size_t bad = A->system ? cli_utf8_bad(A->system, strlen(A->system)) : SIZE_MAX;
+    size_t bad = A->system ? flm_utf8_check(A->system, strlen(A->system)) : SIZE_MAX;
     if (bad != SIZE_MAX) /* the tokenizer would drop it without a word */
         return fprintf(stderr, "flashlm: --system: byte 0x%02X at offset %zu is not UTF-8: a system prompt is text\n",
                        (unsigned char)A->system[bad], bad), 2;
@@ -337,7 +337,7 @@ static int chat_line(chat_state *c, const char *line, size_t line_len, bool too_
                 c->n_lines, (size_t)(nul - line));
         return TURN_NEXT;
     }
-    size_t bad = cli_utf8_bad(line, line_len);
+    size_t bad = flm_utf8_check(line, line_len);
     if (bad != SIZE_MAX) { /* the tokenizer would drop the byte without a word: refused, the conversation goes on */
         c->refused = true;
         fprintf(stderr, "flashlm: line %zu: byte 0x%02X at byte %zu is not UTF-8: a prompt is text, not sent\n",

@@ -2284,17 +2284,6 @@ static cJSON *body_object(struct MHD_Connection *c, conn *cn, enum MHD_Result *r
     return o;
 }
 
-static bool valid_utf8(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char b = (unsigned char)s[i];
-        size_t k = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-        if (!k || i + k > n) return false;
-        for (size_t j = 1; j < k; j++)
-            if (((unsigned char)s[i + j] >> 6) != 2) return false;
-        i += k;
-    }
-    return true;
-}
 
 /* The JSON string of p[0..n) (valid UTF-8), quoted, written at o unless o is NULL; its length either way. */
 static size_t json_string_at(char *o, const char *p, size_t n) {
@@ -2333,7 +2322,7 @@ static size_t tokens_answer(const flm_ctx *ctx, const int32_t *ids, size_t n, bo
         if (!pieces) continue;
         size_t len;
         const char *p = flm_token_piece(ctx, i ? ids[i - 1] : -1, ids[i], &len);
-        if (valid_utf8(p, len)) {
+        if (flm_utf8_check(p, len) == SIZE_MAX) {
             k += json_string_at(o ? o + k : NULL, p, len);
         } else { /* the bytes */
             PUT("[", 1);

@@ -245,11 +245,11 @@ static int cmd_run(int argc, char **argv) {
         prompt = run_prompt_esc;
     }
     /* bytes that are not UTF-8: the tokenizer drops them without a word (-p $'a\xffb' ran as "ab") */
-    size_t bad = cli_utf8_bad(prompt, strlen(prompt));
+    size_t bad = flm_utf8_check(prompt, strlen(prompt));
     if (bad != SIZE_MAX)
         return fprintf(stderr, "flashlm: -p: byte 0x%02X at offset %zu is not UTF-8: a prompt is text\n",
                        (unsigned char)prompt[bad], bad), 2;
-    if (system && (bad = cli_utf8_bad(system, strlen(system))) != SIZE_MAX)
+    if (system && (bad = flm_utf8_check(system, strlen(system))) != SIZE_MAX)
         return fprintf(stderr, "flashlm: --system: byte 0x%02X at offset %zu is not UTF-8: a system prompt is text\n",
                        (unsigned char)system[bad], bad), 2;
     run_prompt_file = prompt_file; /* read once the model is open: bounded by its context (cli_prompt_max_bytes) */
@@ -313,7 +313,7 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             flm_close(ctx);
             return 1;
         }
-        size_t bad = cli_utf8_bad(prompt_buf, len);
+        size_t bad = flm_utf8_check(prompt_buf, len);
         if (bad != SIZE_MAX) { /* the tokenizer would drop it without a word */
             fprintf(stderr, "flashlm: %s: byte 0x%02X at offset %zu is not UTF-8: a prompt is text\n", run_prompt_file,
                     (unsigned char)prompt_buf[bad], bad);

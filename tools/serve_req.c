@@ -371,27 +371,10 @@ bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t 
 }
 
 cJSON *serve_parse_json(const char *body, size_t len, char *msg, size_t cap) {
-    for (size_t i = 0; i < len;) { /* UTF-8 (RFC 8259 section 8.1): well-formed, no surrogates, no overlongs */
-        const unsigned char b = (unsigned char)body[i];
-        size_t k = b < 0x80                 ? 1
-                   : b >= 0xC2 && b <= 0xDF ? 2
-                   : b >= 0xE0 && b <= 0xEF ? 3
-                   : b >= 0xF0 && b <= 0xF4 ? 4
-                                            : 0;
-        bool ok = k && i + k <= len;
-        for (size_t j = 1; ok && j < k; j++) ok = ((unsigned char)body[i + j] >> 6) == 2;
-        if (ok && k == 3) {
-            const unsigned char c = (unsigned char)body[i + 1];
-            ok = !(b == 0xE0 && c < 0xA0) && !(b == 0xED && c > 0x9F);
-        } else if (ok && k == 4) {
-            const unsigned char c = (unsigned char)body[i + 1];
-            ok = !(b == 0xF0 && c < 0x90) && !(b == 0xF4 && c > 0x8F);
-        }
-        if (!ok) {
-            snprintf(msg, cap, "the body is not valid UTF-8 (byte %zu: 0x%02X)", i, b);
-            return NULL;
-        }
-        i += k;
+    const size_t bad = flm_utf8_check(body, len); /* UTF-8 (RFC 8259 section 8.1): well-formed */
+    if (bad != SIZE_MAX) {
+        snprintf(msg, cap, "the body is not valid UTF-8 (byte %zu: 0x%02X)", bad, (unsigned char)body[bad]);
+        return NULL;
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);

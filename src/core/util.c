@@ -1,5 +1,6 @@
-/* util.c — the monotonic clock and the CPU feature test of core/util.h. */
+/* util.c — the monotonic clock, the CPU feature test and the UTF-8 check of core/util.h (flm_utf8_check). */
 #include "core/util.h"
+#include "flashlm.h" /* flm_utf8_check: FLM_API */
 
 #include <stdio.h>
 #include <sys/resource.h>
@@ -58,4 +59,27 @@ flm_size_str flm_size(uint64_t b) {
     else if (b < (1ull << 30)) snprintf(r.s, sizeof r.s, "%.2f MiB", (double)b / 1048576.0);
     else snprintf(r.s, sizeof r.s, "%.2f GiB", (double)b / 1073741824.0);
     return r;
+}
+
+size_t flm_utf8_len(const unsigned char *p, size_t n) {
+    const unsigned c = p[0];
+    if (c < 0x80) return 1;
+    const size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!k || k > n) return 0;
+    /* the second byte's range excludes overlong forms, surrogates and code points above U+10FFFF */
+    const unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t j = 2; j < k; j++)
+        if ((p[j] & 0xC0) != 0x80) return 0;
+    return k;
+}
+
+size_t flm_utf8_check(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        const size_t k = flm_utf8_len(u + i, n - i);
+        if (!k) return i;
+        i += k;
+    }
+    return SIZE_MAX;
 }

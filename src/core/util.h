@@ -75,4 +75,8 @@ bool flm_address_space_limited(void);
 typedef struct flm_size_str { char s[32]; } flm_size_str;
 flm_size_str flm_size(uint64_t bytes);
 
+/* The length (1..4) of the well-formed UTF-8 sequence at p[0, n) (RFC 3629 section 4), or 0 when none begins there
+ * (n >= 1). flm_utf8_check's step. */
+size_t flm_utf8_len(const unsigned char *p, size_t n);
+
 #endif

@@ -580,28 +580,13 @@ static size_t utf8_incomplete(const char *p, size_t n) {
     return 0;
 }
 
-/* The length of the UTF-8 sequence at p[0..n) (1..4), or 0 when its first bytes are not one: a lead byte without
- * its continuation bytes, an overlong form, a surrogate or a code point above U+10FFFF (RFC 3629 section 4). */
-static size_t utf8_seq(const unsigned char *p, size_t n) {
-    const unsigned c = p[0];
-    if (c < 0x80) return 1;
-    const size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!k || k > n) return 0;
-    for (size_t j = 1; j < k; j++)
-        if ((p[j] & 0xC0) != 0x80) return 0;
-    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F) || (c == 0xF0 && p[1] < 0x90) ||
-        (c == 0xF4 && p[1] > 0x8F))
-        return 0;
-    return k;
-}
-
 /* utf8_whole: the held bytes [0, n) made valid UTF-8, each byte that does not begin a whole sequence replaced by
  * U+FFFD (as a decoder with errors="replace" shows them); the held bytes after n follow. Returns the new n (2 bytes
  * longer a replacement), or 0 when memory runs out (nothing is released then; the caller fails). */
 static size_t utf8_replace(flm_session *s, size_t n, bool *nomem) {
     size_t bad = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s->hold + i, n - i);
+        size_t k = flm_utf8_len((const unsigned char *)s->hold + i, n - i);
         if (!k) { bad++; k = 1; }
         i += k;
     }
@@ -611,7 +596,7 @@ static size_t utf8_replace(flm_session *s, size_t n, bool *nomem) {
     if (!h) { *nomem = true; return 0; }
     size_t out = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s->hold + i, n - i);
+        size_t k = flm_utf8_len((const unsigned char *)s->hold + i, n - i);
         if (!k) {
             memcpy(h + out, "\xEF\xBF\xBD", 3);
             out += 3;
