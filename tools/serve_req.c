@@ -681,12 +681,12 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
     /* a stop string would cut a JSON value or a forced call short and the reply would still say "stop", which
      * promises the value whole (docs/STRUCTURED.md): refused rather than broken (a GBNF grammar is the client's own
      * language: its stop strings apply) */
-    if (r->n_stop > 0 && ((r->grammar_from && strcmp(r->grammar_from, "grammar")) ||
-                          r->tool_choice == SERVE_TOOL_REQUIRED || r->tool_choice == SERVE_TOOL_NAMED)) {
-        snprintf(msg, cap, "'stop' cannot be used with %s: a stop string would cut the %s short", r->grammar_from &&
-                 strcmp(r->grammar_from, "grammar") ? (r->grammar_from[0] == 'r' ? "'response_format'" : "'json_schema'")
-                 : "'tool_choice' required or naming a function", r->grammar_from && strcmp(r->grammar_from, "grammar")
-                 ? "JSON value" : "call");
+    const bool json_value = r->grammar_from && strcmp(r->grammar_from, "grammar"); /* response_format, json_schema */
+    if (r->n_stop > 0 && (json_value || r->tool_choice == SERVE_TOOL_REQUIRED || r->tool_choice == SERVE_TOOL_NAMED)) {
+        snprintf(msg, cap, "'stop' cannot be used with %s: a stop string would cut the %s short",
+                 !json_value ? "'tool_choice' required or naming a function"
+                 : !strncmp(r->grammar_from, "response_format", 15) ? "'response_format'" : "'json_schema'",
+                 json_value ? "JSON value" : "call");
         goto fail;
     }
     if (chat) {

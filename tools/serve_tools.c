@@ -109,7 +109,7 @@ int serve_parse_tools(const cJSON *root, bool chat, serve_req *r, char *msg, siz
         if (cJSON_IsString(choice)) {
             const char *c = choice->valuestring;
             if (!strcmp(c, "none")) r->tool_choice = SERVE_TOOL_NONE;
-            else if (!strcmp(c, "auto")) r->tool_choice = r->tools ? SERVE_TOOL_AUTO : SERVE_TOOL_NONE;
+            else if (!strcmp(c, "auto")) r->tool_choice = SERVE_TOOL_AUTO;
             else if (!strcmp(c, "required")) r->tool_choice = SERVE_TOOL_REQUIRED;
             else {
                 snprintf(msg, cap, "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
@@ -136,11 +136,6 @@ int serve_parse_tools(const cJSON *root, bool chat, serve_req *r, char *msg, siz
                 snprintf(msg, cap, "'tool_choice' names the function '%.64s', which is not in 'tools'", name->valuestring);
                 return 400;
             }
-        }
-        if (!r->tools && r->tool_choice != SERVE_TOOL_NONE) {
-            snprintf(msg, cap, "'tool_choice' %s needs 'tools'", r->tool_choice == SERVE_TOOL_REQUIRED ? "required"
-                     : "auto");
-            return 400;
         }
     }
     return 0;
