@@ -5,7 +5,11 @@
  *   - after target passes every layer's window is consistent: at most its capacity, distinct streamed neurons, and
  *     each record equal to the file's record of that neuron;
  *   - the window changes the draft: a draft of position 0 differs before and after target passes filled the window,
- *     while without a window it does not.
+ *     while without a window it does not;
+ *   - the draft's correction: after target passes (a batch longer than FLM_HOT_CORRECTION_ROWS, then single tokens)
+ *     each layer's is the decayed mean, over the passes' last rows, of the exact FFN output less the FFN over the
+ *     draft's neurons (the prefix and the window as each pass left it), recomputed here from the FFN inputs (tapped
+ *     in ram mode) with flm_ffn_bundles over the file's records; a draft pass leaves it alone.
  * stories260K from tests/data (its records in file order: the hot mode runs any .flm). */
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +27,7 @@
 #define WINDOW 0.4
 
 static char g_flm[4096];
+static int g_batch; /* flm_params.n_batch of params_for (0: the default) */
 
 static int setup(void **state) {
     (void)state;
@@ -48,6 +53,7 @@ static void params_for(flm_params *p, flm_mode mode, uint64_t mem, double window
     p->mode = mode;
     p->mem_bytes = mem;
     p->draft_window = window;
+    if (g_batch) p->n_batch = g_batch;
 }
 
 static flm_ctx *open_mode(flm_mode mode, uint64_t mem, double window) {
@@ -215,11 +221,129 @@ static void test_window_changes_draft(void **state) {
     }
 }
 
+/* The FFN inputs of a pass, tapped: x[t][l] (d_model floats), t counted per layer. */
+typedef struct {
+    float *x;
+    uint32_t n_layers, d_model, n_tok, seen[64];
+} tap_rec;
+
+static void tap_fn(void *user, uint32_t layer, const float *x) {
+    tap_rec *r = user;
+    assert_true(layer < r->n_layers && r->seen[layer] < r->n_tok);
+    memcpy(r->x + ((size_t)r->seen[layer]++ * r->n_layers + layer) * r->d_model, x, r->d_model * sizeof(float));
+}
+
+/* want[l] <- the correction's update for layer l after a target pass whose FFN inputs are rows [t0, t1) of tap,
+ * with the draft's neurons of each layer as hot now holds them (prefix and window). */
+static void correction_step(flm_ctx *hot, flm_ctx *ram, const tap_rec *tap, uint32_t t0, uint32_t t1, float *want) {
+    const uint32_t L = tap->n_layers, D = tap->d_model;
+    const flm_kernels *k = flm_ctx_kernels(ram);
+    flm_model_info info;
+    flm_get_info(hot, &info);
+    uint32_t *rows = malloc(info.d_ffn * sizeof *rows);
+    float *full = malloc(D * sizeof(float)), *sub = malloc(D * sizeof(float));
+    float *h = malloc(info.d_ffn * sizeof(float)), *acc = malloc(D * sizeof(float));
+    if (t1 - t0 > FLM_HOT_CORRECTION_ROWS) t0 = t1 - FLM_HOT_CORRECTION_ROWS;
+    for (uint32_t l = 0; l < L; l++) {
+        uint32_t n_hot, n_win;
+        const uint8_t *rec;
+        if (!flm_hot_correction(hot, l, &n_hot)) continue;
+        assert_true(flm_hot_window(hot, l, &n_win, rows + n_hot, &rec));
+        for (uint32_t i = 0; i < n_hot; i++) rows[i] = i;
+        const flm_bundle_desc *d;
+        const uint8_t *all = flm_ffn_resident_records(ram, l, &d);
+        assert_non_null(all);
+        for (uint32_t t = t0; t < t1; t++) {
+            const float *x = tap->x + ((size_t)t * L + l) * D;
+            flm_ffn_bundles(k, d, all, NULL, info.d_ffn, x, full, h, acc, 1, NULL);
+            flm_ffn_bundles(k, d, all, rows, n_hot + n_win, x, sub, h, acc, 1, NULL);
+            for (uint32_t i = 0; i < D; i++)
+                want[(size_t)l * D + i] = FLM_HOT_CORRECTION_DECAY * want[(size_t)l * D + i] +
+                                          (1.0f - FLM_HOT_CORRECTION_DECAY) * (full[i] - sub[i]);
+        }
+    }
+    free(rows);
+    free(full);
+    free(sub);
+    free(h);
+    free(acc);
+}
+
+/* every layer with a window: its correction equals want to float rounding (the batch kernels sum in another order) */
+static void check_corrections(flm_ctx *hot, const float *want, uint32_t L, uint32_t D, const char *when) {
+    double far = 0, size = 0;
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        const float *c = flm_hot_correction(hot, l, NULL);
+        if (!c) continue;
+        n++;
+        for (uint32_t i = 0; i < D; i++) {
+            far = fmax(far, fabs((double)c[i] - want[(size_t)l * D + i]));
+            size = fmax(size, fabs((double)want[(size_t)l * D + i]));
+        }
+    }
+    print_message("%s: %u layers' corrections, largest %g, largest difference from the reference %g\n", when, n,
+                  size, far);
+    assert_true(n > 0);
+    assert_true(size > 1e-3);
+    assert_true(far <= 1e-4 * size + 1e-7);
+}
+
+static void test_draft_correction(void **state) {
+    (void)state;
+    flm_ctx *ram = open_mode(FLM_MODE_RAM, 0, 0);
+    g_batch = 2 * FLM_HOT_CORRECTION_ROWS; /* a pass of more rows than are measured */
+    flm_ctx *hot = open_mode(FLM_MODE_HOT, budget_for(0.3, 0.7), WINDOW);
+    g_batch = 0;
+    flm_error err;
+    flm_model_info info;
+    flm_get_info(ram, &info);
+    const uint32_t L = info.n_layers, D = info.d_model;
+    int n;
+    int32_t *ids = prompt_ids(ram, &n);
+    assert_true(n > FLM_HOT_CORRECTION_ROWS + 3 && L <= 64);
+    const int n_batch = n - 3; /* one batch longer than the rows measured, then three tokens one at a time */
+    tap_rec tap = {malloc((size_t)n * L * D * sizeof(float)), L, D, (uint32_t)n, {0}};
+    flm_ffn_hooks hk = {.tap = tap_fn, .tap_user = &tap};
+    const float *lg;
+    if (flm_eval_hooked(ram, ids, (uint32_t)n, 0, &hk, NULL, &lg, &err)) fail_msg("ram: %s", err.msg);
+    float *want = calloc((size_t)L * D, sizeof(float));
+    for (uint32_t l = 0; l < L; l++) {
+        const float *c = flm_hot_correction(hot, l, NULL);
+        if (c)
+            for (uint32_t i = 0; i < D; i++) assert_true(c[i] == 0.0f); /* none before a target pass */
+    }
+    /* the plan's batch: a longer one runs as passes of that many rows, each a target pass of its own */
+    flm_plan_info pi;
+    flm_get_plan(hot, &pi);
+    print_message("batches of %u rows, hot %.1f%% + window %.1f%%\n", pi.n_batch, 100 * pi.hot_share,
+                  100 * pi.window_share);
+    assert_true(pi.n_batch > FLM_HOT_CORRECTION_ROWS && pi.window > 0);
+    for (int t = 0; t < n_batch; t += (int)pi.n_batch) {
+        const int m = n_batch - t < (int)pi.n_batch ? n_batch - t : (int)pi.n_batch;
+        if (flm_eval_batch(hot, ids + t, (uint32_t)m, t, NULL, &lg, &err)) fail_msg("batch: %s", err.msg);
+        correction_step(hot, ram, &tap, (uint32_t)t, (uint32_t)(t + m), want);
+    }
+    check_corrections(hot, want, L, D, "after a batch");
+    for (int t = n_batch; t < n; t++) {
+        if (flm_eval_draft(hot, ids[t], t, &lg, &err)) fail_msg("draft: %s", err.msg); /* changes nothing */
+        if (flm_eval(hot, ids[t], t, &lg, &err)) fail_msg("eval: %s", err.msg);
+        correction_step(hot, ram, &tap, (uint32_t)t, (uint32_t)t + 1, want);
+    }
+    check_corrections(hot, want, L, D, "after single tokens");
+    free(want);
+    free(tap.x);
+    free(ids);
+    flm_close(hot);
+    flm_close(ram);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_counts_window),
         cmocka_unit_test(test_window_exact_and_consistent),
         cmocka_unit_test(test_window_changes_draft),
+        cmocka_unit_test(test_draft_correction),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

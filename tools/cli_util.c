@@ -184,14 +184,14 @@ void cli_print_plan(const flm_plan_info *p) {
         char win[160] = "";
         if (p->window)
             snprintf(win, sizeof win, " + a draft window of the %.1f%% most recently active streamed neurons "
-                     "(%.2f MiB)", 100.0 * p->window_share, cli_mib(p->window));
+                     "and the draft's correction (%.2f MiB)", 100.0 * p->window_share, cli_mib(p->window));
         fprintf(stderr, "flashlm: plan:   FFN in memory    %10.2f MiB  the hottest %.1f%% of every layer's neurons "
                 "(%.2f MiB)%s%s\n", cli_mib(p->ffn_resident + p->stream), 100.0 * p->hot_share,
                 cli_mib(p->ffn_resident - p->window), win, stream);
         if (p->stream)
             fprintf(stderr, "flashlm: plan:   (the other %.1f%% of each layer is read as one range per pass; a "
                     "self-draft, --draft-self, computes from the hot share%s alone)\n", 100.0 * (1.0 - p->hot_share),
-                    p->window ? " and the window" : "");
+                    p->window ? " and the window, plus the mean of what the rest added lately" : "");
     } else {
         char stream[96] = "";
         if (p->stream)

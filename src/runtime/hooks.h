@@ -67,4 +67,10 @@ const uint8_t *flm_ffn_resident_records(const flm_ctx *ctx, uint32_t l, const fl
  * (and *n 0) when ctx has no window for layer l. */
 bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, const uint8_t **records);
 
+/* The hot mode's draft correction of layer l (runtime/ffn_hot.c): d_model floats, the running mean of what the
+ * neurons a draft leaves out add to the layer's output, which a draft pass adds to its own; *n_hot (when not NULL)
+ * gets the layer's resident prefix (records [0, *n_hot); the draft computes over them and the window). NULL when ctx
+ * has no window for layer l (no correction either). */
+const float *flm_hot_correction(const flm_ctx *ctx, uint32_t l, uint32_t *n_hot);
+
 #endif

@@ -389,6 +389,11 @@ uint32_t flm_hot_count(uint32_t n, uint32_t q16);
 /* A hot layer of n records at resident share q16 with window share wq16 of that: records [0, *hot) stay resident as
  * the prefix, *win more are the self-draft's window (0 when the whole layer is resident). */
 void flm_hot_split(uint32_t n, uint32_t q16, uint32_t wq16, uint32_t *hot, uint32_t *win);
+/* The self-draft's correction (runtime/ffn_hot.c, with a window): measured on a target pass's last this many rows,
+ * decayed by this much per row (about the last 50 rows weigh; measured on Qwen2.5-Coder-1.5B at --mem 50%: 0.95 and
+ * 0.99 gave the same tokens per pass, 0 (the last row only) was no better than none). */
+#define FLM_HOT_CORRECTION_ROWS 16
+#define FLM_HOT_CORRECTION_DECAY 0.98f
 /* The sparse source's state when ctx runs sparse, else NULL. */
 const flm_sparse *flm_ctx_sparse(const flm_ctx *ctx);
 
