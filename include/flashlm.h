@@ -207,7 +207,8 @@ typedef struct flm_params {
     double draft_window; /* mode hot with a self-draft (--draft-window): the share (0 .. 0.9) of the FFN neurons kept
                             in memory that holds, per layer, the records of the streamed neurons most active in the
                             recent target passes (a window the self-draft, flm_eval_draft, computes over besides the
-                            hottest prefix) instead of a longer prefix. Costs reads (those neurons are still
+                            hottest prefix, and with it each layer's running mean of what the neurons left out add,
+                            which the draft adds) instead of a longer prefix. Costs reads (those neurons are still
                             streamed), so it pays only with a self-draft. 0 (default): FLM_AUTO_DRAFT_WINDOW where
                             mode auto runs the self-draft (flm_plan_info.self_draft), else none; < 0: none. Ignored
                             when the FFN has biases (OPT, Phi-2), in other modes and when the whole model fits */
@@ -333,7 +334,8 @@ typedef struct flm_plan_info {
                                  (0..1); else 0 */
     double window_share;      /* hot: the share of every layer's FFN neurons held in the self-draft's window of
                                  recently active streamed neurons (flm_params.draft_window); else 0 */
-    uint64_t window;          /* hot: bytes of the windows (records, indices, scores; inside ffn_resident) */
+    uint64_t window;          /* hot: bytes of the windows (records, indices, scores, the draft's corrections;
+                                 inside ffn_resident) */
     uint32_t n_stream_buffers; /* naive/hybrid: 2 with read-ahead, else 1 (0: nothing streams) */
     uint32_t n_ctx;           /* KV cache length, tokens (params n_ctx 0 resolved) */
     uint32_t n_batch;         /* tokens per batched forward pass */
@@ -398,10 +400,11 @@ FLM_API flm_status flm_plan_split(const char *target_path, const flm_params *tar
 FLM_API flm_status flm_eval(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
 
 /* The self-draft (docs/SPECULATIVE.md): flm_eval with every FFN computed over the neurons the hot mode keeps in
- * memory only — attention, norms and the classifier exact, nothing read from flash. Its logits approximate the
- * model's; the keys and values it stores at pos are approximate too, so the caller evaluates pos again exactly
- * (flm_eval_batch over the drafted tokens: the verification pass) before anything depends on them. Same arguments
- * and errors as flm_eval, plus FLM_ERR_ARG when ctx does not run mode hot (flm_has_self_draft). */
+ * memory only (with a window, flm_params.draft_window: plus each layer's running mean of what the other neurons
+ * added in recent target passes) — attention, norms and the classifier exact, nothing read from flash. Its logits
+ * approximate the model's; the keys and values it stores at pos are approximate too, so the caller evaluates pos
+ * again exactly (flm_eval_batch over the drafted tokens: the verification pass) before anything depends on them.
+ * Same arguments and errors as flm_eval, plus FLM_ERR_ARG when ctx does not run mode hot (flm_has_self_draft). */
 FLM_API flm_status flm_eval_draft(flm_ctx *ctx, int32_t token, int32_t pos, const float **logits, flm_error *err);
 /* true when ctx runs mode hot with some neurons streamed (a self-draft is then cheaper than the model itself). */
 FLM_API bool flm_has_self_draft(const flm_ctx *ctx);
