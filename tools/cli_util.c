@@ -190,8 +190,8 @@ void cli_print_plan(const flm_plan_info *p) {
                 cli_mib(p->ffn_resident - p->window), win, stream);
         if (p->stream)
             fprintf(stderr, "flashlm: plan:   (the other %.1f%% of each layer is read as one range per pass; a "
-                    "self-draft, --draft-self, computes from the hot share%s alone)\n", 100.0 * (1.0 - p->hot_share),
-                    p->window ? " and the window, plus the mean of what the rest added lately" : "");
+                    "self-draft, --draft-self, computes from the hot share%s)\n", 100.0 * (1.0 - p->hot_share),
+                    p->window ? " and the window alone, and adds the mean of what the rest added lately" : " alone");
     } else {
         char stream[96] = "";
         if (p->stream)
