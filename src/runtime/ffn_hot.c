@@ -81,9 +81,12 @@ static uint64_t window_bytes(const flm_region *r, uint32_t cap, uint32_t ns) {
 /* The windows' shared block: a copy of the largest layer's scores (the selection), the batch's activities (d_ffn
  * floats), the free slots (the largest window), every layer's correction (n_layers x d_model floats) and the rows of
  * the draft's output it is measured from (FLM_HOT_CORRECTION_ROWS x d_model floats). */
+static uint64_t window_select_bytes(uint32_t max_ns, uint32_t d_ffn, uint32_t max_cap) { /* the first three */
+    return flm_align_up(4ull * max_ns + 4ull * d_ffn + 4ull * max_cap, 64);
+}
 static uint64_t window_scratch_bytes(uint32_t max_ns, uint32_t d_ffn, uint32_t max_cap, uint32_t n_layers,
                                      uint32_t d_model) {
-    return flm_align_up(4ull * max_ns + 4ull * d_ffn + 4ull * max_cap, 64) +
+    return window_select_bytes(max_ns, d_ffn, max_cap) +
            flm_align_up(4ull * (n_layers + FLM_HOT_CORRECTION_ROWS) * d_model, FLM_ALIGN);
 }
 
@@ -183,7 +186,6 @@ typedef struct hot_state {
     uint32_t *free_slots;      /* scratch [largest cap] */
     float *corr;               /* [n_layers][d_model]: the draft's correction of each layer (head comment) */
     float *corr_rows;          /* scratch [FLM_HOT_CORRECTION_ROWS][d_model]: the draft's output of a pass's rows */
-    uint32_t d_model;
 } hot_state;
 
 static void hot_close(flm_ffn_env *E) {
@@ -240,9 +242,8 @@ static flm_status window_open(flm_flash *fl, hot_state *S, uint32_t d_model, flm
     S->sel = (float *)sc;
     S->act = (float *)(sc + 4ull * max_ns);
     S->free_slots = (uint32_t *)(sc + 4ull * max_ns + 4ull * d_ffn);
-    S->corr = (float *)(sc + flm_align_up(4ull * max_ns + 4ull * d_ffn + 4ull * max_cap, 64)); /* zero: the arena */
+    S->corr = (float *)(sc + window_select_bytes(max_ns, d_ffn, max_cap)); /* zero: the arena */
     S->corr_rows = S->corr + (size_t)L * d_model;
-    S->d_model = d_model;
     return FLM_OK;
 }
 
@@ -317,7 +318,7 @@ static void window_update(hot_state *S, const flm_region *r, uint32_t l, const u
  * for the call's last rows, and the correction moved towards what it lacks (head comment). Cannot fail (the records
  * are in memory and were checked when they came). */
 static void correction_update(flm_ffn_env *E, hot_state *S, const flm_ffn_call *c) {
-    const uint32_t l = c->layer, D = S->d_model;
+    const uint32_t l = c->layer, D = E->model->hp.d_model;
     const uint32_t m = c->n < FLM_HOT_CORRECTION_ROWS ? c->n : FLM_HOT_CORRECTION_ROWS, r0 = c->n - m;
     flm_ffn_call d = *c;
     d.n = m;
@@ -339,7 +340,7 @@ const float *flm_hot_correction(const flm_ctx *ctx, uint32_t l, uint32_t *n_hot)
     const hot_state *S = fl && fl->plan.mode == FLM_MODE_HOT ? ctx->ffn_env.state : NULL;
     if (!S || !S->corr || l >= fl->file->n_layers || !S->win_cap[l]) return NULL;
     if (n_hot) *n_hot = S->n_hot[l];
-    return S->corr + (size_t)l * S->d_model;
+    return S->corr + (size_t)l * ctx->model->hp.d_model;
 }
 
 bool flm_hot_window(const flm_ctx *ctx, uint32_t l, uint32_t *n, uint32_t *idx, const uint8_t **records) {
@@ -518,10 +519,11 @@ static flm_status hot_compute(flm_ffn_env *E, const flm_ffn_call *c, flm_error *
         window_update(S, r, l, tail, (n == 1 ? E->s->hb : S->act) + S->n_hot[l], n);
         correction_update(E, S, c);
     } else if (c->draft && win) { /* what the neurons left out add on average */
-        const float *cl = S->corr + (size_t)l * S->d_model;
+        const uint32_t D = E->model->hp.d_model;
+        const float *cl = S->corr + (size_t)l * D;
         for (uint32_t t = 0; t < n; t++) {
             float *y = c->out + (size_t)t * c->out_stride;
-            for (uint32_t i = 0; i < S->d_model; i++) y[i] += cl[i];
+            for (uint32_t i = 0; i < D; i++) y[i] += cl[i];
         }
     }
     pump(E, -1, c->draft || !S->after_draft); /* this layer's buffer is free again */
