@@ -7,9 +7,10 @@
  *   - the window changes the draft: a draft of position 0 differs before and after target passes filled the window,
  *     while without a window it does not;
  *   - the draft's correction: after target passes (a batch longer than FLM_HOT_CORRECTION_ROWS, then single tokens)
- *     each layer's is the decayed mean, over the passes' last rows, of the exact FFN output less the FFN over the
- *     draft's neurons (the prefix and the window as each pass left it), recomputed here from the FFN inputs (tapped
- *     in ram mode) with flm_ffn_bundles over the file's records; a draft pass leaves it alone.
+ *     each layer's is the decayed mean (rows weighted d^age, divided by the weights' sum), over the passes' last
+ *     rows, of the exact FFN output less the FFN over the draft's neurons (the prefix and the window as each pass
+ *     left it), recomputed here from the FFN inputs (tapped in ram mode) with flm_ffn_bundles over the file's
+ *     records; a draft pass leaves it alone.
  * stories260K from tests/data (its records in file order: the hot mode runs any .flm). */
 #include <math.h>
 #include <stdio.h>
@@ -233,9 +234,12 @@ static void tap_fn(void *user, uint32_t layer, const float *x) {
     memcpy(r->x + ((size_t)r->seen[layer]++ * r->n_layers + layer) * r->d_model, x, r->d_model * sizeof(float));
 }
 
-/* want[l] <- the correction's update for layer l after a target pass whose FFN inputs are rows [t0, t1) of tap,
- * with the draft's neurons of each layer as hot now holds them (prefix and window). */
-static void correction_step(flm_ctx *hot, flm_ctx *ram, const tap_rec *tap, uint32_t t0, uint32_t t1, float *want) {
+/* The correction's reference after a target pass whose FFN inputs are rows [t0, t1) of tap, with the draft's neurons
+ * of each layer as hot now holds them (prefix and window): the decayed sums of the differences (sum[l], d_model
+ * floats) and of their weights (w[l]), each row's weight 1 - d and every older row's times d; want[l] = sum[l] / w[l],
+ * the mean the runtime keeps incrementally. */
+static void correction_step(flm_ctx *hot, flm_ctx *ram, const tap_rec *tap, uint32_t t0, uint32_t t1, double *sum,
+                            double *w, float *want) {
     const uint32_t L = tap->n_layers, D = tap->d_model;
     const flm_kernels *k = flm_ctx_kernels(ram);
     flm_model_info info;
@@ -257,10 +261,12 @@ static void correction_step(flm_ctx *hot, flm_ctx *ram, const tap_rec *tap, uint
             const float *x = tap->x + ((size_t)t * L + l) * D;
             flm_ffn_bundles(k, d, all, NULL, info.d_ffn, x, full, h, acc, 1, NULL);
             flm_ffn_bundles(k, d, all, rows, n_hot + n_win, x, sub, h, acc, 1, NULL);
+            const double dk = FLM_HOT_CORRECTION_DECAY;
             for (uint32_t i = 0; i < D; i++)
-                want[(size_t)l * D + i] = FLM_HOT_CORRECTION_DECAY * want[(size_t)l * D + i] +
-                                          (1.0f - FLM_HOT_CORRECTION_DECAY) * (full[i] - sub[i]);
+                sum[(size_t)l * D + i] = dk * sum[(size_t)l * D + i] + (1.0 - dk) * ((double)full[i] - sub[i]);
+            w[l] = dk * w[l] + (1.0 - dk);
         }
+        for (uint32_t i = 0; i < D && w[l] > 0; i++) want[(size_t)l * D + i] = (float)(sum[(size_t)l * D + i] / w[l]);
     }
     free(rows);
     free(full);
@@ -308,6 +314,7 @@ static void test_draft_correction(void **state) {
     const float *lg;
     if (flm_eval_hooked(ram, ids, (uint32_t)n, 0, &hk, NULL, &lg, &err)) fail_msg("ram: %s", err.msg);
     float *want = calloc((size_t)L * D, sizeof(float));
+    double *sum = calloc((size_t)L * D, sizeof(double)), w[64] = {0};
     for (uint32_t l = 0; l < L; l++) {
         const float *c = flm_hot_correction(hot, l, NULL);
         if (c)
@@ -322,16 +329,17 @@ static void test_draft_correction(void **state) {
     for (int t = 0; t < n_batch; t += (int)pi.n_batch) {
         const int m = n_batch - t < (int)pi.n_batch ? n_batch - t : (int)pi.n_batch;
         if (flm_eval_batch(hot, ids + t, (uint32_t)m, t, NULL, &lg, &err)) fail_msg("batch: %s", err.msg);
-        correction_step(hot, ram, &tap, (uint32_t)t, (uint32_t)(t + m), want);
+        correction_step(hot, ram, &tap, (uint32_t)t, (uint32_t)(t + m), sum, w, want);
     }
     check_corrections(hot, want, L, D, "after a batch");
     for (int t = n_batch; t < n; t++) {
         if (flm_eval_draft(hot, ids[t], t, &lg, &err)) fail_msg("draft: %s", err.msg); /* changes nothing */
         if (flm_eval(hot, ids[t], t, &lg, &err)) fail_msg("eval: %s", err.msg);
-        correction_step(hot, ram, &tap, (uint32_t)t, (uint32_t)t + 1, want);
+        correction_step(hot, ram, &tap, (uint32_t)t, (uint32_t)t + 1, sum, w, want);
     }
     check_corrections(hot, want, L, D, "after single tokens");
     free(want);
+    free(sum);
     free(tap.x);
     free(ids);
     flm_close(hot);
