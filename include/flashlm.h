@@ -248,8 +248,9 @@ typedef struct flm_params {
 /* Fill p with the defaults above. */
 FLM_API void flm_params_default(flm_params *p);
 
-/* Parse a budget: "N" bytes, with an optional K/M/G/T suffix (powers of 1024), or "N%" of the model's weights;
- * "0" means no budget. Returns false on a malformed value. */
+/* Parse a budget: "N" bytes, with an optional K/M/G/T suffix (powers of 1024; "Ki", "KB", "KiB" alike), or "N%" of
+ * the model's weights; N is decimal digits with an optional fraction ("1.5G"; a plain byte count must be whole: no
+ * sign, exponent or hex). "0" means no budget. Returns false on a malformed value. */
 FLM_API bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent);
 
 /* Open a model file: a GGUF file (run with every weight in memory) or a .flm flash layout (made by flashlm convert;

@@ -190,6 +190,26 @@ static void test_schema_refused(void **state) {
     expect_schema_refused("{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":2}]}", "allOf");
     expect_schema_refused("{\"type\":\"strin\"}", "unknown type 'strin'");
     expect_schema_refused("{\"type\":", "not valid JSON");
+    /* enum / const beside another constraint: the literals were emitted as given, past it (an "a" for an integer, a
+     * 6-letter string under maxLength 2); beside "type" only when every value is of it (pydantic's Literal) */
+    expect_schema_refused("{\"type\":\"integer\",\"enum\":[\"a\",\"b\"]}", "not of its 'type'");
+    expect_schema_refused("{\"type\":\"string\",\"const\":5}", "not of its 'type'");
+    expect_schema_refused("{\"type\":\"string\",\"enum\":[\"abcdef\"],\"maxLength\":2}",
+                          "'enum' together with other constraints");
+    expect_schema_refused("{\"type\":\"array\",\"maxItems\":1,\"const\":[1,2,3]}",
+                          "'const' together with other constraints");
+    expect_schema_refused("{\"enum\":[1],\"minLength\":1}", "'enum' together with other constraints");
+    char *g = NULL;
+    flm_error err = {0};
+    static const char *const ok[] = {"{\"type\":\"string\",\"enum\":[\"a\",\"b\"]}",
+                                     "{\"type\":[\"integer\",\"null\"],\"enum\":[1,null]}",
+                                     "{\"type\":\"integer\",\"const\":2.0}"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        if (flm_json_schema_to_gbnf(ok[i], strlen(ok[i]), NULL, &g, NULL, &err) != FLM_OK)
+            fail_msg("%s refused: %s", ok[i], err.msg);
+        free(g);
+        g = NULL;
+    }
 }
 
 /* ---- limits on a small thread stack ------------------------------------------------------------------------------

@@ -173,6 +173,30 @@ static int check_same(const char *path, const flm_params *p, flm_plan_info *out)
 }
 
 /* Every mode at budgets from far too small to none, on each model: the plan is what open does. */
+/* flm_parse_mem: decimal budgets with K/M/G/T suffixes and percentages; not hex, exponents, signs, blanks or a
+ * fraction of a byte (strtod alone took "0x10" as 16 bytes and "1.5" as 1). */
+static void test_parse_mem(void **state) {
+    (void)state;
+    uint64_t b;
+    double pct;
+    assert_true(flm_parse_mem("601M", &b, &pct));
+    assert_int_equal(b, 601ull << 20);
+    assert_true(flm_parse_mem("1.5G", &b, &pct));
+    assert_int_equal(b, 3ull << 29);
+    assert_true(flm_parse_mem("2KiB", &b, &pct));
+    assert_int_equal(b, 2048);
+    assert_true(flm_parse_mem("4096", &b, &pct));
+    assert_int_equal(b, 4096);
+    assert_true(flm_parse_mem("50%", &b, &pct));
+    assert_true(pct == 50.0 && b == 0);
+    assert_true(flm_parse_mem("0", &b, &pct));
+    assert_true(b == 0 && pct == 0);
+    const char *bad[] = {"0x10", "1e9", "+5", " 5", "-1", "1.5", ".5", "5.", "inf", "nan", "5X", "", "5%%", "1.5.2G"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (flm_parse_mem(bad[i], &b, &pct)) fail_msg("flm_parse_mem took '%s'", bad[i]);
+    }
+}
+
 static void test_plan_is_what_open_does(void **state) {
     (void)state;
     const char *paths[] = {gguf_path, tied_path, cal_path, synth_path, relu_path};
@@ -479,6 +503,7 @@ static void test_auto_self_draft_everywhere(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_mem),
         cmocka_unit_test(test_plan_is_what_open_does),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_auto_reasons),

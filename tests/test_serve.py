@@ -312,6 +312,18 @@ def test_bad_requests(srv, ctx):
     expect_error(srv, 401, "GET", "/metrics", key=None, what="metrics without a key")
     expect_error(srv, 404, "GET", "/v2/nothing", what="unknown route")
     expect_error(srv, 405, "GET", compl, what="GET on a POST endpoint")
+    # what cJSON takes and RFC 8259 does not: a raw control character inside a string (a raw NUL cut the prompt
+    # there, silently), a number with a leading zero
+    for body, what in ((b'{"prompt": "a\x00 the quick brown fox", "max_tokens": 0}', "a raw NUL in a string"),
+                       (b'{"prompt": "a\x01b", "max_tokens": 0}', "a raw control character in a string"),
+                       (b'{"prompt": "x", "max_tokens": 03}', "a number with a leading zero")):
+        st, data = srv.raw("POST", compl, body)
+        check(st == 400 and b"not valid JSON" in data, "%s: 400, not valid JSON: %d %r" % (what, st, data[:300]))
+    expect_error(srv, 415, "POST", compl, {"model": mid, "prompt": "x"}, headers={"Content-Encoding": "gzip"},
+                 what="a coded body (Content-Encoding)")
+    st, data = srv.raw("POST", "/apply-template", {"messages": [{"role": "user", "content": "x"}], "stream": True})
+    check(st == 400 and b"'stream'" in data, "a field /apply-template cannot honour: 400 naming it: %d %r" %
+          (st, data[:300]))
     # a model whose template has no tool-call format (stories260K: none, chatml by default): tools are refused by name
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for body in ({"messages": [{"role": "user", "content": "x"}], "tools": [tool]},
@@ -467,6 +479,13 @@ def REFUSED(ask):
             ({"messages": ask, "tools": [dict(WEATHER, function=dict(WEATHER["function"], parameters={
                 "type": "object", "properties": {"city": {"type": "string", "format": "city"}}}))],
               "tool_choice": "required"}, "a parameters keyword the grammar lacks", "'format'"),
+            # with auto too: the grammar constrains the calls auto makes
+            ({"messages": ask, "tools": [dict(WEATHER, function=dict(WEATHER["function"], parameters={
+                "type": "object", "properties": {"city": {"type": "string", "pattern": "x"}}}))],
+              "tool_choice": "auto"}, "a parameters keyword the grammar lacks, auto", "'pattern'"),
+            # a call's arguments are an object: a schema of anything else made calls no parser took (text, not a call)
+            ({"messages": ask, "tools": [dict(WEATHER, function=dict(WEATHER["function"], parameters={
+                "type": "string"}))], "tool_choice": "required"}, "parameters not an object", "describe an object"),
             ({"messages": ask, "tools": [WEATHER], "tool_choice": "required",
               "response_format": {"type": "json_object"}}, "required and response_format", "response_format"))
 

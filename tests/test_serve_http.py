@@ -831,7 +831,20 @@ def test_llama_server_flags():
             check(srv.stop() == 0, "SIGTERM: exit status 0")
 
 
+def test_option_values():
+    """Option values that would leave their option without effect are refused at start, by name: an alias list with
+    no name, an empty origin, an address given twice (the second bind failed as "address already in use")."""
+    for args, needle in ((["--alias", ""], "--alias: no name"), (["--alias", " , "], "--alias: no name"),
+                         (["--cors", ""], "--cors: an empty origin"), (["--cors", "http://a,,http://b"], "--cors: an empty origin"),
+                         (["--host", "127.0.0.1,localhost"], "given twice")):
+        r = subprocess.run([CLI, "serve", "-m", STORIES, "--port", "0", "-c", "256", "-t", "1", *args],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60)
+        check(r.returncode == 2 and needle in r.stderr, "serve %r: refused naming %r: %d %r" %
+              (args, needle, r.returncode, r.stderr[-300:]))
+
+
 def main():
+    test_option_values()
     test_llama_server_flags()
     srv = Server("--parallel", "2", "--metrics")
     try:

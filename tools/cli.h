@@ -269,6 +269,9 @@ typedef struct cli_spec_session {
 int cli_spec_open_draft(cli_spec_session *ss, const char *target, flm_params *params, bool verbose);
 /* When flm_open refused the target with code: say what the draft took of the budget. */
 void cli_spec_target_refused(const cli_spec_session *ss, flm_status code);
+/* After the target opened: a note for a speculative option the run does not use (--draft-window without a
+ * self-draft: a GGUF file, mode ram, or auto that did not choose hot). */
+void cli_spec_note_unused(const cli_spec_session *ss, const flm_ctx *ctx);
 /* The engine's parameters for these arguments (after cli_spec_open_draft). */
 void cli_spec_params(const cli_spec_args *a, flm_spec_params *p);
 /* After the target is open and its session created: check that the draft shares its tokenizer (refused with both

@@ -321,23 +321,26 @@ int cli_after_open(const flm_ctx *ctx) {
 void cli_note_unused(const flm_ctx *ctx, const flm_params *p, const cli_shift_opts *shift) {
     flm_plan_info plan;
     flm_get_plan(ctx, &plan);
-    const char *sparse_only = p->window ? "--window"
-                              : p->sparse_level > 0 ? "--sparse-level"
-                              : p->no_window ? "--no-window"
-                              : p->no_bundle ? "--no-bundle"
-                              : p->no_predictor ? "--no-predictor"
-                              : p->verify_predictor ? "--verify-predictor"
-                              : p->window_keep_rejected ? "--window-keep-rejected" : NULL;
-    if (sparse_only && plan.mode != FLM_MODE_SPARSE)
-        fprintf(stderr, "flashlm: note: %s is an option of mode sparse; this run is mode %s, which does not use it\n",
-                sparse_only, flm_mode_name(plan.mode));
-    const char *flash_only = p->io != FLM_IO_KIND_AUTO ? "--io"
-                             : p->io_threads != 32 ? "--io-threads" /* flm_params_default's */
-                             : p->no_direct ? "--no-direct"
-                             : p->no_read_ahead ? "--no-read-ahead" : NULL;
-    if (flash_only && (plan.gguf || plan.mode == FLM_MODE_RAM))
-        fprintf(stderr, "flashlm: note: %s is about reads from flash; this run is mode ram, which reads nothing from "
-                "flash after loading\n", flash_only);
+    /* every option given that this run does not use, each named (not only the first) */
+    const struct { bool given; const char *name; } sparse_only[] = {
+        {p->window != 0, "--window"}, {p->sparse_level > 0, "--sparse-level"}, {p->no_window, "--no-window"},
+        {p->no_bundle, "--no-bundle"}, {p->no_predictor, "--no-predictor"},
+        {p->verify_predictor, "--verify-predictor"}, {p->window_keep_rejected, "--window-keep-rejected"}};
+    for (size_t i = 0; plan.mode != FLM_MODE_SPARSE && i < sizeof sparse_only / sizeof *sparse_only; i++)
+        if (sparse_only[i].given)
+            fprintf(stderr, "flashlm: note: %s is an option of mode sparse; this run is mode %s, which does not use "
+                    "it\n", sparse_only[i].name, flm_mode_name(plan.mode));
+    const struct { bool given; const char *name; } flash_only[] = {
+        {p->io != FLM_IO_KIND_AUTO, "--io"}, {p->io_threads != 32, "--io-threads"}, /* flm_params_default's */
+        {p->no_direct, "--no-direct"}, {p->no_read_ahead, "--no-read-ahead"},
+        {p->no_verify_reads, "--no-verify-reads"}};
+    for (size_t i = 0; (plan.gguf || plan.mode == FLM_MODE_RAM) && i < sizeof flash_only / sizeof *flash_only; i++)
+        if (flash_only[i].given)
+            fprintf(stderr, "flashlm: note: %s is about reads from flash; this run is mode ram, which reads nothing "
+                    "from flash after loading\n", flash_only[i].name);
+    if (g_threads_force && g_threads_asked <= cli_cores())
+        fprintf(stderr, "flashlm: note: --threads-force only matters with -t above the %d cores; %s\n", cli_cores(),
+                g_threads_asked ? "-t is within them" : "no -t was given");
     if (shift && !shift->on && shift->keep != CLI_KEEP_DEFAULT)
         fprintf(stderr, "flashlm: note: --keep only matters with --context-shift, which is off: a full context stops "
                 "generation\n");

@@ -276,6 +276,7 @@ static int chat_open(chat_args *A, cli_spec_session *ss, chat_state *c) {
     }
     int bad = cli_after_open(c->ctx);
     if (!bad) cli_note_unused(c->ctx, &A->params, &A->shift);
+    if (!bad) cli_spec_note_unused(ss, c->ctx);
     if (!bad) {
         flm_get_info(c->ctx, &c->info);
         fprintf(stderr, "flashlm: model %s (%s, %u layers, d_model %u), context %u tokens, kernels %s, %d threads\n",

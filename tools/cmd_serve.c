@@ -228,8 +228,14 @@ typedef struct name_set {
 static name_set aliases, tags;
 
 /* Add the comma-separated names of list (each stripped of spaces; empty ones skipped) to ns. false (with what on
- * stderr) when the set or its buffer is full. */
+ * stderr) when list names nothing, or the set or its buffer is full. */
 static bool name_set_add(name_set *ns, const char *list, const char *opt) {
+    /* empty entries between commas are dropped as llama-server drops them ("a,,b"); a value with no name at all would
+     * leave the option without effect, and is refused */
+    if (!list[strspn(list, ", \t")]) {
+        fprintf(stderr, "flashlm: %s: no name in '%s' (give one or more names, separated by commas)\n", opt, list);
+        return false;
+    }
     for (const char *p = list; *p;) {
         const char *e = strchr(p, ',');
         size_t len = e ? (size_t)(e - p) : strlen(p);
@@ -2475,10 +2481,39 @@ static enum MHD_Result handle_detokenize(struct MHD_Connection *c, conn *cn) {
     return send_error(c, 500, "internal_error", "out of memory");
 }
 
+/* A field of body that a route which only renders the prompt cannot honour (anything but what the rendering reads,
+ * in ok[0..n)): 400 naming it, else 0 (a body that does not parse is left to serve_parse_request). */
+static int render_only_fields(const conn *cn, const char *const *ok, size_t n, const char *route, char *msg,
+                              size_t cap) {
+    char ignored[SERVE_ERR_MAX];
+    cJSON *root = serve_parse_json(cn->body.p ? cn->body.p : "", cn->body.len, ignored, sizeof ignored);
+    int st = 0;
+    const cJSON *f, *obj = cJSON_IsObject(root) ? root : NULL;
+    cJSON_ArrayForEach(f, obj) {
+        size_t i = 0;
+        while (i < n && strcmp(ok[i], f->string)) i++;
+        if (i == n && !cJSON_IsNull(f)) {
+            snprintf(msg, cap, "'%.64s' has no effect on %s, which renders the prompt only: leave it out", f->string,
+                     route);
+            st = 400;
+            break;
+        }
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+/* The fields the chat template's rendering reads (the messages, the tools it lists, how the turn ends). */
+static const char *const RENDER_FIELDS[] = {"messages", "model", "tools", "tool_choice", "parallel_tool_calls",
+                                            "add_generation_prompt", "continue_final_message"};
+
 /* POST /apply-template (llama-server's): {"messages"} -> {"prompt": the text the chat template renders}. */
 static enum MHD_Result handle_apply_template(struct MHD_Connection *c, conn *cn) {
     serve_req req;
     char msg[SERVE_ERR_MAX];
+    if (render_only_fields(cn, RENDER_FIELDS, sizeof RENDER_FIELDS / sizeof *RENDER_FIELDS, "/apply-template", msg,
+                           sizeof msg))
+        return send_error(c, 400, "invalid_request", msg);
     int st = serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.len, true, &req, msg, sizeof msg);
     if (!st) st = serve_tools_prepare(&req, srv.slots[0].tmpl, msg, sizeof msg);
     if (st) serve_req_free(&req);
@@ -2957,6 +2992,16 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--n-predict")) {
             if (!cli_parse_long(val, -1, 1 << 24, &srv.n_predict)) return cli_die("bad --n-predict '%s' (-1..16M)", val);
         } else if (!strcmp(a, "--cors") || !strcmp(a, "--cors-origins")) {
+            bool empty = false; /* an empty origin would be dropped without a word */
+            for (const char *p = val;; p++) {
+                const char *e = p + strcspn(p, ",");
+                const char *q = p;
+                while (q < e && isspace((unsigned char)*q)) q++;
+                empty |= q == e;
+                if (!*e) break;
+                p = e;
+            }
+            if (empty) return cli_die("--cors: an empty origin in '%s' (origins are separated by single commas)", val);
             size_t have = strlen(cors_buf);
             if (have + strlen(val) + 2 > sizeof cors_buf) return cli_die("%s", "--cors: too many origins");
             snprintf(cors_buf + have, sizeof cors_buf - have, "%s%s", have ? "," : "", val);
@@ -3007,6 +3052,14 @@ int cmd_serve(int argc, char **argv) {
         if (inet_pton(AF_INET, h, &a4->sin_addr) == 1) a4->sin_family = AF_INET;
         else if (inet_pton(AF_INET6, h, &a6->sin6_addr) == 1) a6->sin6_family = AF_INET6;
         else return cli_die("bad --host '%s' (numeric IPv4 or IPv6 addresses or localhost, separated by commas)", h);
+        for (int k = 0; k < n_addrs; k++) {
+            const struct sockaddr_storage *o = &addrs[k];
+            if (o->ss_family == ss->ss_family &&
+                (ss->ss_family == AF_INET
+                     ? !memcmp(&((const struct sockaddr_in *)o)->sin_addr, &a4->sin_addr, sizeof a4->sin_addr)
+                     : !memcmp(&((const struct sockaddr_in6 *)o)->sin6_addr, &a6->sin6_addr, sizeof a6->sin6_addr)))
+                return cli_die("--host: the address %s is given twice", h);
+        }
         access_cfg.hosts[n_addrs++] = h;
     }
     if (!n_addrs) return cli_die("%s", "--host: no address");

@@ -291,6 +291,9 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
     }
     if (cli_after_open(ctx)) { flm_close(ctx); return 1; }
     cli_note_unused(ctx, &params, shift);
+    cli_spec_note_unused(ss, ctx);
+    if (run_force && !stats_json)
+        fprintf(stderr, "flashlm: note: --force only replaces an existing --stats-json file; none was given\n");
     double t_load = cli_now_ms() - t0;
     flm_model_info info;
     flm_get_info(ctx, &info);
@@ -459,7 +462,9 @@ static int cmd_run_prompt(const char *model, const char *prompt, bool chat, cons
             t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0, n_predict == 0 ? " (-n 0: the prompt only)" : "");
     print_stats(ctx, sess, per_token, ss->on);
     cli_spec_print_stats(ss, ctx, sess);
-    if (stats_json) {
+    if (stats_json && rc) /* a failed run's figures would read as a finished one's */
+        fprintf(stderr, "flashlm: the run failed: no statistics written to %s\n", stats_json);
+    else if (stats_json) {
         if (flm_write_stats_json(ctx, stats_json, run_force, &err)) { fprintf(stderr, "flashlm: %s\n", err.msg); rc = 1; }
         else fprintf(stderr, "flashlm: statistics written to %s\n", stats_json);
     }

@@ -121,6 +121,18 @@ int serve_check_framing(const serve_hdr *h, size_t n, bool http10, char *msg, si
         snprintf(msg, cap, "Transfer-Encoding: only chunked is implemented");
         return 501;
     }
+    /* a coded body (gzip, br, ...) would be read as its compressed bytes: refused by name (RFC 9110 section 8.4.1:
+     * 415 for a coding the server does not take); identity is no coding */
+    for (size_t i = 0; i < n; i++) {
+        if (!h[i].name || strcasecmp(h[i].name, "Content-Encoding")) continue;
+        const char *p = h[i].value ? h[i].value : "", *b, *e;
+        while (next_elem(&p, &b, &e))
+            if (b != e && !elem_is(b, e, "identity")) {
+                snprintf(msg, cap, "Content-Encoding '%.40s' is not supported: send the body uncompressed (RFC 9110 "
+                         "section 8.4.1)", h[i].value);
+                return 415;
+            }
+    }
     return 0;
 }
 

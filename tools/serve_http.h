@@ -24,7 +24,8 @@ typedef struct serve_hdr {
  *   400  a field name that is not a token (RFC 9110 §5.1), whitespace before the colon above all (RFC 9112 §5.1:
  *        "Transfer-Encoding : chunked" would frame the body for a proxy that trims it and not here);
  *        more than one Host field line (RFC 9112 §3.2);
- *   501  Transfer-Encoding with a coding other than chunked before the final chunked (§6.1: not understood).
+ *   501  Transfer-Encoding with a coding other than chunked before the final chunked (§6.1: not understood);
+ *   415  Content-Encoding with a coding other than identity (RFC 9110 §8.4.1: the body would be read compressed).
  * Header names are compared case-insensitively; Transfer-Encoding headers are joined as one list (RFC 9110 §5.3). */
 int serve_check_framing(const serve_hdr *h, size_t n, bool http10, char *msg, size_t cap);
 

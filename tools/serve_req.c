@@ -126,6 +126,7 @@ static bool nul_field(const char *b, size_t len, char *path, size_t cap) {
             for (i++; i < len && b[i] != '"'; i++) {
                 if (b[i] == '\\' && i + 1 < len) {
                     if (b[i + 1] == 'u' && i + 5 < len && !memcmp(b + i + 2, "0000", 4)) nul = true;
+                    if (is_key && k + 1 < sizeof st[0].key) st[depth - 1].key[k++] = '\\'; /* shown as written */
                     i++;
                     if (is_key && k + 1 < sizeof st[0].key) st[depth - 1].key[k++] = b[i];
                 } else if (is_key && k + 1 < sizeof st[0].key) st[depth - 1].key[k++] = b[i];
@@ -370,10 +371,67 @@ bool serve_fields_known(const struct cJSON *o, const char *const *known, size_t 
     return true;
 }
 
+/* What cJSON takes but RFC 8259 does not: a control character (U+0000..U+001F) unescaped inside a string (section
+ * 7: "MUST be escaped"; a raw NUL would cut the string where cJSON stops), and numbers outside section 6's grammar
+ * (a leading zero, a '+', a '.' without digits on both sides, an exponent without digits: cJSON hands them to strtod).
+ * Returns false with *at (a byte offset) and *why; the rest of the grammar is cJSON's to check. */
+static bool json_strict(const char *b, size_t len, size_t *at, const char **why) {
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)b[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = false;
+            else if (c < 0x20) {
+                *at = i;
+                *why = "a control character inside a string must be escaped (\\n, \\u0000, ...)";
+                return false;
+            }
+            continue;
+        }
+        if (c == '"') { in_str = true; continue; }
+        if (c == '+' || c == '.') { *at = i; *why = "a number must start with a digit or '-'"; return false; }
+        if (c != '-' && (c < '0' || c > '9')) continue;
+        size_t j = i + (c == '-');
+        const size_t start = i;
+        bool ok = j < len && b[j] >= '0' && b[j] <= '9';
+        if (ok && b[j] == '0') j++;
+        else while (ok && j < len && b[j] >= '0' && b[j] <= '9') j++;
+        if (ok && j < len && b[j] == '.') {
+            j++;
+            ok = j < len && b[j] >= '0' && b[j] <= '9';
+            while (ok && j < len && b[j] >= '0' && b[j] <= '9') j++;
+        }
+        if (ok && j < len && (b[j] == 'e' || b[j] == 'E')) {
+            j++;
+            if (j < len && (b[j] == '+' || b[j] == '-')) j++;
+            ok = j < len && b[j] >= '0' && b[j] <= '9';
+            while (ok && j < len && b[j] >= '0' && b[j] <= '9') j++;
+        }
+        if (ok && j < len && ((b[j] >= '0' && b[j] <= '9') || b[j] == '.' || b[j] == '+' || b[j] == '-' ||
+                              b[j] == 'e' || b[j] == 'E'))
+            ok = false; /* "03", "1.2.3", "1e5e5" */
+        if (!ok) {
+            *at = start;
+            *why = "a number outside JSON's grammar (no leading zeros or '+'; digits on both sides of '.' and after "
+                   "'e')";
+            return false;
+        }
+        i = j - 1;
+    }
+    return true;
+}
+
 cJSON *serve_parse_json(const char *body, size_t len, char *msg, size_t cap) {
     const size_t bad = flm_utf8_check(body, len); /* UTF-8 (RFC 8259 section 8.1): well-formed */
     if (bad != SIZE_MAX) {
         snprintf(msg, cap, "the body is not valid UTF-8 (byte %zu: 0x%02X)", bad, (unsigned char)body[bad]);
+        return NULL;
+    }
+    size_t at;
+    const char *why;
+    if (!json_strict(body, len, &at, &why)) {
+        snprintf(msg, cap, "the body is not valid JSON (byte %zu: %s)", at, why);
         return NULL;
     }
     const char *end = NULL;
@@ -424,6 +482,11 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
         snprintf(msg, cap, "the body must be a JSON object");
         goto fail;
     }
+    char field[256];
+    if (nul_field(body, len, field, sizeof field)) { /* first: a key cut at its NUL would read as another */
+        snprintf(msg, cap, "%s: a NUL character (\\u0000); text with one is refused (it would be cut there)", field);
+        goto fail;
+    }
     if (check_fields(root, msg, cap)) goto fail;
     /* fields of one route only: elsewhere they would be dropped without a word */
     static const struct { const char *name; bool chat; } ROUTE_ONLY[] = {
@@ -438,11 +501,6 @@ int serve_parse_request(const char *body, size_t len, bool chat, serve_req *r, c
                      : !strcmp(ROUTE_ONLY[k].name, "prompt") ? " (give 'messages')" : "");
             goto fail;
         }
-    }
-    char field[256];
-    if (nul_field(body, len, field, sizeof field)) {
-        snprintf(msg, cap, "%s: a NUL character (\\u0000); text with one is refused (it would be cut there)", field);
-        goto fail;
     }
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (v && !cJSON_IsNull(v)) {

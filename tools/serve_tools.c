@@ -91,6 +91,32 @@ int serve_parse_tools(const cJSON *root, bool chat, serve_req *r, char *msg, siz
                          "(an object), 'strict' a boolean", i);
                 return 400;
             }
+            if (params && !cJSON_IsNull(params)) {
+                /* a call's arguments are an object: a schema of anything else makes calls no parser takes; and a
+                 * schema the grammar cannot follow is refused whatever tool_choice is (auto constrains calls too) */
+                static const char *const NOT_OBJECT[] = {"enum", "const", "anyOf", "oneOf", "allOf", "$ref", "items",
+                                                         NULL};
+                const cJSON *pt = cJSON_GetObjectItemCaseSensitive(params, "type");
+                bool obj = pt ? cJSON_IsString(pt) && !strcmp(pt->valuestring, "object") : true;
+                for (int k = 0; obj && !pt && NOT_OBJECT[k]; k++)
+                    obj = !cJSON_GetObjectItemCaseSensitive(params, NOT_OBJECT[k]);
+                if (!obj) {
+                    snprintf(msg, cap, "tools[%d].function.parameters must describe an object ({\"type\": "
+                             "\"object\", \"properties\": ...}): a call's arguments are one", i);
+                    return 400;
+                }
+                char *ps = cJSON_PrintUnformatted(params), *gbnf = NULL;
+                if (!ps) goto oom;
+                flm_error e = {0};
+                flm_status st = flm_json_schema_to_gbnf(ps, strlen(ps), "args", &gbnf, NULL, &e);
+                free(ps);
+                free(gbnf);
+                if (st == FLM_ERR_NOMEM) goto oom;
+                if (st) {
+                    snprintf(msg, cap, "tools[%d].function.parameters: %s", i, e.msg);
+                    return 400;
+                }
+            }
             for (const cJSON *u = tools->child; u != t; u = u->next)
                 if (!strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(u, "function"),
                                                              "name")->valuestring, name->valuestring)) {

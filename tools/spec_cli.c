@@ -82,6 +82,14 @@ int cli_spec_args_check(const cli_spec_args *a) {
 
 bool cli_spec_active(const cli_spec_args *a) { return a->draft || a->ngram || a->self_draft; }
 
+void cli_spec_note_unused(const cli_spec_session *ss, const flm_ctx *ctx) {
+    flm_plan_info plan;
+    flm_get_plan(ctx, &plan);
+    if (ss->a.draft_window_set && !ss->a.self_draft && !plan.self_draft)
+        fprintf(stderr, "flashlm: note: --draft-window is the self-draft's; this run has none (mode %s%s): it is not "
+                "used\n", flm_mode_name(plan.mode), plan.gguf ? ", a GGUF file" : "");
+}
+
 /* The bytes a context's plan holds: resident weights, FFN storage, KV cache, scratch and reader buffers. */
 static uint64_t ctx_bytes(const flm_ctx *ctx, flm_stats *st) {
     flm_get_stats(ctx, st);

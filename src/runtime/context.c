@@ -38,10 +38,21 @@ bool flm_mode_parse(const char *s, flm_mode *out) {
 }
 
 bool flm_parse_mem(const char *s, uint64_t *bytes, double *percent) {
+    /* decimal digits with an optional fraction only: strtod alone would take hex ("0x10"), exponents, "inf", a sign
+     * and leading blanks */
+    size_t k = 0, frac = 0;
+    while (s[k] >= '0' && s[k] <= '9') k++;
+    if (!k) return false;
+    if (s[k] == '.') {
+        k++;
+        while (s[k] >= '0' && s[k] <= '9') { k++; frac++; }
+        if (!frac) return false;
+    }
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || !(v >= 0) || !isfinite(v)) return false;
+    if (errno || end != s + k || !(v >= 0) || !isfinite(v)) return false;
+    if (frac && !*end && v != floor(v)) return false; /* a fraction of a byte: "1.5" is not 1 byte */
     *bytes = 0;
     *percent = 0;
     if (!strcmp(end, "%")) {

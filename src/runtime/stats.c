@@ -49,6 +49,7 @@ void flm_get_stats(const flm_ctx *ctx, flm_stats *st) {
         st->n_streamed = flm_sparse_streamed(sp);
         if (sp) st->mem_ffn = fl->plan.cache + fl->plan.predictors + fl->plan.stream; /* + its stream buffer */
     } else {
+        st->mem_budget = ctx->plan.budget; /* flm_plan_gguf's: the whole file must fit it */
         st->mem_resident = ctx->mem_resident;
         st->mem_scratch = ctx->plan.scratch; /* flm_plan_gguf's */
         st->model_bytes = ctx->mem_resident;

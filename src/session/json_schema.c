@@ -110,6 +110,30 @@ static bool known(const char *k) {
 
 static int compile(sc *c, const cJSON *s);
 
+/* Keywords that narrow a value of a type; with enum or const they are refused (the literals are emitted as given). */
+static const char *const CONSTRAINTS[] = {"properties", "required", "additionalProperties", "items", "minItems",
+                                          "maxItems", "minLength", "maxLength", NULL};
+
+/* Whether JSON value v has one of the types `type` names (a string, or an array of them; JSON Schema's
+ * "integer": a number without a fraction). */
+static bool literal_has_type(const cJSON *v, const cJSON *type) {
+    if (cJSON_IsArray(type)) {
+        const cJSON *t;
+        cJSON_ArrayForEach(t, type) if (literal_has_type(v, t)) return true;
+        return false;
+    }
+    if (!cJSON_IsString(type)) return false;
+    const char *t = type->valuestring;
+    if (!strcmp(t, "string")) return cJSON_IsString(v);
+    if (!strcmp(t, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(t, "integer")) return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    if (!strcmp(t, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(t, "null")) return cJSON_IsNull(v);
+    if (!strcmp(t, "object")) return cJSON_IsObject(v);
+    if (!strcmp(t, "array")) return cJSON_IsArray(v);
+    return false;
+}
+
 /* A literal alternative: the compact JSON text of v. */
 static bool put_json_literal(sc *c, sbuf *b, const cJSON *v) {
     char *t = cJSON_PrintUnformatted(v);
@@ -415,14 +439,21 @@ static int compile(sc *c, const cJSON *s) {
     const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     int n_kinds = !!ref + !!any + !!one + !!all + !!en + !!cst;
-    if (n_kinds > 1 || (n_kinds && (type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
-                                    cJSON_GetObjectItemCaseSensitive(s, "items")))) {
-        /* an enum or const of the right type is fine with "type" (pydantic writes both) */
-        bool typed_literal = n_kinds == 1 && (en || cst) && !cJSON_GetObjectItemCaseSensitive(s, "properties") &&
-                             !cJSON_GetObjectItemCaseSensitive(s, "items");
+    bool constrained = false; /* keywords that narrow a value besides the kinds above */
+    for (int i = 0; CONSTRAINTS[i]; i++) constrained |= cJSON_GetObjectItemCaseSensitive(s, CONSTRAINTS[i]) != NULL;
+    if (n_kinds > 1 || (n_kinds && (type || constrained))) {
+        /* an enum or const whose every value has the "type" given is fine with it (pydantic writes both); with any
+         * other constraint the literals would be emitted unchecked against it */
+        bool typed_literal = n_kinds == 1 && (en || cst) && !constrained;
+        if (typed_literal && type) {
+            const cJSON *e = cst;
+            if (en && cJSON_IsArray(en)) e = en->child;
+            for (; e && typed_literal; e = en ? e->next : NULL) typed_literal = literal_has_type(e, type);
+        }
         if (!typed_literal) {
-            fail(c, FLM_ERR_UNSUPPORTED, "'%s' together with other constraints", ref ? "$ref" : any ? "anyOf" : one ?
-                 "oneOf" : all ? "allOf" : en ? "enum" : "const");
+            fail(c, FLM_ERR_UNSUPPORTED, "'%s' together with other constraints%s", ref ? "$ref" : any ? "anyOf" : one ?
+                 "oneOf" : all ? "allOf" : en ? "enum" : "const",
+                 n_kinds == 1 && (en || cst) && !constrained ? " (a value that is not of its 'type')" : "");
             goto out;
         }
     }
