@@ -2482,23 +2482,13 @@ static enum MHD_Result handle_detokenize(struct MHD_Connection *c, conn *cn) {
 }
 
 /* A field of body that a route which only renders the prompt cannot honour (anything but what the rendering reads,
- * in ok[0..n)): 400 naming it, else 0 (a body that does not parse is left to serve_parse_request). */
+ * in ok[0..n)): 400 naming it (serve_fields_known), else 0 (a body that does not parse is left to
+ * serve_parse_request). */
 static int render_only_fields(const conn *cn, const char *const *ok, size_t n, const char *route, char *msg,
                               size_t cap) {
     char ignored[SERVE_ERR_MAX];
     cJSON *root = serve_parse_json(cn->body.p ? cn->body.p : "", cn->body.len, ignored, sizeof ignored);
-    int st = 0;
-    const cJSON *f, *obj = cJSON_IsObject(root) ? root : NULL;
-    cJSON_ArrayForEach(f, obj) {
-        size_t i = 0;
-        while (i < n && strcmp(ok[i], f->string)) i++;
-        if (i == n && !cJSON_IsNull(f)) {
-            snprintf(msg, cap, "'%.64s' has no effect on %s, which renders the prompt only: leave it out", f->string,
-                     route);
-            st = 400;
-            break;
-        }
-    }
+    const int st = cJSON_IsObject(root) && !serve_fields_known(root, ok, n, route, msg, cap) ? 400 : 0;
     cJSON_Delete(root);
     return st;
 }
